@@ -1,0 +1,5 @@
+"""`python -m gradalign`."""
+
+from .cli import main
+
+main()

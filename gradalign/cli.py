@@ -1,0 +1,248 @@
+"""The `gradalign` command line: a thin layer over the library (train, store, compare, report)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from typer.exceptions import Abort, TyperException
+from rich.console import Console
+
+from . import __version__
+from .config import FIELDS, TrainConfig, base_type, load_config, tolerances_from_yaml
+from .errors import BadInput
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Is a gradient-accumulation run numerically the same training as its large batch?",
+)
+_WIDTH = None if sys.stdout.isatty() else 132  # CI logs: wide enough for the table
+out_console = Console(highlight=False, width=_WIDTH)
+err_console = Console(stderr=True, highlight=False, width=_WIDTH)
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config file")]
+JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="also write the report as JSON")]
+AccumOpt = Annotated[
+    Optional[int], typer.Option("--accum-steps", "-k", help="micro-steps per update K")
+]
+_TRAINING_KEYS = [name for name in FIELDS if name != "accum_steps"]
+_TOLERANCE_HELP = {
+    "loss_atol": "absolute loss tolerance",
+    "loss_rtol": "loss tolerance relative to the baseline loss",
+    "weight_rtol": "weight error allowed, relative to how far training moved the weights",
+    "weight_atol": "absolute weight tolerance per element (scaled by sqrt(n))",
+    "grad_rtol": "gradient error allowed, relative to the gradient's norm",
+}
+
+
+def _extend_signature(extra: dict[str, tuple[type, str, str]], target: str) -> Callable:
+    """Add one `--name` option per entry to a command; their values arrive as dict `target`.
+
+    The options are generated from one table (the config dataclass, the tolerances), so a key
+    exists in YAML and on the command line under the same name without being written twice.
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)  # resolve string annotations
+        params = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in signature.parameters.values()
+            if p.name != target
+        ]
+        for name, (kind, help_text, panel) in extra.items():
+            option = typer.Option(
+                f"--{name.replace('_', '-')}",
+                help=help_text,
+                rich_help_panel=panel,
+                show_default=False,
+            )
+            params.append(
+                inspect.Parameter(
+                    name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=None,
+                    annotation=Annotated[Optional[kind], option],
+                )
+            )
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in extra}
+            kwargs[target] = {k: v for k, v in values.items() if v is not None}
+            return fn(**kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+training_options = _extend_signature(
+    {name: (base_type(name), FIELDS[name].metadata["help"], "Training") for name in _TRAINING_KEYS},
+    "overrides",
+)
+tolerance_options = _extend_signature(
+    {name: (float, text, "Tolerances") for name, text in _TOLERANCE_HELP.items()}, "tolerances"
+)
+
+
+def _train(config: TrainConfig, out: Path, label: str) -> Path:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from .train import train
+
+    with Progress(
+        TextColumn(f"{label} (K={config.accum_steps})"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("updates"),
+        console=err_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(label, total=config.updates)
+        path = train(config, out, progress=lambda _: progress.advance(task))
+    err_console.print(f"{label}: {config.updates} updates x K={config.accum_steps} -> {path}")
+    return path
+
+
+def _judge(
+    baseline: Path,
+    merged: Path,
+    accum_steps: int | None,
+    baseline_accum_steps: int,
+    tolerances: dict[str, Any],
+    json_path: Path | None,
+) -> int:
+    from .compare import FAIL, compare
+    from .sources import open_run
+    from .report import render, write_json
+
+    base_run = open_run(baseline, baseline_accum_steps, role="baseline")
+    merged_run = open_run(merged, accum_steps, role="merged")
+    comparison = compare(base_run, merged_run, tolerances)
+    render(comparison, out_console)
+    if json_path is not None:
+        write_json(comparison, json_path)
+    return 1 if comparison.verdict == FAIL else 0
+
+
+@app.command()
+@training_options
+def baseline(
+    config: ConfigOpt = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="run directory")] = Path("runs/baseline"),
+    overrides: dict | None = None,
+) -> None:
+    """Train at batch B for N updates (K=1) and record the run."""
+    cfg = load_config(config, overrides).replace(accum_steps=1)
+    _train(cfg, out, "baseline")
+
+
+@app.command()
+@training_options
+def merged(
+    accum_steps: AccumOpt = None,
+    config: ConfigOpt = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="run directory")] = Path("runs/merged"),
+    against: Annotated[
+        Optional[Path],
+        typer.Option(help="a baseline run: reuse its config, then compare against it"),
+    ] = None,
+    json: JsonOpt = None,
+    overrides: dict | None = None,
+) -> None:
+    """Train at micro-batch B/K for N*K micro-steps, stepping every K; record the run."""
+    if against is not None:
+        from .store import read_manifest
+
+        recorded = {
+            k: v for k, v in read_manifest(against).get("config", {}).items() if k in FIELDS
+        }
+        cfg = load_config(config, {**recorded, **overrides})
+    else:
+        cfg = load_config(config, overrides)
+    if accum_steps is not None:
+        cfg = cfg.replace(accum_steps=accum_steps)
+    path = _train(cfg, out, "merged")
+    if against is not None:
+        raise typer.Exit(_judge(against, path, None, 1, tolerances_from_yaml(config), json))
+
+
+@app.command("compare")
+@tolerance_options
+def compare_cmd(
+    baseline: Annotated[Path, typer.Argument(help="baseline run directory or log")],
+    merged: Annotated[Path, typer.Argument(help="merged run directory or log")],
+    accum_steps: Annotated[
+        Optional[int], typer.Option("--accum-steps", "-k", help="K of the merged run (logs)")
+    ] = None,
+    baseline_accum_steps: Annotated[int, typer.Option(help="K of the baseline, for logs")] = 1,
+    config: Annotated[
+        Optional[Path], typer.Option("--config", "-c", help="YAML file with a tolerances section")
+    ] = None,
+    json: JsonOpt = None,
+    tolerances: dict | None = None,
+) -> None:
+    """Judge a merged run against its baseline; exit 0 aligned, 1 not aligned, 2 bad input."""
+    merged_tolerances = {**tolerances_from_yaml(config), **(tolerances or {})}
+    raise typer.Exit(
+        _judge(baseline, merged, accum_steps, baseline_accum_steps, merged_tolerances, json)
+    )
+
+
+@app.command()
+@tolerance_options
+@training_options
+def verify(
+    accum_steps: AccumOpt = None,
+    config: ConfigOpt = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="directory for both runs")] = Path(
+        "runs/verify"
+    ),
+    json: JsonOpt = None,
+    overrides: dict | None = None,
+    tolerances: dict | None = None,
+) -> None:
+    """Baseline, merged and compare in one command (built-in default mirrors the seed)."""
+    cfg = load_config(config, overrides)
+    if accum_steps is not None:
+        cfg = cfg.replace(accum_steps=accum_steps)
+    base_path = _train(cfg.replace(accum_steps=1), out / "baseline", "baseline")
+    merged_path = _train(cfg, out / "merged", "merged")
+    merged_tolerances = {**tolerances_from_yaml(config), **(tolerances or {})}
+    raise typer.Exit(_judge(base_path, merged_path, None, 1, merged_tolerances, json))
+
+
+@app.command()
+def version() -> None:
+    """Print the gradalign version."""
+    out_console.print(__version__)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: bad input is one line on stderr and exit 2, never a traceback."""
+    try:
+        code = app(args=argv, prog_name="gradalign", standalone_mode=False)
+    except TyperException as exc:  # usage errors: unknown option, bad value, missing argument
+        _fail(exc.format_message(), getattr(exc, "exit_code", 2) or 2)
+    except BadInput as exc:
+        _fail(str(exc), 2)
+    except (Abort, KeyboardInterrupt):
+        code = 130
+    if code == 130:
+        err_console.print("interrupted: no partial run was left in place")
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, code: int) -> None:
+    err_console.print(f"error: {' '.join(message.split())}", soft_wrap=True, markup=False)
+    sys.exit(code)

@@ -1,0 +1,173 @@
+"""Typed training configuration: defaults, YAML files and command-line overrides, validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import BadInput
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULERS = ("constant", "linear", "cosine")
+DEVICES = ("cpu", "cuda", "auto")
+DTYPES = ("float32", "float64")
+MODELS = ("mlp",)
+DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3, "adamw": 1e-3}
+
+
+def _opt(help_text: str, choices: tuple[str, ...] | None = None, **kw: Any) -> Any:
+    return field(metadata={"help": help_text, "choices": choices}, **kw)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run of the built-in trainer. YAML keys and CLI options share these names."""
+
+    model: str = _opt("built-in model", MODELS, default="mlp")
+    batch_size: int = _opt("baseline batch size B (the merged run uses B/K)", default=128)
+    updates: int = _opt("optimizer updates N", default=12)
+    accum_steps: int = _opt("micro-steps per update K of the merged run", default=4)
+    seed: int = _opt("seed for weights and data", default=0)
+    optimizer: str = _opt("optimizer", OPTIMIZERS, default="sgd")
+    lr: float | None = _opt(
+        "learning rate (default: 0.1 for sgd, 1e-3 for adam/adamw)", default=None
+    )
+    momentum: float = _opt("SGD momentum", default=0.0)
+    weight_decay: float = _opt("weight decay", default=0.0)
+    scheduler: str = _opt("lr schedule, stepped once per update", SCHEDULERS, default="constant")
+    warmup_updates: int = _opt("linear warmup updates before the schedule", default=0)
+    clip_norm: float | None = _opt("clip the merged gradient to this total norm", default=None)
+    hidden: int = _opt("hidden width of the MLP", default=256)
+    samples_seed: int | None = _opt("seed of the built-in data (default: seed)", default=None)
+    device: str = _opt("cpu, cuda or auto", DEVICES, default="cpu")
+    dtype: str = _opt("parameter dtype", DTYPES, default="float32")
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // self.accum_steps
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return build_config({**self.to_dict(), **changes}, "options")
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_HINTS = typing.get_type_hints(TrainConfig)
+
+
+def base_type(name: str) -> type:
+    """The scalar type of a config key (int, float or str), without Optional."""
+    hint = _HINTS[name]
+    if isinstance(hint, types.UnionType):
+        return next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    return hint
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    hint, kind = _HINTS[name], base_type(name)
+    if value is None:
+        if isinstance(hint, types.UnionType):
+            return None
+        raise BadInput(f"{where}: {name} must be set (got null)")
+    ok = (
+        (kind is int and isinstance(value, int) and not isinstance(value, bool))
+        or (kind is float and isinstance(value, int | float) and not isinstance(value, bool))
+        or (kind is str and isinstance(value, str))
+    )
+    if not ok:
+        raise BadInput(f"{where}: {name} must be {kind.__name__}, got {value!r}")
+    if kind is float:
+        value = float(value)
+        if not math.isfinite(value):
+            raise BadInput(f"{where}: {name} must be finite, got {value!r}")
+    choices = FIELDS[name].metadata["choices"]
+    if choices and value not in choices:
+        raise BadInput(f"{where}: {name} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def check_keys(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """Reject unknown keys and values of the wrong type; return the values coerced."""
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise BadInput(f"{where}: unknown key {unknown[0]!r} (known keys: {', '.join(FIELDS)})")
+    return {name: _coerce(name, value, where) for name, value in values.items()}
+
+
+def build_config(values: dict[str, Any], where: str = "config") -> TrainConfig:
+    """Validate a flat mapping of config keys into a TrainConfig."""
+    config = TrainConfig(**check_keys(values, where))
+    _check_ranges(config, where)
+    return config
+
+
+def _check_ranges(c: TrainConfig, where: str) -> None:
+    positive = {"batch_size": c.batch_size, "updates": c.updates, "hidden": c.hidden}
+    for name, value in positive.items():
+        if value < 1:
+            raise BadInput(f"{where}: {name} must be at least 1, got {value}")
+    if c.accum_steps < 1:
+        raise BadInput(f"{where}: accum_steps (K) must be at least 1, got {c.accum_steps}")
+    if c.batch_size % c.accum_steps:
+        raise BadInput(
+            f"{where}: batch_size {c.batch_size} is not divisible by accum_steps {c.accum_steps}"
+        )
+    if c.lr is not None and c.lr <= 0:
+        raise BadInput(f"{where}: lr must be positive, got {c.lr}")
+    if c.clip_norm is not None and c.clip_norm <= 0:
+        raise BadInput(f"{where}: clip_norm must be positive, got {c.clip_norm}")
+    for name in ("momentum", "weight_decay", "warmup_updates"):
+        if getattr(c, name) < 0:
+            raise BadInput(f"{where}: {name} must not be negative, got {getattr(c, name)}")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A config file's top-level mapping (safe YAML only)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read config ({exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise BadInput(f"{path}: not valid YAML{line}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: a config must be a mapping of keys to values")
+    return data
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults, then the YAML file, then command-line overrides (which win)."""
+    values = read_yaml(path) if path is not None else {}
+    values.pop("tolerances", None)  # the judge's section, read by tolerances_from_yaml
+    values = {**check_keys(values, str(path)), **(overrides or {})}
+    return build_config(values, "options")
+
+
+def tolerances_from_yaml(path: Path | None) -> dict[str, Any]:
+    """The optional `tolerances:` section of a config file."""
+    if path is None:
+        return {}
+    section = read_yaml(path).get("tolerances") or {}
+    if not isinstance(section, dict):
+        raise BadInput(f"{path}: tolerances must be a mapping of names to numbers")
+    return section

@@ -1,0 +1,95 @@
+"""Error measures between two tensors, in float64, NaN-safe (a non-finite value never passes)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """How far the merged tensor is from the baseline tensor, and how far it may be."""
+
+    name: str
+    max_abs: float
+    max_rel: float
+    rel_l2: float  # ||m - b|| / ||b||
+    cosine: float
+    error: float  # the judged error: ||m - b|| (or max |m - b| for printed values)
+    allowed: float  # the error the tolerance allows here
+    moved: float | None = None  # ||b - b_start||: how far training moved this tensor so far
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.error <= self.allowed)  # False for NaN
+
+    @property
+    def ratio(self) -> float:
+        """error / allowed: below 1 passes."""
+        if self.allowed > 0:
+            return self.error / self.allowed
+        return 0.0 if self.error == 0 else math.inf
+
+
+def _safe_div(num: float, den: float) -> float:
+    if den > 0:
+        return num / den
+    return 0.0 if num == 0 else math.inf
+
+
+def diff(
+    name: str,
+    base: np.ndarray,
+    merged: np.ndarray,
+    *,
+    rtol: float,
+    atol: float,
+    start: np.ndarray | None = None,
+    elementwise: bool = False,
+) -> TensorDiff:
+    """Compare one tensor.
+
+    With `start` (the tensor's value when training began) the error is judged against how far
+    training moved it: ||m - b|| <= rtol * ||b - start|| + atol * sqrt(n). With `elementwise`
+    (printed values, no history) the test is max|m - b| <= atol. Otherwise the scale is ||b||.
+    """
+    b = np.asarray(base, dtype=np.float64).ravel()
+    m = np.asarray(merged, dtype=np.float64).ravel()
+    if not (np.isfinite(b).all() and np.isfinite(m).all()):
+        nan = math.nan
+        return TensorDiff(name, nan, nan, nan, nan, math.inf, 0.0, None)
+    d = m - b
+    abs_d = np.abs(d)
+    abs_b = np.abs(b)
+    max_abs = float(abs_d.max(initial=0.0))
+    nonzero = abs_b > 0
+    max_rel = float((abs_d[nonzero] / abs_b[nonzero]).max(initial=0.0))
+    if (abs_d[~nonzero] > 0).any():
+        max_rel = math.inf
+    norm_d, norm_b, norm_m = (float(np.linalg.norm(v)) for v in (d, b, m))
+    cosine = _safe_div(float(b @ m), norm_b * norm_m) if norm_b and norm_m else float(norm_d == 0)
+    moved = None
+    if elementwise:
+        error, allowed = max_abs, atol
+    else:
+        if start is not None:
+            moved = float(np.linalg.norm(b - np.asarray(start, dtype=np.float64).ravel()))
+            scale = moved
+        else:
+            scale = norm_b
+        error, allowed = norm_d, rtol * scale + atol * math.sqrt(b.size)
+    return TensorDiff(
+        name, max_abs, max_rel, _safe_div(norm_d, norm_b), cosine, error, allowed, moved
+    )
+
+
+def fit_ratio(base: list[np.ndarray], merged: list[np.ndarray]) -> tuple[float, float]:
+    """Least-squares scalar r with merged ~ r * base over all tensors, and their cosine."""
+    b = np.concatenate([np.asarray(x, dtype=np.float64).ravel() for x in base])
+    m = np.concatenate([np.asarray(x, dtype=np.float64).ravel() for x in merged])
+    bb, mm, bm = float(b @ b), float(m @ m), float(b @ m)
+    ratio = _safe_div(bm, bb)
+    cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
+    return ratio, cosine

@@ -1,0 +1,185 @@
+"""Render a Comparison: a rich table for people, a JSON document for machines."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .compare import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
+
+MAX_ROWS = 40  # longer runs show the head, the rows around the first divergence, and the tail
+_STYLE = {PASS: "green", FAIL: "bold red", NOT_CHECKED: "yellow"}
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf"
+    return f"{value:.{digits}g}"
+
+
+def _rows_to_show(comparison: Comparison) -> list[int | None]:
+    """Row indices to print; None marks a gap."""
+    n = len(comparison.results)
+    if n <= MAX_ROWS:
+        return list(range(n))
+    keep = set(range(10)) | set(range(n - 5, n))
+    first = comparison.first_divergence
+    if first is not None:
+        keep |= set(range(max(0, first["update"] - 5), min(n, first["update"] + 15)))
+    rows: list[int | None] = []
+    for i in sorted(keep):
+        if rows and rows[-1] is not None and i != rows[-1] + 1:
+            rows.append(None)
+        rows.append(i)
+    return rows
+
+
+def _update_row(r: UpdateResult) -> list[str]:
+    worst = r.worst
+    status = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
+    problems = "; ".join(text for _, text in r.problems)
+    return [
+        str(r.update),
+        f"{r.base_loss:.8g}",
+        f"{r.merged_loss:.8g}",
+        _num(r.loss_diff),
+        worst.name if worst else "-",
+        _num(worst.max_abs) if worst else "-",
+        f"{worst.ratio:.2g}x" if worst else "-",
+        _num(r.grad_ratio, 6) if r.grad_ratio is not None else "-",
+        status + (f" [red]{problems}[/]" if problems else ""),
+    ]
+
+
+def render(comparison: Comparison, console: Console) -> None:
+    """Print the per-update table, the checks, notes and the verdict."""
+    c = comparison
+    title = (
+        f"gradalign compare: {c.baseline.source} (K={c.baseline.accum_steps}) vs "
+        f"{c.merged.source} (K={c.merged.accum_steps}), {c.updates} updates, {c.dtype}"
+    )
+    table = Table(title=title, title_justify="left")
+    for name, justify in [
+        ("update", "right"),
+        ("baseline loss", "right"),
+        ("merged loss", "right"),
+        ("|diff|", "right"),
+        ("worst tensor", "left"),
+        ("max abs diff", "right"),
+        ("err/tol", "right"),
+        ("grad ratio", "right"),
+        ("status", "left"),
+    ]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for index in _rows_to_show(c):
+        if index is None:
+            table.add_row("…", *[""] * 8)
+        else:
+            table.add_row(*_update_row(c.results[index]))
+    console.print(table)
+    checks = Table(show_header=True, title="checks", title_justify="left")
+    checks.add_column("check")
+    checks.add_column("result")
+    checks.add_column("detail")
+    for check in c.checks:
+        checks.add_row(check.name, f"[{_STYLE[check.status]}]{check.status}[/]", check.detail)
+    console.print(checks)
+    for note in c.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    if c.first_divergence:
+        fd = c.first_divergence
+        where = f", parameter {fd['parameter']}" if fd["parameter"] else ""
+        console.print(f"first divergence: update {fd['update']}{where} (in the {fd['in']})")
+    verdict = c.verdict
+    style = _STYLE[verdict]
+    console.print(
+        f"[{style}]verdict: {verdict.upper()}[/] (err/tol is the judged error over its "
+        f"tolerance; below 1 passes)"
+    )
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def to_dict(comparison: Comparison) -> dict[str, Any]:
+    """The JSON report: same facts as the table. Non-finite numbers are null."""
+    c = comparison
+    diffs = [r.loss_diff for r in c.results]
+    finite = [d for d in diffs if math.isfinite(d)]
+    return {
+        "gradalign": __version__,
+        "verdict": c.verdict,
+        "baseline": c.baseline.source,
+        "merged": c.merged.source,
+        "accum_steps": c.accum_steps,
+        "baseline_accum_steps": c.baseline.accum_steps,
+        "updates": c.updates,
+        "dtype": c.dtype,
+        "tolerances": c.tolerances.to_dict(),
+        "loss": {
+            "max_abs_diff": _finite(max(diffs)) if len(finite) == len(diffs) else None,
+            "mean_abs_diff": _finite(sum(finite) / len(finite)) if finite else None,
+        },
+        "first_divergence": c.first_divergence,
+        "checks": [{"name": k.name, "status": k.status, "detail": k.detail} for k in c.checks],
+        "notes": list(c.notes),
+        "per_update": [_update_dict(r) for r in c.results],
+    }
+
+
+def _update_dict(r: UpdateResult) -> dict[str, Any]:
+    def tensors(diffs):
+        return [
+            {
+                "name": d.name,
+                "ok": d.ok,
+                "max_abs_diff": _finite(d.max_abs),
+                "max_rel_diff": _finite(d.max_rel),
+                "rel_l2": _finite(d.rel_l2),
+                "cosine": _finite(d.cosine),
+                "error": _finite(d.error),
+                "allowed": _finite(d.allowed),
+                "moved": _finite(d.moved),
+            }
+            for d in diffs
+        ]
+
+    return {
+        "update": r.update,
+        "ok": r.ok,
+        "baseline_loss": _finite(r.base_loss),
+        "merged_loss": _finite(r.merged_loss),
+        "loss_abs_diff": _finite(r.loss_diff),
+        "loss_allowed": _finite(r.loss_allowed),
+        "grad_ratio": _finite(r.grad_ratio),
+        "grad_cosine": _finite(r.grad_cosine),
+        "problems": [text for _, text in r.problems],
+        "weights": tensors(r.weights),
+        "grads": tensors(r.grads),
+    }
+
+
+def write_json(comparison: Comparison, path: Path) -> None:
+    """Write the JSON report atomically (a reader never sees half a file)."""
+    text = json.dumps(to_dict(comparison), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as exc:
+        from .errors import BadInput
+
+        raise BadInput(f"{path}: cannot write the JSON report ({exc.strerror})") from None

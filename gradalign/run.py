@@ -1,0 +1,88 @@
+"""The judge's view of one recorded run, whatever wrote it (our trainer, a user's loop, a log).
+
+A `Run` holds the per-micro-step series in memory and loads per-update tensors on demand.
+Fields a source did not record are ``None``; the judge reports those checks as "not checked".
+This module is numpy-only: the judging side never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Tensors = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Name, shape and dtype of one recorded tensor (a parameter or a floating buffer)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str = "param"  # "param" | "buffer"
+
+
+@dataclass
+class Run:
+    """Everything the judge may look at in one run.
+
+    Micro-step ``m`` belongs to update ``m // accum_steps``. State fingerprints are int64 per
+    tensor: ``micro_state[m]`` is the weights as seen when micro-step ``m`` was recorded (before
+    any optimizer step at that micro-step), ``update_state[i]`` the weights after update ``i``;
+    rows that a source could not observe are marked ``False`` in ``micro_state_known``.
+    """
+
+    source: str
+    kind: str  # "run-dir" | "paddle-log" | ...
+    accum_steps: int
+    updates: int
+    micro_loss: np.ndarray  # float64 [M]
+    tensors: list[TensorInfo]
+    micro_items: np.ndarray | None = None  # float64 [M]
+    full_weights: bool = True  # False when only printed (truncated) values are known
+    init_state: np.ndarray | None = None  # int64 [P]
+    micro_state: np.ndarray | None = None  # int64 [M, P]
+    micro_state_known: np.ndarray | None = None  # bool [M]
+    update_state: np.ndarray | None = None  # int64 [N, P]
+    lr: np.ndarray | None = None  # float64 [N], the lr in effect at each optimizer step
+    optimizer_steps: np.ndarray | None = None  # int64 [N], optimizer.step() calls during update i
+    printed_window_loss: np.ndarray | None = None  # float64 [N], a mean the source printed itself
+    loss_resolution: float = 0.0  # quantum of printed losses (0 for exact records)
+    weight_resolution: float = 0.0  # quantum of printed weights (0 for exact records)
+    config: dict = field(default_factory=dict)
+    environment: dict = field(default_factory=dict)
+    fault: str | None = None
+    load_init_weights: Callable[[], Tensors] | None = None
+    load_weights: Callable[[int], Tensors] | None = None
+    load_grads: Callable[[int], Tensors] | None = None
+
+    @property
+    def micro_steps(self) -> int:
+        return int(self.micro_loss.shape[0])
+
+    @property
+    def has_grads(self) -> bool:
+        return self.load_grads is not None
+
+    def init_weights(self) -> Tensors | None:
+        return self.load_init_weights() if self.load_init_weights else None
+
+    def weights(self, update: int) -> Tensors | None:
+        return self.load_weights(update) if self.load_weights else None
+
+    def grads(self, update: int) -> Tensors | None:
+        return self.load_grads(update) if self.load_grads else None
+
+    def window_losses(self) -> np.ndarray:
+        """Loss per update: each window's mean micro loss, weighted by items if recorded."""
+        k, n = self.accum_steps, self.updates
+        losses = self.micro_loss[: n * k].reshape(n, k)
+        if self.micro_items is None:
+            return losses.mean(axis=1)
+        items = self.micro_items[: n * k].reshape(n, k)
+        totals = items.sum(axis=1)
+        safe = np.where(totals > 0, totals, 1.0)
+        return np.where(totals > 0, (losses * items).sum(axis=1) / safe, losses.mean(axis=1))

@@ -1,0 +1,27 @@
+"""Open a run from whatever the user points at: a run directory or a framework's log file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import BadInput
+from .logs import looks_like_paddle_log, read_paddle_log
+from .run import Run
+from .store import read_run_dir
+
+
+def open_run(path: Path, accum_steps: int | None, role: str) -> Run:
+    """A Run from a run directory (K from its manifest) or a PaddlePaddle-style log (K given)."""
+    if path.is_dir():
+        run = read_run_dir(path)
+        if accum_steps is not None and accum_steps != run.accum_steps:
+            raise BadInput(
+                f"{path}: {role} run was recorded with K={run.accum_steps}, "
+                f"but --accum-steps {accum_steps} was given"
+            )
+        return run
+    if not path.exists():
+        raise BadInput(f"{path}: no such run directory or log file")
+    if looks_like_paddle_log(path):
+        return read_paddle_log(path, 1 if accum_steps is None else accum_steps)
+    raise BadInput(f"{path}: neither a gradalign run directory nor a recognised training log")

@@ -1,0 +1,70 @@
+"""Default tolerances per parameter dtype, and the names users override them by."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import BadInput
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """How far a merged run may stray from its baseline and still be the same training.
+
+    Weights are judged against how far training moved them:
+    ||w_merged - w_base|| <= weight_rtol * ||w_base - w_init|| + weight_atol * sqrt(n).
+    Gradients against their own size: ||g_merged - g_base|| <= grad_rtol * ||g_base|| + ...
+    Losses: |l_merged - l_base| <= loss_atol + loss_rtol * |l_base|, plus a log's print resolution.
+    """
+
+    loss_atol: float
+    loss_rtol: float
+    weight_rtol: float
+    weight_atol: float
+    grad_rtol: float
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+# float32 and float64 are measured on the built-in MLP (docs/TOLERANCES.md has the commands):
+# clean Adam in float32 moves 1.8e-5 of its displacement; a missing 1/K under Adam 1.4e-3.
+DEFAULTS: dict[str, Tolerances] = {
+    "float64": Tolerances(
+        loss_atol=1e-12, loss_rtol=1e-12, weight_rtol=1e-9, weight_atol=1e-15, grad_rtol=1e-9
+    ),
+    "float32": Tolerances(
+        loss_atol=1e-6, loss_rtol=1e-5, weight_rtol=1e-4, weight_atol=1e-9, grad_rtol=1e-3
+    ),
+    "bfloat16": Tolerances(
+        loss_atol=1e-2, loss_rtol=1e-2, weight_rtol=5e-2, weight_atol=1e-6, grad_rtol=5e-2
+    ),
+    "float16": Tolerances(
+        loss_atol=1e-3, loss_rtol=1e-3, weight_rtol=1e-2, weight_atol=1e-7, grad_rtol=1e-2
+    ),
+}
+NAMES = tuple(f.name for f in dataclasses.fields(Tolerances))
+
+
+def for_dtype(dtype: str, overrides: dict[str, Any] | None = None) -> Tolerances:
+    """The defaults for `dtype` (the least precise of the runs), with user overrides applied."""
+    base = DEFAULTS.get(dtype.removeprefix("torch."), DEFAULTS["float32"])
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(overrides) - set(NAMES))
+    if unknown:
+        raise BadInput(f"unknown tolerance {unknown[0]!r} (known: {', '.join(NAMES)})")
+    for name, value in overrides.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise BadInput(f"tolerance {name} must be a number >= 0, got {value!r}")
+    return dataclasses.replace(base, **{k: float(v) for k, v in overrides.items()})
+
+
+PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
+
+
+def least_precise(dtypes: list[str]) -> str:
+    """The dtype whose defaults apply when runs mix dtypes."""
+    known = [d for d in dtypes if d in PRECISION_ORDER] or ["float32"]
+    return max(known, key=PRECISION_ORDER.index)
