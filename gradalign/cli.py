@@ -8,11 +8,11 @@ import sys
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
-from typer.exceptions import Abort, TyperException
 from rich.console import Console
+from typer.exceptions import Abort, TyperException
 
 from . import __version__
 from .config import FIELDS, TrainConfig, base_type, load_config, tolerances_from_yaml
@@ -28,10 +28,10 @@ _WIDTH = None if sys.stdout.isatty() else 132  # CI logs: wide enough for the ta
 out_console = Console(highlight=False, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False, width=_WIDTH)
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config file")]
-JsonOpt = Annotated[Optional[Path], typer.Option("--json", help="also write the report as JSON")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="also write the report as JSON")]
 AccumOpt = Annotated[
-    Optional[int], typer.Option("--accum-steps", "-k", help="micro-steps per update K")
+    int | None, typer.Option("--accum-steps", "-k", help="micro-steps per update K")
 ]
 _TRAINING_KEYS = [name for name in FIELDS if name != "accum_steps"]
 _TOLERANCE_HELP = {
@@ -70,7 +70,7 @@ def _extend_signature(extra: dict[str, tuple[type, str, str]], target: str) -> C
                     name,
                     inspect.Parameter.KEYWORD_ONLY,
                     default=None,
-                    annotation=Annotated[Optional[kind], option],
+                    annotation=Annotated[kind | None, option],
                 )
             )
 
@@ -86,8 +86,14 @@ def _extend_signature(extra: dict[str, tuple[type, str, str]], target: str) -> C
     return decorate
 
 
+def _help(name: str) -> str:
+    choices = FIELDS[name].metadata["choices"]
+    text = FIELDS[name].metadata["help"]
+    return f"{text} [{'|'.join(choices)}]" if choices else text
+
+
 training_options = _extend_signature(
-    {name: (base_type(name), FIELDS[name].metadata["help"], "Training") for name in _TRAINING_KEYS},
+    {name: (base_type(name), _help(name), "Training") for name in _TRAINING_KEYS},
     "overrides",
 )
 tolerance_options = _extend_signature(
@@ -114,6 +120,15 @@ def _train(config: TrainConfig, out: Path, label: str) -> Path:
     return path
 
 
+def _tolerances(config: Path | None, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The tolerance overrides from the config file and the options, validated before any work."""
+    from .tolerances import for_dtype
+
+    merged = {**tolerances_from_yaml(config), **(options or {})}
+    for_dtype("float32", merged)
+    return merged
+
+
 def _judge(
     baseline: Path,
     merged: Path,
@@ -123,8 +138,8 @@ def _judge(
     json_path: Path | None,
 ) -> int:
     from .compare import FAIL, compare
-    from .sources import open_run
     from .report import render, write_json
+    from .sources import open_run
 
     base_run = open_run(baseline, baseline_accum_steps, role="baseline")
     merged_run = open_run(merged, accum_steps, role="merged")
@@ -154,7 +169,7 @@ def merged(
     config: ConfigOpt = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="run directory")] = Path("runs/merged"),
     against: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(help="a baseline run: reuse its config, then compare against it"),
     ] = None,
     json: JsonOpt = None,
@@ -172,9 +187,10 @@ def merged(
         cfg = load_config(config, overrides)
     if accum_steps is not None:
         cfg = cfg.replace(accum_steps=accum_steps)
+    tolerances = _tolerances(config, None)
     path = _train(cfg, out, "merged")
     if against is not None:
-        raise typer.Exit(_judge(against, path, None, 1, tolerances_from_yaml(config), json))
+        raise typer.Exit(_judge(against, path, None, 1, tolerances, json))
 
 
 @app.command("compare")
@@ -183,11 +199,11 @@ def compare_cmd(
     baseline: Annotated[Path, typer.Argument(help="baseline run directory or log")],
     merged: Annotated[Path, typer.Argument(help="merged run directory or log")],
     accum_steps: Annotated[
-        Optional[int], typer.Option("--accum-steps", "-k", help="K of the merged run (logs)")
+        int | None, typer.Option("--accum-steps", "-k", help="K of the merged run (logs)")
     ] = None,
     baseline_accum_steps: Annotated[int, typer.Option(help="K of the baseline, for logs")] = 1,
     config: Annotated[
-        Optional[Path], typer.Option("--config", "-c", help="YAML file with a tolerances section")
+        Path | None, typer.Option("--config", "-c", help="YAML file with a tolerances section")
     ] = None,
     json: JsonOpt = None,
     tolerances: dict | None = None,
@@ -216,10 +232,10 @@ def verify(
     cfg = load_config(config, overrides)
     if accum_steps is not None:
         cfg = cfg.replace(accum_steps=accum_steps)
+    checked_tolerances = _tolerances(config, tolerances)
     base_path = _train(cfg.replace(accum_steps=1), out / "baseline", "baseline")
     merged_path = _train(cfg, out / "merged", "merged")
-    merged_tolerances = {**tolerances_from_yaml(config), **(tolerances or {})}
-    raise typer.Exit(_judge(base_path, merged_path, None, 1, merged_tolerances, json))
+    raise typer.Exit(_judge(base_path, merged_path, None, 1, checked_tolerances, json))
 
 
 @app.command()

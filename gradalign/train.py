@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from .config import TrainConfig
 from .errors import BadInput
 from .recorder import Recorder
-from .zoo import build_data, build_model
+from .zoo import Batches, build_data, build_model
 
 Progress = Callable[[int], None]
 
@@ -59,33 +60,55 @@ def lr_factor(config: TrainConfig, update: int) -> float:
     return 1.0
 
 
-def train(
-    config: TrainConfig, out_dir: str | os.PathLike[str], progress: Progress | None = None
-) -> Path:
-    """Train `config.updates` updates of `config.accum_steps` micro-batches; record to out_dir."""
+@dataclass
+class Training:
+    """Everything one run needs, built from its config."""
+
+    config: TrainConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    data: Batches
+
+
+def setup(config: TrainConfig) -> Training:
+    """Seeded model, data, optimizer and schedule on the configured device and dtype."""
     make_deterministic()
     device = resolve_device(config.device)
     dtype = getattr(torch, config.dtype)
     model = build_model(config).to(device=device, dtype=dtype)
-    data = build_data(config, device, dtype)
     optimizer = build_optimizer(config, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: lr_factor(config, u))
+    return Training(config, model, optimizer, scheduler, build_data(config, device, dtype))
+
+
+def run_loop(t: Training, rec: Recorder, progress: Progress | None = None) -> None:
+    """The training loop: K micro-batches per update, one optimizer step per window."""
+    model, optimizer, config = t.model, t.optimizer, t.config
     k, micro_size = config.accum_steps, config.micro_batch_size
-    with Recorder(out_dir, model, optimizer, accum_steps=k, config=config.to_dict()) as rec:
-        for update in range(config.updates):
-            for micro in range(k):
-                inputs, targets = data.micro_batch(update * k + micro, micro_size)
-                loss = F.cross_entropy(model(inputs), targets)
-                (loss / k).backward()
-                rec.micro(loss)
-            pre_clip = None
-            if config.clip_norm is not None:
-                pre_clip = torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
-            rec.grads(pre_clip_norm=pre_clip)
-            optimizer.step()
-            scheduler.step()
-            rec.update()
-            optimizer.zero_grad(set_to_none=True)
-            if progress is not None:
-                progress(update)
+    for update in range(config.updates):
+        for micro in range(k):
+            inputs, targets = t.data.micro_batch(update * k + micro, micro_size)
+            loss = F.cross_entropy(model(inputs), targets)
+            (loss / k).backward()
+            rec.micro(loss)
+        pre_clip = None
+        if config.clip_norm is not None:
+            pre_clip = torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+        rec.grads(pre_clip_norm=pre_clip)
+        optimizer.step()
+        t.scheduler.step()
+        rec.update()
+        optimizer.zero_grad(set_to_none=True)
+        if progress is not None:
+            progress(update)
+
+
+def train(
+    config: TrainConfig, out_dir: str | os.PathLike[str], progress: Progress | None = None
+) -> Path:
+    """Train `config.updates` updates of `config.accum_steps` micro-batches; record to out_dir."""
+    t = setup(config)
+    with Recorder(out_dir, t.model, t.optimizer, config.accum_steps, config.to_dict()) as rec:
+        run_loop(t, rec, progress)
     return Path(out_dir)

@@ -1,0 +1,212 @@
+"""How much slower is training with the Recorder than without it?
+
+Times the built-in training (`gradalign.train.setup` + `run_loop`, the one loop the CLI uses) in
+one process, once with a no-op recorder and once with the real `Recorder` writing a run directory
+to a temporary directory (timed through `close()`, which writes the series and the manifest and
+renames the run into place). Both the baseline (K=1) and the merged run (K) are timed, as the
+`check` command trains both. The two variants alternate (plain, recorded, plain, recorded, ...)
+after one uncounted warm-up pair, so slow drift of a noisy machine hits both alike.
+
+    python bench/recording_overhead.py [--updates N] [--batch-size B] [--accum-steps K]
+                                       [--reps R] [--json FILE]
+
+The figure of merit is median(recorded) / median(plain) over the repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gradalign.config import TrainConfig, build_config
+from gradalign.recorder import Recorder
+from gradalign.train import run_loop, setup
+
+TARGET = 1.10
+VARIANTS = ("plain", "recorded")
+
+
+class NoRecorder:
+    """Takes the loop's calls and does nothing with them."""
+
+    def micro(self, loss: Any, items: Any = None) -> None:
+        pass
+
+    def grads(self, pre_clip_norm: Any = None) -> None:
+        pass
+
+    def update(self) -> None:
+        pass
+
+
+def time_plain(config: TrainConfig) -> float:
+    start = time.perf_counter()
+    training = setup(config)
+    run_loop(training, NoRecorder())  # type: ignore[arg-type]
+    return time.perf_counter() - start
+
+
+def time_recorded(config: TrainConfig, out: Path) -> float:
+    start = time.perf_counter()
+    training = setup(config)
+    rec = Recorder(out, training.model, training.optimizer, config.accum_steps, config.to_dict())
+    run_loop(training, rec)
+    rec.close()
+    return time.perf_counter() - start
+
+
+def measure(configs: dict[str, TrainConfig], reps: int, scratch: Path) -> dict[str, Any]:
+    """Per run ("baseline", "merged") and variant: `reps` timings in seconds, warm-up excluded."""
+    times: dict[str, dict[str, list[float]]] = {run: {v: [] for v in VARIANTS} for run in configs}
+    counter = 0
+    for rep in range(-1, reps):  # rep -1 is the warm-up pair
+        for run, config in configs.items():
+            gc.collect()
+            plain = time_plain(config)
+            gc.collect()
+            out = scratch / f"run-{counter}"
+            counter += 1
+            recorded = time_recorded(config, out)
+            shutil.rmtree(out)  # outside the timing
+            if rep >= 0:
+                times[run]["plain"].append(plain)
+                times[run]["recorded"].append(recorded)
+    return times
+
+
+def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    """Medians and ratio per run, and for both runs together (per repetition, summed)."""
+    runs = list(times)
+    reps = len(times[runs[0]]["plain"])
+    rows = {run: times[run] for run in runs}
+    rows["both"] = {
+        v: [sum(times[run][v][i] for run in runs) for i in range(reps)] for v in VARIANTS
+    }
+    out: dict[str, dict[str, float]] = {}
+    for name, series in rows.items():
+        plain = statistics.median(series["plain"])
+        recorded = statistics.median(series["recorded"])
+        out[name] = {
+            "plain_median_s": plain,
+            "recorded_median_s": recorded,
+            "plain_min_s": min(series["plain"]),
+            "recorded_min_s": min(series["recorded"]),
+            "ratio": recorded / plain,
+        }
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def filesystem(path: Path) -> str:
+    """The type of the filesystem holding `path`, from /proc/mounts (fsync cost depends on it)."""
+    best, kind = "", "unknown"
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    target = str(path.resolve())
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3 and target.startswith(parts[1]) and len(parts[1]) > len(best):
+            best, kind = parts[1], parts[2]
+    return kind
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    defaults = TrainConfig()
+    parser.add_argument("--updates", type=int, default=defaults.updates, help="updates N")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="batch B")
+    parser.add_argument(
+        "--accum-steps", type=int, default=defaults.accum_steps, help="K of the merged run"
+    )
+    parser.add_argument("--reps", type=int, default=7, help="timed repetitions per variant")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
+
+    merged = build_config(
+        {"updates": args.updates, "batch_size": args.batch_size, "accum_steps": args.accum_steps},
+        "options",
+    )
+    configs = {"baseline": merged.replace(accum_steps=1), "merged": merged}
+
+    with tempfile.TemporaryDirectory(prefix="gradalign-bench-") as tmp:
+        scratch = Path(tmp)
+        fs = filesystem(scratch)
+        times = measure(configs, args.reps, scratch)
+    summary = summarize(times)
+
+    info = {
+        "updates": merged.updates,
+        "batch_size": merged.batch_size,
+        "accum_steps": merged.accum_steps,
+        "hidden": merged.hidden,
+        "reps": args.reps,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "scratch_filesystem": fs,
+        "target_ratio": TARGET,
+    }
+    print(
+        f"MLP 784-{merged.hidden}-10, B={merged.batch_size}, N={merged.updates}, "
+        f"K={merged.accum_steps}; {args.reps} reps + 1 warm-up pair, alternating"
+    )
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {info['cpu']}; "
+        f"scratch on {fs}"
+    )
+    print()
+    print(f"{'run':<22}{'plain (ms)':>12}{'recorded (ms)':>15}{'ratio':>9}")
+    labels = {
+        "baseline": "baseline (K=1)",
+        "merged": f"merged (K={merged.accum_steps})",
+        "both": "both",
+    }
+    for name, row in summary.items():
+        print(
+            f"{labels[name]:<22}{row['plain_median_s'] * 1e3:>12.1f}"
+            f"{row['recorded_median_s'] * 1e3:>15.1f}{row['ratio']:>8.2f}x"
+        )
+    ratio = summary["both"]["ratio"]
+    verdict = "met" if ratio <= TARGET else "NOT met"
+    print(f"\nmedians over {args.reps} reps; target <= {TARGET:.2f}x (both runs): {verdict}")
+
+    if args.json is not None:
+        figures = {
+            "info": info,
+            "summary": summary,
+            "times_s": times,
+            "target_met": ratio <= TARGET,
+        }
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Shared fixtures: small recorded runs, built once per session, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gradalign.cli import main
+from gradalign.config import TrainConfig
+from gradalign.train import train
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+SMALL = TrainConfig(hidden=32, updates=4, batch_size=16, accum_steps=4)
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self, path: Path) -> dict:
+        return json.loads(path.read_text())
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `gradalign ARGS` in-process; returns exit code, stdout and stderr."""
+
+    def run(*args: str | Path) -> CliResult:
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return CliResult(int(exit_info.value.code or 0), captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def small_runs(tmp_path_factory) -> dict[str, Path]:
+    """A small baseline and its merged run (K=4), recorded once; copy before altering."""
+    root = tmp_path_factory.mktemp("small")
+    return {
+        "baseline": train(SMALL.replace(accum_steps=1), root / "baseline"),
+        "merged": train(SMALL, root / "merged"),
+    }
+
+
+@pytest.fixture
+def small_copy(small_runs, tmp_path) -> dict[str, Path]:
+    """Private copies of the small runs, free to damage."""
+    return {name: Path(shutil.copytree(path, tmp_path / name)) for name, path in small_runs.items()}

@@ -1,0 +1,186 @@
+"""Bad input: one line on stderr, exit 2, never a traceback. A NaN loss is a failure (exit 1)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gradalign import Recorder
+from gradalign.config import TrainConfig
+from gradalign.train import train
+
+from .conftest import SMALL
+
+
+def one_line_error(result, *fragments: str) -> None:
+    assert result.code == 2, (result.code, result.out, result.err)
+    err = result.err.strip()
+    assert err.startswith("error: "), err
+    assert "\n" not in err, err
+    assert "Traceback" not in result.err + result.out
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+def test_missing_run(cli, tmp_path, small_runs):
+    one_line_error(cli("compare", small_runs["baseline"], tmp_path / "nope"), "nope", "no such")
+
+
+def test_directory_that_is_not_a_run(cli, tmp_path, small_runs):
+    (tmp_path / "empty").mkdir()
+    one_line_error(cli("compare", tmp_path / "empty", small_runs["merged"]), "not a gradalign run")
+
+
+def test_file_that_is_neither_run_nor_log(cli, tmp_path, small_runs):
+    junk = tmp_path / "junk.txt"
+    junk.write_text("hello\n")
+    one_line_error(cli("compare", small_runs["baseline"], junk), "junk.txt", "neither")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_snapshot_fails_its_checksum(cli, small_copy, damage):
+    snapshot = small_copy["merged"] / "weights" / "update_000002.safetensors"
+    data = bytearray(snapshot.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[-5] ^= 0x40
+    snapshot.write_bytes(bytes(data))
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    one_line_error(result, "update_000002.safetensors", "checksum")
+
+
+def test_missing_data_file(cli, small_copy):
+    (small_copy["merged"] / "grads" / "update_000001.safetensors").unlink()
+    one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), "missing")
+
+
+def test_corrupt_manifest(cli, small_copy):
+    (small_copy["merged"] / "manifest.json").write_text("{not json")
+    one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), "manifest.json")
+
+
+def test_runs_of_different_models(cli, tmp_path, small_runs):
+    other = train(SMALL.replace(hidden=8), tmp_path / "other")
+    one_line_error(cli("compare", small_runs["baseline"], other), "different models")
+
+
+def test_runs_of_different_lengths(cli, tmp_path, small_runs):
+    other = train(SMALL.replace(updates=3), tmp_path / "short")
+    one_line_error(cli("compare", small_runs["baseline"], other), "different lengths", "4", "3")
+
+
+def test_runs_from_different_initial_weights(cli, tmp_path, small_runs):
+    other = train(SMALL.replace(seed=1), tmp_path / "seed1")
+    one_line_error(cli("compare", small_runs["baseline"], other), "initial weights differ")
+
+
+def test_accum_steps_that_contradict_the_record(cli, small_runs):
+    result = cli("compare", small_runs["baseline"], small_runs["merged"], "--accum-steps", "2")
+    one_line_error(result, "K=4", "--accum-steps 2")
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "fragments"),
+    [
+        ("batch_size: 128\nlearning_rate: 0.1\n", ["unknown key 'learning_rate'"]),
+        ("batch_size: many\n", ["batch_size must be int", "'many'"]),
+        ("updates: 2.5\n", ["updates must be int"]),
+        ("optimizer: lamb\n", ["optimizer must be one of", "lamb"]),
+        ("batch_size: [1, 2\n", ["not valid YAML"]),
+        ("- 1\n- 2\n", ["must be a mapping"]),
+        ("tolerances: 3\n", ["tolerances must be a mapping"]),
+        ("tolerances:\n  weight_rtol: -1\n", ["weight_rtol must be a number >= 0"]),
+        ("tolerances:\n  speed: 1\n", ["unknown tolerance 'speed'"]),
+    ],
+)
+def test_bad_config_files(cli, tmp_path, yaml_text, fragments):
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml_text)
+    result = cli("verify", "-c", config, "--updates", "1", "--hidden", "8", "--out", tmp_path / "v")
+    one_line_error(result, *fragments)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--batch-size", "10", "-k", "4"], ["batch_size 10 is not divisible by accum_steps 4"]),
+        (["-k", "0"], ["accum_steps (K) must be at least 1"]),
+        (["-k", "-2"], ["accum_steps (K) must be at least 1"]),
+        (["--updates", "0"], ["updates must be at least 1"]),
+        (["--lr", "-1"], ["lr must be positive"]),
+        (["--optimizer", "lamb"], ["optimizer must be one of"]),
+        (["--batch-size", "lots"], ["--batch-size", "integer"]),
+        (["--no-such-option"], ["--no-such-option"]),
+        (["-c", "missing.yaml"], ["missing.yaml", "no such config file"]),
+    ],
+)
+def test_bad_options(cli, tmp_path, args, fragments):
+    one_line_error(cli("verify", "--out", tmp_path / "v", *args), *fragments)
+    assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_gpu(cli, tmp_path):
+    one_line_error(cli("baseline", "--device", "cuda", "--out", tmp_path / "b"), "no CUDA device")
+
+
+def test_out_dir_that_is_not_a_run_is_never_overwritten(cli, tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    one_line_error(cli("baseline", "--updates", "1", "--out", precious), "refusing to overwrite")
+    assert (precious / "thesis.tex").read_text() == "years of work"
+
+
+def test_nan_loss_fails_never_passes(cli, tmp_path, small_runs):
+    """A run whose loss went NaN is a failed alignment (exit 1), not bad input."""
+    from gradalign.train import setup
+
+    t = setup(SMALL)
+    k, size = SMALL.accum_steps, SMALL.micro_batch_size
+    with Recorder(tmp_path / "nan", t.model, t.optimizer, accum_steps=k) as rec:
+        for update in range(SMALL.updates):
+            for micro in range(k):
+                x, y = t.data.micro_batch(update * k + micro, size)
+                loss = torch.nn.functional.cross_entropy(t.model(x), y)
+                if update == 2 and micro == 1:
+                    loss = loss * float("nan")
+                (loss / k).backward()
+                rec.micro(loss)
+            t.optimizer.step()
+            rec.update()
+            t.optimizer.zero_grad()
+    report = tmp_path / "r.json"
+    result = cli("compare", small_runs["baseline"], tmp_path / "nan", "--json", report)
+    assert result.code == 1, result.err
+    data = json.loads(report.read_text())
+    assert data["verdict"] == "fail"
+    assert data["first_divergence"]["update"] == 2
+    assert data["loss"]["max_abs_diff"] is None  # NaN is reported as null, never as a number
+    finite = next(c for c in data["checks"] if c["name"] == "finite losses")
+    assert finite["status"] == "fail" and "micro-step 9" in finite["detail"]
+
+
+def test_real_process_prints_no_traceback(tmp_path):
+    """The installed entry point, not just main(): one line and exit 2."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "gradalign", "compare", str(tmp_path / "a"), str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: ")
+
+
+def test_train_config_rejects_out_of_range_values():
+    from gradalign.errors import BadInput
+
+    with pytest.raises(BadInput, match="momentum must not be negative"):
+        TrainConfig().replace(momentum=-0.5)

@@ -1,0 +1,258 @@
+"""docs/FORMAT.md's reference writer, executed: the runs it writes must be judged correctly."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradalign import tensorfile
+from gradalign.compare import compare
+from gradalign.errors import BadInput
+from gradalign.store import read_run_dir
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
+ALLOWED_IMPORTS = {"json", "hashlib", "struct", "os", "pathlib", "numpy"}
+
+BATCH, K, UPDATES, LR = 8, 4, 5, 0.1
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", DOC.read_text(encoding="utf-8"), re.M | re.S)
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict:
+    """The namespace left by executing the doc's reference writer."""
+    blocks = [b for b in python_blocks() if "def write_run(" in b]
+    assert len(blocks) == 1, "docs/FORMAT.md must hold exactly one block defining write_run"
+    namespace: dict = {"__name__": "format_doc"}
+    exec(compile(blocks[0], str(DOC), "exec"), namespace)
+    return namespace
+
+
+def test_doc_has_one_python_block_with_numpy_only_imports():
+    blocks = python_blocks()
+    assert len(blocks) == 1
+    imported = set()
+    for node in ast.walk(ast.parse(blocks[0])):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= ALLOWED_IMPORTS, imported - ALLOWED_IMPORTS
+
+
+# -- a tiny linear regression trained by hand in float64 -------------------------------------------
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(UPDATES * BATCH, 3))
+    y = x @ np.array([1.5, -2.0, 0.5]) + 0.3 + 0.1 * rng.normal(size=UPDATES * BATCH)
+    return x, y
+
+
+def init_weights() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {"w": rng.normal(size=3), "b": np.array(0.0)}
+
+
+def loss_and_grad(weights, x, y) -> tuple[float, dict[str, np.ndarray]]:
+    residual = x @ weights["w"] + weights["b"] - y
+    grad = {"w": 2 * x.T @ residual / len(y), "b": np.array(2 * residual.mean())}
+    return float(np.mean(residual**2)), grad
+
+
+def train(doc, out: Path, *, k: int, combine=None, step_every_micro: bool = False) -> Path:
+    """SGD over UPDATES batches of BATCH samples, each split into k micro-batches.
+
+    `combine` turns the k micro gradients into the applied gradient (default: their mean).
+    Records per-micro-step fingerprints from the live weights, as a trainer would.
+    """
+    combine = combine or (lambda gs: {n: sum(g[n] for g in gs) / len(gs) for n in gs[0]})
+    x, y = data()
+    weights = init_weights()
+    start = {n: v.copy() for n, v in weights.items()}
+    losses, micro_state, snapshots, grads = [], [], [], []
+    size = BATCH // k
+    for i in range(UPDATES):
+        micro_grads = []
+        for j in range(k):
+            rows = slice(i * BATCH + j * size, i * BATCH + (j + 1) * size)
+            loss, grad = loss_and_grad(weights, x[rows], y[rows])
+            losses.append(loss)
+            micro_state.append([doc["fingerprint"](weights[n]) for n in weights])
+            micro_grads.append(grad)
+            if step_every_micro:
+                weights = {n: weights[n] - LR * grad[n] / k for n in weights}
+        applied = combine(micro_grads)
+        grads.append(applied)
+        if not step_every_micro:
+            weights = {n: weights[n] - LR * applied[n] for n in weights}
+        snapshots.append({n: v.copy() for n, v in weights.items()})
+    return doc["write_run"](
+        out,
+        accum_steps=k,
+        micro_losses=losses,
+        init_weights=start,
+        update_weights=snapshots,
+        grads=grads,
+        lr=[LR] * UPDATES,
+        config={"model": "linear", "micro_batch": size},
+        micro_state=micro_state,
+    )
+
+
+def ordered(run, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Tensor files come back sorted by name; the writer takes its tensor order from dict order."""
+    return {t.name: weights[t.name] for t in run.tensors}
+
+
+def check(comparison, name: str):
+    return next(c for c in comparison.checks if c.name == name)
+
+
+@pytest.fixture(scope="module")
+def baseline(doc, tmp_path_factory):
+    return train(doc, tmp_path_factory.mktemp("runs") / "baseline", k=1)
+
+
+def test_correct_accumulation_passes(doc, baseline, tmp_path):
+    merged = train(doc, tmp_path / "merged", k=K)
+    result = compare(read_run_dir(baseline), read_run_dir(merged))
+    assert result.verdict == "pass", [(c.name, c.status, c.detail) for c in result.checks]
+    assert check(result, "gradients").status == "pass"
+    assert check(result, "no weight change inside a window").status == "pass"
+    assert check(result, "learning rate").status == "pass"
+    assert result.first_divergence is None
+    assert result.dtype == "float64"
+
+
+def test_missing_one_over_k_fails_at_update_zero(doc, baseline, tmp_path):
+    summed = train(
+        doc, tmp_path / "summed", k=K, combine=lambda gs: {n: sum(g[n] for g in gs) for n in gs[0]}
+    )
+    result = compare(read_run_dir(baseline), read_run_dir(summed))
+    assert result.verdict == "fail"
+    assert result.first_divergence["update"] == 0
+    assert result.first_divergence["in"] == "gradient"
+    assert check(result, "gradients").status == "fail"
+    assert result.results[0].grad_ratio == pytest.approx(K)
+
+
+def test_optimizer_step_inside_a_window_is_caught(doc, baseline, tmp_path):
+    stepping = train(doc, tmp_path / "stepping", k=K, step_every_micro=True)
+    result = compare(read_run_dir(baseline), read_run_dir(stepping))
+    assert result.verdict == "fail"
+    assert check(result, "no weight change inside a window").status == "fail"
+
+
+def test_derived_micro_state_matches_live_fingerprints(doc, tmp_path):
+    live = read_run_dir(train(doc, tmp_path / "live", k=K))
+    derived = doc["write_run"](
+        tmp_path / "derived",
+        accum_steps=K,
+        micro_losses=live.micro_loss,
+        init_weights=ordered(live, live.init_weights()),
+        update_weights=[ordered(live, live.weights(i)) for i in range(UPDATES)],
+    )
+    run = read_run_dir(derived)
+    np.testing.assert_array_equal(run.micro_state, live.micro_state)
+    np.testing.assert_array_equal(run.init_state, live.micro_state[0])
+    np.testing.assert_array_equal(run.update_state, live.update_state)
+    assert run.lr is None and not run.has_grads
+
+
+def test_optional_pieces_absent_are_not_checked(doc, baseline, tmp_path):
+    base = read_run_dir(baseline)
+    bare = doc["write_run"](
+        tmp_path / "bare",
+        accum_steps=1,
+        micro_losses=base.micro_loss,
+        init_weights=ordered(base, base.init_weights()),
+        update_weights=[ordered(base, base.weights(i)) for i in range(UPDATES)],
+    )
+    result = compare(base, read_run_dir(bare))
+    assert result.verdict == "pass"
+    assert check(result, "gradients").status == "not checked"
+    assert check(result, "learning rate").status == "not checked"
+    assert check(result, "weights").status == "pass"
+
+
+def test_manifest_and_files(doc, baseline):
+    import json
+
+    manifest = json.loads((baseline / "manifest.json").read_text())
+    assert manifest["format"] == "gradalign-run" and manifest["format_version"] == 1
+    assert manifest["accum_steps"] == 1 and manifest["updates"] == UPDATES
+    assert [t["name"] for t in manifest["tensors"]] == ["w", "b"]
+    assert manifest["tensors"][1] == {"name": "b", "shape": [], "dtype": "float64", "kind": "param"}
+    assert set(manifest["files"]) == {
+        "series.safetensors",
+        "weights/init.safetensors",
+        *(f"weights/update_{i:06d}.safetensors" for i in range(UPDATES)),
+        *(f"grads/update_{i:06d}.safetensors" for i in range(UPDATES)),
+    }
+    assert not list(baseline.parent.glob(".*partial*"))
+
+
+def test_doc_encoder_matches_tensorfile(doc):
+    tensors = {
+        "z": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "a": np.array([3, -1], dtype=np.int64),
+        "m": np.array([True, False]),
+        "h": np.array([1.5, -2], dtype=">f2"),
+        "e": np.zeros((0, 4), dtype=np.uint8),
+    }
+    blob = doc["encode_safetensors"](tensors)
+    assert blob == tensorfile.encode(tensors)
+    back = tensorfile.decode(blob)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(back[name], value)
+
+
+def test_doc_encoder_keeps_zero_dim_tensors(doc):
+    blob = doc["encode_safetensors"]({"s": np.array(2.5), "t": np.arange(6.0).reshape(2, 3).T})
+    back = tensorfile.decode(blob)
+    assert back["s"].shape == () and back["s"] == 2.5
+    np.testing.assert_array_equal(back["t"], np.arange(6.0).reshape(2, 3).T)
+
+
+def test_fingerprint_is_the_bit_sum(doc):
+    a = np.array([1.0, -2.0], dtype=np.float32)
+    assert doc["fingerprint"](a) == int(a.view(np.int32).astype(np.int64).sum())
+    assert doc["fingerprint"](np.array([True, True, False])) == 2
+    big = np.full(4, -1.0)  # bit patterns near the int64 limit: the sum wraps around
+    expected = (int(big.view(np.int64)[0]) * 4 + 2**63) % 2**64 - 2**63
+    assert doc["fingerprint"](big) == expected
+    assert doc["fingerprint"](a.astype(">f4")) == doc["fingerprint"](a)
+
+
+def test_altered_weights_file_fails_its_checksum(doc, tmp_path):
+    run_dir = train(doc, tmp_path / "run", k=K)
+    target = run_dir / "weights" / "update_000000.safetensors"
+    blob = bytearray(target.read_bytes())
+    blob[-1] ^= 0x01
+    target.write_bytes(bytes(blob))
+    run = read_run_dir(run_dir)
+    with pytest.raises(BadInput, match="checksum"):
+        run.weights(0)
+    baseline = train(doc, tmp_path / "baseline", k=1)
+    with pytest.raises(BadInput, match="checksum"):
+        compare(read_run_dir(baseline), run)
+
+
+def test_refuses_to_overwrite(doc, baseline):
+    base = read_run_dir(baseline)
+    with pytest.raises(FileExistsError):
+        doc["write_run"](
+            baseline,
+            accum_steps=1,
+            micro_losses=base.micro_loss,
+            init_weights=base.init_weights(),
+            update_weights=[base.weights(i) for i in range(UPDATES)],
+        )
