@@ -150,6 +150,10 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
     manifest = read_manifest(path)
     where = str(path)
     checksums = _field(manifest, "files", dict, where)
+    for relpath in checksums:
+        parts = Path(relpath).parts
+        if Path(relpath).is_absolute() or ".." in parts or not parts:
+            raise BadInput(f"{where}: manifest lists a file outside the run: {relpath!r}")
     missing = sorted(rel for rel in checksums if not (path / rel).is_file())
     if missing:
         raise BadInput(f"{where}: {len(missing)} data file(s) missing, first {missing[0]}")
@@ -175,8 +179,26 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
             raise BadInput(f"{where}: series {name} has shape {value.shape}, expected {rows} rows")
         return value
 
-    def loader(fn):
-        return lambda update=None: _verified(path, fn(update), checksums)
+    expected = {t.name: t.shape for t in tensors}
+
+    def loader(fn, names: dict[str, tuple[int, ...]]):
+        def load(update=None) -> Tensors:
+            relpath = fn(update)
+            data = _verified(path, relpath, checksums)
+            for name, shape in names.items():
+                if name not in data or data[name].shape != shape:
+                    found = "missing" if name not in data else f"shape {data[name].shape}"
+                    raise BadInput(f"{where}: {relpath}: tensor {name} {list(shape)} is {found}")
+            return data
+
+        return load
+
+    params = {t.name: t.shape for t in tensors if t.kind == "param"}
+    p = len(tensors)
+    for key in ("init/state", "micro/state", "update/state"):
+        value = series.get(key)
+        if value is not None and value.shape[-1:] != (p,):
+            raise BadInput(f"{where}: series {key} has shape {value.shape}, expected {p} columns")
 
     has_grads = all(grads_file(i) in checksums for i in range(updates)) and updates > 0
     micro_state = optional("micro/state", updates * k)
@@ -198,7 +220,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         config=manifest.get("config") or {},
         environment=manifest.get("environment") or {},
         fault=manifest.get("fault"),
-        load_init_weights=loader(lambda _: weights_file(None)),
-        load_weights=loader(weights_file),
-        load_grads=loader(grads_file) if has_grads else None,
+        load_init_weights=loader(lambda _: weights_file(None), expected),
+        load_weights=loader(weights_file, expected),
+        load_grads=loader(grads_file, params) if has_grads else None,
     )

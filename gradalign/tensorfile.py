@@ -8,6 +8,7 @@ offsets, then the raw little-endian tensor bytes.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -36,11 +37,11 @@ def encode(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = Non
     chunks: list[bytes] = []
     offset = 0
     for name in sorted(tensors):
-        array = np.ascontiguousarray(tensors[name])
+        array = np.asarray(tensors[name])  # ascontiguousarray would turn 0-d into shape (1,)
         code = _FROM_NUMPY.get(array.dtype.str.lstrip("<>|="))
         if code is None:
             raise ValueError(f"tensor {name!r}: dtype {array.dtype} cannot be stored")
-        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes(order="C")
         header[name] = {
             "dtype": code,
             "shape": list(array.shape),
@@ -82,6 +83,8 @@ def _tensor(name: str, spec: object, buffer: memoryview, source: str) -> np.ndar
         begin, end = (int(v) for v in spec["data_offsets"])  # type: ignore[index]
     except (TypeError, KeyError, ValueError):
         raise BadInput(f"{source}: tensor {name!r} has a malformed entry") from None
+    if not isinstance(code, str):
+        raise BadInput(f"{source}: tensor {name!r} has a malformed dtype")
     if code == "BF16":
         dtype, itemsize = None, 2
     elif code in _TO_NUMPY:
@@ -89,7 +92,7 @@ def _tensor(name: str, spec: object, buffer: memoryview, source: str) -> np.ndar
         itemsize = dtype.itemsize
     else:
         raise BadInput(f"{source}: tensor {name!r} has unsupported dtype {code}")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)  # Python ints: no overflow on absurd shapes
     if min(shape, default=0) < 0 or not 0 <= begin <= end <= len(buffer):
         raise BadInput(f"{source}: tensor {name!r} points outside the file")
     if end - begin != count * itemsize:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -184,8 +185,6 @@ def test_optional_pieces_absent_are_not_checked(doc, baseline, tmp_path):
 
 
 def test_manifest_and_files(doc, baseline):
-    import json
-
     manifest = json.loads((baseline / "manifest.json").read_text())
     assert manifest["format"] == "gradalign-run" and manifest["format_version"] == 1
     assert manifest["accum_steps"] == 1 and manifest["updates"] == UPDATES
