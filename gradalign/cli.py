@@ -179,9 +179,9 @@ def merged(
     if against is not None:
         from .store import read_manifest
 
-        recorded = {
-            k: v for k, v in read_manifest(against).get("config", {}).items() if k in FIELDS
-        }
+        recorded = read_manifest(against).get("config", {})
+        # Reuse the baseline's experiment (B, N, seed, optimizer...); its K of 1 is not the merged K.
+        recorded = {k: v for k, v in recorded.items() if k in FIELDS and k != "accum_steps"}
         cfg = load_config(config, {**recorded, **overrides})
     else:
         cfg = load_config(config, overrides)

@@ -76,3 +76,6 @@ def test_merged_against_baseline_reuses_its_config(cli, tmp_path):
     assert result.code == 0, result.out + result.err
     data = json.loads(report.read_text())
     assert (data["verdict"], data["updates"], data["accum_steps"]) == ("pass", 3, 2)
+    # Without -k the merged run takes the default K=4, never the baseline's recorded K=1.
+    assert cli("merged", "--against", base, "--out", tmp_path / "m4", "--json", report).code == 0
+    assert json.loads(report.read_text())["accum_steps"] == 4
