@@ -113,6 +113,7 @@ def _train(config: TrainConfig, out: Path, label: str) -> Path:
         TextColumn("updates"),
         console=err_console,
         transient=True,
+        disable=not err_console.is_terminal,  # no bar, and no stray lines, in CI logs
     ) as progress:
         task = progress.add_task(label, total=config.updates)
         path = train(config, out, progress=lambda _: progress.advance(task))

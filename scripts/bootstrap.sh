@@ -38,8 +38,13 @@ if "$venv/bin/python" -c 'import torch' >/dev/null 2>&1; then
 else
   spec="${GRADALIGN_TORCH:-$(grep '^torch==' "$root/constraints.txt")}"
   log "installing $spec (CPU build)"
-  "${pip[@]}" install --no-index "$spec" 2>/dev/null \
-    || "${pip[@]}" install "$spec" --index-url https://download.pytorch.org/whl/cpu
+  # A local wheel (pip's find-links) first; its dependencies then come from the usual index.
+  if "${pip[@]}" install --no-index --no-deps "$spec" >/dev/null 2>&1; then
+    "${pip[@]}" install "$spec"
+  else
+    "${pip[@]}" install "$spec" --retries 2 --timeout 30 \
+      --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple
+  fi
   cp "$root/constraints.txt" "$constraints"
 fi
 log "installing gradalign and its test tools"
