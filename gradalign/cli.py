@@ -181,7 +181,7 @@ def merged(
         from .store import read_manifest
 
         recorded = read_manifest(against).get("config", {})
-        # Reuse the baseline's experiment (B, N, seed, optimizer...); its K of 1 is not the merged K.
+        # Reuse the baseline's experiment (B, N, seed, optimizer...), but not its K of 1.
         recorded = {k: v for k, v in recorded.items() if k in FIELDS and k != "accum_steps"}
         cfg = load_config(config, {**recorded, **overrides})
     else:

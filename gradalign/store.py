@@ -42,13 +42,16 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, data: bytes, durable: bool = False) -> None:
+    """Write via a temporary name and rename. Data files skip fsync: the manifest's checksums
+    already expose a file that a crash left short, so only the manifest itself is synced."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as handle:
         handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            handle.flush()
+            os.fsync(handle.fileno())
     os.replace(tmp, path)
 
 
@@ -87,7 +90,7 @@ class RunWriter:
         body = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest}
         body["files"] = dict(sorted(self.checksums.items()))
         text = json.dumps(body, indent=2, sort_keys=True, allow_nan=False) + "\n"
-        _write_atomic(self.staging / MANIFEST, text.encode())
+        _write_atomic(self.staging / MANIFEST, text.encode(), durable=True)
         old = self.final.parent / f".{self.final.name}.old-{os.getpid()}"
         if self.final.exists():
             os.replace(self.final, old)
