@@ -76,8 +76,11 @@ class Comparison:
         return self.merged.updates
 
 
-def check_compatible(base: Run, merged: Run) -> None:
-    """Raise BadInput when the two runs cannot be the same training at all."""
+def check_compatible(base: Run, merged: Run) -> dict[str, np.ndarray] | None:
+    """Raise BadInput when the two runs cannot be the same training at all.
+
+    Returns the (shared) initial weights when the sources recorded them.
+    """
     if base.updates != merged.updates:
         raise BadInput(
             f"runs of different lengths: baseline has {base.updates} updates, "
@@ -102,6 +105,7 @@ def check_compatible(base: Run, merged: Run) -> None:
                     f"initial weights differ (first in {name}, max abs diff {delta:.3g}): the runs "
                     "did not start from the same model; use the same seed and initialisation"
                 )
+    return init_b
 
 
 def _dtype(run: Run) -> str:
@@ -111,13 +115,12 @@ def _dtype(run: Run) -> str:
 
 def compare(base: Run, merged: Run, overrides: dict | None = None) -> Comparison:
     """Judge `merged` against `base`. Raises BadInput for runs that cannot be compared."""
-    check_compatible(base, merged)
+    starts = check_compatible(base, merged)
     dtype = least_precise([_dtype(base), _dtype(merged)])
     tol = for_dtype(dtype, overrides)
     base_loss, merged_loss = base.window_losses(), merged.window_losses()
     resolution = base.loss_resolution + merged.loss_resolution
     weight_floor = base.weight_resolution + merged.weight_resolution
-    starts = base.init_weights() if base.full_weights else None
     changes = inside_window_changes(merged)
     results = []
     for i in range(base.updates):

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from . import __version__
 from .compare import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
+from .errors import BadInput
 
 MAX_ROWS = 40  # longer runs show the head, the rows around the first divergence, and the tail
 _STYLE = {PASS: "green", FAIL: "bold red", NOT_CHECKED: "yellow"}
@@ -180,6 +181,4 @@ def write_json(comparison: Comparison, path: Path) -> None:
         tmp.write_text(text)
         tmp.replace(path)
     except OSError as exc:
-        from .errors import BadInput
-
         raise BadInput(f"{path}: cannot write the JSON report ({exc.strerror})") from None
