@@ -33,6 +33,22 @@ JsonOpt = Annotated[Path | None, typer.Option("--json", help="also write the rep
 AccumOpt = Annotated[
     int | None, typer.Option("--accum-steps", "-k", help="micro-steps per update K")
 ]
+FaultOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--fault",
+        help="inject a known accumulation bug into the merged run, to prove the gate fails "
+        "(see `gradalign selftest`)",
+    ),
+]
+ReferenceOpt = Annotated[
+    str,
+    typer.Option(
+        "--reference",
+        help="fp64: also record a float64 rerun of the baseline (BASE-fp64) as the noise "
+        "floor; none: judge by the dtype's fixed tolerances",
+    ),
+]
 _TRAINING_KEYS = [name for name in FIELDS if name != "accum_steps"]
 _TOLERANCE_HELP = {
     "loss_atol": "absolute loss tolerance",
@@ -40,6 +56,8 @@ _TOLERANCE_HELP = {
     "weight_rtol": "weight error allowed, relative to how far training moved the weights",
     "weight_atol": "absolute weight tolerance per element (scaled by sqrt(n))",
     "grad_rtol": "gradient error allowed, relative to the gradient's norm",
+    "noise_factor": "with a reference: error allowed, as a multiple of the baseline's own",
+    "noise_floor": "with a reference: error always allowed, in machine epsilons of the tensor",
 }
 
 
@@ -101,10 +119,38 @@ tolerance_options = _extend_signature(
 )
 
 
-def _train(config: TrainConfig, out: Path, label: str) -> Path:
+def _preflight(config: TrainConfig, outs: list[Path], reference: str = "none") -> None:
+    """Check every input before any training, then warn about layers that make B/K differ from
+    B and show the numeric settings."""
+    from .preflight import determinism_line, warnings_for
+    from .store import ensure_writable
+    from .train import preflight, reference_path
+
+    if reference not in ("fp64", "none"):
+        raise BadInput(f"--reference must be fp64 or none, got {reference!r}")
+    if reference == "fp64":
+        outs = [*outs, reference_path(outs[0])]
+    for out in outs:
+        ensure_writable(out)
+    facts, env = preflight(config)
+    for line in warnings_for(facts):
+        err_console.print(f"warning: {line}", markup=False, soft_wrap=True)
+    err_console.print(f"settings: {determinism_line(env)}", markup=False, soft_wrap=True)
+
+
+def _train(
+    config: TrainConfig,
+    out: Path,
+    label: str,
+    fault: str | None = None,
+    reference: str | None = None,
+) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from .faults import get_fault
     from .train import train
+
+    injected = get_fault(fault, config)
 
     with Progress(
         TextColumn(f"{label} (K={config.accum_steps})"),
@@ -116,9 +162,30 @@ def _train(config: TrainConfig, out: Path, label: str) -> Path:
         disable=not err_console.is_terminal,  # no bar, and no stray lines, in CI logs
     ) as progress:
         task = progress.add_task(label, total=config.updates)
-        path = train(config, out, progress=lambda _: progress.advance(task))
-    err_console.print(f"{label}: {config.updates} updates x K={config.accum_steps} -> {path}")
+        path = train(
+            config,
+            out,
+            progress=lambda _: progress.advance(task),
+            fault=injected,
+            reference=reference,
+        )
+    extra = f", fault {fault}" if fault else ""
+    err_console.print(
+        f"{label}: {config.updates} updates x K={config.accum_steps}{extra} -> {path}"
+    )
     return path
+
+
+def _record_baseline(config: TrainConfig, out: Path, reference: str) -> Path:
+    """The baseline (K=1) and, unless `reference` is none, its float64 rerun beside it."""
+    from .train import reference_path
+
+    link = None
+    if reference == "fp64" and config.dtype != "float64":
+        ref_dir = reference_path(out)
+        _train(config.replace(accum_steps=1, dtype="float64"), ref_dir, "reference (fp64)")
+        link = f"../{ref_dir.name}"
+    return _train(config.replace(accum_steps=1), out, "baseline", reference=link)
 
 
 def _tolerances(config: Path | None, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -137,14 +204,18 @@ def _judge(
     baseline_accum_steps: int,
     tolerances: dict[str, Any],
     json_path: Path | None,
+    reference: str | None = None,
 ) -> int:
     from .compare import FAIL, compare
     from .report import render, write_json
-    from .sources import open_run
+    from .sources import open_reference, open_run
 
     base_run = open_run(baseline, baseline_accum_steps, role="baseline")
     merged_run = open_run(merged, accum_steps, role="merged")
-    comparison = compare(base_run, merged_run, tolerances)
+    ref_run, note = open_reference(reference, base_run)
+    comparison = compare(base_run, merged_run, tolerances, ref_run)
+    if note:
+        comparison.notes.append(note)
     render(comparison, out_console)
     if json_path is not None:
         write_json(comparison, json_path)
@@ -156,11 +227,13 @@ def _judge(
 def baseline(
     config: ConfigOpt = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="run directory")] = Path("runs/baseline"),
+    reference: ReferenceOpt = "fp64",
     overrides: dict | None = None,
 ) -> None:
-    """Train at batch B for N updates (K=1) and record the run."""
+    """Train at batch B for N updates (K=1) and record the run (and its float64 reference)."""
     cfg = load_config(config, overrides).replace(accum_steps=1)
-    _train(cfg, out, "baseline")
+    _preflight(cfg, [out], reference)
+    _record_baseline(cfg, out, reference)
 
 
 @app.command()
@@ -174,9 +247,12 @@ def merged(
         typer.Option(help="a baseline run: reuse its config, then compare against it"),
     ] = None,
     json: JsonOpt = None,
+    fault: FaultOpt = None,
     overrides: dict | None = None,
 ) -> None:
     """Train at micro-batch B/K for N*K micro-steps, stepping every K; record the run."""
+    from .faults import get_fault
+
     if against is not None:
         from .store import read_manifest
 
@@ -189,7 +265,9 @@ def merged(
     if accum_steps is not None:
         cfg = cfg.replace(accum_steps=accum_steps)
     tolerances = _tolerances(config, None)
-    path = _train(cfg, out, "merged")
+    get_fault(fault, cfg)
+    _preflight(cfg, [out])
+    path = _train(cfg, out, "merged", fault)
     if against is not None:
         raise typer.Exit(_judge(against, path, None, 1, tolerances, json))
 
@@ -207,12 +285,27 @@ def compare_cmd(
         Path | None, typer.Option("--config", "-c", help="YAML file with a tolerances section")
     ] = None,
     json: JsonOpt = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            help="a float64 rerun of the baseline to calibrate by (default: the one the "
+            "baseline's manifest names); none: use the fixed tolerances"
+        ),
+    ] = None,
     tolerances: dict | None = None,
 ) -> None:
     """Judge a merged run against its baseline; exit 0 aligned, 1 not aligned, 2 bad input."""
     merged_tolerances = {**tolerances_from_yaml(config), **(tolerances or {})}
     raise typer.Exit(
-        _judge(baseline, merged, accum_steps, baseline_accum_steps, merged_tolerances, json)
+        _judge(
+            baseline,
+            merged,
+            accum_steps,
+            baseline_accum_steps,
+            merged_tolerances,
+            json,
+            reference,
+        )
     )
 
 
@@ -226,17 +319,40 @@ def verify(
         "runs/verify"
     ),
     json: JsonOpt = None,
+    fault: FaultOpt = None,
+    reference: ReferenceOpt = "fp64",
     overrides: dict | None = None,
     tolerances: dict | None = None,
 ) -> None:
     """Baseline, merged and compare in one command (built-in default mirrors the seed)."""
+    from .faults import get_fault
+
     cfg = load_config(config, overrides)
     if accum_steps is not None:
         cfg = cfg.replace(accum_steps=accum_steps)
     checked_tolerances = _tolerances(config, tolerances)
-    base_path = _train(cfg.replace(accum_steps=1), out / "baseline", "baseline")
-    merged_path = _train(cfg, out / "merged", "merged")
+    get_fault(fault, cfg)  # refuse an inapplicable fault before any training
+    _preflight(cfg, [out / "baseline", out / "merged"], reference)
+    base_path = _record_baseline(cfg, out / "baseline", reference)
+    merged_path = _train(cfg, out / "merged", "merged", fault)
     raise typer.Exit(_judge(base_path, merged_path, None, 1, checked_tolerances, json))
+
+
+@app.command()
+def selftest(
+    out: Annotated[Path, typer.Option("--out", "-o", help="directory for the runs")] = Path(
+        "runs/selftest"
+    ),
+    json: JsonOpt = None,
+) -> None:
+    """Prove the gate: clean setups must pass, every known bug must fail with its own code."""
+    from .selftest import render_selftest, run_selftest, write_selftest_json
+
+    outcome = run_selftest(out, err_console)
+    render_selftest(outcome, out_console)
+    if json is not None:
+        write_selftest_json(outcome, json)
+    raise typer.Exit(0 if all(case.ok for case in outcome) else 1)
 
 
 @app.command()

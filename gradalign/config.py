@@ -18,7 +18,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "linear", "cosine")
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("float32", "float64")
-MODELS = ("mlp",)
+MODELS = ("mlp", "mlp-dropout", "cnn-bn", "cnn-gn")
+REFERENCES = ("fp64", "none")
 DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3, "adamw": 1e-3}
 
 
@@ -44,7 +45,8 @@ class TrainConfig:
     scheduler: str = _opt("lr schedule, stepped once per update", SCHEDULERS, default="constant")
     warmup_updates: int = _opt("linear warmup updates before the schedule", default=0)
     clip_norm: float | None = _opt("clip the merged gradient to this total norm", default=None)
-    hidden: int = _opt("hidden width of the MLP", default=256)
+    hidden: int = _opt("hidden width of the MLP (the CNNs: hidden/8 channels)", default=256)
+    dropout: float = _opt("dropout probability of mlp-dropout", default=0.1)
     samples_seed: int | None = _opt("seed of the built-in data (default: seed)", default=None)
     device: str = _opt("cpu, cuda or auto", DEVICES, default="cpu")
     dtype: str = _opt("parameter dtype", DTYPES, default="float32")
@@ -129,6 +131,8 @@ def _check_ranges(c: TrainConfig, where: str) -> None:
         raise BadInput(f"{where}: lr must be positive, got {c.lr}")
     if c.clip_norm is not None and c.clip_norm <= 0:
         raise BadInput(f"{where}: clip_norm must be positive, got {c.clip_norm}")
+    if not 0 <= c.dropout < 1:
+        raise BadInput(f"{where}: dropout must be in [0, 1), got {c.dropout}")
     for name in ("momentum", "weight_decay", "warmup_updates"):
         if getattr(c, name) < 0:
             raise BadInput(f"{where}: {name} must not be negative, got {getattr(c, name)}")

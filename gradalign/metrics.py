@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ class TensorDiff:
     error: float  # the judged error: ||m - b|| (or max |m - b| for printed values)
     allowed: float  # the error the tolerance allows here
     moved: float | None = None  # ||b - b_start||: how far training moved this tensor so far
+    noise: float | None = None  # ||b - ref||: the baseline's own error against a precise rerun
 
     @property
     def ok(self) -> bool:
@@ -83,6 +85,28 @@ def diff(
     return TensorDiff(
         name, max_abs, max_rel, _safe_div(norm_d, norm_b), cosine, error, allowed, moved
     )
+
+
+def calibrate(
+    d: TensorDiff,
+    base: np.ndarray,
+    merged: np.ndarray,
+    ref: np.ndarray,
+    *,
+    factor: float,
+    floor: float,
+) -> TensorDiff:
+    """Judge against a more precise reference run instead of a fixed tolerance:
+    ||m - ref|| <= factor * ||b - ref|| + floor * ||ref||, floor in units of the tensor's size."""
+    r = np.asarray(ref, dtype=np.float64).ravel()
+    b = np.asarray(base, dtype=np.float64).ravel()
+    m = np.asarray(merged, dtype=np.float64).ravel()
+    if not (np.isfinite(r).all() and np.isfinite(b).all() and np.isfinite(m).all()):
+        return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=math.nan)
+    noise = float(np.linalg.norm(b - r))
+    error = float(np.linalg.norm(m - r))
+    allowed = factor * noise + floor * float(np.linalg.norm(r))
+    return dataclasses.replace(d, error=error, allowed=allowed, noise=noise)
 
 
 def fit_ratio(base: list[np.ndarray], merged: list[np.ndarray]) -> tuple[float, float]:

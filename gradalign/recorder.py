@@ -5,7 +5,7 @@
             for micro in range(k):
                 loss = loss_fn(model(x), y)
                 (loss / k).backward()
-                rec.micro(loss)        # the micro-batch's own (unscaled) mean loss
+                rec.micro(loss, batch=(x, y))  # its own (unscaled) mean loss, and its samples
             rec.grads()                # optional: the accumulated gradient, just before step()
             optimizer.step()
             rec.update()               # after step()
@@ -52,6 +52,41 @@ def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.sum(dtype=torch.int64)
 
 
+def data_digest(batch: Any) -> int:
+    """An order-free int64 digest of a batch's samples that adds up over micro-batches.
+
+    Floating tensors are digested as float32 bits, so a float64 rerun of the same data (cast from
+    float32) digests alike; the digest of a batch is the sum of its micro-batches' digests.
+    """
+    if isinstance(batch, torch.Tensor):
+        tensor = batch.detach()
+        if tensor.dtype.is_floating_point:
+            tensor = tensor.float()
+        return int(fingerprint(tensor))
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        return sum(data_digest(item) for item in batch)
+    raise RecorderError(f"batch must be a tensor, or a tuple, list or dict of them; got {batch!r}")
+
+
+def model_facts(model: torch.nn.Module) -> dict[str, Any]:
+    """Layers that make a sample's result depend on its batch or on a random generator."""
+    batchnorm, dropout = [], []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            batchnorm.append(name)
+        elif _drops(module):
+            dropout.append(name)
+    return {"batchnorm": batchnorm, "dropout": dropout, "training": model.training}
+
+
+def _drops(module: torch.nn.Module) -> bool:
+    if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+        return module.p > 0
+    return isinstance(module, torch.nn.MultiheadAttention) and module.dropout > 0
+
+
 def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """Versions, device and the numerical settings that decide whether runs agree bit for bit."""
     env: dict[str, Any] = {
@@ -89,12 +124,16 @@ class Recorder:
         config: dict[str, Any] | None = None,
         *,
         fault: str | None = None,
+        reference: str | None = None,
     ) -> None:
         if not isinstance(accum_steps, int) or accum_steps < 1:
             raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
         self.accum_steps = accum_steps
         self.config = dict(config or {})
         self.fault = fault
+        self.reference = reference
+        self._optimizer = optimizer
+        self._model_facts = model_facts(model)
         self._named = _named_tensors(model)
         if not self._named:
             raise RecorderError("the model has no parameters to record")
@@ -103,10 +142,12 @@ class Recorder:
         self._writer = RunWriter(out_dir)
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
+        self._data: list[int] = []
         self._micro_state: list[torch.Tensor] = []
         self._update_state: list[np.ndarray] = []
         self._lr: list[float] = []
         self._steps: list[int] = []
+        self._state_steps: list[int] = []
         self._grad_updates: list[int] = []
         self._pre_clip: list[float] = []
         self._window_lr = float("nan")
@@ -118,8 +159,12 @@ class Recorder:
 
     # -- calls from the training loop ------------------------------------------------------------
 
-    def micro(self, loss: torch.Tensor | float, items: int | float | None = None) -> None:
-        """Record one micro-batch: its own unscaled mean loss and, optionally, its item count."""
+    def micro(
+        self, loss: torch.Tensor | float, items: int | float | None = None, batch: Any = None
+    ) -> None:
+        """Record one micro-batch: its own unscaled mean loss and, optionally, its item count and
+        its samples (`batch`: a tensor or a tuple/list/dict of tensors, e.g. `(inputs, targets)`),
+        of which only an int64 digest is kept, to check that both runs saw the same samples."""
         self._check_open()
         if len(self._losses) - len(self._update_state) * self.accum_steps >= self.accum_steps:
             raise RecorderError(
@@ -129,10 +174,16 @@ class Recorder:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
             raise RecorderError("items given now but not for earlier micro-steps")
+        if batch is None and self._data:
+            raise RecorderError("batch was given for earlier micro-steps; give it every time")
+        if batch is not None and len(self._data) != len(self._losses):
+            raise RecorderError("batch given now but not for earlier micro-steps")
         value = loss.detach().reshape(()) if isinstance(loss, torch.Tensor) else torch.tensor(loss)
         self._losses.append(value.to(torch.float64))
         if items is not None:
             self._items.append(float(items))
+        if batch is not None:
+            self._data.append(data_digest(batch))
         self._micro_state.append(self._state_tensor())
 
     def grads(self, pre_clip_norm: torch.Tensor | float | None = None) -> None:
@@ -167,6 +218,7 @@ class Recorder:
         self._update_state.append(self._state())
         self._lr.append(self._window_lr)
         self._steps.append(self._window_steps)
+        self._state_steps.append(self._optimizer_state_step())
         self._window_lr, self._window_steps = float("nan"), 0
 
     def close(self) -> Path | None:
@@ -203,6 +255,15 @@ class Recorder:
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._window_lr = float(optimizer.param_groups[0]["lr"])
         self._window_steps += 1
+
+    def _optimizer_state_step(self) -> int:
+        """The optimizer's own step counter (Adam's `state["step"]`), or -1 if it keeps none."""
+        for group in self._optimizer.param_groups:
+            for param in group["params"]:
+                step = self._optimizer.state.get(param, {}).get("step")
+                if step is not None:
+                    return int(step)
+        return -1
 
     def _check_open(self) -> None:
         if self._closed:
@@ -241,6 +302,10 @@ class Recorder:
         }
         if self._items:
             series["micro/items"] = np.asarray(self._items, dtype=np.float64)
+        if self._data:
+            series["micro/data"] = np.asarray(self._data, dtype=np.int64)
+        if any(step >= 0 for step in self._state_steps):
+            series["update/state_step"] = np.asarray(self._state_steps, dtype=np.int64)
         if self._pre_clip and len(self._pre_clip) == updates:
             series["update/grad_norm_pre_clip"] = np.asarray(self._pre_clip, dtype=np.float64)
         manifest = {
@@ -254,7 +319,10 @@ class Recorder:
             "config": self.config,
             "environment": self._env,
             "fault": self.fault,
+            "model": self._model_facts,
         }
+        if self.reference is not None:
+            manifest["reference"] = self.reference
         return series, manifest
 
 

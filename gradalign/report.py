@@ -7,12 +7,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .compare import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
 from .errors import BadInput
+from .results import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
 
 MAX_ROWS = 40  # longer runs show the head, the rows around the first divergence, and the tail
 _STYLE = {PASS: "green", FAIL: "bold red", NOT_CHECKED: "yellow"}
@@ -45,10 +46,17 @@ def _rows_to_show(comparison: Comparison) -> list[int | None]:
     return rows
 
 
-def _update_row(r: UpdateResult) -> list[str]:
+def _update_row(r: UpdateResult, calibrated: bool) -> list[str]:
     worst = r.worst
     status = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
     problems = "; ".join(text for _, text in r.problems)
+    noise: list[str] = []
+    if calibrated:
+        known = worst is not None and worst.noise is not None
+        noise = [
+            _num(worst.noise) if known else "-",
+            f"{worst.error / worst.noise:.2g}x" if known and worst.noise else "-",
+        ]
     return [
         str(r.update),
         f"{r.base_loss:.8g}",
@@ -56,6 +64,7 @@ def _update_row(r: UpdateResult) -> list[str]:
         _num(r.loss_diff),
         worst.name if worst else "-",
         _num(worst.max_abs) if worst else "-",
+        *noise,
         f"{worst.ratio:.2g}x" if worst else "-",
         _num(r.grad_ratio, 6) if r.grad_ratio is not None else "-",
         status + (f" [red]{problems}[/]" if problems else ""),
@@ -65,28 +74,32 @@ def _update_row(r: UpdateResult) -> list[str]:
 def render(comparison: Comparison, console: Console) -> None:
     """Print the per-update table, the checks, notes and the verdict."""
     c = comparison
+    calibrated = c.reference is not None
     title = (
         f"gradalign compare: {c.baseline.source} (K={c.baseline.accum_steps}) vs "
         f"{c.merged.source} (K={c.merged.accum_steps}), {c.updates} updates, {c.dtype}"
     )
+    if calibrated:
+        title += f"; noise floor from {c.reference.source} ({c.reference.dtype})"
     table = Table(title=title, title_justify="left")
-    for name, justify in [
+    columns = [
         ("update", "right"),
         ("baseline loss", "right"),
         ("merged loss", "right"),
         ("|diff|", "right"),
         ("worst tensor", "left"),
-        ("max abs diff", "right"),
-        ("err/tol", "right"),
-        ("grad ratio", "right"),
-        ("status", "left"),
-    ]:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        ("max |m-b|", "right"),
+    ]
+    if calibrated:
+        columns += [("noise", "right"), ("x noise", "right")]
+    columns += [("err/tol", "right"), ("grad ratio", "right"), ("status", "left")]
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for index in _rows_to_show(c):
         if index is None:
-            table.add_row("…", *[""] * 8)
+            table.add_row("…", *[""] * (len(columns) - 1))
         else:
-            table.add_row(*_update_row(c.results[index]))
+            table.add_row(*_update_row(c.results[index], calibrated))
     console.print(table)
     checks = Table(show_header=True, title="checks", title_justify="left")
     checks.add_column("check")
@@ -101,12 +114,35 @@ def render(comparison: Comparison, console: Console) -> None:
         fd = c.first_divergence
         where = f", parameter {fd['parameter']}" if fd["parameter"] else ""
         console.print(f"first divergence: update {fd['update']}{where} (in the {fd['in']})")
+    for d in c.diagnosis:
+        style = "cyan" if d.severity == "info" else "bold red"
+        console.print(f"[{style}]{d.code}[/]: {d.message}", markup=True)
+        if d.severity != "info":
+            console.print(f"  evidence: {_evidence(d.evidence)}", markup=False)
+        if d.fix:
+            console.print(f"  fix: {d.fix}", markup=False)
     verdict = c.verdict
     style = _STYLE[verdict]
-    console.print(
-        f"[{style}]verdict: {verdict.upper()}[/] (err/tol is the judged error over its "
-        f"tolerance; below 1 passes)"
+    meaning = (
+        "x noise is the merged run's error against the reference over the baseline's own; "
+        if calibrated
+        else ""
     )
+    console.print(
+        f"[{style}]verdict: {verdict.upper()}[/] ({meaning}err/tol is the judged error over "
+        f"what is allowed; below 1 passes)"
+    )
+
+
+def _evidence(evidence: dict[str, Any]) -> str:
+    def show(value: Any) -> str:
+        if isinstance(value, float):
+            return _num(value, 6)
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}: {show(v)}" for k, v in value.items()) + "}"
+        return str(value)
+
+    return ", ".join(f"{key}={show(value)}" for key, value in evidence.items())
 
 
 def _finite(value: float | None) -> float | None:
@@ -129,6 +165,7 @@ def to_dict(comparison: Comparison) -> dict[str, Any]:
         "baseline_accum_steps": c.baseline.accum_steps,
         "updates": c.updates,
         "dtype": c.dtype,
+        "reference": c.reference.source if c.reference is not None else None,
         "tolerances": c.tolerances.to_dict(),
         "loss": {
             "max_abs_diff": _finite(max(diffs)) if len(finite) == len(diffs) else None,
@@ -137,6 +174,7 @@ def to_dict(comparison: Comparison) -> dict[str, Any]:
         "first_divergence": c.first_divergence,
         "checks": [{"name": k.name, "status": k.status, "detail": k.detail} for k in c.checks],
         "notes": list(c.notes),
+        "diagnosis": [_clean(d.to_dict()) for d in c.diagnosis],
         "per_update": [_update_dict(r) for r in c.results],
     }
 
@@ -154,6 +192,7 @@ def _update_dict(r: UpdateResult) -> dict[str, Any]:
                 "error": _finite(d.error),
                 "allowed": _finite(d.allowed),
                 "moved": _finite(d.moved),
+                "noise": _finite(d.noise),
             }
             for d in diffs
         ]
@@ -164,7 +203,9 @@ def _update_dict(r: UpdateResult) -> dict[str, Any]:
         "baseline_loss": _finite(r.base_loss),
         "merged_loss": _finite(r.merged_loss),
         "loss_abs_diff": _finite(r.loss_diff),
+        "loss_error": _finite(r.loss_error),
         "loss_allowed": _finite(r.loss_allowed),
+        "loss_noise": _finite(r.loss_noise),
         "grad_ratio": _finite(r.grad_ratio),
         "grad_cosine": _finite(r.grad_cosine),
         "problems": [text for _, text in r.problems],
@@ -173,9 +214,30 @@ def _update_dict(r: UpdateResult) -> dict[str, Any]:
     }
 
 
+def _clean(value: Any) -> Any:
+    """Evidence as strict JSON: non-finite floats become null, numpy scalars plain numbers."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | np.integer):
+        return int(value)
+    try:
+        return _finite(float(value))
+    except (TypeError, ValueError):
+        return str(value)
+
+
 def write_json(comparison: Comparison, path: Path) -> None:
     """Write the JSON report atomically (a reader never sees half a file)."""
     text = json.dumps(to_dict(comparison), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    write_text_atomic(path, text)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temporary name and rename: a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(text)

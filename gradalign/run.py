@@ -42,6 +42,7 @@ class Run:
     micro_loss: np.ndarray  # float64 [M]
     tensors: list[TensorInfo]
     micro_items: np.ndarray | None = None  # float64 [M]
+    micro_data: np.ndarray | None = None  # int64 [M], digests of the samples (sum over a window)
     full_weights: bool = True  # False when only printed (truncated) values are known
     init_state: np.ndarray | None = None  # int64 [P]
     micro_state: np.ndarray | None = None  # int64 [M, P]
@@ -49,12 +50,16 @@ class Run:
     update_state: np.ndarray | None = None  # int64 [N, P]
     lr: np.ndarray | None = None  # float64 [N], the lr in effect at each optimizer step
     optimizer_steps: np.ndarray | None = None  # int64 [N], optimizer.step() calls during update i
+    state_step: np.ndarray | None = None  # int64 [N], the optimizer's own step counter after i
+    grad_norm_pre_clip: np.ndarray | None = None  # float64 [N], total norm before clipping
     printed_window_loss: np.ndarray | None = None  # float64 [N], a mean the source printed itself
     loss_resolution: float = 0.0  # quantum of printed losses (0 for exact records)
     weight_resolution: float = 0.0  # quantum of printed weights (0 for exact records)
     config: dict = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
-    fault: str | None = None
+    fault: str | None = None  # a label for readers; the judge never looks at it
+    model_facts: dict = field(default_factory=dict)  # {"batchnorm": [...], "dropout": [...]}
+    reference: str | None = None  # path of a more precise rerun of this training, if recorded
     load_init_weights: Callable[[], Tensors] | None = None
     load_weights: Callable[[int], Tensors] | None = None
     load_grads: Callable[[int], Tensors] | None = None
@@ -75,6 +80,17 @@ class Run:
 
     def grads(self, update: int) -> Tensors | None:
         return self.load_grads(update) if self.load_grads else None
+
+    @property
+    def dtype(self) -> str:
+        """The run's working precision: environment.dtype, else the first parameter's dtype."""
+        params = [t.dtype for t in self.tensors if t.kind == "param"]
+        return self.environment.get("dtype") or (params[0] if params else "float32")
+
+    def window_sums(self, series: np.ndarray) -> np.ndarray:
+        """A per-micro-step int64 series summed over each window (wrapping like the digests)."""
+        k, n = self.accum_steps, self.updates
+        return series[: n * k].reshape(n, k).sum(axis=1, dtype=np.int64)
 
     def window_losses(self) -> np.ndarray:
         """Loss per update: each window's mean micro loss, weighted by items if recorded."""

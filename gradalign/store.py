@@ -63,15 +63,19 @@ def is_run_dir(path: Path) -> bool:
         return False
 
 
+def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
+    """Refuse a path that holds something other than a run (or an empty directory)."""
+    path = Path(out_dir)
+    if path.exists() and not (path.is_dir() and _replaceable(path)):
+        raise BadInput(f"{path} exists and is not a gradalign run; refusing to overwrite it")
+    return path
+
+
 class RunWriter:
     """Writes one run directory: data files first, then the manifest, then an atomic rename."""
 
     def __init__(self, out_dir: str | os.PathLike[str]) -> None:
-        self.final = Path(out_dir)
-        if self.final.exists() and not (self.final.is_dir() and _replaceable(self.final)):
-            raise BadInput(
-                f"{self.final} exists and is not a gradalign run; refusing to overwrite it"
-            )
+        self.final = ensure_writable(out_dir)
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self.staging = self.final.parent / f".{self.final.name}.partial-{os.getpid()}"
         if self.staging.exists():
@@ -147,6 +151,25 @@ def _verified(path: Path, relpath: str, checksums: dict[str, str]) -> Tensors:
     return tensorfile.decode(blob, f"{path / relpath}")
 
 
+def _model_facts(value: object, where: str) -> dict:
+    if value is None:
+        return {}
+    lists = isinstance(value, dict) and all(
+        isinstance(value.get(key, []), list) for key in ("batchnorm", "dropout")
+    )
+    if not lists:
+        raise BadInput(f"{where}: manifest field 'model' is malformed")
+    return value
+
+
+def _reference(value: object, path: Path, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise BadInput(f"{where}: manifest field 'reference' must be a path")
+    return os.path.normpath(path / value)
+
+
 def read_run_dir(path: str | os.PathLike[str]) -> Run:
     """Open a run directory for judging; each file's checksum is verified when it is read."""
     path = Path(path)
@@ -213,6 +236,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         micro_loss=loss.astype(np.float64),
         tensors=tensors,
         micro_items=optional("micro/items", updates * k),
+        micro_data=optional("micro/data", updates * k),
         full_weights=True,
         init_state=series.get("init/state"),
         micro_state=micro_state,
@@ -220,9 +244,13 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         update_state=optional("update/state", updates),
         lr=optional("update/lr", updates),
         optimizer_steps=optional("update/optimizer_steps", updates),
+        state_step=optional("update/state_step", updates),
+        grad_norm_pre_clip=optional("update/grad_norm_pre_clip", updates),
         config=manifest.get("config") or {},
         environment=manifest.get("environment") or {},
         fault=manifest.get("fault"),
+        model_facts=_model_facts(manifest.get("model"), where),
+        reference=_reference(manifest.get("reference"), path, where),
         load_init_weights=loader(lambda _: weights_file(None), expected),
         load_weights=loader(weights_file, expected),
         load_grads=loader(grads_file, params) if has_grads else None,

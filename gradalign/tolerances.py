@@ -17,6 +17,10 @@ class Tolerances:
     ||w_merged - w_base|| <= weight_rtol * ||w_base - w_init|| + weight_atol * sqrt(n).
     Gradients against their own size: ||g_merged - g_base|| <= grad_rtol * ||g_base|| + ...
     Losses: |l_merged - l_base| <= loss_atol + loss_rtol * |l_base|, plus a log's print resolution.
+
+    With a more precise reference run the fixed tolerances give way to the run's own noise: per
+    update and tensor, ||merged - ref|| <= noise_factor * ||base - ref|| + noise_floor * eps *
+    ||ref||, where eps is the machine epsilon of the runs' dtype (see noise.py).
     """
 
     loss_atol: float
@@ -24,6 +28,8 @@ class Tolerances:
     weight_rtol: float
     weight_atol: float
     grad_rtol: float
+    noise_factor: float = 4.0
+    noise_floor: float = 1.0
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -60,6 +66,12 @@ def for_dtype(dtype: str, overrides: dict[str, Any] | None = None) -> Tolerances
 
 
 PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
+EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+def eps(dtype: str) -> float:
+    """Machine epsilon of a dtype name (float32's for names it does not know)."""
+    return EPS.get(dtype.removeprefix("torch."), EPS["float32"])
 
 
 def least_precise(dtypes: list[str]) -> str:

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from .config import TrainConfig
 from .errors import BadInput
-from .recorder import Recorder
+from .faults import NONE, Fault
+from .recorder import Recorder, environment, model_facts
 from .zoo import Batches, build_data, build_model
 
 Progress = Callable[[int], None]
@@ -52,7 +53,7 @@ def lr_factor(config: TrainConfig, update: int) -> float:
     warm = config.warmup_updates
     if update < warm:
         return (update + 1) / (warm + 1)
-    progress = (update - warm) / max(1, config.updates - warm)
+    progress = min(1.0, (update - warm) / max(1, config.updates - warm))
     if config.scheduler == "linear":
         return 1.0 - progress
     if config.scheduler == "cosine":
@@ -82,33 +83,79 @@ def setup(config: TrainConfig) -> Training:
     return Training(config, model, optimizer, scheduler, build_data(config, device, dtype))
 
 
-def run_loop(t: Training, rec: Recorder, progress: Progress | None = None) -> None:
-    """The training loop: K micro-batches per update, one optimizer step per window."""
+def preflight(config: TrainConfig) -> tuple[dict, dict]:
+    """The model's structure facts and the numerical settings, before any training."""
+    t = setup(config)
+    first = next(t.model.parameters())
+    return model_facts(t.model), environment(first.device, first.dtype)
+
+
+def run_loop(
+    t: Training, rec: Recorder, progress: Progress | None = None, fault: Fault = NONE
+) -> None:
+    """The training loop: K micro-batches per update, one optimizer step per window.
+
+    `fault` injects one known bug (faults.py); every `fault.` line is a no-op when it is NONE.
+    """
     model, optimizer, config = t.model, t.optimizer, t.config
     k, micro_size = config.accum_steps, config.micro_batch_size
+    order, clip = fault.micro_order(config), config.clip_norm
     for update in range(config.updates):
         for micro in range(k):
-            inputs, targets = t.data.micro_batch(update * k + micro, micro_size)
+            step = update * k + micro
+            if fault.zero_grad_each_micro:
+                optimizer.zero_grad(set_to_none=True)
+            if fault.reseed_each_micro:
+                torch.manual_seed(config.seed + 1000 + step)
+            inputs, targets = t.data.micro_batch(order[step], micro_size)
             loss = F.cross_entropy(model(inputs), targets)
-            (loss / k).backward()
-            rec.micro(loss)
-        pre_clip = None
-        if config.clip_norm is not None:
-            pre_clip = torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+            fault.scale(loss, k).backward()  # loss / k
+            rec.micro(loss, batch=(inputs, targets))
+            if fault.clip_each_micro:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            if fault.step_each_micro and micro < k - 1:
+                optimizer.step()
+        pre_clip = (
+            None if clip is None else torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        )
         rec.grads(pre_clip_norm=pre_clip)
         optimizer.step()
-        t.scheduler.step()
+        for _ in range(fault.scheduler_steps(k)):  # once
+            t.scheduler.step()
         rec.update()
         optimizer.zero_grad(set_to_none=True)
         if progress is not None:
             progress(update)
 
 
+def reference_path(out_dir: str | os.PathLike[str]) -> Path:
+    """Where a baseline's float64 reference run goes: a sibling named `<baseline>-fp64`."""
+    out = Path(out_dir)
+    return out.with_name(out.name + "-fp64")
+
+
 def train(
-    config: TrainConfig, out_dir: str | os.PathLike[str], progress: Progress | None = None
+    config: TrainConfig,
+    out_dir: str | os.PathLike[str],
+    progress: Progress | None = None,
+    *,
+    fault: Fault = NONE,
+    reference: str | None = None,
 ) -> Path:
-    """Train `config.updates` updates of `config.accum_steps` micro-batches; record to out_dir."""
+    """Train `config.updates` updates of `config.accum_steps` micro-batches; record to out_dir.
+
+    `reference` is the path, relative to out_dir, of a float64 rerun of this training.
+    """
     t = setup(config)
-    with Recorder(out_dir, t.model, t.optimizer, config.accum_steps, config.to_dict()) as rec:
-        run_loop(t, rec, progress)
+    fault_name = None if fault is NONE else fault.name
+    with Recorder(
+        out_dir,
+        t.model,
+        t.optimizer,
+        config.accum_steps,
+        config.to_dict(),
+        fault=fault_name,
+        reference=reference,
+    ) as rec:
+        run_loop(t, rec, progress, fault)
     return Path(out_dir)

@@ -13,6 +13,7 @@ def inside_window_changes(run: Run) -> dict[int, list[str]]:
     Micro-step m's fingerprint is the weights it computed with. Every micro-step of window i must
     see the weights after update i-1 (the initial weights for i=0); a source that could not observe
     a row (a log has no initial weights) falls back to the first observed row of the window.
+    Only parameters count: buffers such as BatchNorm's running statistics change in forward.
     """
     if run.micro_state is None or run.accum_steps == 1:
         return {}
@@ -20,6 +21,7 @@ def inside_window_changes(run: Run) -> dict[int, list[str]]:
     known = run.micro_state_known
     if known is None:
         known = np.ones(run.micro_steps, dtype=bool)
+    params = np.array([t.kind == "param" for t in run.tensors])
     names = [t.name for t in run.tensors]
     found: dict[int, list[str]] = {}
     for i in range(run.updates):
@@ -33,7 +35,7 @@ def inside_window_changes(run: Run) -> dict[int, list[str]]:
         for m in window:
             if not known[m]:
                 continue
-            changed = np.flatnonzero(run.micro_state[m] != reference)
+            changed = np.flatnonzero((run.micro_state[m] != reference) & params)
             if changed.size:
                 found.setdefault(i, []).append(
                     f"weights changed before micro-step {m} (position {m - i * k + 1} of {k}), "

@@ -11,6 +11,7 @@ from torch import nn
 from .config import TrainConfig
 
 FEATURES = 784
+IMAGE = (1, 28, 28)  # the CNNs read the same 784 features as a 28x28 image
 CLASSES = 10
 
 
@@ -36,12 +37,43 @@ def classification_data(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray
     return inputs.astype(np.float32), targets.astype(np.int64)
 
 
+def _mlp(config: TrainConfig, dropout: float) -> nn.Module:
+    layers: list[nn.Module] = [nn.Linear(FEATURES, config.hidden), nn.ReLU()]
+    if dropout > 0:
+        layers.append(nn.Dropout(dropout))
+    layers.append(nn.Linear(config.hidden, CLASSES))
+    return nn.Sequential(*layers)
+
+
+def _cnn(config: TrainConfig, norm: str) -> nn.Module:
+    """Two strided 3x3 convolutions, each followed by BatchNorm or GroupNorm, then a linear head."""
+
+    def normalize(channels: int) -> nn.Module:
+        return nn.BatchNorm2d(channels) if norm == "bn" else nn.GroupNorm(4, channels)
+
+    width = 8 * max(2, config.hidden // 64)  # 32 channels at the default hidden=256
+    return nn.Sequential(
+        nn.Unflatten(1, IMAGE),
+        nn.Conv2d(1, width // 2, 3, stride=2, padding=1),
+        normalize(width // 2),
+        nn.ReLU(),
+        nn.Conv2d(width // 2, width, 3, stride=2, padding=1),
+        normalize(width),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(width, CLASSES),
+    )
+
+
 def build_model(config: TrainConfig) -> nn.Module:
     """The model named by `config.model`, initialised from `config.seed` on the CPU."""
     torch.manual_seed(config.seed)
-    return nn.Sequential(
-        nn.Linear(FEATURES, config.hidden), nn.ReLU(), nn.Linear(config.hidden, CLASSES)
-    )
+    if config.model == "mlp":
+        return _mlp(config, 0.0)
+    if config.model == "mlp-dropout":
+        return _mlp(config, config.dropout)
+    return _cnn(config, "bn" if config.model == "cnn-bn" else "gn")
 
 
 def build_data(config: TrainConfig, device: torch.device, dtype: torch.dtype) -> Batches:

@@ -1,0 +1,161 @@
+"""The named checks of a comparison, each summarised over all updates: pass, fail or not checked."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .metrics import TensorDiff
+from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
+from .run import Run
+
+
+def build_checks(
+    base: Run,
+    merged: Run,
+    results: list[UpdateResult],
+    changes: dict[int, list[str]],
+    calibrated: bool,
+) -> list[Check]:
+    unit = "the noise floor" if calibrated else "the tolerance"
+    checks = [_finite_check(base, merged), _loss_check(results, unit), same_samples(base, merged)]
+    weight_kind = "weights" if base.full_weights else "weights (printed values only)"
+    checks.append(
+        _tensor_check(weight_kind, [r.weights for r in results], "no weights recorded", unit)
+    )
+    checks.append(
+        _tensor_check(
+            "gradients",
+            [r.grads for r in results],
+            "not recorded by " + _missing(base, merged, "has_grads"),
+            unit,
+        )
+    )
+    checks.append(_window_check(merged, changes))
+    checks.append(_series_check("learning rate", ("lr",), base, merged, results))
+    checks.append(
+        _series_check("optimizer steps", ("optimizer_steps", "state_step"), base, merged, results)
+    )
+    init_known = base.load_init_weights is not None and merged.load_init_weights is not None
+    checks.append(
+        Check(
+            "initial weights",
+            PASS if init_known else NOT_CHECKED,
+            "identical" if init_known else "not recorded by the source",
+        )
+    )
+    return checks
+
+
+def sample_mismatches(base: Run, merged: Run) -> np.ndarray | None:
+    """Updates whose window saw other samples than the baseline's batch (None: not recorded)."""
+    if base.micro_data is None or merged.micro_data is None:
+        return None
+    same = base.window_sums(base.micro_data) == merged.window_sums(merged.micro_data)
+    return np.flatnonzero(~same)
+
+
+def same_samples(base: Run, merged: Run) -> Check:
+    name = "same samples per update"
+    bad = sample_mismatches(base, merged)
+    if bad is None:
+        return Check(
+            name, NOT_CHECKED, "no batch digests from " + _missing(base, merged, "micro_data")
+        )
+    if bad.size:
+        return Check(
+            name,
+            FAIL,
+            f"{bad.size}/{base.updates} windows saw other samples; first at update {int(bad[0])}",
+        )
+    return Check(name, PASS, "every window saw exactly its baseline batch's samples")
+
+
+def _finite_check(base: Run, merged: Run) -> Check:
+    for name, run in (("baseline", base), ("merged", merged)):
+        bad = np.flatnonzero(~np.isfinite(run.micro_loss))
+        if bad.size:
+            return Check(
+                "finite losses",
+                FAIL,
+                f"{name} loss is {run.micro_loss[bad[0]]} at micro-step {int(bad[0])}",
+            )
+    return Check("finite losses", PASS, "every micro-step loss is finite")
+
+
+def _loss_check(results: list[UpdateResult], unit: str) -> Check:
+    bad = [r for r in results if not r.loss_ok]
+    worst = max(r.loss_diff for r in results)
+    if bad:
+        r = bad[0]
+        return Check(
+            "losses",
+            FAIL,
+            f"{len(bad)}/{len(results)} updates differ; first at update "
+            f"{r.update}: {r.loss_error:.3g} > {r.loss_allowed:.3g}",
+        )
+    ratio = max(r.loss_error / r.loss_allowed if r.loss_allowed else 0.0 for r in results)
+    return Check(
+        "losses",
+        PASS,
+        f"max abs diff {worst:.3g} over {len(results)} updates ({ratio:.2g}x {unit})",
+    )
+
+
+def _tensor_check(name: str, per_update: list[list[TensorDiff]], absent: str, unit: str) -> Check:
+    if not any(per_update):
+        return Check(name, NOT_CHECKED, absent)
+    diffs = [d for ds in per_update for d in ds]
+    bad_updates = [i for i, ds in enumerate(per_update) if not all(d.ok for d in ds)]
+    worst = max(diffs, key=lambda d: d.ratio)
+    if bad_updates:
+        first = next(d for d in per_update[bad_updates[0]] if not d.ok)
+        return Check(
+            name,
+            FAIL,
+            f"{len(bad_updates)}/{len(per_update)} updates differ; first at "
+            f"update {bad_updates[0]} in {first.name} ({first.ratio:.3g}x {unit})",
+        )
+    noise = ""
+    if worst.noise is not None and worst.noise > 0:
+        noise = f", {worst.error / worst.noise:.2g}x the baseline's own error"
+    return Check(
+        name,
+        PASS,
+        f"worst {worst.name}: {worst.ratio:.2g}x {unit}{noise}, "
+        f"max abs diff {max(d.max_abs for d in diffs):.3g}",
+    )
+
+
+def _window_check(merged: Run, changes: dict[int, list[str]]) -> Check:
+    name = "no weight change inside a window"
+    if merged.accum_steps == 1:
+        return Check(name, NOT_CHECKED, "merged run has K=1")
+    if merged.micro_state is None:
+        return Check(name, NOT_CHECKED, "no per-micro-step weight digests recorded")
+    if changes:
+        first = min(changes)
+        return Check(
+            name, FAIL, f"{len(changes)} window(s); first, update {first}: {changes[first][0]}"
+        )
+    return Check(name, PASS, "weights change only at each window's last micro-step")
+
+
+def _series_check(
+    name: str, attrs: tuple[str, ...], base: Run, merged: Run, results: list[UpdateResult]
+) -> Check:
+    present = [a for a in attrs if getattr(base, a) is not None and getattr(merged, a) is not None]
+    if not present:
+        return Check(name, NOT_CHECKED, "not recorded by " + _missing(base, merged, attrs[0]))
+    bad = [(r.update, text) for r in results for key, text in r.problems if key in attrs]
+    if bad:
+        return Check(
+            name, FAIL, f"{len(bad)} update(s) differ; first, update {bad[0][0]}: {bad[0][1]}"
+        )
+    return Check(name, PASS, "identical at every update")
+
+
+def _missing(base: Run, merged: Run, attr: str) -> str:
+    """Which of the two runs lacks `attr` (None or False)."""
+    pairs = (("baseline", base), ("merged", merged))
+    names = [n for n, r in pairs if getattr(r, attr) is None or getattr(r, attr) is False]
+    return " and ".join(names) or "either run"

@@ -1,0 +1,103 @@
+"""Whether runs can be judged against each other at all (else BadInput, exit 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import BadInput
+from .metrics import diff
+from .run import Run, Tensors
+from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
+
+# Config keys a float64 reference may legitimately change: its precision, K and device.
+_REFERENCE_MAY_DIFFER = {"dtype", "accum_steps", "device"}
+# A float32 baseline drifts from its float64 rerun by up to ~1e-4 of the distance moved (SGD with
+# momentum 0.9, 12 updates); another training is off by orders of magnitude more. 1% separates them.
+REFERENCE_SANITY_RTOL = 1e-2
+
+
+def check_compatible(
+    base: Run, other: Run, what: str = "runs", other_name: str = "merged"
+) -> Tensors | None:
+    """Raise BadInput when the two runs cannot be the same training at all.
+
+    Returns the baseline's initial weights when the sources recorded them.
+    """
+    if base.updates != other.updates:
+        raise BadInput(
+            f"{what} of different lengths: baseline has {base.updates} updates, "
+            f"{other_name} has {other.updates}"
+        )
+    if base.updates == 0:
+        raise BadInput("the runs hold no updates to compare")
+    b = [(t.name, t.shape) for t in base.tensors]
+    m = [(t.name, t.shape) for t in other.tensors]
+    if b != m:
+        only = sorted(set(b) ^ set(m))
+        first = f"{only[0][0]} {list(only[0][1])}" if only else "tensor order"
+        raise BadInput(f"{what} of different models: they differ in {first}")
+    if base.full_weights != other.full_weights:
+        raise BadInput("cannot compare a run with full weights against one with printed values")
+    init_b, init_m = base.init_weights(), other.init_weights()
+    if init_b is not None and init_m is not None:
+        for name in init_b:
+            if not np.array_equal(init_b[name], init_m[name]):
+                delta = float(np.abs(init_b[name] - init_m[name].astype(np.float64)).max())
+                raise BadInput(
+                    f"initial weights differ (first in {name}, max abs diff {delta:.3g}): the "
+                    f"{what} did not start from the same model; use the same seed and "
+                    "initialisation"
+                )
+    return init_b
+
+
+def check_reference(base: Run, merged: Run, ref: Run, starts: Tensors | None) -> None:
+    """A reference must be a more precise rerun of the baseline's own training.
+
+    A wrong reference would inflate the noise floor and pass anything, so it is refused unless it
+    starts from the same weights, saw the same samples, has the same config apart from dtype, K
+    and device, and the baseline stays within the default tolerances of it at every update.
+    """
+    where = f"reference {ref.source}"
+    dtype = least_precise([base.dtype, merged.dtype])
+    if PRECISION_ORDER.index(ref.dtype) >= PRECISION_ORDER.index(dtype):
+        raise BadInput(f"{where} is {ref.dtype}: a reference must be more precise than {dtype}")
+    check_compatible(base, ref, "baseline and reference", "reference")
+    shared = (set(base.config) & set(ref.config)) - _REFERENCE_MAY_DIFFER
+    changed = sorted(k for k in shared if base.config[k] != ref.config[k])
+    if changed:
+        key = changed[0]
+        raise BadInput(
+            f"{where} is another training: {key} is {ref.config[key]!r} there, "
+            f"{base.config[key]!r} in the baseline"
+        )
+    if base.micro_data is not None and ref.micro_data is not None:
+        same = base.window_sums(base.micro_data) == ref.window_sums(ref.micro_data)
+        if not same.all():
+            raise BadInput(
+                f"{where} saw other samples than the baseline (first at update "
+                f"{int(np.flatnonzero(~same)[0])})"
+            )
+    tol = for_dtype(dtype)
+    rtol = max(tol.weight_rtol, REFERENCE_SANITY_RTOL)
+    for i in range(base.updates):
+        wb, wr = base.weights(i), ref.weights(i)
+        if wb is None or wr is None:
+            return
+        for info in base.tensors:
+            start = starts.get(info.name) if starts is not None else None
+            d = diff(
+                info.name,
+                wr[info.name],
+                wb[info.name],
+                rtol=rtol,
+                atol=tol.weight_atol,
+                start=start,
+            )
+            rounding = eps(dtype) * float(np.linalg.norm(wr[info.name].astype(np.float64)))
+            if not d.error <= d.allowed + rounding:
+                raise BadInput(
+                    f"{where} is not a rerun of the baseline's training: at update {i} the "
+                    f"baseline's {info.name} is {d.error:.3g} away from it, more than "
+                    f"{rtol:g} of the distance training moved it"
+                )

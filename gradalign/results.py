@@ -1,0 +1,96 @@
+"""What the judge found: per-update results, named checks, diagnoses and the whole comparison."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .metrics import TensorDiff
+from .run import Run
+from .tolerances import Tolerances
+
+PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
+
+
+@dataclass
+class UpdateResult:
+    """Everything judged at one optimizer update."""
+
+    update: int
+    base_loss: float
+    merged_loss: float
+    loss_diff: float  # |merged - baseline|
+    loss_error: float  # the judged error: loss_diff, or |merged - reference| with a reference
+    loss_allowed: float
+    loss_noise: float | None = None  # the baseline's distance from the reference, if any
+    weights: list[TensorDiff] = field(default_factory=list)
+    grads: list[TensorDiff] = field(default_factory=list)
+    grad_ratio: float | None = None  # least-squares merged/baseline over all gradients
+    grad_cosine: float | None = None
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (check key, message)
+
+    @property
+    def loss_ok(self) -> bool:
+        return bool(self.loss_error <= self.loss_allowed)  # False for NaN
+
+    @property
+    def ok(self) -> bool:
+        tensors_ok = all(t.ok for t in self.weights) and all(t.ok for t in self.grads)
+        return self.loss_ok and tensors_ok and not self.problems
+
+    @property
+    def worst(self) -> TensorDiff | None:
+        return max(self.weights, key=lambda t: t.ratio, default=None)
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # pass | fail | not checked
+    detail: str
+
+
+@dataclass
+class Diagnosis:
+    """A named cause (or, with severity "info", an explanation) with its evidence and fix."""
+
+    code: str
+    message: str
+    evidence: dict[str, Any]
+    fix: str | None
+    severity: str = "error"  # "error": a cause of failure; "info": context, not a failure
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+            "evidence": self.evidence,
+            "fix": self.fix,
+        }
+
+
+@dataclass
+class Comparison:
+    baseline: Run
+    merged: Run
+    tolerances: Tolerances
+    dtype: str
+    results: list[UpdateResult]
+    checks: list[Check]
+    notes: list[str]
+    first_divergence: dict | None
+    reference: Run | None = None
+    diagnosis: list[Diagnosis] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return FAIL if any(c.status == FAIL for c in self.checks) else PASS
+
+    @property
+    def accum_steps(self) -> int:
+        return self.merged.accum_steps
+
+    @property
+    def updates(self) -> int:
+        return self.merged.updates

@@ -1,0 +1,158 @@
+"""`gradalign selftest`: clean setups must pass and every known bug must fail with its own code.
+
+Each case trains a baseline (with its float64 reference) and a merged run on the built-in data,
+then judges them exactly as `gradalign compare` would. The judge never sees the fault's name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .compare import compare
+from .config import TrainConfig
+from .errors import BadInput
+from .faults import FAULTS
+from .results import FAIL, PASS
+from .store import read_run_dir
+from .train import reference_path, train
+
+SCHEDULE_AND_CLIP = {"scheduler": "cosine", "warmup_updates": 2, "clip_norm": 0.5}
+SETUPS: dict[str, dict[str, Any]] = {
+    "sgd": {},
+    "sgd-momentum": {"momentum": 0.9},
+    "adam": {"optimizer": "adam"},
+    "adamw": {"optimizer": "adamw", "weight_decay": 0.01},
+    **{
+        f"{name}+cosine+clip": {**values, **SCHEDULE_AND_CLIP}
+        for name, values in {
+            "sgd": {},
+            "sgd-momentum": {"momentum": 0.9},
+            "adam": {"optimizer": "adam"},
+            "adamw": {"optimizer": "adamw", "weight_decay": 0.01},
+        }.items()
+    },
+    "mlp-dropout": {"model": "mlp-dropout"},
+    "cnn-gn": {"model": "cnn-gn"},
+    "cnn-bn": {"model": "cnn-bn"},
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    setup: str
+    fault: str | None = None
+    expect_code: str | None = None  # the first cause the judge must name; None: must pass
+
+    @property
+    def name(self) -> str:
+        return f"{self.setup} / {self.fault or 'clean'}"
+
+
+CASES: list[Case] = [
+    *(Case(setup) for setup in SETUPS if setup != "cnn-bn"),
+    Case("cnn-bn", None, "batchnorm"),
+    Case("sgd", "no-loss-scale"),
+    Case("adam", "no-loss-scale"),
+    Case("sgd", "double-loss-scale"),
+    Case("adamw", "loss-plus-scaled"),
+    Case("sgd-momentum", "zero-grad-every-micro"),
+    Case("adam", "step-every-micro"),
+    Case("sgd+cosine+clip", "scheduler-every-micro"),
+    Case("sgd+cosine+clip", "clip-every-micro"),
+    Case("adamw+cosine+clip", "clip-every-micro"),
+    Case("sgd", "data-order"),
+    Case("mlp-dropout", "dropout-reseed"),
+]
+
+
+@dataclass
+class Outcome:
+    case: Case
+    verdict: str
+    codes: list[str]  # the causes named, first one first
+
+    @property
+    def expected_verdict(self) -> str:
+        return PASS if self.expected_code is None else FAIL
+
+    @property
+    def expected_code(self) -> str | None:
+        if self.case.fault is not None:
+            return FAULTS[self.case.fault].code
+        return self.case.expect_code
+
+    @property
+    def ok(self) -> bool:
+        if self.expected_code is None:
+            return self.verdict == PASS and not self.codes
+        return self.verdict == FAIL and self.codes[:1] == [self.expected_code]
+
+
+def run_selftest(out: Path, log: Console, cases: list[Case] | None = None) -> list[Outcome]:
+    """Train and judge every case; baselines and references are shared between cases."""
+    outcomes, recorded = [], set()
+    for case in cases or CASES:
+        config = TrainConfig().replace(**SETUPS[case.setup])
+        root = out / case.setup.replace("+", "_")
+        base = root / "baseline"
+        if case.setup not in recorded:
+            recorded.add(case.setup)
+            ref = reference_path(base)
+            train(config.replace(accum_steps=1, dtype="float64"), ref)
+            train(config.replace(accum_steps=1), base, reference=f"../{ref.name}")
+        fault = FAULTS[case.fault] if case.fault else None
+        merged = root / f"merged-{case.fault or 'clean'}"
+        if fault is not None:
+            reason = fault.needs(config)
+            if reason:
+                raise BadInput(f"selftest case {case.name}: fault {case.fault} {reason}")
+            train(config, merged, fault=fault)
+        else:
+            train(config, merged)
+        base_run = read_run_dir(base)
+        comparison = compare(base_run, read_run_dir(merged), None, read_run_dir(base_run.reference))
+        codes = [d.code for d in comparison.diagnosis if d.severity == "error"]
+        outcome = Outcome(case, comparison.verdict, codes)
+        log.print(f"selftest: {case.name}: {outcome.verdict} {', '.join(codes)}", markup=False)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def render_selftest(outcomes: list[Outcome], console: Console) -> None:
+    table = Table(title="gradalign selftest", title_justify="left")
+    for column in ("setup", "fault", "expected", "got", "ok"):
+        table.add_column(column)
+    for o in outcomes:
+        expected = o.expected_verdict + (f" ({o.expected_code})" if o.expected_code else "")
+        got = o.verdict + (f" ({', '.join(o.codes)})" if o.codes else "")
+        mark = "[green]ok[/]" if o.ok else "[bold red]WRONG[/]"
+        table.add_row(o.case.setup, o.case.fault or "-", expected, got, mark)
+    console.print(table)
+    wrong = sum(not o.ok for o in outcomes)
+    verdict = "[green]all cases as expected[/]" if not wrong else f"[bold red]{wrong} wrong[/]"
+    console.print(f"selftest: {len(outcomes)} cases, {verdict}")
+
+
+def write_selftest_json(outcomes: list[Outcome], path: Path) -> None:
+    from .report import write_text_atomic
+
+    cases = [
+        {
+            "setup": o.case.setup,
+            "fault": o.case.fault,
+            "expected_verdict": o.expected_verdict,
+            "expected_code": o.expected_code,
+            "verdict": o.verdict,
+            "codes": o.codes,
+            "ok": o.ok,
+        }
+        for o in outcomes
+    ]
+    body = {"ok": all(o.ok for o in outcomes), "cases": cases}
+    write_text_atomic(path, json.dumps(body, indent=2, sort_keys=True) + "\n")
