@@ -20,50 +20,114 @@ def make_data(batch: int, updates: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+BUGS = {  # the bug a user's loop may have -> the diagnosis code the judge must name
+    "no-loss-scale": "loss-scale",
+    "double-loss-scale": "loss-scale",
+    "loss-plus-scaled": "loss-scale",
+    "zero-grad-every-micro": "zero-grad-in-window",
+    "step-every-micro": "step-in-window",
+    "scheduler-every-micro": "lr-schedule",
+    "clip-every-micro": "clip-per-micro",
+    "data-order": "data-order",
+    "dropout-reseed": "dropout-rng",
+}
+
+
 def user_loop(
     out,
     k: int,
     *,
     bug: str | None = None,
-    batch: int = 16,
+    batch: int = 32,
     updates: int = 5,
     optimizer: str = "sgd",
+    schedule: bool = False,
+    clip: float | None = None,
+    dropout: float = 0.0,
+    dtype: torch.dtype = torch.float32,
 ):
-    """A user's own loop: their model, data, loss and optimizer; gradalign only records."""
+    """A user's own loop: their model, data, loss, optimizer and schedule; gradalign records."""
     torch.manual_seed(3)
-    model = nn.Sequential(nn.Linear(12, 20), nn.Tanh(), nn.Linear(20, 2))
+    layers = [nn.Linear(12, 20), nn.Tanh()] + ([nn.Dropout(dropout)] if dropout else [])
+    model = nn.Sequential(*layers, nn.Linear(20, 2)).to(dtype)
     opt = (
         torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
         if optimizer == "sgd"
         else torch.optim.AdamW(model.parameters(), lr=1e-2)
     )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: 1 / (1 + u))
     x, y = make_data(batch, updates)
+    x = x.to(dtype)
     micro = batch // k
+    order = torch.randperm(updates * k, generator=torch.Generator().manual_seed(1))
     with gradalign.Recorder(out, model, opt, accum_steps=k, config={"user": True}) as rec:
         for update in range(updates):
             for j in range(k):
-                rows = slice((update * k + j) * micro, (update * k + j + 1) * micro)
+                step = update * k + j
+                if bug == "zero-grad-every-micro":
+                    opt.zero_grad()
+                if bug == "dropout-reseed":
+                    torch.manual_seed(100 + step)
+                index = int(order[step]) if bug == "data-order" else step
+                rows = slice(index * micro, (index + 1) * micro)
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                scaled = loss if bug == "no-loss-scale" else loss / k
+                scaled = {
+                    "no-loss-scale": loss,
+                    "double-loss-scale": loss / k / k,
+                    "loss-plus-scaled": loss + loss / k,
+                }.get(bug or "", loss / k)
                 scaled.backward()
-                rec.micro(loss)
+                rec.micro(loss, batch=(x[rows], y[rows]))
+                if bug == "clip-every-micro":
+                    nn.utils.clip_grad_norm_(model.parameters(), clip)
                 if bug == "step-every-micro" and j < k - 1:
                     opt.step()
-            rec.grads()
+                if bug == "scheduler-every-micro" and j < k - 1:
+                    sched.step()
+            norm = nn.utils.clip_grad_norm_(model.parameters(), clip) if clip else None
+            rec.grads(pre_clip_norm=norm)
             opt.step()
+            if schedule:
+                sched.step()
             rec.update()
             opt.zero_grad()
     return read_run_dir(out)
 
 
+def setup_for(bug: str | None) -> dict:
+    """The setup in which a bug can show: a schedule, clipping that engages, dropout."""
+    return {
+        "scheduler-every-micro": {"schedule": True},
+        "clip-every-micro": {"clip": 0.05},
+        "dropout-reseed": {"dropout": 0.2},
+    }.get(bug or "", {})
+
+
+def judged(tmp_path, bug: str | None, **setup):
+    base = user_loop(tmp_path / "b", 1, **setup)
+    ref = user_loop(tmp_path / "r", 1, dtype=torch.float64, **setup)
+    merged = user_loop(tmp_path / "m", 4, bug=bug, **setup)
+    return compare(base, merged, reference=ref)
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_clean_user_loop_passes(tmp_path, optimizer):
-    base = user_loop(tmp_path / "b", 1, optimizer=optimizer)
-    merged = user_loop(tmp_path / "m", 4, optimizer=optimizer)
-    result = compare(base, merged)
+@pytest.mark.parametrize("setup", [{}, {"schedule": True, "clip": 0.05}, {"dropout": 0.2}])
+def test_clean_user_loop_passes_within_its_noise(tmp_path, optimizer, setup):
+    result = judged(tmp_path, None, optimizer=optimizer, **setup)
     assert result.verdict == "pass", [c for c in result.checks if c.status == "fail"]
     assert {c.name: c.status for c in result.checks}["gradients"] == "pass"
     assert all(abs(r.grad_ratio - 1) < 1e-5 for r in result.results)
+    assert [d.severity for d in result.diagnosis].count("error") == 0
+    assert result.diagnosis[0].code == "within-noise"
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of")
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_user_loop_bug_is_named(tmp_path, bug):
+    result = judged(tmp_path, bug, **setup_for(bug))
+    assert result.verdict == "fail"
+    codes = [d.code for d in result.diagnosis if d.severity == "error"]
+    assert codes[:1] == [BUGS[bug]], [(d.code, d.message) for d in result.diagnosis]
 
 
 def test_user_loop_missing_loss_scale_fails_at_update_0(tmp_path):
@@ -73,6 +137,7 @@ def test_user_loop_missing_loss_scale_fails_at_update_0(tmp_path):
     assert result.verdict == "fail"
     assert result.first_divergence == {"update": 0, "parameter": "0.weight", "in": "gradient"}
     assert result.results[0].grad_ratio == pytest.approx(4.0, rel=1e-5)
+    assert result.diagnosis[0].evidence["expected_ratio"] == 4
 
 
 def test_user_loop_stepping_inside_the_window_fails(tmp_path):

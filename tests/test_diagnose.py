@@ -1,0 +1,204 @@
+"""Diagnoses and the noise floor, through the CLI and on runs altered in memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from gradalign.compare import compare
+from gradalign.config import TrainConfig
+from gradalign.faults import FAULTS
+from gradalign.store import read_run_dir
+from gradalign.train import reference_path, train
+
+SMALL = ["--hidden", "32", "--updates", "4", "--batch-size", "32"]
+
+
+@pytest.fixture(scope="session")
+def sgd_runs(tmp_path_factory):
+    """The default SGD training at a small size: baseline, its float64 reference, merged K=4."""
+    root = tmp_path_factory.mktemp("sgd")
+    config = TrainConfig(hidden=32, updates=4, batch_size=32)
+    ref = train(config.replace(accum_steps=1, dtype="float64"), reference_path(root / "base"))
+    base = train(config.replace(accum_steps=1), root / "base", reference=f"../{ref.name}")
+    return {
+        "config": config,
+        "base": read_run_dir(base),
+        "ref": read_run_dir(ref),
+        "merged": read_run_dir(train(config, root / "merged")),
+        "root": root,
+    }
+
+
+def errors(comparison) -> list[str]:
+    return [d.code for d in comparison.diagnosis if d.severity == "error"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "extra"),
+    [
+        ("no-loss-scale", []),
+        ("step-every-micro", []),
+        ("scheduler-every-micro", ["--scheduler", "linear"]),
+        ("dropout-reseed", ["--model", "mlp-dropout"]),
+    ],
+)
+def test_verify_with_a_fault_fails_with_its_code_in_json(cli, tmp_path, fault, extra):
+    report = tmp_path / "r.json"
+    result = cli("verify", *SMALL, *extra, "--fault", fault, "-o", tmp_path, "--json", report)
+    assert result.code == 1, result.out + result.err
+    data = json.loads(report.read_text())
+    assert data["verdict"] == "fail"
+    first = data["diagnosis"][0]
+    assert set(first) >= {"code", "message", "evidence", "fix"}
+    assert first["code"] == FAULTS[fault].code
+    assert first["message"] and first["fix"] and first["evidence"]
+    assert f"{first['code']}:" in result.out
+
+
+def test_clean_verify_has_only_informational_diagnosis(cli, tmp_path):
+    report = tmp_path / "r.json"
+    result = cli("verify", *SMALL, "-o", tmp_path, "--json", report)
+    assert result.code == 0, result.out + result.err
+    data = json.loads(report.read_text())
+    assert [d["severity"] for d in data["diagnosis"]] == ["info"]
+    assert data["diagnosis"][0]["code"] == "within-noise"
+    assert data["reference"].endswith("baseline-fp64")
+    assert "x noise" in result.out and "within-noise" in result.out
+
+
+def test_inapplicable_fault_is_refused_before_training(cli, tmp_path):
+    result = cli("verify", *SMALL, "--fault", "clip-every-micro", "-o", tmp_path / "v")
+    assert result.code == 2 and "needs clipping" in result.err
+    assert not (tmp_path / "v").exists()
+    assert cli("verify", *SMALL, "--fault", "nope", "-o", tmp_path / "v").code == 2
+
+
+def test_the_fault_label_is_never_read_by_the_judge(cli, tmp_path):
+    out = tmp_path / "v"
+    assert cli("verify", *SMALL, "--fault", "zero-grad-every-micro", "-o", out).code == 1
+    first = cli("compare", out / "baseline", out / "merged", "--json", tmp_path / "a.json")
+    manifest = out / "merged" / "manifest.json"
+    body = json.loads(manifest.read_text())
+    assert body.pop("fault") == "zero-grad-every-micro"
+    manifest.write_text(json.dumps(body))
+    second = cli("compare", out / "baseline", out / "merged", "--json", tmp_path / "b.json")
+    assert first.code == second.code == 1
+    a, b = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
+    assert a["diagnosis"] == b["diagnosis"] and a["diagnosis"][0]["code"] == "zero-grad-in-window"
+
+
+def test_clean_runs_trigger_no_cause(sgd_runs):
+    result = compare(sgd_runs["base"], sgd_runs["merged"], reference=sgd_runs["ref"])
+    assert result.verdict == "pass" and errors(result) == []
+    assert "1.0x" not in result.diagnosis[0].message  # a ratio, not a boilerplate
+    plain = compare(sgd_runs["base"], sgd_runs["merged"])
+    assert plain.verdict == "pass" and errors(plain) == []
+    assert "no reference run" in plain.diagnosis[0].message
+
+
+def shifted(run, update_from: int, fraction: float, start):
+    """The run with its weights moved by `fraction` of their displacement from update_from on."""
+
+    def load(i):
+        w = run.load_weights(i)
+        if i < update_from:
+            return w
+        return {
+            n: v + fraction * (v - start[n]) if v.dtype.kind == "f" else v for n, v in w.items()
+        }
+
+    return dataclasses.replace(run, load_weights=load)
+
+
+def test_noise_floor_catches_what_the_fixed_tolerance_lets_pass(sgd_runs):
+    """An SGD error of 3e-5 of the distance moved passes float32's weight_rtol of 1e-4, but the
+    run's own noise is ~1e-6 of it: calibrated by the reference, the gate fails."""
+    base, ref = sgd_runs["base"], sgd_runs["ref"]
+    bad = shifted(sgd_runs["merged"], 2, 3e-5, base.init_weights())
+    assert compare(base, bad).verdict == "pass"
+    calibrated = compare(base, bad, reference=ref)
+    assert calibrated.verdict == "fail"
+    assert calibrated.first_divergence == {
+        "update": 2,
+        "parameter": "0.weight",
+        "in": "optimizer update",
+    }
+    assert errors(calibrated) == ["unexplained"]  # no known signature: say so, do not guess
+    worst = calibrated.results[2].weights[0]
+    assert worst.error / worst.noise > 10
+
+
+def test_data_order_without_batch_digests_falls_back_to_update_0_loss(sgd_runs, tmp_path):
+    config = sgd_runs["config"]
+    merged = read_run_dir(train(config, tmp_path / "m", fault=FAULTS["data-order"]))
+    base = dataclasses.replace(sgd_runs["base"], micro_data=None)
+    result = compare(base, dataclasses.replace(merged, micro_data=None))
+    assert {c.name: c.status for c in result.checks}["same samples per update"] == "not checked"
+    assert errors(result) == ["data-order"]
+    assert result.diagnosis[0].evidence["sample_digests"] == "not recorded"
+
+
+def test_reference_must_be_the_same_training_and_more_precise(cli, sgd_runs, tmp_path):
+    root = sgd_runs["root"]
+    other = train(
+        sgd_runs["config"].replace(accum_steps=1, dtype="float64", lr=0.05), tmp_path / "other"
+    )
+    result = cli("compare", root / "base", root / "merged", "--reference", other)
+    assert result.code == 2 and "another training: lr" in result.err
+    same = cli("compare", root / "base", root / "merged", "--reference", root / "base")
+    assert same.code == 2 and "more precise" in same.err
+
+
+def test_reference_none_and_a_missing_reference(cli, sgd_runs, tmp_path):
+    root = sgd_runs["root"]
+    plain = cli("compare", root / "base", root / "merged", "--reference", "none")
+    assert plain.code == 0 and "x noise" not in plain.out
+    base = shutil.copytree(root / "base", tmp_path / "base")  # its ../base-fp64 is not there
+    result = cli("compare", base, root / "merged")
+    assert result.code == 0
+    assert "names a reference run" in result.out and "x noise" not in result.out
+
+
+def test_batchnorm_needs_the_model_facts(sgd_runs, tmp_path):
+    """The same numbers without BatchNorm in the model facts are not called batchnorm."""
+    config = TrainConfig(model="cnn-bn", hidden=64, updates=2, batch_size=32)
+    base = read_run_dir(train(config.replace(accum_steps=1), tmp_path / "b"))
+    merged = read_run_dir(train(config, tmp_path / "m"))
+    result = compare(base, merged)
+    assert errors(result) == ["batchnorm"]
+    tracked = result.diagnosis[0].evidence["num_batches_tracked_after_update_0"]
+    assert tracked == {"merged": 4, "baseline": 1}
+    hidden = compare(
+        dataclasses.replace(base, model_facts={}), dataclasses.replace(merged, model_facts={})
+    )
+    assert "batchnorm" not in errors(hidden)
+
+
+def test_selftest_passes_and_prints_its_table(cli, tmp_path):
+    report = tmp_path / "s.json"
+    result = cli("selftest", "-o", tmp_path / "runs", "--json", report)
+    assert result.code == 0, result.out
+    data = json.loads(report.read_text())
+    assert data["ok"] and len(data["cases"]) >= 20
+    faults = {c["fault"] for c in data["cases"] if c["fault"]}
+    assert faults == set(FAULTS)
+    assert all(c["ok"] for c in data["cases"])
+    clean = [c for c in data["cases"] if c["expected_verdict"] == "pass"]
+    assert all(c["verdict"] == "pass" and c["codes"] == [] for c in clean)
+    assert "all cases as expected" in result.out
+
+
+def test_selftest_table_marks_a_wrong_case():
+    from rich.console import Console
+
+    from gradalign.selftest import Case, Outcome, render_selftest
+
+    console = Console(record=True, width=120)
+    wrong = Outcome(Case("sgd", "no-loss-scale"), "pass", [])
+    render_selftest([wrong], console)
+    text = console.export_text()
+    assert not wrong.ok and "WRONG" in text and "1 wrong" in text
