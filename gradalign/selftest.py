@@ -76,6 +76,9 @@ class Outcome:
     case: Case
     verdict: str
     codes: list[str]  # the causes named, first one first
+    worst_over_allowed: float = 0.0  # max err/allowed over weights and gradients
+    worst_over_noise: float = 0.0  # max ||merged - ref|| / ||baseline - ref||
+    message: str = ""  # the first diagnosis, in words
 
     @property
     def expected_verdict(self) -> str:
@@ -118,7 +121,15 @@ def run_selftest(out: Path, log: Console, cases: list[Case] | None = None) -> li
         base_run = read_run_dir(base)
         comparison = compare(base_run, read_run_dir(merged), None, read_run_dir(base_run.reference))
         codes = [d.code for d in comparison.diagnosis if d.severity == "error"]
-        outcome = Outcome(case, comparison.verdict, codes)
+        diffs = [d for r in comparison.results for d in (*r.weights, *r.grads)]
+        outcome = Outcome(
+            case,
+            comparison.verdict,
+            codes,
+            max((d.ratio for d in diffs), default=0.0),
+            max((d.error / d.noise for d in diffs if d.noise), default=0.0),
+            comparison.diagnosis[0].message if comparison.diagnosis else "",
+        )
         log.print(f"selftest: {case.name}: {outcome.verdict} {', '.join(codes)}", markup=False)
         outcomes.append(outcome)
     return outcomes
@@ -126,17 +137,22 @@ def run_selftest(out: Path, log: Console, cases: list[Case] | None = None) -> li
 
 def render_selftest(outcomes: list[Outcome], console: Console) -> None:
     table = Table(title="gradalign selftest", title_justify="left")
-    for column in ("setup", "fault", "expected", "got", "ok"):
-        table.add_column(column)
+    for column in ("setup", "fault", "expected", "got", "x noise", "ok"):
+        table.add_column(column, justify="right" if column == "x noise" else "left")
     for o in outcomes:
         expected = o.expected_verdict + (f" ({o.expected_code})" if o.expected_code else "")
         got = o.verdict + (f" ({', '.join(o.codes)})" if o.codes else "")
         mark = "[green]ok[/]" if o.ok else "[bold red]WRONG[/]"
-        table.add_row(o.case.setup, o.case.fault or "-", expected, got, mark)
+        table.add_row(
+            o.case.setup, o.case.fault or "-", expected, got, f"{o.worst_over_noise:.3g}", mark
+        )
     console.print(table)
     wrong = sum(not o.ok for o in outcomes)
     verdict = "[green]all cases as expected[/]" if not wrong else f"[bold red]{wrong} wrong[/]"
-    console.print(f"selftest: {len(outcomes)} cases, {verdict}")
+    console.print(
+        f"selftest: {len(outcomes)} cases, {verdict} (x noise: the worst ||merged - ref|| / "
+        "||baseline - ref|| over all weights and gradients)"
+    )
 
 
 def write_selftest_json(outcomes: list[Outcome], path: Path) -> None:
@@ -151,6 +167,9 @@ def write_selftest_json(outcomes: list[Outcome], path: Path) -> None:
             "verdict": o.verdict,
             "codes": o.codes,
             "ok": o.ok,
+            "worst_over_allowed": o.worst_over_allowed,
+            "worst_over_noise": o.worst_over_noise,
+            "message": o.message,
         }
         for o in outcomes
     ]
