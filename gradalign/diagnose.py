@@ -9,338 +9,23 @@ of those explains the run. When nothing fits, the diagnosis says "unexplained" w
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
-import numpy as np
-
-from .checks import sample_mismatches
+from . import signatures as sig
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
-
-COSINE_SAME_DIRECTION = 1 - 1e-6  # a pure rescaling keeps the direction to rounding error
-RATIO_MATCH = 1e-3  # relative distance to K, 1/K or K+1 that names the loss-scale variant
-
-
-def _finite(value: float | None) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) else None
-
-
-def _window(c: Comparison) -> int:
-    """K of the merged run relative to the baseline's."""
-    return max(1, c.merged.accum_steps // max(1, c.baseline.accum_steps))
-
-
-def _failing(c: Comparison) -> UpdateResult | None:
-    return next((r for r in c.results if not r.ok), None)
-
-
-def _first_gradient_failure(c: Comparison) -> UpdateResult | None:
-    return next((r for r in c.results if any(not d.ok for d in r.grads)), None)
-
-
-# -- decisive signatures ------------------------------------------------------------------------
-
-
-def _step_in_window(c: Comparison) -> Diagnosis | None:
-    windows = [r for r in c.results if any(k == "window" for k, _ in r.problems)]
-    steps = [
-        r for r in c.results if any(k in ("optimizer_steps", "state_step") for k, _ in r.problems)
-    ]
-    if not windows and not steps:
-        return None
-    evidence: dict = {"windows_with_weight_changes": len(windows)}
-    parts = []
-    if windows:
-        first = windows[0]
-        text = next(t for k, t in first.problems if k == "window")
-        evidence["first_window"] = first.update
-        parts.append(f"at update {first.update} the {text.split(':')[0]}")
-    if c.merged.optimizer_steps is not None and c.baseline.optimizer_steps is not None:
-        per_update = int(c.merged.optimizer_steps.max())
-        evidence["optimizer_steps_per_update"] = {
-            "merged": per_update,
-            "baseline": int(c.baseline.optimizer_steps.max()),
-        }
-        if per_update != int(c.baseline.optimizer_steps.max()):
-            parts.append(f"the merged run called optimizer.step() {per_update} times per update")
-    return Diagnosis(
-        "step-in-window",
-        "the optimizer stepped before the accumulation window ended: " + "; ".join(parts),
-        evidence,
-        "call optimizer.step() and optimizer.zero_grad() only after the K-th micro-batch of "
-        "each window, e.g. `if (micro + 1) % K == 0:`",
-    )
-
-
-def _schedule_advance(base_lr: np.ndarray, merged_lr: np.ndarray) -> int | None:
-    """The m with merged lr[t] == baseline lr[m*t] wherever the baseline reaches m*t."""
-    n = len(base_lr)
-    for m in range(2, n):
-        ts = [t for t in range(n) if m * t < n]
-        if len(ts) >= 2 and all(
-            math.isclose(merged_lr[t], base_lr[m * t], rel_tol=1e-9, abs_tol=1e-15) for t in ts
-        ):
-            return m
-    return None
-
-
-def _lr_schedule(c: Comparison) -> Diagnosis | None:
-    bad = [r for r in c.results if any(k == "lr" for k, _ in r.problems)]
-    if not bad:
-        return None
-    i = bad[0].update
-    base_lr, merged_lr = c.baseline.lr, c.merged.lr
-    evidence = {
-        "first_update": i,
-        "merged_lr": _finite(merged_lr[i]),
-        "baseline_lr": _finite(base_lr[i]),
-        "updates_differing": len(bad),
-    }
-    advance = _schedule_advance(base_lr, merged_lr)
-    if advance is not None:
-        evidence["schedule_steps_per_update"] = advance
-        message = (
-            f"the learning-rate schedule advanced {advance} steps per update: merged lr at "
-            f"update t equals the baseline's at update {advance}·t (update {i}: "
-            f"{merged_lr[i]:.6g} vs {base_lr[i]:.6g})"
-        )
-        if advance == _window(c):
-            message += ", i.e. once per micro-step"
-    else:
-        message = (
-            f"the learning rates differ from update {i} on ({merged_lr[i]:.6g} in merged, "
-            f"{base_lr[i]:.6g} in baseline)"
-        )
-    return Diagnosis(
-        "lr-schedule",
-        message,
-        evidence,
-        "step the scheduler once per optimizer step (once per window of K micro-batches), "
-        "and give both runs the same schedule in updates, not in micro-steps",
-    )
-
-
-def _data_order(c: Comparison) -> Diagnosis | None:
-    bad = sample_mismatches(c.baseline, c.merged)
-    if bad is not None:
-        if not bad.size:
-            return None
-        evidence = {"windows_with_other_samples": int(bad.size), "first_update": int(bad[0])}
-        message = (
-            f"the merged run saw other samples than the baseline: {bad.size} of {c.updates} "
-            f"windows hold samples other than their baseline batch (first: update {int(bad[0])})"
-        )
-    else:
-        first = c.results[0]
-        facts = {**c.baseline.model_facts, **c.merged.model_facts}
-        if first.loss_ok or facts.get("batchnorm") or facts.get("dropout"):
-            return None
-        evidence = {
-            "update_0_loss_diff": _finite(first.loss_diff),
-            "update_0_loss_allowed": _finite(first.loss_allowed),
-            "sample_digests": "not recorded",
-        }
-        message = (
-            "the losses differ already at update 0, computed from identical initial weights, "
-            f"by {first.loss_diff:.3g} (allowed {first.loss_allowed:.3g}): the merged run "
-            "most likely saw other samples (no batch digests were recorded to confirm it)"
-        )
-    return Diagnosis(
-        "data-order",
-        message,
-        evidence,
-        "give window i exactly the rows of baseline batch i, split into K consecutive slices: "
-        "same sampler and seed, same shuffling, same drop_last; record `batch=` in "
-        "Recorder.micro() to check it",
-    )
-
-
-def _update0_gap(c: Comparison) -> tuple[dict, bool]:
-    """Loss and gradient differences at update 0: what a forward/backward-level cause shows."""
-    first = c.results[0]
-    evidence = {
-        "update_0_loss_diff": _finite(first.loss_diff),
-        "update_0_loss_allowed": _finite(first.loss_allowed),
-    }
-    grads_differ = any(not d.ok for d in first.grads)
-    if first.grads:
-        evidence["update_0_grad_cosine"] = _finite(first.grad_cosine)
-        evidence["update_0_grad_ratio"] = _finite(first.grad_ratio)
-        worst = max(first.grads, key=lambda d: d.rel_l2)
-        evidence["update_0_grad_rel_l2"] = {"parameter": worst.name, "value": _finite(worst.rel_l2)}
-    return evidence, (not first.loss_ok) or grads_differ
-
-
-def _batchnorm(c: Comparison) -> Diagnosis | None:
-    layers = c.baseline.model_facts.get("batchnorm") or c.merged.model_facts.get("batchnorm")
-    if not layers:
-        return None
-    evidence, differs = _update0_gap(c)
-    buffers = [d for d in c.results[0].weights if d.name.endswith("num_batches_tracked")]
-    w0b, w0m = c.baseline.weights(0), c.merged.weights(0)
-    if buffers and w0b is not None and w0m is not None:
-        name = buffers[0].name
-        evidence["num_batches_tracked_after_update_0"] = {
-            "merged": int(np.asarray(w0m[name]).ravel()[0]),
-            "baseline": int(np.asarray(w0b[name]).ravel()[0]),
-        }
-    stats = [d for d in c.results[0].weights if d.name.endswith("running_mean") and not d.ok]
-    if not differs and not stats:
-        return None
-    evidence["batchnorm_layers"] = list(layers)
-    return Diagnosis(
-        "batchnorm",
-        f"the model has BatchNorm ({', '.join(layers)}): each micro-batch of B/K is normalized "
-        "with its own statistics, so the forward pass already differs from the batch of B "
-        "(loss at update 0 differs by "
-        f"{c.results[0].loss_diff:.3g}) and the running statistics are updated K times per update",
-        evidence,
-        "use GroupNorm or LayerNorm (no batch statistics), or keep BatchNorm in eval mode with "
-        "fixed statistics, or accumulate the statistics over the whole window (SyncBatchNorm-"
-        "style) before normalizing",
-    )
-
-
-def _dropout_rng(c: Comparison) -> Diagnosis | None:
-    layers = c.baseline.model_facts.get("dropout") or c.merged.model_facts.get("dropout")
-    if not layers:
-        return None
-    evidence, differs = _update0_gap(c)
-    if not differs:
-        return None
-    evidence["dropout_layers"] = list(layers)
-    cosine = evidence.get("update_0_grad_cosine")
-    shape = f", gradient cosine {cosine:.4f} at update 0" if cosine is not None else ""
-    return Diagnosis(
-        "dropout-rng",
-        f"the model has dropout ({', '.join(layers)}) and the runs differ from update 0, with "
-        f"identical weights and samples (loss differs by {c.results[0].loss_diff:.3g}{shape}): "
-        "the two runs drew different random masks",
-        evidence,
-        "draw the same masks in both runs: do not reseed or consume the generator per "
-        "micro-step; with several random ops per forward, use batch-invariant randomness (a "
-        "mask seeded by sample, layer and update); or verify with dropout disabled to isolate it",
-    )
-
-
-# -- gradient-shape signatures ------------------------------------------------------------------
-
-
-def _loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    ratio, cosine = r.grad_ratio, r.grad_cosine
-    if ratio is None or cosine is None or not cosine >= COSINE_SAME_DIRECTION:
-        return None
-    if not abs(ratio - 1) > RATIO_MATCH:
-        return None
-    k = _window(c)
-    variants = [
-        (k, f"not divided by K={k}", "divide each micro-batch's loss by K before backward()"),
-        (1 / k, f"divided by K={k} twice", "divide each micro-batch's loss by K once"),
-        (
-            k + 1,
-            "accumulated as `loss += loss / K` (K+1 times the right gradient)",
-            "backpropagate `loss / K` alone; do not add it to the unscaled loss",
-        ),
-    ]
-    evidence = {"update": r.update, "grad_ratio": _finite(ratio), "grad_cosine": _finite(cosine)}
-    for expected, how, fix in variants:
-        if abs(ratio / expected - 1) <= RATIO_MATCH:
-            evidence["expected_ratio"] = expected
-            return Diagnosis(
-                "loss-scale",
-                f"the micro-batch losses were {how}: at update {r.update} the accumulated "
-                f"gradient is {ratio:.6g} times the baseline's with cosine {cosine:.8f}",
-                evidence,
-                fix,
-            )
-    return Diagnosis(
-        "loss-scale",
-        f"the accumulated gradient is {ratio:.6g} times the baseline's at update {r.update} in "
-        f"the same direction (cosine {cosine:.8f}): the loss is scaled by the wrong factor",
-        evidence,
-        "scale each micro-batch's loss by 1/K (or by its share of the window's items)",
-    )
-
-
-def _post_clip_norm(c: Comparison, run_name: str, update: int) -> float | None:
-    run = c.baseline if run_name == "baseline" else c.merged
-    grads = run.grads(update)
-    if grads is None:
-        return None
-    return math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
-
-
-def _clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
-    if pre_b is None:
-        return None
-    i = r.update
-    post_b = _post_clip_norm(c, "baseline", i)
-    if post_b is None or not pre_b[i] > post_b * (1 + 1e-4):
-        return None  # the baseline did not clip here: clipping cannot be the cause
-    evidence = {
-        "update": i,
-        "clip_norm": _finite(post_b),
-        "baseline_norm_before_clip": _finite(pre_b[i]),
-        "grad_ratio": _finite(r.grad_ratio),
-        "grad_cosine": _finite(r.grad_cosine),
-    }
-    if pre_m is not None:
-        evidence["merged_norm_before_clip"] = _finite(pre_m[i])
-        if math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4):
-            return None  # the merged run saw the same norm before its clip: clipping is fine
-    unclipped = [
-        u.update
-        for u in c.results[:i]
-        if pre_b[u.update] <= (_post_clip_norm(c, "baseline", u.update) or 0) * (1 + 1e-4)
-    ]
-    evidence["earlier_unclipped_updates_that_agree"] = len(unclipped)
-    seen = (
-        f"; the merged run's norm before its final clip was {pre_m[i]:.4g}"
-        if pre_m is not None
-        else ""
-    )
-    return Diagnosis(
-        "clip-per-micro",
-        f"the gradients differ first at update {i}, where clipping engaged (baseline norm "
-        f"{pre_b[i]:.4g} clipped to {post_b:.4g}){seen}: clipping was applied to partial sums "
-        "inside the window, not once to the merged gradient",
-        evidence,
-        "clip once per update: after the K-th backward() (and after unscaling with a "
-        "GradScaler), just before optimizer.step()",
-    )
-
-
-def _zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    ratio, cosine, k = r.grad_ratio, r.grad_cosine, _window(c)
-    if ratio is None or cosine is None or k < 2:
-        return None
-    if not (0.5 <= ratio * k <= 2.0 and 0 < cosine < COSINE_SAME_DIRECTION):
-        return None
-    return Diagnosis(
-        "zero-grad-in-window",
-        f"at update {r.update} the accumulated gradient is {ratio:.3g} times the baseline's "
-        f"(about 1/K = {1 / k:.3g}) and points elsewhere (cosine {cosine:.4f}): only the last "
-        "micro-batch's gradient survived, the earlier ones were cleared inside the window",
-        {"update": r.update, "grad_ratio": _finite(ratio), "grad_cosine": _finite(cosine), "K": k},
-        "call optimizer.zero_grad() once per update, after optimizer.step(), never inside the "
-        "micro-batch loop",
-    )
-
-
-# -- assembly -----------------------------------------------------------------------------------
+from .signatures import failing, finite
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
-    _step_in_window,
-    _lr_schedule,
-    _data_order,
-    _batchnorm,
-    _dropout_rng,
+    sig.step_in_window,
+    sig.lr_schedule,
+    sig.data_order,
+    sig.batchnorm,
+    sig.dropout_rng,
 ]
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
-    _loss_scale,
-    _clip_per_micro,
-    _zero_grad_in_window,
+    sig.loss_scale,
+    sig.clip_per_micro,
+    sig.zero_grad_in_window,
 ]
 
 
@@ -348,22 +33,23 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     """Causes for a failing comparison (or an explanation of a passing one)."""
     if all(check.status != FAIL for check in c.checks):
         return _why_it_passes(c)
-    found = [d for d in (sig(c) for sig in DECISIVE) if d is not None]
+    found = [d for d in (signature(c) for signature in DECISIVE) if d is not None]
     if not found:
-        r = _first_gradient_failure(c)
+        r = sig.first_gradient_failure(c)
         if r is not None:
-            found = [d for d in (sig(c, r) for sig in GRADIENT_SHAPE) if d is not None][:1]
+            shapes = (signature(c, r) for signature in GRADIENT_SHAPE)
+            found = [d for d in shapes if d is not None][:1]
     return found or [_unexplained(c)]
 
 
 def _unexplained(c: Comparison) -> Diagnosis:
-    r = _failing(c)
+    r = failing(c)
     evidence: dict = {"first_divergence": c.first_divergence}
     if r is not None:
         evidence.update(
-            loss_diff=_finite(r.loss_diff),
-            grad_ratio=_finite(r.grad_ratio),
-            grad_cosine=_finite(r.grad_cosine),
+            loss_diff=finite(r.loss_diff),
+            grad_ratio=finite(r.grad_ratio),
+            grad_cosine=finite(r.grad_cosine),
         )
     failed = [check.name for check in c.checks if check.status == FAIL]
     return Diagnosis(
