@@ -18,7 +18,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "linear", "cosine")
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("float32", "float64")
-MODELS = ("mlp", "mlp-dropout", "cnn-bn", "cnn-gn")
+MODELS = ("mlp", "mlp-dropout", "cnn-bn", "cnn-gn", "tiny-lm")
+LOSS_NORMS = ("items", "mean")
 REFERENCES = ("fp64", "none")
 DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3, "adamw": 1e-3}
 
@@ -46,7 +47,13 @@ class TrainConfig:
     warmup_updates: int = _opt("linear warmup updates before the schedule", default=0)
     clip_norm: float | None = _opt("clip the merged gradient to this total norm", default=None)
     hidden: int = _opt("hidden width of the MLP (the CNNs: hidden/8 channels)", default=256)
-    dropout: float = _opt("dropout probability of mlp-dropout", default=0.1)
+    dropout: float = _opt("dropout probability of mlp-dropout and tiny-lm", default=0.1)
+    loss_norm: str | None = _opt(
+        "items: window loss sum / window items (default for tiny-lm); mean: each micro-batch's "
+        "mean / K (default otherwise; wrong when item counts differ)",
+        LOSS_NORMS,
+        default=None,
+    )
     samples_seed: int | None = _opt("seed of the built-in data (default: seed)", default=None)
     device: str = _opt("cpu, cuda or auto", DEVICES, default="cpu")
     dtype: str = _opt("parameter dtype", DTYPES, default="float32")
@@ -54,6 +61,13 @@ class TrainConfig:
     @property
     def micro_batch_size(self) -> int:
         return self.batch_size // self.accum_steps
+
+    @property
+    def normalization(self) -> str:
+        """The loss normalization in effect: loss_norm, else the model's default."""
+        if self.loss_norm is not None:
+            return self.loss_norm
+        return "items" if self.model == "tiny-lm" else "mean"
 
     @property
     def learning_rate(self) -> float:

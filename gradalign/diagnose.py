@@ -24,6 +24,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
 ]
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.loss_scale,
+    sig.token_normalization,
     sig.clip_per_micro,
     sig.zero_grad_in_window,
 ]

@@ -14,8 +14,8 @@ from .config import TrainConfig
 from .errors import BadInput
 
 
-def _divided(loss: torch.Tensor, k: int) -> torch.Tensor:
-    return loss / k
+def _as_is(loss: torch.Tensor, k: int) -> torch.Tensor:
+    return loss
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class Fault:
     name: str = "none"
     summary: str = "the correct loop"
     code: str | None = None  # the diagnosis that must name it
-    scale: Callable[[torch.Tensor, int], torch.Tensor] = _divided  # the loss given to backward()
+    # what backward() gets, from the correctly normalized micro loss (mean / K, or sum / items)
+    scale: Callable[[torch.Tensor, int], torch.Tensor] = _as_is
     zero_grad_each_micro: bool = False
     step_each_micro: bool = False
     scheduler_each_micro: bool = False
@@ -70,19 +71,19 @@ FAULTS: dict[str, Fault] = {
             "no-loss-scale",
             "each micro loss is backpropagated without dividing by K",
             "loss-scale",
-            scale=lambda loss, k: loss,
+            scale=lambda loss, k: loss * k,
         ),
         Fault(
             "double-loss-scale",
             "each micro loss is divided by K twice",
             "loss-scale",
-            scale=lambda loss, k: loss / k / k,
+            scale=lambda loss, k: loss / k,
         ),
         Fault(
             "loss-plus-scaled",
             "loss += loss / K: each micro loss is backpropagated as (1 + 1/K) times itself",
             "loss-scale",
-            scale=lambda loss, k: loss + loss / k,
+            scale=lambda loss, k: loss * (k + 1),
         ),
         Fault(
             "zero-grad-every-micro",

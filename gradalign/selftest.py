@@ -40,6 +40,8 @@ SETUPS: dict[str, dict[str, Any]] = {
     "mlp-dropout": {"model": "mlp-dropout"},
     "cnn-gn": {"model": "cnn-gn"},
     "cnn-bn": {"model": "cnn-bn"},
+    "tiny-lm": {"model": "tiny-lm"},
+    "tiny-lm+mean": {"model": "tiny-lm", "loss_norm": "mean"},
 }
 
 
@@ -55,8 +57,9 @@ class Case:
 
 
 CASES: list[Case] = [
-    *(Case(setup) for setup in SETUPS if setup != "cnn-bn"),
+    *(Case(setup) for setup in SETUPS if setup not in ("cnn-bn", "tiny-lm+mean")),
     Case("cnn-bn", None, "batchnorm"),
+    Case("tiny-lm+mean", None, "token-normalization"),
     Case("sgd", "no-loss-scale"),
     Case("adam", "no-loss-scale"),
     Case("sgd", "double-loss-scale"),

@@ -257,6 +257,48 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
 
 
+def _relative_gradient_error(c: Comparison, update: int) -> float | None:
+    gb, gm = c.baseline.grads(update), c.merged.grads(update)
+    if gb is None or gm is None:
+        return None
+    diff = sum(float(np.sum((gm[n].astype(np.float64) - gb[n]) ** 2)) for n in gb)
+    size = sum(float(np.sum(gb[n].astype(np.float64) ** 2)) for n in gb)
+    return math.sqrt(diff / size) if size > 0 else None
+
+
+def token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Each micro-batch's mean divided by K, with unequal item counts: a reweighting of the
+    micro-batches by N / (K n_j), so the gradient error is bounded by the imbalance."""
+    items, k = c.merged.micro_items, c.merged.accum_steps
+    if items is None or k < 2:
+        return None
+    counts = items[r.update * k : (r.update + 1) * k]
+    if counts.min() == counts.max() or counts.min() <= 0:
+        return None
+    weights = counts.sum() / (k * counts)  # what mean-per-micro-batch / K gives each micro-batch
+    imbalance = float(np.abs(weights - 1).max())
+    error = _relative_gradient_error(c, r.update)
+    if error is None or not 0 < error <= 2 * imbalance:
+        return None
+    return Diagnosis(
+        "token-normalization",
+        f"at update {r.update} the micro-batches hold {', '.join(str(int(n)) for n in counts)} "
+        f"items, yet each was weighted equally (its mean divided by K): items are weighted up to "
+        f"{imbalance:.1%} wrong, and the gradient is {error:.3g} off (relative L2, cosine "
+        f"{r.grad_cosine:.6f})",
+        {
+            "update": r.update,
+            "items_per_micro_batch": [int(n) for n in counts],
+            "max_weight_error": imbalance,
+            "grad_rel_l2": error,
+            "grad_cosine": finite(r.grad_cosine),
+        },
+        "normalize by the window's item count: count the items of all K micro-batches first, "
+        "then backpropagate each micro-batch's summed loss divided by that total "
+        "(loss_norm: items; the fix of transformers PR #34191)",
+    )
+
+
 def _post_clip_norm(c: Comparison, run_name: str, update: int) -> float | None:
     run = c.baseline if run_name == "baseline" else c.merged
     grads = run.grads(update)

@@ -9,13 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from .config import TrainConfig
 from .errors import BadInput
 from .faults import NONE, Fault
 from .recorder import Recorder, environment, model_facts
-from .zoo import Batches, build_data, build_model
+from .zoo import Batches, Task, build_data, build_model, build_task
 
 Progress = Callable[[int], None]
 
@@ -70,6 +69,7 @@ class Training:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     data: Batches
+    task: Task
 
 
 def setup(config: TrainConfig) -> Training:
@@ -80,7 +80,8 @@ def setup(config: TrainConfig) -> Training:
     model = build_model(config).to(device=device, dtype=dtype)
     optimizer = build_optimizer(config, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: lr_factor(config, u))
-    return Training(config, model, optimizer, scheduler, build_data(config, device, dtype))
+    data = build_data(config, device, dtype)
+    return Training(config, model, optimizer, scheduler, data, build_task(config))
 
 
 def preflight(config: TrainConfig) -> tuple[dict, dict]:
@@ -97,20 +98,24 @@ def run_loop(
 
     `fault` injects one known bug (faults.py); every `fault.` line is a no-op when it is NONE.
     """
-    model, optimizer, config = t.model, t.optimizer, t.config
+    model, optimizer, config, task = t.model, t.optimizer, t.config, t.task
     k, micro_size = config.accum_steps, config.micro_batch_size
     order, clip = fault.micro_order(config), config.clip_norm
     for update in range(config.updates):
-        for micro in range(k):
-            step = update * k + micro
+        window = [t.data.micro_batch(order[update * k + m], micro_size) for m in range(k)]
+        window_items = sum(task.items(targets) for _, targets in window)
+        for micro, (inputs, targets) in enumerate(window):
             if fault.zero_grad_each_micro:
                 optimizer.zero_grad(set_to_none=True)
             if fault.reseed_each_micro:
-                torch.manual_seed(config.seed + 1000 + step)
-            inputs, targets = t.data.micro_batch(order[step], micro_size)
-            loss = F.cross_entropy(model(inputs), targets)
-            fault.scale(loss, k).backward()  # loss / k
-            rec.micro(loss, batch=(inputs, targets))
+                torch.manual_seed(config.seed + 1000 + update * k + micro)
+            loss_sum, items = task.loss_sum(model(inputs), targets), task.items(targets)
+            loss = loss_sum / items  # this micro-batch's own mean, as recorded
+            # items: the whole window's mean, in parts; mean: right only for equal item counts
+            by_items = config.normalization == "items"
+            normalized = loss_sum / window_items if by_items else loss / k
+            fault.scale(normalized, k).backward()
+            rec.micro(loss, items=items, batch=(inputs, targets))
             if fault.clip_each_micro:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if fault.step_each_micro and micro < k - 1:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from . import tinylm
 from .config import TrainConfig
 
 FEATURES = 784
@@ -25,6 +28,28 @@ class Batches:
     def micro_batch(self, index: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = slice(index * size, (index + 1) * size)
         return self.inputs[rows], self.targets[rows]
+
+
+@dataclass(frozen=True)
+class Task:
+    """How a model's outputs become a loss: a sum over items, and the number of items."""
+
+    loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    items: Callable[[torch.Tensor], int]
+
+
+CLASSIFICATION = Task(
+    lambda logits, targets: F.cross_entropy(logits, targets, reduction="sum"),
+    lambda targets: int(targets.shape[0]),
+)
+NEXT_TOKEN = Task(
+    lambda logits, targets: tinylm.token_loss_sum(logits, targets)[0],
+    lambda targets: int((targets != tinylm.IGNORE_INDEX).sum()),
+)
+
+
+def build_task(config: TrainConfig) -> Task:
+    return NEXT_TOKEN if config.model == "tiny-lm" else CLASSIFICATION
 
 
 def classification_data(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -73,13 +98,21 @@ def build_model(config: TrainConfig) -> nn.Module:
         return _mlp(config, 0.0)
     if config.model == "mlp-dropout":
         return _mlp(config, config.dropout)
+    if config.model == "tiny-lm":
+        return tinylm.TinyLM(max(16, config.hidden // 4), 2, 4, config.dropout)
     return _cnn(config, "bn" if config.model == "cnn-bn" else "gn")
 
 
 def build_data(config: TrainConfig, device: torch.device, dtype: torch.dtype) -> Batches:
     """Exactly the samples the run consumes: `updates` batches of `batch_size` rows."""
     seed = config.seed if config.samples_seed is None else config.samples_seed
-    inputs, targets = classification_data(config.batch_size * config.updates, seed)
+    samples = config.batch_size * config.updates
+    if config.model == "tiny-lm":
+        tokens, next_tokens = tinylm.token_data(samples, seed)
+        return Batches(
+            torch.from_numpy(tokens).to(device), torch.from_numpy(next_tokens).to(device)
+        )
+    inputs, targets = classification_data(samples, seed)
     return Batches(
         torch.from_numpy(inputs).to(device=device, dtype=dtype),
         torch.from_numpy(targets).to(device),

@@ -202,3 +202,19 @@ def test_selftest_table_marks_a_wrong_case():
     render_selftest([wrong], console)
     text = console.export_text()
     assert not wrong.ok and "WRONG" in text and "1 wrong" in text
+
+
+@pytest.mark.parametrize(("loss_norm", "codes"), [("items", []), ("mean", ["token-normalization"])])
+def test_token_normalization_on_tiny_lm(tmp_path, loss_norm, codes):
+    """Padded sequences give micro-batches unequal token counts: only `items` is right."""
+    config = TrainConfig(model="tiny-lm", hidden=64, updates=3, batch_size=32, loss_norm=loss_norm)
+    ref = read_run_dir(train(config.replace(accum_steps=1, dtype="float64"), tmp_path / "r"))
+    base = read_run_dir(train(config.replace(accum_steps=1), tmp_path / "b"))
+    merged = read_run_dir(train(config, tmp_path / "m"))
+    result = compare(base, merged, reference=ref)
+    assert errors(result) == codes
+    assert result.verdict == ("fail" if codes else "pass")
+    if codes:
+        evidence = result.diagnosis[0].evidence
+        assert len(set(evidence["items_per_micro_batch"])) > 1
+        assert 0 < evidence["grad_rel_l2"] <= 2 * evidence["max_weight_error"]
