@@ -21,6 +21,7 @@ DTYPES = ("float32", "float64")
 MODELS = ("mlp", "mlp-dropout", "cnn-bn", "cnn-gn", "tiny-lm")
 LOSS_NORMS = ("items", "mean")
 REFERENCES = ("fp64", "none")
+ENTRY_POINT_KEYS = ("model", "data", "loss")  # may name the user's own code as module:attribute
 DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3, "adamw": 1e-3}
 
 
@@ -32,7 +33,7 @@ def _opt(help_text: str, choices: tuple[str, ...] | None = None, **kw: Any) -> A
 class TrainConfig:
     """One training run of the built-in trainer. YAML keys and CLI options share these names."""
 
-    model: str = _opt("built-in model", MODELS, default="mlp")
+    model: str = _opt("built-in model, or your own as module:factory", MODELS, default="mlp")
     batch_size: int = _opt("baseline batch size B (the merged run uses B/K)", default=128)
     updates: int = _opt("optimizer updates N", default=12)
     accum_steps: int = _opt("micro-steps per update K of the merged run", default=4)
@@ -48,6 +49,12 @@ class TrainConfig:
     clip_norm: float | None = _opt("clip the merged gradient to this total norm", default=None)
     hidden: int = _opt("hidden width of the MLP (the CNNs: hidden/8 channels)", default=256)
     dropout: float = _opt("dropout probability of mlp-dropout and tiny-lm", default=0.1)
+    data: str | None = _opt(
+        "your own data, module:factory(samples, seed) -> (inputs, targets)", default=None
+    )
+    loss: str | None = _opt(
+        "your own loss, module:fn(outputs, targets) -> (summed loss, item count)", default=None
+    )
     loss_norm: str | None = _opt(
         "items: window loss sum / window items (default for tiny-lm); mean: each micro-batch's "
         "mean / K (default otherwise; wrong when item counts differ)",
@@ -110,6 +117,10 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         if not math.isfinite(value):
             raise BadInput(f"{where}: {name} must be finite, got {value!r}")
     choices = FIELDS[name].metadata["choices"]
+    if name in ENTRY_POINT_KEYS and (":" in value or name != "model"):
+        if ":" not in value:
+            raise BadInput(f"{where}: {name} must be module:attribute, got {value!r}")
+        return value
     if choices and value not in choices:
         raise BadInput(f"{where}: {name} must be one of {', '.join(choices)}; got {value!r}")
     return value

@@ -14,7 +14,7 @@ from .config import TrainConfig
 from .errors import BadInput
 from .faults import NONE, Fault
 from .recorder import Recorder, environment, model_facts
-from .zoo import Batches, Task, build_data, build_model, build_task
+from .zoo import Batches, LossFn, build_data, build_loss, build_model
 
 Progress = Callable[[int], None]
 
@@ -69,7 +69,7 @@ class Training:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     data: Batches
-    task: Task
+    loss: LossFn  # (summed loss, item count) of a batch
 
 
 def setup(config: TrainConfig) -> Training:
@@ -81,12 +81,17 @@ def setup(config: TrainConfig) -> Training:
     optimizer = build_optimizer(config, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: lr_factor(config, u))
     data = build_data(config, device, dtype)
-    return Training(config, model, optimizer, scheduler, data, build_task(config))
+    return Training(config, model, optimizer, scheduler, data, build_loss(config))
 
 
 def preflight(config: TrainConfig) -> tuple[dict, dict]:
-    """The model's structure facts and the numerical settings, before any training."""
+    """The model's structure facts and the numerical settings, before any training; the model,
+    data and loss are built and run once on the first micro-batch, so that a mistake in the
+    user's own code stops the command before anything is written."""
     t = setup(config)
+    with torch.no_grad():
+        inputs, targets = t.data.micro_batch(0, config.micro_batch_size)
+        t.loss(t.model(inputs), targets)
     first = next(t.model.parameters())
     return model_facts(t.model), environment(first.device, first.dtype)
 
@@ -98,28 +103,34 @@ def run_loop(
 
     `fault` injects one known bug (faults.py); every `fault.` line is a no-op when it is NONE.
     """
-    model, optimizer, config, task = t.model, t.optimizer, t.config, t.task
+    model, optimizer, config = t.model, t.optimizer, t.config
     k, micro_size = config.accum_steps, config.micro_batch_size
     order, clip = fault.micro_order(config), config.clip_norm
+    by_items = config.normalization == "items"  # else each micro-batch's mean / K
     for update in range(config.updates):
-        window = [t.data.micro_batch(order[update * k + m], micro_size) for m in range(k)]
-        window_items = sum(task.items(targets) for _, targets in window)
-        for micro, (inputs, targets) in enumerate(window):
+        window_items = 0
+        for micro in range(k):
+            step = update * k + micro
             if fault.zero_grad_each_micro:
                 optimizer.zero_grad(set_to_none=True)
             if fault.reseed_each_micro:
-                torch.manual_seed(config.seed + 1000 + update * k + micro)
-            loss_sum, items = task.loss_sum(model(inputs), targets), task.items(targets)
+                torch.manual_seed(config.seed + 1000 + step)
+            inputs, targets = t.data.micro_batch(order[step], micro_size)
+            loss_sum, items = t.loss(model(inputs), targets)
             loss = loss_sum / items  # this micro-batch's own mean, as recorded
-            # items: the whole window's mean, in parts; mean: right only for equal item counts
-            by_items = config.normalization == "items"
-            normalized = loss_sum / window_items if by_items else loss / k
-            fault.scale(normalized, k).backward()
+            window_items += items
+            # items: sum now, divide the window's gradient by its item count below;
+            # mean: right only when every micro-batch holds as many items
+            fault.scale(loss_sum if by_items else loss / k, k).backward()
             rec.micro(loss, items=items, batch=(inputs, targets))
             if fault.clip_each_micro:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if fault.step_each_micro and micro < k - 1:
                 optimizer.step()
+        if by_items:
+            for param in model.parameters():
+                if param.grad is not None:
+                    param.grad.div_(window_items)
         pre_clip = (
             None if clip is None else torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         )

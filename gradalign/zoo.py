@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import tinylm
+from . import entrypoints, tinylm
 from .config import TrainConfig
 
 FEATURES = 784
@@ -30,26 +30,19 @@ class Batches:
         return self.inputs[rows], self.targets[rows]
 
 
-@dataclass(frozen=True)
-class Task:
-    """How a model's outputs become a loss: a sum over items, and the number of items."""
-
-    loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    items: Callable[[torch.Tensor], int]
+LossFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]
 
 
-CLASSIFICATION = Task(
-    lambda logits, targets: F.cross_entropy(logits, targets, reduction="sum"),
-    lambda targets: int(targets.shape[0]),
-)
-NEXT_TOKEN = Task(
-    lambda logits, targets: tinylm.token_loss_sum(logits, targets)[0],
-    lambda targets: int((targets != tinylm.IGNORE_INDEX).sum()),
-)
+def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Summed cross entropy over the batch's samples, and the number of samples."""
+    return F.cross_entropy(logits, targets, reduction="sum"), int(targets.shape[0])
 
 
-def build_task(config: TrainConfig) -> Task:
-    return NEXT_TOKEN if config.model == "tiny-lm" else CLASSIFICATION
+def build_loss(config: TrainConfig) -> LossFn:
+    """(summed loss, item count) for a batch: the user's `loss`, else the model's own."""
+    if entrypoints.is_entry_point(config.loss):
+        return entrypoints.loss_function(config.loss)
+    return tinylm.token_loss_sum if config.model == "tiny-lm" else classification_loss
 
 
 def classification_data(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,6 +87,8 @@ def _cnn(config: TrainConfig, norm: str) -> nn.Module:
 def build_model(config: TrainConfig) -> nn.Module:
     """The model named by `config.model`, initialised from `config.seed` on the CPU."""
     torch.manual_seed(config.seed)
+    if entrypoints.is_entry_point(config.model):
+        return entrypoints.build_model(config.model)
     if config.model == "mlp":
         return _mlp(config, 0.0)
     if config.model == "mlp-dropout":
@@ -107,6 +102,11 @@ def build_data(config: TrainConfig, device: torch.device, dtype: torch.dtype) ->
     """Exactly the samples the run consumes: `updates` batches of `batch_size` rows."""
     seed = config.seed if config.samples_seed is None else config.samples_seed
     samples = config.batch_size * config.updates
+    if entrypoints.is_entry_point(config.data):
+        inputs, targets = entrypoints.build_data(config.data, samples, seed)
+        if inputs.is_floating_point():
+            inputs = inputs.to(dtype)
+        return Batches(inputs.to(device), targets.to(device))
     if config.model == "tiny-lm":
         tokens, next_tokens = tinylm.token_data(samples, seed)
         return Batches(

@@ -1,0 +1,123 @@
+"""Your own model, data and loss for the built-in trainer, named as `module:attribute`.
+
+    model: mypkg.nets:make_model   # make_model() -> torch.nn.Module (torch is seeded first)
+    data:  mypkg.data:make_data    # make_data(samples: int, seed: int) -> (inputs, targets)
+    loss:  mypkg.losses:loss_sum   # loss_sum(outputs, targets) -> (summed loss, item count)
+
+`module` is an importable module (the working directory is on the path) or a file path ending in
+`.py`. Every mistake (a missing module or attribute, a wrong return type) is a one-line error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import BadInput
+
+
+def is_entry_point(value: str | None) -> bool:
+    return value is not None and ":" in value
+
+
+def load(spec: str, what: str) -> Callable[..., Any]:
+    """The callable named by `module:attribute` (or `path/file.py:attribute`)."""
+    module_name, _, attribute = spec.rpartition(":")
+    if not module_name or not attribute:
+        raise BadInput(f"{what} {spec!r}: expected module:attribute")
+    module = _import(module_name, what, spec)
+    try:
+        target = getattr(module, attribute)
+    except AttributeError:
+        raise BadInput(f"{what} {spec!r}: module {module_name} has no {attribute!r}") from None
+    if not callable(target):
+        raise BadInput(f"{what} {spec!r}: {attribute} is not callable")
+    return target
+
+
+def _import(module_name: str, what: str, spec: str):
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise BadInput(f"{what} {spec!r}: no such file {path}")
+            name = f"gradalign_user_{path.stem}"
+            loader = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(loader)  # type: ignore[arg-type]
+            loader.loader.exec_module(module)  # type: ignore[union-attr]
+            return module
+        if str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))
+        return importlib.import_module(module_name)
+    except BadInput:
+        raise
+    except ModuleNotFoundError as exc:
+        raise BadInput(f"{what} {spec!r}: cannot import {exc.name}") from None
+    except Exception as exc:  # the user's module failed while importing
+        raise BadInput(
+            f"{what} {spec!r}: importing it raised {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _call(fn: Callable[..., Any], what: str, spec: str, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except BadInput:
+        raise
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        text = text if len(text) <= 160 else text[:157] + "..."
+        raise BadInput(f"{what} {spec!r} raised {type(exc).__name__}: {text}") from None
+
+
+def build_model(spec: str) -> torch.nn.Module:
+    model = _call(load(spec, "model"), "model", spec)
+    if not isinstance(model, torch.nn.Module):
+        raise BadInput(f"model {spec!r} must return a torch.nn.Module, got {type(model).__name__}")
+    if not any(True for _ in model.parameters()):
+        raise BadInput(f"model {spec!r} returned a module without parameters")
+    return model
+
+
+def build_data(spec: str, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`samples` rows of (inputs, targets) from the user's factory, as tensors."""
+    result = _call(load(spec, "data"), "data", spec, samples, seed)
+    if not (isinstance(result, tuple | list) and len(result) == 2):
+        raise BadInput(f"data {spec!r} must return (inputs, targets), got {type(result).__name__}")
+    tensors = []
+    for name, value in zip(("inputs", "targets"), result, strict=True):
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(np.ascontiguousarray(value))
+        if not isinstance(value, torch.Tensor):
+            raise BadInput(f"data {spec!r}: {name} must be a tensor or numpy array")
+        if value.dim() == 0 or value.shape[0] < samples:
+            raise BadInput(
+                f"data {spec!r}: {name} has {value.shape[0] if value.dim() else 0} rows; "
+                f"the run needs {samples} (batch_size x updates)"
+            )
+        tensors.append(value[:samples])
+    return tensors[0], tensors[1]
+
+
+def loss_function(spec: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]:
+    """The user's loss, checked on every call: (a scalar summed loss, a positive item count)."""
+    fn = load(spec, "loss")
+
+    def checked(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int]:
+        result = _call(fn, "loss", spec, outputs, targets)
+        ok = isinstance(result, tuple | list) and len(result) == 2
+        if not ok or not isinstance(result[0], torch.Tensor) or result[0].numel() != 1:
+            raise BadInput(f"loss {spec!r} must return (summed loss tensor, item count)")
+        items = int(result[1])
+        if items < 1:
+            raise BadInput(f"loss {spec!r} returned an item count of {items}")
+        return result[0].reshape(()), items
+
+    return checked
