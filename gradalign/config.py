@@ -43,6 +43,10 @@ class TrainConfig:
         "learning rate (default: 0.1 for sgd, 1e-3 for adam/adamw)", default=None
     )
     momentum: float = _opt("SGD momentum", default=0.0)
+    nesterov: bool = _opt("SGD Nesterov momentum (needs momentum > 0)", default=False)
+    beta1: float = _opt("Adam/AdamW beta1", default=0.9)
+    beta2: float = _opt("Adam/AdamW beta2", default=0.999)
+    eps: float = _opt("Adam/AdamW epsilon", default=1e-8)
     weight_decay: float = _opt("weight decay", default=0.0)
     scheduler: str = _opt("lr schedule, stepped once per update", SCHEDULERS, default="constant")
     warmup_updates: int = _opt("linear warmup updates before the schedule", default=0)
@@ -106,7 +110,8 @@ def _coerce(name: str, value: Any, where: str) -> Any:
             return None
         raise BadInput(f"{where}: {name} must be set (got null)")
     ok = (
-        (kind is int and isinstance(value, int) and not isinstance(value, bool))
+        (kind is bool and isinstance(value, bool))
+        or (kind is int and isinstance(value, int) and not isinstance(value, bool))
         or (kind is float and isinstance(value, int | float) and not isinstance(value, bool))
         or (kind is str and isinstance(value, str))
     )
@@ -158,6 +163,13 @@ def _check_ranges(c: TrainConfig, where: str) -> None:
         raise BadInput(f"{where}: clip_norm must be positive, got {c.clip_norm}")
     if not 0 <= c.dropout < 1:
         raise BadInput(f"{where}: dropout must be in [0, 1), got {c.dropout}")
+    if c.nesterov and c.momentum <= 0:
+        raise BadInput(f"{where}: nesterov needs momentum > 0")
+    for name in ("beta1", "beta2"):
+        if not 0 <= getattr(c, name) < 1:
+            raise BadInput(f"{where}: {name} must be in [0, 1), got {getattr(c, name)}")
+    if c.eps <= 0:
+        raise BadInput(f"{where}: eps must be positive, got {c.eps}")
     for name in ("momentum", "weight_decay", "warmup_updates"):
         if getattr(c, name) < 0:
             raise BadInput(f"{where}: {name} must not be negative, got {getattr(c, name)}")

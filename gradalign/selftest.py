@@ -28,6 +28,8 @@ SETUPS: dict[str, dict[str, Any]] = {
     "sgd-momentum": {"momentum": 0.9},
     "adam": {"optimizer": "adam"},
     "adamw": {"optimizer": "adamw", "weight_decay": 0.01},
+    "sgd-nesterov-wd": {"momentum": 0.9, "nesterov": True, "weight_decay": 1e-3},
+    "adamw-betas": {"optimizer": "adamw", "beta1": 0.8, "beta2": 0.95, "eps": 1e-6},
     **{
         f"{name}+cosine+clip": {**values, **SCHEDULE_AND_CLIP}
         for name, values in {

@@ -41,10 +41,11 @@ def make_deterministic() -> None:
 def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     params, lr, wd = model.parameters(), config.learning_rate, config.weight_decay
     if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=wd)
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
+        return torch.optim.SGD(
+            params, lr=lr, momentum=config.momentum, nesterov=config.nesterov, weight_decay=wd
+        )
+    kind = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
+    return kind(params, lr=lr, betas=(config.beta1, config.beta2), eps=config.eps, weight_decay=wd)
 
 
 def lr_factor(config: TrainConfig, update: int) -> float:
