@@ -43,7 +43,7 @@ VARIANTS = ("plain", "recorded")
 class NoRecorder:
     """Takes the loop's calls and does nothing with them."""
 
-    def micro(self, loss: Any, items: Any = None) -> None:
+    def micro(self, loss: Any, items: Any = None, batch: Any = None) -> None:
         pass
 
     def grads(self, pre_clip_norm: Any = None) -> None:

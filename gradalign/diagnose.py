@@ -4,7 +4,8 @@ Each signature reads only what both runs recorded: bookkeeping (weight digests i
 optimizer step counts, learning rates), sample digests, the model's structure facts, losses and
 the accumulated gradients. Bookkeeping, data and structure signatures are decisive and may
 co-occur; the gradient-shape signatures (loss scale, token normalization, clipping, zero_grad)
-are tried only when none of those explains the run. When nothing fits, the diagnosis says "unexplained" with the evidence.
+are tried only when none of those explains the run. When nothing fits, the diagnosis says
+"unexplained" with the evidence.
 """
 
 from __future__ import annotations
