@@ -24,6 +24,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.dropout_rng,
 ]
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
+    sig.grad_accum_dtype,
     sig.loss_scale,
     sig.token_normalization,
     sig.clip_per_micro,

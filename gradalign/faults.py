@@ -33,6 +33,7 @@ class Fault:
     clip_each_micro: bool = False
     shuffle_micro_batches: bool = False
     reseed_each_micro: bool = False
+    accumulate_in: torch.dtype | None = None  # a low-precision gradient accumulation buffer
     needs: Callable[[TrainConfig], str | None] = lambda config: None  # why it cannot show
 
     def scheduler_steps(self, k: int) -> int:
@@ -116,6 +117,12 @@ FAULTS: dict[str, Fault] = {
             "the merged run reads the micro-batches in a shuffled order",
             "data-order",
             shuffle_micro_batches=True,
+        ),
+        Fault(
+            "bf16-accum",
+            "micro-batch gradients are accumulated in a bfloat16 buffer",
+            "grad-accum-dtype",
+            accumulate_in=torch.bfloat16,
         ),
         Fault(
             "dropout-reseed",

@@ -149,6 +149,7 @@ class Recorder:
         self._steps: list[int] = []
         self._state_steps: list[int] = []
         self._grad_updates: list[int] = []
+        self._grad_dtypes: set[str] = set()
         self._pre_clip: list[float] = []
         self._window_lr = float("nan")
         self._window_steps = 0
@@ -195,6 +196,9 @@ class Recorder:
         update = len(self._update_state)
         if self._grad_updates and self._grad_updates[-1] == update:
             raise RecorderError("grads() called twice for the same update")
+        self._grad_dtypes.update(
+            _dtype(tensor.grad) for tensor, _, _ in self._named.values() if tensor.grad is not None
+        )
         grads = {
             name: to_numpy(tensor.grad) if tensor.grad is not None else np.zeros(shape, np.float32)
             for name, (tensor, kind, shape) in self._named.items()
@@ -321,6 +325,8 @@ class Recorder:
             "fault": self.fault,
             "model": self._model_facts,
         }
+        if self._grad_dtypes:
+            manifest["grad_dtype"] = "+".join(sorted(self._grad_dtypes))
         if self.reference is not None:
             manifest["reference"] = self.reference
         return series, manifest

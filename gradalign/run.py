@@ -60,6 +60,7 @@ class Run:
     fault: str | None = None  # a label for readers; the judge never looks at it
     model_facts: dict = field(default_factory=dict)  # {"batchnorm": [...], "dropout": [...]}
     reference: str | None = None  # path of a more precise rerun of this training, if recorded
+    grad_dtype: str | None = None  # dtype of the gradients handed to the optimizer
     load_init_weights: Callable[[], Tensors] | None = None
     load_weights: Callable[[int], Tensors] | None = None
     load_grads: Callable[[int], Tensors] | None = None

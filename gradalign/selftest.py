@@ -72,6 +72,7 @@ CASES: list[Case] = [
     Case("sgd+cosine+clip", "clip-every-micro"),
     Case("adamw+cosine+clip", "clip-every-micro"),
     Case("sgd", "data-order"),
+    Case("adam", "bf16-accum"),
     Case("mlp-dropout", "dropout-reseed"),
 ]
 

@@ -257,6 +257,54 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
 
 
+def _representable_share(grads: dict[str, np.ndarray], narrow: str) -> float:
+    """The share of nonzero gradient values that `narrow` (float16 or bfloat16) holds exactly."""
+    total = exact = 0
+    for g in grads.values():
+        values = np.asarray(g, dtype=np.float32).ravel()
+        values = values[values != 0]
+        if narrow == "float16":
+            kept = values.astype(np.float16).astype(np.float32)
+        else:  # bfloat16: the float32 with its low 16 bits cleared
+            kept = (values.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+        exact += int(np.count_nonzero(kept == values))
+        total += values.size
+    return exact / total if total else 0.0
+
+
+def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Gradients accumulated in a 16-bit buffer: every merged gradient value fits that format
+    exactly (its last mantissa bits are zero) while the baseline's do not."""
+    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
+    if gb is None or gm is None:
+        return None
+    for name in ("float16", "bfloat16"):
+        merged_share = _representable_share(gm, name)
+        base_share = _representable_share(gb, name)
+        if merged_share == 1.0 and base_share < 0.5:
+            error = _relative_gradient_error(c, r.update)
+            return Diagnosis(
+                "grad-accum-dtype",
+                f"at update {r.update} every merged gradient value is exactly a {name} number "
+                f"(baseline: {base_share:.1%} of them), and the gradient is {error:.3g} off "
+                f"(relative L2): the micro-batch gradients were accumulated in {name}",
+                {
+                    "update": r.update,
+                    "accumulation_dtype": name,
+                    "merged_share_exact": merged_share,
+                    "baseline_share_exact": base_share,
+                    "grad_rel_l2": finite(error),
+                    "recorded_grad_dtype": {
+                        "merged": c.merged.grad_dtype,
+                        "baseline": c.baseline.grad_dtype,
+                    },
+                },
+                "accumulate gradients in float32 (keep .grad, or a float32 master copy, in "
+                "float32 under mixed precision) and cast only the weights to 16 bits",
+            )
+    return None
+
+
 def _relative_gradient_error(c: Comparison, update: int) -> float | None:
     gb, gm = c.baseline.grads(update), c.merged.grads(update)
     if gb is None or gm is None:

@@ -251,6 +251,9 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         fault=manifest.get("fault"),
         model_facts=_model_facts(manifest.get("model"), where),
         reference=_reference(manifest.get("reference"), path, where),
+        grad_dtype=manifest.get("grad_dtype")
+        if isinstance(manifest.get("grad_dtype"), str)
+        else None,
         load_init_weights=loader(lambda _: weights_file(None), expected),
         load_weights=loader(weights_file, expected),
         load_grads=loader(grads_file, params) if has_grads else None,

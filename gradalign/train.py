@@ -124,6 +124,8 @@ def run_loop(
             # mean: right only when every micro-batch holds as many items
             fault.scale(loss_sum if by_items else loss / k, k).backward()
             rec.micro(loss, items=items, batch=(inputs, targets))
+            if fault.accumulate_in is not None:
+                _accumulate_low(model, fault.accumulate_in, last=micro == k - 1)
             if fault.clip_each_micro:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if fault.step_each_micro and micro < k - 1:
@@ -143,6 +145,22 @@ def run_loop(
         optimizer.zero_grad(set_to_none=True)
         if progress is not None:
             progress(update)
+
+
+def _accumulate_low(model: torch.nn.Module, dtype: torch.dtype, last: bool) -> None:
+    """Move this micro-step's gradient into a `dtype` accumulation buffer (the bf16-accum bug);
+    after the window's last micro-step the buffer becomes the gradient again."""
+    for param in model.parameters():
+        if param.grad is None:
+            continue
+        buffer = getattr(param, "_low_buffer", None)
+        total = param.grad.to(dtype) if buffer is None else (buffer + param.grad.to(dtype))
+        if last:
+            param.grad = total.to(param.dtype)
+            param._low_buffer = None
+        else:
+            param._low_buffer = total
+            param.grad = None
 
 
 def reference_path(out_dir: str | os.PathLike[str]) -> Path:

@@ -30,6 +30,7 @@ BUGS = {  # the bug a user's loop may have -> the diagnosis code the judge must 
     "clip-every-micro": "clip-per-micro",
     "data-order": "data-order",
     "dropout-reseed": "dropout-rng",
+    "bf16-accum": "grad-accum-dtype",
 }
 
 
@@ -77,6 +78,12 @@ def user_loop(
                     "loss-plus-scaled": loss + loss / k,
                 }.get(bug or "", loss / k)
                 scaled.backward()
+                if bug == "bf16-accum":  # keep the running sum in a bfloat16 buffer
+                    for p in model.parameters():
+                        low = p.grad.bfloat16()
+                        if getattr(p, "low", None) is not None:
+                            low = low + p.low
+                        p.low, p.grad = (None, low.float()) if j == k - 1 else (low, None)
                 rec.micro(loss, batch=(x[rows], y[rows]))
                 if bug == "clip-every-micro":
                     nn.utils.clip_grad_norm_(model.parameters(), clip)
