@@ -49,7 +49,7 @@ class NoRecorder:
     def grads(self, pre_clip_norm: Any = None) -> None:
         pass
 
-    def update(self) -> None:
+    def update(self, loss_scale: Any = None) -> None:
         pass
 
 

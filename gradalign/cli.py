@@ -178,12 +178,12 @@ def _train(
 
 def _record_baseline(config: TrainConfig, out: Path, reference: str) -> Path:
     """The baseline (K=1) and, unless `reference` is none, its float64 rerun beside it."""
-    from .train import reference_path
+    from .train import reference_config, reference_path
 
     link = None
-    if reference == "fp64" and config.dtype != "float64":
+    if reference == "fp64" and config.param_dtype != "float64":
         ref_dir = reference_path(out)
-        _train(config.replace(accum_steps=1, dtype="float64"), ref_dir, "reference (fp64)")
+        _train(reference_config(config), ref_dir, "reference (fp64)")
         link = f"../{ref_dir.name}"
     return _train(config.replace(accum_steps=1), out, "baseline", reference=link)
 

@@ -30,9 +30,11 @@ def compare(
     starts = check_compatible(base, merged)
     if reference is not None:
         check_reference(base, merged, reference, starts)
-    dtype = least_precise([base.dtype, merged.dtype])
+    dtype = least_precise([base.compute_dtype, merged.compute_dtype])
     tol = for_dtype(dtype, overrides)
-    judge = _Judge(base, merged, reference, tol, eps(dtype), starts)
+    # The floor is rounding of the stored values: the parameters' dtype, not autocast's.
+    storage = least_precise([base.dtype, merged.dtype])
+    judge = _Judge(base, merged, reference, tol, eps(storage), starts)
     changes = inside_window_changes(merged)
     results = []
     for i in range(base.updates):
@@ -149,6 +151,12 @@ def _judge_bookkeeping(result: UpdateResult, base: Run, merged: Run) -> None:
         if sb != sm:
             result.problems.append(
                 ("optimizer_steps", f"{sm} optimizer step(s) in merged, {sb} in baseline")
+            )
+    if base.loss_scale is not None and merged.loss_scale is not None:
+        cb, cm = float(base.loss_scale[i]), float(merged.loss_scale[i])
+        if cb != cm:
+            result.problems.append(
+                ("loss_scale", f"loss scale {cm:g} in merged, {cb:g} in baseline")
             )
     if base.state_step is not None and merged.state_step is not None:
         sb, sm = int(base.state_step[i]), int(merged.state_step[i])

@@ -18,6 +18,16 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "linear", "cosine")
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("float32", "float64")
+PRECISIONS = ("fp32", "bf16", "fp16")
+# The seed's levels (apex's opt_levels) in PyTorch terms: (autocast precision, parameter dtype).
+# O1 and O2 both become autocast to float16 with float32 weights and a GradScaler: PyTorch has no
+# fp16-weights-with-fp32-master mode, and recommends autocast where apex used O2. O3 is pure fp16.
+AMP_LEVELS = {
+    "O0": ("fp32", None),
+    "O1": ("fp16", None),
+    "O2": ("fp16", None),
+    "O3": ("fp32", "float16"),
+}
 MODELS = ("mlp", "mlp-dropout", "cnn-bn", "cnn-gn", "tiny-lm")
 LOSS_NORMS = ("items", "mean")
 REFERENCES = ("fp64", "none")
@@ -68,6 +78,21 @@ class TrainConfig:
     samples_seed: int | None = _opt("seed of the built-in data (default: seed)", default=None)
     device: str = _opt("cpu, cuda or auto", DEVICES, default="cpu")
     dtype: str = _opt("parameter dtype", DTYPES, default="float32")
+    precision: str = _opt(
+        "compute precision: fp32, or autocast to bf16 / fp16 (fp16 with a GradScaler)",
+        PRECISIONS,
+        default="fp32",
+    )
+    round_to: str | None = _opt(
+        "round initial weights and inputs to this dtype first (a float64 reference of an O3 run)",
+        ("float16",),
+        default=None,
+    )
+    amp_level: str | None = _opt(
+        "O0 fp32; O1/O2 autocast fp16 + GradScaler; O3 pure fp16 weights",
+        tuple(AMP_LEVELS),
+        default=None,
+    )
 
     @property
     def micro_batch_size(self) -> int:
@@ -79,6 +104,16 @@ class TrainConfig:
         if self.loss_norm is not None:
             return self.loss_norm
         return "items" if self.model == "tiny-lm" else "mean"
+
+    @property
+    def compute(self) -> str:
+        """The compute precision in effect (amp_level, else precision)."""
+        return AMP_LEVELS[self.amp_level][0] if self.amp_level else self.precision
+
+    @property
+    def param_dtype(self) -> str:
+        """The parameter dtype in effect (O3 means float16 weights)."""
+        return (AMP_LEVELS[self.amp_level][1] if self.amp_level else None) or self.dtype
 
     @property
     def learning_rate(self) -> float:
@@ -163,6 +198,10 @@ def _check_ranges(c: TrainConfig, where: str) -> None:
         raise BadInput(f"{where}: clip_norm must be positive, got {c.clip_norm}")
     if not 0 <= c.dropout < 1:
         raise BadInput(f"{where}: dropout must be in [0, 1), got {c.dropout}")
+    if c.amp_level is not None and c.precision != "fp32":
+        raise BadInput(f"{where}: give amp_level or precision, not both")
+    if c.compute != "fp32" and c.dtype == "float64":
+        raise BadInput(f"{where}: precision {c.compute} needs dtype float32")
     if c.nesterov and c.momentum <= 0:
         raise BadInput(f"{where}: nesterov needs momentum > 0")
     for name in ("beta1", "beta2"):

@@ -125,6 +125,7 @@ class Recorder:
         *,
         fault: str | None = None,
         reference: str | None = None,
+        compute_dtype: str | None = None,
     ) -> None:
         if not isinstance(accum_steps, int) or accum_steps < 1:
             raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
@@ -139,6 +140,8 @@ class Recorder:
             raise RecorderError("the model has no parameters to record")
         first = next(iter(self._named.values()))[0]
         self._env = environment(first.device, first.dtype)
+        if compute_dtype is not None:
+            self._env["compute_dtype"] = compute_dtype
         self._writer = RunWriter(out_dir)
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
@@ -148,6 +151,7 @@ class Recorder:
         self._lr: list[float] = []
         self._steps: list[int] = []
         self._state_steps: list[int] = []
+        self._loss_scales: list[float] = []
         self._grad_updates: list[int] = []
         self._grad_dtypes: set[str] = set()
         self._pre_clip: list[float] = []
@@ -209,8 +213,11 @@ class Recorder:
         if pre_clip_norm is not None:
             self._pre_clip.append(float(pre_clip_norm))
 
-    def update(self) -> None:
-        """Record the end of one accumulation window; call after `optimizer.step()`."""
+    def update(self, loss_scale: float | None = None) -> None:
+        """Record the end of one accumulation window; call after `optimizer.step()`.
+
+        `loss_scale`: the GradScaler's scale used in this window (`scaler.get_scale()` before
+        `scaler.update()`), if the loop scales its loss."""
         self._check_open()
         update = len(self._update_state)
         seen = len(self._losses) - update * self.accum_steps
@@ -223,6 +230,8 @@ class Recorder:
         self._lr.append(self._window_lr)
         self._steps.append(self._window_steps)
         self._state_steps.append(self._optimizer_state_step())
+        if loss_scale is not None:
+            self._loss_scales.append(float(loss_scale))
         self._window_lr, self._window_steps = float("nan"), 0
 
     def close(self) -> Path | None:
@@ -308,6 +317,8 @@ class Recorder:
             series["micro/items"] = np.asarray(self._items, dtype=np.float64)
         if self._data:
             series["micro/data"] = np.asarray(self._data, dtype=np.int64)
+        if self._loss_scales and len(self._loss_scales) == updates:
+            series["update/loss_scale"] = np.asarray(self._loss_scales, dtype=np.float64)
         if any(step >= 0 for step in self._state_steps):
             series["update/state_step"] = np.asarray(self._state_steps, dtype=np.int64)
         if self._pre_clip and len(self._pre_clip) == updates:

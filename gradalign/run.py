@@ -52,6 +52,7 @@ class Run:
     optimizer_steps: np.ndarray | None = None  # int64 [N], optimizer.step() calls during update i
     state_step: np.ndarray | None = None  # int64 [N], the optimizer's own step counter after i
     grad_norm_pre_clip: np.ndarray | None = None  # float64 [N], total norm before clipping
+    loss_scale: np.ndarray | None = None  # float64 [N], a GradScaler's scale in window i
     printed_window_loss: np.ndarray | None = None  # float64 [N], a mean the source printed itself
     loss_resolution: float = 0.0  # quantum of printed losses (0 for exact records)
     weight_resolution: float = 0.0  # quantum of printed weights (0 for exact records)
@@ -87,6 +88,11 @@ class Run:
         """The run's working precision: environment.dtype, else the first parameter's dtype."""
         params = [t.dtype for t in self.tensors if t.kind == "param"]
         return self.environment.get("dtype") or (params[0] if params else "float32")
+
+    @property
+    def compute_dtype(self) -> str:
+        """The precision the run computed in (autocast), else its parameter dtype."""
+        return self.environment.get("compute_dtype") or self.dtype
 
     def window_sums(self, series: np.ndarray) -> np.ndarray:
         """A per-micro-step int64 series summed over each window (wrapping like the digests)."""

@@ -20,7 +20,7 @@ from .errors import BadInput
 from .faults import FAULTS
 from .results import FAIL, PASS
 from .store import read_run_dir
-from .train import reference_path, train
+from .train import reference_config, reference_path, train
 
 SCHEDULE_AND_CLIP = {"scheduler": "cosine", "warmup_updates": 2, "clip_norm": 0.5}
 SETUPS: dict[str, dict[str, Any]] = {
@@ -39,6 +39,9 @@ SETUPS: dict[str, dict[str, Any]] = {
             "adamw": {"optimizer": "adamw", "weight_decay": 0.01},
         }.items()
     },
+    "bf16": {"precision": "bf16"},
+    "fp16-adamw": {"precision": "fp16", "optimizer": "adamw", "weight_decay": 0.01},
+    "O3-sgd": {"amp_level": "O3"},
     "mlp-dropout": {"model": "mlp-dropout"},
     "cnn-gn": {"model": "cnn-gn"},
     "cnn-bn": {"model": "cnn-bn"},
@@ -113,7 +116,7 @@ def run_selftest(out: Path, log: Console, cases: list[Case] | None = None) -> li
         if case.setup not in recorded:
             recorded.add(case.setup)
             ref = reference_path(base)
-            train(config.replace(accum_steps=1, dtype="float64"), ref)
+            train(reference_config(config), ref)
             train(config.replace(accum_steps=1), base, reference=f"../{ref.name}")
         fault = FAULTS[case.fault] if case.fault else None
         merged = root / f"merged-{case.fault or 'clean'}"

@@ -246,6 +246,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         optimizer_steps=optional("update/optimizer_steps", updates),
         state_step=optional("update/state_step", updates),
         grad_norm_pre_clip=optional("update/grad_norm_pre_clip", updates),
+        loss_scale=optional("update/loss_scale", updates),
         config=manifest.get("config") or {},
         environment=manifest.get("environment") or {},
         fault=manifest.get("fault"),

@@ -71,18 +71,40 @@ class Training:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     data: Batches
     loss: LossFn  # (summed loss, item count) of a batch
+    autocast: torch.dtype | None = None  # the forward's autocast dtype (None: no autocast)
+    scaler: torch.amp.GradScaler | None = None  # fp16's dynamic loss scaling
 
 
 def setup(config: TrainConfig) -> Training:
     """Seeded model, data, optimizer and schedule on the configured device and dtype."""
     make_deterministic()
     device = resolve_device(config.device)
-    dtype = getattr(torch, config.dtype)
-    model = build_model(config).to(device=device, dtype=dtype)
+    dtype = getattr(torch, config.param_dtype)
+    model = build_model(config)
+    if config.round_to is not None:
+        model = model.to(getattr(torch, config.round_to))
+    model = model.to(device=device, dtype=dtype)
     optimizer = build_optimizer(config, model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: lr_factor(config, u))
-    data = build_data(config, device, dtype)
-    return Training(config, model, optimizer, scheduler, data, build_loss(config))
+    data = build_data(config, device, getattr(torch, config.round_to or config.param_dtype))
+    if data.inputs.is_floating_point():
+        data.inputs = data.inputs.to(dtype)
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.compute)
+    scaler = torch.amp.GradScaler(device.type) if config.compute == "fp16" else None
+    return Training(config, model, optimizer, scheduler, data, build_loss(config), autocast, scaler)
+
+
+def reference_config(config: TrainConfig) -> TrainConfig:
+    """The same training at K=1 in float64 without mixed precision: the noise floor's reference."""
+    rounding = "float16" if config.param_dtype == "float16" else config.round_to
+    return config.replace(
+        accum_steps=1, dtype="float64", precision="fp32", amp_level=None, round_to=rounding
+    )
+
+
+def compute_dtype(config: TrainConfig) -> str:
+    """The dtype the forward and backward compute in."""
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(config.compute, config.param_dtype)
 
 
 def preflight(config: TrainConfig) -> tuple[dict, dict]:
@@ -117,12 +139,17 @@ def run_loop(
             if fault.reseed_each_micro:
                 torch.manual_seed(config.seed + 1000 + step)
             inputs, targets = t.data.micro_batch(order[step], micro_size)
-            loss_sum, items = t.loss(model(inputs), targets)
+            with torch.autocast(
+                inputs.device.type, t.autocast or torch.float32, t.autocast is not None
+            ):
+                outputs = model(inputs)
+            loss_sum, items = t.loss(outputs.float() if t.autocast else outputs, targets)
             loss = loss_sum / items  # this micro-batch's own mean, as recorded
             window_items += items
             # items: sum now, divide the window's gradient by its item count below;
             # mean: right only when every micro-batch holds as many items
-            fault.scale(loss_sum if by_items else loss / k, k).backward()
+            scaled = fault.scale(loss_sum if by_items else loss / k, k)
+            (t.scaler.scale(scaled) if t.scaler else scaled).backward()
             rec.micro(loss, items=items, batch=(inputs, targets))
             if fault.accumulate_in is not None:
                 _accumulate_low(model, fault.accumulate_in, last=micro == k - 1)
@@ -130,6 +157,8 @@ def run_loop(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if fault.step_each_micro and micro < k - 1:
                 optimizer.step()
+        if t.scaler is not None:
+            t.scaler.unscale_(optimizer)  # once per window, before the item division and clipping
         if by_items:
             for param in model.parameters():
                 if param.grad is not None:
@@ -138,10 +167,16 @@ def run_loop(
             None if clip is None else torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         )
         rec.grads(pre_clip_norm=pre_clip)
-        optimizer.step()
+        scale = None
+        if t.scaler is not None:  # skips the step on inf/NaN; the scale changes once per window
+            scale = t.scaler.get_scale()
+            t.scaler.step(optimizer)
+            t.scaler.update()
+        else:
+            optimizer.step()
         for _ in range(fault.scheduler_steps(k)):  # once
             t.scheduler.step()
-        rec.update()
+        rec.update(loss_scale=scale)
         optimizer.zero_grad(set_to_none=True)
         if progress is not None:
             progress(update)
@@ -191,6 +226,7 @@ def train(
         config.to_dict(),
         fault=fault_name,
         reference=reference,
+        compute_dtype=compute_dtype(config),
     ) as rec:
         run_loop(t, rec, progress, fault)
     return Path(out_dir)
