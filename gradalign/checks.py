@@ -33,7 +33,13 @@ def build_checks(
     checks.append(_window_check(merged, changes))
     checks.append(_series_check("learning rate", ("lr",), base, merged, results))
     checks.append(
-        _series_check("optimizer steps", ("optimizer_steps", "state_step"), base, merged, results)
+        _series_check(
+            "optimizer steps",
+            ("optimizer_steps", "state_step", "loss_scale"),
+            base,
+            merged,
+            results,
+        )
     )
     init_known = base.load_init_weights is not None and merged.load_init_weights is not None
     checks.append(

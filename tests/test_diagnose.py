@@ -218,3 +218,30 @@ def test_token_normalization_on_tiny_lm(tmp_path, loss_norm, codes):
         evidence = result.diagnosis[0].evidence
         assert len(set(evidence["items_per_micro_batch"])) > 1
         assert 0 < evidence["grad_rel_l2"] <= 2 * evidence["max_weight_error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "dtype"), [(["--precision", "bf16"], "bfloat16"), (["--amp-level", "O1"], "float16")]
+)
+def test_mixed_precision_verify_passes_against_its_noise(cli, tmp_path, args, dtype):
+    report = tmp_path / "r.json"
+    result = cli("verify", *SMALL, *args, "-o", tmp_path / "v", "--json", report)
+    assert result.code == 0, result.out + result.err
+    data = json.loads(report.read_text())
+    assert data["dtype"] == dtype and data["reference"] is not None
+
+
+def test_fp16_scaler_bookkeeping_must_coincide(tmp_path):
+    """The GradScaler's scale per window is recorded; windows that scaled (or skipped) otherwise
+    than the baseline fail the optimizer-steps check."""
+    config = TrainConfig(hidden=32, updates=3, batch_size=32, precision="fp16")
+    base = read_run_dir(train(config.replace(accum_steps=1), tmp_path / "b"))
+    merged = read_run_dir(train(config, tmp_path / "m"))
+    assert merged.loss_scale is not None and merged.environment["compute_dtype"] == "float16"
+    assert compare(base, merged).verdict == "pass"
+    halved = merged.loss_scale.copy()
+    halved[1] /= 2  # as if the merged run had met an overflow the baseline did not
+    result = compare(base, dataclasses.replace(merged, loss_scale=halved))
+    checks = {c.name: c for c in result.checks}
+    assert checks["optimizer steps"].status == "fail"
+    assert "loss scale" in checks["optimizer steps"].detail
