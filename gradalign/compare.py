@@ -12,7 +12,12 @@ import math
 import numpy as np
 
 from .checks import build_checks
-from .compatible import check_compatible, check_reference
+from .compatible import (
+    ReferenceBound,
+    check_compatible,
+    check_reference,
+    check_reference_weights,
+)
 from .diagnose import diagnose
 from .metrics import calibrate, diff, fit_ratio
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
@@ -28,13 +33,12 @@ def compare(
 ) -> Comparison:
     """Judge `merged` against `base` (and `reference`). Raises BadInput for incomparable runs."""
     starts = check_compatible(base, merged)
-    if reference is not None:
-        check_reference(base, merged, reference, starts)
+    bound = check_reference(base, merged, reference) if reference is not None else None
     dtype = least_precise([base.compute_dtype, merged.compute_dtype])
     tol = for_dtype(dtype, overrides)
     # The floor is rounding of the stored values: the parameters' dtype, not autocast's.
     storage = least_precise([base.dtype, merged.dtype])
-    judge = _Judge(base, merged, reference, tol, eps(storage), starts)
+    judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound)
     changes = inside_window_changes(merged)
     results = []
     for i in range(base.updates):
@@ -70,8 +74,10 @@ class _Judge:
         tol: Tolerances,
         epsilon: float,
         starts: Tensors | None,
+        bound: ReferenceBound | None = None,
     ) -> None:
         self.base, self.merged, self.ref, self.tol = base, merged, ref, tol
+        self.bound = bound
         self.floor = tol.noise_floor * epsilon
         self.starts = starts
         self.base_loss, self.merged_loss = base.window_losses(), merged.window_losses()
@@ -102,6 +108,8 @@ class _Judge:
         i, tol = result.update, self.tol
         wb, wm = self.base.weights(i), self.merged.weights(i)
         wr = self.ref.weights(i) if self.ref is not None else None
+        if wb is not None and wr is not None and self.bound is not None:
+            check_reference_weights(i, wb, wr, self.starts, self.bound)
         if wb is not None and wm is not None:
             for info in self.base.tensors:
                 start = self.starts.get(info.name) if self.starts is not None else None

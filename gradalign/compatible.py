@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .errors import BadInput
@@ -54,12 +56,24 @@ def check_compatible(
     return init_b
 
 
-def check_reference(base: Run, merged: Run, ref: Run, starts: Tensors | None) -> None:
+@dataclass(frozen=True)
+class ReferenceBound:
+    """How far the baseline may stray from an accepted reference: rtol of the distance moved,
+    plus atol per element and one rounding of the reference's values."""
+
+    where: str
+    rtol: float
+    atol: float
+    epsilon: float
+
+
+def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     """A reference must be a more precise rerun of the baseline's own training.
 
     A wrong reference would inflate the noise floor and pass anything, so it is refused unless it
-    starts from the same weights, saw the same samples, has the same config apart from dtype, K
-    and device, and the baseline stays within the default tolerances of it at every update.
+    starts from the same weights, saw the same samples and has the same config apart from dtype,
+    K and device (checked here), and the baseline stays within the returned bound of it at every
+    update (checked by `check_reference_weights` as the judge reads each update's weights).
     """
     where = f"reference {ref.source}"
     dtype = least_precise([base.dtype, merged.dtype])
@@ -84,26 +98,22 @@ def check_reference(base: Run, merged: Run, ref: Run, starts: Tensors | None) ->
     compute = least_precise([base.compute_dtype, merged.compute_dtype])
     tol = for_dtype(dtype)
     rtol = max(tol.weight_rtol, REFERENCE_SANITY_RTOL, REFERENCE_SANITY_EPS * eps(compute))
-    for i in range(base.updates):
-        wb, wr = base.weights(i), ref.weights(i)
-        if wb is None or wr is None:
-            return
-        for info in base.tensors:
-            if not np.isfinite(wb[info.name]).all():
-                continue  # a diverged baseline fails on its own; it says nothing of the reference
-            start = starts.get(info.name) if starts is not None else None
-            d = diff(
-                info.name,
-                wr[info.name],
-                wb[info.name],
-                rtol=rtol,
-                atol=tol.weight_atol,
-                start=start,
+    return ReferenceBound(where, rtol, tol.weight_atol, eps(dtype))
+
+
+def check_reference_weights(
+    update: int, base: Tensors, ref: Tensors, starts: Tensors | None, bound: ReferenceBound
+) -> None:
+    """Refuse the reference if the baseline's weights after `update` stray beyond `bound`."""
+    for name, value in base.items():
+        if name not in ref or not np.isfinite(value).all():
+            continue  # a diverged baseline fails on its own; it says nothing of the reference
+        start = starts.get(name) if starts is not None else None
+        d = diff(name, ref[name], value, rtol=bound.rtol, atol=bound.atol, start=start)
+        rounding = bound.epsilon * float(np.linalg.norm(ref[name].astype(np.float64)))
+        if not d.error <= d.allowed + rounding:
+            raise BadInput(
+                f"{bound.where} is not a rerun of the baseline's training: at update {update} "
+                f"the baseline's {name} is {d.error:.3g} away from it, more than "
+                f"{bound.rtol:g} of the distance training moved it"
             )
-            rounding = eps(dtype) * float(np.linalg.norm(wr[info.name].astype(np.float64)))
-            if not d.error <= d.allowed + rounding:
-                raise BadInput(
-                    f"{where} is not a rerun of the baseline's training: at update {i} the "
-                    f"baseline's {info.name} is {d.error:.3g} away from it, more than "
-                    f"{rtol:g} of the distance training moved it"
-                )

@@ -11,6 +11,7 @@ import numpy as np
 
 from .checks import sample_mismatches
 from .results import Comparison, Diagnosis, UpdateResult
+from .run import Run
 
 COSINE_SAME_DIRECTION = 1 - 1e-6  # a pure rescaling keeps the direction to rounding error
 RATIO_MATCH = 1e-3  # relative distance to K, 1/K or K+1 that names the loss-scale variant
@@ -282,7 +283,7 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         merged_share = _representable_share(gm, name)
         base_share = _representable_share(gb, name)
         if merged_share == 1.0 and base_share < 0.5:
-            error = _relative_gradient_error(c, r.update)
+            error = _relative_error(gb, gm)
             return Diagnosis(
                 "grad-accum-dtype",
                 f"at update {r.update} every merged gradient value is exactly a {name} number "
@@ -305,13 +306,16 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     return None
 
 
-def _relative_gradient_error(c: Comparison, update: int) -> float | None:
-    gb, gm = c.baseline.grads(update), c.merged.grads(update)
-    if gb is None or gm is None:
-        return None
-    diff = sum(float(np.sum((gm[n].astype(np.float64) - gb[n]) ** 2)) for n in gb)
-    size = sum(float(np.sum(gb[n].astype(np.float64) ** 2)) for n in gb)
-    return math.sqrt(diff / size) if size > 0 else None
+def _norm(tensors: dict[str, np.ndarray]) -> float:
+    """The L2 norm of all tensors together, in float64."""
+    return math.sqrt(sum(float(np.sum(np.square(t, dtype=np.float64))) for t in tensors.values()))
+
+
+def _relative_error(base: dict[str, np.ndarray], merged: dict[str, np.ndarray]) -> float | None:
+    """||merged - base|| / ||base|| over all tensors together."""
+    size = _norm(base)
+    gap = _norm({n: merged[n].astype(np.float64) - base[n] for n in base})
+    return gap / size if size > 0 else None
 
 
 def token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
@@ -325,7 +329,8 @@ def token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         return None
     weights = counts.sum() / (k * counts)  # what mean-per-micro-batch / K gives each micro-batch
     imbalance = float(np.abs(weights - 1).max())
-    error = _relative_gradient_error(c, r.update)
+    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
+    error = None if gb is None or gm is None else _relative_error(gb, gm)
     if error is None or not 0 < error <= 2 * imbalance:
         return None
     return Diagnosis(
@@ -347,12 +352,14 @@ def token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
 
 
-def _post_clip_norm(c: Comparison, run_name: str, update: int) -> float | None:
-    run = c.baseline if run_name == "baseline" else c.merged
+def _clipped(run: Run, update: int) -> tuple[bool, float | None]:
+    """Whether clipping engaged at `update` (norm before > norm of the recorded gradient), and
+    the norm after clipping."""
     grads = run.grads(update)
-    if grads is None:
-        return None
-    return math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
+    if grads is None or run.grad_norm_pre_clip is None:
+        return False, None
+    after = _norm(grads)
+    return bool(run.grad_norm_pre_clip[update] > after * (1 + 1e-4)), after
 
 
 def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
@@ -360,8 +367,8 @@ def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     if pre_b is None:
         return None
     i = r.update
-    post_b = _post_clip_norm(c, "baseline", i)
-    if post_b is None or not pre_b[i] > post_b * (1 + 1e-4):
+    clipped, post_b = _clipped(c.baseline, i)
+    if not clipped or post_b is None:
         return None  # the baseline did not clip here: clipping cannot be the cause
     evidence = {
         "update": i,
@@ -374,11 +381,7 @@ def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         evidence["merged_norm_before_clip"] = finite(pre_m[i])
         if math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4):
             return None  # the merged run saw the same norm before its clip: clipping is fine
-    unclipped = [
-        u.update
-        for u in c.results[:i]
-        if pre_b[u.update] <= (_post_clip_norm(c, "baseline", u.update) or 0) * (1 + 1e-4)
-    ]
+    unclipped = [u for u in range(i) if not _clipped(c.baseline, u)[0]]
     evidence["earlier_unclipped_updates_that_agree"] = len(unclipped)
     seen = (
         f"; the merged run's norm before its final clip was {pre_m[i]:.4g}"

@@ -245,3 +245,20 @@ def test_fp16_scaler_bookkeeping_must_coincide(tmp_path):
     checks = {c.name: c for c in result.checks}
     assert checks["optimizer steps"].status == "fail"
     assert "loss scale" in checks["optimizer steps"].detail
+
+
+def test_reference_whose_weights_stray_is_refused(sgd_runs):
+    """Same config and samples, but weights far from the baseline's: not a rerun, exit 2."""
+    from gradalign.errors import BadInput
+
+    ref = sgd_runs["ref"]
+
+    def load(i):
+        return {n: v * 1.5 if i == 2 else v for n, v in ref.load_weights(i).items()}
+
+    with pytest.raises(BadInput, match="not a rerun of the baseline's training: at update 2"):
+        compare(
+            sgd_runs["base"],
+            sgd_runs["merged"],
+            reference=dataclasses.replace(ref, load_weights=load),
+        )
