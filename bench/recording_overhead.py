@@ -1,6 +1,6 @@
 """How much slower is training with the Recorder than without it?
 
-Times the built-in training (`gradalign.train.setup` + `run_loop`, the one loop the CLI uses) in
+Times the built-in training (`gradalign.record.trainer.setup` + `run_loop`, the one loop the CLI uses) in
 one process, once with a no-op recorder and once with the real `Recorder` writing a run directory
 to a temporary directory (timed through `close()`, which writes the series and the manifest and
 renames the run into place). Both the baseline (K=1) and the merged run (K) are timed, as a
@@ -33,8 +33,8 @@ import torch
 
 from gradalign.config import TrainConfig, build_config
 from gradalign.errors import BadInput
-from gradalign.recorder import Recorder
-from gradalign.train import run_loop, setup
+from gradalign.record.recorder import Recorder
+from gradalign.record.trainer import run_loop, setup
 
 TARGET = 1.10
 VARIANTS = ("plain", "recorded")

@@ -10,7 +10,7 @@ __all__ = ["Recorder", "__version__"]
 def __getattr__(name: str):
     # The recorder needs torch; the judging side must import without it.
     if name == "Recorder":
-        from .recorder import Recorder
+        from .record.recorder import Recorder
 
         return Recorder
     raise AttributeError(name)

@@ -122,9 +122,9 @@ tolerance_options = _extend_signature(
 def _preflight(config: TrainConfig, outs: list[Path], reference: str = "none") -> None:
     """Check every input before any training, then warn about layers that make B/K differ from
     B and show the numeric settings."""
-    from .preflight import determinism_line, warnings_for
-    from .store import ensure_writable
-    from .train import preflight, reference_path
+    from .record.preflight import determinism_line, warnings_for
+    from .record.trainer import preflight, reference_path
+    from .runs.store import ensure_writable
 
     if reference not in ("fp64", "none"):
         raise BadInput(f"--reference must be fp64 or none, got {reference!r}")
@@ -147,8 +147,8 @@ def _train(
 ) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from .faults import get_fault
-    from .train import train
+    from .record.faults import get_fault
+    from .record.trainer import train
 
     injected = get_fault(fault, config)
 
@@ -178,7 +178,7 @@ def _train(
 
 def _record_baseline(config: TrainConfig, out: Path, reference: str) -> Path:
     """The baseline (K=1) and, unless `reference` is none, its float64 rerun beside it."""
-    from .train import reference_config, reference_path
+    from .record.trainer import reference_config, reference_path
 
     link = None
     if reference == "fp64" and config.param_dtype != "float64":
@@ -190,7 +190,7 @@ def _record_baseline(config: TrainConfig, out: Path, reference: str) -> Path:
 
 def _tolerances(config: Path | None, options: dict[str, Any] | None) -> dict[str, Any]:
     """The tolerance overrides from the config file and the options, validated before any work."""
-    from .tolerances import for_dtype
+    from .judge.tolerances import for_dtype
 
     merged = {**tolerances_from_yaml(config), **(options or {})}
     for_dtype("float32", merged)
@@ -206,9 +206,9 @@ def _judge(
     json_path: Path | None,
     reference: str | None = None,
 ) -> int:
-    from .compare import FAIL, compare
-    from .report import render, write_json
-    from .sources import open_reference, open_run
+    from .judge.compare import FAIL, compare
+    from .report.table import render, write_json
+    from .runs.sources import open_reference, open_run
 
     base_run = open_run(baseline, baseline_accum_steps, role="baseline")
     merged_run = open_run(merged, accum_steps, role="merged")
@@ -251,10 +251,10 @@ def merged(
     overrides: dict | None = None,
 ) -> None:
     """Train at micro-batch B/K for N*K micro-steps, stepping every K; record the run."""
-    from .faults import get_fault
+    from .record.faults import get_fault
 
     if against is not None:
-        from .store import read_manifest
+        from .runs.store import read_manifest
 
         recorded = read_manifest(against).get("config", {})
         # Reuse the baseline's experiment (B, N, seed, optimizer...), but not its K of 1.
@@ -325,7 +325,7 @@ def verify(
     tolerances: dict | None = None,
 ) -> None:
     """Baseline, merged and compare in one command (built-in default mirrors the seed)."""
-    from .faults import get_fault
+    from .record.faults import get_fault
 
     cfg = load_config(config, overrides)
     if accum_steps is not None:

@@ -14,13 +14,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .compare import compare
 from .config import TrainConfig
 from .errors import BadInput
-from .faults import FAULTS
-from .results import FAIL, PASS
-from .store import read_run_dir
-from .train import reference_config, reference_path, train
+from .judge.compare import compare
+from .judge.results import FAIL, PASS
+from .record.faults import FAULTS
+from .record.trainer import reference_config, reference_path, train
+from .runs.store import read_run_dir
 
 SCHEDULE_AND_CLIP = {"scheduler": "cosine", "warmup_updates": 2, "clip_norm": 0.5}
 SETUPS: dict[str, dict[str, Any]] = {
@@ -165,7 +165,7 @@ def render_selftest(outcomes: list[Outcome], console: Console) -> None:
 
 
 def write_selftest_json(outcomes: list[Outcome], path: Path) -> None:
-    from .report import write_text_atomic
+    from .report.table import write_text_atomic
 
     cases = [
         {

@@ -11,7 +11,7 @@ import torch
 
 from gradalign import Recorder
 from gradalign.config import TrainConfig
-from gradalign.train import train
+from gradalign.record.trainer import train
 
 from .conftest import SMALL
 
@@ -139,7 +139,7 @@ def test_out_dir_that_is_not_a_run_is_never_overwritten(cli, tmp_path):
 
 def test_nan_loss_fails_never_passes(cli, tmp_path, small_runs):
     """A run whose loss went NaN is a failed alignment (exit 1), not bad input."""
-    from gradalign.train import setup
+    from gradalign.record.trainer import setup
 
     t = setup(SMALL)
     k, size = SMALL.accum_steps, SMALL.micro_batch_size

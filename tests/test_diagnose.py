@@ -8,11 +8,11 @@ import shutil
 
 import pytest
 
-from gradalign.compare import compare
 from gradalign.config import TrainConfig
-from gradalign.faults import FAULTS
-from gradalign.store import read_run_dir
-from gradalign.train import reference_path, train
+from gradalign.judge.compare import compare
+from gradalign.record.faults import FAULTS
+from gradalign.record.trainer import reference_path, train
+from gradalign.runs.store import read_run_dir
 
 SMALL = ["--hidden", "32", "--updates", "4", "--batch-size", "32"]
 

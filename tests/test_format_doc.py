@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradalign import tensorfile
-from gradalign.compare import compare
 from gradalign.errors import BadInput
-from gradalign.store import read_run_dir
+from gradalign.judge.compare import compare
+from gradalign.runs import tensorfile
+from gradalign.runs.store import read_run_dir
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 ALLOWED_IMPORTS = {"json", "hashlib", "struct", "os", "pathlib", "numpy"}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gradalign.errors import BadInput
-from gradalign.logs import fingerprint, looks_like_paddle_log, read_paddle_log
+from gradalign.runs.paddle_log import fingerprint, looks_like_paddle_log, read_paddle_log
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "paddle"
 BASELINE = FIXTURES / "run.log"

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 import gradalign
-from gradalign.compare import compare
-from gradalign.recorder import RecorderError
-from gradalign.store import read_run_dir
+from gradalign.judge.compare import compare
+from gradalign.record.recorder import RecorderError
+from gradalign.runs.store import read_run_dir
 
 
 def make_data(batch: int, updates: int) -> tuple[torch.Tensor, torch.Tensor]:

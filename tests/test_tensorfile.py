@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradalign import tensorfile
 from gradalign.errors import BadInput
+from gradalign.runs import tensorfile
 
 DTYPES = ["float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"]
 

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..runs.model import Run, Tensors
 from .checks import build_checks
 from .compatible import (
     ReferenceBound,
@@ -21,7 +22,6 @@ from .compatible import (
 from .diagnose import diagnose
 from .metrics import calibrate, diff, fit_ratio
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
-from .run import Run, Tensors
 from .tolerances import Tolerances, eps, for_dtype, least_precise
 from .windows import inside_window_changes
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..runs.model import Run
 from .metrics import TensorDiff
 from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
-from .run import Run
 
 
 def build_checks(

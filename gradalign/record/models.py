@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import TrainConfig
 from . import entrypoints, tinylm
-from .config import TrainConfig
 
 FEATURES = 784
 IMAGE = (1, 28, 28)  # the CNNs read the same 784 features as a 28x28 image

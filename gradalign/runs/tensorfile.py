@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import BadInput
+from ..errors import BadInput
 
 _TO_NUMPY = {
     "F64": np.float64,

@@ -9,9 +9,9 @@ import math
 
 import numpy as np
 
+from ..runs.model import Run
 from .checks import sample_mismatches
 from .results import Comparison, Diagnosis, UpdateResult
-from .run import Run
 
 COSINE_SAME_DIRECTION = 1 - 1e-6  # a pure rescaling keeps the direction to rounding error
 RATIO_MATCH = 1e-3  # relative distance to K, 1/K or K+1 that names the loss-scale variant

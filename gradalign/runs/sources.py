@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import BadInput
-from .logs import looks_like_paddle_log, read_paddle_log
-from .run import Run
+from ..errors import BadInput
+from .model import Run
+from .paddle_log import looks_like_paddle_log, read_paddle_log
 from .store import is_run_dir, read_run_dir
 
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BadInput
+from ..errors import BadInput
+from ..runs.model import Run, Tensors
 from .metrics import diff
-from .run import Run, Tensors
 from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
 
 # Config keys a float64 reference may legitimately change: its precision, K and device.

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BadInput
+from ..errors import BadInput
 
 
 @dataclass(frozen=True)

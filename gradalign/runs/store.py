@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import BadInput
 from . import tensorfile
-from .errors import BadInput
-from .run import Run, TensorInfo, Tensors
+from .model import Run, TensorInfo, Tensors
 
 FORMAT = "gradalign-run"
 FORMAT_VERSION = 1

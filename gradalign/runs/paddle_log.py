@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import BadInput
-from .run import Run, TensorInfo, Tensors
+from ..errors import BadInput
+from .model import Run, TensorInfo, Tensors
 
 STEP_RE = re.compile(r"^(\d+)\s+\[([^\[\]]*)\]$")
 BLOCK_RE = re.compile(r"^-{2,}>(.*)$")

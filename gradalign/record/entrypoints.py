@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import BadInput
+from ..errors import BadInput
 
 
 def is_entry_point(value: str | None) -> bool:

@@ -11,9 +11,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from . import __version__
-from .errors import BadInput
-from .results import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
+from .. import __version__
+from ..errors import BadInput
+from ..judge.results import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
 
 MAX_ROWS = 40  # longer runs show the head, the rows around the first divergence, and the tail
 _STYLE = {PASS: "green", FAIL: "bold red", NOT_CHECKED: "yellow"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runs.model import Run
 from .metrics import TensorDiff
-from .run import Run
 from .tolerances import Tolerances
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"

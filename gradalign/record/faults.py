@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import TrainConfig
-from .errors import BadInput
+from ..config import TrainConfig
+from ..errors import BadInput
 
 
 def _as_is(loss: torch.Tensor, k: int) -> torch.Tensor:

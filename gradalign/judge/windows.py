@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .run import Run
+from ..runs.model import Run
 
 
 def inside_window_changes(run: Run) -> dict[int, list[str]]:

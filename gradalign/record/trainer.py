@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from .config import TrainConfig
-from .errors import BadInput
+from ..config import TrainConfig
+from ..errors import BadInput
 from .faults import NONE, Fault
+from .models import Batches, LossFn, build_data, build_loss, build_model
 from .recorder import Recorder, environment, model_facts
-from .zoo import Batches, LossFn, build_data, build_loss, build_model
 
 Progress = Callable[[int], None]
 

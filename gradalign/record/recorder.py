@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import __version__
-from .store import RunWriter, grads_file, weights_file
+from .. import __version__
+from ..runs.store import RunWriter, grads_file, weights_file
 
 _BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
