@@ -1,11 +1,11 @@
 """How much slower is training with the Recorder than without it?
 
-Times the built-in training (`gradalign.record.trainer.setup` + `run_loop`, the one loop the CLI uses) in
-one process, once with a no-op recorder and once with the real `Recorder` writing a run directory
-to a temporary directory (timed through `close()`, which writes the series and the manifest and
-renames the run into place). Both the baseline (K=1) and the merged run (K) are timed, as a
-full verification trains both. The two variants alternate (plain, recorded, plain, recorded, ...)
-after one uncounted warm-up pair, so slow drift of a noisy machine hits both alike.
+Times the built-in training (`gradalign.record.trainer.setup` + `run_loop`, the one loop the CLI
+uses) in one process, once with a no-op recorder and once with the real `Recorder` writing a run
+directory to a temporary directory (timed through `close()`, which writes the series and the
+manifest and renames the run into place). Both the baseline (K=1) and the merged run (K) are timed,
+as a full verification trains both. The two variants alternate (plain, recorded, plain, recorded,
+...) after one uncounted warm-up pair, so slow drift of a noisy machine hits both alike.
 
     python bench/recording_overhead.py [--updates N] [--batch-size B] [--accum-steps K]
                                        [--reps R] [--json FILE]

@@ -124,7 +124,7 @@ def _preflight(config: TrainConfig, outs: list[Path], reference: str = "none") -
     B and show the numeric settings."""
     from .record.preflight import determinism_line, warnings_for
     from .record.trainer import preflight, reference_path
-    from .runs.store import ensure_writable
+    from .runs.writer import ensure_writable
 
     if reference not in ("fp64", "none"):
         raise BadInput(f"--reference must be fp64 or none, got {reference!r}")
@@ -254,7 +254,7 @@ def merged(
     from .record.faults import get_fault
 
     if against is not None:
-        from .runs.store import read_manifest
+        from .runs.reader import read_manifest
 
         recorded = read_manifest(against).get("config", {})
         # Reuse the baseline's experiment (B, N, seed, optimizer...), but not its K of 1.

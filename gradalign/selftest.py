@@ -20,7 +20,7 @@ from .judge.compare import compare
 from .judge.results import FAIL, PASS
 from .record.faults import FAULTS
 from .record.trainer import reference_config, reference_path, train
-from .runs.store import read_run_dir
+from .runs.reader import read_run_dir
 
 SCHEDULE_AND_CLIP = {"scheduler": "cosine", "warmup_updates": 2, "clip_norm": 0.5}
 SETUPS: dict[str, dict[str, Any]] = {

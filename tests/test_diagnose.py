@@ -12,7 +12,7 @@ from gradalign.config import TrainConfig
 from gradalign.judge.compare import compare
 from gradalign.record.faults import FAULTS
 from gradalign.record.trainer import reference_path, train
-from gradalign.runs.store import read_run_dir
+from gradalign.runs.reader import read_run_dir
 
 SMALL = ["--hidden", "32", "--updates", "4", "--batch-size", "32"]
 

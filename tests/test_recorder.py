@@ -10,7 +10,7 @@ from torch import nn
 import gradalign
 from gradalign.judge.compare import compare
 from gradalign.record.recorder import RecorderError
-from gradalign.runs.store import read_run_dir
+from gradalign.runs.reader import read_run_dir
 
 
 def make_data(batch: int, updates: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from .. import __version__
-from ..runs.store import RunWriter, grads_file, weights_file
+from ..runs.layout import grads_file, weights_file
+from ..runs.writer import RunWriter
 
 _BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import BadInput
+from .layout import is_run_dir
 from .model import Run
 from .paddle_log import looks_like_paddle_log, read_paddle_log
-from .store import is_run_dir, read_run_dir
+from .reader import read_run_dir
 
 
 def open_run(path: Path, accum_steps: int | None, role: str) -> Run:

@@ -1,9 +1,5 @@
-"""The run directory: the only contract between the recording side and the judging side.
-
-A run is staged in a hidden sibling directory and renamed into place when complete, so an
-interrupted run is never readable as a finished one, and a previous run at the same path stays
-intact until then.
-Every data file's SHA-256 is in the manifest and is checked on read. See docs/FORMAT.md.
+"""Reading a run directory for the judge: the manifest checked, each data file checksummed as it
+is read (streamed, so memory stays bounded by one file's tensors). See docs/FORMAT.md.
 """
 
 from __future__ import annotations
@@ -11,105 +7,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import BadInput
-from . import tensorfile
+from . import tensors as tensorfiles
+from .layout import FORMAT, FORMAT_VERSION, MANIFEST, SERIES, grads_file, weights_file
 from .model import Run, TensorInfo, Tensors
 
-FORMAT = "gradalign-run"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-SERIES = "series.safetensors"
-
-
-def weights_file(update: int | None) -> str:
-    """Relative path of the weight snapshot after `update` (None: the initial weights)."""
-    return (
-        "weights/init.safetensors" if update is None else f"weights/update_{update:06d}.safetensors"
-    )
-
-
-def grads_file(update: int) -> str:
-    """Relative path of the accumulated gradient recorded just before optimizer step `update`."""
-    return f"grads/update_{update:06d}.safetensors"
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes, durable: bool = False) -> None:
-    """Write via a temporary name and rename. Data files skip fsync: the manifest's checksums
-    already expose a file that a crash left short, so only the manifest itself is synced."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        if durable:
-            handle.flush()
-            os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def is_run_dir(path: Path) -> bool:
-    """True when `path` holds a manifest that names this format."""
-    try:
-        return json.loads((path / MANIFEST).read_text()).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
-    """Refuse a path that holds something other than a run (or an empty directory)."""
-    path = Path(out_dir)
-    if path.exists() and not (path.is_dir() and _replaceable(path)):
-        raise BadInput(f"{path} exists and is not a gradalign run; refusing to overwrite it")
-    return path
-
-
-class RunWriter:
-    """Writes one run directory: data files first, then the manifest, then an atomic rename."""
-
-    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
-        self.final = ensure_writable(out_dir)
-        self.final.parent.mkdir(parents=True, exist_ok=True)
-        self.staging = self.final.parent / f".{self.final.name}.partial-{os.getpid()}"
-        if self.staging.exists():
-            shutil.rmtree(self.staging)
-        self.staging.mkdir()
-        self.checksums: dict[str, str] = {}
-
-    def write_tensors(self, relpath: str, tensors: Tensors) -> None:
-        data = tensorfile.encode(tensors)
-        _write_atomic(self.staging / relpath, data)
-        self.checksums[relpath] = _sha256(data)
-
-    def finish(self, manifest: dict, series: Tensors) -> Path:
-        """Write the series and the manifest, then move the run into place."""
-        self.write_tensors(SERIES, series)
-        body = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest}
-        body["files"] = dict(sorted(self.checksums.items()))
-        text = json.dumps(body, indent=2, sort_keys=True, allow_nan=False) + "\n"
-        _write_atomic(self.staging / MANIFEST, text.encode(), durable=True)
-        old = self.final.parent / f".{self.final.name}.old-{os.getpid()}"
-        if self.final.exists():
-            os.replace(self.final, old)
-        os.replace(self.staging, self.final)
-        if old.exists():
-            shutil.rmtree(old)
-        return self.final
-
-    def abort(self) -> None:
-        """Drop the staged files; whatever stood at the final path stays untouched."""
-        shutil.rmtree(self.staging, ignore_errors=True)
-
-
-def _replaceable(path: Path) -> bool:
-    return is_run_dir(path) or not any(path.iterdir())
+_CHUNK = 1 << 20
 
 
 def _field(manifest: dict, key: str, kind: type, where: str):
@@ -139,16 +47,36 @@ def read_manifest(path: Path) -> dict:
     return manifest
 
 
+def _sha256(handle) -> str:
+    digest = hashlib.sha256()
+    while chunk := handle.read(_CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _verified(path: Path, relpath: str, checksums: dict[str, str]) -> Tensors:
+    """A data file's tensors, after its SHA-256 matched the manifest's (streamed, not slurped).
+
+    Only regular files inside the run count: a symlink or a special file is refused."""
     if relpath not in checksums:
         raise BadInput(f"{path}: {relpath} is not listed in the manifest")
+    file = path / relpath
     try:
-        blob = (path / relpath).read_bytes()
-    except OSError:
+        if not file.resolve().is_relative_to(path.resolve()):
+            raise BadInput(f"{path}: {relpath} leads outside the run directory")
+        info = os.lstat(file)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+            raise BadInput(f"{path}: {relpath} is {kind}; a run holds regular files only")
+        with open(file, "rb") as handle:
+            actual = _sha256(handle)
+    except FileNotFoundError:
         raise BadInput(f"{path}: {relpath} is missing") from None
-    if _sha256(blob) != checksums[relpath]:
+    except OSError as exc:
+        raise BadInput(f"{path}: {relpath} cannot be read ({exc.strerror})") from None
+    if actual != checksums[relpath]:
         raise BadInput(f"{path}: {relpath} fails its checksum (truncated or altered)")
-    return tensorfile.decode(blob, f"{path / relpath}")
+    return tensorfiles.read(file, str(file))
 
 
 def _model_facts(value: object, where: str) -> dict:

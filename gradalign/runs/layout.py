@@ -1,0 +1,31 @@
+"""Names inside a run directory: the manifest, the series and the per-update tensor files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FORMAT = "gradalign-run"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SERIES = "series.safetensors"
+
+
+def weights_file(update: int | None) -> str:
+    """Relative path of the weight snapshot after `update` (None: the initial weights)."""
+    return (
+        "weights/init.safetensors" if update is None else f"weights/update_{update:06d}.safetensors"
+    )
+
+
+def grads_file(update: int) -> str:
+    """Relative path of the accumulated gradient recorded just before optimizer step `update`."""
+    return f"grads/update_{update:06d}.safetensors"
+
+
+def is_run_dir(path: Path) -> bool:
+    """True when `path` holds a manifest that names this format."""
+    try:
+        return json.loads((path / MANIFEST).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return False
