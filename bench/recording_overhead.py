@@ -33,8 +33,9 @@ import torch
 
 from gradalign.config import TrainConfig, build_config
 from gradalign.errors import BadInput
+from gradalign.record.loop import run_loop
 from gradalign.record.recorder import Recorder
-from gradalign.record.trainer import run_loop, setup
+from gradalign.record.trainer import setup
 
 TARGET = 1.10
 VARIANTS = ("plain", "recorded")

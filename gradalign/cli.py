@@ -14,8 +14,8 @@ import typer
 from rich.console import Console
 from typer.exceptions import Abort, TyperException
 
-from . import __version__
-from .config import FIELDS, TrainConfig, base_type, load_config, tolerances_from_yaml
+from . import __version__, api
+from .config import FIELDS, base_type, tolerances_from_yaml
 from .errors import BadInput
 
 app = typer.Typer(
@@ -119,103 +119,18 @@ tolerance_options = _extend_signature(
 )
 
 
-def _preflight(config: TrainConfig, outs: list[Path], reference: str = "none") -> None:
-    """Check every input before any training, then warn about layers that make B/K differ from
-    B and show the numeric settings."""
-    from .record.preflight import determinism_line, warnings_for
-    from .record.trainer import preflight, reference_path
-    from .runs.writer import ensure_writable
+def _feedback():
+    from .report.progress import RichFeedback
 
-    if reference not in ("fp64", "none"):
-        raise BadInput(f"--reference must be fp64 or none, got {reference!r}")
-    if reference == "fp64":
-        outs = [*outs, reference_path(outs[0])]
-    for out in outs:
-        ensure_writable(out)
-    facts, env = preflight(config)
-    for line in warnings_for(facts):
-        err_console.print(f"warning: {line}", markup=False, soft_wrap=True)
-    err_console.print(f"settings: {determinism_line(env)}", markup=False, soft_wrap=True)
+    return RichFeedback(err_console)
 
 
-def _train(
-    config: TrainConfig,
-    out: Path,
-    label: str,
-    fault: str | None = None,
-    reference: str | None = None,
-) -> Path:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+def _verdict(comparison, json_path: Path | None) -> int:
+    """Render a comparison, write its JSON, and turn its verdict into the exit code."""
+    from .judge.results import FAIL
+    from .report.json_report import write_json
+    from .report.table import render
 
-    from .record.faults import get_fault
-    from .record.trainer import train
-
-    injected = get_fault(fault, config)
-
-    with Progress(
-        TextColumn(f"{label} (K={config.accum_steps})"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("updates"),
-        console=err_console,
-        transient=True,
-        disable=not err_console.is_terminal,  # no bar, and no stray lines, in CI logs
-    ) as progress:
-        task = progress.add_task(label, total=config.updates)
-        path = train(
-            config,
-            out,
-            progress=lambda _: progress.advance(task),
-            fault=injected,
-            reference=reference,
-        )
-    extra = f", fault {fault}" if fault else ""
-    err_console.print(
-        f"{label}: {config.updates} updates x K={config.accum_steps}{extra} -> {path}"
-    )
-    return path
-
-
-def _record_baseline(config: TrainConfig, out: Path, reference: str) -> Path:
-    """The baseline (K=1) and, unless `reference` is none, its float64 rerun beside it."""
-    from .record.trainer import reference_config, reference_path
-
-    link = None
-    if reference == "fp64" and config.param_dtype != "float64":
-        ref_dir = reference_path(out)
-        _train(reference_config(config), ref_dir, "reference (fp64)")
-        link = f"../{ref_dir.name}"
-    return _train(config.replace(accum_steps=1), out, "baseline", reference=link)
-
-
-def _tolerances(config: Path | None, options: dict[str, Any] | None) -> dict[str, Any]:
-    """The tolerance overrides from the config file and the options, validated before any work."""
-    from .judge.tolerances import for_dtype
-
-    merged = {**tolerances_from_yaml(config), **(options or {})}
-    for_dtype("float32", merged)
-    return merged
-
-
-def _judge(
-    baseline: Path,
-    merged: Path,
-    accum_steps: int | None,
-    baseline_accum_steps: int,
-    tolerances: dict[str, Any],
-    json_path: Path | None,
-    reference: str | None = None,
-) -> int:
-    from .judge.compare import FAIL, compare
-    from .report.table import render, write_json
-    from .runs.sources import open_reference, open_run
-
-    base_run = open_run(baseline, baseline_accum_steps, role="baseline")
-    merged_run = open_run(merged, accum_steps, role="merged")
-    ref_run, note = open_reference(reference, base_run)
-    comparison = compare(base_run, merged_run, tolerances, ref_run)
-    if note:
-        comparison.notes.append(note)
     render(comparison, out_console)
     if json_path is not None:
         write_json(comparison, json_path)
@@ -231,9 +146,9 @@ def baseline(
     overrides: dict | None = None,
 ) -> None:
     """Train at batch B for N updates (K=1) and record the run (and its float64 reference)."""
-    cfg = load_config(config, overrides).replace(accum_steps=1)
-    _preflight(cfg, [out], reference)
-    _record_baseline(cfg, out, reference)
+    api.record_baseline(
+        api.as_config(config, overrides), out, reference=reference, feedback=_feedback()
+    )
 
 
 @app.command()
@@ -251,25 +166,15 @@ def merged(
     overrides: dict | None = None,
 ) -> None:
     """Train at micro-batch B/K for N*K micro-steps, stepping every K; record the run."""
-    from .record.faults import get_fault
-
+    overrides = {**overrides, **({} if accum_steps is None else {"accum_steps": accum_steps})}
     if against is not None:
-        from .runs.reader import read_manifest
-
-        recorded = read_manifest(against).get("config", {})
-        # Reuse the baseline's experiment (B, N, seed, optimizer...), but not its K of 1.
-        recorded = {k: v for k, v in recorded.items() if k in FIELDS and k != "accum_steps"}
-        cfg = load_config(config, {**recorded, **overrides})
+        cfg = api.recorded_config(against, overrides, config)
     else:
-        cfg = load_config(config, overrides)
-    if accum_steps is not None:
-        cfg = cfg.replace(accum_steps=accum_steps)
-    tolerances = _tolerances(config, None)
-    get_fault(fault, cfg)
-    _preflight(cfg, [out])
-    path = _train(cfg, out, "merged", fault)
+        cfg = api.as_config(config, overrides)
+    tolerances = api.check_tolerances(tolerances_from_yaml(config))
+    path = api.record_merged(cfg, out, fault=fault, feedback=_feedback())
     if against is not None:
-        raise typer.Exit(_judge(against, path, None, 1, tolerances, json))
+        raise typer.Exit(_verdict(api.compare(against, path, tolerances=tolerances), json))
 
 
 @app.command("compare")
@@ -295,18 +200,15 @@ def compare_cmd(
     tolerances: dict | None = None,
 ) -> None:
     """Judge a merged run against its baseline; exit 0 aligned, 1 not aligned, 2 bad input."""
-    merged_tolerances = {**tolerances_from_yaml(config), **(tolerances or {})}
-    raise typer.Exit(
-        _judge(
-            baseline,
-            merged,
-            accum_steps,
-            baseline_accum_steps,
-            merged_tolerances,
-            json,
-            reference,
-        )
+    comparison = api.compare(
+        baseline,
+        merged,
+        reference=reference,
+        tolerances={**tolerances_from_yaml(config), **(tolerances or {})},
+        accum_steps=accum_steps,
+        baseline_accum_steps=baseline_accum_steps,
     )
+    raise typer.Exit(_verdict(comparison, json))
 
 
 @app.command()
@@ -325,17 +227,16 @@ def verify(
     tolerances: dict | None = None,
 ) -> None:
     """Baseline, merged and compare in one command (built-in default mirrors the seed)."""
-    from .record.faults import get_fault
-
-    cfg = load_config(config, overrides)
-    if accum_steps is not None:
-        cfg = cfg.replace(accum_steps=accum_steps)
-    checked_tolerances = _tolerances(config, tolerances)
-    get_fault(fault, cfg)  # refuse an inapplicable fault before any training
-    _preflight(cfg, [out / "baseline", out / "merged"], reference)
-    base_path = _record_baseline(cfg, out / "baseline", reference)
-    merged_path = _train(cfg, out / "merged", "merged", fault)
-    raise typer.Exit(_judge(base_path, merged_path, None, 1, checked_tolerances, json))
+    overrides = {**overrides, **({} if accum_steps is None else {"accum_steps": accum_steps})}
+    comparison = api.verify(
+        api.as_config(config, overrides),
+        out,
+        fault=fault,
+        reference=reference,
+        tolerances={**tolerances_from_yaml(config), **(tolerances or {})},
+        feedback=_feedback(),
+    )
+    raise typer.Exit(_verdict(comparison, json))
 
 
 @app.command()

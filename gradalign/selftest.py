@@ -14,13 +14,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from . import api
 from .config import TrainConfig
-from .errors import BadInput
-from .judge.compare import compare
 from .judge.results import FAIL, PASS
 from .record.faults import FAULTS
-from .record.trainer import reference_config, reference_path, train
-from .runs.reader import read_run_dir
 
 SCHEDULE_AND_CLIP = {"scheduler": "cosine", "warmup_updates": 2, "clip_norm": 0.5}
 SETUPS: dict[str, dict[str, Any]] = {
@@ -115,20 +112,10 @@ def run_selftest(out: Path, log: Console, cases: list[Case] | None = None) -> li
         base = root / "baseline"
         if case.setup not in recorded:
             recorded.add(case.setup)
-            ref = reference_path(base)
-            train(reference_config(config), ref)
-            train(config.replace(accum_steps=1), base, reference=f"../{ref.name}")
-        fault = FAULTS[case.fault] if case.fault else None
+            api.record_baseline(config, base, checked=True)
         merged = root / f"merged-{case.fault or 'clean'}"
-        if fault is not None:
-            reason = fault.needs(config)
-            if reason:
-                raise BadInput(f"selftest case {case.name}: fault {case.fault} {reason}")
-            train(config, merged, fault=fault)
-        else:
-            train(config, merged)
-        base_run = read_run_dir(base)
-        comparison = compare(base_run, read_run_dir(merged), None, read_run_dir(base_run.reference))
+        api.record_merged(config, merged, fault=case.fault, checked=True)
+        comparison = api.compare(base, merged)
         codes = [d.code for d in comparison.diagnosis if d.severity == "error"]
         diffs = [d for r in comparison.results for d in (*r.weights, *r.grads)]
         outcome = Outcome(
@@ -165,7 +152,7 @@ def render_selftest(outcomes: list[Outcome], console: Console) -> None:
 
 
 def write_selftest_json(outcomes: list[Outcome], path: Path) -> None:
-    from .report.table import write_text_atomic
+    from .report.output import write_text_atomic
 
     cases = [
         {

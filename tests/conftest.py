@@ -11,7 +11,7 @@ import pytest
 
 from gradalign.cli import main
 from gradalign.config import TrainConfig
-from gradalign.record.trainer import train
+from gradalign.record.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"

@@ -11,7 +11,7 @@ import torch
 
 from gradalign import Recorder
 from gradalign.config import TrainConfig
-from gradalign.record.trainer import train
+from gradalign.record.loop import train
 
 from .conftest import SMALL
 

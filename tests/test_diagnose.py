@@ -11,7 +11,8 @@ import pytest
 from gradalign.config import TrainConfig
 from gradalign.judge.compare import compare
 from gradalign.record.faults import FAULTS
-from gradalign.record.trainer import reference_path, train
+from gradalign.record.loop import train
+from gradalign.record.trainer import reference_path
 from gradalign.runs.reader import read_run_dir
 
 SMALL = ["--hidden", "32", "--updates", "4", "--batch-size", "32"]

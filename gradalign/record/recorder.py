@@ -18,99 +18,26 @@ step and how many steps happened inside each window, without trusting the loop t
 from __future__ import annotations
 
 import os
-import platform
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .. import __version__
 from ..runs.layout import grads_file, weights_file
 from ..runs.writer import RunWriter
+from .device import environment
+from .facts import (
+    RecorderError,
+    data_digest,
+    dtype_name,
+    fingerprint,
+    model_facts,
+    named_tensors,
+    to_numpy,
+)
 
-_BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
-
-
-class RecorderError(RuntimeError):
-    """The loop called the Recorder in an order that cannot describe a training run."""
-
-
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU numpy copy; bfloat16 (which numpy lacks) is widened to float32 exactly."""
-    tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
-        tensor = tensor.float()
-    return tensor.cpu().numpy().copy()
-
-
-def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
-    """An int64 digest of a tensor's exact bits (the sum of its bit patterns), on its device."""
-    tensor = tensor.detach()
-    if tensor.dtype.is_floating_point:
-        tensor = tensor.view(_BITS[tensor.element_size()])
-    return tensor.sum(dtype=torch.int64)
-
-
-def data_digest(batch: Any) -> int:
-    """An order-free int64 digest of a batch's samples that adds up over micro-batches.
-
-    Floating tensors are digested as float32 bits, so a float64 rerun of the same data (cast from
-    float32) digests alike; the digest of a batch is the sum of its micro-batches' digests.
-    """
-    if isinstance(batch, torch.Tensor):
-        tensor = batch.detach()
-        if tensor.dtype.is_floating_point:
-            tensor = tensor.float()
-        return int(fingerprint(tensor))
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, list | tuple):
-        return sum(data_digest(item) for item in batch)
-    raise RecorderError(f"batch must be a tensor, or a tuple, list or dict of them; got {batch!r}")
-
-
-def model_facts(model: torch.nn.Module) -> dict[str, Any]:
-    """Layers that make a sample's result depend on its batch or on a random generator."""
-    batchnorm, dropout = [], []
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-            batchnorm.append(name)
-        elif _drops(module):
-            dropout.append(name)
-    return {"batchnorm": batchnorm, "dropout": dropout, "training": model.training}
-
-
-def _drops(module: torch.nn.Module) -> bool:
-    if isinstance(module, torch.nn.modules.dropout._DropoutNd):
-        return module.p > 0
-    return isinstance(module, torch.nn.MultiheadAttention) and module.dropout > 0
-
-
-def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """Versions, device and the numerical settings that decide whether runs agree bit for bit."""
-    env: dict[str, Any] = {
-        "gradalign": __version__,
-        "python": platform.python_version(),
-        "platform": sys.platform,
-        "machine": platform.machine(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-    }
-    if device.type == "cuda":
-        env["cuda"] = torch.version.cuda
-        env["gpu"] = torch.cuda.get_device_name(device)
-    return env
+__all__ = ["Recorder", "RecorderError"]
 
 
 class Recorder:
@@ -136,7 +63,7 @@ class Recorder:
         self.reference = reference
         self._optimizer = optimizer
         self._model_facts = model_facts(model)
-        self._named = _named_tensors(model)
+        self._named = named_tensors(model)
         if not self._named:
             raise RecorderError("the model has no parameters to record")
         first = next(iter(self._named.values()))[0]
@@ -202,7 +129,9 @@ class Recorder:
         if self._grad_updates and self._grad_updates[-1] == update:
             raise RecorderError("grads() called twice for the same update")
         self._grad_dtypes.update(
-            _dtype(tensor.grad) for tensor, _, _ in self._named.values() if tensor.grad is not None
+            dtype_name(tensor.grad)
+            for tensor, _, _ in self._named.values()
+            if tensor.grad is not None
         )
         grads = {
             name: to_numpy(tensor.grad) if tensor.grad is not None else np.zeros(shape, np.float32)
@@ -329,7 +258,7 @@ class Recorder:
             "updates": updates,
             "micro_steps": len(self._losses),
             "tensors": [
-                {"name": name, "shape": list(shape), "dtype": _dtype(tensor), "kind": kind}
+                {"name": name, "shape": list(shape), "dtype": dtype_name(tensor), "kind": kind}
                 for name, (tensor, kind, shape) in self._named.items()
             ],
             "config": self.config,
@@ -342,17 +271,3 @@ class Recorder:
         if self.reference is not None:
             manifest["reference"] = self.reference
         return series, manifest
-
-
-def _dtype(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
-
-
-def _named_tensors(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, str, tuple[int, ...]]]:
-    """Parameters, then buffers (BatchNorm statistics and counters), in model order."""
-    named: dict[str, tuple[torch.Tensor, str, tuple[int, ...]]] = {}
-    for name, param in model.named_parameters():
-        named[name] = (param, "param", tuple(param.shape))
-    for name, buffer in model.named_buffers():
-        named[name] = (buffer, "buffer", tuple(buffer.shape))
-    return named

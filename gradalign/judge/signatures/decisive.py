@@ -1,0 +1,197 @@
+"""Decisive signatures: bookkeeping (steps, learning rates), data and model structure. Each reads
+facts that name a cause by themselves, so several may fire together."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..checks import sample_mismatches
+from ..results import Comparison, Diagnosis
+from .common import (
+    finite,
+    window,
+)
+
+
+def step_in_window(c: Comparison) -> Diagnosis | None:
+    windows = [r for r in c.results if any(k == "window" for k, _ in r.problems)]
+    steps = [
+        r for r in c.results if any(k in ("optimizer_steps", "state_step") for k, _ in r.problems)
+    ]
+    if not windows and not steps:
+        return None
+    evidence: dict = {"windows_with_weight_changes": len(windows)}
+    parts = []
+    if windows:
+        first = windows[0]
+        text = next(t for k, t in first.problems if k == "window")
+        evidence["first_window"] = first.update
+        parts.append(f"at update {first.update} the {text.split(':')[0]}")
+    if c.merged.optimizer_steps is not None and c.baseline.optimizer_steps is not None:
+        per_update = int(c.merged.optimizer_steps.max())
+        evidence["optimizer_steps_per_update"] = {
+            "merged": per_update,
+            "baseline": int(c.baseline.optimizer_steps.max()),
+        }
+        if per_update != int(c.baseline.optimizer_steps.max()):
+            parts.append(f"the merged run called optimizer.step() {per_update} times per update")
+    return Diagnosis(
+        "step-in-window",
+        "the optimizer stepped before the accumulation window ended: " + "; ".join(parts),
+        evidence,
+        "call optimizer.step() and optimizer.zero_grad() only after the K-th micro-batch of "
+        "each window, e.g. `if (micro + 1) % K == 0:`",
+    )
+
+
+def _schedule_advance(base_lr: np.ndarray, merged_lr: np.ndarray) -> int | None:
+    """The m with merged lr[t] == baseline lr[m*t] wherever the baseline reaches m*t."""
+    n = len(base_lr)
+    for m in range(2, n):
+        ts = [t for t in range(n) if m * t < n]
+        if len(ts) >= 2 and all(
+            math.isclose(merged_lr[t], base_lr[m * t], rel_tol=1e-9, abs_tol=1e-15) for t in ts
+        ):
+            return m
+    return None
+
+
+def lr_schedule(c: Comparison) -> Diagnosis | None:
+    bad = [r for r in c.results if any(k == "lr" for k, _ in r.problems)]
+    if not bad:
+        return None
+    i = bad[0].update
+    base_lr, merged_lr = c.baseline.lr, c.merged.lr
+    evidence = {
+        "first_update": i,
+        "merged_lr": finite(merged_lr[i]),
+        "baseline_lr": finite(base_lr[i]),
+        "updates_differing": len(bad),
+    }
+    advance = _schedule_advance(base_lr, merged_lr)
+    if advance is not None:
+        evidence["schedule_steps_per_update"] = advance
+        message = (
+            f"the learning-rate schedule advanced {advance} steps per update: merged lr at "
+            f"update t equals the baseline's at update {advance}·t (update {i}: "
+            f"{merged_lr[i]:.6g} vs {base_lr[i]:.6g})"
+        )
+        if advance == window(c):
+            message += ", i.e. once per micro-step"
+    else:
+        message = (
+            f"the learning rates differ from update {i} on ({merged_lr[i]:.6g} in merged, "
+            f"{base_lr[i]:.6g} in baseline)"
+        )
+    return Diagnosis(
+        "lr-schedule",
+        message,
+        evidence,
+        "step the scheduler once per optimizer step (once per window of K micro-batches), "
+        "and give both runs the same schedule in updates, not in micro-steps",
+    )
+
+
+def data_order(c: Comparison) -> Diagnosis | None:
+    bad = sample_mismatches(c.baseline, c.merged)
+    if bad is not None:
+        if not bad.size:
+            return None
+        evidence = {"windows_with_other_samples": int(bad.size), "first_update": int(bad[0])}
+        message = (
+            f"the merged run saw other samples than the baseline: {bad.size} of {c.updates} "
+            f"windows hold samples other than their baseline batch (first: update {int(bad[0])})"
+        )
+    else:
+        first = c.results[0]
+        facts = {**c.baseline.model_facts, **c.merged.model_facts}
+        if first.loss_ok or facts.get("batchnorm") or facts.get("dropout"):
+            return None
+        evidence = {
+            "update_0_loss_diff": finite(first.loss_diff),
+            "update_0_loss_allowed": finite(first.loss_allowed),
+            "sample_digests": "not recorded",
+        }
+        message = (
+            "the losses differ already at update 0, computed from identical initial weights, "
+            f"by {first.loss_diff:.3g} (allowed {first.loss_allowed:.3g}): the merged run "
+            "most likely saw other samples (no batch digests were recorded to confirm it)"
+        )
+    return Diagnosis(
+        "data-order",
+        message,
+        evidence,
+        "give window i exactly the rows of baseline batch i, split into K consecutive slices: "
+        "same sampler and seed, same shuffling, same drop_last; record `batch=` in "
+        "Recorder.micro() to check it",
+    )
+
+
+def _update0_gap(c: Comparison) -> tuple[dict, bool]:
+    """Loss and gradient differences at update 0: what a forward/backward-level cause shows."""
+    first = c.results[0]
+    evidence = {
+        "update_0_loss_diff": finite(first.loss_diff),
+        "update_0_loss_allowed": finite(first.loss_allowed),
+    }
+    grads_differ = any(not d.ok for d in first.grads)
+    if first.grads:
+        evidence["update_0_grad_cosine"] = finite(first.grad_cosine)
+        evidence["update_0_grad_ratio"] = finite(first.grad_ratio)
+        worst = max(first.grads, key=lambda d: d.rel_l2)
+        evidence["update_0_grad_rel_l2"] = {"parameter": worst.name, "value": finite(worst.rel_l2)}
+    return evidence, (not first.loss_ok) or grads_differ
+
+
+def batchnorm(c: Comparison) -> Diagnosis | None:
+    layers = c.baseline.model_facts.get("batchnorm") or c.merged.model_facts.get("batchnorm")
+    if not layers:
+        return None
+    evidence, differs = _update0_gap(c)
+    buffers = [d for d in c.results[0].weights if d.name.endswith("num_batches_tracked")]
+    w0b, w0m = c.baseline.weights(0), c.merged.weights(0)
+    if buffers and w0b is not None and w0m is not None:
+        name = buffers[0].name
+        evidence["num_batches_tracked_after_update_0"] = {
+            "merged": int(np.asarray(w0m[name]).ravel()[0]),
+            "baseline": int(np.asarray(w0b[name]).ravel()[0]),
+        }
+    stats = [d for d in c.results[0].weights if d.name.endswith("running_mean") and not d.ok]
+    if not differs and not stats:
+        return None
+    evidence["batchnorm_layers"] = list(layers)
+    return Diagnosis(
+        "batchnorm",
+        f"the model has BatchNorm ({', '.join(layers)}): each micro-batch of B/K is normalized "
+        "with its own statistics, so the forward pass already differs from the batch of B "
+        "(loss at update 0 differs by "
+        f"{c.results[0].loss_diff:.3g}) and the running statistics are updated K times per update",
+        evidence,
+        "use GroupNorm or LayerNorm (no batch statistics), or keep BatchNorm in eval mode with "
+        "fixed statistics, or accumulate the statistics over the whole window (SyncBatchNorm-"
+        "style) before normalizing",
+    )
+
+
+def dropout_rng(c: Comparison) -> Diagnosis | None:
+    layers = c.baseline.model_facts.get("dropout") or c.merged.model_facts.get("dropout")
+    if not layers:
+        return None
+    evidence, differs = _update0_gap(c)
+    if not differs:
+        return None
+    evidence["dropout_layers"] = list(layers)
+    cosine = evidence.get("update_0_grad_cosine")
+    shape = f", gradient cosine {cosine:.4f} at update 0" if cosine is not None else ""
+    return Diagnosis(
+        "dropout-rng",
+        f"the model has dropout ({', '.join(layers)}) and the runs differ from update 0, with "
+        f"identical weights and samples (loss differs by {c.results[0].loss_diff:.3g}{shape}): "
+        "the two runs drew different random masks",
+        evidence,
+        "draw the same masks in both runs: do not reseed or consume the generator per "
+        "micro-step; with several random ops per forward, use batch-invariant randomness (a "
+        "mask seeded by sample, layer and update); or verify with dropout disabled to isolate it",
+    )

@@ -1,0 +1,201 @@
+"""Gradient-shape signatures: read the accumulated gradient of the first update whose gradient
+fails, and name the accumulation bug its shape points to (a ratio, a direction, a dtype)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...runs.model import Run
+from ..results import Comparison, Diagnosis, UpdateResult
+from .common import (
+    COSINE_SAME_DIRECTION,
+    RATIO_MATCH,
+    finite,
+    norm,
+    relative_error,
+    window,
+)
+
+
+def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    ratio, cosine = r.grad_ratio, r.grad_cosine
+    if ratio is None or cosine is None or not cosine >= COSINE_SAME_DIRECTION:
+        return None
+    if not abs(ratio - 1) > RATIO_MATCH:
+        return None
+    k = window(c)
+    variants = [
+        (k, f"not divided by K={k}", "divide each micro-batch's loss by K before backward()"),
+        (1 / k, f"divided by K={k} twice", "divide each micro-batch's loss by K once"),
+        (
+            k + 1,
+            "accumulated as `loss += loss / K` (K+1 times the right gradient)",
+            "backpropagate `loss / K` alone; do not add it to the unscaled loss",
+        ),
+    ]
+    evidence = {"update": r.update, "grad_ratio": finite(ratio), "grad_cosine": finite(cosine)}
+    for expected, how, fix in variants:
+        if abs(ratio / expected - 1) <= RATIO_MATCH:
+            evidence["expected_ratio"] = expected
+            return Diagnosis(
+                "loss-scale",
+                f"the micro-batch losses were {how}: at update {r.update} the accumulated "
+                f"gradient is {ratio:.6g} times the baseline's with cosine {cosine:.8f}",
+                evidence,
+                fix,
+            )
+    return Diagnosis(
+        "loss-scale",
+        f"the accumulated gradient is {ratio:.6g} times the baseline's at update {r.update} in "
+        f"the same direction (cosine {cosine:.8f}): the loss is scaled by the wrong factor",
+        evidence,
+        "scale each micro-batch's loss by 1/K (or by its share of the window's items)",
+    )
+
+
+def _representable_share(grads: dict[str, np.ndarray], narrow: str) -> float:
+    """The share of nonzero gradient values that `narrow` (float16 or bfloat16) holds exactly."""
+    total = exact = 0
+    for g in grads.values():
+        values = np.asarray(g, dtype=np.float32).ravel()
+        values = values[values != 0]
+        if narrow == "float16":
+            kept = values.astype(np.float16).astype(np.float32)
+        else:  # bfloat16: the float32 with its low 16 bits cleared
+            kept = (values.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+        exact += int(np.count_nonzero(kept == values))
+        total += values.size
+    return exact / total if total else 0.0
+
+
+def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Gradients accumulated in a 16-bit buffer: every merged gradient value fits that format
+    exactly (its last mantissa bits are zero) while the baseline's do not."""
+    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
+    if gb is None or gm is None:
+        return None
+    for name in ("float16", "bfloat16"):
+        merged_share = _representable_share(gm, name)
+        base_share = _representable_share(gb, name)
+        if merged_share == 1.0 and base_share < 0.5:
+            error = relative_error(gb, gm)
+            return Diagnosis(
+                "grad-accum-dtype",
+                f"at update {r.update} every merged gradient value is exactly a {name} number "
+                f"(baseline: {base_share:.1%} of them), and the gradient is {error:.3g} off "
+                f"(relative L2): the micro-batch gradients were accumulated in {name}",
+                {
+                    "update": r.update,
+                    "accumulation_dtype": name,
+                    "merged_share_exact": merged_share,
+                    "baseline_share_exact": base_share,
+                    "grad_rel_l2": finite(error),
+                    "recorded_grad_dtype": {
+                        "merged": c.merged.grad_dtype,
+                        "baseline": c.baseline.grad_dtype,
+                    },
+                },
+                "accumulate gradients in float32 (keep .grad, or a float32 master copy, in "
+                "float32 under mixed precision) and cast only the weights to 16 bits",
+            )
+    return None
+
+
+def token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Each micro-batch's mean divided by K, with unequal item counts: a reweighting of the
+    micro-batches by N / (K n_j), so the gradient error is bounded by the imbalance."""
+    items, k = c.merged.micro_items, c.merged.accum_steps
+    if items is None or k < 2:
+        return None
+    counts = items[r.update * k : (r.update + 1) * k]
+    if counts.min() == counts.max() or counts.min() <= 0:
+        return None
+    weights = counts.sum() / (k * counts)  # what mean-per-micro-batch / K gives each micro-batch
+    imbalance = float(np.abs(weights - 1).max())
+    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
+    error = None if gb is None or gm is None else relative_error(gb, gm)
+    if error is None or not 0 < error <= 2 * imbalance:
+        return None
+    return Diagnosis(
+        "token-normalization",
+        f"at update {r.update} the micro-batches hold {', '.join(str(int(n)) for n in counts)} "
+        f"items, yet each was weighted equally (its mean divided by K): items are weighted up to "
+        f"{imbalance:.1%} wrong, and the gradient is {error:.3g} off (relative L2, cosine "
+        f"{r.grad_cosine:.6f})",
+        {
+            "update": r.update,
+            "items_per_micro_batch": [int(n) for n in counts],
+            "max_weight_error": imbalance,
+            "grad_rel_l2": error,
+            "grad_cosine": finite(r.grad_cosine),
+        },
+        "normalize by the window's item count: count the items of all K micro-batches first, "
+        "then backpropagate each micro-batch's summed loss divided by that total "
+        "(loss_norm: items; the fix of transformers PR #34191)",
+    )
+
+
+def _clipped(run: Run, update: int) -> tuple[bool, float | None]:
+    """Whether clipping engaged at `update` (norm before > norm of the recorded gradient), and
+    the norm after clipping."""
+    grads = run.grads(update)
+    if grads is None or run.grad_norm_pre_clip is None:
+        return False, None
+    after = norm(grads)
+    return bool(run.grad_norm_pre_clip[update] > after * (1 + 1e-4)), after
+
+
+def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if pre_b is None:
+        return None
+    i = r.update
+    clipped, post_b = _clipped(c.baseline, i)
+    if not clipped or post_b is None:
+        return None  # the baseline did not clip here: clipping cannot be the cause
+    evidence = {
+        "update": i,
+        "clip_norm": finite(post_b),
+        "baseline_norm_before_clip": finite(pre_b[i]),
+        "grad_ratio": finite(r.grad_ratio),
+        "grad_cosine": finite(r.grad_cosine),
+    }
+    if pre_m is not None:
+        evidence["merged_norm_before_clip"] = finite(pre_m[i])
+        if math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4):
+            return None  # the merged run saw the same norm before its clip: clipping is fine
+    unclipped = [u for u in range(i) if not _clipped(c.baseline, u)[0]]
+    evidence["earlier_unclipped_updates_that_agree"] = len(unclipped)
+    seen = (
+        f"; the merged run's norm before its final clip was {pre_m[i]:.4g}"
+        if pre_m is not None
+        else ""
+    )
+    return Diagnosis(
+        "clip-per-micro",
+        f"the gradients differ first at update {i}, where clipping engaged (baseline norm "
+        f"{pre_b[i]:.4g} clipped to {post_b:.4g}){seen}: clipping was applied to partial sums "
+        "inside the window, not once to the merged gradient",
+        evidence,
+        "clip once per update: after the K-th backward() (and after unscaling with a "
+        "GradScaler), just before optimizer.step()",
+    )
+
+
+def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    ratio, cosine, k = r.grad_ratio, r.grad_cosine, window(c)
+    if ratio is None or cosine is None or k < 2:
+        return None
+    if not (0.5 <= ratio * k <= 2.0 and 0 < cosine < COSINE_SAME_DIRECTION):
+        return None
+    return Diagnosis(
+        "zero-grad-in-window",
+        f"at update {r.update} the accumulated gradient is {ratio:.3g} times the baseline's "
+        f"(about 1/K = {1 / k:.3g}) and points elsewhere (cosine {cosine:.4f}): only the last "
+        "micro-batch's gradient survived, the earlier ones were cleared inside the window",
+        {"update": r.update, "grad_ratio": finite(ratio), "grad_cosine": finite(cosine), "K": k},
+        "call optimizer.zero_grad() once per update, after optimizer.step(), never inside the "
+        "micro-batch loop",
+    )

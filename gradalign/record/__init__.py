@@ -1,0 +1,11 @@
+"""The recording wing: everything that trains or records, and the only part that imports torch.
+
+`recorder` (the public `Recorder`, writing a run through `gradalign.runs`), `trainer` and `loop`
+(the one built-in training loop: the baseline is K=1), `models`, `tinylm` (the built-in zoo and
+its generated data), `faults` (named deviations inside that loop), `entrypoints` (the user's own
+`module:factory`), `facts` (digests, fingerprints, model structure, environment), `preflight`
+(warnings before training). Framework integrations and distributed recording belong here too.
+
+May import: torch, numpy, `gradalign.runs` (to write), `gradalign.config`, `gradalign.errors`.
+Never `gradalign.judge` or `gradalign.report`: a run is judged from its files alone.
+"""

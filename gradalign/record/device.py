@@ -1,0 +1,59 @@
+"""Where and how exactly a run computes: the device, deterministic kernels, and the environment
+facts (versions, threads, TF32, cuDNN) that decide whether two runs can agree bit for bit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..errors import BadInput
+
+
+def resolve_device(name: str) -> torch.device:
+    """cpu, cuda (must be present) or auto (cuda when present)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise BadInput("device cuda was asked for, but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def make_deterministic() -> None:
+    """Same command, same bits: deterministic kernels, no autotuning, no TF32 shortcuts."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """Versions, device and the numerical settings that decide whether runs agree bit for bit."""
+    env: dict[str, Any] = {
+        "gradalign": __version__,
+        "python": platform.python_version(),
+        "platform": sys.platform,
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    }
+    if device.type == "cuda":
+        env["cuda"] = torch.version.cuda
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env

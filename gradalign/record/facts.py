@@ -1,0 +1,80 @@
+"""Facts the Recorder takes from live tensors: exact-bit fingerprints, order-free sample digests,
+numpy copies, and the model's structure (its tensors, BatchNorm and dropout layers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+_BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
+class RecorderError(RuntimeError):
+    """The loop called the Recorder in an order that cannot describe a training run."""
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU numpy copy; bfloat16 (which numpy lacks) is widened to float32 exactly."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.float()
+    return tensor.cpu().numpy().copy()
+
+
+def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
+    """An int64 digest of a tensor's exact bits (the sum of its bit patterns), on its device."""
+    tensor = tensor.detach()
+    if tensor.dtype.is_floating_point:
+        tensor = tensor.view(_BITS[tensor.element_size()])
+    return tensor.sum(dtype=torch.int64)
+
+
+def data_digest(batch: Any) -> int:
+    """An order-free int64 digest of a batch's samples that adds up over micro-batches.
+
+    Floating tensors are digested as float32 bits, so a float64 rerun of the same data (cast from
+    float32) digests alike; the digest of a batch is the sum of its micro-batches' digests.
+    """
+    if isinstance(batch, torch.Tensor):
+        tensor = batch.detach()
+        if tensor.dtype.is_floating_point:
+            tensor = tensor.float()
+        return int(fingerprint(tensor))
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        return sum(data_digest(item) for item in batch)
+    raise RecorderError(f"batch must be a tensor, or a tuple, list or dict of them; got {batch!r}")
+
+
+def model_facts(model: torch.nn.Module) -> dict[str, Any]:
+    """Layers that make a sample's result depend on its batch or on a random generator."""
+    batchnorm, dropout = [], []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            batchnorm.append(name)
+        elif _drops(module):
+            dropout.append(name)
+    return {"batchnorm": batchnorm, "dropout": dropout, "training": model.training}
+
+
+def _drops(module: torch.nn.Module) -> bool:
+    if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+        return module.p > 0
+    return isinstance(module, torch.nn.MultiheadAttention) and module.dropout > 0
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def named_tensors(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, str, tuple[int, ...]]]:
+    """Parameters, then buffers (BatchNorm statistics and counters), in model order."""
+    named: dict[str, tuple[torch.Tensor, str, tuple[int, ...]]] = {}
+    for name, param in model.named_parameters():
+        named[name] = (param, "param", tuple(param.shape))
+    for name, buffer in model.named_buffers():
+        named[name] = (buffer, "buffer", tuple(buffer.shape))
+    return named

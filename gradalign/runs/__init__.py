@@ -1,0 +1,10 @@
+"""The run format: the only contract between the recording wing and the judging wing.
+
+`layout` (names inside a run directory), `tensors` (safetensors files, through the package),
+`writer` (staged, atomic run directories), `reader` (manifest and checksums checked, tensors
+loaded on demand), `model` (`Run`: the judge's view of one run, whatever wrote it), `paddle_log`
+(a training log is another source of a run), `sources` (open whatever the user points at).
+docs/FORMAT.md documents the format for writers in other frameworks.
+
+May import: numpy, safetensors, `gradalign.errors`. Never torch.
+"""
