@@ -66,6 +66,17 @@ def check_tolerances(tolerances: Mapping[str, Any] | None) -> dict[str, Any]:
     return checked
 
 
+def require_torch() -> None:
+    """Training and recording need torch; judging does not. Say so in one line."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise BadInput(
+            f"training needs torch, which cannot be imported here ({exc}); install it (the "
+            "README's Quick start sets up a CPU build), or judge recorded runs with `compare`"
+        ) from None
+
+
 def preflight(
     config: TrainConfig,
     outs: list[Path],
@@ -77,6 +88,7 @@ def preflight(
     """Check every input before any training: the reference choice, the fault, the outputs; build
     the model, data and loss once on one micro-batch; then warn about layers that make B/K
     compute something else than B, and say which numeric settings apply."""
+    require_torch()
     from .record.faults import get_fault
     from .record.preflight import determinism_line, warnings_for
     from .record.trainer import preflight as build_once
@@ -105,6 +117,7 @@ def _train(
     fault: str | None = None,
     reference: str | None = None,
 ) -> Path:
+    require_torch()
     from .record.faults import get_fault
     from .record.loop import train
 
@@ -126,6 +139,7 @@ def record_baseline(
 ) -> Path:
     """Train at batch B (K=1) and record the run at `out`; with reference "fp64", first record
     the same training in float64 beside it (`OUT-fp64`), the noise floor the judge uses."""
+    require_torch()
     from .record.trainer import reference_config, reference_path
 
     cfg, out, feedback = as_config(config).replace(accum_steps=1), Path(out), feedback or Silent()
