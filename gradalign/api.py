@@ -13,39 +13,28 @@ loss) and record a run; `compare` judges two recorded runs (or logs) from their 
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from .config import TrainConfig, load_config
+from .config import ENTRY_POINT_KEYS, TrainConfig, load_config
 from .errors import BadInput
+from .feedback import Feedback, Silent
 from .judge.results import Comparison
 
-PathLike = str | os.PathLike[str]
+PathLike = str | Path
 ConfigLike = TrainConfig | Mapping[str, Any] | PathLike | None
 REFERENCES = ("fp64", "none")
-
-
-class Feedback(Protocol):
-    """Where a long command tells people what it is doing (the CLI draws it; default: silence)."""
-
-    def message(self, text: str) -> None: ...
-
-    def progress(self, label: str, total: int) -> Any:
-        """A context manager giving a callable to call once per finished step."""
-
-
-class Silent:
-    """Feedback that says nothing."""
-
-    def message(self, text: str) -> None:
-        pass
-
-    @contextmanager
-    def progress(self, label: str, total: int) -> Iterator[Callable[[], None]]:
-        yield lambda: None
+__all__ = [
+    "Feedback",
+    "Silent",
+    "as_config",
+    "compare",
+    "merged_against",
+    "record_baseline",
+    "record_merged",
+    "verify",
+]
 
 
 def as_config(config: ConfigLike, overrides: Mapping[str, Any] | None = None) -> TrainConfig:
@@ -83,24 +72,27 @@ def preflight(
     *,
     reference: str = "none",
     fault: str | None = None,
+    inputs: Sequence[PathLike] = (),
+    reports: Sequence[PathLike] = (),
     feedback: Feedback | None = None,
 ) -> None:
-    """Check every input before any training: the reference choice, the fault, the outputs; build
-    the model, data and loss once on one micro-batch; then warn about layers that make B/K
-    compute something else than B, and say which numeric settings apply."""
+    """Check every input before any training: the reference choice, the fault, the outputs
+    (writable, not an input, reports not inside a run); build the model, data and loss once on
+    one micro-batch; then warn about layers that make B/K compute something else than B, and
+    say which numeric settings apply."""
     require_torch()
     from .record.faults import get_fault
     from .record.preflight import determinism_line, warnings_for
     from .record.trainer import preflight as build_once
-    from .record.trainer import reference_path
+    from .runs.outputs import check_outputs
     from .runs.writer import ensure_writable
 
     feedback = feedback or Silent()
     if reference not in REFERENCES:
         raise BadInput(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     get_fault(fault, config)
-    if reference == "fp64":
-        outs = [*outs, reference_path(outs[0])]
+    outs = [*outs, *_reference_names(config, outs[0], reference)]
+    check_outputs(outs, inputs, reports)
     for out in outs:
         ensure_writable(out)
     facts, env = build_once(config)
@@ -109,24 +101,49 @@ def preflight(
     feedback.message(f"settings: {determinism_line(env)}")
 
 
+def _reference_names(config: TrainConfig, baseline: Path, reference: str) -> list[Path]:
+    """Where the baseline's float64 reference goes, if one is recorded."""
+    from .record.trainer import reference_path
+
+    wanted = reference == "fp64" and config.param_dtype != "float64"
+    return [reference_path(baseline)] if wanted else []
+
+
 def _train(
     config: TrainConfig,
-    out: Path,
+    where: Path,
+    shown: Path,
     label: str,
     feedback: Feedback,
     fault: str | None = None,
     reference: str | None = None,
-) -> Path:
-    require_torch()
+) -> None:
+    """Record one run at `where` (a set's private area), announced as `shown`."""
     from .record.faults import get_fault
     from .record.loop import train
 
     injected = get_fault(fault, config)
     with feedback.progress(f"{label} (K={config.accum_steps})", config.updates) as advance:
-        path = train(config, out, progress=lambda _: advance(), fault=injected, reference=reference)
+        train(config, where, progress=lambda _: advance(), fault=injected, reference=reference)
     extra = f", fault {fault}" if fault else ""
-    feedback.message(f"{label}: {config.updates} updates x K={config.accum_steps}{extra} -> {path}")
-    return path
+    feedback.message(
+        f"{label}: {config.updates} updates x K={config.accum_steps}{extra} -> {shown}"
+    )
+
+
+def _record_baseline_into(
+    runs: Any, cfg: TrainConfig, out: Path, reference: str, feedback: Feedback
+) -> None:
+    """The baseline and (unless `reference` is none) its float64 rerun, into a RunSet."""
+    from .record.trainer import reference_config
+
+    link = None
+    for ref_dir in _reference_names(cfg, out, reference):
+        _train(
+            reference_config(cfg), runs.path(ref_dir.name), ref_dir, "reference (fp64)", feedback
+        )
+        link = f"../{ref_dir.name}"
+    _train(cfg, runs.path(out.name), out, "baseline", feedback, reference=link)
 
 
 def record_baseline(
@@ -137,20 +154,19 @@ def record_baseline(
     feedback: Feedback | None = None,
     checked: bool = False,
 ) -> Path:
-    """Train at batch B (K=1) and record the run at `out`; with reference "fp64", first record
-    the same training in float64 beside it (`OUT-fp64`), the noise floor the judge uses."""
+    """Train at batch B (K=1) and record the run at `out`; with reference "fp64", also record the
+    same training in float64 beside it (`OUT-fp64`), the noise floor the judge uses. Both appear
+    together, or neither does and an earlier pair stays as it was."""
     require_torch()
-    from .record.trainer import reference_config, reference_path
+    from .runs.writer import RunSet
 
     cfg, out, feedback = as_config(config).replace(accum_steps=1), Path(out), feedback or Silent()
     if not checked:
         preflight(cfg, [out], reference=reference, feedback=feedback)
-    link = None
-    if reference == "fp64" and cfg.param_dtype != "float64":
-        ref_dir = reference_path(out)
-        _train(reference_config(cfg), ref_dir, "reference (fp64)", feedback)
-        link = f"../{ref_dir.name}"
-    return _train(cfg, out, "baseline", feedback, reference=link)
+    names = [out.name, *(p.name for p in _reference_names(cfg, out, reference))]
+    with RunSet(out.parent, names) as runs:
+        _record_baseline_into(runs, cfg, out, reference, feedback)
+    return out
 
 
 def record_merged(
@@ -163,10 +179,15 @@ def record_merged(
 ) -> Path:
     """Train at micro-batch B/K for N·K micro-steps, stepping every K, and record the run;
     `fault` injects one named accumulation bug (see `gradalign.record.faults.FAULTS`)."""
+    require_torch()
+    from .runs.writer import RunSet
+
     cfg, out, feedback = as_config(config), Path(out), feedback or Silent()
     if not checked:
         preflight(cfg, [out], fault=fault, feedback=feedback)
-    return _train(cfg, out, "merged", feedback, fault)
+    with RunSet(out.parent, [out.name]) as runs:
+        _train(cfg, runs.path(out.name), out, "merged", feedback, fault)
+    return out
 
 
 def compare(
@@ -177,21 +198,32 @@ def compare(
     tolerances: Mapping[str, Any] | None = None,
     accum_steps: int | None = None,
     baseline_accum_steps: int = 1,
+    reports: Sequence[PathLike] = (),
+    feedback: Feedback | None = None,
 ) -> Comparison:
     """Judge `merged` against `baseline` (run directories or training logs) from their files.
 
     `reference`: a float64 rerun of the baseline to calibrate by; by default the one the
     baseline's manifest names; "none" for the fixed tolerances. `accum_steps`: K of a merged log
-    (a run directory states its own). Raises BadInput for unreadable or incomparable runs.
+    (a run directory states its own). `reports`: files the caller will write afterwards, checked
+    first. Raises BadInput for unreadable or incomparable runs.
     """
     from .judge.compare import compare as judge
+    from .runs.outputs import check_outputs
     from .runs.sources import open_reference, open_run
 
     checked = check_tolerances(tolerances)
+    named = [] if reference in (None, "none") else [Path(reference)]
+    check_outputs([], [Path(baseline), Path(merged), *named], reports)
+    if Path(baseline).resolve() == Path(merged).resolve():
+        raise BadInput(f"{baseline} is compared with itself: that proves nothing; give two runs")
     base_run = open_run(Path(baseline), baseline_accum_steps, role="baseline")
     merged_run = open_run(Path(merged), accum_steps, role="merged")
     ref_run, note = open_reference(None if reference is None else str(reference), base_run)
-    comparison = judge(base_run, merged_run, checked, ref_run)
+    if ref_run is not None:
+        check_outputs([], [ref_run.source], reports)
+    with (feedback or Silent()).progress("compare", base_run.updates) as advance:
+        comparison = judge(base_run, merged_run, checked, ref_run, on_update=lambda _: advance())
     if note:
         comparison.notes.append(note)
     return comparison
@@ -204,34 +236,92 @@ def verify(
     fault: str | None = None,
     reference: str = "fp64",
     tolerances: Mapping[str, Any] | None = None,
+    reports: Sequence[PathLike] = (),
     feedback: Feedback | None = None,
 ) -> Comparison:
     """Record the baseline (and its float64 reference) and the merged run under `out`, then
-    judge them: `out/baseline`, `out/baseline-fp64`, `out/merged`."""
+    judge them: `out/baseline`, `out/baseline-fp64`, `out/merged`. The three appear together, or
+    none does and an earlier set stays as it was."""
+    require_torch()
+    from .runs.writer import RunSet
+
     cfg, out, feedback = as_config(config), Path(out), feedback or Silent()
     checked = check_tolerances(tolerances)
+    base, merged = out / "baseline", out / "merged"
     preflight(
-        cfg,
-        [out / "baseline", out / "merged"],
-        reference=reference,
-        fault=fault,
-        feedback=feedback,
+        cfg, [base, merged], reference=reference, fault=fault, reports=reports, feedback=feedback
     )
-    base = record_baseline(
-        cfg, out / "baseline", reference=reference, feedback=feedback, checked=True
-    )
-    merged = record_merged(cfg, out / "merged", fault=fault, feedback=feedback, checked=True)
-    return compare(base, merged, tolerances=checked)
+    names = ["baseline", *(p.name for p in _reference_names(cfg, base, reference)), "merged"]
+    with RunSet(out, names) as runs:
+        _record_baseline_into(runs, cfg.replace(accum_steps=1), base, reference, feedback)
+        _train(cfg, runs.path("merged"), merged, "merged", feedback, fault)
+    return compare(base, merged, tolerances=checked, reports=reports, feedback=feedback)
+
+
+def merged_against(
+    baseline: PathLike,
+    out: PathLike = "runs/merged",
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    config_file: PathLike | None = None,
+    fault: str | None = None,
+    tolerances: Mapping[str, Any] | None = None,
+    trust_run_code: bool = False,
+    reports: Sequence[PathLike] = (),
+    feedback: Feedback | None = None,
+) -> Comparison:
+    """The merged half alone, against a kept baseline run: train the experiment the baseline
+    recorded (with `overrides`, and K from them or the default), then judge.
+
+    The baseline's own model, data or loss code (`module:factory` in its manifest) is imported
+    only when `overrides` name the same code or `trust_run_code` is set: a shared run must not
+    run code it carries. Everything is checked before training: the baseline is readable and
+    K=1, `out` is not the baseline or its reference, the reports land outside every run."""
+    from .runs.reader import read_run_dir
+
+    feedback = feedback or Silent()
+    checked = check_tolerances({**_file_tolerances(config_file), **dict(tolerances or {})})
+    base_run = read_run_dir(Path(baseline))
+    if base_run.accum_steps != 1:
+        raise BadInput(
+            f"{baseline} was recorded with K={base_run.accum_steps}; --against needs a K=1 "
+            "baseline run"
+        )
+    cfg = recorded_config(baseline, overrides, config_file, trust_run_code)
+    inputs = [Path(baseline), *([Path(base_run.reference)] if base_run.reference else [])]
+    out = Path(out)
+    preflight(cfg, [out], fault=fault, inputs=inputs, reports=reports, feedback=feedback)
+    record_merged(cfg, out, fault=fault, feedback=feedback, checked=True)
+    comparison = compare(baseline, out, tolerances=checked, reports=reports, feedback=feedback)
+    if trust_run_code:
+        code = {k: cfg.to_dict()[k] for k in ENTRY_POINT_KEYS if _is_code(cfg.to_dict()[k])}
+        if code:
+            comparison.notes.append(
+                "--trust-run-code: imported the code the baseline's manifest names: "
+                + ", ".join(f"{k}={v}" for k, v in code.items())
+            )
+    return comparison
+
+
+def _is_code(value: object) -> bool:
+    return isinstance(value, str) and ":" in value
+
+
+def _file_tolerances(config_file: PathLike | None) -> dict[str, Any]:
+    from .config import tolerances_from_yaml
+
+    return tolerances_from_yaml(None if config_file is None else Path(config_file))
 
 
 def recorded_config(
     baseline: PathLike,
     overrides: Mapping[str, Any] | None = None,
     config_file: PathLike | None = None,
+    trust_run_code: bool = False,
 ) -> TrainConfig:
     """The experiment a recorded baseline ran (B, N, seed, optimizer...) over `config_file`, with
     `overrides` on top; its K of 1 is not taken over (the merged K comes from the overrides, the
-    file or the default)."""
+    file or the default). Code it names is refused unless confirmed (see `merged_against`)."""
     from .config import FIELDS
     from .runs.reader import read_manifest
 
@@ -239,6 +329,13 @@ def recorded_config(
     if not isinstance(recorded, dict):
         raise BadInput(f"{baseline}: manifest field 'config' is not a mapping")
     kept = {k: v for k, v in recorded.items() if k in FIELDS and k != "accum_steps"}
-    return load_config(
-        None if config_file is None else Path(config_file), {**kept, **dict(overrides or {})}
-    )
+    overrides = dict(overrides or {})
+    for key in ENTRY_POINT_KEYS:
+        named = kept.get(key)
+        if _is_code(named) and overrides.get(key) != named and not trust_run_code:
+            raise BadInput(
+                f"{baseline} was recorded with your own {key} {named!r}; gradalign does not "
+                f"import code a run names: pass --{key} {named} to confirm it, or "
+                "--trust-run-code"
+            )
+    return load_config(None if config_file is None else Path(config_file), {**kept, **overrides})

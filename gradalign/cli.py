@@ -1,122 +1,77 @@
-"""The `gradalign` command line: a thin layer over the library (train, store, compare, report)."""
+"""The `gradalign` command line: parse, call `gradalign.api`, render, exit code.
+
+Exit codes: 0 aligned, 1 not aligned, 2 bad input (one line on stderr), 3 an internal error (one
+line; `--debug` shows the traceback), 130 interrupted. A crash never looks like a verdict.
+"""
 
 from __future__ import annotations
 
-import functools
-import inspect
+import errno
+import os
 import sys
-import typing
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from typer.exceptions import Abort, TyperException
 
 from . import __version__, api
-from .config import FIELDS, base_type, tolerances_from_yaml
+from .cli_options import (
+    AccumOpt,
+    ConfigOpt,
+    FaultOpt,
+    JsonOpt,
+    ReferenceOpt,
+    tolerance_options,
+    training_options,
+)
+from .config import tolerances_from_yaml
 from .errors import BadInput
 
+BAD_INPUT, INTERNAL, INTERRUPTED = 2, 3, 130
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Is a gradient-accumulation run numerically the same training as its large batch?",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Is a gradient-accumulation run numerically the same training as its large batch? "
+    "Exit 0 aligned, 1 not aligned, 2 bad input, 3 internal error, 130 interrupted.",
 )
-_WIDTH = None if sys.stdout.isatty() else 132  # CI logs: wide enough for the table
-out_console = Console(highlight=False, width=_WIDTH)
-err_console = Console(stderr=True, highlight=False, width=_WIDTH)
-
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file")]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="also write the report as JSON")]
-AccumOpt = Annotated[
-    int | None, typer.Option("--accum-steps", "-k", help="micro-steps per update K")
-]
-FaultOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--fault",
-        help="inject a known accumulation bug into the merged run, to prove the gate fails "
-        "(see `gradalign selftest`)",
-    ),
-]
-ReferenceOpt = Annotated[
-    str,
-    typer.Option(
-        "--reference",
-        help="fp64: also record a float64 rerun of the baseline (BASE-fp64) as the noise "
-        "floor; none: judge by the dtype's fixed tolerances",
-    ),
-]
-_TRAINING_KEYS = [name for name in FIELDS if name != "accum_steps"]
-_TOLERANCE_HELP = {
-    "loss_atol": "absolute loss tolerance",
-    "loss_rtol": "loss tolerance relative to the baseline loss",
-    "weight_rtol": "weight error allowed, relative to how far training moved the weights",
-    "weight_atol": "absolute weight tolerance per element (scaled by sqrt(n))",
-    "grad_rtol": "gradient error allowed, relative to the gradient's norm",
-    "noise_factor": "with a reference: error allowed, as a multiple of the baseline's own",
-    "noise_floor": "with a reference: error always allowed, in machine epsilons of the tensor",
-}
 
 
-def _extend_signature(extra: dict[str, tuple[type, str, str]], target: str) -> Callable:
-    """Add one `--name` option per entry to a command; their values arrive as dict `target`.
-
-    The options are generated from one table (the config dataclass, the tolerances), so a key
-    exists in YAML and on the command line under the same name without being written twice.
-    """
-
-    def decorate(fn: Callable) -> Callable:
-        signature = inspect.signature(fn)
-        hints = typing.get_type_hints(fn, include_extras=True)  # resolve string annotations
-        params = [
-            p.replace(annotation=hints.get(p.name, p.annotation))
-            for p in signature.parameters.values()
-            if p.name != target
-        ]
-        for name, (kind, help_text, panel) in extra.items():
-            option = typer.Option(
-                f"--{name.replace('_', '-')}",
-                help=help_text,
-                rich_help_panel=panel,
-                show_default=False,
-            )
-            params.append(
-                inspect.Parameter(
-                    name,
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=None,
-                    annotation=Annotated[kind | None, option],
-                )
-            )
-
-        @functools.wraps(fn)
-        def wrapper(**kwargs: Any) -> Any:
-            values = {name: kwargs.pop(name) for name in extra}
-            kwargs[target] = {k: v for k, v in values.items() if v is not None}
-            return fn(**kwargs)
-
-        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-        return wrapper
-
-    return decorate
+def _width() -> int | None:
+    """A terminal's own width; off one (CI logs), COLUMNS if set, else wide enough for the table."""
+    if sys.stdout.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) >= 40 else 160
 
 
-def _help(name: str) -> str:
-    choices = FIELDS[name].metadata["choices"]
-    text = FIELDS[name].metadata["help"]
-    return f"{text} [{'|'.join(choices)}]" if choices else text
+out_console = Console(highlight=False, width=_width())
+err_console = Console(stderr=True, highlight=False, width=_width())
+_debug = {"on": bool(os.environ.get("GRADALIGN_DEBUG"))}
 
 
-training_options = _extend_signature(
-    {name: (base_type(name), _help(name), "Training") for name in _TRAINING_KEYS},
-    "overrides",
-)
-tolerance_options = _extend_signature(
-    {name: (float, text, "Tolerances") for name, text in _TOLERANCE_HELP.items()}, "tolerances"
-)
+def _show_version(value: bool) -> None:
+    if value:
+        out_console.print(f"gradalign {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_show_version, help="print the version and exit"
+        ),
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="show the traceback of an internal error")
+    ] = False,
+) -> None:
+    _debug["on"] = _debug["on"] or debug
 
 
 def _feedback():
@@ -137,6 +92,14 @@ def _verdict(comparison, json_path: Path | None) -> int:
     return 1 if comparison.verdict == FAIL else 0
 
 
+def _reports(*paths: Path | None) -> list[Path]:
+    return [p for p in paths if p is not None]
+
+
+def _with_k(overrides: dict | None, accum_steps: int | None) -> dict:
+    return {**(overrides or {}), **({} if accum_steps is None else {"accum_steps": accum_steps})}
+
+
 @app.command()
 @training_options
 def baseline(
@@ -146,9 +109,8 @@ def baseline(
     overrides: dict | None = None,
 ) -> None:
     """Train at batch B for N updates (K=1) and record the run (and its float64 reference)."""
-    api.record_baseline(
-        api.as_config(config, overrides), out, reference=reference, feedback=_feedback()
-    )
+    cfg = api.as_config(config, overrides)
+    api.record_baseline(cfg, out, reference=reference, feedback=_feedback())
 
 
 @app.command()
@@ -163,18 +125,33 @@ def merged(
     ] = None,
     json: JsonOpt = None,
     fault: FaultOpt = None,
+    trust_run_code: Annotated[
+        bool,
+        typer.Option(
+            help="with --against: import the model/data/loss code the baseline's manifest names "
+            "(otherwise name it again with --model/--data/--loss)"
+        ),
+    ] = False,
     overrides: dict | None = None,
 ) -> None:
     """Train at micro-batch B/K for N*K micro-steps, stepping every K; record the run."""
-    overrides = {**overrides, **({} if accum_steps is None else {"accum_steps": accum_steps})}
-    if against is not None:
-        cfg = api.recorded_config(against, overrides, config)
-    else:
-        cfg = api.as_config(config, overrides)
-    tolerances = api.check_tolerances(tolerances_from_yaml(config))
-    path = api.record_merged(cfg, out, fault=fault, feedback=_feedback())
-    if against is not None:
-        raise typer.Exit(_verdict(api.compare(against, path, tolerances=tolerances), json))
+    overrides = _with_k(overrides, accum_steps)
+    if against is None:
+        if json is not None:
+            raise BadInput("--json needs --against: a merged run alone is not judged")
+        api.record_merged(api.as_config(config, overrides), out, fault=fault, feedback=_feedback())
+        return
+    comparison = api.merged_against(
+        against,
+        out,
+        overrides=overrides,
+        config_file=config,
+        fault=fault,
+        trust_run_code=trust_run_code,
+        reports=_reports(json),
+        feedback=_feedback(),
+    )
+    raise typer.Exit(_verdict(comparison, json))
 
 
 @app.command("compare")
@@ -207,6 +184,8 @@ def compare_cmd(
         tolerances={**tolerances_from_yaml(config), **(tolerances or {})},
         accum_steps=accum_steps,
         baseline_accum_steps=baseline_accum_steps,
+        reports=_reports(json),
+        feedback=_feedback(),
     )
     raise typer.Exit(_verdict(comparison, json))
 
@@ -227,13 +206,13 @@ def verify(
     tolerances: dict | None = None,
 ) -> None:
     """Baseline, merged and compare in one command (built-in default mirrors the seed)."""
-    overrides = {**overrides, **({} if accum_steps is None else {"accum_steps": accum_steps})}
     comparison = api.verify(
-        api.as_config(config, overrides),
+        api.as_config(config, _with_k(overrides, accum_steps)),
         out,
         fault=fault,
         reference=reference,
         tolerances={**tolerances_from_yaml(config), **(tolerances or {})},
+        reports=_reports(json),
         feedback=_feedback(),
     )
     raise typer.Exit(_verdict(comparison, json))
@@ -249,7 +228,7 @@ def selftest(
     """Prove the gate: clean setups must pass, every known bug must fail with its own code."""
     from .selftest import render_selftest, run_selftest, write_selftest_json
 
-    outcome = run_selftest(out, err_console)
+    outcome = run_selftest(out, err_console, reports=_reports(json))
     render_selftest(outcome, out_console)
     if json is not None:
         write_selftest_json(outcome, json)
@@ -262,21 +241,57 @@ def version() -> None:
     out_console.print(__version__)
 
 
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR}
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: bad input is one line on stderr and exit 2, never a traceback."""
+    """Entry point. Bad input is one line on stderr and exit 2; anything unexpected is one line
+    and exit 3 (the traceback with --debug); never exit 1, which means "not aligned"."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    _debug["on"] = _debug["on"] or "--debug" in args
+    args = [a for a in args if a != "--debug"]  # accepted before or after the command
     try:
-        code = app(args=argv, prog_name="gradalign", standalone_mode=False)
+        code = app(args=args, prog_name="gradalign", standalone_mode=False)
     except TyperException as exc:  # usage errors: unknown option, bad value, missing argument
-        _fail(exc.format_message(), getattr(exc, "exit_code", 2) or 2)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `gradalign` (or a group): help
+            context = getattr(exc, "ctx", None)
+            out_console.print(context.get_help() if context else "", markup=False)
+            sys.exit(0)
+        _fail(exc.format_message(), getattr(exc, "exit_code", BAD_INPUT) or BAD_INPUT)
     except BadInput as exc:
-        _fail(str(exc), 2)
+        _fail(str(exc), BAD_INPUT)
     except (Abort, KeyboardInterrupt):
-        code = 130
-    if code == 130:
+        code = INTERRUPTED
+    except MemoryError:
+        _fail("out of memory: the run is too large for this machine; reduce it", BAD_INPUT)
+    except OSError as exc:
+        if exc.errno not in _DISK_ERRORS or _debug["on"]:
+            _internal(exc)
+        where = f" ({exc.filename})" if exc.filename else ""
+        _fail(f"cannot write or read{where}: {exc.strerror}", BAD_INPUT)
+    except RecursionError as exc:
+        if _debug["on"]:
+            raise
+        _fail(f"input nested too deeply to read ({exc})", BAD_INPUT)
+    except Exception as exc:
+        _internal(exc)
+    if code == INTERRUPTED:
         err_console.print("interrupted: no partial run was left in place")
     sys.exit(code if isinstance(code, int) else 0)
 
 
+def _internal(exc: BaseException) -> None:
+    if _debug["on"]:
+        raise exc
+    text = " ".join(str(exc).split())[:300]
+    _fail(
+        f"internal error: {type(exc).__name__}: {text} (this is a gradalign bug: rerun with "
+        "--debug for the traceback and report it)",
+        INTERNAL,
+    )
+
+
 def _fail(message: str, code: int) -> None:
-    err_console.print(f"error: {' '.join(message.split())}", soft_wrap=True, markup=False)
+    text = " ".join(message.split())
+    err_console.print(f"error: {text or 'bad command line'}", soft_wrap=True, markup=False)
     sys.exit(code)

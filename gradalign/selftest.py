@@ -103,8 +103,15 @@ class Outcome:
         return self.verdict == FAIL and self.codes[:1] == [self.expected_code]
 
 
-def run_selftest(out: Path, log: Console, cases: list[Case] | None = None) -> list[Outcome]:
-    """Train and judge every case; baselines and references are shared between cases."""
+def run_selftest(
+    out: Path, log: Console, cases: list[Case] | None = None, reports: list[Path] | None = None
+) -> list[Outcome]:
+    """Train and judge every case; baselines and references are shared between cases.
+    `reports`: files the caller writes afterwards, checked before any training."""
+    from .runs.outputs import check_outputs
+
+    api.require_torch()
+    check_outputs([out], [], reports or [])
     outcomes, recorded = [], set()
     for case in cases or CASES:
         config = TrainConfig().replace(**SETUPS[case.setup])

@@ -8,6 +8,7 @@ verdict is calibrated by the run's floating-point noise (see tolerances.Toleranc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -29,9 +30,15 @@ __all__ = ["FAIL", "NOT_CHECKED", "PASS", "Check", "Comparison", "UpdateResult",
 
 
 def compare(
-    base: Run, merged: Run, overrides: dict | None = None, reference: Run | None = None
+    base: Run,
+    merged: Run,
+    overrides: dict | None = None,
+    reference: Run | None = None,
+    on_update: Callable[[int], None] | None = None,
 ) -> Comparison:
-    """Judge `merged` against `base` (and `reference`). Raises BadInput for incomparable runs."""
+    """Judge `merged` against `base` (and `reference`). Raises BadInput for incomparable runs.
+
+    `on_update(i)` is called after each update is judged (progress for long runs)."""
     starts = check_compatible(base, merged)
     bound = check_reference(base, merged, reference) if reference is not None else None
     dtype = least_precise([base.compute_dtype, merged.compute_dtype])
@@ -47,6 +54,8 @@ def compare(
         _judge_bookkeeping(result, base, merged)
         result.problems.extend(("window", text) for text in changes.get(i, []))
         results.append(result)
+        if on_update is not None:
+            on_update(i)
     checks = build_checks(base, merged, results, changes, reference is not None)
     comparison = Comparison(
         base,

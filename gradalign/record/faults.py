@@ -1,17 +1,22 @@
 """Known gradient-accumulation bugs, injected on purpose into the built-in loop to prove the gate
 can fail. The judge never reads a fault's name: it must find the bug in the recorded numbers.
+
+This catalogue does not import torch (the CLI's help lists the faults); the loop applies them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..config import TrainConfig
 from ..errors import BadInput
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _as_is(loss: torch.Tensor, k: int) -> torch.Tensor:
@@ -33,7 +38,7 @@ class Fault:
     clip_each_micro: bool = False
     shuffle_micro_batches: bool = False
     reseed_each_micro: bool = False
-    accumulate_in: torch.dtype | None = None  # a low-precision gradient accumulation buffer
+    accumulate_in: str | None = None  # dtype of a low-precision gradient accumulation buffer
     needs: Callable[[TrainConfig], str | None] = lambda config: None  # why it cannot show
 
     def scheduler_steps(self, k: int) -> int:
@@ -122,7 +127,7 @@ FAULTS: dict[str, Fault] = {
             "bf16-accum",
             "micro-batch gradients are accumulated in a bfloat16 buffer",
             "grad-accum-dtype",
-            accumulate_in=torch.bfloat16,
+            accumulate_in="bfloat16",
         ),
         Fault(
             "dropout-reseed",

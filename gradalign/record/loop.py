@@ -47,7 +47,7 @@ def run_loop(
             (t.scaler.scale(scaled) if t.scaler else scaled).backward()
             rec.micro(loss, items=items, batch=(inputs, targets))
             if fault.accumulate_in is not None:
-                _accumulate_low(model, fault.accumulate_in, last=micro == k - 1)
+                _accumulate_low(model, getattr(torch, fault.accumulate_in), last=micro == k - 1)
             if fault.clip_each_micro:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if fault.step_each_micro and micro < k - 1:

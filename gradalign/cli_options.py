@@ -1,0 +1,107 @@
+"""The command line's options: one table (the config dataclass, the tolerances) generates them, so
+a key exists in YAML and on the command line under the same name without being written twice."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from .config import FIELDS, base_type
+from .record.faults import FAULTS
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="also write the report as JSON")]
+AccumOpt = Annotated[
+    int | None, typer.Option("--accum-steps", "-k", help="micro-steps per update K")
+]
+FaultOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--fault",
+        help="inject a known accumulation bug into the merged run, to prove the gate fails "
+        + escape(f"[{'|'.join(FAULTS)}]"),
+    ),
+]
+ReferenceOpt = Annotated[
+    str,
+    typer.Option(
+        "--reference",
+        help="fp64: also record a float64 rerun of the baseline (BASE-fp64) as the noise "
+        "floor; none: judge by the dtype's fixed tolerances " + escape("[fp64|none]"),
+    ),
+]
+_TRAINING_KEYS = [name for name in FIELDS if name != "accum_steps"]
+_TOLERANCE_HELP = {
+    "loss_atol": "absolute loss tolerance",
+    "loss_rtol": "loss tolerance relative to the baseline loss",
+    "weight_rtol": "weight error allowed, relative to how far training moved the weights",
+    "weight_atol": "absolute weight tolerance per element (scaled by sqrt(n))",
+    "grad_rtol": "gradient error allowed, relative to the gradient's norm",
+    "noise_factor": "with a reference: error allowed, as a multiple of the baseline's own",
+    "noise_floor": "with a reference: error always allowed, in machine epsilons of the tensor",
+}
+
+
+def _extend_signature(extra: dict[str, tuple[type, str, str]], target: str) -> Callable:
+    """Add one `--name` option per entry to a command; their values arrive as dict `target`.
+
+    The options are generated from one table (the config dataclass, the tolerances), so a key
+    exists in YAML and on the command line under the same name without being written twice.
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)  # resolve string annotations
+        params = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in signature.parameters.values()
+            if p.name != target
+        ]
+        for name, (kind, help_text, panel) in extra.items():
+            option = typer.Option(
+                f"--{name.replace('_', '-')}",
+                help=help_text,
+                rich_help_panel=panel,
+                show_default=False,
+            )
+            params.append(
+                inspect.Parameter(
+                    name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=None,
+                    annotation=Annotated[kind | None, option],
+                )
+            )
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in extra}
+            kwargs[target] = {k: v for k, v in values.items() if v is not None}
+            return fn(**kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+def _help(name: str) -> str:
+    choices = FIELDS[name].metadata["choices"]
+    text = FIELDS[name].metadata["help"]
+    return escape(f"{text} [{'|'.join(choices)}]") if choices else text
+
+
+training_options = _extend_signature(
+    {name: (base_type(name), _help(name), "Training") for name in _TRAINING_KEYS},
+    "overrides",
+)
+tolerance_options = _extend_signature(
+    {name: (float, text, "Tolerances") for name, text in _TOLERANCE_HELP.items()}, "tolerances"
+)

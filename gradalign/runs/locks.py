@@ -1,0 +1,100 @@
+"""One writer per run path: an exclusive lock held while a process writes a run there.
+
+The lock is `PARENT/.NAME.lock`, locked with `flock` and holding the writer's pid for messages.
+The kernel releases it when the process dies, however it dies, so a lock left by a killed
+process is stale by construction and the next writer takes it over. Released locks are unlinked
+(safely: a taker checks that the file it locked is still the one at the path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from ..errors import BadInput
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: one writer per path is not enforced
+    fcntl = None  # type: ignore[assignment]
+
+
+_HELD: set[Path] = set()  # lock files this process holds
+
+
+def lock_path(run: Path) -> Path:
+    return run.parent / f".{run.name}.lock"
+
+
+def held_here(run: str | os.PathLike[str]) -> bool:
+    """Whether this process holds the lock on writing `run` already."""
+    return lock_path(Path(run)).absolute() in _HELD
+
+
+class RunLock:
+    """An exclusive, non-blocking lock on writing the run at `run`."""
+
+    def __init__(self, run: str | os.PathLike[str]) -> None:
+        self.run = Path(run)
+        self.path = lock_path(self.run)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> RunLock:
+        """Take the lock, or raise BadInput naming the process that holds it."""
+        if self.held:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if fcntl is None:
+                break
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                raise BadInput(
+                    f"{self.run} is being written by another gradalign process"
+                    + (f" (pid {holder})" if holder else "")
+                    + "; wait for it or choose another output"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the previous holder unlinked it after we opened it: take the new one
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        _HELD.add(self.path.absolute())
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        os.close(self._fd)  # closing releases the flock
+        self._fd = None
+        _HELD.discard(self.path.absolute())
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode().strip()
+        return int(text) if text.isdigit() else None
+    except (OSError, UnicodeDecodeError):
+        return None

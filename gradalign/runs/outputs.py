@@ -1,0 +1,45 @@
+"""Outputs never touch inputs: where a command may write, checked before it does any work."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..errors import BadInput
+
+
+def _inside(path: Path, other: Path) -> bool:
+    return path == other or other in path.parents
+
+
+def check_outputs(
+    outputs: Iterable[os.PathLike[str] | str],
+    inputs: Iterable[os.PathLike[str] | str],
+    reports: Iterable[os.PathLike[str] | str] = (),
+) -> None:
+    """Refuse an output run that is, holds or lies inside an input (a run or a log), and a report
+    file that would land on or inside any run of the command, or on a directory."""
+    ins = [(Path(p), Path(p).resolve()) for p in inputs]
+    outs = [(Path(p), Path(p).resolve()) for p in outputs]
+    for shown, out in outs:
+        for given, source in ins:
+            if _inside(out, source) or _inside(source, out):
+                raise BadInput(
+                    f"output {shown} would overwrite the input {given}; choose another output"
+                )
+    for report in reports:
+        target = Path(report).resolve()
+        if Path(report).is_dir():
+            raise BadInput(f"report {report} is a directory; give a file name")
+        for given, run in ins + outs:
+            if _inside(target, run):
+                raise BadInput(
+                    f"report {report} would be written over or inside the run or log {given}; "
+                    "write it elsewhere"
+                )
+        ancestor = target.parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+            raise BadInput(f"report {report}: {ancestor} is not a writable directory")
