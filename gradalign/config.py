@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from .errors import BadInput
+from .errors import BadInput, shown
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "linear", "cosine")
@@ -151,18 +152,18 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         or (kind is str and isinstance(value, str))
     )
     if not ok:
-        raise BadInput(f"{where}: {name} must be {kind.__name__}, got {value!r}")
+        raise BadInput(f"{where}: {name} must be {kind.__name__}, got {shown(value)}")
     if kind is float:
         value = float(value)
         if not math.isfinite(value):
-            raise BadInput(f"{where}: {name} must be finite, got {value!r}")
+            raise BadInput(f"{where}: {name} must be finite, got {shown(value)}")
     choices = FIELDS[name].metadata["choices"]
     if name in ENTRY_POINT_KEYS and (":" in value or name != "model"):
         if ":" not in value:
-            raise BadInput(f"{where}: {name} must be module:attribute, got {value!r}")
+            raise BadInput(f"{where}: {name} must be module:attribute, got {shown(value)}")
         return value
     if choices and value not in choices:
-        raise BadInput(f"{where}: {name} must be one of {', '.join(choices)}; got {value!r}")
+        raise BadInput(f"{where}: {name} must be one of {', '.join(choices)}; got {shown(value)}")
     return value
 
 
@@ -170,7 +171,9 @@ def check_keys(values: dict[str, Any], where: str) -> dict[str, Any]:
     """Reject unknown keys and values of the wrong type; return the values coerced."""
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
-        raise BadInput(f"{where}: unknown key {unknown[0]!r} (known keys: {', '.join(FIELDS)})")
+        raise BadInput(
+            f"{where}: unknown key {shown(unknown[0])} (known keys: {', '.join(FIELDS)})"
+        )
     return {name: _coerce(name, value, where) for name, value in values.items()}
 
 
@@ -214,20 +217,63 @@ def _check_ranges(c: TrainConfig, where: str) -> None:
             raise BadInput(f"{where}: {name} must not be negative, got {getattr(c, name)}")
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML with no surprises: no aliases (an alias bomb expands to gigabytes), no duplicate
+    keys (the last would silently win), and `1e-3` read as the float it means (YAML 1.1 wants a
+    dot)."""
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        if self.check_event(yaml.events.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, "aliases (*name) are not allowed in a gradalign config", mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str | int | float | bool):
+                continue  # unhashable keys are refused by the base class
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {shown(key)}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
-    """A config file's top-level mapping (safe YAML only)."""
+    """A config file's top-level mapping (safe, strict YAML; see _StrictLoader)."""
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise BadInput(f"{path}: a config file of over 1 MiB is not a config")
         text = path.read_text()
     except FileNotFoundError:
         raise BadInput(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not a config file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: cannot read config ({exc})") from None
+        raise BadInput(f"{path}: cannot read config ({shown(str(exc), 120)})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)
+    except RecursionError:
+        raise BadInput(f"{path}: YAML nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise BadInput(f"{path}: not valid YAML{line}") from None
+        problem = getattr(exc, "problem", None)
+        why = f": {problem[:80]}" if isinstance(problem, str) else ""
+        raise BadInput(f"{path}: not valid YAML{line}{why}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -94,7 +94,7 @@ def test_accum_steps_that_contradict_the_record(cli, small_runs):
         ("batch_size: [1, 2\n", ["not valid YAML"]),
         ("- 1\n- 2\n", ["must be a mapping"]),
         ("tolerances: 3\n", ["tolerances must be a mapping"]),
-        ("tolerances:\n  weight_rtol: -1\n", ["weight_rtol must be a number >= 0"]),
+        ("tolerances:\n  weight_rtol: -1\n", ["weight_rtol must be a finite number >= 0"]),
         ("tolerances:\n  speed: 1\n", ["unknown tolerance 'speed'"]),
     ],
 )

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BadInput
+from ..errors import BadInput, shown
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,16 @@ def for_dtype(dtype: str, overrides: dict[str, Any] | None = None) -> Tolerances
     """
     base = DEFAULTS.get(dtype.removeprefix("torch."), DEFAULTS["float32"])
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    unknown = sorted(set(overrides) - set(NAMES))
+    unknown = sorted(set(overrides) - set(NAMES), key=str)
     if unknown:
-        raise BadInput(f"unknown tolerance {unknown[0]!r} (known: {', '.join(NAMES)})")
+        raise BadInput(f"unknown tolerance {shown(unknown[0])} (known: {', '.join(NAMES)})")
     for name, value in overrides.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            raise BadInput(f"tolerance {name} must be a number >= 0, got {value!r}")
+        number = not isinstance(value, bool) and isinstance(value, int | float)
+        if not number or not 0 <= value < math.inf:
+            raise BadInput(
+                f"tolerance {name} must be a finite number >= 0, got {shown(value)} (an "
+                "infinite tolerance would pass any bug)"
+            )
     return dataclasses.replace(base, **{k: float(v) for k, v in overrides.items()})
 
 

@@ -9,6 +9,7 @@ FORMAT = "gradalign-run"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SERIES = "series.safetensors"
+JOURNAL = ".gradalign-commit-{pid}.json"  # a set of runs being put in place (runs/writer.py)
 
 
 def weights_file(update: int | None) -> str:

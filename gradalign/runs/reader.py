@@ -12,19 +12,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadInput
+from ..errors import BadInput, shown
 from . import tensors as tensorfiles
-from .layout import FORMAT, FORMAT_VERSION, MANIFEST, SERIES, grads_file, weights_file
+from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, grads_file, weights_file
 from .model import Run, TensorInfo, Tensors
+from .schema import check_manifest
 
 _CHUNK = 1 << 20
 
 
-def _field(manifest: dict, key: str, kind: type, where: str):
-    value = manifest.get(key)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise BadInput(f"{where}: manifest field {key!r} is missing or not {kind.__name__}")
-    return value
+MAX_MANIFEST = 64 << 20
 
 
 def read_manifest(path: Path) -> dict:
@@ -34,16 +31,23 @@ def read_manifest(path: Path) -> dict:
     if not path.is_dir():
         raise BadInput(f"{path}: not a run directory")
     try:
+        if (path / MANIFEST).stat().st_size > MAX_MANIFEST:
+            raise BadInput(f"{path}: {MANIFEST} is over 64 MiB; not a manifest")
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
         raise BadInput(f"{path}: not a gradalign run (no {MANIFEST})") from None
+    except RecursionError:
+        raise BadInput(f"{path}: {MANIFEST} is nested too deeply") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         raise BadInput(f"{path}: {MANIFEST} is unreadable or not JSON") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BadInput(f"{path}: {MANIFEST} does not describe a {FORMAT}")
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
-        raise BadInput(f"{path}: format version {version!r}; this gradalign reads {FORMAT_VERSION}")
+        raise BadInput(
+            f"{path}: format version {shown(version)}; this gradalign reads {FORMAT_VERSION}"
+        )
+    check_manifest(manifest, str(path))
     return manifest
 
 
@@ -79,49 +83,45 @@ def _verified(path: Path, relpath: str, checksums: dict[str, str]) -> Tensors:
     return tensorfiles.read(file, str(file))
 
 
-def _model_facts(value: object, where: str) -> dict:
-    if value is None:
-        return {}
-    lists = isinstance(value, dict) and all(
-        isinstance(value.get(key, []), list) for key in ("batchnorm", "dropout")
-    )
-    if not lists:
-        raise BadInput(f"{where}: manifest field 'model' is malformed")
-    return value
+def _reference(value: str | None, path: Path) -> str | None:
+    return None if value is None else os.path.normpath(path / value)
 
 
-def _reference(value: object, path: Path, where: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise BadInput(f"{where}: manifest field 'reference' must be a path")
-    return os.path.normpath(path / value)
+def _finish_interrupted_commits(parent: Path) -> None:
+    """A set of runs whose commit a kill cut short is finished before any member is read."""
+    if not any(parent.glob(JOURNAL.format(pid="*"))):
+        return
+    from .writer import recover_commits
+
+    try:
+        recover_commits(parent)
+    except OSError as exc:
+        raise BadInput(
+            f"{parent}: a gradalign process was killed while putting runs in place and this "
+            f"process cannot finish it ({exc.strerror}); run any gradalign command there with "
+            "write access"
+        ) from None
 
 
 def read_run_dir(path: str | os.PathLike[str]) -> Run:
     """Open a run directory for judging; each file's checksum is verified when it is read."""
     path = Path(path)
+    _finish_interrupted_commits(path.parent)
     manifest = read_manifest(path)
     where = str(path)
-    checksums = _field(manifest, "files", dict, where)
+    checksums = manifest["files"]
     for relpath in checksums:
         parts = Path(relpath).parts
         if Path(relpath).is_absolute() or ".." in parts or not parts:
-            raise BadInput(f"{where}: manifest lists a file outside the run: {relpath!r}")
+            raise BadInput(f"{where}: manifest lists a file outside the run: {shown(relpath)}")
     missing = sorted(rel for rel in checksums if not (path / rel).is_file())
     if missing:
         raise BadInput(f"{where}: {len(missing)} data file(s) missing, first {missing[0]}")
-    k = _field(manifest, "accum_steps", int, where)
-    updates = _field(manifest, "updates", int, where)
-    if k < 1 or updates < 0:
-        raise BadInput(f"{where}: manifest has accum_steps={k}, updates={updates}")
-    try:
-        tensors = [
-            TensorInfo(t["name"], tuple(t["shape"]), t["dtype"], t.get("kind", "param"))
-            for t in _field(manifest, "tensors", list, where)
-        ]
-    except (TypeError, KeyError):
-        raise BadInput(f"{where}: manifest field 'tensors' is malformed") from None
+    k, updates = manifest["accum_steps"], manifest["updates"]
+    tensors = [
+        TensorInfo(t["name"], tuple(t["shape"]), t["dtype"], t.get("kind", "param"))
+        for t in manifest["tensors"]
+    ]
     series = _verified(path, SERIES, checksums)
     loss = series.get("micro/loss")
     if loss is None or loss.shape != (updates * k,):
@@ -178,11 +178,9 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         config=manifest.get("config") or {},
         environment=manifest.get("environment") or {},
         fault=manifest.get("fault"),
-        model_facts=_model_facts(manifest.get("model"), where),
-        reference=_reference(manifest.get("reference"), path, where),
-        grad_dtype=manifest.get("grad_dtype")
-        if isinstance(manifest.get("grad_dtype"), str)
-        else None,
+        model_facts=manifest.get("model") or {},
+        reference=_reference(manifest.get("reference"), path),
+        grad_dtype=manifest.get("grad_dtype"),
         load_init_weights=loader(lambda _: weights_file(None), expected),
         load_weights=loader(weights_file, expected),
         load_grads=loader(grads_file, params) if has_grads else None,

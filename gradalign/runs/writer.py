@@ -24,11 +24,9 @@ from pathlib import Path
 
 from ..errors import BadInput
 from . import tensors as tensorfiles
-from .layout import FORMAT, FORMAT_VERSION, MANIFEST, SERIES, is_run_dir
+from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, is_run_dir
 from .locks import RunLock, held_here
 from .model import Tensors
-
-JOURNAL = ".gradalign-commit-{pid}.json"
 
 
 def _write_atomic(path: Path, data: bytes, durable: bool = False) -> None:

@@ -1,0 +1,89 @@
+"""The manifest's schema: every field's type and range, checked before anything else is read.
+
+A manifest is data from wherever a run came from; a wrong type must be a one-line error that
+names the field, never an exception deep inside the judge.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..errors import BadInput, shown
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+MAX_MICRO_STEPS = 100_000_000  # a series longer than this is not a training run's
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def check_manifest(manifest: dict, where: str) -> None:
+    """Raise BadInput naming the first field that is missing, of the wrong type or out of range."""
+
+    def bad(field: str, what: str) -> BadInput:
+        return BadInput(f"{where}: manifest field {field!r} {what}")
+
+    k, n = manifest.get("accum_steps"), manifest.get("updates")
+    if not _is_int(k) or k < 1:
+        raise bad("accum_steps", f"must be an integer >= 1, got {shown(k)}")
+    if not _is_int(n) or n < 0:
+        raise bad("updates", f"must be an integer >= 0, got {shown(n)}")
+    if k * n > MAX_MICRO_STEPS:
+        raise bad("updates", f"times accum_steps is {k * n} micro-steps, beyond any real run")
+    if "micro_steps" in manifest and not _is_int(manifest["micro_steps"]):
+        raise bad("micro_steps", "must be an integer")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise bad("files", "is missing or not an object of file checksums")
+    for rel, digest in files.items():
+        if not isinstance(digest, str) or not _HEX64.match(digest):
+            raise bad("files", f"lists {shown(rel)} without a SHA-256 hex digest")
+    _check_tensors(manifest.get("tensors"), bad)
+    for field in ("config", "environment"):
+        if manifest.get(field) is not None and not isinstance(manifest[field], dict):
+            raise bad(field, "must be an object")
+    environment = manifest.get("environment") or {}
+    for key in ("dtype", "compute_dtype"):
+        if environment.get(key) is not None and not isinstance(environment[key], str):
+            raise bad(f"environment.{key}", "must be a string")
+    for field in ("fault", "grad_dtype"):
+        if manifest.get(field) is not None and not isinstance(manifest[field], str):
+            raise bad(field, "must be a string or null")
+    reference = manifest.get("reference")
+    if reference is not None and (not isinstance(reference, str) or not reference):
+        raise bad("reference", "must be a path relative to the run")
+    model = manifest.get("model")
+    if model is not None:
+        ok = isinstance(model, dict) and all(
+            _strings(model.get(key, [])) for key in ("batchnorm", "dropout")
+        )
+        if not ok:
+            raise bad("model", "must be {batchnorm: [names], dropout: [names]}")
+
+
+def _check_tensors(tensors: Any, bad) -> None:
+    if not isinstance(tensors, list) or not tensors:
+        raise bad("tensors", "must be a non-empty list")
+    names: set[str] = set()
+    for index, t in enumerate(tensors):
+        entry = f"tensors[{index}]"
+        if not isinstance(t, dict):
+            raise bad(entry, "must be an object {name, shape, dtype, kind}")
+        name, shape = t.get("name"), t.get("shape")
+        if not isinstance(name, str) or not name:
+            raise bad(f"{entry}.name", f"must be a non-empty string, got {shown(name)}")
+        if name in names:
+            raise bad(f"{entry}.name", f"repeats {shown(name)}")
+        names.add(name)
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise bad(f"{entry}.shape", f"must be a list of sizes >= 0, got {shown(shape)}")
+        if not isinstance(t.get("dtype"), str):
+            raise bad(f"{entry}.dtype", "must be a string such as 'float32'")
+        if t.get("kind", "param") not in ("param", "buffer"):
+            raise bad(f"{entry}.kind", f"must be 'param' or 'buffer', got {shown(t.get('kind'))}")
