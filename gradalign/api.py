@@ -81,6 +81,7 @@ def preflight(
     one micro-batch; then warn about layers that make B/K compute something else than B, and
     say which numeric settings apply."""
     require_torch()
+    from .record.budget import check_budget
     from .record.faults import get_fault
     from .record.preflight import determinism_line, warnings_for
     from .record.trainer import preflight as build_once
@@ -95,6 +96,7 @@ def preflight(
     check_outputs(outs, inputs, reports)
     for out in outs:
         ensure_writable(out)
+    check_budget(config, outs)
     facts, env = build_once(config)
     for line in warnings_for(facts):
         feedback.message(f"warning: {line}")

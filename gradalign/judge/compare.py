@@ -64,7 +64,7 @@ def compare(
         dtype,
         results,
         checks,
-        _notes(merged, judge.merged_loss),
+        _notes(base, merged, judge.merged_loss),
         _first_divergence(results),
         reference,
     )
@@ -183,7 +183,7 @@ def _judge_bookkeeping(result: UpdateResult, base: Run, merged: Run) -> None:
             )
 
 
-def _notes(merged: Run, merged_loss: np.ndarray) -> list[str]:
+def _notes(base: Run, merged: Run, merged_loss: np.ndarray) -> list[str]:
     notes: list[str] = []
     printed = merged.printed_window_loss
     if printed is not None:
@@ -195,7 +195,22 @@ def _notes(merged: Run, merged_loss: np.ndarray) -> list[str]:
                 f"disagrees with the mean of its micro losses {merged_loss[i]:.8g}; "
                 "the computed mean is used"
             )
+    if _identical(base, merged):
+        notes.append(
+            "the two runs are bit-identical (losses and weight fingerprints): a run compared "
+            "with a copy of itself passes by construction; check that the merged run is the one "
+            "you meant"
+        )
     return notes
+
+
+def _identical(base: Run, merged: Run) -> bool:
+    if base.accum_steps != merged.accum_steps or base.update_state is None:
+        return False
+    same_states = merged.update_state is not None and np.array_equal(
+        base.update_state, merged.update_state
+    )
+    return same_states and np.array_equal(base.micro_loss, merged.micro_loss, equal_nan=True)
 
 
 def _first_divergence(results: list[UpdateResult]) -> dict | None:

@@ -36,12 +36,18 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     """Causes for a failing comparison (or an explanation of a passing one)."""
     if all(check.status != FAIL for check in c.checks):
         return _why_it_passes(c)
+    diverged = sig.non_finite(c)
+    if diverged is not None and diverged.evidence["baseline_first_non_finite_update"] is not None:
+        return [diverged]  # both diverge: nothing else can be read from non-finite numbers
     found = [d for d in (signature(c) for signature in DECISIVE) if d is not None]
     if not found:
         r = sig.first_gradient_failure(c)
-        if r is not None:
+        # a gradient shape is read only from finite numbers: no "inf times" claims
+        if r is not None and finite(r.grad_ratio) is not None and finite(r.grad_cosine):
             shapes = (signature(c, r) for signature in GRADIENT_SHAPE)
             found = [d for d in shapes if d is not None][:1]
+    if diverged is not None:
+        found.append(diverged)
     return found or [_unexplained(c)]
 
 

@@ -70,7 +70,6 @@ class Recorder:
         self._env = environment(first.device, first.dtype)
         if compute_dtype is not None:
             self._env["compute_dtype"] = compute_dtype
-        self._writer = RunWriter(out_dir)
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
         self._data: list[int] = []
@@ -86,9 +85,20 @@ class Recorder:
         self._window_lr = float("nan")
         self._window_steps = 0
         self._closed = False
-        self._writer.write_tensors(weights_file(None), self._snapshot())
-        self._init_state = self._state()
+        # Whatever can fail comes before the run's directory is staged; after it, a failure
+        # removes the staging directory again: an error never leaves a partial run behind.
         self._hook = optimizer.register_step_pre_hook(self._on_step)
+        try:
+            self._writer = RunWriter(out_dir)
+        except BaseException:
+            self._hook.remove()
+            raise
+        try:
+            self._writer.write_tensors(weights_file(None), self._snapshot())
+            self._init_state = self._state()
+        except BaseException:
+            self.abort()
+            raise
 
     # -- calls from the training loop ------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..errors import BadInput
@@ -9,9 +10,11 @@ from ..errors import BadInput
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write via a temporary name and rename: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text)
         tmp.replace(path)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise BadInput(f"{path}: cannot write the report ({exc.strerror})") from None

@@ -3,11 +3,14 @@ CI logs, where a line per finished stage is enough)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+PLAIN_FIRST, PLAIN_EVERY = 5.0, 10.0
 
 
 class RichFeedback:
@@ -21,6 +24,9 @@ class RichFeedback:
 
     @contextmanager
     def progress(self, label: str, total: int) -> Iterator[Callable[[], None]]:
+        if not self.console.is_terminal:
+            yield self._plain(label, total)
+            return
         with Progress(
             TextColumn(label),
             BarColumn(),
@@ -31,3 +37,17 @@ class RichFeedback:
         ) as bar:
             task = bar.add_task(label, total=total)
             yield lambda: bar.advance(task)
+
+    def _plain(self, label: str, total: int) -> Callable[[], None]:
+        """Off a terminal (CI logs): a plain line after the first few seconds and then every
+        PLAIN_EVERY seconds, so long work shows it is alive and quick work prints nothing."""
+        start, done, said = time.monotonic(), [0], [0.0]
+
+        def advance() -> None:
+            done[0] += 1
+            elapsed = time.monotonic() - start
+            if elapsed >= PLAIN_FIRST and elapsed - said[0] >= PLAIN_EVERY:
+                said[0] = elapsed
+                self.console.print(f"{label}: {done[0]}/{total} ({elapsed:.0f} s)", markup=False)
+
+        return advance

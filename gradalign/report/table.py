@@ -89,7 +89,8 @@ def render(comparison: Comparison, console: Console) -> None:
         columns += [("noise", "right"), ("x noise", "right")]
     columns += [("err/tol", "right"), ("grad ratio", "right"), ("status", "left")]
     for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        # a narrow console folds a number onto two lines; it never cuts one short ("…")
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for index in _rows_to_show(c):
         if index is None:
             table.add_row("…", *[""] * (len(columns) - 1))

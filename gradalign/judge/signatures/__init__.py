@@ -6,7 +6,14 @@ is one function in one of them, listed in `judge.diagnose`.
 """
 
 from .common import failing, finite, first_gradient_failure
-from .decisive import batchnorm, data_order, dropout_rng, lr_schedule, step_in_window
+from .decisive import (
+    batchnorm,
+    data_order,
+    dropout_rng,
+    lr_schedule,
+    non_finite,
+    step_in_window,
+)
 from .gradient import (
     clip_per_micro,
     grad_accum_dtype,
@@ -26,6 +33,7 @@ __all__ = [
     "grad_accum_dtype",
     "loss_scale",
     "lr_schedule",
+    "non_finite",
     "step_in_window",
     "token_normalization",
     "zero_grad_in_window",

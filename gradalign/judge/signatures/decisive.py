@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from ...runs.model import Run
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
 from .common import (
@@ -194,4 +195,38 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
         "draw the same masks in both runs: do not reseed or consume the generator per "
         "micro-step; with several random ops per forward, use batch-invariant randomness (a "
         "mask seeded by sample, layer and update); or verify with dropout disabled to isolate it",
+    )
+
+
+def _first_non_finite(run: Run) -> int | None:
+    """The first update at which a run's losses stop being finite (None: they never do)."""
+    bad = np.flatnonzero(~np.isfinite(run.micro_loss[: run.updates * run.accum_steps]))
+    return int(bad[0]) // run.accum_steps if bad.size else None
+
+
+def non_finite(c: Comparison) -> Diagnosis | None:
+    """A run whose losses become NaN or infinite. Both runs diverging is the training's own
+    instability, not an accumulation bug: said plainly, with no ratio or cosine claims."""
+    base = _first_non_finite(c.baseline)
+    merged = _first_non_finite(c.merged)
+    if merged is None:
+        return None
+    evidence = {"merged_first_non_finite_update": merged, "baseline_first_non_finite_update": base}
+    if base is not None:
+        return Diagnosis(
+            "non-finite",
+            f"both runs diverge: their losses stop being finite (baseline from update {base}, "
+            f"merged from update {merged}); the training itself is unstable, so the runs cannot "
+            "be compared as numbers there",
+            evidence,
+            "make the baseline train stably first (lower the learning rate, clip, check the "
+            "data and the loss scale), then verify accumulation",
+        )
+    return Diagnosis(
+        "non-finite",
+        f"the merged run's losses stop being finite at update {merged} while the baseline's stay "
+        "finite: the merged run diverged",
+        evidence,
+        "look at the other causes named here; a loss or gradient scaled by K (or by a loss "
+        "scaler used per micro-step) is the usual way a merged run blows up",
     )
