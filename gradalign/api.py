@@ -66,7 +66,7 @@ def require_torch() -> None:
         ) from None
 
 
-def preflight(
+def check_plan(
     config: TrainConfig,
     outs: list[Path],
     *,
@@ -74,21 +74,15 @@ def preflight(
     fault: str | None = None,
     inputs: Sequence[PathLike] = (),
     reports: Sequence[PathLike] = (),
-    feedback: Feedback | None = None,
 ) -> None:
-    """Check every input before any training: the reference choice, the fault, the outputs
-    (writable, not an input, reports not inside a run); build the model, data and loss once on
-    one micro-batch; then warn about layers that make B/K compute something else than B, and
-    say which numeric settings apply."""
+    """Check every input before any work: the reference choice, the fault, the outputs (writable,
+    not an input, reports not inside a run), and that the run fits in memory and on disk."""
     require_torch()
     from .record.budget import check_budget
     from .record.faults import get_fault
-    from .record.preflight import determinism_line, warnings_for
-    from .record.trainer import preflight as build_once
     from .runs.outputs import check_outputs
     from .runs.writer import ensure_writable
 
-    feedback = feedback or Silent()
     if reference not in REFERENCES:
         raise BadInput(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     get_fault(fault, config)
@@ -97,6 +91,15 @@ def preflight(
     for out in outs:
         ensure_writable(out)
     check_budget(config, outs)
+
+
+def inspect_model(config: TrainConfig, feedback: Feedback) -> None:
+    """Build the model, data and loss once and run one micro-batch (a mistake in the user's own
+    code stops here); warn about layers that make B/K compute something else than B, and say
+    which numeric settings apply."""
+    from .record.preflight import determinism_line, warnings_for
+    from .record.trainer import preflight as build_once
+
     facts, env = build_once(config)
     for line in warnings_for(facts):
         feedback.message(f"warning: {line}")
@@ -164,9 +167,11 @@ def record_baseline(
 
     cfg, out, feedback = as_config(config).replace(accum_steps=1), Path(out), feedback or Silent()
     if not checked:
-        preflight(cfg, [out], reference=reference, feedback=feedback)
+        check_plan(cfg, [out], reference=reference)
     names = [out.name, *(p.name for p in _reference_names(cfg, out, reference))]
     with RunSet(out.parent, names) as runs:
+        if not checked:
+            inspect_model(cfg, feedback)
         _record_baseline_into(runs, cfg, out, reference, feedback)
     return out
 
@@ -186,8 +191,10 @@ def record_merged(
 
     cfg, out, feedback = as_config(config), Path(out), feedback or Silent()
     if not checked:
-        preflight(cfg, [out], fault=fault, feedback=feedback)
+        check_plan(cfg, [out], fault=fault)
     with RunSet(out.parent, [out.name]) as runs:
+        if not checked:
+            inspect_model(cfg, feedback)
         _train(cfg, runs.path(out.name), out, "merged", feedback, fault)
     return out
 
@@ -250,11 +257,10 @@ def verify(
     cfg, out, feedback = as_config(config), Path(out), feedback or Silent()
     checked = check_tolerances(tolerances)
     base, merged = out / "baseline", out / "merged"
-    preflight(
-        cfg, [base, merged], reference=reference, fault=fault, reports=reports, feedback=feedback
-    )
+    check_plan(cfg, [base, merged], reference=reference, fault=fault, reports=reports)
     names = ["baseline", *(p.name for p in _reference_names(cfg, base, reference)), "merged"]
     with RunSet(out, names) as runs:
+        inspect_model(cfg, feedback)
         _record_baseline_into(runs, cfg.replace(accum_steps=1), base, reference, feedback)
         _train(cfg, runs.path("merged"), merged, "merged", feedback, fault)
     return compare(base, merged, tolerances=checked, reports=reports, feedback=feedback)
@@ -280,6 +286,7 @@ def merged_against(
     run code it carries. Everything is checked before training: the baseline is readable and
     K=1, `out` is not the baseline or its reference, the reports land outside every run."""
     from .runs.reader import read_run_dir
+    from .runs.writer import RunSet
 
     feedback = feedback or Silent()
     checked = check_tolerances({**_file_tolerances(config_file), **dict(tolerances or {})})
@@ -292,8 +299,10 @@ def merged_against(
     cfg = recorded_config(baseline, overrides, config_file, trust_run_code)
     inputs = [Path(baseline), *([Path(base_run.reference)] if base_run.reference else [])]
     out = Path(out)
-    preflight(cfg, [out], fault=fault, inputs=inputs, reports=reports, feedback=feedback)
-    record_merged(cfg, out, fault=fault, feedback=feedback, checked=True)
+    check_plan(cfg, [out], fault=fault, inputs=inputs, reports=reports)
+    with RunSet(out.parent, [out.name]) as runs:
+        inspect_model(cfg, feedback)
+        _train(cfg, runs.path(out.name), out, "merged", feedback, fault)
     comparison = compare(baseline, out, tolerances=checked, reports=reports, feedback=feedback)
     if trust_run_code:
         code = {k: cfg.to_dict()[k] for k in ENTRY_POINT_KEYS if _is_code(cfg.to_dict()[k])}

@@ -26,7 +26,7 @@ FaultOpt = Annotated[
     typer.Option(
         "--fault",
         help="inject a known accumulation bug into the merged run, to prove the gate fails "
-        + escape(f"[{'|'.join(FAULTS)}]"),
+        + escape(f"[{' | '.join(FAULTS)}]"),
     ),
 ]
 ReferenceOpt = Annotated[
@@ -95,7 +95,7 @@ def _extend_signature(extra: dict[str, tuple[type, str, str]], target: str) -> C
 def _help(name: str) -> str:
     choices = FIELDS[name].metadata["choices"]
     text = FIELDS[name].metadata["help"]
-    return escape(f"{text} [{'|'.join(choices)}]") if choices else text
+    return escape(f"{text} [{' | '.join(choices)}]") if choices else text
 
 
 training_options = _extend_signature(

@@ -28,6 +28,17 @@ class CliResult:
         return json.loads(path.read_text())
 
 
+def one_line_error(result: CliResult, *fragments: str, code: int = 2) -> None:
+    """Bad input: exit 2 (or `code`), one line on stderr starting "error: ", no traceback."""
+    assert result.code == code, (result.code, result.out, result.err)
+    err = result.err.strip()
+    assert err.startswith("error: "), err
+    assert "\n" not in err, err
+    assert "Traceback" not in result.err + result.out
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
 @pytest.fixture
 def cli(capsys):
     """Run `gradalign ARGS` in-process; returns exit code, stdout and stderr."""

@@ -13,17 +13,7 @@ from gradalign import Recorder
 from gradalign.config import TrainConfig
 from gradalign.record.loop import train
 
-from .conftest import SMALL
-
-
-def one_line_error(result, *fragments: str) -> None:
-    assert result.code == 2, (result.code, result.out, result.err)
-    err = result.err.strip()
-    assert err.startswith("error: "), err
-    assert "\n" not in err, err
-    assert "Traceback" not in result.err + result.out
-    for fragment in fragments:
-        assert fragment in err, (fragment, err)
+from .conftest import SMALL, one_line_error
 
 
 def test_missing_run(cli, tmp_path, small_runs):

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import BadInput
+from .writer import probe_writable
 
 
 def _inside(path: Path, other: Path) -> bool:
@@ -41,5 +42,6 @@ def check_outputs(
         ancestor = target.parent
         while not ancestor.exists():
             ancestor = ancestor.parent
-        if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-            raise BadInput(f"report {report}: {ancestor} is not a writable directory")
+        if not ancestor.is_dir():
+            raise BadInput(f"report {report}: {ancestor} is a file, not a directory")
+        probe_writable(ancestor, f"report {report}")

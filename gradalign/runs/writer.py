@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,9 +83,19 @@ def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise BadInput(f"{path}: {ancestor} is a file, not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise BadInput(f"{path}: {ancestor} is not writable")
+    probe_writable(ancestor, path)
     return path
+
+
+def probe_writable(directory: Path, for_path: Path | str) -> None:
+    """Create and remove a file in `directory`: permission bits do not tell (root ignores them,
+    a read-only file system does not show in them)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".gradalign-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise BadInput(f"{for_path}: cannot write in {directory} ({exc.strerror})") from None
 
 
 # -- swapping a complete run into place ----------------------------------------------------------
@@ -126,7 +137,7 @@ def clear_stale(final: Path) -> None:
     """Remove what killed writers of `final` left (call with its lock held): staging directories
     go; a previous run moved aside is put back if nothing took its place."""
     for left in sorted(final.parent.glob(f".{final.name}.old-*")):
-        if not final.exists():
+        if not final.exists() and is_run_dir(left):
             os.rename(left, final)
         else:
             shutil.rmtree(left, ignore_errors=True)
