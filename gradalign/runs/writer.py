@@ -150,6 +150,7 @@ class RunWriter:
 
     def __init__(self, out_dir: str | os.PathLike[str]) -> None:
         self.final = ensure_writable(out_dir)
+        self.made = missing_dirs(self.final.parent)
         self.lock = RunLock(self.final).acquire()
         try:
             recover_commits(self.final.parent)
@@ -159,6 +160,7 @@ class RunWriter:
             self.staging.mkdir()
         except BaseException:
             self.lock.release()
+            remove_if_empty(self.made)
             raise
         self.checksums: dict[str, str] = {}
 
@@ -188,6 +190,7 @@ class RunWriter:
         """Drop the staged files; whatever stood at the final path stays untouched."""
         shutil.rmtree(self.staging, ignore_errors=True)
         self.lock.release()
+        remove_if_empty(self.made)
 
 
 # -- runs that belong together --------------------------------------------------------------------
@@ -224,6 +227,7 @@ class RunSet:
         self.names = list(dict.fromkeys(names))
         for name in self.names:
             ensure_writable(self.parent / name)
+        self.made = missing_dirs(self.parent)  # removed again if nothing is committed
         self.locks: list[RunLock] = []
         try:
             for name in self.names:
@@ -262,6 +266,7 @@ class RunSet:
     def abort(self) -> None:
         shutil.rmtree(self.area, ignore_errors=True)
         self._release()
+        remove_if_empty(self.made)
 
     def _release(self) -> None:
         for lock in self.locks:
@@ -276,6 +281,24 @@ class RunSet:
             self.commit()
         elif self.locks:
             self.abort()
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """The directories that writing at `path` will create, outermost first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing[::-1]
+
+
+def remove_if_empty(made: list[Path]) -> None:
+    """Remove directories this process created, innermost first, as long as they are empty."""
+    for folder in reversed(made):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _roll_forward(parent: Path, area: Path, names: list[str], journal: Path) -> None:
