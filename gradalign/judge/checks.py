@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runs.model import Run
+from .bookkeeping import judged_updates, problems
 from .metrics import TensorDiff
 from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
 
@@ -17,7 +18,12 @@ def build_checks(
     calibrated: bool,
 ) -> list[Check]:
     unit = "the noise floor" if calibrated else "the tolerance"
-    checks = [_finite_check(base, merged), _loss_check(results, unit), same_samples(base, merged)]
+    checks = [
+        _bookkeeping_check(base, merged, len(results)),
+        _finite_check(base, merged),
+        _loss_check(results, unit),
+        same_samples(base, merged),
+    ]
     weight_kind = "weights" if base.full_weights else "weights (printed values only)"
     checks.append(
         _tensor_check(weight_kind, [r.weights for r in results], "no weights recorded", unit)
@@ -53,11 +59,23 @@ def build_checks(
 
 
 def sample_mismatches(base: Run, merged: Run) -> np.ndarray | None:
-    """Updates whose window saw other samples than the baseline's batch (None: not recorded)."""
+    """Updates whose window saw other samples than the baseline's batch (None: not recorded),
+    among the updates whose windows line up."""
     if base.micro_data is None or merged.micro_data is None:
         return None
-    same = base.window_sums(base.micro_data) == merged.window_sums(merged.micro_data)
+    n = judged_updates(base, merged)
+    same = base.window_sums(base.micro_data)[:n] == merged.window_sums(merged.micro_data)[:n]
     return np.flatnonzero(~same)
+
+
+def _bookkeeping_check(base: Run, merged: Run, judged: int) -> Check:
+    name = "window bookkeeping"
+    found = problems(base, "baseline") + problems(merged, "merged")
+    if found:
+        later = max(base.updates, merged.updates) - judged
+        tail = f"; {later} later update(s) not comparable" if later > 0 else ""
+        return Check(name, FAIL, "; ".join(found) + tail)
+    return Check(name, PASS, "every window held K micro-steps and ended with update()")
 
 
 def same_samples(base: Run, merged: Run) -> Check:
@@ -89,6 +107,8 @@ def _finite_check(base: Run, merged: Run) -> Check:
 
 
 def _loss_check(results: list[UpdateResult], unit: str) -> Check:
+    if not results:
+        return Check("losses", NOT_CHECKED, "no update lines up with the baseline's")
     bad = [r for r in results if not r.loss_ok]
     worst = max(r.loss_diff for r in results)
     if bad:

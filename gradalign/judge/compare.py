@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..runs.model import Run, Tensors
+from .bookkeeping import judged_updates
 from .checks import build_checks
 from .compatible import (
     ReferenceBound,
@@ -48,7 +49,7 @@ def compare(
     judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound)
     changes = inside_window_changes(merged)
     results = []
-    for i in range(base.updates):
+    for i in range(judged_updates(base, merged)):
         result = judge.loss(i)
         judge.tensors(result)
         _judge_bookkeeping(result, base, merged)

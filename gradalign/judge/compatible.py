@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import BadInput
 from ..runs.model import Run, Tensors
+from .bookkeeping import has_problems
 from .metrics import diff
 from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
 
@@ -28,12 +29,13 @@ def check_compatible(
 
     Returns the baseline's initial weights when the sources recorded them.
     """
-    if base.updates != other.updates:
+    bookkeeping = has_problems(base) or has_problems(other)  # judged, not refused
+    if base.updates != other.updates and not bookkeeping:
         raise BadInput(
             f"{what} of different lengths: baseline has {base.updates} updates, "
             f"{other_name} has {other.updates}"
         )
-    if base.updates == 0:
+    if base.updates == 0 or (other.updates == 0 and not bookkeeping):
         raise BadInput("the runs hold no updates to compare")
     b = [(t.name, t.shape) for t in base.tensors]
     m = [(t.name, t.shape) for t in other.tensors]

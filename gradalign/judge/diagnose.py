@@ -17,6 +17,7 @@ from .results import FAIL, Comparison, Diagnosis, UpdateResult
 from .signatures import failing, finite
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
+    sig.window_bookkeeping,
     sig.step_in_window,
     sig.lr_schedule,
     sig.data_order,

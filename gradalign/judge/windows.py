@@ -17,7 +17,6 @@ def inside_window_changes(run: Run) -> dict[int, list[str]]:
     """
     if run.micro_state is None or run.accum_steps == 1:
         return {}
-    k = run.accum_steps
     known = run.micro_state_known
     if known is None:
         known = np.ones(run.micro_steps, dtype=bool)
@@ -25,7 +24,7 @@ def inside_window_changes(run: Run) -> dict[int, list[str]]:
     names = [t.name for t in run.tensors]
     found: dict[int, list[str]] = {}
     for i in range(run.updates):
-        window = range(i * k, (i + 1) * k)
+        window = run.window(i)
         reference = _window_start(run, i)
         if reference is None:
             seen = [m for m in window if known[m]]
@@ -38,7 +37,8 @@ def inside_window_changes(run: Run) -> dict[int, list[str]]:
             changed = np.flatnonzero((run.micro_state[m] != reference) & params)
             if changed.size:
                 found.setdefault(i, []).append(
-                    f"weights changed before micro-step {m} (position {m - i * k + 1} of {k}), "
+                    f"weights changed before micro-step {m} (position {m - window.start + 1} "
+                    f"of {len(window)}), "
                     f"first in {names[changed[0]]}: an optimizer step inside the window"
                 )
                 break

@@ -31,22 +31,45 @@ def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.sum(dtype=torch.int64)
 
 
-def data_digest(batch: Any) -> int:
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        return [t for item in batch for t in _tensors(item)]
+    raise RecorderError(
+        f"batch must be a tensor, or a tuple, list or dict of them; got {type(batch).__name__}"
+    )
+
+
+def data_digest(batch: Any, pad: Any = None, mask: torch.Tensor | None = None) -> int:
     """An order-free int64 digest of a batch's samples that adds up over micro-batches.
 
     Floating tensors are digested as float32 bits, so a float64 rerun of the same data (cast from
     float32) digests alike; the digest of a batch is the sum of its micro-batches' digests.
+    Padding must not count, since a batch of B and its micro-batches are padded to different
+    lengths: with `mask` (e.g. an attention mask of shape [batch, time]), only the positions it
+    marks count in every tensor whose leading dimensions match it; with `pad` (a value, or a
+    tuple of values such as `(0, -100)` for pad tokens and ignored labels), elements of integer
+    tensors equal to it do not count.
     """
-    if isinstance(batch, torch.Tensor):
-        tensor = batch.detach()
+    keep_mask = None if mask is None else mask.detach().bool()
+    pads = () if pad is None else tuple(pad) if isinstance(pad, list | tuple | set) else (pad,)
+    total = 0
+    for tensor in _tensors(batch):
+        tensor = tensor.detach()
         if tensor.dtype.is_floating_point:
             tensor = tensor.float()
-        return int(fingerprint(tensor))
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, list | tuple):
-        return sum(data_digest(item) for item in batch)
-    raise RecorderError(f"batch must be a tensor, or a tuple, list or dict of them; got {batch!r}")
+        keep = None
+        if keep_mask is not None and tensor.shape[: keep_mask.dim()] == keep_mask.shape:
+            keep = keep_mask.reshape(keep_mask.shape + (1,) * (tensor.dim() - keep_mask.dim()))
+            keep = keep.expand(tensor.shape)
+        if pads and not tensor.dtype.is_floating_point:
+            real = ~torch.isin(tensor, torch.tensor(pads, device=tensor.device))
+            keep = real if keep is None else keep & real
+        total += int(fingerprint(tensor if keep is None else tensor[keep]))
+    return (total + 2**63) % 2**64 - 2**63  # int64 wrap-around, as the run format sums
 
 
 def model_facts(model: torch.nn.Module) -> dict[str, Any]:

@@ -11,8 +11,11 @@
             rec.update()               # after step()
             optimizer.zero_grad()
 
-The recorder watches `optimizer.step()` through a hook, so it knows the learning rate of every
-step and how many steps happened inside each window, without trusting the loop to say so.
+The recorder watches `optimizer.step()` through hooks (on the torch optimizer inside any
+wrapper), so it knows every step's learning rates, how many steps happened inside each window,
+and the gradient handed to the step, without trusting the loop to say so. A loop that calls it
+in the wrong order (micro() more or fewer than K times in a window, grads() twice, update()
+forgotten) is recorded as it ran: the judge names the bug.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from ..runs.layout import grads_file, weights_file
 from ..runs.writer import RunWriter
+from . import clipping
 from .device import environment
 from .facts import (
     RecorderError,
@@ -36,6 +40,7 @@ from .facts import (
     named_tensors,
     to_numpy,
 )
+from .window import Windows, group_lrs, unwrap_optimizer
 
 __all__ = ["Recorder", "RecorderError"]
 
@@ -47,25 +52,34 @@ class Recorder:
         self,
         out_dir: str | os.PathLike[str],
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: Any,
         accum_steps: int = 1,
         config: dict[str, Any] | None = None,
         *,
         fault: str | None = None,
         reference: str | None = None,
         compute_dtype: str | None = None,
+        capture_grads: bool = True,
     ) -> None:
-        if not isinstance(accum_steps, int) or accum_steps < 1:
+        """`optimizer`: a torch optimizer, or a wrapper holding one as `.optimizer`.
+        `capture_grads`: when the loop does not call grads() in a window, record the gradient
+        the optimizer steps with (from a step hook)."""
+        if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
             raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
         self.accum_steps = accum_steps
         self.config = dict(config or {})
         self.fault = fault
         self.reference = reference
-        self._optimizer = optimizer
+        self.capture_grads = capture_grads
+        try:
+            self._optimizer = unwrap_optimizer(optimizer)
+        except TypeError as exc:
+            raise RecorderError(str(exc)) from None
         self._model_facts = model_facts(model)
         self._named = named_tensors(model)
         if not self._named:
             raise RecorderError("the model has no parameters to record")
+        self._param_ids = {id(t) for t, kind, _ in self._named.values() if kind == "param"}
         first = next(iter(self._named.values()))[0]
         self._env = environment(first.device, first.dtype)
         if compute_dtype is not None:
@@ -74,24 +88,22 @@ class Recorder:
         self._items: list[float] = []
         self._data: list[int] = []
         self._micro_state: list[torch.Tensor] = []
+        self._micro_grads: list[torch.Tensor] = []
         self._update_state: list[np.ndarray] = []
-        self._lr: list[float] = []
-        self._steps: list[int] = []
-        self._state_steps: list[int] = []
-        self._loss_scales: list[float] = []
-        self._grad_updates: list[int] = []
+        self._windows = Windows()
         self._grad_dtypes: set[str] = set()
-        self._pre_clip: list[float] = []
-        self._window_lr = float("nan")
-        self._window_steps = 0
         self._closed = False
         # Whatever can fail comes before the run's directory is staged; after it, a failure
         # removes the staging directory again: an error never leaves a partial run behind.
-        self._hook = optimizer.register_step_pre_hook(self._on_step)
+        self._hooks = [
+            self._optimizer.register_step_pre_hook(self._before_step),
+            self._optimizer.register_step_post_hook(self._after_step),
+        ]
+        self._stop_clip = clipping.listen(self._on_clip)
         try:
             self._writer = RunWriter(out_dir)
         except BaseException:
-            self._hook.remove()
+            self._unhook()
             raise
         try:
             self._writer.write_tensors(weights_file(None), self._snapshot())
@@ -103,16 +115,30 @@ class Recorder:
     # -- calls from the training loop ------------------------------------------------------------
 
     def micro(
-        self, loss: torch.Tensor | float, items: int | float | None = None, batch: Any = None
+        self,
+        loss: torch.Tensor | float | None = None,
+        items: int | float | None = None,
+        batch: Any = None,
+        *,
+        loss_sum: torch.Tensor | float | None = None,
+        pad: Any = None,
+        mask: torch.Tensor | None = None,
     ) -> None:
-        """Record one micro-batch: its own unscaled mean loss and, optionally, its item count and
-        its samples (`batch`: a tensor or a tuple/list/dict of tensors, e.g. `(inputs, targets)`),
-        of which only an int64 digest is kept, to check that both runs saw the same samples."""
+        """Record one micro-batch, after its backward().
+
+        Its loss: `loss`, its own unscaled mean, or `loss_sum` with `items` (the summed loss and
+        its item count, which every framework can give). `items`: tokens or samples it holds
+        (the window loss becomes item-weighted). `batch`: its samples (a tensor or a
+        tuple/list/dict of tensors), of which only an order-free int64 digest is kept, so the
+        judge can check both runs saw the same samples; `pad` (values) or `mask` (e.g. the
+        attention mask) leave padding out of that digest."""
         self._check_open()
-        if len(self._losses) - len(self._update_state) * self.accum_steps >= self.accum_steps:
-            raise RecorderError(
-                f"micro() called more than accum_steps={self.accum_steps} times before update()"
-            )
+        if (loss is None) == (loss_sum is None):
+            raise RecorderError("give micro() either loss (a mean) or loss_sum with items")
+        if loss_sum is not None:
+            if items is None or float(items) <= 0:
+                raise RecorderError("micro(loss_sum=...) needs items, the item count (> 0)")
+            loss = _scalar(loss_sum) / float(items)
         if items is None and self._items:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
@@ -121,37 +147,27 @@ class Recorder:
             raise RecorderError("batch was given for earlier micro-steps; give it every time")
         if batch is not None and len(self._data) != len(self._losses):
             raise RecorderError("batch given now but not for earlier micro-steps")
-        value = loss.detach().reshape(()) if isinstance(loss, torch.Tensor) else torch.tensor(loss)
-        self._losses.append(value.to(torch.float64))
+        self._losses.append(_scalar(loss))
         if items is not None:
             self._items.append(float(items))
         if batch is not None:
-            self._data.append(data_digest(batch))
+            self._data.append(data_digest(batch, pad=pad, mask=mask))
         self._micro_state.append(self._state_tensor())
+        self._micro_grads.append(self._grad_state_tensor())
+        self._windows.open.micro_steps += 1
 
     def grads(self, pre_clip_norm: torch.Tensor | float | None = None) -> None:
         """Record the accumulated gradient; call just before `optimizer.step()`.
 
-        `pre_clip_norm` is the total norm before clipping, as `clip_grad_norm_` returns it.
-        """
+        `pre_clip_norm` is the total norm before clipping, as `clip_grad_norm_` returns it (seen
+        by itself when the loop calls `torch.nn.utils.clip_grad_norm_`). Called twice in one
+        window, the last call counts and the count is recorded."""
         self._check_open()
-        update = len(self._update_state)
-        if self._grad_updates and self._grad_updates[-1] == update:
-            raise RecorderError("grads() called twice for the same update")
-        self._grad_dtypes.update(
-            dtype_name(tensor.grad)
-            for tensor, _, _ in self._named.values()
-            if tensor.grad is not None
-        )
-        grads = {
-            name: to_numpy(tensor.grad) if tensor.grad is not None else np.zeros(shape, np.float32)
-            for name, (tensor, kind, shape) in self._named.items()
-            if kind == "param"
-        }
-        self._writer.write_tensors(grads_file(update), grads)
-        self._grad_updates.append(update)
+        self._write_grads()
+        window = self._windows.open
+        window.grads_calls += 1
         if pre_clip_norm is not None:
-            self._pre_clip.append(float(pre_clip_norm))
+            window.pre_clip_norm = float(pre_clip_norm)
 
     def update(self, loss_scale: float | None = None) -> None:
         """Record the end of one accumulation window; call after `optimizer.step()`.
@@ -159,27 +175,22 @@ class Recorder:
         `loss_scale`: the GradScaler's scale used in this window (`scaler.get_scale()` before
         `scaler.update()`), if the loop scales its loss."""
         self._check_open()
-        update = len(self._update_state)
-        seen = len(self._losses) - update * self.accum_steps
-        if seen != self.accum_steps:
-            raise RecorderError(
-                f"update {update}: {seen} micro() calls, expected accum_steps={self.accum_steps}"
-            )
+        update = self._windows.closed
         self._writer.write_tensors(weights_file(update), self._snapshot())
         self._update_state.append(self._state())
-        self._lr.append(self._window_lr)
-        self._steps.append(self._window_steps)
-        self._state_steps.append(self._optimizer_state_step())
-        if loss_scale is not None:
-            self._loss_scales.append(float(loss_scale))
-        self._window_lr, self._window_steps = float("nan"), 0
+        groups = len(self._optimizer.param_groups)
+        self._windows.close(
+            self._optimizer_state_step(),
+            None if loss_scale is None else float(loss_scale),
+            groups,
+        )
 
     def close(self) -> Path | None:
         """Finish the run and move it into place. Returns its path (None if already closed)."""
         if self._closed:
             return None
         self._closed = True
-        self._hook.remove()
+        self._unhook()
         try:
             series, manifest = self._finalize()
             return self._writer.finish(manifest, series)
@@ -191,7 +202,7 @@ class Recorder:
         """Discard the run: nothing is written at `out_dir`, and an earlier run there is kept."""
         if not self._closed:
             self._closed = True
-            self._hook.remove()
+            self._unhook()
             self._writer.abort()
 
     def __enter__(self) -> Recorder:
@@ -203,11 +214,45 @@ class Recorder:
         else:
             self.abort()
 
+    # -- hooks -------------------------------------------------------------------------------------
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """The gradient the optimizer is about to step with, if the loop did not record it."""
+        window = self._windows.open
+        if self.capture_grads and window.grads_calls == 0 and not self._closed:
+            self._write_grads()
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Each step's learning rates, read after it (a closure may have moved them)."""
+        window = self._windows.open
+        window.steps += 1
+        window.lr = group_lrs(optimizer)
+
+    def _on_clip(self, params: list[torch.Tensor], total: torch.Tensor) -> None:
+        window = self._windows.open
+        if any(id(p) in self._param_ids for p in params) and window.grads_calls == 0:
+            window.pre_clip_norm = float(total)
+
+    def _unhook(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self._stop_clip()
+
     # -- internals --------------------------------------------------------------------------------
 
-    def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._window_lr = float(optimizer.param_groups[0]["lr"])
-        self._window_steps += 1
+    def _write_grads(self) -> None:
+        update = self._windows.closed
+        self._grad_dtypes.update(
+            dtype_name(t.grad) for t, _, _ in self._named.values() if t.grad is not None
+        )
+        grads = {
+            name: to_numpy(t.grad) if t.grad is not None else np.zeros(shape, _np_dtype(t))
+            for name, (t, kind, shape) in self._named.items()
+            if kind == "param"
+        }
+        self._writer.write_tensors(grads_file(update), grads)
+        self._windows.open.grads_written = True
 
     def _optimizer_state_step(self) -> int:
         """The optimizer's own step counter (Adam's `state["step"]`), or -1 if it keeps none."""
@@ -228,41 +273,39 @@ class Recorder:
     def _state_tensor(self) -> torch.Tensor:
         return torch.stack([fingerprint(tensor) for tensor, _, _ in self._named.values()])
 
+    def _grad_state_tensor(self) -> torch.Tensor:
+        """Fingerprints of each parameter's accumulated .grad (0 where there is none yet)."""
+        first = next(iter(self._named.values()))[0]
+        zero = torch.zeros((), dtype=torch.int64, device=first.device)
+        return torch.stack(
+            [
+                fingerprint(t.grad) if kind == "param" and t.grad is not None else zero
+                for t, kind, _ in self._named.values()
+            ]
+        )
+
     def _state(self) -> np.ndarray:
         return self._state_tensor().cpu().numpy()
 
     def _finalize(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        updates = len(self._update_state)
-        if len(self._losses) != updates * self.accum_steps:
-            raise RecorderError(
-                f"{len(self._losses) - updates * self.accum_steps} micro() calls after the last "
-                "update(); every window must end with update()"
-            )
-        if self._grad_updates and self._grad_updates != list(range(updates)):
-            raise RecorderError("grads() must be called for every update or for none")
+        updates = self._windows.closed
         p = len(self._named)
+
+        def rows(values: list[torch.Tensor]) -> np.ndarray:
+            return torch.stack(values).cpu().numpy() if values else np.zeros((0, p), np.int64)
+
         series: dict[str, np.ndarray] = {
             "micro/loss": torch.stack(self._losses).cpu().numpy() if self._losses else np.zeros(0),
-            "micro/state": (
-                torch.stack(self._micro_state).cpu().numpy()
-                if self._micro_state
-                else np.zeros((0, p), np.int64)
-            ),
+            "micro/state": rows(self._micro_state),
+            "micro/grad_state": rows(self._micro_grads),
             "init/state": self._init_state,
             "update/state": np.stack(self._update_state) if updates else np.zeros((0, p), np.int64),
-            "update/lr": np.asarray(self._lr, dtype=np.float64),
-            "update/optimizer_steps": np.asarray(self._steps, dtype=np.int64),
+            **self._windows.series(self.accum_steps),
         }
         if self._items:
             series["micro/items"] = np.asarray(self._items, dtype=np.float64)
         if self._data:
             series["micro/data"] = np.asarray(self._data, dtype=np.int64)
-        if self._loss_scales and len(self._loss_scales) == updates:
-            series["update/loss_scale"] = np.asarray(self._loss_scales, dtype=np.float64)
-        if any(step >= 0 for step in self._state_steps):
-            series["update/state_step"] = np.asarray(self._state_steps, dtype=np.int64)
-        if self._pre_clip and len(self._pre_clip) == updates:
-            series["update/grad_norm_pre_clip"] = np.asarray(self._pre_clip, dtype=np.float64)
         manifest = {
             "accum_steps": self.accum_steps,
             "updates": updates,
@@ -276,8 +319,23 @@ class Recorder:
             "fault": self.fault,
             "model": self._model_facts,
         }
+        unclosed = self._windows.open.micro_steps
+        if unclosed:
+            manifest["unclosed_micro_steps"] = unclosed
         if self._grad_dtypes:
             manifest["grad_dtype"] = "+".join(sorted(self._grad_dtypes))
         if self.reference is not None:
             manifest["reference"] = self.reference
         return series, manifest
+
+
+def _scalar(value: torch.Tensor | float) -> torch.Tensor:
+    """A loss as a float64 0-d tensor on its device (no host sync per micro-step)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().reshape(()).to(torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64)
+
+
+def _np_dtype(tensor: torch.Tensor) -> np.dtype:
+    """The numpy dtype a parameter's gradient is stored in (bfloat16 widens to float32)."""
+    return np.dtype(np.float32) if tensor.dtype == torch.bfloat16 else to_numpy(tensor[:0]).dtype

@@ -29,7 +29,9 @@ class TensorInfo:
 class Run:
     """Everything the judge may look at in one run.
 
-    Micro-step ``m`` belongs to update ``m // accum_steps``. State fingerprints are int64 per
+    Window ``i`` holds micro-steps ``window(i)``: ``accum_steps`` of them each, unless the
+    source recorded other counts (``window_sizes``: a loop that called micro() more or fewer
+    times in some window, or forgot update()). State fingerprints are int64 per
     tensor: ``micro_state[m]`` is the weights as seen when micro-step ``m`` was recorded (before
     any optimizer step at that micro-step), ``update_state[i]`` the weights after update ``i``;
     rows that a source could not observe are marked ``False`` in ``micro_state_known``.
@@ -47,8 +49,13 @@ class Run:
     init_state: np.ndarray | None = None  # int64 [P]
     micro_state: np.ndarray | None = None  # int64 [M, P]
     micro_state_known: np.ndarray | None = None  # bool [M]
+    micro_grad_state: np.ndarray | None = None  # int64 [M, P], the accumulated .grad at micro m
+    window_sizes: np.ndarray | None = None  # int64 [N], micro-steps per window (None: K each)
+    unclosed_micro_steps: int = 0  # micro-steps recorded after the last update()
+    grads_calls: np.ndarray | None = None  # int64 [N], Recorder.grads() calls in window i
     update_state: np.ndarray | None = None  # int64 [N, P]
-    lr: np.ndarray | None = None  # float64 [N], the lr in effect at each optimizer step
+    lr: np.ndarray | None = None  # float64 [N], the lr of the first param group at each step
+    lr_groups: np.ndarray | None = None  # float64 [N, G], every param group's lr (G > 1)
     optimizer_steps: np.ndarray | None = None  # int64 [N], optimizer.step() calls during update i
     state_step: np.ndarray | None = None  # int64 [N], the optimizer's own step counter after i
     grad_norm_pre_clip: np.ndarray | None = None  # float64 [N], total norm before clipping
@@ -94,18 +101,49 @@ class Run:
         """The precision the run computed in (autocast), else its parameter dtype."""
         return self.environment.get("compute_dtype") or self.dtype
 
+    @property
+    def sizes(self) -> np.ndarray:
+        """Micro-steps per window (K each when the source recorded no other counts)."""
+        if self.window_sizes is not None:
+            return self.window_sizes
+        return np.full(self.updates, self.accum_steps, dtype=np.int64)
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Index of each window's first micro-step."""
+        return np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+
+    def window(self, update: int) -> range:
+        """The micro-steps of window `update`."""
+        start = int(self.starts[update])
+        return range(start, start + int(self.sizes[update]))
+
+    @property
+    def irregular_windows(self) -> np.ndarray:
+        """Windows whose micro-step count is not K (a bookkeeping fact, judged as a bug)."""
+        return np.flatnonzero(self.sizes != self.accum_steps)
+
+    def _sum(self, series: np.ndarray) -> np.ndarray:
+        """A per-micro-step series summed over each window (int64 sums wrap, like digests)."""
+        return np.array(
+            [
+                series[w.start : w.stop].sum(dtype=series.dtype)
+                for w in map(self.window, range(self.updates))
+            ],
+            dtype=series.dtype,
+        ).reshape(self.updates)
+
     def window_sums(self, series: np.ndarray) -> np.ndarray:
         """A per-micro-step int64 series summed over each window (wrapping like the digests)."""
-        k, n = self.accum_steps, self.updates
-        return series[: n * k].reshape(n, k).sum(axis=1, dtype=np.int64)
+        return self._sum(np.asarray(series, dtype=np.int64))
 
     def window_losses(self) -> np.ndarray:
         """Loss per update: each window's mean micro loss, weighted by items if recorded."""
-        k, n = self.accum_steps, self.updates
-        losses = self.micro_loss[: n * k].reshape(n, k)
+        sizes = np.maximum(self.sizes, 1)
+        losses = self._sum(self.micro_loss) / sizes
         if self.micro_items is None:
-            return losses.mean(axis=1)
-        items = self.micro_items[: n * k].reshape(n, k)
-        totals = items.sum(axis=1)
+            return losses
+        totals = self._sum(self.micro_items)
+        weighted = self._sum(self.micro_loss * self.micro_items)
         safe = np.where(totals > 0, totals, 1.0)
-        return np.where(totals > 0, (losses * items).sum(axis=1) / safe, losses.mean(axis=1))
+        return np.where(totals > 0, weighted / safe, losses)

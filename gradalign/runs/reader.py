@@ -123,15 +123,21 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         for t in manifest["tensors"]
     ]
     series = _verified(path, SERIES, checksums)
-    loss = series.get("micro/loss")
-    if loss is None or loss.shape != (updates * k,):
-        raise BadInput(f"{where}: series holds no micro/loss of {updates * k} values")
 
     def optional(name: str, rows: int) -> np.ndarray | None:
         value = series.get(name)
         if value is not None and value.shape[:1] != (rows,):
             raise BadInput(f"{where}: series {name} has shape {value.shape}, expected {rows} rows")
         return value
+
+    sizes = optional("update/micro_steps", updates)
+    if sizes is not None and (sizes.ndim != 1 or (sizes < 0).any()):
+        raise BadInput(f"{where}: series update/micro_steps must hold counts >= 0")
+    unclosed = manifest.get("unclosed_micro_steps", 0)
+    micro = (updates * k if sizes is None else int(sizes.sum())) + unclosed
+    loss = series.get("micro/loss")
+    if loss is None or loss.shape != (micro,):
+        raise BadInput(f"{where}: series holds no micro/loss of {micro} values")
 
     expected = {t.name: t.shape for t in tensors}
 
@@ -148,14 +154,20 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         return load
 
     params = {t.name: t.shape for t in tensors if t.kind == "param"}
+    load_grads = loader(grads_file, params)
+
+    def grads_loader(update: int) -> Tensors | None:
+        """An update's gradient; None where the source recorded none (a skipped step)."""
+        return load_grads(update) if grads_file(update) in checksums else None
+
     p = len(tensors)
-    for key in ("init/state", "micro/state", "update/state"):
+    for key in ("init/state", "micro/state", "update/state", "micro/grad_state"):
         value = series.get(key)
         if value is not None and value.shape[-1:] != (p,):
             raise BadInput(f"{where}: series {key} has shape {value.shape}, expected {p} columns")
 
-    has_grads = all(grads_file(i) in checksums for i in range(updates)) and updates > 0
-    micro_state = optional("micro/state", updates * k)
+    has_grads = any(grads_file(i) in checksums for i in range(updates))
+    micro_state = optional("micro/state", micro)
     return Run(
         source=where,
         kind="run-dir",
@@ -163,14 +175,19 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         updates=updates,
         micro_loss=loss.astype(np.float64),
         tensors=tensors,
-        micro_items=optional("micro/items", updates * k),
-        micro_data=optional("micro/data", updates * k),
+        micro_items=optional("micro/items", micro),
+        micro_data=optional("micro/data", micro),
+        micro_grad_state=optional("micro/grad_state", micro),
+        window_sizes=sizes,
+        unclosed_micro_steps=unclosed,
+        grads_calls=optional("update/grads_calls", updates),
         full_weights=True,
         init_state=series.get("init/state"),
         micro_state=micro_state,
-        micro_state_known=None if micro_state is None else np.ones(updates * k, dtype=bool),
+        micro_state_known=None if micro_state is None else np.ones(micro, dtype=bool),
         update_state=optional("update/state", updates),
         lr=optional("update/lr", updates),
+        lr_groups=optional("update/lr_groups", updates),
         optimizer_steps=optional("update/optimizer_steps", updates),
         state_step=optional("update/state_step", updates),
         grad_norm_pre_clip=optional("update/grad_norm_pre_clip", updates),
@@ -183,5 +200,5 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         grad_dtype=manifest.get("grad_dtype"),
         load_init_weights=loader(lambda _: weights_file(None), expected),
         load_weights=loader(weights_file, expected),
-        load_grads=loader(grads_file, params) if has_grads else None,
+        load_grads=grads_loader if has_grads else None,
     )

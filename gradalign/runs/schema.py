@@ -36,8 +36,9 @@ def check_manifest(manifest: dict, where: str) -> None:
         raise bad("updates", f"must be an integer >= 0, got {shown(n)}")
     if k * n > MAX_MICRO_STEPS:
         raise bad("updates", f"times accum_steps is {k * n} micro-steps, beyond any real run")
-    if "micro_steps" in manifest and not _is_int(manifest["micro_steps"]):
-        raise bad("micro_steps", "must be an integer")
+    for field in ("micro_steps", "unclosed_micro_steps"):
+        if field in manifest and (not _is_int(manifest[field]) or manifest[field] < 0):
+            raise bad(field, "must be an integer >= 0")
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise bad("files", "is missing or not an object of file checksums")

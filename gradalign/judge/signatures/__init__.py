@@ -13,6 +13,7 @@ from .decisive import (
     lr_schedule,
     non_finite,
     step_in_window,
+    window_bookkeeping,
 )
 from .gradient import (
     clip_per_micro,
@@ -36,5 +37,6 @@ __all__ = [
     "non_finite",
     "step_in_window",
     "token_normalization",
+    "window_bookkeeping",
     "zero_grad_in_window",
 ]

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ...runs.model import Run
+from ..bookkeeping import problems
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
 from .common import (
@@ -200,8 +201,10 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
 
 def _first_non_finite(run: Run) -> int | None:
     """The first update at which a run's losses stop being finite (None: they never do)."""
-    bad = np.flatnonzero(~np.isfinite(run.micro_loss[: run.updates * run.accum_steps]))
-    return int(bad[0]) // run.accum_steps if bad.size else None
+    bad = np.flatnonzero(~np.isfinite(run.micro_loss))
+    if not bad.size:
+        return None
+    return int(np.searchsorted(run.starts, bad[0], side="right")) - 1
 
 
 def non_finite(c: Comparison) -> Diagnosis | None:
@@ -229,4 +232,28 @@ def non_finite(c: Comparison) -> Diagnosis | None:
         evidence,
         "look at the other causes named here; a loss or gradient scaled by K (or by a loss "
         "scaler used per micro-step) is the usual way a merged run blows up",
+    )
+
+
+def window_bookkeeping(c: Comparison) -> Diagnosis | None:
+    """Windows that did not hold K micro-steps, or a last window update() never closed."""
+    found = problems(c.baseline, "baseline") + problems(c.merged, "merged")
+    if not found:
+        return None
+    sizes = c.merged.sizes
+    return Diagnosis(
+        "window-bookkeeping",
+        "the accumulation windows do not line up: " + "; ".join(found),
+        {
+            "merged_micro_steps_per_window": sorted({int(n) for n in sizes}),
+            "K": c.merged.accum_steps,
+            "merged_updates": c.merged.updates,
+            "baseline_updates": c.baseline.updates,
+            "unclosed_micro_steps": c.merged.unclosed_micro_steps,
+            "updates_judged": len(c.results),
+        },
+        "step the optimizer (and call Recorder.update()) exactly once after every K micro-"
+        "batches: count micro-steps with `(micro + 1) % K == 0`, handle a last partial window "
+        "explicitly (drop it, as the baseline's drop_last does), and end every window with "
+        "update()",
     )

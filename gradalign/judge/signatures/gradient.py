@@ -109,7 +109,8 @@ def token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     items, k = c.merged.micro_items, c.merged.accum_steps
     if items is None or k < 2:
         return None
-    counts = items[r.update * k : (r.update + 1) * k]
+    w = c.merged.window(r.update)
+    counts = items[w.start : w.stop]
     if counts.min() == counts.max() or counts.min() <= 0:
         return None
     weights = counts.sum() / (k * counts)  # what mean-per-micro-batch / K gives each micro-batch

@@ -1,0 +1,95 @@
+"""The Recorder's bookkeeping of accumulation windows, as facts rather than assertions.
+
+A loop with an accumulation bug calls the Recorder in the wrong order: micro() more or fewer
+times than K in a window, grads() twice, update() forgotten. The Recorder must record such a
+run, not refuse it mid-training: the judge names the bug from these facts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
+    """The torch optimizer inside a wrapper (accelerate's AcceleratedOptimizer, a Lightning or
+    Trainer wrapper: anything exposing `.optimizer`), whose step hooks and state are real."""
+    seen = 0
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer) and seen < 8:
+        optimizer = optimizer.optimizer  # type: ignore[attr-defined]
+        seen += 1
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer (or wrap one as .optimizer), got "
+            f"{type(optimizer).__name__}"
+        )
+    return optimizer
+
+
+def group_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
+    """Every param group's learning rate (a tensor lr is read as a number)."""
+    return [float(group["lr"]) for group in optimizer.param_groups]
+
+
+@dataclass
+class Window:
+    """What happened in the window being recorded."""
+
+    micro_steps: int = 0
+    steps: int = 0  # optimizer.step() calls seen by the hook
+    lr: list[float] = field(default_factory=list)  # of the last step, per param group
+    grads_calls: int = 0
+    grads_written: bool = False
+    pre_clip_norm: float | None = None  # given to grads(), else the last clip_grad_norm_ total
+
+
+@dataclass
+class Windows:
+    """Per-update series, one entry per closed window."""
+
+    micro_steps: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    lr: list[list[float]] = field(default_factory=list)
+    state_steps: list[int] = field(default_factory=list)
+    loss_scales: list[float | None] = field(default_factory=list)
+    pre_clip: list[float | None] = field(default_factory=list)
+    grads_calls: list[int] = field(default_factory=list)
+    open: Window = field(default_factory=Window)
+
+    @property
+    def closed(self) -> int:
+        return len(self.micro_steps)
+
+    def close(self, state_step: int, loss_scale: float | None, groups: int) -> None:
+        w = self.open
+        self.micro_steps.append(w.micro_steps)
+        self.steps.append(w.steps)
+        self.lr.append(w.lr if w.lr else [math.nan] * groups)
+        self.state_steps.append(state_step)
+        self.loss_scales.append(loss_scale)
+        self.pre_clip.append(w.pre_clip_norm)
+        self.grads_calls.append(w.grads_calls)
+        self.open = Window()
+
+    def series(self, accum_steps: int) -> dict[str, np.ndarray]:
+        """The per-update series for the run's series file (only what was recorded)."""
+        out: dict[str, np.ndarray] = {
+            "update/lr": np.asarray([lr[0] for lr in self.lr], dtype=np.float64),
+            "update/optimizer_steps": np.asarray(self.steps, dtype=np.int64),
+        }
+        if any(len(lr) > 1 for lr in self.lr):
+            out["update/lr_groups"] = np.asarray(self.lr, dtype=np.float64)
+        if any(n != accum_steps for n in self.micro_steps):
+            out["update/micro_steps"] = np.asarray(self.micro_steps, dtype=np.int64)
+        if any(n != 1 for n in self.grads_calls) and any(self.grads_calls):
+            out["update/grads_calls"] = np.asarray(self.grads_calls, dtype=np.int64)
+        if self.loss_scales and all(s is not None for s in self.loss_scales):
+            out["update/loss_scale"] = np.asarray(self.loss_scales, dtype=np.float64)
+        if any(step >= 0 for step in self.state_steps):
+            out["update/state_step"] = np.asarray(self.state_steps, dtype=np.int64)
+        if self.pre_clip and all(n is not None for n in self.pre_clip):
+            out["update/grad_norm_pre_clip"] = np.asarray(self.pre_clip, dtype=np.float64)
+        return out
