@@ -18,7 +18,9 @@ from .signatures import failing, finite
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.step_in_window,
+    sig.replica_divergence,
     sig.lr_schedule,
+    sig.card_loss,
     sig.data_order,
     sig.batchnorm,
     sig.dropout_rng,

@@ -48,14 +48,15 @@ class Run:
     micro_state: np.ndarray | None = None  # int64 [M, P]
     micro_state_known: np.ndarray | None = None  # bool [M]
     update_state: np.ndarray | None = None  # int64 [N, P]
+    update_state_known: np.ndarray | None = None  # bool [N]; None: every row is known
     lr: np.ndarray | None = None  # float64 [N], the lr in effect at each optimizer step
     optimizer_steps: np.ndarray | None = None  # int64 [N], optimizer.step() calls during update i
     state_step: np.ndarray | None = None  # int64 [N], the optimizer's own step counter after i
     grad_norm_pre_clip: np.ndarray | None = None  # float64 [N], total norm before clipping
     loss_scale: np.ndarray | None = None  # float64 [N], a GradScaler's scale in window i
     printed_window_loss: np.ndarray | None = None  # float64 [N], a mean the source printed itself
-    loss_resolution: float = 0.0  # quantum of printed losses (0 for exact records)
-    weight_resolution: float = 0.0  # quantum of printed weights (0 for exact records)
+    printed_window_quantum: np.ndarray | None = None  # float64 [N], how precisely it was printed
+    loss_quantum: np.ndarray | None = None  # float64 [M], print resolution of each loss (logs)
     config: dict = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
     fault: str | None = None  # a label for readers; the judge never looks at it
@@ -65,6 +66,13 @@ class Run:
     load_init_weights: Callable[[], Tensors] | None = None
     load_weights: Callable[[int], Tensors] | None = None
     load_grads: Callable[[int], Tensors] | None = None
+    load_weight_quantum: Callable[[int], Tensors | None] | None = (
+        None  # printed weights' resolution
+    )
+    notes: list[str] = field(default_factory=list)  # what the source's reader wants said
+    cards: list[str] = field(default_factory=list)  # the card logs a run was combined from
+    card_loss: str | None = None  # how the cards' losses were combined: "mean" or "sum"
+    replicas: list[Run] = field(default_factory=list)  # cards 1.. beside this run (card 0)
 
     @property
     def micro_steps(self) -> int:
@@ -79,6 +87,10 @@ class Run:
 
     def weights(self, update: int) -> Tensors | None:
         return self.load_weights(update) if self.load_weights else None
+
+    def weight_quantum(self, update: int) -> Tensors | None:
+        """Per element, how far each printed weight may be from the true one (None: exact)."""
+        return self.load_weight_quantum(update) if self.load_weight_quantum else None
 
     def grads(self, update: int) -> Tensors | None:
         return self.load_grads(update) if self.load_grads else None
@@ -98,6 +110,13 @@ class Run:
         """A per-micro-step int64 series summed over each window (wrapping like the digests)."""
         k, n = self.accum_steps, self.updates
         return series[: n * k].reshape(n, k).sum(axis=1, dtype=np.int64)
+
+    def window_loss_quantum(self) -> np.ndarray:
+        """Per update, how far the window mean of printed losses may be off (0 when exact)."""
+        k, n = self.accum_steps, self.updates
+        if self.loss_quantum is None:
+            return np.zeros(n)
+        return self.loss_quantum[: n * k].reshape(n, k).mean(axis=1)
 
     def window_losses(self) -> np.ndarray:
         """Loss per update: each window's mean micro loss, weighted by items if recorded."""

@@ -8,10 +8,12 @@ is one function in one of them, listed in `judge.diagnose`.
 from .common import failing, finite, first_gradient_failure
 from .decisive import (
     batchnorm,
+    card_loss,
     data_order,
     dropout_rng,
     lr_schedule,
     non_finite,
+    replica_divergence,
     step_in_window,
 )
 from .gradient import (
@@ -24,6 +26,7 @@ from .gradient import (
 
 __all__ = [
     "batchnorm",
+    "card_loss",
     "clip_per_micro",
     "data_order",
     "dropout_rng",
@@ -34,6 +37,7 @@ __all__ = [
     "loss_scale",
     "lr_schedule",
     "non_finite",
+    "replica_divergence",
     "step_in_window",
     "token_normalization",
     "zero_grad_in_window",

@@ -8,12 +8,15 @@ import math
 import numpy as np
 
 from ...runs.model import Run
+from ..bookkeeping import distinct
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
 from .common import (
     finite,
     window,
 )
+
+CARD_RATIO_MATCH = 1e-4  # relative: a float32 mean of cards' means against the baseline's mean
 
 
 def step_in_window(c: Comparison) -> Diagnosis | None:
@@ -29,7 +32,7 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
         first = windows[0]
         text = next(t for k, t in first.problems if k == "window")
         evidence["first_window"] = first.update
-        parts.append(f"at update {first.update} the {text.split(':')[0]}")
+        parts.append(f"at update {first.update} {text.rsplit(': ', 1)[0]}")
     if c.merged.optimizer_steps is not None and c.baseline.optimizer_steps is not None:
         per_update = int(c.merged.optimizer_steps.max())
         evidence["optimizer_steps_per_update"] = {
@@ -72,19 +75,20 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
         "updates_differing": len(bad),
     }
     advance = _schedule_advance(base_lr, merged_lr)
+    shown_m, shown_b = distinct(float(merged_lr[i]), float(base_lr[i]))
     if advance is not None:
         evidence["schedule_steps_per_update"] = advance
         message = (
             f"the learning-rate schedule advanced {advance} steps per update: merged lr at "
             f"update t equals the baseline's at update {advance}·t (update {i}: "
-            f"{merged_lr[i]:.6g} vs {base_lr[i]:.6g})"
+            f"{shown_m} vs {shown_b})"
         )
         if advance == window(c):
             message += ", i.e. once per micro-step"
     else:
         message = (
-            f"the learning rates differ from update {i} on ({merged_lr[i]:.6g} in merged, "
-            f"{base_lr[i]:.6g} in baseline)"
+            f"the learning rates differ from update {i} on ({shown_m} in merged, "
+            f"{shown_b} in baseline)"
         )
     return Diagnosis(
         "lr-schedule",
@@ -110,6 +114,8 @@ def data_order(c: Comparison) -> Diagnosis | None:
         facts = {**c.baseline.model_facts, **c.merged.model_facts}
         if first.loss_ok or facts.get("batchnorm") or facts.get("dropout"):
             return None
+        if not _same_start_shown(c):
+            return None
         evidence = {
             "update_0_loss_diff": finite(first.loss_diff),
             "update_0_loss_allowed": finite(first.loss_allowed),
@@ -127,6 +133,67 @@ def data_order(c: Comparison) -> Diagnosis | None:
         "give window i exactly the rows of baseline batch i, split into K consecutive slices: "
         "same sampler and seed, same shuffling, same drop_last; record `batch=` in "
         "Recorder.micro() to check it",
+    )
+
+
+_STEPPED = ("window", "optimizer_steps", "state_step", "replicas")
+
+
+def _same_start_shown(c: Comparison) -> bool:
+    """Whether the runs provably computed update 0 from identical weights: both recorded their
+    initial weights (compared before judging) and nothing stepped inside window 0. A log shows
+    neither, so a loss gap at update 0 says nothing about its samples."""
+    recorded = c.baseline.load_init_weights is not None and c.merged.load_init_weights is not None
+    return recorded and not any(key in _STEPPED for key, _ in c.results[0].problems)
+
+
+def card_loss(c: Comparison) -> Diagnosis | None:
+    """Card logs combined by the wrong convention: the merged losses are the baseline's times
+    the number of cards (summed per-card means) or divided by it (averaged shares)."""
+    merged, cards = c.merged, len(c.merged.cards)
+    if cards < 2 or merged.card_loss is None or all(r.loss_ok for r in c.results):
+        return None
+    other, factor = ("sum", cards) if merged.card_loss == "mean" else ("mean", 1 / cards)
+    ratios = [r.merged_loss / r.base_loss for r in c.results if r.base_loss]
+    if not ratios or not all(abs(q * factor - 1) <= CARD_RATIO_MATCH for q in ratios):
+        return None
+    worst = max(abs(q * factor - 1) for q in ratios)
+    own = "its share of the global sum" if other == "sum" else "the mean over its own samples"
+    return Diagnosis(
+        "card-loss",
+        f"the merged losses are {ratios[0]:.6g} times the baseline's (with {cards} cards): "
+        f"the cards' losses were combined by their {merged.card_loss}, but each card printed "
+        f"{own}; combined by their {other} they agree to {worst:.2g} (relative)",
+        {
+            "cards": cards,
+            "card_loss": merged.card_loss,
+            "loss_ratio_update_0": finite(ratios[0]),
+            "other_convention": other,
+            "relative_gap_with_other_convention": finite(worst),
+        },
+        f"judge with --card-loss {other}: the training may well be right; only the way the "
+        "cards' losses add up differs",
+    )
+
+
+def replica_divergence(c: Comparison) -> Diagnosis | None:
+    bad = [r for r in c.results if any(k == "replicas" for k, _ in r.problems)]
+    if not bad:
+        return None
+    text = next(t for k, t in bad[0].problems if k == "replicas")
+    return Diagnosis(
+        "replica-divergence",
+        f"the cards no longer hold the same weights: at update {bad[0].update} {text}; "
+        "replicas that average their accumulated gradients step identically, so some window "
+        "stepped on each card's own gradients",
+        {
+            "first_update": bad[0].update,
+            "updates_differing": len(bad),
+            "cards": len(c.merged.cards),
+        },
+        "all-reduce (average) the accumulated gradients across the cards once per window, "
+        "before the optimizer step; with DDP keep no_sync() only around the first K-1 "
+        "micro-steps (their forward included)",
     )
 
 
