@@ -1,4 +1,4 @@
-"""The training-log reader (gradalign.runs.logs): the seed's Paddle logs and small hand-made ones."""
+"""The training-log reader (gradalign.runs.logs): the seed's Paddle logs and hand-made ones."""
 
 from __future__ import annotations
 
@@ -258,9 +258,7 @@ def test_fixed_and_scientific_blocks_each_keep_their_precision(tmp_path):
 
 
 def test_weights_printed_only_after_each_update(tmp_path):
-    text = "".join(
-        f"{m}   [0.5]\n" + (f"{GRID}\n" if m % 2 == 1 else "") for m in range(6)
-    )
+    text = "".join(f"{m}   [0.5]\n" + (f"{GRID}\n" if m % 2 == 1 else "") for m in range(6))
     run = read_log(write(tmp_path, text), accum_steps=2)
     assert run.update_state_known.all() and not run.micro_state_known.any()
     assert run.weights(2)["printed_weight_0"].shape == (2, 4)
