@@ -161,7 +161,10 @@ def compare_cmd(
     baseline: Annotated[Path, typer.Argument(help="baseline run directory or log")],
     merged: Annotated[
         list[Path],
-        typer.Argument(help="merged run directory or log; or one log per card (card 0 first)"),
+        typer.Argument(
+            help="merged run directory or log; or one log per card (card 0 first)",
+            metavar="merged",
+        ),
     ],
     accum_steps: Annotated[
         int | None, typer.Option("--accum-steps", "-k", help="K of the merged run (logs)")

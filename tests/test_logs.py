@@ -190,11 +190,37 @@ def test_paddle3_bare_losses_and_scalar_means(tmp_path):
 
 @pytest.mark.parametrize(
     "line",
-    ["0   [0.5]", "0   0.5", "0\t0.5", "0   [[0.5]]", "step 0 loss 0.5", "iter 0: 0.5", "0, 0.5"],
+    [
+        "0   [0.5]",
+        "0   0.5",
+        "0\t0.5",
+        "0   [[0.5]]",
+        "step 0 loss 0.5",
+        "step: 0, loss: [0.5]",
+        "iter 0: 0.5",
+        "0, 0.5",
+        "0   array(0.5, dtype=float32)",
+        "0 [array([0.5], dtype=float32)]",
+    ],
 )
 def test_step_line_forms(tmp_path, line):
     run = read_log(write(tmp_path, f"{line}\n{line.replace('0', '1', 1)}\n"))
     assert run.micro_loss.tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["avgloss -------->[0.375]", "avgloss -------->0.375", "avg loss: 0.375", "mean_loss=0.375"],
+)
+def test_window_mean_forms(tmp_path, line):
+    run = read_log(write(tmp_path, f"0   0.5\n{line}\n1   0.25\n"), accum_steps=2)
+    assert run.printed_window_loss.tolist() == [0.375]
+
+
+def test_numpy_repr_arrays(tmp_path):
+    block = "------------>array([[ 0.1, -0.2],\n       [ 0.5,  0.6]], dtype=float32)\n"
+    run = read_log(write(tmp_path, f"0   0.5\n{block}1   0.25\n{block}"), accum_steps=2)
+    assert run.weights(0)["printed_weight_0"].tolist() == [[0.1, -0.2], [0.5, 0.6]]
 
 
 def test_framework_lines_anywhere_are_noise(tmp_path):

@@ -18,8 +18,8 @@ from .signatures import failing, finite
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.step_in_window,
-    sig.replica_divergence,
     sig.lr_schedule,
+    sig.replica_divergence,
     sig.card_loss,
     sig.data_order,
     sig.batchnorm,

@@ -16,6 +16,7 @@ This module is numpy-only.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -36,6 +37,11 @@ _STEP = re.compile(
 _BRACKETED_STEP = re.compile(r"^\d+\s+\[[^\[\]]*\]$")  # `0   [..]`: a step line, whatever is inside
 _ARROW = re.compile(r"^(?P<label>.*?)\s*(?:-+|=+)>\s*(?P<rest>.*)$")
 _MEAN_LABEL = re.compile(r"^(?:avg|mean|average)[\s_-]*loss$", re.IGNORECASE)
+_MEAN_LINE = re.compile(
+    r"^(?P<label>(?:avg|mean|average)[\s_-]*loss)\s*(?:-+>|=+>|[:=])?\s*(?P<rest>[-+.\[\d].*)$",
+    re.IGNORECASE,
+)
+_REPR = re.compile(r"\barray\(|,?\s*dtype=[\w.]+\)")  # numpy's repr: array([...], dtype=float32)
 _TOKEN = re.compile(r"\[|\]|\.\.\.|[^\s,\[\]]+")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 MAX_DIMS = 2
@@ -52,6 +58,7 @@ class Printed:
     scientific: bool
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a log prints the same weights over and over
 def number(token: str) -> Printed | None:
     """A printed float (`0.25`, `-7.03e-05`, `1.`, `nan`), or None if `token` is none.
 
@@ -69,8 +76,9 @@ def number(token: str) -> Printed | None:
 
 
 def clean(line: str) -> str:
-    """A line without terminal colour codes and surrounding white space."""
-    return _ANSI.sub("", line).strip()
+    """A line without terminal colour codes, numpy's `array(..., dtype=...)` wrapper and
+    surrounding white space."""
+    return _REPR.sub("", _ANSI.sub("", line)).strip()
 
 
 def tokens(text: str) -> list[str]:
@@ -126,7 +134,11 @@ class ArrowLine:
 
 
 def arrow_line(text: str) -> ArrowLine | None:
-    """`[label] --->[...]` or `avgloss -->0.29`: None if the line is not one."""
+    """`[label] --->[...]`, or a window mean (`avgloss -->0.29`, `avg loss: [0.29]`): None if
+    the line is neither."""
+    mean = _MEAN_LINE.match(text)
+    if mean and one_number(mean["rest"]) is not None:
+        return ArrowLine(mean["label"], mean["rest"])
     match = _ARROW.match(text)
     if match is None:
         return None
