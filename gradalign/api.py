@@ -238,6 +238,8 @@ def compare(
             )
     base_run = open_run(Path(baseline), baseline_accum_steps, role="baseline")
     merged_run = open_merged(sources, accum_steps, card_loss)
+    if accum_steps is None:
+        _hint_k(base_run.updates, merged_run.micro_steps, merged_run.kind, merged_run.source)
     ref_run, note = open_reference(None if reference is None else str(reference), base_run)
     if ref_run is not None:
         check_outputs([], [ref_run.source], reports)
@@ -246,6 +248,16 @@ def compare(
     if note:
         comparison.notes.append(note)
     return comparison
+
+
+def _hint_k(base_updates: int, micro_steps: int, kind: str, source: str) -> None:
+    """A log does not say its K: when -k was left out and the lengths say it, say so."""
+    k, rest = divmod(micro_steps, base_updates) if base_updates else (0, 1)
+    if kind == "log" and not rest and k > 1:
+        raise BadInput(
+            f"{source}: {micro_steps} micro-steps against {base_updates} baseline updates; a "
+            f"log does not say its K: give --accum-steps {k}"
+        )
 
 
 def verify(

@@ -76,3 +76,21 @@ def test_a_step_inside_window_0_is_not_also_called_data_order(runs, tmp_path):
     assert "changed at micro-step 0 (position 1 of 4), before micro-step 1" in (
         result.diagnosis[0].message
     )
+
+
+def test_a_schedule_stepped_per_micro_step_is_found_across_precisions():
+    from gradalign.judge.signatures.decisive import _schedule_advance
+
+    schedule = [0.1 / (1 + 0.3 * t) for t in range(16)]
+    base32 = np.array(schedule[:8], dtype=np.float32)  # a framework keeping its lr in float32
+    merged = np.array(schedule[0:32:4][:8])  # a Python-float lr, stepped K=4 times per update
+    assert _schedule_advance(base32, merged) == 4
+    assert _schedule_advance(base32, np.array(schedule[:8])) is None
+
+
+def test_a_forgotten_k_for_a_log_is_named(cli):
+    from .conftest import FIXTURES
+
+    logs = FIXTURES / "paddle"
+    result = cli("compare", logs / "run.log", logs / "run_grad.log")
+    assert result.code == 2 and "give --accum-steps 4" in result.err

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ...runs.model import Run
-from ..bookkeeping import distinct
+from ..bookkeeping import distinct, recorded_dtype, same_scalar
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
 from .common import (
@@ -51,13 +51,17 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
 
 
 def _schedule_advance(base_lr: np.ndarray, merged_lr: np.ndarray) -> int | None:
-    """The m with merged lr[t] == baseline lr[m*t] wherever the baseline reaches m*t."""
+    """The m with merged lr[t] == baseline lr[m*t] wherever the baseline reaches m*t (equal at
+    the precision the two runs recorded their lr in)."""
     n = len(base_lr)
+    dtypes = recorded_dtype(merged_lr), recorded_dtype(base_lr)
+
+    def same(a: float, b: float) -> bool:
+        return same_scalar(a, b, *dtypes) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
     for m in range(2, n):
         ts = [t for t in range(n) if m * t < n]
-        if len(ts) >= 2 and all(
-            math.isclose(merged_lr[t], base_lr[m * t], rel_tol=1e-9, abs_tol=1e-15) for t in ts
-        ):
+        if len(ts) >= 2 and all(same(float(merged_lr[t]), float(base_lr[m * t])) for t in ts):
             return m
     return None
 
