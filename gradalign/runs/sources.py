@@ -14,7 +14,7 @@ from .reader import read_run_dir
 
 _NOT_A_RUN = (
     "neither a gradalign run directory nor a recognised training log (no step line like "
-    "'0   [0.2957]' or '0   0.2957' in its first 64 KiB)"
+    "'0   [0.2957]' or '0   0.2957' in its first MiB)"
 )
 
 

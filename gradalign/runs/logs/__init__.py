@@ -17,7 +17,7 @@ from .cards import CARD_LOSSES, combine_cards
 from .grammar import clean, step_line
 from .parse import parse_log
 
-SNIFF_BYTES = 1 << 16
+SNIFF_BYTES = 1 << 20  # a launcher may print a long preamble before the first step
 __all__ = ["CARD_LOSSES", "fingerprint", "looks_like_log", "read_card_logs", "read_log"]
 
 
@@ -40,7 +40,7 @@ def read_card_logs(paths: list[str | Path], accum_steps: int, card_loss: str = "
 
 def looks_like_log(path: str | Path) -> bool:
     """Cheap sniff: a regular text file with a step line ('0   [0.29]', '0   0.29') among its
-    first 64 KiB; framework lines before it do not matter."""
+    first MiB; framework lines before it do not matter."""
     path = Path(path)
     try:
         if not path.is_file():
