@@ -36,7 +36,7 @@ class Run:
     """
 
     source: str
-    kind: str  # "run-dir" | "paddle-log" | ...
+    kind: str  # "run-dir" | "log" | ...
     accum_steps: int
     updates: int
     micro_loss: np.ndarray  # float64 [M]
