@@ -201,33 +201,45 @@ def record_merged(
 
 def compare(
     baseline: PathLike,
-    merged: PathLike,
+    merged: PathLike | Sequence[PathLike],
     *,
     reference: PathLike | None = None,
     tolerances: Mapping[str, Any] | None = None,
     accum_steps: int | None = None,
     baseline_accum_steps: int = 1,
+    card_loss: str | None = None,
     reports: Sequence[PathLike] = (),
     feedback: Feedback | None = None,
 ) -> Comparison:
     """Judge `merged` against `baseline` (run directories or training logs) from their files.
 
-    `reference`: a float64 rerun of the baseline to calibrate by; by default the one the
-    baseline's manifest names; "none" for the fixed tolerances. `accum_steps`: K of a merged log
-    (a run directory states its own). `reports`: files the caller will write afterwards, checked
-    first. Raises BadInput for unreadable or incomparable runs.
+    `merged`: one run directory or log, or several logs, one per card of a data-parallel run
+    (card 0 first), whose losses are combined by `card_loss` ("mean", the default: each card
+    printed the mean over its own samples; "sum": each card's loss was already divided by the
+    global item count). `reference`: a float64 rerun of the baseline to calibrate by; by default
+    the one the baseline's manifest names; "none" for the fixed tolerances. `accum_steps`: K of
+    a merged log (a run directory states its own). `reports`: files the caller will write
+    afterwards, checked first. Raises BadInput for unreadable or incomparable runs.
     """
     from .judge.compare import compare as judge
     from .runs.outputs import check_outputs
-    from .runs.sources import open_reference, open_run
+    from .runs.sources import open_merged, open_reference, open_run
 
     checked = check_tolerances(tolerances)
+    sources = [Path(merged)] if isinstance(merged, str | Path) else [Path(m) for m in merged]
+    if not sources:
+        raise BadInput("no merged run given")
     named = [] if reference in (None, "none") else [Path(reference)]
-    check_outputs([], [Path(baseline), Path(merged), *named], reports)
-    if Path(baseline).resolve() == Path(merged).resolve():
-        raise BadInput(f"{baseline} is compared with itself: that proves nothing; give two runs")
+    check_outputs([], [Path(baseline), *sources, *named], reports)
+    for source in sources:
+        if Path(baseline).resolve() == source.resolve():
+            raise BadInput(
+                f"{baseline} is compared with itself: that proves nothing; give two runs"
+            )
     base_run = open_run(Path(baseline), baseline_accum_steps, role="baseline")
-    merged_run = open_run(Path(merged), accum_steps, role="merged")
+    merged_run = open_merged(sources, accum_steps, card_loss)
+    if accum_steps is None:
+        _hint_k(base_run.updates, merged_run.micro_steps, merged_run.kind, merged_run.source)
     ref_run, note = open_reference(None if reference is None else str(reference), base_run)
     if ref_run is not None:
         check_outputs([], [ref_run.source], reports)
@@ -236,6 +248,16 @@ def compare(
     if note:
         comparison.notes.append(note)
     return comparison
+
+
+def _hint_k(base_updates: int, micro_steps: int, kind: str, source: str) -> None:
+    """A log does not say its K: when -k was left out and the lengths say it, say so."""
+    k, rest = divmod(micro_steps, base_updates) if base_updates else (0, 1)
+    if kind == "log" and not rest and k > 1:
+        raise BadInput(
+            f"{source}: {micro_steps} micro-steps against {base_updates} baseline updates; a "
+            f"log does not say its K: give --accum-steps {k}"
+        )
 
 
 def verify(

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.exceptions import Abort, TyperException
 
 from . import __version__, api
@@ -158,11 +159,25 @@ def merged(
 @tolerance_options
 def compare_cmd(
     baseline: Annotated[Path, typer.Argument(help="baseline run directory or log")],
-    merged: Annotated[Path, typer.Argument(help="merged run directory or log")],
+    merged: Annotated[
+        list[Path],
+        typer.Argument(
+            help="merged run directory or log; or one log per card (card 0 first)",
+            metavar="merged",
+        ),
+    ],
     accum_steps: Annotated[
         int | None, typer.Option("--accum-steps", "-k", help="K of the merged run (logs)")
     ] = None,
     baseline_accum_steps: Annotated[int, typer.Option(help="K of the baseline, for logs")] = 1,
+    card_loss: Annotated[
+        str | None,
+        typer.Option(
+            help="how several card logs' losses add up: mean (each card printed the mean over "
+            "its own samples; default) or sum (each card's loss was already divided by the "
+            "global item count) " + escape("[mean|sum]")
+        ),
+    ] = None,
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="YAML file with a tolerances section")
     ] = None,
@@ -184,6 +199,7 @@ def compare_cmd(
         tolerances={**tolerances_from_yaml(config), **(tolerances or {})},
         accum_steps=accum_steps,
         baseline_accum_steps=baseline_accum_steps,
+        card_loss=card_loss,
         reports=_reports(json),
         feedback=_feedback(),
     )

@@ -35,6 +35,12 @@ def doc() -> dict:
     return namespace
 
 
+def test_doc_block_is_the_shipped_portable_writer():
+    """docs/FORMAT.md's writer and gradalign/runs/portable.py are one text: copy either."""
+    shipped = Path(__file__).resolve().parent.parent / "gradalign" / "runs" / "portable.py"
+    assert python_blocks()[0] == shipped.read_text(encoding="utf-8")
+
+
 def test_doc_has_one_python_block_with_numpy_only_imports():
     blocks = python_blocks()
     assert len(blocks) == 1

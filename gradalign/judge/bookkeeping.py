@@ -1,43 +1,86 @@
-"""Window bookkeeping: did every window of a run hold K micro-steps and end with update()?
-
-A loop that calls micro() more or fewer times than K in a window, or forgets update(), is
-recorded as it ran (the Recorder does not refuse it). Its windows no longer line up with the
-baseline's batches from the first irregular one on: updates before it are judged as usual, the
-rest are not comparable, and the check below fails with the facts.
-"""
+"""Bookkeeping per update: the learning rate, optimizer steps, the optimizer's own step counter
+and the loss scale must be identical in both runs. Scalars are compared at the precision they
+were recorded in: an lr kept in float32 by one framework and written as a Python float by
+another is the same lr if one is the float32 rounding of the other."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
+import numpy as np
+
 from ..runs.model import Run
+from .results import UpdateResult
+
+_NARROW = {"float32": np.float32, "float16": np.float16}
 
 
-def problems(run: Run, role: str) -> list[str]:
-    """What is wrong with a run's windows, in words (empty: nothing)."""
-    found = []
-    irregular = run.irregular_windows
-    if irregular.size:
-        i = int(irregular[0])
-        found.append(
-            f"{role} window {i} holds {int(run.sizes[i])} micro-steps, not K={run.accum_steps} "
-            f"({irregular.size} irregular window(s))"
-        )
-    if run.unclosed_micro_steps:
-        never = " update() was never called" if run.updates == 0 else ""
-        found.append(
-            f"{role} has {run.unclosed_micro_steps} micro-step(s) after its last update():"
-            f"{never or ' the last window never ended'}"
-        )
-    return found
+def recorded_dtype(series: np.ndarray) -> str:
+    """The precision a series was recorded in: its stored dtype if narrower than float64, else
+    float32 when every finite value is exactly a float32 (a float32 widened when written)."""
+    if series.dtype in (np.float32, np.float16):
+        return series.dtype.name
+    finite = np.asarray(series, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    widened = finite.size and np.array_equal(finite.astype(np.float32).astype(np.float64), finite)
+    return "float32" if widened else "float64"
 
 
-def judged_updates(base: Run, merged: Run) -> int:
-    """How many updates line up: up to the first irregular window of either run."""
-    n = min(base.updates, merged.updates)
-    for run in (base, merged):
-        if run.irregular_windows.size:
-            n = min(n, int(run.irregular_windows[0]))
-    return n
+def same_scalar(a: float, b: float, dtype_a: str = "float64", dtype_b: str = "float64") -> bool:
+    """Equal at the coarser of the two recorded precisions (NaN equals NaN: no step in either)."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    coarse = [_NARROW[d] for d in (dtype_a, dtype_b) if d in _NARROW]
+    if coarse:
+        narrow = min(coarse, key=lambda t: np.finfo(t).bits)
+        with np.errstate(over="ignore"):
+            return bool(narrow(a) == narrow(b))
+    return math.isclose(a, b, rel_tol=1e-12)
 
 
-def has_problems(run: Run) -> bool:
-    return bool(run.irregular_windows.size or run.unclosed_micro_steps)
+def distinct(a: float, b: float) -> tuple[str, str]:
+    """`a` and `b` printed with as few significant digits as show them apart (6 at least)."""
+    for digits in range(6, 18):
+        shown = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return f"{a:.17g}", f"{b:.17g}"
+
+
+def bookkeeping_judge(base: Run, merged: Run) -> Callable[[UpdateResult], None]:
+    """A function that adds a problem to an update's result for every bookkeeping series that
+    differs at that update (the series' recorded precisions are found once)."""
+    lr_dtypes = (
+        (recorded_dtype(merged.lr), recorded_dtype(base.lr))
+        if base.lr is not None and merged.lr is not None
+        else None
+    )
+    return lambda result: _judge(result, base, merged, lr_dtypes)
+
+
+def _judge(result: UpdateResult, base: Run, merged: Run, lr_dtypes: tuple[str, str] | None) -> None:
+    i = result.update
+    if base.lr is not None and merged.lr is not None and lr_dtypes is not None:
+        lb, lm = float(base.lr[i]), float(merged.lr[i])
+        if not same_scalar(lm, lb, *lr_dtypes):
+            shown_m, shown_b = distinct(lm, lb)
+            result.problems.append(("lr", f"lr {shown_m} in merged, {shown_b} in baseline"))
+    if base.optimizer_steps is not None and merged.optimizer_steps is not None:
+        sb, sm = int(base.optimizer_steps[i]), int(merged.optimizer_steps[i])
+        if sb != sm:
+            result.problems.append(
+                ("optimizer_steps", f"{sm} optimizer step(s) in merged, {sb} in baseline")
+            )
+    if base.loss_scale is not None and merged.loss_scale is not None:
+        cb, cm = float(base.loss_scale[i]), float(merged.loss_scale[i])
+        if cb != cm:
+            result.problems.append(
+                ("loss_scale", f"loss scale {cm:g} in merged, {cb:g} in baseline")
+            )
+    if base.state_step is not None and merged.state_step is not None:
+        sb, sm = int(base.state_step[i]), int(merged.state_step[i])
+        if sb != sm:
+            result.problems.append(
+                ("state_step", f"optimizer's own step count {sm} in merged, {sb} in baseline")
+            )

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..runs.model import Run
-from .bookkeeping import judged_updates, problems
 from .metrics import TensorDiff
+from .replicas import replicas_comparable
 from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
+from .window_sizes import judged_updates, problems
+from .windows import observable_windows
 
 
 def build_checks(
@@ -16,6 +18,7 @@ def build_checks(
     results: list[UpdateResult],
     changes: dict[int, list[str]],
     calibrated: bool,
+    disagreements: dict[int, list[str]] | None = None,
 ) -> list[Check]:
     unit = "the noise floor" if calibrated else "the tolerance"
     checks = [
@@ -37,6 +40,8 @@ def build_checks(
         )
     )
     checks.append(_window_check(merged, changes))
+    if merged.replicas:
+        checks.append(_replica_check(merged, disagreements or {}))
     checks.append(_series_check("learning rate", ("lr",), base, merged, results))
     checks.append(
         _series_check(
@@ -130,6 +135,8 @@ def _loss_check(results: list[UpdateResult], unit: str) -> Check:
 def _tensor_check(name: str, per_update: list[list[TensorDiff]], absent: str, unit: str) -> Check:
     if not any(per_update):
         return Check(name, NOT_CHECKED, absent)
+    seen = sum(1 for ds in per_update if ds)
+    partial = f" ({seen} of {len(per_update)} updates shown)" if seen < len(per_update) else ""
     diffs = [d for ds in per_update for d in ds]
     bad_updates = [i for i, ds in enumerate(per_update) if not all(d.ok for d in ds)]
     worst = max(diffs, key=lambda d: d.ratio)
@@ -139,7 +146,7 @@ def _tensor_check(name: str, per_update: list[list[TensorDiff]], absent: str, un
             name,
             FAIL,
             f"{len(bad_updates)}/{len(per_update)} updates differ; first at "
-            f"update {bad_updates[0]} in {first.name} ({first.ratio:.3g}x {unit})",
+            f"update {bad_updates[0]} in {first.name} ({first.ratio:.3g}x {unit}){partial}",
         )
     noise = ""
     if worst.noise is not None and worst.noise > 0:
@@ -148,7 +155,7 @@ def _tensor_check(name: str, per_update: list[list[TensorDiff]], absent: str, un
         name,
         PASS,
         f"worst {worst.name}: {worst.ratio:.2g}x {unit}{noise}, "
-        f"max abs diff {max(d.max_abs for d in diffs):.3g}",
+        f"max abs diff {max(d.max_abs for d in diffs):.3g}{partial}",
     )
 
 
@@ -158,12 +165,29 @@ def _window_check(merged: Run, changes: dict[int, list[str]]) -> Check:
         return Check(name, NOT_CHECKED, "merged run has K=1")
     if merged.micro_state is None:
         return Check(name, NOT_CHECKED, "no per-micro-step weight digests recorded")
+    if not observable_windows(merged):
+        return Check(name, NOT_CHECKED, "no window shows its weights twice (printed only once)")
     if changes:
         first = min(changes)
         return Check(
             name, FAIL, f"{len(changes)} window(s); first, update {first}: {changes[first][0]}"
         )
     return Check(name, PASS, "weights change only at each window's last micro-step")
+
+
+def _replica_check(merged: Run, disagreements: dict[int, list[str]]) -> Check:
+    name = "cards hold the same weights"
+    if not replicas_comparable(merged):
+        return Check(name, NOT_CHECKED, "the card logs print no weights")
+    if disagreements:
+        first = min(disagreements)
+        return Check(
+            name,
+            FAIL,
+            f"{len(disagreements)} update(s); first, update {first}: {disagreements[first][0]}",
+        )
+    cards = len(merged.replicas) + 1
+    return Check(name, PASS, f"all {cards} cards printed identical weights at every step")
 
 
 def _series_check(

@@ -7,13 +7,14 @@ verdict is calibrated by the run's floating-point noise (see tolerances.Toleranc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 import numpy as np
 
 from ..runs.model import Run, Tensors
-from .bookkeeping import judged_updates
+from .bookkeeping import bookkeeping_judge
 from .checks import build_checks
 from .compatible import (
     ReferenceBound,
@@ -23,10 +24,13 @@ from .compatible import (
 )
 from .diagnose import diagnose
 from .metrics import calibrate, diff, fit_ratio
+from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .tolerances import Tolerances, eps, for_dtype, least_precise
+from .window_sizes import judged_updates
 from .windows import inside_window_changes
 
+EPS32 = float(np.finfo(np.float32).eps)
 __all__ = ["FAIL", "NOT_CHECKED", "PASS", "Check", "Comparison", "UpdateResult", "compare"]
 
 
@@ -48,16 +52,19 @@ def compare(
     storage = least_precise([base.dtype, merged.dtype])
     judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound)
     changes = inside_window_changes(merged)
+    disagreements = replica_disagreements(merged)
+    bookkeeping = bookkeeping_judge(base, merged)
     results = []
     for i in range(judged_updates(base, merged)):
         result = judge.loss(i)
         judge.tensors(result)
-        _judge_bookkeeping(result, base, merged)
+        bookkeeping(result)
         result.problems.extend(("window", text) for text in changes.get(i, []))
+        result.problems.extend(("replicas", text) for text in disagreements.get(i, []))
         results.append(result)
         if on_update is not None:
             on_update(i)
-    checks = build_checks(base, merged, results, changes, reference is not None)
+    checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
     comparison = Comparison(
         base,
         merged,
@@ -65,7 +72,7 @@ def compare(
         dtype,
         results,
         checks,
-        _notes(base, merged, judge.merged_loss),
+        [*base.notes, *merged.notes, *_notes(base, merged, judge.merged_loss)],
         _first_divergence(results),
         reference,
     )
@@ -91,8 +98,7 @@ class _Judge:
         self.floor = tol.noise_floor * epsilon
         self.starts = starts
         self.base_loss, self.merged_loss = base.window_losses(), merged.window_losses()
-        self.resolution = base.loss_resolution + merged.loss_resolution
-        self.weight_floor = base.weight_resolution + merged.weight_resolution
+        self.resolution = base.window_loss_quantum() + merged.window_loss_quantum()
         self.loss_noise: np.ndarray | None = None
         if ref is not None:
             self.ref_loss = ref.window_losses()
@@ -106,12 +112,12 @@ class _Judge:
         gap = abs(m - b)
         gap = float(gap) if math.isfinite(gap) else math.inf
         if self.loss_noise is None:
-            allowed = self.tol.loss_atol + self.tol.loss_rtol * abs(b) + self.resolution
+            allowed = self.tol.loss_atol + self.tol.loss_rtol * abs(b) + self.resolution[i]
             return UpdateResult(i, float(b), float(m), gap, gap, float(allowed))
         r, noise = self.ref_loss[i], float(self.loss_noise[i])
         error = abs(m - r)
         error = float(error) if math.isfinite(error) else math.inf
-        allowed = self.tol.noise_factor * noise + self.floor * abs(r)
+        allowed = self.tol.noise_factor * noise + self.floor * abs(r) + self.resolution[i]
         return UpdateResult(i, float(b), float(m), gap, error, float(allowed), noise)
 
     def tensors(self, result: UpdateResult) -> None:
@@ -121,6 +127,10 @@ class _Judge:
         if wb is not None and wr is not None and self.bound is not None:
             check_reference_weights(i, wb, wr, self.starts, self.bound)
         if wb is not None and wm is not None:
+            qm = self.merged.weight_quantum(i)
+            qr = self.ref.weight_quantum(i) if self.ref is not None else None
+            slack = _print_slack(self.base.weight_quantum(i), qm)
+            rounding = _print_slack(qm, qr)
             for info in self.base.tensors:
                 start = self.starts.get(info.name) if self.starts is not None else None
                 d = diff(
@@ -128,11 +138,16 @@ class _Judge:
                     wb[info.name],
                     wm[info.name],
                     rtol=tol.weight_rtol,
-                    atol=tol.weight_atol + self.weight_floor,
+                    atol=tol.weight_atol,
                     start=start,
                     elementwise=not self.base.full_weights,
+                    slack=slack.get(info.name),
                 )
-                result.weights.append(self._calibrated(d, wb, wm, wr))
+                d = self._calibrated(d, wb, wm, wr)
+                if d.noise is not None and info.name in rounding:  # printed: rounding allowed
+                    extra = float(np.linalg.norm(rounding[info.name]))
+                    d = dataclasses.replace(d, allowed=d.allowed + extra)
+                result.weights.append(d)
         gb, gm = self.base.grads(i), self.merged.grads(i)
         gr = self.ref.grads(i) if self.ref is not None else None
         if gb is not None and gm is not None:
@@ -157,38 +172,23 @@ class _Judge:
         )
 
 
-def _judge_bookkeeping(result: UpdateResult, base: Run, merged: Run) -> None:
-    i = result.update
-    if base.lr is not None and merged.lr is not None:
-        lb, lm = float(base.lr[i]), float(merged.lr[i])
-        same = (math.isnan(lb) and math.isnan(lm)) or math.isclose(lb, lm, rel_tol=1e-12)
-        if not same:
-            result.problems.append(("lr", f"lr {lm:.6g} in merged, {lb:.6g} in baseline"))
-    if base.optimizer_steps is not None and merged.optimizer_steps is not None:
-        sb, sm = int(base.optimizer_steps[i]), int(merged.optimizer_steps[i])
-        if sb != sm:
-            result.problems.append(
-                ("optimizer_steps", f"{sm} optimizer step(s) in merged, {sb} in baseline")
-            )
-    if base.loss_scale is not None and merged.loss_scale is not None:
-        cb, cm = float(base.loss_scale[i]), float(merged.loss_scale[i])
-        if cb != cm:
-            result.problems.append(
-                ("loss_scale", f"loss scale {cm:g} in merged, {cb:g} in baseline")
-            )
-    if base.state_step is not None and merged.state_step is not None:
-        sb, sm = int(base.state_step[i]), int(merged.state_step[i])
-        if sb != sm:
-            result.problems.append(
-                ("state_step", f"optimizer's own step count {sm} in merged, {sb} in baseline")
-            )
+def _print_slack(*quanta: Tensors | None) -> dict[str, np.ndarray]:
+    """Per tensor, the sum of the given print resolutions (empty when no run was printed)."""
+    known = [q for q in quanta if q is not None]
+    if not known:
+        return {}
+    return {name: sum(q[name] for q in known if name in q) for name in known[0]}
 
 
 def _notes(base: Run, merged: Run, merged_loss: np.ndarray) -> list[str]:
     notes: list[str] = []
     printed = merged.printed_window_loss
     if printed is not None:
-        slack = 2 * merged.loss_resolution + 1e-7 * np.abs(merged_loss)
+        own = merged.printed_window_quantum
+        own = np.zeros_like(printed) if own is None else np.nan_to_num(own)
+        # the script's own mean is a float32 sum, printed: its rounding and both print resolutions
+        rounding = (merged.accum_steps + 2) * EPS32 * np.abs(merged_loss)
+        slack = own + merged.window_loss_quantum() + rounding
         gaps = np.abs(printed - merged_loss)
         for i in np.flatnonzero(np.isfinite(printed) & ~(gaps <= slack)):
             notes.append(

@@ -8,9 +8,9 @@ import numpy as np
 
 from ..errors import BadInput
 from ..runs.model import Run, Tensors
-from .bookkeeping import has_problems
 from .metrics import diff
 from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
+from .window_sizes import has_problems
 
 # Config keys a float64 reference may legitimately change: its precision, K and device.
 _REFERENCE_MAY_DIFFER = {"dtype", "accum_steps", "device", "precision", "amp_level", "round_to"}

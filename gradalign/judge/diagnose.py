@@ -20,6 +20,8 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.window_bookkeeping,
     sig.step_in_window,
     sig.lr_schedule,
+    sig.replica_divergence,
+    sig.card_loss,
     sig.data_order,
     sig.batchnorm,
     sig.dropout_rng,

@@ -50,12 +50,15 @@ def diff(
     atol: float,
     start: np.ndarray | None = None,
     elementwise: bool = False,
+    slack: np.ndarray | None = None,
 ) -> TensorDiff:
     """Compare one tensor.
 
     With `start` (the tensor's value when training began) the error is judged against how far
     training moved it: ||m - b|| <= rtol * ||b - start|| + atol * sqrt(n). With `elementwise`
-    (printed values, no history) the test is max|m - b| <= atol. Otherwise the scale is ||b||.
+    (printed values, no history) each element must hold |m - b| <= atol + slack, `slack` being
+    the elements' print resolutions; the worst element (by its share of what it is allowed) is
+    the error reported. Otherwise the scale is ||b||.
     """
     b = np.asarray(base, dtype=np.float64).ravel()
     m = np.asarray(merged, dtype=np.float64).ravel()
@@ -74,7 +77,15 @@ def diff(
     cosine = _safe_div(float(b @ m), norm_b * norm_m) if norm_b and norm_m else float(norm_d == 0)
     moved = None
     if elementwise:
-        error, allowed = max_abs, atol
+        allowed_each = atol + (0.0 if slack is None else np.asarray(slack, np.float64).ravel())
+        allowed_each = np.broadcast_to(allowed_each, abs_d.shape)
+        if abs_d.size == 0:
+            error, allowed = 0.0, float(atol)
+        else:
+            fallback = np.where(abs_d > 0, np.inf, 0.0)
+            share = np.divide(abs_d, allowed_each, out=fallback, where=allowed_each > 0)
+            worst = int(share.argmax())
+            error, allowed = float(abs_d[worst]), float(allowed_each[worst])
     else:
         if start is not None:
             moved = float(np.linalg.norm(b - np.asarray(start, dtype=np.float64).ravel()))

@@ -8,44 +8,88 @@ from ..runs.model import Run
 
 
 def inside_window_changes(run: Run) -> dict[int, list[str]]:
-    """Per update, the micro-steps that saw weights other than those the window started from.
+    """Per update, where the weights changed inside its window.
 
-    Micro-step m's fingerprint is the weights it computed with. Every micro-step of window i must
-    see the weights after update i-1 (the initial weights for i=0); a source that could not observe
-    a row (a log has no initial weights) falls back to the first observed row of the window.
+    Row m of `micro_state` is the weights micro-step m computed with (a Recorder takes it at
+    micro-step m; a log prints it after micro-step m-1). Every row of window i must equal the
+    weights after update i-1 (the initial weights for i=0). A row that differs while the row
+    before it did not means the optimizer stepped at the micro-step before it; where rows are
+    unknown (a log has no initial weights, or prints only some steps), the step is placed
+    between the last row seen unchanged and the first changed one, never earlier than seen.
     Only parameters count: buffers such as BatchNorm's running statistics change in forward.
     """
     if run.micro_state is None or run.accum_steps == 1:
         return {}
-    known = run.micro_state_known
-    if known is None:
-        known = np.ones(run.micro_steps, dtype=bool)
+    known = _known(run)
     params = np.array([t.kind == "param" for t in run.tensors])
     names = [t.name for t in run.tensors]
     found: dict[int, list[str]] = {}
     for i in range(run.updates):
-        window = run.window(i)
-        reference = _window_start(run, i)
-        if reference is None:
-            seen = [m for m in window if known[m]]
-            if not seen:
+        span = run.window(i)
+        window = [m for m in span if known[m]]
+        start = _window_start(run, i)
+        last_same = span.start - 1  # the window's start: "after the micro-step before it"
+        if start is None:
+            if not window:
                 continue
-            reference = run.micro_state[seen[0]]
+            start, last_same = run.micro_state[window[0]], window[0]
+            window = window[1:]
         for m in window:
-            if not known[m]:
+            changed = np.flatnonzero((run.micro_state[m] != start) & params)
+            if not changed.size:
+                last_same = m
                 continue
-            changed = np.flatnonzero((run.micro_state[m] != reference) & params)
-            if changed.size:
-                found.setdefault(i, []).append(
-                    f"weights changed before micro-step {m} (position {m - window.start + 1} "
-                    f"of {len(window)}), "
-                    f"first in {names[changed[0]]}: an optimizer step inside the window"
-                )
-                break
+            unseen = "" if _window_start(run, i) is not None else _UNSEEN
+            found[i] = [
+                _where(last_same, m, i, span) + f", first in {names[changed[0]]}{unseen}: an "
+                "optimizer step inside the window"
+            ]
+            break
     return found
+
+
+_UNSEEN = " (the first change this source can show; it holds no earlier weights)"
+
+
+def _where(last_same: int, changed: int, update: int, span: range) -> str:
+    """The micro-step(s) the weights changed at: after row `last_same`, before row `changed`."""
+
+    def at(m: int) -> str:
+        return f"micro-step {m} (position {m - span.start + 1} of {len(span)})"
+
+    if changed == span.start:
+        since = "the initial weights" if update == 0 else f"update {update - 1}"
+        return f"the weights changed after {since}, before {at(changed)}"
+    if changed - 1 == max(last_same, span.start):
+        return f"the weights changed at {at(changed - 1)}, before micro-step {changed}"
+    first = max(last_same, span.start)
+    return f"the weights changed between {at(first)} and {at(changed - 1)}"
+
+
+def observable_windows(run: Run) -> int:
+    """How many windows hold two rows that can be compared (their start counts as one)."""
+    if run.micro_state is None or run.accum_steps == 1:
+        return 0
+    known = _known(run)
+    count = 0
+    for i in range(run.updates):
+        span = run.window(i)
+        rows = int(known[span.start : span.stop].sum()) + (_window_start(run, i) is not None)
+        count += rows >= 2
+    return count
+
+
+def _known(run: Run) -> np.ndarray:
+    if run.micro_state_known is None:
+        return np.ones(run.micro_steps, dtype=bool)
+    return run.micro_state_known
 
 
 def _window_start(run: Run, update: int) -> np.ndarray | None:
     if update == 0:
         return run.init_state
-    return None if run.update_state is None else run.update_state[update - 1]
+    if run.update_state is None:
+        return None
+    if run.update_state_known is not None and not run.update_state_known[update - 1]:
+        return None
+    return run.update_state[update - 1]

@@ -30,6 +30,11 @@ def to_dict(comparison: Comparison) -> dict[str, Any]:
         "verdict": c.verdict,
         "baseline": c.baseline.source,
         "merged": c.merged.source,
+        "merged_cards": (
+            {"logs": list(c.merged.cards), "card_loss": c.merged.card_loss}
+            if c.merged.cards
+            else None
+        ),
         "accum_steps": c.accum_steps,
         "baseline_accum_steps": c.baseline.accum_steps,
         "updates": c.updates,

@@ -38,7 +38,7 @@ class Run:
     """
 
     source: str
-    kind: str  # "run-dir" | "paddle-log" | ...
+    kind: str  # "run-dir" | "log" | ...
     accum_steps: int
     updates: int
     micro_loss: np.ndarray  # float64 [M]
@@ -54,6 +54,7 @@ class Run:
     unclosed_micro_steps: int = 0  # micro-steps recorded after the last update()
     grads_calls: np.ndarray | None = None  # int64 [N], Recorder.grads() calls in window i
     update_state: np.ndarray | None = None  # int64 [N, P]
+    update_state_known: np.ndarray | None = None  # bool [N]; None: every row is known
     lr: np.ndarray | None = None  # float64 [N], the lr of the first param group at each step
     lr_groups: np.ndarray | None = None  # float64 [N, G], every param group's lr (G > 1)
     optimizer_steps: np.ndarray | None = None  # int64 [N], optimizer.step() calls during update i
@@ -61,8 +62,8 @@ class Run:
     grad_norm_pre_clip: np.ndarray | None = None  # float64 [N], total norm before clipping
     loss_scale: np.ndarray | None = None  # float64 [N], a GradScaler's scale in window i
     printed_window_loss: np.ndarray | None = None  # float64 [N], a mean the source printed itself
-    loss_resolution: float = 0.0  # quantum of printed losses (0 for exact records)
-    weight_resolution: float = 0.0  # quantum of printed weights (0 for exact records)
+    printed_window_quantum: np.ndarray | None = None  # float64 [N], how precisely it was printed
+    loss_quantum: np.ndarray | None = None  # float64 [M], print resolution of each loss (logs)
     config: dict = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
     fault: str | None = None  # a label for readers; the judge never looks at it
@@ -72,6 +73,13 @@ class Run:
     load_init_weights: Callable[[], Tensors] | None = None
     load_weights: Callable[[int], Tensors] | None = None
     load_grads: Callable[[int], Tensors] | None = None
+    load_weight_quantum: Callable[[int], Tensors | None] | None = (
+        None  # printed weights' resolution
+    )
+    notes: list[str] = field(default_factory=list)  # what the source's reader wants said
+    cards: list[str] = field(default_factory=list)  # the card logs a run was combined from
+    card_loss: str | None = None  # how the cards' losses were combined: "mean" or "sum"
+    replicas: list[Run] = field(default_factory=list)  # cards 1.. beside this run (card 0)
 
     @property
     def micro_steps(self) -> int:
@@ -86,6 +94,10 @@ class Run:
 
     def weights(self, update: int) -> Tensors | None:
         return self.load_weights(update) if self.load_weights else None
+
+    def weight_quantum(self, update: int) -> Tensors | None:
+        """Per element, how far each printed weight may be from the true one (None: exact)."""
+        return self.load_weight_quantum(update) if self.load_weight_quantum else None
 
     def grads(self, update: int) -> Tensors | None:
         return self.load_grads(update) if self.load_grads else None
@@ -136,6 +148,12 @@ class Run:
     def window_sums(self, series: np.ndarray) -> np.ndarray:
         """A per-micro-step int64 series summed over each window (wrapping like the digests)."""
         return self._sum(np.asarray(series, dtype=np.int64))
+
+    def window_loss_quantum(self) -> np.ndarray:
+        """Per update, how far the window mean of printed losses may be off (0 when exact)."""
+        if self.loss_quantum is None:
+            return np.zeros(self.updates)
+        return self._sum(self.loss_quantum) / np.maximum(self.sizes, 1)
 
     def window_losses(self) -> np.ndarray:
         """Loss per update: each window's mean micro loss, weighted by items if recorded."""

@@ -1,14 +1,21 @@
-"""Open a run from whatever the user points at: a run directory or a framework's log file."""
+"""Open a run from whatever the user points at: a run directory, a framework's log file, or the
+logs of several cards of one data-parallel run."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import BadInput
 from .layout import is_run_dir
+from .logs import CARD_LOSSES, looks_like_log, read_card_logs, read_log
 from .model import Run
-from .paddle_log import looks_like_paddle_log, read_paddle_log
 from .reader import read_run_dir
+
+_NOT_A_RUN = (
+    "neither a gradalign run directory nor a recognised training log (no step line like "
+    "'0   [0.2957]' or '0   0.2957' in its first MiB)"
+)
 
 
 def open_run(path: Path, accum_steps: int | None, role: str) -> Run:
@@ -23,9 +30,35 @@ def open_run(path: Path, accum_steps: int | None, role: str) -> Run:
         return run
     if not path.exists():
         raise BadInput(f"{path}: no such run directory or log file")
-    if looks_like_paddle_log(path):
-        return read_paddle_log(path, 1 if accum_steps is None else accum_steps)
-    raise BadInput(f"{path}: neither a gradalign run directory nor a recognised training log")
+    if looks_like_log(path):
+        return read_log(path, 1 if accum_steps is None else accum_steps)
+    raise BadInput(f"{path}: {_NOT_A_RUN}")
+
+
+def open_merged(paths: Sequence[Path], accum_steps: int | None, card_loss: str | None) -> Run:
+    """The merged run: one source, or one log per card of a data-parallel run (card 0 first),
+    whose losses are combined by `card_loss` (default mean)."""
+    if card_loss is not None and card_loss not in CARD_LOSSES:
+        raise BadInput(f"--card-loss must be one of {', '.join(CARD_LOSSES)}, got {card_loss!r}")
+    if len(paths) == 1:
+        if card_loss is not None:
+            raise BadInput("--card-loss combines several card logs; only one merged source given")
+        return open_run(paths[0], accum_steps, "merged")
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise BadInput("a card log is given twice; give each card's log once")
+    for path in paths:
+        if path.is_dir():
+            raise BadInput(
+                f"{path}: several merged sources are read as one training log per card; "
+                "a run directory records all cards itself"
+            )
+        if not path.exists():
+            raise BadInput(f"{path}: no such log file")
+        if not looks_like_log(path):
+            raise BadInput(f"{path}: {_NOT_A_RUN}")
+    return read_card_logs(
+        list(paths), 1 if accum_steps is None else accum_steps, card_loss or "mean"
+    )
 
 
 def open_reference(option: str | None, base: Run) -> tuple[Run | None, str | None]:

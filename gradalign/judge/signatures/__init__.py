@@ -8,10 +8,12 @@ is one function in one of them, listed in `judge.diagnose`.
 from .common import failing, finite, first_gradient_failure
 from .decisive import (
     batchnorm,
+    card_loss,
     data_order,
     dropout_rng,
     lr_schedule,
     non_finite,
+    replica_divergence,
     step_in_window,
     window_bookkeeping,
 )
@@ -25,6 +27,7 @@ from .gradient import (
 
 __all__ = [
     "batchnorm",
+    "card_loss",
     "clip_per_micro",
     "data_order",
     "dropout_rng",
@@ -35,6 +38,7 @@ __all__ = [
     "loss_scale",
     "lr_schedule",
     "non_finite",
+    "replica_divergence",
     "step_in_window",
     "token_normalization",
     "window_bookkeeping",

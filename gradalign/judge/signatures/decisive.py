@@ -8,13 +8,16 @@ import math
 import numpy as np
 
 from ...runs.model import Run
-from ..bookkeeping import problems
+from ..bookkeeping import distinct, recorded_dtype, same_scalar
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
+from ..window_sizes import problems
 from .common import (
     finite,
     window,
 )
+
+CARD_RATIO_MATCH = 1e-4  # relative: a float32 mean of cards' means against the baseline's mean
 
 
 def step_in_window(c: Comparison) -> Diagnosis | None:
@@ -30,7 +33,7 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
         first = windows[0]
         text = next(t for k, t in first.problems if k == "window")
         evidence["first_window"] = first.update
-        parts.append(f"at update {first.update} the {text.split(':')[0]}")
+        parts.append(f"at update {first.update} {text.rsplit(': ', 1)[0]}")
     if c.merged.optimizer_steps is not None and c.baseline.optimizer_steps is not None:
         per_update = int(c.merged.optimizer_steps.max())
         evidence["optimizer_steps_per_update"] = {
@@ -49,13 +52,17 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
 
 
 def _schedule_advance(base_lr: np.ndarray, merged_lr: np.ndarray) -> int | None:
-    """The m with merged lr[t] == baseline lr[m*t] wherever the baseline reaches m*t."""
+    """The m with merged lr[t] == baseline lr[m*t] wherever the baseline reaches m*t (equal at
+    the precision the two runs recorded their lr in)."""
     n = len(base_lr)
+    dtypes = recorded_dtype(merged_lr), recorded_dtype(base_lr)
+
+    def same(a: float, b: float) -> bool:
+        return same_scalar(a, b, *dtypes) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
     for m in range(2, n):
         ts = [t for t in range(n) if m * t < n]
-        if len(ts) >= 2 and all(
-            math.isclose(merged_lr[t], base_lr[m * t], rel_tol=1e-9, abs_tol=1e-15) for t in ts
-        ):
+        if len(ts) >= 2 and all(same(float(merged_lr[t]), float(base_lr[m * t])) for t in ts):
             return m
     return None
 
@@ -73,19 +80,20 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
         "updates_differing": len(bad),
     }
     advance = _schedule_advance(base_lr, merged_lr)
+    shown_m, shown_b = distinct(float(merged_lr[i]), float(base_lr[i]))
     if advance is not None:
         evidence["schedule_steps_per_update"] = advance
         message = (
             f"the learning-rate schedule advanced {advance} steps per update: merged lr at "
             f"update t equals the baseline's at update {advance}·t (update {i}: "
-            f"{merged_lr[i]:.6g} vs {base_lr[i]:.6g})"
+            f"{shown_m} vs {shown_b})"
         )
         if advance == window(c):
             message += ", i.e. once per micro-step"
     else:
         message = (
-            f"the learning rates differ from update {i} on ({merged_lr[i]:.6g} in merged, "
-            f"{base_lr[i]:.6g} in baseline)"
+            f"the learning rates differ from update {i} on ({shown_m} in merged, "
+            f"{shown_b} in baseline)"
         )
     return Diagnosis(
         "lr-schedule",
@@ -111,6 +119,8 @@ def data_order(c: Comparison) -> Diagnosis | None:
         facts = {**c.baseline.model_facts, **c.merged.model_facts}
         if first.loss_ok or facts.get("batchnorm") or facts.get("dropout"):
             return None
+        if not _same_start_shown(c):
+            return None
         evidence = {
             "update_0_loss_diff": finite(first.loss_diff),
             "update_0_loss_allowed": finite(first.loss_allowed),
@@ -128,6 +138,67 @@ def data_order(c: Comparison) -> Diagnosis | None:
         "give window i exactly the rows of baseline batch i, split into K consecutive slices: "
         "same sampler and seed, same shuffling, same drop_last; record `batch=` in "
         "Recorder.micro() to check it",
+    )
+
+
+_STEPPED = ("window", "optimizer_steps", "state_step", "replicas")
+
+
+def _same_start_shown(c: Comparison) -> bool:
+    """Whether the runs provably computed update 0 from identical weights: both recorded their
+    initial weights (compared before judging) and nothing stepped inside window 0. A log shows
+    neither, so a loss gap at update 0 says nothing about its samples."""
+    recorded = c.baseline.load_init_weights is not None and c.merged.load_init_weights is not None
+    return recorded and not any(key in _STEPPED for key, _ in c.results[0].problems)
+
+
+def card_loss(c: Comparison) -> Diagnosis | None:
+    """Card logs combined by the wrong convention: the merged losses are the baseline's times
+    the number of cards (summed per-card means) or divided by it (averaged shares)."""
+    merged, cards = c.merged, len(c.merged.cards)
+    if cards < 2 or merged.card_loss is None or all(r.loss_ok for r in c.results):
+        return None
+    other, factor = ("sum", cards) if merged.card_loss == "mean" else ("mean", 1 / cards)
+    ratios = [r.merged_loss / r.base_loss for r in c.results if r.base_loss]
+    if not ratios or not all(abs(q * factor - 1) <= CARD_RATIO_MATCH for q in ratios):
+        return None
+    worst = max(abs(q * factor - 1) for q in ratios)
+    own = "its share of the global sum" if other == "sum" else "the mean over its own samples"
+    return Diagnosis(
+        "card-loss",
+        f"the merged losses are {ratios[0]:.6g} times the baseline's (with {cards} cards): "
+        f"the cards' losses were combined by their {merged.card_loss}, but each card printed "
+        f"{own}; combined by their {other} they agree to {worst:.2g} (relative)",
+        {
+            "cards": cards,
+            "card_loss": merged.card_loss,
+            "loss_ratio_update_0": finite(ratios[0]),
+            "other_convention": other,
+            "relative_gap_with_other_convention": finite(worst),
+        },
+        f"judge with --card-loss {other}: the training may well be right; only the way the "
+        "cards' losses add up differs",
+    )
+
+
+def replica_divergence(c: Comparison) -> Diagnosis | None:
+    bad = [r for r in c.results if any(k == "replicas" for k, _ in r.problems)]
+    if not bad:
+        return None
+    text = next(t for k, t in bad[0].problems if k == "replicas")
+    return Diagnosis(
+        "replica-divergence",
+        f"the cards no longer hold the same weights: at update {bad[0].update} {text}; "
+        "replicas that average their accumulated gradients step identically, so some window "
+        "stepped on each card's own gradients",
+        {
+            "first_update": bad[0].update,
+            "updates_differing": len(bad),
+            "cards": len(c.merged.cards),
+        },
+        "all-reduce (average) the accumulated gradients across the cards once per window, "
+        "before the optimizer step; with DDP keep no_sync() only around the first K-1 "
+        "micro-steps (their forward included)",
     )
 
 

@@ -1,0 +1,63 @@
+"""Training logs as runs: a log is another source of a run (PaddlePaddle-style prints).
+
+`grammar` (what a step line, a printed array and a printed window mean look like), `parse` (one
+pass over a log; framework lines anywhere are noise), `build` (a parsed log as a `Run`, each
+printed number with its own print resolution), `cards` (several card logs of one data-parallel
+run combined into one `Run`). Numpy-only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import BadInput
+from ..model import Run
+from .build import build_run, fingerprint
+from .cards import CARD_LOSSES, combine_cards
+from .grammar import clean, step_line
+from .parse import parse_log
+
+SNIFF_BYTES = 1 << 20  # a launcher may print a long preamble before the first step
+__all__ = ["CARD_LOSSES", "fingerprint", "looks_like_log", "read_card_logs", "read_log"]
+
+
+def _check_k(accum_steps: int) -> None:
+    if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
+        raise BadInput(f"accum_steps must be a whole number >= 1, got {accum_steps!r}")
+
+
+def read_log(path: str | Path, accum_steps: int = 1) -> Run:
+    """Read a training log; `accum_steps` micro-steps make one update."""
+    _check_k(accum_steps)
+    return build_run(parse_log(Path(path)), accum_steps)
+
+
+def read_card_logs(paths: list[str | Path], accum_steps: int, card_loss: str = "mean") -> Run:
+    """One run from the logs of its cards (one log per card, card 0 first)."""
+    _check_k(accum_steps)
+    return combine_cards([read_log(p, accum_steps) for p in paths], card_loss)
+
+
+def looks_like_log(path: str | Path) -> bool:
+    """Cheap sniff: a regular text file with a step line ('0   [0.29]', '0   0.29') among its
+    first MiB; framework lines before it do not matter."""
+    path = Path(path)
+    try:
+        if not path.is_file():
+            return False
+        with path.open("rb") as handle:
+            head = handle.read(SNIFF_BYTES)
+    except OSError:
+        return False
+    if b"\0" in head:
+        return False
+    lines = head.decode("utf-8", errors="replace").splitlines()
+    if len(head) == SNIFF_BYTES and len(lines) > 1:
+        lines = lines[:-1]  # the last line may be cut
+    for line in lines:
+        try:
+            if step_line(clean(line)) is not None:
+                return True
+        except BadInput:
+            return True  # a step line it cannot read: reading the log says why
+    return False

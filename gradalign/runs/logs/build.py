@@ -1,0 +1,185 @@
+"""A parsed log as a Run: micro losses, printed window means, printed weights with the
+resolution each number was printed at, fingerprints of what was printed. Numpy-only."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from ...errors import BadInput
+from ..model import Run, TensorInfo, Tensors
+from .grammar import Printed, PrintedArray
+from .parse import ParsedLog
+
+LOG_DTYPE = "float32"  # what a printed weight is taken to be: the dtype frameworks train in
+
+
+def spacing(values: np.ndarray) -> np.ndarray:
+    """The gap between a float32 value and the next: a printed float32 is never known closer."""
+    finite = np.where(np.isfinite(values), np.abs(values), 0.0).astype(np.float32)
+    return np.spacing(finite).astype(np.float64)
+
+
+def array_quantum(array: PrintedArray, precision: int) -> np.ndarray:
+    """How far each printed value may be from the value that was printed.
+
+    numpy prints at most `precision` digits after the (mantissa's) decimal point, fewer when
+    fewer identify the value or the rounded digits end in zeros; so every element of an array is
+    known to 10**(exponent - precision): an array in fixed notation and one in scientific notation
+    in the same log each get their own. Never finer than float32 holds the array: one spacing of
+    its largest value (float32 arithmetic errs in absolute terms of a tensor's scale, so a tiny
+    weight printed in scientific notation is not known closer than its neighbours).
+    """
+    printed = 10.0 ** (array.exponents - precision).astype(np.float64)
+    values = array.values[np.isfinite(array.values)]
+    scale = spacing(np.array([np.abs(values).max(initial=0.0)]))[0]
+    return np.maximum(printed, scale)
+
+
+def number_quantum(printed: Printed, precision: int | None) -> float:
+    """The same for one number: bracketed (an array, `precision` applies) or bare (its own
+    digits: a 0-d array or a Python float prints as many as identify it)."""
+    digits = printed.digits if precision is None else precision
+    own = 10.0 ** (printed.exponent - digits)
+    return float(max(own, spacing(np.array([printed.value]))[0]))
+
+
+def fingerprint(values: np.ndarray) -> int:
+    """int64 fingerprint of printed values: equal values give equal fingerprints."""
+    data = np.ascontiguousarray(values, dtype="<f8") + 0.0  # -0.0 prints differently, equals 0.0
+    digest = hashlib.blake2b(data.tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def build_run(log: ParsedLog, accum_steps: int) -> Run:
+    """The Run a log describes, with `accum_steps` micro-steps per update."""
+    path, k, micro = log.path, accum_steps, len(log.losses)
+    if micro % k:
+        raise BadInput(
+            f"{path}: {micro} micro-steps cannot be split into windows of accum_steps={k}"
+        )
+    n = micro // k
+    if len(log.means) > n:
+        raise BadInput(f"{path}: {len(log.means)} avgloss lines for only {n} updates")
+    precision = log.precision
+    quanta = [
+        number_quantum(p, precision if b else None)
+        for p, b in zip(log.losses, log.bracketed, strict=True)
+    ]
+    window = np.full(n, np.nan)
+    window_quanta = np.full(n, np.nan)
+    for i, (p, b) in enumerate(zip(log.means, log.mean_bracketed, strict=True)):
+        window[i] = p.value
+        window_quanta[i] = number_quantum(p, precision if b else None)
+    tensors = _layout(log)
+    run = Run(
+        source=str(path),
+        kind="log",
+        accum_steps=k,
+        updates=n,
+        micro_loss=np.array([p.value for p in log.losses], dtype=np.float64),
+        tensors=tensors,
+        full_weights=False,
+        loss_quantum=np.array(quanta, dtype=np.float64),
+        printed_window_loss=window,
+        printed_window_quantum=window_quanta,
+        config={"ignored_lines": log.noise},
+        notes=_notes(log, micro),
+    )
+    if tensors:
+        _attach_weights(run, log, tensors, precision)
+    return run
+
+
+def _names(labels: list[str]) -> list[str]:
+    """Tensor names from the arrays' labels; unlabelled ones by position."""
+    names = []
+    for j, label in enumerate(labels):
+        name = label or f"printed_weight_{j}"
+        names.append(name if name not in names else f"{name}#{j}")
+    return names
+
+
+def _layout(log: ParsedLog) -> list[TensorInfo]:
+    """Every step that prints arrays prints the same ones (names and shapes); describe them."""
+    printing = [m for m, blocks in enumerate(log.blocks) if blocks]
+    if not printing:
+        return []
+    first = log.blocks[printing[0]]
+    names = _names([b.label for b in first])
+    shapes = [b.array.values.shape for b in first]
+    for m in printing:
+        blocks = log.blocks[m]
+        if (
+            _names([b.label for b in blocks]) != names
+            or [b.array.values.shape for b in blocks] != shapes
+        ):
+            found = [
+                (n, b.array.values.shape)
+                for n, b in zip(_names([b.label for b in blocks]), blocks, strict=True)
+            ]
+            raise BadInput(
+                f"{log.path}:{log.step_lines[m]}: this step printed arrays {found}, step "
+                f"{log.first_index + printing[0]} printed {list(zip(names, shapes, strict=True))}"
+            )
+    return [TensorInfo(name, shape, LOG_DTYPE) for name, shape in zip(names, shapes, strict=True)]
+
+
+def _attach_weights(run: Run, log: ParsedLog, tensors: list[TensorInfo], precision: int) -> None:
+    """State fingerprints and weight loaders from the arrays printed after each step: what step
+    m printed is what step m+1 computed with; what a window's last step printed is the update
+    (kept only as the update's row: as micro-step m+1's row it would be the window's start by
+    construction, and would prove nothing about the window)."""
+    k, n, micro, p = run.accum_steps, run.updates, run.micro_steps, len(tensors)
+    printed = {m: blocks for m, blocks in enumerate(log.blocks) if blocks}
+    states = {m: [fingerprint(b.array.values) for b in blocks] for m, blocks in printed.items()}
+    run.micro_state = np.zeros((micro, p), dtype=np.int64)
+    run.micro_state_known = np.zeros(micro, dtype=bool)
+    for m, state in states.items():
+        if m % k != k - 1:  # after a window's last step: that is the update's row, not a micro's
+            run.micro_state[m + 1] = state
+            run.micro_state_known[m + 1] = True
+    run.update_state = np.zeros((n, p), dtype=np.int64)
+    run.update_state_known = np.zeros(n, dtype=bool)
+    for i in range(n):
+        if (i + 1) * k - 1 in states:
+            run.update_state[i] = states[(i + 1) * k - 1]
+            run.update_state_known[i] = True
+    names = [t.name for t in tensors]
+
+    def blocks_after(update: int):
+        if not 0 <= update < n:
+            raise IndexError(f"update {update} out of range 0..{n - 1}")
+        return printed.get((update + 1) * k - 1)
+
+    def load_weights(update: int) -> Tensors | None:
+        blocks = blocks_after(update)
+        if blocks is None:
+            return None
+        return {name: b.array.values.copy() for name, b in zip(names, blocks, strict=True)}
+
+    def load_quantum(update: int) -> Tensors | None:
+        blocks = blocks_after(update)
+        if blocks is None:
+            return None
+        return {
+            name: array_quantum(b.array, precision) for name, b in zip(names, blocks, strict=True)
+        }
+
+    run.load_weights = load_weights
+    run.load_weight_quantum = load_quantum
+
+
+def _notes(log: ParsedLog, micro: int) -> list[str]:
+    notes = []
+    if log.noise:
+        shown = "; ".join(f"line {line}: {text!r}" for line, text in log.noise_shown)
+        notes.append(
+            f"{log.path}: {log.noise} line(s) that are not steps, printed arrays or window "
+            f"means were ignored (first: {shown})"
+        )
+    printing = sum(1 for blocks in log.blocks if blocks)
+    if 0 < printing < micro:
+        notes.append(f"{log.path}: weights are printed after {printing} of {micro} steps")
+    return notes

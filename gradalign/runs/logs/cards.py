@@ -1,0 +1,76 @@
+"""Several card logs of one data-parallel run as one Run. Numpy-only.
+
+Each card prints its own loss for its share of every micro-batch. The run's loss at a micro-step
+is the cards' losses combined by the convention the user names: `mean` when each card's loss is
+the mean over its own samples (the usual per-card mean: with equal shares, the global mean is
+their mean), `sum` when each card's loss is already divided by the global item count. The
+weights are card 0's; the other cards ride along as replicas, whose printed weights the judge
+checks against card 0's (data-parallel replicas hold the same weights after every step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ...errors import BadInput
+from ..model import Run
+
+CARD_LOSSES = ("mean", "sum")
+
+
+def _combine(series: list[np.ndarray], card_loss: str) -> np.ndarray:
+    stacked = np.stack(series)
+    return stacked.mean(axis=0) if card_loss == "mean" else stacked.sum(axis=0)
+
+
+def combine_cards(runs: list[Run], card_loss: str) -> Run:
+    """One Run from card runs (card 0 first), losses combined by `card_loss`."""
+    if card_loss not in CARD_LOSSES:
+        raise BadInput(f"--card-loss must be one of {', '.join(CARD_LOSSES)}, got {card_loss!r}")
+    if len(runs) < 2:
+        raise BadInput("combining card logs needs at least two of them")
+    first = runs[0]
+    layout = [(t.name, t.shape) for t in first.tensors]
+    for card, run in enumerate(runs[1:], start=1):
+        if run.micro_steps != first.micro_steps:
+            raise BadInput(
+                f"{run.source}: card {card} logged {run.micro_steps} micro-steps, card 0 "
+                f"({first.source}) {first.micro_steps}: the logs are not of one run"
+            )
+        if [(t.name, t.shape) for t in run.tensors] != layout:
+            raise BadInput(f"{run.source}: card {card} printed other arrays than card 0")
+    quanta = [
+        r.loss_quantum if r.loss_quantum is not None else np.zeros(r.micro_steps) for r in runs
+    ]
+    printed = np.stack([r.printed_window_loss for r in runs])
+    printed_quanta = np.stack([r.printed_window_quantum for r in runs])
+    complete = np.isfinite(printed).all(axis=0)
+    cards = [r.source for r in runs]
+    how = "mean" if card_loss == "mean" else "sum"
+    note = (
+        f"merged run: {len(runs)} card logs ({', '.join(cards)}); each micro-step's loss is the "
+        f"{how} of the cards' losses (--card-loss {card_loss}); the weights compared are card "
+        "0's, and every card's printed weights are checked against card 0's"
+    )
+    return dataclasses.replace(
+        first,
+        source=f"{first.source} + {len(runs) - 1} more card(s)",
+        micro_loss=_combine([r.micro_loss for r in runs], card_loss),
+        loss_quantum=_combine(quanta, card_loss),
+        printed_window_loss=np.where(complete, _combine(list(printed), card_loss), np.nan),
+        printed_window_quantum=np.where(
+            complete, _combine(list(printed_quanta), card_loss), np.nan
+        ),
+        config={
+            **first.config,
+            "ignored_lines": sum(int(r.config.get("ignored_lines", 0)) for r in runs),
+            "cards": len(runs),
+            "card_loss": card_loss,
+        },
+        notes=[note, *(n for r in runs for n in r.notes)],
+        cards=cards,
+        card_loss=card_loss,
+        replicas=list(runs[1:]),
+    )

@@ -1,0 +1,180 @@
+"""One pass over a training log: step lines, printed arrays after each step, printed window
+means, and the noise around them (counted, never fatal). Numpy-only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...errors import BadInput
+from .grammar import (
+    ArrayReader,
+    Printed,
+    PrintedArray,
+    arrow_line,
+    clean,
+    is_array_content,
+    one_number,
+    step_line,
+)
+
+MAX_LOG_BYTES = 2 << 30  # a log larger than this is not read whole into memory
+SHOWN_NOISE = 3
+
+
+@dataclass
+class Block:
+    """One array printed after a step: its label ('' if none) and its values."""
+
+    label: str
+    array: PrintedArray
+    line: int
+
+
+@dataclass
+class ParsedLog:
+    """What one pass over a log found; `blocks[m]` are the arrays printed after step `m`."""
+
+    path: Path
+    losses: list[Printed] = field(default_factory=list)
+    bracketed: list[bool] = field(default_factory=list)
+    step_lines: list[int] = field(default_factory=list)
+    first_index: int = 0
+    blocks: list[list[Block]] = field(default_factory=list)
+    means: list[Printed] = field(default_factory=list)
+    mean_bracketed: list[bool] = field(default_factory=list)
+    noise: int = 0
+    noise_shown: list[tuple[int, str]] = field(default_factory=list)
+    unattached: int = 0  # arrays printed before the first step line
+
+    @property
+    def precision(self) -> int:
+        """Digits numpy was told to print (its `precision` option), as far as the log shows it:
+        the most digits any printed array holds. A value is known to within 10**-precision
+        (times its exponent's power of ten in scientific notation)."""
+        found = [int(b.array.digits.max()) for blocks in self.blocks for b in blocks]
+        found += [p.digits for p, b in zip(self.losses, self.bracketed, strict=True) if b]
+        found += [p.digits for p, b in zip(self.means, self.mean_bracketed, strict=True) if b]
+        return max(found, default=0)
+
+    def add_noise(self, line: int, text: str) -> None:
+        self.noise += 1
+        if len(self.noise_shown) < SHOWN_NOISE:
+            self.noise_shown.append((line, text if len(text) <= 60 else text[:57] + "..."))
+
+
+def read_lines(path: Path) -> list[str]:
+    """The file's lines: UTF-8, with bytes that are not replaced (a framework's message in
+    another encoding is noise, not a reason to refuse the log). Binary files are refused."""
+    if not path.exists():
+        raise BadInput(f"{path}: no such file")
+    if not path.is_file():
+        raise BadInput(f"{path}: not a regular file")
+    try:
+        if path.stat().st_size > MAX_LOG_BYTES:
+            raise BadInput(f"{path}: larger than {MAX_LOG_BYTES >> 30} GiB; not read as a log")
+        data = path.read_bytes()
+    except OSError as err:
+        raise BadInput(f"{path}: cannot read ({err.strerror})") from None
+    if b"\0" in data:
+        raise BadInput(f"{path}: a binary file (it holds NUL bytes), not a training log")
+    return data.decode("utf-8", errors="replace").splitlines()
+
+
+class _Pass:
+    """The state of one pass: lines, position, what was found."""
+
+    def __init__(self, path: Path, lines: list[str]) -> None:
+        self.path, self.lines, self.at = path, lines, 0
+        self.log = ParsedLog(path)
+
+    def where(self, index: int) -> str:
+        return f"{self.path}:{index + 1}"
+
+    def run(self) -> ParsedLog:
+        while self.at < len(self.lines):
+            index = self.at
+            text = clean(self.lines[index])
+            self.at += 1
+            if text:
+                self._line(index, text)
+        return self.log
+
+    def _line(self, index: int, text: str) -> None:
+        try:
+            step = step_line(text)
+        except BadInput as err:
+            raise BadInput(f"{self.where(index)}: {err}") from None
+        if step is not None:
+            self._step(index, step.index, step.loss, step.bracketed)
+            return
+        arrow = arrow_line(text)
+        if arrow is not None and arrow.is_mean:
+            value = one_number(arrow.rest)
+            if value is None:
+                raise BadInput(f"{self.where(index)}: expected one number, found {arrow.rest!r}")
+            self.log.means.append(value)
+            self.log.mean_bracketed.append(arrow.rest.startswith("["))
+        elif arrow is not None and not arrow.is_other_loss:
+            self._array(index, arrow.label, arrow.rest, committed=True)
+        elif text.startswith("["):
+            self._array(index, "", text, committed=False)
+        else:
+            self.log.add_noise(index + 1, text)
+
+    def _step(self, index: int, value: int, loss: Printed, bracketed: bool) -> None:
+        log = self.log
+        if not log.losses:
+            if value not in (0, 1):
+                raise BadInput(f"{self.where(index)}: the first step is {value}; expected 0 or 1")
+            log.first_index = value
+        expected = log.first_index + len(log.losses)
+        if value != expected:
+            raise BadInput(f"{self.where(index)}: expected step {expected}, found step {value}")
+        log.losses.append(loss)
+        log.bracketed.append(bracketed)
+        log.step_lines.append(index + 1)
+        log.blocks.append([])
+
+    def _array(self, index: int, label: str, first: str, committed: bool) -> None:
+        """Read the array starting at line `index`. A committed one (after an arrow) must
+        parse; an unlabelled `[...]` line that does not is noise."""
+        reader, at, skipped = ArrayReader(), index, 0
+        try:
+            reader.feed(first)
+            while not reader.done:
+                at += 1
+                if at >= len(self.lines):
+                    raise ValueError("the printed array is not closed before the end of the file")
+                text = clean(self.lines[at])
+                if not text:
+                    continue
+                if is_array_content(text):
+                    reader.feed(text)
+                elif not committed or step_line(text) or arrow_line(text):
+                    raise ValueError(f"the printed array is not closed before line {at + 1}")
+                else:  # a framework line printed in the middle of the array
+                    skipped += 1
+                    self.log.add_noise(at + 1, text)
+            array = reader.result()
+        except (ValueError, BadInput) as err:
+            if committed:
+                raise BadInput(f"{self.where(index)}: {err}") from None
+            self.log.add_noise(index + 1, clean(self.lines[index]))
+            return
+        self.at = at + 1
+        if self.log.blocks:
+            self.log.blocks[-1].append(Block(label, array, index + 1))
+        else:  # printed before the first step: not attributable to any step
+            self.log.unattached += 1
+            self.log.add_noise(index + 1, clean(self.lines[index]))
+
+
+def parse_log(path: Path) -> ParsedLog:
+    """Parse a log; BadInput (naming the file and line) for a malformed step or array."""
+    log = _Pass(path, read_lines(path)).run()
+    if not log.losses:
+        raise BadInput(
+            f"{path}: no step lines like '0   [0.2957]' or '0   0.2957' found; not a training log"
+        )
+    return log

@@ -1,0 +1,193 @@
+"""A run-directory writer for any framework, numpy only (docs/FORMAT.md, "Reference writer").
+
+JAX, PaddlePaddle, MindSpore or C++ trainers write the run format with this one file: import
+it (`from gradalign.runs.portable import write_run, sample_digest, fingerprint`) or copy it into
+your project; it needs numpy and the standard library, nothing else. Pass numpy arrays.
+"""
+
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+_CODES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+_BITS = {8: np.int64, 4: np.int32, 2: np.int16, 1: np.int8}
+
+
+def encode_safetensors(tensors):
+    """{name: array} -> safetensors bytes (names sorted, so equal input gives equal bytes)."""
+    header, chunks, offset = {}, [], 0
+    for name in sorted(tensors):
+        a = np.asarray(tensors[name])
+        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        data = a.tobytes(order="C")  # np.ascontiguousarray would turn shape () into (1,)
+        header[name] = {
+            "dtype": _CODES[a.dtype.name],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
+
+
+def fingerprint(array):
+    """int64 sum of the elements' bit patterns (floats viewed as same-width ints)."""
+    a = np.asarray(array)
+    a = a.astype(a.dtype.newbyteorder("="), copy=False)
+    if a.dtype.kind == "f":
+        a = a.view(_BITS[a.dtype.itemsize])
+    return int(a.sum(dtype=np.int64))
+
+
+def sample_digest(*arrays):
+    """Order-free int64 digest of one micro-batch's samples (inputs, targets, masks...), the
+    one gradalign's Recorder takes: floating arrays as float32 bits, integer and bool arrays as
+    values, all summed with wrap-around. Digests add up: a window's sum equals the digest of the
+    baseline batch that holds the same samples."""
+    total = 0
+    for array in arrays:
+        a = np.asarray(array)
+        if a.dtype.kind == "f":
+            a = a.astype(np.float32).view(np.int32)
+        total += int(a.astype(np.int64, copy=False).sum(dtype=np.int64))
+    return (total + 2**63) % 2**64 - 2**63
+
+
+def _series(value, rows, dtype, name):
+    a = np.asarray(value, dtype=dtype)
+    if a.shape[:1] != (rows,):
+        raise ValueError(f"{name} needs {rows} rows, got shape {a.shape}")
+    return a
+
+
+def write_run(
+    out_dir,
+    *,
+    accum_steps,
+    micro_losses,
+    init_weights,
+    update_weights,
+    grads=None,
+    lr=None,
+    micro_items=None,
+    micro_data=None,
+    micro_state=None,
+    optimizer_steps=None,
+    state_step=None,
+    loss_scale=None,
+    grad_norm_pre_clip=None,
+    reference=None,
+    grad_dtype=None,
+    model=None,
+    dtype=None,
+    compute_dtype=None,
+    config=None,
+):
+    """Write one run directory; returns its path. Per update i (N updates, K = accum_steps):
+    `update_weights[i]` and `grads[i]` are {name: array}, `lr`, `optimizer_steps` (step()
+    calls in window i), `state_step` (the optimizer's own counter after it), `loss_scale`,
+    `grad_norm_pre_clip` are [N]. Per micro-step m (M = N*K): `micro_losses` (each micro-
+    batch's own mean loss, not divided by K), `micro_items` (its item count), `micro_data`
+    (`sample_digest` of its samples), `micro_state` ([M, P] fingerprints of the weights it
+    computed with). `lr` keeps float32 if given float32 (judged at that precision).
+    `reference`: path of a float64 rerun of this training, relative to this run directory.
+    `dtype`/`compute_dtype`: the weights' and the compute precision, if not the weights' own."""
+    final = Path(out_dir)
+    if final.exists():
+        raise FileExistsError(f"{final} exists; remove it first")
+    stage = final.parent / f".{final.name}.partial-{os.getpid()}"
+    k, n = int(accum_steps), len(update_weights)
+    names = list(init_weights)
+    p = len(names)
+    files = {}
+
+    def put(relpath, tensors):
+        data = encode_safetensors(tensors)
+        (stage / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (stage / relpath).write_bytes(data)
+        files[relpath] = hashlib.sha256(data).hexdigest()
+
+    def state(weights):
+        return np.array([fingerprint(weights[name]) for name in names], dtype=np.int64)
+
+    put("weights/init.safetensors", init_weights)
+    for i, weights in enumerate(update_weights):
+        put(f"weights/update_{i:06d}.safetensors", weights)
+    if grads is not None:
+        for i, g in enumerate(grads):
+            put(f"grads/update_{i:06d}.safetensors", g)
+    starts = [init_weights, *update_weights[:-1]]  # the weights each window starts from
+    if micro_state is None:
+        micro_state = [state(starts[m // k]) for m in range(n * k)]
+    series = {
+        "micro/loss": _series(micro_losses, n * k, np.float64, "micro_losses"),
+        "micro/state": _series(micro_state, n * k, np.int64, "micro_state").reshape(n * k, p),
+        "init/state": state(init_weights),
+        "update/state": np.array([state(w) for w in update_weights], np.int64).reshape(n, p),
+    }
+    if lr is not None:
+        narrow = np.asarray(lr).dtype in (np.float32, np.float16)
+        series["update/lr"] = _series(lr, n, np.asarray(lr).dtype if narrow else np.float64, "lr")
+    optional = {
+        "micro/items": (micro_items, n * k, np.float64),
+        "micro/data": (micro_data, n * k, np.int64),
+        "update/optimizer_steps": (optimizer_steps, n, np.int64),
+        "update/state_step": (state_step, n, np.int64),
+        "update/loss_scale": (loss_scale, n, np.float64),
+        "update/grad_norm_pre_clip": (grad_norm_pre_clip, n, np.float64),
+    }
+    for key, (value, rows, kind) in optional.items():
+        if value is not None:
+            series[key] = _series(value, rows, kind, key)
+    put("series.safetensors", series)
+    first = np.asarray(init_weights[names[0]]).dtype.name if names else "float32"
+    environment = {
+        "writer": "gradalign portable writer",
+        "numpy": np.__version__,
+        "dtype": dtype or first,
+    }
+    if compute_dtype:
+        environment["compute_dtype"] = compute_dtype
+    manifest = {
+        "format": "gradalign-run",
+        "format_version": 1,
+        "accum_steps": k,
+        "updates": n,
+        "micro_steps": n * k,
+        "tensors": [
+            {
+                "name": name,
+                "shape": list(np.shape(init_weights[name])),
+                "dtype": np.asarray(init_weights[name]).dtype.name,
+                "kind": "param" if not grads or name in grads[0] else "buffer",
+            }
+            for name in names
+        ],
+        "config": config or {},
+        "environment": environment,
+        "fault": None,
+        "files": dict(sorted(files.items())),
+    }
+    for key, value in (("reference", reference), ("grad_dtype", grad_dtype), ("model", model)):
+        if value is not None:
+            manifest[key] = value
+    text = json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    (stage / "manifest.json").write_text(text)  # last: a run without a manifest is no run
+    os.replace(stage, final)
+    return final

@@ -1,0 +1,96 @@
+"""Bookkeeping scalars at the precision they were recorded in, and diagnoses that claim only
+what the runs show (no data-order from a loss gap that a step inside the window explains)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from gradalign.judge.bookkeeping import distinct, recorded_dtype, same_scalar
+from gradalign.judge.compare import compare
+from gradalign.record.faults import FAULTS
+from gradalign.record.loop import train
+from gradalign.runs.reader import read_run_dir
+
+from .conftest import SMALL
+
+
+def test_recorded_dtype():
+    assert recorded_dtype(np.array([0.1, 0.2], dtype=np.float32)) == "float32"
+    widened = np.array([0.1, 0.05], dtype=np.float32).astype(np.float64)
+    assert recorded_dtype(widened) == "float32"  # a float32 written as F64: still float32
+    assert recorded_dtype(np.array([0.1, np.nan])) == "float64"
+    assert recorded_dtype(np.array([np.nan])) == "float64"
+
+
+def test_same_scalar_at_the_coarser_precision():
+    lr32 = float(np.float32(0.1))  # 0.10000000149011612
+    assert same_scalar(0.1, lr32, "float64", "float32")
+    assert not same_scalar(0.1, lr32)  # both float64: they differ
+    assert not same_scalar(0.1000001, lr32, "float64", "float32")
+    assert same_scalar(float("nan"), float("nan")) and not same_scalar(0.1, float("nan"))
+
+
+def test_distinct_shows_a_real_difference():
+    assert distinct(0.1, float(np.float32(0.1))) == ("0.1", "0.100000001")
+    assert distinct(0.1000001, 0.1) == ("0.1000001", "0.1")
+    assert distinct(0.5, 0.25) == ("0.5", "0.25")
+
+
+@pytest.fixture(scope="module")
+def runs(small_runs):
+    return read_run_dir(small_runs["baseline"]), read_run_dir(small_runs["merged"])
+
+
+def test_a_python_float_lr_equals_the_same_lr_kept_in_float32(runs):
+    """gradalign 0.1 failed this pair with lr-schedule: "0.1 in merged, 0.1 in baseline"."""
+    base, merged = runs
+    assert merged.lr is not None and merged.lr[0] == 0.1
+    float32_base = dataclasses.replace(base, lr=base.lr.astype(np.float32))
+    result = compare(float32_base, merged)
+    assert result.verdict == "pass", [(c.name, c.detail) for c in result.checks]
+    assert {c.name: c.status for c in result.checks}["learning rate"] == "pass"
+
+
+def test_a_real_lr_difference_is_shown_with_the_digits_that_differ(runs):
+    base, merged = runs
+    float32_base = dataclasses.replace(base, lr=base.lr.astype(np.float32))
+    other = dataclasses.replace(merged, lr=merged.lr + 1e-7)
+    result = compare(float32_base, other)
+    assert result.verdict == "fail"
+    lr = next(d for d in result.diagnosis if d.code == "lr-schedule")
+    assert "0.1000001 in merged, 0.1 in baseline" in lr.message
+
+
+def test_a_step_inside_window_0_is_not_also_called_data_order(runs, tmp_path):
+    """Without sample digests, a loss gap at update 0 hints at other samples only if the weights
+    provably did not change inside window 0 (gradalign 0.1 named data-order here too)."""
+    base, _ = runs
+    stepping = read_run_dir(train(SMALL, tmp_path / "s", fault=FAULTS["step-every-micro"]))
+    result = compare(
+        dataclasses.replace(base, micro_data=None), dataclasses.replace(stepping, micro_data=None)
+    )
+    assert [d.code for d in result.diagnosis if d.severity == "error"] == ["step-in-window"]
+    assert "changed at micro-step 0 (position 1 of 4), before micro-step 1" in (
+        result.diagnosis[0].message
+    )
+
+
+def test_a_schedule_stepped_per_micro_step_is_found_across_precisions():
+    from gradalign.judge.signatures.decisive import _schedule_advance
+
+    schedule = [0.1 / (1 + 0.3 * t) for t in range(16)]
+    base32 = np.array(schedule[:8], dtype=np.float32)  # a framework keeping its lr in float32
+    merged = np.array(schedule[0:32:4][:8])  # a Python-float lr, stepped K=4 times per update
+    assert _schedule_advance(base32, merged) == 4
+    assert _schedule_advance(base32, np.array(schedule[:8])) is None
+
+
+def test_a_forgotten_k_for_a_log_is_named(cli):
+    from .conftest import FIXTURES
+
+    logs = FIXTURES / "paddle"
+    result = cli("compare", logs / "run.log", logs / "run_grad.log")
+    assert result.code == 2 and "give --accum-steps 4" in result.err
