@@ -30,6 +30,8 @@ __all__ = [
     "Silent",
     "as_config",
     "compare",
+    "golden_check",
+    "golden_write",
     "merged_against",
     "record_baseline",
     "record_merged",
@@ -93,17 +95,19 @@ def check_plan(
     check_budget(config, outs)
 
 
-def inspect_model(config: TrainConfig, feedback: Feedback) -> None:
+def inspect_model(config: TrainConfig, feedback: Feedback) -> dict[str, Any]:
     """Build the model, data and loss once and run one micro-batch (a mistake in the user's own
     code stops here); warn about layers that make B/K compute something else than B, and say
-    which numeric settings apply."""
+    which numeric settings apply. Returns the environment the run will record."""
     from .record.preflight import determinism_line, warnings_for
+    from .record.trainer import compute_dtype
     from .record.trainer import preflight as build_once
 
     facts, env = build_once(config)
     for line in warnings_for(facts):
         feedback.message(f"warning: {line}")
     feedback.message(f"settings: {determinism_line(env)}")
+    return {**env, "compute_dtype": compute_dtype(config)}
 
 
 def _reference_names(config: TrainConfig, baseline: Path, reference: str) -> list[Path]:
@@ -278,32 +282,44 @@ def merged_against(
     reports: Sequence[PathLike] = (),
     feedback: Feedback | None = None,
 ) -> Comparison:
-    """The merged half alone, against a kept baseline run: train the experiment the baseline
-    recorded (with `overrides`, and K from them or the default), then judge.
+    """The merged half alone, against a kept baseline run or a golden file (or a directory of
+    them): train the experiment it recorded (with `overrides`, and K from them or the default),
+    then judge.
 
     The baseline's own model, data or loss code (`module:factory` in its manifest) is imported
     only when `overrides` name the same code or `trust_run_code` is set: a shared run must not
     run code it carries. Everything is checked before training: the baseline is readable and
     K=1, `out` is not the baseline or its reference, the reports land outside every run."""
+    from . import api_golden as goldens
     from .runs.reader import read_run_dir
     from .runs.writer import RunSet
 
     feedback = feedback or Silent()
     checked = check_tolerances({**_file_tolerances(config_file), **dict(tolerances or {})})
-    base_run = read_run_dir(Path(baseline))
-    if base_run.accum_steps != 1:
-        raise BadInput(
-            f"{baseline} was recorded with K={base_run.accum_steps}; --against needs a K=1 "
-            "baseline run"
-        )
-    cfg = recorded_config(baseline, overrides, config_file, trust_run_code)
-    inputs = [Path(baseline), *([Path(base_run.reference)] if base_run.reference else [])]
-    out = Path(out)
+    out, golden = Path(out), goldens.is_golden(baseline)
+    if golden:
+        recorded = goldens.golden_config(baseline)
+        cfg = config_from_recorded(recorded, baseline, overrides, config_file, trust_run_code)
+        inputs = [Path(baseline)]
+    else:
+        base_run = read_run_dir(Path(baseline))
+        if base_run.accum_steps != 1:
+            raise BadInput(
+                f"{baseline} was recorded with K={base_run.accum_steps}; --against needs a K=1 "
+                "baseline run"
+            )
+        cfg = recorded_config(baseline, overrides, config_file, trust_run_code)
+        inputs = [Path(baseline), *([Path(base_run.reference)] if base_run.reference else [])]
     check_plan(cfg, [out], fault=fault, inputs=inputs, reports=reports)
     with RunSet(out.parent, [out.name]) as runs:
-        inspect_model(cfg, feedback)
+        env = inspect_model(cfg, feedback)
+        if golden:  # another environment is refused before any training
+            goldens.refuse_other_environment(baseline, env, out, reports)
         _train(cfg, runs.path(out.name), out, "merged", feedback, fault)
-    comparison = compare(baseline, out, tolerances=checked, reports=reports, feedback=feedback)
+    if golden:
+        comparison = goldens.judge_against(baseline, out, checked, reports, feedback)
+    else:
+        comparison = compare(baseline, out, tolerances=checked, reports=reports, feedback=feedback)
     if trust_run_code:
         code = {k: cfg.to_dict()[k] for k in ENTRY_POINT_KEYS if _is_code(cfg.to_dict()[k])}
         if code:
@@ -312,6 +328,23 @@ def merged_against(
                 + ", ".join(f"{k}={v}" for k, v in code.items())
             )
     return comparison
+
+
+def golden_write(run: PathLike, out: PathLike | None = None, *, reference: PathLike | None = None):
+    """Keep a recorded baseline (and its float64 reference) as a small golden file; see
+    `gradalign.api_golden.golden_write`. Returns its path."""
+    from .api_golden import golden_write as write
+
+    return write(run, out, reference=reference)
+
+
+def golden_check(golden: PathLike, run: PathLike, **options: Any):
+    """Judge a recorded run against the golden for its environment; see
+    `gradalign.api_golden.golden_check` (options: tolerances, update, reports, feedback).
+    Returns a `GoldenCheck` whose `comparison` is None when `update` wrote the first golden."""
+    from .api_golden import golden_check as check
+
+    return check(golden, run, **options)
 
 
 def _is_code(value: object) -> bool:
@@ -333,19 +366,32 @@ def recorded_config(
     """The experiment a recorded baseline ran (B, N, seed, optimizer...) over `config_file`, with
     `overrides` on top; its K of 1 is not taken over (the merged K comes from the overrides, the
     file or the default). Code it names is refused unless confirmed (see `merged_against`)."""
-    from .config import FIELDS
     from .runs.reader import read_manifest
 
     recorded = read_manifest(Path(baseline)).get("config", {})
     if not isinstance(recorded, dict):
         raise BadInput(f"{baseline}: manifest field 'config' is not a mapping")
+    return config_from_recorded(recorded, baseline, overrides, config_file, trust_run_code)
+
+
+def config_from_recorded(
+    recorded: Mapping[str, Any],
+    where: PathLike,
+    overrides: Mapping[str, Any] | None = None,
+    config_file: PathLike | None = None,
+    trust_run_code: bool = False,
+) -> TrainConfig:
+    """A recorded config (a run's manifest, a golden file) under `overrides`, over `config_file`;
+    K is not taken over, and code the record names is refused unless confirmed."""
+    from .config import FIELDS
+
     kept = {k: v for k, v in recorded.items() if k in FIELDS and k != "accum_steps"}
     overrides = dict(overrides or {})
     for key in ENTRY_POINT_KEYS:
         named = kept.get(key)
         if _is_code(named) and overrides.get(key) != named and not trust_run_code:
             raise BadInput(
-                f"{baseline} was recorded with your own {key} {named!r}; gradalign does not "
+                f"{where} was recorded with your own {key} {named!r}; gradalign does not "
                 f"import code a run names: pass --{key} {named} to confirm it, or "
                 "--trust-run-code"
             )
