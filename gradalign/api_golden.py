@@ -69,10 +69,6 @@ def _write(run: Any, reference: Any, target: Path, inputs: Sequence[Path]) -> Pa
 
     data = build(run, reference)
     check_outputs([], inputs, [target])
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BadInput(f"{target.parent}: cannot create the directory ({exc.strerror})") from None
     write_text_atomic(target, dumps(data))
     return target
 

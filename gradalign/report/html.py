@@ -26,8 +26,8 @@ h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 1.4em; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 2px 8px; text-align: left; vertical-align: top; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
-tr.fail td { background: #fdecea; } .pass { color: #2e7d32; } .fail { color: #c62828; }
-.not-checked { color: #a15c00; } code { background: #f3f3f3; padding: 0 3px; }
+tr.fail td { background: #fdecea; } .st-pass { color: #2e7d32; } .st-fail { color: #c62828; }
+.st-not-checked { color: #a15c00; } code { background: #f3f3f3; padding: 0 3px; }
 .cause { border-left: 4px solid #c62828; padding: .2em .8em; margin: .6em 0; background: #fafafa; }
 .cause.info { border-color: #1565c0; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
@@ -51,7 +51,7 @@ def _table(header: list[str], rows: list[tuple[str, list[str]]], numeric: set[in
 def _checks(c: Comparison) -> str:
     rows = []
     for k in c.checks:
-        status = f'<span class="{_CLASS[k.status]}">{escape(k.status)}</span>'
+        status = f'<span class="st-{_CLASS[k.status]}">{escape(k.status)}</span>'
         rows.append(
             f"<tr><td>{escape(k.name)}</td><td>{status}</td><td>{escape(k.detail)}</td></tr>"
         )

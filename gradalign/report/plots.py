@@ -240,10 +240,6 @@ def plot_paths(directory: Path) -> list[Path]:
 def write_plots(c: Comparison, directory: Path) -> list[Path]:
     """Write the three PNGs into `directory` (created), each whole or not at all."""
     images = render_pngs(c)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BadInput(f"{directory}: cannot create the plot directory ({exc.strerror})") from None
     for name, data in images.items():
         write_bytes_atomic(directory / name, data)
     return plot_paths(directory)
