@@ -3,7 +3,9 @@
 `layout` (names inside a run directory), `tensors` (safetensors files, through the package),
 `writer` (staged, atomic run directories), `reader` (manifest and checksums checked, tensors
 loaded on demand), `model` (`Run`: the judge's view of one run, whatever wrote it), `paddle_log`
-(a training log is another source of a run), `sources` (open whatever the user points at).
+(a training log is another source of a run), `sources` (open whatever the user points at),
+`golden` (golden files: a run kept as a small JSON file) and `summaries` (what a golden keeps of
+a tensor: norms and a sketch).
 docs/FORMAT.md documents the format for writers in other frameworks.
 
 May import: numpy, safetensors, `gradalign.errors`. Never torch.
