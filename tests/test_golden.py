@@ -107,12 +107,17 @@ def test_a_failing_check_proposes_a_candidate_and_update_accepts_it(cli, small, 
     assert cli("golden", "check", golden, bug).code == 0  # the accepted run passes itself
 
 
-def test_another_environment_is_refused(cli, small, tmp_path):
+def _elsewhere(small: dict, path: Path, **environment: str) -> Path:
+    """The small golden as if recorded in another environment."""
     data = json.loads(small["golden"].read_text())
-    data["environment"]["torch"] = "1.13.1"
+    data["environment"].update(environment)
     data["environment_key"] = fmt.environment_key(data["environment"])
-    other = tmp_path / "other.json"
-    other.write_text(fmt.dumps(data))
+    path.write_text(fmt.dumps(data))
+    return path
+
+
+def test_another_environment_is_refused(cli, small, tmp_path):
+    other = _elsewhere(small, tmp_path / "other.json", torch="1.13.1")
     result = cli("golden", "check", other, small["merged"])
     assert result.code == 2 and "no golden for this environment" in result.err
     (tmp_path / "dir").mkdir()
@@ -172,11 +177,7 @@ def test_merged_against_a_golden_trains_and_judges(cli, small, tmp_path):
 
 
 def test_merged_against_a_golden_of_another_environment_trains_nothing(cli, small, tmp_path):
-    data = json.loads(small["golden"].read_text())
-    data["environment"]["dtype"] = "float64"
-    data["environment_key"] = fmt.environment_key(data["environment"])
-    other = tmp_path / "gpu.json"
-    other.write_text(fmt.dumps(data))
+    other = _elsewhere(small, tmp_path / "f64.json", dtype="float64")
     result = cli("merged", "--against", other, "--out", tmp_path / "m")
     assert result.code == 2 and "no golden for this environment" in result.err
     assert not (tmp_path / "m").exists()

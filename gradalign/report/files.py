@@ -30,10 +30,6 @@ class ReportFiles:
         found = [Path(p) for p in files if p is not None]
         return found + (plot_paths(Path(self.plot)) if self.plot is not None else [])
 
-    def first(self) -> Path | None:
-        """The first requested report file (for files written beside the reports)."""
-        return next(iter(self.paths()), None)
-
     def check(self) -> None:
         """What can be refused before any work: plots without matplotlib."""
         if self.plot is not None:

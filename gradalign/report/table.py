@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console
 from rich.table import Table
 
+from ..judge.metrics import TensorDiff
 from ..judge.results import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
 from .summary import evidence_text, num, rows_to_show
 
 _STYLE = {PASS: "green", FAIL: "bold red", NOT_CHECKED: "yellow"}
+
+
+def _max_abs(worst: TensorDiff | None) -> str:
+    """The worst tensor's max |m - b|; '-' where only summaries were compared (a golden)."""
+    if worst is None or (math.isnan(worst.max_abs) and math.isfinite(worst.error)):
+        return "-"
+    return num(worst.max_abs)
 
 
 def _update_row(r: UpdateResult, calibrated: bool) -> list[str]:
@@ -28,7 +38,7 @@ def _update_row(r: UpdateResult, calibrated: bool) -> list[str]:
         f"{r.merged_loss:.8g}",
         num(r.loss_diff),
         worst.name if worst else "-",
-        num(worst.max_abs) if worst else "-",
+        _max_abs(worst),
         *noise,
         f"{worst.ratio:.2g}x" if worst else "-",
         num(r.grad_ratio, 6) if r.grad_ratio is not None else "-",
