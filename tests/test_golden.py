@@ -219,3 +219,45 @@ def test_compare_still_judges_a_golden_run_pair_directly(small):
     assert {k.name: k.status for k in result.checks}["gradients (norms and projections)"] == (
         "not checked"
     )
+
+
+def _mutations() -> dict:
+    """Hand edits and merges gone wrong: each must be one line and exit 2, never a crash."""
+
+    def set_path(data: dict, path: list, value) -> None:
+        for key in path[:-1]:
+            data = data[key]
+        data[path[-1]] = value
+
+    cases = {
+        "no tensors": (["tensors"], []),
+        "shape missing": (["tensors", 0, "shape"], None),
+        "lr a string": (["series", "lr"], ["0.1"] * 4),
+        "loss too short": (["series", "window_loss"], [1.0]),
+        "unknown series": (["series", "surprise"], [1, 2, 3, 4]),
+        "samples not hex": (["series", "window_samples"], ["zz"] * 4),
+        "fingerprints": (["init_fingerprints"], ["0"]),
+        "sketch length": (["per_update", 0, "weights", "0.weight", "sketch"], [1.0]),
+        "no norm": (["per_update", 1, "grads", "0.bias", "norm"], "big"),
+        "no noise": (["per_update", 2, "weights", "0.bias", "noise"], None),
+        "updates zero": (["updates"], 0),
+        "world size": (["environment", "world_size"], "x" * 10_000),
+        "huge key": (["environment_key"], "k" * 100_000),
+        "per_update": (["per_update"], {}),
+    }
+    return {
+        name: (lambda d, p=path, v=value: set_path(d, p, v))
+        for name, (path, value) in cases.items()
+    }
+
+
+@pytest.mark.parametrize("mutation", sorted(_mutations()))
+def test_a_malformed_golden_is_one_line_and_exit_2(cli, small, tmp_path, mutation):
+    data = json.loads(small["golden"].read_text())
+    _mutations()[mutation](data)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    result = cli("golden", "check", broken, small["merged"])
+    assert result.code == 2, (result.code, result.err)
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1
+    assert "Traceback" not in result.err and len(result.err) < 600

@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadInput
+from ..errors import BadInput, shown
+from .golden_schema import check_golden
 from .model import Run, TensorInfo
 
 FORMAT, VERSION = "gradalign-golden", 1
+MAX_BYTES = 64 << 20  # a golden is kilobytes; anything this large is not one
 CANDIDATE = ".candidate.json"  # a golden proposed by a failing check, beside its reports
 SERIES = ("lr", "optimizer_steps", "state_step", "loss_scale", "grad_norm_pre_clip")
 
@@ -39,7 +41,9 @@ def environment_key(env: dict[str, Any]) -> str:
     version = re.match(r"(\d+)\.(\d+)", str(env.get("torch") or ""))
     torch = f"{version[1]}.{version[2]}" if version else "none"
     precision = dtype if compute == dtype else f"{dtype}-{compute}"
-    return f"{device}-{precision}-ws{int(env.get('world_size') or 1)}-torch{torch}"
+    world = env.get("world_size")
+    world = world if isinstance(world, int) and not isinstance(world, bool) and world else 1
+    return f"{device}-{precision}-ws{world}-torch{torch}"
 
 
 def hex64(value: int) -> str:
@@ -81,6 +85,8 @@ def _refuse_constant(name: str) -> None:
 def load(path: Path) -> dict[str, Any]:
     """Read and check a golden file: its format, its shape and that every number is finite."""
     try:
+        if path.is_file() and path.stat().st_size > MAX_BYTES:
+            raise BadInput(f"{path}: over 64 MiB; not a golden file")
         data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except FileNotFoundError:
         raise BadInput(f"{path}: no such golden file") from None
@@ -94,18 +100,20 @@ def load(path: Path) -> dict[str, Any]:
         raise BadInput(f'{path}: not a gradalign golden file (no "format": "{FORMAT}")')
     if data.get("format_version") != VERSION:
         raise BadInput(
-            f"{path}: golden format version {data.get('format_version')!r}; "
+            f"{path}: golden format version {shown(data.get('format_version'))}; "
             f"this gradalign reads {VERSION}"
         )
-    _check_shape(data, str(path))
+    check_golden(data, str(path))
     bad = first_non_finite(data)
     if bad is not None:
-        raise BadInput(f"{path}: {bad} is not a finite number; a golden must hold finite numbers")
+        raise BadInput(
+            f"{path}: {shown(bad)} is not a finite number; a golden must hold finite numbers"
+        )
     if data["environment_key"] != environment_key(data["environment"]):
         raise BadInput(
-            f"{path}: environment_key {data['environment_key']!r} does not match its environment "
-            f"({environment_key(data['environment'])!r}): edited by hand? rewrite it with "
-            "`gradalign golden write`"
+            f"{path}: environment_key {shown(data['environment_key'])} does not match its "
+            f"environment ({environment_key(data['environment'])!r}): edited by hand? rewrite it "
+            "with `gradalign golden write`"
         )
     return data
 
@@ -124,47 +132,6 @@ def first_non_finite(value: Any, where: str = "") -> str | None:
         if found:
             return found
     return None
-
-
-def _check_shape(data: dict, where: str) -> None:
-    """Fields present, of the right kind and length; per-update entries name every tensor."""
-    wanted = {
-        "environment_key": str,
-        "environment": dict,
-        "config": dict,
-        "updates": int,
-        "tensors": list,
-        "series": dict,
-        "per_update": list,
-    }
-    for key, kind in wanted.items():
-        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
-            raise BadInput(f"{where}: golden field {key!r} is missing or not {kind.__name__}")
-    n = data["updates"]
-    try:
-        names = [t["name"] for t in data["tensors"]]
-        loss = data["series"]["window_loss"]
-    except (TypeError, KeyError):
-        raise BadInput(f"{where}: golden fields 'tensors' or 'series' are malformed") from None
-    if n < 1 or len(loss) != n or len(data["per_update"]) != n:
-        raise BadInput(f"{where}: golden holds {n} updates, but its series disagree in length")
-    for key, values in data["series"].items():
-        if not isinstance(values, list) or len(values) != n:
-            raise BadInput(f"{where}: golden series {key!r} does not hold {n} values")
-    fingerprints = data.get("init_fingerprints")
-    if fingerprints is not None and len(fingerprints) != len(names):
-        raise BadInput(
-            f"{where}: golden holds {len(data['init_fingerprints'])} initial "
-            f"fingerprints for {len(names)} tensors"
-        )
-    for i, entry in enumerate(data["per_update"]):
-        weights = entry.get("weights") if isinstance(entry, dict) else None
-        if not isinstance(weights, dict) or sorted(weights) != sorted(names):
-            raise BadInput(f"{where}: golden update {i} does not summarize every tensor")
-        for kind in ("weights", "grads"):
-            for name, item in (entry.get(kind) or {}).items():
-                if not isinstance(item, dict) or not isinstance(item.get("sketch"), list):
-                    raise BadInput(f"{where}: golden update {i}: {kind} {name} is malformed")
 
 
 def _series(data: dict, key: str, dtype: type) -> np.ndarray | None:
@@ -234,7 +201,7 @@ def find(path: Path, key: str) -> tuple[Path, dict[str, Any]]:
                 continue
             if data["environment_key"] == key:
                 return file, data
-            held.append(data["environment_key"])
+            held.append(shown(data["environment_key"], 40))
         have = ", ".join(sorted(set(held))) or "none"
         raise BadInput(
             f"no golden for this environment ({key}) in {path} (it holds: {have}); {hint}"
@@ -243,6 +210,6 @@ def find(path: Path, key: str) -> tuple[Path, dict[str, Any]]:
     if data["environment_key"] != key:
         raise BadInput(
             f"no golden for this environment: the run is {key}, {path} is for "
-            f"{data['environment_key']}; {hint}"
+            f"{shown(data['environment_key'])}; {hint}"
         )
     return path, data
