@@ -8,7 +8,8 @@
 
 `record_baseline` and `record_merged` train the built-in loop (or the user's own model, data and
 loss) and record a run; `compare` judges two recorded runs (or logs) from their files alone;
-`verify` does all three. Training needs torch; `compare` does not import it.
+`verify` does all three; `golden_write` and `golden_check` (from `api_golden`) keep a baseline as a
+small golden file and judge against it. Training needs torch; judging does not import it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .api_golden import GoldenCheck, golden_check, golden_write
 from .config import ENTRY_POINT_KEYS, TrainConfig, load_config
 from .errors import BadInput
 from .feedback import Feedback, Silent
@@ -27,6 +29,7 @@ ConfigLike = TrainConfig | Mapping[str, Any] | PathLike | None
 REFERENCES = ("fp64", "none")
 __all__ = [
     "Feedback",
+    "GoldenCheck",
     "Silent",
     "as_config",
     "compare",
@@ -328,23 +331,6 @@ def merged_against(
                 + ", ".join(f"{k}={v}" for k, v in code.items())
             )
     return comparison
-
-
-def golden_write(run: PathLike, out: PathLike | None = None, *, reference: PathLike | None = None):
-    """Keep a recorded baseline (and its float64 reference) as a small golden file; see
-    `gradalign.api_golden.golden_write`. Returns its path."""
-    from .api_golden import golden_write as write
-
-    return write(run, out, reference=reference)
-
-
-def golden_check(golden: PathLike, run: PathLike, **options: Any):
-    """Judge a recorded run against the golden for its environment; see
-    `gradalign.api_golden.golden_check` (options: tolerances, update, reports, feedback).
-    Returns a `GoldenCheck` whose `comparison` is None when `update` wrote the first golden."""
-    from .api_golden import golden_check as check
-
-    return check(golden, run, **options)
 
 
 def _is_code(value: object) -> bool:
