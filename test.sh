@@ -5,6 +5,6 @@ if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 source scripts/bootstrap.sh
-.venv/bin/ruff check gradalign tests bench
-.venv/bin/ruff format --check gradalign tests bench
+.venv/bin/ruff check gradalign tests bench examples
+.venv/bin/ruff format --check gradalign tests bench examples
 exec .venv/bin/python -m pytest "$@"

@@ -8,7 +8,8 @@
 
 `record_baseline` and `record_merged` train the built-in loop (or the user's own model, data and
 loss) and record a run; `compare` judges two recorded runs (or logs) from their files alone;
-`verify` does all three. Training needs torch; `compare` does not import it.
+`verify` does all three; `golden_write` and `golden_check` (from `api_golden`) keep a baseline as a
+small golden file and judge against it. Training needs torch; judging does not import it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import api_recording as recording
+from .api_golden import GoldenCheck, golden_check, golden_write
+from .api_recording import check_plan, inspect_model, require_torch
 from .config import ENTRY_POINT_KEYS, TrainConfig, load_config
 from .errors import BadInput
 from .feedback import Feedback, Silent
@@ -24,12 +28,14 @@ from .judge.results import Comparison
 
 PathLike = str | Path
 ConfigLike = TrainConfig | Mapping[str, Any] | PathLike | None
-REFERENCES = ("fp64", "none")
 __all__ = [
     "Feedback",
+    "GoldenCheck",
     "Silent",
     "as_config",
     "compare",
+    "golden_check",
+    "golden_write",
     "merged_against",
     "record_baseline",
     "record_merged",
@@ -55,102 +61,6 @@ def check_tolerances(tolerances: Mapping[str, Any] | None) -> dict[str, Any]:
     return checked
 
 
-def require_torch() -> None:
-    """Training and recording need torch; judging does not. Say so in one line."""
-    try:
-        import torch  # noqa: F401
-    except ImportError as exc:
-        raise BadInput(
-            f"training needs torch, which cannot be imported here ({exc}); install it (the "
-            "README's Quick start sets up a CPU build), or judge recorded runs with `compare`"
-        ) from None
-
-
-def check_plan(
-    config: TrainConfig,
-    outs: list[Path],
-    *,
-    reference: str = "none",
-    fault: str | None = None,
-    inputs: Sequence[PathLike] = (),
-    reports: Sequence[PathLike] = (),
-) -> None:
-    """Check every input before any work: the reference choice, the fault, the outputs (writable,
-    not an input, reports not inside a run), and that the run fits in memory and on disk."""
-    require_torch()
-    from .record.budget import check_budget
-    from .record.faults import get_fault
-    from .runs.outputs import check_outputs
-    from .runs.writer import ensure_writable
-
-    if reference not in REFERENCES:
-        raise BadInput(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
-    get_fault(fault, config)
-    outs = [*outs, *_reference_names(config, outs[0], reference)]
-    check_outputs(outs, inputs, reports)
-    for out in outs:
-        ensure_writable(out)
-    check_budget(config, outs)
-
-
-def inspect_model(config: TrainConfig, feedback: Feedback) -> None:
-    """Build the model, data and loss once and run one micro-batch (a mistake in the user's own
-    code stops here); warn about layers that make B/K compute something else than B, and say
-    which numeric settings apply."""
-    from .record.preflight import determinism_line, warnings_for
-    from .record.trainer import preflight as build_once
-
-    facts, env = build_once(config)
-    for line in warnings_for(facts):
-        feedback.message(f"warning: {line}")
-    feedback.message(f"settings: {determinism_line(env)}")
-
-
-def _reference_names(config: TrainConfig, baseline: Path, reference: str) -> list[Path]:
-    """Where the baseline's float64 reference goes, if one is recorded."""
-    from .record.trainer import reference_path
-
-    wanted = reference == "fp64" and config.param_dtype != "float64"
-    return [reference_path(baseline)] if wanted else []
-
-
-def _train(
-    config: TrainConfig,
-    where: Path,
-    shown: Path,
-    label: str,
-    feedback: Feedback,
-    fault: str | None = None,
-    reference: str | None = None,
-) -> None:
-    """Record one run at `where` (a set's private area), announced as `shown`."""
-    from .record.faults import get_fault
-    from .record.loop import train
-
-    injected = get_fault(fault, config)
-    with feedback.progress(f"{label} (K={config.accum_steps})", config.updates) as advance:
-        train(config, where, progress=lambda _: advance(), fault=injected, reference=reference)
-    extra = f", fault {fault}" if fault else ""
-    feedback.message(
-        f"{label}: {config.updates} updates x K={config.accum_steps}{extra} -> {shown}"
-    )
-
-
-def _record_baseline_into(
-    runs: Any, cfg: TrainConfig, out: Path, reference: str, feedback: Feedback
-) -> None:
-    """The baseline and (unless `reference` is none) its float64 rerun, into a RunSet."""
-    from .record.trainer import reference_config
-
-    link = None
-    for ref_dir in _reference_names(cfg, out, reference):
-        _train(
-            reference_config(cfg), runs.path(ref_dir.name), ref_dir, "reference (fp64)", feedback
-        )
-        link = f"../{ref_dir.name}"
-    _train(cfg, runs.path(out.name), out, "baseline", feedback, reference=link)
-
-
 def record_baseline(
     config: ConfigLike,
     out: PathLike = "runs/baseline",
@@ -168,11 +78,11 @@ def record_baseline(
     cfg, out, feedback = as_config(config).replace(accum_steps=1), Path(out), feedback or Silent()
     if not checked:
         check_plan(cfg, [out], reference=reference)
-    names = [out.name, *(p.name for p in _reference_names(cfg, out, reference))]
+    names = [out.name, *(p.name for p in recording.reference_names(cfg, out, reference))]
     with RunSet(out.parent, names) as runs:
         if not checked:
             inspect_model(cfg, feedback)
-        _record_baseline_into(runs, cfg, out, reference, feedback)
+        recording.record_baseline_into(runs, cfg, out, reference, feedback)
     return out
 
 
@@ -195,7 +105,7 @@ def record_merged(
     with RunSet(out.parent, [out.name]) as runs:
         if not checked:
             inspect_model(cfg, feedback)
-        _train(cfg, runs.path(out.name), out, "merged", feedback, fault)
+        recording.train_into(cfg, runs.path(out.name), out, "merged", feedback, fault)
     return out
 
 
@@ -280,11 +190,15 @@ def verify(
     checked = check_tolerances(tolerances)
     base, merged = out / "baseline", out / "merged"
     check_plan(cfg, [base, merged], reference=reference, fault=fault, reports=reports)
-    names = ["baseline", *(p.name for p in _reference_names(cfg, base, reference)), "merged"]
+    names = [
+        "baseline",
+        *(p.name for p in recording.reference_names(cfg, base, reference)),
+        "merged",
+    ]
     with RunSet(out, names) as runs:
         inspect_model(cfg, feedback)
-        _record_baseline_into(runs, cfg.replace(accum_steps=1), base, reference, feedback)
-        _train(cfg, runs.path("merged"), merged, "merged", feedback, fault)
+        recording.record_baseline_into(runs, cfg.replace(accum_steps=1), base, reference, feedback)
+        recording.train_into(cfg, runs.path("merged"), merged, "merged", feedback, fault)
     return compare(base, merged, tolerances=checked, reports=reports, feedback=feedback)
 
 
@@ -300,32 +214,44 @@ def merged_against(
     reports: Sequence[PathLike] = (),
     feedback: Feedback | None = None,
 ) -> Comparison:
-    """The merged half alone, against a kept baseline run: train the experiment the baseline
-    recorded (with `overrides`, and K from them or the default), then judge.
+    """The merged half alone, against a kept baseline run or a golden file (or a directory of
+    them): train the experiment it recorded (with `overrides`, and K from them or the default),
+    then judge.
 
     The baseline's own model, data or loss code (`module:factory` in its manifest) is imported
     only when `overrides` name the same code or `trust_run_code` is set: a shared run must not
     run code it carries. Everything is checked before training: the baseline is readable and
     K=1, `out` is not the baseline or its reference, the reports land outside every run."""
+    from . import api_golden as goldens
     from .runs.reader import read_run_dir
     from .runs.writer import RunSet
 
     feedback = feedback or Silent()
     checked = check_tolerances({**_file_tolerances(config_file), **dict(tolerances or {})})
-    base_run = read_run_dir(Path(baseline))
-    if base_run.accum_steps != 1:
-        raise BadInput(
-            f"{baseline} was recorded with K={base_run.accum_steps}; --against needs a K=1 "
-            "baseline run"
-        )
-    cfg = recorded_config(baseline, overrides, config_file, trust_run_code)
-    inputs = [Path(baseline), *([Path(base_run.reference)] if base_run.reference else [])]
-    out = Path(out)
+    out, golden = Path(out), goldens.is_golden(baseline)
+    if golden:
+        recorded = goldens.golden_config(baseline)
+        cfg = config_from_recorded(recorded, baseline, overrides, config_file, trust_run_code)
+        inputs = [Path(baseline)]
+    else:
+        base_run = read_run_dir(Path(baseline))
+        if base_run.accum_steps != 1:
+            raise BadInput(
+                f"{baseline} was recorded with K={base_run.accum_steps}; --against needs a K=1 "
+                "baseline run"
+            )
+        cfg = recorded_config(baseline, overrides, config_file, trust_run_code)
+        inputs = [Path(baseline), *([Path(base_run.reference)] if base_run.reference else [])]
     check_plan(cfg, [out], fault=fault, inputs=inputs, reports=reports)
     with RunSet(out.parent, [out.name]) as runs:
-        inspect_model(cfg, feedback)
-        _train(cfg, runs.path(out.name), out, "merged", feedback, fault)
-    comparison = compare(baseline, out, tolerances=checked, reports=reports, feedback=feedback)
+        env = inspect_model(cfg, feedback)
+        if golden:  # another environment is refused before any training
+            goldens.refuse_other_environment(baseline, env, out, reports)
+        recording.train_into(cfg, runs.path(out.name), out, "merged", feedback, fault)
+    if golden:
+        comparison = goldens.judge_against(baseline, out, checked, reports, feedback)
+    else:
+        comparison = compare(baseline, out, tolerances=checked, reports=reports, feedback=feedback)
     if trust_run_code:
         code = {k: cfg.to_dict()[k] for k in ENTRY_POINT_KEYS if _is_code(cfg.to_dict()[k])}
         if code:
@@ -355,19 +281,32 @@ def recorded_config(
     """The experiment a recorded baseline ran (B, N, seed, optimizer...) over `config_file`, with
     `overrides` on top; its K of 1 is not taken over (the merged K comes from the overrides, the
     file or the default). Code it names is refused unless confirmed (see `merged_against`)."""
-    from .config import FIELDS
     from .runs.reader import read_manifest
 
     recorded = read_manifest(Path(baseline)).get("config", {})
     if not isinstance(recorded, dict):
         raise BadInput(f"{baseline}: manifest field 'config' is not a mapping")
+    return config_from_recorded(recorded, baseline, overrides, config_file, trust_run_code)
+
+
+def config_from_recorded(
+    recorded: Mapping[str, Any],
+    where: PathLike,
+    overrides: Mapping[str, Any] | None = None,
+    config_file: PathLike | None = None,
+    trust_run_code: bool = False,
+) -> TrainConfig:
+    """A recorded config (a run's manifest, a golden file) under `overrides`, over `config_file`;
+    K is not taken over, and code the record names is refused unless confirmed."""
+    from .config import FIELDS
+
     kept = {k: v for k, v in recorded.items() if k in FIELDS and k != "accum_steps"}
     overrides = dict(overrides or {})
     for key in ENTRY_POINT_KEYS:
         named = kept.get(key)
         if _is_code(named) and overrides.get(key) != named and not trust_run_code:
             raise BadInput(
-                f"{baseline} was recorded with your own {key} {named!r}; gradalign does not "
+                f"{where} was recorded with your own {key} {named!r}; gradalign does not "
                 f"import code a run names: pass --{key} {named} to confirm it, or "
                 "--trust-run-code"
             )

@@ -24,6 +24,7 @@ from .cli_options import (
     FaultOpt,
     JsonOpt,
     ReferenceOpt,
+    report_options,
     tolerance_options,
     training_options,
 )
@@ -81,20 +82,26 @@ def _feedback():
     return RichFeedback(err_console)
 
 
-def _verdict(comparison, json_path: Path | None) -> int:
-    """Render a comparison, write its JSON, and turn its verdict into the exit code."""
+def _report_files(reports: dict | None):
+    """The report files asked for; what can be refused before any work (plots without
+    matplotlib) is refused here."""
+    from .report.files import ReportFiles
+
+    files = ReportFiles(**(reports or {}))
+    files.check()
+    return files
+
+
+def _verdict(comparison, files) -> int:
+    """Render a comparison, write its reports, and turn its verdict into the exit code."""
     from .judge.results import FAIL
-    from .report.json_report import write_json
+    from .report.files import write_reports
     from .report.table import render
 
     render(comparison, out_console)
-    if json_path is not None:
-        write_json(comparison, json_path)
+    for line in write_reports(comparison, files):
+        print(line, file=sys.stderr, flush=True)
     return 1 if comparison.verdict == FAIL else 0
-
-
-def _reports(*paths: Path | None) -> list[Path]:
-    return [p for p in paths if p is not None]
 
 
 def _with_k(overrides: dict | None, accum_steps: int | None) -> dict:
@@ -115,6 +122,7 @@ def baseline(
 
 
 @app.command()
+@report_options
 @training_options
 def merged(
     accum_steps: AccumOpt = None,
@@ -124,7 +132,6 @@ def merged(
         Path | None,
         typer.Option(help="a baseline run: reuse its config, then compare against it"),
     ] = None,
-    json: JsonOpt = None,
     fault: FaultOpt = None,
     trust_run_code: Annotated[
         bool,
@@ -134,12 +141,14 @@ def merged(
         ),
     ] = False,
     overrides: dict | None = None,
+    reports: dict | None = None,
 ) -> None:
     """Train at micro-batch B/K for N*K micro-steps, stepping every K; record the run."""
     overrides = _with_k(overrides, accum_steps)
+    files = _report_files(reports)
     if against is None:
-        if json is not None:
-            raise BadInput("--json needs --against: a merged run alone is not judged")
+        if files.paths():
+            raise BadInput("report options need --against: a merged run alone is not judged")
         api.record_merged(api.as_config(config, overrides), out, fault=fault, feedback=_feedback())
         return
     comparison = api.merged_against(
@@ -149,13 +158,14 @@ def merged(
         config_file=config,
         fault=fault,
         trust_run_code=trust_run_code,
-        reports=_reports(json),
+        reports=files.paths(),
         feedback=_feedback(),
     )
-    raise typer.Exit(_verdict(comparison, json))
+    raise typer.Exit(_verdict(comparison, files))
 
 
 @app.command("compare")
+@report_options
 @tolerance_options
 def compare_cmd(
     baseline: Annotated[Path, typer.Argument(help="baseline run directory or log")],
@@ -181,7 +191,6 @@ def compare_cmd(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="YAML file with a tolerances section")
     ] = None,
-    json: JsonOpt = None,
     reference: Annotated[
         str | None,
         typer.Option(
@@ -190,8 +199,10 @@ def compare_cmd(
         ),
     ] = None,
     tolerances: dict | None = None,
+    reports: dict | None = None,
 ) -> None:
     """Judge a merged run against its baseline; exit 0 aligned, 1 not aligned, 2 bad input."""
+    files = _report_files(reports)
     comparison = api.compare(
         baseline,
         merged,
@@ -200,13 +211,14 @@ def compare_cmd(
         accum_steps=accum_steps,
         baseline_accum_steps=baseline_accum_steps,
         card_loss=card_loss,
-        reports=_reports(json),
+        reports=files.paths(),
         feedback=_feedback(),
     )
-    raise typer.Exit(_verdict(comparison, json))
+    raise typer.Exit(_verdict(comparison, files))
 
 
 @app.command()
+@report_options
 @tolerance_options
 @training_options
 def verify(
@@ -215,23 +227,84 @@ def verify(
     out: Annotated[Path, typer.Option("--out", "-o", help="directory for both runs")] = Path(
         "runs/verify"
     ),
-    json: JsonOpt = None,
     fault: FaultOpt = None,
     reference: ReferenceOpt = "fp64",
     overrides: dict | None = None,
     tolerances: dict | None = None,
+    reports: dict | None = None,
 ) -> None:
     """Baseline, merged and compare in one command (built-in default mirrors the seed)."""
+    files = _report_files(reports)
     comparison = api.verify(
         api.as_config(config, _with_k(overrides, accum_steps)),
         out,
         fault=fault,
         reference=reference,
         tolerances={**tolerances_from_yaml(config), **(tolerances or {})},
-        reports=_reports(json),
+        reports=files.paths(),
         feedback=_feedback(),
     )
-    raise typer.Exit(_verdict(comparison, json))
+    raise typer.Exit(_verdict(comparison, files))
+
+
+golden_app = typer.Typer(
+    no_args_is_help=True,
+    help="Golden files: a recorded baseline kept as a small JSON file in the repository, and "
+    "runs judged against it (exit 0 aligned, 1 not aligned, 2 bad input or no golden for this "
+    "environment).",
+)
+app.add_typer(golden_app, name="golden")
+
+
+@golden_app.command("write")
+def golden_write(
+    run: Annotated[Path, typer.Argument(help="a recorded baseline run directory")],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="a .json file, or a directory for <environment key>.json (default golden/)",
+        ),
+    ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(help="its float64 rerun (default: the one its manifest names); none"),
+    ] = None,
+) -> None:
+    """Keep a recorded baseline and its noise as a small, reviewable golden file (default
+    golden/<environment key>.json)."""
+    path = api.golden_write(run, out, reference=reference)
+    out_console.print(f"golden: {path} ({path.stat().st_size / 1024:.1f} kB)", markup=False)
+
+
+@golden_app.command("check")
+@report_options
+@tolerance_options
+def golden_check(
+    golden: Annotated[Path, typer.Argument(help="a golden file, or a directory of them")],
+    run: Annotated[Path, typer.Argument(help="the run directory to judge")],
+    update: Annotated[
+        bool, typer.Option("--update", help="accept the run as the golden afterwards")
+    ] = False,
+    tolerances: dict | None = None,
+    reports: dict | None = None,
+) -> None:
+    """Judge a run against the golden for its environment; --update accepts it as the golden."""
+    files = _report_files(reports)
+    outcome = api.golden_check(
+        golden,
+        run,
+        tolerances=tolerances,
+        update=update,
+        reports=files.paths(),
+        feedback=_feedback(),
+    )
+    if outcome.comparison is None:
+        out_console.print(f"accepted {run} as the golden: wrote {outcome.written}", markup=False)
+        raise typer.Exit(0)
+    code = _verdict(outcome.comparison, files)
+    raise typer.Exit(0 if outcome.written else code)
 
 
 @app.command()
@@ -244,7 +317,7 @@ def selftest(
     """Prove the gate: clean setups must pass, every known bug must fail with its own code."""
     from .selftest import render_selftest, run_selftest, write_selftest_json
 
-    outcome = run_selftest(out, err_console, reports=_reports(json))
+    outcome = run_selftest(out, err_console, reports=[json] if json is not None else [])
     render_selftest(outcome, out_console)
     if json is not None:
         write_selftest_json(outcome, json)

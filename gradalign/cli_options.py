@@ -98,10 +98,22 @@ def _help(name: str) -> str:
     return escape(f"{text} [{' | '.join(choices)}]") if choices else text
 
 
+_REPORT_HELP = {
+    "json": "also write the report as JSON",
+    "junit": "also write JUnit XML: one testsuite per comparison, one testcase per check",
+    "markdown": "also write a Markdown summary (appended to $GITHUB_STEP_SUMMARY when set)",
+    "plot": "also write loss, error and err/allowed plots (PNG) into this directory "
+    + escape("[needs gradalign[plot]]"),
+    "html": "also write one self-contained HTML report with the plots embedded",
+}
+
 training_options = _extend_signature(
     {name: (base_type(name), _help(name), "Training") for name in _TRAINING_KEYS},
     "overrides",
 )
 tolerance_options = _extend_signature(
     {name: (float, text, "Tolerances") for name, text in _TOLERANCE_HELP.items()}, "tolerances"
+)
+report_options = _extend_signature(
+    {name: (Path, text, "Reports") for name, text in _REPORT_HELP.items()}, "reports"
 )

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gradalign import api
+from gradalign import api, api_recording
 from gradalign.runs import writer as run_writer
 from gradalign.runs.locks import RunLock
 from gradalign.runs.reader import read_run_dir
@@ -133,14 +133,14 @@ def test_an_interrupted_verify_keeps_the_earlier_set_intact(cli, verified, monke
     """Ctrl-C after the float64 reference (and the baseline) finished: the earlier set stays
     exactly as it was, nothing half-written is left, and the message says so truthfully."""
     before = digest(verified)
-    real = api._train
+    real = api_recording.train_into
 
     def interrupted(config, where, shown, label, *args, **kwargs):
         if label == "merged":
             raise KeyboardInterrupt
         return real(config, where, shown, label, *args, **kwargs)
 
-    monkeypatch.setattr(api, "_train", interrupted)
+    monkeypatch.setattr(api_recording, "train_into", interrupted)
     result = cli("verify", *SMALL_ARGS, "--optimizer", "adam", "--out", verified)
     assert result.code == 130
     assert "no partial run was left in place" in result.err

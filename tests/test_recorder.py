@@ -186,13 +186,17 @@ def test_interrupted_first_run_leaves_nothing_readable(tmp_path):
 def test_recorder_rejects_calls_that_cannot_describe_any_run(tmp_path):
     model = nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(RecorderError, match="items"):
-        with gradalign.Recorder(tmp_path / "r2", model, opt, accum_steps=2) as rec:
-            rec.micro(torch.tensor(1.0), items=3)
-            rec.micro(torch.tensor(1.0))
-    with pytest.raises(RecorderError, match="either loss"):
-        with gradalign.Recorder(tmp_path / "r4", model, opt, accum_steps=2) as rec:
-            rec.micro()
+    with (
+        pytest.raises(RecorderError, match="items"),
+        gradalign.Recorder(tmp_path / "r2", model, opt, accum_steps=2) as rec,
+    ):
+        rec.micro(torch.tensor(1.0), items=3)
+        rec.micro(torch.tensor(1.0))
+    with (
+        pytest.raises(RecorderError, match="either loss"),
+        gradalign.Recorder(tmp_path / "r4", model, opt, accum_steps=2) as rec,
+    ):
+        rec.micro()
     assert not list(tmp_path.iterdir())  # a recording stopped by an error leaves nothing
     with pytest.raises(RecorderError, match="accum_steps must be a positive integer"):
         gradalign.Recorder(tmp_path / "r3", model, opt, accum_steps=0)

@@ -23,7 +23,7 @@ from .compatible import (
     check_reference_weights,
 )
 from .diagnose import diagnose
-from .metrics import calibrate, diff, fit_ratio
+from .metrics import calibrate, diff, fit_ratio, noise_allowed
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .tolerances import Tolerances, eps, for_dtype, least_precise
@@ -32,6 +32,10 @@ from .windows import inside_window_changes
 
 EPS32 = float(np.finfo(np.float32).eps)
 __all__ = ["FAIL", "NOT_CHECKED", "PASS", "Check", "Comparison", "UpdateResult", "compare"]
+# Judges the tensors of one update into its result; made from the tolerances and the noise floor
+# (floor·eps). The default reads both runs' tensors; a golden file judges from its summaries.
+TensorJudge = Callable[[UpdateResult], None]
+TensorJudgeFactory = Callable[[Tolerances, float], TensorJudge]
 
 
 def compare(
@@ -40,10 +44,12 @@ def compare(
     overrides: dict | None = None,
     reference: Run | None = None,
     on_update: Callable[[int], None] | None = None,
+    tensors: TensorJudgeFactory | None = None,
 ) -> Comparison:
     """Judge `merged` against `base` (and `reference`). Raises BadInput for incomparable runs.
 
-    `on_update(i)` is called after each update is judged (progress for long runs)."""
+    `on_update(i)` is called after each update is judged (progress for long runs); `tensors`
+    replaces the judging of weights and gradients (a golden file's summaries)."""
     starts = check_compatible(base, merged)
     bound = check_reference(base, merged, reference) if reference is not None else None
     dtype = least_precise([base.compute_dtype, merged.compute_dtype])
@@ -51,13 +57,14 @@ def compare(
     # The floor is rounding of the stored values: the parameters' dtype, not autocast's.
     storage = least_precise([base.dtype, merged.dtype])
     judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound)
+    judge_tensors = judge.tensors if tensors is None else tensors(tol, judge.floor)
     changes = inside_window_changes(merged)
     disagreements = replica_disagreements(merged)
     bookkeeping = bookkeeping_judge(base, merged)
     results = []
     for i in range(judged_updates(base, merged)):
         result = judge.loss(i)
-        judge.tensors(result)
+        judge_tensors(result)
         bookkeeping(result)
         result.problems.extend(("window", text) for text in changes.get(i, []))
         result.problems.extend(("replicas", text) for text in disagreements.get(i, []))
@@ -117,7 +124,9 @@ class _Judge:
         r, noise = self.ref_loss[i], float(self.loss_noise[i])
         error = abs(m - r)
         error = float(error) if math.isfinite(error) else math.inf
-        allowed = self.tol.noise_factor * noise + self.floor * abs(r) + self.resolution[i]
+        allowed = (
+            noise_allowed(self.tol.noise_factor, noise, self.floor, abs(r)) + self.resolution[i]
+        )
         return UpdateResult(i, float(b), float(m), gap, error, float(allowed), noise)
 
     def tensors(self, result: UpdateResult) -> None:

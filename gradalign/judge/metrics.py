@@ -41,6 +41,16 @@ def _safe_div(num: float, den: float) -> float:
     return 0.0 if num == 0 else math.inf
 
 
+def fixed_allowed(rtol: float, scale: float, atol: float, size: int) -> float:
+    """The fixed tolerance's bound: rtol of a scale (distance moved, or the norm) + atol·√n."""
+    return rtol * scale + atol * math.sqrt(size)
+
+
+def noise_allowed(factor: float, noise: float, floor: float, ref_norm: float) -> float:
+    """The noise floor's bound: factor·||b − ref|| + floor·||ref||."""
+    return factor * noise + floor * ref_norm
+
+
 def diff(
     name: str,
     base: np.ndarray,
@@ -92,7 +102,7 @@ def diff(
             scale = moved
         else:
             scale = norm_b
-        error, allowed = norm_d, rtol * scale + atol * math.sqrt(b.size)
+        error, allowed = norm_d, fixed_allowed(rtol, scale, atol, b.size)
     return TensorDiff(
         name, max_abs, max_rel, _safe_div(norm_d, norm_b), cosine, error, allowed, moved
     )
@@ -116,7 +126,7 @@ def calibrate(
         return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=math.nan)
     noise = float(np.linalg.norm(b - r))
     error = float(np.linalg.norm(m - r))
-    allowed = factor * noise + floor * float(np.linalg.norm(r))
+    allowed = noise_allowed(factor, noise, floor, float(np.linalg.norm(r)))
     return dataclasses.replace(d, error=error, allowed=allowed, noise=noise)
 
 

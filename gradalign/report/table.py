@@ -3,42 +3,22 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from ..judge.metrics import TensorDiff
 from ..judge.results import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
+from .summary import evidence_text, num, rows_to_show
 
-MAX_ROWS = 40  # longer runs show the head, the rows around the first divergence, and the tail
 _STYLE = {PASS: "green", FAIL: "bold red", NOT_CHECKED: "yellow"}
 
 
-def _num(value: float | None, digits: int = 3) -> str:
-    if value is None:
+def _max_abs(worst: TensorDiff | None) -> str:
+    """The worst tensor's max |m - b|; '-' where only summaries were compared (a golden)."""
+    if worst is None or (math.isnan(worst.max_abs) and math.isfinite(worst.error)):
         return "-"
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf"
-    return f"{value:.{digits}g}"
-
-
-def _rows_to_show(comparison: Comparison) -> list[int | None]:
-    """Row indices to print; None marks a gap."""
-    n = len(comparison.results)
-    if n <= MAX_ROWS:
-        return list(range(n))
-    keep = set(range(10)) | set(range(n - 5, n))
-    first = comparison.first_divergence
-    if first is not None:
-        keep |= set(range(max(0, first["update"] - 5), min(n, first["update"] + 15)))
-    rows: list[int | None] = []
-    for i in sorted(keep):
-        if rows and rows[-1] is not None and i != rows[-1] + 1:
-            rows.append(None)
-        rows.append(i)
-    return rows
+    return num(worst.max_abs)
 
 
 def _update_row(r: UpdateResult, calibrated: bool) -> list[str]:
@@ -49,19 +29,19 @@ def _update_row(r: UpdateResult, calibrated: bool) -> list[str]:
     if calibrated:
         known = worst is not None and worst.noise is not None
         noise = [
-            _num(worst.noise) if known else "-",
+            num(worst.noise) if known else "-",
             f"{worst.error / worst.noise:.2g}x" if known and worst.noise else "-",
         ]
     return [
         str(r.update),
         f"{r.base_loss:.8g}",
         f"{r.merged_loss:.8g}",
-        _num(r.loss_diff),
+        num(r.loss_diff),
         worst.name if worst else "-",
-        _num(worst.max_abs) if worst else "-",
+        _max_abs(worst),
         *noise,
         f"{worst.ratio:.2g}x" if worst else "-",
-        _num(r.grad_ratio, 6) if r.grad_ratio is not None else "-",
+        num(r.grad_ratio, 6) if r.grad_ratio is not None else "-",
         status + (f" [red]{problems}[/]" if problems else ""),
     ]
 
@@ -91,7 +71,7 @@ def render(comparison: Comparison, console: Console) -> None:
     for name, justify in columns:
         # a narrow console folds a number onto two lines; it never cuts one short ("…")
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for index in _rows_to_show(c):
+    for index in rows_to_show(c):
         if index is None:
             table.add_row("…", *[""] * (len(columns) - 1))
         else:
@@ -114,7 +94,7 @@ def render(comparison: Comparison, console: Console) -> None:
         style = "cyan" if d.severity == "info" else "bold red"
         console.print(f"[{style}]{d.code}[/]: {d.message}", markup=True)
         if d.severity != "info":
-            console.print(f"  evidence: {_evidence(d.evidence)}", markup=False)
+            console.print(f"  evidence: {evidence_text(d.evidence)}", markup=False)
         if d.fix:
             console.print(f"  fix: {d.fix}", markup=False)
     verdict = c.verdict
@@ -128,14 +108,3 @@ def render(comparison: Comparison, console: Console) -> None:
         f"[{style}]verdict: {verdict.upper()}[/] ({meaning}err/tol is the judged error over "
         f"what is allowed; below 1 passes)"
     )
-
-
-def _evidence(evidence: dict[str, Any]) -> str:
-    def show(value: Any) -> str:
-        if isinstance(value, float):
-            return _num(value, 6)
-        if isinstance(value, dict):
-            return "{" + ", ".join(f"{k}: {show(v)}" for k, v in value.items()) + "}"
-        return str(value)
-
-    return ", ".join(f"{key}={show(value)}" for key, value in evidence.items())

@@ -1,0 +1,221 @@
+"""Golden files through the API: keep a recorded baseline as a small JSON file, judge runs against
+it, and accept a run as the new golden (`gradalign golden write|check`, `merged --against`).
+
+    from gradalign import api
+
+    golden = api.golden_write("runs/verify/baseline", "ci/golden/")   # ci/golden/<env key>.json
+    outcome = api.golden_check("ci/golden/", "runs/verify/merged")
+    print(outcome.comparison.verdict)
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import BadInput
+from .feedback import Feedback, Silent
+from .judge.results import FAIL, Comparison
+from .runs.golden import CANDIDATE, dumps, environment_key, find, load
+from .runs.outputs import check_outputs
+
+PathLike = str | Path
+
+
+@dataclass
+class GoldenCheck:
+    """What `golden_check` did: the comparison (None when there was no golden to judge by), the
+    golden used, the file written (`--update`) or proposed (a failing check's candidate), and the
+    command that accepts the run as the golden."""
+
+    comparison: Comparison | None
+    golden: Path
+    accept: str
+    written: Path | None = None
+    candidate: Path | None = None
+
+
+def is_golden(path: PathLike) -> bool:
+    """A golden file, or a directory of them (a run directory is neither)."""
+    from .runs.layout import MANIFEST
+
+    p = Path(path)
+    if p.is_file():
+        return p.suffix == ".json"
+    return p.is_dir() and not (p / MANIFEST).exists() and any(p.glob("*.json"))
+
+
+def _reference(run: Any, reference: PathLike | None, strict: bool) -> Any:
+    from .runs.sources import open_reference
+
+    ref, note = open_reference(None if reference is None else str(reference), run)
+    if note and strict:
+        raise BadInput(f"{note.split(';')[0]}; record it, or pass --reference none")
+    return ref
+
+
+def _target(out: PathLike | None, key: str) -> Path:
+    """`out` as a file when it ends in .json, else `<out>/<key>.json` (default `golden/`)."""
+    out_path = Path("golden" if out is None else out)
+    return out_path if out_path.suffix == ".json" else out_path / f"{key}.json"
+
+
+def _write(run: Any, reference: Any, target: Path, inputs: Sequence[Path]) -> Path:
+    from .judge.golden import build
+    from .report.output import write_text_atomic
+
+    data = build(run, reference)
+    check_outputs([], inputs, [target])
+    write_text_atomic(target, dumps(data))
+    return target
+
+
+def golden_write(
+    run: PathLike, out: PathLike | None = None, *, reference: PathLike | None = None
+) -> Path:
+    """Keep the recorded `run` (normally a K=1 baseline) and its float64 reference (the one its
+    manifest names, or `reference`; "none" for the fixed tolerances) as a golden file at `out`
+    (a file ending in .json, else a directory: `<out>/<environment key>.json`; default
+    `golden/`)."""
+    from .runs.reader import read_run_dir
+
+    base = read_run_dir(Path(run))
+    ref = _reference(base, reference, strict=True)
+    target = _target(out, environment_key(base.environment))
+    inputs = [Path(run), *([Path(ref.source)] if ref is not None else [])]
+    return _write(base, ref, target, inputs)
+
+
+def accept_command(golden: PathLike, run: PathLike) -> str:
+    """The exact command that accepts `run` as the golden."""
+    return f"gradalign golden check {shlex.quote(str(golden))} {shlex.quote(str(run))} --update"
+
+
+def candidate_path(golden: Path, run: Path, reports: Sequence[PathLike]) -> Path:
+    """Where a failing check proposes the run as the golden: beside the first report, else beside
+    the run under test (never inside a run)."""
+    name = golden.stem if golden.suffix == ".json" else golden.name
+    where = Path(reports[0]).parent if reports else run.resolve().parent
+    return where / f"{name}{CANDIDATE}"
+
+
+def golden_check(
+    golden: PathLike,
+    run: PathLike,
+    *,
+    tolerances: Mapping[str, Any] | None = None,
+    update: bool = False,
+    reports: Sequence[PathLike] = (),
+    feedback: Feedback | None = None,
+) -> GoldenCheck:
+    """Judge the recorded `run` against the golden for its environment (`golden`: a file or a
+    directory of them). A golden for another environment is refused ("no golden for this
+    environment"), never passed. With `update`, the run (and its own reference, if it has one)
+    becomes the golden afterwards, or the first one for its environment. On failure the run is
+    written beside the reports as a candidate, and `accept` is the command that accepts it."""
+    from .api import check_tolerances
+    from .runs.reader import read_run_dir
+
+    checked = check_tolerances(tolerances)
+    run_path, golden_path = Path(run), Path(golden)
+    merged = read_run_dir(run_path)
+    key = environment_key(merged.environment)
+    accept = accept_command(golden, run)
+    try:
+        golden_file, data = find(golden_path, key)
+    except BadInput:
+        if not update:
+            raise
+        return GoldenCheck(None, golden_path, accept, written=_accept(merged, golden_path, key))
+    candidate = None if update else candidate_path(golden_file, run_path, reports)
+    check_outputs([], [run_path], [*reports, *([candidate] if candidate else [])])
+    comparison = _judge(data, golden_file, merged, checked, feedback)
+    outcome = GoldenCheck(comparison, golden_file, accept)
+    if update:
+        outcome.written = _accept(merged, golden_file, key)
+        comparison.notes.append(f"accepted {run} as the golden: wrote {outcome.written}")
+    elif comparison.verdict == FAIL and candidate is not None:
+        outcome.candidate = _write(merged, _reference(merged, None, False), candidate, [run_path])
+        comparison.notes.append(
+            f"to accept this run as the golden: {accept} (or copy the candidate {candidate} "
+            f"over {golden_file})"
+        )
+    return outcome
+
+
+def _judge(data: dict, golden_file: Path, merged: Any, checked: dict, feedback: Any) -> Comparison:
+    from .judge.golden import judge
+
+    with (feedback or Silent()).progress("golden check", merged.updates) as advance:
+        return judge(data, str(golden_file), merged, checked, on_update=lambda _: advance())
+
+
+def _accept(merged: Any, golden: Path, key: str) -> Path:
+    """Write the run as the golden: over `golden` when it is a file for this environment (or
+    none yet, or a broken one), else as `<key>.json` beside it (or inside a directory)."""
+    if golden.is_dir():
+        target = golden / f"{key}.json"
+    elif golden.exists() and _key_of(golden) not in (None, key):
+        target = golden.parent / f"{key}.json"
+    else:
+        target = golden
+    reference = _reference(merged, None, strict=False)
+    inputs = [Path(merged.source), *([Path(reference.source)] if reference else [])]
+    return _write(merged, reference, target, inputs)
+
+
+def _key_of(path: Path) -> str | None:
+    try:
+        return load(path)["environment_key"]
+    except BadInput:
+        return None
+
+
+def golden_config(golden: PathLike) -> dict[str, Any]:
+    """The experiment a golden file (or a directory of them) recorded. Goldens of one directory
+    may differ in their device only; the device is kept when they all agree."""
+    path = Path(golden)
+    files = [path] if path.is_file() else sorted(path.glob("*.json"))
+    configs = []
+    for file in files:
+        if file.name.endswith(CANDIDATE):
+            continue
+        try:
+            configs.append(load(file)["config"])
+        except BadInput:
+            if path.is_file():
+                raise
+    if not configs:
+        raise BadInput(f"{golden}: holds no golden file")
+    strip = {"device"} if len({str(c.get("device")) for c in configs}) > 1 else set()
+    kept = [{k: v for k, v in c.items() if k not in strip | {"accum_steps"}} for c in configs]
+    if any(c != kept[0] for c in kept[1:]):
+        raise BadInput(f"{golden}: its golden files record different experiments")
+    return kept[0]
+
+
+def refuse_other_environment(
+    golden: PathLike, env: dict[str, Any], out: Path, reports: Sequence[PathLike]
+) -> Path:
+    """Before `merged --against GOLDEN` trains: the golden for the environment the run will record
+    (`env`), else "no golden for this environment"; the candidate's place is checked too."""
+    golden_file, _ = find(Path(golden), environment_key(env))
+    check_outputs([out], [Path(golden)], [candidate_path(golden_file, out, reports)])
+    return golden_file
+
+
+def judge_against(
+    golden: PathLike,
+    run: Path,
+    tolerances: dict[str, Any],
+    reports: Sequence[PathLike],
+    feedback: Feedback,
+) -> Comparison:
+    """`golden_check` for a run known to have a golden for its environment."""
+    outcome = golden_check(golden, run, tolerances=tolerances, reports=reports, feedback=feedback)
+    if outcome.comparison is None:  # cannot happen after refuse_other_environment
+        raise BadInput(f"no golden for this environment in {golden}")
+    return outcome.comparison

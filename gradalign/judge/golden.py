@@ -1,0 +1,206 @@
+"""Golden files in the judge: make one from a recorded run (and its float64 reference), and judge a
+run against one with the same machinery as `compare`.
+
+The losses are judged exactly as `compare` judges them (the golden keeps the window losses of the
+run and of its reference). Weights and gradients are judged from the summaries: the error is a
+lower bound on ||merged - golden|| (`runs.summaries.lower_bound`), the allowed bound the same as
+`compare`'s. A lower bound never fails a run that `compare` would pass; what it cannot see (an
+error orthogonal to the kept directions) is reported as not checked.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..errors import BadInput
+from ..runs import golden as fmt
+from ..runs.model import Run, Tensors
+from ..runs.summaries import SKETCH_SIZE, lower_bound, summary
+from .compare import compare
+from .compatible import check_reference, check_reference_weights
+from .metrics import TensorDiff, fit_ratio, fixed_allowed, noise_allowed
+from .results import Comparison, UpdateResult
+from .tolerances import Tolerances
+
+UNNAMED = ("grad-accum-dtype", "token-normalization", "clip-per-micro")
+_CONFIG_MAY_DIFFER = {"accum_steps", "device"}
+
+
+def build(run: Run, reference: Run | None) -> dict[str, Any]:
+    """The golden file's content for `run` (and its float64 `reference`, checked to be a rerun of
+    the same training). Refuses runs without full weights and any non-finite number."""
+    if run.kind != "run-dir" or not run.full_weights:
+        raise BadInput(f"{run.source}: a golden file is made from a recorded run directory")
+    bound = check_reference(run, run, reference) if reference is not None else None
+    init, ref_init = run.init_weights() or {}, reference.init_weights() if reference else None
+    per_update, names = [], [t.name for t in run.tensors]
+    for i in range(run.updates):
+        weights, grads = run.weights(i) or {}, run.grads(i) or {}
+        ref_w = reference.weights(i) if reference is not None else None
+        ref_g = reference.grads(i) if reference is not None else None
+        if ref_w is not None and bound is not None:
+            check_reference_weights(i, weights, ref_w, init, bound)
+        per_update.append(
+            {
+                "update": i,
+                "weights": _summaries(names, weights, ref_w, init, ref_init),
+                "grads": _summaries(names, grads, ref_g, None, None),
+            }
+        )
+    golden = {
+        "format": fmt.FORMAT,
+        "format_version": fmt.VERSION,
+        "gradalign": __version__,
+        "environment_key": fmt.environment_key(run.environment),
+        "source": {"run": run.source, "reference": reference.source if reference else None},
+        "recorded_accum_steps": run.accum_steps,
+        "updates": run.updates,
+        "sketch_size": SKETCH_SIZE,
+        "reference_dtype": reference.dtype if reference is not None else None,
+        "grad_dtype": run.grad_dtype,
+        "environment": run.environment,
+        "config": run.config,
+        "model": run.model_facts,
+        "tensors": [
+            {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "kind": t.kind}
+            for t in run.tensors
+        ],
+        "init_fingerprints": [fmt.hex64(v) for v in run.init_state]
+        if run.init_state is not None
+        else None,
+        "series": _series(run, reference),
+        "per_update": per_update,
+    }
+    bad = fmt.first_non_finite(golden)
+    if bad is not None:
+        raise BadInput(
+            f"{run.source}: {bad} is not a finite number; a golden must hold finite numbers "
+            "(a run that diverged cannot be one)"
+        )
+    return golden
+
+
+def _summaries(
+    names: list[str],
+    values: Tensors,
+    ref: Tensors | None,
+    start: Tensors | None,
+    ref_start: Tensors | None,
+) -> dict[str, Any]:
+    """Each tensor's summary in model order, its reference's and its noise ||value - ref||."""
+    found = {}
+    for name in (n for n in names if n in values):
+        value = values[name]
+        item = summary(value, None if start is None else start[name])
+        if ref is not None and name in ref:
+            ref_start_value = None if ref_start is None else ref_start[name]
+            item["reference"] = summary(ref[name], ref_start_value)
+            gap = np.asarray(value, np.float64) - np.asarray(ref[name], np.float64)
+            item["noise"] = float(np.linalg.norm(gap.ravel()))
+        found[name] = item
+    return found
+
+
+def _series(run: Run, reference: Run | None) -> dict[str, list]:
+    series: dict[str, list] = {"window_loss": [float(v) for v in run.window_losses()]}
+    if reference is not None:
+        series["reference_window_loss"] = [float(v) for v in reference.window_losses()]
+    if run.micro_items is not None:
+        items = run.micro_items[: run.updates * run.accum_steps].reshape(run.updates, -1)
+        series["window_items"] = [float(v) for v in items.sum(axis=1)]
+    if run.micro_data is not None:
+        series["window_samples"] = [fmt.hex64(v) for v in run.window_sums(run.micro_data)]
+    for key in fmt.SERIES:
+        values = getattr(run, key)
+        if values is not None:
+            series[key] = [v.item() for v in np.asarray(values)]
+    return series
+
+
+class _SummaryJudge:
+    """Judges one update's weights and gradients from the golden's summaries."""
+
+    def __init__(self, golden: dict, merged: Run, tol: Tolerances, floor: float) -> None:
+        self.golden, self.merged, self.tol, self.floor = golden, merged, tol, floor
+        self.calibrated = "reference_window_loss" in golden["series"]
+        self.start = merged.init_weights()
+        self.sizes = {t.name: int(np.prod(t.shape)) for t in merged.tensors}
+        self.names = [t.name for t in merged.tensors]  # model order, as `compare` judges
+
+    def __call__(self, result: UpdateResult) -> None:
+        entry = self.golden["per_update"][result.update]
+        weights, grads = self.merged.weights(result.update), self.merged.grads(result.update)
+        tol = self.tol
+        if weights is not None:
+            for name in self.names:
+                start = self.start.get(name) if self.start is not None else None
+                kept = entry["weights"][name]
+                d, _ = self._judge(name, kept, weights[name], start, tol.weight_rtol)
+                result.weights.append(d)
+        kept_grads = entry.get("grads") or {}
+        if grads is not None and kept_grads:
+            golden_sketches, merged_sketches = [], []
+            for name in (n for n in self.names if n in kept_grads and n in grads):
+                d, mine = self._judge(name, kept_grads[name], grads[name], None, tol.grad_rtol)
+                result.grads.append(d)
+                golden_sketches.append(np.asarray(kept_grads[name]["sketch"]))
+                merged_sketches.append(np.asarray(mine["sketch"]))
+            if golden_sketches:
+                result.grad_ratio, result.grad_cosine = fit_ratio(golden_sketches, merged_sketches)
+
+    def _judge(
+        self, name: str, kept: dict, value: np.ndarray, start: np.ndarray | None, rtol: float
+    ) -> tuple[TensorDiff, dict]:
+        mine = summary(value, start if "moved" in kept else None)
+        center = kept["reference"] if self.calibrated and "reference" in kept else kept
+        finite = bool(np.isfinite(value).all())
+        error = lower_bound(mine, center) if finite else math.inf
+        if self.calibrated and "noise" in kept:
+            allowed = noise_allowed(
+                self.tol.noise_factor, kept["noise"], self.floor, center["norm"]
+            )
+        else:
+            scale = kept.get("moved", kept["norm"])
+            allowed = fixed_allowed(rtol, scale, self.tol.weight_atol, self.sizes[name])
+        nan = math.nan
+        diff = TensorDiff(
+            name, nan, nan, nan, nan, error, allowed, kept.get("moved"), kept.get("noise")
+        )
+        return diff, mine
+
+
+def judge(
+    golden: dict[str, Any],
+    source: str,
+    merged: Run,
+    overrides: dict | None = None,
+    on_update: Any = None,
+) -> Comparison:
+    """Judge `merged` against a golden file's content, read from `source`."""
+    base, reference = fmt.as_runs(golden, source)
+
+    def tensors(tol: Tolerances, floor: float) -> _SummaryJudge:
+        return _SummaryJudge(golden, merged, tol, floor)
+
+    comparison = compare(base, merged, overrides, reference, on_update, tensors=tensors)
+    comparison.notes.append(
+        f"judged against the golden file {source} (recorded from {golden['source']['run']}, "
+        f"{golden['environment_key']}): weight and gradient errors are lower bounds from norms "
+        f"and {golden.get('sketch_size', SKETCH_SIZE)} projections per tensor; a golden cannot "
+        f"name {', '.join(UNNAMED)}, which read the baseline's gradient values"
+    )
+    changed = sorted(
+        key
+        for key in set(golden["config"]) & set(merged.config)
+        if key not in _CONFIG_MAY_DIFFER and golden["config"][key] != merged.config[key]
+    )
+    if changed:
+        shown = ", ".join(
+            f"{k} {merged.config[k]!r} (golden {golden['config'][k]!r})" for k in changed[:5]
+        )
+        comparison.notes.append(f"the run's config differs from the golden's: {shown}")
+    return comparison

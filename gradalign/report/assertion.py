@@ -1,0 +1,59 @@
+"""The message of a failing `gradalign.testing.assert_aligned`, in the manner of pytest-regressions:
+what failed and how much (counts), the first failing update and tensor with its error against the
+allowed bound, the named cause and its fix, and a capped table of the failing quantities."""
+
+from __future__ import annotations
+
+from ..judge.results import Comparison
+from .summary import causes, diagnosis_lines, failed_checks, failures, num
+
+MAX_ROWS = 10
+
+
+def assertion_message(c: Comparison, max_rows: int = MAX_ROWS) -> str:
+    """Plain text, no colour: it lands in a pytest failure report or a CI log."""
+    found = failures(c)
+    bad_updates = len({f.update for f in found})
+    failed = failed_checks(c)
+    lines = [
+        f"{c.merged.source} (K={c.merged.accum_steps}) is not the same training as "
+        f"{c.baseline.source} (K={c.baseline.accum_steps}): {len(failed)} of {len(c.checks)} "
+        f"checks failed ({', '.join(failed)}); {len(found)} failing quantities in "
+        f"{bad_updates} of {c.updates} updates",
+    ]
+    if found:
+        lines.append(f"first failure: {found[0].text()}")
+    named = causes(c)
+    for d in named:
+        first, *more = diagnosis_lines(d)
+        lines += [f"cause {first}", *(f"  {line}" for line in more)]
+    if not named:
+        lines.append("cause: none named")
+    if found:
+        lines += ["", *_table(found[:max_rows])]
+        if len(found) > max_rows:
+            lines.append(
+                f"(showing {max_rows} of {len(found)}; every one: gradalign compare "
+                f"{c.baseline.source} {c.merged.source} --json report.json)"
+            )
+    return "\n".join(lines)
+
+
+def _table(rows: list) -> list[str]:
+    header = ("update", "quantity", "tensor", "error", "allowed", "err/allowed")
+    cells = [
+        (
+            str(f.update),
+            f.kind,
+            "" if f.kind == "loss" or f.error is None else f.name,
+            num(f.error) if f.error is not None else f.name,
+            num(f.allowed),
+            num(f.ratio, 2),
+        )
+        for f in rows
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
+    return [
+        "  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *cells]
+    ]

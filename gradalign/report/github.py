@@ -1,0 +1,59 @@
+"""GitHub Actions: the Markdown summary appended to the job's step summary (`$GITHUB_STEP_SUMMARY`)
+and, on failure, a few `::error` workflow commands naming the first failing update and its cause.
+Both only add to what the job shows; the exit code stays the gate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..errors import BadInput
+from ..judge.results import FAIL, Comparison
+from .markdown import to_markdown
+from .summary import causes, failures
+
+MAX_ANNOTATIONS = 3
+
+
+def _data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _property(text: str) -> str:
+    return _data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotations(c: Comparison) -> list[str]:
+    """At most MAX_ANNOTATIONS `::error` lines for a failing comparison, none for a pass: the first
+    failing update and its cause, then the other named causes."""
+    if c.verdict != FAIL:
+        return []
+    found = failures(c)
+    first = found[0].text() if found else "a check failed"
+    named = causes(c)
+    lines = []
+    lead = named[0] if named else None
+    message = f"{first}; cause {lead.code}: {lead.message}" if lead else first
+    if lead is not None and lead.fix:
+        message += f"; fix: {lead.fix}"
+    lines.append(f"::error title={_property('gradalign: not aligned')}::{_data(message)}")
+    for d in named[1:MAX_ANNOTATIONS]:
+        text = d.message + (f"; fix: {d.fix}" if d.fix else "")
+        lines.append(f"::error title={_property(f'gradalign: {d.code}')}::{_data(text)}")
+    return lines[:MAX_ANNOTATIONS]
+
+
+def in_actions(environ: Mapping[str, str]) -> bool:
+    return environ.get("GITHUB_ACTIONS") == "true"
+
+
+def append_step_summary(c: Comparison, environ: Mapping[str, str]) -> str | None:
+    """Append the Markdown summary to `$GITHUB_STEP_SUMMARY` when it is set; returns its path."""
+    target = environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    try:
+        with open(target, "a", encoding="utf-8") as handle:
+            handle.write(to_markdown(c) + "\n")
+    except OSError as exc:
+        raise BadInput(f"GITHUB_STEP_SUMMARY {target}: cannot append ({exc.strerror})") from None
+    return target

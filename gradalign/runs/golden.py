@@ -1,0 +1,215 @@
+"""Golden files: a recorded run kept as a small, reviewable JSON file instead of a run directory.
+
+Per update a golden holds the window loss, per tensor the summaries of the weights and gradients
+(`summaries`: norm, distance moved, sketch), the run's own noise against its float64 reference
+(and the reference's loss and summaries), the learning rate, step counts, sample digests, the
+initial weights' fingerprints, the config and the environment. Its `environment_key` (device
+kind, dtype, world size, torch major.minor) names the environment whose bits it holds: a run from
+another environment is refused. Non-finite numbers are refused, when writing and when reading.
+This module reads and writes the format; `judge.golden` makes goldens and judges against them.
+See docs/FORMAT.md, "Golden files".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadInput, shown
+from .golden_schema import check_golden
+from .model import Run, TensorInfo
+
+FORMAT, VERSION = "gradalign-golden", 1
+MAX_BYTES = 64 << 20  # a golden is kilobytes; anything this large is not one
+CANDIDATE = ".candidate.json"  # a golden proposed by a failing check, beside its reports
+SERIES = ("lr", "optimizer_steps", "state_step", "loss_scale", "grad_norm_pre_clip")
+
+
+def environment_key(env: dict[str, Any]) -> str:
+    """The environment that decides a run's bits: device kind, dtype (and autocast's), world
+    size, torch major.minor; e.g. 'cpu-float32-ws1-torch2.13'."""
+    device = str(env.get("device") or "cpu").split(":")[0]
+    if device != "cpu" and env.get("gpu"):
+        device += "-" + re.sub(r"[^a-z0-9]+", "-", str(env["gpu"]).lower()).strip("-")
+    dtype = str(env.get("dtype") or "float32")
+    compute = str(env.get("compute_dtype") or dtype)
+    version = re.match(r"(\d+)\.(\d+)", str(env.get("torch") or ""))
+    torch = f"{version[1]}.{version[2]}" if version else "none"
+    precision = dtype if compute == dtype else f"{dtype}-{compute}"
+    world = env.get("world_size")
+    world = world if isinstance(world, int) and not isinstance(world, bool) and world else 1
+    return f"{device}-{precision}-ws{world}-torch{torch}"
+
+
+def hex64(value: int) -> str:
+    """An int64 digest as 16 hex digits (JSON readers that use doubles keep it exact)."""
+    return f"{int(value) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def int64(text: str) -> int:
+    value = int(text, 16)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _format(value: Any, indent: int) -> str:
+    """JSON with one key per line and lists of numbers or strings on one line: reviewable."""
+    pad, inner = " " * indent, " " * (indent + 2)
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        items = [f"{inner}{json.dumps(k)}: {_format(v, indent + 2)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
+        items = [f"{inner}{_format(v, indent + 2)}" for v in value]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(value, allow_nan=False, separators=(", ", ": "))
+
+
+def dumps(golden: dict[str, Any]) -> str:
+    """The file's text: deterministic for the same content."""
+    try:
+        return _format(golden, 0) + "\n"
+    except ValueError:
+        raise BadInput("a golden file must hold finite numbers; this one has NaN or Inf") from None
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read and check a golden file: its format, its shape and that every number is finite."""
+    try:
+        if path.is_file() and path.stat().st_size > MAX_BYTES:
+            raise BadInput(f"{path}: over 64 MiB; not a golden file")
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such golden file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read the golden file ({exc})") from None
+    except ValueError as exc:  # JSONDecodeError, NaN, Infinity
+        raise BadInput(
+            f"{path}: not a valid golden file ({exc}); NaN and Inf are refused"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise BadInput(f'{path}: not a gradalign golden file (no "format": "{FORMAT}")')
+    if data.get("format_version") != VERSION:
+        raise BadInput(
+            f"{path}: golden format version {shown(data.get('format_version'))}; "
+            f"this gradalign reads {VERSION}"
+        )
+    check_golden(data, str(path))
+    bad = first_non_finite(data)
+    if bad is not None:
+        raise BadInput(
+            f"{path}: {shown(bad)} is not a finite number; a golden must hold finite numbers"
+        )
+    if data["environment_key"] != environment_key(data["environment"]):
+        raise BadInput(
+            f"{path}: environment_key {shown(data['environment_key'])} does not match its "
+            f"environment ({environment_key(data['environment'])!r}): edited by hand? rewrite it "
+            "with `gradalign golden write`"
+        )
+    return data
+
+
+def first_non_finite(value: Any, where: str = "") -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "a value"
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for key, item in items:
+        found = first_non_finite(item, f"{where}.{key}" if not key.startswith("[") else where + key)
+        if found:
+            return found
+    return None
+
+
+def _series(data: dict, key: str, dtype: type) -> np.ndarray | None:
+    values = data["series"].get(key)
+    return None if values is None else np.asarray(values, dtype=dtype)
+
+
+def as_runs(data: dict[str, Any], source: str) -> tuple[Run, Run | None]:
+    """The golden as the judge's runs: its own (K=1, window series only, no tensors) and, when it
+    recorded one, its float64 reference's losses. Tensors are judged from the summaries."""
+    tensors = [
+        TensorInfo(t["name"], tuple(t["shape"]), t["dtype"], t.get("kind", "param"))
+        for t in data["tensors"]
+    ]
+    samples = data["series"].get("window_samples")
+    prints = data.get("init_fingerprints")
+    run = Run(
+        source=source,
+        kind="golden",
+        accum_steps=1,
+        updates=data["updates"],
+        micro_loss=np.asarray(data["series"]["window_loss"], dtype=np.float64),
+        tensors=tensors,
+        micro_items=_series(data, "window_items", np.float64),
+        micro_data=None if samples is None else np.array([int64(s) for s in samples], np.int64),
+        init_state=None if prints is None else np.array([int64(s) for s in prints], np.int64),
+        lr=_series(data, "lr", np.float64),
+        optimizer_steps=_series(data, "optimizer_steps", np.int64),
+        state_step=_series(data, "state_step", np.int64),
+        loss_scale=_series(data, "loss_scale", np.float64),
+        grad_norm_pre_clip=_series(data, "grad_norm_pre_clip", np.float64),
+        config=data["config"],
+        environment=data["environment"],
+        model_facts=data.get("model") or {},
+        grad_dtype=data.get("grad_dtype"),
+    )
+    ref_loss = data["series"].get("reference_window_loss")
+    if ref_loss is None:
+        return run, None
+    ref_dtype = data.get("reference_dtype") or "float64"
+    reference = Run(
+        source=f"{source} (its {ref_dtype} reference)",
+        kind="golden",
+        accum_steps=1,
+        updates=data["updates"],
+        micro_loss=np.asarray(ref_loss, dtype=np.float64),
+        tensors=tensors,
+        environment={"dtype": ref_dtype},
+    )
+    return run, reference
+
+
+def find(path: Path, key: str) -> tuple[Path, dict[str, Any]]:
+    """The golden for environment `key`: `path` itself, or in a directory `<key>.json` or any
+    golden file whose key matches. Another environment is refused, never judged."""
+    hint = "record one here: `gradalign baseline ...` then `gradalign golden write BASELINE`"
+    if path.is_dir():
+        others = [p for p in sorted(path.glob("*.json")) if not p.name.endswith(CANDIDATE)]
+        candidates = [path / f"{key}.json", *others]
+        held = []
+        for file in candidates:
+            try:
+                data = load(file)
+            except BadInput:
+                if file == candidates[0] and file.exists():
+                    raise  # the golden named for this environment is broken: say so
+                continue
+            if data["environment_key"] == key:
+                return file, data
+            held.append(shown(data["environment_key"], 40))
+        have = ", ".join(sorted(set(held))) or "none"
+        raise BadInput(
+            f"no golden for this environment ({key}) in {path} (it holds: {have}); {hint}"
+        )
+    data = load(path)
+    if data["environment_key"] != key:
+        raise BadInput(
+            f"no golden for this environment: the run is {key}, {path} is for "
+            f"{shown(data['environment_key'])}; {hint}"
+        )
+    return path, data

@@ -1,0 +1,123 @@
+"""A golden file's schema: every field's type, length and range, checked before anything is read
+from it. A golden is data from a repository (a hand edit, a merge): a wrong field must be a
+one-line error that names it, never an exception deep inside the judge."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from ..errors import BadInput, shown
+from .schema import MAX_MICRO_STEPS, _check_tensors
+
+HEX16 = re.compile(r"^[0-9a-f]{16}$")
+NUMERIC_SERIES = (
+    "window_loss",
+    "reference_window_loss",
+    "window_items",
+    "lr",
+    "optimizer_steps",
+    "state_step",
+    "loss_scale",
+    "grad_norm_pre_clip",
+)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _numbers(value: Any, length: int | None = None) -> bool:
+    ok = isinstance(value, list) and all(_number(v) for v in value)
+    return ok and (length is None or len(value) == length)
+
+
+def check_golden(data: dict, where: str) -> None:
+    """Raise BadInput naming the first field that is missing, malformed or out of range."""
+
+    def bad(field: str, what: str) -> BadInput:
+        return BadInput(f"{where}: golden field {field!r} {what}")
+
+    for key in ("environment", "config", "series"):
+        if not isinstance(data.get(key), dict):
+            raise bad(key, "is missing or not an object")
+    if not isinstance(data.get("environment_key"), str):
+        raise bad("environment_key", "is missing or not a string")
+    world = data["environment"].get("world_size")
+    if world is not None and not (isinstance(world, int) and not isinstance(world, bool)):
+        raise bad("environment.world_size", f"must be an integer, got {shown(world)}")
+    n = data.get("updates")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_MICRO_STEPS:
+        raise bad("updates", f"must be an integer >= 1, got {shown(n)}")
+    _check_tensors(data.get("tensors"), bad)
+    for field in ("grad_dtype", "reference_dtype"):
+        if data.get(field) is not None and not isinstance(data[field], str):
+            raise bad(field, "must be a string or null")
+    model = data.get("model")
+    if model is not None and not (
+        isinstance(model, dict)
+        and all(isinstance(model.get(k, []), list) for k in ("batchnorm", "dropout"))
+    ):
+        raise bad("model", "must be {batchnorm: [names], dropout: [names]}")
+    _check_series(data["series"], n, bad)
+    names = [t["name"] for t in data["tensors"]]
+    prints = data.get("init_fingerprints")
+    if prints is not None and not (
+        isinstance(prints, list)
+        and len(prints) == len(names)
+        and all(isinstance(p, str) and HEX16.match(p) for p in prints)
+    ):
+        raise bad("init_fingerprints", f"must be {len(names)} strings of 16 hex digits, or null")
+    per_update = data.get("per_update")
+    if not isinstance(per_update, list) or len(per_update) != n:
+        raise bad("per_update", f"must be a list of {n} entries")
+    sizes = {t["name"]: math.prod(t["shape"]) for t in data["tensors"]}
+    params = {t["name"] for t in data["tensors"] if t.get("kind", "param") == "param"}
+    calibrated = "reference_window_loss" in data["series"]
+    size = data.get("sketch_size", 8)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise bad("sketch_size", f"must be an integer >= 1, got {shown(size)}")
+    for i, entry in enumerate(per_update):
+        if not isinstance(entry, dict) or not isinstance(entry.get("weights"), dict):
+            raise bad(f"per_update[{i}]", "must be an object with weights")
+        if sorted(entry["weights"]) != sorted(names):
+            raise bad(f"per_update[{i}].weights", "must summarize every tensor")
+        grads = entry.get("grads", {})
+        if not isinstance(grads, dict) or not set(grads) <= params:
+            raise bad(f"per_update[{i}].grads", "must summarize parameters only")
+        for kind, found, moved in (("weights", entry["weights"], True), ("grads", grads, False)):
+            for name, item in found.items():
+                field = f"per_update[{i}].{kind}.{shown(name)}"
+                expected = min(size, sizes[name])
+                _check_summary(item, field, expected, moved, calibrated, bad)
+
+
+def _check_series(series: dict, n: int, bad) -> None:
+    if "window_loss" not in series:
+        raise bad("series.window_loss", "is missing")
+    for key, values in series.items():
+        if key == "window_samples":
+            ok = isinstance(values, list) and len(values) == n
+            if not ok or not all(isinstance(v, str) and HEX16.match(v) for v in values):
+                raise bad("series.window_samples", f"must be {n} strings of 16 hex digits")
+        elif key in NUMERIC_SERIES:
+            if not _numbers(values, n):
+                raise bad(f"series.{key}", f"must be a list of {n} numbers")
+        else:
+            raise bad(f"series.{shown(key)}", "is not a series gradalign knows")
+
+
+def _check_summary(item: Any, field: str, size: int, moved: bool, calibrated: bool, bad) -> None:
+    """One tensor's summary: norm, sketch of `size` values, moved (weights), and with a reference
+    the reference's summary and the noise."""
+    if not isinstance(item, dict) or not _number(item.get("norm")):
+        raise bad(field, "must be an object with a norm")
+    if not _numbers(item.get("sketch"), size):
+        raise bad(f"{field}.sketch", f"must be a list of {size} numbers")
+    if moved and not _number(item.get("moved")):
+        raise bad(f"{field}.moved", "must be a number")
+    if calibrated:
+        if not _number(item.get("noise")):
+            raise bad(f"{field}.noise", "must be a number (the golden has a reference)")
+        _check_summary(item.get("reference"), f"{field}.reference", size, moved, False, bad)

@@ -1,0 +1,263 @@
+"""Golden files: a small JSON file stands in for the baseline run directory in CI. It passes what
+compare passes, fails a known bug with its code, refuses another environment (exit 2), refuses
+NaN/Inf, says what it cannot check, proposes a candidate on failure and `--update` accepts it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gradalign import api
+from gradalign.config import TrainConfig
+from gradalign.errors import BadInput
+from gradalign.judge.compare import compare
+from gradalign.runs import golden as fmt
+from gradalign.runs.reader import read_run_dir
+
+from .conftest import FIXTURES, SMALL
+
+DEFAULT_GOLDEN = FIXTURES / "golden"
+
+
+def _key(run: Path) -> str:
+    return fmt.environment_key(read_run_dir(run).environment)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> dict[str, Path]:
+    """A small baseline with its float64 reference, merged runs (clean and with bugs), and the
+    baseline's golden file."""
+    root = tmp_path_factory.mktemp("golden")
+    api.record_baseline(SMALL, root / "baseline")
+    runs = {"baseline": root / "baseline", "root": root}
+    runs["merged"] = api.record_merged(SMALL, root / "merged")
+    for fault in ("no-loss-scale", "step-every-micro", "data-order"):
+        runs[fault] = api.record_merged(SMALL, root / fault, fault=fault)
+    runs["golden"] = api.golden_write(root / "baseline", root / "golden")
+    return runs
+
+
+def test_a_golden_is_written_per_environment_and_deterministically(small, tmp_path):
+    golden = small["golden"]
+    assert golden.name == f"{_key(small['baseline'])}.json"
+    again = api.golden_write(small["baseline"], tmp_path / "g.json")
+    assert again.read_bytes() == golden.read_bytes()
+    data = json.loads(golden.read_text())
+    assert data["environment_key"].startswith("cpu-float32-ws1-torch")
+    assert data["reference_dtype"] == "float64"
+    first = data["per_update"][0]["weights"]["0.weight"]
+    assert set(first) == {"norm", "moved", "sketch", "reference", "noise"}
+    assert len(first["sketch"]) == 8 and first["noise"] > 0
+
+
+def test_golden_check_judges_like_compare_from_below(small):
+    """The losses are judged exactly as compare judges them; a tensor's error is a lower bound on
+    compare's, against the same allowed bound: a golden never fails what compare passes."""
+    outcome = api.golden_check(small["golden"], small["merged"])
+    full = api.compare(small["baseline"], small["merged"])
+    g, c = outcome.comparison, full
+    assert g.verdict == c.verdict == "pass"
+    for rg, rc in zip(g.results, c.results, strict=True):
+        assert (rg.loss_error, rg.loss_allowed) == (rc.loss_error, rc.loss_allowed)
+        for dg, dc in zip(rg.weights + rg.grads, rc.weights + rc.grads, strict=True):
+            assert dg.name == dc.name
+            assert dg.error <= dc.error * (1 + 1e-9) + 1e-15
+            assert dg.allowed == pytest.approx(dc.allowed, rel=1e-9)
+    statuses = {k.name: k.status for k in g.checks}
+    assert statuses["weights, element by element"] == "not checked"
+    assert statuses["gradients, element by element"] == "not checked"
+    assert statuses["weights (norms and projections)"] == "pass"
+    assert statuses["initial weights"] == "pass"
+    assert any("lower bounds" in note for note in g.notes)
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ("no-loss-scale", "loss-scale"),
+        ("step-every-micro", "step-in-window"),
+        ("data-order", "data-order"),
+    ],
+)
+def test_golden_check_names_the_bug(small, fault, code):
+    comparison = api.golden_check(small["golden"], small[fault]).comparison
+    assert comparison.verdict == "fail"
+    assert comparison.diagnosis[0].code == code, [(d.code, d.message) for d in comparison.diagnosis]
+
+
+def test_a_failing_check_proposes_a_candidate_and_update_accepts_it(cli, small, tmp_path):
+    golden = Path(shutil.copy(small["golden"], tmp_path / "g.json"))
+    report = tmp_path / "reports" / "r.json"
+    report.parent.mkdir()
+    bug = small["no-loss-scale"]
+    result = cli("golden", "check", golden, bug, "--json", report)
+    assert result.code == 1
+    accept = f"gradalign golden check {golden} {bug} --update"
+    assert accept in " ".join(result.out.split())
+    candidate = report.parent / "g.candidate.json"
+    assert fmt.load(candidate)["source"]["run"] == str(bug)
+    assert any(accept in note for note in json.loads(report.read_text())["notes"])
+    before = golden.read_bytes()
+    assert cli("golden", "check", golden, bug, "--update").code == 0
+    assert golden.read_bytes() != before
+    assert fmt.load(golden)["source"]["run"] == str(bug)
+    assert cli("golden", "check", golden, bug).code == 0  # the accepted run passes itself
+
+
+def _elsewhere(small: dict, path: Path, **environment: str) -> Path:
+    """The small golden as if recorded in another environment."""
+    data = json.loads(small["golden"].read_text())
+    data["environment"].update(environment)
+    data["environment_key"] = fmt.environment_key(data["environment"])
+    path.write_text(fmt.dumps(data))
+    return path
+
+
+def test_another_environment_is_refused(cli, small, tmp_path):
+    other = _elsewhere(small, tmp_path / "other.json", torch="1.13.1")
+    result = cli("golden", "check", other, small["merged"])
+    assert result.code == 2 and "no golden for this environment" in result.err
+    (tmp_path / "dir").mkdir()
+    shutil.copy(other, tmp_path / "dir" / other.name)
+    result = cli("golden", "check", tmp_path / "dir", small["merged"])
+    assert result.code == 2 and "no golden for this environment" in result.err
+    assert "torch1.13" in result.err  # says which environments the directory holds
+
+
+def test_a_hand_edited_environment_key_is_refused(cli, small, tmp_path):
+    data = json.loads(small["golden"].read_text())
+    data["environment_key"] = data["environment_key"].replace("-ws1-", "-ws2-")
+    edited = tmp_path / "edited.json"
+    edited.write_text(fmt.dumps(data))
+    result = cli("golden", "check", edited, small["merged"])
+    assert result.code == 2 and "does not match its environment" in result.err
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_numbers_in_a_golden_are_refused(cli, small, tmp_path, bad):
+    data = json.loads(small["golden"].read_text())
+    noise = data["per_update"][1]["weights"]["0.weight"]["noise"]
+    text = small["golden"].read_text().replace(repr(noise), bad, 1)
+    assert bad in text
+    broken = tmp_path / "broken.json"
+    broken.write_text(text)
+    result = cli("golden", "check", broken, small["merged"])
+    assert result.code == 2 and "finite" in result.err, result.err
+
+
+def test_a_golden_of_a_diverged_run_is_refused(tmp_path):
+    import torch
+
+    import gradalign
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradalign.Recorder(tmp_path / "nan", model, opt) as rec:
+        (model(torch.ones(2, 3)).sum() * float("nan")).backward()
+        rec.micro(torch.tensor(float("nan")))
+        opt.step()
+        rec.update()
+    with pytest.raises(BadInput, match="finite"):
+        api.golden_write(tmp_path / "nan", tmp_path / "g.json")
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_merged_against_a_golden_trains_and_judges(cli, small, tmp_path):
+    golden_dir = small["golden"].parent
+    out = tmp_path / "m"
+    result = cli("merged", "--against", golden_dir, "-k", "4", "--out", out)
+    assert result.code == 0, result.out + result.err
+    assert "lower bounds" in result.out
+    bug = ("--fault", "no-loss-scale")
+    result = cli("merged", "--against", golden_dir, "--out", tmp_path / "b", *bug)
+    assert result.code == 1 and "loss-scale" in result.out
+
+
+def test_merged_against_a_golden_of_another_environment_trains_nothing(cli, small, tmp_path):
+    other = _elsewhere(small, tmp_path / "f64.json", dtype="float64")
+    result = cli("merged", "--against", other, "--out", tmp_path / "m")
+    assert result.code == 2 and "no golden for this environment" in result.err
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_broken_golden_for_this_environment_is_named(cli, small, tmp_path):
+    folder = tmp_path / "goldens"
+    folder.mkdir()
+    (folder / small["golden"].name).write_text("{not json")
+    result = cli("golden", "check", folder, small["merged"])
+    assert result.code == 2 and small["golden"].name in result.err
+
+
+def test_the_committed_default_golden(cli, tmp_path):
+    """fixtures/golden holds the built-in default's golden (fixtures/golden/README.md): under
+    100 kB; the default merged run passes it, a missing loss scale fails with loss-scale. On
+    another environment the golden is refused, never passed."""
+    files = sorted(DEFAULT_GOLDEN.glob("*.json"))
+    assert files and all(f.stat().st_size < 100_000 for f in files)
+    clean = api.record_merged(TrainConfig(), tmp_path / "merged")
+    key = _key(clean)
+    result = cli("golden", "check", DEFAULT_GOLDEN, clean)
+    if key not in {fmt.load(f)["environment_key"] for f in files}:
+        assert result.code == 2 and "no golden for this environment" in result.err
+        return
+    assert result.code == 0, result.out + result.err
+    bug = api.record_merged(TrainConfig(), tmp_path / "bug", fault="no-loss-scale")
+    report = tmp_path / "r.json"
+    result = cli("golden", "check", DEFAULT_GOLDEN, bug, "--json", report)
+    assert result.code == 1
+    assert json.loads(report.read_text())["diagnosis"][0]["code"] == "loss-scale"
+
+
+def test_compare_still_judges_a_golden_run_pair_directly(small):
+    """The golden's runs are ordinary `Run`s to the judge (no tensors)."""
+    base, ref = fmt.as_runs(fmt.load(small["golden"]), "g")
+    result = compare(base, read_run_dir(small["merged"]), reference=ref)
+    assert result.verdict == "pass"  # losses and bookkeeping only; tensors not recorded
+    assert {k.name: k.status for k in result.checks}["gradients (norms and projections)"] == (
+        "not checked"
+    )
+
+
+def _mutations() -> dict:
+    """Hand edits and merges gone wrong: each must be one line and exit 2, never a crash."""
+
+    def set_path(data: dict, path: list, value) -> None:
+        for key in path[:-1]:
+            data = data[key]
+        data[path[-1]] = value
+
+    cases = {
+        "no tensors": (["tensors"], []),
+        "shape missing": (["tensors", 0, "shape"], None),
+        "lr a string": (["series", "lr"], ["0.1"] * 4),
+        "loss too short": (["series", "window_loss"], [1.0]),
+        "unknown series": (["series", "surprise"], [1, 2, 3, 4]),
+        "samples not hex": (["series", "window_samples"], ["zz"] * 4),
+        "fingerprints": (["init_fingerprints"], ["0"]),
+        "sketch length": (["per_update", 0, "weights", "0.weight", "sketch"], [1.0]),
+        "no norm": (["per_update", 1, "grads", "0.bias", "norm"], "big"),
+        "no noise": (["per_update", 2, "weights", "0.bias", "noise"], None),
+        "updates zero": (["updates"], 0),
+        "world size": (["environment", "world_size"], "x" * 10_000),
+        "huge key": (["environment_key"], "k" * 100_000),
+        "per_update": (["per_update"], {}),
+    }
+    return {
+        name: (lambda d, p=path, v=value: set_path(d, p, v))
+        for name, (path, value) in cases.items()
+    }
+
+
+@pytest.mark.parametrize("mutation", sorted(_mutations()))
+def test_a_malformed_golden_is_one_line_and_exit_2(cli, small, tmp_path, mutation):
+    data = json.loads(small["golden"].read_text())
+    _mutations()[mutation](data)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    result = cli("golden", "check", broken, small["merged"])
+    assert result.code == 2, (result.code, result.err)
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1
+    assert "Traceback" not in result.err and len(result.err) < 600

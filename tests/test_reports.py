@@ -1,0 +1,244 @@
+"""CI outputs: JUnit XML shaped like pytest's own, Markdown (and the GitHub step summary),
+`::error` annotations, plots and the self-contained HTML report; all deterministic, all checked
+before any work, and the exit code stays the gate."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from gradalign import api
+from gradalign.report.github import annotations
+from gradalign.report.html import to_html
+from gradalign.report.junit import to_junit
+from gradalign.report.markdown import to_markdown
+from gradalign.report.plots import PLOTS, render_pngs
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory) -> dict:
+    """`verify` with every report, clean and with a missing loss scale, in a GitHub-like job."""
+    root = tmp_path_factory.mktemp("reports")
+    found = {}
+    for name in ("clean", "bug"):
+        out = root / name
+        out.mkdir()
+        reports = {
+            "junit": out / "j.xml",
+            "markdown": out / "m.md",
+            "plot": out / "p",
+            "html": out / "r.html",
+        }
+        found[name] = {"reports": reports, "summary": out / "summary.md", "root": out}
+    return found
+
+
+def _run_verify(cli, entry: dict, fault: str | None, monkeypatch) -> object:
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(entry["summary"]))
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    r = entry["reports"]
+    args = ["verify", "--updates", "3", "--hidden", "16", "--batch-size", "16"]
+    args += ["--out", entry["root"] / "runs", *(["--fault", fault] if fault else [])]
+    args += ["--junit", r["junit"], "--markdown", r["markdown"]]
+    args += ["--plot", r["plot"], "--html", r["html"]]
+    return cli(*args)
+
+
+def test_verify_writes_all_four_reports_and_the_step_summary(cli, verified, monkeypatch):
+    entry = verified["clean"]
+    entry["summary"].write_text("earlier step\n")
+    result = _run_verify(cli, entry, None, monkeypatch)
+    assert result.code == 0, result.err
+    r = entry["reports"]
+    suites = ET.parse(r["junit"]).getroot().findall("testsuite")
+    assert len(suites) == 1
+    cases = suites[0].findall("testcase")
+    names = [c.get("name") for c in cases]
+    checks = result.out.split("checks")[-1]
+    judged = api.compare(entry["root"] / "runs" / "baseline", entry["root"] / "runs" / "merged")
+    assert len(names) == len(set(names)) == len(judged.checks)
+    assert all(name in checks for name in names)
+    assert r["markdown"].read_text().startswith("### ✅ gradalign: PASS")
+    assert sorted(p.name for p in r["plot"].iterdir()) == sorted(PLOTS)
+    assert r["html"].read_text().count("data:image/png;base64,") == 3
+    summary = entry["summary"].read_text()
+    assert summary.startswith("earlier step\n### ✅ gradalign: PASS")  # appended, not replaced
+    assert "::error" not in result.err  # a pass annotates nothing
+
+
+def test_a_failure_in_a_github_job(cli, verified, monkeypatch):
+    entry = verified["bug"]
+    result = _run_verify(cli, entry, "no-loss-scale", monkeypatch)
+    assert result.code == 1  # the exit code stays the gate
+    errors = [line for line in result.err.splitlines() if line.startswith("::error")]
+    assert 1 <= len(errors) <= 3
+    assert "update 0" in errors[0] and "loss-scale" in errors[0] and "\n" not in errors[0]
+    root = ET.parse(entry["reports"]["junit"]).getroot()
+    failures = root.findall("testsuite/testcase/failure")
+    texts = [f.text for f in failures]
+    assert texts and all("loss-scale" in t and "fix: divide" in t for t in texts)
+    assert root.find("testsuite").get("failures") == str(len(failures))
+    markdown = entry["reports"]["markdown"].read_text()
+    assert markdown.startswith("### ❌ gradalign: FAIL")
+    assert "**Cause: `loss-scale`**" in markdown and "<details>" in markdown
+    assert "loss-scale" in entry["reports"]["html"].read_text()
+
+
+def test_without_github_nothing_is_annotated_or_appended(cli, tmp_path, small_runs, monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    result = cli("compare", small_runs["baseline"], small_runs["merged"])
+    assert result.code == 0 and "::" not in result.err
+    assert list(tmp_path.iterdir()) == []
+
+
+PYTEST_JUNIT = """
+import pytest
+def test_passes(): pass
+def test_fails(): assert 1 == 2, "boom"
+@pytest.mark.skip(reason="not today")
+def test_skipped(): pass
+"""
+
+
+def _shape(root: ET.Element) -> dict:
+    """The structure of a JUnit document: tags and attribute names, per level."""
+    suites = root.findall("testsuite")
+    return {
+        "root": root.tag,
+        "root_attrs": set(root.attrib),
+        "suite_attrs": set().union(*(s.attrib for s in suites)),
+        "case_attrs": set().union(*(c.attrib for c in root.iter("testcase"))),
+        "failure_attrs": set(root.find(".//failure").attrib),
+        "skipped_attrs": set(root.find(".//skipped").attrib),
+        "children": {child.tag for s in suites for child in s} - {"properties"},
+    }
+
+
+def test_junit_has_the_structure_of_pytests_own(tmp_path, small_runs):
+    (tmp_path / "test_shape.py").write_text(PYTEST_JUNIT)
+    theirs_file = tmp_path / "pytest.xml"
+    junit = f"--junitxml={theirs_file}"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_shape.py", junit],
+        cwd=tmp_path,
+        capture_output=True,
+        check=False,
+    )
+    theirs = _shape(ET.parse(theirs_file).getroot())
+    good = api.compare(small_runs["baseline"], small_runs["merged"], reference="none")
+    failing = dataclasses.replace(
+        good, checks=[dataclasses.replace(good.checks[1], status="fail"), *good.checks]
+    )
+    failing.checks.append(dataclasses.replace(good.checks[0], name="x", status="not checked"))
+    ours = _shape(ET.fromstring(to_junit([("a", good), ("b", failing)])))
+    assert ours["root"] == theirs["root"] == "testsuites"
+    assert ours["root_attrs"] <= theirs["root_attrs"]
+    assert ours["suite_attrs"] <= theirs["suite_attrs"]  # no timestamp or hostname: same bytes
+    assert {"name", "tests", "failures", "errors", "skipped"} <= ours["suite_attrs"]
+    assert ours["case_attrs"] == theirs["case_attrs"] == {"classname", "name", "time"}
+    assert ours["failure_attrs"] <= theirs["failure_attrs"] | {"type"}
+    assert ours["skipped_attrs"] == theirs["skipped_attrs"] == {"type", "message"}
+    assert ours["children"] == theirs["children"] == {"testcase"}
+    names = [c.get("name") for c in ET.fromstring(to_junit([("b", failing)])).iter("testcase")]
+    assert len(names) == len(set(names))  # unique even when two checks share a name
+
+
+def _long(comparison, copies: int):
+    """A comparison with `copies` times its updates (report size and capping)."""
+    results = [
+        dataclasses.replace(r, update=k * len(comparison.results) + r.update)
+        for k in range(copies)
+        for r in comparison.results
+    ]
+    return dataclasses.replace(comparison, results=results)
+
+
+def test_markdown_is_capped_far_under_githubs_limit(small_runs):
+    big = _long(api.compare(small_runs["baseline"], small_runs["merged"]), 1000)
+    text = to_markdown(big)
+    assert len(text.encode()) < 300 * 1024
+    visible = text.split("<details>")[0]
+    assert visible.count("\n| ") < 40 and "…" in visible
+    assert text.rstrip().endswith("</details>")
+
+
+def test_every_report_is_the_same_bytes_twice(small_runs):
+    comparison = api.compare(small_runs["baseline"], small_runs["merged"])
+    again = api.compare(small_runs["baseline"], small_runs["merged"])
+    assert to_junit([("s", comparison)]) == to_junit([("s", again)])
+    assert to_markdown(comparison) == to_markdown(again)
+    images = render_pngs(comparison)
+    assert images == render_pngs(again)
+    assert all(data.startswith(b"\x89PNG") for data in images.values())
+    assert to_html(comparison, images, {}) == to_html(again, images, {})
+    assert annotations(comparison) == []
+
+
+NO_MATPLOTLIB = """
+import importlib.abc, sys
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("matplotlib is not installed here")
+sys.meta_path.insert(0, Blocked())
+from gradalign.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_plots_need_the_extra_and_html_says_so(tmp_path, small_runs):
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-c", NO_MATPLOTLIB, *map(str, args)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    done = run("compare", base, merged, "--plot", tmp_path / "p", "--junit", tmp_path / "j.xml")
+    assert done.returncode == 2 and "gradalign[plot]" in done.stderr
+    assert not (tmp_path / "j.xml").exists()  # refused before any work
+    done = run("compare", base, merged, "--html", tmp_path / "r.html")
+    assert done.returncode == 0, done.stderr
+    assert "gradalign[plot]" in (tmp_path / "r.html").read_text()
+
+
+def test_report_paths_are_checked_before_any_work(cli, tmp_path, small_runs):
+    inside = tmp_path / "v" / "merged" / "j.xml"
+    result = cli("verify", "--updates", "2", "--out", tmp_path / "v", "--junit", inside)
+    assert result.code == 2 and "inside" in result.err
+    assert not (tmp_path / "v").exists()
+    result = cli("merged", "--out", tmp_path / "m", "--markdown", tmp_path / "m.md")
+    assert result.code == 2 and "--against" in result.err
+
+
+def test_the_html_report_is_self_contained(tmp_path, small_runs):
+    comparison = api.compare(small_runs["baseline"], small_runs["merged"])
+    html = to_html(comparison, render_pngs(comparison), {})
+    for remote in ("http://", "https://", "<script", "<link", "@import", "url("):
+        assert remote not in html
+    assert "Content-Security-Policy" in html and html.count("<img") == 3
+
+
+@pytest.mark.parametrize("name", PLOTS)
+def test_each_plot_is_a_real_image(small_runs, name):
+    import io
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(render_pngs(api.compare(*small_runs.values()))[name]))
+    assert image.size[0] >= 600 and len(image.convert("RGB").getcolors(1 << 24)) > 20
+
+
+def test_plot_directory_lands_outside_runs(cli, small_runs):
+    inside = Path(small_runs["merged"]) / "p"
+    result = cli("compare", small_runs["baseline"], small_runs["merged"], "--plot", inside)
+    assert result.code == 2 and "inside" in result.err

@@ -1,0 +1,60 @@
+"""`gradalign.testing.assert_aligned`: a pass returns the comparison; a failure raises an
+AssertionError that reads like pytest-regressions' (counts, first failure, cause and fix, a
+capped table)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gradalign.config import TrainConfig
+from gradalign.errors import BadInput
+from gradalign.record.faults import get_fault
+from gradalign.record.loop import train
+from gradalign.testing import assert_aligned
+
+from .conftest import SMALL
+
+
+@pytest.fixture(scope="module")
+def buggy(tmp_path_factory, small_runs):
+    fault = get_fault("no-loss-scale", TrainConfig())
+    return train(SMALL, tmp_path_factory.mktemp("bug") / "merged", fault=fault)
+
+
+def test_an_aligned_pair_passes(small_runs):
+    comparison = assert_aligned(small_runs["baseline"], small_runs["merged"])
+    assert comparison.verdict == "pass"
+
+
+def test_a_failing_call_names_the_cause(small_runs, buggy):
+    with pytest.raises(AssertionError) as info:
+        assert_aligned(small_runs["baseline"], buggy)
+    message = str(info.value)
+    first, *rest = message.splitlines()
+    assert re.search(r"is not the same training as .*: 3 of \d+ checks failed", first), first
+    assert "failing quantities in 4 of 4 updates" in first
+    assert rest[0].startswith("first failure: update 0, gradient of 0.weight: error ")
+    assert "> allowed" in rest[0]
+    assert any(
+        line.startswith("cause loss-scale: the micro-batch losses were not divided by K=4")
+        for line in rest
+    )
+    assert "  fix: divide each micro-batch's loss by K before backward()" in rest
+    table = rest[rest.index("") + 1 :]
+    assert table[0].split() == ["update", "quantity", "tensor", "error", "allowed", "err/allowed"]
+    assert len(table) == 1 + 10 + 1 and table[-1].startswith("(showing 10 of ")
+
+
+def test_tolerances_are_passed_by_name(small_runs, buggy):
+    assert_aligned(
+        small_runs["baseline"],
+        buggy,
+        reference="none",
+        grad_rtol=10.0,
+        weight_rtol=10.0,
+        loss_atol=10.0,
+    )
+    with pytest.raises(BadInput, match="unknown tolerance"):
+        assert_aligned(small_runs["baseline"], small_runs["merged"], weight_rtoll=1.0)
