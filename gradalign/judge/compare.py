@@ -24,6 +24,7 @@ from .compatible import (
 )
 from .diagnose import diagnose
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
+from .noise import Drift, excuse_isolated_jumps, pool_noise, widened
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .tolerances import Tolerances, eps, for_dtype, least_precise
@@ -71,6 +72,10 @@ def compare(
         results.append(result)
         if on_update is not None:
             on_update(i)
+    jumps = []
+    if reference is not None:
+        pool_noise(results, tol.noise_factor)
+        jumps = excuse_isolated_jumps(results, merged, reference)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
     comparison = Comparison(
         base,
@@ -79,7 +84,7 @@ def compare(
         dtype,
         results,
         checks,
-        [*base.notes, *merged.notes, *_notes(base, merged, judge.merged_loss)],
+        [*base.notes, *merged.notes, *_notes(base, merged, judge.merged_loss), *jumps],
         _first_divergence(results),
         reference,
     )
@@ -104,6 +109,7 @@ class _Judge:
         self.bound = bound
         self.floor = tol.noise_floor * epsilon
         self.starts = starts
+        self.drift = Drift(starts) if ref is not None and starts is not None else None
         self.base_loss, self.merged_loss = base.window_losses(), merged.window_losses()
         self.resolution = base.window_loss_quantum() + merged.window_loss_quantum()
         self.loss_noise: np.ndarray | None = None
@@ -130,43 +136,54 @@ class _Judge:
         return UpdateResult(i, float(b), float(m), gap, error, float(allowed), noise)
 
     def tensors(self, result: UpdateResult) -> None:
-        i, tol = result.update, self.tol
-        wb, wm = self.base.weights(i), self.merged.weights(i)
-        wr = self.ref.weights(i) if self.ref is not None else None
-        if wb is not None and wr is not None and self.bound is not None:
-            check_reference_weights(i, wb, wr, self.starts, self.bound)
-        if wb is not None and wm is not None:
-            qm = self.merged.weight_quantum(i)
-            qr = self.ref.weight_quantum(i) if self.ref is not None else None
-            slack = _print_slack(self.base.weight_quantum(i), qm)
-            rounding = _print_slack(qm, qr)
-            for info in self.base.tensors:
-                start = self.starts.get(info.name) if self.starts is not None else None
-                d = diff(
-                    info.name,
-                    wb[info.name],
-                    wm[info.name],
-                    rtol=tol.weight_rtol,
-                    atol=tol.weight_atol,
-                    start=start,
-                    elementwise=not self.base.full_weights,
-                    slack=slack.get(info.name),
-                )
-                d = self._calibrated(d, wb, wm, wr)
-                if d.noise is not None and info.name in rounding:  # printed: rounding allowed
-                    extra = float(np.linalg.norm(rounding[info.name]))
-                    d = dataclasses.replace(d, allowed=d.allowed + extra)
-                result.weights.append(d)
+        i = result.update
         gb, gm = self.base.grads(i), self.merged.grads(i)
         gr = self.ref.grads(i) if self.ref is not None else None
+        wb, wm = self.base.weights(i), self.merged.weights(i)
+        wr = self.ref.weights(i) if self.ref is not None else None
+        if self.drift is not None and wb is not None and wr is not None:
+            self.drift.advance(gb, gr, wb, wr)
+        walked = self.drift.allowance if self.drift is not None else None
+        if wb is not None and wr is not None and self.bound is not None:
+            check_reference_weights(i, wb, wr, self.starts, self.bound, walked)
+        if wb is not None and wm is not None:
+            self._weights(result, wb, wm, wr)
         if gb is not None and gm is not None:
             names = [t.name for t in self.base.tensors if t.name in gb and t.name in gm]
             for name in names:
-                d = diff(name, gb[name], gm[name], rtol=tol.grad_rtol, atol=tol.weight_atol)
+                d = diff(
+                    name, gb[name], gm[name], rtol=self.tol.grad_rtol, atol=self.tol.weight_atol
+                )
                 result.grads.append(self._calibrated(d, gb, gm, gr))
             result.grad_ratio, result.grad_cosine = fit_ratio(
                 [gb[n] for n in names], [gm[n] for n in names]
             )
+
+    def _weights(self, result: UpdateResult, wb: Tensors, wm: Tensors, wr: Tensors | None):
+        i, tol = result.update, self.tol
+        qm = self.merged.weight_quantum(i)
+        qr = self.ref.weight_quantum(i) if self.ref is not None else None
+        slack = _print_slack(self.base.weight_quantum(i), qm)
+        rounding = _print_slack(qm, qr)
+        for info in self.base.tensors:
+            start = self.starts.get(info.name) if self.starts is not None else None
+            d = diff(
+                info.name,
+                wb[info.name],
+                wm[info.name],
+                rtol=tol.weight_rtol,
+                atol=tol.weight_atol,
+                start=start,
+                elementwise=not self.base.full_weights,
+                slack=slack.get(info.name),
+            )
+            d = self._calibrated(d, wb, wm, wr)
+            if d.noise is not None and info.name in rounding:  # printed: rounding allowed
+                extra = float(np.linalg.norm(rounding[info.name]))
+                d = dataclasses.replace(d, allowed=d.allowed + extra)
+            if self.drift is not None:
+                d = widened(d, self.drift.allowance(info.name), tol.noise_factor)
+            result.weights.append(d)
 
     def _calibrated(self, d, base: Tensors, merged: Tensors, ref: Tensors | None):
         if ref is None or d.name not in ref:

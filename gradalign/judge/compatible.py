@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,16 +121,24 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
 
 
 def check_reference_weights(
-    update: int, base: Tensors, ref: Tensors, starts: Tensors | None, bound: ReferenceBound
+    update: int,
+    base: Tensors,
+    ref: Tensors,
+    starts: Tensors | None,
+    bound: ReferenceBound,
+    drift: Callable[[str], float] | None = None,
 ) -> None:
-    """Refuse the reference if the baseline's weights after `update` stray beyond `bound`."""
+    """Refuse the reference if the baseline's weights after `update` stray beyond `bound`, plus
+    what noise-dominated elements may have drifted (`drift`, judge/noise.py): a tensor the
+    reference leaves still while Adam walks the baseline's noise is no sign of another run."""
     for name, value in base.items():
         if name not in ref or not np.isfinite(value).all():
             continue  # a diverged baseline fails on its own; it says nothing of the reference
         start = starts.get(name) if starts is not None else None
         d = diff(name, ref[name], value, rtol=bound.rtol, atol=bound.atol, start=start)
         rounding = bound.epsilon * float(np.linalg.norm(ref[name].astype(np.float64)))
-        if not d.error <= d.allowed + rounding:
+        walked = drift(name) if drift is not None else 0.0
+        if not d.error <= d.allowed + rounding + walked:
             raise BadInput(
                 f"{bound.where} is not a rerun of the baseline's training: at update {update} "
                 f"the baseline's {name} is {d.error:.3g} away from it, more than "

@@ -95,9 +95,11 @@ class Recorder:
         self._closed = False
         # Whatever can fail comes before the run's directory is staged; after it, a failure
         # removes the staging directory again: an error never leaves a partial run behind.
+        self._device_type = first.device.type
         self._hooks = [
             self._optimizer.register_step_pre_hook(self._before_step),
             self._optimizer.register_step_post_hook(self._after_step),
+            model.register_forward_pre_hook(self._on_forward),
         ]
         self._stop_clip = clipping.listen(self._on_clip)
         try:
@@ -227,6 +229,18 @@ class Recorder:
         window = self._windows.open
         window.steps += 1
         window.lr = group_lrs(optimizer)
+
+    def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
+        """The forward under autocast: the run computes in that dtype (the noise it may show)."""
+        if "compute_dtype" in self._env:
+            return
+        try:
+            on = torch.is_autocast_enabled(self._device_type)
+            dtype = torch.get_autocast_dtype(self._device_type) if on else None
+        except (TypeError, AttributeError):  # torch before 2.4: no per-device query
+            on, dtype = False, None
+        if on and dtype is not None:
+            self._env["compute_dtype"] = str(dtype).removeprefix("torch.")
 
     def _on_clip(self, params: list[torch.Tensor], total: torch.Tensor) -> None:
         window = self._windows.open
