@@ -59,6 +59,10 @@ class TrainConfig:
     beta2: float = _opt("Adam/AdamW beta2", default=0.999)
     eps: float = _opt("Adam/AdamW epsilon", default=1e-8)
     weight_decay: float = _opt("weight decay", default=0.0)
+    l2_penalty: float = _opt(
+        "an L2 penalty l2·||w||² added to the loss (its share 1/K in each micro-batch)",
+        default=0.0,
+    )
     scheduler: str = _opt("lr schedule, stepped once per update", SCHEDULERS, default="constant")
     warmup_updates: int = _opt("linear warmup updates before the schedule", default=0)
     clip_norm: float | None = _opt("clip the merged gradient to this total norm", default=None)
@@ -212,7 +216,7 @@ def _check_ranges(c: TrainConfig, where: str) -> None:
             raise BadInput(f"{where}: {name} must be in [0, 1), got {getattr(c, name)}")
     if c.eps <= 0:
         raise BadInput(f"{where}: eps must be positive, got {c.eps}")
-    for name in ("momentum", "weight_decay", "warmup_updates"):
+    for name in ("momentum", "weight_decay", "warmup_updates", "l2_penalty"):
         if getattr(c, name) < 0:
             raise BadInput(f"{where}: {name} must not be negative, got {getattr(c, name)}")
 

@@ -37,6 +37,10 @@ SETUPS: dict[str, dict[str, Any]] = {
         }.items()
     },
     "bf16": {"precision": "bf16"},
+    "bf16-adamw": {"precision": "bf16", "optimizer": "adamw", "weight_decay": 0.01},
+    "sgd-l2": {"l2_penalty": 1e-3},
+    "tiny-lm-adamw": {"model": "tiny-lm", "optimizer": "adamw", "weight_decay": 0.01},
+    "sgd-diverging": {"lr": 1e30},
     "fp16-adamw": {"precision": "fp16", "optimizer": "adamw", "weight_decay": 0.01},
     "O3-sgd": {"amp_level": "O3"},
     "mlp-dropout": {"model": "mlp-dropout"},
@@ -52,16 +56,38 @@ class Case:
     setup: str
     fault: str | None = None
     expect_code: str | None = None  # the first cause the judge must name; None: must pass
+    also: tuple[str, ...] = ()  # further causes the judge must name too
 
     @property
     def name(self) -> str:
         return f"{self.setup} / {self.fault or 'clean'}"
 
 
-CASES: list[Case] = [
-    *(Case(setup) for setup in SETUPS if setup not in ("cnn-bn", "tiny-lm+mean")),
-    Case("cnn-bn", None, "batchnorm"),
-    Case("tiny-lm+mean", None, "token-normalization"),
+@dataclass(frozen=True)
+class LogCase:
+    """A pair of simulated Paddle logs (runs/logs/simulate.py), judged as `compare` would."""
+
+    setup: str
+    base: str
+    merged: tuple[str, ...]
+    k: int
+    expect_code: str | None = None
+    card_loss: str | None = None
+    fault: None = None
+    also: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.setup} / logs"
+
+
+EXPECTED = {
+    "cnn-bn": "batchnorm",
+    "tiny-lm+mean": "token-normalization",
+    "sgd-diverging": "non-finite",
+}
+CASES: list[Case | LogCase] = [
+    *(Case(setup, None, EXPECTED.get(setup)) for setup in SETUPS),
     Case("sgd", "no-loss-scale"),
     Case("adam", "no-loss-scale"),
     Case("sgd", "double-loss-scale"),
@@ -74,6 +100,31 @@ CASES: list[Case] = [
     Case("sgd", "data-order"),
     Case("adam", "bf16-accum"),
     Case("mlp-dropout", "dropout-reseed"),
+    Case("sgd", "no-zero-grad"),
+    Case("sgd-l2", "penalty-every-micro"),
+    Case("fp16-adamw", "scaler-every-micro"),
+    Case("sgd", "skip-last-backward"),
+    Case("adam", "edit-weights-every-micro"),
+    Case("sgd", "lr-times-k"),
+    Case("sgd", "log-scaled-loss"),
+    Case("sgd", "forget-update"),
+    Case("tiny-lm+mean", "no-loss-scale", also=("token-normalization",)),
+    LogCase("paddle3", "p3_run.log", ("p3_run_grad.log",), 4),
+    LogCase("paddle3-updates", "p3_run.log", ("p3_run_grad_updates.log",), 4),
+    LogCase(
+        "paddle3-step", "p3_run.log", ("p3_run_grad_step_every_micro.log",), 4, "step-in-window"
+    ),
+    LogCase("two-cards", "p3_run.log", ("workerlog.0", "workerlog.1"), 2),
+    LogCase(
+        "two-cards-unsynced",
+        "p3_run.log",
+        ("workerlog_unsynced.0", "workerlog_unsynced.1"),
+        2,
+        "replica-divergence",
+    ),
+    LogCase(
+        "two-cards-share", "p3_run.log", ("workerlog_share.0", "workerlog_share.1"), 2, "card-loss"
+    ),
 ]
 
 
@@ -100,7 +151,8 @@ class Outcome:
     def ok(self) -> bool:
         if self.expected_code is None:
             return self.verdict == PASS and not self.codes
-        return self.verdict == FAIL and self.codes[:1] == [self.expected_code]
+        named = self.codes[:1] == [self.expected_code] and set(self.case.also) <= set(self.codes)
+        return self.verdict == FAIL and named
 
 
 def run_selftest(
@@ -112,17 +164,18 @@ def run_selftest(
 
     api.require_torch()
     check_outputs([out], [], reports or [])
-    outcomes, recorded = [], set()
+    outcomes, recorded, logs = [], set(), None
     for case in cases or CASES:
-        config = TrainConfig().replace(**SETUPS[case.setup])
-        root = out / case.setup.replace("+", "_")
-        base = root / "baseline"
-        if case.setup not in recorded:
-            recorded.add(case.setup)
-            api.record_baseline(config, base, checked=True)
-        merged = root / f"merged-{case.fault or 'clean'}"
-        api.record_merged(config, merged, fault=case.fault, checked=True)
-        comparison = api.compare(base, merged)
+        if isinstance(case, LogCase):
+            logs = logs or _write_logs(out / "logs")
+            comparison = api.compare(
+                logs / case.base,
+                [logs / name for name in case.merged],
+                accum_steps=case.k,
+                card_loss=case.card_loss,
+            )
+        else:
+            comparison = _run_case(case, out, recorded)
         codes = [d.code for d in comparison.diagnosis if d.severity == "error"]
         diffs = [d for r in comparison.results for d in (*r.weights, *r.grads)]
         outcome = Outcome(
@@ -136,6 +189,25 @@ def run_selftest(
         log.print(f"selftest: {case.name}: {outcome.verdict} {', '.join(codes)}", markup=False)
         outcomes.append(outcome)
     return outcomes
+
+
+def _run_case(case: Case, out: Path, recorded: set[str]):
+    config = TrainConfig().replace(**SETUPS[case.setup])
+    root = out / case.setup.replace("+", "_")
+    base = root / "baseline"
+    if case.setup not in recorded:
+        recorded.add(case.setup)
+        api.record_baseline(config, base, checked=True)
+    merged = root / f"merged-{case.fault or 'clean'}"
+    api.record_merged(config, merged, fault=case.fault, checked=True)
+    return api.compare(base, merged)
+
+
+def _write_logs(folder: Path) -> Path:
+    from .runs.logs.simulate import write_all
+
+    write_all(folder)
+    return folder
 
 
 def render_selftest(outcomes: list[Outcome], console: Console) -> None:

@@ -79,13 +79,15 @@ def test_a_step_inside_window_0_is_not_also_called_data_order(runs, tmp_path):
 
 
 def test_a_schedule_stepped_per_micro_step_is_found_across_precisions():
-    from gradalign.judge.signatures.decisive import _schedule_advance
+    from gradalign.judge.signatures.learning_rate import schedule_offset
 
-    schedule = [0.1 / (1 + 0.3 * t) for t in range(16)]
+    schedule = [0.1 / (1 + 0.3 * t) for t in range(40)]
     base32 = np.array(schedule[:8], dtype=np.float32)  # a framework keeping its lr in float32
     merged = np.array(schedule[0:32:4][:8])  # a Python-float lr, stepped K=4 times per update
-    assert _schedule_advance(base32, merged) == 4
-    assert _schedule_advance(base32, np.array(schedule[:8])) is None
+    assert schedule_offset(base32, merged) == (4, 0)
+    assert schedule_offset(base32, np.array(schedule[:8])) is None
+    ahead = np.array(schedule[3:35:4][:8])  # K-1 steps inside the window before the first step
+    assert schedule_offset(base32, ahead) == (4, 3)
 
 
 def test_a_forgotten_k_for_a_log_is_named(cli):

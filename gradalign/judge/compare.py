@@ -110,11 +110,12 @@ class _Judge:
         self.floor = tol.noise_floor * epsilon
         self.starts = starts
         self.drift = Drift(starts) if ref is not None and starts is not None else None
-        self.base_loss, self.merged_loss = base.window_losses(), merged.window_losses()
-        self.resolution = base.window_loss_quantum() + merged.window_loss_quantum()
+        n = judged_updates(base, merged)  # runs whose windows stop lining up are cut there
+        self.base_loss, self.merged_loss = base.window_losses()[:n], merged.window_losses()[:n]
+        self.resolution = base.window_loss_quantum()[:n] + merged.window_loss_quantum()[:n]
         self.loss_noise: np.ndarray | None = None
         if ref is not None:
-            self.ref_loss = ref.window_losses()
+            self.ref_loss = ref.window_losses()[:n]
             own = np.abs(self.base_loss - self.ref_loss)
             # One scalar's error is heavy-tailed; pool it over the run (its RMS) as a lower bound.
             pooled = float(np.sqrt(np.mean(own**2))) if np.isfinite(own).all() else math.nan

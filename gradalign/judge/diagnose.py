@@ -19,15 +19,22 @@ from .signatures import failing, finite
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.window_bookkeeping,
     sig.step_in_window,
+    sig.weights_changed_in_window,
+    sig.scaler_per_micro,
+    sig.micro_batch_missing,
+    sig.lr_scaled,
     sig.lr_schedule,
     sig.replica_divergence,
     sig.card_loss,
     sig.data_order,
     sig.batchnorm,
     sig.dropout_rng,
+    sig.loss_averaging,
 ]
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_accum_dtype,
+    sig.grad_not_cleared,
+    sig.penalty_not_scaled,
     sig.loss_scale,
     sig.token_normalization,
     sig.clip_per_micro,
@@ -48,7 +55,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         # a gradient shape is read only from finite numbers: no "inf times" claims
         if r is not None and finite(r.grad_ratio) is not None and finite(r.grad_cosine):
             shapes = (signature(c, r) for signature in GRADIENT_SHAPE)
-            found = [d for d in shapes if d is not None][:1]
+            found = [d for d in shapes if d is not None][:1] or sig.with_loss_scale(c, r)
     if diverged is not None:
         found.append(diverged)
     return found or [_unexplained(c)]

@@ -72,6 +72,12 @@ def data_digest(batch: Any, pad: Any = None, mask: torch.Tensor | None = None) -
     return (total + 2**63) % 2**64 - 2**63  # int64 wrap-around, as the run format sums
 
 
+def sample_count(batch: Any) -> int:
+    """Rows in a micro-batch: the leading size of its first tensor (0 if it has none)."""
+    tensors = _tensors(batch)
+    return int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 0
+
+
 def model_facts(model: torch.nn.Module) -> dict[str, Any]:
     """Layers that make a sample's result depend on its batch or on a random generator."""
     batchnorm, dropout = [], []

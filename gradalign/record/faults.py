@@ -39,6 +39,14 @@ class Fault:
     shuffle_micro_batches: bool = False
     reseed_each_micro: bool = False
     accumulate_in: str | None = None  # dtype of a low-precision gradient accumulation buffer
+    keep_grads: bool = False  # optimizer.zero_grad() never called
+    penalty_each_micro: bool = False  # the L2 penalty added to every micro loss without 1/K
+    unscale_each_micro: bool = False  # GradScaler.unscale_() and update() every micro-step
+    skip_last_backward: bool = False  # the window's last micro-batch forwarded, not backpropagated
+    edit_weights_each_micro: bool = False  # weights changed inside the window (not by a step)
+    lr_times_k: bool = False  # the merged optimizer built with lr·K
+    record_scaled_loss: bool = False  # the recorded micro loss is the one divided by K
+    forget_update: bool = False  # Recorder.update() not called after window 1
     needs: Callable[[TrainConfig], str | None] = lambda config: None  # why it cannot show
 
     def scheduler_steps(self, k: int) -> int:
@@ -61,6 +69,16 @@ def _needs_scheduler(c: TrainConfig) -> str | None:
 
 def _needs_clipping(c: TrainConfig) -> str | None:
     return None if c.clip_norm is not None else "needs clipping (--clip-norm) that engages"
+
+
+def _needs_penalty(c: TrainConfig) -> str | None:
+    if c.l2_penalty <= 0 or c.normalization != "mean":
+        return "needs an L2 penalty (--l2-penalty) and loss_norm mean"
+    return None
+
+
+def _needs_scaler(c: TrainConfig) -> str | None:
+    return None if c.compute == "fp16" else "needs a GradScaler (--precision fp16)"
 
 
 def _needs_dropout(c: TrainConfig) -> str | None:
@@ -128,6 +146,57 @@ FAULTS: dict[str, Fault] = {
             "micro-batch gradients are accumulated in a bfloat16 buffer",
             "grad-accum-dtype",
             accumulate_in="bfloat16",
+        ),
+        Fault(
+            "no-zero-grad",
+            "optimizer.zero_grad() never called: gradients carry over into the next window",
+            "grad-not-cleared",
+            keep_grads=True,
+        ),
+        Fault(
+            "penalty-every-micro",
+            "the L2 penalty added to every micro loss without dividing it by K",
+            "penalty-not-scaled",
+            penalty_each_micro=True,
+            needs=_needs_penalty,
+        ),
+        Fault(
+            "scaler-every-micro",
+            "GradScaler.unscale_() and update() called after every micro-step",
+            "scaler-per-micro",
+            unscale_each_micro=True,
+            needs=_needs_scaler,
+        ),
+        Fault(
+            "skip-last-backward",
+            "the window's last micro-batch is forwarded but not backpropagated",
+            "micro-batch-missing",
+            skip_last_backward=True,
+        ),
+        Fault(
+            "edit-weights-every-micro",
+            "the weights are changed inside the window (a decay applied every micro-step)",
+            "weights-changed-in-window",
+            edit_weights_each_micro=True,
+        ),
+        Fault(
+            "lr-times-k",
+            "the merged optimizer is built with lr·K (a batch-size scaling rule misapplied)",
+            "lr-scaled",
+            lr_times_k=True,
+        ),
+        Fault(
+            "log-scaled-loss",
+            "the loss recorded for each micro-batch is the one already divided by K",
+            "loss-averaging",
+            record_scaled_loss=True,
+        ),
+        Fault(
+            "forget-update",
+            "the loop forgets Recorder.update() after window 1: two windows are recorded as one",
+            "window-bookkeeping",
+            forget_update=True,
+            needs=lambda c: None if c.updates >= 3 else "needs at least 3 updates",
         ),
         Fault(
             "dropout-reseed",

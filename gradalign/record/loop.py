@@ -25,6 +25,10 @@ def run_loop(
     k, micro_size = config.accum_steps, config.micro_batch_size
     order, clip = fault.micro_order(config), config.clip_norm
     by_items = config.normalization == "items"  # else each micro-batch's mean / K
+    if fault.lr_times_k:
+        t.scheduler.base_lrs = [lr * k for lr in t.scheduler.base_lrs]
+        for group, lr in zip(optimizer.param_groups, t.scheduler.base_lrs, strict=True):
+            group["lr"] = lr * t.scheduler.lr_lambdas[0](0)
     for update in range(config.updates):
         window_items = 0
         for micro in range(k):
@@ -44,20 +48,34 @@ def run_loop(
             # items: sum now, divide the window's gradient by its item count below;
             # mean: right only when every micro-batch holds as many items
             scaled = fault.scale(loss_sum if by_items else loss / k, k)
-            (t.scaler.scale(scaled) if t.scaler else scaled).backward()
-            rec.micro(loss, items=items, batch=(inputs, targets))
+            if config.l2_penalty and not by_items:  # the penalty's share of this micro-batch
+                share = 1 if fault.penalty_each_micro else k
+                scaled = scaled + config.l2_penalty * _squared_norm(model) / share
+            if not (fault.skip_last_backward and micro == k - 1):
+                (t.scaler.scale(scaled) if t.scaler else scaled).backward()
+            logged = loss / k if fault.record_scaled_loss else loss
+            rec.micro(logged, items=items, batch=(inputs, targets))
+            if fault.unscale_each_micro and micro < k - 1:
+                t.scaler.unscale_(optimizer)
+                t.scaler.update()
             if fault.accumulate_in is not None:
                 _accumulate_low(model, getattr(torch, fault.accumulate_in), last=micro == k - 1)
             if fault.clip_each_micro:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if fault.step_each_micro and micro < k - 1:
                 optimizer.step()
+            if fault.edit_weights_each_micro and micro < k - 1:
+                with torch.no_grad():
+                    for param in model.parameters():
+                        param.mul_(1 - 1e-3)
         if t.scaler is not None:
             t.scaler.unscale_(optimizer)  # once per window, before the item division and clipping
         if by_items:
             for param in model.parameters():
                 if param.grad is not None:
                     param.grad.div_(window_items)
+            if config.l2_penalty:  # once per window, after the item division
+                (config.l2_penalty * _squared_norm(model)).backward()
         pre_clip = (
             None if clip is None else torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         )
@@ -71,10 +89,17 @@ def run_loop(
             optimizer.step()
         for _ in range(fault.scheduler_steps(k)):  # once
             t.scheduler.step()
-        rec.update(loss_scale=scale)
-        optimizer.zero_grad(set_to_none=True)
+        if not (fault.forget_update and update == 1):
+            rec.update(loss_scale=scale)
+        if not fault.keep_grads:
+            optimizer.zero_grad(set_to_none=True)
         if progress is not None:
             progress(update)
+
+
+def _squared_norm(model: torch.nn.Module) -> torch.Tensor:
+    """Σ ||w||² over the parameters: the L2 penalty's argument."""
+    return sum(param.pow(2).sum() for param in model.parameters())
 
 
 def _accumulate_low(model: torch.nn.Module, dtype: torch.dtype, last: bool) -> None:
@@ -116,6 +141,7 @@ def train(
         fault=fault_name,
         reference=reference,
         compute_dtype=compute_dtype(config),
+        scaler=t.scaler,
     ) as rec:
         run_loop(t, rec, progress, fault)
     return Path(out_dir)

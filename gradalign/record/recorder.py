@@ -38,9 +38,10 @@ from .facts import (
     fingerprint,
     model_facts,
     named_tensors,
+    sample_count,
     to_numpy,
 )
-from .window import Windows, group_lrs, unwrap_optimizer
+from .window import Windows, group_lrs, unwrap_optimizer, watch_scaler
 
 __all__ = ["Recorder", "RecorderError"]
 
@@ -60,10 +61,12 @@ class Recorder:
         reference: str | None = None,
         compute_dtype: str | None = None,
         capture_grads: bool = True,
+        scaler: Any = None,
     ) -> None:
         """`optimizer`: a torch optimizer, or a wrapper holding one as `.optimizer`.
         `capture_grads`: when the loop does not call grads() in a window, record the gradient
-        the optimizer steps with (from a step hook)."""
+        the optimizer steps with (from a step hook). `scaler`: the loop's GradScaler, whose
+        unscale_() and update() calls per window are counted (once each is right)."""
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
             raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
         self.accum_steps = accum_steps
@@ -89,6 +92,9 @@ class Recorder:
         self._data: list[int] = []
         self._micro_state: list[torch.Tensor] = []
         self._micro_grads: list[torch.Tensor] = []
+        self._micro_steps: list[int] = []  # optimizer steps since the previous micro()
+        self._samples: list[int] = []  # rows of each micro-batch (from batch=)
+        self._steps_since_micro = 0
         self._update_state: list[np.ndarray] = []
         self._windows = Windows()
         self._grad_dtypes: set[str] = set()
@@ -102,6 +108,7 @@ class Recorder:
             model.register_forward_pre_hook(self._on_forward),
         ]
         self._stop_clip = clipping.listen(self._on_clip)
+        self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
         try:
             self._writer = RunWriter(out_dir)
         except BaseException:
@@ -154,9 +161,12 @@ class Recorder:
             self._items.append(float(items))
         if batch is not None:
             self._data.append(data_digest(batch, pad=pad, mask=mask))
+            self._samples.append(sample_count(batch))
         self._micro_state.append(self._state_tensor())
         self._micro_grads.append(self._grad_state_tensor())
         self._windows.open.micro_steps += 1
+        self._micro_steps.append(self._steps_since_micro)
+        self._steps_since_micro = 0
 
     def grads(self, pre_clip_norm: torch.Tensor | float | None = None) -> None:
         """Record the accumulated gradient; call just before `optimizer.step()`.
@@ -228,6 +238,7 @@ class Recorder:
         """Each step's learning rates, read after it (a closure may have moved them)."""
         window = self._windows.open
         window.steps += 1
+        self._steps_since_micro += 1
         window.lr = group_lrs(optimizer)
 
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
@@ -252,6 +263,8 @@ class Recorder:
             hook.remove()
         self._hooks = []
         self._stop_clip()
+        if self._stop_scaler is not None:
+            self._stop_scaler()
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -320,6 +333,8 @@ class Recorder:
             series["micro/items"] = np.asarray(self._items, dtype=np.float64)
         if self._data:
             series["micro/data"] = np.asarray(self._data, dtype=np.int64)
+            series["micro/samples"] = np.asarray(self._samples, dtype=np.int64)
+        series["micro/steps"] = np.asarray(self._micro_steps, dtype=np.int64)
         manifest = {
             "accum_steps": self.accum_steps,
             "updates": updates,

@@ -8,7 +8,9 @@ run, not refuse it mid-training: the judge names the bug from these facts.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +36,29 @@ def group_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
     return [float(group["lr"]) for group in optimizer.param_groups]
 
 
+def watch_scaler(scaler: Any, windows: Windows) -> Callable[[], None]:
+    """Count a GradScaler's unscale_() and update() calls into the open window (an unscale or an
+    update per micro-step breaks accumulation); returns the function that stops counting."""
+    windows.watched_scaler = True
+    originals = {name: getattr(scaler, name) for name in ("unscale_", "update")}
+
+    def unscale_(*args: Any, **kwargs: Any) -> Any:
+        windows.open.unscales += 1
+        return originals["unscale_"](*args, **kwargs)
+
+    def update(*args: Any, **kwargs: Any) -> Any:
+        windows.open.scaler_updates += 1
+        return originals["update"](*args, **kwargs)
+
+    scaler.unscale_, scaler.update = unscale_, update
+
+    def stop() -> None:
+        for name in originals:
+            scaler.__dict__.pop(name, None)
+
+    return stop
+
+
 @dataclass
 class Window:
     """What happened in the window being recorded."""
@@ -44,6 +69,8 @@ class Window:
     grads_calls: int = 0
     grads_written: bool = False
     pre_clip_norm: float | None = None  # given to grads(), else the last clip_grad_norm_ total
+    unscales: int = 0  # GradScaler.unscale_() calls (when a scaler is watched)
+    scaler_updates: int = 0  # GradScaler.update() calls
 
 
 @dataclass
@@ -57,6 +84,8 @@ class Windows:
     loss_scales: list[float | None] = field(default_factory=list)
     pre_clip: list[float | None] = field(default_factory=list)
     grads_calls: list[int] = field(default_factory=list)
+    scaler_calls: list[tuple[int, int]] = field(default_factory=list)
+    watched_scaler: bool = False
     open: Window = field(default_factory=Window)
 
     @property
@@ -72,6 +101,7 @@ class Windows:
         self.loss_scales.append(loss_scale)
         self.pre_clip.append(w.pre_clip_norm)
         self.grads_calls.append(w.grads_calls)
+        self.scaler_calls.append((w.unscales, w.scaler_updates))
         self.open = Window()
 
     def series(self, accum_steps: int) -> dict[str, np.ndarray]:
@@ -86,6 +116,10 @@ class Windows:
             out["update/micro_steps"] = np.asarray(self.micro_steps, dtype=np.int64)
         if any(n != 1 for n in self.grads_calls) and any(self.grads_calls):
             out["update/grads_calls"] = np.asarray(self.grads_calls, dtype=np.int64)
+        if self.watched_scaler:
+            out["update/scaler_calls"] = np.asarray(self.scaler_calls, dtype=np.int64).reshape(
+                -1, 2
+            )
         if self.loss_scales and all(s is not None for s in self.loss_scales):
             out["update/loss_scale"] = np.asarray(self.loss_scales, dtype=np.float64)
         if any(step >= 0 for step in self.state_steps):

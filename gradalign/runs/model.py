@@ -50,6 +50,9 @@ class Run:
     micro_state: np.ndarray | None = None  # int64 [M, P]
     micro_state_known: np.ndarray | None = None  # bool [M]
     micro_grad_state: np.ndarray | None = None  # int64 [M, P], the accumulated .grad at micro m
+    micro_samples: np.ndarray | None = None  # int64 [M], rows of each micro-batch
+    micro_step_counts: np.ndarray | None = None  # int64 [M], optimizer steps since micro m-1
+    scaler_calls: np.ndarray | None = None  # int64 [N, 2], GradScaler unscale_/update calls
     window_sizes: np.ndarray | None = None  # int64 [N], micro-steps per window (None: K each)
     unclosed_micro_steps: int = 0  # micro-steps recorded after the last update()
     grads_calls: np.ndarray | None = None  # int64 [N], Recorder.grads() calls in window i
@@ -156,12 +159,15 @@ class Run:
         return self._sum(self.loss_quantum) / np.maximum(self.sizes, 1)
 
     def window_losses(self) -> np.ndarray:
-        """Loss per update: each window's mean micro loss, weighted by items if recorded."""
+        """Loss per update: each window's mean micro loss, weighted by items if recorded, else
+        by the micro-batches' sample counts if recorded (a mean over unequal micro-batches)."""
         sizes = np.maximum(self.sizes, 1)
         losses = self._sum(self.micro_loss) / sizes
-        if self.micro_items is None:
+        weights = self.micro_items if self.micro_items is not None else self.micro_samples
+        if weights is None:
             return losses
-        totals = self._sum(self.micro_items)
-        weighted = self._sum(self.micro_loss * self.micro_items)
+        weights = np.asarray(weights, dtype=np.float64)
+        totals = self._sum(weights)
+        weighted = self._sum(self.micro_loss * weights)
         safe = np.where(totals > 0, totals, 1.0)
         return np.where(totals > 0, weighted / safe, losses)

@@ -5,13 +5,20 @@ data, model structure) and `gradient` (the shape of the first failing gradient).
 is one function in one of them, listed in `judge.diagnose`.
 """
 
+from .accumulation import (
+    grad_not_cleared,
+    loss_averaging,
+    micro_batch_missing,
+    penalty_not_scaled,
+    scaler_per_micro,
+    weights_changed_in_window,
+)
 from .common import failing, finite, first_gradient_failure
 from .decisive import (
     batchnorm,
     card_loss,
     data_order,
     dropout_rng,
-    lr_schedule,
     non_finite,
     replica_divergence,
     step_in_window,
@@ -22,8 +29,10 @@ from .gradient import (
     grad_accum_dtype,
     loss_scale,
     token_normalization,
+    with_loss_scale,
     zero_grad_in_window,
 )
+from .learning_rate import lr_scaled, lr_schedule
 
 __all__ = [
     "batchnorm",
@@ -35,12 +44,20 @@ __all__ = [
     "finite",
     "first_gradient_failure",
     "grad_accum_dtype",
+    "grad_not_cleared",
+    "loss_averaging",
     "loss_scale",
+    "lr_scaled",
     "lr_schedule",
+    "micro_batch_missing",
     "non_finite",
+    "penalty_not_scaled",
     "replica_divergence",
+    "scaler_per_micro",
     "step_in_window",
     "token_normalization",
+    "weights_changed_in_window",
     "window_bookkeeping",
+    "with_loss_scale",
     "zero_grad_in_window",
 ]

@@ -3,18 +3,15 @@ facts that name a cause by themselves, so several may fire together."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ...runs.model import Run
-from ..bookkeeping import distinct, recorded_dtype, same_scalar
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
 from ..window_sizes import problems
+from .accumulation import inner_steps
 from .common import (
     finite,
-    window,
 )
 
 CARD_RATIO_MATCH = 1e-4  # relative: a float32 mean of cards' means against the baseline's mean
@@ -27,6 +24,8 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
     ]
     if not windows and not steps:
         return None
+    if not steps and inner_steps(c.merged) == 0:
+        return None  # no step inside any window: weights-changed-in-window says what it was
     evidence: dict = {"windows_with_weight_changes": len(windows)}
     parts = []
     if windows:
@@ -48,59 +47,6 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
         evidence,
         "call optimizer.step() and optimizer.zero_grad() only after the K-th micro-batch of "
         "each window, e.g. `if (micro + 1) % K == 0:`",
-    )
-
-
-def _schedule_advance(base_lr: np.ndarray, merged_lr: np.ndarray) -> int | None:
-    """The m with merged lr[t] == baseline lr[m*t] wherever the baseline reaches m*t (equal at
-    the precision the two runs recorded their lr in)."""
-    n = len(base_lr)
-    dtypes = recorded_dtype(merged_lr), recorded_dtype(base_lr)
-
-    def same(a: float, b: float) -> bool:
-        return same_scalar(a, b, *dtypes) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
-
-    for m in range(2, n):
-        ts = [t for t in range(n) if m * t < n]
-        if len(ts) >= 2 and all(same(float(merged_lr[t]), float(base_lr[m * t])) for t in ts):
-            return m
-    return None
-
-
-def lr_schedule(c: Comparison) -> Diagnosis | None:
-    bad = [r for r in c.results if any(k == "lr" for k, _ in r.problems)]
-    if not bad:
-        return None
-    i = bad[0].update
-    base_lr, merged_lr = c.baseline.lr, c.merged.lr
-    evidence = {
-        "first_update": i,
-        "merged_lr": finite(merged_lr[i]),
-        "baseline_lr": finite(base_lr[i]),
-        "updates_differing": len(bad),
-    }
-    advance = _schedule_advance(base_lr, merged_lr)
-    shown_m, shown_b = distinct(float(merged_lr[i]), float(base_lr[i]))
-    if advance is not None:
-        evidence["schedule_steps_per_update"] = advance
-        message = (
-            f"the learning-rate schedule advanced {advance} steps per update: merged lr at "
-            f"update t equals the baseline's at update {advance}·t (update {i}: "
-            f"{shown_m} vs {shown_b})"
-        )
-        if advance == window(c):
-            message += ", i.e. once per micro-step"
-    else:
-        message = (
-            f"the learning rates differ from update {i} on ({shown_m} in merged, "
-            f"{shown_b} in baseline)"
-        )
-    return Diagnosis(
-        "lr-schedule",
-        message,
-        evidence,
-        "step the scheduler once per optimizer step (once per window of K micro-batches), "
-        "and give both runs the same schedule in updates, not in micro-steps",
     )
 
 

@@ -103,9 +103,10 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     return None
 
 
-def token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> Diagnosis | None:
     """Each micro-batch's mean divided by K, with unequal item counts: a reweighting of the
-    micro-batches by N / (K n_j), so the gradient error is bounded by the imbalance."""
+    micro-batches by N / (K n_j), so the gradient error is bounded by the imbalance. `scale`
+    divides the merged gradient first (another cause scaled it: see `with_loss_scale`)."""
     items, k = c.merged.micro_items, c.merged.accum_steps
     if items is None or k < 2:
         return None
@@ -116,6 +117,8 @@ def token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     weights = counts.sum() / (k * counts)  # what mean-per-micro-batch / K gives each micro-batch
     imbalance = float(np.abs(weights - 1).max())
     gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
+    if gm is not None and scale != 1.0:
+        gm = {n: np.asarray(v, dtype=np.float64) / scale for n, v in gm.items()}
     error = None if gb is None or gm is None else relative_error(gb, gm)
     if error is None or not 0 < error <= 2 * imbalance:
         return None
@@ -200,3 +203,26 @@ def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         "call optimizer.zero_grad() once per update, after optimizer.step(), never inside the "
         "micro-batch loop",
     )
+
+
+def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
+    """Two causes at once: a gradient K, 1/K or K+1 times too large (within 5%) whose direction
+    is off too. Divide the fitted ratio out and read the rest again: `loss-scale` and the
+    signature that explains the remainder (e.g. token normalization), or nothing."""
+    ratio, k = r.grad_ratio, window(c)
+    if ratio is None or not math.isfinite(ratio) or abs(ratio - 1) <= 0.05:
+        return []
+    near = [v for v in (k, 1 / k, k + 1) if abs(ratio / v - 1) <= 0.05]
+    rest = token_normalization(c, r, scale=ratio) if near else None
+    if rest is None:
+        return []
+    scaled = Diagnosis(
+        "loss-scale",
+        f"the accumulated gradient is {ratio:.4g} times the baseline's at update {r.update} "
+        f"(about {near[0]:.4g}), beside a second cause that turns its direction: the loss is "
+        "scaled by the wrong factor",
+        {"update": r.update, "grad_ratio": finite(ratio), "expected_ratio": near[0]},
+        "scale each micro-batch's loss by its share of the window (1/K, or its items over the "
+        "window's items), once",
+    )
+    return [scaled, rest]

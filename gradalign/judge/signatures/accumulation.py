@@ -1,0 +1,227 @@
+"""Signatures of bugs in how a loop accumulates: gradients carried over from the previous window,
+a penalty counted K times, a loss scaler driven per micro-step, a micro-batch never
+backpropagated, weights edited inside the window, losses averaged or logged differently.
+
+Each reads a recorded fact or an exact algebraic relation between the recorded gradients, so a
+match is evidence, not a guess; each returns None when its fact is absent.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...runs.model import Run, Tensors
+from ..results import FAIL, Comparison, Diagnosis, UpdateResult
+from .common import finite, window
+
+EXPLAINED = 0.95  # a relation must explain this share of the gradient error (1 - residual share)
+
+
+def _vector(tensors: Tensors, names: list[str]) -> np.ndarray:
+    return np.concatenate([np.asarray(tensors[n], dtype=np.float64).ravel() for n in names])
+
+
+def _explained(delta: np.ndarray, basis: np.ndarray) -> tuple[float, float]:
+    """The least-squares coefficient a with delta ≈ a·basis, and the share it explains."""
+    bb = float(basis @ basis)
+    dd = float(delta @ delta)
+    if bb <= 0 or dd <= 0:
+        return 0.0, 0.0
+    a = float(delta @ basis) / bb
+    residual = float(np.linalg.norm(delta - a * basis)) / math.sqrt(dd)
+    return a, 1.0 - residual
+
+
+def _params(c: Comparison, grads: Tensors) -> list[str]:
+    return [t.name for t in c.baseline.tensors if t.kind == "param" and t.name in grads]
+
+
+def grad_not_cleared(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """zero_grad() never called: the merged gradient is the baseline's plus the previous window's
+    merged gradient (times a constant, when the loop divides .grad every window)."""
+    if r.update == 0:
+        return None
+    gb, gm, prev = (
+        c.baseline.grads(r.update),
+        c.merged.grads(r.update),
+        c.merged.grads(r.update - 1),
+    )
+    if gb is None or gm is None or prev is None:
+        return None
+    names = _params(c, gb)
+    delta = _vector(gm, names) - _vector(gb, names)
+    a, share = _explained(delta, _vector(prev, names))
+    if a <= 0 or share < EXPLAINED:
+        return None
+    return Diagnosis(
+        "grad-not-cleared",
+        f"at update {r.update} the merged gradient is the baseline's plus {a:.4g} times the "
+        f"previous window's merged gradient ({share:.1%} of the difference explained): "
+        "gradients were carried over from one window into the next",
+        {"update": r.update, "carried_fraction": a, "explained_share": share},
+        "call optimizer.zero_grad() once per update, right after optimizer.step()",
+    )
+
+
+def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """A weight penalty l2·||w||² added to every micro loss without 1/K: the gradient error is
+    exactly proportional to the weights the window started from (per tensor, or zero)."""
+    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
+    start = c.baseline.init_weights() if r.update == 0 else c.baseline.weights(r.update - 1)
+    if gb is None or gm is None or start is None:
+        return None
+    fitted, residual, total = {}, 0.0, 0.0
+    for name in _params(c, gb):
+        delta = np.asarray(gm[name], np.float64).ravel() - np.asarray(gb[name], np.float64).ravel()
+        w = np.asarray(start[name], np.float64).ravel()
+        a, _ = _explained(delta, w)
+        fitted[name] = a
+        residual += float(np.sum((delta - a * w) ** 2))
+        total += float(delta @ delta)
+    share = 1 - math.sqrt(residual / total) if total > 0 else 0.0
+    coefficients = [a for a in fitted.values() if abs(a) > 0]
+    if share < EXPLAINED or not coefficients or max(coefficients) <= 0:
+        return None
+    k = window(c)
+    a = max(coefficients)
+    return Diagnosis(
+        "penalty-not-scaled",
+        f"at update {r.update} the merged gradient exceeds the baseline's by {a:.4g} times the "
+        f"weights ({share:.1%} of the difference explained): a weight penalty was added to "
+        f"each of the K={k} micro losses in full, i.e. counted K times; its coefficient is "
+        f"about {a / (2 * (k - 1)) if k > 1 else a:.4g}",
+        {
+            "update": r.update,
+            "gradient_minus_baseline_over_weights": {n: finite(v) for n, v in fitted.items()},
+            "explained_share": share,
+            "implied_l2": finite(a / (2 * (k - 1))) if k > 1 else None,
+        },
+        "add the penalty once per window: divide it by K in each micro loss (or add it to the "
+        "accumulated gradient once, or use the optimizer's weight_decay)",
+    )
+
+
+def scaler_per_micro(c: Comparison) -> Diagnosis | None:
+    """A GradScaler unscaled or updated inside the window (counted by the Recorder)."""
+    calls = c.merged.scaler_calls
+    if calls is None or calls.size == 0 or int(calls.max()) <= 1:
+        return None
+    first = int(np.flatnonzero(calls.max(axis=1) > 1)[0])
+    unscales, updates = (int(v) for v in calls[first])
+    return Diagnosis(
+        "scaler-per-micro",
+        f"the loss scaler was driven inside the window: in window {first} GradScaler.unscale_() "
+        f"ran {unscales} times and update() {updates} times (once each is right); every unscale "
+        "divides the gradients accumulated so far by the scale again",
+        {"first_window": first, "unscale_calls": unscales, "update_calls": updates},
+        "call scaler.unscale_() (before clipping), scaler.step() and scaler.update() once per "
+        "window, after the K-th backward; keep one scale for all K micro-steps",
+    )
+
+
+def micro_batch_missing(c: Comparison) -> Diagnosis | None:
+    """A micro-step after which the accumulated .grad was bit for bit what it was after the one
+    before: that micro-batch was never backpropagated."""
+    run = c.merged
+    if run.micro_grad_state is None or all(r.ok for r in c.results):
+        return None
+    params = np.array([t.kind == "param" for t in run.tensors])
+    missing = []
+    for i in range(len(c.results)):
+        w = run.window(i)
+        for m in range(w.start + 1, w.stop):
+            now, before = run.micro_grad_state[m][params], run.micro_grad_state[m - 1][params]
+            if before.any() and np.array_equal(now, before):
+                missing.append((i, m - w.start))
+    if not missing:
+        return None
+    update, position = missing[0]
+    k = window(c)
+    return Diagnosis(
+        "micro-batch-missing",
+        f"the accumulated gradient did not change at micro-step {position} (of {k}) of window "
+        f"{update}: that micro-batch was forwarded but never backpropagated "
+        f"({len(missing)} micro-step(s) in all), so the window holds {k - 1} of its {k} "
+        "micro-batches",
+        {
+            "first_update": update,
+            "position_in_window": position,
+            "micro_steps_missing": len(missing),
+        },
+        "call backward() for every micro-batch of the window, the last one included, before "
+        "optimizer.step()",
+    )
+
+
+def inner_steps(run: Run) -> int | None:
+    """Optimizer steps taken between two micro-steps of one window (None: not recorded)."""
+    if run.micro_step_counts is None:
+        return None
+    total = 0
+    for i in range(run.updates):
+        w = run.window(i)
+        total += int(run.micro_step_counts[w.start + 1 : w.stop].sum())
+    return total
+
+
+def loss_averaging(c: Comparison) -> Diagnosis | None:
+    """Only the losses disagree: the training is the same, the recorded losses are averaged
+    (or logged) differently."""
+    status = {check.name: check.status for check in c.checks}
+    tensors_fine = all(status.get(n) != FAIL for n in ("weights", "gradients"))
+    if status.get("losses") != FAIL or not tensors_fine or status.get("weights") is None:
+        return None
+    ratios = [r.merged_loss / r.base_loss for r in c.results if r.base_loss and not r.loss_ok]
+    q = float(np.median(ratios)) if ratios else math.nan
+    k = window(c)
+    evidence = {"window_loss_ratio": finite(q), "K": k}
+    if math.isfinite(q) and abs(q * k - 1) <= 0.05:
+        how = (
+            f"the merged window losses are {q:.4g} times the baseline's, about 1/K: the loss "
+            "recorded for each micro-batch is the one already divided by K"
+        )
+        fix = "record each micro-batch's own unscaled loss (before dividing it by K)"
+    else:
+        sizes = c.merged.micro_samples
+        uneven = sizes is not None and len(set(sizes.tolist())) > 1
+        evidence["micro_batch_sizes_vary"] = uneven
+        how = (
+            "the window mean of the micro losses is not the batch's mean loss: the micro-"
+            "batches hold different numbers of items and were averaged equally"
+        )
+        fix = (
+            "pass each micro-batch's item count (`micro(loss, items=n)`, or "
+            "`micro(loss_sum=..., items=n)`) or its samples (`batch=`), so the window mean is "
+            "item-weighted"
+        )
+    return Diagnosis(
+        "loss-averaging",
+        "only the losses disagree while the weights and gradients agree within noise: " + how,
+        evidence,
+        fix,
+    )
+
+
+def weights_changed_in_window(c: Comparison) -> Diagnosis | None:
+    """The weights changed inside a window, yet the optimizer stepped only between windows: an
+    EMA or weight average copied in, a manual edit, a decay applied per micro-step."""
+    windows = [r for r in c.results if any(k == "window" for k, _ in r.problems)]
+    if not windows or inner_steps(c.merged) != 0 or _steps_differ(c):
+        return None
+    first = windows[0]
+    text = next(t for k, t in first.problems if k == "window").rsplit(": ", 1)[0]
+    return Diagnosis(
+        "weights-changed-in-window",
+        f"at update {first.update} {text}, yet no optimizer step happened inside any window "
+        f"({len(windows)} window(s) changed): something other than the optimizer wrote to the "
+        "weights between micro-steps",
+        {"first_window": first.update, "windows_with_weight_changes": len(windows)},
+        "change the weights only at the end of a window, after optimizer.step(): apply EMA or "
+        "weight averaging (into a copy), decays and manual edits once per update",
+    )
+
+
+def _steps_differ(c: Comparison) -> bool:
+    return any(k in ("optimizer_steps", "state_step") for r in c.results for k, _ in r.problems)

@@ -1,0 +1,135 @@
+"""Learning-rate signatures: a schedule stepped at another pace or offset, an lr scaled by a
+constant. Both compare the lr each optimizer step used (recorded by a step hook), at the
+precision each run recorded it in."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..bookkeeping import distinct, recorded_dtype, same_scalar
+from ..results import Comparison, Diagnosis
+from .common import finite, window
+
+SCALE_MATCH = 1e-6  # relative: a constant lr ratio, allowing float32 rounding of each lr
+
+
+def _lr_differs(c: Comparison) -> list[int]:
+    return [r.update for r in c.results if any(k == "lr" for k, _ in r.problems)]
+
+
+def _equal(base_lr: np.ndarray, merged_lr: np.ndarray):
+    dtypes = recorded_dtype(merged_lr), recorded_dtype(base_lr)
+
+    def same(a: float, b: float) -> bool:
+        return same_scalar(a, b, *dtypes) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
+    return same
+
+
+def schedule_offset(base_lr: np.ndarray, merged_lr: np.ndarray) -> tuple[int, int] | None:
+    """The pace m and offset c with merged lr[t] == baseline lr[m·t + c] wherever the baseline
+    reaches m·t + c, at two updates at least (m = 1, c = 0 is the same schedule)."""
+    n = len(base_lr)
+    same = _equal(base_lr, merged_lr)
+    for m in range(1, n):
+        for c in range(0, 2 * m + 1):
+            if (m, c) == (1, 0):
+                continue
+            ts = [t for t in range(n) if m * t + c < n]
+            if len(ts) >= 2 and all(
+                same(float(merged_lr[t]), float(base_lr[m * t + c])) for t in ts
+            ):
+                return m, c
+    return None
+
+
+def lr_ratio(base_lr: np.ndarray, merged_lr: np.ndarray) -> float | None:
+    """The constant q with merged lr = q · baseline lr at every step (None if there is none)."""
+    both = np.isfinite(base_lr) & np.isfinite(merged_lr) & (base_lr != 0)
+    if both.sum() < 1:
+        return None
+    ratios = merged_lr[both] / base_lr[both]
+    q = float(np.median(ratios))
+    if q <= 0 or abs(q - 1) <= SCALE_MATCH:
+        return None
+    return q if bool(np.all(np.abs(ratios / q - 1) <= SCALE_MATCH)) else None
+
+
+def _explained_by_schedule(c: Comparison) -> bool:
+    """A schedule stepped at another pace explains the lrs (a hyperbolic schedule stepped per
+    micro-step is also a constant multiple of the baseline's: the pace is the likelier bug)."""
+    found = schedule_offset(c.baseline.lr, c.merged.lr)
+    return found is not None and found[0] > 1
+
+
+def lr_scaled(c: Comparison) -> Diagnosis | None:
+    if not _lr_differs(c) or _explained_by_schedule(c):
+        return None
+    q = lr_ratio(c.baseline.lr, c.merged.lr)
+    if q is None:
+        return None
+    k = window(c)
+    which = (
+        f" = K={k}"
+        if abs(q / k - 1) <= 1e-6
+        else f" = 1/K (K={k})"
+        if abs(q * k - 1) <= 1e-6
+        else ""
+    )
+    return Diagnosis(
+        "lr-scaled",
+        f"the merged learning rate is {q:.6g} times the baseline's at every update{which}: the "
+        "merged optimizer was given another lr (a batch-size scaling rule applied to "
+        "accumulation, which keeps the effective batch B)",
+        {
+            "lr_ratio": q,
+            "K": k,
+            "merged_lr_0": finite(c.merged.lr[0]),
+            "baseline_lr_0": finite(c.baseline.lr[0]),
+        },
+        "give the merged optimizer the baseline's learning rate: accumulation over K micro-"
+        "batches of B/K is the batch of B, so no lr scaling applies",
+    )
+
+
+def lr_schedule(c: Comparison) -> Diagnosis | None:
+    bad = _lr_differs(c)
+    if not bad or (lr_ratio(c.baseline.lr, c.merged.lr) and not _explained_by_schedule(c)):
+        return None
+    i = bad[0]
+    base_lr, merged_lr = c.baseline.lr, c.merged.lr
+    evidence: dict = {
+        "first_update": i,
+        "merged_lr": finite(merged_lr[i]),
+        "baseline_lr": finite(base_lr[i]),
+        "updates_differing": len(bad),
+    }
+    found = schedule_offset(base_lr, merged_lr)
+    shown_m, shown_b = distinct(float(merged_lr[i]), float(base_lr[i]))
+    if found is not None:
+        m, offset = found
+        evidence["schedule_steps_per_update"], evidence["schedule_offset"] = m, offset
+        where = f"{m}·t + {offset}" if offset else f"{m}·t"
+        pace = f"advanced {m} steps per update" if m > 1 else f"ran {offset} step(s) ahead"
+        message = (
+            f"the learning-rate schedule {pace}: merged lr at update t equals the baseline's at "
+            f"update {where} (update {i}: {shown_m} vs {shown_b})"
+        )
+        if m == window(c):
+            message += ", i.e. the scheduler stepped once per micro-step"
+            if offset:
+                message += f", {offset} of them before the window's optimizer step"
+    else:
+        message = (
+            f"the learning rates differ from update {i} on ({shown_m} in merged, "
+            f"{shown_b} in baseline)"
+        )
+    return Diagnosis(
+        "lr-schedule",
+        message,
+        evidence,
+        "step the scheduler once per optimizer step (once per window of K micro-batches), "
+        "after optimizer.step(), and give both runs the same schedule in updates",
+    )
