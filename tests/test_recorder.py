@@ -31,6 +31,14 @@ BUGS = {  # the bug a user's loop may have -> the diagnosis code the judge must 
     "data-order": "data-order",
     "dropout-reseed": "dropout-rng",
     "bf16-accum": "grad-accum-dtype",
+    "no-zero-grad": "grad-not-cleared",
+    "penalty-every-micro": "penalty-not-scaled",
+    "scaler-every-micro": "scaler-per-micro",
+    "skip-last-backward": "micro-batch-missing",
+    "edit-weights-every-micro": "weights-changed-in-window",
+    "lr-times-k": "lr-scaled",
+    "log-scaled-loss": "loss-averaging",
+    "forget-update": "window-bookkeeping",
 }
 
 
@@ -46,16 +54,20 @@ def user_loop(
     clip: float | None = None,
     dropout: float = 0.0,
     dtype: torch.dtype = torch.float32,
+    penalty: float = 0.0,
+    fp16: bool = False,
 ):
     """A user's own loop: their model, data, loss, optimizer and schedule; gradalign records."""
     torch.manual_seed(3)
     layers = [nn.Linear(12, 20), nn.Tanh()] + ([nn.Dropout(dropout)] if dropout else [])
     model = nn.Sequential(*layers, nn.Linear(20, 2)).to(dtype)
+    lr_scale = k if bug == "lr-times-k" else 1
     opt = (
-        torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        torch.optim.SGD(model.parameters(), lr=0.5 * lr_scale, momentum=0.9)
         if optimizer == "sgd"
-        else torch.optim.AdamW(model.parameters(), lr=1e-2)
+        else torch.optim.AdamW(model.parameters(), lr=1e-2 * lr_scale)
     )
+    scaler = torch.amp.GradScaler("cpu") if fp16 and dtype == torch.float32 else None
     # linear decay: stepped per micro-step, it is no constant multiple of the baseline's (an
     # inverse-time schedule 1/(1+u) would be: then lr-scaled and lr-schedule look alike)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: max(0.05, 1 - u / 40))
@@ -63,7 +75,9 @@ def user_loop(
     x = x.to(dtype)
     micro = batch // k
     order = torch.randperm(updates * k, generator=torch.Generator().manual_seed(1))
-    with gradalign.Recorder(out, model, opt, accum_steps=k, config={"user": True}) as rec:
+    with gradalign.Recorder(
+        out, model, opt, accum_steps=k, config={"user": True}, scaler=scaler
+    ) as rec:
         for update in range(updates):
             for j in range(k):
                 step = update * k + j
@@ -73,33 +87,56 @@ def user_loop(
                     torch.manual_seed(100 + step)
                 index = int(order[step]) if bug == "data-order" else step
                 rows = slice(index * micro, (index + 1) * micro)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                with torch.autocast("cpu", torch.float16, enabled=scaler is not None):
+                    logits = model(x[rows])
+                loss = nn.functional.cross_entropy(logits.float(), y[rows])
                 scaled = {
                     "no-loss-scale": loss,
                     "double-loss-scale": loss / k / k,
                     "loss-plus-scaled": loss + loss / k,
                 }.get(bug or "", loss / k)
-                scaled.backward()
+                if penalty:  # an L2 penalty in the loss: its share 1/K per micro-batch
+                    share = 1 if bug == "penalty-every-micro" else k
+                    scaled = (
+                        scaled + penalty * sum(p.pow(2).sum() for p in model.parameters()) / share
+                    )
+                if not (bug == "skip-last-backward" and j == k - 1):
+                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
                 if bug == "bf16-accum":  # keep the running sum in a bfloat16 buffer
                     for p in model.parameters():
                         low = p.grad.bfloat16()
                         if getattr(p, "low", None) is not None:
                             low = low + p.low
                         p.low, p.grad = (None, low.float()) if j == k - 1 else (low, None)
-                rec.micro(loss, batch=(x[rows], y[rows]))
+                rec.micro(loss / k if bug == "log-scaled-loss" else loss, batch=(x[rows], y[rows]))
+                if bug == "scaler-every-micro" and j < k - 1:
+                    scaler.unscale_(opt)
+                    scaler.update()
+                if bug == "edit-weights-every-micro" and j < k - 1:
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p.mul_(0.999)
                 if bug == "clip-every-micro":
                     nn.utils.clip_grad_norm_(model.parameters(), clip)
                 if bug == "step-every-micro" and j < k - 1:
                     opt.step()
                 if bug == "scheduler-every-micro" and j < k - 1:
                     sched.step()
+            if scaler is not None and bug != "scaler-every-micro":
+                scaler.unscale_(opt)
             norm = nn.utils.clip_grad_norm_(model.parameters(), clip) if clip else None
             rec.grads(pre_clip_norm=norm)
-            opt.step()
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
             if schedule:
                 sched.step()
-            rec.update()
-            opt.zero_grad()
+            if not (bug == "forget-update" and update == 1):
+                rec.update()
+            if bug != "no-zero-grad":
+                opt.zero_grad()
     return read_run_dir(out)
 
 
@@ -109,6 +146,8 @@ def setup_for(bug: str | None) -> dict:
         "scheduler-every-micro": {"schedule": True},
         "clip-every-micro": {"clip": 0.05},
         "dropout-reseed": {"dropout": 0.2},
+        "penalty-every-micro": {"penalty": 1e-3},
+        "scaler-every-micro": {"fp16": True, "optimizer": "adamw"},
     }.get(bug or "", {})
 
 
@@ -120,12 +159,16 @@ def judged(tmp_path, bug: str | None, **setup):
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-@pytest.mark.parametrize("setup", [{}, {"schedule": True, "clip": 0.05}, {"dropout": 0.2}])
+@pytest.mark.parametrize(
+    "setup",
+    [{}, {"schedule": True, "clip": 0.05}, {"dropout": 0.2}, {"penalty": 1e-3}, {"fp16": True}],
+)
 def test_clean_user_loop_passes_within_its_noise(tmp_path, optimizer, setup):
     result = judged(tmp_path, None, optimizer=optimizer, **setup)
     assert result.verdict == "pass", [c for c in result.checks if c.status == "fail"]
     assert {c.name: c.status for c in result.checks}["gradients"] == "pass"
-    assert all(abs(r.grad_ratio - 1) < 1e-5 for r in result.results)
+    close = 1e-2 if setup.get("fp16") else 1e-5  # float16 autocast's own gradient noise
+    assert all(abs(r.grad_ratio - 1) < close for r in result.results)
     assert [d.severity for d in result.diagnosis].count("error") == 0
     assert result.diagnosis[0].code == "within-noise"
 
@@ -133,7 +176,9 @@ def test_clean_user_loop_passes_within_its_noise(tmp_path, optimizer, setup):
 @pytest.mark.filterwarnings("ignore:Detected call of")
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_user_loop_bug_is_named(tmp_path, bug):
-    result = judged(tmp_path, bug, **setup_for(bug))
+    setup = setup_for(bug)
+    optimizer = setup.pop("optimizer", "sgd")
+    result = judged(tmp_path, bug, optimizer=optimizer, **setup)
     assert result.verdict == "fail"
     codes = [d.code for d in result.diagnosis if d.severity == "error"]
     assert codes[:1] == [BUGS[bug]], [(d.code, d.message) for d in result.diagnosis]
