@@ -141,8 +141,15 @@ def main() -> int:
         "bugs_missed_or_misnamed": sum(not r["ok"] for r in bugs),
         "worst_clean_over_allowed": max((r["worst_over_allowed"] for r in clean), default=0.0),
         "worst_clean_loss_over_allowed": max((r["loss_over_allowed"] for r in clean), default=0.0),
+        # a window-bookkeeping bug is named from recorded counts; the updates judged stop
+        # before its windows stop lining up, so its numbers are clean by construction
         "mildest_bug_over_allowed": min(
-            (max(r["worst_over_allowed"], r["loss_over_allowed"]) for r in bugs), default=0.0
+            (
+                max(r["worst_over_allowed"], r["loss_over_allowed"])
+                for r in bugs
+                if r["expected"] != "window-bookkeeping"
+            ),
+            default=0.0,
         ),
         "seconds": round(time.monotonic() - started),
     }

@@ -119,7 +119,10 @@ class _Judge:
             own = np.abs(self.base_loss - self.ref_loss)
             # One scalar's error is heavy-tailed; pool it over the run (its RMS) as a lower bound.
             pooled = float(np.sqrt(np.mean(own**2))) if np.isfinite(own).all() else math.nan
-            self.loss_noise = np.maximum(own, pooled)
+            # and a recorded loss is known to one rounding of its own value at best: a window
+            # mean of K losses, each rounded where it was computed, errs by a few of those
+            quantum = epsilon * np.abs(self.ref_loss)
+            self.loss_noise = np.maximum(np.maximum(own, pooled), quantum)
 
     def loss(self, i: int) -> UpdateResult:
         b, m = self.base_loss[i], self.merged_loss[i]
