@@ -198,6 +198,14 @@ def compare_cmd(
             "baseline's manifest names); none: use the fixed tolerances"
         ),
     ] = None,
+    verify_files: Annotated[
+        bool,
+        typer.Option(
+            "--verify-files",
+            help="first check every file's SHA-256 against its manifest (the judge checks each "
+            "tensor's recorded fingerprint as it reads it either way)",
+        ),
+    ] = False,
     tolerances: dict | None = None,
     reports: dict | None = None,
 ) -> None:
@@ -213,6 +221,7 @@ def compare_cmd(
         card_loss=card_loss,
         reports=files.paths(),
         feedback=_feedback(),
+        verify_files=verify_files,
     )
     raise typer.Exit(_verdict(comparison, files))
 
@@ -313,11 +322,22 @@ def selftest(
         "runs/selftest"
     ),
     json: JsonOpt = None,
+    record: Annotated[
+        str,
+        typer.Option(
+            help="record every run in full or with sketches (the verdicts must not change) "
+            + escape("[full|sketch]")
+        ),
+    ] = "full",
 ) -> None:
     """Prove the gate: clean setups must pass, every known bug must fail with its own code."""
+    from .config import RECORD_MODES
     from .selftest import render_selftest, run_selftest, write_selftest_json
 
-    outcome = run_selftest(out, err_console, reports=[json] if json is not None else [])
+    if record not in RECORD_MODES:
+        raise BadInput(f"--record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
+    reports = [json] if json is not None else []
+    outcome = run_selftest(out, err_console, reports=reports, record=record)
     render_selftest(outcome, out_console)
     if json is not None:
         write_selftest_json(outcome, json)
@@ -330,7 +350,10 @@ def version() -> None:
     out_console.print(__version__)
 
 
-_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR}
+_DISK_ERRORS = {
+    *(errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR),
+    *(errno.EIO, errno.EFBIG),  # a write that failed in the background writer too
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -156,10 +156,15 @@ class Outcome:
 
 
 def run_selftest(
-    out: Path, log: Console, cases: list[Case] | None = None, reports: list[Path] | None = None
+    out: Path,
+    log: Console,
+    cases: list[Case] | None = None,
+    reports: list[Path] | None = None,
+    record: str = "full",
 ) -> list[Outcome]:
     """Train and judge every case; baselines and references are shared between cases.
-    `reports`: files the caller writes afterwards, checked before any training."""
+    `reports`: files the caller writes afterwards, checked before any training. `record`:
+    "sketch" records every run with sketches (the verdicts and codes must not change)."""
     from .runs.outputs import check_outputs
 
     api.require_torch()
@@ -175,7 +180,7 @@ def run_selftest(
                 card_loss=case.card_loss,
             )
         else:
-            comparison = _run_case(case, out, recorded)
+            comparison = _run_case(case, out, recorded, record)
         codes = [d.code for d in comparison.diagnosis if d.severity == "error"]
         diffs = [d for r in comparison.results for d in (*r.weights, *r.grads)]
         outcome = Outcome(
@@ -191,8 +196,8 @@ def run_selftest(
     return outcomes
 
 
-def _run_case(case: Case, out: Path, recorded: set[str]):
-    config = TrainConfig().replace(**SETUPS[case.setup])
+def _run_case(case: Case, out: Path, recorded: set[str], record: str = "full"):
+    config = TrainConfig().replace(**SETUPS[case.setup], record=record)
     root = out / case.setup.replace("+", "_")
     base = root / "baseline"
     if case.setup not in recorded:

@@ -142,6 +142,9 @@ def train(
         reference=reference,
         compute_dtype=compute_dtype(config),
         scaler=t.scaler,
+        record=config.record,
+        snapshot_every=config.snapshot_every,
+        updates=config.updates,
     ) as rec:
         run_loop(t, rec, progress, fault)
     return Path(out_dir)

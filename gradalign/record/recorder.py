@@ -27,19 +27,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..runs.layout import grads_file, weights_file
+from ..runs.background import BackgroundWriter
+from ..runs.digests import wrap
 from ..runs.writer import RunWriter
 from . import clipping
+from .capture import MODES, Capture
 from .device import environment
 from .facts import (
     RecorderError,
-    data_digest,
+    data_digest_parts,
     dtype_name,
-    fingerprint,
     model_facts,
     named_tensors,
     sample_count,
-    to_numpy,
 )
 from .window import Windows, group_lrs, unwrap_optimizer, watch_scaler
 
@@ -62,13 +62,23 @@ class Recorder:
         compute_dtype: str | None = None,
         capture_grads: bool = True,
         scaler: Any = None,
+        record: str = "full",
+        snapshot_every: int = 0,
+        updates: int | None = None,
     ) -> None:
         """`optimizer`: a torch optimizer, or a wrapper holding one as `.optimizer`.
         `capture_grads`: when the loop does not call grads() in a window, record the gradient
         the optimizer steps with (from a step hook). `scaler`: the loop's GradScaler, whose
-        unscale_() and update() calls per window are counted (once each is right)."""
+        unscale_() and update() calls per window are counted (once each is right).
+        `record`: "full" (weights and gradient files every update) or "sketch" (per update
+        a fixed-size sketch, exact norms and fingerprints; full files at the first update,
+        every `snapshot_every`-th and, given `updates` (N), the last)."""
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
             raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
+        if record not in MODES:
+            raise RecorderError(f"record must be one of {', '.join(MODES)}, got {record!r}")
+        if not isinstance(snapshot_every, int) or snapshot_every < 0:
+            raise RecorderError(f"snapshot_every must be an integer >= 0, got {snapshot_every!r}")
         self.accum_steps = accum_steps
         self.config = dict(config or {})
         self.fault = fault
@@ -89,13 +99,10 @@ class Recorder:
             self._env["compute_dtype"] = compute_dtype
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
-        self._data: list[int] = []
-        self._micro_state: list[torch.Tensor] = []
-        self._micro_grads: list[torch.Tensor] = []
+        self._data: list[list[int | torch.Tensor]] = []
         self._micro_steps: list[int] = []  # optimizer steps since the previous micro()
         self._samples: list[int] = []  # rows of each micro-batch (from batch=)
         self._steps_since_micro = 0
-        self._update_state: list[np.ndarray] = []
         self._windows = Windows()
         self._grad_dtypes: set[str] = set()
         self._closed = False
@@ -110,13 +117,13 @@ class Recorder:
         self._stop_clip = clipping.listen(self._on_clip)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
         try:
-            self._writer = RunWriter(out_dir)
+            self._writer = BackgroundWriter(RunWriter(out_dir))
         except BaseException:
             self._unhook()
             raise
         try:
-            self._writer.write_tensors(weights_file(None), self._snapshot())
-            self._init_state = self._state()
+            self._capture = Capture(self._named, self._writer, record, snapshot_every, updates)
+            self._capture.weights(None)
         except BaseException:
             self.abort()
             raise
@@ -160,10 +167,9 @@ class Recorder:
         if items is not None:
             self._items.append(float(items))
         if batch is not None:
-            self._data.append(data_digest(batch, pad=pad, mask=mask))
+            self._data.append(data_digest_parts(batch, pad=pad, mask=mask))
             self._samples.append(sample_count(batch))
-        self._micro_state.append(self._state_tensor())
-        self._micro_grads.append(self._grad_state_tensor())
+        self._capture.micro()
         self._windows.open.micro_steps += 1
         self._micro_steps.append(self._steps_since_micro)
         self._steps_since_micro = 0
@@ -188,8 +194,7 @@ class Recorder:
         `scaler.update()`), if the loop scales its loss."""
         self._check_open()
         update = self._windows.closed
-        self._writer.write_tensors(weights_file(update), self._snapshot())
-        self._update_state.append(self._state())
+        self._capture.weights(update)
         groups = len(self._optimizer.param_groups)
         self._windows.close(
             self._optimizer_state_step(),
@@ -204,8 +209,7 @@ class Recorder:
         self._closed = True
         self._unhook()
         try:
-            series, manifest = self._finalize()
-            return self._writer.finish(manifest, series)
+            return self._writer.finish(self._manifest(), self._series)
         except BaseException:
             self._writer.abort()
             raise
@@ -273,12 +277,7 @@ class Recorder:
         self._grad_dtypes.update(
             dtype_name(t.grad) for t, _, _ in self._named.values() if t.grad is not None
         )
-        grads = {
-            name: to_numpy(t.grad) if t.grad is not None else np.zeros(shape, _np_dtype(t))
-            for name, (t, kind, shape) in self._named.items()
-            if kind == "param"
-        }
-        self._writer.write_tensors(grads_file(update), grads)
+        self._capture.grads(update)
         self._windows.open.grads_written = True
 
     def _optimizer_state_step(self) -> int:
@@ -294,50 +293,25 @@ class Recorder:
         if self._closed:
             raise RecorderError("the recorder is closed")
 
-    def _snapshot(self) -> dict[str, np.ndarray]:
-        return {name: to_numpy(tensor) for name, (tensor, _, _) in self._named.items()}
-
-    def _state_tensor(self) -> torch.Tensor:
-        return torch.stack([fingerprint(tensor) for tensor, _, _ in self._named.values()])
-
-    def _grad_state_tensor(self) -> torch.Tensor:
-        """Fingerprints of each parameter's accumulated .grad (0 where there is none yet)."""
-        first = next(iter(self._named.values()))[0]
-        zero = torch.zeros((), dtype=torch.int64, device=first.device)
-        return torch.stack(
-            [
-                fingerprint(t.grad) if kind == "param" and t.grad is not None else zero
-                for t, kind, _ in self._named.values()
-            ]
-        )
-
-    def _state(self) -> np.ndarray:
-        return self._state_tensor().cpu().numpy()
-
-    def _finalize(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        updates = self._windows.closed
-        p = len(self._named)
-
-        def rows(values: list[torch.Tensor]) -> np.ndarray:
-            return torch.stack(values).cpu().numpy() if values else np.zeros((0, p), np.int64)
-
+    def _series(self) -> dict[str, np.ndarray]:
+        """The series file (built once the background work is done)."""
         series: dict[str, np.ndarray] = {
             "micro/loss": torch.stack(self._losses).cpu().numpy() if self._losses else np.zeros(0),
-            "micro/state": rows(self._micro_state),
-            "micro/grad_state": rows(self._micro_grads),
-            "init/state": self._init_state,
-            "update/state": np.stack(self._update_state) if updates else np.zeros((0, p), np.int64),
+            **self._capture.series(self._windows.closed),
             **self._windows.series(self.accum_steps),
         }
         if self._items:
             series["micro/items"] = np.asarray(self._items, dtype=np.float64)
         if self._data:
-            series["micro/data"] = np.asarray(self._data, dtype=np.int64)
+            series["micro/data"] = _digests(self._data)
             series["micro/samples"] = np.asarray(self._samples, dtype=np.int64)
         series["micro/steps"] = np.asarray(self._micro_steps, dtype=np.int64)
+        return series
+
+    def _manifest(self) -> dict[str, Any]:
         manifest = {
             "accum_steps": self.accum_steps,
-            "updates": updates,
+            "updates": self._windows.closed,
             "micro_steps": len(self._losses),
             "tensors": [
                 {"name": name, "shape": list(shape), "dtype": dtype_name(tensor), "kind": kind}
@@ -347,6 +321,7 @@ class Recorder:
             "environment": self._env,
             "fault": self.fault,
             "model": self._model_facts,
+            **self._capture.manifest(),
         }
         unclosed = self._windows.open.micro_steps
         if unclosed:
@@ -355,7 +330,7 @@ class Recorder:
             manifest["grad_dtype"] = "+".join(sorted(self._grad_dtypes))
         if self.reference is not None:
             manifest["reference"] = self.reference
-        return series, manifest
+        return manifest
 
 
 def _scalar(value: torch.Tensor | float) -> torch.Tensor:
@@ -365,6 +340,11 @@ def _scalar(value: torch.Tensor | float) -> torch.Tensor:
     return torch.tensor(float(value), dtype=torch.float64)
 
 
-def _np_dtype(tensor: torch.Tensor) -> np.dtype:
-    """The numpy dtype a parameter's gradient is stored in (bfloat16 widens to float32)."""
-    return np.dtype(np.float32) if tensor.dtype == torch.bfloat16 else to_numpy(tensor[:0]).dtype
+def _digests(parts: list[list[int | torch.Tensor]]) -> np.ndarray:
+    """Each micro-step's sample digest, device values fetched in one transfer."""
+    device = [v for row in parts for v in row if isinstance(v, torch.Tensor)]
+    fetched = iter(torch.stack(device).cpu().tolist() if device else [])
+    totals = [
+        wrap(sum(next(fetched) if isinstance(v, torch.Tensor) else v for v in row)) for row in parts
+    ]
+    return np.asarray(totals, dtype=np.int64)
