@@ -62,7 +62,14 @@ def train(
     rec = None
     if out is not None:
         rec = Recorder(
-            out, model, optimizer, k, {"model": size, "seed": seed}, reference=reference, **recorder
+            out,
+            model,
+            optimizer,
+            k,
+            {"model": size, "seed": seed},
+            reference=reference,
+            updates=updates,
+            **recorder,
         )
     micro = batch // k
     try:

@@ -24,6 +24,8 @@ from .cli_options import (
     FaultOpt,
     JsonOpt,
     ReferenceOpt,
+    SelftestRecordOpt,
+    VerifyFilesOpt,
     report_options,
     tolerance_options,
     training_options,
@@ -198,14 +200,7 @@ def compare_cmd(
             "baseline's manifest names); none: use the fixed tolerances"
         ),
     ] = None,
-    verify_files: Annotated[
-        bool,
-        typer.Option(
-            "--verify-files",
-            help="first check every file's SHA-256 against its manifest (the judge checks each "
-            "tensor's recorded fingerprint as it reads it either way)",
-        ),
-    ] = False,
+    verify_files: VerifyFilesOpt = False,
     tolerances: dict | None = None,
     reports: dict | None = None,
 ) -> None:
@@ -322,13 +317,7 @@ def selftest(
         "runs/selftest"
     ),
     json: JsonOpt = None,
-    record: Annotated[
-        str,
-        typer.Option(
-            help="record every run in full or with sketches (the verdicts must not change) "
-            + escape("[full|sketch]")
-        ),
-    ] = "full",
+    record: SelftestRecordOpt = "full",
 ) -> None:
     """Prove the gate: clean setups must pass, every known bug must fail with its own code."""
     from .config import RECORD_MODES

@@ -37,6 +37,22 @@ ReferenceOpt = Annotated[
         "floor; none: judge by the dtype's fixed tolerances " + escape("[fp64|none]"),
     ),
 ]
+VerifyFilesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verify-files",
+        help="first check every file's SHA-256 against its manifest (the judge checks each "
+        "tensor's recorded fingerprint as it reads it either way)",
+    ),
+]
+SelftestRecordOpt = Annotated[
+    str,
+    typer.Option(
+        "--record",
+        help="record every run in full or with sketches (the verdicts must not change) "
+        + escape("[full|sketch]"),
+    ),
+]
 _TRAINING_KEYS = [name for name in FIELDS if name != "accum_steps"]
 _TOLERANCE_HELP = {
     "loss_atol": "absolute loss tolerance",
