@@ -4,7 +4,10 @@ need, and the verdict, codes and margin of a comparison."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import re
+import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -49,3 +52,60 @@ def judged(baseline: Path, merged: Path) -> tuple[str, list[str], float]:
 def all_checked(baseline: Path, merged: Path) -> dict[str, str]:
     """Every check's status: an integration records every fact the judge reads."""
     return {c.name: c.status for c in api.compare(baseline, merged).checks}
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_commands(heading: str) -> list[tuple[list[str], str]]:
+    """The commands of the README's `### heading` bash blocks, each with its comment."""
+    text = README.read_text()
+    start = text.index(f"### {heading}\n")
+    end = min(i for i in (text.find("\n### ", start + 1), text.find("\n## ", start)) if i > 0)
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text[start:end], re.S):
+        for line in block.splitlines():
+            command, _, comment = line.partition("#")
+            if command.strip():
+                commands.append((shlex.split(command), comment.strip()))
+    return commands
+
+
+def run_readme(heading: str, cwd: Path) -> dict[str, tuple[str, list[str], float]]:
+    """Run the README's commands for `heading` as written, in `cwd` (for the repository's root,
+    whose scripts they run): `python SCRIPT ARGS` in-process, `gradalign compare BASE MERGED`
+    (whose comment, `pass` or a diagnosis code, must be what it gets); `pip install` lines are
+    left to the test command. Returns judged() of each comparison, by the merged run's path."""
+    from gradalign.cli import main as cli
+
+    results = {}
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        for argv, comment in readme_commands(heading):
+            if argv[0] == "python":
+                script = Path(argv[1])
+                module = example(script.stem) if script.parent.name == "frameworks" else None
+                (module or _load(README.parent / script)).main(argv[2:])
+            elif argv[0] == "gradalign":
+                with pytest.raises(SystemExit) as done:
+                    cli(argv[1:])
+                verdict, codes, worst = judged(Path(argv[2]), Path(argv[3]))
+                expected = comment.split()[0]
+                if expected == "pass":
+                    assert (done.value.code or 0, verdict, codes) == (0, "pass", []), argv
+                else:
+                    assert (done.value.code, codes[:1]) == (1, [expected]), (argv, codes)
+                results[argv[3]] = (verdict, codes, worst)
+            else:
+                assert argv[:2] in (["pip", "install"], [".venv/bin/pip", "install"]), argv
+    finally:
+        os.chdir(previous)
+    return results
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,17 +1,16 @@
 """accelerate, recorded by `record(accelerator, model, optimizer, out)` around an unchanged
-`accelerator.accumulate(model)` loop: a tiny GPT-2 on generated token data
-(examples/frameworks/accelerate_loop.py, the README's commands)."""
+`accelerator.accumulate(model)` loop: the README's commands run as written
+(examples/frameworks/accelerate_loop.py: a tiny GPT-2 on generated token data), and the broken
+variants."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from gradalign.errors import BadInput
 from gradalign.runs.reader import read_run_dir
 
-from .frameworks import all_checked, example, judged, recorded, require
+from .frameworks import all_checked, example, judged, require, run_readme
 
 require("accelerate")
 require("transformers")
@@ -20,44 +19,27 @@ pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.s
 
 
 @pytest.fixture(scope="module")
-def full(tmp_path_factory):
-    """Every micro-batch holds as many tokens: accelerate's mean / K is right."""
-    return recorded(tmp_path_factory, acc, "--data", "full")
+def readme(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("readme-acc")
+    return cwd / "runs", run_readme("accelerate", cwd)
 
 
-@pytest.fixture(scope="module")
-def padded(tmp_path_factory):
-    return recorded(tmp_path_factory, acc)
-
-
-def test_clean_accelerate_loop_passes_against_its_float64_reference(full, cli):
-    result = cli("compare", full / "k1", full / "k4", "--json", full / "r.json")
-    assert result.code == 0, result.out
-    assert json.loads((full / "r.json").read_text())["reference"]
-    assert set(all_checked(full / "k1", full / "k4").values()) == {"pass"}
-    verdict, _, worst = judged(full / "k1", full / "k4")
-    assert verdict == "pass" and worst < 0.6, worst
-
-
-def test_accelerate_default_accumulation_on_padded_tokens_is_token_normalization(padded, cli):
-    assert cli("compare", padded / "k1", padded / "k4").code == 1
-    verdict, codes, worst = judged(padded / "k1", padded / "k4")
-    assert verdict == "fail" and codes[:1] == ["token-normalization"] and worst > 1e3
-    items = read_run_dir(padded / "k4").micro_items.reshape(acc.UPDATES, 4)
+def test_the_readme_commands_pass_clean_loops_and_name_accelerates_mean_over_k(readme):
+    runs, results = readme
+    assert results["runs/acc/k4"][2] < 0.6  # every micro-batch as many tokens
+    assert results["runs/acc-pad/k4"][1][:1] == ["token-normalization"]
+    assert results["runs/acc-pad/k4"][2] > 1e3
+    assert results["runs/acc-pad/k4-tokens"][2] < 0.6  # divided by the window's tokens
+    assert set(all_checked(runs / "acc" / "k1", runs / "acc" / "k4").values()) == {"pass"}
+    items = read_run_dir(runs / "acc-pad" / "k4").micro_items.reshape(acc.UPDATES, 4)
     assert len(set(items[0])) > 1  # from the labels the model's forward received
-
-
-def test_a_loop_normalized_by_window_tokens_passes(padded):
-    runs = acc.record_all(padded, tokens=True)
-    verdict, codes, worst = judged(runs["k1"], runs["k4-tokens"])
-    assert verdict == "pass" and not codes and worst < 0.6, (codes, worst)
 
 
 @pytest.mark.parametrize(
     "bug, code", [("double-scale", "loss-scale"), ("scheduler-per-batch", "lr-schedule")]
 )
-def test_a_broken_accelerate_loop_fails_with_its_code(full, bug, code):
-    runs = acc.record_all(full, padded=False, bug=bug)
+def test_a_broken_accelerate_loop_fails_with_its_code(readme, bug, code):
+    runs = acc.record_all(readme[0] / "acc", padded=False, bug=bug)
     verdict, codes, worst = judged(runs["k1"], runs[f"k4-{bug}"])
     assert verdict == "fail" and codes[:1] == [code], codes
     assert worst > 1e3

@@ -1,16 +1,15 @@
-"""Lightning, recorded by `GradalignCallback`: a tiny GRU language model on generated token data
-(examples/frameworks/lightning_fit.py, the README's commands), automatic and manual optimization."""
+"""Lightning, recorded by `GradalignCallback`: the README's commands run as written
+(examples/frameworks/lightning_fit.py: a tiny GRU language model on generated token data), in
+automatic and manual optimization, and the broken variants."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from gradalign.errors import BadInput
 from gradalign.runs.reader import read_run_dir
 
-from .frameworks import all_checked, example, judged, recorded, require
+from .frameworks import all_checked, example, judged, require, run_readme
 
 require("lightning")
 pl = example("lightning_fit")
@@ -20,46 +19,26 @@ pytestmark = pytest.mark.filterwarnings(
 
 
 @pytest.fixture(scope="module")
-def full(tmp_path_factory):
-    """Every micro-batch holds as many tokens: `accumulate_grad_batches` is right."""
-    return recorded(tmp_path_factory, pl, "--data", "full")
+def readme(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("readme-pl")
+    return cwd / "runs", run_readme("Lightning", cwd)
 
 
-@pytest.fixture(scope="module")
-def padded(tmp_path_factory):
-    return recorded(tmp_path_factory, pl)
-
-
-def test_clean_lightning_run_passes_against_its_float64_reference(full, cli):
-    result = cli("compare", full / "k1", full / "k4", "--json", full / "r.json")
-    assert result.code == 0, result.out
-    assert json.loads((full / "r.json").read_text())["reference"]
-    assert set(all_checked(full / "k1", full / "k4").values()) == {"pass"}
-    verdict, _, worst = judged(full / "k1", full / "k4")
-    assert verdict == "pass" and worst < 0.6, worst
-    run = read_run_dir(full / "k4")
-    assert run.micro_items is not None and run.micro_data is not None
-    assert read_run_dir(full / "k1-fp64").dtype == "float64"  # precision="64-true"
-
-
-def test_lightning_default_accumulation_on_padded_tokens_is_token_normalization(padded, cli):
-    result = cli("compare", padded / "k1", padded / "k4")
-    assert result.code == 1
-    verdict, codes, worst = judged(padded / "k1", padded / "k4")
-    assert verdict == "fail" and codes[:1] == ["token-normalization"] and worst > 1e3
-
-
-def test_manual_optimization_normalized_by_window_tokens_passes(padded):
-    runs = pl.record_all(padded, manual=True)
-    verdict, codes, worst = judged(runs["k1"], runs["k4-manual"])
-    assert verdict == "pass" and not codes and worst < 0.6, (codes, worst)
+def test_the_readme_commands_pass_clean_runs_and_name_lightnings_mean_over_k(readme):
+    runs, results = readme
+    assert results["runs/pl/k4"][2] < 0.6  # every micro-batch as many tokens
+    assert results["runs/pl-pad/k4"][1][:1] == ["token-normalization"]  # padded: Lightning's K
+    assert results["runs/pl-pad/k4"][2] > 1e3
+    assert results["runs/pl-pad/k4-manual"][2] < 0.6  # divided by the window's tokens
+    assert set(all_checked(runs / "pl" / "k1", runs / "pl" / "k4").values()) == {"pass"}
+    assert read_run_dir(runs / "pl" / "k1-fp64").dtype == "float64"  # precision="64-true"
 
 
 @pytest.mark.parametrize(
     "bug, code", [("double-scale", "loss-scale"), ("scheduler-per-batch", "lr-schedule")]
 )
-def test_a_broken_lightning_run_fails_with_its_code(full, bug, code):
-    runs = pl.record_all(full, padded=False, bug=bug)
+def test_a_broken_lightning_run_fails_with_its_code(readme, bug, code):
+    runs = pl.record_all(readme[0] / "pl", padded=False, bug=bug)
     verdict, codes, worst = judged(runs["k1"], runs[f"k4-{bug}"])
     assert verdict == "fail" and codes[:1] == [code], codes
     assert worst > 1e3

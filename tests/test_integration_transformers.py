@@ -1,5 +1,6 @@
-"""The transformers Trainer, recorded by `attach(trainer, out)`: a tiny GPT-2 built from a config
-on padded token data (examples/frameworks/transformers_trainer.py, the README's commands)."""
+"""The transformers Trainer, recorded by `attach(trainer, out)`: the README's commands run as
+written (examples/frameworks/transformers_trainer.py: a tiny GPT-2 built from a config on padded
+token data), and the other broken variants."""
 
 from __future__ import annotations
 
@@ -11,34 +12,31 @@ import torch
 from gradalign.errors import BadInput
 from gradalign.runs.reader import read_run_dir
 
-from .frameworks import all_checked, example, judged, recorded, require
+from .frameworks import all_checked, example, judged, require, run_readme
 
 require("transformers")
 hf = example("transformers_trainer")
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    """The README's command: baseline, its float64 reference and the clean K=4 run."""
-    return recorded(tmp_path_factory, hf)
+def readme(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("readme-hf")
+    return cwd / "runs" / "hf", run_readme("transformers Trainer", cwd)
 
 
-def test_clean_trainer_run_passes_against_its_float64_reference(root, cli):
-    result = cli("compare", root / "k1", root / "k4", "--json", root / "r.json")
-    assert result.code == 0, result.out
-    report = json.loads((root / "r.json").read_text())
-    assert report["reference"] and [d["code"] for d in report["diagnosis"]] == ["within-noise"]
+def test_the_readme_commands_pass_clean_and_name_the_pre_2024_trainer(readme):
+    root, results = readme
+    assert results["runs/hf/k4"][2] < 0.6  # worst err/allowed of the clean run
+    assert results["runs/hf/k4-token-mean"][2] > 1e3
     assert set(all_checked(root / "k1", root / "k4").values()) == {"pass"}
-    verdict, _, worst = judged(root / "k1", root / "k4")
-    assert verdict == "pass" and worst < 0.6, worst
 
 
-def test_the_run_holds_what_the_trainer_never_shows_its_callbacks(root):
-    run = read_run_dir(root / "k4")
+def test_the_run_holds_what_the_trainer_never_shows_its_callbacks(readme):
+    root, _ = readme
+    run, base = read_run_dir(root / "k4"), read_run_dir(root / "k1")
     assert run.accum_steps == 4 and run.updates == hf.UPDATES
     items = run.micro_items.reshape(hf.UPDATES, 4)
     assert len(set(items[0])) > 1  # padded micro-batches hold different numbers of tokens
-    base = read_run_dir(root / "k1")
     assert (items.sum(axis=1) == base.micro_items).all()  # the same tokens per update
     # the Trainer's num_items_in_batch (attach checks every window against it): transformers
     # 5.17 shifts the labels it counts only for a model whose class name says ForCausalLM, so
@@ -52,17 +50,12 @@ def test_the_run_holds_what_the_trainer_never_shows_its_callbacks(root):
     assert (base.optimizer_steps == 1).all()
 
 
-@pytest.mark.parametrize(
-    "bug, code",
-    [
-        ("token-mean", "token-normalization"),
-        ("double-scale", "loss-scale"),
-        ("scheduler-per-batch", "lr-schedule"),
-    ],
-)
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
-def test_a_broken_trainer_run_fails_with_its_code(root, bug, code):
-    runs = hf.record_all(root, bug)
+@pytest.mark.parametrize(
+    "bug, code", [("double-scale", "loss-scale"), ("scheduler-per-batch", "lr-schedule")]
+)
+def test_a_broken_trainer_run_fails_with_its_code(readme, bug, code):
+    runs = hf.record_all(readme[0], bug)
     verdict, codes, worst = judged(runs["k1"], runs[f"k4-{bug}"])
     assert verdict == "fail" and codes[:1] == [code], codes
     assert worst > 1e3
@@ -81,8 +74,7 @@ def test_the_float64_reference_keeps_the_loss_in_float64():
     from gradalign.record.integrations.transformers_float64 import float64_reference
 
     model = float64_reference(hf.tiny_gpt2())
-    batch = hf.collate(hf.token_rows(4))
-    loss = model(**batch).loss
+    loss = model(**hf.collate(hf.token_rows(4))).loss
     assert loss.dtype == torch.float64  # transformers' own loss would round it to float32
 
 

@@ -21,6 +21,8 @@ from gradalign.record.integrations import batches
 from gradalign.record.integrations.micro_loss import MicroLoss
 from gradalign.runs.reader import read_run_dir
 
+from .frameworks import run_readme
+
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORKS = {"transformers", "lightning", "accelerate"}
 
@@ -125,6 +127,25 @@ def test_importing_the_integrations_package_imports_no_framework():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize(
+    "heading, script",
+    [
+        ("transformers Trainer", "transformers_trainer.py"),
+        ("Lightning", "lightning_fit.py"),
+        ("accelerate", "accelerate_loop.py"),
+    ],
+)
+def test_the_readme_two_lines_are_the_ones_its_example_runs(heading, script):
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(f"### {heading}\n") :]
+    block = section[section.index("```python\n") + 10 : section.index("```\n", 10)]
+    example = (ROOT / "examples" / "frameworks" / script).read_text()
+    imports = [line for line in block.splitlines() if line.startswith("from gradalign")]
+    assert imports and all(line in example for line in imports), imports
+    call = block.split("\n\n")[1].split("(")[0].split("=")[-1].strip()  # attach, record, ...
+    assert f"{call}(" in example, call
+
+
 PADDLE_EXAMPLE = ROOT / "examples" / "paddle_gradient_merge.py"
 
 
@@ -145,13 +166,7 @@ def test_the_paddle_example_compiles_and_needs_neither_torch_nor_paddle_to_impor
 
 
 @pytest.mark.skipif(importlib.util.find_spec("paddle") is None, reason="paddle is not installed")
-def test_the_paddle_example_records_runs_the_judge_reads(tmp_path):
-    from gradalign import api
-
-    spec = importlib.util.spec_from_file_location("paddle_gradient_merge", PADDLE_EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    runs = module.record_all(tmp_path)
-    assert api.compare(runs["k1"], runs["k4"]).verdict == "pass"
-    runs = module.record_all(tmp_path, "no-loss-scale")
-    assert api.compare(runs["k1"], runs["k4-no-loss-scale"]).diagnosis[0].code == "loss-scale"
+def test_the_readme_paddle_commands_record_runs_the_judge_reads(tmp_path):
+    results = run_readme("PaddlePaddle (the run format, numpy only)", tmp_path)
+    assert results["runs/paddle/k4"][2] < 0.6
+    assert results["runs/paddle/k4-no-loss-scale"][1][:1] == ["loss-scale"]

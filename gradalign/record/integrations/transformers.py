@@ -26,6 +26,7 @@ from transformers import Trainer, TrainerCallback
 from ...errors import BadInput
 from ..recorder import Recorder
 from . import batches
+from .micro_loss import MicroLoss, record_micro
 
 __all__ = ["GradalignCallback", "attach"]
 
@@ -93,14 +94,12 @@ class GradalignCallback(TrainerCallback):
             return
         trainer = self.trainer
         items = _own_items(trainer, inputs)
-        digest = {"batch": batches.tensors(inputs), "pad": self.pad}
-        digest["mask"] = batches.attention_mask(inputs)
         by_items = (
             trainer.model_accepts_loss_kwargs and num_items is not None
         ) or trainer.compute_loss_func is not None
         if not by_items:  # the loss was this micro-batch's mean, divided by the window's length
             mean = loss.detach().double() * trainer.current_gradient_accumulation_steps
-            self.recorder.micro(mean, items=items, **digest)
+            record_micro(self.recorder, MicroLoss(loss=mean, items=items), inputs, None, self.pad)
             return
         if num_items is None or items is None:
             raise BadInput("gradalign needs labels in the batch to read a compute_loss_func's loss")
@@ -108,7 +107,7 @@ class GradalignCallback(TrainerCallback):
         self._trainer_items = window
         self._window_items += items
         total = loss.detach().double() * window  # the Trainer divided the summed loss by it
-        self.recorder.micro(loss_sum=total, items=items, **digest)
+        record_micro(self.recorder, MicroLoss(loss_sum=total, items=items), inputs, None, self.pad)
 
     def abort(self) -> None:
         if self.recorder is not None:
