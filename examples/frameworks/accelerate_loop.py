@@ -49,7 +49,7 @@ def train(
     rows = token_rows(BATCH * UPDATES, padded=padded)
     model = float64_reference(tiny_gpt2()) if dtype == torch.float64 else tiny_gpt2()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: 1 / (1 + u))
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.5, total_iters=UPDATES)
     loader = DataLoader(rows, batch_size=BATCH // k, collate_fn=collate)
     counts = [int((b["labels"][:, 1:] != -100).sum()) for b in loader]  # items per micro-batch
     if bug == "scheduler-per-batch":

@@ -69,7 +69,7 @@ class TokenLM(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: 1 / (1 + u))
+        scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.5, total_iters=UPDATES)
         interval = "epoch" if self.bug == "scheduler-per-batch" or self.manual_k else "step"
         return {
             "optimizer": optimizer,
