@@ -145,9 +145,10 @@ class Recorder:
         if (loss is None) == (loss_sum is None):
             raise RecorderError("give micro() either loss (a mean) or loss_sum with items")
         if loss_sum is not None:
-            if items is None or float(items) <= 0:
-                raise RecorderError("micro(loss_sum=...) needs items, the item count (> 0)")
-            loss = _scalar(loss_sum) / float(items)
+            if items is None or float(items) < 0:
+                raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
+            # a micro-batch of padding alone holds no items: its mean is 0, weighted by 0 items
+            loss = _scalar(loss_sum) / float(items) if float(items) else _scalar(0.0)
         if items is None and self._items:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
