@@ -313,11 +313,15 @@ def selftest(
         "runs/selftest"
     ),
     json: JsonOpt = None,
+    device: Annotated[
+        str, typer.Option("--device", help="where every case trains: cpu, cuda or auto")
+    ] = "cpu",
 ) -> None:
     """Prove the gate: clean setups must pass, every known bug must fail with its own code."""
     from .selftest import render_selftest, run_selftest, write_selftest_json
 
-    outcome = run_selftest(out, err_console, reports=[json] if json is not None else [])
+    reports = [json] if json is not None else []
+    outcome = run_selftest(out, err_console, reports=reports, device=device)
     render_selftest(outcome, out_console)
     if json is not None:
         write_selftest_json(outcome, json)

@@ -84,6 +84,7 @@ class ReferenceBound:
     rtol: float
     atol: float
     epsilon: float
+    hint: str = ""  # a likely cause, said with the refusal
 
 
 def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
@@ -117,7 +118,19 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     compute = least_precise([base.compute_dtype, merged.compute_dtype])
     tol = for_dtype(dtype)
     rtol = max(tol.weight_rtol, REFERENCE_SANITY_RTOL, REFERENCE_SANITY_EPS * eps(compute))
-    return ReferenceBound(where, rtol, tol.weight_atol, eps(dtype))
+    return ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _dropout_hint(base))
+
+
+def _dropout_hint(base: Run) -> str:
+    """Dropout on CUDA draws its masks per dtype: a float64 rerun cannot see the same ones."""
+    dropout = base.model_facts.get("dropout") or []
+    if not dropout or not str(base.environment.get("device", "")).startswith("cuda"):
+        return ""
+    return (
+        f" (the model's dropout ({', '.join(dropout)}) runs on CUDA, where a float64 rerun "
+        "draws other masks: draw them on the CPU generator or from the sample, or judge with "
+        "--reference none)"
+    )
 
 
 def check_reference_weights(
@@ -142,5 +155,5 @@ def check_reference_weights(
             raise BadInput(
                 f"{bound.where} is not a rerun of the baseline's training: at update {update} "
                 f"the baseline's {name} is {d.error:.3g} away from it, more than "
-                f"{bound.rtol:g} of the distance training moved it"
+                f"{bound.rtol:g} of the distance training moved it{bound.hint}"
             )
