@@ -21,8 +21,9 @@ def require_torch() -> None:
         import torch  # noqa: F401
     except ImportError as exc:
         raise BadInput(
-            f"training needs torch, which cannot be imported here ({exc}); install it (the "
-            "README's Quick start sets up a CPU build), or judge recorded runs with `compare`"
+            f"training needs torch, which cannot be imported here ({exc}): pip install "
+            "'gradalign[torch]' (a CPU build where there is no GPU; the README's Quick start "
+            "sets one up), or judge recorded runs and logs with `compare`"
         ) from None
 
 

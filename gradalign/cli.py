@@ -24,6 +24,7 @@ from .cli_options import (
     FaultOpt,
     JsonOpt,
     ReferenceOpt,
+    SelftestDeviceOpt,
     SelftestRecordOpt,
     VerifyFilesOpt,
     report_options,
@@ -318,6 +319,7 @@ def selftest(
     ),
     json: JsonOpt = None,
     record: SelftestRecordOpt = "full",
+    device: SelftestDeviceOpt = "cpu",
 ) -> None:
     """Prove the gate: clean setups must pass, every known bug must fail with its own code."""
     from .config import RECORD_MODES
@@ -326,7 +328,7 @@ def selftest(
     if record not in RECORD_MODES:
         raise BadInput(f"--record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
     reports = [json] if json is not None else []
-    outcome = run_selftest(out, err_console, reports=reports, record=record)
+    outcome = run_selftest(out, err_console, reports=reports, device=device, record=record)
     render_selftest(outcome, out_console)
     if json is not None:
         write_selftest_json(outcome, json)

@@ -45,6 +45,9 @@ VerifyFilesOpt = Annotated[
         "tensor's recorded fingerprint as it reads it either way)",
     ),
 ]
+SelftestDeviceOpt = Annotated[
+    str, typer.Option("--device", help="where every case trains: cpu, cuda or auto")
+]
 SelftestRecordOpt = Annotated[
     str,
     typer.Option(

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from . import api
 from .config import TrainConfig
+from .errors import BadInput
 from .judge.results import FAIL, PASS
 from .record.faults import FAULTS
 
@@ -128,8 +129,13 @@ CASES: list[Case | LogCase] = [
 ]
 
 
+ERROR = "error"
+
+
 @dataclass
 class Outcome:
+    """One case's result; verdict ERROR: the case could not be judged (message says why)."""
+
     case: Case
     verdict: str
     codes: list[str]  # the causes named, first one first
@@ -160,27 +166,37 @@ def run_selftest(
     log: Console,
     cases: list[Case] | None = None,
     reports: list[Path] | None = None,
+    device: str = "cpu",
     record: str = "full",
 ) -> list[Outcome]:
     """Train and judge every case; baselines and references are shared between cases.
-    `reports`: files the caller writes afterwards, checked before any training. `record`:
-    "sketch" records every run with sketches (the verdicts and codes must not change)."""
+    `reports`: files the caller writes afterwards, checked before any training; `device`: where
+    every case trains (cpu, cuda or auto); `record`: "sketch" records every run with sketches
+    (the verdicts and codes must not change)."""
     from .runs.outputs import check_outputs
 
     api.require_torch()
+    from .record.device import resolve_device
+
+    resolve_device(TrainConfig().replace(device=device).device)  # refused before any training
     check_outputs([out], [], reports or [])
     outcomes, recorded, logs = [], set(), None
     for case in cases or CASES:
-        if isinstance(case, LogCase):
-            logs = logs or _write_logs(out / "logs")
-            comparison = api.compare(
-                logs / case.base,
-                [logs / name for name in case.merged],
-                accum_steps=case.k,
-                card_loss=case.card_loss,
-            )
-        else:
-            comparison = _run_case(case, out, recorded, record)
+        try:
+            if isinstance(case, LogCase):
+                logs = logs or _write_logs(out / "logs")
+                comparison = api.compare(
+                    logs / case.base,
+                    [logs / name for name in case.merged],
+                    accum_steps=case.k,
+                    card_loss=case.card_loss,
+                )
+            else:
+                comparison = _run_case(case, out, recorded, device, record)
+        except BadInput as exc:  # a case the gate could not judge is wrong; the others still run
+            outcomes.append(Outcome(case, ERROR, [], message=str(exc)))
+            log.print(f"selftest: {case.name}: error: {exc}", markup=False)
+            continue
         codes = [d.code for d in comparison.diagnosis if d.severity == "error"]
         diffs = [d for r in comparison.results for d in (*r.weights, *r.grads)]
         outcome = Outcome(
@@ -196,8 +212,8 @@ def run_selftest(
     return outcomes
 
 
-def _run_case(case: Case, out: Path, recorded: set[str], record: str = "full"):
-    config = TrainConfig().replace(**SETUPS[case.setup], record=record)
+def _run_case(case: Case, out: Path, recorded: set[str], device: str, record: str = "full"):
+    config = TrainConfig().replace(**SETUPS[case.setup], device=device, record=record)
     root = out / case.setup.replace("+", "_")
     base = root / "baseline"
     if case.setup not in recorded:

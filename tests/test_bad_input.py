@@ -117,6 +117,12 @@ def test_bad_options(cli, tmp_path, args, fragments):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_a_gpu(cli, tmp_path):
     one_line_error(cli("baseline", "--device", "cuda", "--out", tmp_path / "b"), "no CUDA device")
+    one_line_error(cli("selftest", "--device", "cuda", "--out", tmp_path / "s"), "no CUDA device")
+    assert not (tmp_path / "s").exists()
+
+
+def test_selftest_device_must_be_known(cli, tmp_path):
+    one_line_error(cli("selftest", "--device", "tpu", "--out", tmp_path / "s"), "device must be")
 
 
 def test_out_dir_that_is_not_a_run_is_never_overwritten(cli, tmp_path):

@@ -205,6 +205,28 @@ def test_selftest_table_marks_a_wrong_case():
     assert not wrong.ok and "WRONG" in text and "1 wrong" in text
 
 
+def test_selftest_case_that_cannot_be_judged_is_wrong_and_the_others_still_run(
+    tmp_path, monkeypatch
+):
+    from rich.console import Console
+
+    from gradalign import selftest
+    from gradalign.errors import BadInput
+
+    def judged(case, out, recorded, device):
+        if case.setup == "adam":
+            raise BadInput("reference is not a rerun")
+        return real(case, out, recorded, device)
+
+    real = selftest._run_case
+    monkeypatch.setattr(selftest, "_run_case", judged)
+    monkeypatch.setattr(selftest, "SETUPS", {**selftest.SETUPS, "sgd": {"updates": 2}})
+    cases = [selftest.Case("adam"), selftest.Case("sgd")]
+    outcomes = selftest.run_selftest(tmp_path, Console(quiet=True), cases)
+    assert [o.verdict for o in outcomes] == ["error", "pass"]
+    assert not outcomes[0].ok and "not a rerun" in outcomes[0].message and outcomes[1].ok
+
+
 @pytest.mark.parametrize(("loss_norm", "codes"), [("items", []), ("mean", ["token-normalization"])])
 def test_token_normalization_on_tiny_lm(tmp_path, loss_norm, codes):
     """Padded sequences give micro-batches unequal token counts: only `items` is right."""

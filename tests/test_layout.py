@@ -80,8 +80,16 @@ def test_without_torch_a_log_compare_and_bad_input_still_work(tmp_path):
 
 def test_without_torch_training_says_what_is_missing():
     done = _no_torch("verify", "--updates", "1")
-    assert done.returncode != 0
-    assert "Traceback" not in done.stderr and "torch" in done.stderr
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "gradalign[torch]" in done.stderr
+
+
+def test_the_core_install_leaves_torch_to_an_extra():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith("torch")]
+    assert project["optional-dependencies"]["torch"] == ["torch>=2.1"]
 
 
 def test_runs_of_an_earlier_version_stay_readable():

@@ -87,6 +87,7 @@ class ReferenceBound:
     rtol: float
     atol: float
     epsilon: float
+    hint: str = ""  # a likely cause, said with the refusal
 
 
 def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
@@ -120,7 +121,19 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     compute = least_precise([base.compute_dtype, merged.compute_dtype])
     tol = for_dtype(dtype)
     rtol = max(tol.weight_rtol, REFERENCE_SANITY_RTOL, REFERENCE_SANITY_EPS * eps(compute))
-    return ReferenceBound(where, rtol, tol.weight_atol, eps(dtype))
+    return ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _dropout_hint(base))
+
+
+def _dropout_hint(base: Run) -> str:
+    """Dropout on CUDA draws its masks per dtype: a float64 rerun cannot see the same ones."""
+    dropout = base.model_facts.get("dropout") or []
+    if not dropout or not str(base.environment.get("device", "")).startswith("cuda"):
+        return ""
+    return (
+        f" (the model's dropout ({', '.join(dropout)}) runs on CUDA, where a float64 rerun "
+        "draws other masks: draw them on the CPU generator or from the sample, or judge with "
+        "--reference none)"
+    )
 
 
 def check_reference_weights(
@@ -150,5 +163,5 @@ def stray(bound: ReferenceBound, update: int, name: str, error: float) -> BadInp
     return BadInput(
         f"{bound.where} is not a rerun of the baseline's training: at update {update} the "
         f"baseline's {name} is {error:.3g} away from it, more than {bound.rtol:g} of the "
-        "distance training moved it"
+        f"distance training moved it{bound.hint}"
     )

@@ -55,10 +55,26 @@ def classification_data(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray
     return inputs.astype(np.float32), targets.astype(np.int64)
 
 
+class HostDrawnDropout(nn.Dropout):
+    """nn.Dropout whose mask is drawn by the CPU generator in float32, wherever the model runs.
+
+    On the CPU this is nn.Dropout bit for bit. On CUDA, nn.Dropout's masks depend on the dtype
+    and on how the batch is split into kernel calls, so neither a float64 reference nor a merged
+    run could draw the baseline's masks; drawn on the host, every run of the built-in model sees
+    the same masks, and a reseeded generator (the dropout-reseed fault) still changes them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keep = torch.empty(x.shape, dtype=torch.float32).bernoulli_(1 - self.p)
+        noise = keep.to(device=x.device, dtype=x.dtype)
+        return x * noise.div_(1 - self.p)
+
+
 def _mlp(config: TrainConfig, dropout: float) -> nn.Module:
     layers: list[nn.Module] = [nn.Linear(FEATURES, config.hidden), nn.ReLU()]
     if dropout > 0:
-        layers.append(nn.Dropout(dropout))
+        layers.append(HostDrawnDropout(dropout))
     layers.append(nn.Linear(config.hidden, CLASSES))
     return nn.Sequential(*layers)
 

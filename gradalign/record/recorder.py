@@ -152,9 +152,10 @@ class Recorder:
         if (loss is None) == (loss_sum is None):
             raise RecorderError("give micro() either loss (a mean) or loss_sum with items")
         if loss_sum is not None:
-            if items is None or float(items) <= 0:
-                raise RecorderError("micro(loss_sum=...) needs items, the item count (> 0)")
-            loss = _scalar(loss_sum) / float(items)
+            if items is None or float(items) < 0:
+                raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
+            # a micro-batch of padding alone holds no items: its mean is 0, weighted by 0 items
+            loss = _scalar(loss_sum) / float(items) if float(items) else _scalar(0.0)
         if items is None and self._items:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
@@ -232,11 +233,29 @@ class Recorder:
 
     # -- hooks -------------------------------------------------------------------------------------
 
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        """The gradient the optimizer is about to step with, if the loop did not record it."""
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        """The gradient the optimizer is about to step with, if the loop did not record it.
+
+        Given a closure (as Lightning passes its forward, backward and clipping), the optimizer
+        runs it inside step(): that gradient exists only once the closure has returned."""
         window = self._windows.open
-        if self.capture_grads and window.grads_calls == 0 and not self._closed:
+        if not self.capture_grads or window.grads_calls or self._closed:
+            return None
+        # args[0] is the optimizer itself (the hook sees step's own arguments, self included)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
             self._write_grads()
+            return None
+
+        def closure_then_capture() -> Any:
+            loss = closure()
+            if not self._windows.open.grads_calls and not self._closed:
+                self._write_grads()
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_capture}
+        return (args[0], closure_then_capture, *args[2:]), kwargs
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Each step's learning rates, read after it (a closure may have moved them)."""

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import BadInput
-from .writer import probe_writable
+from .writer import ensure_parent_writable
 
 
 def _inside(path: Path, other: Path) -> bool:
@@ -39,9 +39,4 @@ def check_outputs(
                     f"report {report} would be written over or inside the run or log {given}; "
                     "write it elsewhere"
                 )
-        ancestor = target.parent
-        while not ancestor.exists():
-            ancestor = ancestor.parent
-        if not ancestor.is_dir():
-            raise BadInput(f"report {report}: {ancestor} is a file, not a directory")
-        probe_writable(ancestor, f"report {report}")
+        ensure_parent_writable(target, f"report {report}")

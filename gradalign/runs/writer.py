@@ -80,13 +80,18 @@ def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
                 f"{', ...' if len(foreign) > 3 else ''}); refusing to replace it: move them "
                 "or choose another output"
             )
+    ensure_parent_writable(path, str(path))
+    return path
+
+
+def ensure_parent_writable(path: Path, label: str) -> None:
+    """The nearest existing ancestor of `path` must be a directory this process can write in."""
     ancestor = path.parent
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise BadInput(f"{path}: {ancestor} is a file, not a directory")
-    probe_writable(ancestor, path)
-    return path
+        raise BadInput(f"{label}: {ancestor} is a file, not a directory")
+    probe_writable(ancestor, label)
 
 
 def probe_writable(directory: Path, for_path: Path | str) -> None:

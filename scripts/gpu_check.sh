@@ -1,0 +1,39 @@
+#!/bin/sh
+# The CUDA checks, for a machine with a GPU: the whole selftest on the GPU, the same command
+# giving the same bits there, and verify at a larger size and in each precision.
+# Usage: sh scripts/gpu_check.sh [OUTDIR]   (PYTHON=... picks the interpreter; default: .venv's
+# python when there is one, else python3). Each step's exit code goes to OUTDIR/summary.txt.
+if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="$(mkdir -p "${1:-runs/gpu}" && cd "${1:-runs/gpu}" && pwd)"
+py="${PYTHON:-$([ -x "$root/.venv/bin/python" ] && echo "$root/.venv/bin/python" || echo python3)}"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+cd "$root" || exit 2
+summary="$out/summary.txt"
+: >"$summary"
+
+step() { # step NAME EXPECTED_RC COMMAND...: run, log, note the exit code against the expected one
+    local name=$1 expected=$2 start rc
+    shift 2
+    start=$(date +%s)
+    "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    printf '%-28s rc=%s expected=%s %s %ss\n' "$name" "$rc" "$expected" \
+        "$([ "$rc" = "$expected" ] && echo ok || echo WRONG)" "$(($(date +%s) - start))" | tee -a "$summary"
+}
+ga() { "$py" -m gradalign "$@"; }
+
+"$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+      torch.cuda.get_device_name(0))' | tee -a "$summary"
+step selftest-cuda 0 ga selftest --device cuda -o "$out/selftest" --json "$out/selftest-cuda.json"
+step baseline-cuda-1 0 ga baseline --device cuda -o "$out/same/a"
+step baseline-cuda-2 0 ga baseline --device cuda -o "$out/same/b"
+step same-bits-cuda 0 ga compare "$out/same/a" "$out/same/b" --json "$out/same-bits.json"
+step verify-wide-cuda 0 ga verify --device cuda --hidden 4096 --batch-size 1024 --updates 20 \
+    -o "$out/wide" --json "$out/verify-wide.json"
+step verify-wide-fault 1 ga verify --device cuda --hidden 4096 --batch-size 1024 --updates 20 \
+    --fault no-loss-scale -o "$out/wide" --json "$out/verify-wide-fault.json"
+step verify-lm-bf16 0 ga verify --device cuda --model tiny-lm --precision bf16 --optimizer adamw \
+    -o "$out/lm" --json "$out/verify-lm-bf16.json"
+grep -c WRONG "$summary" >/dev/null && exit 1 || exit 0
