@@ -213,10 +213,10 @@ def test_selftest_case_that_cannot_be_judged_is_wrong_and_the_others_still_run(
     from gradalign import selftest
     from gradalign.errors import BadInput
 
-    def judged(case, out, recorded, device):
+    def judged(case, out, recorded, *how):
         if case.setup == "adam":
             raise BadInput("reference is not a rerun")
-        return real(case, out, recorded, device)
+        return real(case, out, recorded, *how)
 
     real = selftest._run_case
     monkeypatch.setattr(selftest, "_run_case", judged)
