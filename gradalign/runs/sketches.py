@@ -24,6 +24,7 @@ from .summaries import _signs
 WIDTH = 1021  # buckets per tensor: prime, so rows and columns of a matrix spread over them
 Z = 4.0  # standard deviations the estimate's bound allows
 BLOCK = 1 << 20  # elements per block (a multiple of the width is taken): stays in cache
+_BLOCK_ELEMENTS = 1 << 16  # elements per float64 block of `summarize` (512 KiB)
 _TABLE_BYTES = 1 << 30  # sign tables cached per tensor size, up to this many bytes in all
 _tables: dict[int, np.ndarray] = {}
 
@@ -54,25 +55,35 @@ def signs(n: int) -> np.ndarray:
 def summarize(values: np.ndarray, declared: str | None = None, width: int = WIDTH) -> Summary:
     """A tensor's sketch, squared norm and fingerprint (`declared`: its manifest dtype)."""
     x = np.asarray(values).reshape(-1)
-    fingerprint = bitsum(x, declared)
-    if x.dtype.kind != "f" or x.dtype.itemsize < 4:
-        x = x.astype(np.float64)
     n = x.size
-    if n <= width:
-        exact = x.astype(np.float64)
-        return Summary(exact, dot(exact, exact), fingerprint)
+    # float32 and float64 are fingerprinted block by block below, from the cache
+    blockwise = n > width and x.dtype.kind == "f" and x.dtype.itemsize >= 4
+    fingerprint = 0 if blockwise else bitsum(x, declared)
+    if not blockwise:
+        x = x.astype(np.float64)
+        if n <= width:
+            return Summary(x, dot(x, x), fingerprint)
     table = signs(n)
+    rows = n // width
+    grid, flips = x[: rows * width].reshape(rows, width), table[: rows * width].reshape(rows, width)
     sums = np.zeros(width)
     sumsq = 0.0
-    step = max(1, BLOCK // width) * width
-    for first in range(0, n, step):
-        part = x[first : first + step]
-        flipped = (part * table[first : first + part.size]).astype(np.float64)
-        sumsq += dot(flipped, flipped)
-        rows = flipped.size // width
-        sums += np.add.reduce(flipped[: rows * width].reshape(rows, width), axis=0)
-        tail = flipped[rows * width :]
-        sums[: tail.size] += tail
+    step = max(1, _BLOCK_ELEMENTS // width)  # rows per block: the float64 block stays in cache
+    block = np.empty((min(step, rows), width))
+    for first in range(0, rows, step):
+        part = block[: min(step, rows - first)]
+        rows_now = grid[first : first + step]
+        if blockwise:
+            fingerprint += bitsum(rows_now, declared)
+        np.multiply(rows_now, flips[first : first + step], out=part)
+        sums += part.sum(axis=0)
+        flat = part.reshape(-1)
+        sumsq += dot(flat, flat)
+    if blockwise:
+        fingerprint += bitsum(x[rows * width :], declared)
+    tail = x[rows * width :].astype(np.float64) * table[rows * width :]
+    sums[: tail.size] += tail
+    sumsq += dot(tail, tail)
     return Summary(sums, sumsq, wrap(fingerprint))
 
 
