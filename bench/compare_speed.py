@@ -78,17 +78,26 @@ def raw_read(paths: list[Path]) -> float:
     return time.perf_counter() - start
 
 
+WRAP = r"""
+import resource, subprocess, sys, time
+start = time.perf_counter()
+code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
+seconds = time.perf_counter() - start
+print(seconds, code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+
+
 def child(args: list[str]) -> tuple[float, int, int]:
-    """Wall seconds, exit code and peak RSS (bytes) of a child process."""
-    start = time.perf_counter()
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - start
-    process.returncode = os.waitstatus_to_exitcode(status)
-    error = process.stderr.read().decode() if process.stderr else ""
-    if process.returncode not in (0, 1):
-        raise SystemExit(f"{' '.join(args)} failed: {error}")
-    return seconds, process.returncode, usage.ru_maxrss * 1024
+    """Wall seconds, exit code and peak RSS (bytes) of a child process, measured by a small
+    wrapper process: a child forked from this one (which trained the runs) would count this
+    process's memory in its peak RSS, since Linux keeps the peak across exec."""
+    done = subprocess.run(
+        [sys.executable, "-c", WRAP, *args], capture_output=True, text=True, check=True
+    )
+    seconds, code, peak = done.stdout.split()
+    if int(code) not in (0, 1):
+        raise SystemExit(f"{' '.join(args)} failed with exit code {code}: {done.stderr}")
+    return float(seconds), int(code), int(peak)
 
 
 def largest_tensor(folder: Path) -> int:
