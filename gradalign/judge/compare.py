@@ -23,6 +23,7 @@ from .compatible import (
     check_reference_weights,
 )
 from .diagnose import diagnose
+from .inputs import Inputs
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
 from .noise import Drift, excuse_isolated_jumps, pool_noise, widened
 from .replicas import replica_disagreements
@@ -72,12 +73,13 @@ def compare(
     )
     whole = tensors is None and width is None and not streaming
     judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound, whole)
-    stream = StreamJudge(base, merged, reference, tol, judge.floor, bound) if streaming else None
+    inputs = Inputs(base, merged, reference, tol, judge.floor, bound)
+    stream = StreamJudge(inputs) if streaming else None
     judge_tensors: TensorJudge
     if tensors is not None:
         judge_tensors = tensors(tol, judge.floor)
     elif width is not None:
-        judge_tensors = SketchJudge(base, merged, reference, tol, judge.floor, bound, width)
+        judge_tensors = SketchJudge(inputs, width)
     else:
         judge_tensors = stream or judge.tensors
     try:

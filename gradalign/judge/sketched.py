@@ -24,11 +24,11 @@ import numpy as np
 
 from ..runs.model import Run
 from ..runs.sketches import Estimate, estimate
-from .compatible import ReferenceBound, check_reference_weights, stray
+from .compatible import check_reference_weights, stray
+from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
 from .noise import Drift, widened
 from .results import UpdateResult
-from .tolerances import Tolerances
 from .views import Kept, summaries
 
 
@@ -41,24 +41,15 @@ def _exact(kept: dict[str, Kept] | None, shapes: dict) -> dict[str, np.ndarray] 
 class SketchJudge:
     """`compare._Judge.tensors` when any run kept sketches."""
 
-    def __init__(
-        self,
-        base: Run,
-        merged: Run,
-        ref: Run | None,
-        tol: Tolerances,
-        floor: float,
-        bound: ReferenceBound | None,
-        width: int,
-    ) -> None:
-        self.base, self.merged, self.ref, self.tol = base, merged, ref, tol
-        self.floor, self.bound, self.width = floor, bound, width
-        self.shapes = {t.name: t.shape for t in base.tensors}
-        self.sizes = {t.name: math.prod(t.shape) for t in base.tensors}
-        self.start = summaries(base, "weights", None, width) or {}
+    def __init__(self, inputs: Inputs, width: int) -> None:
+        self.base, self.merged, self.ref, self.tol, self.floor, self.bound = inputs.unpack()
+        self.width = width
+        self.shapes = {t.name: t.shape for t in self.base.tensors}
+        self.sizes = {t.name: math.prod(t.shape) for t in self.base.tensors}
+        self.start = summaries(self.base, "weights", None, width) or {}
         starts = _exact(self.start, self.shapes) or {}
         self.starts = starts
-        self.drift = Drift(starts) if ref is not None else None
+        self.drift = Drift(starts) if self.ref is not None else None
 
     def _get(self, run: Run | None, kind: str, i: int) -> dict[str, Kept] | None:
         return None if run is None else summaries(run, kind, i, self.width)

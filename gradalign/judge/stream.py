@@ -19,13 +19,13 @@ import numpy as np
 from ..runs.layout import grads_file, weights_file
 from ..runs.model import Run
 from ..runs.store import CheckedFile
-from .compatible import ReferenceBound, stray
+from .compatible import stray
 from .drift import DriftFiles
 from .fused import Pair, dominated_steps, widen64
+from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div
 from .noise import widened
 from .results import UpdateResult
-from .tolerances import Tolerances
 
 CHUNK = 1 << 17  # elements per slice
 
@@ -81,20 +81,11 @@ class _Outcome:
 class StreamJudge:
     """`compare._Judge.tensors` for run directories, streamed."""
 
-    def __init__(
-        self,
-        base: Run,
-        merged: Run,
-        ref: Run | None,
-        tol: Tolerances,
-        floor: float,
-        bound: ReferenceBound | None,
-    ) -> None:
-        self.base, self.merged, self.ref, self.tol = base, merged, ref, tol
-        self.floor, self.bound = floor, bound
-        self.drift = DriftFiles() if ref is not None else None
-        self.shapes = {t.name: t.shape for t in base.tensors}
-        self.params = {t.name: t.shape for t in base.tensors if t.kind == "param"}
+    def __init__(self, inputs: Inputs) -> None:
+        self.base, self.merged, self.ref, self.tol, self.floor, self.bound = inputs.unpack()
+        self.drift = DriftFiles() if self.ref is not None else None
+        self.shapes = {t.name: t.shape for t in self.base.tensors}
+        self.params = {t.name: t.shape for t in self.base.tensors if t.kind == "param"}
         self.pool = ThreadPoolExecutor(workers(), thread_name_prefix="gradalign-judge")
 
     def close(self) -> None:
