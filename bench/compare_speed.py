@@ -83,21 +83,22 @@ import resource, subprocess, sys, time
 start = time.perf_counter()
 code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
 seconds = time.perf_counter() - start
-print(seconds, code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(seconds, code, used.ru_maxrss * 1024, used.ru_utime + used.ru_stime)
 """
 
 
-def child(args: list[str]) -> tuple[float, int, int]:
-    """Wall seconds, exit code and peak RSS (bytes) of a child process, measured by a small
+def child(args: list[str]) -> tuple[float, int, int, float]:
+    """Wall seconds, exit code, peak RSS (bytes) and CPU seconds of a child, measured by a small
     wrapper process: a child forked from this one (which trained the runs) would count this
     process's memory in its peak RSS, since Linux keeps the peak across exec."""
     done = subprocess.run(
         [sys.executable, "-c", WRAP, *args], capture_output=True, text=True, check=True
     )
-    seconds, code, peak = done.stdout.split()
+    seconds, code, peak, cpu = done.stdout.split()
     if int(code) not in (0, 1):
         raise SystemExit(f"{' '.join(args)} failed with exit code {code}: {done.stderr}")
-    return float(seconds), int(code), int(peak)
+    return float(seconds), int(code), int(peak), float(cpu)
 
 
 def largest_tensor(folder: Path) -> int:
@@ -133,12 +134,14 @@ def main() -> int:
         raw_read(everything)  # warm the page cache
         times: dict[str, list[float]] = {k: [] for k in ("raw", "naive", "gradalign", "verify")}
         rss: list[int] = []
+        cpu: list[float] = []
         codes = set()
         start_up = []
         for _ in range(args.reps):
             times["raw"].append(raw_read(everything))
             times["naive"].append(child(naive)[0])
-            seconds, code, peak = child(ours)
+            seconds, code, peak, used = child(ours)
+            cpu.append(used)
             times["gradalign"].append(seconds)
             rss.append(peak)
             codes.add(code)
@@ -161,6 +164,8 @@ def main() -> int:
                 "gradalign_verify_files": total / median["verify"] / 1e9,
             },
             "gradalign_share_of_raw": median["raw"] / median["gradalign"],
+            "gradalign_cpu_seconds": statistics.median(cpu),
+            "gradalign_gb_per_cpu_second": total / statistics.median(cpu) / 1e9,
             "peak_rss_bytes": max(rss),
             "peak_rss_over_largest_tensor": max(rss) / largest,
             "startup_seconds": statistics.median(start_up),
@@ -180,6 +185,8 @@ def main() -> int:
         f"{figures['gradalign_share_of_raw']:.0%} of raw; "
         f"start-up {figures['startup_seconds']:.2f} s)\n"
         f"--verify-files  {g['gradalign_verify_files']:6.2f} GB/s  ({median['verify']:.2f} s)\n"
+        f"gradalign CPU   {figures['gradalign_cpu_seconds']:.2f} s (user + sys, all threads) = "
+        f"{figures['gradalign_gb_per_cpu_second']:.2f} GB per CPU-second\n"
         f"peak RSS {max(rss) / 2**20:.0f} MiB = {figures['peak_rss_over_largest_tensor']:.1f}x the "
         "largest tensor"
     )
