@@ -25,6 +25,7 @@ from .cli_options import (
     JsonOpt,
     ReferenceOpt,
     SelftestDeviceOpt,
+    SelftestOutOpt,
     SelftestRecordOpt,
     VerifyFilesOpt,
     report_options,
@@ -314,19 +315,14 @@ def golden_check(
 
 @app.command()
 def selftest(
-    out: Annotated[Path, typer.Option("--out", "-o", help="directory for the runs")] = Path(
-        "runs/selftest"
-    ),
+    out: SelftestOutOpt = Path("runs/selftest"),
     json: JsonOpt = None,
     record: SelftestRecordOpt = "full",
     device: SelftestDeviceOpt = "cpu",
 ) -> None:
     """Prove the gate: clean setups must pass, every known bug must fail with its own code."""
-    from .config import RECORD_MODES
     from .selftest import render_selftest, run_selftest, write_selftest_json
 
-    if record not in RECORD_MODES:
-        raise BadInput(f"--record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
     reports = [json] if json is not None else []
     outcome = run_selftest(out, err_console, reports=reports, device=device, record=record)
     render_selftest(outcome, out_console)

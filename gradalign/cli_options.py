@@ -45,6 +45,7 @@ VerifyFilesOpt = Annotated[
         "tensor's recorded fingerprint as it reads it either way)",
     ),
 ]
+SelftestOutOpt = Annotated[Path, typer.Option("--out", "-o", help="directory for the runs")]
 SelftestDeviceOpt = Annotated[
     str, typer.Option("--device", help="where every case trains: cpu, cuda or auto")
 ]

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import api
-from .config import TrainConfig
+from .config import RECORD_MODES, TrainConfig
 from .errors import BadInput
 from .judge.results import FAIL, PASS
 from .record.faults import FAULTS
@@ -180,6 +180,8 @@ def run_selftest(
 
     resolve_device(TrainConfig().replace(device=device).device)  # refused before any training
     check_outputs([out], [], reports or [])
+    if record not in RECORD_MODES:
+        raise BadInput(f"--record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
     outcomes, recorded, logs = [], set(), None
     for case in cases or CASES:
         try:

@@ -117,7 +117,7 @@ class Sketcher:
                 tensors[f"{kind}/{name}"] = summary.sketch
             norms = [np.sqrt(found[n].sumsq) if n in found else 0.0 for n in self.names]
             tensors[f"norms/{kind}"] = np.asarray(norms, dtype=np.float64)
-        self.files.write_now(sketch_file(update), tensors)
+        self.files.write_tensors(sketch_file(update), tensors)
 
     def fingerprints(self, kind: str, update: int | None) -> np.ndarray | None:
         found = self.results.get((kind, update))

@@ -23,17 +23,15 @@ from .tensorfile import parts
 
 
 class BackgroundWriter:
-    """Writes a `RunWriter`'s data files on one background thread, in submission order."""
+    """Writes a `RunWriter`'s data files on one background thread, in submission order.
+    Without a writer (a data-parallel rank that does not write the run) nothing is written,
+    and the fingerprints are kept all the same."""
 
-    def __init__(self, writer: files.RunWriter, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, writer: files.RunWriter | None, limit: int = DEFAULT_LIMIT) -> None:
         self.writer = writer
-        self.spool = Spool(limit, name=f"gradalign-writer-{writer.final.name}")
+        self.spool = Spool(limit, name="gradalign-writer")
         self.fingerprints: dict[str, dict[str, int]] = {}  # per file, per tensor
         self._lock = threading.Lock()
-
-    @property
-    def final(self) -> Path:
-        return self.writer.final
 
     def write(
         self,
@@ -48,27 +46,32 @@ class BackgroundWriter:
         `release` is called (or the file is written, without one). `declared`: the manifest
         dtype of each tensor whose fingerprint (docs/FORMAT.md) is to be kept in
         `fingerprints[relpath]`. `ready`: waited for first (an asynchronous device copy)."""
-        target = self.writer.staging / relpath
+        writer = self.writer
 
         def job() -> None:
             if ready is not None:
                 ready()
-            digest = files._write_atomic(target, parts(tensors))
+            if writer is not None:
+                digest = files._write_atomic(writer.staging / relpath, parts(tensors))
             prints = (
                 {name: bitsum(tensors[name], dtype) for name, dtype in declared.items()}
                 if declared is not None
                 else None
             )
             with self._lock:
-                self.writer.checksums[relpath] = digest
+                if writer is not None:
+                    writer.checksums[relpath] = digest
                 if prints is not None:
                     self.fingerprints[relpath] = prints
 
         nbytes = sum(np.asarray(a).nbytes for a in tensors.values())
         self.spool.submit(job, nbytes, release)
 
-    def write_now(self, relpath: str, tensors: Tensors) -> None:
-        """Write a small file on the calling thread (a background job's own output)."""
+    def write_tensors(self, relpath: str, tensors: Tensors) -> None:
+        """Write a small file now, on the calling thread (a background job's own output, the
+        ranks' series)."""
+        if self.writer is None:
+            return
         digest = files._write_atomic(self.writer.staging / relpath, parts(tensors))
         with self._lock:
             self.writer.checksums[relpath] = digest
@@ -83,18 +86,20 @@ class BackgroundWriter:
         """Wait for every file; raise the first background error."""
         self.spool.drain()
 
-    def finish(self, manifest: dict, series: Callable[[], Tensors]) -> Path:
-        """Wait for every file, then write the series (built now) and the manifest and move
-        the run into place."""
+    def finish(self, manifest: dict, series: Tensors | Callable[[], Tensors]) -> Path:
+        """Wait for every file, then write the series (built now, when given as a function)
+        and the manifest and move the run into place."""
         try:
             self.spool.close()
-            built = series()
+            built = series() if callable(series) else series
         except BaseException:
             self.abort()
             raise
+        assert self.writer is not None, "a rank that writes no run finishes none"
         return self.writer.finish(manifest, built)
 
     def abort(self) -> None:
         """Stop writing and drop the staged run; an earlier run at the path stays."""
         self.spool.abort()
-        self.writer.abort()
+        if self.writer is not None:
+            self.writer.abort()
