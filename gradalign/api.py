@@ -75,7 +75,11 @@ def record_baseline(
     require_torch()
     from .runs.writer import RunSet
 
-    cfg, out, feedback = as_config(config).replace(accum_steps=1), Path(out), feedback or Silent()
+    cfg, out, feedback = (
+        as_config(config).replace(accum_steps=1, nproc=1),
+        Path(out),
+        feedback or Silent(),
+    )
     if not checked:
         check_plan(cfg, [out], reference=reference)
     names = [out.name, *(p.name for p in recording.reference_names(cfg, out, reference))]
@@ -197,7 +201,9 @@ def verify(
     ]
     with RunSet(out, names) as runs:
         inspect_model(cfg, feedback)
-        recording.record_baseline_into(runs, cfg.replace(accum_steps=1), base, reference, feedback)
+        recording.record_baseline_into(
+            runs, cfg.replace(accum_steps=1, nproc=1), base, reference, feedback
+        )
         recording.train_into(cfg, runs.path("merged"), merged, "merged", feedback, fault)
     return compare(base, merged, tolerances=checked, reports=reports, feedback=feedback)
 

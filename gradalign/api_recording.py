@@ -26,6 +26,14 @@ def require_torch() -> None:
         ) from None
 
 
+def check_ranks(config: TrainConfig) -> None:
+    """A merged run on several ranks needs a backend this machine has (checked before work)."""
+    if config.nproc > 1:
+        from .record.launch import backend_for
+
+        backend_for(config)
+
+
 def check_plan(
     config: TrainConfig,
     outs: list[Path],
@@ -46,6 +54,7 @@ def check_plan(
     if reference not in REFERENCES:
         raise BadInput(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     get_fault(fault, config)
+    check_ranks(config)
     outs = [*outs, *reference_names(config, outs[0], reference)]
     check_outputs(outs, inputs, reports)
     for out in outs:
@@ -85,17 +94,63 @@ def train_into(
     fault: str | None = None,
     reference: str | None = None,
 ) -> None:
-    """Record one run at `where` (a set's private area), announced as `shown`."""
+    """Record one run at `where` (a set's private area), announced as `shown`; a merged run
+    of `nproc` > 1 is trained on that many ranks."""
+    train_many([(config, where, shown, fault)], label, feedback, reference)
+
+
+def train_many(
+    runs: Sequence[tuple[TrainConfig, Path, Path, str | None]],
+    label: str,
+    feedback: Feedback,
+    reference: str | None = None,
+) -> None:
+    """Record several runs (config, where, shown, fault): one process trains those of one
+    rank in turn; those of W ranks share one launch per W (starting ranks costs seconds)."""
     from .record.faults import get_fault
     from .record.loop import train
 
-    injected = get_fault(fault, config)
-    with feedback.progress(f"{label} (K={config.accum_steps})", config.updates) as advance:
-        train(config, where, progress=lambda _: advance(), fault=injected, reference=reference)
-    extra = f", fault {fault}" if fault else ""
-    feedback.message(
-        f"{label}: {config.updates} updates x K={config.accum_steps}{extra} -> {shown}"
-    )
+    for config, where, _, fault in runs:
+        if config.nproc == 1:
+            with _progress(feedback, label, config) as advance:
+                train(
+                    config,
+                    where,
+                    lambda _: advance(),
+                    fault=get_fault(fault, config),
+                    reference=reference,
+                )
+    for nproc in sorted({config.nproc for config, *_ in runs} - {1}):
+        batch = [run for run in runs if run[0].nproc == nproc]
+        _launch(batch, nproc, label, feedback)
+    for config, _, shown, fault in runs:
+        extra = f", fault {fault}" if fault else ""
+        ranks = f" on {config.nproc} ranks" if config.nproc > 1 else ""
+        feedback.message(
+            f"{label}: {config.updates} updates x K={config.accum_steps}{ranks}{extra} -> {shown}"
+        )
+
+
+def _progress(feedback: Feedback, label: str, config: TrainConfig):
+    ranks = f", W={config.nproc}" if config.nproc > 1 else ""
+    return feedback.progress(f"{label} (K={config.accum_steps}{ranks})", config.updates)
+
+
+def _launch(
+    batch: Sequence[tuple[TrainConfig, Path, Path, str | None]],
+    nproc: int,
+    label: str,
+    feedback: Feedback,
+) -> None:
+    """One launch of `nproc` ranks for every run of the batch, with one progress bar each."""
+    from contextlib import ExitStack
+
+    from .record.launch import Job, launch
+
+    jobs = [Job(config, str(where), fault) for config, where, _, fault in batch]
+    with ExitStack() as stack:
+        bars = [stack.enter_context(_progress(feedback, label, c)) for c, *_ in batch]
+        launch(jobs, nproc, lambda job, _update: bars[job]())
 
 
 def record_baseline_into(

@@ -21,6 +21,7 @@ forgotten) is recorded as it ran: the judge names the bug.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..runs.layout import grads_file, weights_file
 from ..runs.writer import RunWriter
 from . import clipping
 from .device import environment
+from .distributed import close_ranks, join, rank_info, unwrap_model
 from .facts import (
     RecorderError,
     data_digest,
@@ -62,11 +64,19 @@ class Recorder:
         compute_dtype: str | None = None,
         capture_grads: bool = True,
         scaler: Any = None,
+        distributed: bool | None = None,
+        group: Any = None,
+        rank: int | None = None,
     ) -> None:
         """`optimizer`: a torch optimizer, or a wrapper holding one as `.optimizer`.
         `capture_grads`: when the loop does not call grads() in a window, record the gradient
         the optimizer steps with (from a step hook). `scaler`: the loop's GradScaler, whose
-        unscale_() and update() calls per window are counted (once each is right)."""
+        unscale_() and update() calls per window are counted (once each is right).
+
+        Under torch.distributed every rank creates a Recorder with the same arguments; each
+        records its own facts, rank 0 writes the run (`ranks/rankR/` for every rank) once all
+        have closed. `distributed=False` records this process alone; `group`: the process group
+        the run spans (default: all); `rank`: this process's rank in the run, if not its own."""
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
             raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
         self.accum_steps = accum_steps
@@ -74,10 +84,13 @@ class Recorder:
         self.fault = fault
         self.reference = reference
         self.capture_grads = capture_grads
+        self.out_dir = Path(out_dir)
         try:
             self._optimizer = unwrap_optimizer(optimizer)
         except TypeError as exc:
             raise RecorderError(str(exc)) from None
+        model = unwrap_model(model)
+        self._ranks = join(distributed, group, rank)
         self._model_facts = model_facts(model)
         self._named = named_tensors(model)
         if not self._named:
@@ -87,6 +100,10 @@ class Recorder:
         self._env = environment(first.device, first.dtype)
         if compute_dtype is not None:
             self._env["compute_dtype"] = compute_dtype
+        self._rank_info = {}
+        if self._ranks is not None:
+            self._env["world_size"] = self._ranks.world
+            self._rank_info = rank_info(self._ranks, first.device)
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
         self._data: list[int] = []
@@ -96,6 +113,8 @@ class Recorder:
         self._samples: list[int] = []  # rows of each micro-batch (from batch=)
         self._steps_since_micro = 0
         self._update_state: list[np.ndarray] = []
+        self._grad_state: list[torch.Tensor] = []  # per update: the stepped gradient's prints
+        self._stepped: torch.Tensor | None = None  # this window's, once captured
         self._windows = Windows()
         self._grad_dtypes: set[str] = set()
         self._closed = False
@@ -109,17 +128,22 @@ class Recorder:
         ]
         self._stop_clip = clipping.listen(self._on_clip)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
+        self._writer: RunWriter | None = None
         try:
-            self._writer = RunWriter(out_dir)
-        except BaseException:
+            if self._ranks is None or self._ranks.writes:
+                self._writer = RunWriter(out_dir)
+        except BaseException as exc:
             self._unhook()
+            self._settle(exc)
             raise
         try:
-            self._writer.write_tensors(weights_file(None), self._snapshot())
+            self._write(weights_file(None), self._snapshot)
             self._init_state = self._state()
-        except BaseException:
+        except BaseException as exc:
             self.abort()
+            self._settle(exc)
             raise
+        self._settle(None)
 
     # -- calls from the training loop ------------------------------------------------------------
 
@@ -188,8 +212,10 @@ class Recorder:
         `scaler.update()`), if the loop scales its loss."""
         self._check_open()
         update = self._windows.closed
-        self._writer.write_tensors(weights_file(update), self._snapshot())
+        self._write(weights_file(update), self._snapshot)
         self._update_state.append(self._state())
+        self._grad_state.append(self._stepped if self._stepped is not None else self._zeros())
+        self._stepped = None
         groups = len(self._optimizer.param_groups)
         self._windows.close(
             self._optimizer_state_step(),
@@ -203,11 +229,13 @@ class Recorder:
             return None
         self._closed = True
         self._unhook()
+        if self._ranks is not None:
+            return close_ranks(self)
         try:
             series, manifest = self._finalize()
-            return self._writer.finish(manifest, series)
+            return self._writer.finish(manifest, series)  # type: ignore[union-attr]
         except BaseException:
-            self._writer.abort()
+            self._writer.abort()  # type: ignore[union-attr]
             raise
 
     def abort(self) -> None:
@@ -215,7 +243,8 @@ class Recorder:
         if not self._closed:
             self._closed = True
             self._unhook()
-            self._writer.abort()
+            if self._writer is not None:
+                self._writer.abort()
 
     def __enter__(self) -> Recorder:
         return self
@@ -273,13 +302,31 @@ class Recorder:
         self._grad_dtypes.update(
             dtype_name(t.grad) for t, _, _ in self._named.values() if t.grad is not None
         )
-        grads = {
-            name: to_numpy(t.grad) if t.grad is not None else np.zeros(shape, _np_dtype(t))
-            for name, (t, kind, shape) in self._named.items()
-            if kind == "param"
-        }
-        self._writer.write_tensors(grads_file(update), grads)
+        self._stepped = self._grad_state_tensor()
+        self._write(
+            grads_file(update),
+            lambda: {
+                name: to_numpy(t.grad) if t.grad is not None else np.zeros(shape, _np_dtype(t))
+                for name, (t, kind, shape) in self._named.items()
+                if kind == "param"
+            },
+        )
         self._windows.open.grads_written = True
+
+    def _write(self, relpath: str, tensors: Callable[[], dict[str, np.ndarray]]) -> None:
+        """Write a tensor file; only the writing rank does (the others keep fingerprints)."""
+        if self._writer is not None:
+            self._writer.write_tensors(relpath, tensors())
+
+    def _settle(self, error: BaseException | None) -> None:
+        """Under torch.distributed, every rank learns whether the run could be started; a rank
+        whose writer failed re-raises its own error, the others raise this one."""
+        if self._ranks is None:
+            return
+        failure = self._ranks.agree(None if error is None else f"{type(error).__name__}: {error}")
+        if failure and error is None:
+            self.abort()
+            raise RecorderError(f"another rank could not start the run ({failure})")
 
     def _optimizer_state_step(self) -> int:
         """The optimizer's own step counter (Adam's `state["step"]`), or -1 if it keeps none."""
@@ -299,6 +346,10 @@ class Recorder:
 
     def _state_tensor(self) -> torch.Tensor:
         return torch.stack([fingerprint(tensor) for tensor, _, _ in self._named.values()])
+
+    def _zeros(self) -> torch.Tensor:
+        first = next(iter(self._named.values()))[0]
+        return torch.zeros(len(self._named), dtype=torch.int64, device=first.device)
 
     def _grad_state_tensor(self) -> torch.Tensor:
         """Fingerprints of each parameter's accumulated .grad (0 where there is none yet)."""
