@@ -20,7 +20,7 @@ from typing import Any
 
 from . import api_recording as recording
 from .api_golden import GoldenCheck, golden_check, golden_write
-from .api_recording import check_plan, inspect_model, require_torch
+from .api_recording import check_plan, inspect_model, record_merged_runs, require_torch
 from .config import ENTRY_POINT_KEYS, TrainConfig, load_config
 from .errors import BadInput
 from .feedback import Feedback, Silent
@@ -39,6 +39,7 @@ __all__ = [
     "merged_against",
     "record_baseline",
     "record_merged",
+    "record_merged_runs",
     "verify",
 ]
 

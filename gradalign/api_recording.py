@@ -166,3 +166,36 @@ def record_baseline_into(
         )
         link = f"../{ref_dir.name}"
     train_into(cfg, runs.path(out.name), out, "baseline", feedback, reference=link)
+
+
+def record_merged_runs(
+    runs: Sequence[tuple[Any, PathLike, str | None]], feedback: Feedback | None = None
+) -> list[Path]:
+    """Record several merged runs, each (config, out, fault), checked before any training; the
+    data-parallel ones (nproc > 1) share one launch per W. All appear, or none does."""
+    from contextlib import ExitStack
+
+    from .api import as_config
+    from .feedback import Silent
+    from .runs.writer import RunSet
+
+    feedback = feedback or Silent()
+    plans = [(as_config(config), Path(out), fault) for config, out, fault in runs]
+    if len({out.resolve() for _, out, _ in plans}) < len(plans):
+        raise BadInput("two merged runs would be recorded at the same path")
+    for config, out, fault in plans:
+        check_plan(config, [out], fault=fault)
+    parents: dict[Path, list[str]] = {}
+    for _, out, _ in plans:
+        parents.setdefault(out.parent, []).append(out.name)
+    with ExitStack() as stack:  # one set per directory: a set's private area is per process
+        sets = {
+            parent: stack.enter_context(RunSet(parent, names)) for parent, names in parents.items()
+        }
+        where = [sets[out.parent].path(out.name) for _, out, _ in plans]
+        train_many(
+            [(cfg, at, out, fault) for (cfg, out, fault), at in zip(plans, where, strict=True)],
+            "merged",
+            feedback,
+        )
+    return [out for _, out, _ in plans]

@@ -17,6 +17,8 @@ import logging
 import os
 import queue as queues
 import socket
+import sys
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -70,6 +72,7 @@ def free_port() -> int:
 def launch(jobs: list[Job], nproc: int, progress: Progress | None = None) -> None:
     """Record every job on `nproc` ranks, one job after the other, in one launch."""
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     if not jobs:
         return
@@ -78,13 +81,14 @@ def launch(jobs: list[Job], nproc: int, progress: Progress | None = None) -> Non
         raise ValueError("one launch runs jobs of one backend and one nproc")
     events = mp.get_context("spawn").SimpleQueue()
     args = (nproc, free_port(), backends.pop(), jobs, events)
-    with _one_thread(), _quiet("torch.multiprocessing.spawn"):
+    with _one_thread(), _quiet("torch.multiprocessing.spawn"), _hidden_main():
         context = mp.start_processes(_rank_main, args, nproc, join=False, start_method="spawn")
+    with _quiet("torch.multiprocessing.spawn"):
         errors: list[tuple] = []
         try:
             while not context.join(timeout=POLL_S):
                 _drain(events, progress, errors)
-        except mp.ProcessException as exc:
+        except ProcessException as exc:
             _drain(events, progress, errors)
             raise _failure(exc, errors) from None
         except BaseException:
@@ -173,6 +177,20 @@ def _one_thread() -> Iterator[None]:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = before
+
+
+@contextlib.contextmanager
+def _hidden_main() -> Iterator[None]:
+    """Spawned processes re-run the parent's `__main__` script (multiprocessing's rule) unless
+    it is guarded by `if __name__ == "__main__"`; the ranks need nothing from it (their function
+    and jobs live in gradalign), so it is hidden while they start."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 @contextlib.contextmanager

@@ -2,17 +2,31 @@
 
 torch's SyncBatchNorm runs on GPUs only; under gloo the built-in data-parallel loop uses this
 instead, so that W ranks normalize a micro-step with the statistics of all its rows, as one
-process would. Sums travel through `torch.distributed.nn.functional.all_reduce`, which carries
-gradients back to every rank; mean and variance are two passes, in float64 like torch's own CPU
-BatchNorm.
+process would. Sums travel through an all-reduce that carries gradients back to every rank;
+mean and variance are two passes, in float64 like torch's own CPU BatchNorm.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 from torch import nn
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """y = the sum of x over the ranks; each rank's gradient is the sum of theirs."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        out = grad.clone()
+        dist.all_reduce(out)
+        return out
 
 
 class RankBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -31,9 +45,9 @@ class RankBatchNorm(nn.modules.batchnorm._BatchNorm):
         dist.all_reduce(count)
         n = float(count)
         wide = x.to(torch.float64)
-        mean = dist_fn.all_reduce(wide.sum(dims)) / n
+        mean = _SumOverRanks.apply(wide.sum(dims)) / n
         centered = wide - mean.reshape(shape)
-        var = dist_fn.all_reduce((centered * centered).sum(dims)) / n
+        var = _SumOverRanks.apply((centered * centered).sum(dims)) / n
         out = centered * torch.rsqrt(var + self.eps).reshape(shape)
         if self.affine:
             out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
