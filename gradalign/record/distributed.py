@@ -96,7 +96,7 @@ def join(distributed: bool | None, group: Any = None, rank: int | None = None) -
             )
         return None
     world = dist.get_world_size(group)
-    if world == 1 and not distributed:
+    if world == 1 and not distributed and rank is None:
         return None
     backend = str(dist.get_backend(group))
     ranks = Ranks(
