@@ -74,7 +74,8 @@ def inspect_model(config: TrainConfig, feedback: Feedback) -> dict[str, Any]:
     for line in warnings_for(facts):
         feedback.message(f"warning: {line}")
     feedback.message(f"settings: {determinism_line(env)}")
-    return {**env, "compute_dtype": compute_dtype(config)}
+    ranks = {"world_size": config.nproc} if config.nproc > 1 else {}  # as the run will record
+    return {**env, "compute_dtype": compute_dtype(config), **ranks}
 
 
 def reference_names(config: TrainConfig, baseline: Path, reference: str) -> list[Path]:

@@ -24,6 +24,7 @@ from gradalign.runs import tensors
 from gradalign.runs.reader import read_run_dir
 
 from .conftest import one_line_error
+from .test_user_model import USER_CODE
 
 dist = pytest.importorskip("torch.distributed")
 if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover
@@ -40,6 +41,8 @@ SETUPS = {
     "sgd-cos": {"scheduler": "cosine", "warmup_updates": 1, "clip_norm": 0.5},
     "tiny-lm": {"model": "tiny-lm"},
     "cnn-bn": {"model": "cnn-bn"},
+    "mlp-dropout": {"model": "mlp-dropout"},
+    "user": {},  # the user's own model, data and loss from a file (filled in by dp_runs)
 }
 DP_FAULTS = [name for name, fault in FAULTS.items() if fault.dp is not None]
 FAULT_SETUP = {
@@ -61,6 +64,9 @@ SCENARIOS = [
     ("tiny-lm", 2, None, None),
     ("cnn-bn", 1, None, None),  # BatchNorm synced over the ranks: one process at B exactly
     ("cnn-bn", 4, None, "batchnorm"),  # synced, but B/K rows per micro-step
+    # each rank draws its dropout masks from its own generator: not one process's masks
+    ("mlp-dropout", 2, None, "dropout-rng"),
+    ("user", 4, None, None),
     *(
         (FAULT_SETUP.get(f, "sgd"), 1 if f == "dp-batchnorm" else 4, f, FAULTS[f].code)
         for f in DP_FAULTS
@@ -93,6 +99,10 @@ def dp_runs(tmp_path_factory):
     """Baselines (one process, with float64 references) and every merged scenario on 2 ranks,
     recorded in one launch."""
     root = tmp_path_factory.mktemp("dp")
+    (root / "user_nets.py").write_text(USER_CODE)
+    user = f"{root / 'user_nets.py'}"
+    SETUPS["user"].update(model=f"{user}:make_model", data=f"{user}:make_data")
+    SETUPS["user"]["loss"] = f"{user}:loss_sum"
     for setup in SETUPS:
         api.record_baseline(config(setup, nproc=1), root / setup / "baseline")
     runs = [

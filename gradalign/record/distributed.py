@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,12 +71,15 @@ class Ranks:
 
     def facts(self, infos: list[dict[str, Any]]) -> dict[str, Any]:
         """The manifest's `distributed` object."""
-        return {
+        facts = {
             "world_size": self.world,
             "backend": self.backend,
             "launcher": self.launcher,
             "ranks": sorted(infos, key=lambda info: info["rank"]),
         }
+        if self.backend == "nccl":
+            facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        return facts
 
 
 def join(distributed: bool | None, group: Any = None, rank: int | None = None) -> Ranks | None:
@@ -135,6 +139,15 @@ def rank_info(ranks: Ranks, device: torch.device) -> dict[str, Any]:
         "pid": os.getpid(),
         "device": str(device),
     }
+
+
+def settle(ranks: Ranks, error: BaseException | None, abort: Callable[[], None]) -> None:
+    """After a Recorder started (or failed to), every rank learns whether all could: a rank whose
+    own start failed re-raises its error (the caller does), the others abort and raise this."""
+    failure = ranks.agree(None if error is None else f"{type(error).__name__}: {error}")
+    if failure and error is None:
+        abort()
+        raise RecorderError(f"another rank could not start the run ({failure})")
 
 
 # What each rank sends the writer when the run closes (its own series, under these names).

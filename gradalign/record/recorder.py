@@ -32,7 +32,7 @@ from ..runs.layout import grads_file, weights_file
 from ..runs.writer import RunWriter
 from . import clipping
 from .device import environment
-from .distributed import close_ranks, join, rank_info, unwrap_model
+from .distributed import close_ranks, join, rank_info, settle, unwrap_model
 from .facts import (
     RecorderError,
     data_digest,
@@ -319,14 +319,9 @@ class Recorder:
             self._writer.write_tensors(relpath, tensors())
 
     def _settle(self, error: BaseException | None) -> None:
-        """Under torch.distributed, every rank learns whether the run could be started; a rank
-        whose writer failed re-raises its own error, the others raise this one."""
-        if self._ranks is None:
-            return
-        failure = self._ranks.agree(None if error is None else f"{type(error).__name__}: {error}")
-        if failure and error is None:
-            self.abort()
-            raise RecorderError(f"another rank could not start the run ({failure})")
+        """Under torch.distributed, every rank learns whether the run could be started."""
+        if self._ranks is not None:
+            settle(self._ranks, error, self.abort)
 
     def _optimizer_state_step(self) -> int:
         """The optimizer's own step counter (Adam's `state["step"]`), or -1 if it keeps none."""
