@@ -42,6 +42,8 @@ SETUPS = {
     "tiny-lm": {"model": "tiny-lm"},
     "cnn-bn": {"model": "cnn-bn"},
     "mlp-dropout": {"model": "mlp-dropout"},
+    "fp16-adamw": {"precision": "fp16", "optimizer": "adamw"},  # a GradScaler on every rank
+    "O3": {"amp_level": "O3"},  # float16 weights, all-reduced in float16
     "user": {},  # the user's own model, data and loss from a file (filled in by dp_runs)
 }
 DP_FAULTS = [name for name, fault in FAULTS.items() if fault.dp is not None]
@@ -67,6 +69,8 @@ SCENARIOS = [
     # each rank draws its dropout masks from its own generator: not one process's masks
     ("mlp-dropout", 2, None, "dropout-rng"),
     ("user", 4, None, None),
+    ("fp16-adamw", 2, None, None),
+    ("O3", 2, None, None),
     *(
         (FAULT_SETUP.get(f, "sgd"), 1 if f == "dp-batchnorm" else 4, f, FAULTS[f].code)
         for f in DP_FAULTS

@@ -1,10 +1,12 @@
 """Launch W ranks of the built-in loop: `gradalign merged --nproc W` without torchrun.
 
 `torch.multiprocessing` spawns W processes; each sets `OMP_NUM_THREADS=1` (one thread per rank:
-W ranks share the machine's cores), joins a process group on a free port of 127.0.0.1 (gloo on
-the CPU, nccl on CUDA, one GPU per rank), and trains its jobs in turn through the same `train()`
-a single process uses. One launch runs many jobs, since starting the ranks (importing torch in
-each) costs seconds: the selftest and the tests record all their data-parallel runs in one.
+W ranks share the machine's cores), joins a process group through a TCP store that this process
+holds on a free port of 127.0.0.1 (gloo on the CPU, nccl on CUDA, one GPU per rank), and trains
+its jobs in turn through the same `train()` a single process uses. One launch runs many jobs,
+since starting the ranks (importing torch in each) costs seconds: the selftest and the tests
+record all their data-parallel runs in one. A rank leaves with `os._exit` once its work is done
+and the group destroyed (an interpreter's teardown can abort on gloo's threads).
 
 A rank that raises stops the launch; a rank that dies (killed, out of memory) makes the others
 be terminated: the jobs' runs are then absent, and the caller's `RunSet` discards its area.
@@ -16,7 +18,6 @@ import contextlib
 import logging
 import os
 import queue as queues
-import socket
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -62,13 +63,6 @@ def backend_for(config: TrainConfig) -> str:
     return "gloo"
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def launch(jobs: list[Job], nproc: int, progress: Progress | None = None) -> None:
     """Record every job on `nproc` ranks, one job after the other, in one launch."""
     import torch.multiprocessing as mp
@@ -80,17 +74,20 @@ def launch(jobs: list[Job], nproc: int, progress: Progress | None = None) -> Non
     if len(backends) > 1 or any(job.config.nproc != nproc for job in jobs):
         raise ValueError("one launch runs jobs of one backend and one nproc")
     events = mp.get_context("spawn").SimpleQueue()
-    args = (nproc, free_port(), backends.pop(), jobs, events)
+    store = _store()  # here, not in rank 0: it outlives every rank, however they end
+    args = (nproc, store.port, backends.pop(), jobs, events)
     with _one_thread(), _quiet("torch.multiprocessing.spawn"), _hidden_main():
         context = mp.start_processes(_rank_main, args, nproc, join=False, start_method="spawn")
     with _quiet("torch.multiprocessing.spawn"):
         errors: list[tuple] = []
+        done: set[int] = set()
         try:
             while not context.join(timeout=POLL_S):
-                _drain(events, progress, errors)
+                _drain(events, progress, errors, done)
         except ProcessException as exc:
-            _drain(events, progress, errors)
-            raise _failure(exc, errors) from None
+            _drain(events, progress, errors, done)
+            if len(done) < nproc:  # a rank that died after its work was done changes nothing
+                raise _failure(exc, errors) from None
         except BaseException:
             for process in context.processes:
                 if process.is_alive():
@@ -98,7 +95,15 @@ def launch(jobs: list[Job], nproc: int, progress: Progress | None = None) -> Non
             for process in context.processes:
                 process.join()
             raise
-        _drain(events, progress, errors)
+        _drain(events, progress, errors, done)
+    del store
+
+
+def _store():
+    """The ranks' rendezvous: a TCP store on a free port of 127.0.0.1, held by this process."""
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
 
 
 def _rank_main(rank: int, world: int, port: int, backend: str, jobs: list[Job], events) -> None:
@@ -120,7 +125,8 @@ def _rank_main(rank: int, world: int, port: int, backend: str, jobs: list[Job], 
     torch.set_num_threads(1)
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    store = dist.TCPStore("127.0.0.1", port, world, False)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     try:
         for index, job in enumerate(jobs):
             report = (
@@ -130,14 +136,19 @@ def _rank_main(rank: int, world: int, port: int, backend: str, jobs: list[Job], 
     except BaseException as exc:
         events.put(("error", rank, type(exc).__name__, " ".join(str(exc).split()), _is_bad(exc)))
         raise
+    events.put(("done", rank))
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown: gloo's threads may abort it (pytorch #179291)
 
 
 def _is_bad(exc: BaseException) -> bool:
     return isinstance(exc, BadInput)
 
 
-def _drain(events, progress: Progress | None, errors: list[tuple]) -> None:
+def _drain(events, progress: Progress | None, errors: list[tuple], done: set[int]) -> None:
     while True:
         try:
             if events.empty():
@@ -149,6 +160,8 @@ def _drain(events, progress: Progress | None, errors: list[tuple]) -> None:
             progress(event[1], event[2])
         elif event[0] == "error":
             errors.append(event[1:])
+        elif event[0] == "done":
+            done.add(event[1])
 
 
 def _failure(exc: BaseException, errors: list[tuple]) -> Exception:
