@@ -83,6 +83,7 @@ class LogCase:
     card_loss: str | None = None
     fault: None = None
     also: tuple[str, ...] = ()
+    nproc: int = 1  # logs are read, not trained
 
     @property
     def name(self) -> str:
@@ -195,7 +196,7 @@ def run_selftest(
     check_outputs([out], [], reports or [])
     cases = cases or CASES
     outcomes, recorded, logs = [], set(), None
-    for case in (c for c in cases if getattr(c, "nproc", 1) == 1):
+    for case in (c for c in cases if c.nproc == 1):
         if isinstance(case, LogCase):
             logs = logs or _write_logs(out / "logs")
             comparison = api.compare(

@@ -131,8 +131,11 @@ def _gloo_twin(group: Any) -> Any:
     return twin
 
 
-def rank_info(ranks: Ranks, device: torch.device) -> dict[str, Any]:
-    """What the manifest says about one rank."""
+def rank_info(ranks: Ranks | None, device: torch.device, env: dict[str, Any]) -> dict[str, Any]:
+    """What the manifest says about this rank ({} for one process); `env` gets the world size."""
+    if ranks is None:
+        return {}
+    env["world_size"] = ranks.world
     return {
         "rank": ranks.rank,
         "host": socket.gethostname(),
@@ -155,6 +158,7 @@ RANK_KEYS = (
     "micro/loss",
     "micro/items",
     "micro/data",
+    "micro/samples",
     "init/state",
     "update/state",
     "update/lr",
@@ -172,10 +176,8 @@ def close_ranks(rec: Any) -> Path | None:
     ranks: Ranks = rec._ranks
     series, manifest = rec._finalize()
     own = {key: series[key] for key in RANK_KEYS if key in series}
-    rows = list(rec._grad_state)
-    own["update/grad_state"] = (
-        torch.stack(rows).cpu().numpy() if rows else np.zeros((0, len(rec._named)), np.int64)
-    )
+    rows = rec._grad_state
+    own["update/grad_state"] = np.stack(rows) if rows else np.zeros((0, len(rec._named)), np.int64)
     parts = ranks.exchange({"series": own, "info": rec._rank_info})
     problem = _mismatch(parts)
     error: BaseException | None = None

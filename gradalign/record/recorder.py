@@ -40,7 +40,9 @@ from .facts import (
     fingerprint,
     model_facts,
     named_tensors,
+    numpy_dtype,
     sample_count,
+    scalar_loss,
     to_numpy,
 )
 from .window import Windows, group_lrs, unwrap_optimizer, watch_scaler
@@ -100,10 +102,7 @@ class Recorder:
         self._env = environment(first.device, first.dtype)
         if compute_dtype is not None:
             self._env["compute_dtype"] = compute_dtype
-        self._rank_info = {}
-        if self._ranks is not None:
-            self._env["world_size"] = self._ranks.world
-            self._rank_info = rank_info(self._ranks, first.device)
+        self._rank_info = rank_info(self._ranks, first.device, self._env)
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
         self._data: list[int] = []
@@ -113,7 +112,7 @@ class Recorder:
         self._samples: list[int] = []  # rows of each micro-batch (from batch=)
         self._steps_since_micro = 0
         self._update_state: list[np.ndarray] = []
-        self._grad_state: list[torch.Tensor] = []  # per update: the stepped gradient's prints
+        self._grad_state: list[np.ndarray] = []  # per update: the stepped gradient's prints
         self._stepped: torch.Tensor | None = None  # this window's, once captured
         self._windows = Windows()
         self._grad_dtypes: set[str] = set()
@@ -171,7 +170,7 @@ class Recorder:
         if loss_sum is not None:
             if items is None or float(items) <= 0:
                 raise RecorderError("micro(loss_sum=...) needs items, the item count (> 0)")
-            loss = _scalar(loss_sum) / float(items)
+            loss = scalar_loss(loss_sum) / float(items)
         if items is None and self._items:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
@@ -180,7 +179,7 @@ class Recorder:
             raise RecorderError("batch was given for earlier micro-steps; give it every time")
         if batch is not None and len(self._data) != len(self._losses):
             raise RecorderError("batch given now but not for earlier micro-steps")
-        self._losses.append(_scalar(loss))
+        self._losses.append(scalar_loss(loss))
         if items is not None:
             self._items.append(float(items))
         if batch is not None:
@@ -214,7 +213,8 @@ class Recorder:
         update = self._windows.closed
         self._write(weights_file(update), self._snapshot)
         self._update_state.append(self._state())
-        self._grad_state.append(self._stepped if self._stepped is not None else self._zeros())
+        stepped, p = self._stepped, len(self._named)
+        self._grad_state.append(np.zeros(p, np.int64) if stepped is None else stepped.cpu().numpy())
         self._stepped = None
         groups = len(self._optimizer.param_groups)
         self._windows.close(
@@ -306,7 +306,7 @@ class Recorder:
         self._write(
             grads_file(update),
             lambda: {
-                name: to_numpy(t.grad) if t.grad is not None else np.zeros(shape, _np_dtype(t))
+                name: to_numpy(t.grad) if t.grad is not None else np.zeros(shape, numpy_dtype(t))
                 for name, (t, kind, shape) in self._named.items()
                 if kind == "param"
             },
@@ -341,10 +341,6 @@ class Recorder:
 
     def _state_tensor(self) -> torch.Tensor:
         return torch.stack([fingerprint(tensor) for tensor, _, _ in self._named.values()])
-
-    def _zeros(self) -> torch.Tensor:
-        first = next(iter(self._named.values()))[0]
-        return torch.zeros(len(self._named), dtype=torch.int64, device=first.device)
 
     def _grad_state_tensor(self) -> torch.Tensor:
         """Fingerprints of each parameter's accumulated .grad (0 where there is none yet)."""
@@ -402,15 +398,3 @@ class Recorder:
         if self.reference is not None:
             manifest["reference"] = self.reference
         return series, manifest
-
-
-def _scalar(value: torch.Tensor | float) -> torch.Tensor:
-    """A loss as a float64 0-d tensor on its device (no host sync per micro-step)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().reshape(()).to(torch.float64)
-    return torch.tensor(float(value), dtype=torch.float64)
-
-
-def _np_dtype(tensor: torch.Tensor) -> np.dtype:
-    """The numpy dtype a parameter's gradient is stored in (bfloat16 widens to float32)."""
-    return np.dtype(np.float32) if tensor.dtype == torch.bfloat16 else to_numpy(tensor[:0]).dtype

@@ -23,7 +23,12 @@ RANK_SERIES = "ranks/rank{rank}/series.safetensors"
 LAUNCHERS = ("gradalign", "torchrun", "unknown")
 MAX_WORLD = 65536
 # What every rank records; per micro-step (M rows), per update (N rows), fingerprints (P columns).
-PER_MICRO = {"micro/loss": np.float64, "micro/items": np.float64, "micro/data": np.int64}
+PER_MICRO = {
+    "micro/loss": np.float64,
+    "micro/items": np.float64,
+    "micro/data": np.int64,
+    "micro/samples": np.int64,
+}
 PER_UPDATE = {
     "update/state": np.int64,
     "update/grad_state": np.int64,
@@ -56,17 +61,18 @@ class RankSeries:
 
 
 def combine(ranks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Per micro-step over the ranks: the items-weighted mean loss (plain mean without items),
-    the summed items and the summed sample digests (int64, wrapping)."""
+    """Per micro-step over the ranks: the mean loss weighted by items (else by samples, else
+    plain), the summed items and samples, and the summed sample digests (int64, wrapping)."""
     losses = np.stack([np.asarray(r["micro/loss"], dtype=np.float64) for r in ranks])
     out: dict[str, np.ndarray] = {"micro/loss": losses.mean(axis=0)}
-    if all(r.get("micro/items") is not None for r in ranks):
-        items = np.stack([np.asarray(r["micro/items"], dtype=np.float64) for r in ranks])
-        total = items.sum(axis=0)
-        weighted = (losses * items).sum(axis=0)
-        safe = np.where(total > 0, total, 1.0)
-        out["micro/loss"] = np.where(total > 0, weighted / safe, out["micro/loss"])
-        out["micro/items"] = total
+    for key in ("micro/samples", "micro/items"):  # items, when recorded, weigh the loss
+        if all(r.get(key) is not None for r in ranks):
+            counts = np.stack([np.asarray(r[key], dtype=np.float64) for r in ranks])
+            total = counts.sum(axis=0)
+            weighted = (losses * counts).sum(axis=0)
+            safe = np.where(total > 0, total, 1.0)
+            out["micro/loss"] = np.where(total > 0, weighted / safe, losses.mean(axis=0))
+            out[key] = total.astype(np.int64) if key == "micro/samples" else total
     if all(r.get("micro/data") is not None for r in ranks):
         data = np.stack([np.asarray(r["micro/data"], dtype=np.int64) for r in ranks])
         out["micro/data"] = data.sum(axis=0, dtype=np.int64)
@@ -116,7 +122,7 @@ def read_ranks(
         if relpath not in manifest["files"]:
             raise BadInput(f"{where}: rank {rank}'s series {relpath} is not listed in the manifest")
         raw.append(_checked(load(relpath), f"{where}: {relpath}", micro, updates, columns))
-    for key in ("micro/items", "micro/data"):
+    for key in ("micro/items", "micro/data", "micro/samples"):
         present = [r.get(key) is not None for r in raw]
         if len(set(present)) > 1 or any(present) != (run_series.get(key) is not None):
             raise BadInput(f"{where}: {key} is recorded by some ranks (or the run) and not others")
@@ -154,7 +160,7 @@ def _agrees(combined: dict[str, np.ndarray], run: dict[str, np.ndarray], where: 
         mine = run.get(key)
         if mine is None or mine.shape != value.shape:
             raise BadInput(f"{where}: series {key} is not the combination of its ranks'")
-        if key == "micro/data":
+        if key in ("micro/data", "micro/samples"):
             same = np.array_equal(mine.astype(np.int64), value)
         else:
             both = np.isfinite(value) & np.isfinite(mine)
