@@ -283,7 +283,7 @@ def write_selftest_json(outcomes: list[Outcome], path: Path) -> None:
             "setup": o.case.setup,
             "fault": o.case.fault,
             "nproc": o.case.nproc,
-            "accum_steps": o.case.config.accum_steps,
+            "accum_steps": o.case.k if isinstance(o.case, LogCase) else o.case.config.accum_steps,
             "skipped": o.skipped,
             "expected_verdict": o.expected_verdict,
             "expected_code": o.expected_code,
