@@ -148,3 +148,28 @@ def test_a_clean_loop_has_no_bookkeeping_facts(tmp_path):
     assert run.window_sizes is None and run.unclosed_micro_steps == 0 and run.grads_calls is None
     inner = [int(s) for s in run.micro_step_counts]
     assert inner == [0, 0, 1, 0, 1, 0, 1, 0]  # each window's step is seen at the next window
+
+
+def test_runs_of_different_lengths_with_a_schedule_are_judged_not_crashed(tmp_path):
+    """A forgotten update() shifts the merged lr series against the baseline's: the lr
+    signatures read only the updates that line up (this once ended in exit 3)."""
+    loop(tmp_path / "b", 1, closure=True, lr_in_closure=True)
+    loop(tmp_path / "m", 2, closure=True, lr_in_closure=True, forget_update=True)
+    result = api.compare(tmp_path / "b", tmp_path / "m")
+    assert result.verdict == "fail"
+    assert [d.code for d in result.diagnosis][:1] == ["window-bookkeeping"]
+
+
+def test_a_micro_batch_of_padding_alone_is_recorded(tmp_path):
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradalign.Recorder(tmp_path / "r", model, opt, accum_steps=2) as rec:
+        loss = model(torch.ones(2, 3)).sum()
+        loss.backward()
+        rec.micro(loss_sum=loss, items=2)
+        rec.micro(loss_sum=torch.tensor(0.0), items=0)  # every label was padding
+        opt.step()
+        rec.update()
+    run = read_run_dir(tmp_path / "r")
+    assert list(run.micro_items) == [2.0, 0.0]
+    assert run.window_losses()[0] == pytest.approx(float(loss.detach()) / 2)

@@ -31,7 +31,7 @@ import torch
 from ..runs.layout import grads_file, weights_file
 from ..runs.writer import RunWriter
 from . import clipping
-from .device import environment
+from .device import autocast_dtype, environment
 from .distributed import close_ranks, join, rank_info, settle, unwrap_model
 from .facts import (
     RecorderError,
@@ -45,7 +45,7 @@ from .facts import (
     scalar_loss,
     to_numpy,
 )
-from .window import Windows, group_lrs, unwrap_optimizer, watch_scaler
+from .window import Windows, after_closure, group_lrs, unwrap_optimizer, watch_scaler
 
 __all__ = ["Recorder", "RecorderError"]
 
@@ -119,7 +119,7 @@ class Recorder:
         self._closed = False
         # Whatever can fail comes before the run's directory is staged; after it, a failure
         # removes the staging directory again: an error never leaves a partial run behind.
-        self._device_type = first.device.type
+        self._device = first.device
         self._hooks = [
             self._optimizer.register_step_pre_hook(self._before_step),
             self._optimizer.register_step_post_hook(self._after_step),
@@ -137,7 +137,7 @@ class Recorder:
             raise
         try:
             self._write(weights_file(None), self._snapshot)
-            self._init_state = self._state()
+            self._init_state = self._state_tensor().cpu().numpy()
         except BaseException as exc:
             self.abort()
             self._settle(exc)
@@ -168,9 +168,10 @@ class Recorder:
         if (loss is None) == (loss_sum is None):
             raise RecorderError("give micro() either loss (a mean) or loss_sum with items")
         if loss_sum is not None:
-            if items is None or float(items) <= 0:
-                raise RecorderError("micro(loss_sum=...) needs items, the item count (> 0)")
-            loss = scalar_loss(loss_sum) / float(items)
+            if items is None or float(items) < 0:
+                raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
+            # a micro-batch of padding alone holds no items: its mean is 0, weighted by 0 items
+            loss = scalar_loss(loss_sum) / float(items) if float(items) else scalar_loss(0.0)
         if items is None and self._items:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
@@ -212,7 +213,7 @@ class Recorder:
         self._check_open()
         update = self._windows.closed
         self._write(weights_file(update), self._snapshot)
-        self._update_state.append(self._state())
+        self._update_state.append(self._state_tensor().cpu().numpy())
         stepped, p = self._stepped, len(self._named)
         self._grad_state.append(np.zeros(p, np.int64) if stepped is None else stepped.cpu().numpy())
         self._stepped = None
@@ -257,10 +258,20 @@ class Recorder:
 
     # -- hooks -------------------------------------------------------------------------------------
 
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        """The gradient the optimizer is about to step with, if the loop did not record it."""
-        window = self._windows.open
-        if self.capture_grads and window.grads_calls == 0 and not self._closed:
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        """The gradient the optimizer is about to step with, if the loop did not record it.
+
+        Given a closure (as Lightning passes its forward, backward and clipping), the optimizer
+        runs it inside step(): that gradient exists only once the closure has returned."""
+        if not self.capture_grads or self._windows.open.grads_calls or self._closed:
+            return None
+        wrapped = after_closure(args, kwargs, self._capture_grads)
+        if wrapped is None:
+            self._write_grads()
+        return wrapped
+
+    def _capture_grads(self) -> None:
+        if not self._windows.open.grads_calls and not self._closed:
             self._write_grads()
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -272,15 +283,8 @@ class Recorder:
 
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
         """The forward under autocast: the run computes in that dtype (the noise it may show)."""
-        if "compute_dtype" in self._env:
-            return
-        try:
-            on = torch.is_autocast_enabled(self._device_type)
-            dtype = torch.get_autocast_dtype(self._device_type) if on else None
-        except (TypeError, AttributeError):  # torch before 2.4: no per-device query
-            on, dtype = False, None
-        if on and dtype is not None:
-            self._env["compute_dtype"] = str(dtype).removeprefix("torch.")
+        if "compute_dtype" not in self._env and (dtype := autocast_dtype(self._device.type)):
+            self._env["compute_dtype"] = dtype
 
     def _on_clip(self, params: list[torch.Tensor], total: torch.Tensor) -> None:
         window = self._windows.open
@@ -344,17 +348,13 @@ class Recorder:
 
     def _grad_state_tensor(self) -> torch.Tensor:
         """Fingerprints of each parameter's accumulated .grad (0 where there is none yet)."""
-        first = next(iter(self._named.values()))[0]
-        zero = torch.zeros((), dtype=torch.int64, device=first.device)
+        zero = torch.zeros((), dtype=torch.int64, device=self._device)
         return torch.stack(
             [
                 fingerprint(t.grad) if kind == "param" and t.grad is not None else zero
                 for t, kind, _ in self._named.values()
             ]
         )
-
-    def _state(self) -> np.ndarray:
-        return self._state_tensor().cpu().numpy()
 
     def _finalize(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         updates = self._windows.closed

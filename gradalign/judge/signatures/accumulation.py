@@ -129,7 +129,9 @@ def micro_batch_missing(c: Comparison) -> Diagnosis | None:
         return None
     params = np.array([t.kind == "param" for t in run.tensors])
     missing = []
-    for i in range(len(c.results)):
+    # up to the first divergence: later, a gradient grown to inf stops changing for other reasons
+    first = c.first_divergence["update"] if c.first_divergence else len(c.results) - 1
+    for i in range(first + 1):
         w = run.window(i)
         for m in range(w.start + 1, w.stop):
             now, before = run.micro_grad_state[m][params], run.micro_grad_state[m - 1][params]

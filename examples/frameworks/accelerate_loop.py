@@ -1,0 +1,107 @@
+"""An `accelerator.accumulate(model)` loop recorded with gradalign: a tiny GPT-2 on token data.
+
+    python examples/frameworks/accelerate_loop.py runs/acc --data full  # k1, k1-fp64, k4
+    gradalign compare runs/acc/k1 runs/acc/k4                           # pass
+    python examples/frameworks/accelerate_loop.py runs/acc-pad          # padded token data
+    gradalign compare runs/acc-pad/k1 runs/acc-pad/k4                   # token-normalization
+    python examples/frameworks/accelerate_loop.py runs/acc-pad --tokens # adds k4-tokens
+    gradalign compare runs/acc-pad/k1 runs/acc-pad/k4-tokens            # pass
+
+`accelerator.backward(loss)` divides each micro-batch's mean loss by K: right when every
+micro-batch holds as many tokens (`--data full`), wrong on padded data. `--tokens` divides each
+micro-batch's summed loss by the window's token count instead (`num_items_in_batch`, times K
+since accelerate still divides by K). `--bug` trains the merged run with a known mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import tiny_data
+import torch
+from accelerate import Accelerator
+from tiny_data import collate, tiny_gpt2, token_rows
+from torch.utils.data import DataLoader
+
+from gradalign.record.integrations.accelerate import record
+from gradalign.record.integrations.transformers_float64 import float64_reference
+
+BATCH, UPDATES = 16, 6
+BUGS = {
+    "double-scale": "the loss divided by K before accelerator.backward, which divides again",
+    "scheduler-per-batch": "a scheduler left out of accelerator.prepare, stepped every batch",
+}
+
+
+def train(
+    out: Path,
+    k: int,
+    *,
+    padded: bool = True,
+    dtype: torch.dtype = torch.float32,
+    tokens: bool = False,
+    bug: str | None = None,
+    reference: str | None = None,
+) -> Path:
+    """Record one loop of UPDATES updates at batch BATCH, as K micro-batches, into `out`."""
+    accelerator = Accelerator(gradient_accumulation_steps=k, cpu=True)
+    rows = token_rows(BATCH * UPDATES, padded=padded)
+    model = float64_reference(tiny_gpt2()) if dtype == torch.float64 else tiny_gpt2()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.5, total_iters=UPDATES)
+    loader = DataLoader(rows, batch_size=BATCH // k, collate_fn=collate)
+    counts = [int((b["labels"][:, 1:] != -100).sum()) for b in loader]  # items per micro-batch
+    if bug == "scheduler-per-batch":
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    else:
+        model, optimizer, loader, scheduler = accelerator.prepare(
+            model, optimizer, loader, scheduler
+        )
+    with record(accelerator, model, optimizer, out, items="causal-lm", reference=reference) as rec:
+        for step, batch in enumerate(loader):
+            with accelerator.accumulate(model):
+                if tokens:
+                    window = sum(counts[step - step % k : step - step % k + k])
+                    loss = model(**batch, num_items_in_batch=window).loss  # sum / window
+                    rec.record_loss(loss_sum=loss * window, items=counts[step])
+                    loss = loss * k  # accelerate divides by K
+                else:
+                    loss = model(**batch).loss
+                if bug == "double-scale":
+                    loss = loss / k
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+    return out
+
+
+def record_all(
+    root: Path, *, padded: bool = True, tokens: bool = False, bug: str | None = None
+) -> dict[str, Path]:
+    """k1 (batch 16), its float64 rerun k1-fp64, and k4 (4 x 4; -tokens, -BUG variants)."""
+    return tiny_data.record_all(
+        root,
+        train,
+        "k4" + ("-tokens" if tokens else "") + (f"-{bug}" if bug else ""),
+        data={"padded": padded},
+        reference={"dtype": torch.float64},
+        changes={"tokens": tokens, "bug": bug},
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="directory for the runs")
+    parser.add_argument("--data", choices=["padded", "full"], default="padded")
+    parser.add_argument("--tokens", action="store_true", help="merged run: token-normalized")
+    parser.add_argument("--bug", choices=sorted(BUGS), help="record the merged run with this bug")
+    ns = parser.parse_args(argv)
+    runs = record_all(ns.out, padded=ns.data == "padded", tokens=ns.tokens, bug=ns.bug)
+    for name, path in runs.items():
+        print(f"{name}: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""A Lightning run recorded with gradalign: a tiny GRU language model on token data.
+
+    python examples/frameworks/lightning_fit.py runs/pl --data full     # k1, k1-fp64, k4
+    gradalign compare runs/pl/k1 runs/pl/k4                             # pass
+    python examples/frameworks/lightning_fit.py runs/pl-pad             # padded token data
+    gradalign compare runs/pl-pad/k1 runs/pl-pad/k4                     # token-normalization
+    python examples/frameworks/lightning_fit.py runs/pl-pad --manual    # adds k4-manual
+    gradalign compare runs/pl-pad/k1 runs/pl-pad/k4-manual              # pass
+
+`accumulate_grad_batches=K` divides each micro-batch's mean loss by K: right when every
+micro-batch holds as many tokens (`--data full`), wrong on padded data, where the window's
+mean over tokens weighs micro-batches by their token counts. `--manual` trains the merged run
+with manual optimization, dividing each micro-batch's summed loss by the window's tokens.
+`--bug` trains the merged run with a known mistake instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import tiny_data
+import torch
+from tiny_data import TinyGRULM, collate_pairs, token_loss_sum, token_rows
+from torch.utils.data import DataLoader
+
+from gradalign.record.integrations.lightning import GradalignCallback, record_loss
+
+BATCH, UPDATES = 16, 6
+BUGS = {
+    "double-scale": "training_step returns loss / K, and Lightning divides by K again",
+    "scheduler-per-batch": "the lr scheduler stepped after every batch, not every update",
+}
+
+
+class TokenLM(L.LightningModule):
+    """Next-token prediction; `manual_k`: accumulate by hand over K batches."""
+
+    def __init__(
+        self, bug: str | None = None, manual_k: int = 0, window_tokens: list[int] | None = None
+    ) -> None:
+        super().__init__()
+        self.net = TinyGRULM()
+        self.bug, self.manual_k, self.window_tokens = bug, manual_k, window_tokens or []
+        self.automatic_optimization = not manual_k
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        inputs, targets = batch
+        total, tokens = token_loss_sum(self.net(inputs), targets)
+        if not self.manual_k:
+            loss = total / tokens  # this micro-batch's mean; Lightning divides it by K
+            if self.bug == "double-scale":
+                loss = loss / self.trainer.accumulate_grad_batches
+            return loss
+        record_loss(self, loss_sum=total, items=tokens)  # gradalign: what this batch's loss is
+        self.manual_backward(total / self.window_tokens[batch_idx // self.manual_k])
+        if (batch_idx + 1) % self.manual_k == 0:
+            optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+        return None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.bug == "scheduler-per-batch":
+            self.lr_schedulers().step()
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.5, total_iters=UPDATES)
+        interval = "epoch" if self.bug == "scheduler-per-batch" or self.manual_k else "step"
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": interval},
+        }
+
+
+def train(
+    out: Path,
+    k: int,
+    *,
+    padded: bool = True,
+    precision: str = "32-true",
+    bug: str | None = None,
+    manual: bool = False,
+    reference: str | None = None,
+) -> Path:
+    """Record one fit of UPDATES updates at batch BATCH, as K micro-batches, into `out`."""
+    rows = token_rows(BATCH * UPDATES, padded=padded)
+    loader = DataLoader(rows, batch_size=BATCH // k, collate_fn=collate_pairs)
+    window_tokens = [
+        int((collate_pairs(rows[i : i + BATCH])[1] != -100).sum())
+        for i in range(0, len(rows), BATCH)
+    ]
+    module = TokenLM(bug, k if manual else 0, window_tokens)
+    recorder = GradalignCallback(  # gradalign: the one added line
+        out, items="labels", reference=reference, accum_steps=k if manual else None
+    )
+    trainer = L.Trainer(
+        max_steps=UPDATES,
+        accumulate_grad_batches=1 if manual else k,
+        precision=precision,
+        callbacks=[recorder],
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, loader)
+    return out
+
+
+def record_all(
+    root: Path, *, padded: bool = True, bug: str | None = None, manual: bool = False
+) -> dict[str, Path]:
+    """k1 (batch 16), its float64 rerun k1-fp64, and k4 (4 x 4; -manual, -BUG variants)."""
+    return tiny_data.record_all(
+        root,
+        train,
+        "k4" + ("-manual" if manual else "") + (f"-{bug}" if bug else ""),
+        data={"padded": padded},
+        reference={"precision": "64-true"},
+        changes={"bug": bug, "manual": manual},
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="directory for the runs")
+    parser.add_argument("--data", choices=["padded", "full"], default="padded")
+    parser.add_argument("--manual", action="store_true", help="merged run: manual optimization")
+    parser.add_argument("--bug", choices=sorted(BUGS), help="record the merged run with this bug")
+    ns = parser.parse_args(argv)
+    runs = record_all(ns.out, padded=ns.data == "padded", bug=ns.bug, manual=ns.manual)
+    for name, path in runs.items():
+        print(f"{name}: {path}")
+
+
+if __name__ == "__main__":
+    main()

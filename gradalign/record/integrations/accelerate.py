@@ -1,0 +1,177 @@
+"""Record an `accelerator.accumulate(model)` loop: wrap it in `record(...)`.
+
+    with record(accelerator, model, optimizer, "runs/k4", items="causal-lm"):
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                optimizer.step(); scheduler.step(); optimizer.zero_grad()
+
+Nothing inside the loop changes. A micro-step is recorded when `accelerator.backward(loss)`
+returns: `loss` as the micro-batch's own mean (accelerate divides it by K), the samples the
+model's last forward received (its keyword arguments, e.g. `input_ids`, `attention_mask`,
+`labels`; padding left out by the attention mask), and their items by the `items` rule. A loop
+that backpropagates something else (a summed loss divided by the window's token count, times
+K) states each micro-batch's loss with `rec.record_loss(loss_sum=..., items=...)` before its
+backward. The window that accelerate synchronizes (`accelerator.sync_gradients`) closes after
+its optimizer step, as the model's next forward begins (or when recording ends).
+"""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from ...errors import BadInput
+from ..recorder import Recorder
+from . import batches
+from .micro_loss import MicroLoss, record_micro
+
+__all__ = ["AccelerateRecording", "record"]
+
+
+class AccelerateRecording:
+    """Records the accumulation loop that follows into `out_dir`; a context manager (or call
+    `close()`), also named `record`.
+
+    `items`: what each micro-batch's loss averages over ("causal-lm", "labels", "samples" or a
+    function of the model's inputs: a dict of its keyword arguments, and `arg0`, `arg1`... for
+    positional ones); with items the judge weighs micro-batches by them and can name
+    `token-normalization`. `reference`: a float64 rerun of the baseline, relative to `out_dir`.
+    `pad`: integer values left out of the sample digest."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        optimizer: Any,
+        out_dir: str | os.PathLike[str],
+        *,
+        items: batches.ItemsRule = None,
+        reference: str | None = None,
+        config: dict[str, Any] | None = None,
+        pad: Any = batches.PAD,
+    ) -> None:
+        if not isinstance(accelerator, Accelerator):
+            raise BadInput(
+                f"record() needs an accelerate.Accelerator, got {type(accelerator).__name__}"
+            )
+        batches.check_items_rule(items)
+        if accelerator.num_processes > 1:
+            raise BadInput(
+                f"gradalign records a single-process accelerate run ({accelerator.num_processes} "
+                "processes here): record the baseline and merged runs on one device"
+            )
+        self.accelerator = accelerator
+        self.model = accelerator.unwrap_model(model)
+        self.items = items
+        self.pad = pad
+        self.pending: MicroLoss | None = None
+        self._inputs: dict[str, Any] = {}
+        self._window_ended = False
+        self._loss_scale: float | None = None
+        k = accelerator.gradient_accumulation_steps
+        self.recorder = Recorder(
+            out_dir,
+            self.model,
+            optimizer,
+            accum_steps=k,
+            config={**_run_config(accelerator, self.model, optimizer, k), **(config or {})},
+            reference=reference,
+        )
+        self._backward = accelerator.backward
+        accelerator.backward = self._recording_backward  # type: ignore[method-assign]
+        self._hook = self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+
+    def record_loss(
+        self,
+        loss: torch.Tensor | float | None = None,
+        *,
+        loss_sum: torch.Tensor | float | None = None,
+        items: int | float | torch.Tensor | None = None,
+    ) -> None:
+        """State the next backward's micro-batch loss: its own mean `loss`, or `loss_sum` with
+        `items`, when what you pass to `accelerator.backward` is not the micro-batch's mean."""
+        self.pending = MicroLoss.of(loss, loss_sum, items)
+
+    def close(self) -> None:
+        """Close the last window and write the run."""
+        self._unhook()
+        self._close_window()
+        self.recorder.close()
+
+    def abort(self) -> None:
+        """Discard the run (an earlier run at the path stays)."""
+        self._unhook()
+        self.recorder.abort()
+
+    def __enter__(self) -> AccelerateRecording:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    # -- hooks -------------------------------------------------------------------------------------
+
+    def _before_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._close_window()
+        self._inputs = {**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs}
+
+    def _recording_backward(self, loss: torch.Tensor, **kwargs: Any) -> Any:
+        self._close_window()
+        result = self._backward(loss, **kwargs)
+        given, self.pending = self.pending, None
+        record_micro(
+            self.recorder,
+            given or MicroLoss.scaled_mean(loss, 1),
+            self._inputs,
+            self.items,
+            self.pad,
+        )
+        scaler = self.accelerator.scaler
+        self._loss_scale = None if scaler is None else float(scaler.get_scale())
+        self._window_ended = bool(self.accelerator.sync_gradients)
+        return result
+
+    def _close_window(self) -> None:
+        if self._window_ended:
+            self._window_ended = False
+            self.recorder.update(loss_scale=self._loss_scale)
+
+    def _unhook(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+            self.accelerator.backward = self._backward  # type: ignore[method-assign]
+
+
+record = AccelerateRecording  # record(accelerator, model, optimizer, out_dir, items=...)
+
+
+def _run_config(
+    accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, k: int
+) -> dict[str, Any]:
+    """The training settings a reference run must share (dtype, K and device may differ)."""
+    group = optimizer.param_groups[0]
+    first = next(model.parameters())
+    return {
+        "framework": "accelerate",
+        "accum_steps": k,
+        "optimizer": type(getattr(optimizer, "optimizer", optimizer)).__name__,
+        "lr": group.get("initial_lr", group["lr"]),
+        "weight_decay": group.get("weight_decay", 0.0),
+        "mixed_precision": str(accelerator.mixed_precision),
+        "dtype": str(first.dtype).removeprefix("torch."),
+    }

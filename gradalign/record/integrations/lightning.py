@@ -1,0 +1,196 @@
+"""Record a Lightning run: add `GradalignCallback("runs/k4")` to the Trainer's callbacks.
+
+    trainer = L.Trainer(accumulate_grad_batches=4, callbacks=[GradalignCallback("runs/k4")])
+
+Automatic optimization: the loss Lightning backpropagates is `training_step`'s loss divided by
+`accumulate_grad_batches`, so the micro-batch's own loss is that times K. Manual optimization
+(no `accumulate_grad_batches`): say K, `GradalignCallback(out, accum_steps=4)`, and the loss
+given to `manual_backward` is read the same way (Lightning's documented `loss / N`). A loop that
+normalizes otherwise (by the window's token count) states each micro-batch's loss with
+`record_loss(self, loss_sum=..., items=...)` in `training_step`, before its backward.
+
+A micro-step is recorded in `on_after_backward`, before any optimizer step (the last micro-batch
+of a window runs inside `optimizer.step(closure)`: in `on_train_batch_end` the weights have
+already moved). The Recorder captures the gradient when that closure returns, after Lightning's
+clipping; a window closes in `on_train_batch_end` once the optimizer stepped (automatic) or
+after K micro-batches (manual).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # the older package name
+    import pytorch_lightning as pl  # type: ignore[no-redef]
+
+from ...errors import BadInput
+from ..recorder import Recorder
+from . import batches
+from .micro_loss import MicroLoss, record_micro
+
+__all__ = ["GradalignCallback", "record_loss"]
+
+
+class GradalignCallback(pl.Callback):
+    """Records the Lightning run it is a callback of into `out_dir` (written when fit ends).
+
+    `items`: the items each micro-batch's loss averages over, by a rule of `batches.ITEMS_RULES`
+    ("causal-lm", "labels", "samples") or a function of the batch; with them the judge weighs
+    micro-batches by their items and can name `token-normalization`. `accum_steps`: K, needed
+    in manual optimization only. `reference`: a float64 rerun of the baseline, relative to
+    `out_dir`. `pad`: integer values left out of the sample digest (and an `attention_mask`
+    of a dict batch leaves padded positions out)."""
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        items: batches.ItemsRule = None,
+        accum_steps: int | None = None,
+        reference: str | None = None,
+        config: dict[str, Any] | None = None,
+        pad: Any = batches.PAD,
+    ) -> None:
+        batches.check_items_rule(items)
+        if accum_steps is not None and (isinstance(accum_steps, bool) or accum_steps < 1):
+            raise BadInput(f"accum_steps must be a positive integer, got {accum_steps!r}")
+        self.out_dir = out_dir
+        self.items = items
+        self.accum_steps = accum_steps
+        self.reference = reference
+        self.extra_config = dict(config or {})
+        self.pad = pad
+        self.recorder: Recorder | None = None
+        self.pending: MicroLoss | None = None  # from record_loss(), for the next backward
+        self._k = 1
+        self._automatic = True
+        self._batch: Any = None
+        self._backward_loss: torch.Tensor | None = None
+        self._in_window = 0
+        self._steps_at_start = 0
+
+    # -- fit ---------------------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.recorder is not None:
+            raise BadInput("a GradalignCallback records one fit(); give each run its own")
+        if trainer.world_size > 1:
+            raise BadInput(
+                f"gradalign records a single-process Lightning run (world size "
+                f"{trainer.world_size}): record the baseline and merged runs on one device"
+            )
+        if len(trainer.optimizers) != 1:
+            raise BadInput(
+                f"gradalign records one optimizer, this fit has {len(trainer.optimizers)}"
+            )
+        self._automatic = pl_module.automatic_optimization
+        if self._automatic:
+            if self.accum_steps not in (None, trainer.accumulate_grad_batches):
+                raise BadInput(
+                    f"accum_steps={self.accum_steps} but the Trainer accumulates "
+                    f"{trainer.accumulate_grad_batches} batches; leave accum_steps out"
+                )
+            self._k = trainer.accumulate_grad_batches
+        elif self.accum_steps is None:
+            raise BadInput(
+                "manual optimization: give GradalignCallback(..., accum_steps=K), the batches "
+                "your training_step accumulates per optimizer step"
+            )
+        else:
+            self._k = self.accum_steps
+        optimizer = trainer.optimizers[0]
+        self.recorder = Recorder(
+            self.out_dir,
+            pl_module,
+            optimizer,
+            accum_steps=self._k,
+            config={**_run_config(trainer, pl_module, optimizer, self._k), **self.extra_config},
+            reference=self.reference,
+        )
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self.recorder is not None:
+            self.recorder.abort()
+
+    # -- one batch ---------------------------------------------------------------------------------
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch = batch
+        self._steps_at_start = trainer.global_step
+
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        self._backward_loss = loss.detach()
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.recorder is None or self._backward_loss is None:
+            return
+        given, self.pending = self.pending, None
+        loss = given or MicroLoss.scaled_mean(self._backward_loss, self._k)
+        record_micro(self.recorder, loss, self._batch, self.items, self.pad)
+        self._backward_loss = None
+        self._in_window += 1
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if self.recorder is None:
+            return
+        stepped = trainer.global_step > self._steps_at_start
+        if (self._automatic and stepped) or (not self._automatic and self._in_window >= self._k):
+            self.recorder.update()
+            self._in_window = 0
+
+
+def record_loss(
+    module: pl.LightningModule,
+    loss: torch.Tensor | float | None = None,
+    *,
+    loss_sum: torch.Tensor | float | None = None,
+    items: int | float | torch.Tensor | None = None,
+) -> None:
+    """State this micro-batch's loss for the GradalignCallback of `module`'s Trainer (a no-op
+    when none records): its own mean `loss`, or `loss_sum` with `items`. Call it in
+    `training_step` before the backward, when the loss you backpropagate is not the micro-batch's
+    mean divided by K (e.g. a summed loss divided by the window's token count)."""
+    given = MicroLoss.of(loss, loss_sum, items)
+    trainer = getattr(module, "_trainer", None)
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if isinstance(callback, GradalignCallback):
+            callback.pending = given
+
+
+def _run_config(
+    trainer: pl.Trainer, module: pl.LightningModule, optimizer: Any, k: int
+) -> dict[str, Any]:
+    """The training settings a reference run must share (dtype, K and device may differ)."""
+    group = optimizer.param_groups[0]
+    first = next(module.parameters())
+    return {
+        "framework": "lightning",
+        "accum_steps": k,
+        "optimizer": type(optimizer).__name__,
+        "lr": group.get("initial_lr", group["lr"]),
+        "weight_decay": group.get("weight_decay", 0.0),
+        "gradient_clip_val": trainer.gradient_clip_val,
+        "dtype": str(first.dtype).removeprefix("torch."),
+    }

@@ -1,0 +1,71 @@
+"""accelerate, recorded by `record(accelerator, model, optimizer, out)` around an unchanged
+`accelerator.accumulate(model)` loop: the README's commands run as written
+(examples/frameworks/accelerate_loop.py: a tiny GPT-2 on generated token data), and the broken
+variants."""
+
+from __future__ import annotations
+
+import pytest
+
+from gradalign.errors import BadInput
+from gradalign.runs.reader import read_run_dir
+
+from .frameworks import all_checked, example, judged, require, run_readme
+
+require("accelerate")
+require("transformers")
+acc = example("accelerate_loop")
+pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+
+
+@pytest.fixture(scope="module")
+def readme(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("readme-acc")
+    return cwd / "runs", run_readme("accelerate", cwd)
+
+
+def test_the_readme_commands_pass_clean_loops_and_name_accelerates_mean_over_k(readme):
+    runs, results = readme
+    assert results["runs/acc/k4"][2] < 0.6  # every micro-batch as many tokens
+    assert results["runs/acc-pad/k4"][1][:1] == ["token-normalization"]
+    assert results["runs/acc-pad/k4"][2] > 1e3
+    assert results["runs/acc-pad/k4-tokens"][2] < 0.6  # divided by the window's tokens
+    assert set(all_checked(runs / "acc" / "k1", runs / "acc" / "k4").values()) == {"pass"}
+    items = read_run_dir(runs / "acc-pad" / "k4").micro_items.reshape(acc.UPDATES, 4)
+    assert len(set(items[0])) > 1  # from the labels the model's forward received
+
+
+@pytest.mark.parametrize(
+    "bug, code", [("double-scale", "loss-scale"), ("scheduler-per-batch", "lr-schedule")]
+)
+def test_a_broken_accelerate_loop_fails_with_its_code(readme, bug, code):
+    runs = acc.record_all(readme[0] / "acc", padded=False, bug=bug)
+    verdict, codes, worst = judged(runs["k1"], runs[f"k4-{bug}"])
+    assert verdict == "fail" and codes[:1] == [code], codes
+    assert worst > 1e3
+
+
+def test_record_refuses_what_is_not_an_accelerator(tmp_path):
+    from gradalign.record.integrations.accelerate import record
+
+    with pytest.raises(BadInput, match=r"accelerate\.Accelerator"):
+        record(object(), None, None, tmp_path / "run")
+
+
+def test_an_interrupted_loop_leaves_no_run_and_unhooks_the_accelerator(tmp_path):
+    import torch
+    from accelerate import Accelerator
+
+    from gradalign.record.integrations.accelerate import record
+
+    accelerator = Accelerator(gradient_accumulation_steps=2, cpu=True)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    backward = accelerator.backward
+    with pytest.raises(KeyboardInterrupt), record(accelerator, model, optimizer, tmp_path / "r"):
+        accelerator.backward(model(torch.ones(2, 3)).pow(2).mean())
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+    assert accelerator.backward == backward
+    assert not model._forward_pre_hooks

@@ -1,0 +1,95 @@
+"""The transformers Trainer, recorded by `attach(trainer, out)`: the README's commands run as
+written (examples/frameworks/transformers_trainer.py: a tiny GPT-2 built from a config on padded
+token data), and the other broken variants."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gradalign.errors import BadInput
+from gradalign.runs.reader import read_run_dir
+
+from .frameworks import all_checked, example, judged, require, run_readme
+
+require("transformers")
+hf = example("transformers_trainer")
+
+
+@pytest.fixture(scope="module")
+def readme(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("readme-hf")
+    return cwd / "runs" / "hf", run_readme("transformers Trainer", cwd)
+
+
+def test_the_readme_commands_pass_clean_and_name_the_pre_2024_trainer(readme):
+    root, results = readme
+    assert results["runs/hf/k4"][2] < 0.6  # worst err/allowed of the clean run
+    assert results["runs/hf/k4-token-mean"][2] > 1e3
+    assert set(all_checked(root / "k1", root / "k4").values()) == {"pass"}
+
+
+def test_the_run_holds_what_the_trainer_never_shows_its_callbacks(readme):
+    root, _ = readme
+    run, base = read_run_dir(root / "k4"), read_run_dir(root / "k1")
+    assert run.accum_steps == 4 and run.updates == hf.UPDATES
+    items = run.micro_items.reshape(hf.UPDATES, 4)
+    assert len(set(items[0])) > 1  # padded micro-batches hold different numbers of tokens
+    assert (items.sum(axis=1) == base.micro_items).all()  # the same tokens per update
+    # the Trainer's num_items_in_batch (attach checks every window against it): transformers
+    # 5.17 shifts the labels it counts only for a model whose class name says ForCausalLM, so
+    # GPT2LMHeadModel counts every real label (and Llama, below, one fewer per sequence)
+    rows = hf.token_rows(hf.BATCH * hf.UPDATES)
+    assert items.sum() == sum(len(r["input_ids"]) for r in rows)
+    manifest = json.loads((root / "k1" / "manifest.json").read_text())
+    assert manifest["reference"] == "../k1-fp64"
+    assert manifest["config"]["framework"] == "transformers"
+    assert base.grad_norm_pre_clip is not None and base.lr is not None
+    assert (base.optimizer_steps == 1).all()
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+@pytest.mark.parametrize(
+    "bug, code", [("double-scale", "loss-scale"), ("scheduler-per-batch", "lr-schedule")]
+)
+def test_a_broken_trainer_run_fails_with_its_code(readme, bug, code):
+    runs = hf.record_all(readme[0], bug)
+    verdict, codes, worst = judged(runs["k1"], runs[f"k4-{bug}"])
+    assert verdict == "fail" and codes[:1] == [code], codes
+    assert worst > 1e3
+
+
+def test_a_llama_trainer_run_counts_the_tokens_it_predicts(tmp_path):
+    runs = hf.record_all(tmp_path, model="llama")
+    verdict, codes, worst = judged(runs["k1"], runs["k4"])
+    assert verdict == "pass" and not codes and worst < 0.6, (codes, worst)
+    rows = hf.token_rows(hf.BATCH * hf.UPDATES)
+    items = read_run_dir(runs["k4"]).micro_items
+    assert items.sum() == sum(len(r["input_ids"]) - 1 for r in rows)
+
+
+def test_the_float64_reference_keeps_the_loss_in_float64():
+    from gradalign.record.integrations.transformers_float64 import float64_reference
+
+    model = float64_reference(hf.tiny_gpt2())
+    loss = model(**hf.collate(hf.token_rows(4))).loss
+    assert loss.dtype == torch.float64  # transformers' own loss would round it to float32
+
+
+def test_attach_refuses_what_is_not_a_trainer(tmp_path):
+    from gradalign.record.integrations.transformers import attach
+
+    with pytest.raises(BadInput, match=r"transformers\.Trainer"):
+        attach(object(), tmp_path / "run")
+
+
+def test_a_failed_train_leaves_no_run_behind(tmp_path, monkeypatch):
+    def broken(rows):
+        raise RuntimeError("collator failed")
+
+    monkeypatch.setattr(hf, "collate", broken)
+    with pytest.raises(RuntimeError, match="collator failed"):
+        hf.train(tmp_path / "k4", 4)
+    assert list(tmp_path.iterdir()) == []
