@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..judge.results import FAIL, NOT_CHECKED, Comparison, Diagnosis, UpdateResult
 from ..runs.model import Run
 
@@ -45,9 +47,14 @@ def rows_to_show(comparison: Comparison, limit: int = MAX_ROWS) -> list[int | No
 
 
 def shape(run: Run) -> str:
-    """'K=4', or 'W=2 x K=4' for a run recorded on W data-parallel ranks."""
+    """'K=4, B=128', or 'W=2 x K=4, B=128' for a run recorded on W data-parallel ranks (B: the
+    samples of each window, all ranks together; said when recorded and the same in every one)."""
     ranks = f"W={run.world_size} x " if run.world_size > 1 else ""
-    return f"{ranks}K={run.accum_steps}"
+    batch = ""
+    if run.micro_samples is not None and run.updates:
+        sums = np.unique(run.window_sums(run.micro_samples))
+        batch = f", B={int(sums[0])}" if len(sums) == 1 else ""
+    return f"{ranks}K={run.accum_steps}{batch}"
 
 
 def headline(c: Comparison) -> str:
@@ -60,7 +67,7 @@ def headline(c: Comparison) -> str:
     )
     return (
         f"{c.verdict.upper()}: {c.merged.source} ({shape(c.merged)}) {same} "
-        f"{c.baseline.source} (K={c.baseline.accum_steps}); {c.updates} updates, {c.dtype}, {by}"
+        f"{c.baseline.source} ({shape(c.baseline)}); {c.updates} updates, {c.dtype}, {by}"
     )
 
 

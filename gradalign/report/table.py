@@ -51,7 +51,7 @@ def render(comparison: Comparison, console: Console) -> None:
     c = comparison
     calibrated = c.reference is not None
     title = (
-        f"gradalign compare: {c.baseline.source} (K={c.baseline.accum_steps}) vs "
+        f"gradalign compare: {c.baseline.source} ({shape(c.baseline)}) vs "
         f"{c.merged.source} ({shape(c.merged)}), {c.updates} updates, {c.dtype}"
     )
     if calibrated:
