@@ -409,3 +409,23 @@ def test_selftest_skips_rank_cases_it_cannot_run_and_says_so(tmp_path, monkeypat
     text = console.export_text()
     assert text.count("skipped: no gloo here") >= 3 and "3 skipped" in text
     assert not (tmp_path / "runs").exists()  # nothing was trained
+
+
+def test_scheduler_per_rank_reads_only_the_updates_that_line_up():
+    """A merged run two updates shorter than its baseline, its lr one schedule step ahead: the
+    signature compares the updates both runs have (this once raised IndexError, exit 3)."""
+    from types import SimpleNamespace
+
+    from gradalign.judge.signatures.distributed import scheduler_per_rank
+
+    schedule = np.cos(np.linspace(0, 1.5, 12))
+    lr_problem = [("lr", "differs")]
+    c = SimpleNamespace(
+        baseline=SimpleNamespace(lr=schedule[:8], accum_steps=1),
+        merged=SimpleNamespace(lr=schedule[1:7], accum_steps=4, world_size=2),
+        results=[SimpleNamespace(update=i, problems=lr_problem) for i in range(6)],
+    )
+    assert scheduler_per_rank(c) is None  # one step ahead, not W steps per update
+    c.merged.lr = schedule[0:12:2]  # W=2 schedule steps per update
+    found = scheduler_per_rank(c)
+    assert found is not None and found.evidence["schedule_steps_per_update"] == 2

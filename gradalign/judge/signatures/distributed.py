@@ -12,7 +12,7 @@ from ..distributed import RankFacts, items_per_rank, listed
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import COSINE_SAME_DIRECTION, RATIO_MATCH, finite, relative_error, window
 from .decisive import _update0_gap
-from .learning_rate import schedule_offset
+from .learning_rate import lined_up_lrs, schedule_offset
 
 FIRST = ("window-bookkeeping", "step-in-window")  # causes that explain diverging replicas
 SUBSUMED = {"scheduler-per-rank": "lr-schedule", "dp-sampler": "data-order"}
@@ -81,7 +81,7 @@ def scheduler_per_rank(c: Comparison) -> Diagnosis | None:
     bad = [r for r in c.results if any(k == "lr" for k, _ in r.problems)]
     if world < 2 or not bad or c.baseline.lr is None or c.merged.lr is None:
         return None
-    found = schedule_offset(c.baseline.lr, c.merged.lr)
+    found = schedule_offset(*lined_up_lrs(c))  # runs of different lengths: where they line up
     advance = None if found is None else found[0]
     if advance != world or advance == window(c):  # W = K: lr-schedule names it
         return None
