@@ -23,6 +23,7 @@ from .compatible import (
     check_reference_weights,
 )
 from .diagnose import diagnose
+from .distributed import rank_check, rank_facts, rank_problems
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
 from .noise import Drift, excuse_isolated_jumps, pool_noise, widened
 from .replicas import replica_disagreements
@@ -61,6 +62,8 @@ def compare(
     judge_tensors = judge.tensors if tensors is None else tensors(tol, judge.floor)
     changes = inside_window_changes(merged)
     disagreements = replica_disagreements(merged)
+    ranks = rank_facts(merged)  # a data-parallel run's ranks must be replicas, bit for bit
+    rank_disagreements = rank_problems(merged, ranks)
     bookkeeping = bookkeeping_judge(base, merged)
     results = []
     for i in range(judged_updates(base, merged)):
@@ -69,6 +72,7 @@ def compare(
         bookkeeping(result)
         result.problems.extend(("window", text) for text in changes.get(i, []))
         result.problems.extend(("replicas", text) for text in disagreements.get(i, []))
+        result.problems.extend(("ranks", text) for text in rank_disagreements.get(i, []))
         results.append(result)
         if on_update is not None:
             on_update(i)
@@ -77,6 +81,8 @@ def compare(
         pool_noise(results, tol.noise_factor)
         jumps = excuse_isolated_jumps(results, merged, reference)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
+    if ranks is not None:
+        checks.insert(1, rank_check(merged, ranks))
     comparison = Comparison(
         base,
         merged,
@@ -87,6 +93,7 @@ def compare(
         [*base.notes, *merged.notes, *_notes(base, merged, judge.merged_loss), *jumps],
         _first_divergence(results),
         reference,
+        ranks=ranks,
     )
     comparison.diagnosis = diagnose(comparison)
     return comparison

@@ -21,6 +21,7 @@ forgotten) is recorded as it ran: the judge names the bug.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ import torch
 from ..runs.layout import grads_file, weights_file
 from ..runs.writer import RunWriter
 from . import clipping
-from .device import environment
+from .device import autocast_dtype, environment
+from .distributed import close_ranks, join, rank_info, settle, unwrap_model
 from .facts import (
     RecorderError,
     data_digest,
@@ -38,10 +40,12 @@ from .facts import (
     fingerprint,
     model_facts,
     named_tensors,
+    numpy_dtype,
     sample_count,
+    scalar_loss,
     to_numpy,
 )
-from .window import Windows, group_lrs, unwrap_optimizer, watch_scaler
+from .window import Windows, after_closure, group_lrs, unwrap_optimizer, watch_scaler
 
 __all__ = ["Recorder", "RecorderError"]
 
@@ -62,11 +66,19 @@ class Recorder:
         compute_dtype: str | None = None,
         capture_grads: bool = True,
         scaler: Any = None,
+        distributed: bool | None = None,
+        group: Any = None,
+        rank: int | None = None,
     ) -> None:
         """`optimizer`: a torch optimizer, or a wrapper holding one as `.optimizer`.
         `capture_grads`: when the loop does not call grads() in a window, record the gradient
         the optimizer steps with (from a step hook). `scaler`: the loop's GradScaler, whose
-        unscale_() and update() calls per window are counted (once each is right)."""
+        unscale_() and update() calls per window are counted (once each is right).
+
+        Under torch.distributed every rank creates a Recorder with the same arguments; each
+        records its own facts, rank 0 writes the run (`ranks/rankR/` for every rank) once all
+        have closed. `distributed=False` records this process alone; `group`: the process group
+        the run spans (default: all); `rank`: this process's rank in the run, if not its own."""
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
             raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
         self.accum_steps = accum_steps
@@ -74,10 +86,13 @@ class Recorder:
         self.fault = fault
         self.reference = reference
         self.capture_grads = capture_grads
+        self.out_dir = Path(out_dir)
         try:
             self._optimizer = unwrap_optimizer(optimizer)
         except TypeError as exc:
             raise RecorderError(str(exc)) from None
+        model = unwrap_model(model)
+        self._ranks = join(distributed, group, rank)
         self._model_facts = model_facts(model)
         self._named = named_tensors(model)
         if not self._named:
@@ -87,6 +102,7 @@ class Recorder:
         self._env = environment(first.device, first.dtype)
         if compute_dtype is not None:
             self._env["compute_dtype"] = compute_dtype
+        self._rank_info = rank_info(self._ranks, first.device, self._env)
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
         self._data: list[int] = []
@@ -96,12 +112,14 @@ class Recorder:
         self._samples: list[int] = []  # rows of each micro-batch (from batch=)
         self._steps_since_micro = 0
         self._update_state: list[np.ndarray] = []
+        self._grad_state: list[np.ndarray] = []  # per update: the stepped gradient's prints
+        self._stepped: torch.Tensor | None = None  # this window's, once captured
         self._windows = Windows()
         self._grad_dtypes: set[str] = set()
         self._closed = False
         # Whatever can fail comes before the run's directory is staged; after it, a failure
         # removes the staging directory again: an error never leaves a partial run behind.
-        self._device_type = first.device.type
+        self._device = first.device
         self._hooks = [
             self._optimizer.register_step_pre_hook(self._before_step),
             self._optimizer.register_step_post_hook(self._after_step),
@@ -109,17 +127,22 @@ class Recorder:
         ]
         self._stop_clip = clipping.listen(self._on_clip)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
+        self._writer: RunWriter | None = None
         try:
-            self._writer = RunWriter(out_dir)
-        except BaseException:
+            if self._ranks is None or self._ranks.writes:
+                self._writer = RunWriter(out_dir)
+        except BaseException as exc:
             self._unhook()
+            self._settle(exc)
             raise
         try:
-            self._writer.write_tensors(weights_file(None), self._snapshot())
-            self._init_state = self._state()
-        except BaseException:
+            self._write(weights_file(None), self._snapshot)
+            self._init_state = self._state_tensor().cpu().numpy()
+        except BaseException as exc:
             self.abort()
+            self._settle(exc)
             raise
+        self._settle(None)
 
     # -- calls from the training loop ------------------------------------------------------------
 
@@ -148,7 +171,7 @@ class Recorder:
             if items is None or float(items) < 0:
                 raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
             # a micro-batch of padding alone holds no items: its mean is 0, weighted by 0 items
-            loss = _scalar(loss_sum) / float(items) if float(items) else _scalar(0.0)
+            loss = scalar_loss(loss_sum) / float(items) if float(items) else scalar_loss(0.0)
         if items is None and self._items:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
@@ -157,7 +180,7 @@ class Recorder:
             raise RecorderError("batch was given for earlier micro-steps; give it every time")
         if batch is not None and len(self._data) != len(self._losses):
             raise RecorderError("batch given now but not for earlier micro-steps")
-        self._losses.append(_scalar(loss))
+        self._losses.append(scalar_loss(loss))
         if items is not None:
             self._items.append(float(items))
         if batch is not None:
@@ -189,8 +212,11 @@ class Recorder:
         `scaler.update()`), if the loop scales its loss."""
         self._check_open()
         update = self._windows.closed
-        self._writer.write_tensors(weights_file(update), self._snapshot())
-        self._update_state.append(self._state())
+        self._write(weights_file(update), self._snapshot)
+        self._update_state.append(self._state_tensor().cpu().numpy())
+        stepped, p = self._stepped, len(self._named)
+        self._grad_state.append(np.zeros(p, np.int64) if stepped is None else stepped.cpu().numpy())
+        self._stepped = None
         groups = len(self._optimizer.param_groups)
         self._windows.close(
             self._optimizer_state_step(),
@@ -204,11 +230,13 @@ class Recorder:
             return None
         self._closed = True
         self._unhook()
+        if self._ranks is not None:
+            return close_ranks(self)
         try:
             series, manifest = self._finalize()
-            return self._writer.finish(manifest, series)
+            return self._writer.finish(manifest, series)  # type: ignore[union-attr]
         except BaseException:
-            self._writer.abort()
+            self._writer.abort()  # type: ignore[union-attr]
             raise
 
     def abort(self) -> None:
@@ -216,7 +244,8 @@ class Recorder:
         if not self._closed:
             self._closed = True
             self._unhook()
-            self._writer.abort()
+            if self._writer is not None:
+                self._writer.abort()
 
     def __enter__(self) -> Recorder:
         return self
@@ -234,24 +263,16 @@ class Recorder:
 
         Given a closure (as Lightning passes its forward, backward and clipping), the optimizer
         runs it inside step(): that gradient exists only once the closure has returned."""
-        window = self._windows.open
-        if not self.capture_grads or window.grads_calls or self._closed:
+        if not self.capture_grads or self._windows.open.grads_calls or self._closed:
             return None
-        # args[0] is the optimizer itself (the hook sees step's own arguments, self included)
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        if closure is None:
+        wrapped = after_closure(args, kwargs, self._capture_grads)
+        if wrapped is None:
             self._write_grads()
-            return None
+        return wrapped
 
-        def closure_then_capture() -> Any:
-            loss = closure()
-            if not self._windows.open.grads_calls and not self._closed:
-                self._write_grads()
-            return loss
-
-        if "closure" in kwargs:
-            return args, {**kwargs, "closure": closure_then_capture}
-        return (args[0], closure_then_capture, *args[2:]), kwargs
+    def _capture_grads(self) -> None:
+        if not self._windows.open.grads_calls and not self._closed:
+            self._write_grads()
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Each step's learning rates, read after it (a closure may have moved them)."""
@@ -262,15 +283,8 @@ class Recorder:
 
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
         """The forward under autocast: the run computes in that dtype (the noise it may show)."""
-        if "compute_dtype" in self._env:
-            return
-        try:
-            on = torch.is_autocast_enabled(self._device_type)
-            dtype = torch.get_autocast_dtype(self._device_type) if on else None
-        except (TypeError, AttributeError):  # torch before 2.4: no per-device query
-            on, dtype = False, None
-        if on and dtype is not None:
-            self._env["compute_dtype"] = str(dtype).removeprefix("torch.")
+        if "compute_dtype" not in self._env and (dtype := autocast_dtype(self._device.type)):
+            self._env["compute_dtype"] = dtype
 
     def _on_clip(self, params: list[torch.Tensor], total: torch.Tensor) -> None:
         window = self._windows.open
@@ -292,13 +306,26 @@ class Recorder:
         self._grad_dtypes.update(
             dtype_name(t.grad) for t, _, _ in self._named.values() if t.grad is not None
         )
-        grads = {
-            name: to_numpy(t.grad) if t.grad is not None else np.zeros(shape, _np_dtype(t))
-            for name, (t, kind, shape) in self._named.items()
-            if kind == "param"
-        }
-        self._writer.write_tensors(grads_file(update), grads)
+        self._stepped = self._grad_state_tensor()
+        self._write(
+            grads_file(update),
+            lambda: {
+                name: to_numpy(t.grad) if t.grad is not None else np.zeros(shape, numpy_dtype(t))
+                for name, (t, kind, shape) in self._named.items()
+                if kind == "param"
+            },
+        )
         self._windows.open.grads_written = True
+
+    def _write(self, relpath: str, tensors: Callable[[], dict[str, np.ndarray]]) -> None:
+        """Write a tensor file; only the writing rank does (the others keep fingerprints)."""
+        if self._writer is not None:
+            self._writer.write_tensors(relpath, tensors())
+
+    def _settle(self, error: BaseException | None) -> None:
+        """Under torch.distributed, every rank learns whether the run could be started."""
+        if self._ranks is not None:
+            settle(self._ranks, error, self.abort)
 
     def _optimizer_state_step(self) -> int:
         """The optimizer's own step counter (Adam's `state["step"]`), or -1 if it keeps none."""
@@ -321,17 +348,13 @@ class Recorder:
 
     def _grad_state_tensor(self) -> torch.Tensor:
         """Fingerprints of each parameter's accumulated .grad (0 where there is none yet)."""
-        first = next(iter(self._named.values()))[0]
-        zero = torch.zeros((), dtype=torch.int64, device=first.device)
+        zero = torch.zeros((), dtype=torch.int64, device=self._device)
         return torch.stack(
             [
                 fingerprint(t.grad) if kind == "param" and t.grad is not None else zero
                 for t, kind, _ in self._named.values()
             ]
         )
-
-    def _state(self) -> np.ndarray:
-        return self._state_tensor().cpu().numpy()
 
     def _finalize(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         updates = self._windows.closed
@@ -375,15 +398,3 @@ class Recorder:
         if self.reference is not None:
             manifest["reference"] = self.reference
         return series, manifest
-
-
-def _scalar(value: torch.Tensor | float) -> torch.Tensor:
-    """A loss as a float64 0-d tensor on its device (no host sync per micro-step)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().reshape(()).to(torch.float64)
-    return torch.tensor(float(value), dtype=torch.float64)
-
-
-def _np_dtype(tensor: torch.Tensor) -> np.dtype:
-    """The numpy dtype a parameter's gradient is stored in (bfloat16 widens to float32)."""
-    return np.dtype(np.float32) if tensor.dtype == torch.bfloat16 else to_numpy(tensor[:0]).dtype

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .ranks import RankSeries
 
 Tensors = dict[str, np.ndarray]
 
@@ -83,6 +87,13 @@ class Run:
     cards: list[str] = field(default_factory=list)  # the card logs a run was combined from
     card_loss: str | None = None  # how the cards' losses were combined: "mean" or "sum"
     replicas: list[Run] = field(default_factory=list)  # cards 1.. beside this run (card 0)
+    ranks: list[RankSeries] = field(default_factory=list)  # a data-parallel run's ranks (ranks.py)
+    distributed: dict | None = None  # {world_size, backend, launcher, ranks} of such a run
+
+    @property
+    def world_size(self) -> int:
+        """Ranks that recorded this run (1 for one process)."""
+        return len(self.ranks) or 1
 
     @property
     def micro_steps(self) -> int:

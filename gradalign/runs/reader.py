@@ -4,6 +4,7 @@ is read (streamed, so memory stays bounded by one file's tensors). See docs/FORM
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ from ..errors import BadInput, shown
 from . import tensors as tensorfiles
 from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, grads_file, weights_file
 from .model import Run, TensorInfo, Tensors
+from .ranks import read_ranks
 from .schema import check_manifest
 
 _CHUNK = 1 << 20
@@ -167,6 +169,8 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
             raise BadInput(f"{where}: series {key} has shape {value.shape}, expected {p} columns")
 
     has_grads = any(grads_file(i) in checksums for i in range(updates))
+    load_rank = functools.partial(_verified, path, checksums=checksums)
+    ranks, distributed = read_ranks(manifest, where, load_rank, series, micro, updates, p)
     micro_state = optional("micro/state", micro)
     return Run(
         source=where,
@@ -204,4 +208,6 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         load_init_weights=loader(lambda _: weights_file(None), expected),
         load_weights=loader(weights_file, expected),
         load_grads=grads_loader if has_grads else None,
+        ranks=ranks,
+        distributed=distributed,
     )
