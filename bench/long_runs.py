@@ -8,7 +8,8 @@ references are recorded once per setup and shared by its faults.
         [--json long.json]
 
 Faults run on a narrower MLP (`--faults-hidden`) to keep the hour down: a fault fails from its
-first update, what must hold is that nothing at N updates hides it or renames it.
+first update, what must hold is that nothing at N updates hides it or renames it. Runs are
+deleted once judged (a clean setup's three runs take about 6 GB at 1000 updates).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -78,6 +80,7 @@ def main() -> int:
             ok = got["verdict"] == "pass" and not got["codes"]
             rows.append({"setup": optimizer, "fault": None, "ok": ok, **got})
             print(f"{'ok' if ok else 'FALSE ALARM'} clean {optimizer}: {got}", flush=True)
+            shutil.rmtree(root / f"clean-{optimizer}")  # about 6 GB each at 1000 updates
         recorded: set[str] = set()
         for fault, setup in ({} if args.only_clean else FAULT_SETUP).items():
             config = TrainConfig(updates=args.updates, hidden=args.faults_hidden).replace(
@@ -87,6 +90,7 @@ def main() -> int:
             base, merged = _pair(where, config, fault, fresh=setup not in recorded)
             recorded.add(setup)
             got = judged(base, merged)
+            shutil.rmtree(merged)
             ok = got["verdict"] == "fail" and got["codes"][:1] == [FAULTS[fault].code]
             rows.append({"setup": setup, "fault": fault, "ok": ok, **got})
             print(f"{'ok' if ok else 'MISSED'} {fault} on {setup}: {got}", flush=True)

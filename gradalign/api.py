@@ -20,7 +20,7 @@ from typing import Any
 
 from . import api_recording as recording
 from .api_golden import GoldenCheck, golden_check, golden_write
-from .api_recording import check_plan, inspect_model, require_torch
+from .api_recording import check_plan, inspect_model, record_merged_runs, require_torch
 from .config import ENTRY_POINT_KEYS, TrainConfig, load_config
 from .errors import BadInput
 from .feedback import Feedback, Silent
@@ -39,6 +39,7 @@ __all__ = [
     "merged_against",
     "record_baseline",
     "record_merged",
+    "record_merged_runs",
     "verify",
 ]
 
@@ -75,7 +76,11 @@ def record_baseline(
     require_torch()
     from .runs.writer import RunSet
 
-    cfg, out, feedback = as_config(config).replace(accum_steps=1), Path(out), feedback or Silent()
+    cfg, out, feedback = (
+        as_config(config).replace(accum_steps=1, nproc=1),
+        Path(out),
+        feedback or Silent(),
+    )
     if not checked:
         check_plan(cfg, [out], reference=reference)
     names = [out.name, *(p.name for p in recording.reference_names(cfg, out, reference))]
@@ -206,7 +211,9 @@ def verify(
     ]
     with RunSet(out, names) as runs:
         inspect_model(cfg, feedback)
-        recording.record_baseline_into(runs, cfg.replace(accum_steps=1), base, reference, feedback)
+        recording.record_baseline_into(
+            runs, cfg.replace(accum_steps=1, nproc=1), base, reference, feedback
+        )
         recording.train_into(cfg, runs.path("merged"), merged, "merged", feedback, fault)
     return compare(base, merged, tolerances=checked, reports=reports, feedback=feedback)
 

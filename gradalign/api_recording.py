@@ -27,6 +27,14 @@ def require_torch() -> None:
         ) from None
 
 
+def check_ranks(config: TrainConfig) -> None:
+    """A merged run on several ranks needs a backend this machine has (checked before work)."""
+    if config.nproc > 1:
+        from .record.launch import backend_for
+
+        backend_for(config)
+
+
 def check_plan(
     config: TrainConfig,
     outs: list[Path],
@@ -47,6 +55,7 @@ def check_plan(
     if reference not in REFERENCES:
         raise BadInput(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     get_fault(fault, config)
+    check_ranks(config)
     outs = [*outs, *reference_names(config, outs[0], reference)]
     check_outputs(outs, inputs, reports)
     for out in outs:
@@ -66,7 +75,8 @@ def inspect_model(config: TrainConfig, feedback: Feedback) -> dict[str, Any]:
     for line in warnings_for(facts):
         feedback.message(f"warning: {line}")
     feedback.message(f"settings: {determinism_line(env)}")
-    return {**env, "compute_dtype": compute_dtype(config)}
+    ranks = {"world_size": config.nproc} if config.nproc > 1 else {}  # as the run will record
+    return {**env, "compute_dtype": compute_dtype(config), **ranks}
 
 
 def reference_names(config: TrainConfig, baseline: Path, reference: str) -> list[Path]:
@@ -86,17 +96,63 @@ def train_into(
     fault: str | None = None,
     reference: str | None = None,
 ) -> None:
-    """Record one run at `where` (a set's private area), announced as `shown`."""
+    """Record one run at `where` (a set's private area), announced as `shown`; a merged run
+    of `nproc` > 1 is trained on that many ranks."""
+    train_many([(config, where, shown, fault)], label, feedback, reference)
+
+
+def train_many(
+    runs: Sequence[tuple[TrainConfig, Path, Path, str | None]],
+    label: str,
+    feedback: Feedback,
+    reference: str | None = None,
+) -> None:
+    """Record several runs (config, where, shown, fault): one process trains those of one
+    rank in turn; those of W ranks share one launch per W (starting ranks costs seconds)."""
     from .record.faults import get_fault
     from .record.loop import train
 
-    injected = get_fault(fault, config)
-    with feedback.progress(f"{label} (K={config.accum_steps})", config.updates) as advance:
-        train(config, where, progress=lambda _: advance(), fault=injected, reference=reference)
-    extra = f", fault {fault}" if fault else ""
-    feedback.message(
-        f"{label}: {config.updates} updates x K={config.accum_steps}{extra} -> {shown}"
-    )
+    for config, where, _, fault in runs:
+        if config.nproc == 1:
+            with _progress(feedback, label, config) as advance:
+                train(
+                    config,
+                    where,
+                    lambda _: advance(),
+                    fault=get_fault(fault, config),
+                    reference=reference,
+                )
+    for nproc in sorted({config.nproc for config, *_ in runs} - {1}):
+        batch = [run for run in runs if run[0].nproc == nproc]
+        _launch(batch, nproc, label, feedback)
+    for config, _, shown, fault in runs:
+        extra = f", fault {fault}" if fault else ""
+        ranks = f" on {config.nproc} ranks" if config.nproc > 1 else ""
+        feedback.message(
+            f"{label}: {config.updates} updates x K={config.accum_steps}{ranks}{extra} -> {shown}"
+        )
+
+
+def _progress(feedback: Feedback, label: str, config: TrainConfig):
+    ranks = f", W={config.nproc}" if config.nproc > 1 else ""
+    return feedback.progress(f"{label} (K={config.accum_steps}{ranks})", config.updates)
+
+
+def _launch(
+    batch: Sequence[tuple[TrainConfig, Path, Path, str | None]],
+    nproc: int,
+    label: str,
+    feedback: Feedback,
+) -> None:
+    """One launch of `nproc` ranks for every run of the batch, with one progress bar each."""
+    from contextlib import ExitStack
+
+    from .record.launch import Job, launch
+
+    jobs = [Job(config, str(where), fault) for config, where, _, fault in batch]
+    with ExitStack() as stack:
+        bars = [stack.enter_context(_progress(feedback, label, c)) for c, *_ in batch]
+        launch(jobs, nproc, lambda job, _update: bars[job]())
 
 
 def record_baseline_into(
@@ -112,3 +168,36 @@ def record_baseline_into(
         )
         link = f"../{ref_dir.name}"
     train_into(cfg, runs.path(out.name), out, "baseline", feedback, reference=link)
+
+
+def record_merged_runs(
+    runs: Sequence[tuple[Any, PathLike, str | None]], feedback: Feedback | None = None
+) -> list[Path]:
+    """Record several merged runs, each (config, out, fault), checked before any training; the
+    data-parallel ones (nproc > 1) share one launch per W. All appear, or none does."""
+    from contextlib import ExitStack
+
+    from .api import as_config
+    from .feedback import Silent
+    from .runs.writer import RunSet
+
+    feedback = feedback or Silent()
+    plans = [(as_config(config), Path(out), fault) for config, out, fault in runs]
+    if len({out.resolve() for _, out, _ in plans}) < len(plans):
+        raise BadInput("two merged runs would be recorded at the same path")
+    for config, out, fault in plans:
+        check_plan(config, [out], fault=fault)
+    parents: dict[Path, list[str]] = {}
+    for _, out, _ in plans:
+        parents.setdefault(out.parent, []).append(out.name)
+    with ExitStack() as stack:  # one set per directory: a set's private area is per process
+        sets = {
+            parent: stack.enter_context(RunSet(parent, names)) for parent, names in parents.items()
+        }
+        where = [sets[out.parent].path(out.name) for _, out, _ in plans]
+        train_many(
+            [(cfg, at, out, fault) for (cfg, out, fault), at in zip(plans, where, strict=True)],
+            "merged",
+            feedback,
+        )
+    return [out for _, out, _ in plans]

@@ -23,6 +23,7 @@ from .cli_options import (
     ConfigOpt,
     FaultOpt,
     JsonOpt,
+    NprocOpt,
     ReferenceOpt,
     SelftestDeviceOpt,
     SelftestOutOpt,
@@ -108,8 +109,9 @@ def _verdict(comparison, files) -> int:
     return 1 if comparison.verdict == FAIL else 0
 
 
-def _with_k(overrides: dict | None, accum_steps: int | None) -> dict:
-    return {**(overrides or {}), **({} if accum_steps is None else {"accum_steps": accum_steps})}
+def _with_k(overrides: dict | None, accum_steps: int | None, nproc: int | None = None) -> dict:
+    given = {"accum_steps": accum_steps, "nproc": nproc}
+    return {**(overrides or {}), **{k: v for k, v in given.items() if v is not None}}
 
 
 @app.command()
@@ -130,6 +132,7 @@ def baseline(
 @training_options
 def merged(
     accum_steps: AccumOpt = None,
+    nproc: NprocOpt = None,
     config: ConfigOpt = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="run directory")] = Path("runs/merged"),
     against: Annotated[
@@ -148,7 +151,7 @@ def merged(
     reports: dict | None = None,
 ) -> None:
     """Train at micro-batch B/K for N*K micro-steps, stepping every K; record the run."""
-    overrides = _with_k(overrides, accum_steps)
+    overrides = _with_k(overrides, accum_steps, nproc)
     files = _report_files(reports)
     if against is None:
         if files.paths():
@@ -229,6 +232,7 @@ def compare_cmd(
 @training_options
 def verify(
     accum_steps: AccumOpt = None,
+    nproc: NprocOpt = None,
     config: ConfigOpt = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="directory for both runs")] = Path(
         "runs/verify"
@@ -242,7 +246,7 @@ def verify(
     """Baseline, merged and compare in one command (built-in default mirrors the seed)."""
     files = _report_files(reports)
     comparison = api.verify(
-        api.as_config(config, _with_k(overrides, accum_steps)),
+        api.as_config(config, _with_k(overrides, accum_steps, nproc)),
         out,
         fault=fault,
         reference=reference,

@@ -57,7 +57,15 @@ SelftestRecordOpt = Annotated[
         + escape("[full|sketch]"),
     ),
 ]
-_TRAINING_KEYS = [name for name in FIELDS if name != "accum_steps"]
+NprocOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc",
+        help="train the merged run as W data-parallel ranks (torch.distributed: gloo on CPU, "
+        "nccl on CUDA; each rank B/(W*K) rows per micro-step); the baseline stays one process",
+    ),
+]
+_TRAINING_KEYS = [name for name in FIELDS if name not in ("accum_steps", "nproc")]
 _TOLERANCE_HELP = {
     "loss_atol": "absolute loss tolerance",
     "loss_rtol": "loss tolerance relative to the baseline loss",

@@ -49,6 +49,11 @@ class TrainConfig:
     batch_size: int = _opt("baseline batch size B (the merged run uses B/K)", default=128)
     updates: int = _opt("optimizer updates N", default=12)
     accum_steps: int = _opt("micro-steps per update K of the merged run", default=4)
+    nproc: int = _opt(
+        "ranks W of the merged run: data parallel on torch.distributed (gloo on CPU, nccl on "
+        "CUDA), each rank B/(W*K) rows per micro-step; the baseline stays one process",
+        default=1,
+    )
     seed: int = _opt("seed for weights and data", default=0)
     optimizer: str = _opt("optimizer", OPTIMIZERS, default="sgd")
     lr: float | None = _opt(
@@ -114,7 +119,8 @@ class TrainConfig:
 
     @property
     def micro_batch_size(self) -> int:
-        return self.batch_size // self.accum_steps
+        """Rows of one micro-batch on one rank: B/(W*K)."""
+        return self.batch_size // (self.accum_steps * self.nproc)
 
     @property
     def normalization(self) -> str:
@@ -211,6 +217,13 @@ def _check_ranges(c: TrainConfig, where: str) -> None:
     if c.batch_size % c.accum_steps:
         raise BadInput(
             f"{where}: batch_size {c.batch_size} is not divisible by accum_steps {c.accum_steps}"
+        )
+    if c.nproc < 1:
+        raise BadInput(f"{where}: nproc (W) must be at least 1, got {c.nproc}")
+    if c.batch_size % (c.accum_steps * c.nproc):
+        raise BadInput(
+            f"{where}: batch_size {c.batch_size} is not divisible by nproc x accum_steps "
+            f"({c.nproc} x {c.accum_steps}): each rank reads B/(W*K) rows per micro-step"
         )
     if c.lr is not None and c.lr <= 0:
         raise BadInput(f"{where}: lr must be positive, got {c.lr}")

@@ -7,7 +7,7 @@ then judges them exactly as `gradalign compare` would. The judge never sees the 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +58,22 @@ class Case:
     fault: str | None = None
     expect_code: str | None = None  # the first cause the judge must name; None: must pass
     also: tuple[str, ...] = ()  # further causes the judge must name too
+    nproc: int = 1  # ranks of the merged run (data parallel when > 1)
+    accum_steps: int | None = None  # K, if not the setup's
+    device: str = "cpu"  # where it trains (selftest --device)
+    record: str = "full"  # what its runs keep (selftest --record)
 
     @property
     def name(self) -> str:
-        return f"{self.setup} / {self.fault or 'clean'}"
+        shape = f" (W={self.nproc}, K={self.config.accum_steps})" if self.nproc > 1 else ""
+        return f"{self.setup}{shape} / {self.fault or 'clean'}"
+
+    @property
+    def config(self) -> TrainConfig:
+        k = {} if self.accum_steps is None else {"accum_steps": self.accum_steps}
+        setup = {**SETUPS[self.setup], "nproc": self.nproc, "device": self.device}
+        setup["record"] = self.record
+        return TrainConfig().replace(**setup, **k)
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,7 @@ class LogCase:
     card_loss: str | None = None
     fault: None = None
     also: tuple[str, ...] = ()
+    nproc: int = 1  # logs are read, not trained
 
     @property
     def name(self) -> str:
@@ -126,6 +139,23 @@ CASES: list[Case | LogCase] = [
     LogCase(
         "two-cards-share", "p3_run.log", ("workerlog_share.0", "workerlog_share.1"), 2, "card-loss"
     ),
+    # data parallel: W=2 ranks, recorded in one launch (selftest_ranks.py)
+    Case("sgd", nproc=2, accum_steps=2),
+    Case("adamw", nproc=2),
+    Case("sgd+cosine+clip", nproc=2),
+    Case("tiny-lm", nproc=2),
+    Case("cnn-bn", nproc=2, accum_steps=1),
+    Case("sgd", "dp-loss-sum", nproc=2),
+    Case("sgd", "dp-loss-double-mean", nproc=2),
+    Case("tiny-lm", "dp-token-normalization", nproc=2),
+    Case("sgd", "dp-sync-after-forward", nproc=2),
+    Case("sgd", "dp-unsynced-params", nproc=2),
+    Case("adam", "dp-rank-init", nproc=2),
+    Case("sgd+cosine+clip", "scheduler-per-rank", nproc=2),
+    Case("sgd", "dp-sampler", nproc=2),
+    Case("cnn-bn", "dp-batchnorm", nproc=2, accum_steps=1),
+    Case("sgd", "no-loss-scale", nproc=2),
+    Case("adam", "step-every-micro", nproc=2),
 ]
 
 
@@ -142,6 +172,7 @@ class Outcome:
     worst_over_allowed: float = 0.0  # max err/allowed over weights and gradients
     worst_over_noise: float = 0.0  # max ||merged - ref|| / ||baseline - ref||
     message: str = ""  # the first diagnosis, in words
+    skipped: str | None = None  # why the case could not run here (said, never silent)
 
     @property
     def expected_verdict(self) -> str:
@@ -155,6 +186,8 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
+        if self.skipped is not None:
+            return True
         if self.expected_code is None:
             return self.verdict == PASS and not self.codes
         named = self.codes[:1] == [self.expected_code] and set(self.case.also) <= set(self.codes)
@@ -174,6 +207,7 @@ def run_selftest(
     every case trains (cpu, cuda or auto); `record`: "sketch" records every run with sketches
     (the verdicts and codes must not change)."""
     from .runs.outputs import check_outputs
+    from .selftest_ranks import run_ranked
 
     api.require_torch()
     from .record.device import resolve_device
@@ -182,8 +216,10 @@ def run_selftest(
     check_outputs([out], [], reports or [])
     if record not in RECORD_MODES:
         raise BadInput(f"--record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
+    cases = cases or CASES
     outcomes, recorded, logs = [], set(), None
-    for case in cases or CASES:
+    cases = [replace(c, device=device, record=record) if isinstance(c, Case) else c for c in cases]
+    for case in (c for c in cases if c.nproc == 1):
         try:
             if isinstance(case, LogCase):
                 logs = logs or _write_logs(out / "logs")
@@ -194,35 +230,45 @@ def run_selftest(
                     card_loss=case.card_loss,
                 )
             else:
-                comparison = _run_case(case, out, recorded, device, record)
+                comparison = _run_case(case, out, recorded)
         except BadInput as exc:  # a case the gate could not judge is wrong; the others still run
             outcomes.append(Outcome(case, ERROR, [], message=str(exc)))
             log.print(f"selftest: {case.name}: error: {exc}", markup=False)
             continue
-        codes = [d.code for d in comparison.diagnosis if d.severity == "error"]
-        diffs = [d for r in comparison.results for d in (*r.weights, *r.grads)]
-        outcome = Outcome(
-            case,
-            comparison.verdict,
-            codes,
-            max((d.ratio for d in diffs), default=0.0),
-            max((d.error / d.noise for d in diffs if d.noise), default=0.0),
-            comparison.diagnosis[0].message if comparison.diagnosis else "",
-        )
-        log.print(f"selftest: {case.name}: {outcome.verdict} {', '.join(codes)}", markup=False)
-        outcomes.append(outcome)
-    return outcomes
+        outcomes.append(judge_case(case, comparison, log))
+    ranked = [c for c in cases if isinstance(c, Case) and c.nproc > 1]
+    return outcomes + (run_ranked(ranked, out, log, recorded) if ranked else [])
 
 
-def _run_case(case: Case, out: Path, recorded: set[str], device: str, record: str = "full"):
-    config = TrainConfig().replace(**SETUPS[case.setup], device=device, record=record)
-    root = out / case.setup.replace("+", "_")
-    base = root / "baseline"
+def baseline_of(case: Case, out: Path, recorded: set[str]) -> Path:
+    """The case's baseline (with its float64 reference), recorded once per setup."""
+    base = out / case.setup.replace("+", "_") / "baseline"
     if case.setup not in recorded:
         recorded.add(case.setup)
-        api.record_baseline(config, base, checked=True)
-    merged = root / f"merged-{case.fault or 'clean'}"
-    api.record_merged(config, merged, fault=case.fault, checked=True)
+        api.record_baseline(case.config, base, checked=True)
+    return base
+
+
+def judge_case(case: Case | LogCase, comparison: Any, log: Console) -> Outcome:
+    """The outcome of one case, from its comparison (made exactly as `gradalign compare`)."""
+    codes = [d.code for d in comparison.diagnosis if d.severity == "error"]
+    diffs = [d for r in comparison.results for d in (*r.weights, *r.grads)]
+    outcome = Outcome(
+        case,
+        comparison.verdict,
+        codes,
+        max((d.ratio for d in diffs), default=0.0),
+        max((d.error / d.noise for d in diffs if d.noise), default=0.0),
+        comparison.diagnosis[0].message if comparison.diagnosis else "",
+    )
+    log.print(f"selftest: {case.name}: {outcome.verdict} {', '.join(codes)}", markup=False)
+    return outcome
+
+
+def _run_case(case: Case, out: Path, recorded: set[str]):
+    base = baseline_of(case, out, recorded)
+    merged = base.parent / f"merged-{case.fault or 'clean'}"
+    api.record_merged(case.config, merged, fault=case.fault, checked=True)
     return api.compare(base, merged)
 
 
@@ -241,12 +287,16 @@ def render_selftest(outcomes: list[Outcome], console: Console) -> None:
         expected = o.expected_verdict + (f" ({o.expected_code})" if o.expected_code else "")
         got = o.verdict + (f" ({', '.join(o.codes)})" if o.codes else "")
         mark = "[green]ok[/]" if o.ok else "[bold red]WRONG[/]"
-        table.add_row(
-            o.case.setup, o.case.fault or "-", expected, got, f"{o.worst_over_noise:.3g}", mark
-        )
+        if o.skipped is not None:
+            got, mark = f"skipped: {o.skipped}", "[yellow]skipped[/]"
+        setup = o.case.name.rsplit(" / ", 1)[0]
+        table.add_row(setup, o.case.fault or "-", expected, got, f"{o.worst_over_noise:.3g}", mark)
     console.print(table)
     wrong = sum(not o.ok for o in outcomes)
+    skipped = sum(o.skipped is not None for o in outcomes)
     verdict = "[green]all cases as expected[/]" if not wrong else f"[bold red]{wrong} wrong[/]"
+    if skipped:
+        verdict += f", [yellow]{skipped} skipped[/]"
     console.print(
         f"selftest: {len(outcomes)} cases, {verdict} (x noise: the worst ||merged - ref|| / "
         "||baseline - ref|| over all weights and gradients)"
@@ -260,6 +310,9 @@ def write_selftest_json(outcomes: list[Outcome], path: Path) -> None:
         {
             "setup": o.case.setup,
             "fault": o.case.fault,
+            "nproc": o.case.nproc,
+            "accum_steps": o.case.k if isinstance(o.case, LogCase) else o.case.config.accum_steps,
+            "skipped": o.skipped,
             "expected_verdict": o.expected_verdict,
             "expected_code": o.expected_code,
             "verdict": o.verdict,

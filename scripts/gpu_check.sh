@@ -1,6 +1,6 @@
 #!/bin/sh
 # The CUDA checks, for a machine with a GPU: the whole selftest on the GPU, the same command
-# giving the same bits there, and verify at a larger size and in each precision.
+# giving the same bits there, verify at a larger size and in bf16, and a DDP loop over nccl.
 # Usage: sh scripts/gpu_check.sh [OUTDIR]   (PYTHON=... picks the interpreter; default: .venv's
 # python when there is one, else python3). Each step's exit code goes to OUTDIR/summary.txt.
 if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
@@ -36,4 +36,13 @@ step verify-wide-fault 1 ga verify --device cuda --hidden 4096 --batch-size 1024
     --fault no-loss-scale -o "$out/wide" --json "$out/verify-wide-fault.json"
 step verify-lm-bf16 0 ga verify --device cuda --model tiny-lm --precision bf16 --optimizer adamw \
     -o "$out/lm" --json "$out/verify-lm-bf16.json"
+# A hand-written DDP loop under torchrun, one rank per GPU over nccl. With one GPU the loop with
+# the late sync flag is the same training (an all-reduce over one rank changes nothing).
+gpus=$(nvidia-smi -L | wc -l)
+ranks=$((gpus >= 2 ? 2 : 1))
+step ddp-nccl-torchrun 0 "$py" -m torch.distributed.run --standalone --nproc-per-node "$ranks" \
+    examples/ddp_accumulation.py "$out/ddp"
+step ddp-nccl-clean 0 ga compare "$out/ddp/baseline" "$out/ddp/merged" --json "$out/ddp-clean.json"
+step ddp-nccl-sync-after-forward "$((ranks >= 2 ? 1 : 0))" ga compare "$out/ddp/baseline" \
+    "$out/ddp/merged-sync-after-forward"
 grep -c WRONG "$summary" >/dev/null && exit 1 || exit 0

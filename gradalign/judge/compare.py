@@ -23,6 +23,7 @@ from .compatible import (
     check_reference_weights,
 )
 from .diagnose import diagnose
+from .distributed import rank_check, rank_facts, rank_problems
 from .inputs import Inputs
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
 from .noise import Drift, excuse_isolated_jumps, pool_noise, widened
@@ -102,6 +103,8 @@ def _judge(
     """Every update's losses, tensors and bookkeeping; then the checks and the diagnosis."""
     changes = inside_window_changes(merged)
     disagreements = replica_disagreements(merged)
+    ranks = rank_facts(merged)  # a data-parallel run's ranks must be replicas, bit for bit
+    rank_disagreements = rank_problems(merged, ranks)
     bookkeeping = bookkeeping_judge(base, merged)
     results = []
     for i in range(judged_updates(base, merged)):
@@ -110,6 +113,7 @@ def _judge(
         bookkeeping(result)
         result.problems.extend(("window", text) for text in changes.get(i, []))
         result.problems.extend(("replicas", text) for text in disagreements.get(i, []))
+        result.problems.extend(("ranks", text) for text in rank_disagreements.get(i, []))
         results.append(result)
         if on_update is not None:
             on_update(i)
@@ -118,6 +122,8 @@ def _judge(
         pool_noise(results, tol.noise_factor)
         jumps = excuse_isolated_jumps(results, merged, reference)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
+    if ranks is not None:
+        checks.insert(1, rank_check(merged, ranks))
     comparison = Comparison(
         base,
         merged,
@@ -134,6 +140,7 @@ def _judge(
         ],
         _first_divergence(results),
         reference,
+        ranks=ranks,
     )
     comparison.diagnosis = diagnose(comparison)
     return comparison

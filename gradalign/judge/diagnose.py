@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from . import signatures as sig
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
+from .signatures import distributed as ranked
 from .signatures import failing, finite
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
@@ -50,11 +51,12 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     if diverged is not None and diverged.evidence["baseline_first_non_finite_update"] is not None:
         return [diverged]  # both diverge: nothing else can be read from non-finite numbers
     found = [d for d in (signature(c) for signature in DECISIVE) if d is not None]
+    found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
     if not found:
         r = sig.first_gradient_failure(c)
         # a gradient shape is read only from finite numbers: no "inf times" claims
         if r is not None and finite(r.grad_ratio) is not None and finite(r.grad_cosine):
-            shapes = (signature(c, r) for signature in GRADIENT_SHAPE)
+            shapes = (signature(c, r) for signature in [*ranked.GRADIENT_SHAPE, *GRADIENT_SHAPE])
             found = [d for d in shapes if d is not None][:1] or sig.with_loss_scale(c, r)
     if diverged is not None:
         found.append(diverged)

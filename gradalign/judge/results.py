@@ -82,6 +82,7 @@ class Comparison:
     first_divergence: dict | None
     reference: Run | None = None
     diagnosis: list[Diagnosis] = field(default_factory=list)
+    ranks: Any = None  # distributed.RankFacts of a data-parallel merged run
 
     @property
     def verdict(self) -> str:

@@ -5,7 +5,8 @@
 its generated data), `faults` (named deviations inside that loop), `entrypoints` (the user's own
 `module:factory`), `facts` (digests, fingerprints, model structure, environment), `preflight`
 (warnings before training), `integrations/` (transformers, Lightning, accelerate: each imports its
-framework itself). Distributed recording belongs here too.
+framework itself), and data parallel: `distributed` (the Recorder on W ranks), `parallel` (DDP
+inside the one loop), `launch` (W ranks of it), `dp_faults`, `syncbn`.
 
 May import: torch, numpy, `gradalign.runs` (to write), `gradalign.config`, `gradalign.errors`;
 in `integrations/`, the framework a module is named after.

@@ -78,7 +78,7 @@ def check_budget(config: TrainConfig, outs: list[Path]) -> None:
     if any(":" in (value or "") for value in (config.model, config.data)):
         return  # the user's own model or data: their factories decide
     params = parameters(config)
-    need = memory_needed(config, params)
+    need = memory_needed(config, params) * config.nproc  # each rank holds the data and model
     have = available_memory()
     if have is not None and need > HEADROOM * have:
         raise BadInput(

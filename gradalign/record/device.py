@@ -34,6 +34,16 @@ def make_deterministic() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
+def autocast_dtype(device_type: str) -> str | None:
+    """The dtype a forward computes in under autocast on that device type (None: no autocast)."""
+    try:
+        on = torch.is_autocast_enabled(device_type)
+        dtype = torch.get_autocast_dtype(device_type) if on else None
+    except (TypeError, AttributeError):  # torch before 2.4: no per-device query
+        return None
+    return str(dtype).removeprefix("torch.") if on and dtype is not None else None
+
+
 def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """Versions, device and the numerical settings that decide whether runs agree bit for bit."""
     env: dict[str, Any] = {

@@ -129,3 +129,15 @@ def named_tensors(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, str, 
     for name, buffer in model.named_buffers():
         named[name] = (buffer, "buffer", tuple(buffer.shape))
     return named
+
+
+def scalar_loss(value: torch.Tensor | float) -> torch.Tensor:
+    """A loss as a float64 0-d tensor on its device (no host sync per micro-step)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().reshape(()).to(torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64)
+
+
+def numpy_dtype(tensor: torch.Tensor) -> np.dtype:
+    """The numpy dtype a parameter's gradient is stored in (bfloat16 widens to float32)."""
+    return np.dtype(np.float32) if tensor.dtype == torch.bfloat16 else to_numpy(tensor[:0]).dtype

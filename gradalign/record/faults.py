@@ -14,6 +14,7 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..errors import BadInput
+from .dp_faults import dp_faults
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +48,7 @@ class Fault:
     lr_times_k: bool = False  # the merged optimizer built with lr·K
     record_scaled_loss: bool = False  # the recorded micro loss is the one divided by K
     forget_update: bool = False  # Recorder.update() not called after window 1
+    dp: str | None = None  # a data-parallel deviation (dp_faults.py), read by record/parallel.py
     needs: Callable[[TrainConfig], str | None] = lambda config: None  # why it cannot show
 
     def scheduler_steps(self, k: int) -> int:
@@ -207,6 +209,7 @@ FAULTS: dict[str, Fault] = {
         ),
     )
 }
+FAULTS.update(dp_faults())
 
 
 def get_fault(name: str | None, config: TrainConfig) -> Fault:
@@ -216,7 +219,7 @@ def get_fault(name: str | None, config: TrainConfig) -> Fault:
     if name not in FAULTS:
         raise BadInput(f"unknown fault {name!r} (known: {', '.join(FAULTS)})")
     fault = FAULTS[name]
-    if config.accum_steps < 2:
+    if config.accum_steps < 2 and fault.dp is None:
         raise BadInput(f"fault {name} needs accumulation: K must be at least 2")
     reason = fault.needs(config)
     if reason:

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 from ..config import TrainConfig
+from ..errors import BadInput
+from .dp_faults import LOCAL_ITEMS
 from .faults import NONE, Fault
 from .recorder import Recorder
 from .trainer import Progress, Training, compute_dtype, setup
@@ -21,7 +23,7 @@ def run_loop(
 
     `fault` injects one known bug (faults.py); every `fault.` line is a no-op when it is NONE.
     """
-    model, optimizer, config = t.model, t.optimizer, t.config
+    model, optimizer, config, parallel = t.model, t.optimizer, t.config, t.parallel
     k, micro_size = config.accum_steps, config.micro_batch_size
     order, clip = fault.micro_order(config), config.clip_norm
     by_items = config.normalization == "items"  # else each micro-batch's mean / K
@@ -29,6 +31,7 @@ def run_loop(
         t.scheduler.base_lrs = [lr * k for lr in t.scheduler.base_lrs]
         for group, lr in zip(optimizer.param_groups, t.scheduler.base_lrs, strict=True):
             group["lr"] = lr * t.scheduler.lr_lambdas[0](0)
+    local_items = by_items and fault.dp == LOCAL_ITEMS
     for update in range(config.updates):
         window_items = 0
         for micro in range(k):
@@ -37,29 +40,34 @@ def run_loop(
                 optimizer.zero_grad(set_to_none=True)
             if fault.reseed_each_micro:
                 torch.manual_seed(config.seed + 1000 + step)
-            inputs, targets = t.data.micro_batch(order[step], micro_size)
-            with torch.autocast(
-                inputs.device.type, t.autocast or torch.float32, t.autocast is not None
-            ):
-                outputs = model(inputs)
-            loss_sum, items = t.loss(outputs.float() if t.autocast else outputs, targets)
-            loss = loss_sum / items  # this micro-batch's own mean, as recorded
-            window_items += items
-            # items: sum now, divide the window's gradient by its item count below;
-            # mean: right only when every micro-batch holds as many items
-            scaled = fault.scale(loss_sum if by_items else loss / k, k)
-            if config.l2_penalty and not by_items:  # the penalty's share of this micro-batch
-                share = 1 if fault.penalty_each_micro else k
-                scaled = scaled + config.l2_penalty * _squared_norm(model) / share
-            if not (fault.skip_last_backward and micro == k - 1):
-                (t.scaler.scale(scaled) if t.scaler else scaled).backward()
+            inputs, targets = t.data.micro_batch(parallel.block(order[step]), micro_size)
+            with parallel.micro_step(micro, k):  # DDP: no_sync() for the first K-1, forward too
+                with torch.autocast(
+                    inputs.device.type, t.autocast or torch.float32, t.autocast is not None
+                ):
+                    outputs = parallel.forward(inputs)
+                loss_sum, items = t.loss(outputs.float() if t.autocast else outputs, targets)
+                loss = loss_sum / items  # this micro-batch's own mean, as recorded
+                window_items += items
+                if local_items and micro == k - 1:  # this rank's items only, before the sync
+                    _divide_grads(model, window_items)
+                    loss_sum = loss_sum / window_items
+                # items: sum now, divide the window's gradient by its item count below;
+                # mean: right only when every micro-batch holds as many items
+                scaled = parallel.loss(fault.scale(loss_sum if by_items else loss / k, k))
+                if config.l2_penalty and not by_items:  # the penalty's share of this micro-batch
+                    share = 1 if fault.penalty_each_micro else k
+                    scaled = scaled + config.l2_penalty * _squared_norm(model) / share
+                if not (fault.skip_last_backward and micro == k - 1):
+                    (t.scaler.scale(scaled) if t.scaler else scaled).backward()
             logged = loss / k if fault.record_scaled_loss else loss
             rec.micro(logged, items=items, batch=(inputs, targets))
             if fault.unscale_each_micro and micro < k - 1:
                 t.scaler.unscale_(optimizer)
                 t.scaler.update()
             if fault.accumulate_in is not None:
-                _accumulate_low(model, getattr(torch, fault.accumulate_in), last=micro == k - 1)
+                low = getattr(torch, fault.accumulate_in)
+                _accumulate_low(model, low, micro == k - 1, in_place=parallel.world > 1)
             if fault.clip_each_micro:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if fault.step_each_micro and micro < k - 1:
@@ -70,12 +78,10 @@ def run_loop(
                         param.mul_(1 - 1e-3)
         if t.scaler is not None:
             t.scaler.unscale_(optimizer)  # once per window, before the item division and clipping
-        if by_items:
-            for param in model.parameters():
-                if param.grad is not None:
-                    param.grad.div_(window_items)
-            if config.l2_penalty:  # once per window, after the item division
-                (config.l2_penalty * _squared_norm(model)).backward()
+        if by_items and not local_items:
+            _divide_grads(model, parallel.window_items(window_items))
+        if by_items and config.l2_penalty:  # once per window, after the item division
+            (config.l2_penalty * _squared_norm(model)).backward()
         pre_clip = (
             None if clip is None else torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         )
@@ -87,7 +93,7 @@ def run_loop(
             t.scaler.update()
         else:
             optimizer.step()
-        for _ in range(fault.scheduler_steps(k)):  # once
+        for _ in range(parallel.scheduler_steps(fault.scheduler_steps(k))):  # once
             t.scheduler.step()
         if not (fault.forget_update and update == 1):
             rec.update(loss_scale=scale)
@@ -102,11 +108,23 @@ def _squared_norm(model: torch.nn.Module) -> torch.Tensor:
     return sum(param.pow(2).sum() for param in model.parameters())
 
 
-def _accumulate_low(model: torch.nn.Module, dtype: torch.dtype, last: bool) -> None:
+def _divide_grads(model: torch.nn.Module, divisor: float) -> None:
+    for param in model.parameters():
+        if param.grad is not None:
+            param.grad.div_(divisor)
+
+
+def _accumulate_low(
+    model: torch.nn.Module, dtype: torch.dtype, last: bool, in_place: bool = False
+) -> None:
     """Move this micro-step's gradient into a `dtype` accumulation buffer (the bf16-accum bug);
-    after the window's last micro-step the buffer becomes the gradient again."""
+    after the window's last micro-step the buffer becomes the gradient again. `in_place` (under
+    DDP, whose buckets hold .grad): the gradient itself is rounded to `dtype` every micro-step."""
     for param in model.parameters():
         if param.grad is None:
+            continue
+        if in_place:
+            param.grad.copy_(param.grad.to(dtype))
             continue
         buffer = getattr(param, "_low_buffer", None)
         total = param.grad.to(dtype) if buffer is None else (buffer + param.grad.to(dtype))
@@ -131,6 +149,8 @@ def train(
     `reference` is the path, relative to out_dir, of a float64 rerun of this training.
     """
     t = setup(config)
+    if config.nproc > 1:
+        _data_parallel(t, fault)
     fault_name = None if fault is NONE else fault.name
     with Recorder(
         out_dir,
@@ -145,6 +165,23 @@ def train(
         record=config.record,
         snapshot_every=config.snapshot_every,
         updates=config.updates,
+        distributed=config.nproc > 1,
     ) as rec:
         run_loop(t, rec, progress, fault)
     return Path(out_dir)
+
+
+def _data_parallel(t: Training, fault: Fault) -> None:
+    """Make this process one rank of the merged run: DDP over the initialized process group."""
+    import torch.distributed as dist
+
+    from .parallel import DataParallel
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world != t.config.nproc:
+        raise BadInput(
+            f"nproc {t.config.nproc} needs {t.config.nproc} ranks of an initialized process "
+            f"group (found {world}); `gradalign merged --nproc W` launches them"
+        )
+    t.parallel = DataParallel(t.model, fault, t.config.seed)
+    t.model = t.parallel.module

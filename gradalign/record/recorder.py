@@ -32,7 +32,8 @@ from ..runs.digests import wrap
 from ..runs.writer import RunWriter
 from . import clipping
 from .capture import MODES, Capture
-from .device import environment
+from .device import autocast_dtype, environment
+from .distributed import close_ranks, join, rank_info, settle, unwrap_model
 from .facts import (
     RecorderError,
     data_digest_parts,
@@ -40,8 +41,9 @@ from .facts import (
     model_facts,
     named_tensors,
     sample_count,
+    scalar_loss,
 )
-from .window import Windows, group_lrs, unwrap_optimizer, watch_scaler
+from .window import Windows, after_closure, group_lrs, unwrap_optimizer, watch_scaler
 
 __all__ = ["Recorder", "RecorderError"]
 
@@ -65,6 +67,9 @@ class Recorder:
         record: str = "full",
         snapshot_every: int = 0,
         updates: int | None = None,
+        distributed: bool | None = None,
+        group: Any = None,
+        rank: int | None = None,
     ) -> None:
         """`optimizer`: a torch optimizer, or a wrapper holding one as `.optimizer`.
         `capture_grads`: when the loop does not call grads() in a window, record the gradient
@@ -72,7 +77,12 @@ class Recorder:
         unscale_() and update() calls per window are counted (once each is right).
         `record`: "full" (weights and gradient files every update) or "sketch" (per update
         a fixed-size sketch, exact norms and fingerprints; full files at the first update,
-        every `snapshot_every`-th and, given `updates` (N), the last)."""
+        every `snapshot_every`-th and, given `updates` (N), the last).
+
+        Under torch.distributed every rank creates a Recorder with the same arguments; each
+        records its own facts, rank 0 writes the run (`ranks/rankR/` for every rank) once all
+        have closed. `distributed=False` records this process alone; `group`: the process group
+        the run spans (default: all); `rank`: this process's rank in the run, if not its own."""
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
             raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
         if record not in MODES:
@@ -84,10 +94,13 @@ class Recorder:
         self.fault = fault
         self.reference = reference
         self.capture_grads = capture_grads
+        self.out_dir = Path(out_dir)
         try:
             self._optimizer = unwrap_optimizer(optimizer)
         except TypeError as exc:
             raise RecorderError(str(exc)) from None
+        model = unwrap_model(model)
+        self._ranks = join(distributed, group, rank)
         self._model_facts = model_facts(model)
         self._named = named_tensors(model)
         if not self._named:
@@ -97,6 +110,7 @@ class Recorder:
         self._env = environment(first.device, first.dtype)
         if compute_dtype is not None:
             self._env["compute_dtype"] = compute_dtype
+        self._rank_info = rank_info(self._ranks, first.device, self._env)
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
         self._data: list[list[int | torch.Tensor]] = []
@@ -108,7 +122,7 @@ class Recorder:
         self._closed = False
         # Whatever can fail comes before the run's directory is staged; after it, a failure
         # removes the staging directory again: an error never leaves a partial run behind.
-        self._device_type = first.device.type
+        self._device = first.device
         self._hooks = [
             self._optimizer.register_step_pre_hook(self._before_step),
             self._optimizer.register_step_post_hook(self._after_step),
@@ -116,17 +130,21 @@ class Recorder:
         ]
         self._stop_clip = clipping.listen(self._on_clip)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
-        try:
-            self._writer = BackgroundWriter(RunWriter(out_dir))
-        except BaseException:
+        try:  # a rank that does not write the run keeps its fingerprints all the same
+            writes = self._ranks is None or self._ranks.writes
+            self._writer = BackgroundWriter(RunWriter(out_dir) if writes else None)
+        except BaseException as exc:
             self._unhook()
+            self._settle(exc)
             raise
         try:
             self._capture = Capture(self._named, self._writer, record, snapshot_every, updates)
             self._capture.weights(None)
-        except BaseException:
+        except BaseException as exc:
             self.abort()
+            self._settle(exc)
             raise
+        self._settle(None)
 
     # -- calls from the training loop ------------------------------------------------------------
 
@@ -155,7 +173,7 @@ class Recorder:
             if items is None or float(items) < 0:
                 raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
             # a micro-batch of padding alone holds no items: its mean is 0, weighted by 0 items
-            loss = _scalar(loss_sum) / float(items) if float(items) else _scalar(0.0)
+            loss = scalar_loss(loss_sum) / float(items) if float(items) else scalar_loss(0.0)
         if items is None and self._items:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
@@ -164,7 +182,7 @@ class Recorder:
             raise RecorderError("batch was given for earlier micro-steps; give it every time")
         if batch is not None and len(self._data) != len(self._losses):
             raise RecorderError("batch given now but not for earlier micro-steps")
-        self._losses.append(_scalar(loss))
+        self._losses.append(scalar_loss(loss))
         if items is not None:
             self._items.append(float(items))
         if batch is not None:
@@ -209,6 +227,11 @@ class Recorder:
             return None
         self._closed = True
         self._unhook()
+        if self._ranks is not None:
+            try:
+                return close_ranks(self)
+            finally:
+                self._writer.abort()  # stops the writer thread; a finished run stays
         try:
             return self._writer.finish(self._manifest(), self._series)
         except BaseException:
@@ -238,24 +261,16 @@ class Recorder:
 
         Given a closure (as Lightning passes its forward, backward and clipping), the optimizer
         runs it inside step(): that gradient exists only once the closure has returned."""
-        window = self._windows.open
-        if not self.capture_grads or window.grads_calls or self._closed:
+        if not self.capture_grads or self._windows.open.grads_calls or self._closed:
             return None
-        # args[0] is the optimizer itself (the hook sees step's own arguments, self included)
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        if closure is None:
+        wrapped = after_closure(args, kwargs, self._capture_grads)
+        if wrapped is None:
             self._write_grads()
-            return None
+        return wrapped
 
-        def closure_then_capture() -> Any:
-            loss = closure()
-            if not self._windows.open.grads_calls and not self._closed:
-                self._write_grads()
-            return loss
-
-        if "closure" in kwargs:
-            return args, {**kwargs, "closure": closure_then_capture}
-        return (args[0], closure_then_capture, *args[2:]), kwargs
+    def _capture_grads(self) -> None:
+        if not self._windows.open.grads_calls and not self._closed:
+            self._write_grads()
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Each step's learning rates, read after it (a closure may have moved them)."""
@@ -266,15 +281,8 @@ class Recorder:
 
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
         """The forward under autocast: the run computes in that dtype (the noise it may show)."""
-        if "compute_dtype" in self._env:
-            return
-        try:
-            on = torch.is_autocast_enabled(self._device_type)
-            dtype = torch.get_autocast_dtype(self._device_type) if on else None
-        except (TypeError, AttributeError):  # torch before 2.4: no per-device query
-            on, dtype = False, None
-        if on and dtype is not None:
-            self._env["compute_dtype"] = str(dtype).removeprefix("torch.")
+        if "compute_dtype" not in self._env and (dtype := autocast_dtype(self._device.type)):
+            self._env["compute_dtype"] = dtype
 
     def _on_clip(self, params: list[torch.Tensor], total: torch.Tensor) -> None:
         window = self._windows.open
@@ -307,6 +315,16 @@ class Recorder:
                 if step is not None:
                     return int(step)
         return -1
+
+    def _settle(self, error: BaseException | None) -> None:
+        """Under torch.distributed, every rank learns whether the run could be started."""
+        if self._ranks is not None:
+            settle(self._ranks, error, self.abort)
+
+    def _finalize(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The series and the manifest, once the background work is done (record/distributed)."""
+        self._writer.drain()
+        return self._series(), self._manifest()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -350,13 +368,6 @@ class Recorder:
         if self.reference is not None:
             manifest["reference"] = self.reference
         return manifest
-
-
-def _scalar(value: torch.Tensor | float) -> torch.Tensor:
-    """A loss as a float64 0-d tensor on its device (no host sync per micro-step)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().reshape(()).to(torch.float64)
-    return torch.tensor(float(value), dtype=torch.float64)
 
 
 def _digests(parts: list[list[int | torch.Tensor]]) -> np.ndarray:

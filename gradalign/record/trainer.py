@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -15,6 +15,7 @@ from ..config import TrainConfig
 from .device import environment, make_deterministic, resolve_device
 from .facts import model_facts
 from .models import Batches, LossFn, build_data, build_loss, build_model
+from .parallel import Parallel
 
 Progress = Callable[[int], None]
 
@@ -54,6 +55,7 @@ class Training:
     loss: LossFn  # (summed loss, item count) of a batch
     autocast: torch.dtype | None = None  # the forward's autocast dtype (None: no autocast)
     scaler: torch.amp.GradScaler | None = None  # fp16's dynamic loss scaling
+    parallel: Parallel = field(default_factory=Parallel)  # set by setup()
 
 
 def setup(config: TrainConfig) -> Training:
@@ -72,14 +74,22 @@ def setup(config: TrainConfig) -> Training:
         data.inputs = data.inputs.to(dtype)
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.compute)
     scaler = torch.amp.GradScaler(device.type) if config.compute == "fp16" else None
-    return Training(config, model, optimizer, scheduler, data, build_loss(config), autocast, scaler)
+    loss = build_loss(config)
+    return Training(
+        config, model, optimizer, scheduler, data, loss, autocast, scaler, Parallel(model)
+    )
 
 
 def reference_config(config: TrainConfig) -> TrainConfig:
     """The same training at K=1 in float64 without mixed precision: the noise floor's reference."""
     rounding = "float16" if config.param_dtype == "float16" else config.round_to
     return config.replace(
-        accum_steps=1, dtype="float64", precision="fp32", amp_level=None, round_to=rounding
+        accum_steps=1,
+        nproc=1,
+        dtype="float64",
+        precision="fp32",
+        amp_level=None,
+        round_to=rounding,
     )
 
 

@@ -36,6 +36,24 @@ def group_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
     return [float(group["lr"]) for group in optimizer.param_groups]
 
 
+def after_closure(args: Any, kwargs: Any, then: Callable[[], None]) -> Any:
+    """optimizer.step()'s arguments with its closure followed by `then` (None without a closure),
+    for a step pre-hook to return. args[0] is the optimizer itself (the hook sees step's own
+    arguments, self included)."""
+    closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+    if closure is None:
+        return None
+
+    def closure_then() -> Any:
+        loss = closure()
+        then()
+        return loss
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": closure_then}
+    return (args[0], closure_then, *args[2:]), kwargs
+
+
 def watch_scaler(scaler: Any, windows: Windows) -> Callable[[], None]:
     """Count a GradScaler's unscale_() and update() calls into the open window (an unscale or an
     update per micro-step breaks accumulation); returns the function that stops counting."""

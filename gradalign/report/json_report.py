@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..judge.distributed import ranks_summary
 from ..judge.results import Comparison, UpdateResult
 from .output import write_text_atomic
 
@@ -36,6 +37,7 @@ def to_dict(comparison: Comparison) -> dict[str, Any]:
             else None
         ),
         "accum_steps": c.accum_steps,
+        "merged_ranks": ranks_summary(c.merged, c.ranks),
         "baseline_accum_steps": c.baseline.accum_steps,
         "updates": c.updates,
         "dtype": c.dtype,

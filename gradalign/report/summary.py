@@ -8,7 +8,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..judge.results import FAIL, NOT_CHECKED, Comparison, Diagnosis, UpdateResult
+from ..runs.model import Run
 
 MAX_ROWS = 40  # longer runs show the head, the rows around the first divergence, and the tail
 
@@ -43,6 +46,17 @@ def rows_to_show(comparison: Comparison, limit: int = MAX_ROWS) -> list[int | No
     return rows
 
 
+def shape(run: Run) -> str:
+    """'K=4, B=128', or 'W=2 x K=4, B=128' for a run recorded on W data-parallel ranks (B: the
+    samples of each window, all ranks together; said when recorded and the same in every one)."""
+    ranks = f"W={run.world_size} x " if run.world_size > 1 else ""
+    batch = ""
+    if run.micro_samples is not None and run.updates:
+        sums = np.unique(run.window_sums(run.micro_samples))
+        batch = f", B={int(sums[0])}" if len(sums) == 1 else ""
+    return f"{ranks}K={run.accum_steps}{batch}"
+
+
 def headline(c: Comparison) -> str:
     """One line: the verdict, what was compared with what, and by which measure."""
     same = "is the same training as" if c.verdict != FAIL else "is NOT the same training as"
@@ -52,8 +66,8 @@ def headline(c: Comparison) -> str:
         else f"judged by the fixed {c.dtype} tolerances"
     )
     return (
-        f"{c.verdict.upper()}: {c.merged.source} (K={c.merged.accum_steps}) {same} "
-        f"{c.baseline.source} (K={c.baseline.accum_steps}); {c.updates} updates, {c.dtype}, {by}"
+        f"{c.verdict.upper()}: {c.merged.source} ({shape(c.merged)}) {same} "
+        f"{c.baseline.source} ({shape(c.baseline)}); {c.updates} updates, {c.dtype}, {by}"
     )
 
 

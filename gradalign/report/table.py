@@ -9,7 +9,7 @@ from rich.table import Table
 
 from ..judge.metrics import TensorDiff
 from ..judge.results import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
-from .summary import evidence_text, num, rows_to_show
+from .summary import evidence_text, num, rows_to_show, shape
 
 _STYLE = {PASS: "green", FAIL: "bold red", NOT_CHECKED: "yellow"}
 
@@ -51,8 +51,8 @@ def render(comparison: Comparison, console: Console) -> None:
     c = comparison
     calibrated = c.reference is not None
     title = (
-        f"gradalign compare: {c.baseline.source} (K={c.baseline.accum_steps}) vs "
-        f"{c.merged.source} (K={c.merged.accum_steps}), {c.updates} updates, {c.dtype}"
+        f"gradalign compare: {c.baseline.source} ({shape(c.baseline)}) vs "
+        f"{c.merged.source} ({shape(c.merged)}), {c.updates} updates, {c.dtype}"
     )
     if calibrated:
         title += f"; noise floor from {c.reference.source} ({c.reference.dtype})"

@@ -5,8 +5,8 @@
 loaded on demand), `model` (`Run`: the judge's view of one run, whatever wrote it), `logs`
 (a training log is another source of a run; several card logs make one run), `sources` (open
 whatever the user points at), `portable` (a numpy-only writer for other frameworks), `golden`
-(golden files: a run kept as a small JSON file) and `summaries` (what a golden keeps of a
-tensor: norms and a sketch).
+(golden files: a run kept as a small JSON file), `summaries` (what a golden keeps of a
+tensor: norms and a sketch) and `ranks` (a data-parallel run's ranks and their combination).
 docs/FORMAT.md documents the format for writers in other frameworks.
 
 May import: numpy, safetensors, `gradalign.errors`. Never torch.

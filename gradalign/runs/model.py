@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .ranks import RankSeries
 
 Tensors = dict[str, np.ndarray]
 
@@ -90,6 +93,13 @@ class Run:
     sketch_width: int | None = None
     snapshots: frozenset[int] | None = None  # updates with full files in a sketch-mode run
     load_sketches: Callable[[int | None], Tensors | None] | None = None
+    ranks: list[RankSeries] = field(default_factory=list)  # a data-parallel run's ranks (ranks.py)
+    distributed: dict | None = None  # {world_size, backend, launcher, ranks} of such a run
+
+    @property
+    def world_size(self) -> int:
+        """Ranks that recorded this run (1 for one process)."""
+        return len(self.ranks) or 1
 
     @property
     def micro_steps(self) -> int:

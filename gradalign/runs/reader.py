@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import BadInput, shown
 from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, grads_file, weights_file
 from .model import Run, TensorInfo, Tensors
+from .ranks import read_ranks
 from .schema import check_manifest
 from .sketched import attach_sketches
 from .store import FINGERPRINTS, Store
@@ -131,6 +132,8 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         if unlisted:
             raise BadInput(f"{where}: {unlisted[0]} is not listed in the manifest")
     has_grads = any(grads_file(i) in checksums for i in range(updates))
+    load_rank = store.read_all  # each rank's series, its SHA-256 checked
+    ranks, distributed = read_ranks(manifest, where, load_rank, series, micro, updates, p)
     micro_state = optional("micro/state", micro)
     if store.fingerprinted:
         _expect_fingerprints(store, series, tensors, updates)
@@ -172,6 +175,8 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         load_weights=loader(weights_file, expected),
         load_grads=load_grads if has_grads else None,
         store=store,
+        ranks=ranks,
+        distributed=distributed,
     )
     store.loaders = (run.load_init_weights, run.load_weights, run.load_grads)
     attach_sketches(run, manifest, store)

@@ -15,7 +15,7 @@ from .common import finite, window
 SCALE_MATCH = 1e-6  # relative: a constant lr ratio, allowing float32 rounding of each lr
 
 
-def _lrs(c: Comparison) -> tuple[np.ndarray, np.ndarray]:
+def lined_up_lrs(c: Comparison) -> tuple[np.ndarray, np.ndarray]:
     """Both runs' lr over the updates that line up (runs whose windows stop lining up differ
     in length)."""
     n = len(c.results)
@@ -67,14 +67,14 @@ def lr_ratio(base_lr: np.ndarray, merged_lr: np.ndarray) -> float | None:
 def _explained_by_schedule(c: Comparison) -> bool:
     """A schedule stepped at another pace explains the lrs (a hyperbolic schedule stepped per
     micro-step is also a constant multiple of the baseline's: the pace is the likelier bug)."""
-    found = schedule_offset(*_lrs(c))
+    found = schedule_offset(*lined_up_lrs(c))
     return found is not None and found[0] > 1
 
 
 def lr_scaled(c: Comparison) -> Diagnosis | None:
     if not _lr_differs(c) or _explained_by_schedule(c):
         return None
-    q = lr_ratio(*_lrs(c))
+    q = lr_ratio(*lined_up_lrs(c))
     if q is None:
         return None
     k = window(c)
@@ -103,10 +103,10 @@ def lr_scaled(c: Comparison) -> Diagnosis | None:
 
 def lr_schedule(c: Comparison) -> Diagnosis | None:
     bad = _lr_differs(c)
-    if not bad or (lr_ratio(*_lrs(c)) and not _explained_by_schedule(c)):
+    if not bad or (lr_ratio(*lined_up_lrs(c)) and not _explained_by_schedule(c)):
         return None
     i = bad[0]
-    base_lr, merged_lr = _lrs(c)
+    base_lr, merged_lr = lined_up_lrs(c)
     evidence: dict = {
         "first_update": i,
         "merged_lr": finite(merged_lr[i]),

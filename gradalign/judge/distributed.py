@@ -1,0 +1,165 @@
+"""Data-parallel runs: the ranks must be replicas, bit for bit.
+
+After every update each rank must hold the same parameters and must have stepped with the same
+gradient, the same learning rate and the same number of steps as rank 0: an all-reduce hands
+every rank the same bits, so any difference is a bug, never noise. Buffers (BatchNorm's running
+statistics) are not synchronized by the gradient all-reduce; ranks whose buffers differ are kept
+apart, as the evidence of per-rank statistics. The loss and sample digests judged elsewhere are
+already the ranks' combination (runs/ranks.py); the weights and gradients judged are rank 0's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..runs.model import Run
+from .results import FAIL, PASS, Check
+
+SHOWN = 4  # tensor names listed in a message
+
+
+@dataclass
+class RankFacts:
+    """Where the ranks differ from rank 0: {rank: names} at the start, {update: {rank: names}}
+    after each update."""
+
+    world: int
+    init: dict[int, list[str]] = field(default_factory=dict)
+    weights: dict[int, dict[int, list[str]]] = field(default_factory=dict)
+    grads: dict[int, dict[int, list[str]]] = field(default_factory=dict)
+    buffers: dict[int, dict[int, list[str]]] = field(default_factory=dict)
+    steps: dict[int, dict[int, str]] = field(default_factory=dict)  # lr or step counts
+
+    @property
+    def agree(self) -> bool:
+        return not (self.init or self.weights or self.grads or self.steps)
+
+    def first_update(self) -> int | None:
+        updates = [*self.weights, *self.grads, *self.steps, *([0] if self.init else [])]
+        return min(updates) if updates else None
+
+
+def rank_facts(run: Run) -> RankFacts | None:
+    """Compare every rank's fingerprints with rank 0's (None: one process)."""
+    if len(run.ranks) < 2:
+        return None
+    names = [t.name for t in run.tensors]
+    params = np.array([t.kind == "param" for t in run.tensors])
+    first, facts = run.ranks[0], RankFacts(len(run.ranks))
+    for other in run.ranks[1:]:
+        r = other.rank
+        differ = (other.init_state != first.init_state) & params
+        if differ.any():
+            facts.init[r] = _names(names, differ)
+        for i in range(run.updates):
+            for target, mine, theirs, mask in (
+                (facts.weights, first.update_state[i], other.update_state[i], params),
+                (facts.grads, first.grad_state[i], other.grad_state[i], params),
+                (facts.buffers, first.update_state[i], other.update_state[i], ~params),
+            ):
+                differ = (mine != theirs) & mask
+                if differ.any():
+                    target.setdefault(i, {})[r] = _names(names, differ)
+            text = _step_difference(first, other, i)
+            if text:
+                facts.steps.setdefault(i, {})[r] = text
+    return facts
+
+
+def _names(names: list[str], mask: np.ndarray) -> list[str]:
+    return [names[j] for j in np.flatnonzero(mask)]
+
+
+def _step_difference(first, other, i: int) -> str | None:
+    for label, a, b in (
+        ("learning rate", first.lr, other.lr),
+        ("optimizer steps", first.optimizer_steps, other.optimizer_steps),
+        ("optimizer step counter", first.state_step, other.state_step),
+    ):
+        if a is not None and b is not None and not _same(a[i], b[i]):
+            return f"{label} {b[i]:.8g} (rank 0: {a[i]:.8g})"
+    return None
+
+
+def _same(a: float, b: float) -> bool:
+    return bool(a == b or (np.isnan(a) and np.isnan(b)))
+
+
+def listed(names: list[str]) -> str:
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
+
+
+def rank_problems(run: Run, facts: RankFacts | None) -> dict[int, list[str]]:
+    """Per update, what differs across the ranks (the comparison's per-update problems)."""
+    found: dict[int, list[str]] = {}
+    if facts is None:
+        return found
+    for r, names in facts.init.items():
+        found.setdefault(0, []).append(f"rank {r} started from other weights ({listed(names)})")
+    params = sum(t.kind == "param" for t in run.tensors)
+    for label, table in (
+        ("stepped with another gradient", facts.grads),
+        ("holds other weights", facts.weights),
+    ):
+        for i, ranks in sorted(table.items()):
+            for r, names in ranks.items():
+                found.setdefault(i, []).append(
+                    f"rank {r} {label} than rank 0 in {len(names)} of {params} parameters "
+                    f"({listed(names)})"
+                )
+    for i, ranks in sorted(facts.steps.items()):
+        for r, text in ranks.items():
+            found.setdefault(i, []).append(f"rank {r}: {text}")
+    return found
+
+
+def items_per_rank(run: Run, update: int) -> list[float] | None:
+    """Each rank's items in window `update` (None: items not recorded)."""
+    if not run.ranks or run.ranks[0].micro_items is None:
+        return None
+    w = run.window(update)
+    return [float(rank.micro_items[w.start : w.stop].sum()) for rank in run.ranks]
+
+
+def rank_check(run: Run, facts: RankFacts) -> Check:
+    """Replica agreement, with the per-rank facts that matter (W, backend, items per rank)."""
+    name = f"ranks hold the same replica (W={facts.world})"
+    how = run.distributed or {}
+    where = f"{how.get('backend', '?')}, launched by {how.get('launcher', '?')}"
+    if not facts.agree:
+        first = facts.first_update()
+        problems = rank_problems(run, facts).get(first or 0, ["?"])
+        return Check(name, FAIL, f"from update {first}: {problems[0]} ({where})")
+    items = items_per_rank(run, 0)
+    shown = f"; items per rank in window 0: {', '.join(f'{n:g}' for n in items)}" if items else ""
+    buffers = ""
+    if facts.buffers:
+        i = min(facts.buffers)
+        r, names = next(iter(facts.buffers[i].items()))
+        buffers = f"; buffers differ (rank {r}, update {i}: {listed(names)}): per-rank statistics"
+    return Check(
+        name,
+        PASS,
+        f"{facts.world} ranks ({where}): parameters, stepped gradients, learning rates and step "
+        f"counts bitwise equal after all {run.updates} updates{shown}{buffers}",
+    )
+
+
+def ranks_summary(run: Run, facts: RankFacts | None) -> dict | None:
+    """The JSON report's `merged_ranks`."""
+    if facts is None:
+        return None
+    how = run.distributed or {}
+    return {
+        "world_size": facts.world,
+        "backend": how.get("backend"),
+        "launcher": how.get("launcher"),
+        "replicas_agree": facts.agree,
+        "first_disagreement": facts.first_update(),
+        "items_per_rank": [items_per_rank(run, i) for i in range(run.updates)]
+        if run.ranks[0].micro_items is not None
+        else None,
+    }

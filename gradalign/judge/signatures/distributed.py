@@ -1,0 +1,244 @@
+"""Data-parallel signatures: read what each rank recorded (judge/distributed.py) and the shape of
+the gradient, and name the data-parallel bug: ranks that are no longer replicas, a scheduler
+stepped per rank, ranks reading the same rows, BatchNorm statistics per rank, a loss reduced
+once too often over the ranks, items normalized per rank."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..checks import sample_mismatches
+from ..distributed import RankFacts, items_per_rank, listed
+from ..results import Comparison, Diagnosis, UpdateResult
+from .common import COSINE_SAME_DIRECTION, RATIO_MATCH, finite, relative_error, window
+from .decisive import _update0_gap
+from .learning_rate import lined_up_lrs, schedule_offset
+
+FIRST = ("window-bookkeeping", "step-in-window")  # causes that explain diverging replicas
+SUBSUMED = {"scheduler-per-rank": "lr-schedule", "dp-sampler": "data-order"}
+
+
+def _facts(c: Comparison) -> RankFacts | None:
+    return c.ranks
+
+
+def replicas_diverged(c: Comparison) -> Diagnosis | None:
+    facts = _facts(c)
+    if facts is None or facts.agree:
+        return None
+    first = facts.first_update()
+    params = [t.name for t in c.merged.tensors if t.kind == "param"]
+    evidence: dict = {"first_update": first, "world_size": facts.world}
+    if facts.init:
+        rank, names = next(iter(sorted(facts.init.items())))
+        evidence.update(cause="initial weights", rank=rank, tensors=names)
+        message = (
+            f"the ranks did not start from the same weights: rank {rank}'s initial {listed(names)} "
+            "differ from rank 0's, so every update moves other weights on each rank"
+        )
+        fix = (
+            "build the model identically on every rank (same seed) and load checkpoints before "
+            "wrapping it in DistributedDataParallel, which broadcasts rank 0's weights only when "
+            "it is constructed"
+        )
+    elif first in facts.grads:
+        rank, names = next(iter(sorted(facts.grads[first].items())))
+        evidence.update(cause="gradient", rank=rank, tensors=names, parameters=len(params))
+        if len(names) == len(params):
+            why = (
+                f"in every parameter: window {first}'s gradients were not all-reduced (DDP's "
+                "sync flag set after the forward, or no_sync() around the last micro-step)"
+            )
+        else:
+            why = (
+                f"in {listed(names)} only ({len(names)} of {len(params)} parameters): these were "
+                "never synced (parameters DDP ignores or finds unused; find_unused_parameters with "
+                "no_sync before torch 2.4, pytorch #69031)"
+            )
+        message = f"at update {first} rank {rank} stepped with another gradient than rank 0 {why}"
+        fix = (
+            "keep no_sync() around the first K-1 micro-steps only, forward and backward "
+            "included: DDP reads the sync flag in forward(); let the last micro-step's forward "
+            "and backward run synced; make every parameter take part in every synced backward"
+        )
+    else:
+        table = facts.weights.get(first) or {}
+        rank, names = next(iter(sorted(table.items())), (None, []))
+        steps = facts.steps.get(first, {})
+        evidence.update(cause="optimizer step", rank=rank, tensors=names, steps=steps)
+        message = (
+            f"after update {first} the ranks hold other weights although they stepped with the "
+            f"same gradients{f' ({listed(names)})' if names else ''}: the optimizer step differs "
+            f"across the ranks{': ' + next(iter(steps.values())) if steps else ''}"
+        )
+        fix = "give every rank the same optimizer, learning rate schedule and step calls"
+    return Diagnosis("replicas-diverged", message, evidence, fix)
+
+
+def scheduler_per_rank(c: Comparison) -> Diagnosis | None:
+    """lr[t] equals the baseline's lr[W*t]: the scheduler stepped once per rank per update."""
+    world = c.merged.world_size
+    bad = [r for r in c.results if any(k == "lr" for k, _ in r.problems)]
+    if world < 2 or not bad or c.baseline.lr is None or c.merged.lr is None:
+        return None
+    found = schedule_offset(*lined_up_lrs(c))  # runs of different lengths: where they line up
+    advance = None if found is None else found[0]
+    if advance != world or advance == window(c):  # W = K: lr-schedule names it
+        return None
+    i = bad[0].update
+    return Diagnosis(
+        "scheduler-per-rank",
+        f"the learning-rate schedule advanced {world} steps per update, once per rank (W="
+        f"{world}): merged lr at update t equals the baseline's at update {world}·t (update {i}: "
+        f"{c.merged.lr[i]:.6g} vs {c.baseline.lr[i]:.6g})",
+        {
+            "first_update": i,
+            "schedule_steps_per_update": advance,
+            "world_size": world,
+            "merged_lr": finite(float(c.merged.lr[i])),
+            "baseline_lr": finite(float(c.baseline.lr[i])),
+        },
+        "step the scheduler once per optimizer step on each rank, not once per rank (accelerate: "
+        "prepare the scheduler with split_batches, or build it for the number of updates, not "
+        "updates x processes)",
+    )
+
+
+def dp_sampler(c: Comparison) -> Diagnosis | None:
+    """Windows with other samples, where ranks read identical micro-batches."""
+    bad = sample_mismatches(c.baseline, c.merged)
+    ranks = c.merged.ranks
+    if len(ranks) < 2 or bad is None or not bad.size or ranks[0].micro_data is None:
+        return None
+    data = np.stack([rank.micro_data for rank in ranks])  # [W, M]
+    duplicated = [m for m in range(data.shape[1]) if len(set(data[:, m].tolist())) < data.shape[0]]
+    if not duplicated:
+        return None
+    m = duplicated[0]
+    same = [r for r in range(len(ranks)) if data[r, m] == data[0, m]]
+    return Diagnosis(
+        "dp-sampler",
+        f"ranks read the same samples: at {len(duplicated)} of {data.shape[1]} micro-steps two "
+        f"ranks' micro-batches are identical (first micro-step {m}: ranks "
+        f"{', '.join(map(str, same))}), so {bad.size} of {c.updates} windows hold duplicated "
+        "samples and miss others of their baseline batch",
+        {
+            "micro_steps_with_duplicates": len(duplicated),
+            "first_micro_step": m,
+            "ranks": same,
+            "windows_with_other_samples": int(bad.size),
+        },
+        "give each rank its own shard: a DistributedSampler(num_replicas=W, rank=r) (set_epoch "
+        "each epoch; drop_last so no rank pads with repeated samples), so that the W x K "
+        "micro-batches of window i are exactly baseline batch i",
+    )
+
+
+def dp_batchnorm(c: Comparison) -> Diagnosis | None:
+    """BatchNorm statistics per rank: running statistics differ across the ranks."""
+    facts = _facts(c)
+    layers = c.merged.model_facts.get("batchnorm")
+    if facts is None or not layers or not facts.buffers:
+        return None
+    i = min(facts.buffers)
+    rank, names = next(iter(sorted(facts.buffers[i].items())))
+    evidence, _ = _update0_gap(c)
+    evidence.update(first_update=i, rank=rank, buffers=names, batchnorm_layers=list(layers))
+    return Diagnosis(
+        "dp-batchnorm",
+        f"the model has BatchNorm ({', '.join(layers)}) and each rank normalized its own "
+        f"B/(W·K) rows with their own statistics: after update {i} rank {rank}'s "
+        f"{listed(names)} differ from rank 0's, and the forward already differs from one "
+        f"process at batch B (loss at update 0 off by {c.results[0].loss_diff:.3g})",
+        evidence,
+        "convert the model with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before "
+        "wrapping it in DDP, so that each micro-step normalizes with the statistics of all "
+        "ranks' rows (with K > 1 they are still those of B/K rows: see batchnorm)",
+    )
+
+
+def dp_loss_reduction(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Gradient W or 1/W times the baseline's, same direction: the loss reduced over the ranks
+    on top of DDP's own mean (or once too often)."""
+    world, k = c.merged.world_size, window(c)
+    ratio, cosine = r.grad_ratio, r.grad_cosine
+    if world < 2 or ratio is None or cosine is None or not cosine >= COSINE_SAME_DIRECTION:
+        return None
+    if any(abs(ratio / q - 1) <= RATIO_MATCH for q in (k, 1 / k, k + 1)):
+        return None  # loss-scale's variants (also when W = K)
+    for expected, how in ((world, "summed over the ranks"), (1 / world, "divided by W")):
+        if abs(ratio / expected - 1) <= RATIO_MATCH:
+            return Diagnosis(
+                "dp-loss-reduction",
+                f"at update {r.update} the gradient is {ratio:.6g} times the baseline's with "
+                f"cosine {cosine:.8f}, and W={world}: each rank's loss was {how} on top of "
+                "DDP's own mean over the ranks",
+                {
+                    "update": r.update,
+                    "grad_ratio": finite(ratio),
+                    "grad_cosine": finite(cosine),
+                    "world_size": world,
+                    "expected_ratio": expected,
+                },
+                "DDP already averages the ranks' gradients: backpropagate each rank's own loss "
+                "(its mean / K, or its share of the window's items) without multiplying or "
+                "dividing it by the world size; to log the global loss, average the ranks' "
+                "losses after backward",
+            )
+    return None
+
+
+def dp_token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Items normalized locally (per rank, or per micro-batch): the ranks hold different item
+    counts and the gradient error is within what reweighting rank r by N / (W·N_r) can cause.
+    The gradient alone cannot tell a rank's count from a micro-batch's; the fix is the same."""
+    counts = items_per_rank(c.merged, r.update)
+    if counts is None or len(counts) < 2 or min(counts) <= 0 or min(counts) == max(counts):
+        return None
+    total, world = sum(counts), len(counts)
+    imbalance = max(abs(total / (world * n) - 1) for n in counts)
+    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
+    error = None if gb is None or gm is None else relative_error(gb, gm)
+    if error is None or not 0 < error <= 2 * imbalance:
+        return None
+    w = c.merged.window(r.update)
+    micro = [[int(n) for n in rank.micro_items[w.start : w.stop]] for rank in c.merged.ranks]
+    return Diagnosis(
+        "dp-token-normalization",
+        f"at update {r.update} the ranks hold {', '.join(f'{n:g}' for n in counts)} items "
+        f"(micro-batches {'; '.join(', '.join(map(str, m)) for m in micro)}), yet each rank's "
+        "loss was normalized by a local count (its own, or its micro-batch's), not by the "
+        f"window's {total:g} items on all ranks: ranks are weighted up to {imbalance:.1%} "
+        f"wrong, and the gradient is {error:.3g} off (relative L2, cosine "
+        f"{r.grad_cosine:.6f})",
+        {
+            "update": r.update,
+            "items_per_rank": counts,
+            "items_per_micro_batch": micro,
+            "max_rank_weight_error": imbalance,
+            "grad_rel_l2": error,
+            "grad_cosine": finite(r.grad_cosine),
+        },
+        "count the window's items over every rank first (all_reduce the item count of the K "
+        "micro-batches), then backpropagate each micro-batch's summed loss x W / that total "
+        "(DDP averages over W ranks): the num_items_in_batch fix of transformers #34242",
+    )
+
+
+DECISIVE = [replicas_diverged, scheduler_per_rank, dp_sampler, dp_batchnorm]
+GRADIENT_SHAPE = [dp_loss_reduction, dp_token_normalization]
+
+
+def with_ranks(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
+    """The data-parallel causes among the decisive ones: after those that explain diverging
+    replicas by themselves (a step inside the window), before the rest; a more specific cause
+    replaces the general one it explains (scheduler-per-rank for lr-schedule, dp-sampler for
+    data-order)."""
+    if c.ranks is None:
+        return found
+    ranked = [d for d in (signature(c) for signature in DECISIVE) if d is not None]
+    codes = {d.code for d in ranked}
+    dropped = {general for specific, general in SUBSUMED.items() if specific in codes}
+    first = [d for d in found if d.code in FIRST]
+    rest = [d for d in found if d.code not in FIRST and d.code not in dropped]
+    return [*first, *ranked, *rest]
