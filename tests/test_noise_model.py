@@ -92,3 +92,22 @@ def test_a_clean_run_needs_no_excuse(runs):
     result = merged(runs, "clean", None)
     assert result.verdict == "pass"
     assert all(d.excused is None for r in result.results for d in r.grads)
+
+
+@pytest.mark.parametrize(("error", "said"), [(3.0, False), (500.0, True)])
+def test_pass_message_says_when_the_rounding_floor_allowed_more_than_the_factor(error, said):
+    from types import SimpleNamespace as NS
+
+    from gradalign.judge.diagnose import _why_it_passes
+
+    tensor = NS(ratio=0.5, error=error, noise=1.0)
+    c = NS(
+        results=[NS(weights=[tensor], grads=[])],
+        reference="ref",
+        tolerances=NS(noise_factor=4.0),
+        dtype="float32",
+        merged=NS(model_facts={}),
+    )
+    message = _why_it_passes(c)[0].message
+    assert f"{error:.2g}x as far" in message and "(allowed 4x" in message
+    assert ("one rounding of the tensor" in message) == said
