@@ -86,13 +86,15 @@ BUGS: list[tuple[str, str, str]] = [  # (bug, clean setup, the code that must co
 ]
 
 
-def judge(root: Path, setup: Setup, seed: int, bug: str | None = None) -> dict:
+def judge(
+    root: Path, setup: Setup, seed: int, bug: str | None = None, record: str = "full"
+) -> dict:
     base, ref = root / f"base-{seed}", root / f"ref-{seed}"
     if not base.exists():
-        run(base, replace(setup, k=1), 1, seed=seed)
-        run(ref, replace(setup, k=1), 1, seed=seed, float64=True)
+        run(base, replace(setup, k=1), 1, seed=seed, record=record)
+        run(ref, replace(setup, k=1), 1, seed=seed, float64=True, record=record)
     merged = root / f"merged-{seed}-{bug or 'clean'}"
-    run(merged, setup, setup.k, seed=seed, bug=bug)
+    run(merged, setup, setup.k, seed=seed, bug=bug, record=record)
     c = api.compare(base, merged, reference=ref)
     diffs = [d for r in c.results for d in (*r.weights, *r.grads)]
     return {
@@ -110,13 +112,16 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--only", nargs="*", help="clean setups to run (default: all)")
+    parser.add_argument(
+        "--record", choices=["full", "sketch"], default="full", help="how every run is recorded"
+    )
     args = parser.parse_args()
     names = args.only or list(CLEAN)
     rows, started = [], time.monotonic()
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
             for seed in range(args.seeds):
-                got = judge(Path(folder) / name, CLEAN[name], seed)
+                got = judge(Path(folder) / name, CLEAN[name], seed, record=args.record)
                 ok = got["verdict"] == "pass" and not got["codes"]
                 rows.append({"setup": name, "seed": seed, "bug": None, "ok": ok, **got})
                 print(f"{'ok ' if ok else 'FALSE ALARM'} {name} seed {seed}: {got}", flush=True)
@@ -124,7 +129,7 @@ def main() -> int:
             if name not in names:
                 continue
             for seed in range(args.seeds):
-                got = judge(Path(folder) / name, CLEAN[name], seed, bug)
+                got = judge(Path(folder) / name, CLEAN[name], seed, bug, args.record)
                 ok = got["verdict"] == "fail" and got["codes"][:1] == [code]
                 rows.append(
                     {"setup": name, "seed": seed, "bug": bug, "expected": code, "ok": ok, **got}
@@ -133,6 +138,7 @@ def main() -> int:
     clean = [r for r in rows if r["bug"] is None]
     bugs = [r for r in rows if r["bug"] is not None]
     summary = {
+        "record": args.record,
         "clean_configurations": len({r["setup"] for r in clean}),
         "seeds": args.seeds,
         "clean_runs": len(clean),

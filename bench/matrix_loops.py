@@ -175,7 +175,14 @@ def _splits(s: Setup, k: int) -> list[int]:
 
 
 def run(
-    out: Path, s: Setup, k: int, *, seed: int = 0, float64: bool = False, bug: str | None = None
+    out: Path,
+    s: Setup,
+    k: int,
+    *,
+    seed: int = 0,
+    float64: bool = False,
+    bug: str | None = None,
+    record: str = "full",
 ) -> Path:
     """Record one run of the setup at K=k (the baseline is k=1, the reference float64)."""
     build, kind = MODELS[s.model]
@@ -195,7 +202,9 @@ def run(
     if x.is_floating_point() and float64:
         x = x.double()
     sizes = _splits(s, k)
-    with gradalign.Recorder(out, model, opt, accum_steps=k, scaler=scaler) as rec:
+    with gradalign.Recorder(
+        out, model, opt, accum_steps=k, scaler=scaler, record=record, updates=s.updates
+    ) as rec:
         for update in range(s.updates):
             start = update * s.batch
             bounds = [start + sum(sizes[:j]) for j in range(k + 1)]

@@ -125,6 +125,7 @@ def compare(
     card_loss: str | None = None,
     reports: Sequence[PathLike] = (),
     feedback: Feedback | None = None,
+    verify_files: bool = False,
 ) -> Comparison:
     """Judge `merged` against `baseline` (run directories or training logs) from their files.
 
@@ -134,7 +135,9 @@ def compare(
     global item count). `reference`: a float64 rerun of the baseline to calibrate by; by default
     the one the baseline's manifest names; "none" for the fixed tolerances. `accum_steps`: K of
     a merged log (a run directory states its own). `reports`: files the caller will write
-    afterwards, checked first. Raises BadInput for unreadable or incomparable runs.
+    afterwards, checked first. `verify_files`: first check every file of every run directory
+    against the SHA-256 its manifest lists (the judge itself checks each tensor's fingerprint as
+    it reads it, docs/FORMAT.md). Raises BadInput for unreadable or incomparable runs.
     """
     from .judge.compare import compare as judge
     from .runs.outputs import check_outputs
@@ -158,6 +161,12 @@ def compare(
     ref_run, note = open_reference(None if reference is None else str(reference), base_run)
     if ref_run is not None:
         check_outputs([], [ref_run.source], reports)
+    if verify_files:
+        from .runs.store import verify_files as verify
+
+        for run in (base_run, merged_run, ref_run):
+            if run is not None and run.store is not None:
+                verify(run.store)
     with (feedback or Silent()).progress("compare", base_run.updates) as advance:
         comparison = judge(base_run, merged_run, checked, ref_run, on_update=lambda _: advance())
     if note:

@@ -25,6 +25,10 @@ from .cli_options import (
     JsonOpt,
     NprocOpt,
     ReferenceOpt,
+    SelftestDeviceOpt,
+    SelftestOutOpt,
+    SelftestRecordOpt,
+    VerifyFilesOpt,
     report_options,
     tolerance_options,
     training_options,
@@ -201,6 +205,7 @@ def compare_cmd(
             "baseline's manifest names); none: use the fixed tolerances"
         ),
     ] = None,
+    verify_files: VerifyFilesOpt = False,
     tolerances: dict | None = None,
     reports: dict | None = None,
 ) -> None:
@@ -216,6 +221,7 @@ def compare_cmd(
         card_loss=card_loss,
         reports=files.paths(),
         feedback=_feedback(),
+        verify_files=verify_files,
     )
     raise typer.Exit(_verdict(comparison, files))
 
@@ -313,19 +319,16 @@ def golden_check(
 
 @app.command()
 def selftest(
-    out: Annotated[Path, typer.Option("--out", "-o", help="directory for the runs")] = Path(
-        "runs/selftest"
-    ),
+    out: SelftestOutOpt = Path("runs/selftest"),
     json: JsonOpt = None,
-    device: Annotated[
-        str, typer.Option("--device", help="where every case trains: cpu, cuda or auto")
-    ] = "cpu",
+    record: SelftestRecordOpt = "full",
+    device: SelftestDeviceOpt = "cpu",
 ) -> None:
     """Prove the gate: clean setups must pass, every known bug must fail with its own code."""
     from .selftest import render_selftest, run_selftest, write_selftest_json
 
     reports = [json] if json is not None else []
-    outcome = run_selftest(out, err_console, reports=reports, device=device)
+    outcome = run_selftest(out, err_console, reports=reports, device=device, record=record)
     render_selftest(outcome, out_console)
     if json is not None:
         write_selftest_json(outcome, json)
@@ -338,7 +341,10 @@ def version() -> None:
     out_console.print(__version__)
 
 
-_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR}
+_DISK_ERRORS = {
+    *(errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR),
+    *(errno.EIO, errno.EFBIG),  # a write that failed in the background writer too
+}
 
 
 def main(argv: list[str] | None = None) -> None:

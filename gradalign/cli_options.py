@@ -37,6 +37,26 @@ ReferenceOpt = Annotated[
         "floor; none: judge by the dtype's fixed tolerances " + escape("[fp64|none]"),
     ),
 ]
+VerifyFilesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verify-files",
+        help="first check every file's SHA-256 against its manifest (the judge checks each "
+        "tensor's recorded fingerprint as it reads it either way)",
+    ),
+]
+SelftestOutOpt = Annotated[Path, typer.Option("--out", "-o", help="directory for the runs")]
+SelftestDeviceOpt = Annotated[
+    str, typer.Option("--device", help="where every case trains: cpu, cuda or auto")
+]
+SelftestRecordOpt = Annotated[
+    str,
+    typer.Option(
+        "--record",
+        help="record every run in full or with sketches (the verdicts must not change) "
+        + escape("[full|sketch]"),
+    ),
+]
 NprocOpt = Annotated[
     int | None,
     typer.Option(

@@ -32,6 +32,7 @@ AMP_LEVELS = {
 MODELS = ("mlp", "mlp-dropout", "cnn-bn", "cnn-gn", "tiny-lm")
 LOSS_NORMS = ("items", "mean")
 REFERENCES = ("fp64", "none")
+RECORD_MODES = ("full", "sketch")
 ENTRY_POINT_KEYS = ("model", "data", "loss")  # may name the user's own code as module:attribute
 DEFAULT_LR = {"sgd": 0.1, "adam": 1e-3, "adamw": 1e-3}
 
@@ -97,6 +98,18 @@ class TrainConfig:
         "round initial weights and inputs to this dtype first (a float64 reference of an O3 run)",
         ("float16",),
         default=None,
+    )
+    record: str = _opt(
+        "full: weights and gradients saved every update; sketch: per update a fixed-size sketch, "
+        "exact norms and fingerprints, full snapshots only at the first, every "
+        "--snapshot-every-th and the last update (for models too big to snapshot)",
+        RECORD_MODES,
+        default="full",
+    )
+    snapshot_every: int = _opt(
+        "with --record sketch: also keep full snapshots every this many updates (0: first "
+        "and last only)",
+        default=0,
     )
     amp_level: str | None = _opt(
         "O0 fp32; O1/O2 autocast fp16 + GradScaler; O3 pure fp16 weights",
@@ -229,7 +242,7 @@ def _check_ranges(c: TrainConfig, where: str) -> None:
             raise BadInput(f"{where}: {name} must be in [0, 1), got {getattr(c, name)}")
     if c.eps <= 0:
         raise BadInput(f"{where}: eps must be positive, got {c.eps}")
-    for name in ("momentum", "weight_decay", "warmup_updates", "l2_penalty"):
+    for name in ("momentum", "weight_decay", "warmup_updates", "l2_penalty", "snapshot_every"):
         if getattr(c, name) < 0:
             raise BadInput(f"{where}: {name} must not be negative, got {getattr(c, name)}")
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import api
-from .config import TrainConfig
+from .config import RECORD_MODES, TrainConfig
 from .errors import BadInput
 from .judge.results import FAIL, PASS
 from .record.faults import FAULTS
@@ -61,6 +61,7 @@ class Case:
     nproc: int = 1  # ranks of the merged run (data parallel when > 1)
     accum_steps: int | None = None  # K, if not the setup's
     device: str = "cpu"  # where it trains (selftest --device)
+    record: str = "full"  # what its runs keep (selftest --record)
 
     @property
     def name(self) -> str:
@@ -71,6 +72,7 @@ class Case:
     def config(self) -> TrainConfig:
         k = {} if self.accum_steps is None else {"accum_steps": self.accum_steps}
         setup = {**SETUPS[self.setup], "nproc": self.nproc, "device": self.device}
+        setup["record"] = self.record
         return TrainConfig().replace(**setup, **k)
 
 
@@ -198,10 +200,12 @@ def run_selftest(
     cases: list[Case] | None = None,
     reports: list[Path] | None = None,
     device: str = "cpu",
+    record: str = "full",
 ) -> list[Outcome]:
     """Train and judge every case; baselines and references are shared between cases.
     `reports`: files the caller writes afterwards, checked before any training; `device`: where
-    every case trains (cpu, cuda or auto)."""
+    every case trains (cpu, cuda or auto); `record`: "sketch" records every run with sketches
+    (the verdicts and codes must not change)."""
     from .runs.outputs import check_outputs
     from .selftest_ranks import run_ranked
 
@@ -210,9 +214,11 @@ def run_selftest(
 
     resolve_device(TrainConfig().replace(device=device).device)  # refused before any training
     check_outputs([out], [], reports or [])
+    if record not in RECORD_MODES:
+        raise BadInput(f"--record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
     cases = cases or CASES
     outcomes, recorded, logs = [], set(), None
-    cases = [replace(c, device=device) if isinstance(c, Case) else c for c in cases]
+    cases = [replace(c, device=device, record=record) if isinstance(c, Case) else c for c in cases]
     for case in (c for c in cases if c.nproc == 1):
         try:
             if isinstance(case, LogCase):

@@ -24,11 +24,15 @@ from .compatible import (
 )
 from .diagnose import diagnose
 from .distributed import rank_check, rank_facts, rank_problems
+from .inputs import Inputs
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
 from .noise import Drift, excuse_isolated_jumps, pool_noise, widened
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
+from .sketched import SketchJudge, sketch_note
+from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise
+from .views import sketch_width
 from .window_sizes import judged_updates
 from .windows import inside_window_changes
 
@@ -47,19 +51,56 @@ def compare(
     reference: Run | None = None,
     on_update: Callable[[int], None] | None = None,
     tensors: TensorJudgeFactory | None = None,
+    streaming: bool | None = None,
 ) -> Comparison:
     """Judge `merged` against `base` (and `reference`). Raises BadInput for incomparable runs.
 
     `on_update(i)` is called after each update is judged (progress for long runs); `tensors`
-    replaces the judging of weights and gradients (a golden file's summaries)."""
+    replaces the judging of weights and gradients (a golden file's summaries). `streaming`:
+    False reads whole tensors even from run directories (the reference implementation the
+    streamed judge is tested against); by default run directories are streamed."""
     starts = check_compatible(base, merged)
     bound = check_reference(base, merged, reference) if reference is not None else None
     dtype = least_precise([base.compute_dtype, merged.compute_dtype])
     tol = for_dtype(dtype, overrides)
     # The floor is rounding of the stored values: the parameters' dtype, not autocast's.
     storage = least_precise([base.dtype, merged.dtype])
-    judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound)
-    judge_tensors = judge.tensors if tensors is None else tensors(tol, judge.floor)
+    width = sketch_width(base, merged, reference) if tensors is None else None
+    streaming = (
+        tensors is None
+        and width is None
+        and streaming is not False
+        and streamable(base, merged, reference)
+    )
+    whole = tensors is None and width is None and not streaming
+    judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound, whole)
+    inputs = Inputs(base, merged, reference, tol, judge.floor, bound)
+    stream = StreamJudge(inputs) if streaming else None
+    judge_tensors: TensorJudge
+    if tensors is not None:
+        judge_tensors = tensors(tol, judge.floor)
+    elif width is not None:
+        judge_tensors = SketchJudge(inputs, width)
+    else:
+        judge_tensors = stream or judge.tensors
+    try:
+        return _judge(base, merged, reference, tol, dtype, judge, judge_tensors, on_update)
+    finally:
+        if stream is not None:
+            stream.close()
+
+
+def _judge(
+    base: Run,
+    merged: Run,
+    reference: Run | None,
+    tol: Tolerances,
+    dtype: str,
+    judge: _Judge,
+    judge_tensors: TensorJudge,
+    on_update: Callable[[int], None] | None,
+) -> Comparison:
+    """Every update's losses, tensors and bookkeeping; then the checks and the diagnosis."""
     changes = inside_window_changes(merged)
     disagreements = replica_disagreements(merged)
     ranks = rank_facts(merged)  # a data-parallel run's ranks must be replicas, bit for bit
@@ -90,7 +131,13 @@ def compare(
         dtype,
         results,
         checks,
-        [*base.notes, *merged.notes, *_notes(base, merged, judge.merged_loss), *jumps],
+        [
+            *base.notes,
+            *merged.notes,
+            *_notes(base, merged, judge.merged_loss),
+            *jumps,
+            *sketch_note(results),
+        ],
         _first_divergence(results),
         reference,
         ranks=ranks,
@@ -111,12 +158,16 @@ class _Judge:
         epsilon: float,
         starts: Tensors | None,
         bound: ReferenceBound | None = None,
+        whole: bool = True,
     ) -> None:
+        """`whole`: this judge reads whole tensors (else a `StreamJudge` does, for run
+        directories, and this one judges the losses alone)."""
         self.base, self.merged, self.ref, self.tol = base, merged, ref, tol
         self.bound = bound
         self.floor = tol.noise_floor * epsilon
         self.starts = starts
-        self.drift = Drift(starts) if ref is not None and starts is not None else None
+        drifts = whole and ref is not None and starts is not None
+        self.drift = Drift(starts) if drifts else None
         n = judged_updates(base, merged)  # runs whose windows stop lining up are cut there
         self.base_loss, self.merged_loss = base.window_losses()[:n], merged.window_losses()[:n]
         self.resolution = base.window_loss_quantum()[:n] + merged.window_loss_quantum()[:n]

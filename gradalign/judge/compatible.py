@@ -14,7 +14,10 @@ from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
 from .window_sizes import has_problems
 
 # Config keys a float64 reference may legitimately change: its precision, K and device.
-_REFERENCE_MAY_DIFFER = {"dtype", "accum_steps", "device", "precision", "amp_level", "round_to"}
+_REFERENCE_MAY_DIFFER = {
+    *("dtype", "accum_steps", "device", "precision", "amp_level", "round_to"),
+    *("record", "snapshot_every"),  # what was kept of the training, not the training
+}
 # A float32 baseline drifts from its float64 rerun by up to ~1e-4 of the distance moved (SGD,
 # momentum 0.9, 12 updates); another training is off by orders of magnitude more: 1% separates
 # them. Autocast drifts further (Adam: 4.6% in float16, 11% in bfloat16), so the bound is at
@@ -152,8 +155,13 @@ def check_reference_weights(
         rounding = bound.epsilon * float(np.linalg.norm(ref[name].astype(np.float64)))
         walked = drift(name) if drift is not None else 0.0
         if not d.error <= d.allowed + rounding + walked:
-            raise BadInput(
-                f"{bound.where} is not a rerun of the baseline's training: at update {update} "
-                f"the baseline's {name} is {d.error:.3g} away from it, more than "
-                f"{bound.rtol:g} of the distance training moved it{bound.hint}"
-            )
+            raise stray(bound, update, name, d.error)
+
+
+def stray(bound: ReferenceBound, update: int, name: str, error: float) -> BadInput:
+    """The refusal of a reference that the baseline strays from."""
+    return BadInput(
+        f"{bound.where} is not a rerun of the baseline's training: at update {update} the "
+        f"baseline's {name} is {error:.3g} away from it, more than {bound.rtol:g} of the "
+        f"distance training moved it{bound.hint}"
+    )

@@ -27,7 +27,7 @@ from .results import Comparison, UpdateResult
 from .tolerances import Tolerances
 
 UNNAMED = ("grad-accum-dtype", "token-normalization", "clip-per-micro")
-_CONFIG_MAY_DIFFER = {"accum_steps", "device"}
+_CONFIG_MAY_DIFFER = {"accum_steps", "device", "record", "snapshot_every"}
 
 
 def build(run: Run, reference: Run | None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ class TensorDiff:
     noise: float | None = None  # ||b - ref||: the baseline's own error against a precise rerun
     drift: float | None = None  # what noise-dominated elements may add (judge/noise.py)
     excused: str | None = None  # a failure judged honest noise (an isolated gradient jump)
+    sketched: bool = False  # error and noise estimated from sketches (judge/sketched.py)
 
     @property
     def ok(self) -> bool:

@@ -162,6 +162,9 @@ def train(
         reference=reference,
         compute_dtype=compute_dtype(config),
         scaler=t.scaler,
+        record=config.record,
+        snapshot_every=config.snapshot_every,
+        updates=config.updates,
         distributed=config.nproc > 1,
     ) as rec:
         run_loop(t, rec, progress, fault)

@@ -21,29 +21,27 @@ forgotten) is recorded as it ran: the judge names the bug.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..runs.layout import grads_file, weights_file
+from ..runs.background import BackgroundWriter
+from ..runs.digests import wrap
 from ..runs.writer import RunWriter
 from . import clipping
+from .capture import MODES, Capture
 from .device import autocast_dtype, environment
 from .distributed import close_ranks, join, rank_info, settle, unwrap_model
 from .facts import (
     RecorderError,
-    data_digest,
+    data_digest_parts,
     dtype_name,
-    fingerprint,
     model_facts,
     named_tensors,
-    numpy_dtype,
     sample_count,
     scalar_loss,
-    to_numpy,
 )
 from .window import Windows, after_closure, group_lrs, unwrap_optimizer, watch_scaler
 
@@ -66,6 +64,9 @@ class Recorder:
         compute_dtype: str | None = None,
         capture_grads: bool = True,
         scaler: Any = None,
+        record: str = "full",
+        snapshot_every: int = 0,
+        updates: int | None = None,
         distributed: bool | None = None,
         group: Any = None,
         rank: int | None = None,
@@ -74,6 +75,9 @@ class Recorder:
         `capture_grads`: when the loop does not call grads() in a window, record the gradient
         the optimizer steps with (from a step hook). `scaler`: the loop's GradScaler, whose
         unscale_() and update() calls per window are counted (once each is right).
+        `record`: "full" (weights and gradient files every update) or "sketch" (per update
+        a fixed-size sketch, exact norms and fingerprints; full files at the first update,
+        every `snapshot_every`-th and, given `updates` (N), the last).
 
         Under torch.distributed every rank creates a Recorder with the same arguments; each
         records its own facts, rank 0 writes the run (`ranks/rankR/` for every rank) once all
@@ -81,6 +85,10 @@ class Recorder:
         the run spans (default: all); `rank`: this process's rank in the run, if not its own."""
         if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
             raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
+        if record not in MODES:
+            raise RecorderError(f"record must be one of {', '.join(MODES)}, got {record!r}")
+        if not isinstance(snapshot_every, int) or snapshot_every < 0:
+            raise RecorderError(f"snapshot_every must be an integer >= 0, got {snapshot_every!r}")
         self.accum_steps = accum_steps
         self.config = dict(config or {})
         self.fault = fault
@@ -105,15 +113,10 @@ class Recorder:
         self._rank_info = rank_info(self._ranks, first.device, self._env)
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
-        self._data: list[int] = []
-        self._micro_state: list[torch.Tensor] = []
-        self._micro_grads: list[torch.Tensor] = []
+        self._data: list[list[int | torch.Tensor]] = []
         self._micro_steps: list[int] = []  # optimizer steps since the previous micro()
         self._samples: list[int] = []  # rows of each micro-batch (from batch=)
         self._steps_since_micro = 0
-        self._update_state: list[np.ndarray] = []
-        self._grad_state: list[np.ndarray] = []  # per update: the stepped gradient's prints
-        self._stepped: torch.Tensor | None = None  # this window's, once captured
         self._windows = Windows()
         self._grad_dtypes: set[str] = set()
         self._closed = False
@@ -127,17 +130,16 @@ class Recorder:
         ]
         self._stop_clip = clipping.listen(self._on_clip)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
-        self._writer: RunWriter | None = None
-        try:
-            if self._ranks is None or self._ranks.writes:
-                self._writer = RunWriter(out_dir)
+        try:  # a rank that does not write the run keeps its fingerprints all the same
+            writes = self._ranks is None or self._ranks.writes
+            self._writer = BackgroundWriter(RunWriter(out_dir) if writes else None)
         except BaseException as exc:
             self._unhook()
             self._settle(exc)
             raise
         try:
-            self._write(weights_file(None), self._snapshot)
-            self._init_state = self._state_tensor().cpu().numpy()
+            self._capture = Capture(self._named, self._writer, record, snapshot_every, updates)
+            self._capture.weights(None)
         except BaseException as exc:
             self.abort()
             self._settle(exc)
@@ -184,10 +186,9 @@ class Recorder:
         if items is not None:
             self._items.append(float(items))
         if batch is not None:
-            self._data.append(data_digest(batch, pad=pad, mask=mask))
+            self._data.append(data_digest_parts(batch, pad=pad, mask=mask))
             self._samples.append(sample_count(batch))
-        self._micro_state.append(self._state_tensor())
-        self._micro_grads.append(self._grad_state_tensor())
+        self._capture.micro()
         self._windows.open.micro_steps += 1
         self._micro_steps.append(self._steps_since_micro)
         self._steps_since_micro = 0
@@ -212,11 +213,7 @@ class Recorder:
         `scaler.update()`), if the loop scales its loss."""
         self._check_open()
         update = self._windows.closed
-        self._write(weights_file(update), self._snapshot)
-        self._update_state.append(self._state_tensor().cpu().numpy())
-        stepped, p = self._stepped, len(self._named)
-        self._grad_state.append(np.zeros(p, np.int64) if stepped is None else stepped.cpu().numpy())
-        self._stepped = None
+        self._capture.weights(update)
         groups = len(self._optimizer.param_groups)
         self._windows.close(
             self._optimizer_state_step(),
@@ -231,12 +228,14 @@ class Recorder:
         self._closed = True
         self._unhook()
         if self._ranks is not None:
-            return close_ranks(self)
+            try:
+                return close_ranks(self)
+            finally:
+                self._writer.abort()  # stops the writer thread; a finished run stays
         try:
-            series, manifest = self._finalize()
-            return self._writer.finish(manifest, series)  # type: ignore[union-attr]
+            return self._writer.finish(self._manifest(), self._series)
         except BaseException:
-            self._writer.abort()  # type: ignore[union-attr]
+            self._writer.abort()
             raise
 
     def abort(self) -> None:
@@ -244,8 +243,7 @@ class Recorder:
         if not self._closed:
             self._closed = True
             self._unhook()
-            if self._writer is not None:
-                self._writer.abort()
+            self._writer.abort()
 
     def __enter__(self) -> Recorder:
         return self
@@ -306,26 +304,8 @@ class Recorder:
         self._grad_dtypes.update(
             dtype_name(t.grad) for t, _, _ in self._named.values() if t.grad is not None
         )
-        self._stepped = self._grad_state_tensor()
-        self._write(
-            grads_file(update),
-            lambda: {
-                name: to_numpy(t.grad) if t.grad is not None else np.zeros(shape, numpy_dtype(t))
-                for name, (t, kind, shape) in self._named.items()
-                if kind == "param"
-            },
-        )
+        self._capture.grads(update)
         self._windows.open.grads_written = True
-
-    def _write(self, relpath: str, tensors: Callable[[], dict[str, np.ndarray]]) -> None:
-        """Write a tensor file; only the writing rank does (the others keep fingerprints)."""
-        if self._writer is not None:
-            self._writer.write_tensors(relpath, tensors())
-
-    def _settle(self, error: BaseException | None) -> None:
-        """Under torch.distributed, every rank learns whether the run could be started."""
-        if self._ranks is not None:
-            settle(self._ranks, error, self.abort)
 
     def _optimizer_state_step(self) -> int:
         """The optimizer's own step counter (Adam's `state["step"]`), or -1 if it keeps none."""
@@ -336,50 +316,39 @@ class Recorder:
                     return int(step)
         return -1
 
+    def _settle(self, error: BaseException | None) -> None:
+        """Under torch.distributed, every rank learns whether the run could be started."""
+        if self._ranks is not None:
+            settle(self._ranks, error, self.abort)
+
+    def _finalize(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The series and the manifest, once the background work is done (record/distributed)."""
+        self._writer.drain()
+        return self._series(), self._manifest()
+
     def _check_open(self) -> None:
         if self._closed:
             raise RecorderError("the recorder is closed")
 
-    def _snapshot(self) -> dict[str, np.ndarray]:
-        return {name: to_numpy(tensor) for name, (tensor, _, _) in self._named.items()}
-
-    def _state_tensor(self) -> torch.Tensor:
-        return torch.stack([fingerprint(tensor) for tensor, _, _ in self._named.values()])
-
-    def _grad_state_tensor(self) -> torch.Tensor:
-        """Fingerprints of each parameter's accumulated .grad (0 where there is none yet)."""
-        zero = torch.zeros((), dtype=torch.int64, device=self._device)
-        return torch.stack(
-            [
-                fingerprint(t.grad) if kind == "param" and t.grad is not None else zero
-                for t, kind, _ in self._named.values()
-            ]
-        )
-
-    def _finalize(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        updates = self._windows.closed
-        p = len(self._named)
-
-        def rows(values: list[torch.Tensor]) -> np.ndarray:
-            return torch.stack(values).cpu().numpy() if values else np.zeros((0, p), np.int64)
-
+    def _series(self) -> dict[str, np.ndarray]:
+        """The series file (built once the background work is done)."""
         series: dict[str, np.ndarray] = {
             "micro/loss": torch.stack(self._losses).cpu().numpy() if self._losses else np.zeros(0),
-            "micro/state": rows(self._micro_state),
-            "micro/grad_state": rows(self._micro_grads),
-            "init/state": self._init_state,
-            "update/state": np.stack(self._update_state) if updates else np.zeros((0, p), np.int64),
+            **self._capture.series(self._windows.closed),
             **self._windows.series(self.accum_steps),
         }
         if self._items:
             series["micro/items"] = np.asarray(self._items, dtype=np.float64)
         if self._data:
-            series["micro/data"] = np.asarray(self._data, dtype=np.int64)
+            series["micro/data"] = _digests(self._data)
             series["micro/samples"] = np.asarray(self._samples, dtype=np.int64)
         series["micro/steps"] = np.asarray(self._micro_steps, dtype=np.int64)
+        return series
+
+    def _manifest(self) -> dict[str, Any]:
         manifest = {
             "accum_steps": self.accum_steps,
-            "updates": updates,
+            "updates": self._windows.closed,
             "micro_steps": len(self._losses),
             "tensors": [
                 {"name": name, "shape": list(shape), "dtype": dtype_name(tensor), "kind": kind}
@@ -389,6 +358,7 @@ class Recorder:
             "environment": self._env,
             "fault": self.fault,
             "model": self._model_facts,
+            **self._capture.manifest(),
         }
         unclosed = self._windows.open.micro_steps
         if unclosed:
@@ -397,4 +367,14 @@ class Recorder:
             manifest["grad_dtype"] = "+".join(sorted(self._grad_dtypes))
         if self.reference is not None:
             manifest["reference"] = self.reference
-        return series, manifest
+        return manifest
+
+
+def _digests(parts: list[list[int | torch.Tensor]]) -> np.ndarray:
+    """Each micro-step's sample digest, device values fetched in one transfer."""
+    device = [v for row in parts for v in row if isinstance(v, torch.Tensor)]
+    fetched = iter(torch.stack(device).cpu().tolist() if device else [])
+    totals = [
+        wrap(sum(next(fetched) if isinstance(v, torch.Tensor) else v for v in row)) for row in parts
+    ]
+    return np.asarray(totals, dtype=np.int64)

@@ -59,6 +59,7 @@ def _update_dict(r: UpdateResult) -> dict[str, Any]:
     def tensors(diffs):
         return [
             {
+                **({"sketched": True} if d.sketched else {}),
                 "name": d.name,
                 "ok": d.ok,
                 "max_abs_diff": _finite(d.max_abs),

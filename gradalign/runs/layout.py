@@ -24,6 +24,15 @@ def grads_file(update: int) -> str:
     return f"grads/update_{update:06d}.safetensors"
 
 
+def sketch_file(update: int | None) -> str:
+    """Relative path of the sketches of update `update` (None: of the initial weights)."""
+    return (
+        "sketches/init.safetensors"
+        if update is None
+        else f"sketches/update_{update:06d}.safetensors"
+    )
+
+
 def is_run_dir(path: Path) -> bool:
     """True when `path` holds a manifest that names this format."""
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +54,7 @@ class Run:
     micro_state: np.ndarray | None = None  # int64 [M, P]
     micro_state_known: np.ndarray | None = None  # bool [M]
     micro_grad_state: np.ndarray | None = None  # int64 [M, P], the accumulated .grad at micro m
+    micro_grad_writes: np.ndarray | None = None  # int64 [M, P], writes to each .grad by micro m
     micro_samples: np.ndarray | None = None  # int64 [M], rows of each micro-batch
     micro_step_counts: np.ndarray | None = None  # int64 [M], optimizer steps since micro m-1
     scaler_calls: np.ndarray | None = None  # int64 [N, 2], GradScaler unscale_/update calls
@@ -87,6 +88,11 @@ class Run:
     cards: list[str] = field(default_factory=list)  # the card logs a run was combined from
     card_loss: str | None = None  # how the cards' losses were combined: "mean" or "sum"
     replicas: list[Run] = field(default_factory=list)  # cards 1.. beside this run (card 0)
+    store: Any = None  # a run directory's checked file access (runs/store.py), for streaming
+    record: str = "full"  # "sketch": per-update summaries, full tensors only at `snapshots`
+    sketch_width: int | None = None
+    snapshots: frozenset[int] | None = None  # updates with full files in a sketch-mode run
+    load_sketches: Callable[[int | None], Tensors | None] | None = None
     ranks: list[RankSeries] = field(default_factory=list)  # a data-parallel run's ranks (ranks.py)
     distributed: dict | None = None  # {world_size, backend, launcher, ranks} of such a run
 
@@ -115,6 +121,10 @@ class Run:
 
     def grads(self, update: int) -> Tensors | None:
         return self.load_grads(update) if self.load_grads else None
+
+    def sketches(self, update: int | None) -> Tensors | None:
+        """A sketch-mode run's summaries of an update (None: the initial weights's)."""
+        return self.load_sketches(update) if self.load_sketches else None
 
     @property
     def dtype(self) -> str:

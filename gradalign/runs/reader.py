@@ -4,24 +4,19 @@ is read (streamed, so memory stays bounded by one file's tensors). See docs/FORM
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import BadInput, shown
-from . import tensors as tensorfiles
 from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, grads_file, weights_file
 from .model import Run, TensorInfo, Tensors
 from .ranks import read_ranks
 from .schema import check_manifest
-
-_CHUNK = 1 << 20
-
+from .sketched import attach_sketches
+from .store import FINGERPRINTS, Store
 
 MAX_MANIFEST = 64 << 20
 
@@ -51,38 +46,6 @@ def read_manifest(path: Path) -> dict:
         )
     check_manifest(manifest, str(path))
     return manifest
-
-
-def _sha256(handle) -> str:
-    digest = hashlib.sha256()
-    while chunk := handle.read(_CHUNK):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _verified(path: Path, relpath: str, checksums: dict[str, str]) -> Tensors:
-    """A data file's tensors, after its SHA-256 matched the manifest's (streamed, not slurped).
-
-    Only regular files inside the run count: a symlink or a special file is refused."""
-    if relpath not in checksums:
-        raise BadInput(f"{path}: {relpath} is not listed in the manifest")
-    file = path / relpath
-    try:
-        if not file.resolve().is_relative_to(path.resolve()):
-            raise BadInput(f"{path}: {relpath} leads outside the run directory")
-        info = os.lstat(file)
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
-            raise BadInput(f"{path}: {relpath} is {kind}; a run holds regular files only")
-        with open(file, "rb") as handle:
-            actual = _sha256(handle)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: {relpath} is missing") from None
-    except OSError as exc:
-        raise BadInput(f"{path}: {relpath} cannot be read ({exc.strerror})") from None
-    if actual != checksums[relpath]:
-        raise BadInput(f"{path}: {relpath} fails its checksum (truncated or altered)")
-    return tensorfiles.read(file, str(file))
 
 
 def _reference(value: str | None, path: Path) -> str | None:
@@ -124,7 +87,9 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         TensorInfo(t["name"], tuple(t["shape"]), t["dtype"], t.get("kind", "param"))
         for t in manifest["tensors"]
     ]
-    series = _verified(path, SERIES, checksums)
+    declared = {t.name: t.dtype for t in tensors}
+    store = Store(path, checksums, declared, manifest.get("integrity") == FINGERPRINTS)
+    series = store.read_all(SERIES)
 
     def optional(name: str, rows: int) -> np.ndarray | None:
         value = series.get(name)
@@ -144,35 +109,35 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
     expected = {t.name: t.shape for t in tensors}
 
     def loader(fn, names: dict[str, tuple[int, ...]]):
-        def load(update=None) -> Tensors:
+        def load(update=None) -> Tensors | None:
+            """An update's tensors; None where the run keeps none (a skipped step, a sketch)."""
             relpath = fn(update)
-            data = _verified(path, relpath, checksums)
-            for name, shape in names.items():
-                if name not in data or data[name].shape != shape:
-                    found = "missing" if name not in data else f"shape {data[name].shape}"
-                    raise BadInput(f"{where}: {relpath}: tensor {name} {list(shape)} is {found}")
-            return data
+            return store.tensors(relpath, names) if relpath in checksums else None
 
         return load
 
     params = {t.name: t.shape for t in tensors if t.kind == "param"}
     load_grads = loader(grads_file, params)
-
-    def grads_loader(update: int) -> Tensors | None:
-        """An update's gradient; None where the source recorded none (a skipped step)."""
-        return load_grads(update) if grads_file(update) in checksums else None
-
     p = len(tensors)
-    for key in ("init/state", "micro/state", "update/state", "micro/grad_state"):
+    for key in (
+        *("init/state", "micro/state", "update/state", "micro/grad_state"),
+        *("micro/grad_writes", "update/grad_state"),
+    ):
         value = series.get(key)
         if value is not None and value.shape[-1:] != (p,):
             raise BadInput(f"{where}: series {key} has shape {value.shape}, expected {p} columns")
 
+    if manifest.get("record", "full") == "full":
+        unlisted = [f for f in map(weights_file, [None, *range(updates)]) if f not in checksums]
+        if unlisted:
+            raise BadInput(f"{where}: {unlisted[0]} is not listed in the manifest")
     has_grads = any(grads_file(i) in checksums for i in range(updates))
-    load_rank = functools.partial(_verified, path, checksums=checksums)
+    load_rank = store.read_all  # each rank's series, its SHA-256 checked
     ranks, distributed = read_ranks(manifest, where, load_rank, series, micro, updates, p)
     micro_state = optional("micro/state", micro)
-    return Run(
+    if store.fingerprinted:
+        _expect_fingerprints(store, series, tensors, updates)
+    run = Run(
         source=where,
         kind="run-dir",
         accum_steps=k,
@@ -182,6 +147,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         micro_items=optional("micro/items", micro),
         micro_data=optional("micro/data", micro),
         micro_grad_state=optional("micro/grad_state", micro),
+        micro_grad_writes=optional("micro/grad_writes", micro),
         micro_samples=optional("micro/samples", micro),
         micro_step_counts=optional("micro/steps", micro),
         scaler_calls=optional("update/scaler_calls", updates),
@@ -207,7 +173,33 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         grad_dtype=manifest.get("grad_dtype"),
         load_init_weights=loader(lambda _: weights_file(None), expected),
         load_weights=loader(weights_file, expected),
-        load_grads=grads_loader if has_grads else None,
+        load_grads=load_grads if has_grads else None,
+        store=store,
         ranks=ranks,
         distributed=distributed,
     )
+    store.loaders = (run.load_init_weights, run.load_weights, run.load_grads)
+    attach_sketches(run, manifest, store)
+    return run
+
+
+def _expect_fingerprints(store: Store, series: Tensors, tensors: list, updates: int) -> None:
+    """What each tensor file's tensors must sum to, from the series (docs/FORMAT.md)."""
+    names = [t.name for t in tensors]
+    params = {t.name for t in tensors if t.kind == "param"}
+    rows = {key: series.get(key) for key in ("init/state", "update/state", "update/grad_state")}
+    missing = [key for key, value in rows.items() if value is None]
+    if missing:
+        raise BadInput(
+            f"{store.path}: the manifest declares fingerprint integrity, but the series holds "
+            f"no {missing[0]}"
+        )
+    store.expected[weights_file(None)] = dict(zip(names, map(int, rows["init/state"]), strict=True))
+    for i in range(min(updates, len(rows["update/state"]))):
+        store.expected[weights_file(i)] = dict(
+            zip(names, map(int, rows["update/state"][i]), strict=True)
+        )
+        grads = rows["update/grad_state"][i]
+        store.expected[grads_file(i)] = {
+            n: int(v) for n, v in zip(names, grads, strict=True) if n in params
+        }

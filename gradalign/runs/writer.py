@@ -13,34 +13,37 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
 import json
 import os
 import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import BadInput
-from . import tensors as tensorfiles
 from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, is_run_dir
 from .locks import RunLock, held_here
 from .model import Tensors
+from .tensorfile import parts, write_parts
 
 
-def _write_atomic(path: Path, data: bytes, durable: bool = False) -> None:
-    """Write via a temporary name and rename. Data files skip fsync: the manifest's checksums
-    already expose a file that a crash left short, so only the manifest itself is synced."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_atomic(path: Path, data: bytes | Sequence[memoryview], durable: bool = False) -> str:
+    """Write via a temporary name and rename; returns the SHA-256 (hex) of what was written.
+    `data`: bytes, or buffers written one after the other (a tensor file's header and arrays).
+    Data files skip fsync: the manifest's checksums already expose a file that a crash left
+    short, so only the manifest itself is synced."""
+    if not path.parent.is_dir():  # a stat: mkdir on an existing folder cost 0.4 ms here
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        if durable:
-            handle.flush()
+    chunks = [memoryview(data)] if isinstance(data, bytes) else data
+    digest = write_parts(tmp, chunks)
+    if durable:
+        with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
     os.replace(tmp, path)
+    return digest or ""
 
 
 def foreign_entries(path: Path) -> list[str]:
@@ -170,9 +173,8 @@ class RunWriter:
         self.checksums: dict[str, str] = {}
 
     def write_tensors(self, relpath: str, tensors: Tensors) -> None:
-        data = tensorfiles.encode(tensors)
-        _write_atomic(self.staging / relpath, data)
-        self.checksums[relpath] = hashlib.sha256(data).hexdigest()
+        """Write one tensor file now, streamed from the arrays (docs/FORMAT.md)."""
+        self.checksums[relpath] = _write_atomic(self.staging / relpath, parts(tensors))
 
     def finish(self, manifest: dict, series: Tensors) -> Path:
         """Write the series and the manifest, then move the run into place."""

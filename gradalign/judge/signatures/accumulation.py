@@ -14,7 +14,7 @@ import numpy as np
 
 from ...runs.model import Run, Tensors
 from ..results import FAIL, Comparison, Diagnosis, UpdateResult
-from .common import finite, window
+from .common import finite, grads_of, weights_of, window
 
 EXPLAINED = 0.95  # a relation must explain this share of the gradient error (1 - residual share)
 
@@ -44,9 +44,9 @@ def grad_not_cleared(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     if r.update == 0:
         return None
     gb, gm, prev = (
-        c.baseline.grads(r.update),
-        c.merged.grads(r.update),
-        c.merged.grads(r.update - 1),
+        grads_of(c, c.baseline, r.update),
+        grads_of(c, c.merged, r.update),
+        grads_of(c, c.merged, r.update - 1),
     )
     if gb is None or gm is None or prev is None:
         return None
@@ -68,8 +68,8 @@ def grad_not_cleared(c: Comparison, r: UpdateResult) -> Diagnosis | None:
 def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """A weight penalty l2·||w||² added to every micro loss without 1/K: the gradient error is
     exactly proportional to the weights the window started from (per tensor, or zero)."""
-    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
-    start = c.baseline.init_weights() if r.update == 0 else c.baseline.weights(r.update - 1)
+    gb, gm = grads_of(c, c.baseline, r.update), grads_of(c, c.merged, r.update)
+    start = weights_of(c, c.baseline, None if r.update == 0 else r.update - 1)
     if gb is None or gm is None or start is None:
         return None
     fitted, residual, total = {}, 0.0, 0.0
@@ -122,10 +122,12 @@ def scaler_per_micro(c: Comparison) -> Diagnosis | None:
 
 
 def micro_batch_missing(c: Comparison) -> Diagnosis | None:
-    """A micro-step after which the accumulated .grad was bit for bit what it was after the one
-    before: that micro-batch was never backpropagated."""
+    """A micro-step after which no accumulated .grad was written (`micro/grad_writes`), or, in
+    runs that recorded fingerprints instead, was bit for bit what it was after the one before:
+    that micro-batch was never backpropagated."""
     run = c.merged
-    if run.micro_grad_state is None or all(r.ok for r in c.results):
+    states = run.micro_grad_state if run.micro_grad_state is not None else run.micro_grad_writes
+    if states is None or all(r.ok for r in c.results):
         return None
     params = np.array([t.kind == "param" for t in run.tensors])
     missing = []
@@ -134,7 +136,7 @@ def micro_batch_missing(c: Comparison) -> Diagnosis | None:
     for i in range(first + 1):
         w = run.window(i)
         for m in range(w.start + 1, w.stop):
-            now, before = run.micro_grad_state[m][params], run.micro_grad_state[m - 1][params]
+            now, before = states[m][params], states[m - 1][params]
             if before.any() and np.array_equal(now, before):
                 missing.append((i, m - w.start))
     if not missing:

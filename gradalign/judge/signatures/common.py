@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 
+from ...runs.model import Run, Tensors
 from ..results import Comparison, UpdateResult
+from ..views import exact, norm_of, sketch_width, vectors
 
 COSINE_SAME_DIRECTION = 1 - 1e-6  # a pure rescaling keeps the direction to rounding error
 RATIO_MATCH = 1e-3  # relative distance to K, 1/K or K+1 that names the loss-scale variant
@@ -39,3 +41,29 @@ def relative_error(base: dict[str, np.ndarray], merged: dict[str, np.ndarray]) -
     size = norm(base)
     gap = norm({n: merged[n].astype(np.float64) - base[n] for n in base})
     return gap / size if size > 0 else None
+
+
+def width(c: Comparison) -> int | None:
+    """The sketch width when any run kept sketches (judge/views.py), else None."""
+    return sketch_width(c.baseline, c.merged, c.reference)
+
+
+def grads_of(c: Comparison, run: Run, update: int) -> Tensors | None:
+    """A run's gradient at an update: whole tensors, or (sketched runs) sketch vectors, which
+    keep every linear relation between gradients."""
+    return vectors(run, "grads", update, width(c))
+
+
+def weights_of(c: Comparison, run: Run, update: int | None) -> Tensors | None:
+    """A run's weights after an update (None: initial), whole or as sketch vectors."""
+    return vectors(run, "weights", update, width(c))
+
+
+def exact_of(c: Comparison, run: Run, kind: str, update: int) -> Tensors | None:
+    """The tensors of an update whose element values are known (all, for full runs)."""
+    return exact(run, kind, update, width(c))
+
+
+def grad_norm(c: Comparison, run: Run, update: int) -> float | None:
+    """The exact norm of a run's whole gradient at an update."""
+    return norm_of(run, "grads", update, width(c))

@@ -11,6 +11,7 @@ from ..results import Comparison, Diagnosis
 from ..window_sizes import problems
 from .accumulation import inner_steps
 from .common import (
+    exact_of,
     finite,
 )
 
@@ -170,8 +171,8 @@ def batchnorm(c: Comparison) -> Diagnosis | None:
         return None
     evidence, differs = _update0_gap(c)
     buffers = [d for d in c.results[0].weights if d.name.endswith("num_batches_tracked")]
-    w0b, w0m = c.baseline.weights(0), c.merged.weights(0)
-    if buffers and w0b is not None and w0m is not None:
+    w0b, w0m = exact_of(c, c.baseline, "weights", 0), exact_of(c, c.merged, "weights", 0)
+    if buffers and w0b and w0m and buffers[0].name in w0b and buffers[0].name in w0m:
         name = buffers[0].name
         evidence["num_batches_tracked_after_update_0"] = {
             "merged": int(np.asarray(w0m[name]).ravel()[0]),

@@ -12,8 +12,10 @@ from ..results import Comparison, Diagnosis, UpdateResult
 from .common import (
     COSINE_SAME_DIRECTION,
     RATIO_MATCH,
+    exact_of,
     finite,
-    norm,
+    grad_norm,
+    grads_of,
     relative_error,
     window,
 )
@@ -73,8 +75,9 @@ def _representable_share(grads: dict[str, np.ndarray], narrow: str) -> float:
 def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """Gradients accumulated in a 16-bit buffer: every merged gradient value fits that format
     exactly (its last mantissa bits are zero) while the baseline's do not."""
-    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
-    if gb is None or gm is None:
+    gb = exact_of(c, c.baseline, "grads", r.update)
+    gm = exact_of(c, c.merged, "grads", r.update)
+    if not gb or not gm:
         return None
     for name in ("float16", "bfloat16"):
         merged_share = _representable_share(gm, name)
@@ -116,7 +119,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         return None
     weights = counts.sum() / (k * counts)  # what mean-per-micro-batch / K gives each micro-batch
     imbalance = float(np.abs(weights - 1).max())
-    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
+    gb, gm = grads_of(c, c.baseline, r.update), grads_of(c, c.merged, r.update)
     if gm is not None and scale != 1.0:
         gm = {n: np.asarray(v, dtype=np.float64) / scale for n, v in gm.items()}
     error = None if gb is None or gm is None else relative_error(gb, gm)
@@ -141,13 +144,14 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     )
 
 
-def _clipped(run: Run, update: int) -> tuple[bool, float | None]:
+def _clipped(c: Comparison, run: Run, update: int) -> tuple[bool, float | None]:
     """Whether clipping engaged at `update` (norm before > norm of the recorded gradient), and
     the norm after clipping."""
-    grads = run.grads(update)
-    if grads is None or run.grad_norm_pre_clip is None:
+    if run.grad_norm_pre_clip is None:
         return False, None
-    after = norm(grads)
+    after = grad_norm(c, run, update)
+    if after is None:
+        return False, None
     return bool(run.grad_norm_pre_clip[update] > after * (1 + 1e-4)), after
 
 
@@ -156,7 +160,7 @@ def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     if pre_b is None:
         return None
     i = r.update
-    clipped, post_b = _clipped(c.baseline, i)
+    clipped, post_b = _clipped(c, c.baseline, i)
     if not clipped or post_b is None:
         return None  # the baseline did not clip here: clipping cannot be the cause
     evidence = {
@@ -170,7 +174,7 @@ def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         evidence["merged_norm_before_clip"] = finite(pre_m[i])
         if math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4):
             return None  # the merged run saw the same norm before its clip: clipping is fine
-    unclipped = [u for u in range(i) if not _clipped(c.baseline, u)[0]]
+    unclipped = [u for u in range(i) if not _clipped(c, c.baseline, u)[0]]
     evidence["earlier_unclipped_updates_that_agree"] = len(unclipped)
     seen = (
         f"; the merged run's norm before its final clip was {pre_m[i]:.4g}"

@@ -1,0 +1,199 @@
+"""How fast does `gradalign compare` read a set of runs, and in how much memory?
+
+Records (once, into --dir) a baseline (K=1) with its float64 reference and a merged run (K=4)
+of a user MLP (bench/user_loop.py: AdamW, B=128, float32), then times, interleaved in each
+repetition, on the warm page cache:
+
+- raw: reading every file of the three runs into a 4 MiB buffer (the disk-speed ceiling);
+- naive: a script that loads both runs' weight and gradient files with the safetensors package
+  and takes each tensor's max abs diff (no reference, no noise floor, no diagnosis);
+- gradalign: `gradalign compare BASE MERGED` in a fresh process (start-up included), with its
+  peak RSS (the child's ru_maxrss), and once more with `--verify-files` (SHA-256 of every file).
+
+Throughput is the bytes of the whole run set (baseline, merged, reference) over the wall time;
+the naive script reads only baseline and merged, its rate is over those bytes. Medians over the
+repetitions.
+
+    .venv/bin/python bench/compare_speed.py [--size mlp-10m] [--updates 12] [--reps 3]
+                                            [--dir DIR] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+NAIVE = r"""
+import sys, json, numpy as np
+from pathlib import Path
+from safetensors.numpy import load_file
+base, merged = Path(sys.argv[1]), Path(sys.argv[2])
+worst = 0.0
+for folder in ("weights", "grads"):
+    for file in sorted((base / folder).glob("*.safetensors")):
+        a, b = load_file(file), load_file(merged / folder / file.name)
+        for name in a:
+            worst = max(worst, float(np.abs(a[name].astype(np.float64) - b[name]).max()))
+print(worst)
+"""
+
+
+def record(folder: Path, size: str, updates: int) -> None:
+    import torch
+    from user_loop import train
+
+    torch.set_num_threads(1)
+    if (folder / "merged" / "manifest.json").exists():
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    train(size, folder / "baseline-fp64", k=1, updates=updates, dtype=torch.float64)
+    train(size, folder / "baseline", k=1, updates=updates, reference="../baseline-fp64")
+    train(size, folder / "merged", k=4, updates=updates)
+
+
+def files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def raw_read(paths: list[Path]) -> float:
+    buffer = bytearray(4 << 20)
+    view = memoryview(buffer)
+    start = time.perf_counter()
+    for path in paths:
+        with open(path, "rb", buffering=0) as handle:
+            while handle.readinto(view):
+                pass
+    return time.perf_counter() - start
+
+
+WRAP = r"""
+import resource, subprocess, sys, time
+start = time.perf_counter()
+code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
+seconds = time.perf_counter() - start
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(seconds, code, used.ru_maxrss * 1024, used.ru_utime + used.ru_stime)
+"""
+
+
+def child(args: list[str]) -> tuple[float, int, int, float]:
+    """Wall seconds, exit code, peak RSS (bytes) and CPU seconds of a child, measured by a small
+    wrapper process: a child forked from this one (which trained the runs) would count this
+    process's memory in its peak RSS, since Linux keeps the peak across exec."""
+    done = subprocess.run(
+        [sys.executable, "-c", WRAP, *args], capture_output=True, text=True, check=True
+    )
+    seconds, code, peak, cpu = done.stdout.split()
+    if int(code) not in (0, 1):
+        raise SystemExit(f"{' '.join(args)} failed with exit code {code}: {done.stderr}")
+    return float(seconds), int(code), int(peak), float(cpu)
+
+
+def largest_tensor(folder: Path) -> int:
+    manifest = json.loads((folder / "baseline-fp64" / "manifest.json").read_text())
+    sizes = [4 * max(1, __import__("math").prod(t["shape"])) for t in manifest["tensors"]]
+    return max(sizes)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="mlp-10m")
+    parser.add_argument("--updates", type=int, default=12)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None, help="keep the runs here (reused)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    scratch = None
+    folder = args.dir
+    if folder is None:
+        scratch = tempfile.mkdtemp(prefix="gradalign-compare-bench-")
+        folder = Path(scratch)
+    try:
+        record(folder, args.size, args.updates)
+        everything = files(folder)
+        total = sum(p.stat().st_size for p in everything)
+        pair = [p for p in everything if "baseline-fp64" not in p.parts]
+        pair_bytes = sum(p.stat().st_size for p in pair if p.parent.name in ("weights", "grads"))
+        base, merged = folder / "baseline", folder / "merged"
+        python = sys.executable
+        naive = [python, "-c", NAIVE, str(base), str(merged)]
+        ours = [python, "-m", "gradalign", "compare", str(base), str(merged)]
+        startup = [python, "-c", "import gradalign.cli"]
+        raw_read(everything)  # warm the page cache
+        times: dict[str, list[float]] = {k: [] for k in ("raw", "naive", "gradalign", "verify")}
+        rss: list[int] = []
+        cpu: list[float] = []
+        codes = set()
+        start_up = []
+        for _ in range(args.reps):
+            times["raw"].append(raw_read(everything))
+            times["naive"].append(child(naive)[0])
+            seconds, code, peak, used = child(ours)
+            cpu.append(used)
+            times["gradalign"].append(seconds)
+            rss.append(peak)
+            codes.add(code)
+            times["verify"].append(child([*ours, "--verify-files"])[0])
+            start_up.append(child(startup)[0])
+        median = {k: statistics.median(v) for k, v in times.items()}
+        largest = largest_tensor(folder)
+        figures = {
+            "size": args.size,
+            "updates": args.updates,
+            "reps": args.reps,
+            "run_set_bytes": total,
+            "naive_bytes": pair_bytes,
+            "largest_tensor_bytes": largest,
+            "seconds": median,
+            "gb_per_s": {
+                "raw": total / median["raw"] / 1e9,
+                "naive": pair_bytes / median["naive"] / 1e9,
+                "gradalign": total / median["gradalign"] / 1e9,
+                "gradalign_verify_files": total / median["verify"] / 1e9,
+            },
+            "gradalign_share_of_raw": median["raw"] / median["gradalign"],
+            "gradalign_cpu_seconds": statistics.median(cpu),
+            "gradalign_gb_per_cpu_second": total / statistics.median(cpu) / 1e9,
+            "peak_rss_bytes": max(rss),
+            "peak_rss_over_largest_tensor": max(rss) / largest,
+            "startup_seconds": statistics.median(start_up),
+            "verdict_exit_codes": sorted(codes),
+            "times_s": times,
+        }
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    g = figures["gb_per_s"]
+    print(
+        f"{args.size}, {args.updates} updates: run set {total / 1e9:.2f} GB, largest tensor "
+        f"{largest / 2**20:.1f} MiB, {args.reps} reps (medians)\n"
+        f"raw read        {g['raw']:6.2f} GB/s  ({median['raw']:.2f} s)\n"
+        f"naive script    {g['naive']:6.2f} GB/s  ({median['naive']:.2f} s, base+merged only)\n"
+        f"gradalign       {g['gradalign']:6.2f} GB/s  ({median['gradalign']:.2f} s, "
+        f"{figures['gradalign_share_of_raw']:.0%} of raw; "
+        f"start-up {figures['startup_seconds']:.2f} s)\n"
+        f"--verify-files  {g['gradalign_verify_files']:6.2f} GB/s  ({median['verify']:.2f} s)\n"
+        f"gradalign CPU   {figures['gradalign_cpu_seconds']:.2f} s (user + sys, all threads) = "
+        f"{figures['gradalign_gb_per_cpu_second']:.2f} GB per CPU-second\n"
+        f"peak RSS {max(rss) / 2**20:.0f} MiB = {figures['peak_rss_over_largest_tensor']:.1f}x the "
+        "largest tensor"
+    )
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

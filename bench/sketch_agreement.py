@@ -1,0 +1,80 @@
+"""Do runs recorded with sketches get the verdicts and codes of runs recorded in full?
+
+Runs every `gradalign selftest` case twice, once with every run recorded in full and once with
+`--record sketch` (per update a count sketch of each tensor, exact norms and fingerprints; full
+snapshots only at the first and last update), and compares each case's verdict and first code.
+
+    .venv/bin/python bench/sketch_agreement.py [--json FILE] [--only SETUP ...]
+
+Exit 0 when every case agrees. Takes about twice the selftest's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from rich.console import Console
+
+from gradalign.selftest import CASES, run_selftest
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--only", nargs="*", help="setups to run (default: every case)")
+    args = parser.parse_args()
+    cases = [c for c in CASES if not args.only or c.setup in args.only]
+    quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115
+    started = time.monotonic()
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="gradalign-sketch-agreement-") as folder:
+        for record in ("full", "sketch"):
+            found[record] = run_selftest(Path(folder) / record, quiet, cases, record=record)
+    rows = []
+    for full, sketch in zip(found["full"], found["sketch"], strict=True):
+        row = {
+            "case": full.case.name,
+            "full": [full.verdict, full.codes[:1]],
+            "sketch": [sketch.verdict, sketch.codes[:1]],
+            "agree": full.verdict == sketch.verdict and full.codes[:1] == sketch.codes[:1],
+            "full_ok": full.ok,
+            "sketch_ok": sketch.ok,
+            "full_worst_over_allowed": full.worst_over_allowed,
+            "sketch_worst_over_allowed": sketch.worst_over_allowed,
+        }
+        rows.append(row)
+        mark = "agree" if row["agree"] else "DISAGREE"
+        print(
+            f"{mark:9} {row['case']:45} full {full.verdict} {full.codes[:1]}  "
+            f"sketch {sketch.verdict} {sketch.codes[:1]}"
+        )
+    summary = {
+        "cases": len(rows),
+        "agree": sum(r["agree"] for r in rows),
+        "full_as_expected": sum(r["full_ok"] for r in rows),
+        "sketch_as_expected": sum(r["sketch_ok"] for r in rows),
+        "worst_clean_over_allowed": {
+            mode: max(
+                (r[f"{mode}_worst_over_allowed"] for r in rows if r["full"][0] == "pass"),
+                default=0.0,
+            )
+            for mode in ("full", "sketch")
+        },
+        "seconds": round(time.monotonic() - started),
+    }
+    print(json.dumps(summary, indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+    return 0 if summary["agree"] == summary["cases"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

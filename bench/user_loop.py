@@ -1,0 +1,92 @@
+"""A user's own training loop of a chosen size, for the benchmarks: an MLP on random data,
+AdamW, B=128, K micro-batches per update, recorded through the public `Recorder` (or not).
+
+    SIZES: mlp-1m (784-1200-10, 0.95M parameters), mlp-10m (784-2048-2048-2048-10, 10.0M),
+           mlp-50m (784-4096-4096-4096-4096-10, 53.6M)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SIZES = {
+    "mlp-1m": [1200],
+    "mlp-10m": [2048, 2048, 2048],
+    "mlp-50m": [4096, 4096, 4096, 4096],
+}
+
+
+def build(size: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    widths, layers, last = SIZES[size], [], 784
+    for width in widths:
+        layers += [torch.nn.Linear(last, width), torch.nn.ReLU()]
+        last = width
+    layers.append(torch.nn.Linear(last, 10))
+    return torch.nn.Sequential(*layers).to(dtype)
+
+
+def parameters(size: str) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in build(size).parameters())
+
+
+def data(batch: int, updates: int, seed: int = 0, dtype=torch.float32):
+    generator = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(batch * updates, 784, generator=generator).to(dtype)
+    y = torch.randint(0, 10, (batch * updates,), generator=generator)
+    return x, y
+
+
+def train(
+    size: str,
+    out: Path | None,
+    *,
+    k: int = 4,
+    batch: int = 128,
+    updates: int = 12,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    reference: str | None = None,
+    **recorder: Any,
+) -> None:
+    """Train `updates` updates of K micro-batches; record to `out` unless it is None."""
+    from gradalign import Recorder
+
+    model = build(size, seed, dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    x, y = data(batch, updates, seed, dtype)
+    rec = None
+    if out is not None:
+        rec = Recorder(
+            out,
+            model,
+            optimizer,
+            k,
+            {"model": size, "seed": seed},
+            reference=reference,
+            updates=updates,
+            **recorder,
+        )
+    micro = batch // k
+    try:
+        for update in range(updates):
+            for j in range(k):
+                rows = slice(update * batch + j * micro, update * batch + (j + 1) * micro)
+                loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss / k).backward()
+                if rec is not None:
+                    rec.micro(loss, batch=(x[rows], y[rows]))
+            optimizer.step()
+            if rec is not None:
+                rec.update()
+            optimizer.zero_grad(set_to_none=True)
+    except BaseException:
+        if rec is not None:
+            rec.abort()
+        raise
+    if rec is not None:
+        rec.close()

@@ -1,0 +1,146 @@
+"""The judge's per-tensor arithmetic over slices: every sum `metrics.diff`, `metrics.calibrate`,
+`noise.Drift` and `compatible.check_reference_weights` need, in one pass over aligned slices of
+the baseline (b), merged (m) and reference (r) tensors, the starting weights (s), the previous
+update's weights (pb, pr) and, for the drift, the gradients (gb, gr).
+
+Each slice is widened to float64 once and summed without BLAS (`runs.sketches.dot`); sums of
+squares double as the finiteness test (a float32 square cannot overflow; a float64 one that does
+is checked element by element). The results equal the whole-tensor functions' up to the order of
+float64 additions; `Pair.diff` and `Pair.calibrate` turn them into the same `TensorDiff`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..runs.sketches import dot
+from .metrics import TensorDiff, _safe_div, fixed_allowed, noise_allowed
+from .noise import TAU
+
+
+def _sumsq(x: np.ndarray) -> tuple[float, bool]:
+    """Σx² and whether every element is finite."""
+    total = dot(x, x)
+    return total, math.isfinite(total) or bool(np.isfinite(x).all())
+
+
+@dataclass
+class Pair:
+    """Running sums for one tensor of b against m (and r, s)."""
+
+    n: int = 0
+    finite_b: bool = True
+    finite_m: bool = True
+    finite_r: bool = True
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    dd: float = 0.0  # Σ(m−b)²
+    bb: float = 0.0
+    mm: float = 0.0
+    bm: float = 0.0
+    bs: float = 0.0  # Σ(b−s)²
+    br: float = 0.0  # Σ(b−r)²
+    mr: float = 0.0  # Σ(m−r)²
+    rr: float = 0.0
+    rs: float = 0.0  # Σ(r−s)²
+    noise_ok: bool = True  # every |gb − gr| finite (the drift's condition)
+    extra: dict = field(default_factory=dict)
+
+    def add(
+        self,
+        b: np.ndarray,
+        m: np.ndarray | None,
+        r: np.ndarray | None = None,
+        s: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Take one aligned slice (float64); returns b and r for further use."""
+        self.n += b.size
+        bb, ok = _sumsq(b)
+        self.bb += bb
+        self.finite_b &= ok
+        if m is not None:
+            mm, ok = _sumsq(m)
+            self.mm += mm
+            self.finite_m &= ok
+            self.bm += dot(b, m)
+            d = m - b
+            self.dd += dot(d, d)
+            np.abs(d, out=d)
+            if d.size:
+                self.max_abs = max(self.max_abs, float(d.max()))
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    rel = np.fmax.reduce(d / np.abs(b), initial=0.0)
+                self.max_rel = max(self.max_rel, float(rel))
+        if s is not None:
+            t = b - s
+            self.bs += dot(t, t)
+        if r is not None:
+            rr, ok = _sumsq(r)
+            self.rr += rr
+            self.finite_r &= ok
+            t = b - r
+            self.br += dot(t, t)
+            if m is not None:
+                np.subtract(m, r, out=t)
+                self.mr += dot(t, t)
+            if s is not None:
+                np.subtract(r, s, out=t)
+                self.rs += dot(t, t)
+        return b, r
+
+    def diff(self, name: str, rtol: float, atol: float, start: bool) -> TensorDiff:
+        """What `metrics.diff` returns for these sums."""
+        if not (self.finite_b and self.finite_m):
+            return TensorDiff(name, math.nan, math.nan, math.nan, math.nan, math.inf, 0.0, None)
+        norm_d, norm_b, norm_m = math.sqrt(self.dd), math.sqrt(self.bb), math.sqrt(self.mm)
+        both = norm_b and norm_m
+        cosine = _safe_div(self.bm, norm_b * norm_m) if both else float(norm_d == 0)
+        moved = math.sqrt(self.bs) if start else None
+        scale = moved if moved is not None else norm_b
+        allowed = fixed_allowed(rtol, scale, atol, self.n)
+        return TensorDiff(
+            name,
+            self.max_abs,
+            self.max_rel,
+            _safe_div(norm_d, norm_b),
+            cosine,
+            norm_d,
+            allowed,
+            moved,
+        )
+
+    def calibrate(self, d: TensorDiff, factor: float, floor: float) -> TensorDiff:
+        """What `metrics.calibrate` returns for these sums."""
+        import dataclasses
+
+        if not (self.finite_r and self.finite_b and self.finite_m):
+            return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=math.nan)
+        noise, error = math.sqrt(self.br), math.sqrt(self.mr)
+        allowed = noise_allowed(factor, noise, floor, math.sqrt(self.rr))
+        return dataclasses.replace(d, error=error, allowed=allowed, noise=noise)
+
+
+def dominated_steps(
+    gb: np.ndarray,
+    gr: np.ndarray,
+    rms: float,
+    b: np.ndarray,
+    pb: np.ndarray,
+    r: np.ndarray,
+    pr: np.ndarray,
+) -> np.ndarray:
+    """`Drift._widen` for one slice: the steps of noise-dominated elements, 0 elsewhere."""
+    noise = np.abs(gb - gr)
+    np.maximum(noise, rms, out=noise)
+    dominated = np.abs(gr) <= TAU * noise
+    steps = np.abs(b - pb)
+    steps += np.abs(r - pr)
+    return np.where(dominated, steps, 0.0)
+
+
+def widen64(x: np.ndarray) -> np.ndarray:
+    """A slice as float64 (a float64 slice as it is)."""
+    return x if x.dtype == np.float64 else x.astype(np.float64)

@@ -1,0 +1,162 @@
+"""Judging weights and gradients from sketches, when a run was recorded with `--record sketch`.
+
+Tensors kept whole (at most the sketch width, e.g. biases and norms' scales) are judged exactly
+as from full runs, the noise-dominated drift included (noise.Drift). Larger tensors are judged
+from estimates: ||m − ref|| and ||b − ref|| are estimated by the norms of sketch differences
+(runs/sketches.estimate), and the estimator's bound is folded into what is allowed, in the
+direction that never fails what the exact judgement passes:
+
+    error = E(m − ref)
+    allowed = factor·E⁺(b − ref) + floor·||ref|| + (E − E⁻)(m − ref)
+
+(E⁺, E⁻: the upper and lower bounds). Such a tensor's judgement is marked `sketched`; its max
+abs and max rel diffs are unknown (NaN) and its drift allowance is 0 (the drift needs element
+values). The reference is refused only when the lower bound of the baseline's distance from it
+exceeds the upper bound of what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ..runs.model import Run
+from ..runs.sketches import Estimate, estimate
+from .compatible import check_reference_weights, stray
+from .inputs import Inputs
+from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
+from .noise import Drift, widened
+from .results import UpdateResult
+from .views import Kept, summaries
+
+
+def _exact(kept: dict[str, Kept] | None, shapes: dict) -> dict[str, np.ndarray] | None:
+    if kept is None:
+        return None
+    return {n: k.vector.reshape(shapes[n]) for n, k in kept.items() if k.exact}
+
+
+class SketchJudge:
+    """`compare._Judge.tensors` when any run kept sketches."""
+
+    def __init__(self, inputs: Inputs, width: int) -> None:
+        self.base, self.merged, self.ref, self.tol, self.floor, self.bound = inputs.unpack()
+        self.width = width
+        self.shapes = {t.name: t.shape for t in self.base.tensors}
+        self.sizes = {t.name: math.prod(t.shape) for t in self.base.tensors}
+        self.start = summaries(self.base, "weights", None, width) or {}
+        starts = _exact(self.start, self.shapes) or {}
+        self.starts = starts
+        self.drift = Drift(starts) if self.ref is not None else None
+
+    def _get(self, run: Run | None, kind: str, i: int) -> dict[str, Kept] | None:
+        return None if run is None else summaries(run, kind, i, self.width)
+
+    def __call__(self, result: UpdateResult) -> None:
+        i, tol = result.update, self.tol
+        gb, gm, gr = (self._get(r, "grads", i) for r in (self.base, self.merged, self.ref))
+        wb, wm, wr = (self._get(r, "weights", i) for r in (self.base, self.merged, self.ref))
+        ex = {key: _exact(v, self.shapes) for key, v in (("gb", gb), ("gr", gr), ("wb", wb))}
+        ex["wr"] = _exact(wr, self.shapes)
+        walked = None
+        if self.drift is not None and ex["wb"] is not None and ex["wr"] is not None:
+            self.drift.advance(ex["gb"], ex["gr"], ex["wb"], ex["wr"])
+            walked = self.drift.allowance
+        if wb is not None and wr is not None and self.bound is not None:
+            check_reference_weights(i, ex["wb"], ex["wr"], self.starts, self.bound, walked)
+            self._check_sketched_reference(i, wb, wr)
+        if wb is not None and wm is not None:
+            for info in self.base.tensors:
+                d = self._judge(info.name, wb, wm, wr, tol.weight_rtol, start=True)
+                if self.drift is not None:
+                    d = widened(d, self.drift.allowance(info.name), tol.noise_factor)
+                result.weights.append(d)
+        if gb is not None and gm is not None:
+            names = [t.name for t in self.base.tensors if t.name in gb and t.name in gm]
+            for name in names:
+                result.grads.append(self._judge(name, gb, gm, gr, tol.grad_rtol, start=False))
+            result.grad_ratio, result.grad_cosine = fit_ratio(
+                [gb[n].vector for n in names], [gm[n].vector for n in names]
+            )
+
+    def _judge(self, name: str, b: dict, m: dict, r: dict | None, rtol: float, start: bool):
+        kb, km, kr = b[name], m[name], None if r is None else r.get(name)
+        ks = self.start.get(name) if start else None
+        tol = self.tol
+        if kb.exact:
+            shape = self.shapes[name]
+            s = ks.vector.reshape(shape) if ks is not None else None
+            d = diff(name, kb.vector, km.vector, rtol=rtol, atol=tol.weight_atol, start=s)
+            if kr is None:
+                return d
+            return calibrate(
+                d, kb.vector, km.vector, kr.vector, factor=tol.noise_factor, floor=self.floor
+            )
+        return self._sketched(name, kb, km, kr, ks, rtol)
+
+    def _sketched(
+        self, name: str, kb: Kept, km: Kept, kr: Kept | None, ks: Kept | None, rtol: float
+    ) -> TensorDiff:
+        tol, nan = self.tol, math.nan
+        if not (math.isfinite(kb.norm) and math.isfinite(km.norm)):
+            return TensorDiff(name, nan, nan, nan, nan, math.inf, 0.0, None, sketched=True)
+        gap = estimate(km.vector - kb.vector, False)
+        moved = estimate(kb.vector - ks.vector, False) if ks is not None else None
+        scale = moved.high if moved is not None else kb.norm
+        d = TensorDiff(
+            name,
+            nan,
+            nan,
+            gap.value / kb.norm if kb.norm > 0 else (0.0 if gap.value == 0 else math.inf),
+            _cosine(kb.norm, km.norm, gap),
+            gap.value,
+            fixed_allowed(rtol, scale, tol.weight_atol, self.sizes[name]) + gap.value - gap.low,
+            None if moved is None else moved.value,
+            sketched=True,
+        )
+        if kr is None:
+            return d
+        if not math.isfinite(kr.norm):
+            return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=nan)
+        error = estimate(km.vector - kr.vector, False)
+        noise = estimate(kb.vector - kr.vector, False)
+        allowed = tol.noise_factor * noise.high + self.floor * kr.norm + (error.value - error.low)
+        return dataclasses.replace(d, error=error.value, allowed=allowed, noise=noise.value)
+
+    def _check_sketched_reference(self, i: int, wb: dict, wr: dict) -> None:
+        bound = self.bound
+        assert bound is not None
+        for name, kb in wb.items():
+            kr, ks = wr.get(name), self.start.get(name)
+            if kb.exact or kr is None or not math.isfinite(kb.norm):
+                continue
+            far = estimate(kb.vector - kr.vector, False)
+            moved = estimate(kr.vector - ks.vector, False).high if ks is not None else kr.norm
+            allowed = bound.rtol * moved + bound.atol * math.sqrt(self.sizes[name])
+            if not far.low <= allowed + bound.epsilon * kr.norm:
+                raise stray(bound, i, name, far.value)
+
+
+def _cosine(norm_b: float, norm_m: float, gap: Estimate) -> float:
+    """cos(b, m) from both norms and the estimated ||m − b||."""
+    if not (norm_b and norm_m):
+        return float(gap.value == 0)
+    value = (norm_b**2 + norm_m**2 - gap.value**2) / (2 * norm_b * norm_m)
+    return max(-1.0, min(1.0, value))
+
+
+def sketch_note(results: list[UpdateResult]) -> list[str]:
+    """Which checks were sketched, said once in the report's notes."""
+    names = sorted({d.name for r in results for d in (*r.weights, *r.grads) if d.sketched})
+    if not names:
+        return []
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return [
+        f"sketched: the weights and gradients of {shown} were judged from sketches (the runs "
+        "were recorded with --record sketch): their errors and noise are estimates, whose bound "
+        "is added to what is allowed; their max abs and max rel diffs, their noise-dominated "
+        "drift and the isolated-jump excuse need element values, kept only at the snapshot "
+        "updates, and are not judged; tensors of at most the sketch width are judged exactly"
+    ]

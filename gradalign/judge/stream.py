@@ -1,0 +1,241 @@
+"""The tensors of run directories judged streamed: per update, each tensor is read in slices from
+every file that holds it (baseline, merged, reference, starting weights, previous update), and
+its judgement computed in one pass (judge/fused.py); tensors are judged in parallel threads
+(numpy releases the GIL inside each slice's arithmetic). Memory is a few slices per thread, the
+noise-dominated drift is kept in a scratch file per tensor (judge/drift.py), and every number
+equals what `compare._Judge.tensors` computes from whole tensors, up to the order of float64
+additions (tests/test_streaming.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..runs.layout import grads_file, weights_file
+from ..runs.model import Run
+from ..runs.store import CheckedFile
+from .compatible import stray
+from .drift import DriftFiles
+from .fused import Pair, dominated_steps, widen64
+from .inputs import Inputs
+from .metrics import TensorDiff, _safe_div
+from .noise import widened
+from .results import UpdateResult
+
+CHUNK = 1 << 17  # elements per slice
+
+
+def workers() -> int:
+    """Threads for judging tensors: GRADALIGN_THREADS, else the CPUs (at most 4)."""
+    value = os.environ.get("GRADALIGN_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def streamable(*runs: Run | None) -> bool:
+    """Whether every given run is a full run directory the streaming judge can read (and reads
+    as its loaders would: a Run given other loaders is judged through them)."""
+    return all(r is None or _own_files(r) for r in runs)
+
+
+def _own_files(run: Run) -> bool:
+    if run.store is None or not run.full_weights or run.record != "full":
+        return False
+    return run.store.loaders == (run.load_init_weights, run.load_weights, run.load_grads)
+
+
+@dataclass
+class _Files:
+    """The files of one update: weights (b, m, r), gradients, start and previous weights."""
+
+    wb: CheckedFile | None = None
+    wm: CheckedFile | None = None
+    wr: CheckedFile | None = None
+    gb: CheckedFile | None = None
+    gm: CheckedFile | None = None
+    gr: CheckedFile | None = None
+    start: CheckedFile | None = None
+    pb: CheckedFile | None = None
+    pr: CheckedFile | None = None
+    opened: list[CheckedFile] = field(default_factory=list)
+
+    def close(self) -> None:
+        for f in self.opened:
+            f.close()
+
+
+@dataclass
+class _Outcome:
+    weight: TensorDiff | None = None
+    grad: TensorDiff | None = None
+    fit: tuple[float, float, float] = (0.0, 0.0, 0.0)  # Σb², Σm², Σbm of the gradient
+    strays: float | None = None  # the baseline's distance from a refused reference
+
+
+class StreamJudge:
+    """`compare._Judge.tensors` for run directories, streamed."""
+
+    def __init__(self, inputs: Inputs) -> None:
+        self.base, self.merged, self.ref, self.tol, self.floor, self.bound = inputs.unpack()
+        self.drift = DriftFiles() if self.ref is not None else None
+        self.shapes = {t.name: t.shape for t in self.base.tensors}
+        self.params = {t.name: t.shape for t in self.base.tensors if t.kind == "param"}
+        self.pool = ThreadPoolExecutor(workers(), thread_name_prefix="gradalign-judge")
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        if self.drift is not None:
+            self.drift.close()
+
+    def __call__(self, result: UpdateResult) -> None:
+        i = result.update
+        files = self._open(i)
+        try:
+            names = [t.name for t in self.base.tensors]
+            grads = (
+                [n for n in names if n in files.gb.file.entries and n in files.gm.file.entries]
+                if files.gb is not None and files.gm is not None
+                else []
+            )
+            judged = self.pool.map(lambda n: self._tensor(n, files, grads), names)
+            found = dict(zip(names, judged, strict=True))
+            order = files.wb.file.names() if files.wb is not None else []
+        finally:
+            files.close()
+        for name in order:  # the reference is refused at its first stray, in file order
+            if name in found and found[name].strays is not None and self.bound is not None:
+                raise stray(self.bound, i, name, found[name].strays)
+        result.weights.extend(o.weight for o in found.values() if o.weight is not None)
+        result.grads.extend(found[n].grad for n in grads if found[n].grad is not None)
+        if grads:
+            bb, mm, bm = (math.fsum(found[n].fit[k] for n in grads) for k in range(3))
+            cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
+            result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
+
+    def _open(self, i: int) -> _Files:
+        files = _Files()
+
+        def get(run: Run | None, relpath: str, shapes: dict) -> CheckedFile | None:
+            if run is None or relpath not in run.store.checksums:
+                return None
+            opened = run.store.checked(relpath, shapes)
+            files.opened.append(opened)
+            return opened
+
+        try:
+            files.wb = get(self.base, weights_file(i), self.shapes)
+            files.wm = get(self.merged, weights_file(i), self.shapes)
+            files.wr = get(self.ref, weights_file(i), self.shapes)
+            if self.base.has_grads:
+                files.gb = get(self.base, grads_file(i), self.params)
+            if self.merged.has_grads:
+                files.gm = get(self.merged, grads_file(i), self.params)
+            if self.ref is not None and self.ref.has_grads:
+                files.gr = get(self.ref, grads_file(i), self.params)
+            files.start = get(self.base, weights_file(None), self.shapes)
+            previous = None if i == 0 else i - 1
+            files.pb = get(self.base, weights_file(previous), self.shapes)
+            files.pr = get(self.ref if i else self.base, weights_file(previous), self.shapes)
+        except BaseException:
+            files.close()
+            raise
+        return files
+
+    def _tensor(self, name: str, f: _Files, grads: list[str]) -> _Outcome:
+        out = _Outcome()
+        tol = self.tol
+        has = lambda c: c is not None and name in c.file.entries  # noqa: E731
+        drifts = self.drift is not None and f.wb is not None and f.wr is not None
+        widen = drifts and has(f.gb) and has(f.gr)
+        gpair = None
+        if name in grads or widen:
+            gpair = _sweep(
+                [f.gb, f.gm if name in grads else None, f.gr if has(f.gr) else None], name
+            )
+            if name in grads:
+                d = gpair.diff(name, tol.grad_rtol, tol.weight_atol, start=False)
+                if has(f.gr):
+                    d = gpair.calibrate(d, tol.noise_factor, self.floor)
+                out.grad, out.fit = d, (gpair.bb, gpair.mm, gpair.bm)
+        if f.wb is None:
+            return out
+        rms = math.sqrt(gpair.br / gpair.n) if widen and gpair and gpair.n else 0.0
+        noise_ok = widen and gpair is not None and math.isfinite(gpair.br)
+        pair = self._weights(name, f, widen, rms)
+        drift = self.drift
+        if drift is not None and widen and not (noise_ok and pair.finite_b and pair.finite_r):
+            self._weights(name, f, widen, rms, undo=True)
+        allowance = drift.allowance(name) if drift is not None else 0.0
+        if f.wm is not None:
+            d = pair.diff(name, tol.weight_rtol, tol.weight_atol, start=f.start is not None)
+            if f.wr is not None:
+                d = pair.calibrate(d, tol.noise_factor, self.floor)
+            if drift is not None:
+                d = widened(d, allowance, tol.noise_factor)
+            out.weight = d
+        if f.wr is not None and self.bound is not None and pair.finite_b:
+            out.strays = self._strays(pair, allowance)
+        return out
+
+    def _weights(self, name: str, f: _Files, widen: bool, rms: float, undo: bool = False) -> Pair:
+        """One pass over the weights (and, for the drift, the gradients and previous weights)."""
+        pair = Pair()
+        ins = [f.wb, f.wm, f.wr, f.start]
+        extra = [f.gb, f.gr, f.pb, f.pr] if widen else []
+        streams = [c.stream(name) if c is not None else None for c in ins + extra]
+        first, count = 0, streams[0].count
+        while first < count or (first == 0 and count == 0):
+            parts = [widen64(s.read(CHUNK)) if s is not None else None for s in streams]
+            b, m, r, s = parts[:4]
+            if not undo:
+                pair.add(b, m, r, s)
+            if widen and self.drift is not None:
+                gb, gr, pb, pr = parts[4:]
+                steps = dominated_steps(gb, gr, rms, b, pb, r, pr)
+                self.drift.add(name, first, -steps if undo else steps)
+            first += b.size
+            if count == 0:
+                break
+        for stream in streams:
+            if stream is not None:
+                stream.finish()
+        return pair
+
+    def _strays(self, pair: Pair, allowance: float) -> float | None:
+        """`check_reference_weights` from the sums: the error when the reference is refused."""
+        bound = self.bound
+        assert bound is not None
+        if pair.finite_r:
+            error = math.sqrt(pair.br)
+            allowed = bound.rtol * math.sqrt(pair.rs) + bound.atol * math.sqrt(pair.n)
+        else:
+            error, allowed = math.inf, 0.0
+        rounding = bound.epsilon * math.sqrt(pair.rr)
+        return None if error <= allowed + rounding + allowance else error
+
+
+def _sweep(files: list[CheckedFile | None], name: str) -> Pair:
+    """One pass over a gradient: baseline, merged (or None) and reference (or None)."""
+    pair = Pair()
+    streams = [c.stream(name) if c is not None else None for c in files]
+    count = streams[0].count  # type: ignore[union-attr]
+    done = 0
+    while True:
+        b, m, r = (widen64(s.read(CHUNK)) if s is not None else None for s in streams)
+        pair.add(b, m, r)  # type: ignore[arg-type]
+        done += b.size  # type: ignore[union-attr]
+        if done >= count:
+            break
+    for stream in streams:
+        if stream is not None:
+            stream.finish()
+    return pair
+
+
+__all__ = ["StreamJudge", "np", "streamable"]

@@ -1,0 +1,103 @@
+"""Tensors as the judge sees them when some run kept sketches (`--record sketch`).
+
+A sketch-mode run keeps, per update and tensor, a count sketch (runs/sketches.py): the tensor
+itself when it has at most `width` elements, else `width` signed bucket sums. When any run of a
+comparison is sketched, every run is seen through sketches of the same width (a full run's are
+computed from its files), so that differences of sketches are sketches of differences.
+`summaries` gives them with exact norms; `vectors` gives the vectors alone, for the diagnoses
+whose relations are linear (a gradient carried over, a penalty counted K times), and `exact` only
+the tensors kept whole, for diagnoses that read element values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..runs.model import Run, Tensors
+from ..runs.sketches import summarize
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One tensor as a sketch: its vector, its exact norm, and whether the vector is the
+    tensor itself (flattened)."""
+
+    vector: np.ndarray
+    norm: float
+    exact: bool
+
+
+def sketch_width(*runs: Run | None) -> int | None:
+    """The sketch width of the comparison (None: every run is full)."""
+    return next((r.sketch_width for r in runs if r is not None and r.record == "sketch"), None)
+
+
+def summaries(run: Run, kind: str, update: int | None, width: int) -> dict[str, Kept] | None:
+    """A run's tensors of one update as sketches; None where it recorded none."""
+    if run.record == "sketch":
+        found = run.sketches(update)
+        if found is None:
+            return None
+        norms = found.get(f"norms/{kind}")
+        kept = {}
+        for p, info in enumerate(run.tensors):
+            vector = found.get(f"{kind}/{info.name}")
+            if vector is None:
+                continue
+            norm = float(norms[p]) if norms is not None else math.nan
+            kept[info.name] = Kept(vector, norm, math.prod(info.shape) <= width)
+        return kept
+    if kind == "grads":
+        tensors = run.grads(update) if update is not None else None
+    else:
+        tensors = run.init_weights() if update is None else run.weights(update)
+    if tensors is None:
+        return None
+    declared = {t.name: t.dtype for t in run.tensors}
+    kept = {}
+    for name in tensors:
+        summary = summarize(tensors[name], declared.get(name), width)
+        size = summary.sketch.size
+        kept[name] = Kept(
+            summary.sketch,
+            math.sqrt(summary.sumsq),
+            size == np.size(tensors[name]) and size <= width,
+        )
+    return kept
+
+
+def vectors(run: Run, kind: str, update: int | None, width: int | None) -> Tensors | None:
+    """Whole tensors (every run full), else every tensor's sketch vector."""
+    if width is None:
+        if kind == "grads":
+            return run.grads(update) if update is not None else None
+        return run.init_weights() if update is None else run.weights(update)
+    kept = summaries(run, kind, update, width)
+    return None if kept is None else {name: k.vector for name, k in kept.items()}
+
+
+def exact(run: Run, kind: str, update: int, width: int | None) -> Tensors | None:
+    """The tensors whose element values are known: all (full), or those kept whole."""
+    if width is None:
+        return run.grads(update) if kind == "grads" else run.weights(update)
+    full = run.grads(update) if kind == "grads" else run.weights(update)
+    if full is not None and run.record == "full":
+        return full
+    kept = summaries(run, kind, update, width)
+    return None if kept is None else {n: k.vector for n, k in kept.items() if k.exact}
+
+
+def norm_of(run: Run, kind: str, update: int, width: int | None) -> float | None:
+    """The exact norm of all of a run's tensors of one kind at an update."""
+    if width is None:
+        tensors = run.grads(update) if kind == "grads" else run.weights(update)
+        if tensors is None:
+            return None
+        return math.sqrt(
+            sum(float(np.sum(np.square(t, dtype=np.float64))) for t in tensors.values())
+        )
+    kept = summaries(run, kind, update, width)
+    return None if kept is None else math.sqrt(sum(k.norm**2 for k in kept.values()))

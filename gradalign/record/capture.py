@@ -1,0 +1,135 @@
+"""What the Recorder takes from the live model at each call, and hands to the background writer.
+
+Per update, `full` mode snapshots the weights and the gradient (one copy each, written, hashed
+and fingerprinted in the background); `sketch` mode keeps summaries instead (record/sketcher.py)
+and full snapshots only at the updates `snapshot_at` names: the first, every `every`-th and the
+last when the number of updates is known. Per micro-step it keeps the weights' fingerprints and
+the gradients' write counters (record/states.py). `series` and `manifest` give what the run's
+series file and manifest say about all of it (docs/FORMAT.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..runs.background import BackgroundWriter
+from ..runs.layout import grads_file, weights_file
+from ..runs.sketches import WIDTH
+from .facts import dtype_name
+from .sketcher import Sketcher
+from .snapshots import Snapshots, host_dtype
+from .states import GradWrites, WeightStates
+
+MODES = ("full", "sketch")
+
+
+class Capture:
+    """The Recorder's snapshots, summaries and per-micro-step states of one run."""
+
+    def __init__(
+        self,
+        named: dict[str, tuple[torch.Tensor, str, tuple[int, ...]]],
+        files: BackgroundWriter,
+        mode: str = "full",
+        every: int = 0,
+        updates: int | None = None,
+    ) -> None:
+        self.files, self.mode, self.every, self.updates = files, mode, every, updates
+        self.names = list(named)
+        self.tensors = {name: t for name, (t, _, _) in named.items()}
+        self.params = {name: t for name, (t, kind, _) in named.items() if kind == "param"}
+        self.declared = {name: dtype_name(t) for name, t in self.tensors.items()}
+        self.shapes = {name: (shape, host_dtype(t)) for name, (t, _, shape) in named.items()}
+        self.snapshots = Snapshots()
+        self.states = WeightStates(list(self.tensors.values()))
+        self.writes = GradWrites([self.params.get(name) for name in self.names])
+        first = next(iter(self.tensors.values()))
+        self.sketcher = Sketcher(files, self.names, self.declared) if mode == "sketch" else None
+        self.on_device = self.sketcher is not None and first.device.type == "cuda"
+        self.full_updates: list[int] = []
+
+    def snapshot_at(self, update: int) -> bool:
+        """Whether `update` gets full weight and gradient files."""
+        if self.mode == "full" or update == 0:
+            return True
+        if self.every > 0 and update % self.every == 0:
+            return True
+        return self.updates is not None and update == self.updates - 1
+
+    def weights(self, update: int | None) -> None:
+        """The weights after `update` (None: the initial weights), before anything changes them."""
+        full = update is None or self.snapshot_at(update)
+        self._take("weights", update, self.tensors, weights_file(update) if full else None)
+        self.states.snapped(-1 if update is None else update)
+        if full and update is not None and update not in self.full_updates:
+            self.full_updates.append(update)
+
+    def grads(self, update: int) -> None:
+        """The accumulated gradient the optimizer is about to step with."""
+        grads = {name: t.grad for name, t in self.params.items()}
+        relpath = grads_file(update) if self.snapshot_at(update) else None
+        self._take("grads", update, grads, relpath)
+
+    def micro(self) -> None:
+        self.states.row()
+        self.writes.row()
+
+    def _take(self, kind: str, update: int | None, tensors: dict, relpath: str | None) -> None:
+        sketch = self.sketcher
+        if sketch is not None and self.on_device:
+            shapes = self.shapes
+            live = {
+                n: t if t is not None else torch.zeros(shapes[n][0], device="cuda")
+                for n, t in tensors.items()
+            }
+            sketch.device(kind, update, live)
+        if relpath is None and (sketch is None or self.on_device):
+            return
+        snap = self.snapshots.take(tensors, self.shapes)
+        host = sketch is not None and not self.on_device
+        if relpath is not None:
+            declared = {name: self.declared[name] for name in tensors}
+            release = None if host else snap.release
+            self.files.write(
+                relpath, snap.arrays, declared=declared, ready=snap.ready, release=release
+            )
+        if host:
+            sketch.host(kind, update, snap.arrays, None if relpath else snap.ready, snap.release)
+
+    def fingerprints(self, kind: str, update: int | None) -> np.ndarray | None:
+        """Per tensor (manifest order), the fingerprints of a snapshot or a summary."""
+        relpath = weights_file(update) if kind == "weights" else grads_file(update)  # type: ignore[arg-type]
+        found = self.files.fingerprints.get(relpath)
+        if found is not None:
+            return np.asarray([found.get(name, 0) for name in self.names], dtype=np.int64)
+        return self.sketcher.fingerprints(kind, update) if self.sketcher is not None else None
+
+    def series(self, updates: int) -> dict[str, np.ndarray]:
+        """The states for the series file (call after the background work is done)."""
+        p = len(self.names)
+        init = self.fingerprints("weights", None)
+        rows = [self.fingerprints("weights", i) for i in range(updates)]
+        grads = [self.fingerprints("grads", i) for i in range(updates)]
+
+        def snapshot(key: int) -> np.ndarray:
+            found = init if key == -1 else rows[key] if key < updates else None
+            return np.zeros(p, np.int64) if found is None else found
+
+        return {
+            "init/state": snapshot(-1),
+            "micro/state": self.states.resolve(snapshot),
+            "micro/grad_writes": self.writes.array(),
+            "update/state": np.stack([snapshot(i) for i in range(updates)]).reshape(updates, p),
+            "update/grad_state": np.stack(
+                [np.zeros(p, np.int64) if g is None else g for g in grads]
+            ).reshape(updates, p),
+        }
+
+    def manifest(self) -> dict:
+        """What the manifest says about integrity and, in sketch mode, what was kept."""
+        found: dict = {"integrity": "fingerprints"}
+        if self.mode == "sketch":
+            found["record"] = "sketch"
+            found["sketch"] = {"width": WIDTH, "snapshots": sorted(self.full_updates)}
+        return found

@@ -1,0 +1,109 @@
+"""The per-micro-step facts about weights and gradients, taken without reading them every time.
+
+Weights (`micro/state`): a tensor that nothing wrote to since its last fingerprint keeps that
+fingerprint. torch counts every in-place write to a tensor (its version counter); a tensor whose
+counter and storage did not move since the last snapshot still holds that snapshot's bits, so its
+row refers to the snapshot's fingerprint (computed in the background from the copy); any other
+tensor is fingerprinted now. Writes that bypass the counter (through `.data`, or a numpy view)
+show in the next snapshot, not in the row.
+
+Gradients (`micro/grad_writes`): per parameter, a counter that moves whenever its `.grad` was
+written (a new tensor, or an in-place write to it) since the previous micro-step, 0 while it has
+none. A micro-step after which no gradient moved is one whose micro-batch was never
+backpropagated; reading K gradients per update to learn that cost more than the training itself
+at the default size.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .facts import host_fingerprint
+
+HERE = -2  # a cell fingerprinted at the micro-step itself (its value is in the row)
+
+
+def stamp(tensor: torch.Tensor) -> tuple[int, int]:
+    """What changes when a tensor is written: its version counter and its storage."""
+    return tensor._version, tensor.data_ptr()
+
+
+class WeightStates:
+    """`micro/state` rows: each cell refers to a snapshot (its key) or holds a fingerprint."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
+        self.known: list[tuple[tuple[int, int], int, int | torch.Tensor]] = []
+        self.keys: list[np.ndarray] = []
+        self.values: list[np.ndarray] = []
+        self.pending: list[tuple[int, int, torch.Tensor]] = []  # (row, column, device value)
+
+    def snapped(self, key: int) -> None:
+        """The tensors were just copied for snapshot `key` (-1: initial weights, i: update i)."""
+        self.known = [(stamp(t), key, 0) for t in self.tensors]
+
+    def row(self) -> None:
+        """The weights as this micro-step sees them."""
+        keys = np.empty(len(self.tensors), np.int32)
+        values = np.zeros(len(self.tensors), np.int64)
+        for p, tensor in enumerate(self.tensors):
+            now = stamp(tensor)
+            seen, key, value = self.known[p]
+            if now != seen:
+                key, value = HERE, host_fingerprint(tensor)
+                self.known[p] = (now, key, value)
+            keys[p] = key
+            if key == HERE:
+                if isinstance(value, torch.Tensor):
+                    self.pending.append((len(self.keys), p, value))
+                else:
+                    values[p] = value
+        self.keys.append(keys)
+        self.values.append(values)
+
+    def resolve(self, snapshot: Callable[[int], np.ndarray]) -> np.ndarray:
+        """All rows as int64 [M, P]; `snapshot(key)` gives a snapshot's fingerprints."""
+        p = len(self.tensors)
+        if not self.keys:
+            return np.zeros((0, p), np.int64)
+        keys, values = np.stack(self.keys), np.stack(self.values)
+        if self.pending:
+            found = torch.stack([v for _, _, v in self.pending]).cpu().numpy()
+            for (m, column, _), value in zip(self.pending, found, strict=True):
+                values[m, column] = value
+        for key in np.unique(keys[keys != HERE]):
+            where = keys == key
+            values[where] = np.broadcast_to(snapshot(int(key)), keys.shape)[where]
+        return values
+
+
+class GradWrites:
+    """`micro/grad_writes` rows: per parameter, a counter of writes to its `.grad`."""
+
+    def __init__(self, params: list[torch.Tensor | None]) -> None:
+        self.params = params  # None for a buffer (no gradient)
+        self.last: list[tuple[weakref.ref, int] | None] = [None] * len(params)
+        self.counts = [0] * len(params)
+        self.rows: list[list[int]] = []
+
+    def row(self) -> None:
+        values = []
+        for p, param in enumerate(self.params):
+            grad = None if param is None else param.grad
+            if grad is None:
+                self.last[p] = None
+                values.append(0)
+                continue
+            last = self.last[p]
+            if last is None or last[0]() is not grad or last[1] != grad._version:
+                self.counts[p] += 1
+                self.last[p] = (weakref.ref(grad), grad._version)
+            values.append(self.counts[p])
+        self.rows.append(values)
+
+    def array(self) -> np.ndarray:
+        return np.asarray(self.rows, dtype=np.int64).reshape(len(self.rows), len(self.params))

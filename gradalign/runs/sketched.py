@@ -1,0 +1,43 @@
+"""What the reader takes from a run recorded with `--record sketch` (docs/FORMAT.md, "Sketches"):
+the sketch width, the updates that kept full files, and a loader for each update's sketches."""
+
+from __future__ import annotations
+
+from ..errors import BadInput, shown
+from .layout import sketch_file
+from .model import Run, Tensors
+from .store import Store
+
+
+def attach_sketches(run: Run, manifest: dict, store: Store) -> None:
+    """Fill a Run's sketch fields from its manifest (nothing for a full run)."""
+    record = manifest.get("record", "full")
+    if record == "full":
+        return
+    if record != "sketch":
+        raise BadInput(f"{run.source}: manifest field 'record' is {shown(record)}")
+    spec = manifest.get("sketch")
+    width = spec.get("width") if isinstance(spec, dict) else None
+    snapshots = spec.get("snapshots") if isinstance(spec, dict) else None
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise BadInput(f"{run.source}: manifest field 'sketch' needs a width >= 1")
+    if not isinstance(snapshots, list) or not all(
+        isinstance(u, int) and not isinstance(u, bool) and 0 <= u < run.updates for u in snapshots
+    ):
+        raise BadInput(f"{run.source}: manifest field 'sketch' needs its snapshot updates")
+    names = {t.name for t in run.tensors}
+
+    def load(update: int | None) -> Tensors | None:
+        relpath = sketch_file(update)
+        if relpath not in store.checksums:
+            return None
+        found = store.read_all(relpath)
+        for key in found:
+            kind, _, name = key.partition("/")
+            if kind in ("weights", "grads") and name not in names:
+                raise BadInput(f"{run.source}: {relpath} sketches an unknown tensor {name!r}")
+        return found
+
+    run.record, run.sketch_width = "sketch", width
+    run.snapshots = frozenset(snapshots)
+    run.load_sketches = load

@@ -1,0 +1,123 @@
+"""Sketches: what a run recorded with `--record sketch` keeps of a tensor at every update instead
+of the tensor (docs/FORMAT.md, "Sketches").
+
+A tensor x of n elements (flattened, row-major) is kept as its exact squared norm, its
+fingerprint and a count sketch of width d: element i goes to bucket i mod d with sign
+σ(i) = 1 − 2·(splitmix64(i) >> 63), s_j = Σ_{i mod d = j} σ(i)·x_i, summed in float64. A tensor
+of at most d elements is kept whole (s = x). The same signs serve every run, so sketches subtract:
+S(a) − S(b) = S(a − b), and ||S(v)||² estimates ||v||² without bias (each bucket's cross terms
+cancel in expectation). Its spread is measured from the sketch itself: each bucket's square has
+variance at most 2·E[s_j²]², so ||S(v)||² is within `Z` standard deviations of
+sqrt(2·Σ s_j⁴) of ||v||², and an error that fills few buckets widens its own bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .digests import bitsum, wrap
+from .summaries import _signs
+
+WIDTH = 1021  # buckets per tensor: prime, so rows and columns of a matrix spread over them
+Z = 4.0  # standard deviations the estimate's bound allows
+BLOCK = 1 << 20  # elements per block (a multiple of the width is taken): stays in cache
+_BLOCK_ELEMENTS = 1 << 16  # elements per float64 block of `summarize` (512 KiB)
+_TABLE_BYTES = 1 << 30  # sign tables cached per tensor size, up to this many bytes in all
+_tables: dict[int, np.ndarray] = {}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One tensor at one update, as a sketch-mode run keeps it."""
+
+    sketch: np.ndarray  # float64 [min(n, width)]
+    sumsq: float  # ||x||², float64
+    fingerprint: int
+
+
+def signs(n: int) -> np.ndarray:
+    """σ(0..n-1) as float32 ±1 (exact in any float dtype), cached per size while space lasts."""
+    table = _tables.get(n)
+    if table is not None:
+        return table
+    table = np.empty(n, np.float32)
+    for first in range(0, n, BLOCK):
+        count = min(BLOCK, n - first)
+        table[first : first + count] = _signs(first, count)
+    if sum(t.nbytes for t in _tables.values()) + table.nbytes <= _TABLE_BYTES:
+        _tables[n] = table
+    return table
+
+
+def summarize(values: np.ndarray, declared: str | None = None, width: int = WIDTH) -> Summary:
+    """A tensor's sketch, squared norm and fingerprint (`declared`: its manifest dtype)."""
+    x = np.asarray(values).reshape(-1)
+    n = x.size
+    # float32 and float64 are fingerprinted block by block below, from the cache
+    blockwise = n > width and x.dtype.kind == "f" and x.dtype.itemsize >= 4
+    fingerprint = 0 if blockwise else bitsum(x, declared)
+    if not blockwise:
+        x = x.astype(np.float64)
+        if n <= width:
+            return Summary(x, dot(x, x), fingerprint)
+    table = signs(n)
+    rows = n // width
+    grid, flips = x[: rows * width].reshape(rows, width), table[: rows * width].reshape(rows, width)
+    sums = np.zeros(width)
+    sumsq = 0.0
+    step = max(1, _BLOCK_ELEMENTS // width)  # rows per block: the float64 block stays in cache
+    block = np.empty((min(step, rows), width))
+    for first in range(0, rows, step):
+        part = block[: min(step, rows - first)]
+        rows_now = grid[first : first + step]
+        if blockwise:
+            fingerprint += bitsum(rows_now, declared)
+        np.multiply(rows_now, flips[first : first + step], out=part)
+        sums += part.sum(axis=0)
+        flat = part.reshape(-1)
+        sumsq += dot(flat, flat)
+    if blockwise:
+        fingerprint += bitsum(x[rows * width :], declared)
+    tail = x[rows * width :].astype(np.float64) * table[rows * width :]
+    sums[: tail.size] += tail
+    sumsq += dot(tail, tail)
+    return Summary(sums, sumsq, wrap(fingerprint))
+
+
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """a·b for 1-d float64 arrays, without BLAS: a threaded BLAS on a busy machine ran 70x
+    slower than this single-threaded loop (measured in docs/PERFORMANCE.md)."""
+    return float(np.einsum("i,i->", a, b))
+
+
+def sketch(values: np.ndarray, width: int = WIDTH) -> np.ndarray:
+    return summarize(values, None, width).sketch
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """||v|| estimated from S(v): the value and the bounds it holds within."""
+
+    value: float
+    low: float
+    high: float
+
+    @property
+    def exact(self) -> bool:
+        return self.low == self.value == self.high
+
+
+def estimate(delta: np.ndarray, exact: bool) -> Estimate:
+    """||v|| from S(v) = `delta` (`exact`: the sketch is the tensor itself)."""
+    d = np.asarray(delta, dtype=np.float64)
+    if not np.isfinite(d).all():
+        return Estimate(math.inf, math.inf, math.inf)
+    total = dot(d, d)
+    value = math.sqrt(total)
+    if exact or total == 0.0:
+        return Estimate(value, value, value)
+    spread = Z * math.sqrt(2.0 * float(np.sum(d**4)))
+    return Estimate(value, math.sqrt(max(total - spread, 0.0)), math.sqrt(total + spread))

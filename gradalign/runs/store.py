@@ -1,0 +1,228 @@
+"""The data files of one run directory, read with their integrity checked (docs/FORMAT.md,
+"Integrity").
+
+A run whose manifest says `"integrity": "fingerprints"` is checked tensor by tensor: each
+tensor of a weights or gradient file is summed as it is read (the fingerprint of docs/FORMAT.md,
+a pass the judge's own arithmetic hides) and must equal the fingerprint its series recorded, or
+the file "fails its checksum". Its small files (the series, the sketches) and the files of any
+other run are checked by their SHA-256 from the manifest, streamed, before they are read. The
+manifest's SHA-256 of every file stays checkable with `verify_files` (`--verify-files`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BadInput
+from . import tensors as tensorfiles
+from .digests import bitsum
+from .tensorfile import TensorFile
+
+_CHUNK = 1 << 20
+FINGERPRINTS = "fingerprints"
+
+
+def sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Store:
+    """Checked access to a run's data files. `expected(relpath)`: per tensor name, the
+    fingerprint its series recorded for that file (None: the file is checked by SHA-256)."""
+
+    def __init__(
+        self,
+        path: Path,
+        checksums: dict[str, str],
+        declared: dict[str, str],
+        fingerprinted: bool,
+    ) -> None:
+        self.path, self.checksums, self.declared = path, checksums, declared
+        self.fingerprinted = fingerprinted
+        self.expected: dict[str, dict[str, int]] = {}
+        self.loaders: tuple = ()  # the Run's own loaders (a Run with others is not read here)
+        self._hashed: set[str] = set()
+
+    def file(self, relpath: str) -> Path:
+        """A listed data file, refused if it is not a regular file inside the run."""
+        path = self.path
+        if relpath not in self.checksums:
+            raise BadInput(f"{path}: {relpath} is not listed in the manifest")
+        file = path / relpath
+        try:
+            if not file.resolve().is_relative_to(path.resolve()):
+                raise BadInput(f"{path}: {relpath} leads outside the run directory")
+            info = os.lstat(file)
+        except FileNotFoundError:
+            raise BadInput(f"{path}: {relpath} is missing") from None
+        except OSError as exc:
+            raise BadInput(f"{path}: {relpath} cannot be read ({exc.strerror})") from None
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+            raise BadInput(f"{path}: {relpath} is {kind}; a run holds regular files only")
+        return file
+
+    def hashed(self, relpath: str) -> Path:
+        """A data file after its SHA-256 matched the manifest's (once per file)."""
+        file = self.file(relpath)
+        if relpath not in self._hashed:
+            try:
+                actual = sha256(file)
+            except OSError as exc:
+                raise BadInput(f"{self.path}: {relpath} cannot be read ({exc.strerror})") from None
+            if actual != self.checksums[relpath]:
+                raise BadInput(f"{self.path}: {relpath} fails its checksum (truncated or altered)")
+            self._hashed.add(relpath)
+        return file
+
+    def read_all(self, relpath: str) -> dict[str, np.ndarray]:
+        """A small file (series, sketches): SHA-256 checked, then read whole."""
+        file = self.hashed(relpath)
+        return tensorfiles.read(file, str(file))
+
+    def open(self, relpath: str) -> CheckedFile:
+        """A tensor file, each of its tensors checked as it is read."""
+        prints = self.expected.get(relpath) if self.fingerprinted else None
+        file = self.file(relpath) if prints is not None else self.hashed(relpath)
+        try:
+            handle = TensorFile(file, str(file))
+        except BadInput as exc:
+            if prints is None:
+                raise
+            raise BadInput(
+                f"{self.path}: {relpath} fails its checksum (truncated or altered: "
+                f"{str(exc).split(': ', 1)[-1]})"
+            ) from None
+        return CheckedFile(handle, f"{self.path}: {relpath}", prints, self.declared)
+
+    def tensors(self, relpath: str, shapes: dict[str, tuple[int, ...]]) -> LazyTensors:
+        """A tensor file as a mapping that reads (and checks) one tensor per lookup; every name
+        in `shapes` must be in it with that shape."""
+        with self.checked(relpath, shapes) as checked:
+            names = checked.file.names()
+        return LazyTensors(self, relpath, names)
+
+    def checked(self, relpath: str, shapes: dict[str, tuple[int, ...]]) -> CheckedFile:
+        """`open`, after checking that every name in `shapes` is there with that shape."""
+        checked = self.open(relpath)
+        names = checked.file.entries
+        for name, shape in shapes.items():
+            if name not in names or checked.file.shape(name) != shape:
+                checked.close()
+                found = "missing" if name not in names else f"shape {checked.file.shape(name)}"
+                raise BadInput(f"{self.path}: {relpath}: tensor {name} {list(shape)} is {found}")
+        return checked
+
+
+class CheckedFile:
+    """A `TensorFile` whose tensors are checked against recorded fingerprints as they are read.
+
+    `stream(name)` reads a tensor in consecutive slices and checks it after the last one;
+    `array(name)` reads and checks a whole tensor. Without recorded fingerprints (a file
+    already checked by SHA-256) nothing is summed.
+    """
+
+    def __init__(
+        self,
+        file: TensorFile,
+        where: str,
+        prints: dict[str, int] | None,
+        declared: dict[str, str],
+    ) -> None:
+        self.file, self.where, self.prints, self.declared = file, where, prints, declared
+
+    def __enter__(self) -> CheckedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def stream(self, name: str) -> TensorStream:
+        """A tensor read slice by slice, in order; `finish` checks its fingerprint."""
+        check = self.prints is not None and name in self.prints
+        expected = self.prints[name] if check and self.prints is not None else None
+        return TensorStream(self, name, expected)
+
+    def array(self, name: str) -> np.ndarray:
+        value = self.file.array(name)
+        if self.prints is not None and name in self.prints:
+            self._compare(name, bitsum(value, self.declared.get(name)))
+        return value
+
+    def _compare(self, name: str, total: int) -> None:
+        expected = self.prints[name] if self.prints is not None else 0
+        if (total - expected) % 2**64:
+            raise BadInput(
+                f"{self.where} fails its checksum (tensor {name} does not match its recorded "
+                "fingerprint: truncated or altered)"
+            )
+
+
+class TensorStream:
+    """One tensor of a `CheckedFile`, read in consecutive slices."""
+
+    def __init__(self, owner: CheckedFile, name: str, expected: int | None) -> None:
+        self.owner, self.name, self.expected = owner, name, expected
+        self.count = owner.file.count(name)
+        self.done = 0
+        self.total = 0
+
+    def read(self, size: int) -> np.ndarray:
+        """The next `size` elements (fewer at the end)."""
+        stop = min(self.done + size, self.count)
+        part = self.owner.file.read(self.name, self.done, stop)
+        self.done = stop
+        if self.expected is not None:
+            self.total += bitsum(part, self.owner.declared.get(self.name))
+        return part
+
+    def finish(self) -> None:
+        """Raise if the tensor was read whole and its fingerprint differs."""
+        if self.expected is not None and self.done == self.count:
+            self.owner._compare(self.name, self.total)
+
+
+class LazyTensors(Mapping[str, np.ndarray]):
+    """The tensors of one file, each read and checked when looked up (never kept)."""
+
+    def __init__(self, store: Store, relpath: str, names: list[str]) -> None:
+        self.store, self.relpath, self.names = store, relpath, names
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.names:
+            raise KeyError(name)
+        with self.store.open(self.relpath) as checked:
+            return checked.array(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+
+def verify_files(store: Store, threads: int = 2) -> int:
+    """Check every listed file's SHA-256 against the manifest (the `--verify-files` pass), a
+    few files at a time (hashlib releases the GIL); returns the bytes read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = sorted(store.checksums)
+    with ThreadPoolExecutor(threads) as pool:
+        found = list(pool.map(store.hashed, paths))
+    return sum(path.stat().st_size for path in found)

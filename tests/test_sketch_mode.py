@@ -1,0 +1,102 @@
+"""Sketch mode (`--record sketch`, `Recorder(record="sketch")`): what a run keeps, the estimator's
+bound, and verdicts and codes equal to full recording (bench/sketch_agreement.py runs the whole
+selftest both ways)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from gradalign import api
+from gradalign.runs.reader import read_run_dir
+from gradalign.runs.sketches import WIDTH, estimate, summarize
+from tests.conftest import SMALL
+
+# hidden=64 makes the first layer 784x64 = 50176 elements: far more than the sketch width
+CONFIG = SMALL.replace(hidden=64, updates=5, record="sketch")
+
+
+@pytest.fixture(scope="module")
+def sketched(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sketched")
+    base = api.record_baseline(CONFIG, root / "baseline")
+    return {
+        "root": root,
+        "baseline": base,
+        "clean": api.record_merged(CONFIG, root / "clean"),
+        "no-loss-scale": api.record_merged(CONFIG, root / "bug", fault="no-loss-scale"),
+    }
+
+
+def test_a_sketch_run_keeps_full_files_at_the_first_and_last_update_only(sketched):
+    run = sketched["clean"]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["record"] == "sketch"
+    assert manifest["sketch"] == {"width": WIDTH, "snapshots": [0, CONFIG.updates - 1]}
+    weights = sorted(p.name for p in (run / "weights").iterdir())
+    assert weights == ["init.safetensors", "update_000000.safetensors", "update_000004.safetensors"]
+    assert len(list((run / "sketches").iterdir())) == CONFIG.updates + 1
+    loaded = read_run_dir(run)
+    assert loaded.record == "sketch" and loaded.snapshots == {0, 4}
+    kept = loaded.sketches(2)
+    assert kept["weights/0.weight"].shape == (WIDTH,)
+    assert kept["norms/weights"].shape == (len(loaded.tensors),)
+
+
+def test_sketch_norms_are_exact_and_sketches_subtract():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(300, 70)).astype(np.float32), rng.normal(size=(300, 70))
+    sa, sb = summarize(a), summarize(b.astype(np.float32))
+    assert math.isclose(sa.sumsq, float(np.sum(a.astype(np.float64) ** 2)), rel_tol=1e-12)
+    both = summarize(a.astype(np.float64) - b.astype(np.float32))
+    assert np.allclose(sa.sketch - sb.sketch, both.sketch, rtol=0, atol=1e-9)
+    small = summarize(np.arange(5, dtype=np.float32))
+    assert small.sketch.tolist() == [0, 1, 2, 3, 4] and estimate(small.sketch, True).exact
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_estimate_holds_within_its_bound(seed):
+    rng = np.random.default_rng(seed)
+    dense = rng.normal(size=200_000)
+    sparse = np.zeros(200_000)
+    sparse[rng.integers(0, 200_000, 30)] = rng.normal(size=30) * 100
+    for v in (dense, sparse):
+        e = estimate(summarize(v).sketch, False)
+        true = float(np.linalg.norm(v))
+        assert e.low <= true <= e.high, (e, true)
+    e = estimate(summarize(dense).sketch, False)
+    assert e.high - e.low < 0.5 * e.value  # spread errors: a bound that says something
+
+
+def test_sketch_verdicts_equal_full_verdicts(sketched):
+    clean = api.compare(sketched["baseline"], sketched["clean"])
+    bug = api.compare(sketched["baseline"], sketched["no-loss-scale"])
+    assert clean.verdict == "pass", [d.code for d in clean.diagnosis]
+    assert bug.verdict == "fail" and bug.diagnosis[0].code == "loss-scale"
+    sketched_names = {d.name for r in clean.results for d in r.weights if d.sketched}
+    assert "0.weight" in sketched_names and "0.bias" not in sketched_names
+    assert any(n.startswith("sketched:") for n in clean.notes)
+
+
+def test_a_full_run_is_judged_against_a_sketched_one(sketched, tmp_path):
+    full = api.record_merged(CONFIG.replace(record="full"), tmp_path / "full")
+    result = api.compare(sketched["baseline"], full)
+    assert result.verdict == "pass"
+    assert any(d.sketched for r in result.results for d in r.weights)
+
+
+def test_cli_records_with_sketches_and_json_says_which_checks_were_sketched(cli, sketched):
+    out = sketched["root"] / "report.json"
+    result = cli("compare", sketched["baseline"], sketched["clean"], "--json", out)
+    assert result.code == 0, result.err
+    tensors = json.loads(out.read_text())["per_update"][1]["weights"]
+    assert any(t.get("sketched") for t in tensors)
+    assert not all(t.get("sketched") for t in tensors)  # biases are kept whole
+
+
+def test_bad_record_mode_is_a_one_line_error(cli, tmp_path):
+    result = cli("selftest", "--out", tmp_path / "st", "--record", "tiny")
+    assert result.code == 2 and "--record must be one of full, sketch" in result.err
