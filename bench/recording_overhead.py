@@ -8,12 +8,13 @@ as a full verification trains both. The two variants alternate (plain, recorded,
 ...) after one uncounted warm-up pair, so slow drift of a noisy machine hits both alike.
 
     python bench/recording_overhead.py [--updates N] [--batch-size B] [--accum-steps K]
-                                       [--size default|mlp-1m|mlp-10m|mlp-50m]
-                                       [--record full|sketch] [--threads T]
+                                       [--size default|mlp-1m|mlp-10m|mlp-50m|mlp-100m]
+                                       [--record full|sketch] [--threads T] [--device cpu|cuda]
                                        [--reps R] [--json FILE]
 
-`--size mlp-*` times a user's own loop instead (bench/user_loop.py: an MLP of about 1M, 10M or
-54M parameters, AdamW, recorded through the public Recorder). `--record sketch` records with
+`--size mlp-*` times a user's own loop instead (bench/user_loop.py: an MLP of about 1M, 10M, 54M
+or 107M parameters, AdamW, recorded through the public Recorder); `--device cuda` trains on the
+GPU (each timing waits for the device). `--record sketch` records with
 sketches (full snapshots at the first and last update only). Torch runs on `--threads` threads
 (default 1: torch's default of one thread per core made training 10x slower on a loaded 2-core
 machine).
@@ -41,6 +42,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from user_loop import SIZES
 
 from gradalign.config import TrainConfig, build_config
 from gradalign.errors import BadInput
@@ -70,10 +73,12 @@ def time_plain(config: TrainConfig, size: str = "default") -> float:
     if size != "default":
         from user_loop import train
 
-        train(size, None, k=config.accum_steps, batch=config.batch_size, updates=config.updates)
+        k, batch, updates = config.accum_steps, config.batch_size, config.updates
+        train(size, None, k=k, batch=batch, updates=updates, device=config.device)
         return time.perf_counter() - start
     training = setup(config)
     run_loop(training, NoRecorder())  # type: ignore[arg-type]
+    _finish(config)
     return time.perf_counter() - start
 
 
@@ -85,7 +90,8 @@ def time_recorded(config: TrainConfig, out: Path, size: str = "default") -> floa
         from user_loop import train
 
         k, batch, updates = config.accum_steps, config.batch_size, config.updates
-        train(size, out, k=k, batch=batch, updates=updates, record=config.record)
+        mode = {"record": config.record, "device": config.device}
+        train(size, out, k=k, batch=batch, updates=updates, **mode)
         return time.perf_counter() - start
     training = setup(config)
     rec = Recorder(
@@ -93,7 +99,14 @@ def time_recorded(config: TrainConfig, out: Path, size: str = "default") -> floa
     )
     run_loop(training, rec)
     rec.close()
+    _finish(config)
     return time.perf_counter() - start
+
+
+def _finish(config: TrainConfig) -> None:
+    """On CUDA, wait for the device: a timing stops when the work is done, not queued."""
+    if config.device == "cuda":
+        torch.cuda.synchronize()
 
 
 def measure(
@@ -173,9 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--accum-steps", type=int, default=defaults.accum_steps, help="K of the merged run"
     )
-    parser.add_argument(
-        "--size", default="default", choices=["default", "mlp-1m", "mlp-10m", "mlp-50m"]
-    )
+    parser.add_argument("--size", default="default", choices=["default", *SIZES])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
     parser.add_argument("--record", default="full", choices=["full", "sketch"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per variant")
@@ -186,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     values = {"updates": args.updates, "batch_size": args.batch_size, "record": args.record}
+    values["device"] = args.device
     try:
         merged = build_config({**values, "accum_steps": args.accum_steps}, "options")
     except BadInput as exc:
@@ -208,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         "record": args.record,
         "reps": args.reps,
         "torch_threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpu": cpu_model(),

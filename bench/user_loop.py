@@ -2,7 +2,7 @@
 AdamW, B=128, K micro-batches per update, recorded through the public `Recorder` (or not).
 
     SIZES: mlp-1m (784-1200-10, 0.95M parameters), mlp-10m (784-2048-2048-2048-10, 10.0M),
-           mlp-50m (784-4096-4096-4096-4096-10, 53.6M)
+           mlp-50m (784-4096-4096-4096-4096-10, 53.6M), mlp-100m (784-8192-8192-4096-10, 107M)
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ SIZES = {
     "mlp-1m": [1200],
     "mlp-10m": [2048, 2048, 2048],
     "mlp-50m": [4096, 4096, 4096, 4096],
+    "mlp-100m": [8192, 8192, 4096],
 }
 
 
@@ -51,14 +52,16 @@ def train(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     reference: str | None = None,
+    device: str = "cpu",
     **recorder: Any,
 ) -> None:
-    """Train `updates` updates of K micro-batches; record to `out` unless it is None."""
+    """Train `updates` updates of K micro-batches on `device`; record to `out` unless it is None.
+    On CUDA it returns after the device has finished (the timings stop there)."""
     from gradalign import Recorder
 
-    model = build(size, seed, dtype)
+    model = build(size, seed, dtype).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    x, y = data(batch, updates, seed, dtype)
+    x, y = (t.to(device) for t in data(batch, updates, seed, dtype))
     rec = None
     if out is not None:
         rec = Recorder(
@@ -90,3 +93,5 @@ def train(
         raise
     if rec is not None:
         rec.close()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
