@@ -22,6 +22,11 @@ machine).
 The figure of merit is median(recorded) / median(plain) over the repetitions, for both runs
 together (the per-repetition sum); the targets are at most 1.10x at the default size (full
 snapshots) and at most 1.05x at ~10M parameters with sketches.
+
+`--floor` times a third variant in the same alternation: the loop with `CopyFloor`, which per
+update only copies the weights and the gradient into reused buffers and writes nothing. Any
+recording of every update that lets training go on must at least make that copy (a full snapshot
+writes it; a host sketch summarizes it), so its ratio is a floor under the recorded one.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from gradalign.record.trainer import setup
 
 TARGETS = {("default", "full"): 1.10, ("mlp-10m", "sketch"): 1.05}
 VARIANTS = ("plain", "recorded")
+FLOOR = "floor"
 
 
 class NoRecorder:
@@ -68,16 +74,53 @@ class NoRecorder:
         pass
 
 
-def time_plain(config: TrainConfig, size: str = "default") -> float:
+class CopyFloor(NoRecorder):
+    """Per update one copy of the weights and of the gradient into reused buffers, as the
+    Recorder takes them, and nothing else: the least a recording of every update does on the
+    training thread."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.params = list(model.parameters())
+        self.weights = [torch.empty_like(p) for p in self.params]
+        self.gradient = [torch.empty_like(p) for p in self.params]
+        self.copied = False
+
+    def grads(self, pre_clip_norm: Any = None) -> None:
+        with torch.no_grad():
+            for buffer, param in zip(self.gradient, self.params, strict=True):
+                if param.grad is not None:
+                    buffer.copy_(param.grad, non_blocking=True)
+        self.copied = True
+
+    def update(self, loss_scale: Any = None) -> None:
+        if not self.copied:  # the loop did not call grads(): the step left the gradient as is
+            self.grads()
+        with torch.no_grad():
+            for buffer, param in zip(self.weights, self.params, strict=True):
+                buffer.copy_(param, non_blocking=True)
+        self.copied = False
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+def time_plain(config: TrainConfig, size: str = "default", floor: bool = False) -> float:
+    """The loop without recording (`floor`: with `CopyFloor`'s copies)."""
     start = time.perf_counter()
     if size != "default":
         from user_loop import train
 
         k, batch, updates = config.accum_steps, config.batch_size, config.updates
-        train(size, None, k=k, batch=batch, updates=updates, device=config.device)
+        stand_in = CopyFloor if floor else None
+        train(
+            size, None, k=k, batch=batch, updates=updates, device=config.device, stand_in=stand_in
+        )
         return time.perf_counter() - start
     training = setup(config)
-    run_loop(training, NoRecorder())  # type: ignore[arg-type]
+    run_loop(training, CopyFloor(training.model) if floor else NoRecorder())  # type: ignore[arg-type]
     _finish(config)
     return time.perf_counter() - start
 
@@ -110,10 +153,15 @@ def _finish(config: TrainConfig) -> None:
 
 
 def measure(
-    configs: dict[str, TrainConfig], reps: int, scratch: Path, size: str = "default"
+    configs: dict[str, TrainConfig],
+    reps: int,
+    scratch: Path,
+    size: str = "default",
+    floor: bool = False,
 ) -> dict[str, Any]:
     """Per run ("baseline", "merged") and variant: `reps` timings in seconds, warm-up excluded."""
-    times: dict[str, dict[str, list[float]]] = {run: {v: [] for v in VARIANTS} for run in configs}
+    variants = (*VARIANTS, FLOOR) if floor else VARIANTS
+    times: dict[str, dict[str, list[float]]] = {run: {v: [] for v in variants} for run in configs}
     counter = 0
     for rep in range(-1, reps):  # rep -1 is the warm-up pair
         for run, config in configs.items():
@@ -124,9 +172,14 @@ def measure(
             counter += 1
             recorded = time_recorded(config, out, size)
             shutil.rmtree(out)  # outside the timing
+            if floor:
+                gc.collect()
+                copies = time_plain(config, size, floor=True)
             if rep >= 0:
                 times[run]["plain"].append(plain)
                 times[run]["recorded"].append(recorded)
+                if floor:
+                    times[run][FLOOR].append(copies)
     return times
 
 
@@ -135,8 +188,9 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
     runs = list(times)
     reps = len(times[runs[0]]["plain"])
     rows = {run: times[run] for run in runs}
+    variants = list(times[runs[0]])
     rows["both"] = {
-        v: [sum(times[run][v][i] for run in runs) for i in range(reps)] for v in VARIANTS
+        v: [sum(times[run][v][i] for run in runs) for i in range(reps)] for v in variants
     }
     out: dict[str, dict[str, float]] = {}
     for name, series in rows.items():
@@ -150,6 +204,9 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
             "ratio": recorded / plain,
             "min_ratio": min(series["recorded"]) / min(series["plain"]),
         }
+        if FLOOR in series:
+            out[name]["floor_median_s"] = statistics.median(series[FLOOR])
+            out[name]["floor_ratio"] = statistics.median(series[FLOOR]) / plain
     return out
 
 
@@ -192,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per variant")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--floor", action="store_true", help="also time the copies alone (CopyFloor)"
+    )
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be at least 1")
@@ -208,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gradalign-bench-") as tmp:
         scratch = Path(tmp)
         fs = filesystem(scratch)
-        times = measure(configs, args.reps, scratch, args.size)
+        times = measure(configs, args.reps, scratch, args.size, args.floor)
     summary = summarize(times)
     target = TARGETS.get((args.size, args.record))
 
@@ -239,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         f"scratch on {fs}"
     )
     print()
-    print(f"{'run':<22}{'plain (ms)':>12}{'recorded (ms)':>15}{'ratio':>9}{'min ratio':>12}")
+    floor_head = f"{'copies (ms)':>13}{'floor':>8}" if args.floor else ""
+    print(
+        f"{'run':<22}{'plain (ms)':>12}{'recorded (ms)':>15}{'ratio':>9}{'min ratio':>12}"
+        + floor_head
+    )
     labels = {
         "baseline": "baseline (K=1)",
         "merged": f"merged (K={merged.accum_steps})",
@@ -250,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{labels[name]:<22}{row['plain_median_s'] * 1e3:>12.1f}"
             f"{row['recorded_median_s'] * 1e3:>15.1f}{row['ratio']:>8.2f}x"
             f"{row['min_ratio']:>11.2f}x"
+            + (
+                f"{row['floor_median_s'] * 1e3:>13.1f}{row['floor_ratio']:>7.2f}x"
+                if args.floor
+                else ""
+            )
         )
     ratio = summary["both"]["ratio"]
     met = None if target is None else ratio <= target

@@ -144,13 +144,24 @@ def swap_into_place(staging: Path, final: Path) -> None:
 def clear_stale(final: Path) -> None:
     """Remove what killed writers of `final` left (call with its lock held): staging directories
     go; a previous run moved aside is put back if nothing took its place."""
-    for left in sorted(final.parent.glob(f".{final.name}.old-*")):
+    for left in _siblings(final, ".old-"):
         if not final.exists() and is_run_dir(left):
             os.rename(left, final)
         else:
             shutil.rmtree(left, ignore_errors=True)
-    for left in final.parent.glob(f".{final.name}.partial-*"):
+    for left in _siblings(final, ".partial-"):
         shutil.rmtree(left, ignore_errors=True)
+
+
+def _siblings(final: Path, infix: str) -> list[Path]:
+    """`.NAME{infix}*` beside `final`, sorted (a directory scan: a glob compiles a pattern per
+    name)."""
+    prefix = f".{final.name}{infix}"
+    try:
+        with os.scandir(final.parent) as entries:
+            return sorted(final.parent / e.name for e in entries if e.name.startswith(prefix))
+    except FileNotFoundError:
+        return []
 
 
 class RunWriter:
