@@ -87,14 +87,20 @@ BUGS: list[tuple[str, str, str]] = [  # (bug, clean setup, the code that must co
 
 
 def judge(
-    root: Path, setup: Setup, seed: int, bug: str | None = None, record: str = "full"
+    root: Path,
+    setup: Setup,
+    seed: int,
+    bug: str | None = None,
+    record: str = "full",
+    width: int | None = None,
 ) -> dict:
     base, ref = root / f"base-{seed}", root / f"ref-{seed}"
+    how = {"record": record, "sketch_width": width}
     if not base.exists():
-        run(base, replace(setup, k=1), 1, seed=seed, record=record)
-        run(ref, replace(setup, k=1), 1, seed=seed, float64=True, record=record)
+        run(base, replace(setup, k=1), 1, seed=seed, **how)
+        run(ref, replace(setup, k=1), 1, seed=seed, float64=True, **how)
     merged = root / f"merged-{seed}-{bug or 'clean'}"
-    run(merged, setup, setup.k, seed=seed, bug=bug, record=record)
+    run(merged, setup, setup.k, seed=seed, bug=bug, **how)
     c = api.compare(base, merged, reference=ref)
     diffs = [d for r in c.results for d in (*r.weights, *r.grads)]
     return {
@@ -115,13 +121,21 @@ def main() -> int:
     parser.add_argument(
         "--record", choices=["full", "sketch"], default="full", help="how every run is recorded"
     )
+    parser.add_argument(
+        "--sketch-width",
+        type=int,
+        default=None,
+        help="buckets per sketched tensor (default the Recorder's 1021, wider than every tensor "
+        "here, which are then kept whole; 61 sketches all but the smallest)",
+    )
     args = parser.parse_args()
     names = args.only or list(CLEAN)
+    width = args.sketch_width
     rows, started = [], time.monotonic()
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
             for seed in range(args.seeds):
-                got = judge(Path(folder) / name, CLEAN[name], seed, record=args.record)
+                got = judge(Path(folder) / name, CLEAN[name], seed, None, args.record, width)
                 ok = got["verdict"] == "pass" and not got["codes"]
                 rows.append({"setup": name, "seed": seed, "bug": None, "ok": ok, **got})
                 print(f"{'ok ' if ok else 'FALSE ALARM'} {name} seed {seed}: {got}", flush=True)
@@ -129,7 +143,7 @@ def main() -> int:
             if name not in names:
                 continue
             for seed in range(args.seeds):
-                got = judge(Path(folder) / name, CLEAN[name], seed, bug, args.record)
+                got = judge(Path(folder) / name, CLEAN[name], seed, bug, args.record, width)
                 ok = got["verdict"] == "fail" and got["codes"][:1] == [code]
                 rows.append(
                     {"setup": name, "seed": seed, "bug": bug, "expected": code, "ok": ok, **got}
@@ -139,6 +153,7 @@ def main() -> int:
     bugs = [r for r in rows if r["bug"] is not None]
     summary = {
         "record": args.record,
+        "sketch_width": width,
         "clean_configurations": len({r["setup"] for r in clean}),
         "seeds": args.seeds,
         "clean_runs": len(clean),

@@ -183,8 +183,10 @@ def run(
     float64: bool = False,
     bug: str | None = None,
     record: str = "full",
+    sketch_width: int | None = None,
 ) -> Path:
-    """Record one run of the setup at K=k (the baseline is k=1, the reference float64)."""
+    """Record one run of the setup at K=k (the baseline is k=1, the reference float64);
+    `sketch_width`: the Recorder's, with `record="sketch"` (None: its default)."""
     build, kind = MODELS[s.model]
     torch.manual_seed(seed)
     model = build()
@@ -202,8 +204,9 @@ def run(
     if x.is_floating_point() and float64:
         x = x.double()
     sizes = _splits(s, k)
+    width = {} if sketch_width is None else {"sketch_width": sketch_width}
     with gradalign.Recorder(
-        out, model, opt, accum_steps=k, scaler=scaler, record=record, updates=s.updates
+        out, model, opt, accum_steps=k, scaler=scaler, record=record, updates=s.updates, **width
     ) as rec:
         for update in range(s.updates):
             start = update * s.batch

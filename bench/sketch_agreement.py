@@ -7,6 +7,10 @@ snapshots only at the first and last update), and compares each case's verdict a
     .venv/bin/python bench/sketch_agreement.py [--json FILE] [--only SETUP ...]
 
 Exit 0 when every case agrees. Takes about twice the selftest's time.
+
+`--matrix FULL SKETCH` compares instead two results of `bench/matrix.py --json` (one run with
+`--record full`, one with `--record sketch`) row by row: setup, seed and bug, verdict and first
+code.
 """
 
 from __future__ import annotations
@@ -30,7 +34,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--only", nargs="*", help="setups to run (default: every case)")
+    parser.add_argument(
+        "--matrix", nargs=2, type=Path, metavar=("FULL", "SKETCH"), help="matrix.py results"
+    )
     args = parser.parse_args()
+    if args.matrix is not None:
+        return matrix_agreement(*args.matrix, args.json)
     cases = [c for c in CASES if not args.only or c.setup in args.only]
     quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115
     started = time.monotonic()
@@ -74,6 +83,37 @@ def main() -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
     return 0 if summary["agree"] == summary["cases"] else 1
+
+
+def matrix_agreement(full_file: Path, sketch_file: Path, out: Path | None) -> int:
+    """Rows of two `bench/matrix.py --json` results, full and sketch, compared one by one."""
+    found = {}
+    for mode, file in (("full", full_file), ("sketch", sketch_file)):
+        data = json.loads(file.read_text())
+        if data["summary"].get("record", "full") != mode:
+            raise SystemExit(f"{file} was not recorded with --record {mode}")
+        found[mode] = {(r["setup"], r["seed"], r["bug"]): r for r in data["rows"]}
+    if found["full"].keys() != found["sketch"].keys():
+        raise SystemExit("the two results hold different rows (--seeds or --only differ)")
+    rows = []
+    for key, full in found["full"].items():
+        sketch = found["sketch"][key]
+        agree = full["verdict"] == sketch["verdict"] and full["codes"][:1] == sketch["codes"][:1]
+        rows.append({"setup": key[0], "seed": key[1], "bug": key[2], "agree": agree})
+        if not agree:
+            print(
+                f"DISAGREE {key}: full {full['verdict']} {full['codes'][:1]}, "
+                f"sketch {sketch['verdict']} {sketch['codes'][:1]}"
+            )
+    summary = {
+        "rows": len(rows),
+        "agree": sum(r["agree"] for r in rows),
+        "as_expected": {m: sum(r["ok"] for r in found[m].values()) for m in found},
+    }
+    print(json.dumps(summary, indent=2))
+    if out is not None:
+        out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+    return 0 if summary["agree"] == summary["rows"] else 1
 
 
 if __name__ == "__main__":

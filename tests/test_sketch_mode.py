@@ -9,8 +9,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
-from gradalign import api
+from gradalign import Recorder, api
+from gradalign.record.facts import RecorderError
 from gradalign.runs.reader import read_run_dir
 from gradalign.runs.sketches import WIDTH, estimate, summarize
 from tests.conftest import SMALL
@@ -100,3 +102,44 @@ def test_cli_records_with_sketches_and_json_says_which_checks_were_sketched(cli,
 def test_bad_record_mode_is_a_one_line_error(cli, tmp_path):
     result = cli("selftest", "--out", tmp_path / "st", "--record", "tiny")
     assert result.code == 2 and "--record must be one of full, sketch" in result.err
+
+
+def _user_run(out, k: int, **recorder) -> None:
+    """Three updates of a small user loop (8 rows a batch) recorded through the Recorder."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(24, 20, generator=generator), torch.randint(0, 3, (24,), generator=generator)
+    with Recorder(out, model, optimizer, k, record="sketch", updates=3, **recorder) as rec:
+        for update in range(3):
+            for rows in torch.arange(update * 8, update * 8 + 8).chunk(k):
+                loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss / k).backward()
+                rec.micro(loss, batch=(x[rows], y[rows]))
+            optimizer.step()
+            rec.update()
+            optimizer.zero_grad()
+
+
+def test_a_recorder_sketch_width_is_kept_and_judged(tmp_path):
+    _user_run(tmp_path / "base", 1, sketch_width=31)
+    _user_run(tmp_path / "merged", 4, sketch_width=31)
+    manifest = json.loads((tmp_path / "merged" / "manifest.json").read_text())
+    assert manifest["sketch"] == {"width": 31, "snapshots": [0, 2]}
+    result = api.compare(tmp_path / "base", tmp_path / "merged")
+    assert result.verdict == "pass", [d.code for d in result.diagnosis]
+    sketched = {d.name for r in result.results for d in r.weights if d.sketched}
+    assert sketched == {"0.weight", "2.weight"}  # 320 and 48 elements; the biases are kept whole
+    with pytest.raises(RecorderError, match="sketch_width must be an integer >= 2"):
+        _user_run(tmp_path / "bad", 1, sketch_width=1)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_runs_sketched_at_different_widths_are_refused_in_one_line(cli, tmp_path):
+    _user_run(tmp_path / "base", 1, sketch_width=31)
+    _user_run(tmp_path / "merged", 4, sketch_width=37)
+    result = cli("compare", tmp_path / "base", tmp_path / "merged")
+    assert result.code == 2, result.err
+    assert "sketched at different widths" in result.err and "31" in result.err
+    assert len(result.err.strip().splitlines()) == 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import BadInput
 from ..runs.model import Run, Tensors
 from ..runs.sketches import summarize
 
@@ -31,8 +32,16 @@ class Kept:
 
 
 def sketch_width(*runs: Run | None) -> int | None:
-    """The sketch width of the comparison (None: every run is full)."""
-    return next((r.sketch_width for r in runs if r is not None and r.record == "sketch"), None)
+    """The sketch width of the comparison (None: every run is full). Sketches of two widths
+    cannot be subtracted: such runs are refused."""
+    widths = {r.source: r.sketch_width for r in runs if r is not None and r.record == "sketch"}
+    if len(set(widths.values())) > 1:
+        listed = ", ".join(f"{source} {width}" for source, width in widths.items())
+        raise BadInput(
+            f"the runs were sketched at different widths ({listed}); record them with the "
+            "same sketch width"
+        )
+    return next(iter(widths.values()), None)
 
 
 def summaries(run: Run, kind: str, update: int | None, width: int) -> dict[str, Kept] | None:

@@ -34,8 +34,10 @@ class Capture:
         mode: str = "full",
         every: int = 0,
         updates: int | None = None,
+        width: int = WIDTH,
     ) -> None:
         self.files, self.mode, self.every, self.updates = files, mode, every, updates
+        self.width = width
         self.names = list(named)
         self.tensors = {name: t for name, (t, _, _) in named.items()}
         self.params = {name: t for name, (t, kind, _) in named.items() if kind == "param"}
@@ -45,7 +47,8 @@ class Capture:
         self.states = WeightStates(list(self.tensors.values()))
         self.writes = GradWrites([self.params.get(name) for name in self.names])
         first = next(iter(self.tensors.values()))
-        self.sketcher = Sketcher(files, self.names, self.declared) if mode == "sketch" else None
+        sketching = mode == "sketch"
+        self.sketcher = Sketcher(files, self.names, self.declared, width) if sketching else None
         self.on_device = self.sketcher is not None and first.device.type == "cuda"
         self.full_updates: list[int] = []
 
@@ -131,5 +134,5 @@ class Capture:
         found: dict = {"integrity": "fingerprints"}
         if self.mode == "sketch":
             found["record"] = "sketch"
-            found["sketch"] = {"width": WIDTH, "snapshots": sorted(self.full_updates)}
+            found["sketch"] = {"width": self.width, "snapshots": sorted(self.full_updates)}
         return found

@@ -29,6 +29,7 @@ import torch
 
 from ..runs.background import BackgroundWriter
 from ..runs.digests import wrap
+from ..runs.sketches import WIDTH
 from ..runs.writer import RunWriter
 from . import clipping
 from .capture import MODES, Capture
@@ -67,6 +68,7 @@ class Recorder:
         record: str = "full",
         snapshot_every: int = 0,
         updates: int | None = None,
+        sketch_width: int = WIDTH,
         distributed: bool | None = None,
         group: Any = None,
         rank: int | None = None,
@@ -77,7 +79,8 @@ class Recorder:
         unscale_() and update() calls per window are counted (once each is right).
         `record`: "full" (weights and gradient files every update) or "sketch" (per update
         a fixed-size sketch, exact norms and fingerprints; full files at the first update,
-        every `snapshot_every`-th and, given `updates` (N), the last).
+        every `snapshot_every`-th and, given `updates` (N), the last). `sketch_width`: buckets
+        per sketched tensor (a prime; wider sketches bound the estimates more tightly).
 
         Under torch.distributed every rank creates a Recorder with the same arguments; each
         records its own facts, rank 0 writes the run (`ranks/rankR/` for every rank) once all
@@ -89,6 +92,8 @@ class Recorder:
             raise RecorderError(f"record must be one of {', '.join(MODES)}, got {record!r}")
         if not isinstance(snapshot_every, int) or snapshot_every < 0:
             raise RecorderError(f"snapshot_every must be an integer >= 0, got {snapshot_every!r}")
+        if isinstance(sketch_width, bool) or not isinstance(sketch_width, int) or sketch_width < 2:
+            raise RecorderError(f"sketch_width must be an integer >= 2, got {sketch_width!r}")
         self.accum_steps = accum_steps
         self.config = dict(config or {})
         self.fault = fault
@@ -138,7 +143,9 @@ class Recorder:
             self._settle(exc)
             raise
         try:
-            self._capture = Capture(self._named, self._writer, record, snapshot_every, updates)
+            self._capture = Capture(
+                self._named, self._writer, record, snapshot_every, updates, sketch_width
+            )
             self._capture.weights(None)
         except BaseException as exc:
             self.abort()

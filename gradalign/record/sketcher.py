@@ -26,9 +26,15 @@ _BLOCK = 1 << 24  # elements per device block (the float64 copy of a block is th
 class Sketcher:
     """Summaries per (kind, update): kind "weights" or "grads"; update None = initial."""
 
-    def __init__(self, files: BackgroundWriter, names: list[str], declared: dict[str, str]):
+    def __init__(
+        self,
+        files: BackgroundWriter,
+        names: list[str],
+        declared: dict[str, str],
+        width: int = WIDTH,
+    ):
         self.files, self.names, self.declared = files, names, declared
-        self.width = WIDTH
+        self.width = width
         self.results: dict[tuple[str, int | None], dict[str, Summary]] = {}
         self._lock = threading.Lock()
         self._device_signs: dict[tuple[int, str], torch.Tensor] = {}
