@@ -159,28 +159,37 @@ def measure(
     size: str = "default",
     floor: bool = False,
 ) -> dict[str, Any]:
-    """Per run ("baseline", "merged") and variant: `reps` timings in seconds, warm-up excluded."""
+    """Per run ("baseline", "merged") and variant: `reps` timings in seconds, warm-up excluded;
+    beside each wall time, the CPU seconds of the training thread ("VARIANT:thread") and of the
+    whole process, every thread ("VARIANT:process")."""
     variants = (*VARIANTS, FLOOR) if floor else VARIANTS
-    times: dict[str, dict[str, list[float]]] = {run: {v: [] for v in variants} for run in configs}
+    keys = [f"{v}{part}" for v in variants for part in ("", ":thread", ":process")]
+    times: dict[str, dict[str, list[float]]] = {run: {k: [] for k in keys} for run in configs}
     counter = 0
     for rep in range(-1, reps):  # rep -1 is the warm-up pair
         for run, config in configs.items():
-            gc.collect()
-            plain = time_plain(config, size)
-            gc.collect()
             out = scratch / f"run-{counter}"
             counter += 1
-            recorded = time_recorded(config, out, size)
+            timings = {"plain": _timed(lambda c=config: time_plain(c, size))}
+            timings["recorded"] = _timed(lambda c=config, o=out: time_recorded(c, o, size))
             shutil.rmtree(out)  # outside the timing
             if floor:
-                gc.collect()
-                copies = time_plain(config, size, floor=True)
+                timings[FLOOR] = _timed(lambda c=config: time_plain(c, size, floor=True))
             if rep >= 0:
-                times[run]["plain"].append(plain)
-                times[run]["recorded"].append(recorded)
-                if floor:
-                    times[run][FLOOR].append(copies)
+                for variant, (wall, thread, process) in timings.items():
+                    times[run][variant].append(wall)
+                    times[run][f"{variant}:thread"].append(thread)
+                    times[run][f"{variant}:process"].append(process)
     return times
+
+
+def _timed(work: Any) -> tuple[float, float, float]:
+    """`work()`'s wall time (what it returns) and the CPU seconds of this thread and of the
+    whole process while it ran."""
+    gc.collect()
+    thread, process = time.thread_time(), time.process_time()
+    wall = work()
+    return wall, time.thread_time() - thread, time.process_time() - process
 
 
 def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
@@ -207,6 +216,10 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
         if FLOOR in series:
             out[name]["floor_median_s"] = statistics.median(series[FLOOR])
             out[name]["floor_ratio"] = statistics.median(series[FLOOR]) / plain
+        for key in series:
+            if ":" in key:
+                variant, part = key.split(":")
+                out[name][f"{variant}_{part}_cpu_median_s"] = statistics.median(series[key])
     return out
 
 
@@ -320,6 +333,17 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             )
         )
+    both = summary["both"]
+    thread_plain, thread_recorded = (
+        both["plain_thread_cpu_median_s"],
+        both["recorded_thread_cpu_median_s"],
+    )
+    print(
+        f"\nCPU, both runs (medians): training thread {thread_plain * 1e3:.1f} ms plain, "
+        f"{thread_recorded * 1e3:.1f} ms recorded ({thread_recorded / thread_plain:.2f}x); "
+        f"all threads recorded {both['recorded_process_cpu_median_s'] * 1e3:.1f} ms "
+        f"({both['recorded_process_cpu_median_s'] / thread_plain:.2f}x)"
+    )
     ratio = summary["both"]["ratio"]
     met = None if target is None else ratio <= target
     verdict = "no target" if target is None else f"target <= {target:.2f}x (both runs, medians): "

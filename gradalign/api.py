@@ -136,7 +136,7 @@ def compare(
     the one the baseline's manifest names; "none" for the fixed tolerances. `accum_steps`: K of
     a merged log (a run directory states its own). `reports`: files the caller will write
     afterwards, checked first. `verify_files`: first check every file of every run directory
-    against the SHA-256 its manifest lists (the judge itself checks each tensor's fingerprint as
+    against the checksum its manifest lists (the judge itself checks each tensor's fingerprint as
     it reads it, docs/FORMAT.md). Raises BadInput for unreadable or incomparable runs.
     """
     from .judge.compare import compare as judge

@@ -41,8 +41,8 @@ VerifyFilesOpt = Annotated[
     bool,
     typer.Option(
         "--verify-files",
-        help="first check every file's SHA-256 against its manifest (the judge checks each "
-        "tensor's recorded fingerprint as it reads it either way)",
+        help="first check every file's checksum (XXH3-128 or SHA-256) against its manifest (the "
+        "judge checks each tensor's recorded fingerprint as it reads it either way)",
     ),
 ]
 SelftestOutOpt = Annotated[Path, typer.Option("--out", "-o", help="directory for the runs")]

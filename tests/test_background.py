@@ -120,7 +120,7 @@ def test_a_failed_background_write_is_a_one_line_error(cli, tmp_path, monkeypatc
 
 
 def test_verify_files_catches_what_fingerprints_cannot(cli, small_copy):
-    """Two elements of one tensor swapped keep every fingerprint; their SHA-256 does not."""
+    """Two elements of one tensor swapped keep every fingerprint; the file's checksum does not."""
     snapshot = small_copy["merged"] / "weights" / "update_000001.safetensors"
     data = bytearray(snapshot.read_bytes())
     size = int.from_bytes(data[:8], "little")

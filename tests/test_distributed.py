@@ -213,12 +213,12 @@ def _altered(dp_runs, tmp_path, change) -> str:
 
 
 def _rewrite(path, manifest, relpath, edit) -> None:
-    import hashlib
+    from gradalign.runs.checksums import declared, of_file
 
     data = tensors.read(path / relpath, relpath)
     edit(data)
     (path / relpath).write_bytes(tensors.encode(data))
-    manifest["files"][relpath] = hashlib.sha256((path / relpath).read_bytes()).hexdigest()
+    manifest["files"][relpath] = of_file(path / relpath, declared(manifest))
 
 
 MALFORMED = {

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BadInput, shown
+from .checksums import declared as declared_checksum
 from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, grads_file, weights_file
 from .model import Run, TensorInfo, Tensors
 from .ranks import read_ranks
@@ -88,7 +89,8 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         for t in manifest["tensors"]
     ]
     declared = {t.name: t.dtype for t in tensors}
-    store = Store(path, checksums, declared, manifest.get("integrity") == FINGERPRINTS)
+    fingerprinted = manifest.get("integrity") == FINGERPRINTS
+    store = Store(path, checksums, declared, fingerprinted, declared_checksum(manifest))
     series = store.read_all(SERIES)
 
     def optional(name: str, rows: int) -> np.ndarray | None:
@@ -132,7 +134,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         if unlisted:
             raise BadInput(f"{where}: {unlisted[0]} is not listed in the manifest")
     has_grads = any(grads_file(i) in checksums for i in range(updates))
-    load_rank = store.read_all  # each rank's series, its SHA-256 checked
+    load_rank = store.read_all  # each rank's series, its checksum checked
     ranks, distributed = read_ranks(manifest, where, load_rank, series, micro, updates, p)
     micro_state = optional("micro/state", micro)
     if store.fingerprinted:

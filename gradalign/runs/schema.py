@@ -10,8 +10,9 @@ import re
 from typing import Any
 
 from ..errors import BadInput, shown
+from . import checksums
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX = re.compile(r"^[0-9a-f]+$")
 MAX_MICRO_STEPS = 100_000_000  # a series longer than this is not a training run's
 
 
@@ -42,9 +43,14 @@ def check_manifest(manifest: dict, where: str) -> None:
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise bad("files", "is missing or not an object of file checksums")
+    algorithm = checksums.declared(manifest)
+    digits = checksums.HEX_DIGITS.get(algorithm) if isinstance(algorithm, str) else None
+    if digits is None:
+        known = ", ".join(checksums.HEX_DIGITS)
+        raise bad("checksum", f"must be one of {known}, got {shown(algorithm)}")
     for rel, digest in files.items():
-        if not isinstance(digest, str) or not _HEX64.match(digest):
-            raise bad("files", f"lists {shown(rel)} without a SHA-256 hex digest")
+        if not isinstance(digest, str) or len(digest) != digits or not _HEX.match(digest):
+            raise bad("files", f"lists {shown(rel)} without a {algorithm} hex digest")
     _check_tensors(manifest.get("tensors"), bad)
     for field in ("config", "environment"):
         if manifest.get(field) is not None and not isinstance(manifest[field], dict):

@@ -5,13 +5,13 @@ A run whose manifest says `"integrity": "fingerprints"` is checked tensor by ten
 tensor of a weights or gradient file is summed as it is read (the fingerprint of docs/FORMAT.md,
 a pass the judge's own arithmetic hides) and must equal the fingerprint its series recorded, or
 the file "fails its checksum". Its small files (the series, the sketches) and the files of any
-other run are checked by their SHA-256 from the manifest, streamed, before they are read. The
-manifest's SHA-256 of every file stays checkable with `verify_files` (`--verify-files`).
+other run are checked by their checksum from the manifest (XXH3-128 or SHA-256,
+runs/checksums.py), streamed, before they are read. Every file's checksum stays checkable with
+`verify_files` (`--verify-files`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from collections.abc import Iterator, Mapping
@@ -21,24 +21,17 @@ import numpy as np
 
 from ..errors import BadInput
 from . import tensors as tensorfiles
+from .checksums import SHA256, of_file
 from .digests import bitsum
 from .tensorfile import TensorFile
 
-_CHUNK = 1 << 20
 FINGERPRINTS = "fingerprints"
-
-
-def sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class Store:
     """Checked access to a run's data files. `expected(relpath)`: per tensor name, the
-    fingerprint its series recorded for that file (None: the file is checked by SHA-256)."""
+    fingerprint its series recorded for that file (None: the file is checked by its checksum,
+    of the manifest's `algorithm`)."""
 
     def __init__(
         self,
@@ -46,8 +39,10 @@ class Store:
         checksums: dict[str, str],
         declared: dict[str, str],
         fingerprinted: bool,
+        algorithm: str = SHA256,
     ) -> None:
         self.path, self.checksums, self.declared = path, checksums, declared
+        self.algorithm = algorithm
         self.fingerprinted = fingerprinted
         self.expected: dict[str, dict[str, int]] = {}
         self.loaders: tuple = ()  # the Run's own loaders (a Run with others is not read here)
@@ -73,11 +68,11 @@ class Store:
         return file
 
     def hashed(self, relpath: str) -> Path:
-        """A data file after its SHA-256 matched the manifest's (once per file)."""
+        """A data file after its checksum matched the manifest's (once per file)."""
         file = self.file(relpath)
         if relpath not in self._hashed:
             try:
-                actual = sha256(file)
+                actual = of_file(file, self.algorithm)
             except OSError as exc:
                 raise BadInput(f"{self.path}: {relpath} cannot be read ({exc.strerror})") from None
             if actual != self.checksums[relpath]:
@@ -86,7 +81,7 @@ class Store:
         return file
 
     def read_all(self, relpath: str) -> dict[str, np.ndarray]:
-        """A small file (series, sketches): SHA-256 checked, then read whole."""
+        """A small file (series, sketches): its checksum checked, then read whole."""
         file = self.hashed(relpath)
         return tensorfiles.read(file, str(file))
 
@@ -129,7 +124,7 @@ class CheckedFile:
 
     `stream(name)` reads a tensor in consecutive slices and checks it after the last one;
     `array(name)` reads and checks a whole tensor. Without recorded fingerprints (a file
-    already checked by SHA-256) nothing is summed.
+    already checked by its checksum) nothing is summed.
     """
 
     def __init__(
@@ -218,8 +213,8 @@ class LazyTensors(Mapping[str, np.ndarray]):
 
 
 def verify_files(store: Store, threads: int = 2) -> int:
-    """Check every listed file's SHA-256 against the manifest (the `--verify-files` pass), a
-    few files at a time (hashlib releases the GIL); returns the bytes read."""
+    """Check every listed file's checksum against the manifest (the `--verify-files` pass), a
+    few files at a time (hashlib and xxhash release the GIL); returns the bytes read."""
     from concurrent.futures import ThreadPoolExecutor
 
     paths = sorted(store.checksums)

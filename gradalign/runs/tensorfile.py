@@ -3,15 +3,14 @@ one tensor) at a time.
 
 `write` lays out the same bytes as `safetensors.numpy.save` (tests/test_tensorfile.py compares
 them) without building the file as one bytes object first: the header, then each array's memory,
-hashed (SHA-256) as it is written. `TensorFile` validates a file's header and layout the way the
-safetensors package does (offsets contiguous from 0, byte counts matching shapes, data ending at
-the end of the file) and reads any element range of a tensor with `os.preadv`, so a judge holds
-only the slices it works on. See docs/FORMAT.md.
+hashed (runs/checksums.py) as it is written. `TensorFile` validates a file's header and layout
+the way the safetensors package does (offsets contiguous from 0, byte counts matching shapes,
+data ending at the end of the file) and reads any element range of a tensor with `os.preadv`, so
+a judge holds only the slices it works on. See docs/FORMAT.md.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BadInput
+from . import checksums
 from .tensors import DTYPES, read_header
 
 # The order the safetensors package lays tensors out in: by dtype (this rank), then by name.
@@ -67,9 +67,10 @@ def parts(tensors: dict[str, np.ndarray]) -> list[memoryview]:
     return [memoryview(head), *(memoryview(a.reshape(-1)).cast("B") for a in arrays if a.size)]
 
 
-def write_parts(path: Path, chunks: Iterable[memoryview], sha256: bool = True) -> str | None:
-    """Write buffers to `path` in order; returns their SHA-256 (hex) when asked."""
-    digest = hashlib.sha256() if sha256 else None
+def write_parts(path: Path, chunks: Iterable[memoryview], hashed: bool = True) -> str | None:
+    """Write buffers to `path` in order; returns their checksum (hex, of the algorithm this
+    installation writes: runs/checksums.py) when `hashed`."""
+    digest = checksums.hasher(checksums.WRITTEN) if hashed else None
     with open(path, "wb") as handle:
         for chunk in chunks:
             handle.write(chunk)

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import BadInput
+from . import checksums
 from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, is_run_dir
 from .locks import RunLock, held_here
 from .model import Tensors
@@ -30,7 +31,8 @@ from .tensorfile import parts, write_parts
 
 
 def _write_atomic(path: Path, data: bytes | Sequence[memoryview], durable: bool = False) -> str:
-    """Write via a temporary name and rename; returns the SHA-256 (hex) of what was written.
+    """Write via a temporary name and rename; returns the checksum (hex, runs/checksums.py's
+    WRITTEN) of what was written.
     `data`: bytes, or buffers written one after the other (a tensor file's header and arrays).
     Data files skip fsync: the manifest's checksums already expose a file that a crash left
     short, so only the manifest itself is synced."""
@@ -192,6 +194,7 @@ class RunWriter:
         try:
             self.write_tensors(SERIES, series)
             body = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest}
+            body["checksum"] = checksums.WRITTEN
             body["files"] = dict(sorted(self.checksums.items()))
             text = json.dumps(body, indent=2, sort_keys=True, allow_nan=False) + "\n"
             _write_atomic(self.staging / MANIFEST, text.encode(), durable=True)
