@@ -1,4 +1,4 @@
-"""The recording benchmark runs (a broken benchmark would silently rot the performance figures)."""
+"""The benchmarks run (a broken benchmark would silently rot the performance figures)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,49 @@ import sys
 from tests.conftest import ROOT
 
 
-def test_recording_benchmark_runs_and_reports_a_ratio(tmp_path):
-    out = tmp_path / "bench.json"
-    args = ["--updates", "1", "--batch-size", "8", "--accum-steps", "2", "--reps", "1"]
-    subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "recording_overhead.py"), *args, "--json", str(out)],
-        check=True,
+def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
         capture_output=True,
+        text=True,
         cwd=ROOT,
     )
+
+
+def test_recording_benchmark_runs_and_reports_a_ratio_a_floor_and_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["--updates", "1", "--batch-size", "8", "--accum-steps", "2", "--reps", "1"]
+    done = _bench("recording_overhead.py", *args, "--floor", "--json", str(out))
+    assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     assert isinstance(data["target_met"], bool)
-    assert data["summary"] and data["times_s"]
+    both = data["summary"]["both"]
+    assert both["ratio"] > 0 and both["floor_ratio"] > 0
+    assert both["recorded_process_cpu_median_s"] >= both["recorded_thread_cpu_median_s"] > 0
+    assert "training thread" in done.stdout
+
+
+def test_checksum_benchmark_reports_each_rate(tmp_path):
+    out = tmp_path / "rates.json"
+    done = _bench("checksum_speed.py", "--mib", "1", "--reps", "1", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    rates = json.loads(out.read_text())["gb_per_s"]
+    assert set(rates) == {"sha256", "xxh3-128", "fingerprint"} and min(rates.values()) > 0
+
+
+def test_matrix_agreement_compares_rows_and_fails_on_a_disagreement(tmp_path):
+    rows = [
+        {"setup": "mlp", "seed": 0, "bug": None, "verdict": "pass", "codes": [], "ok": True},
+        {"setup": "mlp", "seed": 0, "bug": "x", "verdict": "fail", "codes": ["a", "b"], "ok": True},
+    ]
+    files = {}
+    for mode in ("full", "sketch"):
+        files[mode] = tmp_path / f"{mode}.json"
+        files[mode].write_text(json.dumps({"summary": {"record": mode}, "rows": rows}))
+    agree = _bench("sketch_agreement.py", "--matrix", str(files["full"]), str(files["sketch"]))
+    assert agree.returncode == 0, agree.stdout + agree.stderr
+    assert '"agree": 2' in agree.stdout
+    rows[1] = {**rows[1], "codes": ["b"]}
+    files["sketch"].write_text(json.dumps({"summary": {"record": "sketch"}, "rows": rows}))
+    differ = _bench("sketch_agreement.py", "--matrix", str(files["full"]), str(files["sketch"]))
+    assert differ.returncode == 1 and "DISAGREE" in differ.stdout
