@@ -81,9 +81,14 @@ class CopyFloor(NoRecorder):
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.params = list(model.parameters())
-        self.weights = [torch.empty_like(p) for p in self.params]
-        self.gradient = [torch.empty_like(p) for p in self.params]
+        self.weights = [self._host(p) for p in self.params]
+        self.gradient = [self._host(p) for p in self.params]
         self.copied = False
+
+    @staticmethod
+    def _host(param: torch.Tensor) -> torch.Tensor:
+        """A host buffer like `param` (pinned for a CUDA parameter, as the Recorder's are)."""
+        return torch.empty(param.shape, dtype=param.dtype, pin_memory=param.is_cuda)
 
     def grads(self, pre_clip_norm: Any = None) -> None:
         with torch.no_grad():
