@@ -37,7 +37,6 @@ class Capture:
         width: int = WIDTH,
     ) -> None:
         self.files, self.mode, self.every, self.updates = files, mode, every, updates
-        self.width = width
         self.names = list(named)
         self.tensors = {name: t for name, (t, _, _) in named.items()}
         self.params = {name: t for name, (t, kind, _) in named.items() if kind == "param"}
@@ -132,7 +131,10 @@ class Capture:
     def manifest(self) -> dict:
         """What the manifest says about integrity and, in sketch mode, what was kept."""
         found: dict = {"integrity": "fingerprints"}
-        if self.mode == "sketch":
+        if self.sketcher is not None:
             found["record"] = "sketch"
-            found["sketch"] = {"width": self.width, "snapshots": sorted(self.full_updates)}
+            found["sketch"] = {
+                "width": self.sketcher.width,
+                "snapshots": sorted(self.full_updates),
+            }
         return found
