@@ -53,7 +53,7 @@ def main() -> int:
             "case": full.case.name,
             "full": [full.verdict, full.codes[:1]],
             "sketch": [sketch.verdict, sketch.codes[:1]],
-            "agree": full.verdict == sketch.verdict and full.codes[:1] == sketch.codes[:1],
+            "agree": agree(full.verdict, full.codes, sketch.verdict, sketch.codes),
             "full_ok": full.ok,
             "sketch_ok": sketch.ok,
             "full_worst_over_allowed": full.worst_over_allowed,
@@ -79,10 +79,20 @@ def main() -> int:
         },
         "seconds": round(time.monotonic() - started),
     }
+    return report(summary, rows, args.json, summary["cases"])
+
+
+def agree(verdict: str, codes: list[str], other_verdict: str, other_codes: list[str]) -> bool:
+    """Two judgements agree: the same verdict and the same first code."""
+    return verdict == other_verdict and codes[:1] == other_codes[:1]
+
+
+def report(summary: dict, rows: list[dict], out: Path | None, total: int) -> int:
+    """Print the summary, write it with the rows to `out`; exit 0 when all `total` agree."""
     print(json.dumps(summary, indent=2))
-    if args.json is not None:
-        args.json.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
-    return 0 if summary["agree"] == summary["cases"] else 1
+    if out is not None:
+        out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+    return 0 if summary["agree"] == total else 1
 
 
 def matrix_agreement(full_file: Path, sketch_file: Path, out: Path | None) -> int:
@@ -98,9 +108,9 @@ def matrix_agreement(full_file: Path, sketch_file: Path, out: Path | None) -> in
     rows = []
     for key, full in found["full"].items():
         sketch = found["sketch"][key]
-        agree = full["verdict"] == sketch["verdict"] and full["codes"][:1] == sketch["codes"][:1]
-        rows.append({"setup": key[0], "seed": key[1], "bug": key[2], "agree": agree})
-        if not agree:
+        same = agree(full["verdict"], full["codes"], sketch["verdict"], sketch["codes"])
+        rows.append({"setup": key[0], "seed": key[1], "bug": key[2], "agree": same})
+        if not same:
             print(
                 f"DISAGREE {key}: full {full['verdict']} {full['codes'][:1]}, "
                 f"sketch {sketch['verdict']} {sketch['codes'][:1]}"
@@ -110,10 +120,7 @@ def matrix_agreement(full_file: Path, sketch_file: Path, out: Path | None) -> in
         "agree": sum(r["agree"] for r in rows),
         "as_expected": {m: sum(r["ok"] for r in found[m].values()) for m in found},
     }
-    print(json.dumps(summary, indent=2))
-    if out is not None:
-        out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
-    return 0 if summary["agree"] == summary["rows"] else 1
+    return report(summary, rows, out, summary["rows"])
 
 
 if __name__ == "__main__":
