@@ -1,6 +1,7 @@
 #!/bin/sh
 # The CUDA checks, for a machine with a GPU: the whole selftest on the GPU, the same command
-# giving the same bits there, verify at a larger size and in bf16, and a DDP loop over nccl.
+# giving the same bits there, verify at a larger size and in bf16, no host sync in the
+# Recorder's per-step calls, and a DDP loop over nccl.
 # Usage: sh scripts/gpu_check.sh [OUTDIR]   (PYTHON=... picks the interpreter; default: .venv's
 # python when there is one, else python3). Each step's exit code goes to OUTDIR/summary.txt.
 if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
@@ -36,6 +37,10 @@ step verify-wide-fault 1 ga verify --device cuda --hidden 4096 --batch-size 1024
     --fault no-loss-scale -o "$out/wide" --json "$out/verify-wide-fault.json"
 step verify-lm-bf16 0 ga verify --device cuda --model tiny-lm --precision bf16 --optimizer adamw \
     -o "$out/lm" --json "$out/verify-lm-bf16.json"
+# The Recorder's per-step calls never wait for the device (torch's sync debug mode), and a
+# Recorder that did would be caught.
+step no-host-sync 0 "$py" scripts/gpu_sync_check.py --size mlp-10m --json "$out/sync.json"
+step no-host-sync-injected 1 "$py" scripts/gpu_sync_check.py --inject-sync
 # A hand-written DDP loop under torchrun, one rank per GPU over nccl. With one GPU the loop with
 # the late sync flag is the same training (an all-reduce over one rank changes nothing).
 gpus=$(nvidia-smi -L | wc -l)
