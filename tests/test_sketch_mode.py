@@ -13,8 +13,10 @@ import torch
 
 from gradalign import Recorder, api
 from gradalign.record.facts import RecorderError
+from gradalign.record.sketcher import Sketcher, negative_signs, packed_signs, unpacked_signs
 from gradalign.runs.reader import read_run_dir
 from gradalign.runs.sketches import WIDTH, estimate, summarize
+from gradalign.runs.summaries import _signs
 from tests.conftest import SMALL
 
 # hidden=64 makes the first layer 784x64 = 50176 elements: far more than the sketch width
@@ -57,6 +59,33 @@ def test_sketch_norms_are_exact_and_sketches_subtract():
     assert np.allclose(sa.sketch - sb.sketch, both.sketch, rtol=0, atol=1e-9)
     small = summarize(np.arange(5, dtype=np.float32))
     assert small.sketch.tolist() == [0, 1, 2, 3, 4] and estimate(small.sketch, True).exact
+
+
+def test_device_signs_are_the_formats_signs_one_bit_each():
+    for first, count in [(0, 1000), (2**33 + 5, 777), (2**62, 64)]:
+        found = negative_signs(first, count, "cpu").numpy()
+        assert (found == (_signs(first, count) < 0)).all()
+    n = 100_003
+    packed = packed_signs(n, "cpu")
+    assert packed.dtype == torch.uint8 and packed.numel() == (n + 7) // 8
+    for first, count in [(0, n), (8 * 1000, 5000), (8 * 12500, 3)]:
+        want = np.where(_signs(first, count) < 0, -1, 1)
+        assert (unpacked_signs(packed, first, count).numpy() == want).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_device_summary_equals_the_host_summary(dtype):
+    """Sketcher's torch path (run on the CPU here, on CUDA in a recording) against numpy's."""
+    sketcher = Sketcher(None, [], {}, 61)  # type: ignore[arg-type]
+    for n in (10, 61, 62, 8 * 61 * 3 + 5, 30_011):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+        kept = x.clone()
+        sums, sumsq, _ = sketcher._on_device(x)
+        bf16 = dtype == torch.bfloat16  # numpy has no bfloat16: widened exactly
+        host = summarize((x.float() if bf16 else x).numpy(), "bfloat16" if bf16 else None, 61)
+        assert torch.equal(x, kept)  # the live tensor is never written
+        assert np.allclose(sums.numpy(), host.sketch, rtol=1e-12, atol=1e-12)
+        assert math.isclose(float(sumsq), host.sumsq, rel_tol=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(5))

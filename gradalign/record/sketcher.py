@@ -3,8 +3,10 @@
 On the CPU a summary is computed in the background from the snapshot copy (numpy, one pass over
 the copy in cache-sized blocks). On a GPU it is computed on the device by torch, without a host
 sync: the small results are copied asynchronously to pinned memory and written in the
-background. Either way the results land in `sketches/update_NNNNNN.safetensors`, and the
-fingerprints in the series.
+background. The signs are made on the device too, once per tensor size, and kept one bit per
+element (1/32 of the tensor's float32 size; a float32 table would cost the GPU memory of a
+copy of the model). Either way the results land in `sketches/update_NNNNNN.safetensors`, and
+the fingerprints in the series.
 """
 
 from __future__ import annotations
@@ -17,10 +19,47 @@ import torch
 
 from ..runs.background import BackgroundWriter
 from ..runs.layout import sketch_file
-from ..runs.sketches import WIDTH, Summary, signs, summarize
+from ..runs.sketches import WIDTH, Summary, summarize
 from .facts import fingerprint
 
 _BLOCK = 1 << 24  # elements per device block (the float64 copy of a block is the only temp)
+# splitmix64's constants as int64 (torch has no uint64 arithmetic; int64 wraps the same way)
+_GOLDEN, _M1, _M2 = (
+    c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+)
+
+
+def negative_signs(first: int, count: int, device: torch.device | str) -> torch.Tensor:
+    """Whether σ(i) = −1 for i in first..first+count−1, computed on `device`: bit 63 of
+    splitmix64(i), as `runs.summaries._signs` (a logical shift is an arithmetic one masked;
+    splitmix64's last step, z ^ (z >> 31), leaves bit 63 as it is)."""
+    z = torch.arange(first, first + count, dtype=torch.int64, device=device) + _GOLDEN
+    z = (z ^ ((z >> 30) & ((1 << 34) - 1))) * _M1
+    z = (z ^ ((z >> 27) & ((1 << 37) - 1))) * _M2
+    return z < 0
+
+
+def packed_signs(n: int, device: torch.device | str) -> torch.Tensor:
+    """σ(0..n−1) as bits, 8 to a byte (bit j of byte k: element 8k + j is negative)."""
+    weights = torch.tensor([1 << j for j in range(8)], dtype=torch.uint8, device=device)
+    packed = torch.empty((n + 7) // 8, dtype=torch.uint8, device=device)
+    step = _BLOCK >> 2  # int64 temporaries of 32 MiB
+    for first in range(0, n, step):
+        count = min(step, n - first)
+        bits = torch.zeros((count + 7) // 8 * 8, dtype=torch.uint8, device=device)
+        bits[:count] = negative_signs(first, count, device)
+        packed[first // 8 : first // 8 + bits.numel() // 8] = (bits.view(-1, 8) * weights).sum(
+            1, dtype=torch.uint8
+        )
+    return packed
+
+
+def unpacked_signs(packed: torch.Tensor, first: int, count: int) -> torch.Tensor:
+    """σ(first..first+count−1) as int8 ±1 from `packed_signs` (`first` a multiple of 8)."""
+    part = packed[first // 8 : (first + count + 7) // 8]
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = ((part.unsqueeze(1) >> shifts) & 1).view(-1)[:count]
+    return 1 - 2 * bits.to(torch.int8)
 
 
 class Sketcher:
@@ -92,13 +131,14 @@ class Sketcher:
         key = (n, str(x.device))
         table = self._device_signs.get(key)
         if table is None:
-            table = torch.from_numpy(signs(n)).to(x.device)
+            table = packed_signs(n, x.device)
             self._device_signs[key] = table
         sums = torch.zeros(width, dtype=torch.float64, device=x.device)
         sumsq = torch.zeros((), dtype=torch.float64, device=x.device)
-        step = max(1, _BLOCK // width) * width
+        step = max(1, _BLOCK // (8 * width)) * 8 * width  # whole rows, whole bytes of signs
         for first in range(0, n, step):
-            part = (x[first : first + step].double()) * table[first : first + step]
+            part = x[first : first + step].to(torch.float64, copy=True)  # never the tensor
+            part *= unpacked_signs(table, first, part.numel())
             sumsq += part.dot(part)
             rows = part.numel() // width
             sums += part[: rows * width].view(rows, width).sum(0)
