@@ -166,9 +166,10 @@ def measure(
 ) -> dict[str, Any]:
     """Per run ("baseline", "merged") and variant: `reps` timings in seconds, warm-up excluded;
     beside each wall time, the CPU seconds of the training thread ("VARIANT:thread") and of the
-    whole process, every thread ("VARIANT:process")."""
+    whole process, every thread ("VARIANT:process"), and on CUDA the peak GPU memory allocated,
+    in MiB ("VARIANT:gpu")."""
     variants = (*VARIANTS, FLOOR) if floor else VARIANTS
-    keys = [f"{v}{part}" for v in variants for part in ("", ":thread", ":process")]
+    keys = [f"{v}{part}" for v in variants for part in ("", ":thread", ":process", ":gpu")]
     times: dict[str, dict[str, list[float]]] = {run: {k: [] for k in keys} for run in configs}
     counter = 0
     for rep in range(-1, reps):  # rep -1 is the warm-up pair
@@ -181,20 +182,27 @@ def measure(
             if floor:
                 timings[FLOOR] = _timed(lambda c=config: time_plain(c, size, floor=True))
             if rep >= 0:
-                for variant, (wall, thread, process) in timings.items():
+                for variant, (wall, thread, process, gpu) in timings.items():
                     times[run][variant].append(wall)
                     times[run][f"{variant}:thread"].append(thread)
                     times[run][f"{variant}:process"].append(process)
-    return times
+                    if gpu is not None:
+                        times[run][f"{variant}:gpu"].append(gpu)
+    return {run: {k: v for k, v in series.items() if v} for run, series in times.items()}
 
 
-def _timed(work: Any) -> tuple[float, float, float]:
-    """`work()`'s wall time (what it returns) and the CPU seconds of this thread and of the
-    whole process while it ran."""
+def _timed(work: Any) -> tuple[float, float, float, float | None]:
+    """`work()`'s wall time (what it returns), the CPU seconds of this thread and of the whole
+    process while it ran, and on CUDA the peak GPU memory it allocated (MiB; else None)."""
     gc.collect()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     thread, process = time.thread_time(), time.process_time()
     wall = work()
-    return wall, time.thread_time() - thread, time.process_time() - process
+    gpu = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+    return wall, time.thread_time() - thread, time.process_time() - process, gpu
 
 
 def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
@@ -203,8 +211,9 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
     reps = len(times[runs[0]]["plain"])
     rows = {run: times[run] for run in runs}
     variants = list(times[runs[0]])
+    pick = lambda v: max if v.endswith(":gpu") else sum  # noqa: E731 (a peak is not a sum)
     rows["both"] = {
-        v: [sum(times[run][v][i] for run in runs) for i in range(reps)] for v in variants
+        v: [pick(v)(times[run][v][i] for run in runs) for i in range(reps)] for v in variants
     }
     out: dict[str, dict[str, float]] = {}
     for name, series in rows.items():
@@ -224,7 +233,8 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
         for key in series:
             if ":" in key:
                 variant, part = key.split(":")
-                out[name][f"{variant}_{part}_cpu_median_s"] = statistics.median(series[key])
+                unit = "peak_mib" if part == "gpu" else "cpu_median_s"
+                out[name][f"{variant}_{part}_{unit}"] = statistics.median(series[key])
     return out
 
 
@@ -349,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
         f"all threads recorded {both['recorded_process_cpu_median_s'] * 1e3:.1f} ms "
         f"({both['recorded_process_cpu_median_s'] / thread_plain:.2f}x)"
     )
+    if "recorded_gpu_peak_mib" in both:
+        plain_gpu, recorded_gpu = both["plain_gpu_peak_mib"], both["recorded_gpu_peak_mib"]
+        print(
+            f"GPU memory, peak allocated (medians): {plain_gpu:.0f} MiB plain, "
+            f"{recorded_gpu:.0f} MiB recorded (+{recorded_gpu - plain_gpu:.0f} MiB)"
+        )
     ratio = summary["both"]["ratio"]
     met = None if target is None else ratio <= target
     verdict = "no target" if target is None else f"target <= {target:.2f}x (both runs, medians): "
