@@ -179,6 +179,7 @@ def test_batchnorm_needs_the_model_facts(sgd_runs, tmp_path):
     assert "batchnorm" not in errors(hidden)
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a diverged case's inf is no warning
 def test_selftest_passes_and_prints_its_table(cli, tmp_path):
     report = tmp_path / "s.json"
     result = cli("selftest", "-o", tmp_path / "runs", "--json", report)

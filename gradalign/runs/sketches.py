@@ -99,12 +99,12 @@ def dot(a: np.ndarray, b: np.ndarray) -> float:
     n = a.size
     whole = n - n % _ROW if _VECDOT is not None else 0
     total = 0.0
-    if whole:
-        total = float(
-            np.add.reduce(_VECDOT(a[:whole].reshape(-1, _ROW), b[:whole].reshape(-1, _ROW)))
-        )
-    if whole < n:
-        total += float(np.einsum("i,i->", a[whole:], b[whole:]))
+    with np.errstate(over="ignore", invalid="ignore"):  # a diverged run's inf is the answer
+        if whole:
+            rows = _VECDOT(a[:whole].reshape(-1, _ROW), b[:whole].reshape(-1, _ROW))
+            total = float(np.add.reduce(rows))
+        if whole < n:
+            total += float(np.einsum("i,i->", a[whole:], b[whole:]))
     return total
 
 
