@@ -14,6 +14,7 @@ import torch
 from gradalign import Recorder, api
 from gradalign.record.facts import RecorderError
 from gradalign.record.sketcher import Sketcher, negative_signs, packed_signs, unpacked_signs
+from gradalign.runs import sketches
 from gradalign.runs.reader import read_run_dir
 from gradalign.runs.sketches import WIDTH, estimate, summarize
 from gradalign.runs.summaries import _signs
@@ -71,6 +72,23 @@ def test_device_signs_are_the_formats_signs_one_bit_each():
     for first, count in [(0, n), (8 * 1000, 5000), (8 * 12500, 3)]:
         want = np.where(_signs(first, count) < 0, -1, 1)
         assert (unpacked_signs(packed, first, count).numpy() == want).all()
+
+
+def test_host_signs_from_bits_or_made_per_block_are_the_same(monkeypatch):
+    n = 100_003
+    monkeypatch.setattr(sketches, "_bits", {})
+    cached = sketches.flips(n)
+    assert sketches._bits[n].nbytes == (n + 7) // 8  # one bit per element
+    monkeypatch.setattr(sketches, "_BITS_BYTES", 0)  # no room: made for each block
+    made = sketches.flips(2 * n)
+    for first, count in [(0, n), (8 * 1000 + 3, 5000), (n - 5, 5)]:
+        want = _signs(first, count)
+        assert (cached(first, count) == want).all() and (made(first, count) == want).all()
+    x = np.random.default_rng(3).normal(size=2 * n).astype(np.float32)
+    without = summarize(x)
+    monkeypatch.setattr(sketches, "_BITS_BYTES", 1 << 28)
+    with_bits = summarize(x)
+    assert np.array_equal(without.sketch, with_bits.sketch) and without.sumsq == with_bits.sumsq
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

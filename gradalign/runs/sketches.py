@@ -14,6 +14,7 @@ sqrt(2·Σ s_j⁴) of ||v||², and an error that fills few buckets widens its ow
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,8 +26,8 @@ WIDTH = 1021  # buckets per tensor: prime, so rows and columns of a matrix sprea
 Z = 4.0  # standard deviations the estimate's bound allows
 BLOCK = 1 << 20  # elements per block (a multiple of the width is taken): stays in cache
 _BLOCK_ELEMENTS = 1 << 16  # elements per float64 block of `summarize` (512 KiB)
-_TABLE_BYTES = 1 << 30  # sign tables cached per tensor size, up to this many bytes in all
-_tables: dict[int, np.ndarray] = {}
+_BITS_BYTES = 1 << 28  # sign tables, one bit per element, cached per tensor size up to this
+_bits: dict[int, np.ndarray] = {}
 
 
 @dataclass(frozen=True)
@@ -38,18 +39,30 @@ class Summary:
     fingerprint: int
 
 
-def signs(n: int) -> np.ndarray:
-    """σ(0..n-1) as float32 ±1 (exact in any float dtype), cached per size while space lasts."""
-    table = _tables.get(n)
-    if table is not None:
-        return table
-    table = np.empty(n, np.float32)
-    for first in range(0, n, BLOCK):
-        count = min(BLOCK, n - first)
-        table[first : first + count] = _signs(first, count)
-    if sum(t.nbytes for t in _tables.values()) + table.nbytes <= _TABLE_BYTES:
-        _tables[n] = table
-    return table
+def flips(n: int) -> Callable[[int, int], np.ndarray]:
+    """For a tensor of n elements, σ(first..first+count−1) as float32 ±1 (exact in any float
+    dtype), unpacked from a table of one bit per element cached per size (1/32 the memory of a
+    float32 table, and as fast to within 6% here: docs/PERFORMANCE.md); past `_BITS_BYTES` of
+    tables, made for each block (bounded memory, about 3x slower)."""
+    bits = _bits.get(n)
+    if bits is None and sum(b.nbytes for b in _bits.values()) + (n + 7) // 8 <= _BITS_BYTES:
+        bits = np.empty((n + 7) // 8, np.uint8)
+        for first in range(0, n, BLOCK):  # BLOCK is a multiple of 8: the bytes line up
+            negative = _signs(first, min(BLOCK, n - first)) < 0
+            bits[first // 8 : (first + negative.size + 7) // 8] = np.packbits(
+                negative, bitorder="little"
+            )
+        _bits[n] = bits
+    if bits is None:
+        return lambda first, count: _signs(first, count).astype(np.float32)
+    table = bits
+
+    def unpacked(first: int, count: int) -> np.ndarray:
+        low = first // 8
+        found = np.unpackbits(table[low : (first + count + 7) // 8], bitorder="little")
+        return 1.0 - 2.0 * found[first - 8 * low : first - 8 * low + count].astype(np.float32)
+
+    return unpacked
 
 
 def summarize(values: np.ndarray, declared: str | None = None, width: int = WIDTH) -> Summary:
@@ -63,9 +76,9 @@ def summarize(values: np.ndarray, declared: str | None = None, width: int = WIDT
         x = x.astype(np.float64)
         if n <= width:
             return Summary(x, dot(x, x), fingerprint)
-    table = signs(n)
+    flip = flips(n)
     rows = n // width
-    grid, flips = x[: rows * width].reshape(rows, width), table[: rows * width].reshape(rows, width)
+    grid = x[: rows * width].reshape(rows, width)
     sums = np.zeros(width)
     sumsq = 0.0
     step = max(1, _BLOCK_ELEMENTS // width)  # rows per block: the float64 block stays in cache
@@ -75,13 +88,13 @@ def summarize(values: np.ndarray, declared: str | None = None, width: int = WIDT
         rows_now = grid[first : first + step]
         if blockwise:
             fingerprint += bitsum(rows_now, declared)
-        np.multiply(rows_now, flips[first : first + step], out=part)
+        np.multiply(rows_now, flip(first * width, part.size).reshape(part.shape), out=part)
         sums += part.sum(axis=0)
         flat = part.reshape(-1)
         sumsq += dot(flat, flat)
     if blockwise:
         fingerprint += bitsum(x[rows * width :], declared)
-    tail = x[rows * width :].astype(np.float64) * table[rows * width :]
+    tail = x[rows * width :].astype(np.float64) * flip(rows * width, n - rows * width)
     sums[: tail.size] += tail
     sumsq += dot(tail, tail)
     return Summary(sums, sumsq, wrap(fingerprint))
