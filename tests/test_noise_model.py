@@ -111,3 +111,39 @@ def test_pass_message_says_when_the_rounding_floor_allowed_more_than_the_factor(
     message = _why_it_passes(c)[0].message
     assert f"{error:.2g}x as far" in message and "(allowed 4x" in message
     assert ("one rounding of the tensor" in message) == said
+
+
+@pytest.mark.parametrize("noisy", [False, True])
+def test_the_streamed_judge_keeps_a_reference_the_baselines_gradient_noise_explains(
+    tmp_path, noisy
+):
+    """Run directories on disk (the streamed judge): the reference steps every element by δ
+    along a gradient of one size, the baseline by 1.2·δ, 20% of the distance moved. Refused
+    when the gradients agree; kept when the baseline's are 1.2 times the reference's, which
+    explains the steps (test_diagnose.py holds the whole-tensor judge to the same)."""
+    from gradalign.errors import BadInput
+
+    w0 = (np.random.default_rng(2).normal(size=(ROWS, COLS)) * 0.1).astype(np.float32)
+    pattern = np.where(np.arange(w0.size) % 3 == 0, -1.0, 1.0).reshape(w0.shape)
+
+    def run(dtype, step, grad, k=1):
+        return {
+            "init_weights": {"w": w0.astype(dtype)},
+            "update_weights": [
+                {"w": (w0 + step * (u + 1) * 1e-3 * pattern).astype(dtype)} for u in range(UPDATES)
+            ],
+            "grads": [{"w": (grad * pattern).astype(dtype)} for _ in range(UPDATES)],
+            "micro_losses": [1.0] * (UPDATES * k),
+        }
+
+    write_run(tmp_path / "ref", accum_steps=1, **run(np.float64, 1.0, 1.0))
+    grad = 1.2 if noisy else 1.0
+    base = write_run(
+        tmp_path / "base", accum_steps=1, reference="../ref", **run(np.float32, 1.2, grad)
+    )
+    merged = write_run(tmp_path / "merged", accum_steps=4, **run(np.float32, 1.2, grad, k=4))
+    if noisy:
+        assert api.compare(base, merged).verdict == "pass"
+    else:
+        with pytest.raises(BadInput, match="not a rerun of the baseline's training: at update 0"):
+            api.compare(base, merged)

@@ -205,7 +205,7 @@ class _Judge:
         wr = self.ref.weights(i) if self.ref is not None else None
         if self.drift is not None and wb is not None and wr is not None:
             self.drift.advance(gb, gr, wb, wr)
-        walked = self.drift.allowance if self.drift is not None else None
+        walked = self.drift.strayed if self.drift is not None else None
         if wb is not None and wr is not None and self.bound is not None:
             check_reference_weights(i, wb, wr, self.starts, self.bound, walked)
         if wb is not None and wm is not None:

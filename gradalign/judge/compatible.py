@@ -145,8 +145,9 @@ def check_reference_weights(
     drift: Callable[[str], float] | None = None,
 ) -> None:
     """Refuse the reference if the baseline's weights after `update` stray beyond `bound`, plus
-    what noise-dominated elements may have drifted (`drift`, judge/noise.py): a tensor the
-    reference leaves still while Adam walks the baseline's noise is no sign of another run."""
+    what its gradient noise lets them stray (`drift`, judge/noise.py `Drift.strayed`): a tensor
+    the reference leaves still while Adam walks the baseline's noise, or small gradients whose
+    float32 noise Adam turns into the same share of each step, are no sign of another run."""
     for name, value in base.items():
         if name not in ref or not np.isfinite(value).all():
             continue  # a diverged baseline fails on its own; it says nothing of the reference

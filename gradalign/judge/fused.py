@@ -18,7 +18,6 @@ import numpy as np
 
 from ..runs.sketches import dot
 from .metrics import TensorDiff, _safe_div, fixed_allowed, noise_allowed
-from .noise import TAU
 
 
 def _sumsq(x: np.ndarray) -> tuple[float, bool]:
@@ -121,24 +120,6 @@ class Pair:
         noise, error = math.sqrt(self.br), math.sqrt(self.mr)
         allowed = noise_allowed(factor, noise, floor, math.sqrt(self.rr))
         return dataclasses.replace(d, error=error, allowed=allowed, noise=noise)
-
-
-def dominated_steps(
-    gb: np.ndarray,
-    gr: np.ndarray,
-    rms: float,
-    b: np.ndarray,
-    pb: np.ndarray,
-    r: np.ndarray,
-    pr: np.ndarray,
-) -> np.ndarray:
-    """`Drift._widen` for one slice: the steps of noise-dominated elements, 0 elsewhere."""
-    noise = np.abs(gb - gr)
-    np.maximum(noise, rms, out=noise)
-    dominated = np.abs(gr) <= TAU * noise
-    steps = np.abs(b - pb)
-    steps += np.abs(r - pr)
-    return np.where(dominated, steps, 0.0)
 
 
 def widen64(x: np.ndarray) -> np.ndarray:

@@ -21,10 +21,10 @@ from ..runs.model import Run
 from ..runs.store import CheckedFile
 from .compatible import stray
 from .drift import DriftFiles
-from .fused import Pair, dominated_steps, widen64
+from .fused import Pair, widen64
 from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div
-from .noise import widened
+from .noise import noise_steps, widened
 from .results import UpdateResult
 
 CHUNK = 1 << 17  # elements per slice
@@ -84,6 +84,7 @@ class StreamJudge:
     def __init__(self, inputs: Inputs) -> None:
         self.base, self.merged, self.ref, self.tol, self.floor, self.bound = inputs.unpack()
         self.drift = DriftFiles() if self.ref is not None else None
+        self.explained: dict[str, float] = {}  # per tensor, `noise.Drift.explained`
         self.shapes = {t.name: t.shape for t in self.base.tensors}
         self.params = {t.name: t.shape for t in self.base.tensors if t.kind == "param"}
         self.pool = ThreadPoolExecutor(workers(), thread_name_prefix="gradalign-judge")
@@ -171,6 +172,9 @@ class StreamJudge:
         drift = self.drift
         if drift is not None and widen and not (noise_ok and pair.finite_b and pair.finite_r):
             self._weights(name, f, widen, rms, undo=True)
+        elif drift is not None and widen:
+            explained = self.explained.get(name, 0.0) + math.sqrt(pair.extra["explained"])
+            self.explained[name] = explained
         allowance = drift.allowance(name) if drift is not None else 0.0
         if f.wm is not None:
             d = pair.diff(name, tol.weight_rtol, tol.weight_atol, start=f.start is not None)
@@ -180,7 +184,7 @@ class StreamJudge:
                 d = widened(d, allowance, tol.noise_factor)
             out.weight = d
         if f.wr is not None and self.bound is not None and pair.finite_b:
-            out.strays = self._strays(pair, allowance)
+            out.strays = self._strays(pair, allowance + self.explained.get(name, 0.0))
         return out
 
     def _weights(self, name: str, f: _Files, widen: bool, rms: float, undo: bool = False) -> Pair:
@@ -197,8 +201,9 @@ class StreamJudge:
                 pair.add(b, m, r, s)
             if widen and self.drift is not None:
                 gb, gr, pb, pr = parts[4:]
-                steps = dominated_steps(gb, gr, rms, b, pb, r, pr)
+                steps, explained = noise_steps(gb, gr, rms, b, pb, r, pr)
                 self.drift.add(name, first, -steps if undo else steps)
+                pair.extra["explained"] = pair.extra.get("explained", 0.0) + explained
             first += b.size
             if count == 0:
                 break
