@@ -191,8 +191,11 @@ class StreamJudge:
         """One pass over the weights (and, for the drift, the gradients and previous weights)."""
         pair = Pair()
         ins = [f.wb, f.wm, f.wr, f.start]
-        extra = [f.gb, f.gr, f.pb, f.pr] if widen else []
-        streams = [c.stream(name) if c is not None else None for c in ins + extra]
+        # read again, so checked already: the gradients by `_sweep` now, the previous weights
+        # as the weights of the update before (or as the start, in this pass)
+        again = [f.gb, f.gr, f.pb, f.pr] if widen else []
+        streams = [c.stream(name) if c is not None else None for c in ins]
+        streams += [c.stream(name, checked=True) if c is not None else None for c in again]
         first, count = 0, streams[0].count
         while first < count or (first == 0 and count == 0):
             parts = [widen64(s.read(CHUNK)) if s is not None else None for s in streams]
