@@ -70,8 +70,9 @@ class Pair:
             np.abs(d, out=d)
             if d.size:
                 self.max_abs = max(self.max_abs, float(d.max()))
+                scaled = np.abs(b)
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    rel = np.fmax.reduce(d / np.abs(b), initial=0.0)
+                    rel = np.fmax.reduce(np.divide(d, scaled, out=scaled), initial=0.0)
                 self.max_rel = max(self.max_rel, float(rel))
         if s is not None:
             t = b - s

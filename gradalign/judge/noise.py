@@ -59,17 +59,23 @@ def noise_steps(
     (pb, pr) an update, and the tensor's RMS gradient noise: the steps |Δb| + |Δr| of the
     noise-dominated elements (0 elsewhere), and Σ(TAU·ρ·step)² over the other elements, ρ =
     max(|gb − gr|, rms) / |gr| (each below 1/TAU there)."""
-    noise = np.abs(gb - gr)
+    noise = np.subtract(gb, gr)
+    np.abs(noise, out=noise)
     np.maximum(noise, rms, out=noise)
     noise *= TAU  # TAU·max(x, rms) = max(TAU·x, TAU·rms) exactly
     size = np.abs(gr)
     dominated = size <= noise
-    steps = np.abs(b - pb)
-    steps += np.abs(r - pr)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        explained = np.where(dominated, 0.0, noise / size)  # |gr| > noise >= 0: no division by 0
-    explained *= steps
-    return np.where(dominated, steps, 0.0), dot(explained, explained)
+    steps = np.subtract(b, pb)
+    np.abs(steps, out=steps)
+    other = np.subtract(r, pr)
+    np.abs(other, out=other)
+    steps += other
+    with np.errstate(divide="ignore", invalid="ignore"):  # inf and 0/0 only where dominated
+        np.divide(noise, size, out=noise)
+        noise *= steps
+    noise[dominated] = 0.0
+    np.multiply(steps, dominated, out=steps)
+    return steps, dot(noise, noise)
 
 
 class Drift:
