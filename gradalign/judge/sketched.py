@@ -63,7 +63,7 @@ class SketchJudge:
         walked = None
         if self.drift is not None and ex["wb"] is not None and ex["wr"] is not None:
             self.drift.advance(ex["gb"], ex["gr"], ex["wb"], ex["wr"])
-            walked = self.drift.allowance
+            walked = self.drift.strayed
         if wb is not None and wr is not None and self.bound is not None:
             check_reference_weights(i, ex["wb"], ex["wr"], self.starts, self.bound, walked)
             self._check_sketched_reference(i, wb, wr)
