@@ -118,21 +118,40 @@ def test_the_streamed_judge_keeps_a_reference_the_baselines_gradient_noise_expla
     tmp_path, noisy
 ):
     """Run directories on disk (the streamed judge): the reference steps every element by δ
-    along a gradient of one size, the baseline by 1.2·δ, 20% of the distance moved. Refused
-    when the gradients agree; kept when the baseline's are 1.2 times the reference's, which
-    explains the steps (test_diagnose.py holds the whole-tensor judge to the same)."""
+    along a gradient of one size; the baseline steps a 10-element bias by 1.2·δ, 20% of its
+    distance moved. Refused when the gradients agree; kept when the bias's gradient is 1.2
+    times the reference's, which explains its steps (test_diagnose.py holds the whole-tensor
+    judge to the same). A large tensor that agrees keeps the model's gradients within 1%."""
     from gradalign.errors import BadInput
 
-    w0 = (np.random.default_rng(2).normal(size=(ROWS, COLS)) * 0.1).astype(np.float32)
-    pattern = np.where(np.arange(w0.size) % 3 == 0, -1.0, 1.0).reshape(w0.shape)
+    shapes = {"big": (1000, 100), "bias": (10,)}
+    start = {
+        n: (np.random.default_rng(2).normal(size=s) * 0.1).astype(np.float32)
+        for n, s in shapes.items()
+    }
+    pattern = {
+        n: np.where(np.arange(v.size) % 3 == 0, -1.0, 1.0).reshape(v.shape)
+        for n, v in start.items()
+    }
 
     def run(dtype, step, grad, k=1):
+        scale = {"big": 1.0, "bias": step}
         return {
-            "init_weights": {"w": w0.astype(dtype)},
+            "init_weights": {n: v.astype(dtype) for n, v in start.items()},
             "update_weights": [
-                {"w": (w0 + step * (u + 1) * 1e-3 * pattern).astype(dtype)} for u in range(UPDATES)
+                {
+                    n: (start[n] + scale[n] * (u + 1) * 1e-3 * pattern[n]).astype(dtype)
+                    for n in start
+                }
+                for u in range(UPDATES)
             ],
-            "grads": [{"w": (grad * pattern).astype(dtype)} for _ in range(UPDATES)],
+            "grads": [
+                {
+                    "big": pattern["big"].astype(dtype),
+                    "bias": (grad * pattern["bias"]).astype(dtype),
+                }
+                for _ in range(UPDATES)
+            ],
             "micro_losses": [1.0] * (UPDATES * k),
         }
 

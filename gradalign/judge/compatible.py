@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from ..errors import BadInput
 from ..runs.model import Run, Tensors
+from ..runs.sketches import dot
 from .metrics import diff
 from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
 from .window_sizes import has_problems
@@ -94,9 +96,11 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     """A reference must be a more precise rerun of the baseline's own training.
 
     A wrong reference would inflate the noise floor and pass anything, so it is refused unless it
-    starts from the same weights, saw the same samples and has the same config apart from dtype,
-    K and device (checked here), and the baseline stays within the returned bound of it at every
-    update (checked by `check_reference_weights` as the judge reads each update's weights).
+    starts from the same weights, saw the same samples, has the same config apart from dtype,
+    K and device, and gives the baseline's gradients at update 0 within the bound
+    (`check_first_gradients`; all checked here), and the baseline stays within the returned
+    bound of it at every update (checked by `check_reference_weights` as the judge reads each
+    update's weights).
     """
     where = f"reference {ref.source}"
     dtype = least_precise([base.dtype, merged.dtype])
@@ -121,7 +125,35 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     compute = least_precise([base.compute_dtype, merged.compute_dtype])
     tol = for_dtype(dtype)
     rtol = max(tol.weight_rtol, REFERENCE_SANITY_RTOL, REFERENCE_SANITY_EPS * eps(compute))
-    return ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _dropout_hint(base))
+    bound = ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _dropout_hint(base))
+    check_first_gradients(base, ref, bound)
+    return bound
+
+
+def check_first_gradients(base: Run, ref: Run, bound: ReferenceBound) -> None:
+    """Refuse a reference whose gradients at update 0 (the same weights and samples, only the
+    precision differs) stand farther from the baseline's, over the whole model, than `bound.rtol`
+    of their size. The weights' check cannot see that: noise allowances grow with the very
+    disagreement, and a reference with a wrong loss scale would widen every noise floor. One
+    tensor at a time; skipped where a gradient is not finite or was not recorded."""
+    gb, gr = base.grads(0), ref.grads(0)
+    if gb is None or gr is None:
+        return
+    apart = size = 0.0
+    for name in [n for n in gb if n in gr]:
+        b = np.asarray(gb[name], dtype=np.float64).ravel()
+        r = np.asarray(gr[name], dtype=np.float64).ravel()
+        if b.shape != r.shape or not (np.isfinite(b).all() and np.isfinite(r).all()):
+            return
+        d = b - r
+        apart, size = apart + dot(d, d), size + dot(r, r)
+    if apart > (bound.rtol + bound.epsilon) ** 2 * size:
+        share = math.sqrt(apart / size) if size else math.inf
+        raise BadInput(
+            f"{bound.where} is not a rerun of the baseline's training: at update 0, from the "
+            f"same weights and samples, its gradients are {share:.3g} of their size away from "
+            f"the baseline's, more than {bound.rtol:g}{bound.hint}"
+        )
 
 
 def _dropout_hint(base: Run) -> str:
