@@ -1,7 +1,8 @@
 """The noise-dominated drift of `noise.Drift`, kept in scratch files instead of memory: one sparse
 float64 file per tensor, created when the tensor's first element is dominated, and only the
 slices that change are read and written back. Each slice's sum of squares is remembered, so the
-allowance ||drift|| costs no pass over the file.
+allowance ||drift|| costs no pass over the file. What the other elements' noise explains is a
+number per tensor, kept beside it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class DriftFiles:
     def __init__(self) -> None:
         self.folder: str | None = None
         self.sums: dict[str, dict[int, float]] = {}
+        self.explained: dict[str, float] = {}  # per tensor, as `noise.Drift.explained`
         self.fds: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -54,6 +56,15 @@ class DriftFiles:
         """||drift|| of a tensor (0 while none of its elements was dominated)."""
         sums = self.sums.get(name)
         return math.sqrt(math.fsum(sums.values())) if sums else 0.0
+
+    def explain(self, name: str, sumsq: float) -> None:
+        """Take one update's Σ(TAU·ρ·step)² of a tensor (`noise.noise_steps`, summed over its
+        slices)."""
+        self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(sumsq)
+
+    def strayed(self, name: str) -> float:
+        """How far the baseline may stray from the reference on its noise (as `noise.Drift`)."""
+        return self.allowance(name) + self.explained.get(name, 0.0)
 
     def close(self) -> None:
         for fd in self.fds.values():

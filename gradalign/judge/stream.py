@@ -84,7 +84,6 @@ class StreamJudge:
     def __init__(self, inputs: Inputs) -> None:
         self.base, self.merged, self.ref, self.tol, self.floor, self.bound = inputs.unpack()
         self.drift = DriftFiles() if self.ref is not None else None
-        self.explained: dict[str, float] = {}  # per tensor, `noise.Drift.explained`
         self.shapes = {t.name: t.shape for t in self.base.tensors}
         self.params = {t.name: t.shape for t in self.base.tensors if t.kind == "param"}
         self.pool = ThreadPoolExecutor(workers(), thread_name_prefix="gradalign-judge")
@@ -173,8 +172,7 @@ class StreamJudge:
         if drift is not None and widen and not (noise_ok and pair.finite_b and pair.finite_r):
             self._weights(name, f, widen, rms, undo=True)
         elif drift is not None and widen:
-            explained = self.explained.get(name, 0.0) + math.sqrt(pair.extra["explained"])
-            self.explained[name] = explained
+            drift.explain(name, pair.extra["explained"])
         allowance = drift.allowance(name) if drift is not None else 0.0
         if f.wm is not None:
             d = pair.diff(name, tol.weight_rtol, tol.weight_atol, start=f.start is not None)
@@ -184,7 +182,7 @@ class StreamJudge:
                 d = widened(d, allowance, tol.noise_factor)
             out.weight = d
         if f.wr is not None and self.bound is not None and pair.finite_b:
-            out.strays = self._strays(pair, allowance + self.explained.get(name, 0.0))
+            out.strays = self._strays(pair, drift.strayed(name) if drift is not None else 0.0)
         return out
 
     def _weights(self, name: str, f: _Files, widen: bool, rms: float, undo: bool = False) -> Pair:
