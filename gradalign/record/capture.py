@@ -5,7 +5,8 @@ and fingerprinted in the background); `sketch` mode keeps summaries instead (rec
 and full snapshots only at the updates `snapshot_at` names: the first, every `every`-th and the
 last when the number of updates is known. Per micro-step it keeps the weights' fingerprints and
 the gradients' write counters (record/states.py). `series` and `manifest` give what the run's
-series file and manifest say about all of it (docs/FORMAT.md).
+series file and manifest say about all of it (docs/FORMAT.md). A sparse gradient is taken as
+its dense equivalent: the run format stores dense tensors.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ from .snapshots import Snapshots, host_dtype
 from .states import GradWrites, WeightStates
 
 MODES = ("full", "sketch")
+
+
+def dense_grad(grad: torch.Tensor | None) -> torch.Tensor | None:
+    """A gradient as the run stores it: a sparse one (`nn.Embedding(sparse=True)`) becomes its
+    dense equivalent, duplicate indices summed as the optimizer applies them. `to_dense()` adds
+    the values into zeros on the gradient's device, with no host sync (`coalesce()` would wait
+    for the device to count the indices); a dense gradient is kept as it is, uncopied."""
+    if grad is None or grad.layout == torch.strided:
+        return grad
+    return grad.to_dense()
 
 
 class Capture:
@@ -69,7 +80,7 @@ class Capture:
 
     def grads(self, update: int) -> None:
         """The accumulated gradient the optimizer is about to step with."""
-        grads = {name: t.grad for name, t in self.params.items()}
+        grads = {name: dense_grad(t.grad) for name, t in self.params.items()}
         relpath = grads_file(update) if self.snapshot_at(update) else None
         self._take("grads", update, grads, relpath)
 
