@@ -86,6 +86,30 @@ def embed_bag() -> nn.Module:
     return nn.Sequential(nn.Embedding(VOCAB, 16), nn.Flatten(), nn.Linear(16 * SEQ, CLASSES))
 
 
+def embed_max_norm() -> nn.Module:
+    """An Embedding that renormalizes the rows it looks up, in place, during forward."""
+    return nn.Sequential(
+        nn.Embedding(VOCAB, 16, max_norm=1.0), nn.Flatten(), nn.Linear(16 * SEQ, CLASSES)
+    )
+
+
+def conv_bn_eval() -> nn.Module:
+    """A conv net whose BatchNorm is frozen in eval mode (fixed statistics, as in fine-tuning)."""
+    norm = nn.BatchNorm1d(8)
+    with torch.no_grad():
+        norm.running_mean.uniform_(-0.2, 0.2)
+        norm.running_var.uniform_(0.5, 2.0)
+    norm.eval()
+    return nn.Sequential(
+        nn.Unflatten(1, (1, FEATURES)),
+        nn.Conv1d(1, 8, 3, padding=1),
+        norm,
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * FEATURES, CLASSES),
+    )
+
+
 def conv_gn() -> nn.Module:
     return nn.Sequential(
         nn.Unflatten(1, (1, FEATURES)),
@@ -103,6 +127,8 @@ MODELS = {
     "unused": (WithUnused, "features"),
     "conv-gn": (conv_gn, "features"),
     "embed": (embed_bag, "tokens"),
+    "embed-max-norm": (embed_max_norm, "tokens"),
+    "conv-bn-eval": (conv_bn_eval, "features"),
     "gru": (Recurrent, "tokens"),
     "attention": (Attention, "tokens"),
     "tied-lm": (TiedLM, "padded"),
@@ -220,7 +246,9 @@ def run(
             if scaler is not None and bug != "scaler-every-micro":
                 scaler.unscale_(opt)
             if s.clip:
-                nn.utils.clip_grad_norm_(model.parameters(), s.clip)
+                nn.utils.clip_grad_norm_(
+                    model.parameters(), s.clip / (k if bug == "clip-norm-over-k" else 1)
+                )
             if scaler is not None:
                 scaler.step(opt)
                 scaler.update()

@@ -111,6 +111,7 @@ CASES: list[Case | LogCase] = [
     Case("sgd+cosine+clip", "scheduler-every-micro"),
     Case("sgd+cosine+clip", "clip-every-micro"),
     Case("adamw+cosine+clip", "clip-every-micro"),
+    Case("sgd+cosine+clip", "clip-norm-over-k"),
     Case("sgd", "data-order"),
     Case("adam", "bf16-accum"),
     Case("mlp-dropout", "dropout-reseed"),

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gradalign.judge.compatible import _dropout_hint
+from gradalign.judge.compatible import _rerun_hint
 from gradalign.record.models import HostDrawnDropout
 
 
@@ -43,7 +43,6 @@ def test_host_drawn_dropout_is_identity_in_eval():
 )
 def test_reference_refusal_names_cuda_dropout(dropout, device, hinted):
     run = SimpleNamespace(model_facts={"dropout": dropout}, environment={"device": device})
-    hint = _dropout_hint(run)
-    assert bool(hint) == hinted
-    if hinted:
-        assert "dropout (2)" in hint and "--reference none" in hint
+    hint = _rerun_hint(run)
+    assert ("dropout (2)" in hint) == hinted and "--reference none" in hint
+    assert ("torch.randn_like" in hint) != hinted  # otherwise: draws in the model's dtype

@@ -34,7 +34,7 @@ from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise
 from .views import sketch_width
 from .window_sizes import judged_updates
-from .windows import inside_window_changes
+from .windows import inside_window_changes, written_in_forward
 
 EPS32 = float(np.finfo(np.float32).eps)
 __all__ = ["FAIL", "NOT_CHECKED", "PASS", "Check", "Comparison", "UpdateResult", "compare"]
@@ -101,7 +101,8 @@ def _judge(
     on_update: Callable[[int], None] | None,
 ) -> Comparison:
     """Every update's losses, tensors and bookkeeping; then the checks and the diagnosis."""
-    changes = inside_window_changes(merged)
+    written = written_in_forward(base)
+    changes = inside_window_changes(merged, written)
     disagreements = replica_disagreements(merged)
     ranks = rank_facts(merged)  # a data-parallel run's ranks must be replicas, bit for bit
     rank_disagreements = rank_problems(merged, ranks)
@@ -135,6 +136,7 @@ def _judge(
             *base.notes,
             *merged.notes,
             *_notes(base, merged, judge.merged_loss),
+            *_written_note(written),
             *jumps,
             *sketch_note(results),
         ],
@@ -291,6 +293,19 @@ def _notes(base: Run, merged: Run, merged_loss: np.ndarray) -> list[str]:
             "you meant"
         )
     return notes
+
+
+def _written_note(written: frozenset[str]) -> list[str]:
+    if not written:
+        return []
+    names = ", ".join(sorted(written)[:3]) + (
+        f" and {len(written) - 3} more" if len(written) > 3 else ""
+    )
+    return [
+        f"the baseline's own forward or backward writes {names} (e.g. an Embedding with "
+        "max_norm): their changes inside the merged run's windows are not taken for optimizer "
+        "steps"
+    ]
 
 
 def _identical(base: Run, merged: Run) -> bool:

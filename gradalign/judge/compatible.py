@@ -125,7 +125,7 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     compute = least_precise([base.compute_dtype, merged.compute_dtype])
     tol = for_dtype(dtype)
     rtol = max(tol.weight_rtol, REFERENCE_SANITY_RTOL, REFERENCE_SANITY_EPS * eps(compute))
-    bound = ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _dropout_hint(base))
+    bound = ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _rerun_hint(base))
     check_first_gradients(base, ref, bound)
     return bound
 
@@ -156,11 +156,17 @@ def check_first_gradients(base: Run, ref: Run, bound: ReferenceBound) -> None:
         )
 
 
-def _dropout_hint(base: Run) -> str:
-    """Dropout on CUDA draws its masks per dtype: a float64 rerun cannot see the same ones."""
+def _rerun_hint(base: Run) -> str:
+    """Why a float64 rerun may compute another function: dropout on CUDA draws its masks per
+    dtype, and so does any random draw in the model's own dtype."""
     dropout = base.model_facts.get("dropout") or []
     if not dropout or not str(base.environment.get("device", "")).startswith("cuda"):
-        return ""
+        return (
+            " (a float64 rerun must compute the same function of the same samples: random "
+            "numbers drawn in the model's dtype, such as torch.randn_like on a float64 tensor, "
+            "come out other than the float32 draws, and a loss scaled otherwise shows the same "
+            "way; draw such numbers in float32 and cast them, or judge with --reference none)"
+        )
     return (
         f" (the model's dropout ({', '.join(dropout)}) runs on CUDA, where a float64 rerun "
         "draws other masks: draw them on the CPU generator or from the sample, or judge with "

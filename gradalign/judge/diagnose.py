@@ -36,6 +36,7 @@ GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_accum_dtype,
     sig.grad_not_cleared,
     sig.penalty_not_scaled,
+    sig.clip_threshold,
     sig.loss_scale,
     sig.token_normalization,
     sig.clip_per_micro,

@@ -7,7 +7,7 @@ import numpy as np
 from ..runs.model import Run
 
 
-def inside_window_changes(run: Run) -> dict[int, list[str]]:
+def inside_window_changes(run: Run, exempt: frozenset[str] = frozenset()) -> dict[int, list[str]]:
     """Per update, where the weights changed inside its window.
 
     Row m of `micro_state` is the weights micro-step m computed with (a Recorder takes it at
@@ -17,11 +17,13 @@ def inside_window_changes(run: Run) -> dict[int, list[str]]:
     unknown (a log has no initial weights, or prints only some steps), the step is placed
     between the last row seen unchanged and the first changed one, never earlier than seen.
     Only parameters count: buffers such as BatchNorm's running statistics change in forward.
+    `exempt`: parameters the model writes itself while it computes (`written_in_forward` of the
+    baseline), whose changes inside a window are training, not a step.
     """
     if run.micro_state is None or run.accum_steps == 1:
         return {}
     known = _known(run)
-    params = np.array([t.kind == "param" for t in run.tensors])
+    params = np.array([t.kind == "param" and t.name not in exempt for t in run.tensors])
     names = [t.name for t in run.tensors]
     found: dict[int, list[str]] = {}
     for i in range(run.updates):
@@ -64,6 +66,30 @@ def _where(last_same: int, changed: int, update: int, span: range) -> str:
         return f"the weights changed at {at(changed - 1)}, before micro-step {changed}"
     first = max(last_same, span.start)
     return f"the weights changed between {at(first)} and {at(changed - 1)}"
+
+
+def written_in_forward(run: Run) -> frozenset[str]:
+    """Parameters that changed between a window's start and one of its micro-steps with no
+    optimizer step in between: the model writes them while it computes (an Embedding with
+    `max_norm` renormalizes the rows it looks up, in place). Read from a baseline, they name what
+    a merged run may change inside its windows as the baseline does; unobservable rows add none."""
+    if run.micro_state is None or run.micro_step_counts is None:
+        return frozenset()
+    known = _known(run)
+    written = np.zeros(len(run.tensors), dtype=bool)
+    for i in range(run.updates):
+        start = _window_start(run, i)
+        span = run.window(i)
+        if start is None or not span:
+            continue
+        for m in span:
+            before = 0 if m > span.start else int(i > 0)  # the previous update's own step
+            if run.micro_step_counts[m] > before or not known[m]:
+                break  # an optimizer step before this row: it and later rows say nothing
+            written |= run.micro_state[m] != start
+    return frozenset(
+        t.name for t, w in zip(run.tensors, written, strict=True) if w and t.kind == "param"
+    )
 
 
 def observable_windows(run: Run) -> int:

@@ -37,6 +37,7 @@ class Fault:
     step_each_micro: bool = False
     scheduler_each_micro: bool = False
     clip_each_micro: bool = False
+    clip_over_k: bool = False  # clip_grad_norm_(max_norm / K) on the accumulated gradient
     shuffle_micro_batches: bool = False
     reseed_each_micro: bool = False
     accumulate_in: str | None = None  # dtype of a low-precision gradient accumulation buffer
@@ -135,6 +136,13 @@ FAULTS: dict[str, Fault] = {
             "clip_grad_norm_() after every micro-step's backward, on the partial sum",
             "clip-per-micro",
             clip_each_micro=True,
+            needs=_needs_clipping,
+        ),
+        Fault(
+            "clip-norm-over-k",
+            "clip_grad_norm_() once per update, with max_norm divided by K",
+            "clip-threshold",
+            clip_over_k=True,
             needs=_needs_clipping,
         ),
         Fault(

@@ -82,9 +82,10 @@ def run_loop(
             _divide_grads(model, parallel.window_items(window_items))
         if by_items and config.l2_penalty:  # once per window, after the item division
             (config.l2_penalty * _squared_norm(model)).backward()
-        pre_clip = (
-            None if clip is None else torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        )
+        pre_clip = None
+        if clip is not None:
+            max_norm = clip / k if fault.clip_over_k else clip
+            pre_clip = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         rec.grads(pre_clip_norm=pre_clip)
         scale = None
         if t.scaler is not None:  # skips the step on inf/NaN; the scale changes once per window

@@ -26,6 +26,7 @@ from .decisive import (
 )
 from .gradient import (
     clip_per_micro,
+    clip_threshold,
     grad_accum_dtype,
     loss_scale,
     token_normalization,
@@ -38,6 +39,7 @@ __all__ = [
     "batchnorm",
     "card_loss",
     "clip_per_micro",
+    "clip_threshold",
     "data_order",
     "dropout_rng",
     "failing",

@@ -166,7 +166,7 @@ def _update0_gap(c: Comparison) -> tuple[dict, bool]:
 
 
 def batchnorm(c: Comparison) -> Diagnosis | None:
-    layers = c.baseline.model_facts.get("batchnorm") or c.merged.model_facts.get("batchnorm")
+    layers = _batch_statistics(c.baseline) or _batch_statistics(c.merged)
     if not layers:
         return None
     evidence, differs = _update0_gap(c)
@@ -193,6 +193,23 @@ def batchnorm(c: Comparison) -> Diagnosis | None:
         "fixed statistics, or accumulate the statistics over the whole window (SyncBatchNorm-"
         "style) before normalizing",
     )
+
+
+def _batch_statistics(run: Run) -> list[str]:
+    """The run's BatchNorm layers that may have normalized with batch statistics: all but those
+    whose recorded buffers (running statistics, batch counter) stayed as they started through
+    the first update, as in eval mode, where a layer normalizes with fixed statistics."""
+    layers = run.model_facts.get("batchnorm") or []
+    if run.init_state is None or run.update_state is None or not run.updates:
+        return list(layers)
+    moved = run.init_state != run.update_state[0]
+    buffers = [(t.name, m) for t, m in zip(run.tensors, moved, strict=True) if t.kind == "buffer"]
+
+    def frozen(layer: str) -> bool:
+        own = [m for name, m in buffers if name.startswith(f"{layer}.")]
+        return bool(own) and not any(own)
+
+    return [layer for layer in layers if not frozen(layer)]
 
 
 def dropout_rng(c: Comparison) -> Diagnosis | None:

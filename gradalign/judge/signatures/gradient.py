@@ -192,6 +192,47 @@ def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
 
 
+def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Both runs had the same norm before clipping, yet stepped with gradients of other norms:
+    the merged run clipped at another max_norm (one scaled with K), or did not clip at all."""
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if pre_b is None or pre_m is None:
+        return None
+    i = r.update
+    (clipped_b, post_b), (clipped_m, post_m) = _clipped(c, c.baseline, i), _clipped(c, c.merged, i)
+    if post_b is None or post_m is None or not (clipped_b or clipped_m):
+        return None
+    same_before = math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4)
+    if not same_before or math.isclose(post_m, post_b, rel_tol=1e-4):
+        return None
+    evidence = {
+        "update": i,
+        "norm_before_clip": {"merged": finite(pre_m[i]), "baseline": finite(pre_b[i])},
+        "norm_after_clip": {"merged": finite(post_m), "baseline": finite(post_b)},
+        "ratio": finite(post_m / post_b) if post_b else None,
+    }
+    k = window(c)
+    scaled = (
+        f" ({post_m / post_b:.4g} times, about 1/K = {1 / k:.4g})"
+        if post_b and math.isclose(post_m * k, post_b, rel_tol=1e-3)
+        else ""
+    )
+    return Diagnosis(
+        "clip-threshold",
+        f"at update {i} both runs' accumulated gradients had norm {pre_b[i]:.4g} before clipping; "
+        f"{_clip_phrase('baseline', clipped_b, post_b)}, "
+        f"{_clip_phrase('merged run', clipped_m, post_m)}"
+        f"{scaled}: the merged run clips at another max_norm",
+        evidence,
+        "clip the accumulated gradient once per update with the baseline's max_norm: it is the "
+        "same sum at any K, so max_norm must not be scaled with K",
+    )
+
+
+def _clip_phrase(run: str, clipped: bool, after: float) -> str:
+    return f"the {run} clipped it to {after:.4g}" if clipped else f"the {run} did not clip it"
+
+
 def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     ratio, cosine, k = r.grad_ratio, r.grad_cosine, window(c)
     if ratio is None or cosine is None or k < 2:
