@@ -134,6 +134,54 @@ def test_irregular_windows_are_recorded_and_judged(tmp_path):
     assert len(result.results) == 1  # window 1 no longer lines up: update 0 alone is judged
 
 
+def epoch_loop(out, k, *, rows=60, batch=16, last_micro_drops=False, float64=False):
+    """One epoch of `rows` samples in batches of `batch` (the last one short), each normalized
+    by its own row count, as the frameworks close an epoch: K micro-batches of batch/K rows,
+    fewer in the last window. `last_micro_drops`: the last window loses its last micro-batch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    if float64:
+        model = model.double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(rows, 6, generator=g), torch.randint(0, 3, (rows,), generator=g)
+    x = x.double() if float64 else x
+    size = batch // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for start in range(0, rows, batch):
+            stop = min(start + batch, rows)
+            micros = list(range(start, stop, size))
+            if last_micro_drops and stop == rows:
+                micros = micros[:-1]
+            for a in micros:
+                xb, yb = x[a : min(a + size, stop)], y[a : min(a + size, stop)]
+                loss = nn.functional.cross_entropy(model(xb), yb, reduction="sum")
+                (loss / (stop - start)).backward()
+                rec.micro(loss_sum=loss, items=len(yb), batch=(xb, yb))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+    return read_run_dir(out)
+
+
+def test_a_short_last_window_holding_the_baseline_batch_is_the_end_of_the_data(tmp_path):
+    """60 rows in batches of 16: the baseline's last batch holds 12 rows, the merged run's last
+    window 3 micro-batches of 4. That is the same training, judged to the end; a last window
+    that lost a micro-batch is still named."""
+    epoch_loop(tmp_path / "b", 1)
+    epoch_loop(tmp_path / "r", 1, float64=True)
+    merged = epoch_loop(tmp_path / "m", 4)
+    assert list(merged.sizes) == [4, 4, 4, 3]
+    result = api.compare(tmp_path / "b", tmp_path / "m", reference=tmp_path / "r")
+    assert result.verdict == "pass", [(c.name, c.detail) for c in result.checks]
+    assert len(result.results) == 4  # the short window is judged too
+    bookkeeping = next(c for c in result.checks if c.name == "window bookkeeping")
+    assert "window(s) 3 (3)" in bookkeeping.detail and "end of the data" in bookkeeping.detail
+    epoch_loop(tmp_path / "d", 4, last_micro_drops=True)
+    dropped = api.compare(tmp_path / "b", tmp_path / "d", reference=tmp_path / "r")
+    assert [d.code for d in dropped.diagnosis][:1] == ["window-bookkeeping"]
+
+
 def test_a_forgotten_update_is_recorded_and_judged(tmp_path):
     base = tmp_path / "b"
     loop(base, 1)

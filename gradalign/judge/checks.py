@@ -9,7 +9,7 @@ from ..runs.summaries import SKETCH_SIZE
 from .metrics import TensorDiff
 from .replicas import replicas_comparable
 from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
-from .window_sizes import judged_updates, problems
+from .window_sizes import data_boundaries, judged_updates, problems
 from .windows import observable_windows
 
 
@@ -93,11 +93,20 @@ def sample_mismatches(base: Run, merged: Run) -> np.ndarray | None:
 
 def _bookkeeping_check(base: Run, merged: Run, judged: int) -> Check:
     name = "window bookkeeping"
-    found = problems(base, "baseline") + problems(merged, "merged")
+    found = problems(base, "baseline") + problems(merged, "merged", base)
     if found:
         later = max(base.updates, merged.updates) - judged
         tail = f"; {later} later update(s) not comparable" if later > 0 else ""
         return Check(name, FAIL, "; ".join(found) + tail)
+    ends = data_boundaries(merged, base)
+    if ends:
+        shown = ", ".join(f"{i} ({int(merged.sizes[i])})" for i in ends[:3])
+        return Check(
+            name,
+            PASS,
+            f"every window ended with update() and held K micro-steps, except window(s) {shown} "
+            "holding exactly the baseline's batch of that update (the end of the data)",
+        )
     return Check(name, PASS, "every window held K micro-steps and ended with update()")
 
 

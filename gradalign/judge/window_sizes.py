@@ -4,22 +4,62 @@ A loop that calls micro() more or fewer times than K in a window, or forgets upd
 recorded as it ran (the Recorder does not refuse it). Its windows no longer line up with the
 baseline's batches from the first irregular one on: updates before it are judged as usual, the
 rest are not comparable, and the check below fails with the facts.
+
+One kind of window of another size is training, not a bug: a window that holds exactly the
+baseline's batch of that update (its samples' digest and row count), as the frameworks close an
+epoch whose data does not fill K micro-batches (the baseline's last batch is short as well).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..runs.digests import wrap
 from ..runs.model import Run
 
 
-def problems(run: Run, role: str) -> list[str]:
-    """What is wrong with a run's windows, in words (empty: nothing)."""
+def irregular(run: Run, base: Run | None = None) -> np.ndarray:
+    """Windows of `run` that do not hold K micro-steps, less those that hold exactly the
+    baseline's batch of their update (`data_boundaries`)."""
+    found = run.irregular_windows
+    if base is None or not found.size:
+        return found
+    kept = set(data_boundaries(run, base))
+    return np.array([i for i in found if int(i) not in kept], dtype=np.int64)
+
+
+def data_boundaries(run: Run, base: Run) -> list[int]:
+    """Windows of another size than K whose samples are the baseline's batch of that update,
+    by digest and row count (a short last batch at the end of the data)."""
+    if run is base or run.micro_data is None or base.micro_data is None:
+        return []
     found = []
-    irregular = run.irregular_windows
-    if irregular.size:
-        i = int(irregular[0])
+    for i in map(int, run.irregular_windows):
+        if i >= base.updates or i >= run.updates:
+            continue
+        mine, theirs = run.window(i), base.window(i)
+        if wrap(int(run.micro_data[mine.start : mine.stop].sum())) != wrap(
+            int(base.micro_data[theirs.start : theirs.stop].sum())
+        ):
+            continue
+        if run.micro_samples is not None and base.micro_samples is not None:
+            rows = run.micro_samples[mine.start : mine.stop].sum()
+            if rows != base.micro_samples[theirs.start : theirs.stop].sum():
+                continue
+        found.append(i)
+    return found
+
+
+def problems(run: Run, role: str, base: Run | None = None) -> list[str]:
+    """What is wrong with a run's windows, in words (empty: nothing); `base`: the baseline, whose
+    batches a window of another size may hold exactly."""
+    found = []
+    odd = irregular(run, base)
+    if odd.size:
+        i = int(odd[0])
         found.append(
             f"{role} window {i} holds {int(run.sizes[i])} micro-steps, not K={run.accum_steps} "
-            f"({irregular.size} irregular window(s))"
+            f"({odd.size} irregular window(s))"
         )
     if run.unclosed_micro_steps:
         never = " update() was never called" if run.updates == 0 else ""
@@ -33,9 +73,9 @@ def problems(run: Run, role: str) -> list[str]:
 def judged_updates(base: Run, merged: Run) -> int:
     """How many updates line up: up to the first irregular window of either run."""
     n = min(base.updates, merged.updates)
-    for run in (base, merged):
-        if run.irregular_windows.size:
-            n = min(n, int(run.irregular_windows[0]))
+    for found in (irregular(base), irregular(merged, base)):
+        if found.size:
+            n = min(n, int(found[0]))
     return n
 
 

@@ -272,7 +272,7 @@ def non_finite(c: Comparison) -> Diagnosis | None:
 
 def window_bookkeeping(c: Comparison) -> Diagnosis | None:
     """Windows that did not hold K micro-steps, or a last window update() never closed."""
-    found = problems(c.baseline, "baseline") + problems(c.merged, "merged")
+    found = problems(c.baseline, "baseline") + problems(c.merged, "merged", c.baseline)
     if not found:
         return None
     sizes = c.merged.sizes
