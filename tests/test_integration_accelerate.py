@@ -5,12 +5,15 @@ variants."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from gradalign.errors import BadInput
 from gradalign.runs.reader import read_run_dir
 
-from .frameworks import all_checked, example, judged, require, run_readme
+from .frameworks import EXAMPLES, all_checked, example, judged, require, run_readme
 
 require("accelerate")
 require("transformers")
@@ -43,6 +46,28 @@ def test_a_broken_accelerate_loop_fails_with_its_code(readme, bug, code):
     verdict, codes, worst = judged(runs["k1"], runs[f"k4-{bug}"])
     assert verdict == "fail" and codes[:1] == [code], codes
     assert worst > 1e3
+
+
+def test_bf16_mixed_precision_is_judged_against_its_float64_reference(tmp_path):
+    """accelerate enters autocast inside the model's patched forward, after the model's own
+    forward hooks: the layers see it. Its config's mixed_precision may differ in a reference.
+    One process per run: accelerate keeps one mixed precision per process."""
+    runs = [
+        ("k1-fp64", 1, "dtype=torch.float64"),
+        ("k1", 1, "mixed_precision='bf16', reference='../k1-fp64'"),
+        ("k4", 4, "mixed_precision='bf16'"),
+    ]
+    for name, k, options in runs:
+        code = (
+            f"import sys, torch; sys.path.insert(0, {str(EXAMPLES)!r}); import accelerate_loop; "
+            f"accelerate_loop.train(__import__('pathlib').Path({str(tmp_path / name)!r}), {k}, "
+            f"padded=False, {options})"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    for run in ("k1", "k4"):
+        assert read_run_dir(tmp_path / run).compute_dtype == "bfloat16"
+    verdict, codes, worst = judged(tmp_path / "k1", tmp_path / "k4")
+    assert verdict == "pass" and codes == [] and worst < 1, (codes, worst)
 
 
 def test_record_refuses_what_is_not_an_accelerator(tmp_path):

@@ -43,9 +43,13 @@ def train(
     tokens: bool = False,
     bug: str | None = None,
     reference: str | None = None,
+    mixed_precision: str = "no",
 ) -> Path:
-    """Record one loop of UPDATES updates at batch BATCH, as K micro-batches, into `out`."""
-    accelerator = Accelerator(gradient_accumulation_steps=k, cpu=True)
+    """Record one loop of UPDATES updates at batch BATCH, as K micro-batches, into `out`
+    (`mixed_precision`: accelerate's, e.g. "bf16"; a float64 reference takes "no")."""
+    accelerator = Accelerator(
+        gradient_accumulation_steps=k, cpu=True, mixed_precision=mixed_precision
+    )
     rows = token_rows(BATCH * UPDATES, padded=padded)
     model = float64_reference(tiny_gpt2()) if dtype == torch.float64 else tiny_gpt2()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -17,7 +17,7 @@ from .window_sizes import has_problems
 
 # Config keys a float64 reference may legitimately change: its precision, K and device.
 _REFERENCE_MAY_DIFFER = {
-    *("dtype", "accum_steps", "device", "precision", "amp_level", "round_to"),
+    *("dtype", "accum_steps", "device", "precision", "amp_level", "mixed_precision", "round_to"),
     *("record", "snapshot_every"),  # what was kept of the training, not the training
 }
 # A float32 baseline drifts from its float64 rerun by up to ~1e-4 of the distance moved (SGD,

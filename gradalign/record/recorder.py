@@ -131,7 +131,13 @@ class Recorder:
         self._hooks = [
             self._optimizer.register_step_pre_hook(self._before_step),
             self._optimizer.register_step_post_hook(self._after_step),
-            model.register_forward_pre_hook(self._on_forward),
+        ]
+        # frameworks enter autocast inside the model's forward (accelerate) or call its layers
+        # from elsewhere (Lightning's training_step): the layers holding parameters see it
+        self._dtype_hooks = [
+            m.register_forward_pre_hook(self._on_forward)
+            for m in model.modules()
+            if m is model or next(m.parameters(recurse=False), None) is not None
         ]
         self._stop_clip = clipping.listen(self._on_clip)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
@@ -196,6 +202,7 @@ class Recorder:
             self._data.append(data_digest_parts(batch, pad=pad, mask=mask))
             self._samples.append(sample_count(batch))
         self._capture.micro()
+        self._stop_dtype_hooks()  # the first micro-step's forward showed the compute dtype
         self._windows.open.micro_steps += 1
         self._micro_steps.append(self._steps_since_micro)
         self._steps_since_micro = 0
@@ -291,6 +298,11 @@ class Recorder:
         if "compute_dtype" not in self._env and (dtype := autocast_dtype(self._device.type)):
             self._env["compute_dtype"] = dtype
 
+    def _stop_dtype_hooks(self) -> None:
+        for hook in self._dtype_hooks:
+            hook.remove()
+        self._dtype_hooks = []
+
     def _on_clip(self, params: list[torch.Tensor], total: torch.Tensor) -> None:
         window = self._windows.open
         if any(id(p) in self._param_ids for p in params) and window.grads_calls == 0:
@@ -300,6 +312,7 @@ class Recorder:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        self._stop_dtype_hooks()
         self._stop_clip()
         if self._stop_scaler is not None:
             self._stop_scaler()
