@@ -277,6 +277,10 @@ def _micro(rec, model, opt, scaler, autocast, s, xb, yb, j, k, total, bug) -> No
         share = share * k
     if bug == "mean-per-micro":  # each micro-batch's own mean, divided by K
         share = loss_sum / n / k
+    if bug == "mean-per-micro-over-k":  # as a framework that divides by K again
+        share = loss_sum / n / k / k
+    if bug == "mean-per-micro-not-over-k":  # a model that ignores the window's item count
+        share = loss_sum / n
     if s.penalty:
         norm = sum(p.pow(2).sum() for p in model.parameters())
         share = share + s.penalty * norm / (1 if bug == "penalty-every-micro" else k)

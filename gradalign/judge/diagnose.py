@@ -36,10 +36,12 @@ GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_accum_dtype,
     sig.grad_not_cleared,
     sig.penalty_not_scaled,
+    sig.zero_grad_counted,  # counted by the Recorder: before the shapes that only fit ratios
+    sig.clip_per_micro_counted,
     sig.clip_threshold,
     sig.loss_scale,
     sig.token_normalization,
-    sig.clip_per_micro,
+    sig.clip_per_micro,  # the uncounted forms, on weaker evidence
     sig.zero_grad_in_window,
 ]
 

@@ -44,7 +44,14 @@ from .facts import (
     sample_count,
     scalar_loss,
 )
-from .window import Windows, after_closure, group_lrs, unwrap_optimizer, watch_scaler
+from .window import (
+    Windows,
+    after_closure,
+    group_lrs,
+    unwrap_optimizer,
+    watch_scaler,
+    watch_zero_grad,
+)
 
 __all__ = ["Recorder", "RecorderError"]
 
@@ -140,6 +147,7 @@ class Recorder:
             if m is model or next(m.parameters(recurse=False), None) is not None
         ]
         self._stop_clip = clipping.listen(self._on_clip)
+        self._stop_zero_grad = watch_zero_grad(self._windows, self._optimizer, model)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
         try:  # a rank that does not write the run keeps its fingerprints all the same
             writes = self._ranks is None or self._ranks.writes
@@ -305,7 +313,10 @@ class Recorder:
 
     def _on_clip(self, params: list[torch.Tensor], total: torch.Tensor) -> None:
         window = self._windows.open
-        if any(id(p) in self._param_ids for p in params) and window.grads_calls == 0:
+        if not any(id(p) in self._param_ids for p in params):
+            return
+        window.clip_calls += 1
+        if window.grads_calls == 0:
             window.pre_clip_norm = float(total)
 
     def _unhook(self) -> None:
@@ -314,6 +325,7 @@ class Recorder:
         self._hooks = []
         self._stop_dtype_hooks()
         self._stop_clip()
+        self._stop_zero_grad()
         if self._stop_scaler is not None:
             self._stop_scaler()
 

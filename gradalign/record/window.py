@@ -77,6 +77,34 @@ def watch_scaler(scaler: Any, windows: Windows) -> Callable[[], None]:
     return stop
 
 
+def watch_zero_grad(windows: Windows, *owners: Any) -> Callable[[], None]:
+    """Count the zero_grad() calls of the optimizer and the model into the open window (one
+    after a micro-step and before the window's step discards the gradient accumulated so far);
+    returns the function that stops counting."""
+    kept: list[tuple[Any, Any]] = []
+    for owner in owners:
+        original = owner.zero_grad
+        kept.append((owner, owner.__dict__.get("zero_grad", _MISSING)))
+
+        def zero_grad(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            windows.zero_grad()
+            return _original(*args, **kwargs)
+
+        object.__setattr__(owner, "zero_grad", zero_grad)
+
+    def stop() -> None:
+        for owner, before in kept:
+            if before is _MISSING:
+                owner.__dict__.pop("zero_grad", None)
+            else:
+                object.__setattr__(owner, "zero_grad", before)
+
+    return stop
+
+
+_MISSING = object()
+
+
 @dataclass
 class Window:
     """What happened in the window being recorded."""
@@ -89,6 +117,8 @@ class Window:
     pre_clip_norm: float | None = None  # given to grads(), else the last clip_grad_norm_ total
     unscales: int = 0  # GradScaler.unscale_() calls (when a scaler is watched)
     scaler_updates: int = 0  # GradScaler.update() calls
+    clip_calls: int = 0  # clip_grad_norm_ calls on the model's parameters
+    zero_grads_inside: int = 0  # zero_grad() calls after a micro-step, before the step
 
 
 @dataclass
@@ -104,6 +134,9 @@ class Windows:
     grads_calls: list[int] = field(default_factory=list)
     scaler_calls: list[tuple[int, int]] = field(default_factory=list)
     watched_scaler: bool = False
+    clip_calls: list[int] = field(default_factory=list)
+    zero_grads_inside: list[int] = field(default_factory=list)
+    zero_grads_seen: bool = False  # a zero_grad() call was seen: the counts above mean something
     open: Window = field(default_factory=Window)
 
     @property
@@ -120,7 +153,16 @@ class Windows:
         self.pre_clip.append(w.pre_clip_norm)
         self.grads_calls.append(w.grads_calls)
         self.scaler_calls.append((w.unscales, w.scaler_updates))
+        self.clip_calls.append(w.clip_calls)
+        self.zero_grads_inside.append(w.zero_grads_inside)
         self.open = Window()
+
+    def zero_grad(self) -> None:
+        """A zero_grad() call: inside the window when it follows a micro-step and precedes the
+        window's optimizer step (where it discards the gradient accumulated so far)."""
+        self.zero_grads_seen = True
+        if self.open.micro_steps and not self.open.steps:
+            self.open.zero_grads_inside += 1
 
     def series(self, accum_steps: int) -> dict[str, np.ndarray]:
         """The per-update series for the run's series file (only what was recorded)."""
@@ -138,6 +180,10 @@ class Windows:
             out["update/scaler_calls"] = np.asarray(self.scaler_calls, dtype=np.int64).reshape(
                 -1, 2
             )
+        if any(self.clip_calls):
+            out["update/clip_calls"] = np.asarray(self.clip_calls, dtype=np.int64)
+        if self.zero_grads_seen:
+            out["update/zero_grads_inside"] = np.asarray(self.zero_grads_inside, dtype=np.int64)
         if self.loss_scales and all(s is not None for s in self.loss_scales):
             out["update/loss_scale"] = np.asarray(self.loss_scales, dtype=np.float64)
         if any(step >= 0 for step in self.state_steps):

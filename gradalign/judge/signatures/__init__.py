@@ -26,11 +26,13 @@ from .decisive import (
 )
 from .gradient import (
     clip_per_micro,
+    clip_per_micro_counted,
     clip_threshold,
     grad_accum_dtype,
     loss_scale,
     token_normalization,
     with_loss_scale,
+    zero_grad_counted,
     zero_grad_in_window,
 )
 from .learning_rate import lr_scaled, lr_schedule
@@ -39,6 +41,7 @@ __all__ = [
     "batchnorm",
     "card_loss",
     "clip_per_micro",
+    "clip_per_micro_counted",
     "clip_threshold",
     "data_order",
     "dropout_rng",
@@ -61,5 +64,6 @@ __all__ = [
     "weights_changed_in_window",
     "window_bookkeeping",
     "with_loss_scale",
+    "zero_grad_counted",
     "zero_grad_in_window",
 ]

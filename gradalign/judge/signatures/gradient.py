@@ -155,7 +155,37 @@ def _clipped(c: Comparison, run: Run, update: int) -> tuple[bool, float | None]:
     return bool(run.grad_norm_pre_clip[update] > after * (1 + 1e-4)), after
 
 
+def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The merged run called clip_grad_norm_ more often in the failing update's window than the
+    baseline did per update, and the baseline's clip engaged there: partial sums were clipped."""
+    counts = c.merged.clip_calls
+    if counts is None:
+        return None
+    i = r.update
+    once = 1 if c.baseline.clip_calls is None else int(c.baseline.clip_calls[i])
+    if int(counts[i]) <= max(once, 1):
+        return None
+    found = _clip_per_micro(c, r)
+    if found is not None:
+        found.evidence["clip_calls"] = {"merged": int(counts[i]), "baseline": once}
+        found.message += f" (clip_grad_norm_ called {int(counts[i])} times in window {i})"
+    return found
+
+
 def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Without clip counts (other writers, older runs): the baseline clipped at the failing
+    update and the merged norm before its last clip differs. Tried after the other shapes,
+    which that weaker evidence does not rule out."""
+    if c.merged.clip_calls is not None:
+        return None  # counted: clip_per_micro_counted has decided
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    i = r.update
+    if pre_b is not None and pre_m is not None and math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4):
+        return None  # the merged run saw the same norm before its clip: clipping is fine
+    return _clip_per_micro(c, r)
+
+
+def _clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
     if pre_b is None:
         return None
@@ -172,8 +202,6 @@ def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     }
     if pre_m is not None:
         evidence["merged_norm_before_clip"] = finite(pre_m[i])
-        if math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4):
-            return None  # the merged run saw the same norm before its clip: clipping is fine
     unclipped = [u for u in range(i) if not _clipped(c, c.baseline, u)[0]]
     evidence["earlier_unclipped_updates_that_agree"] = len(unclipped)
     seen = (
@@ -233,7 +261,35 @@ def _clip_phrase(run: str, clipped: bool, after: float) -> str:
     return f"the {run} clipped it to {after:.4g}" if clipped else f"the {run} did not clip it"
 
 
+def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The Recorder saw zero_grad() inside the failing update's window: after a micro-step and
+    before the window's optimizer step, where it discards the gradient accumulated so far."""
+    counts = c.merged.zero_grads_inside
+    if counts is None or not counts[r.update]:
+        return None
+    i, calls = r.update, int(counts[r.update])
+    windows = int(np.count_nonzero(counts))
+    ratio = f"{r.grad_ratio:.3g}" if finite(r.grad_ratio) is not None else "not finite"
+    return Diagnosis(
+        "zero-grad-in-window",
+        f"zero_grad() was called {calls} time(s) inside window {i}, after a micro-step and before "
+        f"the optimizer step ({windows} window(s) so): the micro-batches before it were cleared; "
+        f"the accumulated gradient is {ratio} times the baseline's",
+        {
+            "update": i,
+            "zero_grad_calls_inside_window": calls,
+            "windows_with_calls": windows,
+            "grad_ratio": finite(r.grad_ratio),
+            "grad_cosine": finite(r.grad_cosine),
+        },
+        _ZERO_GRAD_FIX,
+    )
+
+
 def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Without zero_grad() counts: a gradient about 1/K of the baseline's, pointing elsewhere."""
+    if c.merged.zero_grads_inside is not None:
+        return None  # counted: zero_grad_counted has decided
     ratio, cosine, k = r.grad_ratio, r.grad_cosine, window(c)
     if ratio is None or cosine is None or k < 2:
         return None
@@ -245,19 +301,27 @@ def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         f"(about 1/K = {1 / k:.3g}) and points elsewhere (cosine {cosine:.4f}): only the last "
         "micro-batch's gradient survived, the earlier ones were cleared inside the window",
         {"update": r.update, "grad_ratio": finite(ratio), "grad_cosine": finite(cosine), "K": k},
-        "call optimizer.zero_grad() once per update, after optimizer.step(), never inside the "
-        "micro-batch loop",
+        _ZERO_GRAD_FIX,
     )
 
 
+_ZERO_GRAD_FIX = (
+    "call optimizer.zero_grad() once per update, after optimizer.step(), never inside the "
+    "micro-batch loop"
+)
+
+
 def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
-    """Two causes at once: a gradient K, 1/K or K+1 times too large (within 5%) whose direction
-    is off too. Divide the fitted ratio out and read the rest again: `loss-scale` and the
-    signature that explains the remainder (e.g. token normalization), or nothing."""
+    """Two causes at once: a gradient K, 1/K or K+1 times too large (within 5%, by its fitted
+    ratio or by its norm: the fit shrinks with the cosine, the norm does not) whose direction is
+    off too. Divide the fitted ratio out and read the rest again: `loss-scale` and the signature
+    that explains the remainder (e.g. token normalization), or nothing."""
     ratio, k = r.grad_ratio, window(c)
     if ratio is None or not math.isfinite(ratio) or abs(ratio - 1) <= 0.05:
         return []
-    near = [v for v in (k, 1 / k, k + 1) if abs(ratio / v - 1) <= 0.05]
+    norm_m, norm_b = grad_norm(c, c.merged, r.update), grad_norm(c, c.baseline, r.update)
+    sizes = [ratio] + ([norm_m / norm_b] if norm_m is not None and norm_b else [])
+    near = [v for v in (k, 1 / k, k + 1) if any(abs(x / v - 1) <= 0.05 for x in sizes)]
     rest = token_normalization(c, r, scale=ratio) if near else None
     if rest is None:
         return []
