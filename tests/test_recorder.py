@@ -259,3 +259,36 @@ def test_items_weight_the_window_mean(tmp_path):
         rec.update()
     run = read_run_dir(tmp_path / "r")
     assert run.window_losses().tolist() == [pytest.approx((1.0 * 1 + 4.0 * 3) / 4)]
+
+
+def test_zero_grad_calls_inside_a_window_are_counted_without_touching_the_instances(tmp_path):
+    """zero_grad() after a micro-step and before the step is counted (the optimizer's and the
+    model's); at a window's start or after its step it is not. The classes are watched, not
+    the instances: a deep copy of the model is not watched, and model and optimizer pickle."""
+    import copy
+    import pickle
+
+    before = torch.optim.Optimizer.zero_grad, nn.Module.zero_grad
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 3)
+    with gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2) as rec:
+        for update in range(3):
+            opt.zero_grad()  # a window's start: not inside
+            for micro in range(2):
+                if update == 1 and micro == 1:
+                    model.zero_grad()  # inside window 1
+                model(x[micro * 4 : micro * 4 + 4]).sum().backward()
+                rec.micro(torch.tensor(0.0))
+                copy.deepcopy(model).zero_grad()  # a copy: not watched
+            pickle.dumps(model), pickle.dumps(opt)
+            if update == 2:
+                opt.zero_grad()  # inside window 2, before its step
+            opt.step()
+            rec.update()
+            opt.zero_grad()  # after the step: not inside
+    run = read_run_dir(tmp_path / "run")
+    assert list(run.zero_grads_inside) == [0, 1, 1]
+    assert "zero_grad" not in vars(model) and "zero_grad" not in vars(opt)
+    assert (torch.optim.Optimizer.zero_grad, nn.Module.zero_grad) == before  # restored

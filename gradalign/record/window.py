@@ -77,34 +77,6 @@ def watch_scaler(scaler: Any, windows: Windows) -> Callable[[], None]:
     return stop
 
 
-def watch_zero_grad(windows: Windows, *owners: Any) -> Callable[[], None]:
-    """Count the zero_grad() calls of the optimizer and the model into the open window (one
-    after a micro-step and before the window's step discards the gradient accumulated so far);
-    returns the function that stops counting."""
-    kept: list[tuple[Any, Any]] = []
-    for owner in owners:
-        original = owner.zero_grad
-        kept.append((owner, owner.__dict__.get("zero_grad", _MISSING)))
-
-        def zero_grad(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            windows.zero_grad()
-            return _original(*args, **kwargs)
-
-        object.__setattr__(owner, "zero_grad", zero_grad)
-
-    def stop() -> None:
-        for owner, before in kept:
-            if before is _MISSING:
-                owner.__dict__.pop("zero_grad", None)
-            else:
-                object.__setattr__(owner, "zero_grad", before)
-
-    return stop
-
-
-_MISSING = object()
-
-
 @dataclass
 class Window:
     """What happened in the window being recorded."""
