@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,32 @@ def autocast_dtype(device_type: str) -> str | None:
     except (TypeError, AttributeError):  # torch before 2.4: no per-device query
         return None
     return str(dtype).removeprefix("torch.") if on and dtype is not None else None
+
+
+def watch_autocast(
+    model: torch.nn.Module, env: dict[str, Any], device_type: str
+) -> Callable[[], None]:
+    """Set `env["compute_dtype"]` when a forward runs under autocast; returns the function that
+    stops watching (the Recorder stops after the first micro-step). Every layer holding
+    parameters watches, not the model alone: frameworks enter autocast inside the model's
+    forward (accelerate patches it) or call its layers from elsewhere (Lightning's
+    training_step)."""
+
+    def seen(module: torch.nn.Module, args: Any) -> None:
+        if "compute_dtype" not in env and (dtype := autocast_dtype(device_type)):
+            env["compute_dtype"] = dtype
+
+    hooks = [
+        m.register_forward_pre_hook(seen)
+        for m in model.modules()
+        if m is model or next(m.parameters(recurse=False), None) is not None
+    ]
+
+    def stop() -> None:
+        while hooks:
+            hooks.pop().remove()
+
+    return stop
 
 
 def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:

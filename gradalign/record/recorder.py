@@ -33,7 +33,7 @@ from ..runs.sketches import WIDTH
 from ..runs.writer import RunWriter
 from . import clipping, zero_grads
 from .capture import MODES, Capture
-from .device import autocast_dtype, environment
+from .device import environment, watch_autocast
 from .distributed import close_ranks, join, rank_info, settle, unwrap_model
 from .facts import (
     RecorderError,
@@ -133,18 +133,11 @@ class Recorder:
         self._closed = False
         # Whatever can fail comes before the run's directory is staged; after it, a failure
         # removes the staging directory again: an error never leaves a partial run behind.
-        self._device = first.device
         self._hooks = [
             self._optimizer.register_step_pre_hook(self._before_step),
             self._optimizer.register_step_post_hook(self._after_step),
         ]
-        # frameworks enter autocast inside the model's forward (accelerate) or call its layers
-        # from elsewhere (Lightning's training_step): the layers holding parameters see it
-        self._dtype_hooks = [
-            m.register_forward_pre_hook(self._on_forward)
-            for m in model.modules()
-            if m is model or next(m.parameters(recurse=False), None) is not None
-        ]
+        self._stop_autocast = watch_autocast(model, self._env, first.device.type)
         self._stop_clip = clipping.listen(self._on_clip)
         self._stop_zero_grad = zero_grads.listen(self._windows.zero_grad, self._optimizer, model)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
@@ -209,7 +202,7 @@ class Recorder:
             self._data.append(data_digest_parts(batch, pad=pad, mask=mask))
             self._samples.append(sample_count(batch))
         self._capture.micro()
-        self._stop_dtype_hooks()  # the first micro-step's forward showed the compute dtype
+        self._stop_autocast()  # the first micro-step's forward showed the compute dtype
         self._windows.open.micro_steps += 1
         self._micro_steps.append(self._steps_since_micro)
         self._steps_since_micro = 0
@@ -300,16 +293,6 @@ class Recorder:
         self._steps_since_micro += 1
         window.lr = group_lrs(optimizer)
 
-    def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
-        """The forward under autocast: the run computes in that dtype (the noise it may show)."""
-        if "compute_dtype" not in self._env and (dtype := autocast_dtype(self._device.type)):
-            self._env["compute_dtype"] = dtype
-
-    def _stop_dtype_hooks(self) -> None:
-        for hook in self._dtype_hooks:
-            hook.remove()
-        self._dtype_hooks = []
-
     def _on_clip(self, params: list[torch.Tensor], total: torch.Tensor) -> None:
         window = self._windows.open
         if not any(id(p) in self._param_ids for p in params):
@@ -322,7 +305,7 @@ class Recorder:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        self._stop_dtype_hooks()
+        self._stop_autocast()
         self._stop_clip()
         self._stop_zero_grad()
         if self._stop_scaler is not None:
