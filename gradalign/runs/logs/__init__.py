@@ -14,8 +14,8 @@ from ...errors import BadInput
 from ..model import Run
 from .build import build_run, fingerprint
 from .cards import CARD_LOSSES, combine_cards
-from .grammar import clean, step_line
-from .parse import parse_log
+from .grammar import clean, join_tensors, step_line
+from .parse import decode, parse_log
 
 SNIFF_BYTES = 1 << 20  # a launcher may print a long preamble before the first step
 __all__ = ["CARD_LOSSES", "fingerprint", "looks_like_log", "read_card_logs", "read_log"]
@@ -39,8 +39,8 @@ def read_card_logs(paths: list[str | Path], accum_steps: int, card_loss: str = "
 
 
 def looks_like_log(path: str | Path) -> bool:
-    """Cheap sniff: a regular text file with a step line ('0   [0.29]', '0   0.29') among its
-    first MiB; framework lines before it do not matter."""
+    """Cheap sniff: a regular text file with a step line ('0   [0.29]', '0   0.29', 'step 0,
+    loss 0.29') among its first MiB; framework lines before it do not matter."""
     path = Path(path)
     try:
         if not path.is_file():
@@ -49,14 +49,15 @@ def looks_like_log(path: str | Path) -> bool:
             head = handle.read(SNIFF_BYTES)
     except OSError:
         return False
-    if b"\0" in head:
+    text = decode(head)
+    if text is None:
         return False
-    lines = head.decode("utf-8", errors="replace").splitlines()
+    lines = text.splitlines()
     if len(head) == SNIFF_BYTES and len(lines) > 1:
         lines = lines[:-1]  # the last line may be cut
-    for line in lines:
+    for line in join_tensors([clean(line) for line in lines]):
         try:
-            if step_line(clean(line)) is not None:
+            if step_line(line) is not None:
                 return True
         except BadInput:
             return True  # a step line it cannot read: reading the log says why

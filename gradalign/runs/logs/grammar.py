@@ -3,15 +3,21 @@
     0   [0.29568613]                  a step line: its index and its loss, with or without
     0   2.3205233                     brackets (Paddle 3 prints a 0-d loss bare); `step 0 loss
                                       0.29` and `iter 0: 0.29` read alike
+    epoch 0, step: 0, loss: 2.29, lr  a keyed step line: a step key (`step`, `iter`, `batch_id`,
+                                      `global step`; `Step[0/48]`) and a `loss` key anywhere in
+                                      the line, other fields ignored
     ------------>[[ 0.00325679 ...    an arrow line: a printed array (1-D or 2-D, numpy style,
      [ 0.01504303 ... -0.02287037        possibly truncated with `...`, fixed or scientific
       ...                                notation, commas allowed); `name -->[...]` names it
     avgloss -------->[0.29568613]     a labelled mean: the window mean the script printed
     [[ 0.1  0.2] [ 0.3  0.4]]         an unlabelled array on its own line, if it parses as one
 
-Everything else (framework messages, warnings, progress bars) is noise. Each number keeps how
-it was printed (digits, exponent), so the reader can judge it at its own printed precision.
-This module is numpy-only.
+A line may carry a prefix a launcher or logger put there (`[rank0]: `, `[1,0]<stdout>:`,
+timestamps, `[INFO]`, `LAUNCH INFO`, `train.py:42 -`): it is dropped. A Paddle dygraph Tensor
+(`Tensor(shape=[..], dtype=.., place=.., stop_gradient=..,` then its data and `)`) reads as its
+data, in the place the Tensor was printed. Everything else (framework messages, warnings,
+progress bars, evaluation lines) is noise. Each number keeps how it was printed (digits,
+exponent), so the reader can judge it at its own printed precision. This module is numpy-only.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from ...errors import BadInput
 
 _NUMBER = re.compile(
     r"^[-+]?(?:(?P<int>\d+)\.(?P<frac>\d*)|\.(?P<frac2>\d+)|(?P<bare>\d+))"
-    r"(?:[eE](?P<exp>[-+]?\d+))?$|^(?P<special>[-+]?(?:nan|inf))$",
+    r"(?:[eE](?P<exp>[-+]?\d+))?$|^(?P<special>[-+]?(?:nan|inf))\.?$",  # Paddle prints `inf.`
     re.IGNORECASE,
 )
 _STEP = re.compile(
@@ -41,9 +47,41 @@ _MEAN_LINE = re.compile(
     r"^(?P<label>(?:avg|mean|average)[\s_-]*loss)\s*(?:-+>|=+>|[:=])?\s*(?P<rest>[-+.\[\d].*)$",
     re.IGNORECASE,
 )
+_STEP_KEY = r"(?:global[\s_]?)?(?:step|iter(?:ation)?|batch(?:[\s_]?(?:id|idx))?)"
+_KEYED_INDEX = re.compile(  # `step 3`, `step: 3`, `Step[3/48]`, `batch_id: 3`, `step  3/48`
+    rf"(?<![\w./])(?P<key>{_STEP_KEY})\b\s*(?:[:=#]|is\b)?\s*(?P<open>\[)?\s*(?P<index>\d+)"
+    r"(?:\s*/\s*\d+)?\s*(?(open)\])(?![\w.])",
+    re.IGNORECASE,
+)
+_KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_loss=2.3`
+    r"(?<![\w.])(?:train(?:ing)?[\s_])?loss\b(?:\s+is)?\s*[:=]?\s*(?P<loss>\[*[^\s,\[\]]+\]*)",
+    re.IGNORECASE,
+)
+_EPOCH = re.compile(r"(?<![\w.])epoch\b\s*[:=#]?\s*\[?\s*(?P<epoch>\d+)", re.IGNORECASE)
+_QUALIFIERS = {"avg", "mean", "average", "val", "valid", "eval", "test", "total", "smoothed"}
+_NOT_TRAINING = re.compile(  # never a training step: glog, warnings, evaluation, progress bars
+    r"^[IWEF]\d{4}\s+\d\d:\d\d|warning\b|\bwarn\b|error\b|\bskip|\boverflow|\d%\||"
+    r"(?<![\w.])(?:eval\w*|val(?:id\w*)?|test(?:ing)?)(?![\w.])",
+    re.IGNORECASE,
+)
+_PREFIX = re.compile(  # what a launcher or logger writes before a line; never part of it
+    r"^(?:\s*(?:\[[A-Za-z_]*\d+\]:"  # torchrun and friends: [rank0]: [default0]:
+    r"|\[\d+,\d+\]<std(?:out|err)>:"  # mpirun --tag-output
+    r"|\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
+    r"|\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?"
+    r"|\[\s*(?:INFO|DEBUG)\s*\]|(?:LAUNCH\s+)?(?:INFO|DEBUG)(?::[\w.]+:|\b)"
+    r"|[\w.-]+\.py:\d+\b:?|-(?=\s)))+\s*"
+)
+_RANK = re.compile(r"^\s*(?:\[(?P<tag>[A-Za-z_]*\d+)\]:|\[\d+,(?P<mpi>\d+)\]<std)")
+_TENSOR = re.compile(  # Paddle's Tensor header; its data follows on the next line
+    r"^(?P<before>.*?)\b(?:Tensor|Parameter)\(shape=\[[\d,\s]*\],\s*dtype=[\w.]+,"
+    r".*\bstop_gradient=(?:True|False),(?:.*,)?\s*$"
+)
+_NAMED = re.compile(r"^(?P<label>[A-Za-z_][\w.]*)\s*[:=]?\s*(?P<rest>\[.*)$")  # `fc1.w [[..`
+_PARAMETER = "Parameter containing:"  # str() of a Paddle parameter: this line, then the Tensor
 _REPR = re.compile(r"\barray\(|,?\s*dtype=[\w.]+\)")  # numpy's repr: array([...], dtype=float32)
 _TOKEN = re.compile(r"\[|\]|\.\.\.|[^\s,\[\]]+")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\ufeff")  # colour codes; a byte-order mark
 MAX_DIMS = 2
 
 
@@ -67,7 +105,7 @@ def number(token: str) -> Printed | None:
     if match is None or (match["bare"] is not None and match["exp"] is None):
         return None
     if match["special"]:
-        return Printed(float(token), 0, 0, False)
+        return Printed(float(token.rstrip(".")), 0, 0, False)
     frac = match["frac"] if match["frac"] is not None else match["frac2"] or ""
     if match["bare"] is not None:
         frac = ""
@@ -76,9 +114,52 @@ def number(token: str) -> Printed | None:
 
 
 def clean(line: str) -> str:
-    """A line without terminal colour codes, numpy's `array(..., dtype=...)` wrapper and
-    surrounding white space."""
-    return _REPR.sub("", _ANSI.sub("", line)).strip()
+    """A line without terminal colour codes, a launcher's or logger's prefix, numpy's
+    `array(..., dtype=...)` wrapper and surrounding white space."""
+    return _REPR.sub("", _PREFIX.sub("", _ANSI.sub("", line))).strip()
+
+
+def rank_tag(line: str) -> str | None:
+    """The process a launcher tagged the line with (`[rank1]: ` gives 'rank1'), if any."""
+    match = _RANK.match(_ANSI.sub("", line))
+    return None if match is None else match["tag"] or f"rank{match['mpi']}"
+
+
+def join_tensors(lines: list[str]) -> list[str]:
+    """Clean lines with each Paddle Tensor print read as its data: the text before
+    `Tensor(shape=.., stop_gradient=..,` (or before `Parameter containing:`) continues with the
+    data's first line, and the `)` after the data goes. Line numbers stay: the lines moved up
+    become empty. A Tensor whose data never closes is left for the reader to refuse."""
+    out = list(lines)
+    for at, line in enumerate(out):
+        head = _TENSOR.match(line) if "(shape=" in line else None
+        if head is None:
+            continue
+        before = head["before"]
+        if not before and at and out[at - 1].endswith(_PARAMETER):
+            before, out[at - 1] = out[at - 1][: -len(_PARAMETER)], ""
+        data = next((i for i in range(at + 1, len(out)) if out[i]), None)
+        if data is None:
+            return out
+        out[at], out[data] = f"{before.strip()} {out[data]}".strip(), ""
+        _drop_closing(out, at, len(before.strip()))
+    return out
+
+
+def _drop_closing(lines: list[str], at: int, start: int) -> None:
+    """Drop the `)` that closes the Tensor whose data starts at `lines[at][start:]`: the first
+    one where its brackets balance, over the lines that hold array content."""
+    depth, text = 0, lines[at][start:]
+    for i in range(at, len(lines)):
+        if i > at:
+            text = lines[i]
+            if not is_array_content(text.removesuffix(")")):
+                continue  # a line printed into the middle of the data
+        depth += text.count("[") - text.count("]")
+        if depth <= 0:
+            if lines[i].endswith(")"):
+                lines[i] = lines[i][:-1].rstrip()
+            return
 
 
 def tokens(text: str) -> list[str]:
@@ -102,20 +183,45 @@ class StepLine:
     index: int
     loss: Printed
     bracketed: bool
+    epoch: int | None = None
 
 
 def step_line(text: str) -> StepLine | None:
-    """`<index> <loss>`: None if the line is not one. A step-like line that holds several
-    numbers (`0   [0.5 0.6]`) is an error: it is a step line the reader cannot read."""
+    """`<index> <loss>`, or a line of keyed fields holding a step and a loss: None if the line
+    is not one. A step-like line that holds several numbers (`0   [0.5 0.6]`) is an error: it
+    is a step line the reader cannot read."""
     match = _STEP.match(text)
-    if match is None:
+    if match is not None:
+        rest = match["loss"]
+        loss = one_number(rest)
+        if loss is not None:
+            return StepLine(int(match["index"]), loss, rest.startswith("["))
+        if _BRACKETED_STEP.match(text):
+            raise BadInput(f"expected one loss on a step line, found {rest!r}")
+    return _keyed_step_line(text)
+
+
+def _keyed_step_line(text: str) -> StepLine | None:
+    """`epoch 0, step: 3, loss: 2.29, lr: 0.001`: the first step key (a `global` one first)
+    and the first training loss, in any order among other fields; None if the line holds no
+    such pair, or is a framework, warning, evaluation or progress-bar line."""
+    indices = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
+    if not indices or _NOT_TRAINING.search(text):
         return None
-    rest = match["loss"]
-    loss = one_number(rest)
-    if loss is not None:
-        return StepLine(int(match["index"]), loss, rest.startswith("["))
-    if _BRACKETED_STEP.match(text):
-        raise BadInput(f"expected one loss on a step line, found {rest!r}")
+    for found in _KEYED_LOSS.finditer(text):
+        before = text[: found.start()].split()
+        if before and before[-1].lower().strip("[(,;:|-") in _QUALIFIERS:
+            continue  # `avg loss`, `val loss`: not this step's training loss
+        loss = one_number(found["loss"])
+        if loss is None:
+            return None
+        epoch = _EPOCH.search(text)
+        return StepLine(
+            int(indices[0]["index"]),
+            loss,
+            found["loss"].startswith("["),
+            None if epoch is None else int(epoch["epoch"]),
+        )
     return None
 
 
@@ -123,6 +229,7 @@ def step_line(text: str) -> StepLine | None:
 class ArrowLine:
     label: str
     rest: str
+    named: bool = False  # `name [[..` without an arrow: an array only if it reads as one
 
     @property
     def is_mean(self) -> bool:
@@ -134,14 +241,15 @@ class ArrowLine:
 
 
 def arrow_line(text: str) -> ArrowLine | None:
-    """`[label] --->[...]`, or a window mean (`avgloss -->0.29`, `avg loss: [0.29]`): None if
-    the line is neither."""
+    """`[label] --->[...]`, a window mean (`avgloss -->0.29`, `avg loss: [0.29]`) or a name
+    and an array (`fc1.weight [[...`): None if the line is none of these."""
     mean = _MEAN_LINE.match(text)
     if mean and one_number(mean["rest"]) is not None:
         return ArrowLine(mean["label"], mean["rest"])
     match = _ARROW.match(text)
     if match is None:
-        return None
+        named = _NAMED.match(text)
+        return None if named is None else ArrowLine(named["label"], named["rest"], named=True)
     label, rest = match["label"].strip(), match["rest"]
     if rest.startswith("[") or (_MEAN_LABEL.match(label) and one_number(rest) is not None):
         return ArrowLine(label, rest)

@@ -3,6 +3,7 @@ means, and the noise around them (counted, never fatal). Numpy-only."""
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,10 +12,13 @@ from .grammar import (
     ArrayReader,
     Printed,
     PrintedArray,
+    StepLine,
     arrow_line,
     clean,
     is_array_content,
+    join_tensors,
     one_number,
+    rank_tag,
     step_line,
 )
 
@@ -46,6 +50,9 @@ class ParsedLog:
     noise: int = 0
     noise_shown: list[tuple[int, str]] = field(default_factory=list)
     unattached: int = 0  # arrays printed before the first step line
+    epoch: int | None = None  # the epoch the last step line named, if it named one
+    epoch_start: int = 0  # steps before the current epoch, when its step count restarted
+    rank: str | None = None  # the process a launcher tagged the step lines with
 
     @property
     def precision(self) -> int:
@@ -63,9 +70,19 @@ class ParsedLog:
             self.noise_shown.append((line, text if len(text) <= 60 else text[:57] + "..."))
 
 
+def decode(data: bytes) -> str | None:
+    """A log's text: UTF-16 where a byte-order mark says so (PowerShell's `>`), else UTF-8
+    (a BOM dropped) with undecodable bytes replaced (a framework's message in another encoding
+    is noise, not a reason to refuse the log); None for a binary file (NUL bytes)."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return data.decode("utf-16", errors="replace")
+    if b"\0" in data:
+        return None
+    return data.decode("utf-8-sig", errors="replace")
+
+
 def read_lines(path: Path) -> list[str]:
-    """The file's lines: UTF-8, with bytes that are not replaced (a framework's message in
-    another encoding is noise, not a reason to refuse the log). Binary files are refused."""
+    """The file's lines (see `decode`). Binary files are refused."""
     if not path.exists():
         raise BadInput(f"{path}: no such file")
     if not path.is_file():
@@ -76,16 +93,18 @@ def read_lines(path: Path) -> list[str]:
         data = path.read_bytes()
     except OSError as err:
         raise BadInput(f"{path}: cannot read ({err.strerror})") from None
-    if b"\0" in data:
+    text = decode(data)
+    if text is None:
         raise BadInput(f"{path}: a binary file (it holds NUL bytes), not a training log")
-    return data.decode("utf-8", errors="replace").splitlines()
+    return text.splitlines()
 
 
 class _Pass:
     """The state of one pass: lines, position, what was found."""
 
     def __init__(self, path: Path, lines: list[str]) -> None:
-        self.path, self.lines, self.at = path, lines, 0
+        self.path, self.raw, self.at = path, lines, 0
+        self.lines = join_tensors([clean(line) for line in lines])
         self.log = ParsedLog(path)
 
     def where(self, index: int) -> str:
@@ -94,7 +113,7 @@ class _Pass:
     def run(self) -> ParsedLog:
         while self.at < len(self.lines):
             index = self.at
-            text = clean(self.lines[index])
+            text = self.lines[index]
             self.at += 1
             if text:
                 self._line(index, text)
@@ -106,7 +125,7 @@ class _Pass:
         except BadInput as err:
             raise BadInput(f"{self.where(index)}: {err}") from None
         if step is not None:
-            self._step(index, step.index, step.loss, step.bracketed)
+            self._step(index, step)
             return
         arrow = arrow_line(text)
         if arrow is not None and arrow.is_mean:
@@ -116,23 +135,41 @@ class _Pass:
             self.log.means.append(value)
             self.log.mean_bracketed.append(arrow.rest.startswith("["))
         elif arrow is not None and not arrow.is_other_loss:
-            self._array(index, arrow.label, arrow.rest, committed=True)
+            self._array(index, arrow.label, arrow.rest, committed=not arrow.named)
         elif text.startswith("["):
             self._array(index, "", text, committed=False)
         else:
             self.log.add_noise(index + 1, text)
 
-    def _step(self, index: int, value: int, loss: Printed, bracketed: bool) -> None:
-        log = self.log
+    def _step(self, index: int, step: StepLine) -> None:
+        log, value = self.log, step.index
+        rank = rank_tag(self.raw[index])
         if not log.losses:
             if value not in (0, 1):
                 raise BadInput(f"{self.where(index)}: the first step is {value}; expected 0 or 1")
-            log.first_index = value
-        expected = log.first_index + len(log.losses)
+            log.first_index, log.rank = value, rank
+        if rank != log.rank:
+            raise BadInput(
+                f"{self.where(index)}: step lines of processes {log.rank or 'untagged'} and "
+                f"{rank or 'untagged'} are interleaved; give one log per card (each process's "
+                "lines alone)"
+            )
+        expected = log.first_index + len(log.losses) - log.epoch_start
+        if value == log.first_index != expected and _next_epoch(log.epoch, step.epoch):
+            log.epoch_start, expected = len(log.losses), value  # the count restarts each epoch
         if value != expected:
-            raise BadInput(f"{self.where(index)}: expected step {expected}, found step {value}")
-        log.losses.append(loss)
-        log.bracketed.append(bracketed)
+            again = (
+                " again: the steps restart (two processes printing into one log, an evaluation "
+                "loop, or a new epoch the step line does not name)"
+                if value < expected
+                else ""
+            )
+            raise BadInput(
+                f"{self.where(index)}: expected step {expected}, found step {value}{again}"
+            )
+        log.epoch = step.epoch
+        log.losses.append(step.loss)
+        log.bracketed.append(step.bracketed)
         log.step_lines.append(index + 1)
         log.blocks.append([])
 
@@ -145,29 +182,45 @@ class _Pass:
             while not reader.done:
                 at += 1
                 if at >= len(self.lines):
-                    raise ValueError("the printed array is not closed before the end of the file")
-                text = clean(self.lines[at])
+                    raise ValueError(
+                        "the printed array is not closed before the end of the file (was the "
+                        "log cut off?)"
+                    )
+                text = self.lines[at]
                 if not text:
                     continue
                 if is_array_content(text):
                     reader.feed(text)
-                elif not committed or step_line(text) or arrow_line(text):
+                elif not committed or step_line(text) or _arrow(text):
                     raise ValueError(f"the printed array is not closed before line {at + 1}")
                 else:  # a framework line printed in the middle of the array
                     skipped += 1
                     self.log.add_noise(at + 1, text)
             array = reader.result()
+            if label and not committed and array.values.size < 2:
+                raise ValueError("a named number, not an array of weights")  # `acc: [0.5]`
         except (ValueError, BadInput) as err:
             if committed:
                 raise BadInput(f"{self.where(index)}: {err}") from None
-            self.log.add_noise(index + 1, clean(self.lines[index]))
+            self.log.add_noise(index + 1, self.lines[index])
             return
         self.at = at + 1
         if self.log.blocks:
             self.log.blocks[-1].append(Block(label, array, index + 1))
         else:  # printed before the first step: not attributable to any step
             self.log.unattached += 1
-            self.log.add_noise(index + 1, clean(self.lines[index]))
+            self.log.add_noise(index + 1, self.lines[index])
+
+
+def _arrow(text: str) -> bool:
+    """Whether a line starts another array (`-->[`; a `name [` line may be a framework's)."""
+    arrow = arrow_line(text)
+    return arrow is not None and not arrow.named
+
+
+def _next_epoch(last: int | None, now: int | None) -> bool:
+    """Whether a step line names the epoch after the one the last step line named."""
+    return last is not None and now == last + 1
 
 
 def parse_log(path: Path) -> ParsedLog:

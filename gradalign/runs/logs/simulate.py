@@ -184,7 +184,9 @@ def render(
     """The log a Paddle 3 script prints (numpy's default print options). `loss_format` "str":
     `print(step, "  ", loss)` shows a 0-d float32 array as `2.3205233`; "f-string":
     `print(f"{step}   {loss}")` formats it as a Python float, `2.320523262023926`; "array":
-    Paddle 2's 1-element loss, `[2.3205233]`. `bias`: also print the output bias (1-D)."""
+    Paddle 2's 1-element loss, `[2.3205233]`; "tensor": a dygraph script printing Paddle
+    Tensors (`paddle_str`), the loss, the window mean and the weights alike. `bias`: also print
+    the output bias (1-D)."""
     lines = list(header)
     window = F32(0)
     for step, record in enumerate(steps):
@@ -195,16 +197,23 @@ def render(
             window = F32(0)
         lines.append(f"{step}   {_shown(loss, loss_format)}")
         if weights_every == "micro" or step % k == k - 1:
-            w1 = f"------------>{record['params']['w1']}".splitlines()
+            w1 = f"------------>{_array(record['params']['w1'], loss_format)}".splitlines()
             if noise_every and step % noise_every == noise_every - 1:
                 w1.insert(3, INTERLEAVED[step // noise_every % len(INTERLEAVED)])
             lines.extend(w1)
             if bias:
-                lines.append(f"------------>{record['params']['b2']}")
+                lines.append(f"------------>{_array(record['params']['b2'], loss_format)}")
     return "\n".join(lines) + "\n"
 
 
+def _array(value: np.ndarray, loss_format: str) -> str:
+    """A printed weight: numpy's print, or Paddle's for a script that prints Tensors."""
+    return paddle_str(value, stop_gradient=False) if loss_format == "tensor" else f"{value}"
+
+
 def _shown(value: np.ndarray, loss_format: str) -> str:
+    if loss_format == "tensor":
+        return paddle_str(value)
     if loss_format == "array":
         return str(np.asarray(value).reshape(1))
     return f"{value}" if loss_format == "f-string" else str(np.asarray(value))
@@ -269,3 +278,61 @@ def _write_all(out: Path) -> list[Path]:
         (out / name).write_text(text, encoding="utf-8")
         written.append(out / name)
     return written
+
+
+PADDLE_EDGE = 3  # paddle.set_printoptions defaults: edgeitems, threshold, linewidth, indent
+PADDLE_THRESHOLD, PADDLE_WIDTH, PADDLE_INDENT = 1000, 80, len("Tensor(")
+
+
+def paddle_str(
+    value: np.ndarray, *, place: str = "Place(gpu:0)", stop_gradient: bool = True
+) -> str:
+    """`str(tensor)` of a Paddle dygraph Tensor (paddle/tensor/to_string.py, default options:
+    8 digits after the point, every float in fixed notation, whole ones as `2.`, a `...`
+    summary above 1000 elements, rows wrapped at 80 columns): the header
+    `Tensor(shape=[2], dtype=float32, place=.., stop_gradient=..,`, then the data, indented."""
+    value = np.asarray(value)
+    summary = value.ndim > 0 and value.size > PADDLE_THRESHOLD
+    shown = _paddle_summary(value) if summary else value
+    width = max((len(_paddle_item(v)) for v in shown.flat), default=0)
+    data = _paddle_format(value, summary, PADDLE_INDENT, width, bool((shown < 0).any()))
+    shape = ", ".join(str(d) for d in value.shape)
+    return (
+        f"Tensor(shape=[{shape}], dtype={value.dtype}, place={place}, "
+        f"stop_gradient={stop_gradient},\n{' ' * PADDLE_INDENT}{data})"
+    )
+
+
+def _edges(items: list, cut: bool, gap: list) -> list:
+    """The first and last PADDLE_EDGE items around `gap` when `cut`, else all of them."""
+    return [*items[:PADDLE_EDGE], *gap, *items[-PADDLE_EDGE:]] if cut else items
+
+
+def _paddle_summary(value: np.ndarray) -> np.ndarray:
+    """The elements a summarized print shows."""
+    if value.ndim == 0:
+        return value
+    rows = _edges(list(value), len(value) > 2 * PADDLE_EDGE, [])
+    return np.stack([_paddle_summary(np.asarray(r)) for r in rows])
+
+
+def _paddle_item(item: float, width: int = 0, signed: bool = False) -> str:
+    item = np.float32(item)
+    text = f"{item:.0f}." if np.ceil(item) == item else f"{item:.8f}"
+    if width <= len(text):
+        return text
+    return text.ljust(width) if not signed or item < 0 else " " + text.ljust(width - 1)
+
+
+def _paddle_format(value: np.ndarray, summary: bool, indent: int, width: int, signed: bool) -> str:
+    if value.ndim == 0:
+        return _paddle_item(value.item(), width, signed)
+    cut = summary and len(value) > 2 * PADDLE_EDGE
+    if value.ndim == 1:
+        items = _edges([_paddle_item(v, width, signed) for v in value], cut, ["..."])
+        per_line = max(1, (PADDLE_WIDTH - indent) // (width + 2))
+        lines = [", ".join(items[i : i + per_line]) for i in range(0, len(items), per_line)]
+        return "[" + (",\n" + " " * (indent + 1)).join(lines) + "]"
+    rows = [_paddle_format(r, summary, indent + 1, width, signed) for r in value]
+    rows = _edges(rows, cut, ["..."])
+    return "[" + ("," + "\n" * (value.ndim - 1) + " " * (indent + 1)).join(rows) + "]"

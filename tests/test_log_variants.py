@@ -1,0 +1,267 @@
+"""Other ways a Paddle script's log gets printed: dygraph Tensors, launcher and logger prefixes,
+keyed step lines, other encodings, cut-off and interleaved logs; and noise that must stay noise."""
+
+from __future__ import annotations
+
+import codecs
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradalign.errors import BadInput
+from gradalign.runs.logs import looks_like_log, read_log
+from gradalign.runs.logs.simulate import HEADER, K, paddle_str, render, steered_probe, train
+
+from .conftest import one_line_error
+
+VALUES = [[0.5, -0.25, 0.125], [0.75, 0.375, -0.625]]  # float32 prints them exactly
+GRID = np.array(VALUES, dtype=np.float32)
+LOSSES = [0.5, 0.25, 0.125, 0.375]
+
+
+def write(tmp_path: Path, text: str, name: str = "train.log") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def small_log(step: str = "{i}   {loss}", weights: str = "------------>{grid}") -> str:
+    """Four steps, each with its loss and the same 2x3 grid, printed as `step` and `weights`."""
+    grid = str(GRID)
+    return "".join(
+        step.format(i=i, loss=loss) + "\n" + weights.format(grid=grid) + "\n"
+        for i, loss in enumerate(LOSSES)
+    )
+
+
+def assert_read(run, losses: list[float] = LOSSES) -> None:
+    assert run.micro_loss.tolist() == losses
+    if run.tensors:
+        assert run.weights(0)[run.tensors[0].name].tolist() == VALUES
+
+
+# --- Paddle dygraph Tensors -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(), (1,)])
+@pytest.mark.parametrize(
+    "weights",
+    ["------------>{w}", "------------> {w}", "------------> Parameter containing:\n{w}"],
+)
+def test_paddle_tensor_losses_and_weights(tmp_path, shape, weights):
+    """`print(step, loss)` and `print("------------>", weight)` on Paddle Tensors."""
+    text = ""
+    for i, loss in enumerate(LOSSES):
+        text += f"{i} {paddle_str(np.float32(loss).reshape(shape))}\n"
+        text += weights.format(w=paddle_str(GRID, place="Place(cpu)", stop_gradient=False)) + "\n"
+        if i % 2:
+            mean = np.float32(np.mean(LOSSES[i - 1 : i + 1])).reshape(shape)
+            text += f"avgloss -------->{paddle_str(mean)}\n"
+    run = read_log(write(tmp_path, text), accum_steps=2)
+    assert_read(run)
+    assert [t.shape for t in run.tensors] == [(2, 3)]
+    assert run.printed_window_loss.tolist() == [0.375, 0.25]
+    assert run.config["ignored_lines"] == 0
+    assert looks_like_log(tmp_path / "train.log")
+
+
+def test_a_named_paddle_parameter(tmp_path):
+    """`print("fc1.weight", weight)`: the name labels the array; a name and one number is a
+    metric (`acc [0.5]`), not weights."""
+    text = "".join(
+        f"{i} {paddle_str(np.float32(loss))}\n"
+        f"fc1.weight {paddle_str(GRID, stop_gradient=False)}\nacc [0.5]\n"
+        for i, loss in enumerate(LOSSES)
+    )
+    run = read_log(write(tmp_path, text))
+    assert [(t.name, t.shape) for t in run.tensors] == [("fc1.weight", (2, 3))]
+    assert_read(run)
+    assert run.config["ignored_lines"] == 4
+
+
+def test_paddle_prints_infinity_with_a_point(tmp_path):
+    """Paddle formats a whole float as `2.`: infinity comes out as `inf.`."""
+    row = np.array([np.inf, np.nan, -2.0, 0.5], dtype=np.float32)
+    text = "".join(
+        f"{i} {paddle_str(np.float32(x))}\n------------>{paddle_str(row)}\n"
+        for i, x in enumerate([np.inf, 0.5])
+    )
+    run = read_log(write(tmp_path, text))
+    assert run.micro_loss[0] == np.inf and run.micro_loss[1] == 0.5
+    weights = run.weights(0)["printed_weight_0"]
+    assert weights[0] == np.inf and np.isnan(weights[1]) and weights[2:].tolist() == [-2.0, 0.5]
+
+
+@pytest.fixture(scope="module")
+def tensor_logs(tmp_path_factory) -> dict[str, Path]:
+    """The simulated seed experiment as a dygraph script prints it: Paddle Tensors throughout,
+    framework lines at the top and inside arrays."""
+    probe = steered_probe()
+    runs = {
+        "base": (train(probe=probe)[0], 1),
+        "merged": (train(k=K, probe=probe)[0], K),
+        "step": (train(k=K, step_every_micro=True, probe=probe)[0], K),
+    }
+    root = tmp_path_factory.mktemp("tensors")
+    paths = {}
+    for name, (steps, k) in runs.items():
+        paths[name] = root / f"{name}.log"
+        text = render(steps, k, header=HEADER, loss_format="tensor", noise_every=5)
+        paths[name].write_text(text)
+    return paths
+
+
+def judge(cli, tmp_path: Path, *args: str | Path) -> tuple[int, dict]:
+    report = tmp_path / "r.json"
+    result = cli("compare", *args, "--json", report)
+    assert result.code in (0, 1), result.err
+    return result.code, json.loads(report.read_text())
+
+
+def test_paddle_tensor_logs_are_judged(cli, tmp_path, tensor_logs):
+    code, data = judge(cli, tmp_path, tensor_logs["base"], tensor_logs["merged"], "-k", str(K))
+    assert code == 0
+    status = {c["name"]: c["status"] for c in data["checks"]}
+    assert status["weights (printed values only)"] == "pass"
+    assert status["no weight change inside a window"] == "pass"
+    assert [w["name"] for w in data["per_update"][0]["weights"]] == [
+        "printed_weight_0",
+        "printed_weight_1",
+    ]
+    code, data = judge(cli, tmp_path, tensor_logs["base"], tensor_logs["step"], "-k", str(K))
+    assert code == 1
+    assert [d["code"] for d in data["diagnosis"] if d["severity"] == "error"] == ["step-in-window"]
+
+
+# --- how the lines reach the file --------------------------------------------------------------
+
+
+PREFIXED = {
+    "torchrun rank tag": "[rank0]: {line}",
+    "torchrun role tag": "[default0]:{line}",
+    "mpirun --tag-output": "[1,0]<stdout>:{line}",
+    "timestamp": "2026-11-22 08:15:00,101 {line}",
+    "ISO timestamp": "2026-11-22T08:15:00.123456789Z {line}",
+    "paddle logger": "[2026-11-22 08:15:01,234] [    INFO] train.py:42 - {line}",
+    "python logging": "INFO:root:{line}",
+    "launcher": "LAUNCH INFO 2026-11-22 08:15:00,101 {line}",
+}
+
+
+@pytest.mark.parametrize("case", sorted(PREFIXED))
+def test_launcher_and_logger_prefixes_on_every_line(tmp_path, case):
+    prefix = PREFIXED[case]
+    lines = small_log().splitlines()
+    text = "".join(prefix.format(line=line) + "\r\n" for line in lines)
+    run = read_log(write(tmp_path, text), accum_steps=2)
+    assert_read(run)
+    assert run.config["ignored_lines"] == 0
+
+
+@pytest.mark.parametrize("case", sorted(PREFIXED))
+def test_prefixes_on_step_lines_only(tmp_path, case):
+    step = PREFIXED[case].replace("{line}", "{i}   {loss}")
+    run = read_log(write(tmp_path, small_log(step=step)), accum_steps=2)
+    assert_read(run)
+
+
+def test_byte_order_marks_and_utf16(tmp_path):
+    """A BOM before the first step line must not hide step 0 (the log was read from step 1 on);
+    PowerShell's `>` writes UTF-16 with a BOM (the log was refused as binary)."""
+    text = small_log().replace("\n", "\r\n")
+    path = tmp_path / "bom.log"
+    path.write_bytes(codecs.BOM_UTF8 + text.encode())
+    assert_read(read_log(path))
+    for encoding in ("utf-16", "utf-16-be"):
+        path = tmp_path / f"{encoding}.log"
+        bom = codecs.BOM_UTF16_BE if encoding.endswith("be") else b""
+        path.write_bytes(bom + text.encode(encoding))
+        assert looks_like_log(path)
+        assert_read(read_log(path))
+
+
+# --- step lines --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "Step[{i}/4] loss: {loss}",
+        "[Train] step: {i}, loss: {loss}, lr: 0.001",
+        "epoch 0 step {i} loss {loss}",
+        "Epoch [1/1], Step [{i}/4], Loss: {loss}",
+        "epoch: 0, batch_id: {i}, loss is: [{loss}]",
+        "step {i}/4 - loss: {loss} - acc: 0.1000 - 12ms/step",
+        "global step {i}, epoch: 0, batch: 7, loss: {loss}, speed: 1.23 step/s",
+        "epoch 0 | iter {i} | train_loss={loss} | grad_norm 1.5 | error_rate 0.1",
+        "loss: {loss}, step: {i}",
+    ],
+)
+def test_keyed_step_lines(tmp_path, step):
+    run = read_log(write(tmp_path, small_log(step=step)), accum_steps=2)
+    assert_read(run)
+
+
+def test_step_count_restarting_each_epoch_continues(tmp_path):
+    text = "".join(
+        f"epoch: {e}, batch_id: {b}, loss is: [{LOSSES[2 * e + b]}]\n"
+        for e in range(2)
+        for b in range(2)
+    )
+    assert_read(read_log(write(tmp_path, text), accum_steps=2))
+    with pytest.raises(BadInput, match="expected step 2, found step 0 again"):
+        read_log(write(tmp_path, text.replace("epoch: 1", "epoch: 0")))
+
+
+NOISE = [
+    "W1122 08:14:05.914411 40211 trainer.cc:84] step 1 loss 9.5",
+    "/x/paddle/amp.py:12: UserWarning: step 1 loss 9.5 overflowed",
+    "[2026-11-22 08:15:01,234] [ WARNING] - step 1, loss: 9.5 is large",
+    "Found inf or nan at step 1, loss scale 1024.0, skipping update",
+    "[Eval] step: 1, loss: 9.5",
+    "eval step 1 loss 9.5",
+    "step 1, val_loss 9.5",
+    "step 1, avg loss 9.5",
+    "Epoch 0:  50%|#####     | 2/4 [00:01<00:01, step=1, loss=9.5]",
+    "100%|##########| 4/4 [00:02<00:00, 1.52it/s]",
+    "LAUNCH INFO 2026-11-22 08:15:00,101 Run Pod: 1, replicas 2, status ready",
+    "Epoch [2/10]",
+    "acc [0.5]",
+    "lr: 0.001 step 1",
+]
+
+
+def test_noise_with_step_and_loss_words_stays_noise(tmp_path):
+    """Framework, warning, evaluation and progress-bar lines that name a step and a loss are
+    not training steps, in a log whose own step lines are keyed ones."""
+    lines = small_log(step="[Train] step: {i}, loss: {loss}, lr: 0.001").splitlines()
+    text = "\n".join(lines[:3] + NOISE + lines[3:]) + "\n"
+    run = read_log(write(tmp_path, text), accum_steps=2)
+    assert_read(run)
+    assert run.config["ignored_lines"] == len(NOISE)
+
+
+# --- logs that cannot be read: one line, exit 2 ------------------------------------------------
+
+
+def test_interleaved_processes(cli, tmp_path):
+    lines = small_log().splitlines()
+    tagged = [f"[rank{r}]: {line}" for line in lines for r in (0, 1)]
+    base = write(tmp_path, small_log(), "base.log")
+    result = cli("compare", base, write(tmp_path, "\n".join(tagged) + "\n", "both.log"), "-k", "1")
+    one_line_error(result, "both.log:2:", "rank0 and rank1 are interleaved")
+    doubled = "".join(f"{i}   [{loss}]\n" * 2 for i, loss in enumerate(LOSSES))
+    result = cli("compare", base, write(tmp_path, doubled, "twice.log"), "-k", "1")
+    one_line_error(result, "twice.log:2: expected step 1, found step 0 again")
+
+
+def test_a_log_cut_off_inside_an_array(cli, tmp_path):
+    text = small_log(weights="------------>{grid}").rstrip("\n")[:-12]
+    base = write(tmp_path, small_log(), "base.log")
+    result = cli("compare", base, write(tmp_path, text, "killed.log"), "-k", "1")
+    one_line_error(result, "killed.log:11:", "not closed before the end of the file", "cut off")
+    tensor = "0 " + paddle_str(np.float32(0.5)) + "\n------------>" + paddle_str(GRID)
+    result = cli("compare", base, write(tmp_path, tensor[:-20], "killed_tensor.log"), "-k", "1")
+    one_line_error(result, "killed_tensor.log:3:", "cut off")
