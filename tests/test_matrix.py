@@ -1,4 +1,4 @@
-"""The held-out-style matrix (bench/matrix.py) runs in the suite: loops of 33 other shapes over
+"""The held-out-style matrix (bench/matrix.py) runs in the suite: loops of 35 other shapes over
 3 seeds pass with no cause named, and every injected bug is named first by its own code."""
 
 from __future__ import annotations
