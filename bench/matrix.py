@@ -80,6 +80,7 @@ BUGS: list[tuple[str, str, str]] = [  # (bug, clean setup, the code that must co
     ("mean-per-micro", "tied-lm-padded-adamw", "token-normalization"),
     ("mean-per-micro-over-k", "tied-lm-padded-adamw", "loss-scale"),
     ("mean-per-micro-not-over-k", "tied-lm-padded-b8-sgd", "loss-scale"),
+    ("mean-per-micro-not-over-k", "tied-lm-padded-clip-adamw", "loss-scale"),
     ("clip-every-micro", "tied-lm-padded-clip-adamw", "clip-per-micro"),
     ("no-zero-grad", "mlp-sgd", "grad-not-cleared"),
     ("no-zero-grad", "gru-adam", "grad-not-cleared"),

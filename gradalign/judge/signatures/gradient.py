@@ -312,26 +312,46 @@ _ZERO_GRAD_FIX = (
 
 
 def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
-    """Two causes at once: a gradient K, 1/K or K+1 times too large (within 5%, by its fitted
-    ratio or by its norm: the fit shrinks with the cosine, the norm does not) whose direction is
-    off too. Divide the fitted ratio out and read the rest again: `loss-scale` and the signature
-    that explains the remainder (e.g. token normalization), or nothing."""
+    """Two causes at once: a gradient K, 1/K or K+1 times too large (within 5%) whose direction
+    is off too. The size is read by the fitted ratio, by the norm (the fit shrinks with the
+    cosine, the norm does not) and, where both runs clipped, by the norms before clipping (a
+    clip hides the scale in the gradient stepped with). Divide the fitted ratio out and read the
+    rest again: `loss-scale` and the signature that explains the remainder (e.g. token
+    normalization), or nothing."""
     ratio, k = r.grad_ratio, window(c)
-    if ratio is None or not math.isfinite(ratio) or abs(ratio - 1) <= 0.05:
+    if ratio is None or not math.isfinite(ratio):
         return []
-    norm_m, norm_b = grad_norm(c, c.merged, r.update), grad_norm(c, c.baseline, r.update)
-    sizes = [ratio] + ([norm_m / norm_b] if norm_m is not None and norm_b else [])
-    near = [v for v in (k, 1 / k, k + 1) if any(abs(x / v - 1) <= 0.05 for x in sizes)]
-    rest = token_normalization(c, r, scale=ratio) if near else None
-    if rest is None:
+    found = next(
+        ((value, what, v) for value, what in _sizes(c, r) for v in (k, 1 / k, k + 1)
+         if abs(value / v - 1) <= 0.05),
+        None,
+    )  # fmt: skip
+    rest = token_normalization(c, r, scale=ratio) if found is not None else None
+    if found is None or rest is None:
         return []
+    value, what, expected = found
     scaled = Diagnosis(
         "loss-scale",
-        f"the accumulated gradient is {ratio:.4g} times the baseline's at update {r.update} "
-        f"(about {near[0]:.4g}), beside a second cause that turns its direction: the loss is "
-        "scaled by the wrong factor",
-        {"update": r.update, "grad_ratio": finite(ratio), "expected_ratio": near[0]},
+        f"the accumulated gradient{what} is {value:.4g} times the baseline's at update "
+        f"{r.update} (about {expected:.4g}), beside a second cause that turns its direction: the "
+        "loss is scaled by the wrong factor",
+        {"update": r.update, "grad_ratio": finite(ratio), "size_ratio": finite(value),
+         "expected_ratio": expected},
         "scale each micro-batch's loss by its share of the window (1/K, or its items over the "
         "window's items), once",
-    )
+    )  # fmt: skip
     return [scaled, rest]
+
+
+def _sizes(c: Comparison, r: UpdateResult) -> list[tuple[float, str]]:
+    """The merged gradient's size over the baseline's, each way it can be read, with words."""
+    i = r.update
+    sizes = [(float(r.grad_ratio), "")] if r.grad_ratio is not None else []
+    norm_m, norm_b = grad_norm(c, c.merged, i), grad_norm(c, c.baseline, i)
+    if norm_m is not None and norm_b:
+        sizes.append((norm_m / norm_b, "'s norm"))
+    (clipped_b, _), (clipped_m, _) = _clipped(c, c.baseline, i), _clipped(c, c.merged, i)
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if clipped_b and clipped_m and pre_b is not None and pre_m is not None and pre_b[i]:
+        sizes.append((float(pre_m[i] / pre_b[i]), "'s norm before clipping"))
+    return [(x, what) for x, what in sizes if math.isfinite(x) and abs(x - 1) > 0.05]
