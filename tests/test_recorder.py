@@ -264,16 +264,19 @@ def test_items_weight_the_window_mean(tmp_path):
 def test_zero_grad_calls_inside_a_window_are_counted_without_touching_the_instances(tmp_path):
     """zero_grad() after a micro-step and before the step is counted (the optimizer's and the
     model's); at a window's start or after its step it is not. The classes are watched, not
-    the instances: a deep copy of the model is not watched, and model and optimizer pickle."""
+    the instances (the GradScaler's too): a deep copy of the model is not watched, and model,
+    optimizer and scaler pickle."""
     import copy
     import pickle
 
-    before = torch.optim.Optimizer.zero_grad, nn.Module.zero_grad
+    scaler = torch.amp.GradScaler("cpu")
+    classes = (torch.optim.Optimizer, nn.Module, torch.amp.GradScaler)
+    before = [dict(vars(cls)) for cls in classes]
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(8, 3)
-    with gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2) as rec:
+    with gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2, scaler=scaler) as rec:
         for update in range(3):
             opt.zero_grad()  # a window's start: not inside
             for micro in range(2):
@@ -282,7 +285,7 @@ def test_zero_grad_calls_inside_a_window_are_counted_without_touching_the_instan
                 model(x[micro * 4 : micro * 4 + 4]).sum().backward()
                 rec.micro(torch.tensor(0.0))
                 copy.deepcopy(model).zero_grad()  # a copy: not watched
-            pickle.dumps(model), pickle.dumps(opt)
+            pickle.dumps(model), pickle.dumps(opt), pickle.dumps(scaler)
             if update == 2:
                 opt.zero_grad()  # inside window 2, before its step
             opt.step()
@@ -291,4 +294,5 @@ def test_zero_grad_calls_inside_a_window_are_counted_without_touching_the_instan
     run = read_run_dir(tmp_path / "run")
     assert list(run.zero_grads_inside) == [0, 1, 1]
     assert "zero_grad" not in vars(model) and "zero_grad" not in vars(opt)
-    assert (torch.optim.Optimizer.zero_grad, nn.Module.zero_grad) == before  # restored
+    assert not {"unscale_", "update"} & set(vars(scaler))
+    assert [dict(vars(cls)) for cls in classes] == before  # the classes as they were

@@ -31,7 +31,7 @@ from ..runs.background import BackgroundWriter
 from ..runs.digests import wrap
 from ..runs.sketches import WIDTH
 from ..runs.writer import RunWriter
-from . import clipping, zero_grads
+from . import clipping
 from .capture import MODES, Capture
 from .device import environment, watch_autocast
 from .distributed import close_ranks, join, rank_info, settle, unwrap_model
@@ -50,6 +50,7 @@ from .window import (
     group_lrs,
     unwrap_optimizer,
     watch_scaler,
+    watch_zero_grad,
 )
 
 __all__ = ["Recorder", "RecorderError"]
@@ -139,7 +140,7 @@ class Recorder:
         ]
         self._stop_autocast = watch_autocast(model, self._env, first.device.type)
         self._stop_clip = clipping.listen(self._on_clip)
-        self._stop_zero_grad = zero_grads.listen(self._windows.zero_grad, self._optimizer, model)
+        self._stop_zero_grad = watch_zero_grad(self._windows, self._optimizer, model)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
         try:  # a rank that does not write the run keeps its fingerprints all the same
             writes = self._ranks is None or self._ranks.writes

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import watched
+
 
 def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
     """The torch optimizer inside a wrapper (accelerate's AcceleratedOptimizer, a Lightning or
@@ -58,21 +60,35 @@ def watch_scaler(scaler: Any, windows: Windows) -> Callable[[], None]:
     """Count a GradScaler's unscale_() and update() calls into the open window (an unscale or an
     update per micro-step breaks accumulation); returns the function that stops counting."""
     windows.watched_scaler = True
-    originals = {name: getattr(scaler, name) for name in ("unscale_", "update")}
 
-    def unscale_(*args: Any, **kwargs: Any) -> Any:
+    def unscaled() -> None:
         windows.open.unscales += 1
-        return originals["unscale_"](*args, **kwargs)
 
-    def update(*args: Any, **kwargs: Any) -> Any:
+    def updated() -> None:
         windows.open.scaler_updates += 1
-        return originals["update"](*args, **kwargs)
 
-    scaler.unscale_, scaler.update = unscale_, update
+    stops = [
+        watched.watch(type(scaler), "unscale_", scaler, unscaled),
+        watched.watch(type(scaler), "update", scaler, updated),
+    ]
+    return _together(stops)
 
+
+def watch_zero_grad(windows: Windows, optimizer: Any, model: Any) -> Callable[[], None]:
+    """Count the optimizer's and the model's zero_grad() calls into the open window (one after
+    a micro-step and before the window's step discards the gradient accumulated so far). The
+    base classes are watched, so every optimizer and module class is seen."""
+    stops = [
+        watched.watch(torch.optim.Optimizer, "zero_grad", optimizer, windows.zero_grad),
+        watched.watch(torch.nn.Module, "zero_grad", model, windows.zero_grad),
+    ]
+    return _together(stops)
+
+
+def _together(stops: list[Callable[[], None]]) -> Callable[[], None]:
     def stop() -> None:
-        for name in originals:
-            scaler.__dict__.pop(name, None)
+        for each in stops:
+            each()
 
     return stop
 
