@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -429,3 +430,31 @@ def test_scheduler_per_rank_reads_only_the_updates_that_line_up():
     c.merged.lr = schedule[0:12:2]  # W=2 schedule steps per update
     found = scheduler_per_rank(c)
     assert found is not None and found.evidence["schedule_steps_per_update"] == 2
+
+
+def _ranks(init_1: int, after_1: int) -> SimpleNamespace:
+    """A run of 2 ranks over one parameter and one update, by fingerprints alone."""
+    from gradalign.runs.model import TensorInfo
+    from gradalign.runs.ranks import RankSeries
+
+    def rank(r: int, init: int, after: int) -> RankSeries:
+        state = np.array([[after]], dtype=np.int64)
+        return RankSeries(r, np.zeros(1), np.array([init]), state, np.array([[5]]))
+
+    return SimpleNamespace(
+        ranks=[rank(0, 1, 2), rank(1, init_1, after_1)],
+        tensors=[TensorInfo("w", (1,), "float32")],
+        updates=1,
+    )
+
+
+def test_other_initial_weights_broadcast_before_the_first_step_are_no_divergence():
+    """A Recorder created before DDP wraps the model records each rank's own initialization;
+    DDP then broadcasts rank 0's. Equal weights and gradients at update 0 show it; other
+    weights after update 0 are a real divergence (dp-rank-init)."""
+    from gradalign.judge.distributed import rank_facts
+
+    broadcast = rank_facts(_ranks(init_1=9, after_1=2))
+    assert broadcast.agree and broadcast.synced == [1]
+    diverged = rank_facts(_ranks(init_1=9, after_1=3))
+    assert not diverged.agree and diverged.init == {1: ["w"]}

@@ -27,6 +27,7 @@ class RankFacts:
 
     world: int
     init: dict[int, list[str]] = field(default_factory=dict)
+    synced: list[int] = field(default_factory=list)  # ranks whose other start was broadcast away
     weights: dict[int, dict[int, list[str]]] = field(default_factory=dict)
     grads: dict[int, dict[int, list[str]]] = field(default_factory=dict)
     buffers: dict[int, dict[int, list[str]]] = field(default_factory=dict)
@@ -51,8 +52,10 @@ def rank_facts(run: Run) -> RankFacts | None:
     for other in run.ranks[1:]:
         r = other.rank
         differ = (other.init_state != first.init_state) & params
-        if differ.any():
+        if differ.any() and not _synced_before_first_step(first, other, params):
             facts.init[r] = _names(names, differ)
+        elif differ.any():
+            facts.synced.append(r)
         for i in range(run.updates):
             for target, mine, theirs, mask in (
                 (facts.weights, first.update_state[i], other.update_state[i], params),
@@ -66,6 +69,16 @@ def rank_facts(run: Run) -> RankFacts | None:
             if text:
                 facts.steps.setdefault(i, {})[r] = text
     return facts
+
+
+def _synced_before_first_step(first, other, params: np.ndarray) -> bool:
+    """A rank that recorded other initial weights, yet stepped with rank 0's gradient into rank
+    0's weights at update 0: the weights were made equal before the first step (DDP broadcasts
+    rank 0's when it wraps the model, after the Recorder began)."""
+    if not len(first.update_state) or not len(other.update_state):
+        return False
+    same_after = np.array_equal(first.update_state[0][params], other.update_state[0][params])
+    return same_after and np.array_equal(first.grad_state[0][params], other.grad_state[0][params])
 
 
 def _names(names: list[str], mask: np.ndarray) -> list[str]:
@@ -140,11 +153,17 @@ def rank_check(run: Run, facts: RankFacts) -> Check:
         i = min(facts.buffers)
         r, names = next(iter(facts.buffers[i].items()))
         buffers = f"; buffers differ (rank {r}, update {i}: {listed(names)}): per-rank statistics"
+    synced = (
+        f"; rank(s) {', '.join(map(str, facts.synced))} recorded other initial weights, made "
+        "equal to rank 0's before the first step (a broadcast after the Recorder began)"
+        if facts.synced
+        else ""
+    )
     return Check(
         name,
         PASS,
         f"{facts.world} ranks ({where}): parameters, stepped gradients, learning rates and step "
-        f"counts bitwise equal after all {run.updates} updates{shown}{buffers}",
+        f"counts bitwise equal after all {run.updates} updates{shown}{buffers}{synced}",
     )
 
 
