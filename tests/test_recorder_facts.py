@@ -134,10 +134,11 @@ def test_irregular_windows_are_recorded_and_judged(tmp_path):
     assert len(result.results) == 1  # window 1 no longer lines up: update 0 alone is judged
 
 
-def epoch_loop(out, k, *, rows=60, batch=16, last_micro_drops=False, float64=False):
+def epoch_loop(out, k, *, rows=60, batch=16, last_micro_drops=False, repeat=False, float64=False):
     """One epoch of `rows` samples in batches of `batch` (the last one short), each normalized
     by its own row count, as the frameworks close an epoch: K micro-batches of batch/K rows,
-    fewer in the last window. `last_micro_drops`: the last window loses its last micro-batch."""
+    fewer in the last window. `last_micro_drops`: the last window loses its last micro-batch;
+    `repeat`: its last micro-batch repeats a sample (a sampler padding the data)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     if float64:
@@ -155,6 +156,8 @@ def epoch_loop(out, k, *, rows=60, batch=16, last_micro_drops=False, float64=Fal
                 micros = micros[:-1]
             for a in micros:
                 xb, yb = x[a : min(a + size, stop)], y[a : min(a + size, stop)]
+                if repeat and stop == rows and a == micros[-1]:
+                    xb, yb = torch.cat([xb, xb[:1]]), torch.cat([yb, yb[:1]])
                 loss = nn.functional.cross_entropy(model(xb), yb, reduction="sum")
                 (loss / (stop - start)).backward()
                 rec.micro(loss_sum=loss, items=len(yb), batch=(xb, yb))
@@ -167,7 +170,7 @@ def epoch_loop(out, k, *, rows=60, batch=16, last_micro_drops=False, float64=Fal
 def test_a_short_last_window_holding_the_baseline_batch_is_the_end_of_the_data(tmp_path):
     """60 rows in batches of 16: the baseline's last batch holds 12 rows, the merged run's last
     window 3 micro-batches of 4. That is the same training, judged to the end; a last window
-    that lost a micro-batch is still named."""
+    that lost a micro-batch lines up all the same, and the samples check names what it lacks."""
     epoch_loop(tmp_path / "b", 1)
     epoch_loop(tmp_path / "r", 1, float64=True)
     merged = epoch_loop(tmp_path / "m", 4)
@@ -179,7 +182,15 @@ def test_a_short_last_window_holding_the_baseline_batch_is_the_end_of_the_data(t
     assert "window(s) 3 (3)" in bookkeeping.detail and "end of the data" in bookkeeping.detail
     epoch_loop(tmp_path / "d", 4, last_micro_drops=True)
     dropped = api.compare(tmp_path / "b", tmp_path / "d", reference=tmp_path / "r")
-    assert [d.code for d in dropped.diagnosis][:1] == ["window-bookkeeping"]
+    assert [d.code for d in dropped.diagnosis][:1] == ["data-order"]  # 8 of its 12 rows
+    assert (
+        "window 3" not in next(c for c in dropped.checks if c.name == "window bookkeeping").detail
+    )
+    samples = next(c for c in dropped.checks if c.name == "same samples per update")
+    assert samples.status == "fail" and "1/4 windows" in samples.detail, samples.detail
+    epoch_loop(tmp_path / "p", 4, repeat=True)
+    padded = api.compare(tmp_path / "b", tmp_path / "p", reference=tmp_path / "r")
+    assert [d.code for d in padded.diagnosis][:1] == ["data-order"]  # 13 rows, one twice
 
 
 def test_a_forgotten_update_is_recorded_and_judged(tmp_path):

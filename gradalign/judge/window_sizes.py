@@ -5,9 +5,10 @@ recorded as it ran (the Recorder does not refuse it). Its windows no longer line
 baseline's batches from the first irregular one on: updates before it are judged as usual, the
 rest are not comparable, and the check below fails with the facts.
 
-One kind of window of another size is training, not a bug: a window that holds exactly the
-baseline's batch of that update (its samples' digest and row count), as the frameworks close an
-epoch whose data does not fill K micro-batches (the baseline's last batch is short as well).
+One kind of window of another size is training, not a bug: the end of the data, as the
+frameworks close an epoch that does not fill K micro-batches (the baseline's last batch is short
+as well). Such a window lines up with the baseline's batch; what it holds is the samples
+check's to judge.
 """
 
 from __future__ import annotations
@@ -29,25 +30,43 @@ def irregular(run: Run, base: Run | None = None) -> np.ndarray:
 
 
 def data_boundaries(run: Run, base: Run) -> list[int]:
-    """Windows of another size than K whose samples are the baseline's batch of that update,
-    by digest and row count (a short last batch at the end of the data)."""
+    """Windows of another size than K at the end of the data: those holding exactly the
+    baseline's batch of their update (digest and rows), and those holding fewer micro-steps than
+    K where the baseline's batch is short too (its rows below its largest batch's). The samples
+    check then judges what such a window holds (a sampler that pads with a repeated sample)."""
     if run is base or run.micro_data is None or base.micro_data is None:
         return []
     found = []
     for i in map(int, run.irregular_windows):
         if i >= base.updates or i >= run.updates:
             continue
-        mine, theirs = run.window(i), base.window(i)
-        if wrap(int(run.micro_data[mine.start : mine.stop].sum())) != wrap(
-            int(base.micro_data[theirs.start : theirs.stop].sum())
-        ):
-            continue
-        if run.micro_samples is not None and base.micro_samples is not None:
-            rows = run.micro_samples[mine.start : mine.stop].sum()
-            if rows != base.micro_samples[theirs.start : theirs.stop].sum():
-                continue
-        found.append(i)
+        if _same_batch(run, base, i) or _both_short(run, base, i):
+            found.append(i)
     return found
+
+
+def _rows(run: Run, i: int) -> int | None:
+    if run.micro_samples is None:
+        return None
+    w = run.window(i)
+    return int(run.micro_samples[w.start : w.stop].sum())
+
+
+def _same_batch(run: Run, base: Run, i: int) -> bool:
+    mine, theirs = run.window(i), base.window(i)
+    digests = wrap(int(run.micro_data[mine.start : mine.stop].sum())) == wrap(
+        int(base.micro_data[theirs.start : theirs.stop].sum())
+    )
+    rows = _rows(run, i), _rows(base, i)
+    return digests and (None in rows or rows[0] == rows[1])
+
+
+def _both_short(run: Run, base: Run, i: int) -> bool:
+    if base.micro_samples is None or int(run.sizes[i]) >= run.accum_steps:
+        return False
+    largest = max(_rows(base, u) or 0 for u in range(base.updates))
+    rows = _rows(base, i)
+    return rows is not None and rows < largest
 
 
 def problems(run: Run, role: str, base: Run | None = None) -> list[str]:
