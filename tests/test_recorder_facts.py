@@ -4,6 +4,8 @@ window bookkeeping of loops that get it wrong (recorded and judged, never refuse
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -134,11 +136,14 @@ def test_irregular_windows_are_recorded_and_judged(tmp_path):
     assert len(result.results) == 1  # window 1 no longer lines up: update 0 alone is judged
 
 
-def epoch_loop(out, k, *, rows=60, batch=16, last_micro_drops=False, repeat=False, float64=False):
+def epoch_loop(
+    out, k, *, rows=60, batch=16, last_micro_drops=False, repeat=False, over_k=False, float64=False
+):
     """One epoch of `rows` samples in batches of `batch` (the last one short), each normalized
     by its own row count, as the frameworks close an epoch: K micro-batches of batch/K rows,
     fewer in the last window. `last_micro_drops`: the last window loses its last micro-batch;
-    `repeat`: its last micro-batch repeats a sample (a sampler padding the data)."""
+    `repeat`: its last micro-batch repeats a sample (a sampler padding the data); `over_k`:
+    each micro-batch's mean divided by K, right in full windows only."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     if float64:
@@ -159,7 +164,7 @@ def epoch_loop(out, k, *, rows=60, batch=16, last_micro_drops=False, repeat=Fals
                 if repeat and stop == rows and a == micros[-1]:
                     xb, yb = torch.cat([xb, xb[:1]]), torch.cat([yb, yb[:1]])
                 loss = nn.functional.cross_entropy(model(xb), yb, reduction="sum")
-                (loss / (stop - start)).backward()
+                (loss / len(yb) / k if over_k else loss / (stop - start)).backward()
                 rec.micro(loss_sum=loss, items=len(yb), batch=(xb, yb))
             opt.step()
             rec.update()
@@ -191,6 +196,10 @@ def test_a_short_last_window_holding_the_baseline_batch_is_the_end_of_the_data(t
     epoch_loop(tmp_path / "p", 4, repeat=True)
     padded = api.compare(tmp_path / "b", tmp_path / "p", reference=tmp_path / "r")
     assert [d.code for d in padded.diagnosis][:1] == ["data-order"]  # 13 rows, one twice
+    epoch_loop(tmp_path / "k", 4, over_k=True)
+    scaled = api.compare(tmp_path / "b", tmp_path / "k", reference=tmp_path / "r").diagnosis
+    assert [d.code for d in scaled][:1] == ["loss-scale"]
+    assert "in a window of 3 micro-step(s)" in scaled[0].message
 
 
 def test_a_forgotten_update_is_recorded_and_judged(tmp_path):
@@ -232,3 +241,38 @@ def test_a_micro_batch_of_padding_alone_is_recorded(tmp_path):
     run = read_run_dir(tmp_path / "r")
     assert list(run.micro_items) == [2.0, 0.0]
     assert run.window_losses()[0] == pytest.approx(float(loss.detach()) / 2)
+
+
+def uneven_loop(out, k, *, per_micro_mean=False, float64=False):
+    """Windows of 8 rows as micro-batches of 6 and 2 rows; the loss recorded as each
+    micro-batch's mean with its samples (`batch=`), no item counts. Right: weighted by rows;
+    `per_micro_mean`: each micro-batch's mean divided by K."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    model = model.double() if float64 else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g)
+    x = x.double() if float64 else x
+    bounds = [0, 8] if k == 1 else [0, 6, 8]
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for start in range(0, 32, 8):
+            for a, b in itertools.pairwise(bounds):
+                xb, yb = x[start + a : start + b], y[start + a : start + b]
+                mean = nn.functional.cross_entropy(model(xb), yb)
+                (mean / k if per_micro_mean else mean * (b - a) / 8).backward()
+                rec.micro(mean, batch=(xb, yb))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+def test_micro_batches_of_unequal_rows_without_item_counts_are_read_by_their_samples(tmp_path):
+    uneven_loop(tmp_path / "b", 1)
+    uneven_loop(tmp_path / "r", 1, float64=True)
+    uneven_loop(tmp_path / "m", 2)
+    assert api.compare(tmp_path / "b", tmp_path / "m", reference=tmp_path / "r").verdict == "pass"
+    uneven_loop(tmp_path / "bug", 2, per_micro_mean=True)
+    found = api.compare(tmp_path / "b", tmp_path / "bug", reference=tmp_path / "r").diagnosis
+    assert [d.code for d in found][:1] == ["token-normalization"]
+    assert "hold 6, 2 samples" in found[0].message

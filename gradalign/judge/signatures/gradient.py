@@ -27,8 +27,17 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         return None
     if not abs(ratio - 1) > RATIO_MATCH:
         return None
-    k = window(c)
+    k, n = window(c), int(c.merged.sizes[r.update])
+    short = [
+        (
+            n / k,
+            f"divided by K={k} in a window of {n} micro-step(s) (the end of the data)",
+            "divide each micro-batch's loss by the micro-batches in its own window, or weight "
+            "it by its share of the window's items",
+        )
+    ]
     variants = [
+        *(short if n != k else []),
         (k, f"not divided by K={k}", "divide each micro-batch's loss by K before backward()"),
         (1 / k, f"divided by K={k} twice", "divide each micro-batch's loss by K once"),
         (
@@ -84,11 +93,13 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         base_share = _representable_share(gb, name)
         if merged_share == 1.0 and base_share < 0.5:
             error = relative_error(gb, gm)
+            ranks = c.merged.world_size > 1
+            how = f"accumulated or all-reduced in {name}" if ranks else f"accumulated in {name}"
             return Diagnosis(
                 "grad-accum-dtype",
                 f"at update {r.update} every merged gradient value is exactly a {name} number "
                 f"(baseline: {base_share:.1%} of them), and the gradient is {error:.3g} off "
-                f"(relative L2): the micro-batch gradients were accumulated in {name}",
+                f"(relative L2): the micro-batch gradients were {how}",
                 {
                     "update": r.update,
                     "accumulation_dtype": name,
@@ -101,7 +112,13 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
                     },
                 },
                 "accumulate gradients in float32 (keep .grad, or a float32 master copy, in "
-                "float32 under mixed precision) and cast only the weights to 16 bits",
+                "float32 under mixed precision) and cast only the weights to 16 bits"
+                + (
+                    "; on several ranks, all-reduce them in float32 too (no fp16/bf16 "
+                    "compression hook on DDP)"
+                    if ranks
+                    else ""
+                ),
             )
     return None
 
@@ -109,8 +126,11 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
 def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> Diagnosis | None:
     """Each micro-batch's mean divided by K, with unequal item counts: a reweighting of the
     micro-batches by N / (K n_j), so the gradient error is bounded by the imbalance. `scale`
-    divides the merged gradient first (another cause scaled it: see `with_loss_scale`)."""
-    items, k = c.merged.micro_items, c.merged.accum_steps
+    divides the merged gradient first (another cause scaled it: see `with_loss_scale`). Without
+    item counts, the micro-batches' rows (`batch=`) count: a per-sample loss."""
+    items, k, unit = c.merged.micro_items, c.merged.accum_steps, "items"
+    if items is None:
+        items, unit = c.merged.micro_samples, "samples"
     if items is None or k < 2:
         return None
     w = c.merged.window(r.update)
@@ -128,7 +148,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     return Diagnosis(
         "token-normalization",
         f"at update {r.update} the micro-batches hold {', '.join(str(int(n)) for n in counts)} "
-        f"items, yet each was weighted equally (its mean divided by K): items are weighted up to "
+        f"{unit}, yet each was weighted equally (its mean divided by K): {unit} are weighted up to "
         f"{imbalance:.1%} wrong, and the gradient is {error:.3g} off (relative L2, cosine "
         f"{r.grad_cosine:.6f})",
         {
