@@ -1,0 +1,85 @@
+"""A false alarm gradalign still raises, kept runnable for whoever fixes it.
+
+A correct accumulation of a tiny attention model under Adam (lr 1e-2, eps 1e-8) fails on a few
+seeds. At Adam's first step an element whose gradient is near eps has a high gain
+(lr·eps/(|g|+eps)²); the merged run's float32 summation error there can be 20 times the
+baseline's single draw, so that one element dominates the tensor's weight error, and the
+difference then feeds the next updates' gradients. The noise floor, one draw per element, does
+not cover it (issue 13's closing note, "Left").
+
+    python bench/known_false_alarms.py [--seeds 17 45] [--dir DIR]
+
+Prints, per seed, the verdict, the first code and the worst err/allowed; exits 0 either way (a
+record of a limit, not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import gradalign
+from gradalign import api
+
+VOCAB, SEQ, CLASSES, BATCH, UPDATES = 24, 10, 5, 48, 12
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.mha = nn.MultiheadAttention(d, 4, batch_first=True)
+        self.out = nn.Linear(d, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        return self.out(self.mha(h, h, h, need_weights=False)[0].mean(1))
+
+
+def record(out: Path, k: int, seed: int, float64: bool = False, reference: str | None = None):
+    """One run of the loop at K=k: each micro-batch's summed loss over the batch's rows."""
+    torch.manual_seed(seed)
+    model = Attention().double() if float64 else Attention()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(2000 + seed)
+    x = torch.randint(1, VOCAB, (BATCH * UPDATES, SEQ), generator=g)
+    y = x[:, 0] % CLASSES
+    size = BATCH // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+        for u in range(UPDATES):
+            for j in range(k):
+                rows = slice(u * BATCH + j * size, u * BATCH + (j + 1) * size)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows], reduction="sum")
+                (loss / BATCH).backward()
+                rec.micro(loss_sum=loss.detach(), items=size, batch=(x[rows], y[rows]))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[17, 45])
+    parser.add_argument("--dir", type=Path, default=None, help="keep the runs here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as scratch:
+        root = args.dir or Path(scratch)
+        for seed in args.seeds:
+            here = root / f"seed-{seed}"
+            record(here / "ref", 1, seed, float64=True)
+            record(here / "base", 1, seed, reference="../ref")
+            record(here / "merged", 4, seed)
+            c = api.compare(here / "base", here / "merged")
+            worst = max(d.ratio for r in c.results for d in (*r.weights, *r.grads))
+            codes = [d.code for d in c.diagnosis if d.severity == "error"]
+            print(f"seed {seed}: {c.verdict}, {codes[:1] or ['-']}, worst err/allowed {worst:.3g}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
