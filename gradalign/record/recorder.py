@@ -204,7 +204,7 @@ class Recorder:
             self._samples.append(sample_count(batch))
         self._capture.micro()
         self._stop_autocast()  # the first micro-step's forward showed the compute dtype
-        self._windows.open.micro_steps += 1
+        self._windows.micro_step()
         self._micro_steps.append(self._steps_since_micro)
         self._steps_since_micro = 0
 

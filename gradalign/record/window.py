@@ -106,7 +106,8 @@ class Window:
     unscales: int = 0  # GradScaler.unscale_() calls (when a scaler is watched)
     scaler_updates: int = 0  # GradScaler.update() calls
     clip_calls: int = 0  # clip_grad_norm_ calls on the model's parameters
-    zero_grads_inside: int = 0  # zero_grad() calls after a micro-step, before the step
+    zero_grads_inside: int = 0  # zero_grad() calls between two of its micro-steps
+    zero_grads_after: int = 0  # since its last micro-step (inside if another micro-step comes)
 
 
 @dataclass
@@ -146,11 +147,19 @@ class Windows:
         self.open = Window()
 
     def zero_grad(self) -> None:
-        """A zero_grad() call: inside the window when it follows a micro-step and precedes the
-        window's optimizer step (where it discards the gradient accumulated so far)."""
+        """A zero_grad() call: inside the window when it falls between two of its micro-steps,
+        where it discards the gradient accumulated so far (one after the last micro-step, even
+        where a GradScaler skipped the step, is not)."""
         self.zero_grads_seen = True
-        if self.open.micro_steps and not self.open.steps:
-            self.open.zero_grads_inside += 1
+        if self.open.micro_steps:
+            self.open.zero_grads_after += 1
+
+    def micro_step(self) -> None:
+        """One more micro-step in the open window."""
+        w = self.open
+        w.zero_grads_inside += w.zero_grads_after
+        w.zero_grads_after = 0
+        w.micro_steps += 1
 
     def series(self, accum_steps: int) -> dict[str, np.ndarray]:
         """The per-update series for the run's series file (only what was recorded)."""

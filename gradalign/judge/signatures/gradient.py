@@ -282,8 +282,8 @@ def _clip_phrase(run: str, clipped: bool, after: float) -> str:
 
 
 def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """The Recorder saw zero_grad() inside the failing update's window: after a micro-step and
-    before the window's optimizer step, where it discards the gradient accumulated so far."""
+    """The Recorder saw zero_grad() inside the failing update's window, between two of its
+    micro-steps, where it discards the gradient accumulated so far."""
     counts = c.merged.zero_grads_inside
     if counts is None or not counts[r.update]:
         return None
@@ -292,8 +292,8 @@ def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     ratio = f"{r.grad_ratio:.3g}" if finite(r.grad_ratio) is not None else "not finite"
     return Diagnosis(
         "zero-grad-in-window",
-        f"zero_grad() was called {calls} time(s) inside window {i}, after a micro-step and before "
-        f"the optimizer step ({windows} window(s) so): the micro-batches before it were cleared; "
+        f"zero_grad() was called {calls} time(s) inside window {i}, between its micro-steps "
+        f"({windows} window(s) so): the micro-batches before it were cleared; "
         f"the accumulated gradient is {ratio} times the baseline's",
         {
             "update": i,
