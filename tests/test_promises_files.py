@@ -11,6 +11,7 @@ Each test is a defect once reproduced by hand (a careless or hostile use), kept 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -268,3 +269,38 @@ def test_a_baseline_never_runs_the_code_its_manifest_names(cli, tmp_path, monkey
     trusted = cli("merged", "--against", "base", "--out", "m2", "--trust-run-code")
     assert trusted.code == 0, trusted.err
     assert "--trust-run-code: imported the code" in trusted.out
+
+
+def test_reports_into_pipes_and_through_links_are_written_not_replaced(cli, small_runs, tmp_path):
+    """A report path that is not a regular file (a pipe, /dev/stdout, /dev/null) is written into;
+    a symbolic link to a file stays a link to the report. Replacing /dev/null as root would
+    break the machine."""
+    import threading
+
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "real.json")
+    result = cli("compare", base, merged, "--json", fifo, "--junit", link)
+    reader.join(timeout=30)
+    assert result.code == 0, result.err
+    assert fifo.is_fifo() and json.loads(got[0])["verdict"] == "pass"
+    assert link.is_symlink() and (tmp_path / "real.json").read_text().startswith("<?xml")
+    assert not list(tmp_path.glob(".gradalign-*.tmp"))
+
+
+def test_two_reports_on_one_file_and_overlong_names_are_refused_before_work(
+    cli, small_runs, tmp_path
+):
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    same = cli("compare", base, merged, "--json", tmp_path / "r", "--junit", tmp_path / "r")
+    one_line_error(same, "are the same file")
+    long = cli(
+        "compare", base, merged, "--json", tmp_path / "a.json", "--junit", tmp_path / ("x" * 260)
+    )
+    one_line_error(long, "longer than 255 bytes")
+    assert not (tmp_path / "a.json").exists()  # refused before any report was written

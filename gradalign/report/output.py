@@ -6,12 +6,23 @@ import os
 from pathlib import Path
 
 from ..errors import BadInput
+from ..runs.outputs import is_stream
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write via a temporary name and rename: a reader never sees half a file. Missing parent
-    directories are created (the checks before any work found a writable ancestor)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    directories are created (the checks before any work found a writable ancestor). A path that
+    is not a regular file (`/dev/stdout`, a pipe, `/dev/null`) is written into as it is, and a
+    symbolic link to a file is kept: the file it names is replaced."""
+    if is_stream(path):
+        try:
+            with open(path, "wb") as stream:
+                stream.write(data)
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot write the report ({exc.strerror})") from None
+        return
+    path = Path(os.path.realpath(path))
+    tmp = path.with_name(f".gradalign-{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(data)

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import BadInput
 from .writer import ensure_parent_writable
+
+NAME_MAX = 255  # bytes in one file name on Linux, macOS and Windows file systems
+
+
+def is_stream(path: os.PathLike[str] | str) -> bool:
+    """Whether `path` names something other than a regular file or a directory (a device, a
+    pipe, a terminal), following symbolic links: written into, never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _inside(path: Path, other: Path) -> bool:
@@ -29,10 +42,18 @@ def check_outputs(
                 raise BadInput(
                     f"output {shown} would overwrite the input {given}; choose another output"
                 )
+    seen: dict[Path, os.PathLike[str] | str] = {}
     for report in reports:
+        if len(os.fsencode(Path(report).name)) > NAME_MAX:
+            raise BadInput(f"report {report}: the file name is longer than {NAME_MAX} bytes")
+        if is_stream(report):  # /dev/stdout, a pipe, /dev/null: written into as it is
+            continue
         target = Path(report).resolve()
         if Path(report).is_dir():
             raise BadInput(f"report {report} is a directory; give a file name")
+        if target in seen:
+            raise BadInput(f"reports {seen[target]} and {report} are the same file; give two")
+        seen[target] = report
         for given, run in ins + outs:
             if _inside(target, run):
                 raise BadInput(
