@@ -34,6 +34,10 @@ USER_CODE = textwrap.dedent(
 
     def mean_loss(outputs, targets):
         return nn.functional.cross_entropy(outputs, targets)
+
+
+    def exits():
+        raise SystemExit(0)
     """
 )
 SMALL = ["--updates", "4", "--batch-size", "32", "-k", "4"]
@@ -90,9 +94,14 @@ def test_user_module_on_the_path_passes_and_its_bug_is_caught(
         ("--loss", "{file}:mean_loss", "must return (summed loss tensor, item count)"),
         ("--loss", "{file}:make_data", "raised TypeError"),
         ("--data", "nocolon", "must be module:attribute"),
+        ("--model", "{file}:exits", "exited (sys.exit(0)) instead of returning"),
+        ("--model", "{dir}/parses_args.py:make", "importing it exited (sys.exit(2))"),
     ],
 )
 def test_bad_entry_points_exit_2(cli, tmp_path, user_file, option, value, message):
+    (tmp_path / "parses_args.py").write_text(
+        "import argparse\nargparse.ArgumentParser().parse_args()\n"
+    )
     value = value.format(file=user_file, dir=tmp_path)
     result = cli("verify", *SMALL, option, value, "-o", tmp_path / "v")
     assert result.code == 2, result.out + result.err

@@ -60,6 +60,11 @@ def _import(module_name: str, what: str, spec: str):
         raise
     except ModuleNotFoundError as exc:
         raise BadInput(f"{what} {spec!r}: cannot import {exc.name}") from None
+    except SystemExit as exc:  # a script's own argument parsing, run at import
+        raise BadInput(
+            f"{what} {spec!r}: importing it exited (sys.exit({exc.code!r})); a script that "
+            'parses its arguments or trains at import needs an `if __name__ == "__main__":`'
+        ) from None
     except Exception as exc:  # the user's module failed while importing
         raise BadInput(
             f"{what} {spec!r}: importing it raised {type(exc).__name__}: {exc}"
@@ -71,6 +76,10 @@ def _call(fn: Callable[..., Any], what: str, spec: str, *args: Any) -> Any:
         return fn(*args)
     except BadInput:
         raise
+    except SystemExit as exc:  # would end gradalign with the user's exit status, unjudged
+        raise BadInput(
+            f"{what} {spec!r} exited (sys.exit({exc.code!r})) instead of returning"
+        ) from None
     except Exception as exc:
         text = " ".join(str(exc).split())
         text = text if len(text) <= 160 else text[:157] + "..."
