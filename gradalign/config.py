@@ -214,6 +214,10 @@ def _check_ranges(c: TrainConfig, where: str) -> None:
             raise BadInput(f"{where}: {name} must be at least 1, got {value}")
     if c.accum_steps < 1:
         raise BadInput(f"{where}: accum_steps (K) must be at least 1, got {c.accum_steps}")
+    for name in ("seed", "samples_seed"):
+        value = getattr(c, name)
+        if value is not None and not 0 <= value < 2**32:
+            raise BadInput(f"{where}: {name} must be in [0, 2**32), got {shown(value)}")
     if c.batch_size % c.accum_steps:
         raise BadInput(
             f"{where}: batch_size {c.batch_size} is not divisible by accum_steps {c.accum_steps}"
@@ -287,6 +291,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise BadInput(f"{path}: a config file of over 1 MiB is not a config")
+        if path.exists() and not path.is_file() and not path.is_dir():
+            raise BadInput(f"{path}: not a regular file (a device or a pipe), not a config file")
         text = path.read_text()
     except FileNotFoundError:
         raise BadInput(f"{path}: no such config file") from None

@@ -341,3 +341,16 @@ def test_a_failed_report_leaves_no_temporary_file(tmp_path):
     with pytest.raises(BadInput):
         write_text_atomic(tmp_path / "d", "{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+def test_a_seed_torch_cannot_take_is_refused(cli, tmp_path, seed):
+    one_line_error(cli("verify", "--seed", seed, "--out", tmp_path / "v"), "seed must be in")
+    assert not (tmp_path / "v").exists()
+
+
+def test_a_config_or_golden_file_that_is_a_device_is_refused_not_read_forever(cli, small_runs):
+    """/dev/zero never ends: reading it as a config or a golden file hung."""
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    one_line_error(cli("compare", base, merged, "-c", "/dev/zero"), "not a regular file")
+    one_line_error(cli("golden", "check", "/dev/zero", base), "not a regular file")
