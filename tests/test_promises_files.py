@@ -304,3 +304,14 @@ def test_two_reports_on_one_file_and_overlong_names_are_refused_before_work(
     )
     one_line_error(long, "longer than 255 bytes")
     assert not (tmp_path / "a.json").exists()  # refused before any report was written
+
+
+def test_a_named_reference_that_is_missing_is_a_note_and_a_corrupt_one_is_refused(cli, verified):
+    """Gone, the reference leaves the fixed tolerances (a note says so); still there but
+    unreadable, it is an error: a gate must not quietly judge by weaker bounds."""
+    base, merged, ref = verified / "baseline", verified / "merged", verified / "baseline-fp64"
+    (ref / "manifest.json").write_text("{not json")
+    one_line_error(cli("compare", base, merged), "baseline-fp64", "manifest")
+    shutil.rmtree(ref)
+    gone = cli("compare", base, merged)
+    assert gone.code == 0 and "which is missing" in gone.out

@@ -73,6 +73,8 @@ def open_reference(option: str | None, base: Run) -> tuple[Run | None, str | Non
     if base.reference is None:
         return None, None
     path = Path(base.reference)
+    if path.exists() and not is_run_dir(path):  # there, but not readable as a run: say so
+        return open_run(path, None, "reference"), None
     if not is_run_dir(path):
         return None, (
             f"the baseline names a reference run at {path}, which is missing; judged by the "
