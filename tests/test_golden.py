@@ -244,6 +244,9 @@ def _mutations() -> dict:
         "world size": (["environment", "world_size"], "x" * 10_000),
         "huge key": (["environment_key"], "k" * 100_000),
         "per_update": (["per_update"], {}),
+        "source null": (["source"], None),
+        "source a string": (["source"], "x"),
+        "reference dtype unknown": (["reference_dtype"], "float128"),
     }
     return {
         name: (lambda d, p=path, v=value: set_path(d, p, v))

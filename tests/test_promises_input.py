@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gradalign import cli as cli_module
@@ -354,3 +355,57 @@ def test_a_config_or_golden_file_that_is_a_device_is_refused_not_read_forever(cl
     base, merged = small_runs["baseline"], small_runs["merged"]
     one_line_error(cli("compare", base, merged, "-c", "/dev/zero"), "not a regular file")
     one_line_error(cli("golden", "check", "/dev/zero", base), "not a regular file")
+
+
+def _edit(run: Path, relpath: str, edit) -> None:
+    """Change a tensor file of a run and list its new checksum: damage only the checks see."""
+    from gradalign.runs import tensors
+    from gradalign.runs.checksums import declared, of_file
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    data = tensors.read(run / relpath, relpath)
+    edit(data)
+    (run / relpath).write_bytes(tensors.encode(data))
+    manifest["files"][relpath] = of_file(run / relpath, declared(manifest))
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+
+SHAPELESS = {  # each once an internal error (exit 3)
+    "grad states short": (
+        "series.safetensors",
+        lambda d: d.update({"update/grad_state": d["update/grad_state"][:1]}),
+        "update/grad_state has shape",
+    ),
+    "lr of three dimensions": (
+        "series.safetensors",
+        lambda d: d.update({"update/lr": d["update/lr"].reshape(-1, 1, 1)}),
+        "update/lr has shape",
+    ),
+    "an initial tensor the manifest does not list": (
+        "weights/init.safetensors",
+        lambda d: d.update({"extra/junk": np.zeros(3, np.float32)}),
+        "junk",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHAPELESS))
+def test_series_and_files_of_other_shapes_are_bad_input(cli, small_copy, case):
+    relpath, edit, message = SHAPELESS[case]
+    _edit(small_copy["merged"], relpath, edit)
+    one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), message)
+
+
+def test_a_manifest_number_of_5000_digits_is_bad_input(cli, small_copy):
+    path = small_copy["merged"] / "manifest.json"
+    path.write_text(
+        path.read_text().replace('"updates": ', '"updates": ' + "9" * 5000 + ', "x": ', 1)
+    )
+    one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), "manifest.json")
+
+
+def test_a_log_loss_beyond_float_range_is_judged_not_crashed(cli, tmp_path):
+    log = tmp_path / "huge.log"
+    log.write_text("".join(f"{i}   [{'1e99999' if i == 0 else 0.5}]\n" for i in range(48)))
+    result = cli("compare", log, ROOT / "fixtures" / "paddle" / "run_grad.log", "-k", "4")
+    assert result.code in (1, 2) and "internal error" not in result.err, result.err

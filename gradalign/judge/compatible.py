@@ -55,6 +55,9 @@ def check_compatible(
     if init_b is None or init_m is None:
         _same_fingerprints(base, other, what)
     else:
+        if set(init_b) != set(init_m):
+            odd = sorted(set(init_b) ^ set(init_m))[0]
+            raise BadInput(f"the initial weights of the {what} hold other tensors (first: {odd})")
         for name in init_b:
             if not np.array_equal(init_b[name], init_m[name]):
                 delta = float(np.abs(init_b[name] - init_m[name].astype(np.float64)).max())

@@ -33,6 +33,9 @@ def _numbers(value: Any, length: int | None = None) -> bool:
     return ok and (length is None or len(value) == length)
 
 
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
 def check_golden(data: dict, where: str) -> None:
     """Raise BadInput naming the first field that is missing, malformed or out of range."""
 
@@ -54,6 +57,11 @@ def check_golden(data: dict, where: str) -> None:
     for field in ("grad_dtype", "reference_dtype"):
         if data.get(field) is not None and not isinstance(data[field], str):
             raise bad(field, "must be a string or null")
+    if data.get("reference_dtype") not in (None, *FLOAT_DTYPES):
+        raise bad("reference_dtype", f"must be one of {', '.join(FLOAT_DTYPES)}, or null")
+    source = data.get("source")
+    if not (isinstance(source, dict) and isinstance(source.get("run"), str)):
+        raise bad("source", "must be {run: the path it was written from, ...}")
     model = data.get("model")
     if model is not None and not (
         isinstance(model, dict)

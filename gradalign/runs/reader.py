@@ -36,7 +36,7 @@ def read_manifest(path: Path) -> dict:
         raise BadInput(f"{path}: not a gradalign run (no {MANIFEST})") from None
     except RecursionError:
         raise BadInput(f"{path}: {MANIFEST} is nested too deeply") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, ValueError):  # not JSON, not UTF-8, a number of 5000 digits
         raise BadInput(f"{path}: {MANIFEST} is unreadable or not JSON") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BadInput(f"{path}: {MANIFEST} does not describe a {FORMAT}")
@@ -95,8 +95,13 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
 
     def optional(name: str, rows: int) -> np.ndarray | None:
         value = series.get(name)
-        if value is not None and value.shape[:1] != (rows,):
-            raise BadInput(f"{where}: series {name} has shape {value.shape}, expected {rows} rows")
+        if value is None:
+            return None
+        width = {**dict.fromkeys(_PER_TENSOR, len(tensors)), "update/scaler_calls": 2}.get(name)
+        expected = (rows,) if name not in _TWO_D else (rows, width or value.shape[-1])
+        if value.shape != expected or (name == "update/lr_groups" and not value.shape[-1]):
+            shown = "x".join(map(str, expected))
+            raise BadInput(f"{where}: series {name} has shape {value.shape}, expected [{shown}]")
         return value
 
     sizes = optional("update/micro_steps", updates)
@@ -187,6 +192,10 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
     return run
 
 
+_PER_TENSOR = ("micro/state", "micro/grad_state", "micro/grad_writes", "update/state")
+_TWO_D = {*_PER_TENSOR, "update/scaler_calls", "update/lr_groups"}
+
+
 def _expect_fingerprints(store: Store, series: Tensors, tensors: list, updates: int) -> None:
     """What each tensor file's tensors must sum to, from the series (docs/FORMAT.md)."""
     names = [t.name for t in tensors]
@@ -198,6 +207,13 @@ def _expect_fingerprints(store: Store, series: Tensors, tensors: list, updates: 
             f"{store.path}: the manifest declares fingerprint integrity, but the series holds "
             f"no {missing[0]}"
         )
+    shapes = {"init/state": (len(names),), "update/state": (updates, len(names))}
+    shapes["update/grad_state"] = shapes["update/state"]
+    for key, shape in shapes.items():
+        if rows[key].shape != shape:  # type: ignore[union-attr]
+            raise BadInput(
+                f"{store.path}: series {key} has shape {rows[key].shape}, expected {list(shape)}"  # type: ignore[union-attr]
+            )
     store.expected[weights_file(None)] = dict(zip(names, map(int, rows["init/state"]), strict=True))
     for i in range(min(updates, len(rows["update/state"]))):
         store.expected[weights_file(i)] = dict(

@@ -4,6 +4,7 @@ resolution each number was printed at, fingerprints of what was printed. Numpy-o
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 
@@ -41,7 +42,10 @@ def number_quantum(printed: Printed, precision: int | None) -> float:
     """The same for one number: bracketed (an array, `precision` applies) or bare (its own
     digits: a 0-d array or a Python float prints as many as identify it)."""
     digits = printed.digits if precision is None else precision
-    own = 10.0 ** (printed.exponent - digits)
+    try:
+        own = 10.0 ** (printed.exponent - digits)
+    except OverflowError:  # `1e99999`: a printed inf, whose resolution says nothing
+        own = math.inf
     return float(max(own, spacing(np.array([printed.value]))[0]))
 
 
