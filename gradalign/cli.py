@@ -1,12 +1,12 @@
 """The `gradalign` command line: parse, call `gradalign.api`, render, exit code.
 
 Exit codes: 0 aligned, 1 not aligned, 2 bad input (one line on stderr), 3 an internal error (one
-line; `--debug` shows the traceback), 130 interrupted. A crash never looks like a verdict.
+line; `--debug` shows the traceback), 130 interrupted (143 on SIGTERM). A crash never looks
+like a verdict.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 from pathlib import Path
@@ -34,16 +34,17 @@ from .cli_options import (
     training_options,
 )
 from .config import tolerances_from_yaml
-from .errors import BadInput
+from .errors import DISK_ERRORS, BadInput, Terminated, sigterm_as_interrupt
 
-BAD_INPUT, INTERNAL, INTERRUPTED = 2, 3, 130
+BAD_INPUT, INTERNAL, INTERRUPTED, TERMINATED = 2, 3, 130, 143
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Is a gradient-accumulation run numerically the same training as its large batch? "
-    "Exit 0 aligned, 1 not aligned, 2 bad input, 3 internal error, 130 interrupted.",
+    "Exit 0 aligned, 1 not aligned, 2 bad input, 3 internal error, 130 interrupted, "
+    "143 terminated.",
 )
 
 
@@ -341,12 +342,6 @@ def version() -> None:
     out_console.print(__version__)
 
 
-_DISK_ERRORS = {
-    *(errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR),
-    *(errno.EIO, errno.EFBIG),  # a write that failed in the background writer too
-}
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point. Bad input is one line on stderr and exit 2; anything unexpected is one line
     and exit 3 (the traceback with --debug); never exit 1, which means "not aligned"."""
@@ -354,7 +349,8 @@ def main(argv: list[str] | None = None) -> None:
     _debug["on"] = _debug["on"] or "--debug" in args
     args = [a for a in args if a != "--debug"]  # accepted before or after the command
     try:
-        code = app(args=args, prog_name="gradalign", standalone_mode=False)
+        with sigterm_as_interrupt():
+            code = app(args=args, prog_name="gradalign", standalone_mode=False)
     except TyperException as exc:  # usage errors: unknown option, bad value, missing argument
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `gradalign` (or a group): help
             context = getattr(exc, "ctx", None)
@@ -365,10 +361,12 @@ def main(argv: list[str] | None = None) -> None:
         _fail(str(exc), BAD_INPUT)
     except (Abort, KeyboardInterrupt):
         code = INTERRUPTED
+    except Terminated:
+        code = TERMINATED
     except MemoryError:
         _fail("out of memory: the run is too large for this machine; reduce it", BAD_INPUT)
     except OSError as exc:
-        if exc.errno not in _DISK_ERRORS or _debug["on"]:
+        if exc.errno not in DISK_ERRORS or _debug["on"]:
             _internal(exc)
         where = f" ({exc.filename})" if exc.filename else ""
         _fail(f"cannot write or read{where}: {exc.strerror}", BAD_INPUT)
@@ -378,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"input nested too deeply to read ({exc})", BAD_INPUT)
     except Exception as exc:
         _internal(exc)
-    if code == INTERRUPTED:
+    if code in (INTERRUPTED, TERMINATED):
         err_console.print("interrupted: no partial run was left in place")
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -3,6 +3,11 @@ such messages."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -15,3 +20,36 @@ def shown(value: Any, limit: int = 60) -> str:
     not make the message itself huge)."""
     text = repr(value) if not isinstance(value, dict | list | tuple) else type(value).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Terminated(BaseException):
+    """SIGTERM (a CI job cancelled, `timeout`, `docker stop`): cleaned up as Ctrl-C is, by every
+    `except BaseException` that removes what it staged; not a KeyboardInterrupt, which typer
+    turns into exit 130."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM goes through the Ctrl-C cleanup (in the main thread, unless
+    a handler of its own is installed); the handler before is put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+DISK_ERRORS = {  # what a full, read-only or failing disk raises: bad input, not a bug
+    *(errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR),
+    *(errno.EIO, errno.EFBIG),  # a write that failed in the background writer too
+}

@@ -315,3 +315,24 @@ def test_a_named_reference_that_is_missing_is_a_note_and_a_corrupt_one_is_refuse
     shutil.rmtree(ref)
     gone = cli("compare", base, merged)
     assert gone.code == 0 and "which is missing" in gone.out
+
+
+def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path):
+    """A cancelled CI job, `timeout` or `docker stop` sends SIGTERM: exit 143, one line, and
+    no staging directory or lock left behind (a real process, killed mid-training)."""
+    out = tmp_path / "v"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gradalign", "verify", "--updates", "400", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(out.glob(".*")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until it has started writing
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "interrupted: no partial run was left in place" in err and "Traceback" not in err
+    assert not [p.name for p in out.iterdir()] if out.exists() else True

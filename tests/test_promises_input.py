@@ -293,8 +293,9 @@ def test_the_readme_says_how_to_call_gradalign_and_every_exit_code():
     assert ".venv/bin/gradalign" in readme and "source .venv/bin/activate" in readme
     table = readme[readme.index("## Exit codes") :]
     codes = {int(line.split("|")[1]) for line in table.splitlines()[4:] if line.startswith("| ")}
-    assert codes == {0, 1, 2, 3, 130}
+    assert codes == {0, 1, 2, 3, 130, 143}
     assert {cli_module.BAD_INPUT, cli_module.INTERNAL, cli_module.INTERRUPTED} <= codes
+    assert cli_module.TERMINATED in codes
 
 
 def test_help_lists_the_choices_and_the_fault_names(cli):

@@ -219,16 +219,20 @@ class RunWriter:
 
 @contextlib.contextmanager
 def deferred_interrupts() -> Iterator[None]:
-    """Hold Ctrl-C back while a few renames run, then deliver it."""
+    """Hold Ctrl-C and SIGTERM back while a few renames run, then deliver them."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if signal.SIGTERM in caught:
+        signal.raise_signal(signal.SIGTERM)  # to the handler before: Terminated, or the default
     if caught:
         raise KeyboardInterrupt
 
