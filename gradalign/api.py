@@ -14,6 +14,7 @@ small golden file and judge against it. Training needs torch; judging does not i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from . import api_recording as recording
 from .api_golden import GoldenCheck, golden_check, golden_write
 from .api_recording import check_plan, inspect_model, record_merged_runs, require_torch
 from .config import ENTRY_POINT_KEYS, TrainConfig, load_config
-from .errors import BadInput
+from .errors import BadInput, shown
 from .feedback import Feedback, Silent
 from .judge.results import Comparison
 
@@ -50,16 +51,30 @@ def as_config(config: ConfigLike, overrides: Mapping[str, Any] | None = None) ->
         return config.replace(**dict(overrides or {})) if overrides else config
     if config is None or isinstance(config, Mapping):
         return load_config(None, {**dict(config or {}), **dict(overrides or {})})
-    return load_config(Path(config), dict(overrides or {}))
+    return load_config(as_path(config, "config"), dict(overrides or {}))
 
 
 def check_tolerances(tolerances: Mapping[str, Any] | None) -> dict[str, Any]:
     """Tolerance overrides, validated before any work (unknown names, non-numbers)."""
     from .judge.tolerances import for_dtype
 
+    if tolerances is not None and not isinstance(tolerances, Mapping):
+        raise BadInput(f"tolerances must be a mapping of names to numbers, got {shown(tolerances)}")
     checked = dict(tolerances or {})
-    for_dtype("float32", checked)
+    try:
+        for_dtype("float32", checked)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BadInput(f"tolerances: {exc}") from None
     return checked
+
+
+def as_path(value: Any, what: str) -> Path:
+    """A path argument of the API (str, bytes or os.PathLike), else BadInput."""
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if not isinstance(value, str | os.PathLike):
+        raise BadInput(f"{what} must be a path, got {shown(value)}")
+    return Path(value)
 
 
 def record_baseline(
@@ -104,7 +119,7 @@ def record_merged(
     require_torch()
     from .runs.writer import RunSet
 
-    cfg, out, feedback = as_config(config), Path(out), feedback or Silent()
+    cfg, out, feedback = as_config(config), as_path(out, "out"), feedback or Silent()
     if not checked:
         check_plan(cfg, [out], fault=fault)
     with RunSet(out.parent, [out.name]) as runs:
@@ -144,7 +159,19 @@ def compare(
     from .runs.sources import open_merged, open_reference, open_run
 
     checked = check_tolerances(tolerances)
-    sources = [Path(merged)] if isinstance(merged, str | Path) else [Path(m) for m in merged]
+    baseline = as_path(baseline, "baseline")
+    if isinstance(merged, str | bytes | os.PathLike):
+        sources = [as_path(merged, "merged")]
+    elif isinstance(merged, Sequence) and merged:
+        sources = [as_path(m, "merged") for m in merged]
+    else:
+        raise BadInput(f"merged must be a path or a list of card logs, got {shown(merged)}")
+    if reference is not None and reference != "none":
+        reference = as_path(reference, "reference")
+    if accum_steps is not None and (
+        isinstance(accum_steps, bool) or not isinstance(accum_steps, int)
+    ):
+        raise BadInput(f"accum_steps must be an integer, got {shown(accum_steps)}")
     if not sources:
         raise BadInput("no merged run given")
     named = [] if reference in (None, "none") else [Path(reference)]
@@ -200,7 +227,7 @@ def verify(
     require_torch()
     from .runs.writer import RunSet
 
-    cfg, out, feedback = as_config(config), Path(out), feedback or Silent()
+    cfg, out, feedback = as_config(config), as_path(out, "out"), feedback or Silent()
     checked = check_tolerances(tolerances)
     base, merged = out / "baseline", out / "merged"
     check_plan(cfg, [base, merged], reference=reference, fault=fault, reports=reports)

@@ -410,3 +410,29 @@ def test_a_log_loss_beyond_float_range_is_judged_not_crashed(cli, tmp_path):
     log.write_text("".join(f"{i}   [{'1e99999' if i == 0 else 0.5}]\n" for i in range(48)))
     result = cli("compare", log, ROOT / "fixtures" / "paddle" / "run_grad.log", "-k", "4")
     assert result.code in (1, 2) and "internal error" not in result.err, result.err
+
+
+def test_api_misuse_raises_bad_input(small_runs, tmp_path):
+    """The README promises BadInput for bad input to the Python API too, not TypeError."""
+    from gradalign import api
+    from gradalign.errors import BadInput
+
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    calls = {
+        "no baseline": lambda: api.compare(None, merged),
+        "a number": lambda: api.compare(5, merged),
+        "no merged": lambda: api.compare(base, None),
+        "reference a number": lambda: api.compare(base, merged, reference=5),
+        "tolerances a list": lambda: api.compare(base, merged, tolerances=[1, 2]),
+        "tolerance overflow": lambda: api.compare(
+            base, merged, tolerances={"weight_rtol": 10**400}
+        ),
+        "K a float": lambda: api.compare(base, merged, accum_steps=4.0),
+        "config a number": lambda: api.verify(5, tmp_path / "v"),
+        "out missing": lambda: api.verify({}, None),
+    }
+    for name, call in calls.items():
+        with pytest.raises(BadInput):
+            call()
+            pytest.fail(f"{name}: no BadInput")
+    assert api.compare(str(base).encode(), os.fsencode(merged)).verdict == "pass"  # bytes paths
