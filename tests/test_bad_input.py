@@ -180,3 +180,11 @@ def test_train_config_rejects_out_of_range_values():
 
     with pytest.raises(BadInput, match="momentum must not be negative"):
         TrainConfig().replace(momentum=-0.5)
+
+
+def test_a_data_file_that_is_a_directory_is_named_so_not_missing(cli, small_copy):
+    grads = small_copy["merged"] / "grads" / "update_000001.safetensors"
+    grads.unlink()
+    grads.mkdir()
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    one_line_error(result, "not regular files", "update_000001")

@@ -82,7 +82,11 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
             raise BadInput(f"{where}: manifest lists a file outside the run: {shown(relpath)}")
     missing = sorted(rel for rel in checksums if not (path / rel).is_file())
     if missing:
-        raise BadInput(f"{where}: {len(missing)} data file(s) missing, first {missing[0]}")
+        first = path / missing[0]
+        what = "missing" if not os.path.lexists(first) else "not regular files"
+        if what != "missing" and first.is_symlink():
+            what = "links to nowhere or to no regular file"
+        raise BadInput(f"{where}: {len(missing)} data file(s) {what}, first {missing[0]}")
     k, updates = manifest["accum_steps"], manifest["updates"]
     tensors = [
         TensorInfo(t["name"], tuple(t["shape"]), t["dtype"], t.get("kind", "param"))
