@@ -100,7 +100,8 @@ def test_user_module_on_the_path_passes_and_its_bug_is_caught(
 )
 def test_bad_entry_points_exit_2(cli, tmp_path, user_file, option, value, message):
     (tmp_path / "parses_args.py").write_text(
-        "import argparse\nargparse.ArgumentParser().parse_args()\n"
+        "import argparse\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--epochs', required=True)\nparser.parse_args()\n"
     )
     value = value.format(file=user_file, dir=tmp_path)
     result = cli("verify", *SMALL, option, value, "-o", tmp_path / "v")
