@@ -20,8 +20,8 @@ from ..runs.model import Run
 
 
 def irregular(run: Run, base: Run | None = None) -> np.ndarray:
-    """Windows of `run` that do not hold K micro-steps, less those that hold exactly the
-    baseline's batch of their update (`data_boundaries`)."""
+    """Windows of `run` that do not hold K micro-steps, less those at the end of the data
+    (`data_boundaries`, given the baseline)."""
     found = run.irregular_windows
     if base is None or not found.size:
         return found
@@ -70,8 +70,8 @@ def _both_short(run: Run, base: Run, i: int) -> bool:
 
 
 def problems(run: Run, role: str, base: Run | None = None) -> list[str]:
-    """What is wrong with a run's windows, in words (empty: nothing); `base`: the baseline, whose
-    batches a window of another size may hold exactly."""
+    """What is wrong with a run's windows, in words (empty: nothing); `base`: the baseline, by
+    whose batches a window at the end of the data lines up."""
     found = []
     odd = irregular(run, base)
     if odd.size:
