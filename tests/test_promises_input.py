@@ -117,6 +117,9 @@ WRONG_TYPES = {
     "an integer tensor name": lambda m: m["tensors"][0].update(name=7),
     "a shape of strings": lambda m: m["tensors"][0].update(shape=["784"]),
     "a negative dimension": lambda m: m["tensors"][0].update(shape=[-1]),
+    "a dtype of nonsense": lambda m: m["tensors"][0].update(dtype="nonsense"),
+    "a complex dtype": lambda m: m["tensors"][0].update(dtype="complex64"),
+    "format version true": lambda m: m.update(format_version=True),
     "a tensor dtype that is not a string": lambda m: m["tensors"][0].update(dtype=None),
     "an unknown tensor kind": lambda m: m["tensors"][0].update(kind="weights"),
     "a repeated tensor name": lambda m: m["tensors"].append(dict(m["tensors"][0])),
@@ -436,3 +439,16 @@ def test_api_misuse_raises_bad_input(small_runs, tmp_path):
             call()
             pytest.fail(f"{name}: no BadInput")
     assert api.compare(str(base).encode(), os.fsencode(merged)).verdict == "pass"  # bytes paths
+
+
+def test_what_the_format_rules_out_is_refused_even_where_both_runs_declare_it(cli, small_copy):
+    base, merged = small_copy["baseline"], small_copy["merged"]
+    for run in (base, merged):
+        with_manifest(run, lambda m: m["tensors"][0].update(dtype="nonsense"))
+    one_line_error(cli("compare", base, merged), "tensors[0].dtype", "nonsense")
+
+
+def test_a_micro_loss_of_integers_is_refused(cli, small_copy):
+    _edit(small_copy["merged"], "series.safetensors",
+          lambda d: d.update({"micro/loss": d["micro/loss"].astype(np.int64)}))  # fmt: skip
+    one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), "micro/loss")

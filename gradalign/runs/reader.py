@@ -41,7 +41,7 @@ def read_manifest(path: Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BadInput(f"{path}: {MANIFEST} does not describe a {FORMAT}")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:  # True == 1 in Python
         raise BadInput(
             f"{path}: format version {shown(version)}; this gradalign reads {FORMAT_VERSION}"
         )
@@ -114,8 +114,8 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
     unclosed = manifest.get("unclosed_micro_steps", 0)
     micro = (updates * k if sizes is None else int(sizes.sum())) + unclosed
     loss = series.get("micro/loss")
-    if loss is None or loss.shape != (micro,):
-        raise BadInput(f"{where}: series holds no micro/loss of {micro} values")
+    if loss is None or loss.shape != (micro,) or loss.dtype.kind != "f":
+        raise BadInput(f"{where}: series holds no micro/loss of {micro} floating values")
 
     expected = {t.name: t.shape for t in tensors}
 

@@ -74,6 +74,12 @@ def check_manifest(manifest: dict, where: str) -> None:
             raise bad("model", "must be {batchnorm: [names], dropout: [names]}")
 
 
+TENSOR_DTYPES = {  # torch's spelling of what a recorded tensor may hold
+    *("float64", "float32", "float16", "bfloat16"),
+    *("int64", "int32", "int16", "int8", "uint8", "bool"),
+}
+
+
 def _check_tensors(tensors: Any, bad) -> None:
     if not isinstance(tensors, list) or not tensors:
         raise bad("tensors", "must be a non-empty list")
@@ -90,7 +96,10 @@ def _check_tensors(tensors: Any, bad) -> None:
         names.add(name)
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise bad(f"{entry}.shape", f"must be a list of sizes >= 0, got {shown(shape)}")
-        if not isinstance(t.get("dtype"), str):
-            raise bad(f"{entry}.dtype", "must be a string such as 'float32'")
+        if t.get("dtype") not in TENSOR_DTYPES:
+            raise bad(
+                f"{entry}.dtype",
+                f"must be a torch dtype such as 'float32', got {shown(t.get('dtype'))}",
+            )
         if t.get("kind", "param") not in ("param", "buffer"):
             raise bad(f"{entry}.kind", f"must be 'param' or 'buffer', got {shown(t.get('kind'))}")
