@@ -336,3 +336,24 @@ def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path):
     assert proc.returncode == 143, err
     assert "interrupted: no partial run was left in place" in err and "Traceback" not in err
     assert not [p.name for p in out.iterdir()] if out.exists() else True
+
+
+def test_ctrl_c_while_reports_are_written_leaves_the_whole_set(
+    cli, small_runs, tmp_path, monkeypatch
+):
+    """An interrupt between two report files is held until all are written, then exits 130:
+    CI never finds a passing JUnit file beside a missing HTML one."""
+    from gradalign.report import junit
+
+    real = junit.write_junit
+
+    def interrupted(comparison, path):
+        real(comparison, path)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(junit, "write_junit", interrupted)
+    names = {"--json": "r.json", "--junit": "r.xml", "--markdown": "r.md", "--html": "r.html"}
+    args = [a for option, name in names.items() for a in (option, tmp_path / name)]
+    result = cli("compare", small_runs["baseline"], small_runs["merged"], *args)
+    assert result.code == 130, result.err
+    assert all((tmp_path / name).is_file() for name in names.values())

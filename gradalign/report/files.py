@@ -58,13 +58,16 @@ def write_reports(
     comparison: Comparison, files: ReportFiles, environ: Mapping[str, str] | None = None
 ) -> list[str]:
     """Write every requested report, append the GitHub step summary when the job has one, and
-    return the `::error` lines a GitHub Actions job should print (none elsewhere)."""
+    return the `::error` lines a GitHub Actions job should print (none elsewhere). An interrupt
+    meanwhile is held until the set is written: an interrupted job never leaves part of it."""
+    from ..runs.writer import deferred_interrupts
     from .github import annotations, append_step_summary, in_actions
 
     environ = os.environ if environ is None else environ
-    for name, write in _writers().items():
-        target = getattr(files, name)
-        if target is not None:
-            write(comparison, Path(target))
-    append_step_summary(comparison, environ)
+    with deferred_interrupts():  # Ctrl-C or SIGTERM lands after the set: all written, or none
+        for name, write in _writers().items():
+            target = getattr(files, name)
+            if target is not None:
+                write(comparison, Path(target))
+        append_step_summary(comparison, environ)
     return annotations(comparison) if in_actions(environ) else []
