@@ -341,11 +341,7 @@ def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
     ratio, k = r.grad_ratio, window(c)
     if ratio is None or not math.isfinite(ratio):
         return []
-    found = next(
-        ((value, what, v) for value, what in _sizes(c, r) for v in (k, 1 / k, k + 1)
-         if abs(value / v - 1) <= 0.05),
-        None,
-    )  # fmt: skip
+    found = _near(_sizes(c, r), (k, 1 / k, k + 1))
     rest = token_normalization(c, r, scale=ratio) if found is not None else None
     if found is None or rest is None:
         return []
@@ -355,12 +351,27 @@ def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
         f"the accumulated gradient{what} is {value:.4g} times the baseline's at update "
         f"{r.update} (about {expected:.4g}), beside a second cause that turns its direction: the "
         "loss is scaled by the wrong factor",
-        {"update": r.update, "grad_ratio": finite(ratio), "size_ratio": finite(value),
-         "expected_ratio": expected},
+        {
+            "update": r.update,
+            "grad_ratio": finite(ratio),
+            "size_ratio": finite(value),
+            "expected_ratio": expected,
+        },
         "scale each micro-batch's loss by its share of the window (1/K, or its items over the "
         "window's items), once",
-    )  # fmt: skip
+    )
     return [scaled, rest]
+
+
+def _near(
+    sizes: list[tuple[float, str]], expected: tuple[float, ...]
+) -> tuple[float, str, float] | None:
+    """The first size within 5% of an expected ratio: (size, its words, that ratio)."""
+    for value, what in sizes:
+        for v in expected:
+            if abs(value / v - 1) <= 0.05:
+                return value, what, v
+    return None
 
 
 def _sizes(c: Comparison, r: UpdateResult) -> list[tuple[float, str]]:
