@@ -61,9 +61,8 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         if r is not None and finite(r.grad_ratio) is not None and finite(r.grad_cosine):
             shapes = (signature(c, r) for signature in [*ranked.GRADIENT_SHAPE, *GRADIENT_SHAPE])
             found = [d for d in shapes if d is not None][:1]
-            pair = sig.with_loss_scale(c, r)
-            if not found or (pair and pair[1].code == found[0].code):
-                found = pair or found  # a wrong scale beside the shape found refines it
+            if not found or found[0].code == "token-normalization":  # read beside a wrong scale
+                found = sig.with_loss_scale(c, r) or found
     if diverged is not None:
         found.append(diverged)
     return found or [_unexplained(c)]

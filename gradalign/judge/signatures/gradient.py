@@ -378,10 +378,13 @@ def _sizes(c: Comparison, r: UpdateResult) -> list[tuple[float, str]]:
     """The merged gradient's size over the baseline's, each way it can be read, with words."""
     i = r.update
     sizes = [(float(r.grad_ratio), "")] if r.grad_ratio is not None else []
-    norm_m, norm_b = grad_norm(c, c.merged, i), grad_norm(c, c.baseline, i)
+    (clipped_b, norm_b), (clipped_m, norm_m) = _clipped(c, c.baseline, i), _clipped(c, c.merged, i)
+    if norm_b is None:  # no norm before clipping recorded: _clipped read no gradient
+        norm_b = grad_norm(c, c.baseline, i)
+    if norm_m is None:
+        norm_m = grad_norm(c, c.merged, i)
     if norm_m is not None and norm_b:
         sizes.append((norm_m / norm_b, "'s norm"))
-    (clipped_b, _), (clipped_m, _) = _clipped(c, c.baseline, i), _clipped(c, c.merged, i)
     pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
     if clipped_b and clipped_m and pre_b is not None and pre_m is not None and pre_b[i]:
         sizes.append((float(pre_m[i] / pre_b[i]), "'s norm before clipping"))
