@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from .errors import BadInput, shown
+from .paths import is_stream
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULERS = ("constant", "linear", "cosine")
@@ -291,7 +292,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise BadInput(f"{path}: a config file of over 1 MiB is not a config")
-        if path.exists() and not path.is_file() and not path.is_dir():
+        if is_stream(path):
             raise BadInput(f"{path}: not a regular file (a device or a pipe), not a config file")
         text = path.read_text()
     except FileNotFoundError:

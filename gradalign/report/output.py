@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ..errors import BadInput
-from ..runs.outputs import is_stream
+from ..paths import is_stream
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadInput, shown
+from ..paths import is_stream
 from .golden_schema import check_golden
 from .model import Run, TensorInfo
 
@@ -87,7 +88,7 @@ def load(path: Path) -> dict[str, Any]:
     try:
         if path.is_file() and path.stat().st_size > MAX_BYTES:
             raise BadInput(f"{path}: over 64 MiB; not a golden file")
-        if path.exists() and not path.is_file() and not path.is_dir():
+        if is_stream(path):
             raise BadInput(f"{path}: not a regular file (a device or a pipe); not a golden file")
         data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except FileNotFoundError:

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import BadInput
+from ..paths import is_stream
 from .writer import ensure_parent_writable
 
 NAME_MAX = 255  # bytes in one file name on Linux, macOS and Windows file systems
-
-
-def is_stream(path: os.PathLike[str] | str) -> bool:
-    """Whether `path` names something other than a regular file or a directory (a device, a
-    pipe, a terminal), following symbolic links: written into, never replaced."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _inside(path: Path, other: Path) -> bool:

@@ -1,0 +1,17 @@
+"""What a path names, as the commands that read or write it need to know."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+
+def is_stream(path: os.PathLike[str] | str) -> bool:
+    """Whether `path` names something other than a regular file or a directory (a device, a
+    pipe, a terminal), following symbolic links: a report is written into it, never over it,
+    and a config or golden file read from it might never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
