@@ -99,13 +99,8 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
 
     def optional(name: str, rows: int) -> np.ndarray | None:
         value = series.get(name)
-        if value is None:
-            return None
-        width = {**dict.fromkeys(_PER_TENSOR, len(tensors)), "update/scaler_calls": 2}.get(name)
-        expected = (rows,) if name not in _TWO_D else (rows, width or value.shape[-1])
-        if value.shape != expected or (name == "update/lr_groups" and not value.shape[-1]):
-            shown = "x".join(map(str, expected))
-            raise BadInput(f"{where}: series {name} has shape {value.shape}, expected [{shown}]")
+        if value is not None:
+            _check_shape(where, name, value, _series_shape(name, rows, len(tensors), value))
         return value
 
     sizes = optional("update/micro_steps", updates)
@@ -196,8 +191,26 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
     return run
 
 
-_PER_TENSOR = ("micro/state", "micro/grad_state", "micro/grad_writes", "update/state")
-_TWO_D = {*_PER_TENSOR, "update/scaler_calls", "update/lr_groups"}
+_PER_TENSOR = {
+    *("micro/state", "micro/grad_state", "micro/grad_writes", "update/state", "update/grad_state"),
+}
+
+
+def _series_shape(name: str, rows: int, tensors: int, value: np.ndarray) -> tuple[int, ...]:
+    """The shape docs/FORMAT.md gives a series: [rows], [rows, P] per tensor, [rows, 2] for the
+    scaler's calls, [rows, G >= 1] for the learning rate of each param group."""
+    if name in _PER_TENSOR:
+        return rows, tensors
+    if name == "update/scaler_calls":
+        return rows, 2
+    if name == "update/lr_groups":
+        return rows, (max(1, value.shape[-1]) if value.ndim else 1)
+    return (rows,)
+
+
+def _check_shape(where: object, name: str, value: np.ndarray, shape: tuple[int, ...]) -> None:
+    if value.shape != shape:
+        raise BadInput(f"{where}: series {name} has shape {value.shape}, expected {list(shape)}")
 
 
 def _expect_fingerprints(store: Store, series: Tensors, tensors: list, updates: int) -> None:
@@ -211,15 +224,13 @@ def _expect_fingerprints(store: Store, series: Tensors, tensors: list, updates: 
             f"{store.path}: the manifest declares fingerprint integrity, but the series holds "
             f"no {missing[0]}"
         )
-    shapes = {"init/state": (len(names),), "update/state": (updates, len(names))}
-    shapes["update/grad_state"] = shapes["update/state"]
-    for key, shape in shapes.items():
-        if rows[key].shape != shape:  # type: ignore[union-attr]
-            raise BadInput(
-                f"{store.path}: series {key} has shape {rows[key].shape}, expected {list(shape)}"  # type: ignore[union-attr]
-            )
+    for key, value in rows.items():
+        if key == "init/state":
+            _check_shape(store.path, key, value, (len(names),))  # type: ignore[arg-type]
+        else:
+            _check_shape(store.path, key, value, _series_shape(key, updates, len(names), value))  # type: ignore[arg-type]
     store.expected[weights_file(None)] = dict(zip(names, map(int, rows["init/state"]), strict=True))
-    for i in range(min(updates, len(rows["update/state"]))):
+    for i in range(updates):  # both state series hold `updates` rows: checked above
         store.expected[weights_file(i)] = dict(
             zip(names, map(int, rows["update/state"][i]), strict=True)
         )
