@@ -14,7 +14,7 @@ from ...errors import BadInput
 from ..model import Run
 from .build import build_run, fingerprint
 from .cards import CARD_LOSSES, combine_cards
-from .grammar import clean, join_tensors, step_line
+from .grammar import readable, step_line
 from .parse import decode, parse_log
 
 SNIFF_BYTES = 1 << 20  # a launcher may print a long preamble before the first step
@@ -55,7 +55,7 @@ def looks_like_log(path: str | Path) -> bool:
     lines = text.splitlines()
     if len(head) == SNIFF_BYTES and len(lines) > 1:
         lines = lines[:-1]  # the last line may be cut
-    for line in join_tensors([clean(line) for line in lines]):
+    for line in readable(lines):
         try:
             if step_line(line) is not None:
                 return True

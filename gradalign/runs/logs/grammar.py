@@ -125,6 +125,12 @@ def rank_tag(line: str) -> str | None:
     return None if match is None else match["tag"] or f"rank{match['mpi']}"
 
 
+def readable(lines: list[str]) -> list[str]:
+    """A log's lines as the grammar reads them: each `clean`, and Tensor prints joined
+    (`join_tensors`); line numbers stay."""
+    return join_tensors([clean(line) for line in lines])
+
+
 def join_tensors(lines: list[str]) -> list[str]:
     """Clean lines with each Paddle Tensor print read as its data: the text before
     `Tensor(shape=.., stop_gradient=..,` (or before `Parameter containing:`) continues with the

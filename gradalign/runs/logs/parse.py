@@ -14,11 +14,10 @@ from .grammar import (
     PrintedArray,
     StepLine,
     arrow_line,
-    clean,
     is_array_content,
-    join_tensors,
     one_number,
     rank_tag,
+    readable,
     step_line,
 )
 
@@ -104,7 +103,7 @@ class _Pass:
 
     def __init__(self, path: Path, lines: list[str]) -> None:
         self.path, self.raw, self.at = path, lines, 0
-        self.lines = join_tensors([clean(line) for line in lines])
+        self.lines = readable(lines)
         self.log = ParsedLog(path)
 
     def where(self, index: int) -> str:
