@@ -105,7 +105,8 @@ def _bookkeeping_check(base: Run, merged: Run, judged: int) -> Check:
             name,
             PASS,
             f"every window ended with update() and held K micro-steps, except window(s) {shown} "
-            "holding exactly the baseline's batch of that update (the end of the data)",
+            "at the end of the data, lined up with the baseline's batch of that update (the "
+            "samples check judges what they hold)",
         )
     return Check(name, PASS, "every window held K micro-steps and ended with update()")
 

@@ -75,9 +75,9 @@ def watch_scaler(scaler: Any, windows: Windows) -> Callable[[], None]:
 
 
 def watch_zero_grad(windows: Windows, optimizer: Any, model: Any) -> Callable[[], None]:
-    """Count the optimizer's and the model's zero_grad() calls into the open window (one after
-    a micro-step and before the window's step discards the gradient accumulated so far). The
-    base classes are watched, so every optimizer and module class is seen."""
+    """Count the optimizer's and the model's zero_grad() calls into the open window (one
+    between two of its micro-steps discards the gradient accumulated so far). The base classes
+    are watched, so every optimizer and module class is seen."""
     stops = [
         watched.watch(torch.optim.Optimizer, "zero_grad", optimizer, windows.zero_grad),
         watched.watch(torch.nn.Module, "zero_grad", model, windows.zero_grad),
