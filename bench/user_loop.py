@@ -54,11 +54,13 @@ def train(
     reference: str | None = None,
     device: str = "cpu",
     stand_in: Any = None,
+    clip: float | None = None,
     **recorder: Any,
 ) -> None:
     """Train `updates` updates of K micro-batches on `device`; record to `out` unless it is None.
     On CUDA it returns after the device has finished (the timings stop there). `stand_in`:
-    given the model, an object taking the Recorder's calls instead (out must be None)."""
+    given the model, an object taking the Recorder's calls instead (out must be None). `clip`:
+    clip the accumulated gradient to that norm before each step."""
     from gradalign import Recorder
 
     model = build(size, seed, dtype).to(device)
@@ -85,6 +87,8 @@ def train(
                 (loss / k).backward()
                 if rec is not None:
                     rec.micro(loss, batch=(x[rows], y[rows]))
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
             if rec is not None:
                 rec.update()

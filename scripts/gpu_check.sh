@@ -1,7 +1,8 @@
 #!/bin/sh
-# The CUDA checks, for a machine with a GPU: the whole selftest on the GPU, the same command
-# giving the same bits there, verify at a larger size and in bf16, no host sync in the
-# Recorder's per-step calls, and a DDP loop over nccl.
+# The CUDA checks, for a machine with a GPU: the whole selftest on the GPU (full and sketch
+# mode), the same command giving the same bits there, verify at a larger size and in bf16, no
+# host sync in the Recorder's per-step calls, a DDP loop over nccl, and the framework examples
+# (transformers, Lightning, accelerate, where installed) trained on the GPU, float32 and bf16.
 # Usage: sh scripts/gpu_check.sh [OUTDIR]   (PYTHON=... picks the interpreter; default: .venv's
 # python when there is one, else python3). Each step's exit code goes to OUTDIR/summary.txt.
 if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
@@ -28,6 +29,8 @@ ga() { "$py" -m gradalign "$@"; }
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
       torch.cuda.get_device_name(0))' | tee -a "$summary"
 step selftest-cuda 0 ga selftest --device cuda -o "$out/selftest" --json "$out/selftest-cuda.json"
+step selftest-cuda-sketch 0 ga selftest --device cuda --record sketch -o "$out/selftest-sketch" \
+    --json "$out/selftest-cuda-sketch.json"
 step baseline-cuda-1 0 ga baseline --device cuda -o "$out/same/a"
 step baseline-cuda-2 0 ga baseline --device cuda -o "$out/same/b"
 step same-bits-cuda 0 ga compare "$out/same/a" "$out/same/b" --json "$out/same-bits.json"
@@ -41,6 +44,7 @@ step verify-lm-bf16 0 ga verify --device cuda --model tiny-lm --precision bf16 -
 # Recorder that did would be caught.
 step no-host-sync 0 "$py" scripts/gpu_sync_check.py --size mlp-10m --json "$out/sync.json"
 step no-host-sync-injected 1 "$py" scripts/gpu_sync_check.py --inject-sync
+step no-host-sync-hook-injected 1 "$py" scripts/gpu_sync_check.py --inject-hook-sync
 # A hand-written DDP loop under torchrun, one rank per GPU over nccl. With one GPU the loop with
 # the late sync flag is the same training (an all-reduce over one rank changes nothing).
 gpus=$(nvidia-smi -L | wc -l)
@@ -50,4 +54,33 @@ step ddp-nccl-torchrun 0 "$py" -m torch.distributed.run --standalone --nproc-per
 step ddp-nccl-clean 0 ga compare "$out/ddp/baseline" "$out/ddp/merged" --json "$out/ddp-clean.json"
 step ddp-nccl-sync-after-forward "$((ranks >= 2 ? 1 : 0))" ga compare "$out/ddp/baseline" \
     "$out/ddp/merged-sync-after-forward"
+# The framework examples on the GPU, as their users run them: no determinism flags, the
+# framework's own device placement; each baseline names a float64 reference trained on the GPU.
+# Expected: a clean merged run passes (also in bf16 mixed precision, against the float64
+# reference), and a known mistake fails.
+fw() { # fw NAME EXPECTED_RC EXAMPLE MERGED ARGS...: record an example's runs, compare k1 and MERGED
+    local name=$1 expected=$2 example=$3 merged=$4
+    shift 4
+    step "$name-record" 0 "$py" "examples/frameworks/$example.py" "$out/fw/$name" --device cuda "$@"
+    step "$name" "$expected" ga compare "$out/fw/$name/k1" "$out/fw/$name/$merged" \
+        --json "$out/$name.json"
+}
+if "$py" -c 'import transformers' 2>/dev/null; then
+    fw hf-gpt2 0 transformers_trainer k4
+    fw hf-gpt2-bf16 0 transformers_trainer k4 --bf16
+    fw hf-llama-bf16 0 transformers_trainer k4 --bf16 --model llama
+    fw hf-token-mean 1 transformers_trainer k4-token-mean --bug token-mean
+fi
+if "$py" -c 'import lightning, transformers' 2>/dev/null; then
+    fw pl-full 0 lightning_fit k4 --data full
+    fw pl-full-bf16 0 lightning_fit k4 --data full --bf16
+    fw pl-padded 1 lightning_fit k4
+    fw pl-manual-bf16 0 lightning_fit k4-manual --manual --bf16
+fi
+if "$py" -c 'import accelerate, transformers' 2>/dev/null; then
+    fw acc-full 0 accelerate_loop k4 --data full
+    fw acc-full-bf16 0 accelerate_loop k4 --data full --bf16
+    fw acc-tokens-bf16 0 accelerate_loop k4-tokens --tokens --bf16
+    fw acc-double-scale 1 accelerate_loop k4-double-scale --data full --bug double-scale
+fi
 grep -c WRONG "$summary" >/dev/null && exit 1 || exit 0

@@ -298,3 +298,42 @@ def test_zero_grad_calls_inside_a_window_are_counted_without_touching_the_instan
     assert "zero_grad" not in vars(model) and "zero_grad" not in vars(opt)
     assert not {"unscale_", "update"} & set(vars(scaler))
     assert [dict(vars(cls)) for cls in classes] == before  # the classes as they were
+
+
+class _ReadsCounted(torch.Tensor):
+    """A tensor that notes each time its value is read on the host."""
+
+    reads: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("item", "__float__", "tolist", "numpy", "__bool__", "__int__"):
+            cls.reads.append(name)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_norms_before_clipping_are_read_on_the_host_only_when_the_run_closes(tmp_path):
+    """On a GPU a host read of a norm waits for the device: the norm that clip_grad_norm_
+    returns (seen by the Recorder, or given to grads()) is kept as a tensor until close()."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 3)
+    _ReadsCounted.reads, norms = [], []
+    with gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2) as rec:
+        for update in range(2):
+            for micro in range(2):
+                model(x[micro * 4 : micro * 4 + 4]).sum().backward()
+                rec.micro(torch.tensor(0.0))
+            norm = nn.utils.clip_grad_norm_(model.parameters(), 0.1).as_subclass(_ReadsCounted)
+            norms.append(norm)
+            if update == 1:
+                rec.grads(pre_clip_norm=norm)
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+        assert _ReadsCounted.reads == []  # nothing read while training
+    assert _ReadsCounted.reads  # read when the run closed: the test sees reads
+    recorded = read_run_dir(tmp_path / "run").grad_norm_pre_clip
+    assert recorded.tolist() == [float(n) for n in norms]

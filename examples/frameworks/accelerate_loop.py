@@ -21,6 +21,7 @@ from pathlib import Path
 import tiny_data
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from tiny_data import collate, tiny_gpt2, token_rows
 from torch.utils.data import DataLoader
 
@@ -44,11 +45,15 @@ def train(
     bug: str | None = None,
     reference: str | None = None,
     mixed_precision: str = "no",
+    device: str = "cpu",
 ) -> Path:
     """Record one loop of UPDATES updates at batch BATCH, as K micro-batches, into `out`
-    (`mixed_precision`: accelerate's, e.g. "bf16"; a float64 reference takes "no")."""
+    (`mixed_precision`: accelerate's, e.g. "bf16"; a float64 reference takes "no"; `device`:
+    "cpu", or "cuda" for accelerate's own choice of GPU)."""
+    # accelerate keeps one state per process; these runs differ in mixed precision
+    AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(
-        gradient_accumulation_steps=k, cpu=True, mixed_precision=mixed_precision
+        gradient_accumulation_steps=k, cpu=device == "cpu", mixed_precision=mixed_precision
     )
     rows = token_rows(BATCH * UPDATES, padded=padded)
     model = float64_reference(tiny_gpt2()) if dtype == torch.float64 else tiny_gpt2()
@@ -82,15 +87,21 @@ def train(
 
 
 def record_all(
-    root: Path, *, padded: bool = True, tokens: bool = False, bug: str | None = None
+    root: Path,
+    *,
+    padded: bool = True,
+    tokens: bool = False,
+    bug: str | None = None,
+    device: str = "cpu",
+    mixed_precision: str = "no",
 ) -> dict[str, Path]:
     """k1 (batch 16), its float64 rerun k1-fp64, and k4 (4 x 4; -tokens, -BUG variants)."""
     return tiny_data.record_all(
         root,
         train,
         "k4" + ("-tokens" if tokens else "") + (f"-{bug}" if bug else ""),
-        data={"padded": padded},
-        reference={"dtype": torch.float64},
+        data={"padded": padded, "device": device, "mixed_precision": mixed_precision},
+        reference={"dtype": torch.float64, "mixed_precision": "no"},
         changes={"tokens": tokens, "bug": bug},
     )
 
@@ -101,8 +112,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", choices=["padded", "full"], default="padded")
     parser.add_argument("--tokens", action="store_true", help="merged run: token-normalized")
     parser.add_argument("--bug", choices=sorted(BUGS), help="record the merged run with this bug")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--bf16", action="store_true", help="mixed_precision='bf16' (not the reference)"
+    )
     ns = parser.parse_args(argv)
-    runs = record_all(ns.out, padded=ns.data == "padded", tokens=ns.tokens, bug=ns.bug)
+    runs = record_all(
+        ns.out,
+        padded=ns.data == "padded",
+        tokens=ns.tokens,
+        bug=ns.bug,
+        device=ns.device,
+        mixed_precision="bf16" if ns.bf16 else "no",
+    )
     for name, path in runs.items():
         print(f"{name}: {path}")
 

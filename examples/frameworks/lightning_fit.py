@@ -86,6 +86,7 @@ def train(
     bug: str | None = None,
     manual: bool = False,
     reference: str | None = None,
+    device: str = "cpu",
 ) -> Path:
     """Record one fit of UPDATES updates at batch BATCH, as K micro-batches, into `out`."""
     rows = token_rows(BATCH * UPDATES, padded=padded)
@@ -103,7 +104,7 @@ def train(
         accumulate_grad_batches=1 if manual else k,
         precision=precision,
         callbacks=[recorder],
-        accelerator="cpu",
+        accelerator="gpu" if device == "cuda" else "cpu",
         devices=1,
         logger=False,
         enable_checkpointing=False,
@@ -115,14 +116,20 @@ def train(
 
 
 def record_all(
-    root: Path, *, padded: bool = True, bug: str | None = None, manual: bool = False
+    root: Path,
+    *,
+    padded: bool = True,
+    bug: str | None = None,
+    manual: bool = False,
+    device: str = "cpu",
+    precision: str = "32-true",
 ) -> dict[str, Path]:
     """k1 (batch 16), its float64 rerun k1-fp64, and k4 (4 x 4; -manual, -BUG variants)."""
     return tiny_data.record_all(
         root,
         train,
         "k4" + ("-manual" if manual else "") + (f"-{bug}" if bug else ""),
-        data={"padded": padded},
+        data={"padded": padded, "device": device, "precision": precision},
         reference={"precision": "64-true"},
         changes={"bug": bug, "manual": manual},
     )
@@ -134,8 +141,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", choices=["padded", "full"], default="padded")
     parser.add_argument("--manual", action="store_true", help="merged run: manual optimization")
     parser.add_argument("--bug", choices=sorted(BUGS), help="record the merged run with this bug")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--bf16", action="store_true", help="precision='bf16-mixed' (not the reference)"
+    )
     ns = parser.parse_args(argv)
-    runs = record_all(ns.out, padded=ns.data == "padded", bug=ns.bug, manual=ns.manual)
+    runs = record_all(
+        ns.out,
+        padded=ns.data == "padded",
+        bug=ns.bug,
+        manual=ns.manual,
+        device=ns.device,
+        precision="bf16-mixed" if ns.bf16 else "32-true",
+    )
     for name, path in runs.items():
         print(f"{name}: {path}")
 

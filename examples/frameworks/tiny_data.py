@@ -125,12 +125,13 @@ def record_all(
     changes: dict[str, Any],
     k: int = 4,
 ) -> dict[str, Path]:
-    """The baseline (K=1, naming its float64 reference), that reference (trained with
-    `reference`, e.g. float64), once each, and the merged run `merged` (K, with `changes`)."""
+    """The baseline (K=1, naming its float64 reference), that reference (trained with `data`
+    updated by `reference`, e.g. float64), once each, and the merged run `merged` (K, with
+    `changes`)."""
     runs = {"k1": root / "k1", "k1-fp64": root / "k1-fp64"}
     if not runs["k1"].exists():
         train(runs["k1"], 1, reference="../k1-fp64", **data)
     if not runs["k1-fp64"].exists():
-        train(runs["k1-fp64"], 1, **data, **reference)
+        train(runs["k1-fp64"], 1, **{**data, **reference})
     runs[merged] = train(root / merged, k, **data, **changes)
     return runs

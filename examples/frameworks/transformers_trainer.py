@@ -55,8 +55,11 @@ def train(
     bug: str | None = None,
     reference: str | None = None,
     model: str = "gpt2",
+    device: str = "cpu",
+    bf16: bool = False,
 ) -> Path:
-    """Record one Trainer run of UPDATES updates at batch BATCH, as K micro-batches, into out."""
+    """Record one Trainer run of UPDATES updates at batch BATCH, as K micro-batches, into out
+    (`device`: "cpu", or "cuda" for the Trainer's own choice of GPU; `bf16`: mixed precision)."""
     build = MODELS[model]
     with tempfile.TemporaryDirectory() as scratch:
         args = TrainingArguments(
@@ -68,7 +71,8 @@ def train(
             lr_scheduler_type="linear",
             warmup_steps=2,
             seed=0,
-            use_cpu=True,
+            use_cpu=device == "cpu",
+            bf16=bf16,
             report_to=[],
             save_strategy="no",
             logging_strategy="no",
@@ -88,14 +92,21 @@ def train(
     return out
 
 
-def record_all(root: Path, bug: str | None = None, *, model: str = "gpt2") -> dict[str, Path]:
+def record_all(
+    root: Path,
+    bug: str | None = None,
+    *,
+    model: str = "gpt2",
+    device: str = "cpu",
+    bf16: bool = False,
+) -> dict[str, Path]:
     """k1 (batch 16), its float64 rerun k1-fp64, and k4 (4 x 4; `k4-BUG` with a bug)."""
     return tiny_data.record_all(
         root,
         train,
         "k4" + (f"-{bug}" if bug else ""),
-        data={"model": model},
-        reference={"dtype": torch.float64},
+        data={"model": model, "device": device, "bf16": bf16},
+        reference={"dtype": torch.float64, "bf16": False},
         changes={"bug": bug},
     )
 
@@ -105,8 +116,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", type=Path, help="directory for the runs")
     parser.add_argument("--bug", choices=sorted(BUGS), help="record the merged run with this bug")
     parser.add_argument("--model", choices=sorted(MODELS), default="gpt2")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--bf16", action="store_true", help="bf16 mixed precision (not the reference)"
+    )
     ns = parser.parse_args(argv)
-    for name, path in record_all(ns.out, ns.bug, model=ns.model).items():
+    runs = record_all(ns.out, ns.bug, model=ns.model, device=ns.device, bf16=ns.bf16)
+    for name, path in runs.items():
         print(f"{name}: {path}")
 
 

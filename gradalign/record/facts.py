@@ -131,8 +131,8 @@ def named_tensors(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, str, 
     return named
 
 
-def scalar_loss(value: torch.Tensor | float) -> torch.Tensor:
-    """A loss as a float64 0-d tensor on its device (no host sync per micro-step)."""
+def device_scalar(value: torch.Tensor | float) -> torch.Tensor:
+    """A number (a loss, a norm) as a float64 0-d tensor on its device: no host sync per step."""
     if isinstance(value, torch.Tensor):
         return value.detach().reshape(()).to(torch.float64)
     return torch.tensor(float(value), dtype=torch.float64)

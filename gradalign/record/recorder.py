@@ -38,11 +38,11 @@ from .distributed import close_ranks, join, rank_info, settle, unwrap_model
 from .facts import (
     RecorderError,
     data_digest_parts,
+    device_scalar,
     dtype_name,
     model_facts,
     named_tensors,
     sample_count,
-    scalar_loss,
 )
 from .window import (
     Windows,
@@ -187,7 +187,7 @@ class Recorder:
             if items is None or float(items) < 0:
                 raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
             # a micro-batch of padding alone holds no items: its mean is 0, weighted by 0 items
-            loss = scalar_loss(loss_sum) / float(items) if float(items) else scalar_loss(0.0)
+            loss = device_scalar(loss_sum) / float(items) if float(items) else device_scalar(0.0)
         if items is None and self._items:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
@@ -196,7 +196,7 @@ class Recorder:
             raise RecorderError("batch was given for earlier micro-steps; give it every time")
         if batch is not None and len(self._data) != len(self._losses):
             raise RecorderError("batch given now but not for earlier micro-steps")
-        self._losses.append(scalar_loss(loss))
+        self._losses.append(device_scalar(loss))
         if items is not None:
             self._items.append(float(items))
         if batch is not None:
@@ -219,7 +219,7 @@ class Recorder:
         window = self._windows.open
         window.grads_calls += 1
         if pre_clip_norm is not None:
-            window.pre_clip_norm = float(pre_clip_norm)
+            window.pre_clip_norm = device_scalar(pre_clip_norm)
 
     def update(self, loss_scale: float | None = None) -> None:
         """Record the end of one accumulation window; call after `optimizer.step()`.
@@ -300,7 +300,7 @@ class Recorder:
             return
         window.clip_calls += 1
         if window.grads_calls == 0:
-            window.pre_clip_norm = float(total)
+            window.pre_clip_norm = device_scalar(total)
 
     def _unhook(self) -> None:
         for hook in self._hooks:

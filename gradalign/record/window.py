@@ -102,7 +102,8 @@ class Window:
     lr: list[float] = field(default_factory=list)  # of the last step, per param group
     grads_calls: int = 0
     grads_written: bool = False
-    pre_clip_norm: float | None = None  # given to grads(), else the last clip_grad_norm_ total
+    # given to grads(), else the last clip_grad_norm_ total: a 0-d tensor, read at close
+    pre_clip_norm: torch.Tensor | None = None
     unscales: int = 0  # GradScaler.unscale_() calls (when a scaler is watched)
     scaler_updates: int = 0  # GradScaler.update() calls
     clip_calls: int = 0  # clip_grad_norm_ calls on the model's parameters
@@ -119,7 +120,7 @@ class Windows:
     lr: list[list[float]] = field(default_factory=list)
     state_steps: list[int] = field(default_factory=list)
     loss_scales: list[float | None] = field(default_factory=list)
-    pre_clip: list[float | None] = field(default_factory=list)
+    pre_clip: list[torch.Tensor | None] = field(default_factory=list)
     grads_calls: list[int] = field(default_factory=list)
     scaler_calls: list[tuple[int, int]] = field(default_factory=list)
     watched_scaler: bool = False
@@ -186,5 +187,7 @@ class Windows:
         if any(step >= 0 for step in self.state_steps):
             out["update/state_step"] = np.asarray(self.state_steps, dtype=np.int64)
         if self.pre_clip and all(n is not None for n in self.pre_clip):
-            out["update/grad_norm_pre_clip"] = np.asarray(self.pre_clip, dtype=np.float64)
+            # read here, at once: one read per update would make the host wait for a GPU
+            norms = torch.stack([n.to(self.pre_clip[0].device) for n in self.pre_clip])
+            out["update/grad_norm_pre_clip"] = norms.to("cpu", torch.float64).numpy()
         return out
