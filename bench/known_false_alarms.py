@@ -1,13 +1,14 @@
 """A false alarm gradalign still raises, kept runnable for whoever fixes it.
 
-A correct accumulation of a tiny attention model under Adam (lr 1e-2, eps 1e-8) fails on a few
-seeds. At Adam's first step an element whose gradient is near eps has a high gain
+A correct accumulation of a tiny attention model (or LSTM) under Adam (lr 1e-2, eps 1e-8) fails
+on a few seeds. At Adam's first step an element whose gradient is near eps has a high gain
 (lr·eps/(|g|+eps)²); the merged run's float32 summation error there can be 20 times the
-baseline's single draw, so that one element dominates the tensor's weight error, and the
-difference then feeds the next updates' gradients. The noise floor, one draw per element, does
-not cover it (issue 13's closing note, "Left").
+baseline's single draw, so that one element dominates the tensor's weight error. The first
+step's spread (judge/noise.py, `first_step_spread`) now allows that element the gain times the
+tensor's RMS gradient noise: seed 17 passes. Seed 45 still fails: its element's difference
+feeds the next updates' gradients and weights of other tensors, which nothing allows for.
 
-    python bench/known_false_alarms.py [--seeds 17 45] [--dir DIR]
+    python bench/known_false_alarms.py [--seeds 17 45] [--model attention|lstm] [--dir DIR]
 
 Prints, per seed, the verdict, the first code and the worst err/allowed; exits 0 either way (a
 record of a limit, not a test).
@@ -40,10 +41,34 @@ class Attention(nn.Module):
         return self.out(self.mha(h, h, h, need_weights=False)[0].mean(1))
 
 
-def record(out: Path, k: int, seed: int, float64: bool = False, reference: str | None = None):
-    """One run of the loop at K=k: each micro-batch's summed loss over the batch's rows."""
+class Recurrent(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.lstm = nn.LSTM(d, d, num_layers=2, batch_first=True)
+        self.out = nn.Linear(d, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.lstm(self.emb(x))[0].mean(1))
+
+
+MODELS = {"attention": Attention, "lstm": Recurrent}
+
+
+def record(
+    out: Path,
+    k: int,
+    seed: int,
+    float64: bool = False,
+    reference: str | None = None,
+    model_name: str = "attention",
+    bug: bool = False,
+):
+    """One run of the loop at K=k: each micro-batch's summed loss over the batch's rows (`bug`:
+    over the micro-batch's rows, K times too large)."""
     torch.manual_seed(seed)
-    model = Attention().double() if float64 else Attention()
+    model = MODELS[model_name]()
+    model = model.double() if float64 else model
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(2000 + seed)
     x = torch.randint(1, VOCAB, (BATCH * UPDATES, SEQ), generator=g)
@@ -54,7 +79,7 @@ def record(out: Path, k: int, seed: int, float64: bool = False, reference: str |
             for j in range(k):
                 rows = slice(u * BATCH + j * size, u * BATCH + (j + 1) * size)
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows], reduction="sum")
-                (loss / BATCH).backward()
+                (loss / (size if bug else BATCH)).backward()
                 rec.micro(loss_sum=loss.detach(), items=size, batch=(x[rows], y[rows]))
             opt.step()
             rec.update()
@@ -65,15 +90,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=[17, 45])
     parser.add_argument("--dir", type=Path, default=None, help="keep the runs here")
+    parser.add_argument("--model", choices=sorted(MODELS), default="attention")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
         root = args.dir or Path(scratch)
         for seed in args.seeds:
             here = root / f"seed-{seed}"
-            record(here / "ref", 1, seed, float64=True)
-            record(here / "base", 1, seed, reference="../ref")
-            record(here / "merged", 4, seed)
+            record(here / "ref", 1, seed, float64=True, model_name=args.model)
+            record(here / "base", 1, seed, reference="../ref", model_name=args.model)
+            record(here / "merged", 4, seed, model_name=args.model)
             c = api.compare(here / "base", here / "merged")
             worst = max(d.ratio for r in c.results for d in (*r.weights, *r.grads))
             codes = [d.code for d in c.diagnosis if d.severity == "error"]

@@ -166,3 +166,63 @@ def test_the_streamed_judge_keeps_a_reference_the_baselines_gradient_noise_expla
     else:
         with pytest.raises(BadInput, match="not a rerun of the baseline's training: at update 0"):
             api.compare(base, merged)
+
+
+def test_the_first_step_spread_reads_the_gain_only_above_rounding():
+    """At update 0 an element whose weight difference stands above rounding gets the gain
+    times what the RMS gradient noise adds to its draw; an element whose difference is
+    rounding, whose draw is above the RMS, or that did not start from one weight, gets none."""
+    from gradalign.judge.noise import MANTISSA, first_step_spread
+
+    rms = 1e-9
+    gb = np.array([1e-11, 1e-11, 2e-9, 1e-11])  # draws: below, below, above the RMS, below
+    gr = np.zeros(4)
+    pb = np.full(4, 0.1)
+    pr = np.array([0.1, 0.1, 0.1, 0.2])  # the last started elsewhere (not a first step)
+    r = pb - 0.01
+    dw = np.array([1e-6, 1e-9, 1e-6, 1e-6])  # the second: a rounding of the step at most
+    b = r + dw
+    spread = first_step_spread(gb, gr, rms, b, pb, r, pr, MANTISSA["float32"])
+    assert spread[0] == pytest.approx(1e-6 * (rms / 1e-11 - 1))
+    assert spread[1:].tolist() == [0.0, 0.0, 0.0]
+
+
+def _known(tmp_path, seed: int, bug: bool = False):
+    import importlib.util
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("kfa", ROOT / "bench" / "known_false_alarms.py")
+    kfa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kfa)
+    kfa.record(tmp_path / "ref", 1, seed, float64=True)
+    kfa.record(tmp_path / "base", 1, seed, reference="../ref")
+    kfa.record(tmp_path / "merged", 4, seed, bug=bug)
+    return tmp_path / "base", tmp_path / "merged"
+
+
+def test_adam_near_its_eps_at_the_first_step_is_not_a_false_alarm(tmp_path, monkeypatch):
+    """Attention under Adam, seed 17: one element of the in-projection has a gradient near
+    eps; the merged run's summation error there, 6 times the baseline's draw and within the
+    tensor's RMS gradient noise, steps it 6 times as far from the reference. Both judges pass
+    it by the first step's spread, and failed it without; the same loop with its loss K times
+    too large still fails."""
+    from gradalign.judge import noise
+    from gradalign.judge.compare import compare
+    from gradalign.runs.reader import read_run_dir
+
+    base_dir, merged_dir = _known(tmp_path / "clean", 17)
+    base, merged = read_run_dir(base_dir), read_run_dir(merged_dir)
+    ref = read_run_dir(base.reference)
+    for streaming in (False, True):
+        c = compare(base, merged, reference=ref, streaming=streaming)
+        assert c.verdict == "pass", (streaming, [d.code for d in c.diagnosis])
+        spread = [d for d in c.results[0].weights if d.name == "mha.in_proj_weight"][0]
+        assert spread.drift and spread.drift > spread.noise
+    monkeypatch.setattr(noise, "first_step_spread", lambda gb, *a: np.zeros_like(gb))
+    for streaming in (False, True):
+        assert compare(base, merged, reference=ref, streaming=streaming).verdict == "fail"
+    monkeypatch.undo()
+    base_dir, merged_dir = _known(tmp_path / "bug", 17, bug=True)
+    c = api.compare(base_dir, merged_dir)
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale"

@@ -26,7 +26,7 @@ from .diagnose import diagnose
 from .distributed import rank_check, rank_facts, rank_problems
 from .inputs import Inputs
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
-from .noise import Drift, excuse_isolated_jumps, pool_noise, widened
+from .noise import Drift, excuse_isolated_jumps, pool_noise, stored_bits, widened
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .sketched import SketchJudge, sketch_note
@@ -169,7 +169,7 @@ class _Judge:
         self.floor = tol.noise_floor * epsilon
         self.starts = starts
         drifts = whole and ref is not None and starts is not None
-        self.drift = Drift(starts) if drifts else None
+        self.drift = Drift(starts, stored_bits(base)) if drifts else None
         n = judged_updates(base, merged)  # runs whose windows stop lining up are cut there
         self.base_loss, self.merged_loss = base.window_losses()[:n], merged.window_losses()[:n]
         self.resolution = base.window_loss_quantum()[:n] + merged.window_loss_quantum()[:n]
@@ -206,7 +206,7 @@ class _Judge:
         wb, wm = self.base.weights(i), self.merged.weights(i)
         wr = self.ref.weights(i) if self.ref is not None else None
         if self.drift is not None and wb is not None and wr is not None:
-            self.drift.advance(gb, gr, wb, wr)
+            self.drift.advance(gb, gr, wb, wr, first=i == 0)
         walked = self.drift.strayed if self.drift is not None else None
         if wb is not None and wr is not None and self.bound is not None:
             check_reference_weights(i, wb, wr, self.starts, self.bound, walked)

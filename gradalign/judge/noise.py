@@ -20,6 +20,15 @@ honest effects escape that single measurement, and this module measures them fro
   the baseline's own: `explained` sums, per tensor and update, ||TAU·ρ·(|Δb| + |Δref|)|| over
   those elements (measured on an H100 host's CPU: an AdamW MLP's 10-element output bias strayed
   by 2.4% of its movement, where the check allowed 1%).
+- **The first step's gain.** The first update starts both runs from the same weights and an
+  empty optimizer state, so there the difference of their steps is the difference of their
+  gradients through the optimizer's gain at each element, measured as |b − r| / |gb − gr|
+  wherever the weight difference stands above the rounding of the weight and of its step. Adam
+  steps an element whose gradient is near its eps with a gain of lr·eps/(|g| + eps)², thousands
+  of times that of its neighbours; the baseline drew one gradient error there, perhaps far below
+  the tensor's RMS gradient noise, which the gradients are judged by. Such an element may step
+  as far as that gain times the RMS in another run: `first_step_spread` adds the part beyond
+  the baseline's own draw to the drift, where it stays (the weight difference persists).
 - **Isolated jumps of a gradient.** A ReLU-like kink that one run's activation crosses and the
   other's does not changes one unit's gradient by a whole sample's contribution at one update.
   The baseline shows such jumps against the reference too (measured: 2 in 300 updates of the
@@ -44,6 +53,9 @@ TAU = 2.0  # |g_ref| within TAU times the gradient noise (element's, or the tens
 POOL = 3  # a tensor's noise is at least the RMS of its noise over updates i-POOL .. i+POOL
 JUMP_SHARE = 0.9  # an isolated jump holds this share of its error ...
 JUMP_ROWS = 0.01  # ... in at most this share of the tensor's rows (at least one row)
+MANTISSA = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}  # stored bits
+STEP_ROUNDINGS = 8  # a step computed in the run's dtype errs by up to this many of its units
+ABOVE_ROUNDING = 4  # a weight difference this many roundings wide is the gradient's
 
 
 def noise_steps(
@@ -54,11 +66,16 @@ def noise_steps(
     pb: np.ndarray,
     r: np.ndarray,
     pr: np.ndarray,
+    first_bits: int | None = None,
 ) -> tuple[np.ndarray, float]:
     """For aligned float64 slices of the gradients (gb, gr), the weights after (b, r) and before
     (pb, pr) an update, and the tensor's RMS gradient noise: the steps |Δb| + |Δr| of the
-    noise-dominated elements (0 elsewhere), and Σ(TAU·ρ·step)² over the other elements, ρ =
-    max(|gb − gr|, rms) / |gr| (each below 1/TAU there)."""
+    noise-dominated elements (`first_step_spread` elsewhere at the first update, whose
+    weights have `first_bits` stored mantissa bits; 0 elsewhere), and Σ(TAU·ρ·step)² over the
+    other elements, ρ = max(|gb − gr|, rms) / |gr| (each below 1/TAU there)."""
+    spread = (
+        None if first_bits is None else first_step_spread(gb, gr, rms, b, pb, r, pr, first_bits)
+    )
     noise = np.subtract(gb, gr)
     np.abs(noise, out=noise)
     np.maximum(noise, rms, out=noise)
@@ -75,30 +92,86 @@ def noise_steps(
         noise *= steps
     noise[dominated] = 0.0
     np.multiply(steps, dominated, out=steps)
+    if spread is not None:
+        np.add(steps, spread, out=steps, where=~dominated)
     return steps, dot(noise, noise)
+
+
+def first_step_spread(
+    gb: np.ndarray,
+    gr: np.ndarray,
+    rms: float,
+    b: np.ndarray,
+    pb: np.ndarray,
+    r: np.ndarray,
+    pr: np.ndarray,
+    bits: int,
+) -> np.ndarray:
+    """At the first update (pb == pr): per element, how much further than the baseline another
+    run may step on a gradient error of the tensor's RMS, |b − r|·(rms/|gb − gr| − 1), where
+    the baseline's error |gb − gr| was drawn below the RMS and its weight difference |b − r|
+    stands ABOVE_ROUNDING times above the rounding of its weight and step (in a dtype of `bits`
+    mantissa bits): there the gain |b − r| / |gb − gr| is the optimizer's. 0 elsewhere."""
+    dg = np.abs(gb - gr)
+    dw = np.abs(b - r)
+    rounding = _ulp(b, bits) + STEP_ROUNDINGS * _ulp(b - pb, bits)
+    use = (pb == pr) & (dg > 0) & (dg < rms) & (dw > ABOVE_ROUNDING * rounding)
+    out = np.zeros_like(dw)
+    out[use] = dw[use] * (rms / dg[use] - 1.0)
+    return out
+
+
+def _ulp(x: np.ndarray, bits: int) -> np.ndarray:
+    """The spacing of numbers of `bits` stored mantissa bits around each x (at 0: that of 1)."""
+    _, exponent = np.frexp(np.where(x == 0, 1.0, x))
+    return np.ldexp(1.0, exponent - 1 - bits)
+
+
+def stored_bits(run: Run) -> dict[str, int]:
+    """Each recorded tensor's stored mantissa bits (where its dtype is a float dtype)."""
+    return {t.name: MANTISSA[t.dtype] for t in run.tensors if t.dtype in MANTISSA}
 
 
 class Drift:
     """Per tensor, how far noise-dominated elements may have drifted under adaptive steps, and
     how far the baseline's noise explains that it strayed from the reference elsewhere."""
 
-    def __init__(self, starts: Tensors) -> None:
+    def __init__(self, starts: Tensors, bits: dict[str, int] | None = None) -> None:
+        """`bits`: each tensor's stored mantissa bits in the baseline (`stored_bits`)."""
+        self.bits = bits or {}
         self.prev_b = {n: np.asarray(v, dtype=np.float64) for n, v in starts.items()}
         self.prev_r = dict(self.prev_b)
         self.drift: dict[str, np.ndarray] = {}
         self.explained: dict[str, float] = {}
 
-    def advance(self, gb: Tensors | None, gr: Tensors | None, wb: Tensors, wr: Tensors) -> None:
-        """Take update i's steps (weights after i against after i−1) and gradients."""
+    def advance(
+        self,
+        gb: Tensors | None,
+        gr: Tensors | None,
+        wb: Tensors,
+        wr: Tensors,
+        first: bool = False,
+    ) -> None:
+        """Take update i's steps (weights after i against after i−1) and gradients (`first`:
+        i is update 0)."""
         for name, b in wb.items():
             if name not in wr or name not in self.prev_b:
                 continue
             b64, r64 = np.asarray(b, dtype=np.float64), np.asarray(wr[name], dtype=np.float64)
             if gb is not None and gr is not None and name in gb and name in gr:
-                self._widen(name, gb[name], gr[name], b64, r64)
+                bits = self.bits.get(name) if first else None
+                self._widen(name, gb[name], gr[name], b64, r64, bits)
             self.prev_b[name], self.prev_r[name] = b64, r64
 
-    def _widen(self, name: str, gb: np.ndarray, gr: np.ndarray, b: np.ndarray, r: np.ndarray):
+    def _widen(
+        self,
+        name: str,
+        gb: np.ndarray,
+        gr: np.ndarray,
+        b: np.ndarray,
+        r: np.ndarray,
+        first_bits: int | None,
+    ) -> None:
         g_ref = np.asarray(gr, dtype=np.float64).ravel()
         g_base = np.asarray(gb, dtype=np.float64).ravel()
         noise = np.abs(g_base - g_ref)
@@ -107,7 +180,9 @@ class Drift:
         # one element's noise is one draw: the tensor's RMS noise bounds it from below
         rms = math.sqrt(float(np.mean(noise**2))) if noise.size else 0.0
         prev_b, prev_r = self.prev_b[name].ravel(), self.prev_r[name].ravel()
-        steps, explained = noise_steps(g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r)
+        steps, explained = noise_steps(
+            g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r, first_bits
+        )
         self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(explained)
         if not steps.any():
             return

@@ -27,7 +27,7 @@ from ..runs.sketches import Estimate, estimate
 from .compatible import check_reference_weights, stray
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
-from .noise import Drift, widened
+from .noise import Drift, stored_bits, widened
 from .results import UpdateResult
 from .views import Kept, summaries
 
@@ -49,7 +49,7 @@ class SketchJudge:
         self.start = summaries(self.base, "weights", None, width) or {}
         starts = _exact(self.start, self.shapes) or {}
         self.starts = starts
-        self.drift = Drift(starts) if self.ref is not None else None
+        self.drift = Drift(starts, stored_bits(self.base)) if self.ref is not None else None
 
     def _get(self, run: Run | None, kind: str, i: int) -> dict[str, Kept] | None:
         return None if run is None else summaries(run, kind, i, self.width)
@@ -62,7 +62,7 @@ class SketchJudge:
         ex["wr"] = _exact(wr, self.shapes)
         walked = None
         if self.drift is not None and ex["wb"] is not None and ex["wr"] is not None:
-            self.drift.advance(ex["gb"], ex["gr"], ex["wb"], ex["wr"])
+            self.drift.advance(ex["gb"], ex["gr"], ex["wb"], ex["wr"], first=i == 0)
             walked = self.drift.strayed
         if wb is not None and wr is not None and self.bound is not None:
             check_reference_weights(i, ex["wb"], ex["wr"], self.starts, self.bound, walked)

@@ -24,7 +24,7 @@ from .drift import DriftFiles
 from .fused import Pair, widen64
 from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div
-from .noise import noise_steps, widened
+from .noise import noise_steps, stored_bits, widened
 from .results import UpdateResult
 
 CHUNK = 1 << 17  # elements per slice
@@ -63,6 +63,7 @@ class _Files:
     start: CheckedFile | None = None
     pb: CheckedFile | None = None
     pr: CheckedFile | None = None
+    first: bool = False  # update 0: both runs stepped from the same weights
     opened: list[CheckedFile] = field(default_factory=list)
 
     def close(self) -> None:
@@ -86,6 +87,7 @@ class StreamJudge:
         self.drift = DriftFiles() if self.ref is not None else None
         self.shapes = {t.name: t.shape for t in self.base.tensors}
         self.params = {t.name: t.shape for t in self.base.tensors if t.kind == "param"}
+        self.bits = stored_bits(self.base)
         self.pool = ThreadPoolExecutor(workers(), thread_name_prefix="gradalign-judge")
 
     def close(self) -> None:
@@ -119,7 +121,7 @@ class StreamJudge:
             result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
 
     def _open(self, i: int) -> _Files:
-        files = _Files()
+        files = _Files(first=i == 0)
 
         def get(run: Run | None, relpath: str, shapes: dict) -> CheckedFile | None:
             if run is None or relpath not in run.store.checksums:
@@ -202,7 +204,8 @@ class StreamJudge:
                 pair.add(b, m, r, s)
             if widen and self.drift is not None:
                 gb, gr, pb, pr = parts[4:]
-                steps, explained = noise_steps(gb, gr, rms, b, pb, r, pr)
+                bits = self.bits.get(name) if f.first else None
+                steps, explained = noise_steps(gb, gr, rms, b, pb, r, pr, bits)
                 self.drift.add(name, first, -steps if undo else steps)
                 pair.extra["explained"] = pair.extra.get("explained", 0.0) + explained
             first += b.size
