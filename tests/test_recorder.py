@@ -184,6 +184,16 @@ def test_user_loop_bug_is_named(tmp_path, bug):
     assert codes[:1] == [BUGS[bug]], [(d.code, d.message) for d in result.diagnosis]
 
 
+@pytest.mark.parametrize("bug", ["no-loss-scale", "clip-every-micro"])
+def test_a_gradient_bug_in_a_model_with_dropout_is_named_by_its_own_code(tmp_path, bug):
+    """Dropout whose masks match: the loss at update 0 agrees, so the masks did not differ,
+    and the gradient's own shape names the bug (not `dropout-rng`)."""
+    setup = {**setup_for(bug), "dropout": 0.2}
+    result = judged(tmp_path, bug, **setup)
+    codes = [d.code for d in result.diagnosis if d.severity == "error"]
+    assert result.results[0].loss_ok and codes[:1] == [BUGS[bug]], codes
+
+
 def test_user_loop_missing_loss_scale_fails_at_update_0(tmp_path):
     result = compare(
         user_loop(tmp_path / "b", 1), user_loop(tmp_path / "m", 4, bug="no-loss-scale")

@@ -91,6 +91,39 @@ def test_every_param_groups_lr_is_read_after_the_step(tmp_path):
     np.testing.assert_allclose(run.lr, run.lr_groups[:, 0])
 
 
+def test_a_param_group_added_during_the_run_is_recorded_and_judged(tmp_path):
+    """A layer unfrozen at update 2 and given to the optimizer (`add_param_group`): the run
+    closes, the new group's lr is NaN before it existed, and the merged run at K=2 passes."""
+
+    def record(out, k):
+        torch.manual_seed(0)
+        body, extra = nn.Linear(6, 3), nn.Linear(6, 3)
+        model = nn.ModuleDict({"body": body, "extra": extra})
+        extra.requires_grad_(False)
+        opt = torch.optim.Adam(body.parameters(), lr=1e-2)
+        x, y = torch.randn(32, 6), torch.randint(0, 3, (32,))
+        with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+            for u in range(4):
+                if u == 2:
+                    extra.requires_grad_(True)
+                    opt.add_param_group({"params": list(extra.parameters()), "lr": 5e-3})
+                for j in range(k):
+                    rows = slice(u * 8 + j * 8 // k, u * 8 + (j + 1) * 8 // k)
+                    xb, yb = x[rows], y[rows]
+                    loss = nn.functional.cross_entropy(body(xb) + extra(xb), yb)
+                    (loss / k).backward()
+                    rec.micro(loss, batch=(xb, yb))
+                opt.step()
+                rec.update()
+                opt.zero_grad()
+        return out
+
+    base, merged = record(tmp_path / "b", 1), record(tmp_path / "m", 2)
+    groups = read_run_dir(base).lr_groups
+    assert np.isnan(groups[:2, 1]).all() and groups[2:, 1].tolist() == [5e-3, 5e-3]
+    assert api.compare(base, merged).verdict == "pass"
+
+
 def test_without_grads_calls_the_stepped_gradient_and_the_clip_norm_are_captured(tmp_path):
     run = loop(tmp_path / "c", 2)
     assert run.has_grads and run.grad_norm_pre_clip is not None

@@ -169,7 +169,10 @@ class Windows:
             "update/optimizer_steps": np.asarray(self.steps, dtype=np.int64),
         }
         if any(len(lr) > 1 for lr in self.lr):
-            out["update/lr_groups"] = np.asarray(self.lr, dtype=np.float64)
+            # NaN for a group that does not exist yet (added mid-run by add_param_group)
+            groups = max(len(lr) for lr in self.lr)
+            rows = [lr + [math.nan] * (groups - len(lr)) for lr in self.lr]
+            out["update/lr_groups"] = np.asarray(rows, dtype=np.float64)
         if any(n != accum_steps for n in self.micro_steps):
             out["update/micro_steps"] = np.asarray(self.micro_steps, dtype=np.int64)
         if any(n != 1 for n in self.grads_calls) and any(self.grads_calls):

@@ -217,7 +217,7 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
     if not layers:
         return None
     evidence, differs = _update0_gap(c)
-    if not differs:
+    if not differs or c.results[0].loss_ok:  # other masks give another loss at once
         return None
     evidence["dropout_layers"] = list(layers)
     cosine = evidence.get("update_0_grad_cosine")
