@@ -217,7 +217,7 @@ def test_adam_near_its_eps_at_the_first_step_is_not_a_false_alarm(tmp_path, monk
     for streaming in (False, True):
         c = compare(base, merged, reference=ref, streaming=streaming)
         assert c.verdict == "pass", (streaming, [d.code for d in c.diagnosis])
-        spread = [d for d in c.results[0].weights if d.name == "mha.in_proj_weight"][0]
+        spread = next(d for d in c.results[0].weights if d.name == "mha.in_proj_weight")
         assert spread.drift and spread.drift > spread.noise
     monkeypatch.setattr(noise, "first_step_spread", lambda gb, *a: np.zeros_like(gb))
     for streaming in (False, True):

@@ -3,6 +3,8 @@ judge treats its runs exactly like the built-in ones."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 from torch import nn
@@ -313,7 +315,7 @@ def test_zero_grad_calls_inside_a_window_are_counted_without_touching_the_instan
 class _ReadsCounted(torch.Tensor):
     """A tensor that notes each time its value is read on the host."""
 
-    reads: list[str] = []
+    reads: ClassVar[list[str]] = []
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
