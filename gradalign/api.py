@@ -26,6 +26,7 @@ from .config import ENTRY_POINT_KEYS, TrainConfig, load_config
 from .errors import BadInput, shown
 from .feedback import Feedback, Silent
 from .judge.results import Comparison
+from .paths import nonempty
 
 PathLike = str | Path
 ConfigLike = TrainConfig | Mapping[str, Any] | PathLike | None
@@ -74,6 +75,7 @@ def as_path(value: Any, what: str) -> Path:
         value = os.fsdecode(value)
     if not isinstance(value, str | os.PathLike):
         raise BadInput(f"{what} must be a path, got {shown(value)}")
+    nonempty(value, what)
     return Path(value)
 
 
@@ -93,7 +95,7 @@ def record_baseline(
 
     cfg, out, feedback = (
         as_config(config).replace(accum_steps=1, nproc=1),
-        Path(out),
+        as_path(out, "out"),
         feedback or Silent(),
     )
     if not checked:

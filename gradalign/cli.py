@@ -29,6 +29,7 @@ from .cli_options import (
     SelftestOutOpt,
     SelftestRecordOpt,
     VerifyFilesOpt,
+    refuse_empty_paths,
     report_options,
     tolerance_options,
     training_options,
@@ -89,8 +90,7 @@ def _feedback():
 
 
 def _report_files(reports: dict | None):
-    """The report files asked for; what can be refused before any work (plots without
-    matplotlib) is refused here."""
+    """The report files asked for; plots without matplotlib are refused before any work."""
     from .report.files import ReportFiles
 
     files = ReportFiles(**(reports or {}))
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     args = [a for a in args if a != "--debug"]  # accepted before or after the command
     try:
         with sigterm_as_interrupt():
-            code = app(args=args, prog_name="gradalign", standalone_mode=False)
+            code = refuse_empty_paths(app)(args=args, prog_name="gradalign", standalone_mode=False)
     except TyperException as exc:  # usage errors: unknown option, bad value, missing argument
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `gradalign` (or a group): help
             context = getattr(exc, "ctx", None)

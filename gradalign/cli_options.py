@@ -7,13 +7,14 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from .config import FIELDS, base_type
+from .paths import EMPTY_PATH
 from .record.faults import FAULTS
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file")]
@@ -145,3 +146,29 @@ tolerance_options = _extend_signature(
 report_options = _extend_signature(
     {name: (Path, text, "Reports") for name, text in _REPORT_HELP.items()}, "reports"
 )
+
+
+def refuse_empty_paths(app: typer.Typer) -> Any:
+    """The app's command with every path option and argument refusing "": typer turns it into
+    Path("."), so `-o ""` would record into (and `compare ""` read) the current directory. Checked
+    on the raw value of any parameter that typer converts to a path, in every command at once."""
+    command = typer.main.get_command(app)
+    pending = [command]
+    while pending:
+        current = pending.pop()
+        for param in current.params:
+            param.process_value = _nonempty(param, param.process_value)  # type: ignore[method-assign]
+        pending.extend(getattr(current, "commands", {}).values())
+    return command
+
+
+def _nonempty(param: Any, process: Callable) -> Callable:
+    def process_value(ctx: Any, value: Any) -> Any:
+        result = process(ctx, value)
+        given = value if isinstance(value, list | tuple) else [value]
+        made = result if isinstance(result, list | tuple) else [result]
+        if "" in given and any(isinstance(item, PurePath) for item in made):
+            raise typer.BadParameter(EMPTY_PATH, ctx=ctx, param=param)
+        return result
+
+    return process_value

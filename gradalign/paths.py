@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import stat
 
+from .errors import BadInput
+
 
 def is_stream(path: os.PathLike[str] | str) -> bool:
     """Whether `path` names something other than a regular file or a directory (a device, a
@@ -15,3 +17,13 @@ def is_stream(path: os.PathLike[str] | str) -> bool:
     except OSError:
         return False
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+EMPTY_PATH = "an empty path names nothing (the current directory is '.'); give a path"
+
+
+def nonempty(value: os.PathLike[str] | str, what: str) -> None:
+    """Refuse "" as a path: pathlib (and the command line's Path options) turn it into ".", so a
+    run or a report would silently land in, or be read from, the current directory."""
+    if os.fspath(value) == "":
+        raise BadInput(f"{what}: {EMPTY_PATH}")

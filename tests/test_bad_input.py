@@ -188,3 +188,68 @@ def test_a_data_file_that_is_a_directory_is_named_so_not_missing(cli, small_copy
     grads.mkdir()
     result = cli("compare", small_copy["baseline"], small_copy["merged"])
     one_line_error(result, "not regular files", "update_000001")
+
+
+TINY = ["--updates", "1", "--hidden", "8", "--batch-size", "8"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["baseline", "-o", "", *TINY],
+        ["baseline", "-c", "", *TINY],
+        ["merged", "-k", "2", "-o", "", *TINY],
+        ["merged", "--against", "", "-o", "m"],
+        ["verify", "-k", "2", "-o", "", *TINY],
+        ["compare", "", "MERGED"],
+        ["compare", "BASE", ""],
+        ["compare", "BASE", "MERGED", "--reference", ""],
+        ["compare", "BASE", "MERGED", "-c", ""],
+        *(["compare", "BASE", "MERGED", f"--{r}", ""] for r in ("json", "junit", "html")),
+        *(["compare", "BASE", "MERGED", f"--{r}", ""] for r in ("markdown", "plot")),
+        ["golden", "write", ""],
+        ["golden", "write", "BASE", "-o", ""],
+        ["golden", "write", "BASE", "--reference", ""],
+        ["golden", "check", "", "MERGED"],
+        ["golden", "check", "BASE", ""],
+        ["selftest", "-o", "", "--record", "bogus"],  # --record bogus: never a whole selftest
+        ["selftest", "--json", "", "--record", "bogus"],
+    ],
+    ids=" ".join,
+)
+def test_an_empty_path_is_refused_never_the_current_directory(
+    cli, tmp_path, monkeypatch, small_runs, args
+):
+    """typer turns "" into Path("."): `-o ""` recorded into the current directory, `compare ""`
+    read it. Every path option and argument refuses "" instead, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    named = {"BASE": str(small_runs["baseline"]), "MERGED": str(small_runs["merged"])}
+    one_line_error(cli(*(named.get(a, a) for a in args)), "an empty path")
+    assert not list(tmp_path.iterdir())
+
+
+def test_every_path_parameter_refuses_an_empty_path():
+    """Any parameter typer turns into a path, in any command (a new one too), refuses ""."""
+    from pathlib import PurePath
+
+    import typer
+
+    from gradalign.cli import app
+    from gradalign.cli_options import refuse_empty_paths
+
+    pending, checked = [refuse_empty_paths(app)], []
+    while pending:
+        command = pending.pop()
+        pending.extend(getattr(command, "commands", {}).values())
+        ctx = command.make_context(command.name, [], resilient_parsing=True)
+        for param in command.params:
+            many = param.nargs != 1 or getattr(param, "multiple", False)
+            try:
+                made = param.process_value(ctx, ("x",) if many else "x")
+            except typer.BadParameter:
+                continue  # a number, a flag: "x" is not one
+            if any(isinstance(v, PurePath) for v in (made if many else [made])):
+                with pytest.raises(typer.BadParameter, match="an empty path"):
+                    param.process_value(ctx, ("",) if many else "")
+                checked.append(f"{command.name} {param.name}")
+    assert len(checked) >= 20 and "compare merged" in checked, checked

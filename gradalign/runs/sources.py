@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import BadInput
+from ..paths import nonempty
 from .layout import is_run_dir
 from .logs import CARD_LOSSES, looks_like_log, read_card_logs, read_log
 from .model import Run
@@ -69,6 +70,7 @@ def open_reference(option: str | None, base: Run) -> tuple[Run | None, str | Non
     if option == "none":
         return None, None
     if option is not None:
+        nonempty(option, "reference")
         return open_run(Path(option), None, "reference"), None
     if base.reference is None:
         return None, None
