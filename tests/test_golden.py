@@ -17,7 +17,7 @@ from gradalign.judge.compare import compare
 from gradalign.runs import golden as fmt
 from gradalign.runs.reader import read_run_dir
 
-from .conftest import FIXTURES, SMALL
+from .conftest import FIXTURES, SMALL, one_line_error
 
 DEFAULT_GOLDEN = FIXTURES / "golden"
 
@@ -264,3 +264,31 @@ def test_a_malformed_golden_is_one_line_and_exit_2(cli, small, tmp_path, mutatio
     assert result.code == 2, (result.code, result.err)
     assert result.err.startswith("error: ") and result.err.count("\n") == 1
     assert "Traceback" not in result.err and len(result.err) < 600
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (["recorded_accum_steps"], None),
+        (["recorded_accum_steps"], 0),
+        (["recorded_accum_steps"], "4"),
+        (["per_update", 2, "update"], 7),
+        (["per_update", 2, "update"], None),
+        (["per_update", 1, "update"], True),  # True == 1, yet not an update's index
+    ],
+    ids=repr,
+)
+def test_a_golden_with_wrong_bookkeeping_fields_is_refused(cli, small, tmp_path, path, value):
+    """`recorded_accum_steps` (K of the run it was written from) and `per_update[i].update` (i)
+    are always written so; a golden that says otherwise was edited or merged wrong: one line,
+    exit 2, naming the field."""
+    data = json.loads(small["golden"].read_text())
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    field = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path).lstrip(".")
+    result = cli("golden", "check", broken, small["merged"])
+    one_line_error(result, f"golden field '{field}'")

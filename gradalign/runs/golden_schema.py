@@ -28,6 +28,10 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _numbers(value: Any, length: int | None = None) -> bool:
     ok = isinstance(value, list) and all(_number(v) for v in value)
     return ok and (length is None or len(value) == length)
@@ -53,6 +57,9 @@ def check_golden(data: dict, where: str) -> None:
     n = data.get("updates")
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_MICRO_STEPS:
         raise bad("updates", f"must be an integer >= 1, got {shown(n)}")
+    k = data.get("recorded_accum_steps")  # K of the run it was written from (a merged one: K > 1)
+    if not _count(k) or not 1 <= k <= MAX_MICRO_STEPS:
+        raise bad("recorded_accum_steps", f"must be an integer >= 1 (K), got {shown(k)}")
     _check_tensors(data.get("tensors"), bad)
     for field in ("grad_dtype", "reference_dtype"):
         if data.get(field) is not None and not isinstance(data[field], str):
@@ -89,6 +96,9 @@ def check_golden(data: dict, where: str) -> None:
     for i, entry in enumerate(per_update):
         if not isinstance(entry, dict) or not isinstance(entry.get("weights"), dict):
             raise bad(f"per_update[{i}]", "must be an object with weights")
+        if not _count(entry.get("update")) or entry["update"] != i:
+            got = shown(entry.get("update"))
+            raise bad(f"per_update[{i}].update", f"must be {i} (updates in order), got {got}")
         if sorted(entry["weights"]) != sorted(names):
             raise bad(f"per_update[{i}].weights", "must summarize every tensor")
         grads = entry.get("grads", {})
