@@ -114,8 +114,10 @@ def golden_check(
     """Judge the recorded `run` against the golden for its environment (`golden`: a file or a
     directory of them). A golden for another environment is refused ("no golden for this
     environment"), never passed. With `update`, the run (and its own reference, if it has one)
-    becomes the golden afterwards, or the first one for its environment. On failure the run is
-    written beside the reports as a candidate, and `accept` is the command that accepts it."""
+    becomes the golden afterwards, or the first one for its environment (refused where goldens of
+    another experiment already lie, such as a float64 run beside float32 goldens). On failure the
+    run is written beside the reports as a candidate, and `accept` is the command that accepts
+    it."""
     from .api import check_tolerances
     from .runs.reader import read_run_dir
 
@@ -162,9 +164,39 @@ def _accept(merged: Any, golden: Path, key: str) -> Path:
         target = golden.parent / f"{key}.json"
     else:
         target = golden
+    if not target.exists():
+        _refuse_another_experiment(merged, target.parent, key)
     reference = _reference(merged, None, strict=False)
     inputs = [Path(merged.source), *([Path(reference.source)] if reference else [])]
     return _write(merged, reference, target, inputs)
+
+
+def _refuse_another_experiment(run: Any, folder: Path, key: str) -> None:
+    """Goldens side by side are one experiment in several environments (`golden_config`, read by
+    `merged --against DIR`): a new environment's golden must not make them two. A float64 run
+    would always do so (its dtype is in its config and its key): it is a baseline's reference."""
+    try:
+        held = golden_config(folder)
+    except BadInput:
+        return  # no golden there yet: nothing to keep consistent
+    mine = run.config
+    changed = sorted(
+        k for k in set(held) & set(mine) - {"device", "accum_steps"} if held[k] != mine[k]
+    )
+    if not changed:
+        return
+    differs = ", ".join(f"{k} {mine[k]!r} (goldens {held[k]!r})" for k in changed[:3])
+    hint = "accept a run of the same experiment"
+    if mine.get("dtype") == "float64" and held.get("dtype") != "float64":
+        hint = (
+            "a float64 run is a baseline's noise-floor reference, not a golden for its runs: "
+            "pass the baseline itself (the golden keeps the reference its manifest names)"
+        )
+    raise BadInput(
+        f"--update would add {key}.json to {folder}, whose goldens record another experiment "
+        f"({differs}); {hint}, or give this one a directory of its own "
+        "(`gradalign golden write RUN --out DIR`)"
+    )
 
 
 def _key_of(path: Path) -> str | None:

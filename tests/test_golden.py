@@ -292,3 +292,22 @@ def test_a_golden_with_wrong_bookkeeping_fields_is_refused(cli, small, tmp_path,
     field = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path).lstrip(".")
     result = cli("golden", "check", broken, small["merged"])
     one_line_error(result, f"golden field '{field}'")
+
+
+def test_update_refuses_a_float64_run_beside_float32_goldens(cli, small, tmp_path):
+    """A float64 run (a baseline's -fp64 reference) has its own environment key: `--update` wrote
+    it as a new golden beside the float32 one, not over it, and the directory then recorded two
+    experiments (`merged --against DIR` refused it). Refused, naming what to pass instead; in a
+    directory of its own a float64 golden is still accepted."""
+    folder = tmp_path / "goldens"
+    folder.mkdir()
+    golden = Path(shutil.copy(small["golden"], folder / small["golden"].name))
+    reference = small["baseline"].with_name("baseline-fp64")
+    for target in (folder, golden):
+        result = cli("golden", "check", target, reference, "--update")
+        one_line_error(result, "dtype 'float64' (goldens 'float32')", "pass the baseline itself")
+        assert list(folder.iterdir()) == [golden]
+    apart = tmp_path / "float64"
+    apart.mkdir()
+    assert cli("golden", "check", apart, reference, "--update").code == 0
+    assert fmt.load(apart / f"{_key(reference)}.json")["reference_dtype"] is None
