@@ -63,6 +63,8 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
             found = [d for d in shapes if d is not None][:1]
             if not found or found[0].code == "token-normalization":  # read beside a wrong scale
                 found = sig.with_loss_scale(c, r) or found
+    if not found:  # the last resort: state the forward writes differs, nothing else does
+        found = [d for d in [sig.buffers_in_forward(c)] if d is not None]
     if diverged is not None:
         found.append(diverged)
     return found or [_unexplained(c)]

@@ -68,11 +68,12 @@ def _where(last_same: int, changed: int, update: int, span: range) -> str:
     return f"the weights changed between {at(first)} and {at(changed - 1)}"
 
 
-def written_in_forward(run: Run) -> frozenset[str]:
-    """Parameters that changed between a window's start and one of its micro-steps with no
-    optimizer step in between: the model writes them while it computes (an Embedding with
-    `max_norm` renormalizes the rows it looks up, in place). Read from a baseline, they name what
-    a merged run may change inside its windows as the baseline does; unobservable rows add none."""
+def written_in_forward(run: Run, kind: str = "param") -> frozenset[str]:
+    """Tensors of `kind` ("param" or "buffer") that changed between a window's start and one of
+    its micro-steps with no optimizer step in between: the model writes them while it computes
+    (an Embedding with `max_norm` renormalizes the rows it looks up, in place; a running mean
+    of the inputs). Read from a baseline, such parameters name what a merged run may change
+    inside its windows as the baseline does; unobservable rows add none."""
     if run.micro_state is None or run.micro_step_counts is None:
         return frozenset()
     known = _known(run)
@@ -88,7 +89,7 @@ def written_in_forward(run: Run) -> frozenset[str]:
                 break  # an optimizer step before this row: it and later rows say nothing
             written |= run.micro_state[m] != start
     return frozenset(
-        t.name for t, w in zip(run.tensors, written, strict=True) if w and t.kind == "param"
+        t.name for t, w in zip(run.tensors, written, strict=True) if w and t.kind == kind
     )
 
 

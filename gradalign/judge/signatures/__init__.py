@@ -16,6 +16,7 @@ from .accumulation import (
 from .common import failing, finite, first_gradient_failure
 from .decisive import (
     batchnorm,
+    buffers_in_forward,
     card_loss,
     data_order,
     dropout_rng,
@@ -39,6 +40,7 @@ from .learning_rate import lr_scaled, lr_schedule
 
 __all__ = [
     "batchnorm",
+    "buffers_in_forward",
     "card_loss",
     "clip_per_micro",
     "clip_per_micro_counted",
