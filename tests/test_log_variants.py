@@ -197,6 +197,13 @@ def test_byte_order_marks_and_utf16(tmp_path):
         "global step {i}, epoch: 0, batch: 7, loss: {loss}, speed: 1.23 step/s",
         "epoch 0 | iter {i} | train_loss={loss} | grad_norm 1.5 | error_rate 0.1",
         "loss: {loss}, step: {i}",
+        # other losses before the training loss: the field plainly named `loss` is read
+        "step {i}, aux loss: 0.0123, loss: {loss}, lr: 0.1",
+        "step {i} | running loss 9.25 | loss {loss} | lr 1.67e-01",
+        "step {i} | loss scale: 65536.0 | loss: {loss}",
+        # Megatron-LM: `lm loss` is the only loss; `skipped iterations: 0` is a counter
+        " iteration {i}/ 4 | learning rate: 1.0E-04 | lm loss: {loss} | loss scale: 1.0 | "
+        "number of skipped iterations:   0 | number of nan iterations:   0 |",
     ],
 )
 def test_keyed_step_lines(tmp_path, step):
@@ -220,6 +227,8 @@ NOISE = [
     "/x/paddle/amp.py:12: UserWarning: step 1 loss 9.5 overflowed",
     "[2026-11-22 08:15:01,234] [ WARNING] - step 1, loss: 9.5 is large",
     "Found inf or nan at step 1, loss scale 1024.0, skipping update",
+    "step 1, loss: 9.5, skipped: step, loss scaler reduced",
+    "step 1, aux loss: 9.5, running loss 9.5",
     "[Eval] step: 1, loss: 9.5",
     "eval step 1 loss 9.5",
     "step 1, val_loss 9.5",

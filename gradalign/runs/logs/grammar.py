@@ -59,8 +59,15 @@ _KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_l
 )
 _EPOCH = re.compile(r"(?<![\w.])epoch\b\s*[:=#]?\s*\[?\s*(?P<epoch>\d+)", re.IGNORECASE)
 _QUALIFIERS = {"avg", "mean", "average", "val", "valid", "eval", "test", "total", "smoothed"}
+# a word before `loss` that names another quantity than the step's training loss
+_OTHER_LOSSES = _QUALIFIERS | {
+    *("aux", "auxiliary", "kl", "reg", "ema", "running", "moving", "smooth", "router", "z"),
+    *("balance", "d", "g", "disc", "gen", "recon", "contrastive"),
+}
 _NOT_TRAINING = re.compile(  # never a training step: glog, warnings, evaluation, progress bars
-    r"^[IWEF]\d{4}\s+\d\d:\d\d|warning\b|\bwarn\b|error\b|\bskip|\boverflow|\d%\||"
+    # a skipped step is an event (`skipping update`), `skipped iterations: 0` a counter
+    r"^[IWEF]\d{4}\s+\d\d:\d\d|warning\b|\bwarn\b|error\b|\boverflow|\d%\||"
+    r"\bskip(?:s|ped|ping)?\b(?!\s*(?:iterations?|steps?|updates?|batch(?:es)?)?\s*[:=]?\s*\d)|"
     r"(?<![\w.])(?:eval\w*|val(?:id\w*)?|test(?:ing)?)(?![\w.])",
     re.IGNORECASE,
 )
@@ -214,21 +221,28 @@ def _keyed_step_line(text: str) -> StepLine | None:
     indices = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
     if not indices or _NOT_TRAINING.search(text):
         return None
+    named = None  # `lm loss`: taken where no field is plainly `loss`
     for found in _KEYED_LOSS.finditer(text):
-        before = text[: found.start()].split()
-        if before and before[-1].lower().strip("[(,;:|-") in _QUALIFIERS:
-            continue  # `avg loss`, `val loss`: not this step's training loss
         loss = one_number(found["loss"])
         if loss is None:
-            return None
-        epoch = _EPOCH.search(text)
-        return StepLine(
-            int(indices[0]["index"]),
-            loss,
-            found["loss"].startswith("["),
-            None if epoch is None else int(epoch["epoch"]),
-        )
-    return None
+            continue  # `loss scale: 65536`: another field
+        before = text[: found.start()].split()
+        word = before[-1] if before and re.fullmatch(r"[A-Za-z]+", before[-1]) else None
+        if word is None:
+            return _step_line(text, indices[0], found, loss)
+        if named is None and word.lower() not in _OTHER_LOSSES:
+            named = found, loss  # not `aux loss`, `running loss`, `val loss`
+    return None if named is None else _step_line(text, indices[0], *named)
+
+
+def _step_line(text: str, index: re.Match, found: re.Match, loss: float) -> StepLine:
+    epoch = _EPOCH.search(text)
+    return StepLine(
+        int(index["index"]),
+        loss,
+        found["loss"].startswith("["),
+        None if epoch is None else int(epoch["epoch"]),
+    )
 
 
 @dataclass(frozen=True)
