@@ -252,6 +252,32 @@ def test_noise_with_step_and_loss_words_stays_noise(tmp_path):
     assert run.config["ignored_lines"] == len(NOISE)
 
 
+@pytest.mark.parametrize(("scale", "named"), [(2.0, True), (0.5, True), (1.5, False)])
+def test_losses_alone_scaled_by_k_are_named(cli, tmp_path, scale, named):
+    """Logs of losses alone: a merged run's window losses K (or 1/K) times the baseline's at
+    every update are `loss-averaging`, saying the logs cannot tell it from `loss-scale`; another
+    ratio names nothing."""
+    losses = [1.75, 1.5, 1.25, 1.0]
+    base = "".join(f"step {i}, loss: {v}\n" for i, v in enumerate(losses))
+    merged = "".join(
+        f"step {2 * i + j}, loss: {v * scale}\n" for i, v in enumerate(losses) for j in (0, 1)
+    )
+    result = cli(
+        "compare",
+        write(tmp_path, base, "base.log"),
+        write(tmp_path, merged, "merged.log"),
+        "-k",
+        "2",
+        "--json",
+        tmp_path / "r.json",
+    )
+    assert result.code == 1
+    first = json.loads((tmp_path / "r.json").read_text())["diagnosis"][0]
+    assert (first["code"] == "loss-averaging") == named, first
+    if named:
+        assert "cannot tell" in first["message"]
+
+
 # --- logs that cannot be read: one line, exit 2 ------------------------------------------------
 
 

@@ -175,12 +175,14 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
     (or logged) differently."""
     status = {check.name: check.status for check in c.checks}
     tensors_fine = all(status.get(n) != FAIL for n in ("weights", "gradients"))
-    if status.get("losses") != FAIL or not tensors_fine or status.get("weights") is None:
+    if status.get("losses") != FAIL or not tensors_fine:
         return None
     ratios = [r.merged_loss / r.base_loss for r in c.results if r.base_loss and not r.loss_ok]
     q = float(np.median(ratios)) if ratios else math.nan
     k = window(c)
     evidence = {"window_loss_ratio": finite(q), "K": k}
+    if status.get("weights") is None:  # a log of losses alone
+        return _scaled_losses(q, k, ratios, evidence)
     if math.isfinite(q) and abs(q * k - 1) <= 0.05:
         how = (
             f"the merged window losses are {q:.4g} times the baseline's, about 1/K: the loss "
@@ -205,6 +207,27 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
         "only the losses disagree while the weights and gradients agree within noise: " + how,
         evidence,
         fix,
+    )
+
+
+def _scaled_losses(q: float, k: int, ratios: list[float], evidence: dict) -> Diagnosis | None:
+    """Losses alone, K (or 1/K) times the baseline's at every failing update: scaled, but no
+    weights or gradients say whether in print only or in the loss the gradient comes from."""
+    spread = (max(ratios) - min(ratios)) / abs(q) if ratios and q else math.inf
+    scale = next((s for s in (k, 1 / k) if math.isfinite(q) and abs(q / s - 1) <= 0.05), None)
+    if k < 2 or scale is None or spread > 0.05:
+        return None
+    said, how = ("K", "K times its mean") if scale == k else ("1/K", "already divided by K")
+    return Diagnosis(
+        "loss-averaging",
+        f"the merged window losses are {q:.4g} times the baseline's at every update, about "
+        f"{said}: each micro-batch's loss is {how}. "
+        "The logs print no weights or gradients, so they cannot tell a loss scaled in print "
+        "only from one the gradient comes from (`loss-scale`)",
+        evidence,
+        "print each micro-batch's own loss, before any division by K, and let gradalign "
+        "average the window; print the weights or gradients too, so the training itself is "
+        "compared",
     )
 
 
