@@ -300,3 +300,15 @@ def test_a_log_cut_off_inside_an_array(cli, tmp_path):
     tensor = "0 " + paddle_str(np.float32(0.5)) + "\n------------>" + paddle_str(GRID)
     result = cli("compare", base, write(tmp_path, tensor[:-20], "killed_tensor.log"), "-k", "1")
     one_line_error(result, "killed_tensor.log:3:", "cut off")
+
+
+def test_a_merged_log_of_one_line_per_update_is_told_to_use_k_1(cli, tmp_path):
+    """A merged log printing one line per update (the window's mean), read with -k K, has 1/K
+    of the baseline's updates: refused with the hint, and read with -k 1 it passes."""
+    base = write(tmp_path, small_log(step="step {i}, loss: {loss}", weights=""), "base.log")
+    merged = write(tmp_path, small_log(step="step {i}, loss: {loss}", weights=""), "merged.log")
+    result = cli("compare", base, merged, "-k", "2")
+    one_line_error(result, "baseline has 4 updates, merged has 2", "give it -k 1")
+    assert cli("compare", base, merged, "-k", "1").code == 0
+    other = write(tmp_path, "".join(f"step {i}, loss: 0.5\n" for i in range(6)), "six.log")
+    assert "-k 1" not in cli("compare", base, other, "-k", "2").err  # 6 lines: no such hint

@@ -14,8 +14,10 @@ from .model import Run
 from .reader import read_run_dir
 
 _NOT_A_RUN = (
-    "neither a gradalign run directory nor a recognised training log (no step line like "
-    "'0   [0.2957]' or '0   0.2957' in its first MiB)"
+    "neither a gradalign run directory nor a recognised training log: no step line in its "
+    "first MiB holds a step number and a loss as the reader knows them ('0   0.2957', "
+    "'step 3, loss: 0.2957', 'Step[3/48] loss: [0.2957]'); JSON lines, CSV tables and "
+    "progress bars are not read (write the run format instead, docs/FORMAT.md)"
 )
 
 
