@@ -312,3 +312,34 @@ def test_a_merged_log_of_one_line_per_update_is_told_to_use_k_1(cli, tmp_path):
     assert cli("compare", base, merged, "-k", "1").code == 0
     other = write(tmp_path, "".join(f"step {i}, loss: 0.5\n" for i in range(6)), "six.log")
     assert "-k 1" not in cli("compare", base, other, "-k", "2").err  # 6 lines: no such hint
+
+
+@pytest.mark.parametrize(
+    ("merged_lr", "code"),
+    [
+        ("{lr:.6f}", None),  # printed as the baseline prints it
+        ("{lr:.3e}", None),  # with fewer digits: equal within the printing
+        ("{fast:.6f}", "lr-schedule"),  # the schedule stepped at every micro-step
+    ],
+)
+def test_a_printed_learning_rate_is_judged(cli, tmp_path, merged_lr, code):
+    """Keyed step lines that print the lr beside the loss: the lr of each window's last line is
+    the update's, compared within the printing's resolution."""
+    lrs = [0.1 * (t + 1) / 8 for t in range(8)]  # warmup over the micro-steps of 4 updates
+    losses = [1.75, 1.5, 1.25, 1.0]
+    base = "".join(f"step {i}, loss: {v}, lr: {lrs[i]:.6f}\n" for i, v in enumerate(losses))
+    merged = "".join(
+        f"step {2 * i + j}, loss: {v}, lr: "
+        + merged_lr.format(lr=lrs[i], fast=lrs[2 * i + j])
+        + "\n"
+        for i, v in enumerate(losses)
+        for j in (0, 1)
+    )
+    b, m = write(tmp_path, base, "base.log"), write(tmp_path, merged, "merged.log")
+    expected = 0 if code is None else 1
+    found, data = judge(cli, tmp_path, b, m, "-k", "2")
+    assert found == expected
+    status = {c["name"]: c["status"] for c in data["checks"]}
+    assert status["learning rate"] == ("pass" if code is None else "fail")
+    if code is not None:
+        assert data["diagnosis"][0]["code"] == code

@@ -63,7 +63,8 @@ def _judge(result: UpdateResult, base: Run, merged: Run, lr_dtypes: tuple[str, s
     i = result.update
     if base.lr is not None and merged.lr is not None and lr_dtypes is not None:
         lb, lm = float(base.lr[i]), float(merged.lr[i])
-        if not same_scalar(lm, lb, *lr_dtypes):
+        printed = sum(float(r.lr_quantum[i]) for r in (base, merged) if r.lr_quantum is not None)
+        if not same_scalar(lm, lb, *lr_dtypes) and not abs(lm - lb) <= printed:
             shown_m, shown_b = distinct(lm, lb)
             result.problems.append(("lr", f"lr {shown_m} in merged, {shown_b} in baseline"))
     if base.optimizer_steps is not None and merged.optimizer_steps is not None:

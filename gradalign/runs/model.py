@@ -66,6 +66,7 @@ class Run:
     update_state: np.ndarray | None = None  # int64 [N, P]
     update_state_known: np.ndarray | None = None  # bool [N]; None: every row is known
     lr: np.ndarray | None = None  # float64 [N], the lr of the first param group at each step
+    lr_quantum: np.ndarray | None = None  # float64 [N], a printed lr's resolution (logs)
     lr_groups: np.ndarray | None = None  # float64 [N, G], every param group's lr (G > 1)
     optimizer_steps: np.ndarray | None = None  # int64 [N], optimizer.step() calls during update i
     state_step: np.ndarray | None = None  # int64 [N], the optimizer's own step counter after i

@@ -181,8 +181,8 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
     q = float(np.median(ratios)) if ratios else math.nan
     k = window(c)
     evidence = {"window_loss_ratio": finite(q), "K": k}
-    if status.get("weights") is None:  # a log of losses alone
-        return _scaled_losses(q, k, ratios, evidence)
+    if status.get("weights") is None:  # a log of losses alone (card logs: `card-loss`)
+        return None if len(c.merged.cards) > 1 else _scaled_losses(q, k, ratios, evidence)
     if math.isfinite(q) and abs(q * k - 1) <= 0.05:
         how = (
             f"the merged window losses are {q:.4g} times the baseline's, about 1/K: the loss "

@@ -93,6 +93,11 @@ def build_run(log: ParsedLog, accum_steps: int) -> Run:
     )
     if tensors:
         _attach_weights(run, log, tensors, precision)
+    if log.lrs and all(lr is not None for lr in log.lrs):
+        # the lr each window's last step line prints: the one its optimizer step took
+        last = [lr for lr in log.lrs[k - 1 :: k] if lr is not None]
+        run.lr = np.array([lr.value for lr in last], dtype=np.float64)
+        run.lr_quantum = np.array([number_quantum(lr, None) for lr in last], dtype=np.float64)
     return run
 
 

@@ -57,6 +57,9 @@ _KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_l
     r"(?<![\w.])(?:train(?:ing)?[\s_])?loss\b(?:\s+is)?\s*[:=]?\s*(?P<loss>\[*[^\s,\[\]]+\]*)",
     re.IGNORECASE,
 )
+_KEYED_LR = re.compile(  # `lr: 0.001`, `lr=[0.0001]`, `learning_rate: 5e-05`, `learning rate: 1E-4`
+    r"(?<![\w.])(?:lr|learning[\s_]rate)\b\s*[:=]?\s*(?P<lr>\[*[^\s,\[\]|]+\]*)", re.IGNORECASE
+)
 _EPOCH = re.compile(r"(?<![\w.])epoch\b\s*[:=#]?\s*\[?\s*(?P<epoch>\d+)", re.IGNORECASE)
 _QUALIFIERS = {"avg", "mean", "average", "val", "valid", "eval", "test", "total", "smoothed"}
 # a word before `loss` that names another quantity than the step's training loss
@@ -197,6 +200,7 @@ class StepLine:
     loss: Printed
     bracketed: bool
     epoch: int | None = None
+    lr: Printed | None = None  # the learning rate a keyed step line prints beside its loss
 
 
 def step_line(text: str) -> StepLine | None:
@@ -235,13 +239,15 @@ def _keyed_step_line(text: str) -> StepLine | None:
     return None if named is None else _step_line(text, indices[0], *named)
 
 
-def _step_line(text: str, index: re.Match, found: re.Match, loss: float) -> StepLine:
+def _step_line(text: str, index: re.Match, found: re.Match, loss: Printed) -> StepLine:
     epoch = _EPOCH.search(text)
+    lrs = (one_number(m["lr"]) for m in _KEYED_LR.finditer(text))
     return StepLine(
         int(index["index"]),
         loss,
         found["loss"].startswith("["),
         None if epoch is None else int(epoch["epoch"]),
+        next((lr for lr in lrs if lr is not None), None),
     )
 
 

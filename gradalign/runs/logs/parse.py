@@ -41,6 +41,7 @@ class ParsedLog:
     path: Path
     losses: list[Printed] = field(default_factory=list)
     bracketed: list[bool] = field(default_factory=list)
+    lrs: list[Printed | None] = field(default_factory=list)  # printed beside each loss, if any
     step_lines: list[int] = field(default_factory=list)
     first_index: int = 0
     blocks: list[list[Block]] = field(default_factory=list)
@@ -169,6 +170,7 @@ class _Pass:
         log.epoch = step.epoch
         log.losses.append(step.loss)
         log.bracketed.append(step.bracketed)
+        log.lrs.append(step.lr)
         log.step_lines.append(index + 1)
         log.blocks.append([])
 
