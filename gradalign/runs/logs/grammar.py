@@ -60,6 +60,9 @@ _KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_l
 _KEYED_LR = re.compile(  # `lr: 0.001`, `lr=[0.0001]`, `learning_rate: 5e-05`, `learning rate: 1E-4`
     r"(?<![\w.])(?:lr|learning[\s_]rate)\b\s*[:=]?\s*(?P<lr>\[*[^\s,\[\]|]+\]*)", re.IGNORECASE
 )
+_EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Epoch 2]`
+    r"^\s*\[?\s*epoch\s*[:=#]?\s*(?P<epoch>\d+)\s*(?:/\s*\d+)?\s*\]?\s*$", re.IGNORECASE
+)
 _EPOCH = re.compile(r"(?<![\w.])epoch\b\s*[:=#]?\s*\[?\s*(?P<epoch>\d+)", re.IGNORECASE)
 _QUALIFIERS = {"avg", "mean", "average", "val", "valid", "eval", "test", "total", "smoothed"}
 # a word before `loss` that names another quantity than the step's training loss
@@ -356,3 +359,10 @@ class ArrayReader:
             field("exponent", np.int64),
             any(c.scientific for c in cells),
         )
+
+
+def epoch_header(text: str) -> int | None:
+    """The epoch a line of its own announces (`Epoch 2/10`, as Paddle's Model.fit prints before
+    the epoch's step lines), else None."""
+    match = _EPOCH_HEADER.match(text)
+    return None if match is None else int(match["epoch"])

@@ -14,6 +14,7 @@ from .grammar import (
     PrintedArray,
     StepLine,
     arrow_line,
+    epoch_header,
     is_array_content,
     one_number,
     rank_tag,
@@ -51,6 +52,7 @@ class ParsedLog:
     noise_shown: list[tuple[int, str]] = field(default_factory=list)
     unattached: int = 0  # arrays printed before the first step line
     epoch: int | None = None  # the epoch the last step line named, if it named one
+    header_epoch: int | None = None  # the epoch the last line of its own announced (`Epoch 2/10`)
     epoch_start: int = 0  # steps before the current epoch, when its step count restarted
     rank: str | None = None  # the process a launcher tagged the step lines with
 
@@ -136,10 +138,11 @@ class _Pass:
             self.log.mean_bracketed.append(arrow.rest.startswith("["))
         elif arrow is not None and not arrow.is_other_loss:
             self._array(index, arrow.label, arrow.rest, committed=not arrow.named)
-        elif text.startswith("["):
+        elif text.startswith("[") and epoch_header(text) is None:
             self._array(index, "", text, committed=False)
         else:
             self.log.add_noise(index + 1, text)
+            self.log.header_epoch = epoch_header(text) or self.log.header_epoch
 
     def _step(self, index: int, step: StepLine) -> None:
         log, value = self.log, step.index
@@ -155,7 +158,8 @@ class _Pass:
                 "lines alone)"
             )
         expected = log.first_index + len(log.losses) - log.epoch_start
-        if value == log.first_index != expected and _next_epoch(log.epoch, step.epoch):
+        epoch = step.epoch if step.epoch is not None else log.header_epoch
+        if value == log.first_index != expected and _next_epoch(log.epoch, epoch):
             log.epoch_start, expected = len(log.losses), value  # the count restarts each epoch
         if value != expected:
             again = (
@@ -167,7 +171,7 @@ class _Pass:
             raise BadInput(
                 f"{self.where(index)}: expected step {expected}, found step {value}{again}"
             )
-        log.epoch = step.epoch
+        log.epoch = epoch
         log.losses.append(step.loss)
         log.bracketed.append(step.bracketed)
         log.lrs.append(step.lr)
