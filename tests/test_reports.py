@@ -242,3 +242,39 @@ def test_plot_directory_lands_outside_runs(cli, small_runs):
     inside = Path(small_runs["merged"]) / "p"
     result = cli("compare", small_runs["baseline"], small_runs["merged"], "--plot", inside)
     assert result.code == 2 and "inside" in result.err
+
+
+def test_every_report_is_written_when_no_update_could_be_judged(cli, tmp_path):
+    """A merged run whose first window is irregular: no update lines up, nothing is judged;
+    the comparison fails (window-bookkeeping) and every report is still written."""
+    import torch
+
+    import gradalign
+
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    y = torch.randn(64, 1, generator=torch.Generator().manual_seed(1))
+
+    def record(out, k, extra=0):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rows = iter(torch.arange(64).split(8 // k))
+        with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+            for update in range(3):
+                for _ in range(k + (extra if update == 0 else 0)):
+                    i = next(rows)
+                    loss = torch.nn.functional.mse_loss(model(x[i]), y[i])
+                    (loss / k).backward()
+                    rec.micro(loss, batch=(x[i], y[i]))
+                opt.step()
+                rec.update()
+                opt.zero_grad()
+        return out
+
+    base, merged = record(tmp_path / "k1", 1), record(tmp_path / "k2", 2, extra=1)
+    reports = {"--json": "r.json", "--junit": "r.xml", "--markdown": "r.md", "--html": "r.html"}
+    args = [a for flag, name in reports.items() for a in (flag, tmp_path / name)]
+    result = cli("compare", base, merged, *args, "--plot", tmp_path / "plots")
+    assert result.code == 1, result.err
+    assert all((tmp_path / name).stat().st_size for name in reports.values())
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(PLOTS)

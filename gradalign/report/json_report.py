@@ -44,7 +44,7 @@ def to_dict(comparison: Comparison) -> dict[str, Any]:
         "reference": c.reference.source if c.reference is not None else None,
         "tolerances": c.tolerances.to_dict(),
         "loss": {
-            "max_abs_diff": _finite(max(diffs)) if len(finite) == len(diffs) else None,
+            "max_abs_diff": _finite(max(diffs)) if diffs and len(finite) == len(diffs) else None,
             "mean_abs_diff": _finite(sum(finite) / len(finite)) if finite else None,
         },
         "first_divergence": c.first_divergence,

@@ -70,9 +70,10 @@ def loss_figure(c: Comparison) -> Any:
             - 0.5
         )
         ax.plot(x, micro, ".", color="tab:orange", alpha=0.25, ms=3, label="merged micro-steps")
-    ax.plot(updates, [r.base_loss for r in c.results], "-o", ms=4, label="baseline (K=1)")
+    judged = updates[: len(c.results)]  # a run whose windows stop lining up is cut there
+    ax.plot(judged, [r.base_loss for r in c.results], "-o", ms=4, label="baseline (K=1)")
     ax.plot(
-        updates,
+        judged,
         [r.merged_loss for r in c.results],
         "x",
         ms=7,
@@ -109,9 +110,10 @@ def _series(results: list[UpdateResult], kind: str) -> dict[str, np.ndarray]:
             continue
         d = _worst(r.weights if kind == "weights" else r.grads)
         rows.append((math.nan, math.nan, None) if d is None else (d.error, d.allowed, d.noise))
+    columns = list(zip(*rows, strict=True)) or [(), (), ()]  # no update judged: empty
     error, allowed, noise = (
         np.array([math.nan if v is None else v for v in column], dtype=np.float64)
-        for column in zip(*rows, strict=True)
+        for column in columns
     )
     return {"error": error, "allowed": allowed, "noise": noise}
 
@@ -129,7 +131,7 @@ def error_figure(c: Comparison) -> Any:
     if any(r.grads for r in c.results):
         kinds.append(("gradient", "worst gradient"))
     fig, axes = _figure(2.2 * len(kinds) + 0.6, len(kinds))
-    updates = np.arange(c.updates)
+    updates = np.arange(len(c.results))
     for ax, (kind, label) in zip(axes, kinds, strict=True):
         s = _series(c.results, "grads" if kind == "gradient" else kind)
         known = np.concatenate([s[k][np.isfinite(s[k]) & (s[k] > 0)] for k in s])
@@ -178,7 +180,7 @@ def ratio_matrix(c: Comparison) -> tuple[list[str], np.ndarray]:
         for index, name in enumerate(tensors):
             names.append(f"{prefix} {name}")
             rows.append([_ratio(getattr(r, attr), index) for r in c.results])
-    return names, np.array(rows, dtype=np.float64).reshape(len(rows), c.updates)
+    return names, np.array(rows, dtype=np.float64).reshape(len(rows), len(c.results))
 
 
 def _ratio(diffs: list, index: int) -> float:
