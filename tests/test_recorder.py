@@ -196,6 +196,16 @@ def test_a_gradient_bug_in_a_model_with_dropout_is_named_by_its_own_code(tmp_pat
     assert result.results[0].loss_ok and codes[:1] == [BUGS[bug]], codes
 
 
+def test_a_loss_scale_a_clip_hides_is_named_alone(tmp_path):
+    """The loss K times too large under a clip that engages in both runs: the stepped gradients
+    nearly agree, the norms before clipping are K apart. `loss-scale` alone: what is left once
+    K is divided out is within what the check allows, so no second cause is named."""
+    result = judged(tmp_path, "no-loss-scale", clip=0.05)
+    codes = [d.code for d in result.diagnosis if d.severity == "error"]
+    assert codes == ["loss-scale"], [(d.code, d.message) for d in result.diagnosis]
+    assert "before clipping" in result.diagnosis[0].message
+
+
 def test_user_loop_missing_loss_scale_fails_at_update_0(tmp_path):
     result = compare(
         user_loop(tmp_path / "b", 1), user_loop(tmp_path / "m", 4, bug="no-loss-scale")

@@ -32,11 +32,11 @@ from .gradient import (
     grad_accum_dtype,
     loss_scale,
     token_normalization,
-    with_loss_scale,
     zero_grad_counted,
     zero_grad_in_window,
 )
 from .learning_rate import lr_scaled, lr_schedule
+from .paired import with_loss_scale
 
 __all__ = [
     "batchnorm",

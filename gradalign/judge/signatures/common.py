@@ -67,3 +67,11 @@ def exact_of(c: Comparison, run: Run, kind: str, update: int) -> Tensors | None:
 def grad_norm(c: Comparison, run: Run, update: int) -> float | None:
     """The exact norm of a run's whole gradient at an update."""
     return norm_of(run, "grads", update, width(c))
+
+
+def allowed_share(c: Comparison, r: UpdateResult) -> float:
+    """What the gradient check allows at an update, over the whole model, as a share of the
+    baseline's gradient: ||allowed|| / ||g_base|| (0 where unknown)."""
+    norm = grad_norm(c, c.baseline, r.update)
+    allowed = math.sqrt(math.fsum(d.allowed**2 for d in r.grads if math.isfinite(d.allowed)))
+    return allowed / norm if norm else 0.0

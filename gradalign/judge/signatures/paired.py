@@ -1,0 +1,91 @@
+"""A gradient scaled by the wrong factor beside, or behind, something else: read its size every
+way it can be read (the fitted ratio, the norm, the norms before clipping), divide it out, and
+read what remains (`with_loss_scale`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..results import Comparison, Diagnosis, UpdateResult
+from .common import allowed_share, finite, grad_norm, grads_of, relative_error, window
+from .gradient import clip_state, token_normalization
+
+
+def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
+    """Two causes at once: a gradient K, 1/K or K+1 times too large (within 5%) whose direction
+    is off too. The size is read by the fitted ratio, by the norm (the fit shrinks with the
+    cosine, the norm does not) and, where both runs clipped, by the norms before clipping (a
+    clip hides the scale in the gradient stepped with). Divide the fitted ratio out and read the
+    rest again: `loss-scale` and the signature that explains the remainder (e.g. token
+    normalization), or nothing."""
+    ratio, k = r.grad_ratio, window(c)
+    if ratio is None or not math.isfinite(ratio):
+        return []
+    found = _near(_sizes(c, r), (k, 1 / k, k + 1))
+    if found is None:
+        return []
+    rest = token_normalization(c, r, scale=ratio)
+    alone = rest is None and _remainder_within_allowed(c, r, ratio)
+    if rest is None and not alone:
+        return []
+    value, what, expected = found
+    beside = (
+        "with nothing else beyond what the check allows once that is divided out"
+        if alone
+        else "beside a second cause that turns its direction"
+    )
+    scaled = Diagnosis(
+        "loss-scale",
+        f"the accumulated gradient{what} is {value:.4g} times the baseline's at update "
+        f"{r.update} (about {expected:.4g}), {beside}: the loss is scaled by the wrong factor",
+        {
+            "update": r.update,
+            "grad_ratio": finite(ratio),
+            "size_ratio": finite(value),
+            "expected_ratio": expected,
+        },
+        "scale each micro-batch's loss by its share of the window (1/K, or its items over the "
+        "window's items), once",
+    )
+    return [scaled] if rest is None else [scaled, rest]
+
+
+def _remainder_within_allowed(c: Comparison, r: UpdateResult, scale: float) -> bool:
+    """The merged gradient divided by `scale` stands within what the gradient check allows."""
+    gb, gm = grads_of(c, c.baseline, r.update), grads_of(c, c.merged, r.update)
+    if gb is None or gm is None:
+        return False
+    error = relative_error(gb, {n: np.asarray(v, dtype=np.float64) / scale for n, v in gm.items()})
+    return error is not None and error <= allowed_share(c, r)
+
+
+def _near(
+    sizes: list[tuple[float, str]], expected: tuple[float, ...]
+) -> tuple[float, str, float] | None:
+    """The first size within 5% of an expected ratio: (size, its words, that ratio)."""
+    for value, what in sizes:
+        for v in expected:
+            if abs(value / v - 1) <= 0.05:
+                return value, what, v
+    return None
+
+
+def _sizes(c: Comparison, r: UpdateResult) -> list[tuple[float, str]]:
+    """The merged gradient's size over the baseline's, each way it can be read, with words."""
+    i = r.update
+    sizes = [(float(r.grad_ratio), "")] if r.grad_ratio is not None else []
+    (clipped_b, norm_b), (clipped_m, norm_m) = (
+        clip_state(c, run, i) for run in (c.baseline, c.merged)
+    )
+    if norm_b is None:  # no norm before clipping recorded: clip_state read no gradient
+        norm_b = grad_norm(c, c.baseline, i)
+    if norm_m is None:
+        norm_m = grad_norm(c, c.merged, i)
+    if norm_m is not None and norm_b:
+        sizes.append((norm_m / norm_b, "'s norm"))
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if clipped_b and clipped_m and pre_b is not None and pre_m is not None and pre_b[i]:
+        sizes.append((float(pre_m[i] / pre_b[i]), "'s norm before clipping"))
+    return [(x, what) for x, what in sizes if math.isfinite(x) and abs(x - 1) > 0.05]
