@@ -55,3 +55,42 @@ def test_manual_optimization_needs_k(tmp_path, monkeypatch):
 def test_an_unknown_items_rule_is_refused(tmp_path):
     with pytest.raises(BadInput, match="items must be one of"):
         pl.GradalignCallback(tmp_path / "run", items="tokens")
+
+
+def test_k_changed_during_the_fit_is_refused(tmp_path):
+    """A GradientAccumulationScheduler moves K from 1 to 2 at epoch 1: refused there with one
+    line (a run has one K), and no run is left behind."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Fit(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        callbacks=[
+            GradientAccumulationScheduler({0: 1, 1: 2}),
+            pl.GradalignCallback(tmp_path / "run"),
+        ],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with pytest.raises(BadInput, match="changed during the fit, from 1 to 2 at epoch 1"):
+        trainer.fit(Fit(), DataLoader(data, batch_size=4))
+    assert not (tmp_path / "run").exists()

@@ -130,6 +130,13 @@ class GradalignCallback(pl.Callback):
     ) -> None:
         self._batch = batch
         self._steps_at_start = trainer.global_step
+        if self._automatic and trainer.accumulate_grad_batches != self._k:
+            raise BadInput(
+                f"accumulate_grad_batches changed during the fit, from {self._k} to "
+                f"{trainer.accumulate_grad_batches} at epoch {trainer.current_epoch} (a "
+                "GradientAccumulationScheduler?): a run has one K; record each stage as a fit "
+                "of its own"
+            )
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
