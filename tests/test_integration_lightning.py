@@ -94,3 +94,13 @@ def test_k_changed_during_the_fit_is_refused(tmp_path):
     with pytest.raises(BadInput, match="changed during the fit, from 1 to 2 at epoch 1"):
         trainer.fit(Fit(), DataLoader(data, batch_size=4))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_loss_divided_twice_under_bf16_mixed_is_named(tmp_path):
+    """bf16-mixed turns the gradient a little (cosine 0.999997 here): the same-direction bar
+    follows what the check allows for the run's precision, so `loss-scale` names its variant."""
+    from gradalign import api
+
+    runs = pl.record_all(tmp_path, padded=False, bug="double-scale", precision="bf16-mixed")
+    first = api.compare(runs["k1"], runs["k4-double-scale"]).diagnosis[0]
+    assert first.code == "loss-scale" and "divided by K=4 twice" in first.message, first.message

@@ -75,3 +75,10 @@ def allowed_share(c: Comparison, r: UpdateResult) -> float:
     norm = grad_norm(c, c.baseline, r.update)
     allowed = math.sqrt(math.fsum(d.allowed**2 for d in r.grads if math.isfinite(d.allowed)))
     return allowed / norm if norm else 0.0
+
+
+def same_direction(c: Comparison, r: UpdateResult) -> float:
+    """The cosine above which two gradients point the same way: rounding's 1 − 1e-6, or, where
+    the check allows a larger share ρ of the gradient (bfloat16), 1 − 2ρ² (noise of that share
+    turns a gradient by about ρ²/2 in cosine)."""
+    return 1 - max(1 - COSINE_SAME_DIRECTION, 2 * allowed_share(c, r) ** 2)

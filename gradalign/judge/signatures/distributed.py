@@ -10,7 +10,7 @@ import numpy as np
 from ..checks import sample_mismatches
 from ..distributed import RankFacts, items_per_rank, listed
 from ..results import Comparison, Diagnosis, UpdateResult
-from .common import COSINE_SAME_DIRECTION, RATIO_MATCH, finite, relative_error, window
+from .common import RATIO_MATCH, finite, relative_error, same_direction, window
 from .decisive import _update0_gap
 from .learning_rate import lined_up_lrs, schedule_offset
 
@@ -162,7 +162,7 @@ def dp_loss_reduction(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     on top of DDP's own mean (or once too often)."""
     world, k = c.merged.world_size, window(c)
     ratio, cosine = r.grad_ratio, r.grad_cosine
-    if world < 2 or ratio is None or cosine is None or not cosine >= COSINE_SAME_DIRECTION:
+    if world < 2 or ratio is None or cosine is None or not cosine >= same_direction(c, r):
         return None
     if any(abs(ratio / q - 1) <= RATIO_MATCH for q in (k, 1 / k, k + 1)):
         return None  # loss-scale's variants (also when W = K)

@@ -10,7 +10,6 @@ import numpy as np
 from ...runs.model import Run
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import (
-    COSINE_SAME_DIRECTION,
     RATIO_MATCH,
     allowed_share,
     exact_of,
@@ -18,13 +17,14 @@ from .common import (
     grad_norm,
     grads_of,
     relative_error,
+    same_direction,
     window,
 )
 
 
 def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     ratio, cosine = r.grad_ratio, r.grad_cosine
-    if ratio is None or cosine is None or not cosine >= COSINE_SAME_DIRECTION:
+    if ratio is None or cosine is None or not cosine >= same_direction(c, r):
         return None
     if not abs(ratio - 1) > RATIO_MATCH:
         return None
@@ -318,7 +318,7 @@ def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     ratio, cosine, k = r.grad_ratio, r.grad_cosine, window(c)
     if ratio is None or cosine is None or k < 2:
         return None
-    if not (0.5 <= ratio * k <= 2.0 and 0 < cosine < COSINE_SAME_DIRECTION):
+    if not (0.5 <= ratio * k <= 2.0 and 0 < cosine < same_direction(c, r)):
         return None
     return Diagnosis(
         "zero-grad-in-window",
