@@ -94,3 +94,31 @@ def test_an_interrupted_loop_leaves_no_run_and_unhooks_the_accelerator(tmp_path)
     assert list(tmp_path.iterdir()) == []
     assert accelerator.backward == backward
     assert not model._forward_pre_hooks
+
+
+@pytest.mark.parametrize(
+    ("split", "bug", "code"),
+    [
+        ("forward", None, None),
+        ("backward", None, None),
+        ("backward", "double-scale", "loss-scale"),
+    ],
+)
+def test_a_micro_batch_in_two_parts_is_one_micro_step(tmp_path, split, bug, code):
+    """A micro-batch forwarded in two chunks, or its loss backpropagated in two halves, inside
+    one `accumulate` block: one micro-step (its samples joined, its losses added). Clean, it
+    passes; with its loss divided by K twice it is still named."""
+    import torch
+
+    tiny_data = example("tiny_data")
+    runs = tiny_data.record_all(
+        tmp_path,
+        acc.train,
+        "k4",
+        data={"padded": False, "split": split},
+        reference={"dtype": torch.float64},
+        changes={"bug": bug},
+    )
+    verdict, codes, _ = judged(runs["k1"], runs["k4"])
+    assert (verdict, codes[:1]) == (("pass", []) if code is None else ("fail", [code])), codes
+    assert read_run_dir(runs["k4"]).micro_steps == 4 * acc.UPDATES

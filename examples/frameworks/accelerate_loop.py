@@ -11,6 +11,8 @@
 micro-batch holds as many tokens (`--data full`), wrong on padded data. `--tokens` divides each
 micro-batch's summed loss by the window's token count instead (`num_items_in_batch`, times K
 since accelerate still divides by K). `--bug` trains the merged run with a known mistake.
+`train(..., split="forward")` forwards each micro-batch in two chunks, `split="backward"`
+backpropagates its loss in two halves: either is still one micro-step.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def train(
     reference: str | None = None,
     mixed_precision: str = "no",
     device: str = "cpu",
+    split: str | None = None,
 ) -> Path:
     """Record one loop of UPDATES updates at batch BATCH, as K micro-batches, into `out`
     (`mixed_precision`: accelerate's, e.g. "bf16"; a float64 reference takes "no"; `device`:
@@ -75,10 +78,20 @@ def train(
                     loss = model(**batch, num_items_in_batch=window).loss  # sum / window
                     rec.record_loss(loss_sum=loss * window, items=counts[step])
                     loss = loss * k  # accelerate divides by K
+                elif split == "forward":  # two chunks forwarded, their token-weighted mean
+                    half = len(batch["input_ids"]) // 2
+                    chunks = [{n: v[:half] for n, v in batch.items()}]
+                    chunks.append({n: v[half:] for n, v in batch.items()})
+                    items = [int((c["labels"][:, 1:] != -100).sum()) for c in chunks]
+                    sums = [model(**c).loss * n for c, n in zip(chunks, items, strict=True)]
+                    loss = sum(sums) / sum(items)
                 else:
                     loss = model(**batch).loss
                 if bug == "double-scale":
                     loss = loss / k
+                if split == "backward":  # the loss backpropagated in two halves
+                    accelerator.backward(loss / 2, retain_graph=True)
+                    loss = loss / 2
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()

@@ -7,19 +7,25 @@
                 accelerator.backward(loss)
                 optimizer.step(); scheduler.step(); optimizer.zero_grad()
 
-Nothing inside the loop changes. A micro-step is recorded when `accelerator.backward(loss)`
-returns: `loss` as the micro-batch's own mean (accelerate divides it by K), the samples the
-model's last forward received (its keyword arguments, e.g. `input_ids`, `attention_mask`,
-`labels`; padding left out by the attention mask), and their items by the `items` rule. A loop
-that backpropagates something else (a summed loss divided by the window's token count, times
-K) states each micro-batch's loss with `rec.record_loss(loss_sum=..., items=...)` before its
-backward. The window that accelerate synchronizes (`accelerator.sync_gradients`) closes after
-its optimizer step, as the model's next forward begins (or when recording ends).
+Nothing inside the loop changes. A micro-step is one `accelerator.accumulate(model)` block: it
+is recorded when the block calls `optimizer.step()` or ends, whichever comes first, from what
+its `accelerator.backward(loss)` calls received (one or several: their losses add up) and the
+samples the model's forwards received with gradients on (one forward, or several chunks of the
+micro-batch, put back together; keyword arguments such as `input_ids`, `attention_mask`,
+`labels`; padding left out by the attention mask), with their items by the `items` rule. Each
+`loss` is taken as its share of the micro-batch's own mean (accelerate divides it by K). Outside
+an `accumulate` block each backward is a micro-step. A loop that backpropagates something else
+(a summed loss divided by the window's token count, times K) states each micro-batch's loss
+with `rec.record_loss(loss_sum=..., items=...)` before its backward. The window that accelerate
+synchronizes (`accelerator.sync_gradients`) closes after its optimizer step, as the model's
+next forward begins (or when recording ends).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -27,6 +33,7 @@ import torch
 from accelerate import Accelerator
 
 from ...errors import BadInput
+from .. import watched
 from ..recorder import Recorder
 from . import batches
 from .micro_loss import MicroLoss, record_micro
@@ -71,7 +78,10 @@ class AccelerateRecording:
         self.items = items
         self.pad = pad
         self.pending: MicroLoss | None = None
-        self._inputs: dict[str, Any] = {}
+        self._losses: list[MicroLoss] = []  # the open micro-step's backward calls
+        self._inputs: list[dict[str, Any]] = []  # its forwards with gradients on
+        self._sync = False  # whether its backward synchronized (the window's last)
+        self._blocks = 0  # accumulate() blocks open
         self._window_ended = False
         self._loss_scale: float | None = None
         k = accelerator.gradient_accumulation_steps
@@ -83,9 +93,11 @@ class AccelerateRecording:
             config={**_run_config(accelerator, self.model, optimizer, k), **(config or {})},
             reference=reference,
         )
-        self._backward = accelerator.backward
+        self._backward, self._accumulate = accelerator.backward, accelerator.accumulate
         accelerator.backward = self._recording_backward  # type: ignore[method-assign]
+        accelerator.accumulate = self._recording_accumulate  # type: ignore[method-assign]
         self._hook = self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+        self._stop_step = watched.watch(type(optimizer), "step", optimizer, self._flush)
 
     def record_loss(
         self,
@@ -101,6 +113,7 @@ class AccelerateRecording:
     def close(self) -> None:
         """Close the last window and write the run."""
         self._unhook()
+        self._flush()
         self._close_window()
         self.recorder.close()
 
@@ -127,23 +140,41 @@ class AccelerateRecording:
 
     def _before_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._close_window()
-        self._inputs = {**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs}
+        if torch.is_grad_enabled():  # not an evaluation under no_grad
+            if not self._losses and self._blocks == 0:
+                self._inputs = []  # outside a block: the last forward before a backward counts
+            self._inputs.append({**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs})
 
     def _recording_backward(self, loss: torch.Tensor, **kwargs: Any) -> Any:
         self._close_window()
         result = self._backward(loss, **kwargs)
         given, self.pending = self.pending, None
-        record_micro(
-            self.recorder,
-            given or MicroLoss.scaled_mean(loss, 1),
-            self._inputs,
-            self.items,
-            self.pad,
-        )
+        self._losses.append(given or MicroLoss.scaled_mean(loss, 1))
         scaler = self.accelerator.scaler
         self._loss_scale = None if scaler is None else float(scaler.get_scale())
-        self._window_ended = bool(self.accelerator.sync_gradients)
+        self._sync = bool(self.accelerator.sync_gradients)
+        if self._blocks == 0:
+            self._flush()
         return result
+
+    @contextlib.contextmanager
+    def _recording_accumulate(self, *models: Any) -> Iterator[None]:
+        self._blocks += 1
+        try:
+            with self._accumulate(*models):
+                yield
+        finally:
+            self._blocks -= 1
+            self._flush()
+
+    def _flush(self) -> None:
+        """Record the open micro-step, if a backward made one."""
+        if not self._losses:
+            return
+        losses, self._losses = self._losses, []
+        inputs, self._inputs = self._inputs, []
+        record_micro(self.recorder, _summed(losses), _joined(inputs), self.items, self.pad)
+        self._window_ended = self._sync
 
     def _close_window(self) -> None:
         if self._window_ended:
@@ -154,7 +185,51 @@ class AccelerateRecording:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+            self._stop_step()
             self.accelerator.backward = self._backward  # type: ignore[method-assign]
+            self.accelerator.accumulate = self._accumulate  # type: ignore[method-assign]
+
+
+def _summed(losses: list[MicroLoss]) -> MicroLoss:
+    """A micro-step's loss from its backward calls: their losses (or sums and items) added."""
+    if len(losses) == 1:
+        return losses[0]
+    if all(m.loss is not None for m in losses):
+        return MicroLoss(loss=sum(m.loss for m in losses))  # type: ignore[misc]
+    if all(m.loss_sum is not None for m in losses):
+        return MicroLoss(
+            loss_sum=sum(m.loss_sum for m in losses),  # type: ignore[misc]
+            items=sum(m.items for m in losses),  # type: ignore[misc]
+        )
+    raise BadInput(
+        "a micro-step's backward calls mixed record_loss(loss_sum=...) with plain losses: state "
+        "each of its losses the same way"
+    )
+
+
+def _joined(forwards: list[dict[str, Any]]) -> dict[str, Any]:
+    """One micro-batch from the forwards of its chunks: each tensor argument concatenated along
+    its rows, chunks padded to one width with 0 where they were padded to their own (the
+    attention mask then leaves the padding out); other arguments as the last chunk had them."""
+    if len(forwards) <= 1:
+        return forwards[0] if forwards else {}
+    joined = dict(forwards[-1])
+    for key, value in forwards[-1].items():
+        parts = [f.get(key) for f in forwards]
+        if isinstance(value, torch.Tensor) and all(isinstance(t, torch.Tensor) for t in parts):
+            joined[key] = _rows(parts)  # type: ignore[arg-type]
+    return joined
+
+
+def _rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    shapes = {t.shape[2:] for t in parts}
+    if any(t.dim() < 2 for t in parts) or len(shapes) > 1:
+        return torch.cat(parts)
+    width = max(t.shape[1] for t in parts)
+    padded = [
+        torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, width - t.shape[1])) for t in parts
+    ]
+    return torch.cat(padded)
 
 
 record = AccelerateRecording  # record(accelerator, model, optimizer, out_dir, items=...)
