@@ -104,3 +104,20 @@ def test_a_loss_divided_twice_under_bf16_mixed_is_named(tmp_path):
     runs = pl.record_all(tmp_path, padded=False, bug="double-scale", precision="bf16-mixed")
     first = api.compare(runs["k1"], runs["k4-double-scale"]).diagnosis[0]
     assert first.code == "loss-scale" and "divided by K=4 twice" in first.message, first.message
+
+
+def test_manual_optimization_backpropagating_a_batch_in_halves_is_one_micro_step(tmp_path):
+    """Two `manual_backward` calls per batch: one micro-step (their losses add up); the run
+    passes as the single-backward one does."""
+    tiny_data = example("tiny_data")
+    runs = tiny_data.record_all(
+        tmp_path,
+        pl.train,
+        "k4",
+        data={"padded": False, "manual": True, "halves": True},
+        reference={"precision": "64-true"},
+        changes={},
+    )
+    verdict, codes, _ = judged(runs["k1"], runs["k4"])
+    assert verdict == "pass", codes
+    assert read_run_dir(runs["k4"]).micro_steps == 4 * pl.UPDATES

@@ -44,6 +44,7 @@ class TokenLM(L.LightningModule):
         super().__init__()
         self.net = TinyGRULM()
         self.bug, self.manual_k, self.window_tokens = bug, manual_k, window_tokens or []
+        self.halves = False
         self.automatic_optimization = not manual_k
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
@@ -55,7 +56,11 @@ class TokenLM(L.LightningModule):
                 loss = loss / self.trainer.accumulate_grad_batches
             return loss
         record_loss(self, loss_sum=total, items=tokens)  # gradalign: what this batch's loss is
-        self.manual_backward(total / self.window_tokens[batch_idx // self.manual_k])
+        loss = total / self.window_tokens[batch_idx // self.manual_k]
+        if self.halves:  # backpropagated in two halves: still one micro-step
+            self.manual_backward(loss / 2, retain_graph=True)
+            loss = loss / 2
+        self.manual_backward(loss)
         if (batch_idx + 1) % self.manual_k == 0:
             optimizer, scheduler = self.optimizers(), self.lr_schedulers()
             optimizer.step()
@@ -87,8 +92,10 @@ def train(
     manual: bool = False,
     reference: str | None = None,
     device: str = "cpu",
+    halves: bool = False,
 ) -> Path:
-    """Record one fit of UPDATES updates at batch BATCH, as K micro-batches, into `out`."""
+    """Record one fit of UPDATES updates at batch BATCH, as K micro-batches, into `out`
+    (`halves`: manual optimization backpropagates each batch's loss in two halves)."""
     rows = token_rows(BATCH * UPDATES, padded=padded)
     loader = DataLoader(rows, batch_size=BATCH // k, collate_fn=collate_pairs)
     window_tokens = [
@@ -96,6 +103,7 @@ def train(
         for i in range(0, len(rows), BATCH)
     ]
     module = TokenLM(bug, k if manual else 0, window_tokens)
+    module.halves = halves
     recorder = GradalignCallback(  # gradalign: the one added line
         out, items="labels", reference=reference, accum_steps=k if manual else None
     )

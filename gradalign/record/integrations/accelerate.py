@@ -36,7 +36,7 @@ from ...errors import BadInput
 from .. import watched
 from ..recorder import Recorder
 from . import batches
-from .micro_loss import MicroLoss, record_micro
+from .micro_loss import MicroLoss, record_micro, summed
 
 __all__ = ["AccelerateRecording", "record"]
 
@@ -173,7 +173,7 @@ class AccelerateRecording:
             return
         losses, self._losses = self._losses, []
         inputs, self._inputs = self._inputs, []
-        record_micro(self.recorder, _summed(losses), _joined(inputs), self.items, self.pad)
+        record_micro(self.recorder, summed(losses), _joined(inputs), self.items, self.pad)
         self._window_ended = self._sync
 
     def _close_window(self) -> None:
@@ -188,23 +188,6 @@ class AccelerateRecording:
             self._stop_step()
             self.accelerator.backward = self._backward  # type: ignore[method-assign]
             self.accelerator.accumulate = self._accumulate  # type: ignore[method-assign]
-
-
-def _summed(losses: list[MicroLoss]) -> MicroLoss:
-    """A micro-step's loss from its backward calls: their losses (or sums and items) added."""
-    if len(losses) == 1:
-        return losses[0]
-    if all(m.loss is not None for m in losses):
-        return MicroLoss(loss=sum(m.loss for m in losses))  # type: ignore[misc]
-    if all(m.loss_sum is not None for m in losses):
-        return MicroLoss(
-            loss_sum=sum(m.loss_sum for m in losses),  # type: ignore[misc]
-            items=sum(m.items for m in losses),  # type: ignore[misc]
-        )
-    raise BadInput(
-        "a micro-step's backward calls mixed record_loss(loss_sum=...) with plain losses: state "
-        "each of its losses the same way"
-    )
 
 
 def _joined(forwards: list[dict[str, Any]]) -> dict[str, Any]:

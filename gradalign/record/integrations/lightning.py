@@ -11,9 +11,11 @@ normalizes otherwise (by the window's token count) states each micro-batch's los
 
 A micro-step is recorded in `on_after_backward`, before any optimizer step (the last micro-batch
 of a window runs inside `optimizer.step(closure)`: in `on_train_batch_end` the weights have
-already moved). The Recorder captures the gradient when that closure returns, after Lightning's
-clipping; a window closes in `on_train_batch_end` once the optimizer stepped (automatic) or
-after K micro-batches (manual).
+already moved). In manual optimization a batch is one micro-step however many `manual_backward`
+calls it makes (their losses add up), recorded when the optimizer steps or the batch ends. The
+Recorder captures the gradient when that closure returns, after Lightning's clipping; a window
+closes in `on_train_batch_end` once the optimizer stepped (automatic) or after K micro-batches
+(manual).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ except ImportError:  # the older package name
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
 from ...errors import BadInput
+from .. import watched
 from ..recorder import Recorder
 from . import batches
-from .micro_loss import MicroLoss, record_micro
+from .micro_loss import MicroLoss, record_micro, summed
 
 __all__ = ["GradalignCallback", "record_loss"]
 
@@ -73,6 +76,8 @@ class GradalignCallback(pl.Callback):
         self._backward_loss: torch.Tensor | None = None
         self._in_window = 0
         self._steps_at_start = 0
+        self._losses: list[MicroLoss] = []  # manual optimization: this batch's backward calls
+        self._stop_step: Any = None
 
     # -- fit ---------------------------------------------------------------------------------------
 
@@ -104,6 +109,10 @@ class GradalignCallback(pl.Callback):
         else:
             self._k = self.accum_steps
         optimizer = trainer.optimizers[0]
+        if not self._automatic:  # the batch's micro-step before the step it makes
+            stepped = pl_module.optimizers(use_pl_optimizer=True)  # what training_step steps
+            stepped = stepped[0] if isinstance(stepped, list) else stepped
+            self._stop_step = watched.watch(type(stepped), "step", stepped, self._flush)
         self.recorder = Recorder(
             self.out_dir,
             pl_module,
@@ -114,14 +123,21 @@ class GradalignCallback(pl.Callback):
         )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._unwatch()
         if self.recorder is not None:
             self.recorder.close()
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
+        self._unwatch()
         if self.recorder is not None:
             self.recorder.abort()
+
+    def _unwatch(self) -> None:
+        if self._stop_step is not None:
+            self._stop_step()
+            self._stop_step = None
 
     # -- one batch ---------------------------------------------------------------------------------
 
@@ -147,9 +163,17 @@ class GradalignCallback(pl.Callback):
         if self.recorder is None or self._backward_loss is None:
             return
         given, self.pending = self.pending, None
-        loss = given or MicroLoss.scaled_mean(self._backward_loss, self._k)
-        record_micro(self.recorder, loss, self._batch, self.items, self.pad)
+        self._losses.append(given or MicroLoss.scaled_mean(self._backward_loss, self._k))
         self._backward_loss = None
+        if self._automatic:  # one backward per batch, inside the step's closure
+            self._flush()
+
+    def _flush(self) -> None:
+        """Record the batch's micro-step, if a backward made one."""
+        if self.recorder is None or not self._losses:
+            return
+        losses, self._losses = self._losses, []
+        record_micro(self.recorder, summed(losses), self._batch, self.items, self.pad)
         self._in_window += 1
 
     def on_train_batch_end(
@@ -162,6 +186,7 @@ class GradalignCallback(pl.Callback):
     ) -> None:
         if self.recorder is None:
             return
+        self._flush()
         stepped = trainer.global_step > self._steps_at_start
         if (self._automatic and stepped) or (not self._automatic and self._in_window >= self._k):
             self.recorder.update()

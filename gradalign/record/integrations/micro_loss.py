@@ -22,6 +22,7 @@ class MicroLoss:
     loss: Number | None = None
     loss_sum: Number | None = None
     items: Number | None = None
+    stated: bool = False  # given by the user (`record_loss`), not read off a backward
 
     @classmethod
     def of(cls, loss: Number | None, loss_sum: Number | None, items: Number | None) -> MicroLoss:
@@ -30,7 +31,7 @@ class MicroLoss:
             raise BadInput("give either loss (the micro-batch's mean) or loss_sum with items")
         if loss_sum is not None and items is None:
             raise BadInput("loss_sum needs items, the number of items it sums over")
-        return cls(_detached(loss), _detached(loss_sum), items)
+        return cls(_detached(loss), _detached(loss_sum), items, stated=True)
 
     @classmethod
     def scaled_mean(cls, loss: torch.Tensor, divided_by: int) -> MicroLoss:
@@ -41,6 +42,25 @@ class MicroLoss:
 
 def _detached(value: Number | None) -> Number | None:
     return value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def summed(losses: list[MicroLoss]) -> MicroLoss:
+    """A micro-step's loss from its backward calls: what the user stated for it (`record_loss`),
+    else what its backward calls received; several added (losses, or sums and their items)."""
+    stated = [m for m in losses if m.stated]
+    losses = stated or losses
+    if len(losses) == 1:
+        return losses[0]
+    if all(m.loss is not None for m in losses):
+        return MicroLoss(loss=sum(m.loss for m in losses))  # type: ignore[misc]
+    if all(m.loss_sum is not None for m in losses):
+        return MicroLoss(
+            loss_sum=sum(m.loss_sum for m in losses),  # type: ignore[misc]
+            items=sum(m.items for m in losses),  # type: ignore[misc]
+        )
+    raise BadInput(
+        "a micro-step's losses were stated both as loss and as loss_sum: state them one way"
+    )
 
 
 def record_micro(
