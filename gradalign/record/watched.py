@@ -5,6 +5,10 @@ subclasses) to call `callback()` before it runs, whenever it runs on `owner`. Th
 patched, not the instance: an instance keeps no attribute of ours, so it pickles and deep-copies
 as before (a copy is not watched). The class gets its own method back once nothing watches it.
 A subclass that overrides the method without calling it is not seen.
+
+`before_step(optimizer, callback)` calls `callback()` as a torch optimizer starts a step, before
+its own step pre-hooks (a Recorder's among them), however its `step` is reached: torch's lr
+schedulers replace an optimizer's `step` on the instance, which a patched class never sees.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 Callback = Callable[[], None]
 _MISSING = object()
@@ -53,3 +60,13 @@ def watch(cls: type, name: str, owner: Any, callback: Callback) -> Callable[[], 
                 setattr(cls, name, own)
 
     return stop
+
+
+def before_step(optimizer: torch.optim.Optimizer, callback: Callback) -> Callable[[], None]:
+    """Call `callback()` when `optimizer` steps, before its own pre-hooks; returns the stop."""
+
+    def hook(stepping: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if stepping is optimizer:
+            callback()
+
+    return register_optimizer_step_pre_hook(hook).remove

@@ -35,6 +35,7 @@ from accelerate import Accelerator
 from ...errors import BadInput
 from .. import watched
 from ..recorder import Recorder
+from ..window import unwrap_optimizer
 from . import batches
 from .micro_loss import MicroLoss, record_micro, summed
 
@@ -97,7 +98,7 @@ class AccelerateRecording:
         accelerator.backward = self._recording_backward  # type: ignore[method-assign]
         accelerator.accumulate = self._recording_accumulate  # type: ignore[method-assign]
         self._hook = self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True)
-        self._stop_step = watched.watch(type(optimizer), "step", optimizer, self._flush)
+        self._stop_step = watched.before_step(unwrap_optimizer(optimizer), self._flush)
 
     def record_loss(
         self,

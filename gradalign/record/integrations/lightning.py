@@ -110,9 +110,7 @@ class GradalignCallback(pl.Callback):
             self._k = self.accum_steps
         optimizer = trainer.optimizers[0]
         if not self._automatic:  # the batch's micro-step before the step it makes
-            stepped = pl_module.optimizers(use_pl_optimizer=True)  # what training_step steps
-            stepped = stepped[0] if isinstance(stepped, list) else stepped
-            self._stop_step = watched.watch(type(stepped), "step", stepped, self._flush)
+            self._stop_step = watched.before_step(optimizer, self._flush)
         self.recorder = Recorder(
             self.out_dir,
             pl_module,
