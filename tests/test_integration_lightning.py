@@ -98,7 +98,7 @@ def test_k_changed_during_the_fit_is_refused(tmp_path):
 
 def test_a_loss_divided_twice_under_bf16_mixed_is_named(tmp_path):
     """bf16-mixed turns the gradient a little (cosine 0.999997 here): the same-direction bar
-    follows what the check allows for the run's precision, so `loss-scale` names its variant."""
+    follows the gradient's noise at the run's precision, so `loss-scale` names its variant."""
     from gradalign import api
 
     runs = pl.record_all(tmp_path, padded=False, bug="double-scale", precision="bf16-mixed")

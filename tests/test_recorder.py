@@ -199,7 +199,7 @@ def test_a_gradient_bug_in_a_model_with_dropout_is_named_by_its_own_code(tmp_pat
 def test_a_loss_scale_a_clip_hides_is_named_alone(tmp_path):
     """The loss K times too large under a clip that engages in both runs: the stepped gradients
     nearly agree, the norms before clipping are K apart. `loss-scale` alone: what is left once
-    K is divided out is within what the check allows, so no second cause is named."""
+    K is divided out is within the gradient's noise, so no second cause is named."""
     result = judged(tmp_path, "no-loss-scale", clip=0.05)
     codes = [d.code for d in result.diagnosis if d.severity == "error"]
     assert codes == ["loss-scale"], [(d.code, d.message) for d in result.diagnosis]

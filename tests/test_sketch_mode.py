@@ -190,3 +190,20 @@ def test_runs_sketched_at_different_widths_are_refused_in_one_line(cli, tmp_path
     assert result.code == 2, result.err
     assert "sketched at different widths" in result.err and "31" in result.err
     assert len(result.err.strip().splitlines()) == 1
+
+
+def test_two_causes_are_both_named_in_sketch_mode_as_in_full(tmp_path):
+    """tiny-lm+mean with its loss not divided by K: `loss-scale` beside `token-normalization`,
+    in both modes. The same-direction bar reads the baseline's noise, not the allowed error a
+    sketch's estimate widens (read that way, sketch mode named `loss-scale` alone)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "agreement.json"
+    script = ROOT / "bench" / "sketch_agreement.py"
+    args = [sys.executable, str(script), "--only", "tiny-lm+mean", "--json", str(out)]
+    subprocess.run(args, check=True, capture_output=True, cwd=ROOT)
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["agree"] == summary["cases"] == summary["sketch_as_expected"] == 2, summary

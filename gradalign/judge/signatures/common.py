@@ -69,16 +69,23 @@ def grad_norm(c: Comparison, run: Run, update: int) -> float | None:
     return norm_of(run, "grads", update, width(c))
 
 
-def allowed_share(c: Comparison, r: UpdateResult) -> float:
-    """What the gradient check allows at an update, over the whole model, as a share of the
-    baseline's gradient: ||allowed|| / ||g_base|| (0 where unknown)."""
+def noise_share(c: Comparison, r: UpdateResult) -> float:
+    """The gradient's noise at an update, over the whole model, as a share of the baseline's
+    gradient, times the noise factor: factor·||noise|| / ||g_base||. The noise is the baseline's
+    own distance from the reference, the same in full and sketch mode (what a sketch's estimate
+    adds to the allowed error is not noise). Without a reference: what the check allows."""
     norm = grad_norm(c, c.baseline, r.update)
+    if not norm:
+        return 0.0
+    if r.grads and all(d.noise is not None and math.isfinite(d.noise) for d in r.grads):
+        noise = math.sqrt(math.fsum(d.noise**2 for d in r.grads))  # type: ignore[operator]
+        return c.tolerances.noise_factor * noise / norm
     allowed = math.sqrt(math.fsum(d.allowed**2 for d in r.grads if math.isfinite(d.allowed)))
-    return allowed / norm if norm else 0.0
+    return allowed / norm
 
 
 def same_direction(c: Comparison, r: UpdateResult) -> float:
     """The cosine above which two gradients point the same way: rounding's 1 − 1e-6, or, where
-    the check allows a larger share ρ of the gradient (bfloat16), 1 − 2ρ² (noise of that share
+    the noise is a larger share ρ of the gradient (bfloat16), 1 − 2ρ² (noise of that share
     turns a gradient by about ρ²/2 in cosine)."""
-    return 1 - max(1 - COSINE_SAME_DIRECTION, 2 * allowed_share(c, r) ** 2)
+    return 1 - max(1 - COSINE_SAME_DIRECTION, 2 * noise_share(c, r) ** 2)

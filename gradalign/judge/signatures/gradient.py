@@ -11,11 +11,11 @@ from ...runs.model import Run
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import (
     RATIO_MATCH,
-    allowed_share,
     exact_of,
     finite,
     grad_norm,
     grads_of,
+    noise_share,
     relative_error,
     same_direction,
     window,
@@ -146,8 +146,8 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     error = None if gb is None or gm is None else relative_error(gb, gm)
     if error is None or not 0 < error <= 2 * imbalance:
         return None
-    if scale != 1.0 and error <= allowed_share(c, r):
-        return None  # what another cause leaves is within what the check allows: no second one
+    if scale != 1.0 and error <= noise_share(c, r):
+        return None  # what another cause leaves is within the gradient's noise: no second one
     return Diagnosis(
         "token-normalization",
         f"at update {r.update} the micro-batches hold {', '.join(str(int(n)) for n in counts)} "

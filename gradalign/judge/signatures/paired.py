@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ..results import Comparison, Diagnosis, UpdateResult
-from .common import allowed_share, finite, grad_norm, grads_of, relative_error, window
+from .common import finite, grad_norm, grads_of, noise_share, relative_error, window
 from .gradient import clip_state, token_normalization
 
 
@@ -32,7 +32,7 @@ def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
         return []
     value, what, expected = found
     beside = (
-        "with nothing else beyond what the check allows once that is divided out"
+        "with nothing beyond the gradient's noise left once that is divided out"
         if alone
         else "beside a second cause that turns its direction"
     )
@@ -53,12 +53,12 @@ def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
 
 
 def _remainder_within_allowed(c: Comparison, r: UpdateResult, scale: float) -> bool:
-    """The merged gradient divided by `scale` stands within what the gradient check allows."""
+    """The merged gradient divided by `scale` stands within its noise (`noise_share`)."""
     gb, gm = grads_of(c, c.baseline, r.update), grads_of(c, c.merged, r.update)
     if gb is None or gm is None:
         return False
     error = relative_error(gb, {n: np.asarray(v, dtype=np.float64) / scale for n, v in gm.items()})
-    return error is not None and error <= allowed_share(c, r)
+    return error is not None and error <= noise_share(c, r)
 
 
 def _near(
