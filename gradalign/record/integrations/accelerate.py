@@ -166,7 +166,7 @@ class AccelerateRecording:
                 yield
         finally:
             self._blocks -= 1
-            self._flush()
+        self._flush()  # not when the block raised: the recording is aborted then
 
     def _flush(self) -> None:
         """Record the open micro-step, if a backward made one."""
