@@ -121,3 +121,53 @@ def test_manual_optimization_backpropagating_a_batch_in_halves_is_one_micro_step
     verdict, codes, _ = judged(runs["k1"], runs["k4"])
     assert verdict == "pass", codes
     assert read_run_dir(runs["k4"]).micro_steps == 4 * pl.UPDATES
+
+
+def test_a_clip_scaled_with_k_under_bf16_mixed_is_named(tmp_path):
+    """gradient_clip_val / K in the merged run, bf16-mixed: the two runs' norms before clipping
+    differ by 1.8e-4 here (bfloat16 noise), more than float32's 1e-4; the bar follows the
+    gradient's noise, so `clip-threshold` is named."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    tiny_data = example("tiny_data")
+
+    class LM(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny_data.TinyGRULM()
+            torch.manual_seed(1)
+            for p in self.net.parameters():
+                p.data.add_(0.01 * torch.randn_like(p))
+
+        def training_step(self, batch, batch_idx):
+            total, n = tiny_data.token_loss_sum(self.net(batch[0]), batch[1])
+            return total / n
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def fit(out, k, precision, clip, reference=None):
+        rows = tiny_data.token_rows(96, padded=False, seed=1)
+        loader = DataLoader(rows, batch_size=16 // k, collate_fn=tiny_data.collate_pairs)
+        callback = pl.GradalignCallback(out, items="labels", reference=reference)
+        L.Trainer(
+            max_steps=6,
+            accumulate_grad_batches=k,
+            precision=precision,
+            accelerator="cpu",
+            gradient_clip_val=clip,
+            callbacks=[callback],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        ).fit(LM(), loader)
+        return out
+
+    base = fit(tmp_path / "k1", 1, "bf16-mixed", 0.05, reference="../k1-fp64")
+    fit(tmp_path / "k1-fp64", 1, "64-true", 0.05)
+    merged = fit(tmp_path / "k4", 4, "bf16-mixed", 0.05 / 4)
+    verdict, codes, _ = judged(base, merged)
+    assert verdict == "fail" and codes[:1] == ["clip-threshold"], codes
