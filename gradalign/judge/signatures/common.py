@@ -69,6 +69,17 @@ def grad_norm(c: Comparison, run: Run, update: int) -> float | None:
     return norm_of(run, "grads", update, width(c))
 
 
+def scaled_error(c: Comparison, r: UpdateResult, scale: float = 1.0) -> float | None:
+    """The relative L2 error of the merged gradient divided by `scale` against the baseline's,
+    at an update (None where either gradient is not known element by element)."""
+    gb, gm = grads_of(c, c.baseline, r.update), grads_of(c, c.merged, r.update)
+    if gb is None or gm is None:
+        return None
+    if scale != 1.0:
+        gm = {n: np.asarray(v, dtype=np.float64) / scale for n, v in gm.items()}
+    return relative_error(gb, gm)
+
+
 def noise_share(c: Comparison, r: UpdateResult) -> float:
     """The gradient's noise at an update, over the whole model, as a share of the baseline's
     gradient, times the noise factor: factor·||noise|| / ||g_base||. The noise is the baseline's

@@ -14,10 +14,10 @@ from .common import (
     exact_of,
     finite,
     grad_norm,
-    grads_of,
     noise_share,
     relative_error,
     same_direction,
+    scaled_error,
     window,
 )
 
@@ -140,10 +140,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         return None
     weights = counts.sum() / (k * counts)  # what mean-per-micro-batch / K gives each micro-batch
     imbalance = float(np.abs(weights - 1).max())
-    gb, gm = grads_of(c, c.baseline, r.update), grads_of(c, c.merged, r.update)
-    if gm is not None and scale != 1.0:
-        gm = {n: np.asarray(v, dtype=np.float64) / scale for n, v in gm.items()}
-    error = None if gb is None or gm is None else relative_error(gb, gm)
+    error = scaled_error(c, r, scale)
     if error is None or not 0 < error <= 2 * imbalance:
         return None
     if scale != 1.0 and error <= noise_share(c, r):

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ..results import Comparison, Diagnosis, UpdateResult
-from .common import finite, grad_norm, grads_of, noise_share, relative_error, window
+from .common import finite, grad_norm, noise_share, scaled_error, window
 from .gradient import clip_state, token_normalization
 
 
@@ -19,7 +17,8 @@ def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
     cosine, the norm does not) and, where both runs clipped, by the norms before clipping (a
     clip hides the scale in the gradient stepped with). Divide the fitted ratio out and read the
     rest again: `loss-scale` and the signature that explains the remainder (e.g. token
-    normalization), or nothing."""
+    normalization), `loss-scale` alone where the remainder is within the gradient's noise (a
+    clip hid the scale), or nothing."""
     ratio, k = r.grad_ratio, window(c)
     if ratio is None or not math.isfinite(ratio):
         return []
@@ -27,7 +26,7 @@ def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
     if found is None:
         return []
     rest = token_normalization(c, r, scale=ratio)
-    alone = rest is None and _remainder_within_allowed(c, r, ratio)
+    alone = rest is None and _remainder_within_noise(c, r, ratio)
     if rest is None and not alone:
         return []
     value, what, expected = found
@@ -52,12 +51,9 @@ def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
     return [scaled] if rest is None else [scaled, rest]
 
 
-def _remainder_within_allowed(c: Comparison, r: UpdateResult, scale: float) -> bool:
+def _remainder_within_noise(c: Comparison, r: UpdateResult, scale: float) -> bool:
     """The merged gradient divided by `scale` stands within its noise (`noise_share`)."""
-    gb, gm = grads_of(c, c.baseline, r.update), grads_of(c, c.merged, r.update)
-    if gb is None or gm is None:
-        return False
-    error = relative_error(gb, {n: np.asarray(v, dtype=np.float64) / scale for n, v in gm.items()})
+    error = scaled_error(c, r, scale)
     return error is not None and error <= noise_share(c, r)
 
 
