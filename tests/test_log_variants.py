@@ -222,18 +222,20 @@ def test_step_count_restarting_each_epoch_continues(tmp_path):
         read_log(write(tmp_path, text.replace("epoch: 1", "epoch: 0")))
 
 
-def test_an_epoch_announced_on_a_line_of_its_own_continues_the_count(tmp_path):
+@pytest.mark.parametrize("first_epoch", [1, 0])
+def test_an_epoch_announced_on_a_line_of_its_own_continues_the_count(tmp_path, first_epoch):
     """Paddle's Model.fit prints `Epoch 2/2` before the epoch's `step 1/2 - loss: ...` lines:
-    the count restarts there and continues; without the header it is refused."""
+    the count restarts there and continues (epochs counted from 1 or from 0); without the
+    header it is refused."""
     text = "".join(
-        (f"Epoch {e + 1}/2\n" if b == 0 else "")
+        (f"Epoch {e + first_epoch}/2\n" if b == 0 else "")
         + f"step {b + 1}/2 - loss: {LOSSES[2 * e + b]} - acc: 0.3125 - 3ms/step\n"
         for e in range(2)
         for b in range(2)
     )
     assert_read(read_log(write(tmp_path, text), accum_steps=2))
     with pytest.raises(BadInput, match="expected step 3, found step 1 again"):
-        read_log(write(tmp_path, text.replace("Epoch 2/2\n", "")))
+        read_log(write(tmp_path, text.replace(f"Epoch {1 + first_epoch}/2\n", "")))
 
 
 NOISE = [

@@ -142,7 +142,9 @@ class _Pass:
             self._array(index, "", text, committed=False)
         else:
             self.log.add_noise(index + 1, text)
-            self.log.header_epoch = epoch_header(text) or self.log.header_epoch
+            header = epoch_header(text)  # `Epoch 0/10` counts too
+            if header is not None:
+                self.log.header_epoch = header
 
     def _step(self, index: int, step: StepLine) -> None:
         log, value = self.log, step.index
