@@ -23,7 +23,7 @@ from .compatible import (
     check_reference_weights,
 )
 from .diagnose import diagnose
-from .distributed import rank_check, rank_facts, rank_problems
+from .distributed import listed, rank_check, rank_facts, rank_problems
 from .inputs import Inputs
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
 from .noise import Drift, excuse_isolated_jumps, pool_noise, stored_bits, widened
@@ -298,9 +298,7 @@ def _notes(base: Run, merged: Run, merged_loss: np.ndarray) -> list[str]:
 def _written_note(written: frozenset[str]) -> list[str]:
     if not written:
         return []
-    names = ", ".join(sorted(written)[:3]) + (
-        f" and {len(written) - 3} more" if len(written) > 3 else ""
-    )
+    names = listed(sorted(written), 3)
     return [
         f"the baseline's own forward or backward writes {names} (e.g. an Embedding with "
         "max_norm): their changes inside the merged run's windows are not taken for optimizer "

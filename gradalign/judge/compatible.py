@@ -28,7 +28,7 @@ REFERENCE_SANITY_RTOL = 1e-2
 REFERENCE_SANITY_EPS = 64
 
 
-def _per_update_hint(base: Run, other: Run, other_name: str) -> str:
+def _per_update_hint(base: Run, other: Run) -> str:
     """A log whose step lines are as many as the baseline's updates prints one per update."""
     lines = other.updates * other.accum_steps
     if other.kind != "log" or other.accum_steps < 2 or lines != base.updates:
@@ -50,7 +50,7 @@ def check_compatible(
     if base.updates != other.updates and not bookkeeping:
         raise BadInput(
             f"{what} of different lengths: baseline has {base.updates} updates, "
-            f"{other_name} has {other.updates}" + _per_update_hint(base, other, other_name)
+            f"{other_name} has {other.updates}" + _per_update_hint(base, other)
         )
     if base.updates == 0 or (other.updates == 0 and not bookkeeping):
         raise BadInput("the runs hold no updates to compare")

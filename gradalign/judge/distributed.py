@@ -100,9 +100,10 @@ def _same(a: float, b: float) -> bool:
     return bool(a == b or (np.isnan(a) and np.isnan(b)))
 
 
-def listed(names: list[str]) -> str:
-    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
-    return ", ".join(names[:SHOWN]) + more
+def listed(names: list[str], shown: int = SHOWN) -> str:
+    """The first `shown` names, and how many more there are."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def rank_problems(run: Run, facts: RankFacts | None) -> dict[int, list[str]]:

@@ -25,6 +25,7 @@ import numpy as np
 from ..runs.model import Run
 from ..runs.sketches import Estimate, estimate
 from .compatible import check_reference_weights, stray
+from .distributed import listed
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
 from .noise import Drift, stored_bits, widened
@@ -152,7 +153,7 @@ def sketch_note(results: list[UpdateResult]) -> list[str]:
     names = sorted({d.name for r in results for d in (*r.weights, *r.grads) if d.sketched})
     if not names:
         return []
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    shown = listed(names, 4)
     return [
         f"sketched: the weights and gradients of {shown} were judged from sketches (the runs "
         "were recorded with --record sketch): their errors and noise are estimates, whose bound "

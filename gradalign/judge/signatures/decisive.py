@@ -7,6 +7,7 @@ import numpy as np
 
 from ...runs.model import Run
 from ..checks import sample_mismatches
+from ..distributed import listed
 from ..results import Comparison, Diagnosis
 from ..window_sizes import problems
 from ..windows import written_in_forward
@@ -236,7 +237,7 @@ def buffers_in_forward(c: Comparison) -> Diagnosis | None:
     also = ", and the gradients computed with them differ too" if grads else ""
     return Diagnosis(
         "buffers-in-forward",
-        f"the model writes {_listed(differ)} in its forward: the merged run updates "
+        f"the model writes {listed(differ, 3)} in its forward: the merged run updates "
         f"{'them' if len(differ) > 1 else 'it'} at every micro-step, from a micro-batch of B/K, "
         "the baseline once per update from the batch of B, so the model's state differs from "
         f"update {first.update} ({worst.name} at {worst.ratio:.3g}x its allowed error){also}",
@@ -247,11 +248,6 @@ def buffers_in_forward(c: Comparison) -> Diagnosis | None:
         "merged run takes K iterations per update (run it once per window, or accept the "
         "difference)",
     )
-
-
-def _listed(names: list[str], shown: int = 3) -> str:
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
 
 
 def dropout_rng(c: Comparison) -> Diagnosis | None:
