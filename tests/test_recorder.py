@@ -30,6 +30,8 @@ BUGS = {  # the bug a user's loop may have -> the diagnosis code the judge must 
     "step-every-micro": "step-in-window",
     "scheduler-every-micro": "lr-schedule",
     "clip-every-micro": "clip-per-micro",
+    "clip-value-every-micro": "clip-per-micro",
+    "clip-value-over-k": "clip-threshold",
     "data-order": "data-order",
     "dropout-reseed": "dropout-rng",
     "bf16-accum": "grad-accum-dtype",
@@ -54,6 +56,7 @@ def user_loop(
     optimizer: str = "sgd",
     schedule: bool = False,
     clip: float | None = None,
+    clip_value: float | None = None,
     dropout: float = 0.0,
     dtype: torch.dtype = torch.float32,
     penalty: float = 0.0,
@@ -120,6 +123,8 @@ def user_loop(
                             p.mul_(0.999)
                 if bug == "clip-every-micro":
                     nn.utils.clip_grad_norm_(model.parameters(), clip)
+                if bug == "clip-value-every-micro":
+                    nn.utils.clip_grad_value_(model.parameters(), clip_value)
                 if bug == "step-every-micro" and j < k - 1:
                     opt.step()
                 if bug == "scheduler-every-micro" and j < k - 1:
@@ -127,6 +132,9 @@ def user_loop(
             if scaler is not None and bug != "scaler-every-micro":
                 scaler.unscale_(opt)
             norm = nn.utils.clip_grad_norm_(model.parameters(), clip) if clip else None
+            if clip_value is not None:
+                value = clip_value / k if bug == "clip-value-over-k" else clip_value
+                nn.utils.clip_grad_value_(model.parameters(), clip_value=value)
             rec.grads(pre_clip_norm=norm)
             if scaler is not None:
                 scaler.step(opt)
@@ -147,6 +155,8 @@ def setup_for(bug: str | None) -> dict:
     return {
         "scheduler-every-micro": {"schedule": True},
         "clip-every-micro": {"clip": 0.05},
+        "clip-value-every-micro": {"clip_value": 0.01},
+        "clip-value-over-k": {"clip_value": 0.01},
         "dropout-reseed": {"dropout": 0.2},
         "penalty-every-micro": {"penalty": 1e-3},
         "scaler-every-micro": {"fp16": True, "optimizer": "adamw"},
@@ -163,7 +173,10 @@ def judged(tmp_path, bug: str | None, **setup):
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize(
     "setup",
-    [{}, {"schedule": True, "clip": 0.05}, {"dropout": 0.2}, {"penalty": 1e-3}, {"fp16": True}],
+    [
+        *({}, {"schedule": True, "clip": 0.05}, {"clip_value": 0.01}, {"dropout": 0.2}),
+        *({"penalty": 1e-3}, {"fp16": True}),
+    ],
 )
 def test_clean_user_loop_passes_within_its_noise(tmp_path, optimizer, setup):
     result = judged(tmp_path, None, optimizer=optimizer, **setup)
@@ -194,6 +207,53 @@ def test_a_gradient_bug_in_a_model_with_dropout_is_named_by_its_own_code(tmp_pat
     result = judged(tmp_path, bug, **setup)
     codes = [d.code for d in result.diagnosis if d.severity == "error"]
     assert result.results[0].loss_ok and codes[:1] == [BUGS[bug]], codes
+
+
+@pytest.mark.parametrize(("bug", "expected"), [("no-loss-scale", 4), ("double-loss-scale", 0.25)])
+def test_a_loss_scale_where_one_run_alone_clips_is_read_before_the_clip(tmp_path, bug, expected):
+    """The baseline's norms are 0.32-0.41: a clip at 0.5 engages only on the gradient K times
+    too large, a clip at 0.2 only on the correct one. The gradients stepped with are then some
+    other multiple; the norms before clipping keep K (or 1/K)."""
+    clip = 0.5 if expected > 1 else 0.2
+    result = judged(tmp_path, bug, clip=clip)
+    found = result.diagnosis[0]
+    assert found.code == "loss-scale", [(d.code, d.message) for d in result.diagnosis]
+    assert found.evidence["expected_ratio"] == expected
+    assert found.evidence["pre_clip_ratio"] == pytest.approx(expected, rel=1e-3)
+    assert abs(found.evidence["grad_ratio"] / expected - 1) > 0.05
+    assert "before clipping" in found.message
+
+
+def test_a_clip_by_value_inside_the_window_is_counted_and_named(tmp_path):
+    """clip_grad_value_ is seen like clip_grad_norm_: its calls are counted and its value kept.
+    Applied to each partial sum, with elements at the clip value, it is `clip-per-micro`."""
+    result = judged(tmp_path, "clip-value-every-micro", clip_value=0.01)
+    base, merged = read_run_dir(tmp_path / "b"), read_run_dir(tmp_path / "m")
+    assert list(base.clip_calls) == [1] * 5 and list(merged.clip_calls) == [5] * 5
+    assert list(merged.clip_value) == [0.01] * 5 and base.grad_norm_pre_clip is None
+    found = result.diagnosis[0]
+    assert found.code == "clip-per-micro" and "clip_grad_value_ called 5 times" in found.message
+    assert found.evidence["elements_at_clip_value"]["baseline"] > 0
+
+
+def test_a_clip_by_value_that_never_engages_changes_nothing_and_passes(tmp_path):
+    """Clipping each partial sum at a value no element reaches is harmless: it passes."""
+    base = user_loop(tmp_path / "b", 1, clip_value=10.0)
+    merged = user_loop(tmp_path / "m", 4, bug="clip-value-every-micro", clip_value=10.0)
+    assert list(merged.clip_calls) == [5] * 5
+    assert compare(base, merged).verdict == "pass"
+
+
+def test_a_loss_that_is_not_one_number_and_a_run_without_updates_are_refused(tmp_path):
+    """micro() given the batch where the loss goes: a RecorderError naming the call."""
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=1)
+    with pytest.raises(RecorderError, match=r"micro\(loss\) must be one number"):
+        rec.micro(torch.ones(4, 3))
+    with pytest.raises(RecorderError, match="no update was recorded"):
+        rec.close()
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_loss_scale_a_clip_hides_is_named_alone(tmp_path):

@@ -1,52 +1,86 @@
-"""Seeing the gradient norm before clipping without asking the loop for it.
+"""Seeing gradient clipping without asking the loop for it.
 
-While a Recorder is open, `torch.nn.utils.clip_grad_norm_` (as frameworks call it: through the
-module attribute) reports the total norm it computed to every open Recorder whose model owns the
-clipped parameters. A loop that imported the function by name before recording began is not
-seen; it can pass the norm itself with `Recorder.grads(pre_clip_norm=...)`.
+While a Recorder is open, `torch.nn.utils.clip_grad_norm_` and `clip_grad_value_` (as frameworks
+call them: through the module attribute) report each call to every open Recorder whose model
+owns the clipped parameters: a norm clip with the total norm it computed, a value clip with its
+clip value. A loop that imported the functions by name before recording began is not seen; it
+can pass the norm itself with `Recorder.grads(pre_clip_norm=...)`.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
-Listener = Callable[[list[torch.Tensor], torch.Tensor], None]
+
+@dataclass(frozen=True)
+class Clip:
+    """One clipping call: by norm (`total`, the norm before it) or by value (`value`)."""
+
+    total: torch.Tensor | None = None
+    value: float | None = None
+
+
+Listener = Callable[[list[torch.Tensor], Clip], None]
 _listeners: list[Listener] = []
-_original: dict[str, Any] = {}
+_original: dict[tuple[Any, str], Any] = {}
+_PATCHED = [
+    (module, name)
+    for module in (torch.nn.utils, torch.nn.utils.clip_grad)
+    for name in ("clip_grad_norm_", "clip_grad_value_")
+]
 
 
-def _patched(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _params(parameters: Any) -> list[torch.Tensor]:
+    return [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+
+
+def _tell(params: list[torch.Tensor], clip: Clip) -> None:
+    for listener in list(_listeners):
+        listener(params, clip)
+
+
+def _patched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    if name == "clip_grad_norm_":
+
+        @functools.wraps(original)
+        def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+            params = _params(parameters)
+            total = original(params, *args, **kwargs)
+            _tell(params, Clip(total=total))
+            return total
+
+        return clip_grad_norm_
+
     @functools.wraps(original)
-    def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        total = original(params, *args, **kwargs)
-        for listener in list(_listeners):
-            listener(params, total)
-        return total
+    def clip_grad_value_(parameters: Any, clip_value: float, *args: Any, **kwargs: Any) -> Any:
+        params = _params(parameters)
+        result = original(params, clip_value, *args, **kwargs)
+        _tell(params, Clip(value=float(clip_value)))
+        return result
 
-    return clip_grad_norm_
+    return clip_grad_value_
 
 
 def listen(listener: Listener) -> Callable[[], None]:
-    """Call `listener(parameters, total_norm)` on every clip; returns the function that stops."""
+    """Call `listener(parameters, clip)` on every clip; returns the function that stops."""
     if not _listeners:
-        _original["utils"] = torch.nn.utils.clip_grad_norm_
-        _original["module"] = torch.nn.utils.clip_grad.clip_grad_norm_
-        torch.nn.utils.clip_grad_norm_ = _patched(_original["utils"])
-        torch.nn.utils.clip_grad.clip_grad_norm_ = _patched(_original["module"])
+        for module, name in _PATCHED:
+            _original[module, name] = getattr(module, name)
+            setattr(module, name, _patched(name, _original[module, name]))
     _listeners.append(listener)
 
     def stop() -> None:
         if listener in _listeners:
             _listeners.remove(listener)
         if not _listeners and _original:
-            torch.nn.utils.clip_grad_norm_ = _original.pop("utils")
-            torch.nn.utils.clip_grad.clip_grad_norm_ = _original.pop("module")
+            for module, name in _PATCHED:
+                setattr(module, name, _original.pop((module, name)))
 
     return stop

@@ -131,11 +131,36 @@ def named_tensors(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, str, 
     return named
 
 
-def device_scalar(value: torch.Tensor | float) -> torch.Tensor:
-    """A number (a loss, a norm) as a float64 0-d tensor on its device: no host sync per step."""
+def device_scalar(value: torch.Tensor | float, what: str = "the value") -> torch.Tensor:
+    """A number (a loss, a norm) as a float64 0-d tensor on its device: no host sync per step.
+    Anything else (a batch passed where the loss goes) is a RecorderError naming `what`."""
     if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise RecorderError(
+                f"{what} must be one number; got a tensor of shape {tuple(value.shape)}"
+            )
         return value.detach().reshape(()).to(torch.float64)
-    return torch.tensor(float(value), dtype=torch.float64)
+    try:
+        return torch.tensor(float(value), dtype=torch.float64)
+    except (TypeError, ValueError):
+        raise RecorderError(f"{what} must be one number; got {type(value).__name__}") from None
+
+
+def micro_mean(
+    loss: torch.Tensor | float | None,
+    loss_sum: torch.Tensor | float | None,
+    items: int | float | None,
+) -> torch.Tensor:
+    """A micro-batch's mean loss, from `micro()`'s arguments: `loss` itself, or `loss_sum` over
+    `items` (a micro-batch of padding alone holds no items: its mean is 0, weighted by 0)."""
+    if (loss is None) == (loss_sum is None):
+        raise RecorderError("give micro() either loss (a mean) or loss_sum with items")
+    if loss_sum is None:
+        return device_scalar(loss, "micro(loss)")  # type: ignore[arg-type]
+    if items is None or float(items) < 0:
+        raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
+    total = device_scalar(loss_sum, "micro(loss_sum=...)")
+    return total / float(items) if float(items) else device_scalar(0.0)
 
 
 def numpy_dtype(tensor: torch.Tensor) -> np.dtype:

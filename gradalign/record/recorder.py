@@ -40,6 +40,7 @@ from .facts import (
     data_digest_parts,
     device_scalar,
     dtype_name,
+    micro_mean,
     model_facts,
     named_tensors,
     sample_count,
@@ -181,13 +182,7 @@ class Recorder:
         judge can check both runs saw the same samples; `pad` (values) or `mask` (e.g. the
         attention mask) leave padding out of that digest."""
         self._check_open()
-        if (loss is None) == (loss_sum is None):
-            raise RecorderError("give micro() either loss (a mean) or loss_sum with items")
-        if loss_sum is not None:
-            if items is None or float(items) < 0:
-                raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
-            # a micro-batch of padding alone holds no items: its mean is 0, weighted by 0 items
-            loss = device_scalar(loss_sum) / float(items) if float(items) else device_scalar(0.0)
+        mean = micro_mean(loss, loss_sum, items)
         if items is None and self._items:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
@@ -196,7 +191,7 @@ class Recorder:
             raise RecorderError("batch was given for earlier micro-steps; give it every time")
         if batch is not None and len(self._data) != len(self._losses):
             raise RecorderError("batch given now but not for earlier micro-steps")
-        self._losses.append(device_scalar(loss))
+        self._losses.append(mean)
         if items is not None:
             self._items.append(float(items))
         if batch is not None:
@@ -219,7 +214,7 @@ class Recorder:
         window = self._windows.open
         window.grads_calls += 1
         if pre_clip_norm is not None:
-            window.pre_clip_norm = device_scalar(pre_clip_norm)
+            window.pre_clip_norm = device_scalar(pre_clip_norm, "grads(pre_clip_norm)")
 
     def update(self, loss_scale: float | None = None) -> None:
         """Record the end of one accumulation window; call after `optimizer.step()`.
@@ -242,6 +237,12 @@ class Recorder:
             return None
         self._closed = True
         self._unhook()
+        if not self._windows.closed:
+            self._writer.abort()
+            raise RecorderError(
+                "no update was recorded, so no run was written: call update() after each "
+                "optimizer step"
+            )
         if self._ranks is not None:
             try:
                 return close_ranks(self)
@@ -294,13 +295,15 @@ class Recorder:
         self._steps_since_micro += 1
         window.lr = group_lrs(optimizer)
 
-    def _on_clip(self, params: list[torch.Tensor], total: torch.Tensor) -> None:
+    def _on_clip(self, params: list[torch.Tensor], clip: clipping.Clip) -> None:
         window = self._windows.open
         if not any(id(p) in self._param_ids for p in params):
             return
         window.clip_calls += 1
-        if window.grads_calls == 0:
-            window.pre_clip_norm = device_scalar(total)
+        if clip.value is not None:
+            window.clip_value = clip.value
+        elif clip.total is not None and window.grads_calls == 0:
+            window.pre_clip_norm = device_scalar(clip.total)
 
     def _unhook(self) -> None:
         for hook in self._hooks:

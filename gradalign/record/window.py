@@ -106,7 +106,8 @@ class Window:
     pre_clip_norm: torch.Tensor | None = None
     unscales: int = 0  # GradScaler.unscale_() calls (when a scaler is watched)
     scaler_updates: int = 0  # GradScaler.update() calls
-    clip_calls: int = 0  # clip_grad_norm_ calls on the model's parameters
+    clip_calls: int = 0  # clip_grad_norm_ and clip_grad_value_ calls on the model's parameters
+    clip_value: float = math.nan  # the last clip_grad_value_'s clip value
     zero_grads_inside: int = 0  # zero_grad() calls between two of its micro-steps
     zero_grads_after: int = 0  # since its last micro-step (inside if another micro-step comes)
 
@@ -125,6 +126,7 @@ class Windows:
     scaler_calls: list[tuple[int, int]] = field(default_factory=list)
     watched_scaler: bool = False
     clip_calls: list[int] = field(default_factory=list)
+    clip_values: list[float] = field(default_factory=list)
     zero_grads_inside: list[int] = field(default_factory=list)
     zero_grads_seen: bool = False  # a zero_grad() call was seen: the counts above mean something
     open: Window = field(default_factory=Window)
@@ -144,6 +146,7 @@ class Windows:
         self.grads_calls.append(w.grads_calls)
         self.scaler_calls.append((w.unscales, w.scaler_updates))
         self.clip_calls.append(w.clip_calls)
+        self.clip_values.append(w.clip_value)
         self.zero_grads_inside.append(w.zero_grads_inside)
         self.open = Window()
 
@@ -183,6 +186,8 @@ class Windows:
             )
         if any(self.clip_calls):
             out["update/clip_calls"] = np.asarray(self.clip_calls, dtype=np.int64)
+        if not all(math.isnan(v) for v in self.clip_values):
+            out["update/clip_value"] = np.asarray(self.clip_values, dtype=np.float64)
         if self.zero_grads_seen:
             out["update/zero_grads_inside"] = np.asarray(self.zero_grads_inside, dtype=np.int64)
         if self.loss_scales and all(s is not None for s in self.loss_scales):

@@ -158,6 +158,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         micro_step_counts=optional("micro/steps", micro),
         scaler_calls=optional("update/scaler_calls", updates),
         clip_calls=optional("update/clip_calls", updates),
+        clip_value=optional("update/clip_value", updates),
         zero_grads_inside=optional("update/zero_grads_inside", updates),
         window_sizes=sizes,
         unclosed_micro_steps=unclosed,

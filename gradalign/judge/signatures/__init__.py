@@ -13,6 +13,7 @@ from .accumulation import (
     scaler_per_micro,
     weights_changed_in_window,
 )
+from .clipping import clip_per_micro, clip_per_micro_counted, clip_threshold
 from .common import failing, finite, first_gradient_failure
 from .decisive import (
     batchnorm,
@@ -26,9 +27,6 @@ from .decisive import (
     window_bookkeeping,
 )
 from .gradient import (
-    clip_per_micro,
-    clip_per_micro_counted,
-    clip_threshold,
     grad_accum_dtype,
     loss_scale,
     token_normalization,

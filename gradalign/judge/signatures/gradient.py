@@ -3,17 +3,14 @@ fails, and name the accumulation bug its shape points to (a ratio, a direction, 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ...runs.model import Run
 from ..results import Comparison, Diagnosis, UpdateResult
+from .clipping import pre_clip_ratio
 from .common import (
     RATIO_MATCH,
     exact_of,
     finite,
-    grad_norm,
     noise_share,
     relative_error,
     same_direction,
@@ -48,16 +45,23 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         ),
     ]
     evidence = {"update": r.update, "grad_ratio": finite(ratio), "grad_cosine": finite(cosine)}
-    for expected, how, fix in variants:
-        if abs(ratio / expected - 1) <= RATIO_MATCH:
-            evidence["expected_ratio"] = expected
-            return Diagnosis(
-                "loss-scale",
-                f"the micro-batch losses were {how}: at update {r.update} the accumulated "
-                f"gradient is {ratio:.6g} times the baseline's with cosine {cosine:.8f}",
-                evidence,
-                fix,
-            )
+    before = pre_clip_ratio(c, r.update)  # a clip that engaged hides the scale after it
+    sizes = [(ratio, "")] + ([(before, " before clipping")] if before is not None else [])
+    for size, when in sizes:
+        for expected, how, fix in variants:
+            if abs(size / expected - 1) <= RATIO_MATCH:
+                evidence["expected_ratio"] = expected
+                if when:
+                    evidence["pre_clip_ratio"] = finite(size)
+                stepped = f" (stepped with: {ratio:.6g} times," if when else " with"
+                return Diagnosis(
+                    "loss-scale",
+                    f"the micro-batch losses were {how}: at update {r.update} the accumulated "
+                    f"gradient{when} is {size:.6g} times the baseline's{stepped} cosine "
+                    f"{cosine:.8f}" + (")" if when else ""),
+                    evidence,
+                    fix,
+                )
     return Diagnosis(
         "loss-scale",
         f"the accumulated gradient is {ratio:.6g} times the baseline's at update {r.update} in "
@@ -162,127 +166,6 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         "then backpropagate each micro-batch's summed loss divided by that total "
         "(loss_norm: items; the fix of transformers PR #34191)",
     )
-
-
-def clip_state(c: Comparison, run: Run, update: int) -> tuple[bool, float | None]:
-    """Whether clipping engaged at `update` (norm before > norm of the recorded gradient), and
-    the norm after clipping."""
-    if run.grad_norm_pre_clip is None:
-        return False, None
-    after = grad_norm(c, run, update)
-    if after is None:
-        return False, None
-    return bool(run.grad_norm_pre_clip[update] > after * (1 + 1e-4)), after
-
-
-def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """The merged run called clip_grad_norm_ more often in the failing update's window than the
-    baseline did per update, and the baseline's clip engaged there: partial sums were clipped."""
-    counts = c.merged.clip_calls
-    if counts is None:
-        return None
-    i = r.update
-    once = 1 if c.baseline.clip_calls is None else int(c.baseline.clip_calls[i])
-    if int(counts[i]) <= max(once, 1):
-        return None
-    found = _clip_per_micro(c, r)
-    if found is not None:
-        found.evidence["clip_calls"] = {"merged": int(counts[i]), "baseline": once}
-        found.message += f" (clip_grad_norm_ called {int(counts[i])} times in window {i})"
-    return found
-
-
-def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """Without clip counts (other writers, older runs): the baseline clipped at the failing
-    update and the merged norm before its last clip differs. Tried after the other shapes,
-    which that weaker evidence does not rule out."""
-    if c.merged.clip_calls is not None:
-        return None  # counted: clip_per_micro_counted has decided
-    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
-    i = r.update
-    if pre_b is not None and pre_m is not None and math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4):
-        return None  # the merged run saw the same norm before its clip: clipping is fine
-    return _clip_per_micro(c, r)
-
-
-def _clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
-    if pre_b is None:
-        return None
-    i = r.update
-    clipped, post_b = clip_state(c, c.baseline, i)
-    if not clipped or post_b is None:
-        return None  # the baseline did not clip here: clipping cannot be the cause
-    evidence = {
-        "update": i,
-        "clip_norm": finite(post_b),
-        "baseline_norm_before_clip": finite(pre_b[i]),
-        "grad_ratio": finite(r.grad_ratio),
-        "grad_cosine": finite(r.grad_cosine),
-    }
-    if pre_m is not None:
-        evidence["merged_norm_before_clip"] = finite(pre_m[i])
-    unclipped = [u for u in range(i) if not clip_state(c, c.baseline, u)[0]]
-    evidence["earlier_unclipped_updates_that_agree"] = len(unclipped)
-    seen = (
-        f"; the merged run's norm before its final clip was {pre_m[i]:.4g}"
-        if pre_m is not None
-        else ""
-    )
-    return Diagnosis(
-        "clip-per-micro",
-        f"the gradients differ first at update {i}, where clipping engaged (baseline norm "
-        f"{pre_b[i]:.4g} clipped to {post_b:.4g}){seen}: clipping was applied to partial sums "
-        "inside the window, not once to the merged gradient",
-        evidence,
-        "clip once per update: after the K-th backward() (and after unscaling with a "
-        "GradScaler), just before optimizer.step()",
-    )
-
-
-def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """Both runs had the same norm before clipping, yet stepped with gradients of other norms:
-    the merged run clipped at another max_norm (one scaled with K), or did not clip at all."""
-    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
-    if pre_b is None or pre_m is None:
-        return None
-    i = r.update
-    (clipped_b, post_b), (clipped_m, post_m) = (
-        clip_state(c, run, i) for run in (c.baseline, c.merged)
-    )
-    if post_b is None or post_m is None or not (clipped_b or clipped_m):
-        return None
-    # honest runs' norms differ by the gradient's noise at most (bfloat16: 1.8e-4 seen)
-    tol = max(1e-4, noise_share(c, r))
-    same_before = math.isclose(pre_m[i], pre_b[i], rel_tol=tol)
-    if not same_before or math.isclose(post_m, post_b, rel_tol=tol):
-        return None
-    evidence = {
-        "update": i,
-        "norm_before_clip": {"merged": finite(pre_m[i]), "baseline": finite(pre_b[i])},
-        "norm_after_clip": {"merged": finite(post_m), "baseline": finite(post_b)},
-        "ratio": finite(post_m / post_b) if post_b else None,
-    }
-    k = window(c)
-    scaled = (
-        f" ({post_m / post_b:.4g} times, about 1/K = {1 / k:.4g})"
-        if post_b and math.isclose(post_m * k, post_b, rel_tol=1e-3)
-        else ""
-    )
-    return Diagnosis(
-        "clip-threshold",
-        f"at update {i} both runs' accumulated gradients had norm {pre_b[i]:.4g} before clipping; "
-        f"{_clip_phrase('baseline', clipped_b, post_b)}, "
-        f"{_clip_phrase('merged run', clipped_m, post_m)}"
-        f"{scaled}: the merged run clips at another max_norm",
-        evidence,
-        "clip the accumulated gradient once per update with the baseline's max_norm: it is the "
-        "same sum at any K, so max_norm must not be scaled with K",
-    )
-
-
-def _clip_phrase(run: str, clipped: bool, after: float) -> str:
-    return f"the {run} clipped it to {after:.4g}" if clipped else f"the {run} did not clip it"
 
 
 def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import math
 
 from ..results import Comparison, Diagnosis, UpdateResult
+from .clipping import clip_state, pre_clip_ratio
 from .common import finite, grad_norm, noise_share, scaled_error, window
-from .gradient import clip_state, token_normalization
+from .gradient import token_normalization
 
 
 def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
     """Two causes at once: a gradient K, 1/K or K+1 times too large (within 5%) whose direction
     is off too. The size is read by the fitted ratio, by the norm (the fit shrinks with the
-    cosine, the norm does not) and, where both runs clipped, by the norms before clipping (a
+    cosine, the norm does not) and, where a clip engaged, by the norms before clipping (a
     clip hides the scale in the gradient stepped with). Divide the fitted ratio out and read the
     rest again: `loss-scale` and the signature that explains the remainder (e.g. token
     normalization), `loss-scale` alone where the remainder is within the gradient's noise (a
@@ -72,16 +73,14 @@ def _sizes(c: Comparison, r: UpdateResult) -> list[tuple[float, str]]:
     """The merged gradient's size over the baseline's, each way it can be read, with words."""
     i = r.update
     sizes = [(float(r.grad_ratio), "")] if r.grad_ratio is not None else []
-    (clipped_b, norm_b), (clipped_m, norm_m) = (
-        clip_state(c, run, i) for run in (c.baseline, c.merged)
-    )
+    (_, norm_b), (_, norm_m) = (clip_state(c, run, i) for run in (c.baseline, c.merged))
     if norm_b is None:  # no norm before clipping recorded: clip_state read no gradient
         norm_b = grad_norm(c, c.baseline, i)
     if norm_m is None:
         norm_m = grad_norm(c, c.merged, i)
     if norm_m is not None and norm_b:
         sizes.append((norm_m / norm_b, "'s norm"))
-    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
-    if clipped_b and clipped_m and pre_b is not None and pre_m is not None and pre_b[i]:
-        sizes.append((float(pre_m[i] / pre_b[i]), "'s norm before clipping"))
+    before = pre_clip_ratio(c, i)
+    if before is not None:
+        sizes.append((before, "'s norm before clipping"))
     return [(x, what) for x, what in sizes if math.isfinite(x) and abs(x - 1) > 0.05]

@@ -1,0 +1,224 @@
+"""Clipping signatures: a clip applied to partial sums inside the window (by norm or by value),
+or a clip at another threshold than the baseline's."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...runs.model import Run
+from ..results import Comparison, Diagnosis, UpdateResult
+from .common import exact_of, finite, grad_norm, noise_share, window
+
+_ONCE = (
+    "clip once per update: after the K-th backward() (and after unscaling with a "
+    "GradScaler), just before optimizer.step()"
+)
+
+
+def clip_state(c: Comparison, run: Run, update: int) -> tuple[bool, float | None]:
+    """Whether clipping engaged at `update` (norm before > norm of the recorded gradient), and
+    the norm after clipping."""
+    if run.grad_norm_pre_clip is None:
+        return False, None
+    after = grad_norm(c, run, update)
+    if after is None:
+        return False, None
+    return bool(run.grad_norm_pre_clip[update] > after * (1 + 1e-4)), after
+
+
+def pre_clip_ratio(c: Comparison, update: int) -> float | None:
+    """The merged run's norm before clipping over the baseline's, where either run's clip
+    engaged (a clip hides a scale in the gradient stepped with; before it, the norms keep it)."""
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if pre_b is None or pre_m is None or not pre_b[update]:
+        return None
+    if not any(clip_state(c, run, update)[0] for run in (c.baseline, c.merged)):
+        return None
+    ratio = float(pre_m[update] / pre_b[update])
+    return ratio if math.isfinite(ratio) else None
+
+
+def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The merged run clipped more often in the failing update's window than the baseline did
+    per update, and the clip engaged there: partial sums were clipped (by norm or by value)."""
+    counts = c.merged.clip_calls
+    if counts is None:
+        return None
+    i = r.update
+    once = 1 if c.baseline.clip_calls is None else int(c.baseline.clip_calls[i])
+    if int(counts[i]) <= max(once, 1):
+        return None
+    found = _clip_per_micro(c, r) or _clip_value_per_micro(c, r)
+    if found is not None:
+        found.evidence["clip_calls"] = {"merged": int(counts[i]), "baseline": once}
+        called = "clip_grad_value_" if "clip_value" in found.evidence else "clip_grad_norm_"
+        found.message += f" ({called} called {int(counts[i])} times in window {i})"
+    return found
+
+
+def _at_value(c: Comparison, run: Run, update: int, value: float) -> int | None:
+    """Elements of a run's gradient that sit at ±the clip value (None: no element is known;
+    a sketched tensor's elements are not)."""
+    grads = exact_of(c, run, "grads", update)
+    if not grads:
+        return None
+    at = 0
+    for g in grads.values():
+        g = np.asarray(g)
+        at += int(np.count_nonzero(np.abs(g) >= np.asarray(value, dtype=g.dtype)))
+    return at
+
+
+def _clip_value_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The merged run clipped by value more than once in the window. Where the gradients'
+    elements are known, some must sit at the clip value (in either run): a clip that never
+    engaged changed nothing."""
+    values = c.merged.clip_value
+    i = r.update
+    if values is None or not math.isfinite(values[i]):
+        return None
+    value = float(values[i])
+    at = {run: _at_value(c, getattr(c, run), i, value) for run in ("baseline", "merged")}
+    complete = all(
+        len(exact_of(c, getattr(c, run), "grads", i) or {}) == len(c.merged.tensors) for run in at
+    )
+    if complete and not any(at.values()):
+        return None
+    shown = at["baseline"]
+    seen = f"; {shown} elements of the baseline's gradient sit at ±{value:.4g}" if shown else ""
+    return Diagnosis(
+        "clip-per-micro",
+        f"the gradients differ first at update {i}, in a window where the merged run clipped "
+        f"by value (clip_value {value:.4g}) more often than the baseline{seen}: clipping was "
+        "applied to partial sums inside the window, not once to the merged gradient",
+        {
+            "update": i,
+            "clip_value": value,
+            "elements_at_clip_value": at,
+            "grad_ratio": finite(r.grad_ratio),
+            "grad_cosine": finite(r.grad_cosine),
+        },
+        _ONCE,
+    )
+
+
+def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Without clip counts (other writers, older runs): the baseline clipped at the failing
+    update and the merged norm before its last clip differs. Tried after the other shapes,
+    which that weaker evidence does not rule out."""
+    if c.merged.clip_calls is not None:
+        return None  # counted: clip_per_micro_counted has decided
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    i = r.update
+    if pre_b is not None and pre_m is not None and math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4):
+        return None  # the merged run saw the same norm before its clip: clipping is fine
+    return _clip_per_micro(c, r)
+
+
+def _clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if pre_b is None:
+        return None
+    i = r.update
+    clipped, post_b = clip_state(c, c.baseline, i)
+    if not clipped or post_b is None:
+        return None  # the baseline did not clip here: clipping cannot be the cause
+    evidence = {
+        "update": i,
+        "clip_norm": finite(post_b),
+        "baseline_norm_before_clip": finite(pre_b[i]),
+        "grad_ratio": finite(r.grad_ratio),
+        "grad_cosine": finite(r.grad_cosine),
+    }
+    if pre_m is not None:
+        evidence["merged_norm_before_clip"] = finite(pre_m[i])
+    unclipped = [u for u in range(i) if not clip_state(c, c.baseline, u)[0]]
+    evidence["earlier_unclipped_updates_that_agree"] = len(unclipped)
+    seen = (
+        f"; the merged run's norm before its final clip was {pre_m[i]:.4g}"
+        if pre_m is not None
+        else ""
+    )
+    return Diagnosis(
+        "clip-per-micro",
+        f"the gradients differ first at update {i}, where clipping engaged (baseline norm "
+        f"{pre_b[i]:.4g} clipped to {post_b:.4g}){seen}: clipping was applied to partial sums "
+        "inside the window, not once to the merged gradient",
+        evidence,
+        _ONCE,
+    )
+
+
+def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Both runs had the same norm before clipping, yet stepped with gradients of other norms:
+    the merged run clipped at another max_norm (one scaled with K), or did not clip at all.
+    Or both clipped by value, at values recorded apart."""
+    by_value = _clip_value_differs(c, r)
+    if by_value is not None:
+        return by_value
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if pre_b is None or pre_m is None:
+        return None
+    i = r.update
+    (clipped_b, post_b), (clipped_m, post_m) = (
+        clip_state(c, run, i) for run in (c.baseline, c.merged)
+    )
+    if post_b is None or post_m is None or not (clipped_b or clipped_m):
+        return None
+    # honest runs' norms differ by the gradient's noise at most (bfloat16: 1.8e-4 seen)
+    tol = max(1e-4, noise_share(c, r))
+    same_before = math.isclose(pre_m[i], pre_b[i], rel_tol=tol)
+    if not same_before or math.isclose(post_m, post_b, rel_tol=tol):
+        return None
+    evidence = {
+        "update": i,
+        "norm_before_clip": {"merged": finite(pre_m[i]), "baseline": finite(pre_b[i])},
+        "norm_after_clip": {"merged": finite(post_m), "baseline": finite(post_b)},
+        "ratio": finite(post_m / post_b) if post_b else None,
+    }
+    k = window(c)
+    scaled = (
+        f" ({post_m / post_b:.4g} times, about 1/K = {1 / k:.4g})"
+        if post_b and math.isclose(post_m * k, post_b, rel_tol=1e-3)
+        else ""
+    )
+    return Diagnosis(
+        "clip-threshold",
+        f"at update {i} both runs' accumulated gradients had norm {pre_b[i]:.4g} before clipping; "
+        f"{_clip_phrase('baseline', clipped_b, post_b)}, "
+        f"{_clip_phrase('merged run', clipped_m, post_m)}"
+        f"{scaled}: the merged run clips at another max_norm",
+        evidence,
+        "clip the accumulated gradient once per update with the baseline's max_norm: it is the "
+        "same sum at any K, so max_norm must not be scaled with K",
+    )
+
+
+def _clip_phrase(run: str, clipped: bool, after: float) -> str:
+    return f"the {run} clipped it to {after:.4g}" if clipped else f"the {run} did not clip it"
+
+
+def _clip_value_differs(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    values_b, values_m = c.baseline.clip_value, c.merged.clip_value
+    i = r.update
+    if values_b is None or values_m is None:
+        return None
+    value_b, value_m = float(values_b[i]), float(values_m[i])
+    if not (math.isfinite(value_b) and math.isfinite(value_m)) or value_b == value_m:
+        return None
+    k = window(c)
+    scaled = (
+        f" ({value_m / value_b:.4g} times, about 1/K = {1 / k:.4g})"
+        if (math.isclose(value_m * k, value_b, rel_tol=1e-3))
+        else ""
+    )
+    return Diagnosis(
+        "clip-threshold",
+        f"at update {i} the baseline clipped the gradient by value at {value_b:.4g}, the merged "
+        f"run at {value_m:.4g}{scaled}: the merged run clips at another clip_value",
+        {"update": i, "clip_value": {"merged": value_m, "baseline": value_b}},
+        "clip the accumulated gradient once per update with the baseline's clip_value: it is "
+        "the same sum at any K, so clip_value must not be scaled with K",
+    )
