@@ -14,6 +14,7 @@ import numpy as np
 
 from ...runs.model import Run, Tensors
 from ..results import FAIL, Comparison, Diagnosis, UpdateResult
+from .clipping import scale_behind_clip
 from .common import finite, grads_of, weights_of, window
 
 EXPLAINED = 0.95  # a relation must explain this share of the gradient error (1 - residual share)
@@ -183,6 +184,9 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
     evidence = {"window_loss_ratio": finite(q), "K": k}
     if status.get("weights") is None:  # a log of losses alone (card logs: `card-loss`)
         return None if len(c.merged.cards) > 1 else _scaled_losses(q, k, ratios, evidence)
+    hidden = scale_behind_clip(c, q)
+    if hidden is not None:
+        return hidden
     if math.isfinite(q) and abs(q * k - 1) <= 0.05:
         how = (
             f"the merged window losses are {q:.4g} times the baseline's, about 1/K: the loss "

@@ -40,6 +40,37 @@ def pre_clip_ratio(c: Comparison, update: int) -> float | None:
     return ratio if math.isfinite(ratio) else None
 
 
+def scale_behind_clip(c: Comparison, loss_ratio: float) -> Diagnosis | None:
+    """The losses disagree and the stepped gradients agree, but the norms before clipping are
+    K, 1/K or K+1 apart where a clip engaged: the loss the gradient comes from was scaled, and
+    the clip hid it from the step. Once the norm falls below the clip threshold it will not."""
+    k = window(c)
+    for i in range(c.merged.updates):
+        ratio = pre_clip_ratio(c, i)
+        if ratio is None:
+            continue
+        expected = next((v for v in (k, 1 / k, k + 1) if abs(ratio / v - 1) <= 0.05), None)
+        if expected is None:
+            return None
+        return Diagnosis(
+            "loss-scale",
+            f"the merged window losses are {loss_ratio:.4g} times the baseline's while the "
+            f"weights and gradients agree, because a clip hid the scale: at update {i} the "
+            f"merged gradient's norm before clipping is {ratio:.4g} times the baseline's "
+            f"(about {expected:.4g}); where the norm falls below the clip threshold, the "
+            "merged run will step that many times too far",
+            {
+                "update": i,
+                "pre_clip_ratio": finite(ratio),
+                "expected_ratio": expected,
+                "window_loss_ratio": finite(loss_ratio),
+            },
+            "scale each micro-batch's loss by its share of the window (1/K, or its items over "
+            "the window's items), once",
+        )
+    return None
+
+
 def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """The merged run clipped more often in the failing update's window than the baseline did
     per update, and the clip engaged there: partial sums were clipped (by norm or by value)."""
