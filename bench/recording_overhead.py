@@ -278,11 +278,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per variant")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the recorded runs go (a temporary folder inside it; default: the system's "
+        "temporary folder, TMPDIR)",
+    )
+    parser.add_argument(
         "--floor", action="store_true", help="also time the copies alone (CopyFloor)"
     )
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be at least 1")
+    if args.dir is not None and not args.dir.is_dir():
+        parser.error(f"--dir {args.dir}: no such folder")
 
     torch.set_num_threads(args.threads)
     values = {"updates": args.updates, "batch_size": args.batch_size, "record": args.record}
@@ -293,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     configs = {"baseline": merged.replace(accum_steps=1), "merged": merged}
 
-    with tempfile.TemporaryDirectory(prefix="gradalign-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gradalign-bench-", dir=args.dir) as tmp:
         scratch = Path(tmp)
         fs = filesystem(scratch)
         times = measure(configs, args.reps, scratch, args.size, args.floor)
@@ -315,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "scratch_filesystem": fs,
+        "scratch_dir": str(args.dir or tempfile.gettempdir()),
         "target_ratio": target,
     }
     model = f"MLP 784-{merged.hidden}-10" if args.size == "default" else f"user {args.size}"
@@ -324,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; {info['cpu']}; "
-        f"scratch on {fs}"
+        f"scratch in {args.dir or tempfile.gettempdir()} ({fs})"
     )
     print()
     floor_head = f"{'copies (ms)':>13}{'floor':>8}" if args.floor else ""
