@@ -393,6 +393,13 @@ def test_the_recorder_in_a_process_group_of_one(tmp_path):
         with pytest.raises(RecorderError, match="labels"):
             gradalign.Recorder(tmp_path / "bad", model, opt, rank=3)
         assert not (tmp_path / "bad").exists()
+        from torch.distributed.fsdp import fully_shard
+
+        sharded = fully_shard(nn.Sequential(nn.Linear(3, 2)))  # its parameters become DTensors
+        opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
+        with pytest.raises(RecorderError, match="parameter 0.weight is a DTensor .*sharded"):
+            gradalign.Recorder(tmp_path / "fsdp", sharded, opt, distributed=True)
+        assert not (tmp_path / "fsdp").exists()
     finally:
         dist.destroy_process_group()
 

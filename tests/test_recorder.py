@@ -426,3 +426,13 @@ def test_norms_before_clipping_are_read_on_the_host_only_when_the_run_closes(tmp
     assert _ReadsCounted.reads  # read when the run closed: the test sees reads
     recorded = read_run_dir(tmp_path / "run").grad_norm_pre_clip
     assert recorded.tolist() == [float(n) for n in norms]
+
+
+def test_a_zero3_partitioned_parameter_is_refused_in_one_line(tmp_path):
+    """DeepSpeed ZeRO-3 marks each partitioned parameter with `ds_id`; each rank holds a part."""
+    model = nn.Linear(3, 2)
+    model.weight.ds_id = 0
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RecorderError, match="weight is a DeepSpeed ZeRO-3 partition"):
+        gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2)
+    assert not (tmp_path / "run").exists()

@@ -41,6 +41,27 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+_SHARDS = {
+    "DTensor": "a DTensor (fully_shard or tensor parallel)",
+    "FlatParameter": "a flat shard (FullyShardedDataParallel)",
+    "ZeRO": "a DeepSpeed ZeRO-3 partition",
+}
+
+
+def refuse_sharded(model: torch.nn.Module) -> None:
+    """Refuse a model whose parameters are sharded across ranks (each rank holds a part: FSDP,
+    DTensor, DeepSpeed ZeRO-3): the Recorder copies and fingerprints whole tensors on every
+    rank, and a shard is not one."""
+    for name, param in model.named_parameters():
+        how = _SHARDS.get("ZeRO" if hasattr(param, "ds_id") else type(param).__name__)
+        if how is not None:
+            raise RecorderError(
+                f"parameter {name} is {how}: sharded parameters cannot be recorded yet; record "
+                "the same loop with DistributedDataParallel (or on one process) to check its "
+                "accumulation"
+            )
+
+
 @dataclass
 class Ranks:
     """This process's place among the ranks of one recorded run."""

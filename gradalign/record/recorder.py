@@ -34,7 +34,7 @@ from ..runs.writer import RunWriter
 from . import clipping
 from .capture import MODES, Capture
 from .device import environment, watch_autocast
-from .distributed import close_ranks, join, rank_info, settle, unwrap_model
+from .distributed import close_ranks, join, rank_info, refuse_sharded, settle, unwrap_model
 from .facts import (
     RecorderError,
     data_digest_parts,
@@ -113,6 +113,7 @@ class Recorder:
         except TypeError as exc:
             raise RecorderError(str(exc)) from None
         model = unwrap_model(model)
+        refuse_sharded(model)
         self._ranks = join(distributed, group, rank)
         self._model_facts = model_facts(model)
         self._named = named_tensors(model)
