@@ -428,11 +428,23 @@ def test_norms_before_clipping_are_read_on_the_host_only_when_the_run_closes(tmp
     assert recorded.tolist() == [float(n) for n in norms]
 
 
-def test_a_zero3_partitioned_parameter_is_refused_in_one_line(tmp_path):
-    """DeepSpeed ZeRO-3 marks each partitioned parameter with `ds_id`; each rank holds a part."""
+class FlatParameter(nn.Parameter):
+    """Named as FullyShardedDataParallel's flat shard of many parameters."""
+
+
+@pytest.mark.parametrize(
+    ("shard", "said"),
+    [("zero3", "weight is a DeepSpeed ZeRO-3 partition"), ("flat", "weight is a flat shard")],
+)
+def test_a_shard_that_cannot_be_gathered_is_refused_in_one_line(tmp_path, shard, said):
+    """DeepSpeed ZeRO-3 marks each partitioned parameter with `ds_id`; FullyShardedDataParallel
+    holds flat shards: each rank holds a part, which the Recorder cannot read whole."""
     model = nn.Linear(3, 2)
-    model.weight.ds_id = 0
+    if shard == "zero3":
+        model.weight.ds_id = 0
+    else:
+        model.weight = FlatParameter(model.weight.detach().clone())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(RecorderError, match="weight is a DeepSpeed ZeRO-3 partition"):
+    with pytest.raises(RecorderError, match=said):
         gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2)
     assert not (tmp_path / "run").exists()

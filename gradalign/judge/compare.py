@@ -21,6 +21,7 @@ from .compatible import (
     check_compatible,
     check_reference,
     check_reference_weights,
+    check_same_precision,
 )
 from .diagnose import diagnose
 from .distributed import listed, rank_check, rank_facts, rank_problems
@@ -60,6 +61,7 @@ def compare(
     False reads whole tensors even from run directories (the reference implementation the
     streamed judge is tested against); by default run directories are streamed."""
     starts = check_compatible(base, merged)
+    check_same_precision(base, merged)
     bound = check_reference(base, merged, reference) if reference is not None else None
     dtype = least_precise([base.compute_dtype, merged.compute_dtype])
     tol = for_dtype(dtype, overrides)

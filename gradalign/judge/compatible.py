@@ -80,6 +80,20 @@ def check_compatible(
     return init_b
 
 
+def check_same_precision(base: Run, merged: Run) -> None:
+    """The two runs must compute at one precision: the noise floor measured on the baseline says
+    nothing about a run that computes in fewer bits (autocast, or FSDP's mixed precision in one
+    run only). Runs that record no compute dtype (logs, other writers) are taken as they are."""
+    said = [run.environment.get("compute_dtype") for run in (base, merged)]
+    if not any(said) or base.compute_dtype == merged.compute_dtype:
+        return
+    raise BadInput(
+        f"the baseline computes in {base.compute_dtype}, the merged run in "
+        f"{merged.compute_dtype}: record both with the same precision (the same autocast or "
+        "mixed-precision policy), or the merged run's rounding is taken for an accumulation bug"
+    )
+
+
 def _same_fingerprints(base: Run, other: Run, what: str) -> None:
     """Without the initial tensors (a golden file), their bit fingerprints must agree."""
     if base.init_state is None or other.init_state is None:

@@ -18,6 +18,7 @@ from ..runs.background import BackgroundWriter
 from ..runs.layout import grads_file, weights_file
 from ..runs.sketches import WIDTH
 from .facts import dtype_name
+from .sharded import any_sharded, whole
 from .sketcher import Sketcher
 from .snapshots import Snapshots, host_dtype
 from .states import GradWrites, WeightStates
@@ -56,6 +57,9 @@ class Capture:
         self.snapshots = Snapshots()
         self.states = WeightStates(list(self.tensors.values()))
         self.writes = GradWrites([self.params.get(name) for name in self.names])
+        # a sharded gradient is written at the window's last micro-step alone where the loop
+        # defers its reduction (set_requires_gradient_sync): its writes say nothing per micro-step
+        self.sharded = any_sharded(self.params.values())
         first = next(iter(self.tensors.values()))
         sketching = mode == "sketch"
         self.sketcher = Sketcher(files, self.names, self.declared, width) if sketching else None
@@ -89,6 +93,7 @@ class Capture:
         self.writes.row()
 
     def _take(self, kind: str, update: int | None, tensors: dict, relpath: str | None) -> None:
+        tensors = {n: None if t is None else whole(t) for n, t in tensors.items()}
         sketch = self.sketcher
         if sketch is not None and self.on_device:
             shapes = self.shapes
@@ -132,7 +137,7 @@ class Capture:
         return {
             "init/state": snapshot(-1),
             "micro/state": self.states.resolve(snapshot),
-            "micro/grad_writes": self.writes.array(),
+            **({} if self.sharded else {"micro/grad_writes": self.writes.array()}),
             "update/state": np.stack([snapshot(i) for i in range(updates)]).reshape(updates, p),
             "update/grad_state": np.stack(
                 [np.zeros(p, np.int64) if g is None else g for g in grads]

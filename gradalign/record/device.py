@@ -45,17 +45,31 @@ def autocast_dtype(device_type: str) -> str | None:
     return str(dtype).removeprefix("torch.") if on and dtype is not None else None
 
 
+def narrower_parameters(module: torch.nn.Module, recorded: str) -> str | None:
+    """The dtype of a module's own parameters as its forward sees them, where narrower than the
+    dtype recorded (None: as recorded)."""
+    bits = torch.finfo(getattr(torch, recorded)).bits if recorded.startswith("float") else 0
+    for param in module.parameters(recurse=False):
+        if param.is_floating_point() and torch.finfo(param.dtype).bits < bits:
+            return str(param.dtype).removeprefix("torch.")
+    return None
+
+
 def watch_autocast(
     model: torch.nn.Module, env: dict[str, Any], device_type: str
 ) -> Callable[[], None]:
-    """Set `env["compute_dtype"]` when a forward runs under autocast; returns the function that
-    stops watching (the Recorder stops after the first micro-step). Every layer holding
-    parameters watches, not the model alone: frameworks enter autocast inside the model's
+    """Set `env["compute_dtype"]` when a forward runs under autocast, or with parameters narrower
+    than the recorded ones (FSDP's mixed precision casts them for the forward); returns the
+    function that stops watching (the Recorder stops after the first micro-step). Every layer
+    holding parameters watches, not the model alone: frameworks enter autocast inside the model's
     forward (accelerate patches it) or call its layers from elsewhere (Lightning's
     training_step)."""
 
     def seen(module: torch.nn.Module, args: Any) -> None:
-        if "compute_dtype" not in env and (dtype := autocast_dtype(device_type)):
+        if "compute_dtype" in env:
+            return
+        dtype = autocast_dtype(device_type) or narrower_parameters(module, env["dtype"])
+        if dtype:
             env["compute_dtype"] = dtype
 
     hooks = [

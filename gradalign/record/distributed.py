@@ -41,17 +41,16 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-_SHARDS = {
-    "DTensor": "a DTensor (fully_shard or tensor parallel)",
-    "FlatParameter": "a flat shard (FullyShardedDataParallel)",
+_SHARDS = {  # DTensors (fully_shard, tensor parallel) are read whole (record/sharded.py)
+    "FlatParameter": "a flat shard (FullyShardedDataParallel; use fully_shard)",
     "ZeRO": "a DeepSpeed ZeRO-3 partition",
 }
 
 
 def refuse_sharded(model: torch.nn.Module) -> None:
-    """Refuse a model whose parameters are sharded across ranks (each rank holds a part: FSDP,
-    DTensor, DeepSpeed ZeRO-3): the Recorder copies and fingerprints whole tensors on every
-    rank, and a shard is not one."""
+    """Refuse a model whose parameters are sharded across ranks in a form the Recorder cannot
+    gather (FullyShardedDataParallel's flat shards, DeepSpeed ZeRO-3 partitions): it copies and
+    fingerprints whole tensors on every rank, and a shard is not one."""
     for name, param in model.named_parameters():
         how = _SHARDS.get("ZeRO" if hasattr(param, "ds_id") else type(param).__name__)
         if how is not None:

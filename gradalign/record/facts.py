@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..runs.digests import bitsum
+from .sharded import whole
 
 _BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
@@ -135,6 +136,7 @@ def device_scalar(value: torch.Tensor | float, what: str = "the value") -> torch
     """A number (a loss, a norm) as a float64 0-d tensor on its device: no host sync per step.
     Anything else (a batch passed where the loss goes) is a RecorderError naming `what`."""
     if isinstance(value, torch.Tensor):
+        value = whole(value)  # a norm over sharded gradients comes as a DTensor
         if value.numel() != 1:
             raise RecorderError(
                 f"{what} must be one number; got a tensor of shape {tuple(value.shape)}"

@@ -23,13 +23,15 @@ import numpy as np
 import torch
 
 from .facts import host_fingerprint
+from .sharded import local, whole
 
 HERE = -2  # a cell fingerprinted at the micro-step itself (its value is in the row)
 
 
 def stamp(tensor: torch.Tensor) -> tuple[int, int]:
     """What changes when a tensor is written: its version counter and its storage."""
-    return tensor._version, tensor.data_ptr()
+    part = local(tensor)  # a DTensor's writes land in this rank's part
+    return part._version, part.data_ptr()
 
 
 class WeightStates:
@@ -54,7 +56,7 @@ class WeightStates:
             now = stamp(tensor)
             seen, key, value = self.known[p]
             if now != seen:
-                key, value = HERE, host_fingerprint(tensor)
+                key, value = HERE, host_fingerprint(whole(tensor))
                 self.known[p] = (now, key, value)
             keys[p] = key
             if key == HERE:
