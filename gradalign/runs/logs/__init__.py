@@ -14,8 +14,9 @@ from ...errors import BadInput
 from ..model import Run
 from .build import build_run, fingerprint
 from .cards import CARD_LOSSES, combine_cards
-from .grammar import readable, step_line
+from .grammar import StepLine, readable, step_line
 from .parse import decode, parse_log
+from .records import Records
 
 SNIFF_BYTES = 1 << 20  # a launcher may print a long preamble before the first step
 __all__ = ["CARD_LOSSES", "fingerprint", "looks_like_log", "read_card_logs", "read_log"]
@@ -55,9 +56,11 @@ def looks_like_log(path: str | Path) -> bool:
     lines = text.splitlines()
     if len(head) == SNIFF_BYTES and len(lines) > 1:
         lines = lines[:-1]  # the last line may be cut
+    records = Records()
     for line in readable(lines):
         try:
-            if step_line(line) is not None:
+            found = records.read(line)
+            if isinstance(found, StepLine) or (found is None and step_line(line) is not None):
                 return True
         except BadInput:
             return True  # a step line it cannot read: reading the log says why

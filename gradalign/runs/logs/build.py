@@ -10,7 +10,8 @@ import numpy as np
 
 from ...errors import BadInput
 from ..model import Run, TensorInfo, Tensors
-from .grammar import Printed, PrintedArray
+from .arrays import PrintedArray
+from .grammar import Printed
 from .parse import ParsedLog
 
 LOG_DTYPE = "float32"  # what a printed weight is taken to be: the dtype frameworks train in
@@ -181,7 +182,7 @@ def _attach_weights(run: Run, log: ParsedLog, tensors: list[TensorInfo], precisi
 
 
 def _notes(log: ParsedLog, micro: int) -> list[str]:
-    notes = []
+    notes = [f"{log.path}: {note}" for note in log.notes]
     if log.noise:
         shown = "; ".join(f"line {line}: {text!r}" for line, text in log.noise_shown)
         notes.append(

@@ -26,9 +26,8 @@ import functools
 import re
 from dataclasses import dataclass
 
-import numpy as np
-
 from ...errors import BadInput
+from .names import OTHER_LOSSES, STEP_KEY
 
 _NUMBER = re.compile(
     r"^[-+]?(?:(?P<int>\d+)\.(?P<frac>\d*)|\.(?P<frac2>\d+)|(?P<bare>\d+))"
@@ -47,9 +46,8 @@ _MEAN_LINE = re.compile(
     r"^(?P<label>(?:avg|mean|average)[\s_-]*loss)\s*(?:-+>|=+>|[:=])?\s*(?P<rest>[-+.\[\d].*)$",
     re.IGNORECASE,
 )
-_STEP_KEY = r"(?:global[\s_]?)?(?:step|iter(?:ation)?|batch(?:[\s_]?(?:id|idx))?)"
-_KEYED_INDEX = re.compile(  # `step 3`, `step: 3`, `Step[3/48]`, `batch_id: 3`, `step  3/48`
-    rf"(?<![\w./])(?P<key>{_STEP_KEY})\b\s*(?:[:=#]|is\b)?\s*(?P<open>\[)?\s*(?P<index>\d+)"
+_KEYED_INDEX = re.compile(  # `step 3`, `step: 3`, `Step[3/48]`, `batch_id: 3`, `num_updates=3`
+    rf"(?<![\w./])(?P<key>{STEP_KEY})\b\s*(?:[:=#]|is\b)?\s*(?P<open>\[)?\s*(?P<index>\d+)"
     r"(?:\s*/\s*\d+)?\s*(?(open)\])(?![\w.])",
     re.IGNORECASE,
 )
@@ -63,13 +61,14 @@ _KEYED_LR = re.compile(  # `lr: 0.001`, `lr=[0.0001]`, `learning_rate: 5e-05`, `
 _EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Epoch 2]`
     r"^\s*\[?\s*epoch\s*[:=#]?\s*(?P<epoch>\d+)\s*(?:/\s*\d+)?\s*\]?\s*$", re.IGNORECASE
 )
-_EPOCH = re.compile(r"(?<![\w.])epoch\b\s*[:=#]?\s*\[?\s*(?P<epoch>\d+)", re.IGNORECASE)
-_QUALIFIERS = {"avg", "mean", "average", "val", "valid", "eval", "test", "total", "smoothed"}
-# a word before `loss` that names another quantity than the step's training loss
-_OTHER_LOSSES = _QUALIFIERS | {
-    *("aux", "auxiliary", "kl", "reg", "ema", "running", "moving", "smooth", "router", "z"),
-    *("balance", "d", "g", "disc", "gen", "recon", "contrastive"),
-}
+_EPOCH = re.compile(  # `epoch 0`, `Epoch: 1`, `epoch 001:`, mmengine's `Epoch(train) [1]`
+    r"(?<![\w.])epoch\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(?P<epoch>\d+)", re.IGNORECASE
+)
+_COUNTERS = (  # `[ 1/20]`, `[0/60000 (0%)]`; else a bare `1/20` or `1 / 20`
+    re.compile(r"\[\s*(?P<index>\d+)\s*/\s*(?P<total>\d+)\s*(?:\(\s*[\d.]+\s*%\s*\)\s*)?\]"),
+    re.compile(r"(?<![\w./:\[])(?P<index>\d+)\s*/\s*(?P<total>\d+)(?![\w./:%\]])"),
+)
+_EPOCH_BEFORE = re.compile(r"epoch\W*$", re.IGNORECASE)  # `Epoch [2/10]` counts epochs
 _NOT_TRAINING = re.compile(  # never a training step: glog, warnings, evaluation, progress bars
     # a skipped step is an event (`skipping update`), `skipped iterations: 0` a counter
     r"^[IWEF]\d{4}\s+\d\d:\d\d|warning\b|\bwarn\b|error\b|\boverflow|\d%\||"
@@ -81,7 +80,7 @@ _PREFIX = re.compile(  # what a launcher or logger writes before a line; never p
     r"^(?:\s*(?:\[[A-Za-z_]*\d+\]:"  # torchrun and friends: [rank0]: [default0]:
     r"|\[\d+,\d+\]<std(?:out|err)>:"  # mpirun --tag-output
     r"|\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
-    r"|\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?"
+    r"|\[?(?:\d\d/\d\d\s+)?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?"  # mmengine's `11/22 10:00:00`
     r"|\[\s*(?:INFO|DEBUG)\s*\]|(?:LAUNCH\s+)?(?:INFO|DEBUG)(?::[\w.]+:|\b)"
     r"|[\w.-]+\.py:\d+\b:?|-(?=\s)))+\s*"
 )
@@ -93,6 +92,9 @@ _TENSOR = re.compile(  # Paddle's Tensor header; its data follows on the next li
 _NAMED = re.compile(r"^(?P<label>[A-Za-z_][\w.]*)\s*[:=]?\s*(?P<rest>\[.*)$")  # `fc1.w [[..`
 _PARAMETER = "Parameter containing:"  # str() of a Paddle parameter: this line, then the Tensor
 _REPR = re.compile(r"\barray\(|,?\s*dtype=[\w.]+\)")  # numpy's repr: array([...], dtype=float32)
+_TORCH = re.compile(  # torch's repr: tensor(1.79, device='cuda:0', grad_fn=<NllLossBackward0>)
+    r"\btensor\(\s*(?P<data>\[?\s*[-+\w.]+\s*\]?)\s*(?:,[^()]*)?\)"
+)
 _TOKEN = re.compile(r"\[|\]|\.\.\.|[^\s,\[\]]+")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\ufeff")  # colour codes; a byte-order mark
 MAX_DIMS = 2
@@ -128,8 +130,10 @@ def number(token: str) -> Printed | None:
 
 def clean(line: str) -> str:
     """A line without terminal colour codes, a launcher's or logger's prefix, numpy's
-    `array(..., dtype=...)` wrapper and surrounding white space."""
-    return _REPR.sub("", _PREFIX.sub("", _ANSI.sub("", line))).strip()
+    `array(..., dtype=...)` and torch's `tensor(..., device=...)` wrappers and surrounding
+    white space."""
+    text = _REPR.sub("", _PREFIX.sub("", _ANSI.sub("", line)))
+    return (_TORCH.sub(r"\g<data>", text) if "tensor(" in text else text).strip()
 
 
 def rank_tag(line: str) -> str | None:
@@ -197,13 +201,21 @@ def one_number(text: str) -> Printed | None:
     return number(parts[opening])
 
 
+def whole_or_number(text: str) -> Printed | None:
+    """`one_number`, or a whole number (`lr=0`, as `%g` prints a learning rate of zero)."""
+    whole = re.fullmatch(r"\[?\s*(\d+)\s*\]?", text)
+    return Printed(float(whole[1]), 0, 0, False) if whole else one_number(text)
+
+
 @dataclass(frozen=True)
 class StepLine:
-    index: int
+    index: int | None  # None: a record without a step field, numbered in order
     loss: Printed
     bracketed: bool
     epoch: int | None = None
     lr: Printed | None = None  # the learning rate a keyed step line prints beside its loss
+    others: tuple[int, ...] = ()  # the line's other step keys, read where `index` does not count
+    counter: bool = False  # `[ 1/20]`: a counter, which may advance by a stride (samples)
 
 
 def step_line(text: str) -> StepLine | None:
@@ -222,12 +234,19 @@ def step_line(text: str) -> StepLine | None:
 
 
 def _keyed_step_line(text: str) -> StepLine | None:
-    """`epoch 0, step: 3, loss: 2.29, lr: 0.001`: the first step key (a `global` one first)
-    and the first training loss, in any order among other fields; None if the line holds no
-    such pair, or is a framework, warning, evaluation or progress-bar line."""
-    indices = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
-    if not indices or _NOT_TRAINING.search(text):
+    """`epoch 0, step: 3, loss: 2.29, lr: 0.001`: the step keys (a `global` one first) and the
+    first training loss, in any order among other fields; where no step key, a counter
+    (`Iter(train) [ 3/20]`, `[0/60000 (0%)]`, `3/20 [====>...]`) is the step. None if the line
+    holds no such pair, or is a framework, warning, evaluation or progress-bar line."""
+    if _NOT_TRAINING.search(text):
         return None
+    keyed = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
+    indices = [int(m["index"]) for m in keyed]
+    if not indices:
+        counter = _counter(text)
+        if counter is None:
+            return None
+        indices = [counter]
     named = None  # `lm loss`: taken where no field is plainly `loss`
     for found in _KEYED_LOSS.finditer(text):
         loss = one_number(found["loss"])
@@ -236,21 +255,36 @@ def _keyed_step_line(text: str) -> StepLine | None:
         before = text[: found.start()].split()
         word = before[-1] if before and re.fullmatch(r"[A-Za-z]+", before[-1]) else None
         if word is None:
-            return _step_line(text, indices[0], found, loss)
-        if named is None and word.lower() not in _OTHER_LOSSES:
+            return _step_line(text, indices, not keyed, found, loss)
+        if named is None and word.lower() not in OTHER_LOSSES:
             named = found, loss  # not `aux loss`, `running loss`, `val loss`
-    return None if named is None else _step_line(text, indices[0], *named)
+    return None if named is None else _step_line(text, indices, not keyed, *named)
 
 
-def _step_line(text: str, index: re.Match, found: re.Match, loss: Printed) -> StepLine:
+def _counter(text: str) -> int | None:
+    """The first counter within its total (`[ 3/20]` before a bare `3/20`), not an epoch's
+    (`Epoch [2/10]`); None if the line holds none."""
+    for pattern in _COUNTERS:
+        for match in pattern.finditer(text):
+            index, total = int(match["index"]), int(match["total"])
+            if index <= total and not _EPOCH_BEFORE.search(text[: match.start()]):
+                return index
+    return None
+
+
+def _step_line(
+    text: str, indices: list[int], counter: bool, found: re.Match, loss: Printed
+) -> StepLine:
     epoch = _EPOCH.search(text)
-    lrs = (one_number(m["lr"]) for m in _KEYED_LR.finditer(text))
+    lrs = (whole_or_number(m["lr"]) for m in _KEYED_LR.finditer(text))
     return StepLine(
-        int(index["index"]),
+        indices[0],
         loss,
         found["loss"].startswith("["),
         None if epoch is None else int(epoch["epoch"]),
         next((lr for lr in lrs if lr is not None), None),
+        tuple(indices[1:]),
+        counter,
     )
 
 
@@ -289,76 +323,6 @@ def is_array_content(text: str) -> bool:
     """Whether a line can continue a printed array: brackets, `...` and floats only."""
     parts = tokens(text)
     return bool(parts) and all(t in ("[", "]", "...") or number(t) for t in parts)
-
-
-@dataclass
-class PrintedArray:
-    """A printed 1-D or 2-D array: the values shown (`...` dropped) and how each was printed."""
-
-    values: np.ndarray  # float64
-    digits: np.ndarray  # int, digits after the (mantissa's) decimal point
-    exponents: np.ndarray  # int, 0 in fixed notation
-    scientific: bool
-
-
-class ArrayReader:
-    """Feed the lines of one printed array until `done`; raises ValueError on a malformed one."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.dims = 0
-        self.rows: list[list[Printed]] = []
-        self.flat: list[Printed] = []
-        self.done = False
-
-    def feed(self, text: str) -> None:
-        for token in tokens(text):
-            if self.done:
-                raise ValueError(f"text after the end of the printed array: {token!r}")
-            self._take(token)
-
-    def _take(self, token: str) -> None:
-        if token == "[":
-            self.depth += 1
-            self.dims = max(self.dims, self.depth)
-            if self.depth > MAX_DIMS:
-                raise ValueError(f"printed array has more than {MAX_DIMS} dimensions")
-            if self.depth == 2:
-                if self.flat:
-                    raise ValueError("printed array mixes numbers and rows")
-                self.rows.append([])
-        elif token == "]":
-            if self.depth == 0:
-                raise ValueError("unbalanced ']' in printed array")
-            self.depth -= 1
-            self.done = self.depth == 0
-        elif token != "...":
-            value = number(token)
-            if value is None:
-                raise ValueError(f"cannot read {token!r} as a number")
-            if self.depth == 2:
-                self.rows[-1].append(value)
-            elif self.depth == 1 and not self.rows:
-                self.flat.append(value)
-            else:
-                raise ValueError(f"number {token!r} outside the array's rows")
-
-    def result(self) -> PrintedArray:
-        grid = self.rows if self.dims == 2 else [self.flat]
-        if not grid or len({len(row) for row in grid}) != 1 or not grid[0]:
-            raise ValueError("printed array is empty or has ragged rows")
-        cells = [cell for row in grid for cell in row]
-        shape = (len(grid), len(grid[0])) if self.dims == 2 else (len(cells),)
-
-        def field(name: str, dtype: type) -> np.ndarray:
-            return np.array([getattr(c, name) for c in cells], dtype=dtype).reshape(shape)
-
-        return PrintedArray(
-            field("value", np.float64),
-            field("digits", np.int64),
-            field("exponent", np.int64),
-            any(c.scientific for c in cells),
-        )
 
 
 def epoch_header(text: str) -> int | None:

@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import BadInput
+from .arrays import ArrayReader, PrintedArray
 from .grammar import (
-    ArrayReader,
     Printed,
-    PrintedArray,
     StepLine,
     arrow_line,
     epoch_header,
@@ -21,6 +20,7 @@ from .grammar import (
     readable,
     step_line,
 )
+from .records import NotAStep, Records
 
 MAX_LOG_BYTES = 2 << 30  # a log larger than this is not read whole into memory
 SHOWN_NOISE = 3
@@ -55,6 +55,8 @@ class ParsedLog:
     header_epoch: int | None = None  # the epoch the last line of its own announced (`Epoch 2/10`)
     epoch_start: int = 0  # steps before the current epoch, when its step count restarted
     rank: str | None = None  # the process a launcher tagged the step lines with
+    stride: int = 1  # what a counter advances by a step (`[64/60000]`: samples)
+    notes: list[str] = field(default_factory=list)  # how the log was read, where it says
 
     @property
     def precision(self) -> int:
@@ -108,6 +110,7 @@ class _Pass:
         self.path, self.raw, self.at = path, lines, 0
         self.lines = readable(lines)
         self.log = ParsedLog(path)
+        self.records = Records()
 
     def where(self, index: int) -> str:
         return f"{self.path}:{index + 1}"
@@ -119,11 +122,17 @@ class _Pass:
             self.at += 1
             if text:
                 self._line(index, text)
+        self.log.notes += self.records.notes
         return self.log
 
     def _line(self, index: int, text: str) -> None:
         try:
-            step = step_line(text)
+            step = self.records.read(text)
+            if isinstance(step, NotAStep):
+                self.log.add_noise(index + 1, text)
+                return
+            if step is None:
+                step = step_line(text)
         except BadInput as err:
             raise BadInput(f"{self.where(index)}: {err}") from None
         if step is not None:
@@ -147,9 +156,11 @@ class _Pass:
                 self.log.header_epoch = header
 
     def _step(self, index: int, step: StepLine) -> None:
-        log, value = self.log, step.index
+        log = self.log
         rank = rank_tag(self.raw[index])
         if not log.losses:
+            value = next((v for v in (step.index, *step.others) if v in (0, 1)), step.index)
+            value = 0 if value is None else value  # records without a step field count from 0
             if value not in (0, 1):
                 raise BadInput(f"{self.where(index)}: the first step is {value}; expected 0 or 1")
             log.first_index, log.rank = value, rank
@@ -160,6 +171,7 @@ class _Pass:
                 "lines alone)"
             )
         expected = log.first_index + len(log.losses) - log.epoch_start
+        value = self._index(index, step, expected)
         epoch = step.epoch if step.epoch is not None else log.header_epoch
         if value == log.first_index != expected and _next_epoch(log.epoch, epoch):
             log.epoch_start, expected = len(log.losses), value  # the count restarts each epoch
@@ -217,6 +229,29 @@ class _Pass:
         else:  # printed before the first step: not attributable to any step
             self.log.unattached += 1
             self.log.add_noise(index + 1, self.lines[index])
+
+    def _index(self, index: int, step: StepLine, expected: int) -> int:
+        """The step a line names: a record without a step field is the next one; a counter
+        advancing by a stride (samples) counts strides; of several step keys, the one that
+        counts line by line (`global_step` repeated beside a `micro_step` that counts)."""
+        log = self.log
+        if step.index is None:
+            return expected
+        value = step.index
+        if step.counter:
+            if len(log.losses) == 1 and log.first_index == 0 and value > 1 == log.stride:
+                log.stride = value
+                log.notes.append(
+                    f"the step counter advances by {value} a line (samples, as the PyTorch "
+                    f"examples print): read as steps of {value}"
+                )
+            if value % log.stride:
+                raise BadInput(
+                    f"{self.where(index)}: the counter {value} is not a multiple of "
+                    f"{log.stride}, the stride its first lines advanced by"
+                )
+            value //= log.stride
+        return next((v for v in (value, *step.others) if v == expected), value)
 
 
 def _arrow(text: str) -> bool:

@@ -1,0 +1,69 @@
+"""What a field of a training log is named, shared by keyed lines (`grammar`) and structured
+records (`records`): which names are a step, the training loss, the learning rate. Numpy-free.
+
+    step       step, global_step, micro_step, iter, iteration, batch_id, batch_idx, num_updates
+               (`Step`, `trainer/global_step` and `_step` alike)
+    loss       `loss` plainly; else a named training loss (`train_loss`, `train/loss`, `lm loss`,
+               `train_loss_step`); never another quantity's (`val`, `eval`, `aux`, `running`,
+               `avg`, `kl`, ... before `loss`, `loss_scale`, `loss_epoch`)
+    lr         lr, learning_rate, `learning rate`, `lr-<Optimizer>` (Lightning's
+               LearningRateMonitor: `lr-SGD`, `lr-AdamW/pg1`)
+"""
+
+from __future__ import annotations
+
+import re
+
+# a step key as a regular expression (keyed lines match it inside a line)
+STEP_KEY = (
+    r"(?:(?:global|micro)[\s_]?)?(?:step|iter(?:ation)?|batch(?:[\s_]?(?:id|idx))?)"
+    r"|num[\s_]updates"
+)
+QUALIFIERS = {"avg", "mean", "average", "val", "valid", "eval", "test", "total", "smoothed"}
+# a word before `loss` that names another quantity than the step's training loss
+OTHER_LOSSES = QUALIFIERS | {
+    *("aux", "auxiliary", "kl", "reg", "ema", "running", "moving", "smooth", "router", "z"),
+    *("balance", "d", "g", "disc", "gen", "recon", "contrastive", "validation", "dev"),
+}
+TRAINING = {"train", "training"}
+_STEP_FIELD = re.compile(rf"(?:{STEP_KEY})", re.IGNORECASE)
+_LR_FIELD = re.compile(r"(?:lr|learning[\s_]rate)(?:-[A-Za-z]\w*(?:/pg\d+)?)?", re.IGNORECASE)
+_WORDS = re.compile(r"[\s_/.\-]+")
+
+
+def _last_part(name: str) -> str:
+    """`trainer/global_step` -> `global_step`; `_step` -> `step`."""
+    return name.strip().rsplit("/", 1)[-1].lstrip("_")
+
+
+def is_step_field(name: str) -> bool:
+    """Whether a record's field names the step (`step`, `global_step`, `Step`, `num_updates`)."""
+    return _STEP_FIELD.fullmatch(_last_part(name)) is not None
+
+
+def is_lr_field(name: str) -> bool:
+    """Whether a record's field is the learning rate (`lr`, `learning_rate`, `lr-SGD`)."""
+    return _LR_FIELD.fullmatch(name.strip()) is not None
+
+
+def is_other_loss_word(word: str) -> bool:
+    """Whether a word before `loss` names another quantity (`aux`, `val`, `running`, ...)."""
+    return word.lower() in OTHER_LOSSES
+
+
+def loss_rank(name: str) -> int | None:
+    """How plainly a record's field names the training loss: 0 for `loss`, 1 for a training
+    loss (`train_loss`, `train/loss`, `train_loss_step`), 2 for another named loss whose words
+    name no other quantity (`lm loss`, `nll_loss`); None for any other field (`eval_loss`,
+    `aux_loss`, `loss_scale`, `train_loss_epoch`)."""
+    words = [w for w in _WORDS.split(name.strip().lower()) if w]
+    if len(words) > 1 and words[-1] == "step":
+        words = words[:-1]  # Lightning's `train_loss_step` (`_epoch` is an epoch's mean)
+    if not words or words[-1] != "loss":
+        return None
+    before = words[:-1]
+    if not before:
+        return 0
+    if any(w in OTHER_LOSSES for w in before):
+        return None
+    return 1 if all(w in TRAINING for w in before) else 2

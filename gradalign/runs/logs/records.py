@@ -1,0 +1,159 @@
+"""Structured records in a training log: a JSON object or a Python dict per line, and tables
+with a header row (CSV, TSV, or columns apart by white space). Numpy-free.
+
+    {"step": 3, "loss": 2.29, "lr": 0.001}           a JSON object (after any prefix: fairseq's
+                                                      `| INFO | train_inner | {...}`)
+    {'loss': 2.29, 'learning_rate': 5e-05, ...}      a Python dict literal (`print(logs)`, as the
+                                                      transformers Trainer prints), read with
+                                                      `ast.literal_eval`, never evaluated
+    epoch,lr-SGD,step,train_loss  then  0,0.1,3,2.29  a table: a header row, then rows of as many
+    step  lr  loss                then  3  0.1  2.29  cells (numbers; an empty cell is no value)
+
+Field names are read by the rules of `names` (the keyed lines' rules): the step, the loss (the
+field plainly named `loss`, else a named training loss; the first record that holds one, or the
+table's header, chooses it for the whole log) and the lr. A record with no step field is the next
+step (the Trainer prints none); a record without the log's loss field is not a step (evaluation
+and summary dicts, Lightning's validation rows). A TensorBoard CSV export (`Wall time,Step,Value`)
+holds one scalar, the tag the user exported: its `Value` is read as the loss, and a note says so.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import re
+
+from .grammar import Printed, StepLine, number
+from .names import is_lr_field, is_step_field, loss_rank
+
+MAX_RECORD = 1 << 16  # a longer line is no record: literal_eval's cost grows with its input
+_NAME = re.compile(r"[A-Za-z_][\w .()/\-]*")
+_INTEGER = re.compile(r"[-+]?\d+")
+_TENSORBOARD = ("wall time", "step", "value")
+
+
+class NotAStep:
+    """A record (or a table's header) that is not a step: noise."""
+
+
+NOT_A_STEP = NotAStep()
+Read = StepLine | NotAStep | None
+
+
+def _printed(value: object) -> Printed | None:
+    """A record's value as a printed number: a float by its repr (what `print` showed), an
+    integer exactly, a string if it reads as a number (fairseq's JSON prints strings)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return number(repr(value))
+    if isinstance(value, int):
+        return Printed(float(value), 0, 0, False)
+    if isinstance(value, str):
+        text = value.strip()
+        if _INTEGER.fullmatch(text):
+            return Printed(float(text), 0, 0, False)
+        return number(text)
+    return None
+
+
+def _integer(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+        return int(value)
+    return None
+
+
+def _mapping(text: str) -> dict | None:
+    """A JSON object or a Python dict literal, or None."""
+    if len(text) > MAX_RECORD:
+        return None
+    try:
+        found = json.loads(text, parse_float=str, parse_int=str)
+    except ValueError:
+        try:
+            found = ast.literal_eval(text)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+    return found if isinstance(found, dict) else None
+
+
+def _cells(text: str, delimiter: str | None) -> list[str]:
+    if delimiter is None:
+        return text.split()
+    return [cell.strip() for cell in next(csv.reader([text], delimiter=delimiter))]
+
+
+def _best_loss(names: list[str]) -> str | None:
+    ranked = [(rank, at) for at, name in enumerate(names) if (rank := loss_rank(name)) is not None]
+    return None if not ranked else names[min(ranked)[1]]
+
+
+class Records:
+    """The records of one log, line by line: the table header in force and the loss field
+    the log's first record chose."""
+
+    def __init__(self) -> None:
+        self.header: list[str] | None = None
+        self.delimiter: str | None = None
+        self.loss_key: str | None = None
+        self.notes: list[str] = []
+
+    def read(self, text: str) -> Read:
+        """The step a record line holds, NOT_A_STEP for a record that holds none (and for a
+        table's header), None for a line that is no record (the line grammar reads it)."""
+        if text.endswith("}") and "{" in text:
+            fields = _mapping(text[text.index("{") :])
+            if fields is not None:
+                self.header = None
+                return self._record(fields)
+        if self.header is not None:
+            cells = _cells(text, self.delimiter)
+            if len(cells) == len(self.header) and all(
+                (c == "" and self.delimiter) or _printed(c) is not None for c in cells
+            ):
+                row = zip(self.header, cells, strict=True)
+                return self._record({name: cell for name, cell in row if cell != ""})
+            self.header = None  # the table ended
+        return self._header(text)
+
+    def _header(self, text: str) -> NotAStep | None:
+        """A table's header row: two or more names, one of them the loss (with white space
+        between them, one the step too); or TensorBoard's `Wall time,Step,Value`."""
+        delimiter = "," if "," in text else "\t" if "\t" in text else None
+        names = _cells(text, delimiter)
+        if len(names) < 2 or not all(_NAME.fullmatch(n) for n in names):
+            return None
+        loss = _best_loss(names)
+        if loss is None and tuple(n.lower() for n in names) == _TENSORBOARD and delimiter:
+            loss = names[2]
+            note = "the Value column of a TensorBoard CSV export (one tag) is read as the loss"
+            if note not in self.notes:
+                self.notes.append(note)
+        if loss is None or (delimiter is None and not any(is_step_field(n) for n in names)):
+            return None
+        self.header, self.delimiter, self.loss_key = names, delimiter, loss
+        return NOT_A_STEP
+
+    def _record(self, fields: dict) -> Read:
+        fields = {str(name): value for name, value in fields.items()}
+        names = [str(name) for name, value in fields.items() if _printed(value) is not None]
+        if self.loss_key is None:
+            self.loss_key = _best_loss(names)
+        if self.loss_key not in names:
+            return NOT_A_STEP
+        loss = _printed(fields[self.loss_key])
+        steps = sorted(
+            (n for n in names if is_step_field(n) and _integer(fields[n]) is not None),
+            key=lambda n: "global" not in n.lower(),
+        )
+        indices = [_integer(fields[n]) for n in steps]
+        lr = next((_printed(fields[n]) for n in names if is_lr_field(n)), None)
+        epoch = next((_integer(v) for n, v in fields.items() if str(n).lower() == "epoch"), None)
+        return StepLine(indices[0] if indices else None, loss, False, epoch, lr, tuple(indices[1:]))
