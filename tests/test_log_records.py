@@ -1,0 +1,227 @@
+"""The grammar of the other frameworks' logs, rule by rule: field names (`names`), structured
+records (`records`: JSON objects, Python dicts, tables) and the keyed lines' new forms
+(`key=value`, counters, a running mean in parentheses, torch's tensor repr, two step keys, a
+counter striding by samples); and what stays noise or a one-line error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gradalign.errors import BadInput
+from gradalign.runs.logs import looks_like_log, read_log
+from gradalign.runs.logs.grammar import clean, step_line
+from gradalign.runs.logs.names import is_lr_field, is_step_field, loss_rank
+from gradalign.runs.logs.records import MAX_RECORD, NOT_A_STEP, Records
+
+from .conftest import one_line_error
+
+LOSSES = [0.5, 0.25, 0.125, 0.375]
+
+
+def write(tmp_path: Path, text: str, name: str = "train.log") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "rank"),
+    [
+        ("loss", 0),
+        ("Loss", 0),
+        ("train_loss", 1),
+        ("train/loss", 1),
+        ("train_loss_step", 1),  # Lightning's on_step value
+        ("lm loss", 2),
+        ("nll_loss", 2),
+        *((n, None) for n in ("eval_loss", "val_loss", "valid_loss", "aux_loss", "avg_loss")),
+        *((n, None) for n in ("running_loss", "loss_scale", "train_loss_epoch", "lossy", "acc")),
+    ],
+)
+def test_loss_field_names(name, rank):
+    assert loss_rank(name) == rank
+
+
+def test_step_and_lr_field_names():
+    steps = ["step", "Step", "global_step", "micro_step", "iter", "iteration", "num_updates"]
+    steps += ["batch_idx", "trainer/global_step", "_step"]
+    assert all(is_step_field(n) for n in steps)
+    assert not any(is_step_field(n) for n in ("epoch", "steps_per_second", "update", "stepsize"))
+    assert all(is_lr_field(n) for n in ("lr", "learning_rate", "lr-SGD", "lr-AdamW/pg1"))
+    assert not any(is_lr_field(n) for n in ("base_lr", "lr_decay", "lrs"))
+
+
+def test_json_and_dict_records():
+    records = Records()
+    step = records.read('{"step": 3, "loss": 2.5, "lr": 1e-3, "epoch": 1}')
+    assert (step.index, step.loss.value, step.loss.digits, step.lr.value, step.epoch) == (
+        3,
+        2.5,
+        1,
+        1e-3,
+        1,
+    )
+    step = records.read("{'loss': 2.25, 'grad_norm': 1.5, 'learning_rate': 5e-05, 'epoch': 0.01}")
+    assert (step.index, step.loss.value, step.lr.value, step.epoch) == (None, 2.25, 5e-05, None)
+    # the log's loss field is `loss`: an evaluation or summary record holds no step
+    assert records.read("{'eval_loss': 2.0, 'epoch': 1.0}") is NOT_A_STEP
+    assert records.read("{'train_runtime': 9.0, 'train_loss': 2.0}") is NOT_A_STEP
+    # fairseq's JSON: numbers as strings, after the logger's prefix
+    step = Records().read('x | INFO | train_inner | {"loss": "2.125", "num_updates": "7"}')
+    assert (step.index, step.loss.value, step.loss.digits) == (7, 2.125, 3)
+
+
+def test_the_first_record_with_a_loss_chooses_the_field():
+    records = Records()
+    assert records.read("{'train_loss': 2.0, 'step': 0}").loss.value == 2.0
+    assert records.read("{'loss': 9.0, 'train_loss': 2.5, 'step': 1}").loss.value == 2.5
+    assert Records().read("{'loss': 9.0, 'train_loss': 2.5}").loss.value == 9.0
+
+
+def test_no_record_is_evaluated():
+    records = Records()
+    for text in (
+        "{'loss': __import__('os').getcwd()}",
+        "{'loss': 1.5, 'f': (lambda: 1)()}",
+        "{'loss': 1.5, " + "'x': 1, " * MAX_RECORD + "}",  # too long: not parsed at all
+        "{" * 10000 + "}" * 10000,
+        "{1, 2}",
+        "config: {'loss': 'cross_entropy', 'step': 3}",
+    ):
+        assert records.read(text) in (None, NOT_A_STEP), text
+
+
+@pytest.mark.parametrize(
+    ("header", "row", "expected"),
+    [
+        ("step,loss,lr", "3,2.5,0.001", (3, 2.5, 0.001)),
+        ("epoch,lr-SGD,step,train_loss,val_loss", "0,0.1,3,2.5,", (3, 2.5, 0.1)),
+        ("step\tloss", "3\t2.5", (3, 2.5, None)),
+        ("step        lr      loss", "   3  0.100000  2.500000", (3, 2.5, 0.1)),
+        ("Wall time,Step,Value", "1763805600.123,3,2.5", (3, 2.5, None)),
+        ("train/loss,trainer/global_step", "2.5,3", (3, 2.5, None)),
+    ],
+)
+def test_tables(header, row, expected):
+    records = Records()
+    assert records.read(header) is NOT_A_STEP
+    step = records.read(row)
+    assert (step.index, step.loss.value, step.lr and step.lr.value) == expected
+
+
+def test_table_rows_without_the_loss_and_the_end_of_a_table():
+    records = Records()
+    records.read("epoch,step,train_loss,val_loss")
+    assert records.read("0,19,,2.5") is NOT_A_STEP  # an empty cell is no value
+    assert records.read("0,3,2.5,").loss.value == 2.5
+    assert records.read("some other line") is None  # the table ended
+    assert records.read("0,4,2.5,") is None
+    # white space: the header needs a step and a loss; rows as many numbers
+    assert Records().read("loss scale") is None
+    assert Records().read("step loss acc") is NOT_A_STEP
+    assert Records().read("Wall time,Step,Other") is None
+
+
+@pytest.mark.parametrize(
+    ("line", "index", "loss", "lr"),
+    [
+        ("epoch 001:   3 / 20 loss=2.125, ppl=4.36, num_updates=3, lr=0.0005, w", 3, 2.125, 5e-4),
+        ("| epoch 001 | loss 2.125 | ppl 4.36 | num_updates 3 | lr 0.0005 | clip", 3, 2.125, 5e-4),
+        ("Iter(train) [ 3/20]  base_lr: 1e-2 lr: 1e-2  eta: 0:00:10  loss: 2.125", 3, 2.125, 0.01),
+        ("Epoch(train) [2][ 3/10]  lr: 1.0000e-02  time: 0.1000  loss: 2.1250", 3, 2.125, 0.01),
+        ("Train: 0 [   3/20 ( 15%)]  Loss:  2.125000 (2.9000)  LR: 1.000e-02", 3, 2.125, 0.01),
+        (" 3/20 [======>.......] - ETA: 0s - loss: 2.1250 - lr: 1.0000e-02", 3, 2.125, 0.01),
+        ("Train Epoch: 1 [192/60000 (0%)]\tLoss: 2.125000", 192, 2.125, None),
+        ("epoch 0, global_step 0, micro_step 3, loss 2.125, lr 0", 0, 2.125, 0.0),
+    ],
+)  # fmt: skip
+def test_keyed_lines_of_other_frameworks(line, index, loss, lr):
+    step = step_line(clean(line))
+    assert (step.index, step.loss.value) == (index, loss)
+    assert (step.lr and step.lr.value) == lr
+
+
+def test_what_the_new_forms_also_carry():
+    assert step_line("Epoch(train) [2][ 3/10]  loss: 2.1250").epoch == 2
+    assert step_line("Train Epoch: 1 [192/60000 (0%)]\tLoss: 2.125").counter
+    assert step_line("epoch 0, global_step 0, micro_step 3, loss 2.125").others == (3,)
+    text = clean("11/22 10:00:00 - mmengine - INFO - step 3 loss: tensor(2.1250, device='cuda:0')")
+    assert text.endswith("loss: 2.1250")
+    assert clean("loss: tensor([2.1250], grad_fn=<MeanBackward0>)") == "loss: [2.1250]"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Epoch [2/10] loss: 2.5",  # an epoch's counter, not a step's
+        "11/22 10:00:00 loss: 2.5",  # a date (mmengine's prefix), then no step
+        "[Eval] [ 3/20] loss: 2.5",
+        " 15%|###   | 3/20 [00:01<00:02, loss=2.5]",
+        "samples 3/20 acc: 0.5",
+    ],
+)
+def test_counters_that_are_no_step(line):
+    assert step_line(clean(line)) is None
+
+
+def test_two_step_keys_read_the_one_that_counts(tmp_path):
+    text = "".join(
+        f"epoch 0, global_step {i // 2}, micro_step {i}, loss {v}\n" for i, v in enumerate(LOSSES)
+    )
+    assert read_log(write(tmp_path, text), accum_steps=2).micro_loss.tolist() == LOSSES
+    # the other way round too: the global step counts, a batch index does not
+    text = "".join(f"global step {i}, batch: 7, loss: {v}\n" for i, v in enumerate(LOSSES))
+    assert read_log(write(tmp_path, text)).micro_loss.tolist() == LOSSES
+
+
+def test_a_counter_striding_by_samples(tmp_path):
+    lines = [
+        f"Train Epoch: {1 + i // 2} [{(i % 2) * 64}/128 ({(i % 2) * 50}%)]\tLoss: {v}"
+        for i, v in enumerate(LOSSES)
+    ]
+    run = read_log(write(tmp_path, "\n".join(lines) + "\n"), accum_steps=2)
+    assert run.micro_loss.tolist() == LOSSES
+    assert any("advances by 64" in note for note in run.notes)
+    bad = [*lines[:3], "Train Epoch: 2 [96/128 (75%)]\tLoss: 0.5"]
+    with pytest.raises(BadInput, match=r"train\.log:4: the counter 96 is not a multiple of 64"):
+        read_log(write(tmp_path, "\n".join(bad) + "\n"))
+
+
+def test_records_without_a_step_field_count_in_order(tmp_path):
+    text = "".join(f"{{'loss': {v}, 'learning_rate': 0.1, 'epoch': 0.5}}\n" for v in LOSSES)
+    path = write(tmp_path, "Some preamble\n" + text + "{'eval_loss': 2.0}\n")
+    assert looks_like_log(path)
+    run = read_log(path, accum_steps=2)
+    assert run.micro_loss.tolist() == LOSSES and run.lr.tolist() == [0.1, 0.1]
+    assert run.config["ignored_lines"] == 2
+
+
+def test_a_tensorboard_export_says_what_it_read(tmp_path):
+    text = "Wall time,Step,Value\n" + "".join(f"1.5,{i},{v}\n" for i, v in enumerate(LOSSES))
+    run = read_log(write(tmp_path, text, "loss.csv"))
+    assert run.micro_loss.tolist() == LOSSES
+    assert any("TensorBoard" in note for note in run.notes)
+
+
+UNREADABLE = {
+    "records without a loss": "".join(f'{{"step": {i}, "acc": 0.5}}\n' for i in range(4)),
+    "a table without a loss": "step,acc\n0,0.5\n1,0.5\n",
+    "validation rows only": "epoch,step,val_loss\n0,0,2.5\n0,1,2.5\n",
+    "a progress bar": "".join(f" {i}/4 [==>..] 1s {i}%|## loss=0.5\n" for i in range(4)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE))
+def test_what_is_no_log_is_one_line(cli, tmp_path, case):
+    base = write(tmp_path, "".join(f"step {i}, loss: {v}\n" for i, v in enumerate(LOSSES)), "b")
+    result = cli("compare", base, write(tmp_path, UNREADABLE[case], "m.log"), "-k", "1")
+    one_line_error(result, "m.log")
+
+
+def test_steps_that_restart_in_records_are_one_line(cli, tmp_path):
+    text = "".join(f'{{"step": {i % 2}, "loss": {v}}}\n' for i, v in enumerate(LOSSES))
+    base = write(tmp_path, text.replace('"step": 0', '"step": 9'), "b.log")
+    result = cli("compare", write(tmp_path, text, "a.log"), base, "-k", "1")
+    one_line_error(result, "a.log:3: expected step 2, found step 0 again")
