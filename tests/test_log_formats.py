@@ -1,7 +1,7 @@
 """Logs as other frameworks print them, judged end to end: a softmax regression trained in numpy
 (a baseline of B=32 per update against K=4 micro-batches of 8), printed as JSON lines, Python
 dicts (the transformers Trainer's), CSV and white-space tables (Lightning's metrics.csv, a
-TensorBoard export), fairseq, mmengine, timm, a Keras-like bar, the PyTorch MNIST example and
+TensorBoard export), fairseq, mmengine, timm, the PyTorch MNIST example and
 torch's tensor repr. A clean pair passes; a merged loss printed K times too large and an lr
 schedule stepped at every micro-step fail with the codes the keyed Paddle-style lines get."""
 
@@ -155,15 +155,6 @@ def _timm(rows):  # the step's loss, then the running mean in parentheses
     ]
 
 
-def _keras(rows):
-    lines = [
-        f"{r['i'] + 1:2d}/{len(rows)} [==============>...............] - ETA: 0s - loss: "
-        f"{_fmt(r, '.4f')} - lr: {r['lr']:.4e}"
-        for r in rows
-    ]
-    return ["Epoch 1/1", *lines]
-
-
 def _pytorch_example(rows):  # the counter counts samples: batch_idx * len(data)
     samples = N * B // 2  # per epoch
     return [
@@ -207,7 +198,6 @@ FORMATS = {
     "mmengine iter": (_mmengine_iter, 1, "micro", True),
     "mmengine epochs": (_mmengine_epochs, 2, "micro", True),
     "timm": (_timm, 1, "micro", True),
-    "keras-like bar": (_keras, 1, "micro", True),
     "pytorch example": (_pytorch_example, 2, "micro", False),
     "torch tensor": (_torch_tensor, 1, "micro", False),
     "global step beside micro step": (_global_and_micro, 1, "micro", True),

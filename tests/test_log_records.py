@@ -132,7 +132,6 @@ def test_table_rows_without_the_loss_and_the_end_of_a_table():
         ("Iter(train) [ 3/20]  base_lr: 1e-2 lr: 1e-2  eta: 0:00:10  loss: 2.125", 3, 2.125, 0.01),
         ("Epoch(train) [2][ 3/10]  lr: 1.0000e-02  time: 0.1000  loss: 2.1250", 3, 2.125, 0.01),
         ("Train: 0 [   3/20 ( 15%)]  Loss:  2.125000 (2.9000)  LR: 1.000e-02", 3, 2.125, 0.01),
-        (" 3/20 [======>.......] - ETA: 0s - loss: 2.1250 - lr: 1.0000e-02", 3, 2.125, 0.01),
         ("Train Epoch: 1 [192/60000 (0%)]\tLoss: 2.125000", 192, 2.125, None),
         ("epoch 0, global_step 0, micro_step 3, loss 2.125, lr 0", 0, 2.125, 0.0),
     ],
@@ -160,6 +159,10 @@ def test_what_the_new_forms_also_carry():
         "[Eval] [ 3/20] loss: 2.5",
         " 15%|###   | 3/20 [00:01<00:02, loss=2.5]",
         "samples 3/20 acc: 0.5",
+        # Keras's bar: the loss it shows is the epoch's running mean, not the step's
+        " 3/20 [======>.......] - ETA: 0s - loss: 2.1250 - lr: 1.0000e-02",
+        "20/20 [==============================] - 1s 5ms/step - loss: 2.1250",
+        " 1/20 [>.............................] - ETA: 9s - loss: 2.1250",
     ],
 )
 def test_counters_that_are_no_step(line):
@@ -210,6 +213,7 @@ UNREADABLE = {
     "a table without a loss": "step,acc\n0,0.5\n1,0.5\n",
     "validation rows only": "epoch,step,val_loss\n0,0,2.5\n0,1,2.5\n",
     "a progress bar": "".join(f" {i}/4 [==>..] 1s {i}%|## loss=0.5\n" for i in range(4)),
+    "a keras bar": "Epoch 1/1\n" + "".join(f" {i}/4 [==>..] - loss: 0.5\n" for i in range(4)),
 }
 
 

@@ -70,8 +70,9 @@ _COUNTERS = (  # `[ 1/20]`, `[0/60000 (0%)]`; else a bare `1/20` or `1 / 20`
 )
 _EPOCH_BEFORE = re.compile(r"epoch\W*$", re.IGNORECASE)  # `Epoch [2/10]` counts epochs
 _NOT_TRAINING = re.compile(  # never a training step: glog, warnings, evaluation, progress bars
-    # a skipped step is an event (`skipping update`), `skipped iterations: 0` a counter
-    r"^[IWEF]\d{4}\s+\d\d:\d\d|warning\b|\bwarn\b|error\b|\boverflow|\d%\||"
+    # a skipped step is an event (`skipping update`), `skipped iterations: 0` a counter; Keras's
+    # bar (`3/20 [===>....] - loss: 2.1`) shows the epoch's running mean, not the step's loss
+    r"^[IWEF]\d{4}\s+\d\d:\d\d|warning\b|\bwarn\b|error\b|\boverflow|\d%\||\[=+>?\.*\]|\[>\.+\]|"
     r"\bskip(?:s|ped|ping)?\b(?!\s*(?:iterations?|steps?|updates?|batch(?:es)?)?\s*[:=]?\s*\d)|"
     r"(?<![\w.])(?:eval\w*|val(?:id\w*)?|test(?:ing)?)(?![\w.])",
     re.IGNORECASE,
