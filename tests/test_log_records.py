@@ -149,6 +149,8 @@ def test_what_the_new_forms_also_carry():
     text = clean("11/22 10:00:00 - mmengine - INFO - step 3 loss: tensor(2.1250, device='cuda:0')")
     assert text.endswith("loss: 2.1250")
     assert clean("loss: tensor([2.1250], grad_fn=<MeanBackward0>)") == "loss: [2.1250]"
+    text = clean("{'loss': np.float32(2.125), 'grad_norm': tensor(1.5, device='cuda:0')}")
+    assert Records().read(text).loss.value == 2.125
 
 
 @pytest.mark.parametrize(
@@ -159,6 +161,7 @@ def test_what_the_new_forms_also_carry():
         "[Eval] [ 3/20] loss: 2.5",
         " 15%|###   | 3/20 [00:01<00:02, loss=2.5]",
         "samples 3/20 acc: 0.5",
+        "step loss: 0.5, acc: 3/4",  # a counter after the loss is another field's
         # Keras's bar: the loss it shows is the epoch's running mean, not the step's
         " 3/20 [======>.......] - ETA: 0s - loss: 2.1250 - lr: 1.0000e-02",
         "20/20 [==============================] - 1s 5ms/step - loss: 2.1250",

@@ -93,8 +93,8 @@ _TENSOR = re.compile(  # Paddle's Tensor header; its data follows on the next li
 _NAMED = re.compile(r"^(?P<label>[A-Za-z_][\w.]*)\s*[:=]?\s*(?P<rest>\[.*)$")  # `fc1.w [[..`
 _PARAMETER = "Parameter containing:"  # str() of a Paddle parameter: this line, then the Tensor
 _REPR = re.compile(r"\barray\(|,?\s*dtype=[\w.]+\)")  # numpy's repr: array([...], dtype=float32)
-_TORCH = re.compile(  # torch's repr: tensor(1.79, device='cuda:0', grad_fn=<NllLossBackward0>)
-    r"\btensor\(\s*(?P<data>\[?\s*[-+\w.]+\s*\]?)\s*(?:,[^()]*)?\)"
+_WRAPPED = re.compile(  # torch's tensor(1.79, device='cuda:0', ..), numpy 2's np.float32(1.79)
+    r"\b(?:tensor|np\.(?:float|int|uint)\d*)\(\s*(?P<data>\[?\s*[-+\w.]+\s*\]?)\s*(?:,[^()]*)?\)"
 )
 _TOKEN = re.compile(r"\[|\]|\.\.\.|[^\s,\[\]]+")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\ufeff")  # colour codes; a byte-order mark
@@ -131,10 +131,10 @@ def number(token: str) -> Printed | None:
 
 def clean(line: str) -> str:
     """A line without terminal colour codes, a launcher's or logger's prefix, numpy's
-    `array(..., dtype=...)` and torch's `tensor(..., device=...)` wrappers and surrounding
-    white space."""
+    `array(..., dtype=...)`, numpy 2's `np.float32(...)` and torch's `tensor(..., device=...)`
+    wrappers and surrounding white space."""
     text = _REPR.sub("", _PREFIX.sub("", _ANSI.sub("", line)))
-    return (_TORCH.sub(r"\g<data>", text) if "tensor(" in text else text).strip()
+    return (_WRAPPED.sub(r"\g<data>", text) if "(" in text else text).strip()
 
 
 def rank_tag(line: str) -> str | None:
@@ -236,18 +236,12 @@ def step_line(text: str) -> StepLine | None:
 
 def _keyed_step_line(text: str) -> StepLine | None:
     """`epoch 0, step: 3, loss: 2.29, lr: 0.001`: the step keys (a `global` one first) and the
-    first training loss, in any order among other fields; where no step key, a counter
-    (`Iter(train) [ 3/20]`, `[0/60000 (0%)]`, `3/20 [====>...]`) is the step. None if the line
+    first training loss, in any order among other fields; where no step key, a counter before
+    the loss (`Iter(train) [ 3/20]`, `[0/60000 (0%)]`, `3 / 20`) is the step. None if the line
     holds no such pair, or is a framework, warning, evaluation or progress-bar line."""
     if _NOT_TRAINING.search(text):
         return None
     keyed = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
-    indices = [int(m["index"]) for m in keyed]
-    if not indices:
-        counter = _counter(text)
-        if counter is None:
-            return None
-        indices = [counter]
     named = None  # `lm loss`: taken where no field is plainly `loss`
     for found in _KEYED_LOSS.finditer(text):
         loss = one_number(found["loss"])
@@ -256,10 +250,19 @@ def _keyed_step_line(text: str) -> StepLine | None:
         before = text[: found.start()].split()
         word = before[-1] if before and re.fullmatch(r"[A-Za-z]+", before[-1]) else None
         if word is None:
-            return _step_line(text, indices, not keyed, found, loss)
+            named = found, loss
+            break
         if named is None and word.lower() not in OTHER_LOSSES:
             named = found, loss  # not `aux loss`, `running loss`, `val loss`
-    return None if named is None else _step_line(text, indices, not keyed, *named)
+    if named is None:
+        return None
+    indices = [int(m["index"]) for m in keyed]
+    if not indices:
+        counter = _counter(text[: named[0].start()])
+        if counter is None:
+            return None
+        indices = [counter]
+    return _step_line(text, indices, not keyed, *named)
 
 
 def _counter(text: str) -> int | None:
