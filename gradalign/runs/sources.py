@@ -16,13 +16,14 @@ from .reader import read_run_dir
 _NOT_A_RUN = (
     "neither a gradalign run directory nor a recognised training log: no step line in its "
     "first MiB holds a step number and a loss as the reader knows them ('0   0.2957', "
-    "'step 3, loss: 0.2957', 'Step[3/48] loss: [0.2957]'); JSON lines, CSV tables and "
-    "progress bars are not read (write the run format instead, docs/FORMAT.md)"
+    "'step 3, loss: 0.2957', 'Step[3/48] loss: [0.2957]', a JSON or dict line or a table row "
+    "with a loss field); progress bars are not read (write the run format instead, "
+    "docs/FORMAT.md)"
 )
 
 
 def open_run(path: Path, accum_steps: int | None, role: str) -> Run:
-    """A Run from a run directory (K from its manifest) or a PaddlePaddle-style log (K given)."""
+    """A Run from a run directory (K from its manifest) or a training log (K given)."""
     if path.is_dir():
         run = read_run_dir(path)
         if accum_steps is not None and accum_steps != run.accum_steps:

@@ -1,9 +1,12 @@
-"""Training logs as runs: a log is another source of a run (PaddlePaddle-style prints).
+"""Training logs as runs: a log is another source of a run (PaddlePaddle-style prints, and
+other frameworks' keyed lines, JSON/dict records and tables).
 
-`grammar` (what a step line, a printed array and a printed window mean look like), `parse` (one
-pass over a log; framework lines anywhere are noise), `build` (a parsed log as a `Run`, each
-printed number with its own print resolution), `cards` (several card logs of one data-parallel
-run combined into one `Run`). Numpy-only.
+`grammar` (what a step line, a printed array and a printed window mean look like), `names` (which
+field is the step, the loss, the lr), `records` (a JSON object or Python dict per line, tables
+with a header), `arrays` (a printed array read over its lines), `parse` (one pass over a log;
+framework lines anywhere are noise), `build` (a parsed log as a `Run`, each printed number with
+its own print resolution), `cards` (several card logs of one data-parallel run combined into one
+`Run`). Numpy-only.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def read_card_logs(paths: list[str | Path], accum_steps: int, card_loss: str = "
 
 def looks_like_log(path: str | Path) -> bool:
     """Cheap sniff: a regular text file with a step line ('0   [0.29]', '0   0.29', 'step 0,
-    loss 0.29') among its first MiB; framework lines before it do not matter."""
+    loss 0.29') or a step record (a JSON/dict line or a table row holding a loss) among its
+    first MiB; framework lines before it do not matter."""
     path = Path(path)
     try:
         if not path.is_file():

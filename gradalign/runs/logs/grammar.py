@@ -3,9 +3,12 @@
     0   [0.29568613]                  a step line: its index and its loss, with or without
     0   2.3205233                     brackets (Paddle 3 prints a 0-d loss bare); `step 0 loss
                                       0.29` and `iter 0: 0.29` read alike
-    epoch 0, step: 0, loss: 2.29, lr  a keyed step line: a step key (`step`, `iter`, `batch_id`,
-                                      `global step`; `Step[0/48]`) and a `loss` key anywhere in
-                                      the line, other fields ignored
+    epoch 0, step: 0, loss: 2.29, lr  a keyed step line: step keys (`step`, `iter`, `batch_id`,
+                                      `global step`, `micro_step`, `num_updates=`; `Step[0/48]`;
+                                      of two, the one that counts) and a `loss` key anywhere in
+                                      the line (`names` says which), other fields ignored
+    Iter(train) [ 3/20] ... loss: 2.3 where no step key, a counter before the loss is the step
+                                      (`[0/60000 (0%)]`, `3 / 20`; one striding by samples too)
     ------------>[[ 0.00325679 ...    an arrow line: a printed array (1-D or 2-D, numpy style,
      [ 0.01504303 ... -0.02287037        possibly truncated with `...`, fixed or scientific
       ...                                notation, commas allowed); `name -->[...]` names it
@@ -15,9 +18,11 @@
 A line may carry a prefix a launcher or logger put there (`[rank0]: `, `[1,0]<stdout>:`,
 timestamps, `[INFO]`, `LAUNCH INFO`, `train.py:42 -`): it is dropped. A Paddle dygraph Tensor
 (`Tensor(shape=[..], dtype=.., place=.., stop_gradient=..,` then its data and `)`) reads as its
-data, in the place the Tensor was printed. Everything else (framework messages, warnings,
-progress bars, evaluation lines) is noise. Each number keeps how it was printed (digits,
-exponent), so the reader can judge it at its own printed precision. This module is numpy-only.
+data, in the place the Tensor was printed; torch's `tensor(2.3, device=..)` and numpy 2's
+`np.float32(2.3)` as `2.3`. Everything else (framework messages, warnings, progress bars, Keras's
+running-mean bar, evaluation lines) is noise. Each number keeps how it was printed (digits,
+exponent), so the reader can judge it at its own printed precision. Structured records (JSON,
+dicts, tables) are `records`'. This module is numpy-free.
 """
 
 from __future__ import annotations

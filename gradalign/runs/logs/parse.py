@@ -1,5 +1,7 @@
-"""One pass over a training log: step lines, printed arrays after each step, printed window
-means, and the noise around them (counted, never fatal). Numpy-only."""
+"""One pass over a training log: step lines (or step records), printed arrays after each step,
+printed window means, and the noise around them (counted, never fatal). Steps count from 0 or 1
+without gaps; a record without a step is the next; a counter striding by samples counts strides;
+of several step keys the one that counts is read. Numpy-only."""
 
 from __future__ import annotations
 
