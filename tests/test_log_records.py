@@ -116,8 +116,12 @@ def test_table_rows_without_the_loss_and_the_end_of_a_table():
     records.read("epoch,step,train_loss,val_loss")
     assert records.read("0,19,,2.5") is NOT_A_STEP  # an empty cell is no value
     assert records.read("0,3,2.5,").loss.value == 2.5
-    assert records.read("some other line") is None  # the table ended
+    assert records.read("0,4,2.5,2.5,too many cells") is None  # the table ended
     assert records.read("0,4,2.5,") is None
+    records = Records()
+    records.read("epoch,phase,step,loss")
+    assert records.read("0,train,3,2.5").loss.value == 2.5  # text in a delimited row
+    assert records.read("0,val,4,") is NOT_A_STEP
     # white space: the header needs a step and a loss; rows as many numbers
     assert Records().read("loss scale") is None
     assert Records().read("step loss acc") is NOT_A_STEP

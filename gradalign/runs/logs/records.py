@@ -7,7 +7,8 @@ with a header row (CSV, TSV, or columns apart by white space). Numpy-free.
                                                       transformers Trainer prints), read with
                                                       `ast.literal_eval`, never evaluated
     epoch,lr-SGD,step,train_loss  then  0,0.1,3,2.29  a table: a header row, then rows of as many
-    step  lr  loss                then  3  0.1  2.29  cells (numbers; an empty cell is no value)
+    step  lr  loss                then  3  0.1  2.29  cells (an empty cell is no value; apart by
+                                                      white space, numbers only)
 
 Field names are read by the rules of `names` (the keyed lines' rules): the step, the loss (the
 field plainly named `loss`, else a named training loss; the first record that holds one, or the
@@ -115,8 +116,9 @@ class Records:
                 return self._record(fields)
         if self.header is not None:
             cells = _cells(text, self.delimiter)
-            if len(cells) == len(self.header) and all(
-                (c == "" and self.delimiter) or _printed(c) is not None for c in cells
+            # a delimited row may hold text (`phase`: `train`); one apart by white space, numbers
+            if len(cells) == len(self.header) and (
+                self.delimiter or all(_printed(c) is not None for c in cells)
             ):
                 row = zip(self.header, cells, strict=True)
                 return self._record({name: cell for name, cell in row if cell != ""})
