@@ -80,6 +80,19 @@ def test_the_first_record_with_a_loss_chooses_the_field():
     assert Records().read("{'loss': 9.0, 'train_loss': 2.5}").loss.value == 9.0
 
 
+def test_nan_and_a_record_that_cannot_be_read(tmp_path):
+    records = Records()
+    step = records.read("{'loss': 2.5, 'grad_norm': nan, 'x': [inf, -inf], 'lr': 0.1}")
+    assert (step.loss.value, step.lr.value) == (2.5, 0.1)
+    assert records.read("{'loss': nan, 'grad_norm': 1.5}").loss.value != 2.5  # nan
+    with pytest.raises(BadInput, match="cannot read this record"):
+        records.read("{'loss': 2.5, 'grad_norm': Decimal('1.5')}")
+    assert records.read("{'eval_loss': 2.5, 'x': Decimal('1.5')}") is None  # not the log's
+    text = "{'loss': 0.5}\n{'loss': 0.25, 'f': foo(1)}\n"
+    with pytest.raises(BadInput, match=r"train\.log:2: cannot read this record"):
+        read_log(write(tmp_path, text))
+
+
 def test_no_record_is_evaluated():
     records = Records()
     for text in (
@@ -87,6 +100,7 @@ def test_no_record_is_evaluated():
         "{'loss': 1.5, 'f': (lambda: 1)()}",
         "{'loss': 1.5, " + "'x': 1, " * MAX_RECORD + "}",  # too long: not parsed at all
         "{" * 10000 + "}" * 10000,
+        '{"a": ' + "[" * 100000 + "]" * 100000 + "}",
         "{1, 2}",
         "config: {'loss': 'cross_entropy', 'step': 3}",
     ):

@@ -25,6 +25,7 @@ import csv
 import json
 import re
 
+from ...errors import BadInput
 from .grammar import Printed, StepLine, number
 from .names import is_lr_field, is_step_field, loss_rank
 
@@ -32,6 +33,7 @@ MAX_RECORD = 1 << 16  # a longer line is no record: literal_eval's cost grows wi
 _NAME = re.compile(r"[A-Za-z_][\w .()/\-]*")
 _INTEGER = re.compile(r"[-+]?\d+")
 _TENSORBOARD = ("wall time", "step", "value")
+_SPECIAL = re.compile(r"(?<![\w'\"])(-?(?:nan|inf))(?![\w'\"])")  # `'grad_norm': nan,`
 
 
 class NotAStep:
@@ -72,14 +74,14 @@ def _integer(value: object) -> int | None:
 
 
 def _mapping(text: str) -> dict | None:
-    """A JSON object or a Python dict literal, or None."""
+    """A JSON object or a Python dict literal (`nan` and `inf` as Python prints them), or None."""
     if len(text) > MAX_RECORD:
         return None
     try:
         found = json.loads(text, parse_float=str, parse_int=str)
-    except ValueError:
+    except (ValueError, RecursionError):
         try:
-            found = ast.literal_eval(text)
+            found = ast.literal_eval(_SPECIAL.sub(r"'\1'", text))
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None
     return found if isinstance(found, dict) else None
@@ -114,6 +116,12 @@ class Records:
             if fields is not None:
                 self.header = None
                 return self._record(fields)
+            if self.loss_key is not None and re.search(
+                rf"['\"]{re.escape(self.loss_key)}['\"]\s*:", text
+            ):
+                # a record of this log's steps that cannot be read: skipped, it would shift
+                # every later record without a step field
+                raise BadInput(f"cannot read this record: {text[:60]!r}")
         if self.header is not None:
             cells = _cells(text, self.delimiter)
             # a delimited row may hold text (`phase`: `train`); one apart by white space, numbers
