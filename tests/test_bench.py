@@ -21,9 +21,14 @@ def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
 def test_recording_benchmark_runs_and_reports_a_ratio_a_floor_and_cpu(tmp_path):
     out = tmp_path / "bench.json"
     args = ["--updates", "1", "--batch-size", "8", "--accum-steps", "2", "--reps", "1"]
-    done = _bench("recording_overhead.py", *args, "--floor", "--json", str(out))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    done = _bench(
+        "recording_overhead.py", *args, "--floor", "--json", str(out), "--dir", str(scratch)
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
+    assert data["info"]["scratch_dir"] == str(scratch) and not any(scratch.iterdir())
     assert isinstance(data["target_met"], bool)
     both = data["summary"]["both"]
     assert both["ratio"] > 0 and both["floor_ratio"] > 0
