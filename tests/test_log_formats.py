@@ -180,6 +180,15 @@ def _global_and_micro(rows):  # the update's step repeated beside the micro-step
     ]
 
 
+def _update_step_each_micro(rows):  # a loop printing its optimizer-step count per micro-batch
+    return [f"step {r['i'] * N // len(rows)}, loss: {_fmt(r, '.6f')}" for r in rows]
+
+
+def _lightning_accumulated(rows):  # metrics.csv under accumulate_grad_batches: step repeats
+    lines = [f"{r['ep']},{r['lr']!r},{r['i'] * N // len(rows)},{r['loss']!r}," for r in rows]
+    return ["epoch,lr-SGD,step,train_loss,val_loss", *lines]
+
+
 # name -> (lines from rows, epochs, what the merged log prints: each micro-step or each update,
 # whether it prints the lr)
 FORMATS = {
@@ -201,6 +210,8 @@ FORMATS = {
     "pytorch example": (_pytorch_example, 2, "micro", False),
     "torch tensor": (_torch_tensor, 1, "micro", False),
     "global step beside micro step": (_global_and_micro, 1, "micro", True),
+    "update's step at each micro-step": (_update_step_each_micro, 1, "micro", False),
+    "lightning metrics.csv, accumulated": (_lightning_accumulated, 1, "micro", True),
 }
 
 
@@ -254,3 +265,18 @@ def test_a_format_is_judged(cli, tmp_path, runs, fmt):
     assert code == 1
     if prints_lr:
         assert errors[:1] == ["lr-schedule"], errors
+
+
+def test_a_step_printed_at_each_micro_step_needs_its_k(cli, tmp_path, runs):
+    """Each update's step on K lines is read as its K micro-steps, with -k K alone; steps
+    printed on uneven numbers of lines are refused."""
+    fmt = "update's step at each micro-step"
+    base = _write(tmp_path, "base", fmt, runs["base"], False)
+    merged = _write(tmp_path, "clean", fmt, runs["clean"], False)
+    result = cli("compare", base, merged, "-k", "2")
+    assert result.code == 2 and "printed on 4 lines" in result.err and "-k 4" in result.err
+    lines = merged.read_text().splitlines()
+    uneven = tmp_path / "uneven.log"
+    uneven.write_text("\n".join(lines[:5] + lines[6:]) + "\n", encoding="utf-8")
+    result = cli("compare", base, uneven, "-k", "4")
+    assert result.code == 2 and "uneven.log:8:" in result.err and "repeat unevenly" in result.err

@@ -60,6 +60,13 @@ def fingerprint(values: np.ndarray) -> int:
 def build_run(log: ParsedLog, accum_steps: int) -> Run:
     """The Run a log describes, with `accum_steps` micro-steps per update."""
     path, k, micro = log.path, accum_steps, len(log.losses)
+    times = log.printed_times or 1
+    if times > 1 and times != k:
+        raise BadInput(
+            f"{path}: each step is printed on {times} lines: one per micro-step of its update "
+            f"(read it with -k {times}, not -k {k}), or {times} processes printing into one log "
+            "(give one log per card)"
+        )
     if micro % k:
         raise BadInput(
             f"{path}: {micro} micro-steps cannot be split into windows of accum_steps={k}"

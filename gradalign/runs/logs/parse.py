@@ -56,6 +56,9 @@ class ParsedLog:
     epoch: int | None = None  # the epoch the last step line named, if it named one
     header_epoch: int | None = None  # the epoch the last line of its own announced (`Epoch 2/10`)
     epoch_start: int = 0  # steps before the current epoch, when its step count restarted
+    steps: int = 0  # distinct steps read (a step printed at each of its micro-steps counts once)
+    repeats: int = 0  # lines the last step was printed on
+    printed_times: int | None = None  # lines each step before it was printed on
     rank: str | None = None  # the process a launcher tagged the step lines with
     stride: int = 1  # what a counter advances by a step (`[64/60000]`: samples)
     notes: list[str] = field(default_factory=list)  # how the log was read, where it says
@@ -125,6 +128,8 @@ class _Pass:
             if text:
                 self._line(index, text)
         self.log.notes += self.records.notes
+        if self.log.steps > 1:
+            self._printed_times(len(self.lines) - 1)
         return self.log
 
     def _line(self, index: int, text: str) -> None:
@@ -172,9 +177,13 @@ class _Pass:
                 f"{rank or 'untagged'} are interleaved; give one log per card (each process's "
                 "lines alone)"
             )
-        expected = log.first_index + len(log.losses) - log.epoch_start
+        expected = log.first_index + log.steps - log.epoch_start
         value = self._index(index, step, expected)
         epoch = step.epoch if step.epoch is not None else log.header_epoch
+        if log.steps and value == expected - 1 and epoch == log.epoch:
+            log.repeats += 1  # printed again: another micro-step of the same update
+            self._append(index, step)
+            return
         if value == log.first_index != expected and _next_epoch(log.epoch, epoch):
             log.epoch_start, expected = len(log.losses), value  # the count restarts each epoch
         if value != expected:
@@ -187,12 +196,31 @@ class _Pass:
             raise BadInput(
                 f"{self.where(index)}: expected step {expected}, found step {value}{again}"
             )
-        log.epoch = epoch
+        if log.steps:
+            self._printed_times(index)
+        log.epoch, log.steps, log.repeats = epoch, log.steps + 1, 1
+        self._append(index, step)
+
+    def _append(self, index: int, step: StepLine) -> None:
+        log = self.log
         log.losses.append(step.loss)
         log.bracketed.append(step.bracketed)
         log.lrs.append(step.lr)
         log.step_lines.append(index + 1)
         log.blocks.append([])
+
+    def _printed_times(self, index: int) -> None:
+        """Every step is printed on as many lines: once, or once per micro-step (a loop that
+        prints its optimizer-step count at each micro-batch, as Lightning's metrics.csv does)."""
+        log = self.log
+        if log.printed_times is None:
+            log.printed_times = log.repeats
+        elif log.repeats != log.printed_times:
+            raise BadInput(
+                f"{self.where(index)}: the step before this line is printed on {log.repeats} "
+                f"lines, each step before it on {log.printed_times}: the steps repeat unevenly "
+                "(two processes printing into one log, or an evaluation loop)"
+            )
 
     def _array(self, index: int, label: str, first: str, committed: bool) -> None:
         """Read the array starting at line `index`. A committed one (after an arrow) must
