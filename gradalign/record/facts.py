@@ -163,8 +163,3 @@ def micro_mean(
         raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
     total = device_scalar(loss_sum, "micro(loss_sum=...)")
     return total / float(items) if float(items) else device_scalar(0.0)
-
-
-def numpy_dtype(tensor: torch.Tensor) -> np.dtype:
-    """The numpy dtype a parameter's gradient is stored in (bfloat16 widens to float32)."""
-    return np.dtype(np.float32) if tensor.dtype == torch.bfloat16 else to_numpy(tensor[:0]).dtype
