@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -69,13 +69,21 @@ def check_compatible(
         if set(init_b) != set(init_m):
             odd = sorted(set(init_b) ^ set(init_m))[0]
             raise BadInput(f"the initial weights of the {what} hold other tensors (first: {odd})")
+        declared = {t.name: t.dtype for t in base.tensors}
         for name in init_b:
             if not np.array_equal(init_b[name], init_m[name]):
                 delta = float(np.abs(init_b[name] - init_m[name].astype(np.float64)).max())
+                low = declared.get(name, "")
+                cause = (
+                    f": the baseline's are the {other_name}'s rounded to {low}; make the "
+                    f"{other_name} from the {low} model's weights (cast after rounding, as "
+                    f"model.to(torch.{low}).double())"
+                    if _rounded(init_m[name], low, init_b[name])
+                    else f": the {what} did not start from the same model; use the same seed "
+                    "and initialisation"
+                )
                 raise BadInput(
-                    f"initial weights differ (first in {name}, max abs diff {delta:.3g}): the "
-                    f"{what} did not start from the same model; use the same seed and "
-                    "initialisation"
+                    f"initial weights differ (first in {name}, max abs diff {delta:.3g}){cause}"
                 )
     return init_b
 
@@ -92,6 +100,18 @@ def check_same_precision(base: Run, merged: Run) -> None:
         f"{merged.compute_dtype}: record both with the same precision (the same autocast or "
         "mixed-precision policy), or the merged run's rounding is taken for an accumulation bug"
     )
+
+
+def _rounded(values: np.ndarray, dtype: str, rounded: np.ndarray) -> bool:
+    """Whether `rounded` is `values` rounded to the 16-bit `dtype` (a float16 or bfloat16 model
+    whose more precise rerun was cast from the weights before they were rounded)."""
+    if dtype not in ("float16", "bfloat16") or values.shape != rounded.shape:
+        return False
+    if dtype == "float16":
+        return np.array_equal(values.astype(np.float16), rounded.astype(np.float16))
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+    return np.array_equal(bits.astype(np.uint32).view(np.float32), rounded.astype(np.float32))
 
 
 def _same_fingerprints(base: Run, other: Run, what: str) -> None:
@@ -118,6 +138,13 @@ class ReferenceBound:
     atol: float
     epsilon: float
     hint: str = ""  # a likely cause, said with the refusal
+    # tensors stored less precisely than the run's dtype (a bfloat16 layer beside float32
+    # ones): their values are rounded to their own dtype at every step
+    epsilons: dict[str, float] = field(default_factory=dict)
+
+    def rounding(self, name: str) -> float:
+        """The relative rounding of one of `name`'s values, in the baseline's storage."""
+        return max(self.epsilon, self.epsilons.get(name, 0.0))
 
 
 def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
@@ -150,10 +177,15 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
                 f"{where} saw other samples than the baseline (first at update "
                 f"{int(np.flatnonzero(~same)[0])})"
             )
-    compute = least_precise([base.compute_dtype, merged.compute_dtype])
+    # a parameter stored in a less precise dtype than the run's computes in it, and every
+    # gradient that flows through it carries its rounding: it counts as the compute dtype
+    stored = {t.name: t.dtype for t in base.tensors if t.dtype in PRECISION_ORDER}
+    params = [t.dtype for t in base.tensors if t.kind == "param" and t.name in stored]
+    compute = least_precise([base.compute_dtype, merged.compute_dtype, *params])
     tol = for_dtype(dtype)
     rtol = max(tol.weight_rtol, REFERENCE_SANITY_RTOL, REFERENCE_SANITY_EPS * eps(compute))
-    bound = ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _rerun_hint(base))
+    lower = {name: eps(d) for name, d in stored.items() if eps(d) > eps(dtype)}
+    bound = ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _rerun_hint(base), lower)
     check_first_gradients(base, ref, bound)
     return bound
 
@@ -219,7 +251,7 @@ def check_reference_weights(
             continue  # a diverged baseline fails on its own; it says nothing of the reference
         start = starts.get(name) if starts is not None else None
         d = diff(name, ref[name], value, rtol=bound.rtol, atol=bound.atol, start=start)
-        rounding = bound.epsilon * float(np.linalg.norm(ref[name].astype(np.float64)))
+        rounding = bound.rounding(name) * float(np.linalg.norm(ref[name].astype(np.float64)))
         walked = drift(name) if drift is not None else 0.0
         if not d.error <= d.allowed + rounding + walked:
             raise stray(bound, update, name, d.error)

@@ -136,7 +136,7 @@ class SketchJudge:
             far = estimate(kb.vector - kr.vector, False)
             moved = estimate(kr.vector - ks.vector, False).high if ks is not None else kr.norm
             allowed = bound.rtol * moved + bound.atol * math.sqrt(self.sizes[name])
-            if not far.low <= allowed + bound.epsilon * kr.norm:
+            if not far.low <= allowed + bound.rounding(name) * kr.norm:
                 raise stray(bound, i, name, far.value)
 
 

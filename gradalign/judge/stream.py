@@ -184,7 +184,7 @@ class StreamJudge:
                 d = widened(d, allowance, tol.noise_factor)
             out.weight = d
         if f.wr is not None and self.bound is not None and pair.finite_b:
-            out.strays = self._strays(pair, drift.strayed(name) if drift is not None else 0.0)
+            out.strays = self._strays(name, pair, drift.strayed(name) if drift is not None else 0.0)
         return out
 
     def _weights(self, name: str, f: _Files, widen: bool, rms: float, undo: bool = False) -> Pair:
@@ -216,7 +216,7 @@ class StreamJudge:
                 stream.finish()
         return pair
 
-    def _strays(self, pair: Pair, allowance: float) -> float | None:
+    def _strays(self, name: str, pair: Pair, allowance: float) -> float | None:
         """`check_reference_weights` from the sums: the error when the reference is refused."""
         bound = self.bound
         assert bound is not None
@@ -225,7 +225,7 @@ class StreamJudge:
             allowed = bound.rtol * math.sqrt(pair.rs) + bound.atol * math.sqrt(pair.n)
         else:
             error, allowed = math.inf, 0.0
-        rounding = bound.epsilon * math.sqrt(pair.rr)
+        rounding = bound.rounding(name) * math.sqrt(pair.rr)
         return None if error <= allowed + rounding + allowance else error
 
 

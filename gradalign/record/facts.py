@@ -132,6 +132,31 @@ def named_tensors(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, str, 
     return named
 
 
+# what the run format stores (runs/tensors.py); bfloat16 is widened to float32 exactly
+_STORABLE = {
+    *(torch.float64, torch.float32, torch.float16, torch.bfloat16),
+    *(torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool),
+}
+
+
+def refuse_unstorable(named: dict[str, tuple[torch.Tensor, str, tuple[int, ...]]]) -> None:
+    """A RecorderError, before anything is recorded, for a tensor the run format cannot hold
+    (complex, float8): its weights and gradients could be neither stored nor judged."""
+    for name, (tensor, kind, _) in named.items():
+        if tensor.dtype not in _STORABLE:
+            hint = (
+                "; keep it as a real parameter of shape (..., 2) and view it as complex in "
+                "forward (torch.view_as_complex)"
+                if tensor.is_complex()
+                else ""
+            )
+            raise RecorderError(
+                f"{'parameter' if kind == 'param' else 'buffer'} {name} is "
+                f"{dtype_name(tensor)}: a run holds real tensors only (float64, float32, "
+                f"float16, bfloat16, integers, bool){hint}"
+            )
+
+
 def device_scalar(value: torch.Tensor | float, what: str = "the value") -> torch.Tensor:
     """A number (a loss, a norm) as a float64 0-d tensor on its device: no host sync per step.
     Anything else (a batch passed where the loss goes) is a RecorderError naming `what`."""

@@ -43,6 +43,7 @@ from .facts import (
     micro_mean,
     model_facts,
     named_tensors,
+    refuse_unstorable,
     sample_count,
 )
 from .window import (
@@ -119,6 +120,7 @@ class Recorder:
         self._named = named_tensors(model)
         if not self._named:
             raise RecorderError("the model has no parameters to record")
+        refuse_unstorable(self._named)
         self._param_ids = {id(t) for t, kind, _ in self._named.values() if kind == "param"}
         first = next(iter(self._named.values()))[0]
         self._env = environment(first.device, first.dtype)

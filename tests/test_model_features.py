@@ -1,0 +1,97 @@
+"""Model features a user's loop may have, recorded through `Recorder`: parameters of mixed
+dtypes (a bfloat16 layer beside float32 ones), a whole model in float16, complex parameters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign import api
+from gradalign.errors import BadInput
+from gradalign.record.recorder import RecorderError
+
+BATCH, UPDATES = 32, 3
+
+
+class Mixed(nn.Module):
+    """A bfloat16 layer between float32 ones (the activations cast at its edges)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(12, 24)
+        self.b = nn.Linear(24, 24).to(torch.bfloat16)
+        self.c = nn.Linear(24, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return self.c(torch.tanh(self.b(h.to(self.b.weight.dtype)).to(h.dtype)))
+
+
+def mixed_loop(out, k, *, float64=False, bug=None, reference=None):
+    torch.manual_seed(0)
+    model = Mixed().double() if float64 else Mixed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    x = torch.randn(BATCH * UPDATES, 12, generator=torch.Generator().manual_seed(1))
+    y = x[:, :3].argmax(1)
+    x = x.double() if float64 else x
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+        for update in range(UPDATES):
+            for rows in torch.arange(update * BATCH, (update + 1) * BATCH).chunk(k):
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss if bug == "no-loss-scale" else loss / k).backward()
+                rec.micro(loss, batch=(x[rows], y[rows]))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+def test_a_bfloat16_layer_beside_float32_ones_is_judged_by_its_reference(tmp_path):
+    """The float64 rerun of a model with a bfloat16 layer is its reference: the layer's weights
+    are rounded to bfloat16 at every step, and its gradient rounding reaches every layer before
+    it, so the baseline strays from the rerun by bfloat16's rounding (it was refused as 'not a
+    rerun', judged by float32's)."""
+    mixed_loop(tmp_path / "r", 1, float64=True)
+    mixed_loop(tmp_path / "b", 1, reference="../r")
+    mixed_loop(tmp_path / "m", 4)
+    mixed_loop(tmp_path / "bug", 4, bug="no-loss-scale")
+    clean = api.compare(tmp_path / "b", tmp_path / "m")
+    assert clean.verdict == "pass", [d.code for d in clean.diagnosis]
+    buggy = api.compare(tmp_path / "b", tmp_path / "bug")
+    assert [d.code for d in buggy.diagnosis][:1] == ["loss-scale"]
+
+
+def low_loop(out, dtype, *, reference=None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3)).to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    x = torch.randn(BATCH, 12, generator=torch.Generator().manual_seed(1)).half().to(dtype)
+    with gradalign.Recorder(out, model, opt, reference=reference) as rec:
+        loss = nn.functional.cross_entropy(model(x).float(), x[:, :3].argmax(1))
+        loss.backward()
+        rec.micro(loss, batch=x)
+        opt.step()
+        rec.update()
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+def test_a_reference_cast_from_the_unrounded_weights_is_named(tmp_path, low):
+    """A 16-bit model's float64 rerun cast from the float32 weights before they were rounded
+    starts elsewhere; the refusal says so rather than blaming the seed."""
+    low_loop(tmp_path / "r", torch.float64)
+    low_loop(tmp_path / "b", low, reference="../r")
+    low_loop(tmp_path / "m", low)
+    name = str(low).removeprefix("torch.")
+    with pytest.raises(BadInput, match=f"the baseline's are the reference's rounded to {name}"):
+        api.compare(tmp_path / "b", tmp_path / "m")
+
+
+def test_complex_parameters_are_refused_in_one_line(tmp_path):
+    """The run format holds real tensors: a complex parameter is refused when the Recorder is
+    created (it crashed in the background writer once training had started), nothing written."""
+    model = nn.Sequential(nn.Linear(4, 3, dtype=torch.cfloat), nn.Linear(3, 2))
+    opt = torch.optim.Adam(model.parameters())
+    with pytest.raises(RecorderError, match=r"0\.weight is complex64: a run holds real tensors"):
+        gradalign.Recorder(tmp_path / "run", model, opt)
+    assert not any(tmp_path.iterdir())
