@@ -27,7 +27,14 @@ from .diagnose import diagnose
 from .distributed import listed, rank_check, rank_facts, rank_problems
 from .inputs import Inputs
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
-from .noise import Drift, excuse_isolated_jumps, pool_noise, stored_bits, widened
+from .noise import (
+    Drift,
+    carry_rounding,
+    excuse_isolated_jumps,
+    pool_noise,
+    stored_bits,
+    widened,
+)
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .sketched import SketchJudge, sketch_note
@@ -123,6 +130,7 @@ def _judge(
     jumps = []
     if reference is not None:
         pool_noise(results, tol.noise_factor)
+        carry_rounding(results)
         jumps = excuse_isolated_jumps(results, merged, reference)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
     if ranks is not None:

@@ -120,7 +120,8 @@ class Pair:
             return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=math.nan)
         noise, error = math.sqrt(self.br), math.sqrt(self.mr)
         allowed = noise_allowed(factor, noise, floor, math.sqrt(self.rr))
-        return dataclasses.replace(d, error=error, allowed=allowed, noise=noise)
+        rounding = floor * math.sqrt(self.rr)
+        return dataclasses.replace(d, error=error, allowed=allowed, noise=noise, rounding=rounding)
 
 
 def widen64(x: np.ndarray) -> np.ndarray:

@@ -25,6 +25,7 @@ class TensorDiff:
     drift: float | None = None  # what noise-dominated elements may add (judge/noise.py)
     excused: str | None = None  # a failure judged honest noise (an isolated gradient jump)
     sketched: bool = False  # error and noise estimated from sketches (judge/sketched.py)
+    rounding: float | None = None  # floor·||ref||: the part of `allowed` that is one rounding
 
     @property
     def ok(self) -> bool:
@@ -129,8 +130,9 @@ def calibrate(
         return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=math.nan)
     noise = float(np.linalg.norm(b - r))
     error = float(np.linalg.norm(m - r))
+    rounding = floor * float(np.linalg.norm(r))
     allowed = noise_allowed(factor, noise, floor, float(np.linalg.norm(r)))
-    return dataclasses.replace(d, error=error, allowed=allowed, noise=noise)
+    return dataclasses.replace(d, error=error, allowed=allowed, noise=noise, rounding=rounding)
 
 
 def fit_ratio(base: list[np.ndarray], merged: list[np.ndarray]) -> tuple[float, float]:
