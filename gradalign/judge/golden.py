@@ -159,17 +159,18 @@ class _SummaryJudge:
         center = kept["reference"] if self.calibrated and "reference" in kept else kept
         finite = bool(np.isfinite(value).all())
         error = lower_bound(mine, center) if finite else math.inf
+        rounding = None
         if self.calibrated and "noise" in kept:
             allowed = noise_allowed(
                 self.tol.noise_factor, kept["noise"], self.floor, center["norm"]
             )
+            rounding = self.floor * center["norm"]
         else:
             scale = kept.get("moved", kept["norm"])
             allowed = fixed_allowed(rtol, scale, self.tol.weight_atol, self.sizes[name])
         nan = math.nan
-        diff = TensorDiff(
-            name, nan, nan, nan, nan, error, allowed, kept.get("moved"), kept.get("noise")
-        )
+        moved, noise = kept.get("moved"), kept.get("noise")
+        diff = TensorDiff(name, nan, nan, nan, nan, error, allowed, moved, noise, rounding=rounding)
         return diff, mine
 
 

@@ -124,7 +124,9 @@ class SketchJudge:
         error = estimate(km.vector - kr.vector, False)
         noise = estimate(kb.vector - kr.vector, False)
         allowed = tol.noise_factor * noise.high + self.floor * kr.norm + (error.value - error.low)
-        return dataclasses.replace(d, error=error.value, allowed=allowed, noise=noise.value)
+        return dataclasses.replace(
+            d, error=error.value, allowed=allowed, noise=noise.value, rounding=self.floor * kr.norm
+        )
 
     def _check_sketched_reference(self, i: int, wb: dict, wr: dict) -> None:
         bound = self.bound
