@@ -62,6 +62,19 @@ def test_a_bfloat16_layer_beside_float32_ones_is_judged_by_its_reference(tmp_pat
     assert [d.code for d in buggy.diagnosis][:1] == ["loss-scale"]
 
 
+def test_a_bfloat16_layer_beside_float32_ones_gets_bfloat16_tolerances(tmp_path):
+    """Without a reference, a run with a bfloat16 layer computes in bfloat16 (its layer, and
+    every gradient through it): it is judged by bfloat16's fixed tolerances, not float32's
+    (it failed at 248x float32's weight tolerance, 'unexplained')."""
+    mixed_loop(tmp_path / "b", 1)
+    mixed_loop(tmp_path / "m", 4)
+    mixed_loop(tmp_path / "bug", 4, bug="no-loss-scale")
+    clean = api.compare(tmp_path / "b", tmp_path / "m")
+    assert (clean.verdict, clean.dtype) == ("pass", "bfloat16"), [d.code for d in clean.diagnosis]
+    buggy = api.compare(tmp_path / "b", tmp_path / "bug")
+    assert [d.code for d in buggy.diagnosis][:1] == ["loss-scale"]
+
+
 def low_loop(out, dtype, *, reference=None):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3)).to(dtype)

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 Tensors = dict[str, np.ndarray]
 
 
+# float dtypes, most precise first (judge/tolerances.py's PRECISION_ORDER)
+_PRECISION = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """Name, shape and dtype of one recorded tensor (a parameter or a floating buffer)."""
@@ -138,8 +142,12 @@ class Run:
 
     @property
     def compute_dtype(self) -> str:
-        """The precision the run computed in (autocast), else its parameter dtype."""
-        return self.environment.get("compute_dtype") or self.dtype
+        """The precision the run computed in (autocast), else its parameter dtype; a parameter
+        of a less precise dtype (a bfloat16 layer beside float32 ones) computes its layer in
+        it, and every gradient that flows through that layer carries its rounding."""
+        declared = self.environment.get("compute_dtype") or self.dtype
+        params = [t.dtype for t in self.tensors if t.kind == "param" and t.dtype in _PRECISION]
+        return max([declared, *params], key=lambda d: _PRECISION.get(d, -1))
 
     @property
     def sizes(self) -> np.ndarray:
