@@ -124,7 +124,9 @@ class TwoHeads(nn.Module):
         return {"logits": self.cls(h), "value": self.reg(h).squeeze(-1)}
 
 
-def heads_loop(out, k, seed, *, float64=False, reference=None):
+def heads_loop(out, k, seed, *, float64=False, reference=None, bug=None):
+    """`bug`: "mean-head-not-over-k" (the classification head's mean over the micro-batch, not
+    divided by K) or "sum-head-over-k" (the regression head's sum divided by K too)."""
     torch.manual_seed(seed)
     model = TwoHeads().double() if float64 else TwoHeads()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -136,10 +138,14 @@ def heads_loop(out, k, seed, *, float64=False, reference=None):
         for update in range(6):
             for rows in torch.arange(update * 32, (update + 1) * 32).chunk(k):
                 out_ = model(x[rows])
-                loss = nn.functional.cross_entropy(
-                    out_["logits"], y[rows], reduction="sum"
-                ) + 0.5 * nn.functional.mse_loss(out_["value"], x[rows, 0], reduction="sum")
-                (loss / 32).backward()
+                mean = nn.functional.cross_entropy(out_["logits"], y[rows])  # over the micro-batch
+                total = 0.5 * nn.functional.mse_loss(out_["value"], x[rows, 0], reduction="sum")
+                loss = mean * len(rows) + total
+                share = {
+                    "mean-head-not-over-k": mean * len(rows) / 32 * k + total / 32,
+                    "sum-head-over-k": mean * len(rows) / 32 + total / 32 / k,
+                }.get(bug or "", loss / 32)
+                share.backward()
                 rec.micro(loss_sum=loss.detach().float(), items=len(rows), batch=(x[rows], y[rows]))
             opt.step()
             rec.update()
@@ -170,3 +176,23 @@ def test_the_rounding_allowance_is_the_largest_so_far():
     carry_rounding(results)
     assert [r.weights[0].allowed for r in results] == [1.5, 3.0, 3.0, 4.0]
     assert [r.grads[0].allowed for r in results] == [1.5, 3.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    ("bug", "ratio", "tensors"),
+    [
+        ("mean-head-not-over-k", 4, ["cls.weight", "cls.bias"]),
+        ("sum-head-over-k", 0.25, ["reg.weight", "reg.bias"]),
+    ],
+)
+def test_one_loss_term_scaled_alone_is_named_loss_scale(tmp_path, bug, ratio, tensors):
+    """A loss that sums a mean-reduced head and a sum-reduced head, one of them scaled wrong:
+    the tensors only that head reaches are K (or 1/K) times the baseline's, the shared trunk a
+    mixture, the whole gradient no multiple (it was 'unexplained')."""
+    heads_loop(tmp_path / "r", 1, 0, float64=True)
+    heads_loop(tmp_path / "b", 1, 0, reference="../r")
+    heads_loop(tmp_path / "m", 4, 0, bug=bug)
+    buggy = api.compare(tmp_path / "b", tmp_path / "m")
+    first = buggy.diagnosis[0]
+    assert (first.code, first.evidence["expected_ratio"]) == ("loss-scale", ratio)
+    assert first.evidence["scaled_tensors"] == tensors

@@ -41,6 +41,7 @@ GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.clip_threshold,
     sig.loss_scale,
     sig.token_normalization,
+    sig.loss_term_scale,  # one term of the loss scaled alone: its own tensors' ratios
     sig.clip_per_micro,  # the uncounted forms, on weaker evidence
     sig.zero_grad_in_window,
 ]

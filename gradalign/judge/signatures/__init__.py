@@ -29,6 +29,7 @@ from .decisive import (
 from .gradient import (
     grad_accum_dtype,
     loss_scale,
+    loss_term_scale,
     token_normalization,
     zero_grad_counted,
     zero_grad_in_window,
@@ -52,6 +53,7 @@ __all__ = [
     "grad_not_cleared",
     "loss_averaging",
     "loss_scale",
+    "loss_term_scale",
     "lr_scaled",
     "lr_schedule",
     "micro_batch_missing",

@@ -8,9 +8,11 @@ import numpy as np
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import pre_clip_ratio
 from .common import (
+    COSINE_SAME_DIRECTION,
     RATIO_MATCH,
     exact_of,
     finite,
+    grads_of,
     noise_share,
     relative_error,
     same_direction,
@@ -68,6 +70,60 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         f"the same direction (cosine {cosine:.8f}): the loss is scaled by the wrong factor",
         evidence,
         "scale each micro-batch's loss by 1/K (or by its share of the window's items)",
+    )
+
+
+def loss_term_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """One term of the loss scaled otherwise than the rest (a mean-reduced head never divided
+    by K, a sum-reduced head divided by K though its sum over the window is the baseline's):
+    the tensors that only this term reaches have gradients K, 1/K or K+1 times the baseline's
+    in the same direction (each within its own noise), while the gradient as a whole is no
+    such multiple (`loss_scale` reads that). Tensors that several terms reach mix the scales."""
+    gb, gm = grads_of(c, c.baseline, r.update), grads_of(c, c.merged, r.update)
+    k = window(c)
+    if gb is None or gm is None or k < 2:
+        return None
+    variants = {
+        k: f"not divided by K={k}",
+        1 / k: f"divided by K={k} where it needs no division (or divided twice)",
+        k + 1: "accumulated as `loss += loss / K`",
+    }
+    scaled: dict[float, list[str]] = {}
+    failing = [d for d in r.grads if not d.ok and d.name in gb and d.name in gm]
+    for d in failing:
+        b, m = (np.asarray(x[d.name], dtype=np.float64).ravel() for x in (gb, gm))
+        bb, mm, bm = float(b @ b), float(m @ m), float(b @ m)
+        if not (bb > 0 and mm > 0):
+            return None
+        ratio, cosine = bm / bb, bm / np.sqrt(bb * mm)
+        share = c.tolerances.noise_factor * (d.noise or 0.0) / np.sqrt(bb)
+        if cosine < 1 - max(1 - COSINE_SAME_DIRECTION, 2 * share**2):
+            continue
+        for expected in variants:
+            if abs(ratio / expected - 1) <= RATIO_MATCH:
+                scaled.setdefault(expected, []).append(d.name)
+    if len(scaled) != 1:
+        return None  # no tensor scaled exactly, or scaled by two different factors
+    expected, names = next(iter(scaled.items()))
+    if len(names) == len(gb):
+        return None  # every tensor scaled alike is the whole loss: `loss_scale`'s
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return Diagnosis(
+        "loss-scale",
+        f"one term of the loss was {variants[expected]}: at update {r.update} the gradients of "
+        f"{shown} are {expected:.6g} times the baseline's in the same direction, while the "
+        "gradient as a whole is no multiple of it: the tensors that only this term reaches "
+        "are scaled, those the other terms reach are not (or are mixed)",
+        {
+            "update": r.update,
+            "expected_ratio": expected,
+            "scaled_tensors": names,
+            "grad_ratio": finite(r.grad_ratio),
+            "grad_cosine": finite(r.grad_cosine),
+        },
+        "scale each loss term for a micro-batch as its share of the window's loss: a term that "
+        "is a mean over the micro-batch by 1/K, a term that is a sum over its samples by 1 (the "
+        "window's sum is the baseline's), or every term as its share of the window's items",
     )
 
 
