@@ -196,3 +196,39 @@ def test_one_loss_term_scaled_alone_is_named_loss_scale(tmp_path, bug, ratio, te
     first = buggy.diagnosis[0]
     assert (first.code, first.evidence["expected_ratio"]) == ("loss-scale", ratio)
     assert first.evidence["scaled_tensors"] == tensors
+
+
+def lbfgs_loop(out, k, *, float64=False, reference=None):
+    """LBFGS with max_iter=3 evaluates its closure (all K micro-batches) up to 3 times per
+    step, at other weights each time: micro() runs more often than K in every window."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 2).double() if float64 else nn.Linear(6, 2)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=3)
+    x = torch.randn(16, 6, generator=torch.Generator().manual_seed(1))
+    x = x.double() if float64 else x
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+
+        def closure():
+            opt.zero_grad()
+            for rows in torch.arange(16).chunk(k):
+                loss = model(x[rows]).pow(2).mean()
+                (loss / k).backward()
+                rec.micro(loss, batch=x[rows])
+            return loss
+
+        opt.step(closure)
+        rec.update()
+
+
+def test_a_closure_run_several_times_per_step_is_bookkeeping_without_numpy_warnings(tmp_path):
+    """No window lines up (the first holds 3 micro-steps at K=1), so no update is judged: the
+    loss noise pooled over none of them warned 'Mean of empty slice' on the user's terminal."""
+    import warnings
+
+    lbfgs_loop(tmp_path / "r", 1, float64=True)
+    lbfgs_loop(tmp_path / "b", 1, reference="../r")
+    lbfgs_loop(tmp_path / "m", 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        result = api.compare(tmp_path / "b", tmp_path / "m")
+    assert [d.code for d in result.diagnosis][:1] == ["window-bookkeeping"]

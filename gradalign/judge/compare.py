@@ -188,7 +188,9 @@ class _Judge:
             self.ref_loss = ref.window_losses()[:n]
             own = np.abs(self.base_loss - self.ref_loss)
             # One scalar's error is heavy-tailed; pool it over the run (its RMS) as a lower bound.
-            pooled = float(np.sqrt(np.mean(own**2))) if np.isfinite(own).all() else math.nan
+            pooled = (
+                float(np.sqrt(np.mean(own**2))) if own.size and np.isfinite(own).all() else math.nan
+            )
             # and a recorded loss is known to one rounding of its own value at best: a window
             # mean of K losses, each rounded where it was computed, errs by a few of those
             quantum = epsilon * np.abs(self.ref_loss)
