@@ -232,3 +232,47 @@ def test_a_closure_run_several_times_per_step_is_bookkeeping_without_numpy_warni
         warnings.simplefilter("error", RuntimeWarning)
         result = api.compare(tmp_path / "b", tmp_path / "m")
     assert [d.code for d in result.diagnosis][:1] == ["window-bookkeeping"]
+
+
+def in_backward_loop(out, k, *, give, float64=False, reference=None):
+    """The optimizer-in-backward recipe: one Adam per parameter, stepped (and zeroed) by a
+    post-accumulate-grad hook in every backward, K micro-steps or not. `give`: the Recorder
+    gets the first parameter's optimizer ("one") or one that nothing steps ("idle")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    model = model.double() if float64 else model
+    opts = {p: torch.optim.Adam([p], lr=1e-2) for p in model.parameters()}
+
+    def step(p):
+        opts[p].step()
+        opts[p].zero_grad()
+
+    hooks = [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+    idle = torch.optim.SGD(model.parameters(), lr=0.0)
+    watched = opts[next(iter(model.parameters()))] if give == "one" else idle
+    x = torch.randn(16 * 3, 6, generator=torch.Generator().manual_seed(1))
+    x = x.double() if float64 else x
+    with gradalign.Recorder(out, model, watched, accum_steps=k, reference=reference) as rec:
+        for update in range(3):
+            for rows in torch.arange(update * 16, (update + 1) * 16).chunk(k):
+                loss = model(x[rows]).pow(2).mean()
+                (loss / k).backward()
+                rec.micro(loss, batch=x[rows])
+            rec.update()
+    for hook in hooks:
+        hook.remove()
+
+
+@pytest.mark.parametrize("give", ["one", "idle"])
+def test_an_optimizer_in_backward_stepping_every_micro_step(tmp_path, give):
+    """Given one of the per-parameter optimizers, the Recorder sees 4 steps per update:
+    step-in-window. Given one that never steps, the judge cannot see the steps, and says why."""
+    in_backward_loop(tmp_path / "r", 1, give=give, float64=True)
+    in_backward_loop(tmp_path / "b", 1, give=give, reference="../r")
+    in_backward_loop(tmp_path / "m", 4, give=give)
+    result = api.compare(tmp_path / "b", tmp_path / "m")
+    assert result.verdict == "fail"
+    if give == "one":
+        assert result.diagnosis[0].code == "step-in-window"
+    else:
+        assert any("the optimizer given to the Recorder never stepped" in n for n in result.notes)

@@ -146,7 +146,7 @@ def _judge(
             *base.notes,
             *merged.notes,
             *_notes(base, merged, judge.merged_loss),
-            *_written_note(written),
+            *_written_note(written, base),
             *jumps,
             *sketch_note(results),
         ],
@@ -307,14 +307,22 @@ def _notes(base: Run, merged: Run, merged_loss: np.ndarray) -> list[str]:
     return notes
 
 
-def _written_note(written: frozenset[str]) -> list[str]:
+def _written_note(written: frozenset[str], base: Run) -> list[str]:
     if not written:
         return []
     names = listed(sorted(written), 3)
+    steps = base.optimizer_steps
+    unseen = (
+        "; the optimizer given to the Recorder never stepped, yet the weights changed: give it "
+        "the one that steps them (with one optimizer per parameter stepped in a backward hook, "
+        "any one of them)"
+        if steps is not None and len(steps) and not steps.any()
+        else ""
+    )
     return [
         f"the baseline's own forward or backward writes {names} (e.g. an Embedding with "
         "max_norm): their changes inside the merged run's windows are not taken for optimizer "
-        "steps"
+        f"steps{unseen}"
     ]
 
 
