@@ -3,6 +3,7 @@ dtypes (a bfloat16 layer beside float32 ones), a whole model in float16, complex
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -276,3 +277,43 @@ def test_an_optimizer_in_backward_stepping_every_micro_step(tmp_path, give):
         assert result.diagnosis[0].code == "step-in-window"
     else:
         assert any("the optimizer given to the Recorder never stepped" in n for n in result.notes)
+
+
+def bag_loop(out, k, *, bug=None, float64=False, reference=None):
+    """One Embedding (24 x 6 = 144 elements), every tensor sketched at width 31."""
+    torch.manual_seed(0)
+    model = nn.Embedding(24, 6, sparse=True)
+    model = model.double() if float64 else model
+    opt = torch.optim.SparseAdam(model.parameters(), lr=0.05)
+    tokens = torch.randint(0, 24, (16 * 3, 5), generator=torch.Generator().manual_seed(1))
+    sketch = {"record": "sketch", "sketch_width": 31, "updates": 3}
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference, **sketch) as rec:
+        for update in range(3):
+            for rows in torch.arange(update * 16, (update + 1) * 16).chunk(k):
+                logits = model(tokens[rows]).mean(1)
+                loss = nn.functional.cross_entropy(logits, tokens[rows, 0] % 6)
+                (loss if bug == "no-loss-scale" else loss / k).backward()
+                rec.micro(loss, batch=tokens[rows])
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+def test_a_narrow_sketch_still_bounds_an_error_from_below(tmp_path):
+    """A sketch of width 31 over 144 elements: its statistical lower bound on an error is 0,
+    so a gradient 4 times too large passed as '1x the noise floor' (named loss-averaging from
+    the losses); ||S(v)|| / sqrt(ceil(n/d)) bounds it always, and names it."""
+    from gradalign.runs.sketches import estimate, sketch
+
+    v = np.zeros(144)
+    v[[3, 40, 77]] = [1.0, -2.0, 0.5]
+    found = estimate(sketch(v, 31), False, 144)
+    assert 0 < found.low <= np.linalg.norm(v) <= found.high
+    bag_loop(tmp_path / "r", 1, float64=True)
+    bag_loop(tmp_path / "b", 1, reference="../r")
+    bag_loop(tmp_path / "m", 4)
+    bag_loop(tmp_path / "bug", 4, bug="no-loss-scale")
+    clean = api.compare(tmp_path / "b", tmp_path / "m")
+    assert clean.verdict == "pass", [d.code for d in clean.diagnosis]
+    buggy = api.compare(tmp_path / "b", tmp_path / "bug")
+    assert [d.code for d in buggy.diagnosis][:1] == ["loss-scale"]

@@ -100,10 +100,10 @@ class SketchJudge:
     def _sketched(
         self, name: str, kb: Kept, km: Kept, kr: Kept | None, ks: Kept | None, rtol: float
     ) -> TensorDiff:
-        tol, nan = self.tol, math.nan
+        tol, nan, n = self.tol, math.nan, self.sizes[name]
         if not (math.isfinite(kb.norm) and math.isfinite(km.norm)):
             return TensorDiff(name, nan, nan, nan, nan, math.inf, 0.0, None, sketched=True)
-        gap = estimate(km.vector - kb.vector, False)
+        gap = estimate(km.vector - kb.vector, False, n)
         moved = estimate(kb.vector - ks.vector, False) if ks is not None else None
         scale = moved.high if moved is not None else kb.norm
         d = TensorDiff(
@@ -121,7 +121,7 @@ class SketchJudge:
             return d
         if not math.isfinite(kr.norm):
             return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=nan)
-        error = estimate(km.vector - kr.vector, False)
+        error = estimate(km.vector - kr.vector, False, n)
         noise = estimate(kb.vector - kr.vector, False)
         allowed = tol.noise_factor * noise.high + self.floor * kr.norm + (error.value - error.low)
         return dataclasses.replace(
@@ -135,7 +135,7 @@ class SketchJudge:
             kr, ks = wr.get(name), self.start.get(name)
             if kb.exact or kr is None or not math.isfinite(kb.norm):
                 continue
-            far = estimate(kb.vector - kr.vector, False)
+            far = estimate(kb.vector - kr.vector, False, self.sizes[name])
             moved = estimate(kr.vector - ks.vector, False).high if ks is not None else kr.norm
             allowed = bound.rtol * moved + bound.atol * math.sqrt(self.sizes[name])
             if not far.low <= allowed + bound.rounding(name) * kr.norm:
