@@ -118,8 +118,6 @@ class Recorder:
         self._ranks = join(distributed, group, rank)
         self._model_facts = model_facts(model)
         self._named = named_tensors(model)
-        if not self._named:
-            raise RecorderError("the model has no parameters to record")
         refuse_unstorable(self._named)
         self._param_ids = {id(t) for t, kind, _ in self._named.values() if kind == "param"}
         first = next(iter(self._named.values()))[0]
