@@ -36,6 +36,8 @@ def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
     if isinstance(batch, torch.Tensor):
+        if batch.is_meta:
+            raise RecorderError("batch is on the meta device (it holds no data): give its samples")
         return [batch]
     if isinstance(batch, dict):
         batch = list(batch.values())
@@ -66,10 +68,19 @@ def data_digest_parts(
 ) -> list[int | torch.Tensor]:
     """`data_digest` before its sum: an int per CPU tensor, a 0-d int64 tensor per device
     tensor (summed later, so recording a micro-step needs no host sync)."""
-    keep_mask = None if mask is None else mask.detach().bool()
-    pads = () if pad is None else tuple(pad) if isinstance(pad, list | tuple | set) else (pad,)
+    keep_mask = None if mask is None else _mask(mask)
+    pads = _pads(pad)
+    tensors = _tensors(batch)
+    if keep_mask is not None and not any(
+        t.shape[: keep_mask.dim()] == keep_mask.shape for t in tensors
+    ):
+        shapes = ", ".join(str(tuple(t.shape)) for t in tensors[:3])
+        raise RecorderError(
+            f"mask of shape {tuple(keep_mask.shape)} fits no tensor of the batch (shapes "
+            f"{shapes}): give the mask of this micro-batch, shaped as its leading dimensions"
+        )
     parts: list[int | torch.Tensor] = []
-    for tensor in _tensors(batch):
+    for tensor in tensors:
         tensor = tensor.detach()
         if tensor.dtype.is_floating_point:
             tensor = tensor.float()
@@ -82,6 +93,29 @@ def data_digest_parts(
             keep = real if keep is None else keep & real
         parts.append(host_fingerprint(tensor if keep is None else tensor[keep]))
     return parts
+
+
+def _mask(mask: Any) -> torch.Tensor:
+    if not isinstance(mask, torch.Tensor):
+        raise RecorderError(
+            f"mask must be a tensor (e.g. the attention mask), got {type(mask).__name__}"
+        )
+    return mask.detach().bool()
+
+
+def _pads(pad: Any) -> tuple[int | float, ...]:
+    """`pad` as a tuple of numbers: one value, or a list, tuple, set or tensor of them."""
+    if pad is None:
+        return ()
+    if isinstance(pad, torch.Tensor):
+        pad = pad.tolist()
+    values = tuple(pad) if isinstance(pad, list | tuple | set) else (pad,)
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise RecorderError(
+                f"pad must be a number or a tuple of numbers such as (0, -100), got {pad!r}"[:200]
+            )
+    return values
 
 
 def host_fingerprint(tensor: torch.Tensor) -> int | torch.Tensor:
@@ -169,7 +203,11 @@ def device_scalar(value: torch.Tensor | float, what: str = "the value") -> torch
             raise RecorderError(
                 f"{what} must be one number; got a tensor of shape {tuple(value.shape)}"
             )
+        if value.is_complex() or value.dtype == torch.bool:
+            raise RecorderError(f"{what} must be one real number; got a {value.dtype} tensor")
         return value.detach().reshape(()).to(torch.float64)
+    if isinstance(value, str | bytes | bool):
+        raise RecorderError(f"{what} must be one number; got {type(value).__name__}")
     try:
         return torch.tensor(float(value), dtype=torch.float64)
     except (TypeError, ValueError):

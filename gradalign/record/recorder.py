@@ -27,17 +27,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import BadInput
 from ..runs.background import BackgroundWriter
 from ..runs.digests import wrap
 from ..runs.sketches import WIDTH
 from ..runs.writer import RunWriter
-from . import clipping
+from . import checks, clipping
 from .capture import MODES, Capture
 from .device import environment, watch_autocast
 from .distributed import close_ranks, join, rank_info, refuse_sharded, settle, unwrap_model
 from .facts import (
     RecorderError,
-    data_digest_parts,
     device_scalar,
     dtype_name,
     micro_mean,
@@ -95,16 +95,12 @@ class Recorder:
         records its own facts, rank 0 writes the run (`ranks/rankR/` for every rank) once all
         have closed. `distributed=False` records this process alone; `group`: the process group
         the run spans (default: all); `rank`: this process's rank in the run, if not its own."""
-        if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
-            raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
-        if record not in MODES:
-            raise RecorderError(f"record must be one of {', '.join(MODES)}, got {record!r}")
-        if not isinstance(snapshot_every, int) or snapshot_every < 0:
-            raise RecorderError(f"snapshot_every must be an integer >= 0, got {snapshot_every!r}")
-        if isinstance(sketch_width, bool) or not isinstance(sketch_width, int) or sketch_width < 2:
-            raise RecorderError(f"sketch_width must be an integer >= 2, got {sketch_width!r}")
+        texts = {"fault": fault, "reference": reference, "compute_dtype": compute_dtype}
+        self.config = checks.check_arguments(
+            out_dir, model, accum_steps, config, texts, record, MODES, snapshot_every,
+            updates, sketch_width, scaler,
+        )  # fmt: skip
         self.accum_steps = accum_steps
-        self.config = dict(config or {})
         self.fault = fault
         self.reference = reference
         self.capture_grads = capture_grads
@@ -113,12 +109,13 @@ class Recorder:
             self._optimizer = unwrap_optimizer(optimizer)
         except TypeError as exc:
             raise RecorderError(str(exc)) from None
-        model = unwrap_model(model)
+        self._model = model = unwrap_model(model)
         refuse_sharded(model)
-        self._ranks = join(distributed, group, rank)
-        self._model_facts = model_facts(model)
         self._named = named_tensors(model)
         refuse_unstorable(self._named)
+        checks.check_parameters(self._optimizer, self._named)
+        self._ranks = join(distributed, group, rank)
+        self._model_facts = model_facts(model)
         self._param_ids = {id(t) for t, kind, _ in self._named.values() if kind == "param"}
         first = next(iter(self._named.values()))[0]
         self._env = environment(first.device, first.dtype)
@@ -150,6 +147,8 @@ class Recorder:
         except BaseException as exc:
             self._unhook()
             self._settle(exc)
+            if isinstance(exc, BadInput):  # out_dir holds something else, or cannot be written
+                raise RecorderError(str(exc)) from None
             raise
         try:
             self._capture = Capture(
@@ -183,7 +182,8 @@ class Recorder:
         judge can check both runs saw the same samples; `pad` (values) or `mask` (e.g. the
         attention mask) leave padding out of that digest."""
         self._check_open()
-        mean = micro_mean(loss, loss_sum, items)
+        count = None if items is None else checks.count_of_items(items)
+        mean = micro_mean(loss, loss_sum, count)
         if items is None and self._items:
             raise RecorderError("items were given for earlier micro-steps; give them every time")
         if items is not None and len(self._items) != len(self._losses):
@@ -192,11 +192,12 @@ class Recorder:
             raise RecorderError("batch was given for earlier micro-steps; give it every time")
         if batch is not None and len(self._data) != len(self._losses):
             raise RecorderError("batch given now but not for earlier micro-steps")
+        digest = checks.digest_of(batch, pad, mask)
         self._losses.append(mean)
-        if items is not None:
-            self._items.append(float(items))
-        if batch is not None:
-            self._data.append(data_digest_parts(batch, pad=pad, mask=mask))
+        if count is not None:
+            self._items.append(count)
+        if digest is not None:
+            self._data.append(digest)
             self._samples.append(sample_count(batch))
         self._capture.micro()
         self._stop_autocast()  # the first micro-step's forward showed the compute dtype
@@ -223,14 +224,12 @@ class Recorder:
         `loss_scale`: the GradScaler's scale used in this window (`scaler.get_scale()` before
         `scaler.update()`), if the loop scales its loss."""
         self._check_open()
+        scale = checks.loss_scale_of(loss_scale)
+        checks.check_unchanged(self._model, self._named)
         update = self._windows.closed
         self._capture.weights(update)
         groups = len(self._optimizer.param_groups)
-        self._windows.close(
-            self._optimizer_state_step(),
-            None if loss_scale is None else float(loss_scale),
-            groups,
-        )
+        self._windows.close(self._optimizer_state_step(), scale, groups)
 
     def close(self) -> Path | None:
         """Finish the run and move it into place. Returns its path (None if already closed)."""
@@ -347,7 +346,7 @@ class Recorder:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RecorderError("the recorder is closed")
+            raise RecorderError("the recorder is closed: record every step before close()")
 
     def _series(self) -> dict[str, np.ndarray]:
         """The series file (built once the background work is done)."""

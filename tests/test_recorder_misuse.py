@@ -1,0 +1,187 @@
+"""Misuse of the Recorder's Python API: one `RecorderError` sentence saying what was wrong, raised
+before anything is staged or as the call is made; never a torch, numpy or json error from inside
+gradalign, never a run left behind, never a run that records something else than the loop ran."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gradalign.record.facts import RecorderError
+from gradalign.record.recorder import Recorder
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _step(rec: Recorder, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    x, y = torch.randn(3, 4), torch.randn(3, 2)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    rec.micro(loss, batch=(x, y))
+    optimizer.step()
+    rec.update()
+    optimizer.zero_grad()
+
+
+def _meta_model() -> torch.nn.Module:
+    with torch.device("meta"):
+        return torch.nn.Linear(4, 2)
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (dict(out_dir=5), "out_dir must be a path"),
+        (dict(out_dir=None), "out_dir must be a path"),
+        (dict(model="model"), "model must be a torch.nn.Module, got 'model'"),
+        (dict(model=None), "model must be a torch.nn.Module"),
+        (dict(model=_meta_model()), "weight is on the meta device"),
+        (dict(model=torch.nn.BatchNorm1d(4, affine=False)), "no parameters to record"),
+        (dict(optimizer="other"), "updates none of the model's parameters"),
+        (dict(config=[1, 2]), "config must be a dict"),
+        (dict(config="lr=0.1"), "config must be a dict"),
+        (dict(config={"lr": torch.tensor(0.1)}), r"config\['lr'\] must be a JSON value"),
+        (dict(config={"lr": float("nan")}), r"config\['lr'\] must be a JSON value"),
+        (dict(reference=object()), "reference must be a non-empty string"),
+        (dict(fault=3), "fault must be a non-empty string"),
+        (dict(compute_dtype=torch.float16), "compute_dtype must be a non-empty string"),
+        (dict(scaler="yes"), "scaler must be the loop's GradScaler"),
+        (dict(snapshot_every=True), "snapshot_every must be an integer"),
+        (dict(record="sketch", updates="3"), "updates must be a positive integer"),
+        (
+            dict(record="sketch", sketch_width=100),
+            "sketch_width must be an integer >= 2 and a prime",
+        ),
+    ],
+)
+def test_a_wrong_recorder_argument_is_one_sentence_before_anything_is_written(
+    tmp_path, change, said
+):
+    model, optimizer = _model()
+    if change.get("optimizer") == "other":  # another model's optimizer
+        change["optimizer"] = torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1)
+    args = {"out_dir": tmp_path / "run", "model": model, "optimizer": optimizer, **change}
+    with pytest.raises(RecorderError, match=said), Recorder(**args) as rec:
+        _step(rec, model, optimizer)
+    assert [p.name for p in tmp_path.iterdir()] == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, said",
+    [
+        (dict(loss="1.5"), "micro\\(loss\\) must be one number; got str"),
+        (dict(loss=True), "micro\\(loss\\) must be one number; got bool"),
+        (dict(loss=torch.tensor(1 + 2j)), "must be one real number"),
+        (dict(loss=1.0, items=-3), "micro\\(items\\) must be a count >= 0"),
+        (dict(loss=1.0, items=float("nan")), "micro\\(items\\) must be a count >= 0"),
+        (dict(loss=1.0, items="abc"), "micro\\(items\\) must be a number"),
+        (dict(loss=1.0, items=torch.tensor([1, 2])), "micro\\(items\\) must be one number"),
+        (dict(loss_sum=1.0, items="abc"), "micro\\(items\\) must be a number"),
+        (dict(loss=1.0, mask=torch.ones(3, 5)), "give the batch"),
+        (dict(loss=1.0, pad=0), "give the batch"),
+        (dict(loss=1.0, batch=torch.ones(3, 5, dtype=torch.long), mask=np.ones((3, 5))), "mask"),
+        (dict(loss=1.0, batch=torch.ones(3, 5), mask=torch.ones(2, 7)), "fits no tensor"),
+        (dict(loss=1.0, batch=torch.ones(3, 5, dtype=torch.long), pad="x"), "pad must be"),
+        (dict(loss=1.0, batch=torch.ones(3, 5, dtype=torch.long), pad=(0, None)), "pad must be"),
+        (dict(loss=1.0, batch=torch.ones(3, device="meta")), "batch is on the meta device"),
+    ],
+)
+def test_a_wrong_micro_argument_is_one_sentence_and_leaves_no_run(tmp_path, kwargs, said):
+    model, optimizer = _model()
+    with (
+        pytest.raises(RecorderError, match=said),
+        Recorder(tmp_path / "run", model, optimizer) as rec,
+    ):
+        model(torch.randn(3, 4)).sum().backward()
+        rec.micro(**kwargs)
+        optimizer.step()
+        rec.update()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tensor_pad_is_read_as_its_values(tmp_path):
+    model, optimizer = _model()
+    batch = torch.tensor([[1, 2, 0], [3, -100, 0]])
+    with Recorder(tmp_path / "run", model, optimizer) as rec:
+        rec.micro(1.0, batch=batch, pad=torch.tensor([0, -100]))
+        rec.micro(1.0, batch=batch, pad=(0, -100))
+        optimizer.step()
+        rec.update()
+    assert rec._data[0] == rec._data[1]
+
+
+@pytest.mark.parametrize(
+    "scale, said",
+    [
+        ("x", "must be a number"),
+        (torch.tensor([1.0, 2.0]), "must be one number"),
+        (-1.0, "must be a positive number"),
+        ("loss", "got a tensor that requires grad \\(the loss\\?\\)"),
+    ],
+)
+def test_a_wrong_loss_scale_is_one_sentence(tmp_path, scale, said):
+    model, optimizer = _model()
+    with (
+        pytest.raises(RecorderError, match=f"update\\(loss_scale\\) {said}"),
+        Recorder(tmp_path / "run", model, optimizer) as rec,
+    ):
+        loss = model(torch.randn(3, 4)).sum()
+        loss.backward()
+        rec.micro(loss)
+        optimizer.step()
+        rec.update(loss if isinstance(scale, str) and scale == "loss" else scale)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _add(model):
+    model.register_parameter("extra", torch.nn.Parameter(torch.zeros(2)))
+
+
+def _replace(model):
+    model.weight = torch.nn.Parameter(torch.zeros(2, 4))
+
+
+def _resize(model):
+    model.weight.data = torch.zeros(3, 4)
+
+
+def _remove(model):
+    del model.bias
+    model.bias = None
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (_add, "parameter extra was added during the run"),
+        (_replace, "parameter weight was replaced by a new tensor during the run"),
+        (_resize, r"parameter weight changed shape from \(2, 4\) to \(3, 4\)"),
+        (_remove, "parameter bias was removed from the model during the run"),
+    ],
+)
+def test_parameters_changed_during_the_run_are_refused_not_recorded_stale(tmp_path, change, said):
+    model, optimizer = _model()
+    with (
+        pytest.raises(RecorderError, match=said),
+        Recorder(tmp_path / "run", model, optimizer) as rec,
+    ):
+        _step(rec, model, optimizer)
+        change(model)
+        rec.micro(1.0, batch=(torch.zeros(3, 4), torch.zeros(3, 2)))
+        optimizer.step()
+        rec.update()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_dir_that_cannot_be_written_is_a_recorder_error(tmp_path):
+    (tmp_path / "file").write_text("mine")
+    model, optimizer = _model()
+    for out in (tmp_path / "file", tmp_path / "file" / "run"):
+        with pytest.raises(RecorderError, match="file"):
+            Recorder(out, model, optimizer)
+    assert (tmp_path / "file").read_text() == "mine"
