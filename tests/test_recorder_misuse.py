@@ -4,12 +4,19 @@ gradalign, never a run left behind, never a run that records something else than
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from gradalign.record.facts import RecorderError
 from gradalign.record.recorder import Recorder
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -185,3 +192,24 @@ def test_an_out_dir_that_cannot_be_written_is_a_recorder_error(tmp_path):
         with pytest.raises(RecorderError, match="file"):
             Recorder(out, model, optimizer)
     assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_two_open_recorders_on_one_path_name_this_process(tmp_path):
+    model, optimizer = _model()
+    with Recorder(tmp_path / "run", model, optimizer) as rec:
+        with pytest.raises(RecorderError, match="being written already by this process"):
+            Recorder(tmp_path / "run", *_model())
+        _step(rec, model, optimizer)
+    assert (tmp_path / "run" / "manifest.json").is_file()
+
+
+def test_a_recorder_never_closed_leaves_nothing_when_the_process_exits(tmp_path):
+    script = (
+        "import torch, gradalign\n"
+        "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "rec = gradalign.Recorder('run', m, o)\n"
+        "rec.micro(1.0); o.step(); rec.update()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, check=True)
+    assert list(tmp_path.iterdir()) == []

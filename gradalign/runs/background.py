@@ -9,7 +9,10 @@ aborted by its owner, leaving nothing behind.
 
 from __future__ import annotations
 
+import atexit
+import os
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +23,17 @@ from .digests import bitsum
 from .model import Tensors
 from .spool import DEFAULT_LIMIT, Spool
 from .tensorfile import parts
+
+_UNFINISHED: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _drop_unfinished() -> None:
+    """Runs this process staged but never finished nor aborted (a Recorder never closed) are
+    dropped as it exits: no staged files or lock stay behind."""
+    for writer in list(_UNFINISHED):
+        if writer.pid == os.getpid():
+            writer.abort()
 
 
 class BackgroundWriter:
@@ -32,6 +46,8 @@ class BackgroundWriter:
         self.spool = Spool(limit, name="gradalign-writer")
         self.fingerprints: dict[str, dict[str, int]] = {}  # per file, per tensor
         self._lock = threading.Lock()
+        self.pid = os.getpid()
+        _UNFINISHED.add(self)
 
     def write(
         self,
@@ -96,10 +112,12 @@ class BackgroundWriter:
             self.abort()
             raise
         assert self.writer is not None, "a rank that writes no run finishes none"
+        _UNFINISHED.discard(self)
         return self.writer.finish(manifest, built)
 
     def abort(self) -> None:
         """Stop writing and drop the staged run; an earlier run at the path stays."""
+        _UNFINISHED.discard(self)
         self.spool.abort()
         if self.writer is not None:
             self.writer.abort()

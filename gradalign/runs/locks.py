@@ -58,6 +58,11 @@ class RunLock:
             except OSError:
                 holder = _read_pid(fd)
                 os.close(fd)
+                if holder == os.getpid():
+                    raise BadInput(
+                        f"{self.run} is being written already by this process (a Recorder not "
+                        "yet closed?); close that one first or choose another output"
+                    ) from None
                 raise BadInput(
                     f"{self.run} is being written by another gradalign process"
                     + (f" (pid {holder})" if holder else "")
