@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradalign.errors import BadInput
 from gradalign.record.facts import RecorderError
 from gradalign.record.recorder import Recorder
 
@@ -212,4 +213,35 @@ def test_a_recorder_never_closed_leaves_nothing_when_the_process_exits(tmp_path)
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, check=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_integrations_refuse_wrong_arguments_in_one_sentence(tmp_path):
+    pytest.importorskip("lightning")
+    from gradalign.record.integrations.lightning import GradalignCallback
+
+    with pytest.raises(BadInput, match="accum_steps must be a positive integer, got '2'"):
+        GradalignCallback(tmp_path / "run", accum_steps="2")
+    with pytest.raises(RecorderError, match="config must be a dict"):
+        GradalignCallback(tmp_path / "run", config=[1])
+    from gradalign.record.integrations.batches import count_items
+
+    with pytest.raises(RecorderError, match="the items function's result must be a number"):
+        count_items({}, lambda batch: "many")
+
+
+def test_accelerate_recording_refuses_a_missing_model_or_optimizer(tmp_path):
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+
+    from gradalign.record.integrations.accelerate import AccelerateRecording
+
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = _model()
+    with pytest.raises(BadInput, match="needs the model"):
+        AccelerateRecording(accelerator, None, optimizer, tmp_path / "run")
+    with pytest.raises(BadInput, match=r"optimizer must be a torch\.optim\.Optimizer"):
+        AccelerateRecording(accelerator, model, tmp_path / "run", optimizer)
+    with pytest.raises(RecorderError, match="config must be a dict"):
+        AccelerateRecording(accelerator, model, optimizer, tmp_path / "run", config=[1])
     assert list(tmp_path.iterdir()) == []

@@ -33,7 +33,7 @@ import torch
 from accelerate import Accelerator
 
 from ...errors import BadInput
-from .. import watched
+from .. import checks, watched
 from ..recorder import Recorder
 from ..window import unwrap_optimizer
 from . import batches
@@ -74,6 +74,15 @@ class AccelerateRecording:
                 f"gradalign records a single-process accelerate run ({accelerator.num_processes} "
                 "processes here): record the baseline and merged runs on one device"
             )
+        if not isinstance(model, torch.nn.Module):
+            raise BadInput(
+                f"record() needs the model (a torch.nn.Module), got {type(model).__name__}"
+            )
+        try:
+            unwrap_optimizer(optimizer)
+        except TypeError as exc:
+            raise BadInput(f"record(): {exc}") from None
+        config = checks.config_of(config)
         self.accelerator = accelerator
         self.model = accelerator.unwrap_model(model)
         self.items = items
@@ -91,7 +100,7 @@ class AccelerateRecording:
             self.model,
             optimizer,
             accum_steps=k,
-            config={**_run_config(accelerator, self.model, optimizer, k), **(config or {})},
+            config={**_run_config(accelerator, self.model, optimizer, k), **config},
             reference=reference,
         )
         self._backward, self._accumulate = accelerator.backward, accelerator.accumulate

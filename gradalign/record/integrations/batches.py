@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ...errors import BadInput, shown
+from .. import checks
 
 IGNORE_INDEX = -100  # the label value every framework's cross entropy ignores
 PAD = (0, IGNORE_INDEX)  # integer values left out of the digest (0 adds nothing to it anyway)
@@ -73,7 +74,7 @@ def count_items(batch: Any, rule: ItemsRule) -> float | None:
     if rule is None:
         return None
     if callable(rule):
-        return float(rule(batch))
+        return checks.count_of_items(rule(batch), "the items function's result")
     if rule == "samples":
         first = next(iter(_flat(tensors(batch))), None)
         if first is None:

@@ -30,8 +30,8 @@ try:
 except ImportError:  # the older package name
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
-from ...errors import BadInput
-from .. import watched
+from ...errors import BadInput, shown
+from .. import checks, watched
 from ..recorder import Recorder
 from . import batches
 from .micro_loss import MicroLoss, record_micro, summed
@@ -60,13 +60,15 @@ class GradalignCallback(pl.Callback):
         pad: Any = batches.PAD,
     ) -> None:
         batches.check_items_rule(items)
-        if accum_steps is not None and (isinstance(accum_steps, bool) or accum_steps < 1):
-            raise BadInput(f"accum_steps must be a positive integer, got {accum_steps!r}")
+        if accum_steps is not None and (
+            isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1
+        ):
+            raise BadInput(f"accum_steps must be a positive integer, got {shown(accum_steps)}")
         self.out_dir = out_dir
         self.items = items
         self.accum_steps = accum_steps
         self.reference = reference
-        self.extra_config = dict(config or {})
+        self.extra_config = checks.config_of(config)
         self.pad = pad
         self.recorder: Recorder | None = None
         self.pending: MicroLoss | None = None  # from record_loss(), for the next backward
@@ -109,6 +111,10 @@ class GradalignCallback(pl.Callback):
         else:
             self._k = self.accum_steps
         optimizer = trainer.optimizers[0]
+        if not optimizer.param_groups:  # Lightning's stand-in when configure_optimizers gives None
+            raise BadInput(
+                "configure_optimizers() returned no optimizer: gradalign records its steps"
+            )
         if not self._automatic:  # the batch's micro-step before the step it makes
             self._stop_step = watched.before_step(optimizer, self._flush)
         self.recorder = Recorder(

@@ -24,6 +24,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from ...errors import BadInput
+from .. import checks
 from ..recorder import Recorder
 from . import batches
 from .micro_loss import MicroLoss, record_micro
@@ -47,7 +48,7 @@ class GradalignCallback(TrainerCallback):
         self.trainer = trainer
         self.out_dir = out_dir
         self.reference = reference
-        self.extra_config = dict(config or {})
+        self.extra_config = checks.config_of(config)
         self.pad = pad
         self.recorder: Recorder | None = None
         self.finished = False
