@@ -245,3 +245,37 @@ def test_accelerate_recording_refuses_a_missing_model_or_optimizer(tmp_path):
     with pytest.raises(RecorderError, match="config must be a dict"):
         AccelerateRecording(accelerator, model, optimizer, tmp_path / "run", config=[1])
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.filterwarnings(
+    "ignore::UserWarning", "ignore::DeprecationWarning", "ignore:.*treespec, LeafSpec"
+)
+def test_a_lightning_fit_without_an_optimizer_is_refused_in_one_sentence(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from gradalign.record.integrations.lightning import GradalignCallback
+
+    class NoOptimizer(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, index):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return None
+
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4))
+    trainer = pl.Trainer(
+        max_epochs=1,
+        callbacks=[GradalignCallback(tmp_path / "run")],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(BadInput, match=r"configure_optimizers\(\) returned no optimizer"):
+        trainer.fit(NoOptimizer(), torch.utils.data.DataLoader(data, batch_size=4))
+    assert not (tmp_path / "run").exists()
