@@ -4,6 +4,7 @@ gradalign, never a run left behind, never a run that records something else than
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,6 +42,15 @@ def _meta_model() -> torch.nn.Module:
         return torch.nn.Linear(4, 2)
 
 
+def _holding(name: str, tensor: torch.Tensor, kind: str = "buffer") -> torch.nn.Module:
+    model = torch.nn.Linear(4, 2)
+    if kind == "param":
+        model.register_parameter(name, torch.nn.Parameter(tensor))
+    else:
+        model.register_buffer(name, tensor)
+    return model
+
+
 @pytest.mark.parametrize(
     "change, said",
     [
@@ -50,10 +60,13 @@ def _meta_model() -> torch.nn.Module:
         (dict(model=None), "model must be a torch.nn.Module"),
         (dict(model=_meta_model()), "weight is on the meta device"),
         (dict(model=torch.nn.BatchNorm1d(4, affine=False)), "no parameters to record"),
+        (dict(model=_holding("c", torch.zeros(2, dtype=torch.complex64), "param")), "param c is"),
+        (dict(model=_holding("u", torch.zeros(2, dtype=torch.uint16))), "buffer u is uint16"),
         (dict(optimizer="other"), "updates none of the model's parameters"),
         (dict(config=[1, 2]), "config must be a dict"),
         (dict(config="lr=0.1"), "config must be a dict"),
-        (dict(config={"lr": torch.tensor(0.1)}), r"config\['lr'\] must be a JSON value"),
+        (dict(config={"model": torch.nn.Linear(1, 1)}), r"config\['model'\] must be a JSON"),
+        (dict(config={(1, 2): 3}), "config keys must be strings, got tuple"),
         (dict(config={"lr": float("nan")}), r"config\['lr'\] must be a JSON value"),
         (dict(reference=object()), "reference must be a non-empty string"),
         (dict(fault=3), "fault must be a non-empty string"),
@@ -110,6 +123,16 @@ def test_a_wrong_micro_argument_is_one_sentence_and_leaves_no_run(tmp_path, kwar
         optimizer.step()
         rec.update()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_numbers_in_the_config_are_stored_as_numbers_even_when_added_later(tmp_path):
+    model, optimizer = _model()
+    config = {"lr": np.float32(0.5), "k": np.int64(4), "decay": torch.tensor(0.25)}
+    with Recorder(tmp_path / "run", model, optimizer, config=config) as rec:
+        _step(rec, model, optimizer)
+        rec.config["final"] = torch.tensor(2.0)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["config"] == {"lr": 0.5, "k": 4, "decay": 0.25, "final": 2.0}
 
 
 def test_a_tensor_pad_is_read_as_its_values(tmp_path):

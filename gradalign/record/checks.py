@@ -13,10 +13,12 @@ import math
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import shown
-from .facts import RecorderError, data_digest_parts
+from ..runs.schema import TENSOR_DTYPES
+from .facts import RecorderError, data_digest_parts, dtype_name
 
 
 def check_arguments(
@@ -85,15 +87,33 @@ def config_of(config: Any) -> dict[str, Any]:
         return {}
     if not isinstance(config, dict):
         raise RecorderError(f"config must be a dict of JSON values, got {_kind(config)}")
+    plain = {}
     for key, value in config.items():
+        if not isinstance(key, str):
+            raise RecorderError(f"config keys must be strings, got {_kind(key)}")
         try:
-            json.dumps({key: value}, allow_nan=False)
+            plain[key] = _plain(value)
+            json.dumps(plain[key], allow_nan=False)
         except (TypeError, ValueError, RecursionError):
             raise RecorderError(
                 f"config[{shown(key)}] must be a JSON value (a number, string, bool, None, or a "
                 f"list or dict of them; no NaN), got {_kind(value)}"
             ) from None
-    return dict(config)
+    return plain
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and one-element tensors as the Python numbers they hold (a learning rate
+    read from a param group may be a tensor); lists, tuples and dicts item by item."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.detach().reshape(()).item()
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
 
 
 def check_parameters(
@@ -101,7 +121,12 @@ def check_parameters(
 ) -> None:
     """A model whose weights hold no data (the meta device), or an optimizer that steps none of
     its parameters (another model's), would be recorded as a run that never trains."""
-    for name, (tensor, _, _) in named.items():
+    for name, (tensor, kind, _) in named.items():
+        if dtype_name(tensor) not in TENSOR_DTYPES:
+            raise RecorderError(
+                f"{kind} {name} is {dtype_name(tensor)}, which a run cannot hold (it holds "
+                f"{', '.join(sorted(TENSOR_DTYPES))}): record a model without it"
+            )
         if tensor.is_meta:
             raise RecorderError(
                 f"{name} is on the meta device (it holds no data): create the Recorder once the "

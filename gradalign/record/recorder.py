@@ -372,7 +372,7 @@ class Recorder:
                 {"name": name, "shape": list(shape), "dtype": dtype_name(tensor), "kind": kind}
                 for name, (tensor, kind, shape) in self._named.items()
             ],
-            "config": self.config,
+            "config": checks.config_of(self.config),  # the loop may have added to it
             "environment": self._env,
             "fault": self.fault,
             "model": self._model_facts,
