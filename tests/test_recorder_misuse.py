@@ -60,7 +60,10 @@ def _holding(name: str, tensor: torch.Tensor, kind: str = "buffer") -> torch.nn.
         (dict(model=None), "model must be a torch.nn.Module"),
         (dict(model=_meta_model()), "weight is on the meta device"),
         (dict(model=torch.nn.BatchNorm1d(4, affine=False)), "no parameters to record"),
-        (dict(model=_holding("c", torch.zeros(2, dtype=torch.complex64), "param")), "param c is"),
+        (
+            dict(model=_holding("c", torch.zeros(2, dtype=torch.complex64), "param")),
+            "parameter c is complex",
+        ),
         (dict(model=_holding("u", torch.zeros(2, dtype=torch.uint16))), "buffer u is uint16"),
         (dict(optimizer="other"), "updates none of the model's parameters"),
         (dict(config=[1, 2]), "config must be a dict"),

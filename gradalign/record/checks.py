@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import shown
-from ..runs.schema import TENSOR_DTYPES
-from .facts import RecorderError, data_digest_parts, dtype_name
+from .facts import RecorderError, data_digest_parts
 
 
 def check_arguments(
@@ -121,12 +120,7 @@ def check_parameters(
 ) -> None:
     """A model whose weights hold no data (the meta device), or an optimizer that steps none of
     its parameters (another model's), would be recorded as a run that never trains."""
-    for name, (tensor, kind, _) in named.items():
-        if dtype_name(tensor) not in TENSOR_DTYPES:
-            raise RecorderError(
-                f"{kind} {name} is {dtype_name(tensor)}, which a run cannot hold (it holds "
-                f"{', '.join(sorted(TENSOR_DTYPES))}): record a model without it"
-            )
+    for name, (tensor, _, _) in named.items():
         if tensor.is_meta:
             raise RecorderError(
                 f"{name} is on the meta device (it holds no data): create the Recorder once the "
