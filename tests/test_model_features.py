@@ -48,19 +48,25 @@ def mixed_loop(out, k, *, float64=False, bug=None, reference=None):
             opt.zero_grad()
 
 
+def _clean_passes_and_unscaled_loss_is_named(loop, tmp_path) -> None:
+    """`loop` recorded as the float64 reference, the baseline (K=1), a clean merged run (K=4)
+    and one whose loss is not divided by K: the clean one passes, the other is `loss-scale`."""
+    loop(tmp_path / "r", 1, float64=True)
+    loop(tmp_path / "b", 1, reference="../r")
+    loop(tmp_path / "m", 4)
+    loop(tmp_path / "bug", 4, bug="no-loss-scale")
+    clean = api.compare(tmp_path / "b", tmp_path / "m")
+    assert clean.verdict == "pass", [d.code for d in clean.diagnosis]
+    buggy = api.compare(tmp_path / "b", tmp_path / "bug")
+    assert [d.code for d in buggy.diagnosis][:1] == ["loss-scale"]
+
+
 def test_a_bfloat16_layer_beside_float32_ones_is_judged_by_its_reference(tmp_path):
     """The float64 rerun of a model with a bfloat16 layer is its reference: the layer's weights
     are rounded to bfloat16 at every step, and its gradient rounding reaches every layer before
     it, so the baseline strays from the rerun by bfloat16's rounding (it was refused as 'not a
     rerun', judged by float32's)."""
-    mixed_loop(tmp_path / "r", 1, float64=True)
-    mixed_loop(tmp_path / "b", 1, reference="../r")
-    mixed_loop(tmp_path / "m", 4)
-    mixed_loop(tmp_path / "bug", 4, bug="no-loss-scale")
-    clean = api.compare(tmp_path / "b", tmp_path / "m")
-    assert clean.verdict == "pass", [d.code for d in clean.diagnosis]
-    buggy = api.compare(tmp_path / "b", tmp_path / "bug")
-    assert [d.code for d in buggy.diagnosis][:1] == ["loss-scale"]
+    _clean_passes_and_unscaled_loss_is_named(mixed_loop, tmp_path)
 
 
 def test_a_bfloat16_layer_beside_float32_ones_gets_bfloat16_tolerances(tmp_path):
@@ -309,11 +315,4 @@ def test_a_narrow_sketch_still_bounds_an_error_from_below(tmp_path):
     v[[3, 40, 77]] = [1.0, -2.0, 0.5]
     found = estimate(sketch(v, 31), False, 144)
     assert 0 < found.low <= np.linalg.norm(v) <= found.high
-    bag_loop(tmp_path / "r", 1, float64=True)
-    bag_loop(tmp_path / "b", 1, reference="../r")
-    bag_loop(tmp_path / "m", 4)
-    bag_loop(tmp_path / "bug", 4, bug="no-loss-scale")
-    clean = api.compare(tmp_path / "b", tmp_path / "m")
-    assert clean.verdict == "pass", [d.code for d in clean.diagnosis]
-    buggy = api.compare(tmp_path / "b", tmp_path / "bug")
-    assert [d.code for d in buggy.diagnosis][:1] == ["loss-scale"]
+    _clean_passes_and_unscaled_loss_is_named(bag_loop, tmp_path)
