@@ -128,7 +128,8 @@ def check_parameters(
             )
     mine = {id(t) for t, kind, _ in named.values() if kind == "param"}
     if not mine:
-        raise RecorderError("the model has no parameters to record (only buffers)")
+        only = " (only buffers)" if named else ""
+        raise RecorderError(f"the model has no parameters to record{only}")
     stepped = [p for group in optimizer.param_groups for p in group["params"]]
     if stepped and not any(id(p) in mine for p in stepped):
         raise RecorderError(

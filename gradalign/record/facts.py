@@ -174,11 +174,8 @@ _STORABLE = {
 
 
 def refuse_unstorable(named: dict[str, tuple[torch.Tensor, str, tuple[int, ...]]]) -> None:
-    """A RecorderError, before anything is recorded, for a model with no tensor to record, or a
-    tensor the run format cannot hold (complex, float8): its weights and gradients could be
-    neither stored nor judged."""
-    if not named:
-        raise RecorderError("the model has no parameters to record")
+    """A RecorderError, before anything is recorded, for a tensor the run format cannot hold
+    (complex, float8): its weights and gradients could be neither stored nor judged."""
     for name, (tensor, kind, _) in named.items():
         if tensor.dtype not in _STORABLE:
             hint = (
