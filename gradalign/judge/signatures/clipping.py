@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ...runs.model import Run
+from ...runs.model import Run, Tensors
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import exact_of, finite, grad_norm, noise_share, window
 
@@ -89,12 +89,8 @@ def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     return found
 
 
-def _at_value(c: Comparison, run: Run, update: int, value: float) -> int | None:
-    """Elements of a run's gradient that sit at ±the clip value (None: no element is known;
-    a sketched tensor's elements are not)."""
-    grads = exact_of(c, run, "grads", update)
-    if not grads:
-        return None
+def _at_value(grads: Tensors, value: float) -> int:
+    """Elements of a gradient that sit at ±the clip value."""
     at = 0
     for g in grads.values():
         g = np.asarray(g)
@@ -111,10 +107,11 @@ def _clip_value_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     if values is None or not math.isfinite(values[i]):
         return None
     value = float(values[i])
-    at = {run: _at_value(c, getattr(c, run), i, value) for run in ("baseline", "merged")}
-    complete = all(
-        len(exact_of(c, getattr(c, run), "grads", i) or {}) == len(c.merged.tensors) for run in at
-    )
+    # element values are known for every tensor of a full run, for small ones of a sketched run
+    known = {run: exact_of(c, getattr(c, run), "grads", i) or {} for run in ("baseline", "merged")}
+    at = {run: _at_value(grads, value) if grads else None for run, grads in known.items()}
+    params = sum(t.kind == "param" for t in c.merged.tensors)
+    complete = all(len(grads) == params for grads in known.values())
     if complete and not any(at.values()):
         return None
     shown = at["baseline"]
