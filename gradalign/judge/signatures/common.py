@@ -96,7 +96,12 @@ def noise_share(c: Comparison, r: UpdateResult) -> float:
 
 
 def same_direction(c: Comparison, r: UpdateResult) -> float:
+    """The cosine above which two gradients point the same way, over the whole model."""
+    return same_direction_at(noise_share(c, r))
+
+
+def same_direction_at(share: float) -> float:
     """The cosine above which two gradients point the same way: rounding's 1 − 1e-6, or, where
     the noise is a larger share ρ of the gradient (bfloat16), 1 − 2ρ² (noise of that share
     turns a gradient by about ρ²/2 in cosine)."""
-    return 1 - max(1 - COSINE_SAME_DIRECTION, 2 * noise_share(c, r) ** 2)
+    return 1 - max(1 - COSINE_SAME_DIRECTION, 2 * share**2)

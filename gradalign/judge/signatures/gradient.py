@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..distributed import listed
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import pre_clip_ratio
 from .common import (
-    COSINE_SAME_DIRECTION,
     RATIO_MATCH,
     exact_of,
     finite,
@@ -16,6 +16,7 @@ from .common import (
     noise_share,
     relative_error,
     same_direction,
+    same_direction_at,
     scaled_error,
     window,
 )
@@ -97,7 +98,7 @@ def loss_term_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
             return None
         ratio, cosine = bm / bb, bm / np.sqrt(bb * mm)
         share = c.tolerances.noise_factor * (d.noise or 0.0) / np.sqrt(bb)
-        if cosine < 1 - max(1 - COSINE_SAME_DIRECTION, 2 * share**2):
+        if cosine < same_direction_at(share):
             continue
         for expected in variants:
             if abs(ratio / expected - 1) <= RATIO_MATCH:
@@ -107,13 +108,12 @@ def loss_term_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     expected, names = next(iter(scaled.items()))
     if len(names) == len(gb):
         return None  # every tensor scaled alike is the whole loss: `loss_scale`'s
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     return Diagnosis(
         "loss-scale",
         f"one term of the loss was {variants[expected]}: at update {r.update} the gradients of "
-        f"{shown} are {expected:.6g} times the baseline's in the same direction, while the "
-        "gradient as a whole is no multiple of it: the tensors that only this term reaches "
-        "are scaled, those the other terms reach are not (or are mixed)",
+        f"{listed(names, 4)} are {expected:.6g} times the baseline's in the same direction, "
+        "while the gradient as a whole is no multiple of it: the tensors that only this term "
+        "reaches are scaled, those the other terms reach are not (or are mixed)",
         {
             "update": r.update,
             "expected_ratio": expected,
