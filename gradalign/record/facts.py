@@ -214,15 +214,16 @@ def device_scalar(value: torch.Tensor | float, what: str = "the value") -> torch
 def micro_mean(
     loss: torch.Tensor | float | None,
     loss_sum: torch.Tensor | float | None,
-    items: int | float | None,
+    items: float | None,
 ) -> torch.Tensor:
     """A micro-batch's mean loss, from `micro()`'s arguments: `loss` itself, or `loss_sum` over
-    `items` (a micro-batch of padding alone holds no items: its mean is 0, weighted by 0)."""
+    `items`, the item count `checks.count_of_items` has read (a micro-batch of padding alone
+    holds no items: its mean is 0, weighted by 0)."""
     if (loss is None) == (loss_sum is None):
         raise RecorderError("give micro() either loss (a mean) or loss_sum with items")
     if loss_sum is None:
         return device_scalar(loss, "micro(loss)")  # type: ignore[arg-type]
-    if items is None or float(items) < 0:
+    if items is None:
         raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
     total = device_scalar(loss_sum, "micro(loss_sum=...)")
-    return total / float(items) if float(items) else device_scalar(0.0)
+    return total / items if items else device_scalar(0.0)
