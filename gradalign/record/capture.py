@@ -90,7 +90,8 @@ class Capture:
 
     def micro(self) -> None:
         self.states.row()
-        self.writes.row()
+        if not self.sharded:  # not written for a sharded model (series)
+            self.writes.row()
 
     def _take(self, kind: str, update: int | None, tensors: dict, relpath: str | None) -> None:
         tensors = {n: None if t is None else whole(t) for n, t in tensors.items()}
