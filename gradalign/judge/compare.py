@@ -29,6 +29,7 @@ from .inputs import Inputs
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
 from .noise import (
     Drift,
+    carry_admitted_excess,
     carry_rounding,
     excuse_isolated_jumps,
     pool_noise,
@@ -131,6 +132,7 @@ def _judge(
     if reference is not None:
         pool_noise(results, tol.noise_factor)
         carry_rounding(results)
+        carry_admitted_excess(results, tol.noise_factor)
         jumps = excuse_isolated_jumps(results, merged, reference)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
     if ranks is not None:
