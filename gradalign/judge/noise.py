@@ -1,6 +1,6 @@
 """What an honest run may differ by: the noise model behind the noise floor.
 
-The floor judges each tensor by the baseline's own distance from the float64 reference. Two
+The floor judges each tensor by the baseline's own distance from the float64 reference. Several
 honest effects escape that single measurement, and this module measures them from the runs:
 
 - **Noise-dominated elements under an adaptive optimizer.** An element whose true gradient is
@@ -29,6 +29,10 @@ honest effects escape that single measurement, and this module measures them fro
   the tensor's RMS gradient noise, which the gradients are judged by. Such an element may step
   as far as that gain times the RMS in another run: `first_step_spread` adds the part beyond
   the baseline's own draw to the drift, where it stays (the weight difference persists).
+- **What the drift admitted, carried forward.** A weight the drift let the merged run set c
+  times further from the baseline than the baseline's noise moves every later forward, and so
+  every tensor's later gradients and weights: `carry_admitted_excess` widens each later
+  update's allowance to c times the noise.
 - **Isolated jumps of a gradient.** A ReLU-like kink that one run's activation crosses and the
   other's does not changes one unit's gradient by a whole sample's contribution at one update.
   The baseline shows such jumps against the reference too (measured: 2 in 300 updates of the
