@@ -32,6 +32,7 @@ from .noise import (
     carry_admitted_excess,
     carry_rounding,
     excuse_isolated_jumps,
+    explain_loss_by_weights,
     pool_noise,
     stored_bits,
     widened,
@@ -133,6 +134,7 @@ def _judge(
         pool_noise(results, tol.noise_factor)
         carry_rounding(results)
         carry_admitted_excess(results, tol.noise_factor)
+        explain_loss_by_weights(results, merged, reference, tol.noise_factor)
         jumps = excuse_isolated_jumps(results, merged, reference)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
     if ranks is not None:

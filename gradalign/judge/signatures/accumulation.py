@@ -195,17 +195,30 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
         fix = "record each micro-batch's own unscaled loss (before dividing it by K)"
     else:
         sizes = c.merged.micro_samples
-        uneven = sizes is not None and len(set(sizes.tolist())) > 1
-        evidence["micro_batch_sizes_vary"] = uneven
-        how = (
-            "the window mean of the micro losses is not the batch's mean loss: the micro-"
-            "batches hold different numbers of items and were averaged equally"
-        )
-        fix = (
+        uneven = None if sizes is None else len(set(sizes.tolist())) > 1
+        evidence["micro_batch_sizes_vary"] = bool(uneven)
+        weighting = (
             "pass each micro-batch's item count (`micro(loss, items=n)`, or "
             "`micro(loss_sum=..., items=n)`) or its samples (`batch=`), so the window mean is "
             "item-weighted"
         )
+        other = "record the loss each backward() was called on, before dividing it by K"
+        if uneven:
+            how = "the micro-batches hold different numbers of items and were averaged equally"
+            fix = weighting
+        elif uneven is None:
+            how = (
+                "the micro-batches may hold different numbers of items averaged equally, or "
+                "the recorded loss is not the one the gradients came from"
+            )
+            fix = f"{weighting}; else {other}"
+        else:
+            how = (
+                "the micro-batches hold the same number of items, so the recorded loss is not "
+                "the one the gradients came from (a term added or left out, another reduction)"
+            )
+            fix = other
+        how = "the window mean of the micro losses is not the batch's mean loss: " + how
     return Diagnosis(
         "loss-averaging",
         "only the losses disagree while the weights and gradients agree within noise: " + how,
