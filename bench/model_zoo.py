@@ -1,0 +1,208 @@
+"""False alarms across model families: clean accumulation runs that must all pass.
+
+Each run draws one configuration from model family x optimizer x K (a fixed shuffle of the
+grid, run i taking entry i), seeds the model and data with i, records a baseline (K=1), its
+float64 reference and a merged run (K micro-batches of equal size, each loss divided by K),
+and judges them as `gradalign compare` does. Every run is a correct accumulation, so every one
+must pass; a failure is a false alarm, printed with its code and worst err/allowed.
+
+Families: a GPT (pre-norm causal attention, GELU MLPs, tied head), a Transformer encoder (ReLU),
+a GRU, a convolutional text model (ReLU, max-pooling), an MLP with LayerNorm and SiLU.
+Optimizers: Adam (lr 1e-2 and 1e-3, eps 1e-6), AdamW with weight decay, RMSprop, Adagrad, SGD
+with momentum, NAdam, RAdam, Adamax. K in 2, 4, 8; batch 48, 10 updates.
+
+    .venv/bin/python bench/model_zoo.py [--runs 150] [--start 0] [--models gpt,encoder,...]
+                                        [--jsonl rows.jsonl]
+
+Torch runs on one thread (which threads sum what changes the draws, not the verdicts' odds).
+Exits 0 either way: a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import gradalign
+from gradalign import api
+
+VOCAB, SEQ, CLASSES, BATCH, UPDATES = 32, 12, 6, 48, 10
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, d: int = 24, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.pos = nn.Parameter(torch.randn(SEQ, d) * 0.02)
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "ln1": nn.LayerNorm(d),
+                    "attn": nn.MultiheadAttention(d, heads, batch_first=True),
+                    "ln2": nn.LayerNorm(d),
+                    "mlp": nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)),
+                }
+            )
+            for _ in range(layers)
+        )
+        self.lnf = nn.LayerNorm(d)
+        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x) + self.pos[: x.shape[1]]
+        mask = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool), 1)
+        for b in self.blocks:
+            a = b["ln1"](h)
+            h = h + b["attn"](a, a, a, attn_mask=mask, need_weights=False)[0]
+            h = h + b["mlp"](b["ln2"](h))
+        return self.head(self.lnf(h))
+
+
+class Encoder(nn.Module):
+    def __init__(self, d: int = 24) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        layer = nn.TransformerEncoderLayer(d, 4, 48, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.out = nn.Linear(d, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.enc(self.emb(x)).mean(1))
+
+
+class Recurrent(nn.Module):
+    def __init__(self, d: int = 20) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.rnn = nn.GRU(d, d, batch_first=True)
+        self.out = nn.Linear(d, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.rnn(self.emb(x))[0][:, -1])
+
+
+class ConvText(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.conv = nn.Conv1d(d, 32, 3, padding=1)
+        self.out = nn.Linear(32, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.conv(self.emb(x).transpose(1, 2))).amax(2))
+
+
+class NormedMLP(nn.Module):
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(SEQ, d), nn.LayerNorm(d), nn.SiLU(), nn.Linear(d, d), nn.LayerNorm(d),
+            nn.SiLU(), nn.Linear(d, CLASSES),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.to(self.net[0].weight.dtype) / VOCAB)
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "gpt": TinyGPT, "encoder": Encoder, "gru": Recurrent, "convtext": ConvText, "lnmlp": NormedMLP,
+}  # fmt: skip
+Opt = Callable[..., torch.optim.Optimizer]
+OPTIMIZERS: dict[str, Opt] = {
+    "adam-1e-2": lambda p: torch.optim.Adam(p, lr=1e-2),
+    "adam-1e-3": lambda p: torch.optim.Adam(p, lr=1e-3),
+    "adamw-wd": lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=0.1),
+    "adam-eps6": lambda p: torch.optim.Adam(p, lr=1e-2, eps=1e-6),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=1e-3),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=1e-2),
+    "sgd-mom": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "nadam": lambda p: torch.optim.NAdam(p, lr=3e-3),
+    "radam": lambda p: torch.optim.RAdam(p, lr=3e-3),
+    "adamax": lambda p: torch.optim.Adamax(p, lr=1e-2),
+}
+
+
+def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) -> None:
+    """One run at K=k; `options`: float64=True, reference=PATH, logged_scale=S (each micro loss
+    recorded S times too large: a loss that is not the one backpropagated)."""
+    torch.manual_seed(seed)
+    net = MODELS[model]()
+    net = net.double() if options.get("float64") else net
+    opt = OPTIMIZERS[optimizer](net.parameters())
+    g = torch.Generator().manual_seed(5000 + seed)
+    x = torch.randint(0, VOCAB, (BATCH * UPDATES, SEQ), generator=g)
+    lm = model == "gpt"
+    y = torch.roll(x, -1, 1) if lm else (x[:, 0] + x[:, 3]) % CLASSES
+    size = BATCH // k
+    reference = options.get("reference")
+    with gradalign.Recorder(out, net, opt, accum_steps=k, reference=reference) as rec:
+        for u in range(UPDATES):
+            for j in range(k):
+                rows = slice(u * BATCH + j * size, u * BATCH + (j + 1) * size)
+                logits = net(x[rows])
+                target = y[rows]
+                if lm:
+                    logits, target = logits.reshape(-1, VOCAB), target.reshape(-1)
+                loss = nn.functional.cross_entropy(logits, target)
+                (loss / k).backward()
+                logged = loss.detach() * options.get("logged_scale", 1.0)
+                rec.micro(logged, batch=(x[rows], y[rows]))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+def judge(root: Path, model: str, optimizer: str, k: int, seed: int) -> dict:
+    record(root / "ref", model, optimizer, 1, seed, float64=True)
+    record(root / "base", model, optimizer, 1, seed, reference="../ref")
+    record(root / "merged", model, optimizer, k, seed)
+    c = api.compare(root / "base", root / "merged")
+    worst = max(d.ratio for r in c.results for d in (*r.weights, *r.grads))
+    codes = [d.code for d in c.diagnosis if d.severity == "error"]
+    return {"verdict": c.verdict, "codes": codes, "worst": worst}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=150)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--jsonl", type=Path, default=None, help="append each run's row here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    models = args.models.split(",")
+    grid = [(m, o, k) for m in models for o in OPTIMIZERS for k in (2, 4, 8)]
+    random.Random(1234).shuffle(grid)
+    alarms, worst, started = [], 0.0, time.time()
+    with tempfile.TemporaryDirectory() as scratch:
+        for i in range(args.start, args.start + args.runs):
+            model, optimizer, k = grid[i % len(grid)]
+            row = {"run": i, "model": model, "optimizer": optimizer, "k": k}
+            row.update(judge(Path(scratch) / f"run-{i}", model, optimizer, k, seed=i))
+            if row["verdict"] != "pass":
+                alarms.append(row)
+            worst = max(worst, row["worst"]) if row["verdict"] == "pass" else worst
+            print(json.dumps(row), flush=True)
+            if args.jsonl is not None:
+                with args.jsonl.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+    print(
+        f"{args.runs} clean runs, {len(alarms)} false alarm(s), worst passing err/allowed "
+        f"{worst:.3g}, {time.time() - started:.0f} s"
+    )
+    for row in alarms:
+        print(f"  false alarm: {row}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
