@@ -201,6 +201,18 @@ def _known(tmp_path, seed: int, bug: bool = False):
     return tmp_path / "base", tmp_path / "merged"
 
 
+def _judged_both_ways(root, seed: int):
+    """The runs of `_known` read back, and the in-memory and streamed judges' comparisons."""
+    from gradalign.judge.compare import compare
+    from gradalign.runs.reader import read_run_dir
+
+    base_dir, merged_dir = _known(root, seed)
+    base, merged = read_run_dir(base_dir), read_run_dir(merged_dir)
+    ref = read_run_dir(base.reference)
+    judged = [compare(base, merged, reference=ref, streaming=s) for s in (False, True)]
+    return base, merged, ref, judged
+
+
 def test_adam_near_its_eps_at_the_first_step_is_not_a_false_alarm(tmp_path, monkeypatch):
     """Attention under Adam, seed 17: one element of the in-projection has a gradient near
     eps; the merged run's summation error there, 6 times the baseline's draw and within the
@@ -209,14 +221,10 @@ def test_adam_near_its_eps_at_the_first_step_is_not_a_false_alarm(tmp_path, monk
     too large still fails."""
     from gradalign.judge import noise
     from gradalign.judge.compare import compare
-    from gradalign.runs.reader import read_run_dir
 
-    base_dir, merged_dir = _known(tmp_path / "clean", 17)
-    base, merged = read_run_dir(base_dir), read_run_dir(merged_dir)
-    ref = read_run_dir(base.reference)
-    for streaming in (False, True):
-        c = compare(base, merged, reference=ref, streaming=streaming)
-        assert c.verdict == "pass", (streaming, [d.code for d in c.diagnosis])
+    base, merged, ref, judged = _judged_both_ways(tmp_path / "clean", 17)
+    for c in judged:
+        assert c.verdict == "pass", [d.code for d in c.diagnosis]
         spread = next(d for d in c.results[0].weights if d.name == "mha.in_proj_weight")
         assert spread.drift and spread.drift > spread.noise
     monkeypatch.setattr(noise, "first_step_spread", lambda gb, *a: np.zeros_like(gb))
@@ -290,15 +298,8 @@ def test_the_first_steps_difference_carried_into_later_updates_is_not_a_false_al
     in-projection 19x the noise; that element then moves every later gradient and weight, which
     failed at up to 4.5x allowed before the difference was carried. Both judges pass it now;
     the same loop with its loss K times too large still fails as `loss-scale`."""
-    from gradalign.judge.compare import compare
-    from gradalign.runs.reader import read_run_dir
-
-    base_dir, merged_dir = _known(tmp_path / "clean", 45)
-    base, merged = read_run_dir(base_dir), read_run_dir(merged_dir)
-    ref = read_run_dir(base.reference)
-    for streaming in (False, True):
-        c = compare(base, merged, reference=ref, streaming=streaming)
-        assert c.verdict == "pass", (streaming, [d.code for d in c.diagnosis])
+    for c in _judged_both_ways(tmp_path / "clean", 45)[3]:
+        assert c.verdict == "pass", [d.code for d in c.diagnosis]
     base_dir, merged_dir = _known(tmp_path / "bug", 45, bug=True)
     c = api.compare(base_dir, merged_dir)
     assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale"
