@@ -74,6 +74,16 @@ def test_accum_steps_that_contradict_the_record(cli, small_runs):
     one_line_error(result, "K=4", "--accum-steps 2")
 
 
+def test_a_merged_run_given_as_the_baseline_names_the_baseline_flag(cli, tmp_path, small_runs):
+    """A K=4 run as BASE (two merged runs compared, e.g. one card x K=4 against W ranks x K/W):
+    the user gave no K, so the error names the flag whose default says K=1, and how to go on."""
+    other = train(SMALL.replace(accum_steps=2), tmp_path / "k2")
+    result = cli("compare", small_runs["merged"], other)
+    one_line_error(result, "baseline was recorded with K=4", "--baseline-accum-steps 4")
+    assert "was given" not in result.err
+    assert cli("compare", small_runs["merged"], other, "--baseline-accum-steps", "4").code == 0
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "fragments"),
     [

@@ -27,6 +27,12 @@ def open_run(path: Path, accum_steps: int | None, role: str) -> Run:
     if path.is_dir():
         run = read_run_dir(path)
         if accum_steps is not None and accum_steps != run.accum_steps:
+            if role == "baseline":  # K=1 unless said: the flag has a default, nobody gave it
+                raise BadInput(
+                    f"{path}: the baseline was recorded with K={run.accum_steps}, and a "
+                    f"baseline is taken as K={accum_steps} (--baseline-accum-steps); to judge "
+                    f"against this run, give --baseline-accum-steps {run.accum_steps}"
+                )
             raise BadInput(
                 f"{path}: {role} run was recorded with K={run.accum_steps}, "
                 f"but --accum-steps {accum_steps} was given"
