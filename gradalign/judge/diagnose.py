@@ -65,7 +65,8 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
             if not found or found[0].code == "token-normalization":  # read beside a wrong scale
                 found = sig.with_loss_scale(c, r) or found
     if not found:  # the last resort: state the forward writes differs, nothing else does
-        found = [d for d in [sig.buffers_in_forward(c)] if d is not None]
+        last = (sig.buffers_in_forward(c), ranked.dp_comm_hook(c))
+        found = [d for d in last if d is not None][:1]
     if diverged is not None:
         found.append(diverged)
     return found or [_unexplained(c)]

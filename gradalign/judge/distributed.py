@@ -132,10 +132,25 @@ def rank_problems(run: Run, facts: RankFacts | None) -> dict[int, list[str]]:
 
 def items_per_rank(run: Run, update: int) -> list[float] | None:
     """Each rank's items in window `update` (None: items not recorded)."""
-    if not run.ranks or run.ranks[0].micro_items is None:
+    counted = counts_per_rank(run, update, rows=False)
+    return None if counted is None else counted[0]
+
+
+def counts_per_rank(
+    run: Run, update: int, rows: bool = True
+) -> tuple[list[float], list[list[int]], str] | None:
+    """Each rank's items in window `update` and its micro-batches' counts, with their unit:
+    "items", or (`rows`, where no items were recorded) "samples", the rows of `batch=`."""
+    if not run.ranks:
+        return None
+    series, unit = [rank.micro_items for rank in run.ranks], "items"
+    if any(s is None for s in series) and rows:
+        series, unit = [rank.micro_samples for rank in run.ranks], "samples"
+    if any(s is None for s in series):
         return None
     w = run.window(update)
-    return [float(rank.micro_items[w.start : w.stop].sum()) for rank in run.ranks]
+    micro = [[int(n) for n in s[w.start : w.stop]] for s in series]
+    return [float(s[w.start : w.stop].sum()) for s in series], micro, unit
 
 
 def rank_check(run: Run, facts: RankFacts) -> Check:

@@ -135,15 +135,33 @@ def sample_count(batch: Any) -> int:
     return int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 0
 
 
-def model_facts(model: torch.nn.Module) -> dict[str, Any]:
-    """Layers that make a sample's result depend on its batch or on a random generator."""
+def model_facts(model: torch.nn.Module, wrapper: Any = None) -> dict[str, Any]:
+    """Layers that make a sample's result depend on its batch or on a random generator; and
+    the comm hooks registered on `wrapper` (DistributedDataParallel) when there are any."""
     batchnorm, dropout = [], []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             batchnorm.append(name)
         elif _drops(module):
             dropout.append(name)
-    return {"batchnorm": batchnorm, "dropout": dropout, "training": model.training}
+    facts = {"batchnorm": batchnorm, "dropout": dropout, "training": model.training}
+    hooks = comm_hooks(wrapper)
+    if hooks:
+        facts["comm_hooks"] = hooks
+    return facts
+
+
+def comm_hooks(wrapper: Any) -> list[str]:
+    """The names of the comm hooks registered on a DistributedDataParallel wrapper (its
+    `register_comm_hook` list; a partial by its function's name), in registration order."""
+    hooks = getattr(wrapper, "_comm_hooks", None)
+    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel) or not hooks:
+        return []
+    names = []
+    for hook, _state in hooks:
+        function = getattr(hook, "func", hook)
+        names.append(str(getattr(function, "__qualname__", type(function).__name__)))
+    return names
 
 
 def _drops(module: torch.nn.Module) -> bool:

@@ -109,13 +109,13 @@ class Recorder:
             self._optimizer = unwrap_optimizer(optimizer)
         except TypeError as exc:
             raise RecorderError(str(exc)) from None
-        self._model = model = unwrap_model(model)
+        self._model = model = unwrap_model(wrapper := model)
         refuse_sharded(model)
         self._named = named_tensors(model)
         refuse_unstorable(self._named)
         checks.check_parameters(self._optimizer, self._named)
         self._ranks = join(distributed, group, rank)
-        self._model_facts = model_facts(model)
+        self._model_facts = model_facts(model, wrapper)
         self._param_ids = {id(t) for t, kind, _ in self._named.values() if kind == "param"}
         first = next(iter(self._named.values()))[0]
         self._env = environment(first.device, first.dtype)

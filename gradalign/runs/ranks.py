@@ -55,6 +55,7 @@ class RankSeries:
     grad_state: np.ndarray  # int64 [N, P], the gradient it handed to step() (0 for buffers)
     micro_items: np.ndarray | None = None  # float64 [M]
     micro_data: np.ndarray | None = None  # int64 [M]
+    micro_samples: np.ndarray | None = None  # int64 [M], rows of its micro-batches (`batch=`)
     lr: np.ndarray | None = None  # float64 [N]
     optimizer_steps: np.ndarray | None = None  # int64 [N]
     state_step: np.ndarray | None = None  # int64 [N]
@@ -180,6 +181,7 @@ def _rank(index: int, s: dict[str, np.ndarray]) -> RankSeries:
         grad_state=s["update/grad_state"],
         micro_items=s.get("micro/items"),
         micro_data=s.get("micro/data"),
+        micro_samples=s.get("micro/samples"),
         lr=s.get("update/lr"),
         optimizer_steps=s.get("update/optimizer_steps"),
         state_step=s.get("update/state_step"),

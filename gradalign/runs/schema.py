@@ -68,10 +68,11 @@ def check_manifest(manifest: dict, where: str) -> None:
     model = manifest.get("model")
     if model is not None:
         ok = isinstance(model, dict) and all(
-            _strings(model.get(key, [])) for key in ("batchnorm", "dropout")
+            _strings(model.get(key, [])) for key in ("batchnorm", "dropout", "comm_hooks")
         )
         if not ok:
-            raise bad("model", "must be {batchnorm: [names], dropout: [names]}")
+            what = "{batchnorm: [names], dropout: [names]} (and comm_hooks: [names])"
+            raise bad("model", f"must be {what}")
 
 
 TENSOR_DTYPES = {  # torch's spelling of what a recorded tensor may hold

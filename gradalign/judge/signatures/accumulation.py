@@ -194,36 +194,47 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
         )
         fix = "record each micro-batch's own unscaled loss (before dividing it by K)"
     else:
-        sizes = c.merged.micro_samples
-        uneven = None if sizes is None else len(set(sizes.tolist())) > 1
-        evidence["micro_batch_sizes_vary"] = bool(uneven)
-        weighting = (
-            "pass each micro-batch's item count (`micro(loss, items=n)`, or "
-            "`micro(loss_sum=..., items=n)`) or its samples (`batch=`), so the window mean is "
-            "item-weighted"
-        )
-        other = "record the loss each backward() was called on, before dividing it by K"
-        if uneven:
-            how = "the micro-batches hold different numbers of items and were averaged equally"
-            fix = weighting
-        elif uneven is None:
-            how = (
-                "the micro-batches may hold different numbers of items averaged equally, or "
-                "the recorded loss is not the one the gradients came from"
-            )
-            fix = f"{weighting}; else {other}"
-        else:
-            how = (
-                "the micro-batches hold the same number of items, so the recorded loss is not "
-                "the one the gradients came from (a term added or left out, another reduction)"
-            )
-            fix = other
-        how = "the window mean of the micro losses is not the batch's mean loss: " + how
+        how, fix = _averaged_otherwise(c, q, evidence)
     return Diagnosis(
         "loss-averaging",
         "only the losses disagree while the weights and gradients agree within noise: " + how,
         evidence,
         fix,
+    )
+
+
+def _averaged_otherwise(c: Comparison, q: float, evidence: dict) -> tuple[str, str]:
+    """Why only the losses differ, where the ratio is not 1/K: a loss summed (or divided) over
+    W ranks before it was recorded, micro-batches of unequal sizes averaged equally, or else
+    recorded losses that are not the ones backpropagated."""
+    world = c.merged.world_size
+    found = world > 1 and math.isfinite(q)
+    for scale, what in ((world, "summed over"), (1 / world, "divided by the number of")):
+        if found and abs(q / scale - 1) <= 0.05:
+            evidence["world_size"] = world
+            return (
+                f"the merged window losses are {q:.4g} times the baseline's, about "
+                f"{'W' if scale > 1 else '1/W'} (W={world}): the loss each rank recorded was "
+                f"{what} the ranks (an all_reduce of the loss before micro()), not its own",
+                "record each rank's own mean loss in micro() (gradalign averages the ranks); "
+                "to log a global loss, average it over the ranks (all_reduce, then divide by W)",
+            )
+    sizes = c.merged.micro_samples
+    uneven = sizes is not None and len(set(sizes.tolist())) > 1
+    evidence["micro_batch_sizes_vary"] = uneven
+    if uneven:
+        return (
+            "the window mean of the micro losses is not the batch's mean loss: the micro-"
+            "batches hold different numbers of items and were averaged equally",
+            "pass each micro-batch's item count (`micro(loss, items=n)`, or "
+            "`micro(loss_sum=..., items=n)`) or its samples (`batch=`), so the window mean is "
+            "item-weighted",
+        )
+    return (
+        f"the merged window losses are {q:.4g} times the baseline's (median over the failing "
+        "updates): the losses recorded are not the mean losses the gradients came from",
+        "record each micro-batch's own unscaled mean loss (the one backpropagated, before "
+        "dividing it by K), with its item count where micro-batches differ in size",
     )
 
 

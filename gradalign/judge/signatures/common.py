@@ -105,3 +105,14 @@ def same_direction_at(share: float) -> float:
     the noise is a larger share ρ of the gradient (bfloat16), 1 − 2ρ² (noise of that share
     turns a gradient by about ρ²/2 in cosine)."""
     return 1 - max(1 - COSINE_SAME_DIRECTION, 2 * share**2)
+
+
+EXACT_HOOKS = ("allreduce_hook",)  # DDP's default all-reduce, as a hook: the same numbers
+
+
+def lossy_hooks(c: Comparison) -> list[str]:
+    """The comm hooks the merged run's DDP ran on its gradients, other than the exact default."""
+    if c.merged.world_size < 2:
+        return []
+    hooks = c.merged.model_facts.get("comm_hooks") or []
+    return [h for h in hooks if h.rsplit(".", 1)[-1] not in EXACT_HOOKS]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..checks import sample_mismatches
-from ..distributed import RankFacts, items_per_rank, listed
+from ..distributed import RankFacts, counts_per_rank, listed
 from ..results import Comparison, Diagnosis, UpdateResult
-from .common import RATIO_MATCH, finite, relative_error, same_direction, window
+from .common import RATIO_MATCH, finite, lossy_hooks, relative_error, same_direction, window
 from .decisive import _update0_gap
 from .learning_rate import lined_up_lrs, schedule_offset
 
@@ -166,13 +166,17 @@ def dp_loss_reduction(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         return None
     if any(abs(ratio / q - 1) <= RATIO_MATCH for q in (k, 1 / k, k + 1)):
         return None  # loss-scale's variants (also when W = K)
-    for expected, how in ((world, "summed over the ranks"), (1 / world, "divided by W")):
+    hooks = (
+        (world, "summed over the ranks", "summed them without dividing by W"),
+        (1 / world, "divided by W", "divided them by W once more"),
+    )
+    for expected, how, hook in hooks:
         if abs(ratio / expected - 1) <= RATIO_MATCH:
             return Diagnosis(
                 "dp-loss-reduction",
                 f"at update {r.update} the gradient is {ratio:.6g} times the baseline's with "
                 f"cosine {cosine:.8f}, and W={world}: each rank's loss was {how} on top of "
-                "DDP's own mean over the ranks",
+                f"DDP's own mean over the ranks (or a comm hook {hook})",
                 {
                     "update": r.update,
                     "grad_ratio": finite(ratio),
@@ -191,9 +195,13 @@ def dp_loss_reduction(c: Comparison, r: UpdateResult) -> Diagnosis | None:
 def dp_token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """Items normalized locally (per rank, or per micro-batch): the ranks hold different item
     counts and the gradient error is within what reweighting rank r by N / (W·N_r) can cause.
-    The gradient alone cannot tell a rank's count from a micro-batch's; the fix is the same."""
-    counts = items_per_rank(c.merged, r.update)
-    if counts is None or len(counts) < 2 or min(counts) <= 0 or min(counts) == max(counts):
+    The gradient alone cannot tell a rank's count from a micro-batch's; the fix is the same.
+    Without item counts, the ranks' rows (`batch=`) count: a plain mean over unequal shards."""
+    counted = counts_per_rank(c.merged, r.update)
+    if counted is None:
+        return None
+    counts, micro, unit = counted
+    if len(counts) < 2 or min(counts) <= 0 or min(counts) == max(counts):
         return None
     total, world = sum(counts), len(counts)
     imbalance = max(abs(total / (world * n) - 1) for n in counts)
@@ -201,27 +209,70 @@ def dp_token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     error = None if gb is None or gm is None else relative_error(gb, gm)
     if error is None or not 0 < error <= 2 * imbalance:
         return None
-    w = c.merged.window(r.update)
-    micro = [[int(n) for n in rank.micro_items[w.start : w.stop]] for rank in c.merged.ranks]
+    if unit == "items":
+        how = (
+            "normalized by a local count (its own, or its micro-batch's), not by the window's "
+            f"{total:g} items on all ranks"
+        )
+        fix = (
+            "count the window's items over every rank first (all_reduce the item count of the "
+            "K micro-batches), then backpropagate each micro-batch's summed loss x W / that "
+            "total (DDP averages over W ranks): the num_items_in_batch fix of transformers #34242"
+        )
+    else:
+        how = (
+            "a mean over its own rows and DDP averaged the ranks equally, instead of weighting "
+            f"each by its share of the window's {total:g} samples on all ranks"
+        )
+        fix = (
+            "give every rank the same number of rows per micro-step (a DistributedSampler with "
+            "drop_last, equal batch sizes), or weight each rank by its rows: backpropagate each "
+            "micro-batch's summed loss x W / the window's rows on all ranks (all_reduce the "
+            "count), and record items=n in micro()"
+        )
     return Diagnosis(
         "dp-token-normalization",
-        f"at update {r.update} the ranks hold {', '.join(f'{n:g}' for n in counts)} items "
+        f"at update {r.update} the ranks hold {', '.join(f'{n:g}' for n in counts)} {unit} "
         f"(micro-batches {'; '.join(', '.join(map(str, m)) for m in micro)}), yet each rank's "
-        "loss was normalized by a local count (its own, or its micro-batch's), not by the "
-        f"window's {total:g} items on all ranks: ranks are weighted up to {imbalance:.1%} "
-        f"wrong, and the gradient is {error:.3g} off (relative L2, cosine "
-        f"{r.grad_cosine:.6f})",
+        f"loss was {how}: ranks are weighted up to {imbalance:.1%} wrong, and the gradient is "
+        f"{error:.3g} off (relative L2, cosine {r.grad_cosine:.6f})",
         {
             "update": r.update,
-            "items_per_rank": counts,
-            "items_per_micro_batch": micro,
+            f"{unit}_per_rank": counts,
+            f"{unit}_per_micro_batch": micro,
             "max_rank_weight_error": imbalance,
             "grad_rel_l2": error,
             "grad_cosine": finite(r.grad_cosine),
         },
-        "count the window's items over every rank first (all_reduce the item count of the K "
-        "micro-batches), then backpropagate each micro-batch's summed loss x W / that total "
-        "(DDP averages over W ranks): the num_items_in_batch fix of transformers #34242",
+        fix,
+    )
+
+
+def dp_comm_hook(c: Comparison) -> Diagnosis | None:
+    """The last resort on W ranks: no known bug fits, the gradients fail, and DDP ran a comm
+    hook other than its all-reduce (PowerSGD, compression): the all-reduce was approximated."""
+    hooks = lossy_hooks(c)
+    r = next((r for r in c.results if any(not t.ok for t in r.grads)), None)
+    if not hooks or r is None:
+        return None
+    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
+    error = None if gb is None or gm is None else relative_error(gb, gm)
+    shown = "" if error is None else f", {error:.3g} off (relative L2)"
+    return Diagnosis(
+        "dp-comm-hook",
+        f"the gradients differ from the baseline's from update {r.update}{shown}, no "
+        f"accumulation bug fits, and DDP reduced them with the comm hook {', '.join(hooks)}: "
+        "a hook that approximates or compresses the all-reduce (PowerSGD, fp16/bf16 "
+        "compression) trains otherwise than the large batch's exact mean",
+        {
+            "update": r.update,
+            "comm_hooks": hooks,
+            "grad_rel_l2": finite(error) if error is not None else None,
+            "grad_cosine": finite(r.grad_cosine),
+        },
+        "to check the accumulation, record the merged run with DDP's own all-reduce (no comm "
+        "hook, or allreduce_hook); the hook's effect on training is a separate question the "
+        "baseline's noise floor does not answer",
     )
 
 

@@ -13,6 +13,7 @@ from .common import (
     exact_of,
     finite,
     grads_of,
+    lossy_hooks,
     noise_share,
     relative_error,
     same_direction,
@@ -156,6 +157,28 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
             error = relative_error(gb, gm)
             ranks = c.merged.world_size > 1
             how = f"accumulated or all-reduced in {name}" if ranks else f"accumulated in {name}"
+            fix = (
+                "accumulate gradients in float32 (keep .grad, or a float32 master copy, in "
+                "float32 under mixed precision) and cast only the weights to 16 bits"
+            )
+            if ranks:
+                fix += (
+                    "; on several ranks, all-reduce them in float32 too (no fp16/bf16 "
+                    "compression hook on DDP)"
+                )
+            hooks = lossy_hooks(c)
+            if hooks:  # the Recorder saw the hook on the DDP wrapper: say it first
+                how = (
+                    f"all-reduced in {name}: DDP ran the comm hook {', '.join(hooks)} "
+                    "(reduced-precision gradient communication, a deliberate approximation "
+                    "of the large batch's float32 mean)"
+                )
+                fix = (
+                    f"to check the accumulation, drop the compression hook ({', '.join(hooks)}) "
+                    "or register DDP's allreduce_hook instead; with it the run is another "
+                    "training than the large batch's, by the rounding of every all-reduced "
+                    "gradient"
+                )
             return Diagnosis(
                 "grad-accum-dtype",
                 f"at update {r.update} every merged gradient value is exactly a {name} number "
@@ -167,19 +190,13 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
                     "merged_share_exact": merged_share,
                     "baseline_share_exact": base_share,
                     "grad_rel_l2": finite(error),
+                    "comm_hooks": hooks,
                     "recorded_grad_dtype": {
                         "merged": c.merged.grad_dtype,
                         "baseline": c.baseline.grad_dtype,
                     },
                 },
-                "accumulate gradients in float32 (keep .grad, or a float32 master copy, in "
-                "float32 under mixed precision) and cast only the weights to 16 bits"
-                + (
-                    "; on several ranks, all-reduce them in float32 too (no fp16/bf16 "
-                    "compression hook on DDP)"
-                    if ranks
-                    else ""
-                ),
+                fix,
             )
     return None
 

@@ -1,0 +1,117 @@
+"""Hand-written DDP loops recorded with gradalign.Recorder, one variant per merged run; run by
+tests/test_ddp_loops.py under `torch.distributed.run --nproc-per-node 2` (gloo, CPU), all in
+one launch. Rank 0 first records the one-process baseline at batch B and its float64 rerun.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ddp_loops.py OUT
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import gradalign
+
+B, K, UPDATES, LR = 16, 2, 4, 0.3
+# each variant of the merged run: what the loop does differently from `clean`
+VARIANTS = {
+    "clean": {},
+    "uneven-items": {"rows": (6, 2), "items": True},  # rank 0 reads 6 rows, rank 1 2: weighted
+    "uneven-mean": {"rows": (6, 2)},  # the same shards, each rank's plain mean: the bug
+    "loss-summed": {"recorded": "sum"},  # the loss all-reduced (summed) before micro()
+    "fp16-hook": {"hook": "fp16"},  # DDP's fp16_compress_hook
+    "powersgd-hook": {"hook": "powersgd"},  # DDP's PowerSGD hook, rank 1, from update 2
+}
+
+
+def make_model(dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)).to(dtype)
+
+
+def make_data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(B * UPDATES, 8, generator=g)
+    return x, (x @ torch.randn(8, 3, generator=g)).argmax(dim=1)
+
+
+def baseline(out: Path, dtype: torch.dtype, reference: str | None = None) -> None:
+    model = make_model(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    x, y = make_data()
+    x = x.to(dtype)
+    with gradalign.Recorder(out, model, opt, 1, reference=reference, distributed=False) as rec:
+        for update in range(UPDATES):
+            rows = slice(update * B, (update + 1) * B)
+            loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+            loss.backward()
+            rec.micro(loss, batch=(x[rows], y[rows]))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+def register_hook(ddp: nn.parallel.DistributedDataParallel, hook: str | None) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as power
+
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "powersgd":
+        state = power.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, power.powerSGD_hook)
+
+
+def merged(out: Path, variant: dict) -> None:
+    """W ranks x K micro-steps; no_sync() around the first K-1 (forward and backward)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ddp = nn.parallel.DistributedDataParallel(make_model())
+    register_hook(ddp, variant.get("hook"))
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
+    x, y = make_data()
+    sizes = variant.get("rows") or (B // (world * K),) * world
+    with gradalign.Recorder(out, ddp, opt, accum_steps=K) as rec:
+        for update in range(UPDATES):
+            for micro in range(K):
+                first = update * B + micro * (B // K) + sum(sizes[:rank])
+                rows = slice(first, first + sizes[rank])
+                with ddp.no_sync() if micro < K - 1 else nullcontext():
+                    out_ = ddp(x[rows])
+                    total = nn.functional.cross_entropy(out_, y[rows], reduction="sum")
+                    loss = total / sizes[rank]
+                    if variant.get("items"):  # its share of the window's B rows; DDP divides by W
+                        (total * world / B).backward()
+                    else:
+                        (loss / K).backward()
+                recorded = loss.detach().clone()
+                if variant.get("recorded") == "sum":
+                    dist.all_reduce(recorded)
+                items = {"items": sizes[rank]} if variant.get("items") else {}
+                rec.micro(recorded, batch=(x[rows], y[rows]), **items)
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+def main(out: Path) -> None:
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    if dist.get_rank() == 0:
+        baseline(out / "baseline-fp64", torch.float64)
+        baseline(out / "baseline", torch.float32, reference="../baseline-fp64")
+    for name, variant in VARIANTS.items():
+        merged(out / name, variant)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # torch 2.13's gloo can abort in teardown (examples/ddp_accumulation.py)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
