@@ -25,9 +25,14 @@ VARIANTS = {
     "uneven-items": {"rows": (6, 2), "items": True},  # rank 0 reads 6 rows, rank 1 2: weighted
     "uneven-mean": {"rows": (6, 2)},  # the same shards, each rank's plain mean: the bug
     "loss-summed": {"recorded": "sum"},  # the loss all-reduced (summed) before micro()
+    "loss-times-w": {"times_w": True},  # backward of loss / K x W: DDP "sums", W = K = 2
     "fp16-hook": {"hook": "fp16"},  # DDP's fp16_compress_hook
     "powersgd-hook": {"hook": "powersgd"},  # DDP's PowerSGD hook, rank 1, from update 2
+    # against baseline-clip (a GradScaler, unscale_, then clip_grad_norm_ at CLIP):
+    "clip-scaler": {"clip": "after"},
+    "clip-before-unscale": {"clip": "before"},  # the clip sees the scaled gradients
 }
+CLIP = 0.2
 
 
 def make_model(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -41,20 +46,37 @@ def make_data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, (x @ torch.randn(8, 3, generator=g)).argmax(dim=1)
 
 
-def baseline(out: Path, dtype: torch.dtype, reference: str | None = None) -> None:
+def baseline(out: Path, dtype: torch.dtype, reference: str | None = None, clip: str = "") -> None:
     model = make_model(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     x, y = make_data()
     x = x.to(dtype)
-    with gradalign.Recorder(out, model, opt, 1, reference=reference, distributed=False) as rec:
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if clip else None
+    kw = {"reference": reference, "distributed": False, "scaler": scaler}
+    with gradalign.Recorder(out, model, opt, 1, **kw) as rec:
         for update in range(UPDATES):
             rows = slice(update * B, (update + 1) * B)
             loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-            loss.backward()
+            (scaler.scale(loss) if scaler else loss).backward()
             rec.micro(loss, batch=(x[rows], y[rows]))
-            opt.step()
+            step(model, opt, scaler, clip)
             rec.update()
             opt.zero_grad()
+
+
+def step(model: nn.Module, opt: torch.optim.Optimizer, scaler, clip: str) -> None:
+    """The optimizer step; with a GradScaler, clipped at CLIP after (or, the bug, before)
+    unscale_()."""
+    if not scaler:
+        opt.step()
+        return
+    if clip == "before":
+        nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    scaler.unscale_(opt)
+    if clip == "after":
+        nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    scaler.step(opt)
+    scaler.update()
 
 
 def register_hook(ddp: nn.parallel.DistributedDataParallel, hook: str | None) -> None:
@@ -76,7 +98,9 @@ def merged(out: Path, variant: dict) -> None:
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
     x, y = make_data()
     sizes = variant.get("rows") or (B // (world * K),) * world
-    with gradalign.Recorder(out, ddp, opt, accum_steps=K) as rec:
+    clip = variant.get("clip", "")
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if clip else None
+    with gradalign.Recorder(out, ddp, opt, accum_steps=K, scaler=scaler) as rec:
         for update in range(UPDATES):
             for micro in range(K):
                 first = update * B + micro * (B // K) + sum(sizes[:rank])
@@ -88,13 +112,14 @@ def merged(out: Path, variant: dict) -> None:
                     if variant.get("items"):  # its share of the window's B rows; DDP divides by W
                         (total * world / B).backward()
                     else:
-                        (loss / K).backward()
+                        back = loss / K * (world if variant.get("times_w") else 1)
+                        (scaler.scale(back) if scaler else back).backward()
                 recorded = loss.detach().clone()
                 if variant.get("recorded") == "sum":
                     dist.all_reduce(recorded)
                 items = {"items": sizes[rank]} if variant.get("items") else {}
                 rec.micro(recorded, batch=(x[rows], y[rows]), **items)
-            opt.step()
+            step(ddp, opt, scaler, clip)
             rec.update()
             opt.zero_grad()
 
@@ -105,6 +130,8 @@ def main(out: Path) -> None:
     if dist.get_rank() == 0:
         baseline(out / "baseline-fp64", torch.float64)
         baseline(out / "baseline", torch.float32, reference="../baseline-fp64")
+        baseline(out / "baseline-clip-fp64", torch.float64, clip="after")
+        baseline(out / "baseline-clip", torch.float32, "../baseline-clip-fp64", clip="after")
     for name, variant in VARIANTS.items():
         merged(out / name, variant)
     dist.barrier()

@@ -35,19 +35,20 @@ def loops(tmp_path_factory) -> Path:
         # the ranks import this checkout's gradalign, whatever the environment installed
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path)},
     )
-    assert (out / "powersgd-hook" / "manifest.json").exists(), done.stderr[-3000:]
+    assert (out / "clip-before-unscale" / "manifest.json").exists(), done.stderr[-3000:]
     return out
 
 
 def judged(loops: Path, variant: str):
-    return api.compare(loops / "baseline", loops / variant)
+    base = "baseline-clip" if variant.startswith("clip") else "baseline"
+    return api.compare(loops / base, loops / variant)
 
 
 def errors(comparison) -> list:
     return [d for d in comparison.diagnosis if d.severity == "error"]
 
 
-@pytest.mark.parametrize("variant", ["clean", "uneven-items"])
+@pytest.mark.parametrize("variant", ["clean", "uneven-items", "clip-scaler"])
 def test_clean_loops_pass(loops, variant):
     """Unequal shards whose loss is weighted by the window's rows on all ranks are the large
     batch's training: the rows recorded per rank must not make them a suspect."""
@@ -75,6 +76,14 @@ def test_a_loss_summed_over_the_ranks_before_micro_says_so(loops):
     assert first.evidence["world_size"] == 2
 
 
+def test_w_equal_to_k_says_the_scale_may_be_the_ranks(loops):
+    """A loss multiplied by W on W = K ranks is a loss not divided by K to the gradient: the
+    diagnosis names loss-scale and says the ranks can give the same ratio."""
+    first = errors(judged(loops, "loss-times-w"))[0]
+    assert first.code == "loss-scale" and first.evidence["expected_ratio"] == 2
+    assert "with W = K = 2, a loss (or a comm hook) that sums over the ranks" in first.message
+
+
 def test_comm_hooks_are_recorded_and_named(loops):
     """The Recorder keeps the DDP wrapper's comm hooks; fp16 compression is named as such, and
     PowerSGD (no other signature fits its low-rank error) by `dp-comm-hook`. Was `unexplained`."""
@@ -88,3 +97,15 @@ def test_comm_hooks_are_recorded_and_named(loops):
     assert [d.code for d in power] == ["dp-comm-hook"], power[0].message
     assert power[0].evidence["comm_hooks"] == ["powerSGD_hook"]
     assert power[0].evidence["update"] == 2  # vanilla all-reduce before start_powerSGD_iter
+
+
+def test_a_clip_before_unscale_is_named(loops):
+    """clip_grad_norm_ before the GradScaler's unscale_(): the Recorder counts such clips per
+    window (update/clips_before_unscale); was `loss-scale` ("scaled by the wrong factor")."""
+    first = errors(judged(loops, "clip-before-unscale"))
+    assert [d.code for d in first] == ["clip-before-unscale"], first[0].message
+    assert first[0].evidence["windows"] == 4 and first[0].evidence["first_window"] == 0
+    merged, base = first[0].evidence["pre_clip_norms"]
+    assert merged / base == pytest.approx(1024.0, rel=1e-4)  # the scaler's init_scale
+    assert "scaler.unscale_(optimizer), then clip_grad_norm_" in first[0].fix
+    assert judged(loops, "clip-scaler").merged.clips_before_unscale is None

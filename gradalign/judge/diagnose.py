@@ -37,6 +37,7 @@ GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_not_cleared,
     sig.penalty_not_scaled,
     sig.zero_grad_counted,  # counted by the Recorder: before the shapes that only fit ratios
+    sig.clip_before_unscale,
     sig.clip_per_micro_counted,
     sig.clip_threshold,
     sig.loss_scale,

@@ -296,14 +296,8 @@ class Recorder:
         window.lr = group_lrs(optimizer)
 
     def _on_clip(self, params: list[torch.Tensor], clip: clipping.Clip) -> None:
-        window = self._windows.open
-        if not any(id(p) in self._param_ids for p in params):
-            return
-        window.clip_calls += 1
-        if clip.value is not None:
-            window.clip_value = clip.value
-        elif clip.total is not None and window.grads_calls == 0:
-            window.pre_clip_norm = device_scalar(clip.total)
+        if any(id(p) in self._param_ids for p in params):
+            self._windows.clipped(clip.value, clip.total)
 
     def _unhook(self) -> None:
         for hook in self._hooks:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import watched
+from .facts import device_scalar
 
 
 def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
@@ -60,6 +61,7 @@ def watch_scaler(scaler: Any, windows: Windows) -> Callable[[], None]:
     """Count a GradScaler's unscale_() and update() calls into the open window (an unscale or an
     update per micro-step breaks accumulation); returns the function that stops counting."""
     windows.watched_scaler = True
+    windows.scaler = scaler
 
     def unscaled() -> None:
         windows.open.unscales += 1
@@ -108,6 +110,7 @@ class Window:
     scaler_updates: int = 0  # GradScaler.update() calls
     clip_calls: int = 0  # clip_grad_norm_ and clip_grad_value_ calls on the model's parameters
     clip_value: float = math.nan  # the last clip_grad_value_'s clip value
+    clips_scaled: int = 0  # clip calls before the watched, enabled GradScaler's unscale_()
     zero_grads_inside: int = 0  # zero_grad() calls between two of its micro-steps
     zero_grads_after: int = 0  # since its last micro-step (inside if another micro-step comes)
 
@@ -127,6 +130,8 @@ class Windows:
     watched_scaler: bool = False
     clip_calls: list[int] = field(default_factory=list)
     clip_values: list[float] = field(default_factory=list)
+    clips_scaled: list[int] = field(default_factory=list)
+    scaler: Any = None  # the watched GradScaler
     zero_grads_inside: list[int] = field(default_factory=list)
     zero_grads_seen: bool = False  # a zero_grad() call was seen: the counts above mean something
     open: Window = field(default_factory=Window)
@@ -147,8 +152,23 @@ class Windows:
         self.scaler_calls.append((w.unscales, w.scaler_updates))
         self.clip_calls.append(w.clip_calls)
         self.clip_values.append(w.clip_value)
+        self.clips_scaled.append(w.clips_scaled)
         self.zero_grads_inside.append(w.zero_grads_inside)
         self.open = Window()
+
+    def clipped(self, value: float | None, total: torch.Tensor | None) -> None:
+        """A clip_grad_norm_ (`total`: the norm before it) or clip_grad_value_ (`value`) call on
+        the model's parameters; one before the watched GradScaler's unscale_() in this window
+        clipped the scaled gradients (GradScaler.step() unscales first where the loop did not)."""
+        w = self.open
+        w.clip_calls += 1
+        enabled = self.scaler is not None and bool(getattr(self.scaler, "is_enabled", bool)())
+        if enabled and w.unscales == 0:
+            w.clips_scaled += 1
+        if value is not None:
+            w.clip_value = value
+        elif total is not None and w.grads_calls == 0:
+            w.pre_clip_norm = device_scalar(total)
 
     def zero_grad(self) -> None:
         """A zero_grad() call: inside the window when it falls between two of its micro-steps,
@@ -186,6 +206,8 @@ class Windows:
             )
         if any(self.clip_calls):
             out["update/clip_calls"] = np.asarray(self.clip_calls, dtype=np.int64)
+        if any(self.clips_scaled):
+            out["update/clips_before_unscale"] = np.asarray(self.clips_scaled, dtype=np.int64)
         if not all(math.isnan(v) for v in self.clip_values):
             out["update/clip_value"] = np.asarray(self.clip_values, dtype=np.float64)
         if self.zero_grads_seen:

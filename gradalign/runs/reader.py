@@ -159,6 +159,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         scaler_calls=optional("update/scaler_calls", updates),
         clip_calls=optional("update/clip_calls", updates),
         clip_value=optional("update/clip_value", updates),
+        clips_before_unscale=optional("update/clips_before_unscale", updates),
         zero_grads_inside=optional("update/zero_grads_inside", updates),
         window_sizes=sizes,
         unclosed_micro_steps=unclosed,

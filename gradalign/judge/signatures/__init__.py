@@ -13,7 +13,7 @@ from .accumulation import (
     scaler_per_micro,
     weights_changed_in_window,
 )
-from .clipping import clip_per_micro, clip_per_micro_counted, clip_threshold
+from .clipping import clip_before_unscale, clip_per_micro, clip_per_micro_counted, clip_threshold
 from .common import failing, finite, first_gradient_failure
 from .decisive import (
     batchnorm,
@@ -41,6 +41,7 @@ __all__ = [
     "batchnorm",
     "buffers_in_forward",
     "card_loss",
+    "clip_before_unscale",
     "clip_per_micro",
     "clip_per_micro_counted",
     "clip_threshold",

@@ -1,5 +1,6 @@
 """Clipping signatures: a clip applied to partial sums inside the window (by norm or by value),
-or a clip at another threshold than the baseline's."""
+a clip of the GradScaler's scaled gradients, or a clip at another threshold than the
+baseline's."""
 
 from __future__ import annotations
 
@@ -69,6 +70,38 @@ def scale_behind_clip(c: Comparison, loss_ratio: float) -> Diagnosis | None:
             "the window's items), once",
         )
     return None
+
+
+def clip_before_unscale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The Recorder saw the merged run clip before its GradScaler's unscale_() in a window up to
+    the failing update, the baseline did not: the clip measured the scaled gradient's norm."""
+    counts = c.merged.clips_before_unscale
+    base = c.baseline.clips_before_unscale
+    i = r.update
+    if counts is None or not counts[: i + 1].any() or (base is not None and base[i]):
+        return None
+    first = int(np.flatnonzero(counts[: i + 1])[0])
+    windows = int(np.count_nonzero(counts))
+    evidence: dict = {"update": i, "first_window": first, "windows": windows}
+    norms = ""
+    mb, bb = c.merged.grad_norm_pre_clip, c.baseline.grad_norm_pre_clip
+    if mb is not None and bb is not None and bb[first] > 0:
+        ratio = float(mb[first] / bb[first])
+        evidence.update(pre_clip_norms=[finite(float(mb[first])), finite(float(bb[first]))])
+        norms = (
+            f"; its norm before clipping was {mb[first]:.4g} against the baseline's "
+            f"{bb[first]:.4g} ({ratio:.4g} times: the loss scale it still carried)"
+        )
+    return Diagnosis(
+        "clip-before-unscale",
+        f"the merged run clipped before its GradScaler's unscale_() in {windows} window(s) "
+        f"(first window {first}): the clip saw the scaled gradients, so it cut them to "
+        f"max_norm / scale{norms}; the gradients differ first at update {i}",
+        evidence,
+        "unscale first: after the window's last backward, call scaler.unscale_(optimizer), "
+        "then clip_grad_norm_ (or clip_grad_value_), then scaler.step(optimizer) and "
+        "scaler.update()",
+    )
 
 
 def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:

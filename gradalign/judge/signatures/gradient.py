@@ -58,11 +58,18 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
                 if when:
                     evidence["pre_clip_ratio"] = finite(size)
                 stepped = f" (stepped with: {ratio:.6g} times," if when else " with"
+                verb = "sums" if expected > 1 else "divides"
+                alike = (
+                    f"; with W = K = {k}, a loss (or a comm hook) that {verb} over the ranks on "
+                    "top of DDP's mean gives the same ratio (record with K ≠ W to tell them apart)"
+                    if c.merged.world_size == k and expected in (k, 1 / k)
+                    else ""
+                )
                 return Diagnosis(
                     "loss-scale",
                     f"the micro-batch losses were {how}: at update {r.update} the accumulated "
                     f"gradient{when} is {size:.6g} times the baseline's{stepped} cosine "
-                    f"{cosine:.8f}" + (")" if when else ""),
+                    f"{cosine:.8f}" + (")" if when else "") + alike,
                     evidence,
                     fix,
                 )
