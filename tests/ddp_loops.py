@@ -31,6 +31,7 @@ VARIANTS = {
     # against baseline-clip (a GradScaler, unscale_, then clip_grad_norm_ at CLIP):
     "clip-scaler": {"clip": "after"},
     "clip-before-unscale": {"clip": "before"},  # the clip sees the scaled gradients
+    "clip-each-micro": {"clip": "after", "clip_micro": True},  # and on every partial sum
 }
 CLIP = 0.2
 
@@ -114,6 +115,8 @@ def merged(out: Path, variant: dict) -> None:
                     else:
                         back = loss / K * (world if variant.get("times_w") else 1)
                         (scaler.scale(back) if scaler else back).backward()
+                    if variant.get("clip_micro") and micro < K - 1:  # scaled, before unscale_()
+                        nn.utils.clip_grad_norm_(ddp.parameters(), CLIP)
                 recorded = loss.detach().clone()
                 if variant.get("recorded") == "sum":
                     dist.all_reduce(recorded)

@@ -35,7 +35,7 @@ def loops(tmp_path_factory) -> Path:
         # the ranks import this checkout's gradalign, whatever the environment installed
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path)},
     )
-    assert (out / "clip-before-unscale" / "manifest.json").exists(), done.stderr[-3000:]
+    assert (out / "clip-each-micro" / "manifest.json").exists(), done.stderr[-3000:]
     return out
 
 
@@ -109,3 +109,6 @@ def test_a_clip_before_unscale_is_named(loops):
     assert merged / base == pytest.approx(1024.0, rel=1e-4)  # the scaler's init_scale
     assert "scaler.unscale_(optimizer), then clip_grad_norm_" in first[0].fix
     assert judged(loops, "clip-scaler").merged.clips_before_unscale is None
+    # clipped inside the window too (before unscale_ there as well): clip-per-micro comes first
+    inside = errors(judged(loops, "clip-each-micro"))
+    assert inside[0].code == "clip-per-micro", inside[0].message

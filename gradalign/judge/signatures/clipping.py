@@ -74,12 +74,16 @@ def scale_behind_clip(c: Comparison, loss_ratio: float) -> Diagnosis | None:
 
 def clip_before_unscale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """The Recorder saw the merged run clip before its GradScaler's unscale_() in a window up to
-    the failing update, the baseline did not: the clip measured the scaled gradient's norm."""
+    the failing update, the baseline did not: the clip measured the scaled gradient's norm.
+    A window clipped more often than the baseline's is left to clip-per-micro."""
     counts = c.merged.clips_before_unscale
     base = c.baseline.clips_before_unscale
     i = r.update
     if counts is None or not counts[: i + 1].any() or (base is not None and base[i]):
         return None
+    calls, once = c.merged.clip_calls, c.baseline.clip_calls
+    if calls is not None and int(calls[i]) > max(1, 0 if once is None else int(once[i])):
+        return None  # clipped inside the window too: clip-per-micro, whatever the scale
     first = int(np.flatnonzero(counts[: i + 1])[0])
     windows = int(np.count_nonzero(counts))
     evidence: dict = {"update": i, "first_window": first, "windows": windows}
