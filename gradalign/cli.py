@@ -187,7 +187,9 @@ def compare_cmd(
     accum_steps: Annotated[
         int | None, typer.Option("--accum-steps", "-k", help="K of the merged run (logs)")
     ] = None,
-    baseline_accum_steps: Annotated[int, typer.Option(help="K of the baseline, for logs")] = 1,
+    baseline_accum_steps: Annotated[
+        int, typer.Option(help="K of the baseline (a log's, or a merged run's given as BASE)")
+    ] = 1,
     card_loss: Annotated[
         str | None,
         typer.Option(
