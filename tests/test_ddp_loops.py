@@ -81,7 +81,7 @@ def test_w_equal_to_k_says_the_scale_may_be_the_ranks(loops):
     diagnosis names loss-scale and says the ranks can give the same ratio."""
     first = errors(judged(loops, "loss-times-w"))[0]
     assert first.code == "loss-scale" and first.evidence["expected_ratio"] == 2
-    assert "with W = K = 2, a loss (or a comm hook) that sums over the ranks" in first.message
+    assert "with W = K = 2, a loss multiplied by W (or a comm hook summing" in first.message
 
 
 def test_comm_hooks_are_recorded_and_named(loops):

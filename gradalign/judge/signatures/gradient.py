@@ -58,10 +58,14 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
                 if when:
                     evidence["pre_clip_ratio"] = finite(size)
                 stepped = f" (stepped with: {ratio:.6g} times," if when else " with"
-                verb = "sums" if expected > 1 else "divides"
+                what = (
+                    "a loss multiplied by W (or a comm hook summing without dividing by W)"
+                    if expected > 1
+                    else "a loss divided by W (or a comm hook dividing by W twice)"
+                )
                 alike = (
-                    f"; with W = K = {k}, a loss (or a comm hook) that {verb} over the ranks on "
-                    "top of DDP's mean gives the same ratio (record with K ≠ W to tell them apart)"
+                    f"; with W = K = {k}, {what} on top of DDP's mean gives the same ratio "
+                    "(record with K ≠ W to tell them apart)"
                     if c.merged.world_size == k and expected in (k, 1 / k)
                     else ""
                 )
