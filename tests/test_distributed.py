@@ -324,6 +324,8 @@ def test_ranks_that_cannot_start_say_so_before_any_work(cli, tmp_path, monkeypat
 
 
 ROOT = Path(__file__).resolve().parent.parent
+# the ranks import this checkout's gradalign, not whichever the environment installed
+RANK_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
 def test_a_hand_written_ddp_loop_under_torchrun(cli, tmp_path):
@@ -336,7 +338,7 @@ def test_a_hand_written_ddp_loop_under_torchrun(cli, tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=RANK_ENV,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     manifest = json.loads((tmp_path / "merged" / "manifest.json").read_text())
@@ -367,7 +369,7 @@ def test_a_hand_written_fsdp_loop_under_torchrun(cli, tmp_path):
             capture_output=True,
             text=True,
             timeout=600,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            env=RANK_ENV,
         )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         runs = tmp_path / precision
