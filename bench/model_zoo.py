@@ -12,7 +12,10 @@ Optimizers: Adam (lr 1e-2 and 1e-3, eps 1e-6), AdamW with weight decay, RMSprop,
 with momentum, NAdam, RAdam, Adamax. K in 2, 4, 8; batch 48, 10 updates.
 
     .venv/bin/python bench/model_zoo.py [--runs 150] [--start 0] [--models gpt,encoder,...]
-                                        [--jsonl rows.jsonl]
+                                        [--bug NAME] [--jsonl rows.jsonl]
+
+`--bug` injects one bug into every merged run (no loss scaling, zero_grad or step every
+micro-step, gradients never cleared); then every run must fail, named first by that bug's code.
 
 Torch runs on one thread (which threads sum what changes the draws, not the verdicts' odds).
 Exits 0 either way: a measurement, not a test.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import tempfile
 import time
@@ -131,9 +135,17 @@ OPTIMIZERS: dict[str, Opt] = {
 }
 
 
+BUGS = {  # a bug the merged loop may carry -> the code that must name it
+    "no-loss-scale": "loss-scale",
+    "zero-grad-every-micro": "zero-grad-in-window",
+    "step-every-micro": "step-in-window",
+    "no-zero-grad": "grad-not-cleared",
+}
+
+
 def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) -> None:
     """One run at K=k; `options`: float64=True, reference=PATH, logged_scale=S (each micro loss
-    recorded S times too large: a loss that is not the one backpropagated)."""
+    recorded S times too large: a loss that is not the one backpropagated), bug=NAME (BUGS)."""
     torch.manual_seed(seed)
     net = MODELS[model]()
     net = net.double() if options.get("float64") else net
@@ -143,7 +155,7 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     lm = model == "gpt"
     y = torch.roll(x, -1, 1) if lm else (x[:, 0] + x[:, 3]) % CLASSES
     size = BATCH // k
-    reference = options.get("reference")
+    reference, bug = options.get("reference"), options.get("bug")
     with gradalign.Recorder(out, net, opt, accum_steps=k, reference=reference) as rec:
         for u in range(UPDATES):
             for j in range(k):
@@ -153,18 +165,23 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
                 if lm:
                     logits, target = logits.reshape(-1, VOCAB), target.reshape(-1)
                 loss = nn.functional.cross_entropy(logits, target)
-                (loss / k).backward()
+                (loss if bug == "no-loss-scale" else loss / k).backward()
                 logged = loss.detach() * options.get("logged_scale", 1.0)
                 rec.micro(logged, batch=(x[rows], y[rows]))
+                if bug == "zero-grad-every-micro" and j < k - 1:
+                    opt.zero_grad()
+                if bug == "step-every-micro" and j < k - 1:
+                    opt.step()
             opt.step()
             rec.update()
-            opt.zero_grad()
+            if bug != "no-zero-grad":
+                opt.zero_grad()
 
 
-def judge(root: Path, model: str, optimizer: str, k: int, seed: int) -> dict:
+def judge(root: Path, model: str, optimizer: str, k: int, seed: int, bug: str | None) -> dict:
     record(root / "ref", model, optimizer, 1, seed, float64=True)
     record(root / "base", model, optimizer, 1, seed, reference="../ref")
-    record(root / "merged", model, optimizer, k, seed)
+    record(root / "merged", model, optimizer, k, seed, bug=bug)
     c = api.compare(root / "base", root / "merged")
     worst = max(d.ratio for r in c.results for d in (*r.weights, *r.grads))
     codes = [d.code for d in c.diagnosis if d.severity == "error"]
@@ -177,30 +194,39 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--jsonl", type=Path, default=None, help="append each run's row here")
+    parser.add_argument("--bug", choices=sorted(BUGS), help="inject this bug: each run must fail")
     args = parser.parse_args()
     torch.set_num_threads(1)
     models = args.models.split(",")
     grid = [(m, o, k) for m in models for o in OPTIMIZERS for k in (2, 4, 8)]
     random.Random(1234).shuffle(grid)
-    alarms, worst, started = [], 0.0, time.time()
+    alarms, worst, mildest, started = [], 0.0, math.inf, time.time()
     with tempfile.TemporaryDirectory() as scratch:
         for i in range(args.start, args.start + args.runs):
             model, optimizer, k = grid[i % len(grid)]
             row = {"run": i, "model": model, "optimizer": optimizer, "k": k}
-            row.update(judge(Path(scratch) / f"run-{i}", model, optimizer, k, seed=i))
-            if row["verdict"] != "pass":
+            row.update(judge(Path(scratch) / f"run-{i}", model, optimizer, k, i, args.bug))
+            if args.bug is None and row["verdict"] != "pass":
                 alarms.append(row)
-            worst = max(worst, row["worst"]) if row["verdict"] == "pass" else worst
+            elif args.bug is not None and row["codes"][:1] != [BUGS[args.bug]]:
+                alarms.append(row)  # missed, or named otherwise
+            if row["verdict"] == "pass":
+                worst = max(worst, row["worst"])
+            else:
+                mildest = min(mildest, row["worst"])
             print(json.dumps(row), flush=True)
             if args.jsonl is not None:
                 with args.jsonl.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-    print(
-        f"{args.runs} clean runs, {len(alarms)} false alarm(s), worst passing err/allowed "
-        f"{worst:.3g}, {time.time() - started:.0f} s"
-    )
+    seconds = time.time() - started
+    if args.bug is None:
+        print(f"{args.runs} clean runs, {len(alarms)} false alarm(s), worst passing err/allowed "
+              f"{worst:.3g}, {seconds:.0f} s")  # fmt: skip
+    else:
+        print(f"{args.runs} runs with {args.bug}, {len(alarms)} not named {BUGS[args.bug]} "
+              f"first, mildest failing err/allowed {mildest:.3g}, {seconds:.0f} s")  # fmt: skip
     for row in alarms:
-        print(f"  false alarm: {row}")
+        print(f"  {'false alarm' if args.bug is None else 'not named'}: {row}")
     return 0
 
 
