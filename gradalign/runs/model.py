@@ -163,7 +163,11 @@ class Run:
         return np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
 
     def window(self, update: int) -> range:
-        """The micro-steps of window `update`."""
+        """The micro-steps of window `update` (O(1) where every window holds K)."""
+        if self.window_sizes is None:
+            if not 0 <= update < self.updates:
+                raise IndexError(f"update {update} out of range 0..{self.updates - 1}")
+            return range(update * self.accum_steps, (update + 1) * self.accum_steps)
         start = int(self.starts[update])
         return range(start, start + int(self.sizes[update]))
 
@@ -174,11 +178,12 @@ class Run:
 
     def _sum(self, series: np.ndarray) -> np.ndarray:
         """A per-micro-step series summed over each window (int64 sums wrap, like digests)."""
+        k = self.accum_steps
+        if self.window_sizes is None and len(series) == self.updates * k:
+            return series.reshape(self.updates, k).sum(axis=1, dtype=series.dtype)
+        starts, sizes = self.starts.tolist(), self.sizes.tolist()
         return np.array(
-            [
-                series[w.start : w.stop].sum(dtype=series.dtype)
-                for w in map(self.window, range(self.updates))
-            ],
+            [series[s : s + n].sum(dtype=series.dtype) for s, n in zip(starts, sizes, strict=True)],
             dtype=series.dtype,
         ).reshape(self.updates)
 
