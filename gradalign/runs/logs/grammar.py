@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 
 from ...errors import BadInput
-from .names import OTHER_LOSSES, STEP_KEY
+from .names import STEP_KEY, choose_loss
 
 _NUMBER = re.compile(
     r"^[-+]?(?:(?P<int>\d+)\.(?P<frac>\d*)|\.(?P<frac2>\d+)|(?P<bare>\d+))"
@@ -73,6 +73,7 @@ _COUNTERS = (  # `[ 1/20]`, `[0/60000 (0%)]`; else a bare `1/20` or `1 / 20`
     re.compile(r"\[\s*(?P<index>\d+)\s*/\s*(?P<total>\d+)\s*(?:\(\s*[\d.]+\s*%\s*\)\s*)?\]"),
     re.compile(r"(?<![\w./:\[])(?P<index>\d+)\s*/\s*(?P<total>\d+)(?![\w./:%\]])"),
 )
+_QUALIFIER = re.compile(r"[A-Za-z][\w./-]*")  # a word naming a loss: `lm`, `mtp_1`, `aux/z`
 _EPOCH_BEFORE = re.compile(r"epoch\W*$", re.IGNORECASE)  # `Epoch [2/10]` counts epochs
 _NOT_TRAINING = re.compile(  # never a training step: glog, warnings, evaluation, progress bars
     # a skipped step is an event (`skipping update`), `skipped iterations: 0` a counter; Keras's
@@ -247,20 +248,17 @@ def _keyed_step_line(text: str) -> StepLine | None:
     if _NOT_TRAINING.search(text):
         return None
     keyed = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
-    named = None  # `lm loss`: taken where no field is plainly `loss`
-    for found in _KEYED_LOSS.finditer(text):
-        loss = one_number(found["loss"])
-        if loss is None:
-            continue  # `loss scale: 65536`: another field
-        before = text[: found.start()].split()
-        word = before[-1] if before and re.fullmatch(r"[A-Za-z]+", before[-1]) else None
-        if word is None:
-            named = found, loss
-            break
-        if named is None and word.lower() not in OTHER_LOSSES:
-            named = found, loss  # not `aux loss`, `running loss`, `val loss`
-    if named is None:
+    found = [(m, loss) for m in _KEYED_LOSS.finditer(text) if (loss := one_number(m["loss"]))]
+    names = [_loss_name(text, m) for m, _ in found]  # `loss scale: 65536` holds no number: gone
+    try:
+        at = choose_loss(names)
+    except BadInput:
+        if keyed or _counter(text) is not None:
+            raise
+        return None  # not a step line: a summary holding a total and its parts
+    if at is None:
         return None
+    named = found[at]
     indices = [int(m["index"]) for m in keyed]
     if not indices:
         counter = _counter(text[: named[0].start()])
@@ -268,6 +266,19 @@ def _keyed_step_line(text: str) -> StepLine | None:
             return None
         indices = [counter]
     return _step_line(text, indices, not keyed, *named)
+
+
+def _loss_name(text: str, found: re.Match) -> str:
+    """A `loss` field's name, with the word qualifying it: `lm loss`, `mtp_1 loss`, `l2 loss`,
+    `aux/loss`, `train_loss`; plainly `loss` where a separator, a number or another field's
+    value comes before it (`| loss`, `step 3, loss`, `memory: 100  loss`)."""
+    name = found[0][: found[0].lower().rindex("loss") + 4]
+    before = text[: found.start()]
+    parts = before.split()
+    if not parts or name.lower() != "loss":
+        return name
+    word = parts[-1] if before[-1].isspace() else parts[-1].rstrip("/-")  # `aux/loss`
+    return f"{word} loss" if _QUALIFIER.fullmatch(word) else name
 
 
 def _counter(text: str) -> int | None:

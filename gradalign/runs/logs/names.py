@@ -3,9 +3,10 @@ records (`records`): which names are a step, the training loss, the learning rat
 
     step       step, global_step, micro_step, iter, iteration, batch_id, batch_idx, num_updates
                (`Step`, `trainer/global_step` and `_step` alike)
-    loss       `loss` plainly; else a named training loss (`train_loss`, `train/loss`, `lm loss`,
-               `train_loss_step`); never another quantity's (`val`, `eval`, `aux`, `running`,
-               `avg`, `kl`, ... before `loss`, `loss_scale`, `loss_epoch`)
+    loss       `loss` plainly; else a training loss (`train_loss`, `train/loss`, `train_loss_step`);
+               else the first other named loss (`lm loss`, `nll_loss`); never another quantity's
+               (`val`, `eval`, `aux`, `running`, `avg`, `kl`, ... before `loss`, `loss_scale`,
+               `loss_epoch`); a named loss beside a `total` one and no plain `loss` is refused
     lr         lr, learning_rate, `learning rate`, `lr-<Optimizer>` (Lightning's
                LearningRateMonitor: `lr-SGD`, `lr-AdamW/pg1`)
 """
@@ -13,6 +14,8 @@ records (`records`): which names are a step, the training loss, the learning rat
 from __future__ import annotations
 
 import re
+
+from ...errors import BadInput
 
 # a step key as a regular expression (keyed lines match it inside a line)
 STEP_KEY = (
@@ -67,3 +70,22 @@ def loss_rank(name: str) -> int | None:
     if any(w in OTHER_LOSSES for w in before):
         return None
     return 1 if all(w in TRAINING for w in before) else 2
+
+
+def choose_loss(names: list[str]) -> int | None:
+    """Which of a line's or record's loss fields is the training loss (its position), by
+    `loss_rank`: the plainest, the first of equals; None if none is. A named component (`ce
+    loss`) chosen beside a `total` loss is refused: the total of the components is what the
+    optimizer steps on, yet `total` may also be a sum over steps, so neither can be read."""
+    ranked = [(rank, at) for at, name in enumerate(names) if (rank := loss_rank(name)) is not None]
+    if not ranked:
+        return None
+    rank, at = min(ranked)
+    totals = [name for name in names if "total" in _WORDS.split(name.strip().lower())]
+    if rank == 2 and totals:
+        raise BadInput(
+            f"the loss fields {totals[0]!r} and {names[at]!r}, none plainly named 'loss': which "
+            "is the training loss is not clear; print the loss the optimizer steps on as "
+            "'loss: <value>'"
+        )
+    return at

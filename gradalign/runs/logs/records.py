@@ -27,7 +27,7 @@ import re
 
 from ...errors import BadInput
 from .grammar import Printed, StepLine, number
-from .names import is_lr_field, is_step_field, loss_rank
+from .names import choose_loss, is_lr_field, is_step_field
 
 MAX_RECORD = 1 << 16  # a longer line is no record: literal_eval's cost grows with its input
 _NAME = re.compile(r"[A-Za-z_][\w .()/\-]*")
@@ -94,8 +94,8 @@ def _cells(text: str, delimiter: str | None) -> list[str]:
 
 
 def _best_loss(names: list[str]) -> str | None:
-    ranked = [(rank, at) for at, name in enumerate(names) if (rank := loss_rank(name)) is not None]
-    return None if not ranked else names[min(ranked)[1]]
+    at = choose_loss(names)
+    return None if at is None else names[at]
 
 
 class Records:
