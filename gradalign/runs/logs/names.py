@@ -13,6 +13,7 @@ records (`records`): which names are a step, the training loss, the learning rat
 
 from __future__ import annotations
 
+import functools
 import re
 
 from ...errors import BadInput
@@ -39,11 +40,13 @@ def _last_part(name: str) -> str:
     return name.strip().rsplit("/", 1)[-1].lstrip("_")
 
 
+@functools.lru_cache(maxsize=1 << 12)  # a log's records repeat the same few names
 def is_step_field(name: str) -> bool:
     """Whether a record's field names the step (`step`, `global_step`, `Step`, `num_updates`)."""
     return _STEP_FIELD.fullmatch(_last_part(name)) is not None
 
 
+@functools.lru_cache(maxsize=1 << 12)
 def is_lr_field(name: str) -> bool:
     """Whether a record's field is the learning rate (`lr`, `learning_rate`, `lr-SGD`)."""
     return _LR_FIELD.fullmatch(name.strip()) is not None

@@ -36,6 +36,9 @@ _TENSORBOARD = ("wall time", "step", "value")
 _SPECIAL = re.compile(r"(?<![\w'\"])(-?(?:nan|inf))(?![\w'\"])")  # `'grad_norm': nan,`
 
 
+_JSON = json.JSONDecoder(parse_float=str, parse_int=str)  # numbers kept as printed
+
+
 class NotAStep:
     """A record (or a table's header) that is not a step: noise."""
 
@@ -77,14 +80,26 @@ def _mapping(text: str) -> dict | None:
     """A JSON object or a Python dict literal (`nan` and `inf` as Python prints them), or None."""
     if len(text) > MAX_RECORD:
         return None
-    try:
-        found = json.loads(text, parse_float=str, parse_int=str)
-    except (ValueError, RecursionError):
+    for attempt in (text, _as_json(text)):
+        if attempt is None:
+            continue
         try:
-            found = ast.literal_eval(_SPECIAL.sub(r"'\1'", text))
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return None
+            found = _JSON.decode(attempt)
+        except (ValueError, RecursionError):
+            continue
+        return found if isinstance(found, dict) else None
+    try:
+        found = ast.literal_eval(_SPECIAL.sub(r"'\1'", text))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
     return found if isinstance(found, dict) else None
+
+
+def _as_json(text: str) -> str | None:
+    """A Python dict's repr as JSON, where swapping its quotes makes it so: with no `"` in it,
+    no string in it holds a `'` (repr quotes those with `"`). A dict json cannot read (`None`,
+    tuples, `nan`) is left to `ast.literal_eval`, ten times slower on 200k records."""
+    return None if '"' in text or "'" not in text else text.replace("'", '"')
 
 
 def _cells(text: str, delimiter: str | None) -> list[str]:
@@ -153,17 +168,18 @@ class Records:
 
     def _record(self, fields: dict) -> Read:
         fields = {str(name): value for name, value in fields.items()}
-        names = [str(name) for name, value in fields.items() if _printed(value) is not None]
+        printed = {name: p for name, value in fields.items() if (p := _printed(value)) is not None}
+        names = list(printed)
         if self.loss_key is None:
             self.loss_key = _best_loss(names)
-        if self.loss_key not in names:
+        if self.loss_key not in printed:
             return NOT_A_STEP
-        loss = _printed(fields[self.loss_key])
+        loss = printed[self.loss_key]
         steps = sorted(
             (n for n in names if is_step_field(n) and _integer(fields[n]) is not None),
             key=lambda n: "global" not in n.lower(),
         )
         indices = [_integer(fields[n]) for n in steps]
-        lr = next((_printed(fields[n]) for n in names if is_lr_field(n)), None)
+        lr = next((printed[n] for n in names if is_lr_field(n)), None)
         epoch = next((_integer(v) for n, v in fields.items() if str(n).lower() == "epoch"), None)
         return StepLine(indices[0] if indices else None, loss, False, epoch, lr, tuple(indices[1:]))
