@@ -200,6 +200,36 @@ def test_two_step_keys_read_the_one_that_counts(tmp_path):
     assert read_log(write(tmp_path, text)).micro_loss.tolist() == LOSSES
 
 
+@pytest.mark.parametrize(
+    "keys",
+    [
+        lambda i: (i // 2 + 1, i),  # the update counted from 1, the micro-steps from 0
+        lambda i: (i // 2, i % 2),  # a micro-step count within the window: no step
+        lambda i: (i // 2 + 1, i % 2),
+        lambda i: (i // 2 + 1, i % 2 + 1),
+    ],
+)
+def test_two_step_keys_where_matching_line_by_line_misleads(tmp_path, keys):
+    """The first lines of `global_step: 1, micro_step: 0` fit either key; where reading both
+    line by line fails, the key that reads the whole log is the step."""
+    text = "".join(
+        "global_step: {}, micro_step: {}, loss: {}\n".format(*keys(i), v)
+        for i, v in enumerate(LOSSES)
+    )
+    assert read_log(write(tmp_path, text), accum_steps=2).micro_loss.tolist() == LOSSES
+
+
+def test_one_step_printed_on_every_line_needs_its_k(tmp_path):
+    """A log of one step printed on four lines is one update of four micro-steps, never two."""
+    lines = [f"global_step: 0, micro_step: {i % 2}, loss: {v}" for i, v in enumerate(LOSSES)]
+    text = "\n".join(lines) + "\n"
+    with pytest.raises(BadInput, match=r"printed on 4 lines.*-k 4, not -k 2"):
+        read_log(write(tmp_path, text), accum_steps=2)
+    assert read_log(write(tmp_path, text), accum_steps=4).micro_loss.tolist() == LOSSES
+    with pytest.raises(BadInput, match=r"printed on 2 lines.*-k 2, not -k 1"):
+        read_log(write(tmp_path, "step 0 loss 0.5\nstep 0 loss 0.25\n"))
+
+
 def test_a_counter_striding_by_samples(tmp_path):
     lines = [
         f"Train Epoch: {1 + i // 2} [{(i % 2) * 64}/128 ({(i % 2) * 50}%)]\tLoss: {v}"

@@ -111,11 +111,13 @@ def read_lines(path: Path) -> list[str]:
 class _Pass:
     """The state of one pass: lines, position, what was found."""
 
-    def __init__(self, path: Path, lines: list[str]) -> None:
+    def __init__(self, path: Path, lines: list[str], key: int | None = None) -> None:
         self.path, self.raw, self.at = path, lines, 0
         self.lines = readable(lines)
         self.log = ParsedLog(path)
         self.records = Records()
+        self.key = key  # the step key read on every line (its place among the line's step keys)
+        self.most_keys = 1  # the most step keys a step line held
 
     def where(self, index: int) -> str:
         return f"{self.path}:{index + 1}"
@@ -130,6 +132,8 @@ class _Pass:
         self.log.notes += self.records.notes
         if self.log.steps > 1:
             self._printed_times(len(self.lines) - 1)
+        elif self.log.steps == 1:
+            self.log.printed_times = self.log.repeats  # one step, on as many lines
         return self.log
 
     def _line(self, index: int, text: str) -> None:
@@ -165,8 +169,10 @@ class _Pass:
     def _step(self, index: int, step: StepLine) -> None:
         log = self.log
         rank = rank_tag(self.raw[index])
+        self.most_keys = max(self.most_keys, 1 + len(step.others))
         if not log.losses:
             value = next((v for v in (step.index, *step.others) if v in (0, 1)), step.index)
+            value = value if self.key is None else self._keyed(step)
             value = 0 if value is None else value  # records without a step field count from 0
             if value not in (0, 1):
                 raise BadInput(f"{self.where(index)}: the first step is {value}; expected 0 or 1")
@@ -267,7 +273,7 @@ class _Pass:
         log = self.log
         if step.index is None:
             return expected
-        value = step.index
+        value = step.index if self.key is None else self._keyed(step)
         if step.counter:
             if len(log.losses) == 1 and log.first_index == 0 and value > 1 == log.stride:
                 log.stride = value
@@ -281,7 +287,14 @@ class _Pass:
                     f"{log.stride}, the stride its first lines advanced by"
                 )
             value //= log.stride
+        if self.key is not None:
+            return value
         return next((v for v in (value, *step.others) if v == expected), value)
+
+    def _keyed(self, step: StepLine) -> int | None:
+        """The value of the step key this pass reads (the line's first where it holds fewer)."""
+        values = (step.index, *step.others)
+        return values[self.key] if self.key is not None and self.key < len(values) else values[0]
 
 
 def _arrow(text: str) -> bool:
@@ -296,8 +309,26 @@ def _next_epoch(last: int | None, now: int | None) -> bool:
 
 
 def parse_log(path: Path) -> ParsedLog:
-    """Parse a log; BadInput (naming the file and line) for a malformed step or array."""
-    log = _Pass(path, read_lines(path)).run()
+    """Parse a log; BadInput (naming the file and line) for a malformed step or array.
+
+    Where step lines hold several step keys (`global_step: 1, micro_step: 0`) and matching each
+    line's keys against the next step fails, each key is read alone in turn: an update count
+    printed at each micro-step repeats, a micro count counts, a count within the window
+    (`micro_step: 0..K-1`) reads no log; the first key that reads the whole log is the step."""
+    lines = read_lines(path)
+    first = _Pass(path, lines)
+    try:
+        log = first.run()
+    except BadInput:
+        log = None
+        for key in range(first.most_keys if first.most_keys > 1 else 0):
+            try:
+                log = _Pass(path, lines, key).run()
+                break
+            except BadInput:
+                continue
+        if log is None:
+            raise
     if not log.losses:
         raise BadInput(
             f"{path}: no step lines like '0   [0.2957]' or '0   0.2957' found; not a training log"
