@@ -359,3 +359,19 @@ def test_a_printed_learning_rate_is_judged(cli, tmp_path, merged_lr, code):
     assert status["learning rate"] == ("pass" if code is None else "fail")
     if code is not None:
         assert data["diagnosis"][0]["code"] == code
+
+
+def test_a_resumed_run_is_named_with_the_steps_to_delete(cli, tmp_path):
+    """Steps 0..5, then the run resumed from a checkpoint after step 2: steps 3..5 again."""
+    first = [f"step {i} loss {0.5 + i / 8}" for i in range(6)]
+    again = [f"step {i} loss {0.5 + i / 8}" for i in range(3, 8)]
+    base = write(tmp_path, "\n".join(f"step {i} loss {0.5 + i / 8}" for i in range(8)) + "\n")
+    text = "\n".join([*first, "resuming from checkpoint-2", *again]) + "\n"
+    resumed = write(tmp_path, text, "resumed.log")
+    one_line_error(
+        cli("compare", str(base), str(resumed)),
+        "resumed.log:8: expected step 6, found step 3 again: a run resumed from a checkpoint?",
+        "delete the earlier lines of steps 3 to 5",
+    )
+    restarted = write(tmp_path, "\n".join([*first[:3], *first]) + "\n", "restarted.log")
+    one_line_error(cli("compare", str(base), str(restarted)), "a run restarted from step 0")

@@ -193,14 +193,9 @@ class _Pass:
         if value == log.first_index != expected and _next_epoch(log.epoch, epoch):
             log.epoch_start, expected = len(log.losses), value  # the count restarts each epoch
         if value != expected:
-            again = (
-                " again: the steps restart (two processes printing into one log, an evaluation "
-                "loop, or a new epoch the step line does not name)"
-                if value < expected
-                else ""
-            )
             raise BadInput(
-                f"{self.where(index)}: expected step {expected}, found step {value}{again}"
+                f"{self.where(index)}: expected step {expected}, found step {value}"
+                + _again(value, expected, log.first_index)
             )
         if log.steps:
             self._printed_times(index)
@@ -295,6 +290,23 @@ class _Pass:
         """The value of the step key this pass reads (the line's first where it holds fewer)."""
         values = (step.index, *step.others)
         return values[self.key] if self.key is not None and self.key < len(values) else values[0]
+
+
+def _again(value: int, expected: int, first: int) -> str:
+    """Why a step may come again: from its first value, a loop that counts again; from a later
+    one, a run resumed from a checkpoint, whose repeated steps supersede the ones before."""
+    if value >= expected:
+        return ""
+    if value > first:
+        return (
+            f" again: a run resumed from a checkpoint? Steps {value} to {expected - 1} are "
+            "printed twice and the later lines supersede the earlier: give the log of one "
+            f"uninterrupted run, or delete the earlier lines of steps {value} to {expected - 1}"
+        )
+    return (
+        " again: the steps restart (two processes printing into one log, an evaluation loop, "
+        "a run restarted from step 0, or a new epoch the step line does not name)"
+    )
 
 
 def _arrow(text: str) -> bool:
