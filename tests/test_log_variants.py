@@ -147,6 +147,7 @@ PREFIXED = {
     "paddle logger": "[2026-11-22 08:15:01,234] [    INFO] train.py:42 - {line}",
     "python logging": "INFO:root:{line}",
     "launcher": "LAUNCH INFO 2026-11-22 08:15:00,101 {line}",
+    "absl logging from a Python file": "I1122 08:15:01.123456 140123 train.py:88] {line}",
 }
 
 
@@ -240,6 +241,8 @@ def test_an_epoch_announced_on_a_line_of_its_own_continues_the_count(tmp_path, f
 
 NOISE = [
     "W1122 08:14:05.914411 40211 trainer.cc:84] step 1 loss 9.5",
+    "I1122 08:14:05.914411 40211 trainer.cc:84] step 1 loss 9.5",  # glog's, from C++
+    "W1122 08:14:05.914411 40211 train.py:84] step 1 loss 9.5",  # absl's warning
     "/x/paddle/amp.py:12: UserWarning: step 1 loss 9.5 overflowed",
     "[2026-11-22 08:15:01,234] [ WARNING] - step 1, loss: 9.5 is large",
     "Found inf or nan at step 1, loss scale 1024.0, skipping update",

@@ -89,6 +89,7 @@ _PREFIX = re.compile(  # what a launcher or logger writes before a line; never p
     r"|\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
     r"|\[?(?:\d\d/\d\d\s+)?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?"  # mmengine's `11/22 10:00:00`
     r"|\[\s*(?:INFO|DEBUG)\s*\]|(?:LAUNCH\s+)?(?:INFO|DEBUG)(?::[\w.]+:|\b)"
+    r"|I\d{4}\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\d+\s+[\w./-]+\.py:\d+\]"  # absl's INFO, a .py's
     r"|[\w.-]+\.py:\d+\b:?|-(?=\s)))+\s*"
 )
 _RANK = re.compile(r"^\s*(?:\[(?P<tag>[A-Za-z_]*\d+)\]:|\[\d+,(?P<mpi>\d+)\]<std)")
