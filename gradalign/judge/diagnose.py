@@ -53,7 +53,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     if all(check.status != FAIL for check in c.checks):
         return _why_it_passes(c)
     diverged = sig.non_finite(c)
-    if diverged is not None and diverged.evidence["baseline_first_non_finite_update"] is not None:
+    if diverged is not None and None not in diverged.evidence.values():
         return [diverged]  # both diverge: nothing else can be read from non-finite numbers
     found = [d for d in (signature(c) for signature in DECISIVE) if d is not None]
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)

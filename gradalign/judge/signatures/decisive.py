@@ -280,15 +280,34 @@ def _first_non_finite(run: Run) -> int | None:
     return int(np.searchsorted(run.starts, bad[0], side="right")) - 1
 
 
+def _finite_again(run: Run, update: int) -> int | None:
+    """The first update after `update` whose losses are all finite again (None: none is): a
+    step whose loss overflowed and was skipped, not a run that diverged."""
+    finite = np.isfinite(run.window_losses())
+    later = np.flatnonzero(finite[update + 1 :])
+    return None if not later.size else update + 1 + int(later[0])
+
+
+def _went(run: Run, name: str, update: int) -> str:
+    again = _finite_again(run, update)
+    if again is None:
+        return f"the {name}'s losses stop being finite at update {update}"
+    return (
+        f"the {name}'s loss is not finite at update {update} and finite again from update "
+        f"{again} (an overflow a loss scaler skipped, or a bad batch)"
+    )
+
+
 def non_finite(c: Comparison) -> Diagnosis | None:
     """A run whose losses become NaN or infinite. Both runs diverging is the training's own
-    instability, not an accumulation bug: said plainly, with no ratio or cosine claims."""
+    instability, not an accumulation bug: said plainly, with no ratio or cosine claims. A loss
+    finite again later is said so (an overflow a loss scaler skipped), never 'diverged'."""
     base = _first_non_finite(c.baseline)
     merged = _first_non_finite(c.merged)
-    if merged is None:
+    if merged is None and base is None:
         return None
     evidence = {"merged_first_non_finite_update": merged, "baseline_first_non_finite_update": base}
-    if base is not None:
+    if merged is not None and base is not None:
         return Diagnosis(
             "non-finite",
             f"both runs diverge: their losses stop being finite (baseline from update {base}, "
@@ -298,10 +317,20 @@ def non_finite(c: Comparison) -> Diagnosis | None:
             "make the baseline train stably first (lower the learning rate, clip, check the "
             "data and the loss scale), then verify accumulation",
         )
+    if merged is None:
+        return Diagnosis(
+            "non-finite",
+            f"{_went(c.baseline, 'baseline', base)} while the merged run's stay finite: the "
+            "baseline, not the merged run, is the one that broke there",
+            evidence,
+            "make the baseline train stably first (lower the learning rate, clip, check the "
+            "data and the loss scale), then verify accumulation",
+        )
+    diverged = _finite_again(c.merged, merged) is None
     return Diagnosis(
         "non-finite",
-        f"the merged run's losses stop being finite at update {merged} while the baseline's stay "
-        "finite: the merged run diverged",
+        f"{_went(c.merged, 'merged run', merged)} while the baseline's stay finite"
+        + (": the merged run diverged" if diverged else ""),
         evidence,
         "look at the other causes named here; a loss or gradient scaled by K (or by a loss "
         "scaler used per micro-step) is the usual way a merged run blows up",
