@@ -63,3 +63,14 @@ def test_a_summary_with_a_total_and_no_step_stays_noise(tmp_path):
     path = _log(tmp_path, "step {i} loss {x}")
     path.write_text(path.read_text() + "done: total loss 9.5, ce loss 9.0\n")
     assert read_log(path).micro_loss.tolist() == LOSSES
+
+
+def test_a_loss_printed_as_a_whole_number_by_g(tmp_path):
+    """`{loss:.3g}` prints 0.9996 as `1`: a keyed loss field holding a whole number is read (was
+    skipped, and the step read as missing), at the resolution of its digits (none)."""
+    path = tmp_path / "train.log"
+    losses = [1.25, 0.9996, 1.0004, 0.875]
+    path.write_text("".join(f"step {i}, loss: {v:.3g}\n" for i, v in enumerate(losses)))
+    run = read_log(path)
+    assert run.micro_loss.tolist() == [1.25, 1.0, 1.0, 0.875]
+    assert run.loss_quantum.tolist()[1:3] == [1.0, 1.0]

@@ -249,7 +249,7 @@ def _keyed_step_line(text: str) -> StepLine | None:
     if _NOT_TRAINING.search(text):
         return None
     keyed = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
-    found = [(m, loss) for m in _KEYED_LOSS.finditer(text) if (loss := one_number(m["loss"]))]
+    found = [(m, v) for m in _KEYED_LOSS.finditer(text) if (v := whole_or_number(m["loss"]))]
     names = [_loss_name(text, m) for m, _ in found]  # `loss scale: 65536` holds no number: gone
     try:
         at = choose_loss(names)
