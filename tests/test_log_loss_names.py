@@ -33,6 +33,9 @@ def _log(tmp_path: Path, line: str) -> Path:
         "step {i} running/loss {y} loss {x}",
         "step {i} | total loss {y} | loss {x}",  # a plain `loss` beside a total
         "step {i}: ce loss {x}, aux loss 0.0{g}",
+        # NeMo 2's progress printer: a training loss named with underscores
+        "Training epoch 0, iteration {i}/3 | lr: 0.1 | global_step: {i} | reduced_train_loss: {x}",
+        "step {i} | ce_loss {y} | train_loss {x}",  # `ce_loss` is no field a line reads
     ],
 )
 def test_the_training_loss_among_several(tmp_path, line):
@@ -57,6 +60,19 @@ def test_the_refusal_is_one_line(cli, tmp_path):
     other = tmp_path / "other.log"
     other.write_text(path.read_text())
     one_line_error(cli("compare", str(path), str(other)), "'total loss' and 'ce loss'")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "step {i} | ce_loss {x} | kd_loss {y}",
+        "step {i} avg_train_loss {x}",
+        "step {i} dev_loss {x}",
+    ],
+)
+def test_other_names_joined_by_underscores_are_no_loss(tmp_path, line):
+    with pytest.raises(BadInput, match="no step lines"):
+        read_log(_log(tmp_path, line))
 
 
 def test_a_summary_with_a_total_and_no_step_stays_noise(tmp_path):
