@@ -341,14 +341,15 @@ def test_a_merged_log_of_one_line_per_update_is_told_to_use_k_1(cli, tmp_path):
         ("{fast:.6f}", "lr-schedule"),  # the schedule stepped at every micro-step
     ],
 )
-def test_a_printed_learning_rate_is_judged(cli, tmp_path, merged_lr, code):
+@pytest.mark.parametrize("key", ["lr: ", "lr(LinearWarmup): "])  # PaddleClas names the schedule
+def test_a_printed_learning_rate_is_judged(cli, tmp_path, merged_lr, code, key):
     """Keyed step lines that print the lr beside the loss: the lr of each window's last line is
     the update's, compared within the printing's resolution."""
     lrs = [0.1 * (t + 1) / 8 for t in range(8)]  # warmup over the micro-steps of 4 updates
     losses = [1.75, 1.5, 1.25, 1.0]
-    base = "".join(f"step {i}, loss: {v}, lr: {lrs[i]:.6f}\n" for i, v in enumerate(losses))
+    base = "".join(f"step {i}, loss: {v}, {key}{lrs[i]:.6f}\n" for i, v in enumerate(losses))
     merged = "".join(
-        f"step {2 * i + j}, loss: {v}, lr: "
+        f"step {2 * i + j}, loss: {v}, {key}"
         + merged_lr.format(lr=lrs[i], fast=lrs[2 * i + j])
         + "\n"
         for i, v in enumerate(losses)

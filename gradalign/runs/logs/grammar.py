@@ -63,7 +63,9 @@ _KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_l
     re.IGNORECASE,
 )
 _KEYED_LR = re.compile(  # `lr: 0.001`, `lr=[0.0001]`, `learning_rate: 5e-05`, `learning rate: 1E-4`
-    r"(?<![\w.])(?:lr|learning[\s_]rate)\b\s*[:=]?\s*(?P<lr>\[*[^\s,\[\]|]+\]*)", re.IGNORECASE
+    # PaddleClas's `lr(LinearWarmup): 0.1` (the schedule's name in parentheses, as `Epoch(train)`)
+    r"(?<![\w.])(?:lr|learning[\s_]rate)\b(?:\(\w+\))?\s*[:=]?\s*(?P<lr>\[*[^\s,\[\]|]+\]*)",
+    re.IGNORECASE,
 )
 _EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Epoch 2]`
     r"^\s*\[?\s*epoch\s*[:=#]?\s*(?P<epoch>\d+)\s*(?:/\s*\d+)?\s*\]?\s*$", re.IGNORECASE
