@@ -297,6 +297,25 @@ def test_losses_alone_scaled_by_k_are_named(cli, tmp_path, scale, named):
         assert "cannot tell" in first["message"]
 
 
+@pytest.mark.parametrize(
+    ("scale", "named"), [(4.0, "their sum"), (0.25, "divided by K again"), (1.5, None)]
+)
+def test_per_update_losses_a_whole_number_times_the_baseline_are_named(cli, tmp_path, scale, named):
+    """A merged log of one loss per update, read with -k 1 (K unknown to the reader): losses a
+    whole number of times the baseline's at every update name the K they would be."""
+    losses = [1.75, 1.5, 1.25, 1.0]
+    base = "".join(f"step {i}, loss: {v}\n" for i, v in enumerate(losses))
+    merged = "".join(f"step {i}, loss: {v * scale}\n" for i, v in enumerate(losses))
+    b, m = write(tmp_path, base, "base.log"), write(tmp_path, merged, "merged.log")
+    code, data = judge(cli, tmp_path, b, m, "-k", "1")
+    assert code == 1
+    first = data["diagnosis"][0]
+    assert (first["code"] == "loss-averaging") == (named is not None), first
+    if named:
+        assert "read with -k 1" in first["message"] and "K=4" in first["message"]
+        assert named in first["message"]
+
+
 # --- logs that cannot be read: one line, exit 2 ------------------------------------------------
 
 

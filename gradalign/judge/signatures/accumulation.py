@@ -242,14 +242,23 @@ def _scaled_losses(q: float, k: int, ratios: list[float], evidence: dict) -> Dia
     """Losses alone, K (or 1/K) times the baseline's at every failing update: scaled, but no
     weights or gradients say whether in print only or in the loss the gradient comes from."""
     spread = (max(ratios) - min(ratios)) / abs(q) if ratios and q else math.inf
+    per_update = k == 1 and math.isfinite(q) and q > 0  # one line per update: K unknown
+    if per_update:
+        k = round(q) if q >= 1 else round(1 / q)
     scale = next((s for s in (k, 1 / k) if math.isfinite(q) and abs(q / s - 1) <= 0.05), None)
     if k < 2 or scale is None or spread > 0.05:
         return None
     said, how = ("K", "K times its mean") if scale == k else ("1/K", "already divided by K")
+    found = f"about {said}: each micro-batch's loss is {how}"
+    if per_update:  # read with -k 1: the whole number is the K it would be
+        found = (
+            f"a whole number: read with -k 1 (one loss per update), a run accumulating K={k} "
+            "micro-steps whose update's loss is "
+            + ("their sum, not their mean" if scale == k else "their mean divided by K again")
+        )
     return Diagnosis(
         "loss-averaging",
-        f"the merged window losses are {q:.4g} times the baseline's at every update, about "
-        f"{said}: each micro-batch's loss is {how}. "
+        f"the merged window losses are {q:.4g} times the baseline's at every update, {found}. "
         "The logs print no weights or gradients, so they cannot tell a loss scaled in print "
         "only from one the gradient comes from (`loss-scale`)",
         evidence,
