@@ -398,3 +398,14 @@ def test_a_resumed_run_is_named_with_the_steps_to_delete(cli, tmp_path):
     )
     restarted = write(tmp_path, "\n".join([*first[:3], *first]) + "\n", "restarted.log")
     one_line_error(cli("compare", str(base), str(restarted)), "a run restarted from step 0")
+
+
+def test_a_log_printed_every_n_steps_is_told_to_print_every_step(cli, tmp_path):
+    """Megatron's default --log-interval 10: the first line is iteration 10, a mean over ten."""
+    lines = [f" iteration {10 * i:8d}/     100 | lm loss: {2.0 - i / 10:.6E} |" for i in (1, 2, 3)]
+    log = write(tmp_path, "\n".join(lines) + "\n", "every10.log")
+    one_line_error(
+        cli("compare", log, write(tmp_path, log.read_text(), "other.log"), "-k", "1"),
+        "every10.log:1: the first step is 10; expected 0 or 1 (a log printed every 10 steps?",
+        "--log-interval 1",
+    )

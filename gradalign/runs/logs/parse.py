@@ -175,7 +175,12 @@ class _Pass:
             value = value if self.key is None else self._keyed(step)
             value = 0 if value is None else value  # records without a step field count from 0
             if value not in (0, 1):
-                raise BadInput(f"{self.where(index)}: the first step is {value}; expected 0 or 1")
+                raise BadInput(
+                    f"{self.where(index)}: the first step is {value}; expected 0 or 1 (a log "
+                    f"printed every {value} steps? Its lines are often means over the steps "
+                    "since the last: print every step, e.g. Megatron's --log-interval 1, "
+                    "PaddleNLP's --logging_steps 1)"
+                )
             log.first_index, log.rank = value, rank
         if rank != log.rank:
             raise BadInput(
