@@ -409,3 +409,16 @@ def test_a_log_printed_every_n_steps_is_told_to_print_every_step(cli, tmp_path):
         "every10.log:1: the first step is 10; expected 0 or 1 (a log printed every 10 steps?",
         "--log-interval 1",
     )
+
+
+def test_two_untagged_processes_in_one_log_are_suspected(cli, tmp_path):
+    """Two ranks printing untagged into one file: each step on two lines. Read as two micro-steps
+    each, the run is twice as long as the baseline: the message says what it may be."""
+    base = write(tmp_path, "".join(f"step {i} loss {0.5 + i / 8}\n" for i in range(4)), "b.log")
+    lines = [f"step {m} loss {0.5 + m / 16 + r / 64}" for m in range(8) for r in (0, 1)]
+    both = write(tmp_path, "\n".join(lines) + "\n", "both.log")
+    one_line_error(
+        cli("compare", base, both, "-k", "2"),
+        "baseline has 4 updates, merged has 8",
+        "each step on 2 lines, read as 2 micro-steps each: if 2 processes print into one log",
+    )

@@ -29,7 +29,14 @@ REFERENCE_SANITY_EPS = 64
 
 
 def _per_update_hint(base: Run, other: Run) -> str:
-    """A log whose step lines are as many as the baseline's updates prints one per update."""
+    """A log whose step lines are as many as the baseline's updates prints one per update; one
+    that prints each step on N lines, N times as many updates, may be N processes' lines."""
+    times = int(other.config.get("lines_per_step", 1)) if other.kind == "log" else 1
+    if times > 1 and other.updates == base.updates * times:
+        return (
+            f" (its log prints each step on {times} lines, read as {times} micro-steps each: if "
+            f"{times} processes print into one log, give one log per card)"
+        )
     lines = other.updates * other.accum_steps
     if other.kind != "log" or other.accum_steps < 2 or lines != base.updates:
         return ""

@@ -109,7 +109,7 @@ def build_run(log: ParsedLog, accum_steps: int) -> Run:
         loss_quantum=np.array(quanta, dtype=np.float64),
         printed_window_loss=window,
         printed_window_quantum=window_quanta,
-        config={"ignored_lines": log.noise},
+        config={"ignored_lines": log.noise, "lines_per_step": times},
         notes=_notes(log, micro),
     )
     if tensors:
