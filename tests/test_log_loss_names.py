@@ -36,6 +36,7 @@ def _log(tmp_path: Path, line: str) -> Path:
         # NeMo 2's progress printer: a training loss named with underscores
         "Training epoch 0, iteration {i}/3 | lr: 0.1 | global_step: {i} | reduced_train_loss: {x}",
         "step {i} | ce_loss {y} | train_loss {x}",  # `ce_loss` is no field a line reads
+        "step {i}, avg training loss {y}, training loss {x}",  # a word before `training loss`
     ],
 )
 def test_the_training_loss_among_several(tmp_path, line):

@@ -275,15 +275,15 @@ def _keyed_step_line(text: str) -> StepLine | None:
 
 def _loss_name(text: str, found: re.Match) -> str:
     """A `loss` field's name, with the word qualifying it: `lm loss`, `mtp_1 loss`, `l2 loss`,
-    `aux/loss`, `train_loss`; plainly `loss` where a separator, a number or another field's
-    value comes before it (`| loss`, `step 3, loss`, `memory: 100  loss`)."""
+    `aux/loss`, `train_loss`, `avg training loss`; plainly `loss` where a separator, a number or
+    another field's value comes before it (`| loss`, `step 3, loss`, `memory: 100  loss`)."""
     name = found[0][: found[0].lower().rindex("loss") + 4]
     before = text[: found.start()]
     parts = before.split()
-    if not parts or name.lower() != "loss":
+    if not parts:
         return name
     word = parts[-1] if before[-1].isspace() else parts[-1].rstrip("/-")  # `aux/loss`
-    return f"{word} loss" if _QUALIFIER.fullmatch(word) else name
+    return f"{word} {name}" if _QUALIFIER.fullmatch(word) else name  # `avg training loss`
 
 
 def _counter(text: str) -> int | None:
