@@ -394,7 +394,7 @@ def test_a_resumed_run_is_named_with_the_steps_to_delete(cli, tmp_path):
     one_line_error(
         cli("compare", str(base), str(resumed)),
         "resumed.log:8: expected step 6, found step 3 again: a run resumed from a checkpoint?",
-        "delete the earlier lines of steps 3 to 5",
+        "delete the earlier lines of steps 3 to 5; else an evaluation loop",
     )
     restarted = write(tmp_path, "\n".join([*first[:3], *first]) + "\n", "restarted.log")
     one_line_error(cli("compare", str(base), str(restarted)), "a run restarted from step 0")

@@ -306,7 +306,8 @@ def _again(value: int, expected: int, first: int) -> str:
         return (
             f" again: a run resumed from a checkpoint? Steps {value} to {expected - 1} are "
             "printed twice and the later lines supersede the earlier: give the log of one "
-            f"uninterrupted run, or delete the earlier lines of steps {value} to {expected - 1}"
+            f"uninterrupted run, or delete the earlier lines of steps {value} to {expected - 1}; "
+            "else an evaluation loop or another process printing step lines into this log"
         )
     return (
         " again: the steps restart (two processes printing into one log, an evaluation loop, "
