@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from typer.exceptions import Abort, TyperException
 
@@ -36,6 +35,7 @@ from .cli_options import (
 )
 from .config import tolerances_from_yaml
 from .errors import DISK_ERRORS, BadInput, Terminated, sigterm_as_interrupt
+from .report.terminal import console
 
 BAD_INPUT, INTERNAL, INTERRUPTED, TERMINATED = 2, 3, 130, 143
 app = typer.Typer(
@@ -49,16 +49,8 @@ app = typer.Typer(
 )
 
 
-def _width() -> int | None:
-    """A terminal's own width; off one (CI logs), COLUMNS if set, else wide enough for the table."""
-    if sys.stdout.isatty():
-        return None
-    columns = os.environ.get("COLUMNS", "")
-    return int(columns) if columns.isdigit() and int(columns) >= 40 else 160
-
-
-out_console = Console(highlight=False, width=_width())
-err_console = Console(stderr=True, highlight=False, width=_width())
+out_console = console()
+err_console = console(stderr=True)
 _debug = {"on": bool(os.environ.get("GRADALIGN_DEBUG"))}
 
 
@@ -106,7 +98,7 @@ def _verdict(comparison, files) -> int:
 
     render(comparison, out_console)
     for line in write_reports(comparison, files):
-        print(line, file=sys.stderr, flush=True)
+        err_console.print(line, markup=False, emoji=False, soft_wrap=True)
     return 1 if comparison.verdict == FAIL else 0
 
 

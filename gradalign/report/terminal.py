@@ -1,0 +1,44 @@
+"""The consoles the command line prints through, robust to where its output goes: a terminal, a
+CI log, a pipe whose reader went away (`| head -1`), a closed stream. What a reader no longer
+reads is dropped; the command goes on, writes its reports, and its exit code stays the verdict."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rich.console import Console
+
+
+def width() -> int | None:
+    """A terminal's own width; off one (CI logs), COLUMNS if set, else wide enough for the table.
+    A closed stdout (Python's `sys.stdout` is None) is not a terminal."""
+    stdout = sys.stdout
+    if stdout is not None and stdout.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and 40 <= int(columns) <= 10_000 else 160
+
+
+class SafeConsole(Console):
+    """A rich console that outlives its reader: rich's own answer to a broken pipe is exit 1,
+    which to a CI gate reads "not aligned" (and skipped every report still to be written)."""
+
+    def on_broken_pipe(self) -> None:
+        """Drop this console's further output and point its stream at /dev/null, so that the
+        interpreter's last flush of the stream fails neither."""
+        self.quiet = True
+        try:
+            fileno = self.file.fileno()
+        except (AttributeError, OSError, ValueError):
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fileno)
+        finally:
+            os.close(devnull)
+
+
+def console(stderr: bool = False) -> Console:
+    """The console for stdout (the tables) or stderr (messages, progress, errors)."""
+    return SafeConsole(stderr=stderr, highlight=False, width=width())

@@ -1,0 +1,58 @@
+"""What gradalign promises wherever its output goes: a pipe whose reader left, a closed stream, a
+path that is not UTF-8. The exit code stays the verdict and every report is written.
+
+Each test is a defect once reproduced by hand (the sweep of the command line as CI runs it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import ROOT
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _compare(small_runs: dict[str, Path], *extra: str) -> list[str]:
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    return [sys.executable, "-m", "gradalign", "compare", str(base), str(merged), *extra]
+
+
+def test_a_reader_that_leaves_early_changes_neither_the_verdict_nor_the_reports(
+    small_runs, tmp_path
+):
+    """`gradalign compare ... --json r.json | head -1`: rich's own answer to the broken pipe was
+    exit 1 ("not aligned") before any report was written."""
+    report = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        _compare(small_runs, "--json", str(report)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the table is printed
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert report.read_text().startswith("{")
+
+
+def test_a_closed_stdout_is_no_crash(small_runs, tmp_path):
+    """`gradalign compare ... >&-`: Python's sys.stdout is None; the console setup crashed at
+    import, a traceback and exit 1."""
+    report = tmp_path / "r.json"
+    proc = subprocess.run(
+        _compare(small_runs, "--json", str(report)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert report.exists()
