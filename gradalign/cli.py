@@ -35,7 +35,7 @@ from .cli_options import (
 )
 from .config import tolerances_from_yaml
 from .errors import DISK_ERRORS, BadInput, Terminated, sigterm_as_interrupt
-from .report.terminal import console
+from .report.terminal import console, printable_streams
 
 BAD_INPUT, INTERNAL, INTERRUPTED, TERMINATED = 2, 3, 130, 143
 app = typer.Typer(
@@ -340,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point. Bad input is one line on stderr and exit 2; anything unexpected is one line
     and exit 3 (the traceback with --debug); never exit 1, which means "not aligned"."""
     args = sys.argv[1:] if argv is None else list(argv)
+    printable_streams()
     _debug["on"] = _debug["on"] or "--debug" in args
     args = [a for a in args if a != "--debug"]  # accepted before or after the command
     try:

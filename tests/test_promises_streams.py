@@ -5,7 +5,9 @@ Each test is a defect once reproduced by hand (the sweep of the command line as 
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +58,34 @@ def test_a_closed_stdout_is_no_crash(small_runs, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert report.exists()
+
+
+def test_runs_under_a_name_that_is_not_utf8_get_every_report(cli, small_runs, tmp_path):
+    """A directory named in Latin-1 reaches Python as lone surrogates (PEP 383): JUnit, Markdown
+    and HTML failed to encode them (an internal error, exit 3) and JSON held an escape strict
+    parsers reject. Every report is now UTF-8, the name's odd byte written as `\\udce9`."""
+    folder = tmp_path / os.fsdecode(b"lat\xe9")
+    runs = {name: shutil.copytree(path, folder / name) for name, path in small_runs.items()}
+    reports = {kind: folder / f"r.{kind}" for kind in ("json", "junit", "markdown", "html")}
+    options = [item for kind, path in reports.items() for item in (f"--{kind}", path)]
+    result = cli("compare", runs["baseline"], runs["merged"], *options)
+    assert result.code == 0, result.err
+    for kind, path in reports.items():
+        text = path.read_bytes().decode("utf-8")  # strict: no lone surrogate, no odd byte
+        assert kind == "json" or "lat\\udce9" in text, path
+    assert json.loads(reports["json"].read_text())["baseline"].endswith("lat\\udce9/baseline")
+
+
+def test_a_name_that_is_not_utf8_prints_under_a_strict_utf8_stdout(small_runs, tmp_path):
+    """PYTHONIOENCODING=utf-8 (common in CI images) or a UTF-8 desktop locale makes stdout
+    strict: the table's run name crashed the print, exit 3."""
+    folder = tmp_path / os.fsdecode(b"lat\xe9")
+    runs = {name: shutil.copytree(path, folder / name) for name, path in small_runs.items()}
+    proc = subprocess.run(
+        _compare(runs),
+        capture_output=True,
+        env={**ENV, "PYTHONIOENCODING": "utf-8:strict"},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert b"lat\\udce9/baseline" in proc.stdout

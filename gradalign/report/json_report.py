@@ -12,7 +12,7 @@ import numpy as np
 from .. import __version__
 from ..judge.distributed import ranks_summary
 from ..judge.results import Comparison, UpdateResult
-from .output import write_text_atomic
+from .output import printable, write_text_atomic
 
 
 def _finite(value: float | None) -> float | None:
@@ -97,7 +97,9 @@ def _clean(value: Any) -> Any:
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_clean(v) for v in value]
-    if isinstance(value, bool) or value is None or isinstance(value, str):
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int | np.integer):
         return int(value)
@@ -109,5 +111,5 @@ def _clean(value: Any) -> Any:
 
 def write_json(comparison: Comparison, path: Path) -> None:
     """Write the JSON report atomically (a reader never sees half a file)."""
-    text = json.dumps(to_dict(comparison), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    text = json.dumps(_clean(to_dict(comparison)), indent=2, sort_keys=True, allow_nan=False) + "\n"
     write_text_atomic(path, text)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..judge.results import FAIL, NOT_CHECKED, PASS, Comparison
-from .output import write_text_atomic
+from .output import printable, write_text_atomic
 from .summary import evidence_text, failures, headline, rows_to_show, update_row
 
 SHOWN_ROWS = 20  # updates in the visible table
@@ -60,7 +60,7 @@ def to_markdown(c: Comparison, title: str = "gradalign") -> str:
         lines.append("")
     lines += _update_table(c, rows_to_show(c, SHOWN_ROWS))
     lines += ["", *_details(c), ""]
-    text = "\n".join(lines)
+    text = printable("\n".join(lines))
     if len(text.encode()) > MAX_BYTES:
         text = text.encode()[: MAX_BYTES - 200].decode(errors="ignore")
         text += "\n\n…cut at 256 kB; the JSON report (`--json`) has every update.\n\n</details>\n"

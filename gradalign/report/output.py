@@ -32,6 +32,12 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise BadInput(f"{path}: cannot write the report ({exc.strerror})") from None
 
 
+def printable(text: str) -> str:
+    """Text that encodes as UTF-8: a file name that is not UTF-8 reaches Python as lone
+    surrogates (PEP 383), which no report may hold; they are written as `\\udce9`."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    """Text written whole or not at all (UTF-8)."""
-    write_bytes_atomic(path, text.encode("utf-8"))
+    """Text written whole or not at all (UTF-8; see `printable`)."""
+    write_bytes_atomic(path, printable(text).encode("utf-8"))

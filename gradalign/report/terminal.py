@@ -4,6 +4,7 @@ reads is dropped; the command goes on, writes its reports, and its exit code sta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -42,3 +43,14 @@ class SafeConsole(Console):
 def console(stderr: bool = False) -> Console:
     """The console for stdout (the tables) or stderr (messages, progress, errors)."""
     return SafeConsole(stderr=stderr, highlight=False, width=width())
+
+
+def printable_streams() -> None:
+    """stdout and stderr write what cannot be encoded as escapes: a file name that is not UTF-8
+    (lone surrogates, PEP 383) in a table or a message crashed the print under a UTF-8 locale
+    or PYTHONIOENCODING=utf-8, whose stdout is strict."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            with contextlib.suppress(OSError, ValueError):
+                reconfigure(errors="backslashreplace")
