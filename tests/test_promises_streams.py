@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import ROOT
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -89,3 +91,29 @@ def test_a_name_that_is_not_utf8_prints_under_a_strict_utf8_stdout(small_runs, t
     )
     assert proc.returncode == 0, proc.stderr
     assert b"lat\\udce9/baseline" in proc.stdout
+
+
+class _InterruptedImport:
+    """A meta path finder that is Ctrl-C arriving while `gradalign.cli` is imported."""
+
+    def find_spec(self, name: str, path: object, target: object = None) -> None:
+        if name == "gradalign.cli":
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_the_command_line_imports_is_exit_130_not_a_traceback(monkeypatch, capsys):
+    """Importing the command line takes about half a second (numpy, typer, rich); a Ctrl-C then
+    printed a numpy traceback and the process died by SIGINT."""
+    from gradalign.__main__ import run
+
+    monkeypatch.delitem(sys.modules, "gradalign.cli")
+    monkeypatch.setattr(sys, "meta_path", [_InterruptedImport(), *sys.meta_path])
+    with pytest.raises(SystemExit) as exit_info:
+        run()
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "interrupted: nothing was written\n"
+
+
+def test_the_installed_command_goes_through_the_guarded_entry_point():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'gradalign = "gradalign.__main__:run"' in text
