@@ -193,7 +193,7 @@ def _coerce(name: str, value: Any, where: str) -> Any:
 
 def check_keys(values: dict[str, Any], where: str) -> dict[str, Any]:
     """Reject unknown keys and values of the wrong type; return the values coerced."""
-    unknown = sorted(set(values) - set(FIELDS))
+    unknown = sorted(set(values) - set(FIELDS), key=str)  # YAML keys need not be strings
     if unknown:
         raise BadInput(
             f"{where}: unknown key {shown(unknown[0])} (known keys: {', '.join(FIELDS)})"
@@ -330,7 +330,14 @@ def tolerances_from_yaml(path: Path | None) -> dict[str, Any]:
     """The optional `tolerances:` section of a config file."""
     if path is None:
         return {}
-    section = read_yaml(path).get("tolerances") or {}
+    data = read_yaml(path)
+    unknown = sorted(set(data) - set(FIELDS) - {"tolerances"}, key=str)
+    if unknown:  # a misspelt `tolerance:` judged by the defaults, silently
+        raise BadInput(
+            f"{path}: unknown key {shown(unknown[0])} (a config holds a tolerances section and "
+            "the training keys)"
+        )
+    section = data.get("tolerances") or {}
     if not isinstance(section, dict):
         raise BadInput(f"{path}: tolerances must be a mapping of names to numbers")
     return section

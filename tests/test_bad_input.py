@@ -96,6 +96,7 @@ def test_a_merged_run_given_as_the_baseline_names_the_baseline_flag(cli, tmp_pat
         ("tolerances: 3\n", ["tolerances must be a mapping"]),
         ("tolerances:\n  weight_rtol: -1\n", ["weight_rtol must be a finite number >= 0"]),
         ("tolerances:\n  speed: 1\n", ["unknown tolerance 'speed'"]),
+        ("1: 2\nx: 3\n", ["unknown key"]),  # sorting int and str keys was exit 3
     ],
 )
 def test_bad_config_files(cli, tmp_path, yaml_text, fragments):
@@ -103,6 +104,31 @@ def test_bad_config_files(cli, tmp_path, yaml_text, fragments):
     config.write_text(yaml_text)
     result = cli("verify", "-c", config, "--updates", "1", "--hidden", "8", "--out", tmp_path / "v")
     one_line_error(result, *fragments)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "fragment"),
+    [
+        ("tolerance:\n  loss_atol: 1\n", "unknown key 'tolerance'"),  # was judged by the defaults
+        ("1: 2\nx: 3\n", "unknown key"),
+    ],
+)
+def test_a_compare_config_with_unknown_keys_is_refused(
+    cli, small_runs, tmp_path, yaml_text, fragment
+):
+    """compare reads only the tolerances section, but a misspelt one must not pass silently."""
+    config = tmp_path / "tol.yaml"
+    config.write_text(yaml_text)
+    one_line_error(
+        cli("compare", small_runs["baseline"], small_runs["merged"], "-c", config), fragment
+    )
+
+
+def test_a_compare_config_may_hold_the_training_keys(cli, small_runs, tmp_path):
+    """The same file serves verify and compare: its training keys are no unknown keys."""
+    config = tmp_path / "full.yaml"
+    config.write_text("updates: 4\nhidden: 32\ntolerances:\n  loss_atol: 0.1\n")
+    assert cli("compare", small_runs["baseline"], small_runs["merged"], "-c", config).code == 0
 
 
 @pytest.mark.parametrize(
