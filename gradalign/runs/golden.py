@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import BadInput, shown
 from ..paths import is_stream
+from . import jsonfile
 from .golden_schema import check_golden
 from .model import Run, TensorInfo
 
@@ -90,11 +91,13 @@ def load(path: Path) -> dict[str, Any]:
             raise BadInput(f"{path}: over 64 MiB; not a golden file")
         if is_stream(path):
             raise BadInput(f"{path}: not a regular file (a device or a pipe); not a golden file")
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+        data = jsonfile.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except FileNotFoundError:
         raise BadInput(f"{path}: no such golden file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: cannot read the golden file ({exc})") from None
+    except jsonfile.DuplicateKey as exc:  # a merge gone wrong: which value counts is a guess
+        raise BadInput(f"{path}: not a valid golden file: {exc}; keep one") from None
     except ValueError as exc:  # JSONDecodeError, NaN, Infinity
         raise BadInput(
             f"{path}: not a valid golden file ({exc}); NaN and Inf are refused"

@@ -4,13 +4,13 @@ is read (streamed, so memory stays bounded by one file's tensors). See docs/FORM
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import BadInput, shown
+from . import jsonfile
 from .checksums import declared as declared_checksum
 from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, grads_file, weights_file
 from .model import Run, TensorInfo, Tensors
@@ -31,11 +31,13 @@ def read_manifest(path: Path) -> dict:
     try:
         if (path / MANIFEST).stat().st_size > MAX_MANIFEST:
             raise BadInput(f"{path}: {MANIFEST} is over 64 MiB; not a manifest")
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = jsonfile.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BadInput(f"{path}: not a gradalign run (no {MANIFEST})") from None
     except RecursionError:
         raise BadInput(f"{path}: {MANIFEST} is nested too deeply") from None
+    except jsonfile.DuplicateKey as exc:  # a hand edit: which value counts is anyone's guess
+        raise BadInput(f"{path}: {MANIFEST}: {exc}; keep one") from None
     except (OSError, ValueError):  # not JSON, not UTF-8, a number of 5000 digits
         raise BadInput(f"{path}: {MANIFEST} is unreadable or not JSON") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

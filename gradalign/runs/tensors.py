@@ -9,7 +9,6 @@ widened already); see docs/FORMAT.md.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from pathlib import Path
@@ -19,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
 from ..errors import BadInput
+from . import jsonfile
 
 # The dtypes a run file may hold, by their safetensors codes; BF16 is read as float32.
 DTYPES = {
@@ -53,15 +53,6 @@ def encode(tensors: dict[str, np.ndarray]) -> bytes:
     return save(arrays)
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    names = [name for name, _ in pairs]
-    if len(set(names)) != len(names):
-        seen: set[str] = set()
-        twice = next(n for n in names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
-        raise BadInput(f"tensor {twice!r} is named twice in the header")
-    return dict(pairs)
-
-
 def read_header(handle, size_on_disk: int, where: str) -> tuple[dict[str, dict], int]:
     """The header's tensor entries (metadata dropped) and where the data starts."""
     first = handle.read(8)
@@ -71,9 +62,9 @@ def read_header(handle, size_on_disk: int, where: str) -> tuple[dict[str, dict],
     if size > min(MAX_HEADER, size_on_disk - 8):
         raise BadInput(f"{where}: not a tensor file (bad header length)")
     try:
-        header = json.loads(handle.read(size), object_pairs_hook=_no_duplicates)
-    except BadInput as exc:
-        raise BadInput(f"{where}: {exc}") from None
+        header = jsonfile.loads(handle.read(size))
+    except jsonfile.DuplicateKey as exc:
+        raise BadInput(f"{where}: tensor {exc.key!r} is named twice in the header") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise BadInput(f"{where}: not a tensor file (unreadable header)") from None
     if not isinstance(header, dict):

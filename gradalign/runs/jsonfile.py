@@ -1,0 +1,30 @@
+"""JSON as gradalign reads it from files people may edit (manifests, golden files, tensor
+headers): a key written twice is refused, never resolved silently to whichever came last."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class DuplicateKey(ValueError):
+    """An object that holds one key twice; `key` is that key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the key {key!r} appears twice in one object")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`object_pairs_hook` that refuses a repeated key (json's own default keeps the last)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise DuplicateKey(key)
+        found[key] = value
+    return found
+
+
+def loads(text: str | bytes, **options: Any) -> Any:
+    """`json.loads` that raises DuplicateKey (a ValueError) for a key written twice."""
+    return json.loads(text, object_pairs_hook=unique_keys, **options)

@@ -1,0 +1,31 @@
+"""Runs and golden files edited by hand or merged by git: what the edit made ambiguous is refused
+in one line, never resolved silently. Each test is a defect once reproduced by hand."""
+
+from __future__ import annotations
+
+from .conftest import one_line_error
+
+
+def test_a_manifest_key_written_twice_is_refused(cli, small_copy):
+    """`"accum_steps": 4, "accum_steps": 1`: json kept the last, and the merged run was refused
+    for a series that "holds no micro/loss of 4 floating values", a message about something
+    else."""
+    manifest = small_copy["merged"] / "manifest.json"
+    text = manifest.read_text()
+    top = '{\n  "accum_steps": 4,'
+    assert text.startswith(top)
+    manifest.write_text(text.replace(top, top + '\n  "accum_steps": 1,', 1))
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    one_line_error(result, "manifest.json", "'accum_steps' appears twice")
+
+
+def test_a_golden_key_written_twice_is_refused(cli, small_runs, tmp_path):
+    """A merge that keeps both sides of a conflict repeats keys; json kept the last one and the
+    golden was judged as if nothing were wrong."""
+    golden = tmp_path / "golden.json"
+    written = cli("golden", "write", small_runs["baseline"], "--out", golden, "--reference", "none")
+    assert written.code == 0, written.err
+    text = golden.read_text()
+    golden.write_text(text.replace('  "updates": 4,', '  "updates": 4,\n  "updates": 4,', 1))
+    result = cli("golden", "check", golden, small_runs["merged"])
+    one_line_error(result, "'updates' appears twice")
