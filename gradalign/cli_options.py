@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from .config import FIELDS, base_type
-from .paths import EMPTY_PATH
+from .paths import DASH_PATH, EMPTY_PATH
 from .record.faults import FAULTS
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file")]
@@ -150,8 +150,9 @@ report_options = _extend_signature(
 
 def refuse_empty_paths(app: typer.Typer) -> Any:
     """The app's command with every path option and argument refusing "": typer turns it into
-    Path("."), so `-o ""` would record into (and `compare ""` read) the current directory. Checked
-    on the raw value of any parameter that typer converts to a path, in every command at once."""
+    Path("."), so `-o ""` would record into (and `compare ""` read) the current directory; and
+    "-", which made a file named "-" where a user expected stdout. Checked on the raw value of
+    any parameter that typer converts to a path, in every command at once."""
     command = typer.main.get_command(app)
     pending = [command]
     while pending:
@@ -167,8 +168,11 @@ def _nonempty(param: Any, process: Callable) -> Callable:
         result = process(ctx, value)
         given = value if isinstance(value, list | tuple) else [value]
         made = result if isinstance(result, list | tuple) else [result]
-        if "" in given and any(isinstance(item, PurePath) for item in made):
-            raise typer.BadParameter(EMPTY_PATH, ctx=ctx, param=param)
+        if any(isinstance(item, PurePath) for item in made):
+            if "" in given:
+                raise typer.BadParameter(EMPTY_PATH, ctx=ctx, param=param)
+            if "-" in given:  # stdout or stdin to most tools; a file or directory named "-" here
+                raise typer.BadParameter(DASH_PATH, ctx=ctx, param=param)
         return result
 
     return process_value

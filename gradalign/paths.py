@@ -20,6 +20,10 @@ def is_stream(path: os.PathLike[str] | str) -> bool:
 
 
 EMPTY_PATH = "an empty path names nothing (the current directory is '.'); give a path"
+DASH_PATH = (
+    "'-' would be a file or directory named '-', not standard input or output; give a path (a "
+    "report to standard output: /dev/stdout; a file called '-': ./-)"
+)
 
 
 def nonempty(value: os.PathLike[str] | str, what: str) -> None:

@@ -289,3 +289,26 @@ def test_every_path_parameter_refuses_an_empty_path():
                     param.process_value(ctx, ("",) if many else "")
                 checked.append(f"{command.name} {param.name}")
     assert len(checked) >= 20 and "compare merged" in checked, checked
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        *(["compare", "BASE", "MERGED", f"--{r}", "-"] for r in ("json", "junit", "html")),
+        *(["compare", "BASE", "MERGED", f"--{r}", "-"] for r in ("markdown", "plot")),
+        ["compare", "-", "MERGED"],
+        ["baseline", "-o", "-", *TINY],
+        ["golden", "write", "BASE", "-o", "-"],
+        ["selftest", "--json", "-", "--record", "bogus"],
+    ],
+    ids=" ".join,
+)
+def test_a_dash_for_a_path_is_refused_never_a_file_named_dash(
+    cli, tmp_path, monkeypatch, small_runs, args
+):
+    """`--json -` wrote a file named "-" (and `--plot -`, `golden write -o -` a directory) where
+    a user or a CI script expected standard output; exit 0 and a stray file."""
+    monkeypatch.chdir(tmp_path)
+    named = {"BASE": str(small_runs["baseline"]), "MERGED": str(small_runs["merged"])}
+    one_line_error(cli(*(named.get(a, a) for a in args)), "'-'", "/dev/stdout")
+    assert not list(tmp_path.iterdir())
