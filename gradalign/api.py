@@ -26,7 +26,7 @@ from .config import ENTRY_POINT_KEYS, TrainConfig, load_config
 from .errors import BadInput, shown
 from .feedback import Feedback, Silent
 from .judge.results import Comparison
-from .paths import nonempty
+from .paths import nonempty, resolved
 
 PathLike = str | Path
 ConfigLike = TrainConfig | Mapping[str, Any] | PathLike | None
@@ -179,7 +179,7 @@ def compare(
     named = [] if reference in (None, "none") else [Path(reference)]
     check_outputs([], [Path(baseline), *sources, *named], reports)
     for source in sources:
-        if Path(baseline).resolve() == source.resolve():
+        if resolved(baseline) == resolved(source):
             raise BadInput(
                 f"{baseline} is compared with itself: that proves nothing; give two runs"
             )

@@ -19,6 +19,7 @@ from typing import Any
 from .errors import BadInput
 from .feedback import Feedback, Silent
 from .judge.results import FAIL, Comparison
+from .paths import resolved
 from .runs.golden import CANDIDATE, dumps, environment_key, find, load
 from .runs.outputs import check_outputs
 
@@ -98,7 +99,7 @@ def candidate_path(golden: Path, run: Path, reports: Sequence[PathLike]) -> Path
     """Where a failing check proposes the run as the golden: beside the first report, else beside
     the run under test (never inside a run)."""
     name = golden.stem if golden.suffix == ".json" else golden.name
-    where = Path(reports[0]).parent if reports else run.resolve().parent
+    where = Path(reports[0]).parent if reports else resolved(run).parent
     return where / f"{name}{CANDIDATE}"
 
 

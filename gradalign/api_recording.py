@@ -11,6 +11,7 @@ from typing import Any
 from .config import REFERENCES, TrainConfig
 from .errors import BadInput
 from .feedback import Feedback
+from .paths import resolved
 
 PathLike = str | Path
 
@@ -183,7 +184,7 @@ def record_merged_runs(
 
     feedback = feedback or Silent()
     plans = [(as_config(config), Path(out), fault) for config, out, fault in runs]
-    if len({out.resolve() for _, out, _ in plans}) < len(plans):
+    if len({resolved(out) for _, out, _ in plans}) < len(plans):
         raise BadInput("two merged runs would be recorded at the same path")
     for config, out, fault in plans:
         check_plan(config, [out], fault=fault)

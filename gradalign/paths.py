@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+from pathlib import Path
 
 from .errors import BadInput
 
@@ -31,3 +33,16 @@ def nonempty(value: os.PathLike[str] | str, what: str) -> None:
     run or a report would silently land in, or be read from, the current directory."""
     if os.fspath(value) == "":
         raise BadInput(f"{what}: {EMPTY_PATH}")
+
+
+def resolved(path: os.PathLike[str] | str) -> Path:
+    """`Path.resolve()`, with a loop of symbolic links on the way as bad input (Python raises
+    RuntimeError for it, an internal error to the command line, or OSError ELOOP)."""
+    try:
+        return Path(path).resolve()
+    except RuntimeError:
+        raise BadInput(f"{path}: a loop of symbolic links; it names nothing") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise BadInput(f"{path}: a loop of symbolic links; it names nothing") from None

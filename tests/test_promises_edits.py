@@ -3,6 +3,10 @@ in one line, never resolved silently. Each test is a defect once reproduced by h
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from .conftest import one_line_error
 
 
@@ -29,3 +33,33 @@ def test_a_golden_key_written_twice_is_refused(cli, small_runs, tmp_path):
     golden.write_text(text.replace('  "updates": 4,', '  "updates": 4,\n  "updates": 4,', 1))
     result = cli("golden", "check", golden, small_runs["merged"])
     one_line_error(result, "'updates' appears twice")
+
+
+def _loop(folder: Path) -> Path:
+    """Two symbolic links naming each other."""
+    (folder / "loop-a").symlink_to("loop-b")
+    (folder / "loop-b").symlink_to("loop-a")
+    return folder / "loop-a"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compare", "LOOP", "MERGED"],
+        ["compare", "BASE", "MERGED", "--reference", "LOOP"],
+        ["compare", "BASE", "MERGED", "--json", "LOOP"],
+        ["compare", "BASE", "MERGED", "--markdown", "LOOP/r.md"],
+        ["golden", "write", "BASE", "--out", "LOOP"],
+        ["baseline", "-o", "LOOP", "--updates", "1", "--hidden", "8", "--batch-size", "8"],
+    ],
+    ids=" ".join,
+)
+def test_a_loop_of_symbolic_links_is_bad_input_not_an_internal_error(
+    cli, small_runs, tmp_path, args
+):
+    """Path.resolve() raises RuntimeError on a loop: exit 3, 'internal error ... a gradalign
+    bug', for a path that merely names nothing."""
+    loop = _loop(tmp_path)
+    named = {"BASE": small_runs["baseline"], "MERGED": small_runs["merged"], "LOOP": loop}
+    given = [str(named.get(a, a)).replace("LOOP", str(loop)) for a in args]
+    one_line_error(cli(*given), "a loop of symbolic links")

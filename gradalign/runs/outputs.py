@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import BadInput
-from ..paths import is_stream
+from ..paths import is_stream, resolved
 from .writer import ensure_parent_writable
 
 NAME_MAX = 255  # bytes in one file name on Linux, macOS and Windows file systems
@@ -24,8 +24,8 @@ def check_outputs(
 ) -> None:
     """Refuse an output run that is, holds or lies inside an input (a run or a log), and a report
     file that would land on or inside any run of the command, or on a directory."""
-    ins = [(Path(p), Path(p).resolve()) for p in inputs]
-    outs = [(Path(p), Path(p).resolve()) for p in outputs]
+    ins = [(Path(p), resolved(p)) for p in inputs]
+    outs = [(Path(p), resolved(p)) for p in outputs]
     for shown, out in outs:
         for given, source in ins:
             if _inside(out, source) or _inside(source, out):
@@ -38,7 +38,7 @@ def check_outputs(
             raise BadInput(f"report {report}: the file name is longer than {NAME_MAX} bytes")
         if is_stream(report):  # /dev/stdout, a pipe, /dev/null: written into as it is
             continue
-        target = Path(report).resolve()
+        target = resolved(report)
         if Path(report).is_dir():
             raise BadInput(f"report {report} is a directory; give a file name")
         if target in seen:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import BadInput
-from ..paths import nonempty
+from ..paths import nonempty, resolved
 from .layout import is_run_dir
 from .logs import CARD_LOSSES, looks_like_log, read_card_logs, read_log
 from .model import Run
@@ -54,7 +54,7 @@ def open_merged(paths: Sequence[Path], accum_steps: int | None, card_loss: str |
         if card_loss is not None:
             raise BadInput("--card-loss combines several card logs; only one merged source given")
         return open_run(paths[0], accum_steps, "merged")
-    if len({p.resolve() for p in paths}) != len(paths):
+    if len({resolved(p) for p in paths}) != len(paths):
         raise BadInput("a card log is given twice; give each card's log once")
     for path in paths:
         if path.is_dir():

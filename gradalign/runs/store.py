@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BadInput
+from ..paths import resolved
 from . import tensors as tensorfiles
 from .checksums import SHA256, of_file
 from .digests import bitsum
@@ -55,7 +56,7 @@ class Store:
             raise BadInput(f"{path}: {relpath} is not listed in the manifest")
         file = path / relpath
         try:
-            if not file.resolve().is_relative_to(path.resolve()):
+            if not resolved(file).is_relative_to(resolved(path)):
                 raise BadInput(f"{path}: {relpath} leads outside the run directory")
             info = os.lstat(file)
         except FileNotFoundError:
