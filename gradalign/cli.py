@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         if exc.errno not in DISK_ERRORS or _debug["on"]:
             _internal(exc)
-        where = f" ({exc.filename})" if exc.filename else ""
+        name = str(exc.filename or "")  # a path of thousands of characters, cut
+        where = f" ({name if len(name) <= 200 else name[:197] + '...'})" if name else ""
         _fail(f"cannot write or read{where}: {exc.strerror}", BAD_INPUT)
     except RecursionError as exc:
         if _debug["on"]:

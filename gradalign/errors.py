@@ -52,4 +52,5 @@ def sigterm_as_interrupt() -> Iterator[None]:
 DISK_ERRORS = {  # what a full, read-only or failing disk raises: bad input, not a bug
     *(errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR),
     *(errno.EIO, errno.EFBIG),  # a write that failed in the background writer too
+    *(errno.ENAMETOOLONG, errno.ELOOP),  # a path the file system cannot hold or resolve
 }

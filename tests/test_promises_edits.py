@@ -63,3 +63,18 @@ def test_a_loop_of_symbolic_links_is_bad_input_not_an_internal_error(
     named = {"BASE": small_runs["baseline"], "MERGED": small_runs["merged"], "LOOP": loop}
     given = [str(named.get(a, a)).replace("LOOP", str(loop)) for a in args]
     one_line_error(cli(*given), "a loop of symbolic links")
+
+
+@pytest.mark.parametrize("where", ["out", "report", "input"])
+def test_a_path_too_long_for_the_file_system_is_bad_input(cli, small_runs, tmp_path, where):
+    """ENAMETOOLONG (a name over 255 bytes, a path over PATH_MAX) was exit 3, 'internal error',
+    with the whole path in the message."""
+    deep = tmp_path.joinpath(*["d" * 200] * 25)
+    args = {
+        "out": ["baseline", "-o", deep, "--updates", "1", "--hidden", "8", "--batch-size", "8"],
+        "report": ["compare", small_runs["baseline"], small_runs["merged"], "--json", deep],
+        "input": ["compare", deep, small_runs["merged"]],
+    }[where]
+    result = cli(*args)
+    one_line_error(result, "too long")
+    assert len(result.err) < 400
