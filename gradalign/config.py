@@ -250,6 +250,23 @@ def _check_ranges(c: TrainConfig, where: str) -> None:
     for name in ("momentum", "weight_decay", "warmup_updates", "l2_penalty", "snapshot_every"):
         if getattr(c, name) < 0:
             raise BadInput(f"{where}: {name} must not be negative, got {getattr(c, name)}")
+    _check_representable(c, where)
+
+
+LARGEST = {"float16": 65504.0, "float32": 3.4028234663852886e38}  # float64: any finite value
+
+
+def _check_representable(c: TrainConfig, where: str) -> None:
+    """Every number the optimizer applies to the weights must fit their dtype: torch refuses to
+    convert lr 1e39 to float32 (or lr 1e5 to float16) mid-step, which was an internal error."""
+    largest = LARGEST.get(c.param_dtype)
+    for name in FIELDS:
+        value = getattr(c, name)
+        if largest and base_type(name) is float and value is not None and abs(value) > largest:
+            raise BadInput(
+                f"{where}: {name} {value:g} is beyond the largest {c.param_dtype} ({largest:g}), "
+                "the dtype of the weights it is applied to"
+            )
 
 
 class _StrictLoader(yaml.SafeLoader):

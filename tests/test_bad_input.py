@@ -139,6 +139,10 @@ def test_a_compare_config_may_hold_the_training_keys(cli, small_runs, tmp_path):
         (["-k", "-2"], ["accum_steps (K) must be at least 1"]),
         (["--updates", "0"], ["updates must be at least 1"]),
         (["--lr", "-1"], ["lr must be positive"]),
+        # torch refused to convert these mid-step: exit 3, "internal error"
+        (["--lr", "1e39"], ["lr 1e+39 is beyond the largest float32"]),
+        (["--weight-decay", "1e308"], ["weight_decay 1e+308 is beyond the largest float32"]),
+        (["--amp-level", "O3", "--lr", "1e5"], ["lr 100000 is beyond the largest float16"]),
         (["--optimizer", "lamb"], ["optimizer must be one of"]),
         (["--batch-size", "lots"], ["--batch-size", "integer"]),
         (["--no-such-option"], ["--no-such-option"]),
