@@ -3,6 +3,7 @@ in one line, never resolved silently. Each test is a defect once reproduced by h
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,17 @@ def test_a_path_too_long_for_the_file_system_is_bad_input(cli, small_runs, tmp_p
     result = cli(*args)
     one_line_error(result, "too long")
     assert len(result.err) < 400
+
+
+def test_a_manifest_cannot_steer_a_golden_file_out_of_its_directory(cli, small_copy, tmp_path):
+    """The golden's file name is the run's environment key, built from its manifest: a device of
+    "../../escaped" wrote the golden two directories above the one asked for."""
+    manifest = small_copy["baseline"] / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["environment"]["device"] = "../../escaped"
+    manifest.write_text(json.dumps(data))
+    folder = tmp_path / "a" / "b" / "goldens"
+    result = cli("golden", "write", small_copy["baseline"], "--out", folder, "--reference", "none")
+    assert result.code == 0, result.err
+    written = list(tmp_path.rglob("*escaped*.json"))
+    assert written and all(folder in path.parents for path in written), written

@@ -34,7 +34,8 @@ SERIES = ("lr", "optimizer_steps", "state_step", "loss_scale", "grad_norm_pre_cl
 
 def environment_key(env: dict[str, Any]) -> str:
     """The environment that decides a run's bits: device kind, dtype (and autocast's), world
-    size, torch major.minor; e.g. 'cpu-float32-ws1-torch2.13'."""
+    size, torch major.minor; e.g. 'cpu-float32-ws1-torch2.13'. It names golden files, so it
+    holds only letters, digits, '.', '_' and '-', whatever a (hand-edited) manifest says."""
     device = str(env.get("device") or "cpu").split(":")[0]
     if device != "cpu" and env.get("gpu"):
         device += "-" + re.sub(r"[^a-z0-9]+", "-", str(env["gpu"]).lower()).strip("-")
@@ -45,7 +46,8 @@ def environment_key(env: dict[str, Any]) -> str:
     precision = dtype if compute == dtype else f"{dtype}-{compute}"
     world = env.get("world_size")
     world = world if isinstance(world, int) and not isinstance(world, bool) and world else 1
-    return f"{device}-{precision}-ws{world}-torch{torch}"
+    key = f"{device}-{precision}-ws{world}-torch{torch}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", key)  # a file name: a manifest's "../" names no dir
 
 
 def hex64(value: int) -> str:
