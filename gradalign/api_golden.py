@@ -21,6 +21,7 @@ from .feedback import Feedback, Silent
 from .judge.results import FAIL, Comparison
 from .paths import resolved
 from .runs.golden import CANDIDATE, dumps, environment_key, find, load
+from .runs.layout import is_run_dir
 from .runs.outputs import check_outputs
 
 PathLike = str | Path
@@ -70,6 +71,7 @@ def _write(run: Any, reference: Any, target: Path, inputs: Sequence[Path]) -> Pa
 
     data = build(run, reference)
     check_outputs([], inputs, [target])
+    _refuse_to_replace(target)
     write_text_atomic(target, dumps(data))
     return target
 
@@ -170,6 +172,23 @@ def _accept(merged: Any, golden: Path, key: str) -> Path:
     reference = _reference(merged, None, strict=False)
     inputs = [Path(merged.source), *([Path(reference.source)] if reference else [])]
     return _write(merged, reference, target, inputs)
+
+
+def _refuse_to_replace(target: Path) -> None:
+    """A golden is written over a golden file, a damaged one (a merge conflict) included, and
+    nothing else: given a run's manifest.json (or any other file), `golden write --out` and
+    `golden check --update` wrote the golden over it, and that run was gone."""
+    if any(is_run_dir(folder) for folder in resolved(target).parents):
+        raise BadInput(f"{target} lies inside a gradalign run; write the golden elsewhere")
+    if not target.exists() or target.is_dir():
+        return
+    try:
+        with open(target, "rb") as handle:
+            head = handle.read(1 << 16)
+    except OSError as exc:
+        raise BadInput(f"{target}: cannot read it ({exc.strerror})") from None
+    if b'"gradalign-golden"' not in head:
+        raise BadInput(f"{target} exists and is not a golden file; refusing to overwrite it")
 
 
 def _refuse_another_experiment(run: Any, folder: Path, key: str) -> None:

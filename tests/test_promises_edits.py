@@ -93,3 +93,36 @@ def test_a_manifest_cannot_steer_a_golden_file_out_of_its_directory(cli, small_c
     assert result.code == 0, result.err
     written = list(tmp_path.rglob("*escaped*.json"))
     assert written and all(folder in path.parents for path in written), written
+
+
+def _named(arg: str, named: dict[str, Path]) -> str:
+    """`arg` with its first part replaced by the path it names (BASE/manifest.json)."""
+    head, _, rest = arg.partition("/")
+    return arg if head not in named else str(named[head] / rest if rest else named[head])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["golden", "write", "BASE", "--out", "MERGED/manifest.json", "--reference", "none"],
+        ["golden", "write", "BASE", "--out", "MERGED", "--reference", "none"],
+        ["golden", "check", "BASE/manifest.json", "MERGED", "--update"],
+        ["golden", "check", "OTHER/package.json", "MERGED", "--update"],
+    ],
+    ids=" ".join,
+)
+def test_a_golden_is_never_written_over_a_run_or_a_file_that_is_no_golden(
+    cli, small_copy, tmp_path, args
+):
+    """`golden write --out RUN/manifest.json` and `golden check RUN/manifest.json ... --update`
+    wrote the golden over that run's manifest (exit 0, the run gone); `--update` given any other
+    file (a package.json) overwrote it too."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "package.json").write_text('{"name": "mine"}\n')
+    named = {"BASE": small_copy["baseline"], "MERGED": small_copy["merged"], "OTHER": other}
+    given = [_named(arg, named) for arg in args]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    result = cli(*given)
+    one_line_error(result)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
