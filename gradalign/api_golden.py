@@ -136,7 +136,7 @@ def golden_check(
             raise
         return GoldenCheck(None, golden_path, accept, written=_accept(merged, golden_path, key))
     candidate = None if update else candidate_path(golden_file, run_path, reports)
-    check_outputs([], [run_path], [*reports, *([candidate] if candidate else [])])
+    check_outputs([], [run_path, golden_path], [*reports, *([candidate] if candidate else [])])
     comparison = _judge(data, golden_file, merged, checked, feedback)
     outcome = GoldenCheck(comparison, golden_file, accept)
     if update:

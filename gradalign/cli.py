@@ -81,12 +81,13 @@ def _feedback():
     return RichFeedback(err_console)
 
 
-def _report_files(reports: dict | None):
-    """The report files asked for; plots without matplotlib are refused before any work."""
+def _report_files(reports: dict | None, *read: Path | None):
+    """The report files asked for, refused before any work where they would land on a file the
+    command reads (`read`: a config, a golden file) or plots need matplotlib."""
     from .report.files import ReportFiles
 
     files = ReportFiles(**(reports or {}))
-    files.check()
+    files.check([path for path in read if path is not None])
     return files
 
 
@@ -145,7 +146,7 @@ def merged(
 ) -> None:
     """Train at micro-batch B/K for N*K micro-steps, stepping every K; record the run."""
     overrides = _with_k(overrides, accum_steps, nproc)
-    files = _report_files(reports)
+    files = _report_files(reports, config)
     if against is None:
         if files.paths():
             raise BadInput("report options need --against: a merged run alone is not judged")
@@ -205,7 +206,7 @@ def compare_cmd(
     reports: dict | None = None,
 ) -> None:
     """Judge a merged run against its baseline; exit 0 aligned, 1 not aligned, 2 bad input."""
-    files = _report_files(reports)
+    files = _report_files(reports, config)
     comparison = api.compare(
         baseline,
         merged,
@@ -239,7 +240,7 @@ def verify(
     reports: dict | None = None,
 ) -> None:
     """Baseline, merged and compare in one command (built-in default mirrors the seed)."""
-    files = _report_files(reports)
+    files = _report_files(reports, config)
     comparison = api.verify(
         api.as_config(config, _with_k(overrides, accum_steps, nproc)),
         out,
@@ -296,7 +297,7 @@ def golden_check(
     reports: dict | None = None,
 ) -> None:
     """Judge a run against the golden for its environment; --update accepts it as the golden."""
-    files = _report_files(reports)
+    files = _report_files(reports, golden)
     outcome = api.golden_check(
         golden,
         run,

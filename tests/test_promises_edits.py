@@ -126,3 +126,34 @@ def test_a_golden_is_never_written_over_a_run_or_a_file_that_is_no_golden(
     result = cli(*given)
     one_line_error(result)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("command", ["compare", "verify", "golden check", "golden check --update"])
+def test_a_report_never_lands_on_the_config_or_golden_file_it_reads(
+    cli, small_copy, tmp_path, command
+):
+    """`compare A B -c tol.yaml --json tol.yaml` wrote the JSON report over the config it had just
+    read, and `golden check G RUN --json G` over the golden file: exit 0, the input gone."""
+    config = tmp_path / "tol.yaml"
+    config.write_text("tolerances:\n  loss_atol: 0.001\n")
+    golden = tmp_path / "golden.json"
+    written = cli("golden", "write", small_copy["baseline"], "--out", golden, "--reference", "none")
+    assert written.code == 0, written.err
+    base, merged = small_copy["baseline"], small_copy["merged"]
+    args = {
+        "compare": ["compare", base, merged, "-c", config, "--json", config],
+        "verify": ["verify", "-c", config, "-o", tmp_path / "v", "--junit", config],
+        "golden check": ["golden", "check", golden, merged, "--json", golden],
+        "golden check --update": [
+            "golden",
+            "check",
+            golden,
+            merged,
+            "--update",
+            "--markdown",
+            golden,
+        ],
+    }[command]
+    before = {p: p.read_bytes() for p in (config, golden)}
+    one_line_error(cli(*args), "would be written over or inside the input")
+    assert {p: p.read_bytes() for p in (config, golden)} == before

@@ -5,7 +5,7 @@ known before any work, so they are checked first (`runs.outputs.check_outputs`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -30,8 +30,14 @@ class ReportFiles:
         found = [Path(p) for p in files if p is not None]
         return found + (plot_paths(Path(self.plot)) if self.plot is not None else [])
 
-    def check(self) -> None:
-        """What can be refused before any work: plots without matplotlib."""
+    def check(self, read: Sequence[Path] = ()) -> None:
+        """What can be refused before any work: a report on or inside a file the command reads
+        (`read`: a config, a golden file; the runs are checked where they are opened), plots
+        without matplotlib."""
+        if read:
+            from ..runs.outputs import check_outputs
+
+            check_outputs([], read, self.paths())
         if self.plot is not None:
             from .plots import require_matplotlib
 

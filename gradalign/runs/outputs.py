@@ -47,7 +47,7 @@ def check_outputs(
         for given, run in ins + outs:
             if _inside(target, run):
                 raise BadInput(
-                    f"report {report} would be written over or inside the run or log {given}; "
+                    f"report {report} would be written over or inside the input {given}; "
                     "write it elsewhere"
                 )
         ensure_parent_writable(target, f"report {report}")
