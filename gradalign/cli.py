@@ -35,7 +35,7 @@ from .cli_options import (
 )
 from .config import tolerances_from_yaml
 from .errors import DISK_ERRORS, BadInput, Terminated, sigterm_as_interrupt
-from .report.terminal import console, printable_streams
+from .report.terminal import console, last_word, printable_streams
 
 BAD_INPUT, INTERNAL, INTERRUPTED, TERMINATED = 2, 3, 130, 143
 app = typer.Typer(
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         _internal(exc)
     if code in (INTERRUPTED, TERMINATED):
-        err_console.print("interrupted: no partial run was left in place")
+        last_word(err_console, "interrupted: no partial run was left in place")
     sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -391,5 +391,5 @@ def _internal(exc: BaseException) -> None:
 
 def _fail(message: str, code: int) -> None:
     text = " ".join(message.split())
-    err_console.print(f"error: {text or 'bad command line'}", soft_wrap=True, markup=False)
+    last_word(err_console, f"error: {text or 'bad command line'}")
     sys.exit(code)

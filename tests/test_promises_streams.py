@@ -117,3 +117,24 @@ def test_ctrl_c_while_the_command_line_imports_is_exit_130_not_a_traceback(monke
 def test_the_installed_command_goes_through_the_guarded_entry_point():
     text = (ROOT / "pyproject.toml").read_text()
     assert 'gradalign = "gradalign.__main__:run"' in text
+
+
+def test_a_full_stderr_keeps_the_exit_code_of_bad_input(tmp_path):
+    """`2>/dev/full` (or a log disk that filled up): writing the one-line error raised, and the
+    uncaught exception made Python exit 1, which reads "not aligned"."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gradalign",
+                "compare",
+                str(tmp_path / "a"),
+                str(tmp_path / "b"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=full,
+            env=ENV,
+            timeout=120,
+        )
+    assert proc.returncode == 2

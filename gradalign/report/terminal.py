@@ -54,3 +54,10 @@ def printable_streams() -> None:
         if reconfigure is not None and getattr(stream, "errors", None) == "strict":
             with contextlib.suppress(OSError, ValueError):
                 reconfigure(errors="backslashreplace")
+
+
+def last_word(console: Console, text: str) -> None:
+    """The line a command ends with (an error, "interrupted"), as far as its stream takes it: a
+    stderr that is full or gone must not turn the exit code into Python's 1 ("not aligned")."""
+    with contextlib.suppress(OSError):
+        console.print(text, markup=False, emoji=False, soft_wrap=True)
