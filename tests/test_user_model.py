@@ -38,6 +38,18 @@ USER_CODE = textwrap.dedent(
 
     def exits():
         raise SystemExit(0)
+
+
+    def count_of_letters(outputs, targets):
+        return nn.functional.cross_entropy(outputs, targets, reduction="sum"), "x"
+
+
+    def half_a_count(outputs, targets):
+        return nn.functional.cross_entropy(outputs, targets, reduction="sum"), 2.5
+
+
+    def too_narrow(samples, seed):
+        return np.zeros((samples, 3), np.float32), np.zeros(samples, np.int64)
     """
 )
 SMALL = ["--updates", "4", "--batch-size", "32", "-k", "4"]
@@ -96,6 +108,10 @@ def test_user_module_on_the_path_passes_and_its_bug_is_caught(
         ("--data", "nocolon", "must be module:attribute"),
         ("--model", "{file}:exits", "exited (sys.exit(0)) instead of returning"),
         ("--model", "{dir}/parses_args.py:make", "importing it exited (sys.exit(2))"),
+        # these were exit 3, "internal error ... a gradalign bug" (or 2.5 items taken for 2)
+        ("--loss", "{file}:count_of_letters", "returned an item count of 'x'"),
+        ("--loss", "{file}:half_a_count", "returned an item count of 2.5"),
+        ("--data", "{file}:too_narrow", "first forward pass with your data"),
     ],
 )
 def test_bad_entry_points_exit_2(cli, tmp_path, user_file, option, value, message):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import BadInput
+from ..errors import BadInput, shown
 
 
 def is_entry_point(value: str | None) -> bool:
@@ -115,6 +116,18 @@ def build_data(spec: str, samples: int, seed: int) -> tuple[torch.Tensor, torch.
     return tensors[0], tensors[1]
 
 
+def whole_count(value: Any) -> int | None:
+    """An item count as an int: an integer, a whole float or a one-element tensor of one; None
+    for anything else (int('x') raised ValueError, an internal error; int(2.5) was 2)."""
+    if isinstance(value, torch.Tensor):
+        value = value.item() if value.numel() == 1 else None
+    elif isinstance(value, np.ndarray):
+        value = value.item() if value.size == 1 else None
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        return None
+    return int(value) if math.isfinite(value) and value == int(value) else None
+
+
 def loss_function(spec: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, int]]:
     """The user's loss, checked on every call: (a scalar summed loss, a positive item count)."""
     fn = load(spec, "loss")
@@ -124,9 +137,9 @@ def loss_function(spec: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[tor
         ok = isinstance(result, tuple | list) and len(result) == 2
         if not ok or not isinstance(result[0], torch.Tensor) or result[0].numel() != 1:
             raise BadInput(f"loss {spec!r} must return (summed loss tensor, item count)")
-        items = int(result[1])
-        if items < 1:
-            raise BadInput(f"loss {spec!r} returned an item count of {items}")
+        items = whole_count(result[1])
+        if items is None or items < 1:
+            raise BadInput(f"loss {spec!r} returned an item count of {shown(result[1])}")
         return result[0].reshape(()), items
 
     return checked

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import TrainConfig
+from ..config import ENTRY_POINT_KEYS, TrainConfig
+from ..errors import BadInput
 from .device import environment, make_deterministic, resolve_device
 from .facts import model_facts
 from .models import Batches, LossFn, build_data, build_loss, build_model
@@ -103,9 +104,20 @@ def preflight(config: TrainConfig) -> tuple[dict, dict]:
     data and loss are built and run once on the first micro-batch, so that a mistake in the
     user's own code stops the command before anything is written."""
     t = setup(config)
-    with torch.no_grad():
-        inputs, targets = t.data.micro_batch(0, config.micro_batch_size)
-        t.loss(t.model(inputs), targets)
+    try:
+        with torch.no_grad():
+            inputs, targets = t.data.micro_batch(0, config.micro_batch_size)
+            t.loss(t.model(inputs), targets)
+    except Exception as exc:  # the user's model on the user's data: their mistake, not ours
+        named = {k: getattr(config, k) for k in ENTRY_POINT_KEYS}
+        yours = [f"{k} {v!r}" for k, v in named.items() if ":" in str(v or "")]
+        if isinstance(exc, BadInput) or not yours:
+            raise
+        text = " ".join(str(exc).split())
+        raise BadInput(
+            f"the first forward pass with your {', '.join(yours)} raised {type(exc).__name__}: "
+            f"{text if len(text) <= 160 else text[:157] + '...'}"
+        ) from None
     first = next(t.model.parameters())
     return model_facts(t.model), environment(first.device, first.dtype)
 
