@@ -159,14 +159,17 @@ def _judge(data: dict, golden_file: Path, merged: Any, checked: dict, feedback: 
 
 
 def _accept(merged: Any, golden: Path, key: str) -> Path:
-    """Write the run as the golden: over `golden` when it is a file for this environment (or
-    none yet, or a broken one), else as `<key>.json` beside it (or inside a directory)."""
+    """Write the run as the golden: over `golden` when it is a file for this environment (or a
+    broken one), else as `<key>.json` beside it or inside a directory; a path that does not exist
+    yet is a file if it ends in .json, else a directory (as for `golden write --out`)."""
     if golden.is_dir():
         target = golden / f"{key}.json"
     elif golden.exists() and _key_of(golden) not in (None, key):
         target = golden.parent / f"{key}.json"
-    else:
+    elif golden.exists():
         target = golden
+    else:  # the first golden: as `golden write --out` reads a path (a directory unless .json)
+        target = _target(golden, key)
     if not target.exists():
         _refuse_another_experiment(merged, target.parent, key)
     reference = _reference(merged, None, strict=False)

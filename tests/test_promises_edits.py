@@ -157,3 +157,15 @@ def test_a_report_never_lands_on_the_config_or_golden_file_it_reads(
     before = {p: p.read_bytes() for p in (config, golden)}
     one_line_error(cli(*args), "would be written over or inside the input")
     assert {p: p.read_bytes() for p in (config, golden)} == before
+
+
+def test_a_first_update_into_a_new_directory_makes_a_directory(cli, small_runs, tmp_path):
+    """`golden check ci/golden RUN --update` (docs/CI.md) before ci/golden existed wrote a file
+    named `golden`, where `golden write --out ci/golden` makes a directory: the two commands then
+    refused each other's path."""
+    folder = tmp_path / "ci" / "golden"
+    result = cli("golden", "check", folder, small_runs["merged"], "--update")
+    assert result.code == 0, result.err
+    assert folder.is_dir() and [p.suffix for p in folder.iterdir()] == [".json"]
+    written = cli("golden", "write", small_runs["baseline"], "--out", folder, "--reference", "none")
+    assert written.code == 0, written.err
