@@ -247,6 +247,10 @@ def _mutations() -> dict:
         "source null": (["source"], None),
         "source a string": (["source"], "x"),
         "reference dtype unknown": (["reference_dtype"], "float128"),
+        # these three were exit 3 ("internal error") or passed: a golden is data from a repository
+        "a dtype of a list": (["tensors", 0, "dtype"], [[1]]),
+        "a noise beyond int64": (["per_update", 0, "weights", "0.bias", "noise"], 2**70),
+        "a negative norm": (["per_update", 1, "grads", "0.bias", "norm"], -1.0),
     }
     return {
         name: (lambda d, p=path, v=value: set_path(d, p, v))

@@ -121,6 +121,7 @@ WRONG_TYPES = {
     "a complex dtype": lambda m: m["tensors"][0].update(dtype="complex64"),
     "format version true": lambda m: m.update(format_version=True),
     "a tensor dtype that is not a string": lambda m: m["tensors"][0].update(dtype=None),
+    "a tensor dtype of a list": lambda m: m["tensors"][0].update(dtype=[1]),  # was exit 3
     "an unknown tensor kind": lambda m: m["tensors"][0].update(kind="weights"),
     "a repeated tensor name": lambda m: m["tensors"].append(dict(m["tensors"][0])),
     "tensors as an object": lambda m: m.update(tensors={}),

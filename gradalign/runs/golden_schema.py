@@ -25,7 +25,16 @@ NUMERIC_SERIES = (
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A JSON number the judge's float arrays hold: an integer beyond int64 (2**70) made numpy
+    an array of Python objects, and np.isfinite raised TypeError on it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return -(2**63) <= value < 2**63 if isinstance(value, int) else math.isfinite(value)
+
+
+def _size(value: Any) -> bool:
+    """A norm, a distance moved, a noise: a number >= 0."""
+    return _number(value) and value >= 0
 
 
 def _count(value: Any) -> bool:
@@ -129,13 +138,13 @@ def _check_series(series: dict, n: int, bad) -> None:
 def _check_summary(item: Any, field: str, size: int, moved: bool, calibrated: bool, bad) -> None:
     """One tensor's summary: norm, sketch of `size` values, moved (weights), and with a reference
     the reference's summary and the noise."""
-    if not isinstance(item, dict) or not _number(item.get("norm")):
-        raise bad(field, "must be an object with a norm")
+    if not isinstance(item, dict) or not _size(item.get("norm")):
+        raise bad(field, "must be an object with a norm (a number >= 0)")
     if not _numbers(item.get("sketch"), size):
         raise bad(f"{field}.sketch", f"must be a list of {size} numbers")
-    if moved and not _number(item.get("moved")):
-        raise bad(f"{field}.moved", "must be a number")
+    if moved and not _size(item.get("moved")):
+        raise bad(f"{field}.moved", "must be a number >= 0")
     if calibrated:
-        if not _number(item.get("noise")):
-            raise bad(f"{field}.noise", "must be a number (the golden has a reference)")
+        if not _size(item.get("noise")):
+            raise bad(f"{field}.noise", "must be a number >= 0 (the golden has a reference)")
         _check_summary(item.get("reference"), f"{field}.reference", size, moved, False, bad)

@@ -97,7 +97,8 @@ def _check_tensors(tensors: Any, bad) -> None:
         names.add(name)
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise bad(f"{entry}.shape", f"must be a list of sizes >= 0, got {shown(shape)}")
-        if t.get("dtype") not in TENSOR_DTYPES:
+        dtype = t.get("dtype")  # a list is unhashable: test the type first
+        if not isinstance(dtype, str) or dtype not in TENSOR_DTYPES:
             raise bad(
                 f"{entry}.dtype",
                 f"must be a torch dtype such as 'float32', got {shown(t.get('dtype'))}",
