@@ -5,6 +5,7 @@ Each test is a defect once reproduced by hand (the sweep of the command line as 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -138,3 +139,21 @@ def test_a_full_stderr_keeps_the_exit_code_of_bad_input(tmp_path):
             timeout=120,
         )
     assert proc.returncode == 2
+
+
+def test_off_a_terminal_the_first_progress_line_comes_after_plain_first_seconds(monkeypatch):
+    """The first line was due after PLAIN_FIRST (5 s) but came after PLAIN_EVERY (10 s): the
+    clock of the last line started at 0, as if one had been printed at the start."""
+    from rich.console import Console
+
+    from gradalign.report import progress
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    console = Console(file=io.StringIO(), width=100)
+    with progress.RichFeedback(console).progress("compare", 10) as advance:
+        for now in (101.0, progress.PLAIN_FIRST + 100.5, progress.PLAIN_FIRST + 101.0):
+            clock[0] = now
+            advance()
+    lines = console.file.getvalue().splitlines()
+    assert lines == [f"compare: 2/10 ({progress.PLAIN_FIRST + 0.5:.0f} s)"]

@@ -3,6 +3,7 @@ CI logs, where a line per finished stage is enough)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,7 +42,7 @@ class RichFeedback:
     def _plain(self, label: str, total: int) -> Callable[[], None]:
         """Off a terminal (CI logs): a plain line after the first few seconds and then every
         PLAIN_EVERY seconds, so long work shows it is alive and quick work prints nothing."""
-        start, done, said = time.monotonic(), [0], [0.0]
+        start, done, said = time.monotonic(), [0], [-math.inf]  # never: the first line is due
 
         def advance() -> None:
             done[0] += 1
