@@ -157,3 +157,26 @@ def test_off_a_terminal_the_first_progress_line_comes_after_plain_first_seconds(
             advance()
     lines = console.file.getvalue().splitlines()
     assert lines == [f"compare: 2/10 ({progress.PLAIN_FIRST + 0.5:.0f} s)"]
+
+
+@pytest.mark.parametrize("where", ["a directory", "a missing directory", "a run's manifest"])
+def test_a_step_summary_that_cannot_be_appended_to_is_refused_before_any_work(
+    cli, small_copy, tmp_path, monkeypatch, where
+):
+    """$GITHUB_STEP_SUMMARY was first tried after judging: a directory or a missing folder turned
+    the verdict into exit 2 after all the work, and one inside a run was appended to its
+    manifest, and that run was gone."""
+    manifest = small_copy["baseline"] / "manifest.json"
+    target = {
+        "a directory": tmp_path,
+        "a missing directory": tmp_path / "absent" / "summary.md",
+        "a run's manifest": manifest,
+    }[where]
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
+    before = manifest.read_bytes()
+    result = cli("verify", "--updates", "1", "--hidden", "8", "-o", tmp_path / "v")
+    assert result.code == 2 and "GITHUB_STEP_SUMMARY" in result.err, result.err
+    assert not (tmp_path / "v").exists()  # refused before training
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    assert result.code == 2 and "GITHUB_STEP_SUMMARY" in result.err, result.err
+    assert manifest.read_bytes() == before

@@ -32,12 +32,15 @@ class ReportFiles:
 
     def check(self, read: Sequence[Path] = ()) -> None:
         """What can be refused before any work: a report on or inside a file the command reads
-        (`read`: a config, a golden file; the runs are checked where they are opened), plots
-        without matplotlib."""
+        (`read`: a config, a golden file; the runs are checked where they are opened), a step
+        summary that cannot be appended to, plots without matplotlib."""
+        from .github import check_step_summary
+
         if read:
             from ..runs.outputs import check_outputs
 
             check_outputs([], read, self.paths())
+        check_step_summary(os.environ)
         if self.plot is not None:
             from .plots import require_matplotlib
 

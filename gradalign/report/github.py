@@ -46,6 +46,28 @@ def in_actions(environ: Mapping[str, str]) -> bool:
     return environ.get("GITHUB_ACTIONS") == "true"
 
 
+def check_step_summary(environ: Mapping[str, str]) -> None:
+    """Before any work: `$GITHUB_STEP_SUMMARY`, when set, is a file that can be appended to and
+    lies in no run. Found only after judging, a directory or a missing folder turned the verdict
+    into exit 2, and a summary inside a run was appended to its files."""
+    from ..paths import resolved
+    from ..runs.layout import is_run_dir
+
+    target = environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return
+    path = resolved(target)
+    why = None
+    if path.is_dir():
+        why = "is a directory"
+    elif not path.parent.is_dir():
+        why = "lies in a directory that does not exist"
+    elif any(is_run_dir(folder) for folder in path.parents):
+        why = "lies inside a gradalign run"
+    if why:
+        raise BadInput(f"GITHUB_STEP_SUMMARY {target} {why}; point it at a file (or unset it)")
+
+
 def append_step_summary(c: Comparison, environ: Mapping[str, str]) -> str | None:
     """Append the Markdown summary to `$GITHUB_STEP_SUMMARY` when it is set; returns its path."""
     target = environ.get("GITHUB_STEP_SUMMARY")
