@@ -5,6 +5,7 @@ Each test is a defect once reproduced by hand (the sweep of the command line as 
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -180,3 +181,25 @@ def test_a_step_summary_that_cannot_be_appended_to_is_refused_before_any_work(
     result = cli("compare", small_copy["baseline"], small_copy["merged"])
     assert result.code == 2 and "GITHUB_STEP_SUMMARY" in result.err, result.err
     assert manifest.read_bytes() == before
+
+
+def test_a_full_disk_before_the_last_report_replaces_none_of_the_set(
+    cli, small_runs, tmp_path, monkeypatch
+):
+    """The reports were renamed into place one by one: a disk that filled up while the HTML
+    report (the largest) was written left the new JSON, JUnit and Markdown beside the old HTML,
+    a set from two runs, with exit 2."""
+    from gradalign.report import html
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    reports = {kind: tmp_path / f"r.{kind}" for kind in ("json", "junit", "markdown", "html")}
+    for path in reports.values():
+        path.write_text("the earlier run's report\n")
+    monkeypatch.setattr(html, "to_html", full)
+    options = [item for kind, path in reports.items() for item in (f"--{kind}", path)]
+    result = cli("compare", small_runs["baseline"], small_runs["merged"], *options)
+    assert result.code == 2, result.err
+    assert {p.read_text() for p in reports.values()} == {"the earlier run's report\n"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in reports.values())

@@ -71,12 +71,14 @@ def write_reports(
     meanwhile is held until the set is written: an interrupted job never leaves part of it."""
     from ..runs.writer import deferred_interrupts
     from .github import annotations, append_step_summary, in_actions
+    from .output import one_set
 
     environ = os.environ if environ is None else environ
     with deferred_interrupts():  # Ctrl-C or SIGTERM lands after the set: all written, or none
-        for name, write in _writers().items():
-            target = getattr(files, name)
-            if target is not None:
-                write(comparison, Path(target))
+        with one_set():  # a failure (a full disk) before the last: none replaced
+            for name, write in _writers().items():
+                target = getattr(files, name)
+                if target is not None:
+                    write(comparison, Path(target))
         append_step_summary(comparison, environ)
     return annotations(comparison) if in_actions(environ) else []

@@ -1,12 +1,37 @@
-"""Writing report files: whole or not at all."""
+"""Writing report files: whole or not at all, and a command's reports as one set."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import BadInput
 from ..paths import is_stream
+
+_NAMES = itertools.count()
+_SETS: list[list[tuple[Path, Path]]] = []  # the open sets: (temporary file, its final path)
+
+
+@contextlib.contextmanager
+def one_set() -> Iterator[None]:
+    """Files written inside are renamed into place together at the end: a failure before the last
+    (a full disk while the HTML report is written) leaves every earlier report as it was, never
+    new JSON beside an old JUnit file. Renames take no space."""
+    staged: list[tuple[Path, Path]] = []
+    _SETS.append(staged)
+    try:
+        yield
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        _SETS.remove(staged)
+    for tmp, final in staged:
+        tmp.replace(final)
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -22,10 +47,13 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             raise BadInput(f"{path}: cannot write the report ({exc.strerror})") from None
         return
     path = Path(os.path.realpath(path))
-    tmp = path.with_name(f".gradalign-{os.getpid()}.tmp")
+    tmp = path.with_name(f".gradalign-{os.getpid()}-{next(_NAMES)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(data)
+        if _SETS:  # renamed with the rest of its set
+            _SETS[-1].append((tmp, path))
+            return
         tmp.replace(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
