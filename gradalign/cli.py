@@ -35,7 +35,7 @@ from .cli_options import (
 )
 from .config import tolerances_from_yaml
 from .errors import DISK_ERRORS, BadInput, Terminated, sigterm_as_interrupt
-from .report.terminal import console, last_word, printable_streams
+from .report.terminal import console, last_word, printable_streams, safe_help
 
 BAD_INPUT, INTERNAL, INTERRUPTED, TERMINATED = 2, 3, 130, 143
 app = typer.Typer(
@@ -342,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     and exit 3 (the traceback with --debug); never exit 1, which means "not aligned"."""
     args = sys.argv[1:] if argv is None else list(argv)
     printable_streams()
+    safe_help()
     _debug["on"] = _debug["on"] or "--debug" in args
     args = [a for a in args if a != "--debug"]  # accepted before or after the command
     try:

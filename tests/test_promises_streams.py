@@ -203,3 +203,20 @@ def test_a_full_disk_before_the_last_report_replaces_none_of_the_set(
     assert result.code == 2, result.err
     assert {p.read_text() for p in reports.values()} == {"the earlier run's report\n"}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in reports.values())
+
+
+@pytest.mark.parametrize("args", [["compare", "--help"], [], ["golden"]], ids=" ".join)
+def test_help_into_a_pipe_whose_reader_left_is_exit_0(args):
+    """`gradalign --help | head -1`: typer's own rich consoles answered the broken pipe with
+    exit 1 (rich's default), the code for "not aligned"."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gradalign", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "Exception ignored" not in err

@@ -40,6 +40,16 @@ class SafeConsole(Console):
             os.close(devnull)
 
 
+def safe_help() -> None:
+    """typer prints help (`--help`, a bare group) through rich consoles of its own, which answered
+    `gradalign --help | head -1` with exit 1: they are made SafeConsoles too."""
+    with contextlib.suppress(ImportError, AttributeError):
+        from typer import rich_utils
+
+        if rich_utils.Console is Console:
+            rich_utils.Console = SafeConsole  # type: ignore[misc]
+
+
 def console(stderr: bool = False) -> Console:
     """The console for stdout (the tables) or stderr (messages, progress, errors)."""
     return SafeConsole(stderr=stderr, highlight=False, width=width())
