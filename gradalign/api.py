@@ -26,7 +26,7 @@ from .config import ENTRY_POINT_KEYS, TrainConfig, load_config
 from .errors import BadInput, shown
 from .feedback import Feedback, Silent
 from .judge.results import Comparison
-from .paths import nonempty, resolved
+from .paths import named, nonempty, resolved
 
 PathLike = str | Path
 ConfigLike = TrainConfig | Mapping[str, Any] | PathLike | None
@@ -76,7 +76,7 @@ def as_path(value: Any, what: str) -> Path:
     if not isinstance(value, str | os.PathLike):
         raise BadInput(f"{what} must be a path, got {shown(value)}")
     nonempty(value, what)
-    return Path(value)
+    return named(Path(value), what)
 
 
 def record_baseline(
@@ -273,7 +273,7 @@ def merged_against(
 
     feedback = feedback or Silent()
     checked = check_tolerances({**_file_tolerances(config_file), **dict(tolerances or {})})
-    out, golden = Path(out), goldens.is_golden(baseline)
+    out, golden = as_path(out, "out"), goldens.is_golden(baseline)
     if golden:
         recorded = goldens.golden_config(baseline)
         cfg = config_from_recorded(recorded, baseline, overrides, config_file, trust_run_code)

@@ -178,12 +178,12 @@ def record_merged_runs(
     data-parallel ones (nproc > 1) share one launch per W. All appear, or none does."""
     from contextlib import ExitStack
 
-    from .api import as_config
+    from .api import as_config, as_path
     from .feedback import Silent
     from .runs.writer import RunSet
 
     feedback = feedback or Silent()
-    plans = [(as_config(config), Path(out), fault) for config, out, fault in runs]
+    plans = [(as_config(config), as_path(out, "out"), fault) for config, out, fault in runs]
     if len({resolved(out) for _, out, _ in plans}) < len(plans):
         raise BadInput("two merged runs would be recorded at the same path")
     for config, out, fault in plans:

@@ -46,3 +46,15 @@ def resolved(path: os.PathLike[str] | str) -> Path:
         if exc.errno != errno.ELOOP:
             raise
         raise BadInput(f"{path}: a loop of symbolic links; it names nothing") from None
+
+
+def named(path: Path, what: str) -> Path:
+    """`path` with a last component: "." or "./" as the directory it names (a run and its float64
+    reference are named after it, NAME and NAME-fp64; "." made pathlib raise ValueError, an
+    internal error), and the root directory refused."""
+    if path.name:
+        return path
+    full = Path(os.path.abspath(path))
+    if not full.name:
+        raise BadInput(f"{what} {path}: the root directory cannot be a run; give one below it")
+    return full

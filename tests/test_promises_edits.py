@@ -169,3 +169,28 @@ def test_a_first_update_into_a_new_directory_makes_a_directory(cli, small_runs, 
     assert folder.is_dir() and [p.suffix for p in folder.iterdir()] == [".json"]
     written = cli("golden", "write", small_runs["baseline"], "--out", folder, "--reference", "none")
     assert written.code == 0, written.err
+
+
+TINY = ["--updates", "1", "--hidden", "8", "--batch-size", "8"]
+
+
+@pytest.mark.parametrize("out", [".", "./", "/"])
+@pytest.mark.parametrize("command", ["baseline", "merged"])
+def test_an_output_run_without_a_name_is_refused_or_named(cli, tmp_path, monkeypatch, command, out):
+    """`baseline -o .` and `-o /` raised ValueError in pathlib (a run's reference is named
+    NAME-fp64): exit 3, 'internal error'. "." is the directory it names (here not empty, so
+    refused like any other), and "/" is refused."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("keep\n")
+    result = cli(command, "-o", out, *TINY)
+    one_line_error(result, "root directory" if out == "/" else "is not a gradalign run")
+    assert (tmp_path / "mine.txt").read_text() == "keep\n"
+
+
+def test_an_empty_current_directory_takes_the_run(cli, tmp_path, monkeypatch):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    result = cli("baseline", "-o", ".", "--reference", "none", *TINY)
+    assert result.code == 0, result.err
+    assert (folder / "manifest.json").is_file()
