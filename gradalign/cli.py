@@ -34,7 +34,7 @@ from .cli_options import (
     training_options,
 )
 from .config import tolerances_from_yaml
-from .errors import DISK_ERRORS, BadInput, Terminated, sigterm_as_interrupt
+from .errors import DISK_ERRORS, BadInput, Terminated, debug_wanted, sigterm_as_interrupt
 from .report.terminal import console, last_word, printable_streams, safe_help
 
 BAD_INPUT, INTERNAL, INTERRUPTED, TERMINATED = 2, 3, 130, 143
@@ -51,7 +51,7 @@ app = typer.Typer(
 
 out_console = console()
 err_console = console(stderr=True)
-_debug = {"on": bool(os.environ.get("GRADALIGN_DEBUG"))}
+_debug = {"on": debug_wanted(os.environ)}
 
 
 def _show_version(value: bool) -> None:

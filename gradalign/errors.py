@@ -54,3 +54,10 @@ DISK_ERRORS = {  # what a full, read-only or failing disk raises: bad input, not
     *(errno.EIO, errno.EFBIG),  # a write that failed in the background writer too
     *(errno.ENAMETOOLONG, errno.ELOOP),  # a path the file system cannot hold or resolve
 }
+
+
+def debug_wanted(environ: Any) -> bool:
+    """GRADALIGN_DEBUG set to anything but '', 0, false, no or off: GRADALIGN_DEBUG=0 turned
+    debugging on (any non-empty string did)."""
+    value = str(environ.get("GRADALIGN_DEBUG", "")).strip().lower()
+    return value not in ("", "0", "false", "no", "off")

@@ -194,3 +194,27 @@ def test_an_empty_current_directory_takes_the_run(cli, tmp_path, monkeypatch):
     result = cli("baseline", "-o", ".", "--reference", "none", *TINY)
     assert result.code == 0, result.err
     assert (folder / "manifest.json").is_file()
+
+
+def test_a_manifest_or_golden_saved_with_a_byte_order_mark_is_read(cli, small_copy, tmp_path):
+    """An editor that saves UTF-8 with a BOM made the manifest 'unreadable or not JSON' and the
+    golden 'not a valid golden file'; YAML configs read past it already."""
+    manifest = small_copy["merged"] / "manifest.json"
+    manifest.write_bytes(b"\xef\xbb\xbf" + manifest.read_bytes())
+    assert cli("compare", small_copy["baseline"], small_copy["merged"]).code == 0
+    golden = tmp_path / "golden.json"
+    written = cli("golden", "write", small_copy["baseline"], "--out", golden, "--reference", "none")
+    assert written.code == 0, written.err
+    golden.write_bytes(b"\xef\xbb\xbf" + golden.read_bytes())
+    result = cli("golden", "check", golden, small_copy["merged"])
+    assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [("", False), ("0", False), ("false", False), ("1", True), ("yes", True)]
+)
+def test_gradalign_debug_0_means_off(value, on):
+    from gradalign.errors import debug_wanted
+
+    assert debug_wanted({"GRADALIGN_DEBUG": value}) is on
+    assert debug_wanted({}) is False

@@ -1,5 +1,6 @@
 """JSON as gradalign reads it from files people may edit (manifests, golden files, tensor
-headers): a key written twice is refused, never resolved silently to whichever came last."""
+headers): a key written twice is refused, never resolved silently to whichever came last; a
+byte-order mark an editor added is read past."""
 
 from __future__ import annotations
 
@@ -26,5 +27,10 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads(text: str | bytes, **options: Any) -> Any:
-    """`json.loads` that raises DuplicateKey (a ValueError) for a key written twice."""
+    """`json.loads` that raises DuplicateKey (a ValueError) for a key written twice, and reads a
+    text that an editor saved with a UTF-8 byte-order mark (json refuses it; YAML does not)."""
+    if isinstance(text, str):
+        text = text.removeprefix("\ufeff")
+    elif isinstance(text, bytes):
+        text = text.removeprefix(b"\xef\xbb\xbf")
     return json.loads(text, object_pairs_hook=unique_keys, **options)
