@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from .errors import BadInput, shown
+from .judge.tolerances import for_dtype
 from .paths import is_stream
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -357,4 +358,8 @@ def tolerances_from_yaml(path: Path | None) -> dict[str, Any]:
     section = data.get("tolerances") or {}
     if not isinstance(section, dict):
         raise BadInput(f"{path}: tolerances must be a mapping of names to numbers")
+    try:  # the command line's rule (judge/tolerances.py), the error naming this file
+        for_dtype("float32", section)
+    except BadInput as exc:
+        raise BadInput(f"{path}: {exc}") from None
     return section

@@ -70,13 +70,44 @@ def for_dtype(dtype: str, overrides: dict[str, Any] | None = None) -> Tolerances
     if unknown:
         raise BadInput(f"unknown tolerance {shown(unknown[0])} (known: {', '.join(NAMES)})")
     for name, value in overrides.items():
-        number = not isinstance(value, bool) and isinstance(value, int | float)
-        if not number or not 0 <= value < math.inf:
-            raise BadInput(
-                f"tolerance {name} must be a finite number >= 0, got {shown(value)} (an "
-                "infinite tolerance would pass any bug)"
-            )
+        check_tolerance(name, value)
     return dataclasses.replace(base, **{k: float(v) for k, v in overrides.items()})
+
+
+# Upper bounds (exclusive) past which a tolerance passes what no training could be: with a
+# relative tolerance of 1 an error as large as the value itself passes (a merged run whose weights
+# never moved, a zero gradient, a zero loss); a reference is accepted while the baseline stays
+# within 1% (compatible.REFERENCE_SANITY_RTOL) of the distance training moved it, so 100 times
+# its noise may be the whole distance; 128 roundings (1/eps of bfloat16) are a bfloat16 tensor's
+# whole size. The absolute tolerances carry the data's units: only finiteness bounds them.
+LIMITS: dict[str, tuple[float, str]] = {
+    "loss_rtol": (1.0, "at 1 an error as large as the loss itself passes (a zero loss)"),
+    "weight_rtol": (1.0, "at 1 a merged run whose weights never moved passes"),
+    "grad_rtol": (1.0, "at 1 an error as large as the gradient itself (a zero gradient) passes"),
+    "noise_factor": (
+        100.0,
+        "a reference may stand 1% of the distance trained away from the baseline, so 100 times "
+        "its noise can pass a run that did not train",
+    ),
+    "noise_floor": (128.0, "128 roundings are a whole bfloat16 tensor: a zero tensor passes"),
+}
+
+
+def check_tolerance(name: str, value: Any) -> None:
+    """Refuse a tolerance that is not a number, negative, infinite, or so large that the check
+    it sets could not fail (`LIMITS`), saying why."""
+    number = not isinstance(value, bool) and isinstance(value, int | float)
+    if not number or not 0 <= value < math.inf:
+        raise BadInput(
+            f"tolerance {name} must be a finite number >= 0, got {shown(value)} (an "
+            "infinite tolerance would pass any bug)"
+        )
+    if name in LIMITS and not value < LIMITS[name][0]:
+        limit, why = LIMITS[name]
+        raise BadInput(
+            f"tolerance {name} must be below {limit:g}, got {shown(value)}: {why} (the check would "
+            "be vacuous)"
+        )
 
 
 PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
