@@ -315,3 +315,36 @@ def test_update_refuses_a_float64_run_beside_float32_goldens(cli, small, tmp_pat
     apart.mkdir()
     assert cli("golden", "check", apart, reference, "--update").code == 0
     assert fmt.load(apart / f"{_key(reference)}.json")["reference_dtype"] is None
+
+
+def _scaled(data: dict, path: list, factor: float | None, value: float | None = None) -> None:
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value if factor is None else target[path[-1]] * factor
+
+
+@pytest.mark.parametrize(
+    ("path", "factor", "value", "field"),
+    [
+        # a norm is judged only without a reference; with one it must still be one the
+        # tensor could have (once 1e21 and 0 passed `golden check` unseen)
+        (["per_update", 0, "grads", "0.weight", "norm"], None, 1e21, "norm"),
+        (["per_update", 0, "grads", "0.weight", "norm"], None, 0.0, "norm"),
+        (["per_update", 1, "weights", "0.weight", "reference", "norm"], 1.001, None, "norm"),
+        (["per_update", 1, "weights", "2.bias", "reference", "norm"], None, 0.0, "norm"),
+        # the noise widens every allowed bound: more than the build accepts is refused
+        (["per_update", 2, "weights", "2.bias", "noise"], 1e6, None, "noise"),
+        (["per_update", 0, "grads", "2.weight", "noise"], 1e6, None, "noise"),
+    ],
+    ids=repr,
+)
+def test_a_golden_whose_numbers_cannot_be_one_tensor_is_refused(
+    cli, small, tmp_path, path, factor, value, field
+):
+    data = json.loads(small["golden"].read_text())
+    _scaled(data, path, factor, value)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    result = cli("golden", "check", broken, small["merged"])
+    one_line_error(result, str(broken), field, "golden write")

@@ -184,15 +184,21 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
                 f"{where} saw other samples than the baseline (first at update "
                 f"{int(np.flatnonzero(~same)[0])})"
             )
+    bound = reference_bound(base, merged, where)
+    check_first_gradients(base, ref, bound)
+    return bound
+
+
+def reference_bound(base: Run, merged: Run, where: str) -> ReferenceBound:
+    """How far the baseline may stray from an accepted reference, from the runs' dtypes."""
+    dtype = least_precise([base.dtype, merged.dtype])
     # compute_dtype counts a bfloat16 layer beside float32 ones; its own tensors round in it
     compute = least_precise([base.compute_dtype, merged.compute_dtype])
     stored = {t.name: t.dtype for t in base.tensors if t.dtype in PRECISION_ORDER}
     tol = for_dtype(dtype)
     rtol = max(tol.weight_rtol, REFERENCE_SANITY_RTOL, REFERENCE_SANITY_EPS * eps(compute))
     lower = {name: eps(d) for name, d in stored.items() if eps(d) > eps(dtype)}
-    bound = ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _rerun_hint(base), lower)
-    check_first_gradients(base, ref, bound)
-    return bound
+    return ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _rerun_hint(base), lower)
 
 
 def check_first_gradients(base: Run, ref: Run, bound: ReferenceBound) -> None:

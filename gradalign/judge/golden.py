@@ -21,7 +21,7 @@ from ..runs import golden as fmt
 from ..runs.model import Run, Tensors
 from ..runs.summaries import SKETCH_SIZE, lower_bound, summary
 from .compare import compare
-from .compatible import check_reference, check_reference_weights
+from .compatible import check_reference, check_reference_weights, reference_bound
 from .metrics import TensorDiff, fit_ratio, fixed_allowed, noise_allowed
 from .results import Comparison, UpdateResult
 from .tolerances import Tolerances
@@ -183,6 +183,8 @@ def judge(
 ) -> Comparison:
     """Judge `merged` against a golden file's content, read from `source`."""
     base, reference = fmt.as_runs(golden, source)
+    if reference is not None:
+        check_noise(golden, base, source)
 
     def tensors(tol: Tolerances, floor: float) -> _SummaryJudge:
         return _SummaryJudge(golden, merged, tol, floor)
@@ -205,3 +207,38 @@ def judge(
         )
         comparison.notes.append(f"the run's config differs from the golden's: {shown}")
     return comparison
+
+
+_SLACK = 1e-6  # float64 rounding of norms and sketches summed over millions of elements
+
+
+def check_noise(golden: dict[str, Any], base: Run, source: str) -> None:
+    """Refuse a golden whose noise ||run - reference|| is more than `build` accepted: at every
+    update and weight within `reference_bound` of the distance the reference moved, and over all
+    gradients at update 0 (`check_first_gradients`). The noise widens every allowed bound; a
+    larger one (a hand edit, a merge) would pass what the golden's own run could not."""
+    bound = reference_bound(base, base, f"reference of {source}")
+    sizes = {t.name: math.prod(t.shape) for t in base.tensors}
+    hint = "edited by hand? rewrite it with `gradalign golden write`"
+    for entry in golden["per_update"]:
+        for name, kept in entry["weights"].items():
+            ref = kept["reference"]
+            scale = ref.get("moved", ref["norm"])
+            limit = bound.rtol * scale + bound.atol * math.sqrt(sizes[name])
+            limit += bound.rounding(name) * ref["norm"]
+            if not kept["noise"] <= limit + _SLACK * (ref["norm"] + kept["norm"]):
+                raise BadInput(
+                    f"{source}: golden field 'per_update[{entry['update']}].weights.{name!r}"
+                    f".noise' is {kept['noise']:.3g}, more than a reference may stray from its "
+                    f"run ({limit:.3g}: {bound.rtol:g} of the distance moved plus rounding); "
+                    + hint
+                )
+    grads = golden["per_update"][0].get("grads") or {}
+    apart = math.fsum(g["noise"] ** 2 for g in grads.values())
+    size = math.fsum(g["reference"]["norm"] ** 2 for g in grads.values())
+    if grads and math.sqrt(apart) > (bound.rtol + bound.epsilon + _SLACK) * math.sqrt(size):
+        raise BadInput(
+            f"{source}: golden fields 'per_update[0].grads.*.noise' add up to "
+            f"{math.sqrt(apart):.3g}, more than {bound.rtol:g} of the gradients' size "
+            f"{math.sqrt(size):.3g} that a reference may stray at update 0; " + hint
+        )

@@ -148,3 +148,38 @@ def _check_summary(item: Any, field: str, size: int, moved: bool, calibrated: bo
         if not _size(item.get("noise")):
             raise bad(f"{field}.noise", "must be a number >= 0 (the golden has a reference)")
         _check_summary(item.get("reference"), f"{field}.reference", size, moved, False, bad)
+    _check_consistent(item, field, calibrated, bad)
+
+
+_SLACK = 1e-6  # float64 rounding of norms and sketches summed over millions of elements
+_EDITED = "; edited by hand? rewrite it with `gradalign golden write`"
+
+
+def _check_consistent(item: dict, field: str, calibrated: bool, bad) -> None:
+    """Numbers that cannot come from one tensor: a norm shorter than its own sketch (projections
+    onto orthonormal directions), and with a reference a norm or sketch farther from the
+    reference's than the noise ||x - ref||, or a noise longer than both norms together."""
+    norm = item["norm"]
+    sketch = math.hypot(*item["sketch"])
+    if sketch > norm + _SLACK * (norm + sketch):
+        what = f"is {norm:.6g}, less than the length of its own sketch ({sketch:.6g})"
+        raise bad(f"{field}.norm", what + _EDITED)
+    if not calibrated:
+        return
+    ref, noise = item["reference"], item["noise"]
+    slack = _SLACK * (norm + ref["norm"])
+    apart = abs(norm - ref["norm"])
+    if apart > noise + slack:
+        what = (
+            f"is {norm:.6g}, {apart:.3g} from its reference's ({ref['norm']:.6g}): more than the "
+            f"noise between them ({noise:.3g}) allows"
+        )
+        raise bad(f"{field}.norm", what + _EDITED)
+    sketches = math.dist(item["sketch"], ref["sketch"])
+    if sketches > noise + slack:
+        what = f"is {noise:.3g}, less than its sketch's distance from the reference's "
+        what += f"({sketches:.3g})"
+        raise bad(f"{field}.noise", what + _EDITED)
+    if noise > norm + ref["norm"] + slack:
+        what = f"is {noise:.3g}, more than its norm and its reference's together"
+        raise bad(f"{field}.noise", what + _EDITED)
