@@ -170,10 +170,8 @@ def compare(
         raise BadInput(f"merged must be a path or a list of card logs, got {shown(merged)}")
     if reference is not None and reference != "none":
         reference = as_path(reference, "reference")
-    if accum_steps is not None and (
-        isinstance(accum_steps, bool) or not isinstance(accum_steps, int)
-    ):
-        raise BadInput(f"accum_steps must be an integer, got {shown(accum_steps)}")
+    _check_k(accum_steps, "accum_steps (K of the merged run, --accum-steps)")
+    _check_k(baseline_accum_steps, "baseline_accum_steps (--baseline-accum-steps)")
     if not sources:
         raise BadInput("no merged run given")
     named = [] if reference in (None, "none") else [Path(reference)]
@@ -201,6 +199,21 @@ def compare(
     if note:
         comparison.notes.append(note)
     return comparison
+
+
+def _check_k(value: Any, what: str) -> None:
+    """A K given for a run: an integer >= 1, checked before it is compared with any run's."""
+    from .runs.schema import MAX_MICRO_STEPS
+
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadInput(f"{what} must be an integer, got {shown(value)}")
+    if not 1 <= value <= MAX_MICRO_STEPS:
+        raise BadInput(
+            f"{what} must be an integer from 1 to {MAX_MICRO_STEPS} (K micro-steps make one "
+            f"update), got {shown(value)}"
+        )
 
 
 def _hint_k(base_updates: int, micro_steps: int, kind: str, source: str) -> None:
@@ -355,4 +368,6 @@ def config_from_recorded(
                 f"import code a run names: pass --{key} {named} to confirm it, or "
                 "--trust-run-code"
             )
-    return load_config(None if config_file is None else Path(config_file), {**kept, **overrides})
+    source = Path(where) / "manifest.json" if Path(where).is_dir() else Path(where)
+    path = None if config_file is None else Path(config_file)
+    return load_config(path, overrides, recorded=(f"{source}: recorded config", kept))

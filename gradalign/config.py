@@ -7,6 +7,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,62 +203,83 @@ def check_keys(values: dict[str, Any], where: str) -> dict[str, Any]:
     return {name: _coerce(name, value, where) for name, value in values.items()}
 
 
-def build_config(values: dict[str, Any], where: str = "config") -> TrainConfig:
-    """Validate a flat mapping of config keys into a TrainConfig."""
-    config = TrainConfig(**check_keys(values, where))
-    _check_ranges(config, where)
+def build_config(
+    values: dict[str, Any], where: str = "config", sources: dict[str, str] | None = None
+) -> TrainConfig:
+    """Validate a flat mapping of config keys into a TrainConfig. An error names where its keys
+    came from (`sources`: key -> a file, a run's manifest, "options"), else `where`."""
+    sources = sources or {}
+    unknown = sorted(set(values) - set(FIELDS), key=str)  # YAML keys need not be strings
+    if unknown:
+        raise BadInput(
+            f"{sources.get(unknown[0], where)}: unknown key {shown(unknown[0])} (known keys: "
+            f"{', '.join(FIELDS)})"
+        )
+    config = TrainConfig(**{k: _coerce(k, v, sources.get(k, where)) for k, v in values.items()})
+
+    def blame(*keys: str) -> str:
+        named = dict.fromkeys(sources[k] for k in keys if k in sources)
+        return " and ".join(named) or where
+
+    _check_ranges(config, blame)
     return config
 
 
-def _check_ranges(c: TrainConfig, where: str) -> None:
+def _check_ranges(c: TrainConfig, blame: Callable[..., str]) -> None:
     positive = {"batch_size": c.batch_size, "updates": c.updates, "hidden": c.hidden}
     for name, value in positive.items():
         if value < 1:
-            raise BadInput(f"{where}: {name} must be at least 1, got {value}")
+            raise BadInput(f"{blame(name)}: {name} must be at least 1, got {value}")
     if c.accum_steps < 1:
-        raise BadInput(f"{where}: accum_steps (K) must be at least 1, got {c.accum_steps}")
+        raise BadInput(
+            f"{blame('accum_steps')}: accum_steps (K) must be at least 1, got {c.accum_steps}"
+        )
     for name in ("seed", "samples_seed"):
         value = getattr(c, name)
         if value is not None and not 0 <= value < 2**32:
-            raise BadInput(f"{where}: {name} must be in [0, 2**32), got {shown(value)}")
+            raise BadInput(f"{blame(name)}: {name} must be in [0, 2**32), got {shown(value)}")
     if c.batch_size % c.accum_steps:
         raise BadInput(
-            f"{where}: batch_size {c.batch_size} is not divisible by accum_steps {c.accum_steps}"
+            f"{blame('batch_size', 'accum_steps')}: batch_size {c.batch_size} is not divisible "
+            f"by accum_steps {c.accum_steps}"
         )
     if c.nproc < 1:
-        raise BadInput(f"{where}: nproc (W) must be at least 1, got {c.nproc}")
+        raise BadInput(f"{blame('nproc')}: nproc (W) must be at least 1, got {c.nproc}")
     if c.batch_size % (c.accum_steps * c.nproc):
         raise BadInput(
-            f"{where}: batch_size {c.batch_size} is not divisible by nproc x accum_steps "
-            f"({c.nproc} x {c.accum_steps}): each rank reads B/(W*K) rows per micro-step"
+            f"{blame('batch_size', 'nproc', 'accum_steps')}: batch_size {c.batch_size} is not "
+            f"divisible by nproc x accum_steps ({c.nproc} x {c.accum_steps}): each rank reads "
+            "B/(W*K) rows per micro-step"
         )
     if c.lr is not None and c.lr <= 0:
-        raise BadInput(f"{where}: lr must be positive, got {c.lr}")
+        raise BadInput(f"{blame('lr')}: lr must be positive, got {c.lr}")
     if c.clip_norm is not None and c.clip_norm <= 0:
-        raise BadInput(f"{where}: clip_norm must be positive, got {c.clip_norm}")
+        raise BadInput(f"{blame('clip_norm')}: clip_norm must be positive, got {c.clip_norm}")
     if not 0 <= c.dropout < 1:
-        raise BadInput(f"{where}: dropout must be in [0, 1), got {c.dropout}")
+        raise BadInput(f"{blame('dropout')}: dropout must be in [0, 1), got {c.dropout}")
     if c.amp_level is not None and c.precision != "fp32":
-        raise BadInput(f"{where}: give amp_level or precision, not both")
+        raise BadInput(f"{blame('amp_level', 'precision')}: give amp_level or precision, not both")
     if c.compute != "fp32" and c.dtype == "float64":
-        raise BadInput(f"{where}: precision {c.compute} needs dtype float32")
+        raise BadInput(
+            f"{blame('precision', 'amp_level', 'dtype')}: precision {c.compute} needs dtype float32"
+        )
     if c.nesterov and c.momentum <= 0:
-        raise BadInput(f"{where}: nesterov needs momentum > 0")
+        raise BadInput(f"{blame('nesterov', 'momentum')}: nesterov needs momentum > 0")
     for name in ("beta1", "beta2"):
         if not 0 <= getattr(c, name) < 1:
-            raise BadInput(f"{where}: {name} must be in [0, 1), got {getattr(c, name)}")
+            raise BadInput(f"{blame(name)}: {name} must be in [0, 1), got {getattr(c, name)}")
     if c.eps <= 0:
-        raise BadInput(f"{where}: eps must be positive, got {c.eps}")
+        raise BadInput(f"{blame('eps')}: eps must be positive, got {c.eps}")
     for name in ("momentum", "weight_decay", "warmup_updates", "l2_penalty", "snapshot_every"):
         if getattr(c, name) < 0:
-            raise BadInput(f"{where}: {name} must not be negative, got {getattr(c, name)}")
-    _check_representable(c, where)
+            raise BadInput(f"{blame(name)}: {name} must not be negative, got {getattr(c, name)}")
+    _check_representable(c, blame)
 
 
 LARGEST = {"float16": 65504.0, "float32": 3.4028234663852886e38}  # float64: any finite value
 
 
-def _check_representable(c: TrainConfig, where: str) -> None:
+def _check_representable(c: TrainConfig, blame: Callable[..., str]) -> None:
     """Every number the optimizer applies to the weights must fit their dtype: torch refuses to
     convert lr 1e39 to float32 (or lr 1e5 to float16) mid-step, which was an internal error."""
     largest = LARGEST.get(c.param_dtype)
@@ -265,7 +287,8 @@ def _check_representable(c: TrainConfig, where: str) -> None:
         value = getattr(c, name)
         if largest and base_type(name) is float and value is not None and abs(value) > largest:
             raise BadInput(
-                f"{where}: {name} {value:g} is beyond the largest {c.param_dtype} ({largest:g}), "
+                f"{blame(name, 'dtype')}: {name} {value:g} is beyond the largest {c.param_dtype} "
+                f"({largest:g}), "
                 "the dtype of the weights it is applied to"
             )
 
@@ -336,12 +359,21 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, then the YAML file, then command-line overrides (which win)."""
+def load_config(
+    path: Path | None,
+    overrides: dict[str, Any] | None = None,
+    recorded: tuple[str, dict[str, Any]] | None = None,
+) -> TrainConfig:
+    """Defaults, then a recorded config (`recorded`: where it came from, its keys), then the YAML
+    file, then command-line overrides (which win). An error names the layer its keys came from."""
     values = read_yaml(path) if path is not None else {}
     values.pop("tolerances", None)  # the judge's section, read by tolerances_from_yaml
-    values = {**check_keys(values, str(path)), **(overrides or {})}
-    return build_config(values, "options")
+    layers = [recorded or ("", {}), (str(path), values)]
+    layers = [(where, check_keys(layer, where)) for where, layer in layers]  # even if overridden
+    layers.append(("options", overrides or {}))
+    sources = {key: where for where, layer in layers for key in layer}
+    merged = {key: value for _, layer in layers for key, value in layer.items()}
+    return build_config(merged, "options", sources)
 
 
 def tolerances_from_yaml(path: Path | None) -> dict[str, Any]:

@@ -4,6 +4,10 @@ a baseline's config blamed on the options. Each is one line on stderr and exit 2
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 
 from gradalign import api
@@ -47,3 +51,55 @@ def test_tolerances_just_inside_the_bounds_are_judged(cli, small_runs):
         "127",
     )
     assert result.code == 0, result.err
+
+
+def _edited_baseline(small_runs, tmp_path, **config) -> Path:
+    """A copy of the small baseline whose manifest records `config`."""
+    base = Path(shutil.copytree(small_runs["baseline"], tmp_path / "base"))
+    manifest = json.loads((base / "manifest.json").read_text())
+    manifest["config"].update(config)
+    (base / "manifest.json").write_text(json.dumps(manifest))
+    return base
+
+
+def test_a_baseline_config_error_names_the_baseline_manifest(cli, small_runs, tmp_path):
+    """The config of `merged --against` comes from the baseline: its errors were blamed on
+    "options:", which the user never gave."""
+    base = _edited_baseline(small_runs, tmp_path, lr=-1.0)
+    result = cli("merged", "--against", base, "--out", tmp_path / "m")
+    one_line_error(result, f"{base / 'manifest.json'}: recorded config: lr must be positive")
+    shutil.rmtree(base)
+    base = _edited_baseline(small_runs, tmp_path, optimizer="lamb")
+    result = cli("merged", "--against", base, "--out", tmp_path / "m")
+    one_line_error(result, f"{base / 'manifest.json'}: recorded config: optimizer must be one of")
+    assert not (tmp_path / "m").exists()
+
+
+def test_an_error_of_keys_from_two_places_names_both(cli, small_runs, tmp_path):
+    """B from the baseline, K from the options: both are named."""
+    base = small_runs["baseline"]
+    result = cli("merged", "--against", base, "-k", "3", "--out", tmp_path / "m")
+    one_line_error(
+        result, f"{base / 'manifest.json'}: recorded config and options: batch_size 16 is not"
+    )
+    golden = api.golden_write(base, tmp_path / "g.json")
+    result = cli("merged", "--against", golden, "-k", "3", "--out", tmp_path / "m")
+    one_line_error(result, f"{golden}: recorded config and options: batch_size 16 is not")
+
+
+def test_a_config_file_range_error_names_the_file(cli, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("lr: -2\nupdates: 1\n")
+    one_line_error(cli("verify", "-c", config, "--out", tmp_path / "v"), f"{config}: lr must")
+    result = cli("verify", "-c", config, "--lr", "-3", "--out", tmp_path / "v")
+    one_line_error(result, "options: lr must be positive, got -3")
+
+
+@pytest.mark.parametrize("option", ["--accum-steps", "--baseline-accum-steps"])
+@pytest.mark.parametrize("k", ["0", "-3", str(10**20)])
+def test_a_k_below_1_is_refused_before_it_is_compared_with_the_runs(cli, small_runs, option, k):
+    result = cli("compare", small_runs["baseline"], small_runs["merged"], option, k)
+    one_line_error(result, option, "must be an integer from 1", f"got {k}")
+    assert "recorded with" not in result.err
+    with pytest.raises(BadInput, match="must be an integer from 1"):
+        api.compare(small_runs["baseline"], small_runs["merged"], accum_steps=int(k))
