@@ -103,3 +103,19 @@ def test_a_k_below_1_is_refused_before_it_is_compared_with_the_runs(cli, small_r
     assert "recorded with" not in result.err
     with pytest.raises(BadInput, match="must be an integer from 1"):
         api.compare(small_runs["baseline"], small_runs["merged"], accum_steps=int(k))
+
+
+def test_an_absolute_tolerance_that_passes_anything_is_said(cli, small_runs, tmp_path):
+    """loss_atol and weight_atol carry the data's units: no fixed bound, but when the data show
+    that the check could not fail, the report and the JSON say so."""
+    base, merged, report = small_runs["baseline"], small_runs["merged"], tmp_path / "r.json"
+    huge = ["--loss-atol", "1e300", "--weight-atol", "1e300", "--json", report]
+    result = cli("compare", base, merged, "--reference", "none", *huge)
+    assert result.code == 0 and "could not fail" in result.out
+    notes = [n for n in json.loads(report.read_text())["notes"] if "could not fail" in n]
+    assert [n.split(":")[1].strip() for n in notes] == [
+        "the loss check could not fail",
+        "the weight check could not fail",
+    ]
+    result = cli("compare", base, merged, "--reference", "none", "--json", report)
+    assert result.code == 0 and "could not fail" not in result.out + report.read_text()

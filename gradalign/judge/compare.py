@@ -42,6 +42,7 @@ from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise
+from .vacuous import vacuous_notes
 from .views import sketch_width
 from .window_sizes import judged_updates
 from .windows import inside_window_changes, written_in_forward
@@ -153,6 +154,7 @@ def _judge(
             *_written_note(written, base),
             *jumps,
             *sketch_note(results),
+            *vacuous_notes(results, tol),
         ],
         _first_divergence(results),
         reference,

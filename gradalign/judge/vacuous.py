@@ -1,0 +1,34 @@
+"""Checks that could not have failed: the data decide whether an absolute tolerance (loss_atol,
+weight_atol, whose units are the data's) is so large that a merged run that did not train would
+pass. Those are said in the report and the JSON notes; the relative tolerances that can never be
+meaningful are refused before any work (`tolerances.check_tolerance`)."""
+
+from __future__ import annotations
+
+import math
+
+from .results import UpdateResult
+from .tolerances import Tolerances
+
+
+def vacuous_notes(results: list[UpdateResult], tol: Tolerances) -> list[str]:
+    """A warning per check whose allowed error was, at every update, at least the quantity
+    itself: the baseline loss (a merged loss of 0 passes), or the distance training moved each
+    weight (a merged run that never moved passes)."""
+    notes = []
+    losses = [r for r in results if math.isfinite(r.base_loss) and r.base_loss != 0]
+    if losses and all(r.loss_allowed >= abs(r.base_loss) for r in losses):
+        widest = max(r.loss_allowed for r in losses)
+        notes.append(
+            f"warning: the loss check could not fail: at every update the error allowed (up to "
+            f"{widest:.3g}) is at least the baseline loss itself, so a merged loss of 0 would "
+            f"pass (loss_atol {tol.loss_atol:g}, loss_rtol {tol.loss_rtol:g})"
+        )
+    moved = [d for r in results for d in r.weights if d.moved and math.isfinite(d.moved)]
+    if moved and all(d.allowed >= d.moved for d in moved):
+        notes.append(
+            "warning: the weight check could not fail: every weight was allowed an error at "
+            "least the distance training moved it, so a merged run that did not train would "
+            f"pass (weight_atol {tol.weight_atol:g}, weight_rtol {tol.weight_rtol:g})"
+        )
+    return notes
