@@ -348,3 +348,24 @@ def test_a_golden_whose_numbers_cannot_be_one_tensor_is_refused(
     broken.write_text(json.dumps(data))
     result = cli("golden", "check", broken, small["merged"])
     one_line_error(result, str(broken), field, "golden write")
+
+
+def test_a_golden_of_another_sketch_size_is_refused(cli, small, tmp_path):
+    """The judge projects the run onto SKETCH_SIZE directions: a golden that keeps another
+    number (its sketches cut to match) was an internal error, a matmul of mismatched sizes."""
+    data = json.loads(small["golden"].read_text())
+    data["sketch_size"] = 1
+
+    def cut(item: dict) -> None:
+        item["sketch"] = item["sketch"][:1]
+        if "reference" in item:
+            cut(item["reference"])
+
+    for entry in data["per_update"]:
+        for kind in ("weights", "grads"):
+            for item in entry[kind].values():
+                cut(item)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    result = cli("golden", "check", broken, small["no-loss-scale"])
+    one_line_error(result, "golden field 'sketch_size' must be 8")

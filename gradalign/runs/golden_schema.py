@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import BadInput, shown
 from .schema import MAX_MICRO_STEPS, _check_tensors
+from .summaries import SKETCH_SIZE
 
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
 NUMERIC_SERIES = (
@@ -99,9 +100,11 @@ def check_golden(data: dict, where: str) -> None:
     sizes = {t["name"]: math.prod(t["shape"]) for t in data["tensors"]}
     params = {t["name"] for t in data["tensors"] if t.get("kind", "param") == "param"}
     calibrated = "reference_window_loss" in data["series"]
-    size = data.get("sketch_size", 8)
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise bad("sketch_size", f"must be an integer >= 1, got {shown(size)}")
+    size = data.get("sketch_size", SKETCH_SIZE)
+    if not _count(size) or size != SKETCH_SIZE:  # the judge projects the run onto these d
+        raise bad(
+            "sketch_size", f"must be {SKETCH_SIZE} (the projections judged), got {shown(size)}"
+        )
     for i, entry in enumerate(per_update):
         if not isinstance(entry, dict) or not isinstance(entry.get("weights"), dict):
             raise bad(f"per_update[{i}]", "must be an object with weights")
