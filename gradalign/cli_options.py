@@ -69,12 +69,14 @@ NprocOpt = Annotated[
 _TRAINING_KEYS = [name for name in FIELDS if name not in ("accum_steps", "nproc")]
 _TOLERANCE_HELP = {
     "loss_atol": "absolute loss tolerance",
-    "loss_rtol": "loss tolerance relative to the baseline loss",
-    "weight_rtol": "weight error allowed, relative to how far training moved the weights",
+    "loss_rtol": "loss tolerance relative to the baseline loss (below 1)",
+    "weight_rtol": "weight error allowed, relative to how far training moved the weights (below 1)",
     "weight_atol": "absolute weight tolerance per element (scaled by sqrt(n))",
-    "grad_rtol": "gradient error allowed, relative to the gradient's norm",
-    "noise_factor": "with a reference: error allowed, as a multiple of the baseline's own",
-    "noise_floor": "with a reference: error always allowed, in machine epsilons of the tensor",
+    "grad_rtol": "gradient error allowed, relative to the gradient's norm (below 1)",
+    "noise_factor": "with a reference: error allowed, as a multiple of the baseline's own "
+    "(below 100)",
+    "noise_floor": "with a reference: error always allowed, in machine epsilons of the tensor "
+    "(below 128)",
 }
 
 
