@@ -369,3 +369,17 @@ def test_a_golden_of_another_sketch_size_is_refused(cli, small, tmp_path):
     broken.write_text(json.dumps(data))
     result = cli("golden", "check", broken, small["no-loss-scale"])
     one_line_error(result, "golden field 'sketch_size' must be 8")
+
+
+def test_a_golden_whose_numbers_overflow_the_judge_is_refused(cli, small, tmp_path):
+    """A norm, its reference's and the noise all 1.7e308 were consistent (their sums overflowed
+    to inf, and so did every slack), and noise_factor x noise was inf: that tensor's check could
+    not fail (a clean run passed; this bug is still caught by its losses). Summaries are bounded
+    by 1e300, so that the judge's arithmetic stays finite."""
+    data = json.loads(small["golden"].read_text())
+    item = data["per_update"][1]["weights"]["0.weight"]
+    item["norm"] = item["reference"]["norm"] = item["noise"] = 1.7e308
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    result = cli("golden", "check", broken, small["no-loss-scale"])
+    one_line_error(result, "per_update[1].weights", "from 0 to 1e+300")

@@ -33,9 +33,14 @@ def _number(value: Any) -> bool:
     return -(2**63) <= value < 2**63 if isinstance(value, int) else math.isfinite(value)
 
 
+# Summaries stay below this, so that the judge's sums and multiples of them (a noise times
+# noise_factor) stay finite: an allowed bound that overflowed to inf passed anything.
+LARGEST = 1e300
+
+
 def _size(value: Any) -> bool:
-    """A norm, a distance moved, a noise: a number >= 0."""
-    return _number(value) and value >= 0
+    """A norm, a distance moved, a noise: a number from 0 to LARGEST."""
+    return _number(value) and 0 <= value <= LARGEST
 
 
 def _count(value: Any) -> bool:
@@ -132,8 +137,8 @@ def _check_series(series: dict, n: int, bad) -> None:
             if not ok or not all(isinstance(v, str) and HEX16.match(v) for v in values):
                 raise bad("series.window_samples", f"must be {n} strings of 16 hex digits")
         elif key in NUMERIC_SERIES:
-            if not _numbers(values, n):
-                raise bad(f"series.{key}", f"must be a list of {n} numbers")
+            if not _numbers(values, n) or not all(abs(v) <= LARGEST for v in values):
+                raise bad(f"series.{key}", f"must be a list of {n} numbers within +-{LARGEST:g}")
         else:
             raise bad(f"series.{shown(key)}", "is not a series gradalign knows")
 
@@ -142,14 +147,16 @@ def _check_summary(item: Any, field: str, size: int, moved: bool, calibrated: bo
     """One tensor's summary: norm, sketch of `size` values, moved (weights), and with a reference
     the reference's summary and the noise."""
     if not isinstance(item, dict) or not _size(item.get("norm")):
-        raise bad(field, "must be an object with a norm (a number >= 0)")
-    if not _numbers(item.get("sketch"), size):
-        raise bad(f"{field}.sketch", f"must be a list of {size} numbers")
+        raise bad(field, f"must be an object with a norm (a number from 0 to {LARGEST:g})")
+    sketch = item.get("sketch")
+    if not _numbers(sketch, size) or not all(abs(v) <= LARGEST for v in sketch):
+        raise bad(f"{field}.sketch", f"must be a list of {size} numbers within +-{LARGEST:g}")
     if moved and not _size(item.get("moved")):
-        raise bad(f"{field}.moved", "must be a number >= 0")
+        raise bad(f"{field}.moved", f"must be a number from 0 to {LARGEST:g}")
     if calibrated:
         if not _size(item.get("noise")):
-            raise bad(f"{field}.noise", "must be a number >= 0 (the golden has a reference)")
+            what = f"must be a number from 0 to {LARGEST:g} (the golden has a reference)"
+            raise bad(f"{field}.noise", what)
         _check_summary(item.get("reference"), f"{field}.reference", size, moved, False, bad)
     _check_consistent(item, field, calibrated, bad)
 
