@@ -5,6 +5,7 @@ a baseline's config blamed on the options. Each is one line on stderr and exit 2
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -119,3 +120,19 @@ def test_an_absolute_tolerance_that_passes_anything_is_said(cli, small_runs, tmp
     ]
     result = cli("compare", base, merged, "--reference", "none", "--json", report)
     assert result.code == 0 and "could not fail" not in result.out + report.read_text()
+
+
+def test_an_infinite_error_never_passes_even_under_an_overflowed_bound():
+    """Finite weights near 1e200 square past float64's range: the error and the bound both
+    overflowed to inf, and inf <= inf passed a merged tensor of -w against the baseline's w."""
+    import numpy as np
+
+    from gradalign.judge.metrics import diff
+    from gradalign.judge.results import UpdateResult
+
+    base, start = np.array([1e200, 1.0]), np.zeros(2)
+    with np.errstate(over="ignore"):
+        d = diff("w", base, -base, rtol=1e-4, atol=0.0, start=start)
+    assert d.error == math.inf and d.allowed == math.inf and not d.ok
+    result = UpdateResult(0, 1e308, -1e308, math.inf, math.inf, math.inf)
+    assert not result.loss_ok

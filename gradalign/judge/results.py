@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,8 @@ class UpdateResult:
 
     @property
     def loss_ok(self) -> bool:
-        return bool(self.loss_error <= self.loss_allowed)  # False for NaN
+        # False for NaN, and for an infinite error even under an infinite bound (metrics.py)
+        return bool(self.loss_error <= self.loss_allowed and self.loss_error < math.inf)
 
     @property
     def ok(self) -> bool:
