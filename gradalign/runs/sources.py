@@ -10,6 +10,7 @@ from ..errors import BadInput
 from ..paths import nonempty, resolved
 from .layout import is_run_dir
 from .logs import CARD_LOSSES, looks_like_log, read_card_logs, read_log
+from .logs.smooth import STEP_LOSS_ADVICE
 from .model import Run
 from .reader import read_run_dir
 
@@ -92,3 +93,17 @@ def open_reference(option: str | None, base: Run) -> tuple[Run | None, str | Non
             "fixed tolerances instead"
         )
     return read_run_dir(path), None
+
+
+def check_smoothing(base: Run, merged: Run) -> None:
+    """Both runs' losses must be read alike: one log recovered from a running mean against one
+    taken as printed compares different quantities (the smoothing was not seen in the other)."""
+    kinds = [run.config.get("smoothed") for run in (base, merged)]
+    if kinds[0] == kinds[1]:
+        return
+    seen, unseen = (base, merged) if kinds[0] else (merged, base)
+    raise BadInput(
+        f"{seen.source}: its losses were read as a {kinds[0] or kinds[1]} and recovered, "
+        f"{unseen.source}'s do not show one (too few steps or too little noise to tell): both "
+        f"logs must print the same loss; {STEP_LOSS_ADVICE}"
+    )

@@ -13,6 +13,7 @@ from ..model import Run, TensorInfo, Tensors
 from .arrays import PrintedArray
 from .grammar import Printed
 from .parse import ParsedLog
+from .smooth import unsmooth
 
 LOG_DTYPE = "float32"  # what a printed weight is taken to be: the dtype frameworks train in
 
@@ -92,6 +93,8 @@ def build_run(log: ParsedLog, accum_steps: int) -> Run:
         raise BadInput(f"{path}: {len(log.means)} avgloss lines for only {n} updates")
     precision = log.precision
     quanta = numbers_quantum(log.losses, log.bracketed, precision)
+    printed = np.array([p.value for p in log.losses], dtype=np.float64)
+    losses, quanta, smoothed = unsmooth(printed, quanta, log.epoch_starts, k, str(path), log.stride)
     window = np.full(n, np.nan)
     window_quanta = np.full(n, np.nan)
     for i, (p, b) in enumerate(zip(log.means, log.mean_bracketed, strict=True)):
@@ -103,7 +106,7 @@ def build_run(log: ParsedLog, accum_steps: int) -> Run:
         kind="log",
         accum_steps=k,
         updates=n,
-        micro_loss=np.array([p.value for p in log.losses], dtype=np.float64),
+        micro_loss=losses,
         tensors=tensors,
         full_weights=False,
         loss_quantum=np.array(quanta, dtype=np.float64),
@@ -112,6 +115,13 @@ def build_run(log: ParsedLog, accum_steps: int) -> Run:
         config={"ignored_lines": log.noise, "lines_per_step": times},
         notes=_notes(log, micro),
     )
+    if smoothed is not None:
+        run.config["smoothed"] = smoothed.kind
+        run.notes.append(
+            f"{path}: its losses are an epoch's {smoothed.kind} ({smoothed.evidence}): each "
+            "step's loss was recovered as t*L_t - (t-1)*L_(t-1), judged within the print's "
+            "rounding times t"
+        )
     if tensors:
         _attach_weights(run, log, tensors, precision)
     if log.lrs and all(lr is not None for lr in log.lrs):

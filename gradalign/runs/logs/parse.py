@@ -56,6 +56,7 @@ class ParsedLog:
     epoch: int | None = None  # the epoch the last step line named, if it named one
     header_epoch: int | None = None  # the epoch the last line of its own announced (`Epoch 2/10`)
     epoch_start: int = 0  # steps before the current epoch, when its step count restarted
+    epoch_starts: list[int] = field(default_factory=list)  # first loss of each later epoch
     steps: int = 0  # distinct steps read (a step printed at each of its micro-steps counts once)
     repeats: int = 0  # lines the last step was printed on
     printed_times: int | None = None  # lines each step before it was printed on
@@ -204,6 +205,8 @@ class _Pass:
             )
         if log.steps:
             self._printed_times(index)
+            if epoch is not None and log.epoch is not None and epoch != log.epoch:
+                log.epoch_starts.append(len(log.losses))
         log.epoch, log.steps, log.repeats = epoch, log.steps + 1, 1
         self._append(index, step)
 
