@@ -183,7 +183,7 @@ def compare(
             )
     base_run = open_run(Path(baseline), baseline_accum_steps, role="baseline")
     merged_run = open_merged(sources, accum_steps, card_loss)
-    check_smoothing(base_run, merged_run)
+    base_run, merged_run = check_smoothing(base_run, merged_run)
     if accum_steps is None:
         _hint_k(base_run.updates, merged_run.micro_steps, merged_run.kind, merged_run.source)
     ref_run, note = open_reference(None if reference is None else str(reference), base_run)

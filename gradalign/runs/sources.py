@@ -95,13 +95,18 @@ def open_reference(option: str | None, base: Run) -> tuple[Run | None, str | Non
     return read_run_dir(path), None
 
 
-def check_smoothing(base: Run, merged: Run) -> None:
-    """Both runs' losses must be read alike: one log recovered from a running mean against one
-    taken as printed compares different quantities (the smoothing was not seen in the other)."""
+def check_smoothing(base: Run, merged: Run) -> tuple[Run, Run]:
+    """Both runs' losses must be read alike: where one log printed an epoch's running mean, the
+    other (one log) is read again taking a weaker sign of one; one log recovered against one
+    taken as printed compares different quantities, and is refused."""
     kinds = [run.config.get("smoothed") for run in (base, merged)]
     if kinds[0] == kinds[1]:
-        return
+        return base, merged
     seen, unseen = (base, merged) if kinds[0] else (merged, base)
+    if unseen.kind == "log" and Path(unseen.source).is_file():
+        again = read_log(unseen.source, unseen.accum_steps, paired=True)
+        if again.config.get("smoothed") == seen.config["smoothed"]:
+            return (seen, again) if seen is base else (again, seen)
     raise BadInput(
         f"{seen.source}: its losses were read as a {kinds[0] or kinds[1]} and recovered, "
         f"{unseen.source}'s do not show one (too few steps or too little noise to tell): both "

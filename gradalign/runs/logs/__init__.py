@@ -30,10 +30,11 @@ def _check_k(accum_steps: int) -> None:
         raise BadInput(f"accum_steps must be a whole number >= 1, got {accum_steps!r}")
 
 
-def read_log(path: str | Path, accum_steps: int = 1) -> Run:
-    """Read a training log; `accum_steps` micro-steps make one update."""
+def read_log(path: str | Path, accum_steps: int = 1, paired: bool = False) -> Run:
+    """Read a training log; `accum_steps` micro-steps make one update; `paired`: the other log
+    of its pair printed an epoch's running mean (a weaker sign of one is then taken)."""
     _check_k(accum_steps)
-    return build_run(parse_log(Path(path)), accum_steps)
+    return build_run(parse_log(Path(path)), accum_steps, paired)
 
 
 def read_card_logs(paths: list[str | Path], accum_steps: int, card_loss: str = "mean") -> Run:

@@ -74,8 +74,9 @@ def fingerprint(values: np.ndarray) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
-def build_run(log: ParsedLog, accum_steps: int) -> Run:
-    """The Run a log describes, with `accum_steps` micro-steps per update."""
+def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
+    """The Run a log describes, with `accum_steps` micro-steps per update (`paired`: its pair's
+    other log printed an epoch's running mean, see `smooth.detect`)."""
     path, k, micro = log.path, accum_steps, len(log.losses)
     times = log.printed_times or 1
     if times > 1 and times != k:
@@ -94,7 +95,9 @@ def build_run(log: ParsedLog, accum_steps: int) -> Run:
     precision = log.precision
     quanta = numbers_quantum(log.losses, log.bracketed, precision)
     printed = np.array([p.value for p in log.losses], dtype=np.float64)
-    losses, quanta, smoothed = unsmooth(printed, quanta, log.epoch_starts, k, str(path), log.stride)
+    losses, quanta, smoothed = unsmooth(
+        printed, quanta, log.epoch_starts, k, str(path), log.stride, paired
+    )
     window = np.full(n, np.nan)
     window_quanta = np.full(n, np.nan)
     for i, (p, b) in enumerate(zip(log.means, log.mean_bracketed, strict=True)):

@@ -33,6 +33,7 @@ from ...errors import BadInput
 MIN_DIFFS = 12  # fewer differences than this say nothing about a signature
 RUNNING_SLOPE = -0.6  # log|d| on log t: a running mean's is -1, a step loss's about 0
 RUNNING_MIN = 48  # fewer steps than this do not show a running mean's shrinking noise
+PAIRED_SLOPE = -0.3  # ... where the pair's other log is one (raw logs: 5% below -0.22)
 MIN_SPAN = 4.0  # t must span at least this factor within the epochs judged
 REPEAT_SHARE = 0.25  # a median repeats its value on ~half the steps; a step loss almost never
 REPEAT_JUMP = 10.0  # ... while the other steps move by many quanta (not coarse printing)
@@ -98,14 +99,18 @@ def _lag_corr(d: np.ndarray, lag: int) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def detect(values: np.ndarray, quanta: np.ndarray, starts: list[int], k: int) -> Signature | None:
-    """The smoothing the printed losses show, if any (see the module's note)."""
+def detect(
+    values: np.ndarray, quanta: np.ndarray, starts: list[int], k: int, paired: bool = False
+) -> Signature | None:
+    """The smoothing the printed losses show, if any (see the module's note). `paired`: the
+    other log of the pair was found a running mean, so a weaker shrinking (`PAIRED_SLOPE`) with
+    the same confirmation is taken for one too."""
     finite = np.isfinite(values)
     if finite.sum() <= MIN_DIFFS:
         return None
     slope, count, _ = running_mean_slope(values, quanta, segments(values.size, starts))
     shrinks = f"its noise shrinks like t^{slope:.2f} within each epoch over {count} steps"
-    if slope <= RUNNING_SLOPE:
+    if slope <= (PAIRED_SLOPE if paired else RUNNING_SLOPE):
         # confirmed where the losses it implies vary like step losses: independent noise (and
         # the print's rounding) gives their differences a lag-1 correlation near -1/2, where a
         # trailing mean read as a running mean leaves its own near 0
@@ -190,11 +195,17 @@ def invert_running_mean(
 
 
 def unsmooth(
-    values: np.ndarray, quanta: np.ndarray, starts: list[int], k: int, where: str, stride: int
+    values: np.ndarray,
+    quanta: np.ndarray,
+    starts: list[int],
+    k: int,
+    where: str,
+    stride: int,
+    paired: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, Signature | None]:
     """The step losses a log's printed losses stand for: as printed, or recovered from an
     epoch's running mean; a smoothing that cannot be undone is refused (BadInput)."""
-    found = detect(values, quanta, starts, k)
+    found = detect(values, quanta, starts, k, paired)
     if found is None:
         return values, quanta, None
     what = f"{where}: its losses look like a {found.kind} ({found.evidence}), not each step's own"
