@@ -6,9 +6,11 @@ epoch's running mean (PaddleClas's `AverageMeter.avg`), a median or mean over th
 sequence L_t (d_t = L_t - L_{t-1}, t counted from the epoch's first step, q_t its print
 resolution):
 
-- running mean: d_t = (l_t - L_{t-1}) / t, so |d_t| shrinks like 1/t within an epoch, where a
-  step's own loss differs by its noise at every t: the slope of log|d_t| on log t is near -1, not
-  near 0. Exactly invertible: l_t = t L_t - (t-1) L_{t-1}; a sum of consecutive recovered losses
+- running mean: d_t = (l_t - L_{t-1}) / t, so its noise shrinks like 1/t within an epoch, where
+  a step's own loss keeps its noise at every t: the slope of the log of second differences
+  (relative to the loss) on log t is near -1, not near 0; confirmed where the step losses it
+  implies have differences correlated about -1/2 at lag 1, as independent noise gives. Exactly
+  invertible: l_t = t L_t - (t-1) L_{t-1}; a sum of consecutive recovered losses
   telescopes, so a window's error is at most t_b q_b + (t_a - 1) q_{a-1}, the noise allowance;
 - moving median: piecewise constant, a printed value repeats (d_t = 0) on a large share of steps
   while the steps between repeats jump by many print quanta;
@@ -31,7 +33,7 @@ import numpy as np
 from ...errors import BadInput
 
 MIN_DIFFS = 12  # fewer differences than this say nothing about a signature
-RUNNING_SLOPE = -0.6  # log|d| on log t: a running mean's is -1, a step loss's about 0
+RUNNING_SLOPE = -0.6  # noise scale on log t: a running mean's is -1, a step loss's about 0
 RUNNING_MIN = 48  # fewer steps than this do not show a running mean's shrinking noise
 PAIRED_SLOPE = -0.3  # ... where the pair's other log is one (raw logs: 5% below -0.22)
 MIN_SPAN = 4.0  # t must span at least this factor within the epochs judged
