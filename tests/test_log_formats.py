@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .softmax_losses import train
+
 K, B, N, D, C = 4, 32, 8, 6, 4
 
 
@@ -22,26 +24,7 @@ def _lr(t: int) -> float:  # warmup over 3 steps, then linear decay to 0 at N
 
 def _train(k: int, fast: bool = False) -> tuple[list[float], list[float]]:
     """Each micro-step's loss and the lr in force at it; `fast` steps the schedule per micro."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(N * B, D)).astype(np.float32)
-    y = rng.integers(0, C, N * B)
-    w = np.zeros((D, C), np.float32)
-    losses, lrs, t = [], [], 0
-    for u in range(N):
-        grad = np.zeros_like(w)
-        for m in range(k):
-            rows = slice(u * B + m * B // k, u * B + (m + 1) * B // k)
-            z = x[rows] @ w
-            p = np.exp(z - z.max(axis=1, keepdims=True))
-            p /= p.sum(axis=1, keepdims=True)
-            at = np.arange(len(p)), y[rows]
-            losses.append(float(np.float32(-np.log(p[at]).mean())))
-            p[at] -= 1
-            grad += (x[rows].T @ p / np.float32(len(p) * k)).astype(np.float32)
-            lrs.append(_lr(t if fast else u))
-            t += 1
-        w -= np.float32(lrs[-1]) * grad
-    return losses, lrs
+    return train(k, updates=N, batch=B, features=D, classes=C, lr=_lr, fast=fast)
 
 
 def _rows(losses: list[float], lrs: list[float], epochs: int = 1) -> list[dict]:

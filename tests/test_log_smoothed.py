@@ -14,6 +14,7 @@ from gradalign.runs.logs import read_log
 from gradalign.runs.logs.smooth import detect, invert_running_mean
 
 from .conftest import one_line_error
+from .softmax_losses import train
 
 K, B, D, C, PER_EPOCH, EPOCHS = 4, 64, 16, 6, 120, 2
 N = PER_EPOCH * EPOCHS
@@ -26,26 +27,9 @@ def _lr(t: int) -> float:
 def _train(k: int, fast: bool = False, seed: int = 1) -> tuple[np.ndarray, list[float]]:
     """Softmax regression, B=64 per update in k micro-batches (gradients averaged): each
     micro-step's loss and the lr it printed; `fast` steps the schedule per micro-step."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(N * B, D)).astype(np.float32)
-    truth = rng.normal(size=(D, C)).astype(np.float32)
-    y = np.argmax(x @ truth + rng.gumbel(size=(N * B, C)) * 2, axis=1)
-    w = np.zeros((D, C), np.float32)
-    losses, lrs, t = [], [], 0
-    for u in range(N):
-        grad = np.zeros_like(w)
-        for m in range(k):
-            rows = slice(u * B + m * B // k, u * B + (m + 1) * B // k)
-            z = x[rows] @ w
-            p = np.exp(z - z.max(axis=1, keepdims=True))
-            p /= p.sum(axis=1, keepdims=True)
-            at = np.arange(len(p)), y[rows]
-            losses.append(float(np.float32(-np.log(p[at]).mean())))
-            p[at] -= 1
-            grad += (x[rows].T @ p / np.float32(len(p) * k)).astype(np.float32)
-            lrs.append(_lr(t if fast else u))
-            t += 1
-        w -= np.float32(lrs[-1]) * grad
+    losses, lrs = train(
+        k, updates=N, batch=B, features=D, classes=C, lr=_lr, fast=fast, seed=seed, learnable=True
+    )
     return np.array(losses), lrs
 
 
