@@ -40,10 +40,8 @@ def resolved(path: os.PathLike[str] | str) -> Path:
     RuntimeError for it, an internal error to the command line, or OSError ELOOP)."""
     try:
         return Path(path).resolve()
-    except RuntimeError:
-        raise BadInput(f"{path}: a loop of symbolic links; it names nothing") from None
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
+    except (RuntimeError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
             raise
         raise BadInput(f"{path}: a loop of symbolic links; it names nothing") from None
 

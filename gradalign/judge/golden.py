@@ -224,7 +224,7 @@ def check_noise(golden: dict[str, Any], base: Run, source: str) -> None:
         for name, kept in entry["weights"].items():
             ref = kept["reference"]
             scale = ref.get("moved", ref["norm"])
-            limit = bound.rtol * scale + bound.atol * math.sqrt(sizes[name])
+            limit = fixed_allowed(bound.rtol, scale, bound.atol, sizes[name])
             limit += bound.rounding(name) * ref["norm"]
             if not kept["noise"] <= limit + _SLACK * (ref["norm"] + kept["norm"]):
                 raise BadInput(

@@ -133,8 +133,9 @@ def calibrate(
         return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=math.nan)
     noise = float(np.linalg.norm(b - r))
     error = float(np.linalg.norm(m - r))
-    rounding = floor * float(np.linalg.norm(r))
-    allowed = noise_allowed(factor, noise, floor, float(np.linalg.norm(r)))
+    ref_norm = float(np.linalg.norm(r))
+    allowed = noise_allowed(factor, noise, floor, ref_norm)
+    rounding = floor * ref_norm
     return dataclasses.replace(d, error=error, allowed=allowed, noise=noise, rounding=rounding)
 
 

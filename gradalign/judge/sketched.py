@@ -137,7 +137,7 @@ class SketchJudge:
                 continue
             far = estimate(kb.vector - kr.vector, False, self.sizes[name])
             moved = estimate(kr.vector - ks.vector, False).high if ks is not None else kr.norm
-            allowed = bound.rtol * moved + bound.atol * math.sqrt(self.sizes[name])
+            allowed = fixed_allowed(bound.rtol, moved, bound.atol, self.sizes[name])
             if not far.low <= allowed + bound.rounding(name) * kr.norm:
                 raise stray(bound, i, name, far.value)
 

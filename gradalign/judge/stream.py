@@ -23,7 +23,7 @@ from .compatible import stray
 from .drift import DriftFiles
 from .fused import Pair, widen64
 from .inputs import Inputs
-from .metrics import TensorDiff, _safe_div
+from .metrics import TensorDiff, _safe_div, fixed_allowed
 from .noise import noise_steps, stored_bits, widened
 from .results import UpdateResult
 
@@ -222,7 +222,7 @@ class StreamJudge:
         assert bound is not None
         if pair.finite_r:
             error = math.sqrt(pair.br)
-            allowed = bound.rtol * math.sqrt(pair.rs) + bound.atol * math.sqrt(pair.n)
+            allowed = fixed_allowed(bound.rtol, math.sqrt(pair.rs), bound.atol, pair.n)
         else:
             error, allowed = math.inf, 0.0
         rounding = bound.rounding(name) * math.sqrt(pair.rr)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BadInput, shown
+from ..runs.model import PRECISION_ORDER
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,6 @@ def check_tolerance(name: str, value: Any) -> None:
         )
 
 
-PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
 EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 

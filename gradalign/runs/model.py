@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 Tensors = dict[str, np.ndarray]
 
 
-# float dtypes, most precise first (judge/tolerances.py's PRECISION_ORDER)
-_PRECISION = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
+# the float dtypes a run may hold, most precise first (the judge ranks precisions by it)
+PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -147,8 +147,9 @@ class Run:
         of a less precise dtype (a bfloat16 layer beside float32 ones) computes its layer in
         it, and every gradient that flows through that layer carries its rounding."""
         declared = self.environment.get("compute_dtype") or self.dtype
-        params = [t.dtype for t in self.tensors if t.kind == "param" and t.dtype in _PRECISION]
-        return max([declared, *params], key=lambda d: _PRECISION.get(d, -1))
+        order = PRECISION_ORDER
+        params = [t.dtype for t in self.tensors if t.kind == "param" and t.dtype in order]
+        return max([declared, *params], key=lambda d: order.index(d) if d in order else -1)
 
     @property
     def sizes(self) -> np.ndarray:
