@@ -19,9 +19,10 @@ def data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, x @ rng.normal(size=(COLS, ROWS)) * 0.1
 
 
-def train(dtype, *, k: int = 1, spike=None) -> dict:
+def train(dtype, *, k: int = 1, spike=None, feed: bool = False) -> dict:
     """Linear least squares, SGD. `spike(update, grad)` alters the recorded gradient only (an
-    activation crossing its kink in one run changes one unit's gradient at one update)."""
+    activation crossing its kink in one run changes one unit's gradient at one update), or with
+    `feed` the gradient the step is taken with too."""
     x, y = (v.astype(np.float32).astype(dtype) for v in data())
     # float32 initial weights for every run: the float64 reference starts from the same values
     w = (np.random.default_rng(1).normal(size=(ROWS, COLS)) * 0.1).astype(np.float32).astype(dtype)
@@ -37,7 +38,7 @@ def train(dtype, *, k: int = 1, spike=None) -> dict:
         g = (g_sum / k).astype(dtype)
         recorded = spike(u, g.copy()) if spike else g
         grads.append({"w": recorded})
-        w = (w - LR * g).astype(dtype)
+        w = (w - LR * (recorded if feed else g)).astype(dtype)
         snaps.append({"w": w.copy()})
     return {"init_weights": init, "update_weights": snaps, "grads": grads, "micro_losses": losses}
 
@@ -50,8 +51,9 @@ def runs(tmp_path_factory) -> dict:
     return {"root": root, "base": base, "ref": ref}
 
 
-def merged(runs, name: str, spike) -> object:
-    path = write_run(runs["root"] / name, accum_steps=4, **train(np.float32, k=4, spike=spike))
+def merged(runs, name: str, spike, feed: bool = False) -> object:
+    run = train(np.float32, k=4, spike=spike, feed=feed)
+    path = write_run(runs["root"] / name, accum_steps=4, **run)
     return api.compare(runs["base"], path)
 
 

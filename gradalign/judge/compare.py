@@ -26,12 +26,12 @@ from .compatible import (
 from .diagnose import diagnose
 from .distributed import listed, rank_check, rank_facts, rank_problems
 from .inputs import Inputs
+from .kinks import excuse_isolated_jumps, follow_kink_divergence
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
 from .noise import (
     Drift,
     carry_admitted_excess,
     carry_rounding,
-    excuse_isolated_jumps,
     explain_loss_by_weights,
     pool_noise,
     stored_bits,
@@ -135,8 +135,9 @@ def _judge(
         pool_noise(results, tol.noise_factor)
         carry_rounding(results)
         carry_admitted_excess(results, tol.noise_factor)
-        explain_loss_by_weights(results, merged, reference, tol.noise_factor)
         jumps = excuse_isolated_jumps(results, merged, reference)
+        jumps += follow_kink_divergence(results, merged, reference, tol.noise_factor)
+        explain_loss_by_weights(results, merged, reference, tol.noise_factor)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
     if ranks is not None:
         checks.insert(1, rank_check(merged, ranks))

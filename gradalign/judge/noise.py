@@ -36,12 +36,7 @@ honest effects escape that single measurement, and this module measures them fro
 - **A loss the weights explain.** A loss is computed with the weights of the update before; where
   those passed and the loss alone failed, the loss may also differ by the first-order change
   their difference makes (`explain_loss_by_weights`).
-- **Isolated jumps of a gradient.** A ReLU-like kink that one run's activation crosses and the
-  other's does not changes one unit's gradient by a whole sample's contribution at one update.
-  The baseline shows such jumps against the reference too (measured: 2 in 300 updates of the
-  default SGD run). A gradient failure at a single update whose error sits in a few rows, with
-  the neighbouring updates, the weights and the loss all within noise, is reported as a note,
-  not a failure; at most `1 + updates // 100` such updates are excused.
+- **A ReLU-like kink crossed in one run and not the other** is judge/kinks.py's.
 """
 
 from __future__ import annotations
@@ -58,8 +53,6 @@ from .results import UpdateResult
 
 TAU = 2.0  # |g_ref| within TAU times the gradient noise (element's, or the tensor's RMS)
 POOL = 3  # a tensor's noise is at least the RMS of its noise over updates i-POOL .. i+POOL
-JUMP_SHARE = 0.9  # an isolated jump holds this share of its error ...
-JUMP_ROWS = 0.01  # ... in at most this share of the tensor's rows (at least one row)
 MANTISSA = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}  # stored bits
 STEP_ROUNDINGS = 8  # a step computed in the run's dtype errs by up to this many of its units
 ABOVE_ROUNDING = 4  # a weight difference this many roundings wide is the gradient's
@@ -315,57 +308,3 @@ def explain_loss_by_weights(
                 change += float(np.dot(np.asarray(g, dtype=np.float64).ravel(), step.ravel()))
         if math.isfinite(change):
             r.loss_allowed += factor * abs(change)
-
-
-def excuse_isolated_jumps(results: list[UpdateResult], merged: Run, ref: Run) -> list[str]:
-    """Mark isolated, localized gradient jumps as excused; return a note for each."""
-    candidates = [
-        r
-        for r in results
-        if any(not d.ok for d in r.grads)
-        and r.loss_ok
-        and all(d.ok for d in r.weights)
-        and not r.problems
-        and _neighbours_pass(results, r.update)
-    ]
-    notes = []
-    for r in candidates[: 1 + len(results) // 100]:
-        gm, gr = merged.grads(r.update), ref.grads(r.update)
-        if gm is None or gr is None:
-            continue
-        failing = [d for d in r.grads if not d.ok]
-        shares = {d.name: _row_share(gm[d.name], gr[d.name]) for d in failing}
-        if not all(rows is not None for rows in shares.values()):
-            continue
-        r.grads[:] = [
-            dataclasses.replace(d, excused="isolated jump") if d.name in shares else d
-            for d in r.grads
-        ]
-        worst = max(failing, key=lambda d: d.ratio)
-        notes.append(
-            f"update {r.update}: the gradient of {', '.join(shares)} jumped to "
-            f"{worst.ratio:.3g}x its noise floor in {max(shares.values())} row(s) of "
-            f"{worst.name}, while the updates around it, the weights and the loss stayed "
-            "within noise: an activation crossed its kink in one run and not the other "
-            "(the baseline shows such jumps against the reference too); not counted as a "
-            "failure"
-        )
-    return notes
-
-
-def _neighbours_pass(results: list[UpdateResult], update: int) -> bool:
-    near = [r for r in results if abs(r.update - update) == 1]
-    return all(all(d.ok for d in r.grads) for r in near)
-
-
-def _row_share(merged: np.ndarray, ref: np.ndarray) -> int | None:
-    """How many rows hold JUMP_SHARE of the error, if they are at most JUMP_ROWS of the rows."""
-    err = np.asarray(merged, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
-    rows = (err.reshape(err.shape[0], -1) if err.ndim > 1 else err.reshape(-1, 1)) ** 2
-    energy = np.sort(rows.sum(axis=1))[::-1]
-    total = float(energy.sum())
-    if total <= 0:
-        return None
-    needed = int(np.searchsorted(np.cumsum(energy), JUMP_SHARE * total)) + 1
-    limit = max(1, int(JUMP_ROWS * len(energy)))
-    return needed if needed <= limit else None

@@ -1,0 +1,174 @@
+"""A ReLU-like kink crossed in one run and not the other: an honest difference the noise floor
+cannot see coming.
+
+A unit whose pre-activation sits within rounding of a kink (ReLU's 0, a max-pool's tie) is
+switched on in one run and off in the other. The forward barely changes (the activation is
+continuous there), but the backward through that unit gains or loses one sample's
+contribution: at that update, one row of the unit's weight (and its bias element) holds the
+whole gradient error, and every tensor upstream of the unit follows. The baseline crosses kinks
+against the reference too (measured: 2 in 300 updates of the default SGD run).
+
+- **An isolated jump** (`excuse_isolated_jumps`): a gradient failure at a single update whose
+  error sits in a few rows, with the neighbouring updates, the weights and the loss all within
+  noise, is reported as a note, not a failure; at most `1 + updates // 100` such updates.
+- **A divergence that starts at a kink** (`follow_kink_divergence`): under an adaptive
+  optimizer or momentum, the steps taken with the jumped gradient move that unit's weights by a
+  share of a step, and from then on the two runs follow neighbouring trajectories, not one
+  trajectory and its rounding. When the first update that fails has the kink's signature (no
+  bookkeeping problem, the loss within noise, every earlier update within noise, the worst
+  gradient's error in at most `KINK_UNITS` rows and `JUMP_ROWS` of its rows, and some weight
+  stepped out of its noise with it; else it is an isolated jump or none), the kink's size is
+  measured there as a share of the reference: J_g, the failing gradients' largest
+  ||g_m − g_ref|| / ||g_ref||, and J_w, the larger of J_g (a gradient off by a share of itself
+  steps off by about that share) and the failing weights' largest
+  ||w_m − w_ref|| / ||w_ref − w_ref(before)||. From that update on, each gradient may also
+  differ by factor·J_g·||g_ref|| and each weight by factor·J_w·||w_ref − w_ref(before)|| (the
+  distance the reference moved since the update before the kink), and a note says so; a kink
+  with factor·J_g ≥ 1 would leave the gradients unchecked and is not followed. Measured on the
+  Transformer encoders of bench/model_zoo.py that crossed a kink (4 of about 170 runs, Adam,
+  AdamW, Adamax, RAdam): later gradients reached 0.2 to 2.1 J_g. An accumulation bug is not
+  localized: it fails the update it starts at in every tensor its windows touch (loss scaling,
+  a lost micro-batch, a gradient not cleared differ by shares of 1/K and more), and one that
+  starts after a kink must still exceed factor·J_g (a few percent in those runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ..runs.model import Run, Tensors
+from .metrics import TensorDiff
+from .results import UpdateResult
+
+JUMP_SHARE = 0.9  # a kink's jump holds this share of its error ...
+JUMP_ROWS = 0.01  # ... in at most this share of the tensor's rows (at least one row)
+KINK_UNITS = 2  # a divergence followed from a kink crossed at most this many units
+
+
+def excuse_isolated_jumps(results: list[UpdateResult], merged: Run, ref: Run) -> list[str]:
+    """Mark isolated, localized gradient jumps as excused; return a note for each."""
+    candidates = [
+        r
+        for r in results
+        if any(not d.ok for d in r.grads)
+        and r.loss_ok
+        and all(d.ok for d in r.weights)
+        and not r.problems
+        and _neighbours_pass(results, r.update)
+    ]
+    notes = []
+    for r in candidates[: 1 + len(results) // 100]:
+        gm, gr = merged.grads(r.update), ref.grads(r.update)
+        if gm is None or gr is None:
+            continue
+        failing = [d for d in r.grads if not d.ok]
+        shares = {d.name: _row_share(gm[d.name], gr[d.name]) for d in failing}
+        if not all(rows is not None for rows in shares.values()):
+            continue
+        r.grads[:] = [
+            dataclasses.replace(d, excused="isolated jump") if d.name in shares else d
+            for d in r.grads
+        ]
+        worst = max(failing, key=lambda d: d.ratio)
+        notes.append(
+            f"update {r.update}: the gradient of {', '.join(shares)} jumped to "
+            f"{worst.ratio:.3g}x its noise floor in {max(shares.values())} row(s) of "
+            f"{worst.name}, while the updates around it, the weights and the loss stayed "
+            "within noise: an activation crossed its kink in one run and not the other "
+            "(the baseline shows such jumps against the reference too); not counted as a "
+            "failure"
+        )
+    return notes
+
+
+def follow_kink_divergence(
+    results: list[UpdateResult], merged: Run, ref: Run, factor: float
+) -> list[str]:
+    """Widen the updates from a kink on by the kink's own size (module docstring); a note if
+    the first failing update is one."""
+    first = next((i for i, r in enumerate(results) if not r.ok), None)
+    if first is None:
+        return []
+    at = results[first]
+    failing = [d for d in at.grads if not d.ok]
+    moved = [d for d in at.weights if not d.ok]  # the step with the jump left the rounding
+    if at.problems or not at.loss_ok or not failing or not moved:
+        return []
+    u = at.update
+    gm, gr, wm, wr = merged.grads(u), ref.grads(u), merged.weights(u), ref.weights(u)
+    before = ref.weights(u - 1) if u > 0 else ref.init_weights()
+    if gm is None or gr is None or wm is None or wr is None or before is None:
+        return []
+    worst = max(failing, key=lambda d: d.ratio)
+    rows = _row_share(gm[worst.name], gr[worst.name], KINK_UNITS)
+    if rows is None:
+        return []
+    j_grads = max(_share(gm[d.name], gr[d.name], 0.0) for d in failing)
+    if factor * j_grads >= 1:  # a gradient allowed to differ by all of itself is not checked
+        return []
+    # a gradient off by a share of itself steps off by about that share
+    j_weights = max(j_grads, *(_share(wm[d.name], wr[d.name], before[d.name]) for d in moved))
+    if not (math.isfinite(j_grads) and math.isfinite(j_weights)):
+        return []
+    for r in results[first:]:
+        g_ref, w_ref = ref.grads(r.update), ref.weights(r.update)
+        if g_ref is not None:
+            r.grads[:] = _widened(r.grads, factor * j_grads, g_ref, None)
+        if w_ref is not None:
+            r.weights[:] = _widened(r.weights, factor * j_weights, w_ref, before)
+    return [
+        f"update {u}: the gradient of {worst.name} jumped to {worst.ratio:.3g}x its allowed "
+        f"error, {JUMP_SHARE:.0%} of it in {rows} row(s), the loss and every earlier update "
+        "within noise: an activation crossed its kink in one run and not the other, and the runs "
+        "follow neighbouring trajectories from there. From update "
+        f"{u} on, each gradient may also differ by {factor:g} x {j_grads:.3g} of its norm and "
+        f"each weight by {factor:g} x {j_weights:.3g} of how far it moved since update {u - 1} "
+        "(the kink's size at that update)"
+    ]
+
+
+def _widened(
+    diffs: list[TensorDiff], share: float, ref: Tensors, before: Tensors | None
+) -> list[TensorDiff]:
+    """Each diff with share·||ref|| (or share·||ref − before||) added to what it allows."""
+    out = []
+    for d in diffs:
+        if d.name in ref and (before is None or d.name in before):
+            r = np.asarray(ref[d.name], dtype=np.float64)
+            scale = np.linalg.norm(r if before is None else r - before[d.name])
+            d = dataclasses.replace(d, allowed=d.allowed + share * float(scale))
+        out.append(d)
+    return out
+
+
+def _share(merged: np.ndarray, ref: np.ndarray, before: np.ndarray | float) -> float:
+    """||merged − ref|| / ||ref − before||: an error as a share of the reference's size."""
+    r = np.asarray(ref, dtype=np.float64)
+    error = float(np.linalg.norm(np.asarray(merged, dtype=np.float64) - r))
+    scale = float(np.linalg.norm(r - before))
+    if scale > 0:
+        return error / scale
+    return 0.0 if error == 0 else math.inf
+
+
+def _neighbours_pass(results: list[UpdateResult], update: int) -> bool:
+    near = [r for r in results if abs(r.update - update) == 1]
+    return all(all(d.ok for d in r.grads) for r in near)
+
+
+def _row_share(merged: np.ndarray, ref: np.ndarray, most: int | None = None) -> int | None:
+    """How many rows hold JUMP_SHARE of the error, if they are at most JUMP_ROWS of the rows
+    (and at most `most`)."""
+    err = np.asarray(merged, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
+    rows = (err.reshape(err.shape[0], -1) if err.ndim > 1 else err.reshape(-1, 1)) ** 2
+    energy = np.sort(rows.sum(axis=1))[::-1]
+    total = float(energy.sum())
+    if total <= 0:
+        return None
+    needed = int(np.searchsorted(np.cumsum(energy), JUMP_SHARE * total)) + 1
+    limit = max(1, int(JUMP_ROWS * len(energy)))
+    limit = limit if most is None else min(limit, most)
+    return needed if needed <= limit else None

@@ -1,0 +1,63 @@
+"""A kink crossed in one run and not the other (judge/kinks.py): the divergence it starts is
+followed at the kink's own size, while a jump that is not one unit's, one too large to leave a
+check, or a bug that starts after the kink still fails."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.test_noise_model import merged, one_row, runs  # noqa: F401 (the fixture)
+
+
+def _failing(result) -> list[str]:
+    return [c.name for c in result.checks if c.status == "fail"]
+
+
+def _kink_then(bug_from: int | None = None, scale: float = 1.01, size: float = 1e-3):
+    """One unit's row jumps at update 6 and the step is taken with it; from `bug_from` on, the
+    gradient is `scale` times itself (a bug that starts after the kink)."""
+
+    def spike(u, g):
+        if u == 6:
+            g[3] += size * np.abs(g).max()
+        if bug_from is not None and u >= bug_from:
+            g *= scale
+        return g
+
+    return spike
+
+
+def test_a_divergence_that_starts_at_a_kink_is_followed(runs):  # noqa: F811
+    result = merged(runs, "kink-fed", _kink_then(), feed=True)
+    assert result.verdict == "pass", _failing(result)
+    (note,) = [n for n in result.notes if "crossed its kink" in n]
+    assert note.startswith("update 6: the gradient of w jumped") and "From update 6 on" in note
+    stepped = result.results[6].weights[0]  # the step with the jump left the noise ...
+    assert stepped.error > 100 * stepped.noise and stepped.ok  # ... and is followed
+
+
+def test_without_the_follow_the_same_run_fails(runs, monkeypatch):  # noqa: F811
+    monkeypatch.setattr("gradalign.judge.compare.follow_kink_divergence", lambda *a: [])
+    result = merged(runs, "kink-unfollowed", _kink_then(), feed=True)
+    assert result.verdict == "fail" and "weights" in _failing(result)
+
+
+def test_a_bug_that_starts_after_the_kink_still_fails(runs):  # noqa: F811
+    result = merged(runs, "kink-then-bug", _kink_then(bug_from=9), feed=True)
+    assert result.verdict == "fail"
+    assert result.results[8].ok and not result.results[9].ok
+
+
+def test_a_spread_jump_fed_to_the_step_is_not_a_kink(runs):  # noqa: F811
+    def spread(u, g):
+        return g * (1 + 1e-3) if u == 6 else g
+
+    result = merged(runs, "spread-fed", spread, feed=True)
+    assert result.verdict == "fail"
+    assert not any("crossed its kink" in n for n in result.notes)
+
+
+def test_a_jump_too_large_to_leave_a_check_is_not_followed(runs):  # noqa: F811
+    result = merged(runs, "kink-huge", _kink_then(size=30.0), feed=True)
+    assert result.verdict == "fail"
+    assert not any("crossed its kink" in n for n in result.notes)
