@@ -4,6 +4,8 @@ check, or a bug that starts after the kink still fails."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tests.test_noise_model import merged, one_row, runs  # noqa: F401 (the fixture)
@@ -61,3 +63,23 @@ def test_a_jump_too_large_to_leave_a_check_is_not_followed(runs):  # noqa: F811
     result = merged(runs, "kink-huge", _kink_then(size=30.0), feed=True)
     assert result.verdict == "fail"
     assert not any("crossed its kink" in n for n in result.notes)
+
+
+def test_a_kink_at_a_sketched_update_says_what_it_needs(runs):  # noqa: F811
+    """Without the update's full tensors (a sketched run) the kink cannot be told from a bug:
+    the run still fails, and a note says what would tell them apart."""
+    from types import SimpleNamespace
+
+    from gradalign.judge.kinks import follow_kink_divergence
+
+    sketched = SimpleNamespace(grads=lambda u: None, weights=lambda u: None)
+    for spike, said in ((_kink_then(), True), (_kink_then(size=30.0), False)):
+        result = merged(runs, f"kink-sketched-{said}", spike, feed=True)
+        for r in result.results:  # as the judge had them before following the kink
+            for kind in (r.grads, r.weights):
+                kind[:] = [dataclasses.replace(d, allowed=4 * d.noise) for d in kind]
+        notes = follow_kink_divergence(result.results, sketched, sketched, 4.0)
+        assert not result.results[6].ok and result.results[5].ok
+        assert len(notes) == said  # a jump too large to be followed is no kink to explain
+        assert not said or notes[0].startswith("update 6: gradients failed")
+        assert not said or "snapshot_every" in notes[0]

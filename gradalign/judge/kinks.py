@@ -29,7 +29,9 @@ against the reference too (measured: 2 in 300 updates of the default SGD run).
   AdamW, Adamax, RAdam): later gradients reached 0.2 to 2.1 J_g. An accumulation bug is not
   localized: it fails the update it starts at in every tensor its windows touch (loss scaling,
   a lost micro-batch, a gradient not cleared differ by shares of 1/K and more), and one that
-  starts after a kink must still exceed factor·J_g (a few percent in those runs).
+  starts after a kink must still exceed factor·J_g (a few percent in those runs). The signature
+  needs the update's full weights and gradients; where a run kept sketches there, a failure
+  that could be a kink stays a failure and a note says what would tell them apart.
 """
 
 from __future__ import annotations
@@ -101,7 +103,14 @@ def follow_kink_divergence(
     gm, gr, wm, wr = merged.grads(u), ref.grads(u), merged.weights(u), ref.weights(u)
     before = ref.weights(u - 1) if u > 0 else ref.init_weights()
     if gm is None or gr is None or wm is None or wr is None or before is None:
-        return []
+        if factor * max(d.rel_l2 for d in failing) >= 1:  # too large to be followed anyway
+            return []
+        return [
+            f"update {u}: gradients failed while the loss and every earlier update stayed within "
+            "noise, as when an activation crosses its kink in one run alone; telling a kink "
+            "from a bug needs that update's full weights and gradients in both runs (a sketched "
+            "run keeps them at its snapshot updates only: snapshot_every)"
+        ]
     worst = max(failing, key=lambda d: d.ratio)
     rows = _row_share(gm[worst.name], gr[worst.name], KINK_UNITS)
     if rows is None:
