@@ -134,7 +134,8 @@ def follow_kink_divergence(
         "within noise: an activation crossed its kink in one run and not the other, and the runs "
         "follow neighbouring trajectories from there. From update "
         f"{u} on, each gradient may also differ by {factor:g} x {j_grads:.3g} of its norm and "
-        f"each weight by {factor:g} x {j_weights:.3g} of how far it moved since update {u - 1} "
+        f"each weight by {factor:g} x {j_weights:.3g} of how far it moved since "
+        f"{f'update {u - 1}' if u else 'the start'} "
         "(the kink's size at that update)"
     ]
 
