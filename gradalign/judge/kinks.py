@@ -26,10 +26,11 @@ against the reference too (measured: 2 in 300 updates of the default SGD run).
   distance the reference moved since the update before the kink), and a note says so; a kink
   with factor·J_g ≥ 1 would leave the gradients unchecked and is not followed. Measured on the
   Transformer encoders of bench/model_zoo.py that crossed a kink (4 of about 170 runs, Adam,
-  AdamW, Adamax, RAdam): later gradients reached 0.2 to 2.1 J_g. An accumulation bug is not
-  localized: it fails the update it starts at in every tensor its windows touch (loss scaling,
-  a lost micro-batch, a gradient not cleared differ by shares of 1/K and more), and one that
-  starts after a kink must still exceed factor·J_g (a few percent in those runs). The signature
+  AdamW, Adamax, RAdam): later gradients stayed within 2.1 J_g (a second kink crossed at the
+  next update in one of them). An accumulation bug is not localized: it fails the update it
+  starts at in every tensor its windows touch (loss scaling, a lost micro-batch, a gradient not
+  cleared differ by shares of 1/K and more), and one that starts after a kink must still exceed
+  factor·J_g (a few percent in those runs). The signature
   needs the update's full weights and gradients; where a run kept sketches there, a failure
   that could be a kink stays a failure and a note says what would tell them apart.
 """
