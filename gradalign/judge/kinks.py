@@ -43,7 +43,7 @@ import math
 import numpy as np
 
 from ..runs.model import Run, Tensors
-from .metrics import TensorDiff
+from .metrics import TensorDiff, _safe_div
 from .results import UpdateResult
 
 JUMP_SHARE = 0.9  # a kink's jump holds this share of its error ...
@@ -123,8 +123,9 @@ def follow_kink_divergence(
     j_weights = max(j_grads, *(_share(wm[d.name], wr[d.name], before[d.name]) for d in moved))
     if not (math.isfinite(j_grads) and math.isfinite(j_weights)):
         return []
-    for r in results[first:]:
-        g_ref, w_ref = ref.grads(r.update), ref.weights(r.update)
+    for r in results[first:]:  # the kink's own update read above
+        g_ref = gr if r is at else ref.grads(r.update)
+        w_ref = wr if r is at else ref.weights(r.update)
         if g_ref is not None:
             r.grads[:] = _widened(r.grads, factor * j_grads, g_ref, None)
         if w_ref is not None:
@@ -159,10 +160,7 @@ def _share(merged: np.ndarray, ref: np.ndarray, before: np.ndarray | float) -> f
     """||merged − ref|| / ||ref − before||: an error as a share of the reference's size."""
     r = np.asarray(ref, dtype=np.float64)
     error = float(np.linalg.norm(np.asarray(merged, dtype=np.float64) - r))
-    scale = float(np.linalg.norm(r - before))
-    if scale > 0:
-        return error / scale
-    return 0.0 if error == 0 else math.inf
+    return _safe_div(error, float(np.linalg.norm(r - before)))
 
 
 def _neighbours_pass(results: list[UpdateResult], update: int) -> bool:
