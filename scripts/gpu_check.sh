@@ -1,7 +1,7 @@
 #!/bin/sh
 # The CUDA checks, for a machine with a GPU: the whole selftest on the GPU (full and sketch
 # mode), the same command giving the same bits there, verify at a larger size and in bf16, no
-# host sync in the Recorder's per-step calls, a DDP loop over nccl, and the framework examples
+# host sync in the Recorder's per-step calls, a DDP and an FSDP loop over nccl, and the framework examples
 # (transformers, Lightning, accelerate, where installed) trained on the GPU, float32 and bf16.
 # Usage: sh scripts/gpu_check.sh [OUTDIR]   (PYTHON=... picks the interpreter; default: .venv's
 # python when there is one, else python3). Each step's exit code goes to OUTDIR/summary.txt.
@@ -54,6 +54,17 @@ step ddp-nccl-torchrun 0 "$py" -m torch.distributed.run --standalone --nproc-per
 step ddp-nccl-clean 0 ga compare "$out/ddp/baseline" "$out/ddp/merged" --json "$out/ddp-clean.json"
 step ddp-nccl-sync-after-forward "$((ranks >= 2 ? 1 : 0))" ga compare "$out/ddp/baseline" \
     "$out/ddp/merged-sync-after-forward"
+# FSDP (`fully_shard`) under torchrun over nccl, float32 and with a bf16 MixedPrecisionPolicy: a
+# clean merged run and one reduced at every micro-step pass, a loss not divided by K fails.
+step fsdp-nccl-torchrun 0 "$py" -m torch.distributed.run --standalone --nproc-per-node "$ranks" \
+    examples/fsdp_accumulation.py "$out/fsdp"
+step fsdp-nccl-clean 0 ga compare "$out/fsdp/baseline" "$out/fsdp/merged" --json "$out/fsdp-clean.json"
+step fsdp-nccl-sync-each 0 ga compare "$out/fsdp/baseline" "$out/fsdp/merged-sync-each"
+step fsdp-nccl-not-divided 1 ga compare "$out/fsdp/baseline" "$out/fsdp/merged-not-divided"
+step fsdp-nccl-bf16-torchrun 0 "$py" -m torch.distributed.run --standalone --nproc-per-node \
+    "$ranks" examples/fsdp_accumulation.py "$out/fsdp-bf16" --bf16
+step fsdp-nccl-bf16-clean 0 ga compare "$out/fsdp-bf16/baseline" "$out/fsdp-bf16/merged" \
+    --json "$out/fsdp-bf16-clean.json"
 # The framework examples on the GPU, as their users run them: no determinism flags, the
 # framework's own device placement; each baseline names a float64 reference trained on the GPU.
 # Expected: a clean merged run passes (also in bf16 mixed precision, against the float64
