@@ -130,8 +130,12 @@ def time_plain(config: TrainConfig, size: str = "default", floor: bool = False) 
     return time.perf_counter() - start
 
 
-def time_recorded(config: TrainConfig, out: Path, size: str = "default") -> float:
-    """The recorded loop, through close(); `config.record` says full or sketch."""
+def time_recorded(
+    config: TrainConfig, out: Path, size: str = "default", fixed: list[float] | None = None
+) -> float:
+    """The recorded loop, through close(); `config.record` says full or sketch. At the default
+    size, `fixed` gets the seconds spent in `Recorder(...)` and `close()` (a run's start and
+    finish, paid once per run whatever its length)."""
     start = time.perf_counter()
     modes = {"record": config.record, "updates": config.updates}
     if size != "default":
@@ -142,13 +146,19 @@ def time_recorded(config: TrainConfig, out: Path, size: str = "default") -> floa
         train(size, out, k=k, batch=batch, updates=updates, **mode)
         return time.perf_counter() - start
     training = setup(config)
+    opened = time.perf_counter()
     rec = Recorder(
         out, training.model, training.optimizer, config.accum_steps, config.to_dict(), **modes
     )
+    looping = time.perf_counter()
     run_loop(training, rec)
+    closing = time.perf_counter()
     rec.close()
     _finish(config)
-    return time.perf_counter() - start
+    end = time.perf_counter()
+    if fixed is not None:
+        fixed.append(looping - opened + end - closing)
+    return end - start
 
 
 def _finish(config: TrainConfig) -> None:
@@ -170,6 +180,7 @@ def measure(
     in MiB ("VARIANT:gpu")."""
     variants = (*VARIANTS, FLOOR) if floor else VARIANTS
     keys = [f"{v}{part}" for v in variants for part in ("", ":thread", ":process", ":gpu")]
+    keys.append("recorded:fixed")
     times: dict[str, dict[str, list[float]]] = {run: {k: [] for k in keys} for run in configs}
     counter = 0
     for rep in range(-1, reps):  # rep -1 is the warm-up pair
@@ -177,7 +188,12 @@ def measure(
             out = scratch / f"run-{counter}"
             counter += 1
             timings = {"plain": _timed(lambda c=config: time_plain(c, size))}
-            timings["recorded"] = _timed(lambda c=config, o=out: time_recorded(c, o, size))
+            fixed: list[float] = []
+            timings["recorded"] = _timed(
+                lambda c=config, o=out, f=fixed: time_recorded(c, o, size, f)
+            )
+            if rep >= 0 and fixed:
+                times[run]["recorded:fixed"].append(fixed[0])
             shutil.rmtree(out)  # outside the timing
             if floor:
                 timings[FLOOR] = _timed(lambda c=config: time_plain(c, size, floor=True))
@@ -233,7 +249,7 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
         for key in series:
             if ":" in key:
                 variant, part = key.split(":")
-                unit = "peak_mib" if part == "gpu" else "cpu_median_s"
+                unit = {"gpu": "peak_mib", "fixed": "median_s"}.get(part, "cpu_median_s")
                 out[name][f"{variant}_{part}_{unit}"] = statistics.median(series[key])
     return out
 
@@ -369,6 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         f"all threads recorded {both['recorded_process_cpu_median_s'] * 1e3:.1f} ms "
         f"({both['recorded_process_cpu_median_s'] / thread_plain:.2f}x)"
     )
+    if "recorded_fixed_median_s" in both:
+        fixed = both["recorded_fixed_median_s"]
+        print(
+            f"Recorder(...) and close(), both runs (medians): {fixed * 1e3:.1f} ms, "
+            f"{fixed / both['plain_median_s']:.2f}x of plain: a run's start and finish, "
+            "paid once whatever its length"
+        )
     if "recorded_gpu_peak_mib" in both:
         plain_gpu, recorded_gpu = both["plain_gpu_peak_mib"], both["recorded_gpu_peak_mib"]
         print(
