@@ -25,6 +25,7 @@ from .compatible import (
 )
 from .diagnose import diagnose
 from .distributed import listed, rank_check, rank_facts, rank_problems
+from .gains import follow_gain_divergence
 from .inputs import Inputs
 from .kinks import excuse_isolated_jumps, follow_kink_divergence
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
@@ -137,6 +138,7 @@ def _judge(
         carry_admitted_excess(results, tol.noise_factor)
         jumps = excuse_isolated_jumps(results, merged, reference)
         jumps += follow_kink_divergence(results, merged, reference, tol.noise_factor)
+        jumps += follow_gain_divergence(results, merged, reference)
         explain_loss_by_weights(results, merged, reference, tol.noise_factor)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
     if ranks is not None:

@@ -100,7 +100,7 @@ def _why_it_passes(c: Comparison) -> list[Diagnosis]:
         floor = (
             ", more where the noise model says why: one rounding of the tensor where the "
             "baseline computed it almost exactly, the drift of noise-dominated elements, a kink "
-            "crossed in one run (noted)"
+            "crossed in one run or an element's high optimizer gain (noted)"
             if farthest > factor
             else ""
         )

@@ -1,0 +1,148 @@
+"""One element stepped far by the optimizer's gain there: an honest weight difference that a
+single baseline draw does not show.
+
+Under momentum (Adam's first moment, heavy-ball SGD) a step is a running sum of gradients, and
+where that sum nearly cancels (the element's gradient changed sign) the step is small while its
+response to the update's gradient is not: Adam moves an element by about lr·δg/√v̂ for a gradient
+error δg, whatever its step. An element whose gradient is small against the learning rate's
+scale (a LayerNorm bias element) then moves thousands of times further per unit of gradient
+error than its neighbours. Its weight error is the sum of each run's gradient errors there
+through that gain, one or two draws: the baseline may draw errors that cancel through the
+momentum (0.6 times the tensor's RMS gradient noise, then the other sign), the merged run a
+plain 2 RMS, and the tensor, whose whole error sits in that element, fails at the first update
+after the sign change (measured: a GPT under Adam with eps 1e-6 at 1.8x, a Transformer encoder
+under NAdam at 1.8x, both at update 1, in 870 runs of bench/model_zoo.py).
+
+`follow_gain_divergence` recognises it at the first failing update: no bookkeeping problem, the
+loss and every gradient within noise, and each failing weight's error, ≥ `GAIN_SHARE` of it, in at
+most `GAIN_ELEMENTS` elements (and 1% of the tensor). It bounds, per such element i, what the
+merged run's own gradient errors could have moved it: Γ_i·Σ_t |g_m − g_ref|_i(t), where Γ_i is the
+largest step per unit of gradient the reference's optimizer showed there so far,
+max_t |w_ref(t) − w_ref(t−1)|_i / rms_{t'≤t} g_ref,i(t') (Adam's first step is lr·sign(g), so
+Γ ≥ lr/|g(0)|; SGD's is lr). From that update on, the tensor may also differ by `GAIN_SLACK`
+times the norm of that bound over those elements (the bound grows with the gradient errors it
+sums), and a note says so. If that does not make the first failing update pass, nothing is
+widened. An accumulation bug moves the gradients (which fail) or every element a window
+touches, not one or two elements of one tensor through gradients that passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..runs.model import Run
+from .metrics import TensorDiff
+from .results import UpdateResult
+
+GAIN_SHARE = 0.9  # the elements hold at least this share of the tensor's squared error ...
+GAIN_ELEMENTS = 2  # ... and are at most this many (and at most 1% of the tensor's elements)
+GAIN_SLACK = 2.0  # momentum's bias correction spreads an early error over ~2.6 gains
+
+
+def follow_gain_divergence(results: list[UpdateResult], merged: Run, ref: Run) -> list[str]:
+    """Widen the updates from a high-gain element's divergence on (module docstring); a note if
+    the first failing update is one."""
+    first = next((i for i, r in enumerate(results) if not r.ok), None)
+    if first is None:
+        return []
+    at = results[first]
+    moved = [d for d in at.weights if not d.ok]
+    if at.problems or not at.loss_ok or not moved or not all(d.ok for d in at.grads):
+        return []
+    wm, wr = merged.weights(at.update), ref.weights(at.update)
+    if wm is None or wr is None:
+        return []
+    elements = {}
+    for d in moved:
+        if d.name not in wm or d.name not in wr:
+            return []
+        found = _top_elements(wm[d.name], wr[d.name])
+        if found is None:
+            return []
+        elements[d.name] = found
+    bounds = _bounds(results, merged, ref, elements)
+    if bounds is None:
+        return []
+    widened = _widened(at.weights, bounds[first])
+    if not all(d.ok for d in widened if d.name in elements):
+        return []
+    for k in range(first, len(results)):
+        results[k].weights[:] = _widened(results[k].weights, bounds[k])
+    shown = ", ".join(
+        f"{name} element {', '.join(map(str, idx))}" for name, idx in elements.items()
+    )
+    worst = max(moved, key=lambda d: d.ratio)
+    return [
+        f"update {at.update}: {shown} stepped to {worst.ratio:.3g}x its allowed error while the "
+        f"loss and every gradient stayed within noise, at least {GAIN_SHARE:.0%} of its error "
+        "there: the optimizer's gain there (a step per unit of gradient error many times "
+        "its neighbours', as where momentum nearly cancels) turned the merged run's own gradient "
+        f"noise into it. From update {at.update} on, those elements may also differ by "
+        f"{GAIN_SLACK:g} x the largest step per unit of gradient the reference showed there "
+        "times the merged run's gradient errors there so far"
+    ]
+
+
+def _top_elements(merged: np.ndarray, ref: np.ndarray) -> tuple[int, ...] | None:
+    """The flat indices of the fewest elements holding GAIN_SHARE of the squared error, if they
+    are at most GAIN_ELEMENTS and 1% of the elements (at least one)."""
+    err = (np.asarray(merged, dtype=np.float64) - np.asarray(ref, dtype=np.float64)).ravel()
+    energy = err * err
+    total = float(energy.sum())
+    if not np.isfinite(total) or total <= 0:
+        return None
+    order = np.argsort(energy)[::-1]
+    needed = int(np.searchsorted(np.cumsum(energy[order]), GAIN_SHARE * total)) + 1
+    if needed > min(GAIN_ELEMENTS, max(1, err.size // 100)):
+        return None
+    return tuple(int(i) for i in sorted(order[:needed]))
+
+
+def _bounds(
+    results: list[UpdateResult],
+    merged: Run,
+    ref: Run,
+    elements: dict[str, tuple[int, ...]],
+) -> list[dict[str, float]] | None:
+    """Per judged update, per tensor: GAIN_SLACK·||Γ·Σ|g_m − g_ref|||| over its elements. None
+    where a run lacks an update's full gradients or the reference its weights."""
+    before = ref.init_weights()
+    if before is None:
+        return None
+    idx = {name: np.asarray(found) for name, found in elements.items()}
+    prev = {name: _pick(before, name, i) for name, i in idx.items()}
+    squares = {name: np.zeros(len(i)) for name, i in idx.items()}
+    gain = {name: np.zeros(len(i)) for name, i in idx.items()}
+    errors = {name: np.zeros(len(i)) for name, i in idx.items()}
+    out = []
+    for n, r in enumerate(results):
+        gm, gr, wr = merged.grads(r.update), ref.grads(r.update), ref.weights(r.update)
+        if gm is None or gr is None or wr is None:
+            return None
+        row = {}
+        for name, i in idx.items():
+            g, w = _pick(gr, name, i), _pick(wr, name, i)
+            squares[name] += g * g
+            rms = np.sqrt(squares[name] / (n + 1))
+            step = np.abs(w - prev[name])
+            np.maximum(gain[name], np.divide(step, rms, out=np.zeros_like(step), where=rms > 0),
+                       out=gain[name])  # fmt: skip
+            errors[name] += np.abs(_pick(gm, name, i) - g)
+            prev[name] = w
+            bound = float(np.linalg.norm(gain[name] * errors[name]))
+            row[name] = GAIN_SLACK * bound if np.isfinite(bound) else 0.0
+        out.append(row)
+    return out
+
+
+def _pick(tensors, name: str, idx: np.ndarray) -> np.ndarray:
+    return np.asarray(tensors[name], dtype=np.float64).ravel()[idx]
+
+
+def _widened(diffs: list[TensorDiff], extra: dict[str, float]) -> list[TensorDiff]:
+    return [
+        dataclasses.replace(d, allowed=d.allowed + extra[d.name]) if d.name in extra else d
+        for d in diffs
+    ]

@@ -1,0 +1,146 @@
+"""One element stepped far by the optimizer's gain there (judge/gains.py), on runs written with
+numpy: the reference takes Adam-like steps (its first step lr·sign(g), whatever |g|), so an
+element whose first gradient is small shows a large step per unit of gradient. The merged run
+draws a gradient error of a few times the tensor's RMS there, and its weight there moves far out
+of the baseline's noise. That is followed; the same weight error where the reference's gain is
+ordinary, spread over many elements, or beside a failing gradient still fails."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gradalign import api
+from gradalign.runs.portable import write_run
+
+SHAPE, UPDATES, LR, K = (10, 5), 6, 1e-2, 4
+HIGH = 7  # the element whose first gradient is small: its gain is large
+NOISE_G, NOISE_W = 1e-6, 1e-9  # per element: gradient noise, weight noise added per update
+
+
+def _reference(small_first_grad: bool) -> tuple[np.ndarray, list, list]:
+    rng = np.random.default_rng(0)
+    init = rng.normal(size=SHAPE) * 1e-2
+    grads = [rng.normal(size=SHAPE) * 1e-1 for _ in range(UPDATES)]
+    if small_first_grad:
+        grads[0].flat[HIGH] = 1e-3
+    weights, w = [], init.copy()
+    for u, g in enumerate(grads):
+        w = w - LR * np.sign(g) * (1.0 if u == 0 else 0.5)
+        weights.append(w.copy())
+    return init, weights, grads
+
+
+def _run(path, ref, seed: int, k: int, extra=None, grad_extra=None, reference=None):
+    """A float32 run at `ref`'s trajectory plus its own noise; `extra(u)` adds to its weights
+    after update u, `grad_extra(u)` to its gradients."""
+    init, weights, grads = ref
+    rng = np.random.default_rng(seed)
+    walk = np.zeros(SHAPE)
+    ws, gs = [], []
+    for u in range(UPDATES):
+        walk += rng.normal(size=SHAPE) * NOISE_W
+        g = grads[u] + rng.normal(size=SHAPE) * NOISE_G
+        if grad_extra is not None:
+            g = g + grad_extra(u)
+        w = weights[u] + walk + (extra(u) if extra is not None else 0.0)
+        ws.append({"w": w.astype(np.float32)})
+        gs.append({"w": g.astype(np.float32)})
+    losses = [1.0 / (u + 1) for u in range(UPDATES) for _ in range(k)]
+    return write_run(
+        path,
+        accum_steps=k,
+        micro_losses=losses,
+        init_weights={"w": init.astype(np.float32)},
+        update_weights=ws,
+        grads=gs,
+        reference=reference,
+    )
+
+
+def _judged(tmp_path, *, gain: bool = True, extra=None, grad_extra=None):
+    ref = _reference(small_first_grad=gain)
+    init, weights, grads = ref
+    write_run(
+        tmp_path / "ref",
+        accum_steps=1,
+        micro_losses=[1.0 / (u + 1) for u in range(UPDATES)],
+        init_weights={"w": init.astype(np.float32).astype(np.float64)},
+        update_weights=[{"w": w} for w in weights],
+        grads=[{"w": g} for g in grads],
+    )
+    base = _run(tmp_path / "base", ref, 1, 1, reference="../ref")
+    merged = _run(tmp_path / "merged", ref, 2, K, extra=extra, grad_extra=grad_extra)
+    return api.compare(base, merged)
+
+
+def _one_element(size: float, elements=(HIGH,), grad_update: int = 1):
+    """The merged run's gradient at `elements` off by 3 RMS at `grad_update`, its weights there
+    off by `size` from that update on."""
+
+    def weights(u):
+        out = np.zeros(SHAPE)
+        if u >= grad_update:
+            out.flat[list(elements)] = size
+        return out
+
+    def grads(u):
+        out = np.zeros(SHAPE)
+        if u == grad_update:
+            out.flat[list(elements)] = 3 * NOISE_G
+        return out
+
+    return weights, grads
+
+
+def _noted(result) -> list[str]:
+    return [n for n in result.notes if "the optimizer's gain there" in n]
+
+
+def test_a_high_gain_elements_divergence_is_followed(tmp_path):
+    weights, grads = _one_element(2e-5)
+    result = _judged(tmp_path, extra=weights, grad_extra=grads)
+    assert result.verdict == "pass", [c.detail for c in result.checks if c.status == "fail"]
+    (note,) = _noted(result)
+    assert note.startswith(f"update 1: w element {HIGH} stepped to")
+    stepped = result.results[1].weights[0]
+    assert stepped.error > 100 * stepped.noise and stepped.ok
+
+
+def test_without_the_follow_the_same_run_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr("gradalign.judge.compare.follow_gain_divergence", lambda *a: [])
+    weights, grads = _one_element(2e-5)
+    result = _judged(tmp_path, extra=weights, grad_extra=grads)
+    assert result.verdict == "fail" and not result.results[1].ok
+
+
+def test_the_same_error_where_the_gain_is_ordinary_fails(tmp_path):
+    weights, grads = _one_element(2e-5)
+    result = _judged(tmp_path, gain=False, extra=weights, grad_extra=grads)
+    assert result.verdict == "fail" and not _noted(result)
+
+
+def test_an_error_larger_than_the_gain_explains_fails(tmp_path):
+    weights, grads = _one_element(1e-3)  # Γ ≈ lr/1e-3 = 10; 10 x 3e-6 x 2 is 6e-5
+    result = _judged(tmp_path, extra=weights, grad_extra=grads)
+    assert result.verdict == "fail" and not _noted(result)
+
+
+def test_an_error_spread_over_many_elements_fails(tmp_path):
+    weights, grads = _one_element(2e-5, elements=tuple(range(0, 50, 5)))
+    result = _judged(tmp_path, extra=weights, grad_extra=grads)
+    assert result.verdict == "fail" and not _noted(result)
+
+
+def test_beside_a_failing_gradient_it_is_not_followed(tmp_path):
+    weights, _ = _one_element(2e-5)
+
+    def grads(u):  # every element's gradient 1% off at update 1: a bug, not noise
+        return np.full(SHAPE, 1e-3) if u == 1 else np.zeros(SHAPE)
+
+    result = _judged(tmp_path, extra=weights, grad_extra=grads)
+    assert result.verdict == "fail" and not _noted(result)
+
+
+def test_a_clean_run_needs_no_follow(tmp_path):
+    result = _judged(tmp_path)
+    assert result.verdict == "pass" and not _noted(result)
