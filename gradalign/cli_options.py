@@ -165,12 +165,18 @@ def refuse_empty_paths(app: typer.Typer) -> Any:
     return command
 
 
+def _names_paths(param: Any) -> bool:
+    """Whether a parameter takes paths by its declared type: typer before 0.29 converts to Path
+    after `process_value`, so the converted value alone does not tell."""
+    return getattr(getattr(param, "type", None), "name", None) == "path"
+
+
 def _nonempty(param: Any, process: Callable) -> Callable:
     def process_value(ctx: Any, value: Any) -> Any:
         result = process(ctx, value)
         given = value if isinstance(value, list | tuple) else [value]
         made = result if isinstance(result, list | tuple) else [result]
-        if any(isinstance(item, PurePath) for item in made):
+        if _names_paths(param) or any(isinstance(item, PurePath) for item in made):
             if "" in given:
                 raise typer.BadParameter(EMPTY_PATH, ctx=ctx, param=param)
             if "-" in given:  # stdout or stdin to most tools; a file or directory named "-" here

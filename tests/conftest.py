@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# The suite checks the CPU paths, the same on a GPU machine as on CI (scripts/gpu_check.sh runs
+# the CUDA ones): CUDA is hidden before anything initializes it, here and in every process the
+# tests launch (examples pick nccl where CUDA is present; torch's PowerSGD hook synchronizes CUDA
+# whenever it is available, also for gloo on the CPU). Reports print at gradalign's own width for
+# output that is not a terminal, whatever COLUMNS the caller's shell exported.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+os.environ.pop("COLUMNS", None)
 
 from gradalign.cli import main
 from gradalign.config import TrainConfig

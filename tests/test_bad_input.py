@@ -144,7 +144,7 @@ def test_a_compare_config_may_hold_the_training_keys(cli, small_runs, tmp_path):
         (["--weight-decay", "1e308"], ["weight_decay 1e+308 is beyond the largest float32"]),
         (["--amp-level", "O3", "--lr", "1e5"], ["lr 100000 is beyond the largest float16"]),
         (["--optimizer", "lamb"], ["optimizer must be one of"]),
-        (["--batch-size", "lots"], ["--batch-size", "integer"]),
+        (["--batch-size", "lots"], ["--batch-size", "valid int"]),  # "int" or "integer"
         (["--no-such-option"], ["--no-such-option"]),
         (["-c", "missing.yaml"], ["missing.yaml", "no such config file"]),
     ],
@@ -275,7 +275,7 @@ def test_every_path_parameter_refuses_an_empty_path():
     import typer
 
     from gradalign.cli import app
-    from gradalign.cli_options import refuse_empty_paths
+    from gradalign.cli_options import _names_paths, refuse_empty_paths
 
     pending, checked = [refuse_empty_paths(app)], []
     while pending:
@@ -288,7 +288,8 @@ def test_every_path_parameter_refuses_an_empty_path():
                 made = param.process_value(ctx, ("x",) if many else "x")
             except typer.BadParameter:
                 continue  # a number, a flag: "x" is not one
-            if any(isinstance(v, PurePath) for v in (made if many else [made])):
+            converted = any(isinstance(v, PurePath) for v in (made if many else [made]))
+            if converted or _names_paths(param):  # typer < 0.29 converts after process_value
                 with pytest.raises(typer.BadParameter, match="an empty path"):
                     param.process_value(ctx, ("",) if many else "")
                 checked.append(f"{command.name} {param.name}")

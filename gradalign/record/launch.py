@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import queue as queues
+import signal
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -87,7 +88,8 @@ def launch(jobs: list[Job], nproc: int, progress: Progress | None = None) -> Non
         except ProcessException as exc:
             _drain(events, progress, errors, done)
             if len(done) < nproc:  # a rank that died after its work was done changes nothing
-                raise _failure(exc, errors) from None
+                exitcodes = [process.exitcode for process in context.processes]
+                raise _failure(exc, errors, exitcodes) from None
         except BaseException:
             for process in context.processes:
                 if process.is_alive():
@@ -164,17 +166,30 @@ def _drain(events, progress: Progress | None, errors: list[tuple], done: set[int
             done.add(event[1])
 
 
-def _failure(exc: BaseException, errors: list[tuple]) -> Exception:
+def _failure(exc: BaseException, errors: list[tuple], exitcodes: list[int | None]) -> Exception:
     """What the caller sees when a rank failed: the rank's own BadInput as such, a death by a
-    signal as bad input (the machine's, not gradalign's), anything else as a bug."""
-    if errors:
+    signal as bad input (the machine's, not gradalign's), anything else as a bug. A rank killed
+    by a signal other than the SIGTERM that stops the others is the cause even where another
+    rank reported first: its peers' errors ("Connection closed by peer") follow from it."""
+    reported = {error[0] for error in errors}
+    killed = [
+        (rank, -code)
+        for rank, code in enumerate(exitcodes)
+        if code is not None and code < 0 and -code != signal.SIGTERM and rank not in reported
+    ]
+    if errors and (errors[0][3] or not killed):
         rank, kind, message, bad = errors[0]
         if bad:
             return BadInput(message)
         return RuntimeError(f"rank {rank} failed: {kind}: {message}")
-    rank = getattr(exc, "error_index", "?")
-    name = getattr(exc, "signal_name", None)
-    why = f"was killed by {name}" if name else f"exited with code {getattr(exc, 'exit_code', '?')}"
+    if killed:
+        rank, number = killed[0]
+        why = f"was killed by {signal.Signals(number).name}"
+    else:
+        rank = getattr(exc, "error_index", "?")
+        name = getattr(exc, "signal_name", None)
+        code = getattr(exc, "exit_code", "?")
+        why = f"was killed by {name}" if name else f"exited with code {code}"
     return BadInput(f"rank {rank} {why}; the other ranks were stopped and no run was written")
 
 
