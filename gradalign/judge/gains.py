@@ -33,6 +33,7 @@ import dataclasses
 import numpy as np
 
 from ..runs.model import Run
+from .kinks import fewest_holding, first_failing
 from .metrics import TensorDiff
 from .results import UpdateResult
 
@@ -44,7 +45,7 @@ GAIN_SLACK = 2.0  # momentum's bias correction spreads an early error over ~2.6 
 def follow_gain_divergence(results: list[UpdateResult], merged: Run, ref: Run) -> list[str]:
     """Widen the updates from a high-gain element's divergence on (module docstring); a note if
     the first failing update is one."""
-    first = next((i for i, r in enumerate(results) if not r.ok), None)
+    first = first_failing(results)
     if first is None:
         return []
     at = results[first]
@@ -89,15 +90,8 @@ def _top_elements(merged: np.ndarray, ref: np.ndarray) -> tuple[int, ...] | None
     """The flat indices of the fewest elements holding GAIN_SHARE of the squared error, if they
     are at most GAIN_ELEMENTS and 1% of the elements (at least one)."""
     err = (np.asarray(merged, dtype=np.float64) - np.asarray(ref, dtype=np.float64)).ravel()
-    energy = err * err
-    total = float(energy.sum())
-    if not np.isfinite(total) or total <= 0:
-        return None
-    order = np.argsort(energy)[::-1]
-    needed = int(np.searchsorted(np.cumsum(energy[order]), GAIN_SHARE * total)) + 1
-    if needed > min(GAIN_ELEMENTS, max(1, err.size // 100)):
-        return None
-    return tuple(int(i) for i in sorted(order[:needed]))
+    found = fewest_holding(err * err, GAIN_SHARE, min(GAIN_ELEMENTS, max(1, err.size // 100)))
+    return None if found is None else tuple(sorted(int(i) for i in found))
 
 
 def _bounds(

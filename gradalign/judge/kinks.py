@@ -92,7 +92,7 @@ def follow_kink_divergence(
 ) -> list[str]:
     """Widen the updates from a kink on by the kink's own size (module docstring); a note if
     the first failing update is one."""
-    first = next((i for i, r in enumerate(results) if not r.ok), None)
+    first = first_failing(results)
     if first is None:
         return []
     at = results[first]
@@ -173,11 +173,24 @@ def _row_share(merged: np.ndarray, ref: np.ndarray, most: int | None = None) -> 
     (and at most `most`)."""
     err = np.asarray(merged, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
     rows = (err.reshape(err.shape[0], -1) if err.ndim > 1 else err.reshape(-1, 1)) ** 2
-    energy = np.sort(rows.sum(axis=1))[::-1]
-    total = float(energy.sum())
-    if total <= 0:
-        return None
-    needed = int(np.searchsorted(np.cumsum(energy), JUMP_SHARE * total)) + 1
-    limit = max(1, int(JUMP_ROWS * len(energy)))
+    limit = max(1, int(JUMP_ROWS * rows.shape[0]))
     limit = limit if most is None else min(limit, most)
-    return needed if needed <= limit else None
+    found = fewest_holding(rows.sum(axis=1), JUMP_SHARE, limit)
+    return None if found is None else len(found)
+
+
+def fewest_holding(energy: np.ndarray, share: float, most: int) -> np.ndarray | None:
+    """The indices of the fewest entries of `energy` (squared errors of rows or elements) that
+    hold `share` of its sum, if they are at most `most`; None if more, or if the sum is 0 or not
+    finite."""
+    total = float(energy.sum())
+    if not np.isfinite(total) or total <= 0:
+        return None
+    order = np.argsort(energy, kind="stable")[::-1]
+    needed = int(np.searchsorted(np.cumsum(energy[order]), share * total)) + 1
+    return order[:needed] if needed <= most else None
+
+
+def first_failing(results: list[UpdateResult]) -> int | None:
+    """The index of the first update that fails, if any."""
+    return next((i for i, r in enumerate(results) if not r.ok), None)
