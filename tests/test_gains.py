@@ -144,3 +144,19 @@ def test_beside_a_failing_gradient_it_is_not_followed(tmp_path):
 def test_a_clean_run_needs_no_follow(tmp_path):
     result = _judged(tmp_path)
     assert result.verdict == "pass" and not _noted(result)
+
+
+def test_a_sketched_update_says_what_it_needs(tmp_path, monkeypatch):
+    """Without the tensors (a sketched run) a high-gain element cannot be told from a bug: the
+    run still fails, and a note says what would tell them apart."""
+    from types import SimpleNamespace
+
+    from gradalign.judge.gains import follow_gain_divergence
+
+    monkeypatch.setattr("gradalign.judge.compare.follow_gain_divergence", lambda *a: [])
+    weights, grads = _one_element(2e-5)
+    result = _judged(tmp_path, extra=weights, grad_extra=grads)
+    sketched = SimpleNamespace(grads=lambda u: None, weights=lambda u: None)
+    (note,) = follow_gain_divergence(result.results, sketched, sketched)
+    assert note.startswith("update 1: weights alone failed") and "snapshot_every" in note
+    assert not result.results[1].ok and result.results[0].ok

@@ -22,8 +22,10 @@ max_t |w_ref(t) − w_ref(t−1)|_i / rms_{t'≤t} g_ref,i(t') (Adam's first ste
 Γ ≥ lr/|g(0)|; SGD's is lr). From that update on, the tensor may also differ by `GAIN_SLACK`
 times the norm of that bound over those elements (the bound grows with the gradient errors it
 sums), and a note says so. If that does not make the first failing update pass, nothing is
-widened. An accumulation bug moves the gradients (which fail) or every element a window
-touches, not one or two elements of one tensor through gradients that passed.
+widened. Where a run kept sketches instead of the tensors this needs, the failure stays and a
+note says what would tell it from a bug. An accumulation bug moves the gradients (which fail)
+or every element a window touches, not one or two elements of one tensor through gradients
+that passed.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ from .results import UpdateResult
 GAIN_SHARE = 0.9  # the elements hold at least this share of the tensor's squared error ...
 GAIN_ELEMENTS = 2  # ... and are at most this many (and at most 1% of the tensor's elements)
 GAIN_SLACK = 2.0  # momentum's bias correction spreads an early error over ~2.6 gains
+_UNREADABLE = (
+    "update {u}: weights alone failed while the loss and every gradient stayed within noise, as "
+    "when one element's optimizer gain turns gradient noise into its step; telling that from a "
+    "bug needs full weights and gradients in both runs at every update up to it (a sketched run "
+    "keeps them at its snapshot updates only: snapshot_every)"
+)
 
 
 def follow_gain_divergence(results: list[UpdateResult], merged: Run, ref: Run) -> list[str]:
@@ -54,7 +62,7 @@ def follow_gain_divergence(results: list[UpdateResult], merged: Run, ref: Run) -
         return []
     wm, wr = merged.weights(at.update), ref.weights(at.update)
     if wm is None or wr is None:
-        return []
+        return [_UNREADABLE.format(u=at.update)]
     elements = {}
     for d in moved:
         if d.name not in wm or d.name not in wr:
@@ -65,7 +73,7 @@ def follow_gain_divergence(results: list[UpdateResult], merged: Run, ref: Run) -
         elements[d.name] = found
     bounds = _bounds(results, merged, ref, elements)
     if bounds is None:
-        return []
+        return [_UNREADABLE.format(u=at.update)]
     widened = _widened(at.weights, bounds[first])
     if not all(d.ok for d in widened if d.name in elements):
         return []
