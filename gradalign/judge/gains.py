@@ -46,7 +46,7 @@ _UNREADABLE = (
     "update {u}: weights alone failed while the loss and every gradient stayed within noise, as "
     "when one element's optimizer gain turns gradient noise into its step; telling that from a "
     "bug needs full weights and gradients in both runs at every update up to it (a sketched run "
-    "keeps them at its snapshot updates only: snapshot_every)"
+    "keeps them at its snapshot updates only: snapshot_every; a golden file, summaries)"
 )
 
 
