@@ -14,8 +14,9 @@ after the sign change (measured: a GPT under Adam with eps 1e-6 at 1.8x, a Trans
 under NAdam at 1.8x, both at update 1, in 870 runs of bench/model_zoo.py).
 
 `follow_gain_divergence` recognises it at the first failing update: no bookkeeping problem, the
-loss and every gradient within noise, and each failing weight's error, ≥ `GAIN_SHARE` of it, in at
-most `GAIN_ELEMENTS` elements (and 1% of the tensor). It bounds, per such element i, what the
+loss and every gradient within noise, and each failing weight's error, ≥ `GAIN_SHARE` of it, in
+at most `GAIN_ELEMENTS` elements and 10% of the tensor (two of a LayerNorm's 24: under RMSprop a
+GPT's bias held 84% in one element and 96% in two). It bounds, per such element i, what the
 merged run's own gradient errors could have moved it: Γ_i·Σ_t |g_m − g_ref|_i(t), where Γ_i is the
 largest step per unit of gradient the reference's optimizer showed there so far,
 max_t |w_ref(t) − w_ref(t−1)|_i / rms_{t'≤t} g_ref,i(t') (Adam's first step is lr·sign(g), so
@@ -40,7 +41,7 @@ from .metrics import TensorDiff
 from .results import UpdateResult
 
 GAIN_SHARE = 0.9  # the elements hold at least this share of the tensor's squared error ...
-GAIN_ELEMENTS = 2  # ... and are at most this many (and at most 1% of the tensor's elements)
+GAIN_ELEMENTS = 2  # ... and are at most this many (and at most 10% of the tensor's elements)
 GAIN_SLACK = 2.0  # momentum's bias correction spreads an early error over ~2.6 gains
 _UNREADABLE = (
     "update {u}: weights alone failed while the loss and every gradient stayed within noise, as "
@@ -96,9 +97,9 @@ def follow_gain_divergence(results: list[UpdateResult], merged: Run, ref: Run) -
 
 def _top_elements(merged: np.ndarray, ref: np.ndarray) -> tuple[int, ...] | None:
     """The flat indices of the fewest elements holding GAIN_SHARE of the squared error, if they
-    are at most GAIN_ELEMENTS and 1% of the elements (at least one)."""
+    are at most GAIN_ELEMENTS and 10% of the elements (at least one)."""
     err = (np.asarray(merged, dtype=np.float64) - np.asarray(ref, dtype=np.float64)).ravel()
-    found = fewest_holding(err * err, GAIN_SHARE, min(GAIN_ELEMENTS, max(1, err.size // 100)))
+    found = fewest_holding(err * err, GAIN_SHARE, min(GAIN_ELEMENTS, max(1, err.size // 10)))
     return None if found is None else tuple(sorted(int(i) for i in found))
 
 
