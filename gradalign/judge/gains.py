@@ -78,7 +78,8 @@ def follow_gain_divergence(results: list[UpdateResult], merged: Run, ref: Run) -
     widened = _widened(at.weights, bounds[first])
     if not all(d.ok for d in widened if d.name in elements):
         return []
-    for k in range(first, len(results)):
+    at.weights[:] = widened
+    for k in range(first + 1, len(results)):
         results[k].weights[:] = _widened(results[k].weights, bounds[k])
     shown = ", ".join(
         f"{name} element {', '.join(map(str, idx))}" for name, idx in elements.items()
@@ -141,7 +142,8 @@ def _bounds(
 
 
 def _pick(tensors, name: str, idx: np.ndarray) -> np.ndarray:
-    return np.asarray(tensors[name], dtype=np.float64).ravel()[idx]
+    """The elements `idx` of a tensor, widened to float64 (those alone, not the tensor)."""
+    return np.asarray(tensors[name]).ravel()[idx].astype(np.float64)
 
 
 def _widened(diffs: list[TensorDiff], extra: dict[str, float]) -> list[TensorDiff]:

@@ -37,6 +37,7 @@ honest effects escape that single measurement, and this module measures them fro
   those passed and the loss alone failed, the loss may also differ by the first-order change
   their difference makes (`explain_loss_by_weights`).
 - **A ReLU-like kink crossed in one run and not the other** is judge/kinks.py's.
+- **One element's high optimizer gain** (momentum nearly cancelling) is judge/gains.py's.
 """
 
 from __future__ import annotations
