@@ -115,6 +115,25 @@ def test_two_elements_of_a_small_tensor_are_followed(tmp_path):
     assert note.startswith(f"update 1: w element {HIGH}, {HIGH + 10} stepped to")
 
 
+def test_the_followed_elements_feed_the_later_gradients(tmp_path, monkeypatch):
+    """The followed elements feed every later forward: a later gradient may differ by as many
+    times its noise as the followed tensor did (model zoo run 6035: a LayerNorm bias element at
+    9.3x its noise under Adagrad, the next update's output-layer gradient at 5.8x). Without
+    that carry the same run fails at update 2."""
+    weights, grads = _one_element(2e-5)
+
+    def later(u):  # every element's gradient off by 6 noise draws at update 2
+        return grads(u) + (np.full(SHAPE, 6 * NOISE_G) if u == 2 else 0.0)
+
+    result = _judged(tmp_path / "carried", extra=weights, grad_extra=later)
+    assert result.verdict == "pass", [c.detail for c in result.checks if c.status == "fail"]
+    gradient = result.results[2].grads[0]
+    assert gradient.error > 4 * gradient.noise and gradient.ok
+    monkeypatch.setattr("gradalign.judge.gains.carry", lambda *a: None)
+    result = _judged(tmp_path / "not-carried", extra=weights, grad_extra=later)
+    assert result.verdict == "fail" and not result.results[2].grads[0].ok
+
+
 def test_without_the_follow_the_same_run_fails(tmp_path, monkeypatch):
     monkeypatch.setattr("gradalign.judge.compare.follow_gain_divergence", lambda *a: [])
     weights, grads = _one_element(2e-5)
@@ -166,6 +185,6 @@ def test_a_sketched_update_says_what_it_needs(tmp_path, monkeypatch):
     weights, grads = _one_element(2e-5)
     result = _judged(tmp_path, extra=weights, grad_extra=grads)
     sketched = SimpleNamespace(grads=lambda u: None, weights=lambda u: None)
-    (note,) = follow_gain_divergence(result.results, sketched, sketched)
+    (note,) = follow_gain_divergence(result.results, sketched, sketched, 4.0)
     assert note.startswith("update 1: weights alone failed") and "snapshot_every" in note
     assert not result.results[1].ok and result.results[0].ok

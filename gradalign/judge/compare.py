@@ -138,7 +138,7 @@ def _judge(
         carry_admitted_excess(results, tol.noise_factor)
         jumps = excuse_isolated_jumps(results, merged, reference)
         jumps += follow_kink_divergence(results, merged, reference, tol.noise_factor)
-        jumps += follow_gain_divergence(results, merged, reference)
+        jumps += follow_gain_divergence(results, merged, reference, tol.noise_factor)
         explain_loss_by_weights(results, merged, reference, tol.noise_factor)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
     if ranks is not None:

@@ -201,6 +201,9 @@ def reference_bound(base: Run, merged: Run, where: str) -> ReferenceBound:
     return ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _rerun_hint(base), lower)
 
 
+_SLICE = 1 << 17  # elements widened to float64 at a time
+
+
 def check_first_gradients(base: Run, ref: Run, bound: ReferenceBound) -> None:
     """Refuse a reference whose gradients at update 0 (the same weights and samples, only the
     precision differs) stand farther from the baseline's, over the whole model, than `bound.rtol`
@@ -212,12 +215,16 @@ def check_first_gradients(base: Run, ref: Run, bound: ReferenceBound) -> None:
         return
     apart = size = 0.0
     for name in [n for n in gb if n in gr]:
-        b = np.asarray(gb[name], dtype=np.float64).ravel()
-        r = np.asarray(gr[name], dtype=np.float64).ravel()
-        if b.shape != r.shape or not (np.isfinite(b).all() and np.isfinite(r).all()):
+        b, r = np.asarray(gb[name]).ravel(), np.asarray(gr[name]).ravel()
+        if b.shape != r.shape:
             return
-        d = b - r
-        apart, size = apart + dot(d, d), size + dot(r, r)
+        for first in range(0, b.size, _SLICE):  # float64 a slice at a time
+            bs = b[first : first + _SLICE].astype(np.float64)
+            rs = r[first : first + _SLICE].astype(np.float64)
+            if not (np.isfinite(bs).all() and np.isfinite(rs).all()):
+                return
+            bs -= rs
+            apart, size = apart + dot(bs, bs), size + dot(rs, rs)
     if apart > (bound.rtol + bound.epsilon) ** 2 * size:
         share = math.sqrt(apart / size) if size else math.inf
         raise BadInput(

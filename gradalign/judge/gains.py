@@ -22,11 +22,14 @@ largest step per unit of gradient the reference's optimizer showed there so far,
 max_t |w_ref(t) − w_ref(t−1)|_i / rms_{t'≤t} g_ref,i(t') (Adam's first step is lr·sign(g), so
 Γ ≥ lr/|g(0)|; SGD's is lr). From that update on, the tensor may also differ by `GAIN_SLACK`
 times the norm of that bound over those elements (the bound grows with the gradient errors it
-sums), and a note says so. If that does not make the first failing update pass, nothing is
-widened. Where a run kept sketches instead of the tensors this needs, the failure stays and a
-note says what would tell it from a bug. An accumulation bug moves the gradients (which fail)
-or every element a window touches, not one or two elements of one tensor through gradients
-that passed.
+sums), and a note says so. The elements feed every later forward, so from the next update on
+every tensor may also differ by as many times its noise as the followed tensor did
+(`noise.carry`: model zoo run 6035, a LayerNorm MLP under Adagrad, followed a bias element at
+9.3x its noise, and the next update's output-layer gradient stood 5.8x its own). If that does
+not make the first failing update pass, nothing is widened. Where a run kept sketches instead
+of the tensors this needs, the failure stays and a note says what would tell it from a bug.
+An accumulation bug moves the gradients (which fail) or every element a window touches, not
+one or two elements of one tensor through gradients that passed.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import numpy as np
 from ..runs.model import Run
 from .kinks import fewest_holding, first_failing
 from .metrics import TensorDiff
+from .noise import carry
 from .results import UpdateResult
 
 GAIN_SHARE = 0.9  # the elements hold at least this share of the tensor's squared error ...
@@ -51,7 +55,9 @@ _UNREADABLE = (
 )
 
 
-def follow_gain_divergence(results: list[UpdateResult], merged: Run, ref: Run) -> list[str]:
+def follow_gain_divergence(
+    results: list[UpdateResult], merged: Run, ref: Run, factor: float
+) -> list[str]:
     """Widen the updates from a high-gain element's divergence on (module docstring); a note if
     the first failing update is one."""
     first = first_failing(results)
@@ -79,8 +85,10 @@ def follow_gain_divergence(results: list[UpdateResult], merged: Run, ref: Run) -
     if not all(d.ok for d in widened if d.name in elements):
         return []
     at.weights[:] = widened
+    excess = max(d.error / d.noise for d in moved if d.noise)  # measured before widening
     for k in range(first + 1, len(results)):
         results[k].weights[:] = _widened(results[k].weights, bounds[k])
+        carry(results[k], excess, factor)  # the elements feed every later forward
     shown = ", ".join(
         f"{name} element {', '.join(map(str, idx))}" for name, idx in elements.items()
     )

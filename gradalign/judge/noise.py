@@ -32,7 +32,7 @@ honest effects escape that single measurement, and this module measures them fro
 - **What the drift admitted, carried forward.** A weight the drift let the merged run set c
   times further from the baseline than the baseline's noise moves every later forward, and so
   every tensor's later gradients and weights: `carry_admitted_excess` widens each later
-  update's allowance to c times the noise.
+  update's allowance to c times the noise (the factor on top: it is the margin for one draw).
 - **A loss the weights explain.** A loss is computed with the weights of the update before; where
   those passed and the loss alone failed, the loss may also differ by the first-order change
   their difference makes (`explain_loss_by_weights`).
@@ -258,29 +258,38 @@ def carry_admitted_excess(results: list[UpdateResult], factor: float) -> None:
     c times further from the baseline than the baseline's own noise feeds every later forward,
     and so the later gradients and weights of every tensor: the same dynamics that carry the
     baseline's noise forward carry c times as large a start. From the update after one that
-    passed with such an admitted difference, every tensor's noise allowance is c times its
-    noise (c the largest admitted so far; an update counts when its weights and gradients
-    passed: a loss recorded wrongly moves no weight). Only what the drift admitted counts,
-    measured before this pass widens anything, so a difference this pass lets through never
-    widens the next update (no ratchet). Attention under Adam, seed 45: an in-projection element
-    near eps stepped 19x the noise at update 0, its weights and gradients then failed at 1.1x
-    to 4.5x."""
+    passed with such a difference (a tensor with a drift allowance, c > 1), every tensor's
+    noise allowance is c times its noise, the factor on top (c the largest so far; an update
+    counts when its weights and gradients passed: a loss recorded wrongly moves no weight).
+    The factor is the margin for one draw of the noise, so it is not spent on c: an Adam
+    element near eps left a LayerNorm MLP's output weight 3.13x its noise at update 0, within
+    the factor, and the next update's output-bias gradient stood 7.24x its noise (model zoo run
+    6203). Only a tensor with a drift counts, measured before this pass widens anything, so a
+    difference this pass lets through never widens the next update (no ratchet). Attention
+    under Adam, seed 45: an in-projection element near eps stepped 19x the noise at update 0,
+    its weights and gradients then failed at 1.1x to 4.5x."""
     carried = 1.0
     for r in results:
         admitted = [
             d.error / d.noise
             for d in r.weights
-            if d.drift and d.noise and d.ok and d.error > factor * d.noise
+            if d.drift and d.noise and d.ok and d.error > d.noise
         ]
-        if carried > 1.0:
-            for kind in ("weights", "grads"):
-                diffs = getattr(r, kind)
-                for j, d in enumerate(diffs):
-                    if d.noise is not None and math.isfinite(d.noise) and d.noise > 0:
-                        extra = factor * (carried - 1.0) * d.noise
-                        diffs[j] = dataclasses.replace(d, allowed=d.allowed + extra)
+        carry(r, carried, factor)
         if not r.problems and all(d.ok for d in (*r.weights, *r.grads)):  # the loss moves none
             carried = max([carried, *admitted])
+
+
+def carry(r: UpdateResult, excess: float, factor: float) -> None:
+    """Widen every tensor of update `r` to `excess` times its noise (nothing at 1 or less)."""
+    if excess <= 1.0:
+        return
+    for kind in ("weights", "grads"):
+        diffs = getattr(r, kind)
+        for j, d in enumerate(diffs):
+            if d.noise is not None and math.isfinite(d.noise) and d.noise > 0:
+                extra = factor * (excess - 1.0) * d.noise
+                diffs[j] = dataclasses.replace(d, allowed=d.allowed + extra)
 
 
 def explain_loss_by_weights(
