@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from tests.test_noise_model import merged, one_row, runs  # noqa: F401 (the fixture)
 
@@ -83,3 +84,67 @@ def test_a_kink_at_a_sketched_update_says_what_it_needs(runs):  # noqa: F811
         assert len(notes) == said  # a jump too large to be followed is no kink to explain
         assert not said or notes[0].startswith("update 6: gradients failed")
         assert not said or "snapshot_every" in notes[0]
+
+
+def _rows_at(updates, rows=(3,), size: float = 1e-3):
+    """The recorded gradient's `rows` jump at `updates` (a kink crossed, not fed to the step)."""
+
+    def spike(u, g):
+        if u in updates:
+            for row in rows:
+                g[row] += size * np.abs(g).max()
+        return g
+
+    return spike
+
+
+def _base(runs, updates: tuple[int, ...]):  # noqa: F811
+    """A baseline whose own gradient jumps against the reference at `updates`, in one row (the
+    noise there, pooled over 3 updates each side, then covers the merged run's jumps)."""
+    from gradalign.runs.portable import write_run
+    from tests.test_noise_model import train
+
+    path = runs["root"] / f"base-jumps-{'-'.join(map(str, updates))}"
+    if not path.exists():
+        run = train(np.float32, spike=_rows_at(updates))
+        write_run(path, accum_steps=1, reference="../ref", **run)
+    return path
+
+
+def _merged_against(runs, base, name: str, spike):  # noqa: F811
+    from gradalign import api
+    from gradalign.runs.portable import write_run
+    from tests.test_noise_model import train
+
+    path = write_run(runs["root"] / name, accum_steps=4, **train(np.float32, k=4, spike=spike))
+    return api.compare(base, path)
+
+
+def test_jumps_the_baseline_makes_too_are_excused(runs):  # noqa: F811
+    """Two jumps in a row, which the isolated-jump excuse does not take, where the baseline
+    jumped twice against the reference itself, in one row as these."""
+    base = _base(runs, (0, 11))
+    result = _merged_against(runs, base, "jumps-like-base", _rows_at((5, 6)))
+    assert result.verdict == "pass", _failing(result)
+    (note,) = [n for n in result.notes if "as the baseline's own gradients jumped" in n]
+    assert note.startswith("updates 5, 6: the gradients of w") and "update(s) 0, 11" in note
+    assert [result.results[u].grads[0].excused for u in (5, 6)] == ["jump", "jump"]
+
+
+def test_without_the_baselines_own_jumps_they_fail(runs):  # noqa: F811
+    result = _merged_against(runs, runs["base"], "jumps-alone", _rows_at((5, 6)))
+    assert result.verdict == "fail"
+
+
+@pytest.mark.parametrize(
+    "why, base, spike",
+    [
+        ("in more rows than the baseline's", (0, 11), _rows_at((5, 6), rows=(3, 10, 20))),
+        ("more than 4x the baseline's", (11,), _rows_at((3, 4, 5, 6, 7))),
+        ("spread", (0, 11), lambda u, g: g * (1 + 1e-3) if u in (5, 6) else g),
+    ],
+)
+def test_jumps_unlike_the_baselines_fail(runs, why, base, spike):  # noqa: F811
+    result = _merged_against(runs, _base(runs, base), f"jumps-{why.replace(' ', '-')}", spike)
+    assert result.verdict == "fail", why
+    assert not any("as the baseline's own gradients jumped" in n for n in result.notes)

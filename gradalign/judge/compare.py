@@ -27,7 +27,7 @@ from .diagnose import diagnose
 from .distributed import listed, rank_check, rank_facts, rank_problems
 from .gains import follow_gain_divergence
 from .inputs import Inputs
-from .kinks import excuse_isolated_jumps, follow_kink_divergence
+from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines, follow_kink_divergence
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
 from .noise import (
     Drift,
@@ -137,6 +137,7 @@ def _judge(
         carry_rounding(results)
         carry_admitted_excess(results, tol.noise_factor)
         jumps = excuse_isolated_jumps(results, merged, reference)
+        jumps += excuse_jumps_like_the_baselines(results, base, merged, reference, tol.noise_factor)
         jumps += follow_kink_divergence(results, merged, reference, tol.noise_factor)
         jumps += follow_gain_divergence(results, merged, reference, tol.noise_factor)
         explain_loss_by_weights(results, merged, reference, tol.noise_factor)

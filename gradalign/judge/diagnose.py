@@ -92,10 +92,10 @@ def _unexplained(c: Comparison) -> Diagnosis:
 
 
 def _why_it_passes(c: Comparison) -> list[Diagnosis]:
-    ratios = [d.ratio for r in c.results for d in (*r.weights, *r.grads)]
-    worst = max(ratios, default=0.0)
+    judged = [d for r in c.results for d in (*r.weights, *r.grads) if d.excused is None]
+    worst = max((d.ratio for d in judged), default=0.0)
     if c.reference is not None:
-        noise = [d.error / d.noise for r in c.results for d in (*r.weights, *r.grads) if d.noise]
+        noise = [d.error / d.noise for d in judged if d.noise]
         factor, farthest = c.tolerances.noise_factor, max(noise, default=0.0)
         floor = (
             ", more where the noise model says why: one rounding of the tensor where the "
@@ -109,6 +109,8 @@ def _why_it_passes(c: Comparison) -> list[Diagnosis]:
             f"is at most {farthest:.2g}x as far from the float64 reference as "
             f"the {c.dtype} baseline is (allowed {factor:g}x{floor})"
         )
+        if len(judged) < sum(len(r.weights) + len(r.grads) for r in c.results):
+            message += "; gradient jumps excused as noted are not counted here"
         evidence = {
             "worst_ratio_to_floor": worst,
             "worst_error_over_noise": max(noise, default=0.0),
