@@ -102,7 +102,7 @@ def test_pass_message_says_when_the_rounding_floor_allowed_more_than_the_factor(
 
     from gradalign.judge.diagnose import _why_it_passes
 
-    tensor = NS(ratio=0.5, error=error, noise=1.0)
+    tensor = NS(ratio=0.5, error=error, noise=1.0, excused=None)
     c = NS(
         results=[NS(weights=[tensor], grads=[])],
         reference="ref",
