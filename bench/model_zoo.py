@@ -12,7 +12,8 @@ Optimizers: Adam (lr 1e-2 and 1e-3, eps 1e-6), AdamW with weight decay, RMSprop,
 with momentum, NAdam, RAdam, Adamax. K in 2, 4, 8; batch 48, 10 updates.
 
     .venv/bin/python bench/model_zoo.py [--runs 150] [--start 0] [--models gpt,encoder,...]
-                                        [--bug NAME] [--updates 10] [--jsonl rows.jsonl]
+                                        [--bug NAME] [--updates 10] [--autocast]
+                                        [--jsonl rows.jsonl]
 
 `--bug` injects one bug into every merged run (no loss scaling, zero_grad or step every
 micro-step, gradients never cleared); then every run must fail, named first by that bug's code.
@@ -146,8 +147,10 @@ BUGS = {  # a bug the merged loop may carry -> the code that must name it
 def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) -> None:
     """One run at K=k; `options`: float64=True, reference=PATH, logged_scale=S (each micro loss
     recorded S times too large: a loss that is not the one backpropagated), bug=NAME (BUGS),
-    updates=N (default UPDATES)."""
+    updates=N (default UPDATES), autocast=True (the forward under CPU bfloat16 autocast; never
+    for the float64 reference)."""
     updates = options.get("updates", UPDATES)
+    autocast = bool(options.get("autocast")) and not options.get("float64")
     torch.manual_seed(seed)
     net = MODELS[model]()
     net = net.double() if options.get("float64") else net
@@ -162,7 +165,8 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
         for u in range(updates):
             for j in range(k):
                 rows = slice(u * BATCH + j * size, u * BATCH + (j + 1) * size)
-                logits = net(x[rows])
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    logits = net(x[rows])
                 target = y[rows]
                 if lm:
                     logits, target = logits.reshape(-1, VOCAB), target.reshape(-1)
@@ -181,11 +185,19 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
 
 
 def judge(
-    root: Path, model: str, optimizer: str, k: int, seed: int, bug: str | None, updates: int
+    root: Path,
+    model: str,
+    optimizer: str,
+    k: int,
+    seed: int,
+    bug: str | None,
+    updates: int = UPDATES,
+    autocast: bool = False,
 ) -> dict:
+    both = {"updates": updates, "autocast": autocast}
     record(root / "ref", model, optimizer, 1, seed, float64=True, updates=updates)
-    record(root / "base", model, optimizer, 1, seed, reference="../ref", updates=updates)
-    record(root / "merged", model, optimizer, k, seed, bug=bug, updates=updates)
+    record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
+    record(root / "merged", model, optimizer, k, seed, bug=bug, **both)
     c = api.compare(root / "base", root / "merged")
     judged = [d for r in c.results for d in (*r.weights, *r.grads) if d.excused is None]
     worst = max(d.ratio for d in judged)  # an excused jump (noted) is not judged by its ratio
@@ -201,6 +213,7 @@ def main() -> int:
     parser.add_argument("--jsonl", type=Path, default=None, help="append each run's row here")
     parser.add_argument("--bug", choices=sorted(BUGS), help="inject this bug: each run must fail")
     parser.add_argument("--updates", type=int, default=UPDATES, help="updates per run")
+    parser.add_argument("--autocast", action="store_true", help="forward under bfloat16 autocast")
     args = parser.parse_args()
     torch.set_num_threads(1)
     models = args.models.split(",")
@@ -212,7 +225,7 @@ def main() -> int:
             model, optimizer, k = grid[i % len(grid)]
             row = {"run": i, "model": model, "optimizer": optimizer, "k": k}
             where = Path(scratch) / f"run-{i}"
-            row.update(judge(where, model, optimizer, k, i, args.bug, args.updates))
+            row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, args.autocast))
             if args.bug is None and row["verdict"] != "pass":
                 alarms.append(row)
             elif args.bug is not None and row["codes"][:1] != [BUGS[args.bug]]:

@@ -86,7 +86,7 @@ def compare(
         and streamable(base, merged, reference)
     )
     whole = tensors is None and width is None and not streaming
-    judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound, whole)
+    judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound, whole, eps(dtype))
     inputs = Inputs(base, merged, reference, tol, judge.floor, bound)
     stream = StreamJudge(inputs) if streaming else None
     judge_tensors: TensorJudge
@@ -181,9 +181,11 @@ class _Judge:
         starts: Tensors | None,
         bound: ReferenceBound | None = None,
         whole: bool = True,
+        loss_epsilon: float | None = None,
     ) -> None:
         """`whole`: this judge reads whole tensors (else a `StreamJudge` does, for run
-        directories, and this one judges the losses alone)."""
+        directories, and this one judges the losses alone). `loss_epsilon`: the epsilon a loss
+        was rounded to where it was computed (autocast's dtype; default `epsilon`)."""
         self.base, self.merged, self.ref, self.tol = base, merged, ref, tol
         self.bound = bound
         self.floor = tol.noise_floor * epsilon
@@ -202,8 +204,9 @@ class _Judge:
                 float(np.sqrt(np.mean(own**2))) if own.size and np.isfinite(own).all() else math.nan
             )
             # and a recorded loss is known to one rounding of its own value at best: a window
-            # mean of K losses, each rounded where it was computed, errs by a few of those
-            quantum = epsilon * np.abs(self.ref_loss)
+            # mean of K losses, each rounded where it was computed (under autocast, perhaps in
+            # its dtype: a bfloat16 loss of 21 is a multiple of 0.125), errs by a few of those
+            quantum = (loss_epsilon or epsilon) * np.abs(self.ref_loss)
             self.loss_noise = np.maximum(np.maximum(own, pooled), quantum)
 
     def loss(self, i: int) -> UpdateResult:
