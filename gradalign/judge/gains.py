@@ -23,8 +23,8 @@ max_t |w_ref(t) − w_ref(t−1)|_i / rms_{t'≤t} g_ref,i(t') (Adam's first ste
 Γ ≥ lr/|g(0)|; SGD's is lr). From that update on, the tensor may also differ by `GAIN_SLACK`
 times the norm of that bound over those elements (the bound grows with the gradient errors it
 sums), and a note says so. The elements feed every later forward, so from the next update on
-every tensor may also differ by as many times its noise as the followed tensor did
-(`noise.carry`: model zoo run 6035, a LayerNorm MLP under Adagrad, followed a bias element at
+every tensor may also differ by as many times its noise as the followed tensor did, at most
+16 (`noise.carry`: model zoo run 6035, a LayerNorm MLP under Adagrad, followed a bias element at
 9.3x its noise, and the next update's output-layer gradient stood 5.8x its own). If that does
 not make the first failing update pass, nothing is widened. Where a run kept sketches instead
 of the tensors this needs, the failure stays and a note says what would tell it from a bug.

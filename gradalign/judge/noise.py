@@ -32,7 +32,8 @@ honest effects escape that single measurement, and this module measures them fro
 - **What the drift admitted, carried forward.** A weight the drift let the merged run set c
   times further from the baseline than the baseline's noise moves every later forward, and so
   every tensor's later gradients and weights: `carry_admitted_excess` widens each later
-  update's allowance to c times the noise (the factor on top: it is the margin for one draw).
+  update's allowance to c times the noise (the factor on top: it is the margin for one draw;
+  c at most the factor squared, `carry`).
 - **A loss the weights explain.** A loss is computed with the weights of the update before; where
   those passed and the loss alone failed, the loss may also differ by the first-order change
   their difference makes (`explain_loss_by_weights`).
@@ -259,8 +260,9 @@ def carry_admitted_excess(results: list[UpdateResult], factor: float) -> None:
     and so the later gradients and weights of every tensor: the same dynamics that carry the
     baseline's noise forward carry c times as large a start. From the update after one that
     passed with such a difference (a tensor with a drift allowance, c > 1), every tensor's
-    noise allowance is c times its noise, the factor on top (c the largest so far; an update
-    counts when its weights and gradients passed: a loss recorded wrongly moves no weight).
+    noise allowance is c times its noise, the factor on top (c the largest so far, at most the
+    factor squared: `carry`; an update counts when its weights and gradients passed: a loss
+    recorded wrongly moves no weight).
     The factor is the margin for one draw of the noise, so it is not spent on c: an Adam
     element near eps left a LayerNorm MLP's output weight 3.13x its noise at update 0, within
     the factor, and the next update's output-bias gradient stood 7.24x its noise (model zoo run
