@@ -68,11 +68,7 @@ def excuse_isolated_jumps(results: list[UpdateResult], merged: Run, ref: Run) ->
     candidates = [
         r
         for r in results
-        if any(not d.ok for d in r.grads)
-        and r.loss_ok
-        and all(d.ok for d in r.weights)
-        and not r.problems
-        and _neighbours_pass(results, r.update)
+        if _gradients_alone_failed(r) and r.loss_ok and _neighbours_pass(results, r.update)
     ]
     notes = []
     for r in candidates[: 1 + len(results) // 100]:
@@ -83,10 +79,7 @@ def excuse_isolated_jumps(results: list[UpdateResult], merged: Run, ref: Run) ->
         shares = {d.name: _row_share(gm[d.name], gr[d.name]) for d in failing}
         if not all(rows is not None for rows in shares.values()):
             continue
-        r.grads[:] = [
-            dataclasses.replace(d, excused="isolated jump") if d.name in shares else d
-            for d in r.grads
-        ]
+        _excuse(r, set(shares), "isolated jump")
         worst = max(failing, key=lambda d: d.ratio)
         notes.append(
             f"update {r.update}: the gradient of {', '.join(shares)} jumped to "
@@ -105,11 +98,8 @@ def excuse_jumps_like_the_baselines(
     """Excuse gradient jumps the baseline makes against the reference too (module docstring):
     at most `factor` times as many as the baseline's, in the tensors it jumped in, each held in
     as few rows as its own jumps were. One note for all of them."""
-    candidates = [  # the loss is judged on its own: a jump at u moves the loss of u + 1
-        r
-        for r in results
-        if any(not d.ok for d in r.grads) and all(d.ok for d in r.weights) and not r.problems
-    ]
+    # the loss is judged on its own: a jump at u moves the loss of u + 1
+    candidates = [r for r in results if _gradients_alone_failed(r)]
     if not candidates:
         return []
     own = _baseline_jumps(results, base, ref)
@@ -131,10 +121,7 @@ def excuse_jumps_like_the_baselines(
             return []
         excused.append((r, failing))
     for r, failing in excused:
-        names = {d.name for d in failing}
-        r.grads[:] = [
-            dataclasses.replace(d, excused="jump") if d.name in names else d for d in r.grads
-        ]
+        _excuse(r, {d.name for d in failing}, "jump")
     tensors = sorted({d.name for _, failing in excused for d in failing})
     at = ", ".join(str(r.update) for r, _ in excused)
     return [
@@ -144,6 +131,17 @@ def excuse_jumps_like_the_baselines(
         "activation or a max crossing its kink in one run and not the other, as the same "
         f"rows show): not counted as failures (at most {factor:g}x the baseline's number)"
     ]
+
+
+def _gradients_alone_failed(r: UpdateResult) -> bool:
+    """Whether some gradient of update `r` failed while its weights passed and its bookkeeping
+    held (what a kink crossed in one run leaves)."""
+    return any(not d.ok for d in r.grads) and all(d.ok for d in r.weights) and not r.problems
+
+
+def _excuse(r: UpdateResult, names: set[str], reason: str) -> None:
+    """Mark the gradients `names` of update `r` as excused, for `reason`."""
+    r.grads[:] = [dataclasses.replace(d, excused=reason) if d.name in names else d for d in r.grads]
 
 
 def _baseline_jumps(
