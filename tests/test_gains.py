@@ -188,3 +188,23 @@ def test_a_sketched_update_says_what_it_needs(tmp_path, monkeypatch):
     (note,) = follow_gain_divergence(result.results, sketched, sketched, 4.0)
     assert note.startswith("update 1: weights alone failed") and "snapshot_every" in note
     assert not result.results[1].ok and result.results[0].ok
+
+
+def test_a_followed_tensor_the_baseline_computed_exactly_carries_nothing(tmp_path, monkeypatch):
+    """Where the baseline's noise in the followed tensor is 0 there is no scale to carry: the
+    follow still widens the tensor and says so, and carries nothing (it raised before)."""
+    import dataclasses
+
+    from gradalign.judge.gains import follow_gain_divergence
+    from gradalign.runs.reader import read_run_dir
+
+    monkeypatch.setattr("gradalign.judge.compare.follow_gain_divergence", lambda *a: [])
+    weights, grads = _one_element(2e-5)
+    result = _judged(tmp_path, extra=weights, grad_extra=grads)
+    at = result.results[1]
+    at.weights[:] = [dataclasses.replace(d, noise=0.0) for d in at.weights]
+    later = [d.allowed for r in result.results[2:] for d in r.grads]
+    merged, ref = read_run_dir(tmp_path / "merged"), read_run_dir(tmp_path / "ref")
+    (note,) = follow_gain_divergence(result.results, merged, ref, 4.0)
+    assert note.startswith(f"update 1: w element {HIGH} stepped to")
+    assert [d.allowed for r in result.results[2:] for d in r.grads] == later

@@ -85,7 +85,8 @@ def follow_gain_divergence(
     if not all(d.ok for d in widened if d.name in elements):
         return []
     at.weights[:] = widened
-    excess = max(d.error / d.noise for d in moved if d.noise)  # measured before widening
+    # measured before widening; a tensor the baseline computed exactly sets no scale to carry
+    excess = max((d.error / d.noise for d in moved if d.noise), default=1.0)
     for k in range(first + 1, len(results)):
         results[k].weights[:] = _widened(results[k].weights, bounds[k])
         carry(results[k], excess, factor)  # the elements feed every later forward
