@@ -55,17 +55,25 @@ def test_a_golden_is_written_per_environment_and_deterministically(small, tmp_pa
 
 def test_golden_check_judges_like_compare_from_below(small):
     """The losses are judged exactly as compare judges them; a tensor's error is a lower bound on
-    compare's, against the same allowed bound: a golden never fails what compare passes."""
+    compare's, against the same allowed bound less what compare reads from element values: the
+    excess a noise-dominated element's drift admitted, carried to every tensor of the later
+    updates alike (judge/noise.py, `carry_admitted_excess`; on some machines' rounding 1.0019
+    times the noise from update 3 of this run, on others none)."""
     outcome = api.golden_check(small["golden"], small["merged"])
     full = api.compare(small["baseline"], small["merged"])
     g, c = outcome.comparison, full
+    factor = c.tolerances.noise_factor
     assert g.verdict == c.verdict == "pass"
     for rg, rc in zip(g.results, c.results, strict=True):
         assert (rg.loss_error, rg.loss_allowed) == (rc.loss_error, rc.loss_allowed)
+        carried = []
         for dg, dc in zip(rg.weights + rg.grads, rc.weights + rc.grads, strict=True):
             assert dg.name == dc.name
             assert dg.error <= dc.error * (1 + 1e-9) + 1e-15
-            assert dg.allowed == pytest.approx(dc.allowed, rel=1e-9)
+            assert dg.allowed <= dc.allowed * (1 + 1e-8)  # the golden is never the looser
+            carried.append((dc.allowed - dg.allowed) / (factor * dc.noise))
+        assert max(carried) - min(carried) <= 1e-6  # one carried excess c - 1 for all
+        assert min(carried) >= -1e-6 and max(carried) <= factor**2 - 1
     statuses = {k.name: k.status for k in g.checks}
     assert statuses["weights, element by element"] == "not checked"
     assert statuses["gradients, element by element"] == "not checked"
