@@ -12,8 +12,12 @@ Optimizers: Adam (lr 1e-2 and 1e-3, eps 1e-6), AdamW with weight decay, RMSprop,
 with momentum, NAdam, RAdam, Adamax. K in 2, 4, 8; batch 48, 10 updates.
 
     .venv/bin/python bench/model_zoo.py [--runs 150] [--start 0] [--models gpt,encoder,...]
-                                        [--bug NAME] [--updates 10] [--autocast]
-                                        [--jsonl rows.jsonl]
+                                        [--bug NAME] [--updates 10] [--autocast [float16]]
+                                        [--clip 1.0] [--schedule] [--jsonl rows.jsonl]
+
+`--autocast` runs each forward under CPU autocast (bfloat16, or float16 with a GradScaler);
+`--clip` clips the accumulated gradient's norm before each step; `--schedule` warms the learning
+rate up over 2 updates and then decays it on a cosine (a LambdaLR stepped once per update).
 
 `--bug` injects one bug into every merged run (no loss scaling, zero_grad or step every
 micro-step, gradients never cleared); then every run must fail, named first by that bug's code.
@@ -147,39 +151,61 @@ BUGS = {  # a bug the merged loop may carry -> the code that must name it
 def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) -> None:
     """One run at K=k; `options`: float64=True, reference=PATH, logged_scale=S (each micro loss
     recorded S times too large: a loss that is not the one backpropagated), bug=NAME (BUGS),
-    updates=N (default UPDATES), autocast=True (the forward under CPU bfloat16 autocast; never
-    for the float64 reference)."""
+    updates=N (default UPDATES), autocast="bfloat16"|"float16" (the forward under CPU autocast,
+    float16 with a GradScaler; never for the float64 reference), clip=MAX_NORM, schedule=True,
+    skip_updates=[...] (the Recorder's: a float64 reference skips the baseline's skipped steps)."""
     updates = options.get("updates", UPDATES)
-    autocast = bool(options.get("autocast")) and not options.get("float64")
+    autocast = None if options.get("float64") else options.get("autocast")
+    dtype = getattr(torch, autocast or "float32")
     torch.manual_seed(seed)
     net = MODELS[model]()
     net = net.double() if options.get("float64") else net
     opt = OPTIMIZERS[optimizer](net.parameters())
+    scaler = torch.amp.GradScaler("cpu") if autocast == "float16" else None
+    warm, clip = 2, options.get("clip")
+    sched = options.get("schedule") and torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda u: (u + 1) / warm if u < warm else 0.5 * (1 + math.cos(math.pi * u / updates))
+    )
     g = torch.Generator().manual_seed(5000 + seed)
     x = torch.randint(0, VOCAB, (BATCH * updates, SEQ), generator=g)
     lm = model == "gpt"
     y = torch.roll(x, -1, 1) if lm else (x[:, 0] + x[:, 3]) % CLASSES
     size = BATCH // k
     reference, bug = options.get("reference"), options.get("bug")
-    with gradalign.Recorder(out, net, opt, accum_steps=k, reference=reference) as rec:
+    with gradalign.Recorder(
+        out, net, opt, accum_steps=k, reference=reference, scaler=scaler,
+        skip_updates=options.get("skip_updates"),
+    ) as rec:  # fmt: skip
         for u in range(updates):
             for j in range(k):
                 rows = slice(u * BATCH + j * size, u * BATCH + (j + 1) * size)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                with torch.autocast("cpu", dtype=dtype, enabled=autocast is not None):
                     logits = net(x[rows])
                 target = y[rows]
                 if lm:
                     logits, target = logits.reshape(-1, VOCAB), target.reshape(-1)
                 loss = nn.functional.cross_entropy(logits, target)
-                (loss if bug == "no-loss-scale" else loss / k).backward()
+                share = loss if bug == "no-loss-scale" else loss / k
+                (share if scaler is None else scaler.scale(share)).backward()
                 logged = loss.detach() * options.get("logged_scale", 1.0)
                 rec.micro(logged, batch=(x[rows], y[rows]))
                 if bug == "zero-grad-every-micro" and j < k - 1:
                     opt.zero_grad()
                 if bug == "step-every-micro" and j < k - 1:
                     opt.step()
-            opt.step()
-            rec.update()
+            if scaler is not None:
+                scaler.unscale_(opt)
+            if clip is not None:
+                nn.utils.clip_grad_norm_(net.parameters(), clip)
+            scale = None if scaler is None else scaler.get_scale()
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.step(opt)
+                scaler.update()
+            if sched:
+                sched.step()
+            rec.update(loss_scale=scale)
             if bug != "no-zero-grad":
                 opt.zero_grad()
 
@@ -192,11 +218,15 @@ def judge(
     seed: int,
     bug: str | None,
     updates: int = UPDATES,
-    autocast: bool = False,
+    autocast: str | None = None,
+    clip: float | None = None,
+    schedule: bool = False,
 ) -> dict:
-    both = {"updates": updates, "autocast": autocast}
-    record(root / "ref", model, optimizer, 1, seed, float64=True, updates=updates)
+    loop = {"updates": updates, "clip": clip, "schedule": schedule}
+    both = {**loop, "autocast": autocast}
     record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
+    skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
+    record(root / "ref", model, optimizer, 1, seed, float64=True, skip_updates=skips, **loop)
     record(root / "merged", model, optimizer, k, seed, bug=bug, **both)
     c = api.compare(root / "base", root / "merged")
     judged = [d for r in c.results for d in (*r.weights, *r.grads) if d.excused is None]
@@ -213,7 +243,12 @@ def main() -> int:
     parser.add_argument("--jsonl", type=Path, default=None, help="append each run's row here")
     parser.add_argument("--bug", choices=sorted(BUGS), help="inject this bug: each run must fail")
     parser.add_argument("--updates", type=int, default=UPDATES, help="updates per run")
-    parser.add_argument("--autocast", action="store_true", help="forward under bfloat16 autocast")
+    parser.add_argument(
+        "--autocast", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
+        help="forward under CPU autocast (bfloat16 unless named; float16 adds a GradScaler)",
+    )  # fmt: skip
+    parser.add_argument("--clip", type=float, default=None, help="clip the gradient's norm")
+    parser.add_argument("--schedule", action="store_true", help="warmup and cosine decay")
     args = parser.parse_args()
     torch.set_num_threads(1)
     models = args.models.split(",")
@@ -225,7 +260,8 @@ def main() -> int:
             model, optimizer, k = grid[i % len(grid)]
             row = {"run": i, "model": model, "optimizer": optimizer, "k": k}
             where = Path(scratch) / f"run-{i}"
-            row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, args.autocast))
+            loop = {"autocast": args.autocast, "clip": args.clip, "schedule": args.schedule}
+            row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             if args.bug is None and row["verdict"] != "pass":
                 alarms.append(row)
             elif args.bug is not None and row["codes"][:1] != [BUGS[args.bug]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["Recorder", "__version__"]
+__all__ = ["Recorder", "__version__", "skipped_updates"]
 
 
 def __getattr__(name: str):
@@ -13,4 +13,8 @@ def __getattr__(name: str):
         from .record.recorder import Recorder
 
         return Recorder
+    if name == "skipped_updates":
+        from .api import skipped_updates
+
+        return skipped_updates
     raise AttributeError(name)

@@ -42,6 +42,7 @@ __all__ = [
     "record_baseline",
     "record_merged",
     "record_merged_runs",
+    "skipped_updates",
     "verify",
 ]
 
@@ -200,6 +201,16 @@ def compare(
     if note:
         comparison.notes.append(note)
     return comparison
+
+
+def skipped_updates(run: PathLike) -> list[int]:
+    """The updates at which the recorded `run` did not step its optimizer: a GradScaler skips
+    the step where the scaled gradients overflow. A float64 reference of that run must skip the
+    same ones: `gradalign.Recorder(..., skip_updates=gradalign.skipped_updates(BASE))`."""
+    from .runs.reader import read_run_dir
+
+    steps = read_run_dir(as_path(run, "run")).optimizer_steps
+    return [] if steps is None else [int(u) for u in (steps == 0).nonzero()[0]]
 
 
 def _check_k(value: Any, what: str) -> None:

@@ -96,10 +96,11 @@ def train_into(
     feedback: Feedback,
     fault: str | None = None,
     reference: str | None = None,
+    skip_updates: Sequence[int] = (),
 ) -> None:
     """Record one run at `where` (a set's private area), announced as `shown`; a merged run
     of `nproc` > 1 is trained on that many ranks."""
-    train_many([(config, where, shown, fault)], label, feedback, reference)
+    train_many([(config, where, shown, fault)], label, feedback, reference, skip_updates)
 
 
 def train_many(
@@ -107,9 +108,11 @@ def train_many(
     label: str,
     feedback: Feedback,
     reference: str | None = None,
+    skip_updates: Sequence[int] = (),
 ) -> None:
     """Record several runs (config, where, shown, fault): one process trains those of one
-    rank in turn; those of W ranks share one launch per W (starting ranks costs seconds)."""
+    rank in turn; those of W ranks share one launch per W (starting ranks costs seconds).
+    `skip_updates`: steps skipped in the one-rank runs (record/skips.py)."""
     from .record.faults import get_fault
     from .record.loop import train
 
@@ -122,6 +125,7 @@ def train_many(
                     lambda _: advance(),
                     fault=get_fault(fault, config),
                     reference=reference,
+                    skip_updates=skip_updates,
                 )
     for nproc in sorted({config.nproc for config, *_ in runs} - {1}):
         batch = [run for run in runs if run[0].nproc == nproc]
@@ -159,16 +163,19 @@ def _launch(
 def record_baseline_into(
     runs: Any, cfg: TrainConfig, out: Path, reference: str, feedback: Feedback
 ) -> None:
-    """The baseline and (unless `reference` is none) its float64 rerun, into a RunSet."""
+    """The baseline and (unless `reference` is none) its float64 rerun, into a RunSet. The
+    rerun skips the steps the baseline's GradScaler skipped (it never overflows itself)."""
+    from .api import skipped_updates
     from .record.trainer import reference_config
 
-    link = None
-    for ref_dir in reference_names(cfg, out, reference):
-        train_into(
-            reference_config(cfg), runs.path(ref_dir.name), ref_dir, "reference (fp64)", feedback
-        )
-        link = f"../{ref_dir.name}"
+    refs = reference_names(cfg, out, reference)
+    link = f"../{refs[0].name}" if refs else None
     train_into(cfg, runs.path(out.name), out, "baseline", feedback, reference=link)
+    for ref_dir in refs:
+        skips = skipped_updates(runs.path(out.name))
+        rerun = reference_config(cfg)
+        where = runs.path(ref_dir.name)
+        train_into(rerun, where, ref_dir, "reference (fp64)", feedback, skip_updates=skips)
 
 
 def record_merged_runs(

@@ -61,7 +61,9 @@ def bookkeeping_judge(base: Run, merged: Run) -> Callable[[UpdateResult], None]:
 
 def _judge(result: UpdateResult, base: Run, merged: Run, lr_dtypes: tuple[str, str] | None) -> None:
     i = result.update
-    if base.lr is not None and merged.lr is not None and lr_dtypes is not None:
+    stepped = all(r.optimizer_steps is None or r.optimizer_steps[i] > 0 for r in (base, merged))
+    if base.lr is not None and merged.lr is not None and lr_dtypes is not None and stepped:
+        # a run that did not step recorded no lr: its step count differs, said below
         lb, lm = float(base.lr[i]), float(merged.lr[i])
         printed = sum(float(r.lr_quantum[i]) for r in (base, merged) if r.lr_quantum is not None)
         if not same_scalar(lm, lb, *lr_dtypes) and not abs(lm - lb) <= printed:

@@ -184,9 +184,41 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
                 f"{where} saw other samples than the baseline (first at update "
                 f"{int(np.flatnonzero(~same)[0])})"
             )
+    check_same_steps(base, ref, where)
     bound = reference_bound(base, merged, where)
     check_first_gradients(base, ref, bound)
     return bound
+
+
+def check_same_steps(base: Run, ref: Run, where: str) -> None:
+    """Refuse a reference that stepped its optimizer where the baseline did not, or the other
+    way. A GradScaler skips the step of a window whose scaled gradients overflow (commonly the
+    first updates, while its scale comes down); a float64 rerun never overflows, so it must be
+    told which updates to skip (`Recorder(..., skip_updates=...)`, record/skips.py)."""
+    sb, sr = base.optimizer_steps, ref.optimizer_steps
+    if sb is None or sr is None:
+        return
+    n = min(len(sb), len(sr))
+    apart = np.flatnonzero(sb[:n] != sr[:n])
+    if not apart.size:
+        return
+    u = int(apart[0])
+    if sb[u] == 0:
+        scale = base.loss_scale[u] if base.loss_scale is not None else math.nan
+        at = f" at loss scale {scale:g}" if math.isfinite(scale) else ""
+        skipped = [int(i) for i in np.flatnonzero(sb[:n] == 0)]
+        listed = ", ".join(map(str, skipped[:6])) + (", ..." if len(skipped) > 6 else "")
+        raise BadInput(
+            f"{where} stepped at update {u}, where the baseline skipped its optimizer step (a "
+            f"GradScaler skips a window whose scaled gradients overflow{at}; the baseline "
+            f"skipped updates {listed}): a float64 rerun never overflows, so it must skip them "
+            "too: record it with gradalign.Recorder(..., skip_updates=gradalign.skipped_updates"
+            "(BASELINE)), or judge with --reference none"
+        )
+    raise BadInput(
+        f"{where} made {int(sr[u])} optimizer step(s) at update {u}, the baseline {int(sb[u])}: a "
+        "reference must step where the baseline stepped"
+    )
 
 
 def reference_bound(base: Run, merged: Run, where: str) -> ReferenceBound:

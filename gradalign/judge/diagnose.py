@@ -22,6 +22,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.step_in_window,
     sig.weights_changed_in_window,
     sig.scaler_per_micro,
+    sig.scaler_skips,
     sig.micro_batch_missing,
     sig.lr_scaled,
     sig.lr_schedule,

@@ -4,6 +4,7 @@ is this loop with K=1; a fault (faults.py) is a small named deviation inside it.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -144,10 +145,13 @@ def train(
     *,
     fault: Fault = NONE,
     reference: str | None = None,
+    skip_updates: Sequence[int] = (),
 ) -> Path:
     """Train `config.updates` updates of `config.accum_steps` micro-batches; record to out_dir.
 
-    `reference` is the path, relative to out_dir, of a float64 rerun of this training.
+    `reference` is the path, relative to out_dir, of a float64 rerun of this training;
+    `skip_updates`: updates whose step is skipped (a float64 rerun skips where the baseline's
+    GradScaler did).
     """
     t = setup(config)
     if config.nproc > 1:
@@ -167,6 +171,7 @@ def train(
         snapshot_every=config.snapshot_every,
         updates=config.updates,
         distributed=config.nproc > 1,
+        skip_updates=skip_updates,
     ) as rec:
         run_loop(t, rec, progress, fault)
     return Path(out_dir)

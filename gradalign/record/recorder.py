@@ -21,6 +21,7 @@ forgotten) is recorded as it ran: the judge names the bug.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from .facts import (
     refuse_unstorable,
     sample_count,
 )
+from .skips import checked_updates, skip_steps
 from .window import (
     Windows,
     after_closure,
@@ -81,6 +83,7 @@ class Recorder:
         distributed: bool | None = None,
         group: Any = None,
         rank: int | None = None,
+        skip_updates: Iterable[int] | None = None,
     ) -> None:
         """`optimizer`: a torch optimizer, or a wrapper holding one as `.optimizer`.
         `capture_grads`: when the loop does not call grads() in a window, record the gradient
@@ -94,12 +97,15 @@ class Recorder:
         Under torch.distributed every rank creates a Recorder with the same arguments; each
         records its own facts, rank 0 writes the run (`ranks/rankR/` for every rank) once all
         have closed. `distributed=False` records this process alone; `group`: the process group
-        the run spans (default: all); `rank`: this process's rank in the run, if not its own."""
+        the run spans (default: all); `rank`: this process's rank in the run, if not its own.
+        `skip_updates`: updates whose optimizer step is skipped, as a GradScaler skips it on
+        overflow (for a float64 reference: `gradalign.skipped_updates(BASE)`; record/skips.py)."""
         texts = {"fault": fault, "reference": reference, "compute_dtype": compute_dtype}
         self.config = checks.check_arguments(
             out_dir, model, accum_steps, config, texts, record, MODES, snapshot_every,
             updates, sketch_width, scaler,
         )  # fmt: skip
+        skipped = checked_updates(skip_updates)
         self.accum_steps = accum_steps
         self.fault = fault
         self.reference = reference
@@ -141,6 +147,7 @@ class Recorder:
         self._stop_clip = clipping.listen(self._on_clip)
         self._stop_zero_grad = watch_zero_grad(self._windows, self._optimizer, model)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
+        self._stop_skips = skip_steps(self._optimizer, skipped, lambda: self._windows.closed)
         try:  # a rank that does not write the run keeps its fingerprints all the same
             writes = self._ranks is None or self._ranks.writes
             self._writer = BackgroundWriter(RunWriter(out_dir) if writes else None)
@@ -308,6 +315,7 @@ class Recorder:
         self._stop_zero_grad()
         if self._stop_scaler is not None:
             self._stop_scaler()
+        self._stop_skips()
 
     # -- internals --------------------------------------------------------------------------------
 

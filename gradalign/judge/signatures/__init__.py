@@ -36,6 +36,7 @@ from .gradient import (
 )
 from .learning_rate import lr_scaled, lr_schedule
 from .paired import with_loss_scale
+from .skips import scaler_skips
 
 __all__ = [
     "batchnorm",
@@ -62,6 +63,7 @@ __all__ = [
     "penalty_not_scaled",
     "replica_divergence",
     "scaler_per_micro",
+    "scaler_skips",
     "step_in_window",
     "token_normalization",
     "weights_changed_in_window",

@@ -16,6 +16,7 @@ from .common import (
     exact_of,
     finite,
 )
+from .skips import skips_apart
 
 CARD_RATIO_MATCH = 1e-4  # relative: a float32 mean of cards' means against the baseline's mean
 
@@ -29,6 +30,9 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
         return None
     if not steps and inner_steps(c.merged) == 0:
         return None  # no step inside any window: weights-changed-in-window says what it was
+    apart = skips_apart(c)
+    if apart and not windows and not inner_steps(c.merged) and steps[0].update >= apart[0]:
+        return None  # the GradScalers skipped other updates: scaler-skips says so
     evidence: dict = {"windows_with_weight_changes": len(windows)}
     parts = []
     if windows:

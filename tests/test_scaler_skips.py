@@ -1,0 +1,198 @@
+"""A GradScaler skips the step of a window whose scaled gradients overflow; a float64 reference
+never overflows, so it is a rerun of that training only if it skips the same updates
+(`Recorder(..., skip_updates=gradalign.skipped_updates(BASE))`, record/skips.py). The judge
+refuses one that stepped where the baseline skipped, saying how to record it."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign import api
+from gradalign.errors import BadInput
+from gradalign.record.recorder import RecorderError
+from gradalign.runs.reader import read_run_dir
+
+from .conftest import ROOT, SMALL
+
+UPDATES, BATCH = 6, 16
+
+
+def loop(out, *, k=1, dtype=torch.float32, scale_init=None, reference=None, **recorder):
+    """A linear classifier trained UPDATES updates, under float16 autocast with a GradScaler
+    whose first scale is `scale_init` (so large that the first updates overflow), or plainly."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)).to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: 1.0 / (1 + u))
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale_init) if scale_init else None
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(BATCH * UPDATES, 8, generator=g), torch.randint(0, 3, (BATCH * UPDATES,))
+    x = x.to(dtype)
+    size = BATCH // k
+    with gradalign.Recorder(
+        out, model, opt, accum_steps=k, scaler=scaler, reference=reference, **recorder
+    ) as rec:
+        for u in range(UPDATES):
+            for j in range(k):
+                rows = slice(u * BATCH + j * size, u * BATCH + (j + 1) * size)
+                with torch.autocast("cpu", dtype=torch.float16, enabled=scaler is not None):
+                    logits = model(x[rows])
+                loss = nn.functional.cross_entropy(logits.float(), y[rows])
+                (loss / k if scaler is None else scaler.scale(loss / k)).backward()
+                rec.micro(loss, batch=(x[rows], y[rows]))
+            scale = None
+            if scaler is None:
+                opt.step()
+            else:
+                scale = scaler.get_scale()
+                scaler.step(opt)
+                scaler.update()
+            sched.step()
+            rec.update(loss_scale=scale)
+            opt.zero_grad()
+    return out
+
+
+def overflowing(root, k=1, exponent=21):
+    """A float16 run whose GradScaler starts at 2**exponent: at 2**21 both runs skip updates 0-2
+    (the scale halves at each), at 2**20 the baseline skips 0-2 and the merged run 0 and 2."""
+    return loop(root / f"k{k}", k=k, scale_init=2.0**exponent, reference="../ref")
+
+
+def test_a_reference_that_stepped_where_the_baseline_skipped_is_refused_with_the_fix(tmp_path):
+    base, merged = overflowing(tmp_path), overflowing(tmp_path, k=4)
+    skipped = gradalign.skipped_updates(base)
+    if skipped != gradalign.skipped_updates(merged) or not skipped:
+        pytest.skip("this machine's float16 arithmetic overflows elsewhere")
+    loop(tmp_path / "ref", dtype=torch.float64)  # steps at every update
+    with pytest.raises(BadInput) as refused:
+        api.compare(base, merged)
+    message = str(refused.value)
+    assert "stepped at update 0, where the baseline skipped its optimizer step" in message
+    assert "loss scale 2.09715e+06" in message
+    assert "skip_updates=gradalign.skipped_updates(BASELINE)" in message
+    assert "\n" not in message
+    loop(tmp_path / "ref", dtype=torch.float64, skip_updates=skipped)  # replaces it
+    comparison = api.compare(base, merged)
+    assert comparison.verdict == "pass", comparison.diagnosis
+    assert comparison.reference is not None
+
+
+@pytest.mark.parametrize("exponent", [20, 19, 18])
+def test_scalers_that_skipped_other_updates_are_named_with_the_scale_to_start_at(
+    tmp_path, exponent
+):
+    """The K=1 baseline's gradient overflows where the merged run's micro-batch gradients (K
+    times smaller each) do not: a correct merged run steps where its baseline skipped. That is
+    `scaler-skips` alone (it was `step-in-window` and `lr-schedule`), and the scale it names to
+    start at lets both runs step at every update."""
+    base, merged = overflowing(tmp_path, exponent=exponent), overflowing(tmp_path, 4, exponent)
+    skipped = gradalign.skipped_updates(base)
+    loop(tmp_path / "ref", dtype=torch.float64, skip_updates=skipped)
+    if skipped == gradalign.skipped_updates(merged):
+        pytest.skip("this machine's float16 arithmetic overflows elsewhere")
+    comparison = api.compare(base, merged)
+    assert comparison.verdict == "fail"
+    assert [d.code for d in comparison.diagnosis] == ["scaler-skips"]
+    found = comparison.diagnosis[0]
+    first = found.evidence["first_update"]
+    assert found.evidence["skipped_by"] == "baseline" and first in skipped
+    assert found.evidence["aligned_before"] is True
+    assert "not an accumulation bug" in found.message
+    start = 2.0**exponent / 2 ** len(skipped)  # the baseline's scale once its skips are done
+    assert f"init_scale=S); {start:g} is the lowest scale" in found.fix
+    again = tmp_path / "again"
+    for k in (1, 4):
+        loop(again / f"k{k}", k=k, scale_init=start, reference="../ref")
+    loop(again / "ref", dtype=torch.float64)
+    assert gradalign.skipped_updates(again / "k1") == gradalign.skipped_updates(again / "k4") == []
+    assert api.compare(again / "k1", again / "k4").verdict == "pass"
+
+
+def test_skipped_updates_leave_the_weights_and_the_optimizer_alone(tmp_path):
+    plain = read_run_dir(loop(tmp_path / "plain"))
+    skipped = read_run_dir(loop(tmp_path / "skip", skip_updates=[0, 2]))
+    assert skipped.optimizer_steps.tolist() == [0, 1, 0, 1, 1, 1]
+    assert plain.optimizer_steps.tolist() == [1] * UPDATES
+    init, first = skipped.init_weights(), skipped.weights(0)
+    assert all(torch.equal(torch.from_numpy(first[n]), torch.from_numpy(init[n])) for n in init)
+    moved = plain.weights(0)
+    assert any(not (moved[n] == init[n]).all() for n in init)
+    assert gradalign.skipped_updates(tmp_path / "skip") == [0, 2]
+    assert gradalign.skipped_updates(tmp_path / "plain") == []
+
+
+def test_a_closure_still_runs_and_the_step_is_given_back_at_close(tmp_path):
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+
+    def closure():
+        calls.append(1)
+        opt.zero_grad()
+        loss = model(torch.ones(2, 4)).sum()
+        loss.backward()
+        return loss
+
+    with gradalign.Recorder(tmp_path / "run", model, opt, skip_updates=[0]) as rec:
+        before = model.weight.detach().clone()
+        opt.step(closure)
+        rec.micro(torch.tensor(1.0))
+        rec.update()
+        assert calls == [1] and torch.equal(model.weight, before)
+        later = torch.optim.lr_scheduler.StepLR(opt, 1)  # wraps the step after the Recorder's
+        opt.step(closure)
+        rec.micro(torch.tensor(1.0))
+        rec.update()
+        later.step()
+        assert calls == [1, 1] and not torch.equal(model.weight, before)
+    assert "step" in opt.__dict__  # the scheduler's wrapper stays; the Recorder's passes through
+    before = model.weight.detach().clone()
+    opt.step(closure)
+    assert not torch.equal(model.weight, before)
+
+
+@pytest.mark.parametrize("bad", ["0", [-1], [0.5], [True], 3])
+def test_skip_updates_that_are_not_update_numbers_are_refused(tmp_path, bad):
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RecorderError, match="skip_updates"):
+        gradalign.Recorder(tmp_path / "run", model, opt, skip_updates=bad)
+    assert not (tmp_path / "run").exists()
+    assert "step" not in opt.__dict__
+
+
+def test_skipped_updates_of_a_path_that_is_no_run_is_bad_input(tmp_path):
+    with pytest.raises(BadInput):
+        gradalign.skipped_updates(tmp_path / "nope")
+
+
+def test_the_built_in_reference_skips_what_its_baseline_skipped(tmp_path, monkeypatch):
+    """The built-in trainer records the baseline first, then its float64 rerun with the
+    baseline's skipped updates (the default model does not overflow: the skips are stood in)."""
+    monkeypatch.setattr(api, "skipped_updates", lambda run: [1])
+    api.record_baseline(SMALL, tmp_path / "base", reference="fp64")
+    ref = read_run_dir(tmp_path / "base-fp64")
+    assert ref.optimizer_steps.tolist() == [1, 0, 1, 1]  # SMALL: 4 updates
+    api.record_merged(SMALL, tmp_path / "merged")
+    with pytest.raises(BadInput, match=r"made 0 optimizer step\(s\) at update 1, the baseline 1"):
+        api.compare(tmp_path / "base", tmp_path / "merged")
+
+
+def test_a_float16_zoo_model_whose_first_step_overflows_passes_against_its_rerun(tmp_path):
+    """bench/model_zoo.py run 0 under float16 autocast (an encoder under RAdam, K=4): the
+    GradScaler's first scale (2**16) overflows at update 0 in both runs; the reference skips it
+    too (the zoo records it after the baseline)."""
+    spec = importlib.util.spec_from_file_location("model_zoo", ROOT / "bench" / "model_zoo.py")
+    zoo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zoo)
+    torch.set_num_threads(1)
+    row = zoo.judge(tmp_path, "encoder", "radam", 4, 0, None, updates=6, autocast="float16")
+    if gradalign.skipped_updates(tmp_path / "base") != [0]:
+        pytest.skip("this machine's float16 arithmetic did not overflow at update 0")
+    assert row["verdict"] == "pass", row
