@@ -13,7 +13,8 @@ with momentum, NAdam, RAdam, Adamax. K in 2, 4, 8; batch 48, 10 updates.
 
     .venv/bin/python bench/model_zoo.py [--runs 150] [--start 0] [--models gpt,encoder,...]
                                         [--bug NAME] [--updates 10] [--autocast [float16]]
-                                        [--clip 1.0] [--schedule] [--jsonl rows.jsonl]
+                                        [--clip 1.0] [--schedule] [--reference-none]
+                                        [--jsonl rows.jsonl]
 
 `--autocast` runs each forward under CPU autocast (bfloat16, or float16 with a GradScaler);
 `--clip` clips the accumulated gradient's norm before each step; `--schedule` warms the learning
@@ -221,6 +222,7 @@ def judge(
     autocast: str | None = None,
     clip: float | None = None,
     schedule: bool = False,
+    reference: bool = True,
 ) -> dict:
     loop = {"updates": updates, "clip": clip, "schedule": schedule}
     both = {**loop, "autocast": autocast}
@@ -228,7 +230,7 @@ def judge(
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
     record(root / "ref", model, optimizer, 1, seed, float64=True, skip_updates=skips, **loop)
     record(root / "merged", model, optimizer, k, seed, bug=bug, **both)
-    c = api.compare(root / "base", root / "merged")
+    c = api.compare(root / "base", root / "merged", reference=None if reference else "none")
     judged = [d for r in c.results for d in (*r.weights, *r.grads) if d.excused is None]
     worst = max(d.ratio for d in judged)  # an excused jump (noted) is not judged by its ratio
     codes = [d.code for d in c.diagnosis if d.severity == "error"]
@@ -249,6 +251,9 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--clip", type=float, default=None, help="clip the gradient's norm")
     parser.add_argument("--schedule", action="store_true", help="warmup and cosine decay")
+    parser.add_argument(
+        "--reference-none", action="store_true", help="judge by the fixed tolerances alone"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     models = args.models.split(",")
@@ -260,7 +265,8 @@ def main() -> int:
             model, optimizer, k = grid[i % len(grid)]
             row = {"run": i, "model": model, "optimizer": optimizer, "k": k}
             where = Path(scratch) / f"run-{i}"
-            loop = {"autocast": args.autocast, "clip": args.clip, "schedule": args.schedule}
+            loop = {"autocast": args.autocast, "clip": args.clip, "schedule": args.schedule,
+                    "reference": not args.reference_none}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             if args.bug is None and row["verdict"] != "pass":
                 alarms.append(row)

@@ -364,6 +364,34 @@ def test_a_loss_computed_under_autocast_is_known_to_its_own_rounding(tmp_path, s
     assert (result.verdict == "pass") == passes, [c.detail for c in result.checks]
 
 
+@pytest.mark.parametrize(
+    ("compute", "losses", "scale", "passes"),
+    [
+        ("bfloat16", [21.0, 21.25], 1.0, True),  # one step of 0.125 apart: its rounding
+        ("bfloat16", [21.0, 21.25], 1.1, False),  # losses recorded 1.1 times too large
+        ("float32", [21.0, 21.25], 1.0, False),  # float32 losses: no rounding to allow
+        ("bfloat16", [21.0 + 2**-12, 21.25 + 2**-12], 1.0, False),  # not bfloat16 numbers
+        ("float16", [1.8193359375, 1.8212890625], 1.0, True),  # two steps of float16 near 1.8
+    ],
+)
+def test_without_a_reference_a_loss_is_known_to_the_rounding_of_its_compute_dtype(
+    tmp_path, compute, losses, scale, passes
+):
+    """With --reference none the fixed loss tolerance (bfloat16: 1e-3 relative) was tighter
+    than one step of a loss computed in bfloat16 (0.125 near 21): zoo run 9231 failed so. A
+    loss whose every recorded value is a number of the 16-bit compute dtype may differ by the
+    noise factor times its epsilon, relative; float32 losses, or values that dtype cannot hold,
+    get nothing more."""
+    base = train(np.float32)
+    base["micro_losses"] = [losses[0]] * UPDATES
+    b = write_run(tmp_path / "base", accum_steps=1, compute_dtype=compute, **base)
+    merged = train(np.float32, k=4)
+    merged["micro_losses"] = [scale * v for v in losses * (2 * UPDATES)]
+    m = write_run(tmp_path / "merged", accum_steps=4, compute_dtype=compute, **merged)
+    result = api.compare(b, m, reference="none")
+    assert all(r.loss_ok for r in result.results) == passes
+
+
 def test_a_loss_may_differ_by_what_the_passing_weights_before_it_explain():
     """Update u's loss is computed with the weights after u-1: where those passed and the loss
     alone failed, it may differ by factor x |<g_ref(u), w_m(u-1) - w_ref(u-1)>| (the zoo's run

@@ -22,9 +22,10 @@ from .conftest import ROOT, SMALL
 UPDATES, BATCH = 6, 16
 
 
-def loop(out, *, k=1, dtype=torch.float32, scale_init=None, reference=None, **recorder):
+def loop(out, *, k=1, dtype=torch.float32, scale_init=None, reference=None, clear=True, **recorder):
     """A linear classifier trained UPDATES updates, under float16 autocast with a GradScaler
-    whose first scale is `scale_init` (so large that the first updates overflow), or plainly."""
+    whose first scale is `scale_init` (so large that the first updates overflow), or plainly;
+    `clear=False` never calls zero_grad()."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -54,7 +55,8 @@ def loop(out, *, k=1, dtype=torch.float32, scale_init=None, reference=None, **re
                 scaler.update()
             sched.step()
             rec.update(loss_scale=scale)
-            opt.zero_grad()
+            if clear:
+                opt.zero_grad()
     return out
 
 
@@ -112,6 +114,26 @@ def test_scalers_that_skipped_other_updates_are_named_with_the_scale_to_start_at
     loop(again / "ref", dtype=torch.float64)
     assert gradalign.skipped_updates(again / "k1") == gradalign.skipped_updates(again / "k4") == []
     assert api.compare(again / "k1", again / "k4").verdict == "pass"
+
+
+def test_an_overflow_kept_in_gradients_never_cleared_is_named_grad_not_cleared(tmp_path):
+    """Gradients never cleared in the merged run: the overflow of update 0, which both scalers
+    skipped, stays in its .grad, so it skips every later update at scales its baseline steps
+    at. That is `grad-not-cleared` (it was `scaler-skips`); a scaler's one skip the scales
+    explain is not."""
+    base = overflowing(tmp_path)
+    merged = loop(tmp_path / "m", k=4, scale_init=2.0**21, reference="../ref", clear=False)
+    skipped = gradalign.skipped_updates(base)
+    loop(tmp_path / "ref", dtype=torch.float64, skip_updates=skipped)
+    if skipped != [0, 1, 2]:
+        pytest.skip("this machine's float16 arithmetic overflows elsewhere")
+    assert gradalign.skipped_updates(merged) == list(range(UPDATES))
+    comparison = api.compare(base, merged)
+    assert [d.code for d in comparison.diagnosis] == ["grad-not-cleared"]
+    found = comparison.diagnosis[0]
+    assert found.evidence["first_update"] == 3
+    assert found.evidence["merged_loss_scale"] == found.evidence["baseline_loss_scale"]
+    assert "zero_grad() after scaler.step()" in found.fix
 
 
 def test_skipped_updates_leave_the_weights_and_the_optimizer_alone(tmp_path):

@@ -42,7 +42,7 @@ from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
-from .tolerances import Tolerances, eps, for_dtype, least_precise
+from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
 from .vacuous import vacuous_notes
 from .views import sketch_width
 from .window_sizes import judged_updates
@@ -195,6 +195,9 @@ class _Judge:
         n = judged_updates(base, merged)  # runs whose windows stop lining up are cut there
         self.base_loss, self.merged_loss = base.window_losses()[:n], merged.window_losses()[:n]
         self.resolution = base.window_loss_quantum()[:n] + merged.window_loss_quantum()[:n]
+        compute = least_precise([base.compute_dtype, merged.compute_dtype])
+        # without a reference: a loss computed in a 16-bit dtype is known to its rounding there
+        self.loss_rounding = loss_rounding([base.micro_loss, merged.micro_loss], compute)
         self.loss_noise: np.ndarray | None = None
         if ref is not None:
             self.ref_loss = ref.window_losses()[:n]
@@ -214,7 +217,8 @@ class _Judge:
         gap = abs(m - b)
         gap = float(gap) if math.isfinite(gap) else math.inf
         if self.loss_noise is None:
-            allowed = self.tol.loss_atol + self.tol.loss_rtol * abs(b) + self.resolution[i]
+            rtol = self.tol.loss_rtol + self.tol.noise_factor * self.loss_rounding
+            allowed = self.tol.loss_atol + rtol * abs(b) + self.resolution[i]
             return UpdateResult(i, float(b), float(m), gap, gap, float(allowed))
         r, noise = self.ref_loss[i], float(self.loss_noise[i])
         error = abs(m - r)

@@ -23,6 +23,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.weights_changed_in_window,
     sig.scaler_per_micro,
     sig.scaler_skips,
+    sig.overflow_carried,
     sig.micro_batch_missing,
     sig.lr_scaled,
     sig.lr_schedule,
@@ -84,12 +85,24 @@ def _unexplained(c: Comparison) -> Diagnosis:
             grad_cosine=finite(r.grad_cosine),
         )
     failed = [check.name for check in c.checks if check.status == FAIL]
-    return Diagnosis(
-        "unexplained",
-        f"no known accumulation bug fits the evidence (failed: {', '.join(failed)})",
-        evidence,
-        None,
-    )
+    message = f"no known accumulation bug fits the evidence (failed: {', '.join(failed)})"
+    fix = None
+    if c.reference is None and failed and set(failed) <= {"weights", "gradients"}:
+        message += (
+            "; without a float64 reference the tensors are judged by fixed tolerances, measured "
+            "on the built-in MLP, which a model's own noise can exceed: an optimizer that "
+            "normalizes its steps (Adam, RMSprop, Adagrad) moves each element whose gradient "
+            "is rounding noise by about its learning rate, in a direction the noise picks "
+            "(attention's key bias, whose gradient is 0 in exact arithmetic)"
+        )
+        if c.dtype in ("float16", "bfloat16"):
+            message += f", and {c.dtype} rounds each forward and backward far more coarsely"
+        fix = (
+            "judge against a float64 rerun of the baseline, which measures that noise: "
+            "`gradalign baseline` records one; for your own loop, record the baseline again "
+            "with the model and data in float64 and pass it as --reference"
+        )
+    return Diagnosis("unexplained", message, evidence, fix)
 
 
 def _why_it_passes(c: Comparison) -> list[Diagnosis]:

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import BadInput, shown
 from ..runs.model import PRECISION_ORDER
 
@@ -123,3 +125,26 @@ def least_precise(dtypes: list[str]) -> str:
     """The dtype whose defaults apply when runs mix dtypes."""
     known = [d for d in dtypes if d in PRECISION_ORDER] or ["float32"]
     return max(known, key=PRECISION_ORDER.index)
+
+
+def held_exactly(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Which of `values` the 16-bit `dtype` (float16 or bfloat16) holds exactly."""
+    values = np.asarray(values, dtype=np.float32)
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            return values.astype(np.float16).astype(np.float32) == values
+    return (values.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32) == values
+
+
+def loss_rounding(losses: list[np.ndarray], compute: str) -> float:
+    """The epsilon of the 16-bit compute dtype that every recorded loss is a number of (the loss
+    was computed, or rounded, in it: a bfloat16 loss near 21 is a multiple of 0.125, and two
+    runs' losses differ by a step or two of it), or 0: losses in a wider dtype."""
+    if compute not in ("float16", "bfloat16"):
+        return 0.0
+    values = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in losses])
+    values = values[np.isfinite(values) & (values != 0)]
+    wide = values.astype(np.float32).astype(np.float64) != values
+    if values.size < 2 or wide.any() or not held_exactly(values, compute).all():
+        return 0.0
+    return eps(compute)

@@ -36,7 +36,7 @@ from .gradient import (
 )
 from .learning_rate import lr_scaled, lr_schedule
 from .paired import with_loss_scale
-from .skips import scaler_skips
+from .skips import overflow_carried, scaler_skips
 
 __all__ = [
     "batchnorm",
@@ -60,6 +60,7 @@ __all__ = [
     "lr_schedule",
     "micro_batch_missing",
     "non_finite",
+    "overflow_carried",
     "penalty_not_scaled",
     "replica_divergence",
     "scaler_per_micro",

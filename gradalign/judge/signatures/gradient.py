@@ -7,6 +7,7 @@ import numpy as np
 
 from ..distributed import listed
 from ..results import Comparison, Diagnosis, UpdateResult
+from ..tolerances import held_exactly
 from .clipping import pre_clip_ratio
 from .common import (
     RATIO_MATCH,
@@ -145,11 +146,7 @@ def _representable_share(grads: dict[str, np.ndarray], narrow: str) -> float:
     for g in grads.values():
         values = np.asarray(g, dtype=np.float32).ravel()
         values = values[values != 0]
-        if narrow == "float16":
-            kept = values.astype(np.float16).astype(np.float32)
-        else:  # bfloat16: the float32 with its low 16 bits cleared
-            kept = (values.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
-        exact += int(np.count_nonzero(kept == values))
+        exact += int(np.count_nonzero(held_exactly(values, narrow)))
         total += values.size
     return exact / total if total else 0.0
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...runs.model import Run
 from ..results import Comparison, Diagnosis
-from .accumulation import scaler_per_micro
+from .accumulation import inner_steps, scaler_per_micro
 
 _SHOWN = 6  # skipped updates listed per run
 
@@ -47,11 +47,26 @@ def skips_apart(c: Comparison) -> list[int]:
     return [int(u) for u in np.flatnonzero((sb & once_m) | (sm & once_b))]
 
 
+def _unscaled(c: Comparison, apart: list[int]) -> list[int]:
+    """The updates of `apart` where the merged run skipped at a loss scale no higher than the one
+    its baseline stepped at: each merged micro-batch's gradient is about 1/K of the baseline's,
+    so the scale cannot explain that overflow."""
+    n = len(c.results)
+    merged_skipped = scaler_skipped(c.merged, n)
+    found = []
+    for u in apart:
+        sm, sb = _scale(c.merged, u), _scale(c.baseline, u)
+        if merged_skipped[u] and (sm is None or sb is None or sm <= sb):
+            found.append(u)
+    return found
+
+
 def scaler_skips(c: Comparison) -> Diagnosis | None:
-    """The runs' GradScalers skipped different updates (not explained by a scaler driven inside
-    the window, which `scaler-per-micro` names)."""
+    """The runs' GradScalers skipped different updates, each explained by the scales (not by a
+    scaler driven inside the window, which `scaler-per-micro` names, nor by a gradient that was
+    not finite whatever the scale, `overflow_carried`)."""
     apart = skips_apart(c)
-    if not apart or scaler_per_micro(c) is not None:
+    if not apart or _unscaled(c, apart) or scaler_per_micro(c) is not None or _stepped_inside(c):
         return None
     n = len(c.results)
     u = apart[0]
@@ -99,6 +114,13 @@ def scaler_skips(c: Comparison) -> Diagnosis | None:
     )
 
 
+def _stepped_inside(c: Comparison) -> bool:
+    """The merged run stepped inside a window, or more often than once per update: what its
+    scaler did then is `step-in-window`'s consequence."""
+    steps = c.merged.optimizer_steps
+    return bool(inner_steps(c.merged)) or (steps is not None and bool((steps > 1).any()))
+
+
 def _runs(c: Comparison) -> list[tuple[str, Run]]:
     return [("baseline", c.baseline), ("merged", c.merged)]
 
@@ -127,3 +149,40 @@ def _lowest_stepped(c: Comparison, n: int) -> float | None:
         if r.optimizer_steps[i] >= 1 and math.isfinite(r.loss_scale[i]) and r.loss_scale[i] > 0
     ]
     return min(found) if found else None
+
+
+def overflow_carried(c: Comparison) -> Diagnosis | None:
+    """The merged run's GradScaler skipped an update at a scale its baseline stepped at, and
+    every update after it while the scale kept halving: an inf or NaN that stays in .grad from
+    window to window. The gradients are not cleared after the step, so the overflow of a window
+    the scaler skipped is never dropped (the baseline's gradient, K times each micro-batch's, was
+    finite at that scale)."""
+    n = len(c.results)
+    apart = skips_apart(c)
+    unscaled = _unscaled(c, apart)
+    merged_skipped = scaler_skipped(c.merged, n)
+    if not unscaled or merged_skipped is None:
+        return None
+    u = unscaled[0]
+    if u >= n - 1 or not merged_skipped[u:].all():
+        return None  # one overflow the scale does not explain is no carried inf
+    sm, sb, last = _scale(c.merged, u), _scale(c.baseline, u), _scale(c.merged, n - 1)
+    evidence = {
+        "first_update": u,
+        "merged_skipped": [int(i) for i in np.flatnonzero(merged_skipped)],
+        "merged_loss_scale": sm,
+        "baseline_loss_scale": sb,
+        "merged_last_loss_scale": last,
+    }
+    down = f", down to {last:g}" if last is not None and last != sm else ""
+    return Diagnosis(
+        "grad-not-cleared",
+        f"the merged run's GradScaler skipped every update from {u} on ({n - u} of {n}) at loss "
+        f"scales from {sm:g}{down}, where the baseline stepped at {sb:g} with a gradient K times "
+        "the size of each merged micro-batch's: an inf or NaN stayed in .grad from window to "
+        "window, as when the gradients are never cleared and a skipped window's overflow is "
+        "never dropped",
+        evidence,
+        "clear the gradients after every optimizer step, whether or not the scaler skipped it "
+        "(optimizer.zero_grad() after scaler.step() and scaler.update())",
+    )
