@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import BadInput
 from ..runs.model import Run, Tensors
 from ..runs.sketches import dot
+from .distributed import listed
 from .metrics import diff
 from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
 from .window_sizes import has_problems
@@ -206,12 +207,11 @@ def check_same_steps(base: Run, ref: Run, where: str) -> None:
     if sb[u] == 0:
         scale = base.loss_scale[u] if base.loss_scale is not None else math.nan
         at = f" at loss scale {scale:g}" if math.isfinite(scale) else ""
-        skipped = [int(i) for i in np.flatnonzero(sb[:n] == 0)]
-        listed = ", ".join(map(str, skipped[:6])) + (", ..." if len(skipped) > 6 else "")
+        skipped = listed([str(int(i)) for i in np.flatnonzero(sb[:n] == 0)], 6)
         raise BadInput(
             f"{where} stepped at update {u}, where the baseline skipped its optimizer step (a "
             f"GradScaler skips a window whose scaled gradients overflow{at}; the baseline "
-            f"skipped updates {listed}): a float64 rerun never overflows, so it must skip them "
+            f"skipped updates {skipped}): a float64 rerun never overflows, so it must skip them "
             "too: record it with gradalign.Recorder(..., skip_updates=gradalign.skipped_updates"
             "(BASELINE)), or judge with --reference none"
         )

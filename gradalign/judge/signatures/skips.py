@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from ...runs.model import Run
+from ..distributed import listed
 from ..results import Comparison, Diagnosis
 from .accumulation import inner_steps, scaler_per_micro
 
@@ -70,28 +71,27 @@ def scaler_skips(c: Comparison) -> Diagnosis | None:
         return None
     n = len(c.results)
     u = apart[0]
-    who, other = ("baseline", "merged run")
-    if scaler_skipped(c.merged, n)[u]:
-        who, other = ("merged run", "baseline")
-    run = c.baseline if who == "baseline" else c.merged
-    scale = _scale(run, u)
+    skipped = {name: [int(i) for i in np.flatnonzero(scaler_skipped(r, n))] for name, r in _runs(c)}
+    by_merged = u in skipped["merged"]
+    who, other = ("merged run", "baseline") if by_merged else ("baseline", "merged run")
+    scale = _scale(c.merged if by_merged else c.baseline, u)
     at = f" at loss scale {scale:g}" if scale is not None else ""
-    listed = {name: _listed(scaler_skipped(r, n)) for name, r in _runs(c)}
+    shown = {name: listed([str(i) for i in ups], _SHOWN) or "none" for name, ups in skipped.items()}
     before = all(r.ok for r in c.results[:u])
     lowest = _lowest_stepped(c, n)
     evidence: dict = {
         "first_update": u,
         "skipped_by": who.split()[0],
         "updates_apart": len(apart),
-        "baseline_skipped": [int(i) for i in np.flatnonzero(scaler_skipped(c.baseline, n))],
-        "merged_skipped": [int(i) for i in np.flatnonzero(scaler_skipped(c.merged, n))],
+        "baseline_skipped": skipped["baseline"],
+        "merged_skipped": skipped["merged"],
         "loss_scale": scale,
         "aligned_before": before,
     }
     message = (
         f"the GradScalers skipped different updates: at update {u} the {who}'s scaled gradient "
         f"overflowed{at} and its step was skipped, while the {other} stepped "
-        f"(skipped: baseline {listed['baseline']}; merged {listed['merged']}). A float16 "
+        f"(skipped: baseline {shown['baseline']}; merged {shown['merged']}). A float16 "
         "gradient overflows by its size in one backward, K times smaller per micro-batch when "
         "accumulated, so dynamic loss scaling skips other updates at K=1 than at K>1: not an "
         f"accumulation bug, but from update {u} the two runs train differently"
@@ -123,13 +123,6 @@ def _stepped_inside(c: Comparison) -> bool:
 
 def _runs(c: Comparison) -> list[tuple[str, Run]]:
     return [("baseline", c.baseline), ("merged", c.merged)]
-
-
-def _listed(skipped: np.ndarray) -> str:
-    updates = [str(int(i)) for i in np.flatnonzero(skipped)]
-    if not updates:
-        return "none"
-    return ", ".join(updates[:_SHOWN]) + (", ..." if len(updates) > _SHOWN else "")
 
 
 def _scale(run: Run, u: int) -> float | None:
