@@ -23,10 +23,13 @@ The figure of merit is median(recorded) / median(plain) over the repetitions, fo
 together (the per-repetition sum); the targets are at most 1.10x at the default size (full
 snapshots) and at most 1.05x at ~10M parameters with sketches.
 
-`--floor` times a third variant in the same alternation: the loop with `CopyFloor`, which per
-update only copies the weights and the gradient into reused buffers and writes nothing. Any
-recording of every update that lets training go on must at least make that copy (a full snapshot
-writes it; a host sketch summarizes it), so its ratio is a floor under the recorded one.
+`--floor` times two more variants in the same alternation: the loop with `CopyFloor`, which per
+update only copies the weights and the gradient into reused buffers and writes nothing; and with
+`WriteFloor`, which also writes each update's copies to a file on a background thread (no
+header, checksum, fingerprint, losses, sample digests, lock, manifest or swap). Any recording of
+every update that lets training go on must at least make that copy (a full snapshot writes it; a
+host sketch summarizes it), and a full one must also write those bytes: the two ratios are
+floors under the recorded one.
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ import gc
 import json
 import os
 import platform
+import queue
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -58,7 +63,7 @@ from gradalign.record.trainer import setup
 
 TARGETS = {("default", "full"): 1.10, ("mlp-10m", "sketch"): 1.05}
 VARIANTS = ("plain", "recorded")
-FLOOR = "floor"
+FLOOR, WRITTEN = "floor", "written"  # CopyFloor's copies; WriteFloor's copies written
 
 
 class NoRecorder:
@@ -81,8 +86,7 @@ class CopyFloor(NoRecorder):
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.params = list(model.parameters())
-        self.weights = [self._host(p) for p in self.params]
-        self.gradient = [self._host(p) for p in self.params]
+        self.buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.copied = False
 
     @staticmethod
@@ -90,9 +94,22 @@ class CopyFloor(NoRecorder):
         """A host buffer like `param` (pinned for a CUDA parameter, as the Recorder's are)."""
         return torch.empty(param.shape, dtype=param.dtype, pin_memory=param.is_cuda)
 
+    def _take(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Buffers for one update's weights and gradient (here: the same ones every update)."""
+        if self.buffers is None:
+            self.buffers = (
+                [self._host(p) for p in self.params],
+                [self._host(p) for p in self.params],
+            )
+        return self.buffers
+
+    def _copied(self, buffers: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        """One update's copies are complete."""
+
     def grads(self, pre_clip_norm: Any = None) -> None:
+        self.current = self._take()
         with torch.no_grad():
-            for buffer, param in zip(self.gradient, self.params, strict=True):
+            for buffer, param in zip(self.current[1], self.params, strict=True):
                 if param.grad is not None:
                     buffer.copy_(param.grad, non_blocking=True)
         self.copied = True
@@ -101,9 +118,10 @@ class CopyFloor(NoRecorder):
         if not self.copied:  # the loop did not call grads(): the step left the gradient as is
             self.grads()
         with torch.no_grad():
-            for buffer, param in zip(self.weights, self.params, strict=True):
+            for buffer, param in zip(self.current[0], self.params, strict=True):
                 buffer.copy_(param, non_blocking=True)
         self.copied = False
+        self._copied(self.current)
 
     def close(self) -> None:
         pass
@@ -112,22 +130,79 @@ class CopyFloor(NoRecorder):
         pass
 
 
-def time_plain(config: TrainConfig, size: str = "default", floor: bool = False) -> float:
-    """The loop without recording (`floor`: with `CopyFloor`'s copies)."""
+class WriteFloor(CopyFloor):
+    """`CopyFloor`'s copies, each update's written to one file by a background thread (buffers
+    from a pool, as the Recorder's): the least a recording of every update in full does. No
+    header, checksum, fingerprint, loss, sample digest, lock, manifest or swap; `close()` waits
+    for the last file."""
+
+    def __init__(self, model: torch.nn.Module, folder: Path) -> None:
+        super().__init__(model)
+        self.folder = folder
+        folder.mkdir(parents=True)
+        self.pool: queue.SimpleQueue = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.written = 0
+        self.thread = threading.Thread(target=self._write, daemon=True)
+        self.thread.start()
+
+    def _take(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        try:
+            return self.pool.get_nowait()
+        except queue.Empty:
+            return [self._host(p) for p in self.params], [self._host(p) for p in self.params]
+
+    def _copied(self, buffers: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        landed = None
+        if self.params[0].is_cuda:  # the writer waits for the asynchronous copies, not this thread
+            landed = torch.cuda.Event()
+            landed.record()
+        self.jobs.put((self.folder / f"update_{self.written:06d}.bin", buffers, landed))
+        self.written += 1
+
+    def _write(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            path, buffers, landed = job
+            if landed is not None:
+                landed.synchronize()
+            with open(path, "wb") as handle:
+                for tensor in (*buffers[0], *buffers[1]):
+                    handle.write(memoryview(tensor.numpy()).cast("B"))
+            self.pool.put(buffers)
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+
+
+def time_plain(config: TrainConfig, size: str = "default", floor: str | None = None) -> float:
+    """The loop without recording; with a floor's stand-in: "copies" for `CopyFloor`, a path
+    for `WriteFloor` (its files are written there)."""
     start = time.perf_counter()
+    stand_in = _stand_in(floor)
     if size != "default":
         from user_loop import train
 
         k, batch, updates = config.accum_steps, config.batch_size, config.updates
-        stand_in = CopyFloor if floor else None
         train(
             size, None, k=k, batch=batch, updates=updates, device=config.device, stand_in=stand_in
         )
         return time.perf_counter() - start
     training = setup(config)
-    run_loop(training, CopyFloor(training.model) if floor else NoRecorder())  # type: ignore[arg-type]
+    rec = NoRecorder() if stand_in is None else stand_in(training.model)
+    run_loop(training, rec)  # type: ignore[arg-type]
+    if stand_in is not None:
+        rec.close()
     _finish(config)
     return time.perf_counter() - start
+
+
+def _stand_in(floor: str | None) -> Any:
+    if floor is None:
+        return None
+    if floor == "copies":
+        return CopyFloor
+    return lambda model: WriteFloor(model, Path(floor))
 
 
 def time_recorded(
@@ -178,7 +253,7 @@ def measure(
     beside each wall time, the CPU seconds of the training thread ("VARIANT:thread") and of the
     whole process, every thread ("VARIANT:process"), and on CUDA the peak GPU memory allocated,
     in MiB ("VARIANT:gpu")."""
-    variants = (*VARIANTS, FLOOR) if floor else VARIANTS
+    variants = (*VARIANTS, FLOOR, WRITTEN) if floor else VARIANTS
     keys = [f"{v}{part}" for v in variants for part in ("", ":thread", ":process", ":gpu")]
     keys.append("recorded:fixed")
     times: dict[str, dict[str, list[float]]] = {run: {k: [] for k in keys} for run in configs}
@@ -196,7 +271,9 @@ def measure(
                 times[run]["recorded:fixed"].append(fixed[0])
             shutil.rmtree(out)  # outside the timing
             if floor:
-                timings[FLOOR] = _timed(lambda c=config: time_plain(c, size, floor=True))
+                timings[FLOOR] = _timed(lambda c=config: time_plain(c, size, "copies"))
+                timings[WRITTEN] = _timed(lambda c=config, o=out: time_plain(c, size, str(o)))
+                shutil.rmtree(out)
             if rep >= 0:
                 for variant, (wall, thread, process, gpu) in timings.items():
                     times[run][variant].append(wall)
@@ -243,9 +320,10 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
             "ratio": recorded / plain,
             "min_ratio": min(series["recorded"]) / min(series["plain"]),
         }
-        if FLOOR in series:
-            out[name]["floor_median_s"] = statistics.median(series[FLOOR])
-            out[name]["floor_ratio"] = statistics.median(series[FLOOR]) / plain
+        for variant in (FLOOR, WRITTEN):
+            if variant in series:
+                out[name][f"{variant}_median_s"] = statistics.median(series[variant])
+                out[name][f"{variant}_ratio"] = statistics.median(series[variant]) / plain
         for key in series:
             if ":" in key:
                 variant, part = key.split(":")
@@ -301,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         "temporary folder, TMPDIR)",
     )
     parser.add_argument(
-        "--floor", action="store_true", help="also time the copies alone (CopyFloor)"
+        "--floor",
+        action="store_true",
+        help="also time the copies alone (CopyFloor) and the copies written (WriteFloor)",
     )
     args = parser.parse_args(argv)
     if args.reps < 1:
@@ -353,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         f"scratch in {args.dir or tempfile.gettempdir()} ({fs})"
     )
     print()
-    floor_head = f"{'copies (ms)':>13}{'floor':>8}" if args.floor else ""
+    floor_head = (
+        f"{'copies (ms)':>13}{'ratio':>8}{'written (ms)':>14}{'ratio':>8}" if args.floor else ""
+    )
     print(
         f"{'run':<22}{'plain (ms)':>12}{'recorded (ms)':>15}{'ratio':>9}{'min ratio':>12}"
         + floor_head
@@ -370,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['min_ratio']:>11.2f}x"
             + (
                 f"{row['floor_median_s'] * 1e3:>13.1f}{row['floor_ratio']:>7.2f}x"
+                f"{row['written_median_s'] * 1e3:>14.1f}{row['written_ratio']:>7.2f}x"
                 if args.floor
                 else ""
             )
