@@ -31,8 +31,10 @@ from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines, follo
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
 from .noise import (
     Drift,
+    beyond_drift,
     carry_admitted_excess,
     carry_rounding,
+    excess_over,
     explain_loss_by_weights,
     pool_noise,
     stored_bits,
@@ -190,8 +192,9 @@ class _Judge:
         self.bound = bound
         self.floor = tol.noise_floor * epsilon
         self.starts = starts
-        drifts = whole and ref is not None and starts is not None
-        self.drift = Drift(starts, stored_bits(base)) if drifts else None
+        full = base.full_weights and merged.full_weights  # elements line up (no printed arrays)
+        drifts = whole and starts is not None and (ref is not None or full)
+        self.drift = Drift(starts, stored_bits(base), ref is None) if drifts else None
         n = judged_updates(base, merged)  # runs whose windows stop lining up are cut there
         self.base_loss, self.merged_loss = base.window_losses()[:n], merged.window_losses()[:n]
         self.resolution = base.window_loss_quantum()[:n] + merged.window_loss_quantum()[:n]
@@ -234,23 +237,28 @@ class _Judge:
         gr = self.ref.grads(i) if self.ref is not None else None
         wb, wm = self.base.weights(i), self.merged.weights(i)
         wr = self.ref.weights(i) if self.ref is not None else None
-        if self.drift is not None and wb is not None and wr is not None:
-            self.drift.advance(gb, gr, wb, wr, first=i == 0)
-        walked = self.drift.strayed if self.drift is not None else None
-        if wb is not None and wr is not None and self.bound is not None:
-            check_reference_weights(i, wb, wr, self.starts, self.bound, walked)
-        if wb is not None and wm is not None:
-            self._weights(result, wb, wm, wr)
+        grads = []
         if gb is not None and gm is not None:
             names = [t.name for t in self.base.tensors if t.name in gb and t.name in gm]
             for name in names:
                 d = diff(
                     name, gb[name], gm[name], rtol=self.tol.grad_rtol, atol=self.tol.weight_atol
                 )
-                result.grads.append(self._calibrated(d, gb, gm, gr))
+                grads.append(self._calibrated(d, gb, gm, gr))
             result.grad_ratio, result.grad_cosine = fit_ratio(
                 [gb[n] for n in names], [gm[n] for n in names]
             )
+        if self.drift is not None and wb is not None:
+            if wr is not None:
+                self.drift.advance(gb, gr, wb, wr, first=i == 0)
+            elif wm is not None:  # no reference: the merged run, where its gradients passed
+                self.drift.advance(gb, gm, wb, wm, passed={d.name for d in grads if d.ok})
+        walked = self.drift.strayed if self.drift is not None else None
+        if wb is not None and wr is not None and self.bound is not None:
+            check_reference_weights(i, wb, wr, self.starts, self.bound, walked)
+        if wb is not None and wm is not None:
+            self._weights(result, wb, wm, wr)
+        result.grads.extend(grads)
 
     def _weights(self, result: UpdateResult, wb: Tensors, wm: Tensors, wr: Tensors | None):
         i, tol = result.update, self.tol
@@ -269,13 +277,18 @@ class _Judge:
                 start=start,
                 elementwise=not self.base.full_weights,
                 slack=slack.get(info.name),
+                floor=self.floor,
             )
             d = self._calibrated(d, wb, wm, wr)
             if d.noise is not None and info.name in rounding:  # printed: rounding allowed
                 extra = float(np.linalg.norm(rounding[info.name]))
                 d = dataclasses.replace(d, allowed=d.allowed + extra)
-            if self.drift is not None:
+            if self.drift is not None and wr is not None:
                 d = widened(d, self.drift.allowance(info.name), tol.noise_factor)
+            elif self.drift is not None and info.name in self.drift.drift:  # no reference
+                b, m = (np.asarray(w[info.name], np.float64).ravel() for w in (wb, wm))
+                excess = excess_over(b, m, self.drift.drift[info.name])
+                d = beyond_drift(d, excess, self.drift.allowance(info.name))
             result.weights.append(d)
 
     def _calibrated(self, d, base: Tensors, merged: Tensors, ref: Tensors | None):

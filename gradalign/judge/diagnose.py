@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import signatures as sig
+from .distributed import listed
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
 from .signatures import distributed as ranked
 from .signatures import failing, finite
@@ -90,10 +91,12 @@ def _unexplained(c: Comparison) -> Diagnosis:
     if c.reference is None and failed and set(failed) <= {"weights", "gradients"}:
         message += (
             "; without a float64 reference the tensors are judged by fixed tolerances, measured "
-            "on the built-in MLP, which a model's own noise can exceed: an optimizer that "
-            "normalizes its steps (Adam, RMSprop, Adagrad) moves each element whose gradient "
-            "is rounding noise by about its learning rate, in a direction the noise picks "
-            "(attention's key bias, whose gradient is 0 in exact arithmetic)"
+            "on the built-in MLP, which a model's own noise can exceed: a ReLU-like kink "
+            "crossed by one run and not the other changes a gradient by far more than its "
+            "rounding, and an optimizer that normalizes its steps (Adam, RMSprop, Adagrad) "
+            "moves each element whose gradient is rounding noise by about its learning rate, "
+            "in a direction the noise picks (judged by the gradients alone where both runs "
+            "kept their gradients and those passed)"
         )
         if c.dtype in ("float16", "bfloat16"):
             message += f", and {c.dtype} rounds each forward and backward far more coarsely"
@@ -135,6 +138,14 @@ def _why_it_passes(c: Comparison) -> list[Diagnosis]:
             "no reference run was given, so the noise floor itself was not measured"
         )
         evidence = {"worst_err_over_tol": worst}
+        dominated = sorted({d.name for r in c.results for d in r.weights if d.drift})
+        if dominated:
+            message += (
+                "; where both runs' gradients were rounding noise (they disagreed by more than "
+                "either's size), an adaptive optimizer steps the weights where the noise points: "
+                f"those elements of {listed(dominated, 3)} were judged by their gradients alone"
+            )
+            evidence["noise_dominated_weights"] = dominated
     found = [Diagnosis("within-noise", message, evidence, None, "info")]
     dropout = c.merged.model_facts.get("dropout")
     if dropout:

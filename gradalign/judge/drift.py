@@ -40,17 +40,29 @@ class DriftFiles:
                 self.sums[name] = {}
             return fd
 
-    def add(self, name: str, first: int, steps: np.ndarray) -> None:
-        """drift[first : first + len(steps)] += steps (nothing happens where all are 0)."""
+    def add(self, name: str, first: int, steps: np.ndarray) -> np.ndarray | None:
+        """drift[first : first + len(steps)] += steps; returns that slice of the drift as it is
+        now (None where nothing was added: all steps 0)."""
         if not steps.any():
-            return
+            return None
         fd = self._fd(name)
-        offset = first * 8
-        old = np.zeros(steps.size)  # what lies beyond the file's end is 0
-        os.preadv(fd, [memoryview(old).cast("B")], offset)
-        new = old + steps
-        os.pwrite(fd, memoryview(new).cast("B"), offset)
+        new = self._read(fd, first, steps.size)
+        new += steps
+        os.pwrite(fd, memoryview(new).cast("B"), first * 8)
         self.sums[name][first] = dot(new, new)
+        return new
+
+    def slice(self, name: str, first: int, count: int) -> np.ndarray | None:
+        """drift[first : first + count] (None while it is all 0)."""
+        if not self.sums.get(name, {}).get(first):
+            return None
+        return self._read(self.fds[name], first, count)
+
+    @staticmethod
+    def _read(fd: int, first: int, count: int) -> np.ndarray:
+        found = np.zeros(count)  # what lies beyond the file's end is 0
+        os.preadv(fd, [memoryview(found).cast("B")], first * 8)
+        return found
 
     def allowance(self, name: str) -> float:
         """||drift|| of a tensor (0 while none of its elements was dominated)."""

@@ -46,6 +46,7 @@ class Pair:
     rr: float = 0.0
     rs: float = 0.0  # Σ(r−s)²
     noise_ok: bool = True  # every |gb − gr| finite (the drift's condition)
+    beyond: float = 0.0  # Σ max(|m − b| − drift, 0)² (noise.beyond_drift), where a drift is given
     extra: dict = field(default_factory=dict)
 
     def add(
@@ -54,8 +55,10 @@ class Pair:
         m: np.ndarray | None,
         r: np.ndarray | None = None,
         s: np.ndarray | None = None,
+        drift: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Take one aligned slice (float64); returns b and r for further use."""
+        """Take one aligned slice (float64); returns b and r for further use. `drift`: the
+        slice's noise-dominated drift, measured against the merged run (no reference)."""
         self.n += b.size
         bb, ok = _sumsq(b)
         self.bb += bb
@@ -74,6 +77,10 @@ class Pair:
                 with np.errstate(divide="ignore", invalid="ignore"):
                     rel = np.fmax.reduce(np.divide(d, scaled, out=scaled), initial=0.0)
                 self.max_rel = max(self.max_rel, float(rel))
+            if drift is not None:  # d is |m − b|
+                d -= drift
+                np.maximum(d, 0.0, out=d)
+                self.beyond += dot(d, d)
         if s is not None:
             t = b - s
             self.bs += dot(t, t)
@@ -91,7 +98,9 @@ class Pair:
                 self.rs += dot(t, t)
         return b, r
 
-    def diff(self, name: str, rtol: float, atol: float, start: bool) -> TensorDiff:
+    def diff(
+        self, name: str, rtol: float, atol: float, start: bool, floor: float = 0.0
+    ) -> TensorDiff:
         """What `metrics.diff` returns for these sums."""
         if not (self.finite_b and self.finite_m):
             return TensorDiff(name, math.nan, math.nan, math.nan, math.nan, math.inf, 0.0, None)
@@ -100,7 +109,7 @@ class Pair:
         cosine = _safe_div(self.bm, norm_b * norm_m) if both else float(norm_d == 0)
         moved = math.sqrt(self.bs) if start else None
         scale = moved if moved is not None else norm_b
-        allowed = fixed_allowed(rtol, scale, atol, self.n)
+        allowed = fixed_allowed(rtol, scale, atol, self.n, floor, norm_b)
         return TensorDiff(
             name,
             self.max_abs,

@@ -141,13 +141,13 @@ class _SummaryJudge:
             for name in self.names:
                 start = self.start.get(name) if self.start is not None else None
                 kept = entry["weights"][name]
-                d, _ = self._judge(name, kept, weights[name], start, tol.weight_rtol)
+                d, _ = self._judge(name, kept, weights[name], start, tol.weight_rtol, self.floor)
                 result.weights.append(d)
         kept_grads = entry.get("grads") or {}
         if grads is not None and kept_grads:
             golden_sketches, merged_sketches = [], []
             for name in (n for n in self.names if n in kept_grads and n in grads):
-                d, mine = self._judge(name, kept_grads[name], grads[name], None, tol.grad_rtol)
+                d, mine = self._judge(name, kept_grads[name], grads[name], None, tol.grad_rtol, 0.0)
                 result.grads.append(d)
                 golden_sketches.append(np.asarray(kept_grads[name]["sketch"]))
                 merged_sketches.append(np.asarray(mine["sketch"]))
@@ -155,8 +155,16 @@ class _SummaryJudge:
                 result.grad_ratio, result.grad_cosine = fit_ratio(golden_sketches, merged_sketches)
 
     def _judge(
-        self, name: str, kept: dict, value: np.ndarray, start: np.ndarray | None, rtol: float
+        self,
+        name: str,
+        kept: dict,
+        value: np.ndarray,
+        start: np.ndarray | None,
+        rtol: float,
+        floor: float,
     ) -> tuple[TensorDiff, dict]:
+        """One tensor against the golden's summary; `floor`: a weight's rounding, in units of
+        its norm (metrics.fixed_allowed), 0 for a gradient."""
         mine = summary(value, start if "moved" in kept else None)
         center = kept["reference"] if self.calibrated and "reference" in kept else kept
         finite = bool(np.isfinite(value).all())
@@ -169,7 +177,8 @@ class _SummaryJudge:
             rounding = self.floor * center["norm"]
         else:
             scale = kept.get("moved", kept["norm"])
-            allowed = fixed_allowed(rtol, scale, self.tol.weight_atol, self.sizes[name])
+            size = self.sizes[name]
+            allowed = fixed_allowed(rtol, scale, self.tol.weight_atol, size, floor, kept["norm"])
         nan = math.nan
         moved, noise = kept.get("moved"), kept.get("noise")
         diff = TensorDiff(name, nan, nan, nan, nan, error, allowed, moved, noise, rounding=rounding)

@@ -48,9 +48,15 @@ def _safe_div(num: float, den: float) -> float:
     return 0.0 if num == 0 else math.inf
 
 
-def fixed_allowed(rtol: float, scale: float, atol: float, size: int) -> float:
-    """The fixed tolerance's bound: rtol of a scale (distance moved, or the norm) + atol·√n."""
-    return rtol * scale + atol * math.sqrt(size)
+def fixed_allowed(
+    rtol: float, scale: float, atol: float, size: int, floor: float = 0.0, norm: float = 0.0
+) -> float:
+    """The fixed tolerance's bound: rtol of a scale (distance moved, or the norm) + atol·√n,
+    and for a weight one rounding of its stored values, floor·||b|| (`norm`): a stored value
+    is known to one rounding of itself, however little training moved it (one ulp of a weight
+    near 1 failed a tensor that had moved 9e-4 at 1.26x)."""
+    rounding = floor * norm if floor else 0.0
+    return rtol * scale + atol * math.sqrt(size) + rounding
 
 
 def noise_allowed(factor: float, noise: float, floor: float, ref_norm: float) -> float:
@@ -68,6 +74,7 @@ def diff(
     start: np.ndarray | None = None,
     elementwise: bool = False,
     slack: np.ndarray | None = None,
+    floor: float = 0.0,
 ) -> TensorDiff:
     """Compare one tensor.
 
@@ -75,7 +82,8 @@ def diff(
     training moved it: ||m - b|| <= rtol * ||b - start|| + atol * sqrt(n). With `elementwise`
     (printed values, no history) each element must hold |m - b| <= atol + slack, `slack` being
     the elements' print resolutions; the worst element (by its share of what it is allowed) is
-    the error reported. Otherwise the scale is ||b||.
+    the error reported. Otherwise the scale is ||b||. `floor`: a weight's rounding, in units of
+    its norm (`fixed_allowed`).
     """
     b = np.asarray(base, dtype=np.float64).ravel()
     m = np.asarray(merged, dtype=np.float64).ravel()
@@ -109,7 +117,7 @@ def diff(
             scale = moved
         else:
             scale = norm_b
-        error, allowed = norm_d, fixed_allowed(rtol, scale, atol, b.size)
+        error, allowed = norm_d, fixed_allowed(rtol, scale, atol, b.size, floor, norm_b)
     return TensorDiff(
         name, max_abs, max_rel, _safe_div(norm_d, norm_b), cosine, error, allowed, moved
     )

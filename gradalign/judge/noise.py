@@ -78,17 +78,10 @@ def noise_steps(
     spread = (
         None if first_bits is None else first_step_spread(gb, gr, rms, b, pb, r, pr, first_bits)
     )
-    noise = np.subtract(gb, gr)
-    np.abs(noise, out=noise)
-    np.maximum(noise, rms, out=noise)
-    noise *= TAU  # TAU·max(x, rms) = max(TAU·x, TAU·rms) exactly
+    noise = _gradient_noise(gb, gr, rms)
     size = np.abs(gr)
     dominated = size <= noise
-    steps = np.subtract(b, pb)
-    np.abs(steps, out=steps)
-    other = np.subtract(r, pr)
-    np.abs(other, out=other)
-    steps += other
+    steps = _both_steps(b, pb, r, pr)
     with np.errstate(divide="ignore", invalid="ignore"):  # inf and 0/0 only where dominated
         np.divide(noise, size, out=noise)
         noise *= steps
@@ -97,6 +90,51 @@ def noise_steps(
     if spread is not None:
         np.add(steps, spread, out=steps, where=~dominated)
     return steps, dot(noise, noise)
+
+
+def shared_steps(
+    gb: np.ndarray,
+    gm: np.ndarray,
+    rms: float,
+    b: np.ndarray,
+    pb: np.ndarray,
+    m: np.ndarray,
+    pm: np.ndarray,
+) -> np.ndarray:
+    """Without a reference, per element of aligned float64 slices of both runs' gradients, and
+    weights after (b, m) and before (pb, pm) an update: the share of their steps |Δb| + |Δm|
+    that the gradient's noise explains, min(1, TAU·ρ), ρ = max(|gb − gm|, rms) / max(|gb|,
+    |gm|). All of them where the gradient is noise (an adaptive optimizer steps such an element
+    where the noise points); elsewhere a gradient off by a share ρ of itself moves its step by
+    at most that share (SGD's step is proportional to it; Adam's first step lr·g/(|g| + eps)
+    changes by less, near its eps too)."""
+    noise = _gradient_noise(gb, gm, rms)
+    size = np.abs(gb)
+    np.maximum(size, np.abs(gm), out=size)
+    share = np.ones_like(size)
+    np.divide(noise, size, out=share, where=size > noise)  # below 1 above the noise alone
+    steps = _both_steps(b, pb, m, pm)
+    steps *= share
+    return steps
+
+
+def _gradient_noise(ga: np.ndarray, gb: np.ndarray, rms: float) -> np.ndarray:
+    """TAU·max(|ga − gb|, rms) per element (= max(TAU·x, TAU·rms) exactly)."""
+    noise = np.subtract(ga, gb)
+    np.abs(noise, out=noise)
+    np.maximum(noise, rms, out=noise)
+    noise *= TAU
+    return noise
+
+
+def _both_steps(a: np.ndarray, pa: np.ndarray, b: np.ndarray, pb: np.ndarray) -> np.ndarray:
+    """|a − pa| + |b − pb|: two runs' steps at each element."""
+    steps = np.subtract(a, pa)
+    np.abs(steps, out=steps)
+    other = np.subtract(b, pb)
+    np.abs(other, out=other)
+    steps += other
+    return steps
 
 
 def first_step_spread(
@@ -136,11 +174,21 @@ def stored_bits(run: Run) -> dict[str, int]:
 
 class Drift:
     """Per tensor, how far noise-dominated elements may have drifted under adaptive steps, and
-    how far the baseline's noise explains that it strayed from the reference elsewhere."""
+    how far the baseline's noise explains that it strayed from the reference elsewhere.
 
-    def __init__(self, starts: Tensors, bits: dict[str, int] | None = None) -> None:
+    Without a reference the merged run stands in for it (`against_merged`): each element may
+    drift by the share of both runs' steps its gradient's noise explains (`shared_steps`: all
+    of them where neither run's gradient stands above their difference), counted only at
+    updates where that tensor's gradients passed their check, so a merged gradient that is
+    wrong as a whole widens nothing. An element's weights then count only beyond its own drift
+    (`beyond_drift`): the allowance is the element's, never a share of the tensor's."""
+
+    def __init__(
+        self, starts: Tensors, bits: dict[str, int] | None = None, against_merged: bool = False
+    ) -> None:
         """`bits`: each tensor's stored mantissa bits in the baseline (`stored_bits`)."""
-        self.bits = bits or {}
+        self.against_merged = against_merged
+        self.bits = {} if against_merged else bits or {}
         self.prev_b = {n: np.asarray(v, dtype=np.float64) for n, v in starts.items()}
         self.prev_r = dict(self.prev_b)
         self.drift: dict[str, np.ndarray] = {}
@@ -153,14 +201,17 @@ class Drift:
         wb: Tensors,
         wr: Tensors,
         first: bool = False,
+        passed: set[str] | None = None,
     ) -> None:
         """Take update i's steps (weights after i against after i−1) and gradients (`first`:
-        i is update 0)."""
+        i is update 0). `gr`, `wr`: the reference's, or the merged run's (`against_merged`),
+        whose steps count only in the tensors `passed` names (their gradients passed)."""
         for name, b in wb.items():
             if name not in wr or name not in self.prev_b:
                 continue
             b64, r64 = np.asarray(b, dtype=np.float64), np.asarray(wr[name], dtype=np.float64)
-            if gb is not None and gr is not None and name in gb and name in gr:
+            counted = passed is None or name in passed
+            if counted and gb is not None and gr is not None and name in gb and name in gr:
                 bits = self.bits.get(name) if first else None
                 self._widen(name, gb[name], gr[name], b64, r64, bits)
             self.prev_b[name], self.prev_r[name] = b64, r64
@@ -182,10 +233,13 @@ class Drift:
         # one element's noise is one draw: the tensor's RMS noise bounds it from below
         rms = math.sqrt(float(np.mean(noise**2))) if noise.size else 0.0
         prev_b, prev_r = self.prev_b[name].ravel(), self.prev_r[name].ravel()
-        steps, explained = noise_steps(
-            g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r, first_bits
-        )
-        self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(explained)
+        if self.against_merged:
+            steps = shared_steps(g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r)
+        else:
+            steps, explained = noise_steps(
+                g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r, first_bits
+            )
+            self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(explained)
         if not steps.any():
             return
         # the merged run may step such an element as far as either run did, the other way
@@ -209,6 +263,24 @@ def widened(d: TensorDiff, drift: float, factor: float) -> TensorDiff:
         return d
     extra = factor * (math.hypot(d.noise, drift) - d.noise)
     return dataclasses.replace(d, allowed=d.allowed + extra, drift=drift)
+
+
+def beyond_drift(d: TensorDiff, excess: float, drift: float) -> TensorDiff:
+    """A weight judged by the fixed tolerances (no reference) whose noise-dominated elements are
+    judged by the gradients alone: each element counts only by how far it stands beyond its own
+    drift (the steps both runs took while it was dominated), `excess` = ||max(|m − b| − drift,
+    0)||, so the drift of one element never covers another's error."""
+    if drift <= 0 or not math.isfinite(d.error):
+        return d
+    return dataclasses.replace(d, error=excess, drift=drift)
+
+
+def excess_over(base: np.ndarray, merged: np.ndarray, drift: np.ndarray) -> float:
+    """||max(|m − b| − drift, 0)|| over aligned flat float64 arrays (`beyond_drift`)."""
+    gap = np.abs(merged - base)
+    gap -= drift
+    np.maximum(gap, 0.0, out=gap)
+    return math.sqrt(dot(gap, gap))
 
 
 def pool_noise(results: list[UpdateResult], factor: float) -> None:

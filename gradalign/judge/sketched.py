@@ -86,19 +86,29 @@ class SketchJudge:
         kb, km, kr = b[name], m[name], None if r is None else r.get(name)
         ks = self.start.get(name) if start else None
         tol = self.tol
+        floor = self.floor if start else 0.0  # a weight's rounding (metrics.fixed_allowed)
         if kb.exact:
             shape = self.shapes[name]
             s = ks.vector.reshape(shape) if ks is not None else None
-            d = diff(name, kb.vector, km.vector, rtol=rtol, atol=tol.weight_atol, start=s)
+            d = diff(
+                name, kb.vector, km.vector, rtol=rtol, atol=tol.weight_atol, start=s, floor=floor
+            )
             if kr is None:
                 return d
             return calibrate(
                 d, kb.vector, km.vector, kr.vector, factor=tol.noise_factor, floor=self.floor
             )
-        return self._sketched(name, kb, km, kr, ks, rtol)
+        return self._sketched(name, kb, km, kr, ks, rtol, floor)
 
     def _sketched(
-        self, name: str, kb: Kept, km: Kept, kr: Kept | None, ks: Kept | None, rtol: float
+        self,
+        name: str,
+        kb: Kept,
+        km: Kept,
+        kr: Kept | None,
+        ks: Kept | None,
+        rtol: float,
+        floor: float,
     ) -> TensorDiff:
         tol, nan, n = self.tol, math.nan, self.sizes[name]
         if not (math.isfinite(kb.norm) and math.isfinite(km.norm)):
@@ -113,7 +123,9 @@ class SketchJudge:
             gap.value / kb.norm if kb.norm > 0 else (0.0 if gap.value == 0 else math.inf),
             _cosine(kb.norm, km.norm, gap),
             gap.value,
-            fixed_allowed(rtol, scale, tol.weight_atol, self.sizes[name]) + gap.value - gap.low,
+            fixed_allowed(rtol, scale, tol.weight_atol, self.sizes[name], floor, kb.norm)
+            + gap.value
+            - gap.low,
             None if moved is None else moved.value,
             sketched=True,
         )

@@ -24,7 +24,7 @@ from .drift import DriftFiles
 from .fused import Pair, widen64
 from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div, fixed_allowed
-from .noise import noise_steps, stored_bits, widened
+from .noise import beyond_drift, noise_steps, shared_steps, stored_bits, widened
 from .results import UpdateResult
 
 CHUNK = 1 << 17  # elements per slice
@@ -63,6 +63,7 @@ class _Files:
     start: CheckedFile | None = None
     pb: CheckedFile | None = None
     pr: CheckedFile | None = None
+    pm: CheckedFile | None = None  # without a reference, the drift's other run is the merged
     first: bool = False  # update 0: both runs stepped from the same weights
     opened: list[CheckedFile] = field(default_factory=list)
 
@@ -84,7 +85,7 @@ class StreamJudge:
 
     def __init__(self, inputs: Inputs) -> None:
         self.base, self.merged, self.ref, self.tol, self.floor, self.bound = inputs.unpack()
-        self.drift = DriftFiles() if self.ref is not None else None
+        self.drift = DriftFiles()  # against the reference, or else the merged run (noise.Drift)
         self.shapes = {t.name: t.shape for t in self.base.tensors}
         self.params = {t.name: t.shape for t in self.base.tensors if t.kind == "param"}
         self.bits = stored_bits(self.base)
@@ -143,7 +144,10 @@ class StreamJudge:
             files.start = get(self.base, weights_file(None), self.shapes)
             previous = None if i == 0 else i - 1
             files.pb = get(self.base, weights_file(previous), self.shapes)
-            files.pr = get(self.ref if i else self.base, weights_file(previous), self.shapes)
+            if self.ref is not None:
+                files.pr = get(self.ref if i else self.base, weights_file(previous), self.shapes)
+            elif self.merged.has_grads:
+                files.pm = get(self.merged if i else self.base, weights_file(previous), self.shapes)
         except BaseException:
             files.close()
             raise
@@ -153,8 +157,11 @@ class StreamJudge:
         out = _Outcome()
         tol = self.tol
         has = lambda c: c is not None and name in c.file.entries  # noqa: E731
-        drifts = self.drift is not None and f.wb is not None and f.wr is not None
-        widen = drifts and has(f.gb) and has(f.gr)
+        # the drift's other run: the reference, or else the merged run (noise.Drift)
+        referenced = self.ref is not None
+        other = f.wr if referenced else f.wm
+        drifts = self.drift is not None and f.wb is not None and other is not None
+        widen = drifts and has(f.gb) and (has(f.gr) if referenced else name in grads)
         gpair = None
         if name in grads or widen:
             gpair = _sweep(
@@ -165,49 +172,69 @@ class StreamJudge:
                 if has(f.gr):
                     d = gpair.calibrate(d, tol.noise_factor, self.floor)
                 out.grad, out.fit = d, (gpair.bb, gpair.mm, gpair.bm)
+        if not referenced:  # the merged run's steps count where its gradients passed
+            widen = widen and out.grad is not None and out.grad.ok
         if f.wb is None:
             return out
-        rms = math.sqrt(gpair.br / gpair.n) if widen and gpair and gpair.n else 0.0
-        noise_ok = widen and gpair is not None and math.isfinite(gpair.br)
+        spread = (gpair.br if referenced else gpair.dd) if widen and gpair else math.nan
+        rms = math.sqrt(spread / gpair.n) if widen and gpair and gpair.n else 0.0
+        noise_ok = widen and math.isfinite(spread)
         pair = self._weights(name, f, widen, rms)
         drift = self.drift
-        if drift is not None and widen and not (noise_ok and pair.finite_b and pair.finite_r):
+        finite = pair.finite_b and (pair.finite_r if referenced else pair.finite_m)
+        if drift is not None and widen and not (noise_ok and finite):
             self._weights(name, f, widen, rms, undo=True)
-        elif drift is not None and widen:
+        elif drift is not None and widen and referenced:
             drift.explain(name, pair.extra["explained"])
         allowance = drift.allowance(name) if drift is not None else 0.0
         if f.wm is not None:
-            d = pair.diff(name, tol.weight_rtol, tol.weight_atol, start=f.start is not None)
+            start = f.start is not None
+            d = pair.diff(name, tol.weight_rtol, tol.weight_atol, start, self.floor)
             if f.wr is not None:
                 d = pair.calibrate(d, tol.noise_factor, self.floor)
-            if drift is not None:
+            if drift is not None and referenced:
                 d = widened(d, allowance, tol.noise_factor)
+            elif drift is not None and allowance > 0:  # no reference: each element's own
+                d = beyond_drift(d, math.sqrt(pair.beyond), allowance)
             out.weight = d
         if f.wr is not None and self.bound is not None and pair.finite_b:
             out.strays = self._strays(name, pair, drift.strayed(name) if drift is not None else 0.0)
         return out
 
     def _weights(self, name: str, f: _Files, widen: bool, rms: float, undo: bool = False) -> Pair:
-        """One pass over the weights (and, for the drift, the gradients and previous weights)."""
+        """One pass over the weights (and, for the drift, the gradients and previous weights:
+        the reference's, or else the merged run's)."""
         pair = Pair()
         ins = [f.wb, f.wm, f.wr, f.start]
+        referenced = self.ref is not None
         # read again, so checked already: the gradients by `_sweep` now, the previous weights
         # as the weights of the update before (or as the start, in this pass)
-        again = [f.gb, f.gr, f.pb, f.pr] if widen else []
+        again = [f.gb, f.gr, f.pb, f.pr] if referenced else [f.gb, f.gm, f.pb, f.pm]
         streams = [c.stream(name) if c is not None else None for c in ins]
-        streams += [c.stream(name, checked=True) if c is not None else None for c in again]
+        streams += (
+            [c.stream(name, checked=True) if c is not None else None for c in again]
+            if widen
+            else []
+        )
         first, count = 0, streams[0].count
         while first < count or (first == 0 and count == 0):
             parts = [widen64(s.read(CHUNK)) if s is not None else None for s in streams]
             b, m, r, s = parts[:4]
-            if not undo:
-                pair.add(b, m, r, s)
-            if widen and self.drift is not None:
+            drifted = None  # this slice's drift after this update (no reference)
+            if widen and self.drift is not None and referenced:
                 gb, gr, pb, pr = parts[4:]
                 bits = self.bits.get(name) if f.first else None
                 steps, explained = noise_steps(gb, gr, rms, b, pb, r, pr, bits)
                 self.drift.add(name, first, -steps if undo else steps)
                 pair.extra["explained"] = pair.extra.get("explained", 0.0) + explained
+            elif widen and self.drift is not None:
+                gb, gm, pb, pm = parts[4:]
+                steps = shared_steps(gb, gm, rms, b, pb, m, pm)
+                drifted = self.drift.add(name, first, -steps if undo else steps)
+            if not referenced and drifted is None and self.drift is not None:
+                drifted = self.drift.slice(name, first, b.size)
+            if not undo:
+                pair.add(b, m, r, s, None if referenced else drifted)
             first += b.size
             if count == 0:
                 break
