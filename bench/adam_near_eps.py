@@ -4,7 +4,7 @@ A correct accumulation of a tiny attention model (or LSTM) under Adam (lr 1e-2, 
 failed on a few seeds. At Adam's first step an element whose gradient is near eps has a high gain
 (lr·eps/(|g|+eps)²); the merged run's float32 summation error there can be 20 times the
 baseline's single draw, so that one element dominates the tensor's weight error. The first
-step's spread (judge/noise.py, `first_step_spread`) allows that element the gain times the
+step's spread (judge/drift.py, `first_step_spread`) allows that element the gain times the
 tensor's RMS gradient noise (seed 17 passed from then on). On seed 45 the element's difference
 then fed the next updates' gradients and weights of other tensors; `carry_admitted_excess`
 lets a difference the drift admitted propagate to the updates after it, and seed 45 passes.

@@ -278,7 +278,7 @@ def test_a_baseline_strays_from_its_reference_as_far_as_its_gradient_noise_expla
     the baseline steps 1.2·δ: 20% of the distance moved, far past the 1% a rerun may stray.
     "unexplained": the gradients agree, and the reference is refused. "explained": the bias's
     gradient is 1.2 times the reference's (noise 20% of it, below the noise-dominated line), a
-    first-order step error explains the stray (judge/noise.py, `noise_steps`), and the reference
+    first-order step error explains the stray (judge/drift.py, `noise_steps`), and the reference
     is kept, as an AdamW MLP's output bias that strayed 2.4% on an Intel host now is. "scaled":
     every gradient is 1.2 times the reference's, as with a wrong loss scale, and the reference
     is refused at update 0 by its gradients."""

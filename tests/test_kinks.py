@@ -148,3 +148,42 @@ def test_jumps_unlike_the_baselines_fail(runs, why, base, spike):  # noqa: F811
     result = _merged_against(runs, _base(runs, base), f"jumps-{why.replace(' ', '-')}", spike)
     assert result.verdict == "fail", why
     assert not any("as the baseline's own gradients jumped" in n for n in result.notes)
+
+
+def _unreferenced(runs, name: str, spike):  # noqa: F811
+    """The merged run (the step taken with the recorded gradient) judged without a reference:
+    the kink is measured against the baseline."""
+    from gradalign import api
+    from gradalign.runs.portable import write_run
+    from tests.test_noise_model import train
+
+    path = write_run(
+        runs["root"] / name, accum_steps=4, **train(np.float32, k=4, spike=spike, feed=True)
+    )
+    return api.compare(runs["base"], path, reference="none")
+
+
+def test_without_a_reference_a_kink_is_followed_against_the_baseline(runs, monkeypatch):  # noqa: F811
+    """One unit's row 1% off at update 6, the step taken with it: the fixed tolerances fail
+    that gradient and the weights after it; followed from there at the kink's size measured
+    against the baseline, with a note. Without the follow the same run fails."""
+    kink = _kink_then(size=1e-2)
+    result = _unreferenced(runs, "kink-unreferenced", kink)
+    assert result.verdict == "pass", _failing(result)
+    (note,) = [n for n in result.notes if "crossed its kink" in n]
+    assert note.startswith("update 6: the gradient of w jumped")
+    with monkeypatch.context() as m:
+        m.setattr("gradalign.judge.compare.follow_kink_divergence", lambda *a, **k: [])
+        unfollowed = _unreferenced(runs, "kink-unreferenced-unfollowed", kink)
+    assert unfollowed.verdict == "fail" and not unfollowed.results[6].ok
+
+
+def test_without_a_reference_a_spread_jump_or_a_later_bug_still_fails(runs):  # noqa: F811
+    def spread(u, g):
+        return g * (1 + 1e-2) if u == 6 else g
+
+    result = _unreferenced(runs, "spread-unreferenced", spread)
+    assert result.verdict == "fail"
+    assert not any("crossed its kink" in n for n in result.notes)
+    later = _unreferenced(runs, "kink-then-bug-unreferenced", _kink_then(9, 1.05, 1e-2))
+    assert later.verdict == "fail" and not later.results[9].ok

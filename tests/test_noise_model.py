@@ -174,7 +174,7 @@ def test_the_first_step_spread_reads_the_gain_only_above_rounding():
     """At update 0 an element whose weight difference stands above rounding gets the gain
     times what the RMS gradient noise adds to its draw; an element whose difference is
     rounding, whose draw is above the RMS, or that did not start from one weight, gets none."""
-    from gradalign.judge.noise import MANTISSA, first_step_spread
+    from gradalign.judge.drift import MANTISSA, first_step_spread
 
     rms = 1e-9
     gb = np.array([1e-11, 1e-11, 2e-9, 1e-11])  # draws: below, below, above the RMS, below
@@ -221,7 +221,7 @@ def test_adam_near_its_eps_at_the_first_step_is_not_a_false_alarm(tmp_path, monk
     tensor's RMS gradient noise, steps it 6 times as far from the reference. Both judges pass
     it by the first step's spread, and failed it without; the same loop with its loss K times
     too large still fails."""
-    from gradalign.judge import noise
+    from gradalign.judge import drift
     from gradalign.judge.compare import compare
 
     base, merged, ref, judged = _judged_both_ways(tmp_path / "clean", 17)
@@ -229,7 +229,7 @@ def test_adam_near_its_eps_at_the_first_step_is_not_a_false_alarm(tmp_path, monk
         assert c.verdict == "pass", [d.code for d in c.diagnosis]
         spread = next(d for d in c.results[0].weights if d.name == "mha.in_proj_weight")
         assert spread.drift and spread.drift > spread.noise
-    monkeypatch.setattr(noise, "first_step_spread", lambda gb, *a: np.zeros_like(gb))
+    monkeypatch.setattr(drift, "first_step_spread", lambda gb, *a: np.zeros_like(gb))
     # the element's divergence would also be followed as a high-gain one (judge/gains.py)
     monkeypatch.setattr("gradalign.judge.compare.follow_gain_divergence", lambda *a: [])
     for streaming in (False, True):

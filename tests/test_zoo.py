@@ -161,7 +161,7 @@ def test_without_a_reference_adams_noise_in_the_weights_is_judged_by_the_gradien
     picks. Judged by the fixed tolerances (--reference none) its weights failed by two orders of
     magnitude while every gradient agreed (36 of 100 zoo runs failed so). Where both runs'
     gradients are rounding noise the weights are now judged by the gradients alone (judge/
-    noise.py, `beyond_drift`): both judges pass and say so. Without that it fails, `unexplained`,
+    drift.py, `beyond_drift`): both judges pass and say so. Without that it fails, `unexplained`,
     pointing to the float64 reference; the same loop not dividing its loss by K is still named."""
     root = _one_thread_runs(tmp_path, "gpt", "adam-1e-2", 8, 99)
     base, merged = read_run_dir(root / "base"), read_run_dir(root / "merged")

@@ -25,21 +25,12 @@ from .compatible import (
 )
 from .diagnose import diagnose
 from .distributed import listed, rank_check, rank_facts, rank_problems
+from .drift import Drift, beyond_drift, excess_over, stored_bits, widened
 from .gains import follow_gain_divergence
 from .inputs import Inputs
 from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines, follow_kink_divergence
 from .metrics import calibrate, diff, fit_ratio, noise_allowed
-from .noise import (
-    Drift,
-    beyond_drift,
-    carry_admitted_excess,
-    carry_rounding,
-    excess_over,
-    explain_loss_by_weights,
-    pool_noise,
-    stored_bits,
-    widened,
-)
+from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .sketched import SketchJudge, sketch_note
@@ -143,6 +134,10 @@ def _judge(
         jumps += follow_kink_divergence(results, merged, reference, tol.noise_factor)
         jumps += follow_gain_divergence(results, merged, reference, tol.noise_factor)
         explain_loss_by_weights(results, merged, reference, tol.noise_factor)
+    elif base.full_weights and merged.full_weights:  # no reference: measured against the baseline
+        jumps = excuse_isolated_jumps(results, merged, base)
+        jumps += follow_kink_divergence(results, merged, base, tol.noise_factor, stepped=False)
+        explain_loss_by_weights(results, merged, base, tol.noise_factor)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
     if ranks is not None:
         checks.insert(1, rank_check(merged, ranks))

@@ -293,7 +293,7 @@ def check_reference_weights(
     drift: Callable[[str], float] | None = None,
 ) -> None:
     """Refuse the reference if the baseline's weights after `update` stray beyond `bound`, plus
-    what its gradient noise lets them stray (`drift`, judge/noise.py `Drift.strayed`): a tensor
+    what its gradient noise lets them stray (`drift`, judge/drift.py `Drift.strayed`): a tensor
     the reference leaves still while Adam walks the baseline's noise, or small gradients whose
     float32 noise Adam turns into the same share of each step, are no sign of another run."""
     for name, value in base.items():

@@ -1,12 +1,19 @@
-"""The noise-dominated drift of `noise.Drift`, kept in scratch files instead of memory: one sparse
-float64 file per tensor, created when the tensor's first element is dominated, and only the
-slices that change are read and written back. Each slice's sum of squares is remembered, so the
-allowance ||drift|| costs no pass over the file. What the other elements' noise explains is a
-number per tensor, kept beside it.
+"""The drift of noise-dominated elements (judge/noise.py lists the noise model's effects): per
+element and update, how far an element whose gradient is rounding noise may have been stepped
+away from the other run, summed over the updates: `Drift` in memory for whole tensors,
+`DriftFiles` in scratch files for the streamed judge (one sparse float64 file per tensor,
+created when the tensor's first element drifts, only the slices that change read and written
+back, each slice's sum of squares remembered so the allowance costs no pass over the file).
+
+Against a float64 reference, `noise_steps` (and at the first update `first_step_spread`) read
+the baseline and the reference, and the drift widens the tensor's noise (`widened`). Without
+one, `shared_steps` reads the baseline and the merged run, and each element's weights count
+only beyond its own drift (`beyond_drift`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -15,7 +22,237 @@ import threading
 
 import numpy as np
 
+from ..runs.model import Run, Tensors
 from ..runs.sketches import dot
+from .metrics import TensorDiff
+
+TAU = 2.0  # |g_ref| within TAU times the gradient noise (element's, or the tensor's RMS)
+MANTISSA = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}  # stored bits
+STEP_ROUNDINGS = 8  # a step computed in the run's dtype errs by up to this many of its units
+ABOVE_ROUNDING = 4  # a weight difference this many roundings wide is the gradient's
+
+
+def noise_steps(
+    gb: np.ndarray,
+    gr: np.ndarray,
+    rms: float,
+    b: np.ndarray,
+    pb: np.ndarray,
+    r: np.ndarray,
+    pr: np.ndarray,
+    first_bits: int | None = None,
+) -> tuple[np.ndarray, float]:
+    """For aligned float64 slices of the gradients (gb, gr), the weights after (b, r) and before
+    (pb, pr) an update, and the tensor's RMS gradient noise: the steps |Δb| + |Δr| of the
+    noise-dominated elements (`first_step_spread` elsewhere at the first update, whose
+    weights have `first_bits` stored mantissa bits; 0 elsewhere), and Σ(TAU·ρ·step)² over the
+    other elements, ρ = max(|gb − gr|, rms) / |gr| (each below 1/TAU there)."""
+    spread = (
+        None if first_bits is None else first_step_spread(gb, gr, rms, b, pb, r, pr, first_bits)
+    )
+    noise = _gradient_noise(gb, gr, rms)
+    size = np.abs(gr)
+    dominated = size <= noise
+    steps = _both_steps(b, pb, r, pr)
+    with np.errstate(divide="ignore", invalid="ignore"):  # inf and 0/0 only where dominated
+        np.divide(noise, size, out=noise)
+        noise *= steps
+    noise[dominated] = 0.0
+    np.multiply(steps, dominated, out=steps)
+    if spread is not None:
+        np.add(steps, spread, out=steps, where=~dominated)
+    return steps, dot(noise, noise)
+
+
+def shared_steps(
+    gb: np.ndarray,
+    gm: np.ndarray,
+    rms: float,
+    b: np.ndarray,
+    pb: np.ndarray,
+    m: np.ndarray,
+    pm: np.ndarray,
+) -> np.ndarray:
+    """Without a reference, per element of aligned float64 slices of both runs' gradients, and
+    weights after (b, m) and before (pb, pm) an update: the share of their steps |Δb| + |Δm|
+    that the gradient's noise explains, min(1, TAU·ρ), ρ = max(|gb − gm|, rms) / max(|gb|,
+    |gm|). All of them where the gradient is noise (an adaptive optimizer steps such an element
+    where the noise points); elsewhere a gradient off by a share ρ of itself moves its step by
+    at most that share (SGD's step is proportional to it; Adam's first step lr·g/(|g| + eps)
+    changes by less, near its eps too)."""
+    noise = _gradient_noise(gb, gm, rms)
+    size = np.abs(gb)
+    np.maximum(size, np.abs(gm), out=size)
+    share = np.ones_like(size)
+    np.divide(noise, size, out=share, where=size > noise)  # below 1 above the noise alone
+    steps = _both_steps(b, pb, m, pm)
+    steps *= share
+    return steps
+
+
+def _gradient_noise(ga: np.ndarray, gb: np.ndarray, rms: float) -> np.ndarray:
+    """TAU·max(|ga − gb|, rms) per element (= max(TAU·x, TAU·rms) exactly)."""
+    noise = np.subtract(ga, gb)
+    np.abs(noise, out=noise)
+    np.maximum(noise, rms, out=noise)
+    noise *= TAU
+    return noise
+
+
+def _both_steps(a: np.ndarray, pa: np.ndarray, b: np.ndarray, pb: np.ndarray) -> np.ndarray:
+    """|a − pa| + |b − pb|: two runs' steps at each element."""
+    steps = np.subtract(a, pa)
+    np.abs(steps, out=steps)
+    other = np.subtract(b, pb)
+    np.abs(other, out=other)
+    steps += other
+    return steps
+
+
+def first_step_spread(
+    gb: np.ndarray,
+    gr: np.ndarray,
+    rms: float,
+    b: np.ndarray,
+    pb: np.ndarray,
+    r: np.ndarray,
+    pr: np.ndarray,
+    bits: int,
+) -> np.ndarray:
+    """At the first update (pb == pr): per element, how much further than the baseline another
+    run may step on a gradient error of the tensor's RMS, |b − r|·(rms/|gb − gr| − 1), where
+    the baseline's error |gb − gr| was drawn below the RMS and its weight difference |b − r|
+    stands ABOVE_ROUNDING times above the rounding of its weight and step (in a dtype of `bits`
+    mantissa bits): there the gain |b − r| / |gb − gr| is the optimizer's. 0 elsewhere."""
+    dg = np.abs(gb - gr)
+    dw = np.abs(b - r)
+    rounding = _ulp(b, bits) + STEP_ROUNDINGS * _ulp(b - pb, bits)
+    use = (pb == pr) & (dg > 0) & (dg < rms) & (dw > ABOVE_ROUNDING * rounding)
+    out = np.zeros_like(dw)
+    out[use] = dw[use] * (rms / dg[use] - 1.0)
+    return out
+
+
+def _ulp(x: np.ndarray, bits: int) -> np.ndarray:
+    """The spacing of numbers of `bits` stored mantissa bits around each x (at 0: that of 1)."""
+    _, exponent = np.frexp(np.where(x == 0, 1.0, x))
+    return np.ldexp(1.0, exponent - 1 - bits)
+
+
+def stored_bits(run: Run) -> dict[str, int]:
+    """Each recorded tensor's stored mantissa bits (where its dtype is a float dtype)."""
+    return {t.name: MANTISSA[t.dtype] for t in run.tensors if t.dtype in MANTISSA}
+
+
+class Drift:
+    """Per tensor, how far noise-dominated elements may have drifted under adaptive steps, and
+    how far the baseline's noise explains that it strayed from the reference elsewhere.
+
+    Without a reference the merged run stands in for it (`against_merged`): each element may
+    drift by the share of both runs' steps its gradient's noise explains (`shared_steps`: all
+    of them where neither run's gradient stands above their difference), counted only at
+    updates where that tensor's gradients passed their check, so a merged gradient that is
+    wrong as a whole widens nothing. An element's weights then count only beyond its own drift
+    (`beyond_drift`): the allowance is the element's, never a share of the tensor's."""
+
+    def __init__(
+        self, starts: Tensors, bits: dict[str, int] | None = None, against_merged: bool = False
+    ) -> None:
+        """`bits`: each tensor's stored mantissa bits in the baseline (`stored_bits`)."""
+        self.against_merged = against_merged
+        self.bits = {} if against_merged else bits or {}
+        self.prev_b = {n: np.asarray(v, dtype=np.float64) for n, v in starts.items()}
+        self.prev_r = dict(self.prev_b)
+        self.drift: dict[str, np.ndarray] = {}
+        self.explained: dict[str, float] = {}
+
+    def advance(
+        self,
+        gb: Tensors | None,
+        gr: Tensors | None,
+        wb: Tensors,
+        wr: Tensors,
+        first: bool = False,
+        passed: set[str] | None = None,
+    ) -> None:
+        """Take update i's steps (weights after i against after i−1) and gradients (`first`:
+        i is update 0). `gr`, `wr`: the reference's, or the merged run's (`against_merged`),
+        whose steps count only in the tensors `passed` names (their gradients passed)."""
+        for name, b in wb.items():
+            if name not in wr or name not in self.prev_b:
+                continue
+            b64, r64 = np.asarray(b, dtype=np.float64), np.asarray(wr[name], dtype=np.float64)
+            counted = passed is None or name in passed
+            if counted and gb is not None and gr is not None and name in gb and name in gr:
+                bits = self.bits.get(name) if first else None
+                self._widen(name, gb[name], gr[name], b64, r64, bits)
+            self.prev_b[name], self.prev_r[name] = b64, r64
+
+    def _widen(
+        self,
+        name: str,
+        gb: np.ndarray,
+        gr: np.ndarray,
+        b: np.ndarray,
+        r: np.ndarray,
+        first_bits: int | None,
+    ) -> None:
+        g_ref = np.asarray(gr, dtype=np.float64).ravel()
+        g_base = np.asarray(gb, dtype=np.float64).ravel()
+        noise = np.abs(g_base - g_ref)
+        if not (np.isfinite(noise).all() and np.isfinite(b).all() and np.isfinite(r).all()):
+            return
+        # one element's noise is one draw: the tensor's RMS noise bounds it from below
+        rms = math.sqrt(float(np.mean(noise**2))) if noise.size else 0.0
+        prev_b, prev_r = self.prev_b[name].ravel(), self.prev_r[name].ravel()
+        if self.against_merged:
+            steps = shared_steps(g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r)
+        else:
+            steps, explained = noise_steps(
+                g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r, first_bits
+            )
+            self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(explained)
+        if not steps.any():
+            return
+        # the merged run may step such an element as far as either run did, the other way
+        drift = self.drift.setdefault(name, np.zeros(b.size))
+        drift += steps
+
+    def allowance(self, name: str) -> float:
+        """||drift|| of a tensor: what its noise-dominated elements may add to its error."""
+        drift = self.drift.get(name)
+        return 0.0 if drift is None else float(np.linalg.norm(drift))
+
+    def strayed(self, name: str) -> float:
+        """How far the baseline may stray from the reference on its noise: the drift, and what
+        the other elements' noise explains (`noise_steps`)."""
+        return self.allowance(name) + self.explained.get(name, 0.0)
+
+
+def widened(d: TensorDiff, drift: float, factor: float) -> TensorDiff:
+    """A weight's judgement with the drift allowance folded into its noise."""
+    if drift <= 0 or d.noise is None or not math.isfinite(d.noise):
+        return d
+    extra = factor * (math.hypot(d.noise, drift) - d.noise)
+    return dataclasses.replace(d, allowed=d.allowed + extra, drift=drift)
+
+
+def beyond_drift(d: TensorDiff, excess: float, drift: float) -> TensorDiff:
+    """A weight judged by the fixed tolerances (no reference) whose noise-dominated elements are
+    judged by the gradients alone: each element counts only by how far it stands beyond its own
+    drift (the steps both runs took while it was dominated), `excess` = ||max(|m − b| − drift,
+    0)||, so the drift of one element never covers another's error."""
+    if drift <= 0 or not math.isfinite(d.error):
+        return d
+    return dataclasses.replace(d, error=excess, drift=drift)
+
+
+def excess_over(base: np.ndarray, merged: np.ndarray, drift: np.ndarray) -> float:
+    """||max(|m − b| − drift, 0)|| over aligned flat float64 arrays (`beyond_drift`)."""
+    gap = np.abs(merged - base)
+    gap -= drift
+    np.maximum(gap, 0.0, out=gap)
+    return math.sqrt(dot(gap, gap))
 
 
 class DriftFiles:
@@ -24,7 +261,7 @@ class DriftFiles:
     def __init__(self) -> None:
         self.folder: str | None = None
         self.sums: dict[str, dict[int, float]] = {}
-        self.explained: dict[str, float] = {}  # per tensor, as `noise.Drift.explained`
+        self.explained: dict[str, float] = {}  # per tensor, as `Drift.explained`
         self.fds: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -70,12 +307,12 @@ class DriftFiles:
         return math.sqrt(math.fsum(sums.values())) if sums else 0.0
 
     def explain(self, name: str, sumsq: float) -> None:
-        """Take one update's Σ(TAU·ρ·step)² of a tensor (`noise.noise_steps`, summed over its
+        """Take one update's Σ(TAU·ρ·step)² of a tensor (`noise_steps`, summed over its
         slices)."""
         self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(sumsq)
 
     def strayed(self, name: str) -> float:
-        """How far the baseline may stray from the reference on its noise (as `noise.Drift`)."""
+        """How far the baseline may stray from the reference on its noise (as `Drift`)."""
         return self.allowance(name) + self.explained.get(name, 0.0)
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
 """The judge's per-tensor arithmetic over slices: every sum `metrics.diff`, `metrics.calibrate`,
-`noise.Drift` and `compatible.check_reference_weights` need, in one pass over aligned slices of
+`drift.Drift` and `compatible.check_reference_weights` need, in one pass over aligned slices of
 the baseline (b), merged (m) and reference (r) tensors, the starting weights (s), the previous
 update's weights (pb, pr) and, for the drift, the gradients (gb, gr).
 
@@ -46,7 +46,7 @@ class Pair:
     rr: float = 0.0
     rs: float = 0.0  # Σ(r−s)²
     noise_ok: bool = True  # every |gb − gr| finite (the drift's condition)
-    beyond: float = 0.0  # Σ max(|m − b| − drift, 0)² (noise.beyond_drift), where a drift is given
+    beyond: float = 0.0  # Σ max(|m − b| − drift, 0)² (drift.beyond_drift), where a drift is given
     extra: dict = field(default_factory=dict)
 
     def add(

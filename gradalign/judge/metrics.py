@@ -22,7 +22,7 @@ class TensorDiff:
     allowed: float  # the error the tolerance allows here
     moved: float | None = None  # ||b - b_start||: how far training moved this tensor so far
     noise: float | None = None  # ||b - ref||: the baseline's own error against a precise rerun
-    drift: float | None = None  # what noise-dominated elements may add (judge/noise.py)
+    drift: float | None = None  # what noise-dominated elements may add (judge/drift.py)
     excused: str | None = None  # a failure judged honest noise (an isolated gradient jump)
     sketched: bool = False  # error and noise estimated from sketches (judge/sketched.py)
     rounding: float | None = None  # floor·||ref||: the part of `allowed` that is one rounding

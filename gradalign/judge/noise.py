@@ -1,7 +1,8 @@
 """What an honest run may differ by: the noise model behind the noise floor.
 
 The floor judges each tensor by the baseline's own distance from the float64 reference. Several
-honest effects escape that single measurement, and this module measures them from the runs:
+honest effects escape that single measurement, and the judge measures them from the runs (the
+first two elementwise, in judge/drift.py; the rest here; kinks and gains in their own modules):
 
 - **Noise-dominated elements under an adaptive optimizer.** An element whose true gradient is
   below the gradient noise (|g_ref| within `TAU` times |g_base − g_ref|: a key bias softmax
@@ -9,7 +10,7 @@ honest effects escape that single measurement, and this module measures them fro
   Adam, by up to about the learning rate per step, while the reference moves it little or the
   other way (a sign flip at Adam's first step costs 2·lr). The baseline draws one such walk;
   the merged run draws another. Per update, a noise-dominated element may drift by as much as
-  the baseline and the reference stepped it, |Δb| + |Δref|, the other way: `Drift` sums that
+  the baseline and the reference stepped it, |Δb| + |Δref|, the other way: `drift.Drift` sums that
   per element into an allowance that widens the tensor's noise as sqrt(noise² + drift²). Under
   SGD such elements barely move (a step is lr times a tiny gradient), so little widens; a bug in
   the merged run cannot widen it (it reads only the baseline and the reference).
@@ -27,7 +28,7 @@ honest effects escape that single measurement, and this module measures them fro
   steps an element whose gradient is near its eps with a gain of lr·eps/(|g| + eps)², thousands
   of times that of its neighbours; the baseline drew one gradient error there, perhaps far below
   the tensor's RMS gradient noise, which the gradients are judged by. Such an element may step
-  as far as that gain times the RMS in another run: `first_step_spread` adds the part beyond
+  as far as that gain times the RMS in another run: `drift.first_step_spread` adds the part beyond
   the baseline's own draw to the drift, where it stays (the weight difference persists).
 - **What the drift admitted, carried forward.** A weight the drift let the merged run set c
   times further from the baseline than the baseline's noise moves every later forward, and so
@@ -39,6 +40,11 @@ honest effects escape that single measurement, and this module measures them fro
   their difference makes (`explain_loss_by_weights`).
 - **A ReLU-like kink crossed in one run and not the other** is judge/kinks.py's.
 - **One element's high optimizer gain** (momentum nearly cancelling) is judge/gains.py's.
+
+Without a reference the fixed tolerances judge, and what the runs themselves show still counts:
+an element whose gradient is rounding noise in both runs is judged by the gradients alone
+(`drift.shared_steps`, `drift.beyond_drift`), and a kink and a loss the weights explain are
+measured against the baseline (judge/kinks.py, `explain_loss_by_weights`).
 """
 
 from __future__ import annotations
@@ -48,239 +54,11 @@ import math
 
 import numpy as np
 
-from ..runs.model import Run, Tensors
-from ..runs.sketches import dot
+from ..runs.model import Run
 from .metrics import TensorDiff
 from .results import UpdateResult
 
-TAU = 2.0  # |g_ref| within TAU times the gradient noise (element's, or the tensor's RMS)
 POOL = 3  # a tensor's noise is at least the RMS of its noise over updates i-POOL .. i+POOL
-MANTISSA = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}  # stored bits
-STEP_ROUNDINGS = 8  # a step computed in the run's dtype errs by up to this many of its units
-ABOVE_ROUNDING = 4  # a weight difference this many roundings wide is the gradient's
-
-
-def noise_steps(
-    gb: np.ndarray,
-    gr: np.ndarray,
-    rms: float,
-    b: np.ndarray,
-    pb: np.ndarray,
-    r: np.ndarray,
-    pr: np.ndarray,
-    first_bits: int | None = None,
-) -> tuple[np.ndarray, float]:
-    """For aligned float64 slices of the gradients (gb, gr), the weights after (b, r) and before
-    (pb, pr) an update, and the tensor's RMS gradient noise: the steps |Δb| + |Δr| of the
-    noise-dominated elements (`first_step_spread` elsewhere at the first update, whose
-    weights have `first_bits` stored mantissa bits; 0 elsewhere), and Σ(TAU·ρ·step)² over the
-    other elements, ρ = max(|gb − gr|, rms) / |gr| (each below 1/TAU there)."""
-    spread = (
-        None if first_bits is None else first_step_spread(gb, gr, rms, b, pb, r, pr, first_bits)
-    )
-    noise = _gradient_noise(gb, gr, rms)
-    size = np.abs(gr)
-    dominated = size <= noise
-    steps = _both_steps(b, pb, r, pr)
-    with np.errstate(divide="ignore", invalid="ignore"):  # inf and 0/0 only where dominated
-        np.divide(noise, size, out=noise)
-        noise *= steps
-    noise[dominated] = 0.0
-    np.multiply(steps, dominated, out=steps)
-    if spread is not None:
-        np.add(steps, spread, out=steps, where=~dominated)
-    return steps, dot(noise, noise)
-
-
-def shared_steps(
-    gb: np.ndarray,
-    gm: np.ndarray,
-    rms: float,
-    b: np.ndarray,
-    pb: np.ndarray,
-    m: np.ndarray,
-    pm: np.ndarray,
-) -> np.ndarray:
-    """Without a reference, per element of aligned float64 slices of both runs' gradients, and
-    weights after (b, m) and before (pb, pm) an update: the share of their steps |Δb| + |Δm|
-    that the gradient's noise explains, min(1, TAU·ρ), ρ = max(|gb − gm|, rms) / max(|gb|,
-    |gm|). All of them where the gradient is noise (an adaptive optimizer steps such an element
-    where the noise points); elsewhere a gradient off by a share ρ of itself moves its step by
-    at most that share (SGD's step is proportional to it; Adam's first step lr·g/(|g| + eps)
-    changes by less, near its eps too)."""
-    noise = _gradient_noise(gb, gm, rms)
-    size = np.abs(gb)
-    np.maximum(size, np.abs(gm), out=size)
-    share = np.ones_like(size)
-    np.divide(noise, size, out=share, where=size > noise)  # below 1 above the noise alone
-    steps = _both_steps(b, pb, m, pm)
-    steps *= share
-    return steps
-
-
-def _gradient_noise(ga: np.ndarray, gb: np.ndarray, rms: float) -> np.ndarray:
-    """TAU·max(|ga − gb|, rms) per element (= max(TAU·x, TAU·rms) exactly)."""
-    noise = np.subtract(ga, gb)
-    np.abs(noise, out=noise)
-    np.maximum(noise, rms, out=noise)
-    noise *= TAU
-    return noise
-
-
-def _both_steps(a: np.ndarray, pa: np.ndarray, b: np.ndarray, pb: np.ndarray) -> np.ndarray:
-    """|a − pa| + |b − pb|: two runs' steps at each element."""
-    steps = np.subtract(a, pa)
-    np.abs(steps, out=steps)
-    other = np.subtract(b, pb)
-    np.abs(other, out=other)
-    steps += other
-    return steps
-
-
-def first_step_spread(
-    gb: np.ndarray,
-    gr: np.ndarray,
-    rms: float,
-    b: np.ndarray,
-    pb: np.ndarray,
-    r: np.ndarray,
-    pr: np.ndarray,
-    bits: int,
-) -> np.ndarray:
-    """At the first update (pb == pr): per element, how much further than the baseline another
-    run may step on a gradient error of the tensor's RMS, |b − r|·(rms/|gb − gr| − 1), where
-    the baseline's error |gb − gr| was drawn below the RMS and its weight difference |b − r|
-    stands ABOVE_ROUNDING times above the rounding of its weight and step (in a dtype of `bits`
-    mantissa bits): there the gain |b − r| / |gb − gr| is the optimizer's. 0 elsewhere."""
-    dg = np.abs(gb - gr)
-    dw = np.abs(b - r)
-    rounding = _ulp(b, bits) + STEP_ROUNDINGS * _ulp(b - pb, bits)
-    use = (pb == pr) & (dg > 0) & (dg < rms) & (dw > ABOVE_ROUNDING * rounding)
-    out = np.zeros_like(dw)
-    out[use] = dw[use] * (rms / dg[use] - 1.0)
-    return out
-
-
-def _ulp(x: np.ndarray, bits: int) -> np.ndarray:
-    """The spacing of numbers of `bits` stored mantissa bits around each x (at 0: that of 1)."""
-    _, exponent = np.frexp(np.where(x == 0, 1.0, x))
-    return np.ldexp(1.0, exponent - 1 - bits)
-
-
-def stored_bits(run: Run) -> dict[str, int]:
-    """Each recorded tensor's stored mantissa bits (where its dtype is a float dtype)."""
-    return {t.name: MANTISSA[t.dtype] for t in run.tensors if t.dtype in MANTISSA}
-
-
-class Drift:
-    """Per tensor, how far noise-dominated elements may have drifted under adaptive steps, and
-    how far the baseline's noise explains that it strayed from the reference elsewhere.
-
-    Without a reference the merged run stands in for it (`against_merged`): each element may
-    drift by the share of both runs' steps its gradient's noise explains (`shared_steps`: all
-    of them where neither run's gradient stands above their difference), counted only at
-    updates where that tensor's gradients passed their check, so a merged gradient that is
-    wrong as a whole widens nothing. An element's weights then count only beyond its own drift
-    (`beyond_drift`): the allowance is the element's, never a share of the tensor's."""
-
-    def __init__(
-        self, starts: Tensors, bits: dict[str, int] | None = None, against_merged: bool = False
-    ) -> None:
-        """`bits`: each tensor's stored mantissa bits in the baseline (`stored_bits`)."""
-        self.against_merged = against_merged
-        self.bits = {} if against_merged else bits or {}
-        self.prev_b = {n: np.asarray(v, dtype=np.float64) for n, v in starts.items()}
-        self.prev_r = dict(self.prev_b)
-        self.drift: dict[str, np.ndarray] = {}
-        self.explained: dict[str, float] = {}
-
-    def advance(
-        self,
-        gb: Tensors | None,
-        gr: Tensors | None,
-        wb: Tensors,
-        wr: Tensors,
-        first: bool = False,
-        passed: set[str] | None = None,
-    ) -> None:
-        """Take update i's steps (weights after i against after i−1) and gradients (`first`:
-        i is update 0). `gr`, `wr`: the reference's, or the merged run's (`against_merged`),
-        whose steps count only in the tensors `passed` names (their gradients passed)."""
-        for name, b in wb.items():
-            if name not in wr or name not in self.prev_b:
-                continue
-            b64, r64 = np.asarray(b, dtype=np.float64), np.asarray(wr[name], dtype=np.float64)
-            counted = passed is None or name in passed
-            if counted and gb is not None and gr is not None and name in gb and name in gr:
-                bits = self.bits.get(name) if first else None
-                self._widen(name, gb[name], gr[name], b64, r64, bits)
-            self.prev_b[name], self.prev_r[name] = b64, r64
-
-    def _widen(
-        self,
-        name: str,
-        gb: np.ndarray,
-        gr: np.ndarray,
-        b: np.ndarray,
-        r: np.ndarray,
-        first_bits: int | None,
-    ) -> None:
-        g_ref = np.asarray(gr, dtype=np.float64).ravel()
-        g_base = np.asarray(gb, dtype=np.float64).ravel()
-        noise = np.abs(g_base - g_ref)
-        if not (np.isfinite(noise).all() and np.isfinite(b).all() and np.isfinite(r).all()):
-            return
-        # one element's noise is one draw: the tensor's RMS noise bounds it from below
-        rms = math.sqrt(float(np.mean(noise**2))) if noise.size else 0.0
-        prev_b, prev_r = self.prev_b[name].ravel(), self.prev_r[name].ravel()
-        if self.against_merged:
-            steps = shared_steps(g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r)
-        else:
-            steps, explained = noise_steps(
-                g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r, first_bits
-            )
-            self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(explained)
-        if not steps.any():
-            return
-        # the merged run may step such an element as far as either run did, the other way
-        drift = self.drift.setdefault(name, np.zeros(b.size))
-        drift += steps
-
-    def allowance(self, name: str) -> float:
-        """||drift|| of a tensor: what its noise-dominated elements may add to its error."""
-        drift = self.drift.get(name)
-        return 0.0 if drift is None else float(np.linalg.norm(drift))
-
-    def strayed(self, name: str) -> float:
-        """How far the baseline may stray from the reference on its noise: the drift, and what
-        the other elements' noise explains (`noise_steps`)."""
-        return self.allowance(name) + self.explained.get(name, 0.0)
-
-
-def widened(d: TensorDiff, drift: float, factor: float) -> TensorDiff:
-    """A weight's judgement with the drift allowance folded into its noise."""
-    if drift <= 0 or d.noise is None or not math.isfinite(d.noise):
-        return d
-    extra = factor * (math.hypot(d.noise, drift) - d.noise)
-    return dataclasses.replace(d, allowed=d.allowed + extra, drift=drift)
-
-
-def beyond_drift(d: TensorDiff, excess: float, drift: float) -> TensorDiff:
-    """A weight judged by the fixed tolerances (no reference) whose noise-dominated elements are
-    judged by the gradients alone: each element counts only by how far it stands beyond its own
-    drift (the steps both runs took while it was dominated), `excess` = ||max(|m − b| − drift,
-    0)||, so the drift of one element never covers another's error."""
-    if drift <= 0 or not math.isfinite(d.error):
-        return d
-    return dataclasses.replace(d, error=excess, drift=drift)
-
-
-def excess_over(base: np.ndarray, merged: np.ndarray, drift: np.ndarray) -> float:
-    """||max(|m − b| − drift, 0)|| over aligned flat float64 arrays (`beyond_drift`)."""
-    gap = np.abs(merged - base)
-    gap -= drift
-    np.maximum(gap, 0.0, out=gap)
-    return math.sqrt(dot(gap, gap))
 
 
 def pool_noise(results: list[UpdateResult], factor: float) -> None:
@@ -383,7 +161,8 @@ def explain_loss_by_weights(
     make, |<g_ref(u), w_m(u−1) − w_ref(u−1)>| (factor times it, as the noise): Adamax's drift
     set a GPT's MLP bias 16x its noise away and moved the loss by 1.69e-5 where this predicts
     1.56e-5. A loss computed wrongly (`loss-averaging`) moves the loss, not the weights, and
-    still fails. Read only at such updates, and only where both runs kept full weights."""
+    still fails. Read only at such updates, and only where both runs kept full weights. `ref`:
+    the reference, or the baseline where there is none (the loss is then judged against it)."""
     for u in range(1, len(results)):
         r, before = results[u], results[u - 1]
         if r.loss_ok or not before.weights or not all(d.ok for d in before.weights):

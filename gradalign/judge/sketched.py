@@ -1,7 +1,7 @@
 """Judging weights and gradients from sketches, when a run was recorded with `--record sketch`.
 
 Tensors kept whole (at most the sketch width, e.g. biases and norms' scales) are judged exactly
-as from full runs, the noise-dominated drift included (noise.Drift). Larger tensors are judged
+as from full runs, the noise-dominated drift included (drift.Drift). Larger tensors are judged
 from estimates: ||m − ref|| and ||b − ref|| are estimated by the norms of sketch differences
 (runs/sketches.estimate), and the estimator's bound is folded into what is allowed, in the
 direction that never fails what the exact judgement passes:
@@ -26,9 +26,9 @@ from ..runs.model import Run
 from ..runs.sketches import Estimate, estimate
 from .compatible import check_reference_weights, stray
 from .distributed import listed
+from .drift import Drift, stored_bits, widened
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
-from .noise import Drift, stored_bits, widened
 from .results import UpdateResult
 from .views import Kept, summaries
 

@@ -20,11 +20,10 @@ from ..runs.layout import grads_file, weights_file
 from ..runs.model import Run
 from ..runs.store import CheckedFile
 from .compatible import stray
-from .drift import DriftFiles
+from .drift import DriftFiles, beyond_drift, noise_steps, shared_steps, stored_bits, widened
 from .fused import Pair, widen64
 from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div, fixed_allowed
-from .noise import beyond_drift, noise_steps, shared_steps, stored_bits, widened
 from .results import UpdateResult
 
 CHUNK = 1 << 17  # elements per slice
@@ -85,7 +84,7 @@ class StreamJudge:
 
     def __init__(self, inputs: Inputs) -> None:
         self.base, self.merged, self.ref, self.tol, self.floor, self.bound = inputs.unpack()
-        self.drift = DriftFiles()  # against the reference, or else the merged run (noise.Drift)
+        self.drift = DriftFiles()  # against the reference, or else the merged run (drift.Drift)
         self.shapes = {t.name: t.shape for t in self.base.tensors}
         self.params = {t.name: t.shape for t in self.base.tensors if t.kind == "param"}
         self.bits = stored_bits(self.base)
@@ -157,7 +156,7 @@ class StreamJudge:
         out = _Outcome()
         tol = self.tol
         has = lambda c: c is not None and name in c.file.entries  # noqa: E731
-        # the drift's other run: the reference, or else the merged run (noise.Drift)
+        # the drift's other run: the reference, or else the merged run (drift.Drift)
         referenced = self.ref is not None
         other = f.wr if referenced else f.wm
         drifts = self.drift is not None and f.wb is not None and other is not None
