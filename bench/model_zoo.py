@@ -9,9 +9,13 @@ must pass; a failure is a false alarm, printed with its code and worst err/allow
 Families: a GPT (pre-norm causal attention, GELU MLPs, tied head), a Transformer encoder (ReLU),
 a GRU, a convolutional text model (ReLU, max-pooling), an MLP with LayerNorm and SiLU.
 Optimizers: Adam (lr 1e-2 and 1e-3, eps 1e-6), AdamW with weight decay, RMSprop, Adagrad, SGD
-with momentum, NAdam, RAdam, Adamax. K in 2, 4, 8; batch 48, 10 updates.
+with momentum, NAdam, RAdam, Adamax. K in 2, 4, 8; batch 48, 10 updates. `--optimizers` takes
+others too: Adafactor, Rprop, Adadelta, ASGD, SGD with Nesterov momentum and weight decay, and
+Muon for the matrices with AdamW for the rest (two optimizers, the Recorder watching Muon).
 
     .venv/bin/python bench/model_zoo.py [--runs 150] [--start 0] [--models gpt,encoder,...]
+                                        [--optimizers adam-1e-2,...,muon-adamw]
+                                        [--compute-dtype bfloat16]
                                         [--bug NAME] [--updates 10] [--autocast [float16]]
                                         [--clip 1.0] [--schedule] [--reference-none]
                                         [--jsonl rows.jsonl]
@@ -141,6 +145,39 @@ OPTIMIZERS: dict[str, Opt] = {
 }
 
 
+class MuonAdamW:
+    """torch's Muon for the 2-D weights and AdamW for the rest, as Muon is used (it takes
+    matrices only): two optimizers the loop steps together. The Recorder watches Muon (found
+    as `.optimizer`); the schedule, when asked for, moves Muon's learning rate."""
+
+    def __init__(self, params) -> None:
+        params = list(params)
+        self.optimizer = torch.optim.Muon([p for p in params if p.dim() == 2], lr=2e-2)
+        self.rest = torch.optim.AdamW([p for p in params if p.dim() != 2], lr=3e-3)
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.rest.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+        self.rest.zero_grad()
+
+
+# Optimizers outside the default grid (`--optimizers` picks any of both), so the runs the README
+# names keep their draws.
+MORE_OPTIMIZERS: dict[str, Opt] = {
+    "adafactor": lambda p: torch.optim.Adafactor(p, lr=1e-2),
+    "rprop": lambda p: torch.optim.Rprop(p, lr=1e-3),
+    "adadelta": lambda p: torch.optim.Adadelta(p, lr=1.0),
+    "asgd": lambda p: torch.optim.ASGD(p, lr=1e-2),
+    "sgd-nesterov-wd": lambda p: torch.optim.SGD(
+        p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2
+    ),
+    "muon-adamw": MuonAdamW,
+}
+
+
 BUGS = {  # a bug the merged loop may carry -> the code that must name it
     "no-loss-scale": "loss-scale",
     "zero-grad-every-micro": "zero-grad-in-window",
@@ -154,18 +191,23 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     recorded S times too large: a loss that is not the one backpropagated), bug=NAME (BUGS),
     updates=N (default UPDATES), autocast="bfloat16"|"float16" (the forward under CPU autocast,
     float16 with a GradScaler; never for the float64 reference), clip=MAX_NORM, schedule=True,
-    skip_updates=[...] (the Recorder's: a float64 reference skips the baseline's skipped steps)."""
+    skip_updates=[...] (the Recorder's: a float64 reference skips the baseline's skipped steps),
+    compute_dtype="bfloat16" (the Recorder's: the dtype the run declares it computed in, as an
+    optimizer computing its step in 16 bits, Muon, makes it)."""
     updates = options.get("updates", UPDATES)
     autocast = None if options.get("float64") else options.get("autocast")
     dtype = getattr(torch, autocast or "float32")
     torch.manual_seed(seed)
     net = MODELS[model]()
     net = net.double() if options.get("float64") else net
-    opt = OPTIMIZERS[optimizer](net.parameters())
+    opt = {**OPTIMIZERS, **MORE_OPTIMIZERS}[optimizer](net.parameters())
     scaler = torch.amp.GradScaler("cpu") if autocast == "float16" else None
+    if scaler is not None and not isinstance(opt, torch.optim.Optimizer):
+        raise SystemExit(f"{optimizer}: two optimizers, no GradScaler here")
     warm, clip = 2, options.get("clip")
     sched = options.get("schedule") and torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda u: (u + 1) / warm if u < warm else 0.5 * (1 + math.cos(math.pi * u / updates))
+        getattr(opt, "optimizer", opt),
+        lambda u: (u + 1) / warm if u < warm else 0.5 * (1 + math.cos(math.pi * u / updates)),
     )
     g = torch.Generator().manual_seed(5000 + seed)
     x = torch.randint(0, VOCAB, (BATCH * updates, SEQ), generator=g)
@@ -175,7 +217,7 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     reference, bug = options.get("reference"), options.get("bug")
     with gradalign.Recorder(
         out, net, opt, accum_steps=k, reference=reference, scaler=scaler,
-        skip_updates=options.get("skip_updates"),
+        skip_updates=options.get("skip_updates"), compute_dtype=options.get("compute_dtype"),
     ) as rec:  # fmt: skip
         for u in range(updates):
             for j in range(k):
@@ -223,9 +265,10 @@ def judge(
     clip: float | None = None,
     schedule: bool = False,
     reference: bool = True,
+    compute_dtype: str | None = None,
 ) -> dict:
     loop = {"updates": updates, "clip": clip, "schedule": schedule}
-    both = {**loop, "autocast": autocast}
+    both = {**loop, "autocast": autocast, "compute_dtype": compute_dtype}
     record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
     record(root / "ref", model, optimizer, 1, seed, float64=True, skip_updates=skips, **loop)
@@ -242,6 +285,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=150)
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument(
+        "--optimizers",
+        default=",".join(OPTIMIZERS),
+        help=f"the grid's optimizers (default the {len(OPTIMIZERS)} above; more: "
+        f"{', '.join(MORE_OPTIMIZERS)})",
+    )
     parser.add_argument("--jsonl", type=Path, default=None, help="append each run's row here")
     parser.add_argument("--bug", choices=sorted(BUGS), help="inject this bug: each run must fail")
     parser.add_argument("--updates", type=int, default=UPDATES, help="updates per run")
@@ -254,10 +303,18 @@ def main() -> int:
     parser.add_argument(
         "--reference-none", action="store_true", help="judge by the fixed tolerances alone"
     )
+    parser.add_argument(
+        "--compute-dtype",
+        choices=["bfloat16", "float16"],
+        help="the baseline and merged runs declare this compute dtype (Muon's step is bfloat16)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    models = args.models.split(",")
-    grid = [(m, o, k) for m in models for o in OPTIMIZERS for k in (2, 4, 8)]
+    models, optimizers = args.models.split(","), args.optimizers.split(",")
+    unknown = set(optimizers) - set(OPTIMIZERS) - set(MORE_OPTIMIZERS)
+    if unknown:
+        parser.error(f"unknown optimizer(s): {', '.join(sorted(unknown))}")
+    grid = [(m, o, k) for m in models for o in optimizers for k in (2, 4, 8)]
     random.Random(1234).shuffle(grid)
     alarms, worst, mildest, started = [], 0.0, math.inf, time.time()
     with tempfile.TemporaryDirectory() as scratch:
@@ -266,7 +323,8 @@ def main() -> int:
             row = {"run": i, "model": model, "optimizer": optimizer, "k": k}
             where = Path(scratch) / f"run-{i}"
             loop = {"autocast": args.autocast, "clip": args.clip, "schedule": args.schedule,
-                    "reference": not args.reference_none}  # fmt: skip
+                    "reference": not args.reference_none,
+                    "compute_dtype": args.compute_dtype}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             if args.bug is None and row["verdict"] != "pass":
                 alarms.append(row)

@@ -275,7 +275,11 @@ def _rerun_hint(base: Run) -> str:
             " (a float64 rerun must compute the same function of the same samples: random "
             "numbers drawn in the model's dtype, such as torch.randn_like on a float64 tensor, "
             "come out other than the float32 draws, and a loss scaled otherwise shows the same "
-            "way; draw such numbers in float32 and cast them, or judge with --reference none)"
+            "way; draw such numbers in float32 and cast them, or judge with --reference none. An "
+            "optimizer that computes its step in a 16-bit dtype whatever the weights' (torch's "
+            "Muon orthogonalizes in bfloat16) leaves a float64 rerun no more precise than the "
+            'baseline: record both runs with Recorder(..., compute_dtype="bfloat16") and judge '
+            "with --reference none)"
         )
     return (
         f" (the model's dropout ({', '.join(dropout)}) runs on CUDA, where a float64 rerun "
