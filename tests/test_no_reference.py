@@ -28,6 +28,7 @@ def _run(
     grad_extra=None,
     grad_factor: float = 1.0,
     compute_dtype: str | None = None,
+    noisy: np.ndarray = NOISY,
 ):
     """One float32 run: true gradients (the same in every run) plus this run's rounding, Adam's
     step lr·sign(g) per update; `weight_extra(u)` is added to its weights after update u (and
@@ -36,7 +37,7 @@ def _run(
     `compute_dtype`: the precision it says it computed in (its tolerances are that dtype's)."""
     truth = np.random.default_rng(0)
     init = truth.normal(size=SHAPE) * 1e-2
-    true_grads = [np.where(NOISY, 0.0, truth.normal(size=SHAPE) * 1e-1) for _ in range(UPDATES)]
+    true_grads = [np.where(noisy, 0.0, truth.normal(size=SHAPE) * 1e-1) for _ in range(UPDATES)]
     own = np.random.default_rng(seed)
     w, carried, ws, gs = init.copy(), np.zeros(SHAPE), [], []
     for u, true in enumerate(true_grads):
@@ -59,10 +60,11 @@ def _run(
     )
 
 
-def _judged(tmp_path, compute_dtype: str | None = None, **merged_extras):
+def _judged(tmp_path, compute_dtype: str | None = None, noisy=NOISY, **merged_extras):
     """The baseline (K=1) and a merged run (K), both judges; they must agree."""
-    base = read_run_dir(_run(tmp_path / "base", 1, 1, compute_dtype=compute_dtype))
-    merged = _run(tmp_path / "merged", 2, K, compute_dtype=compute_dtype, **merged_extras)
+    both = {"compute_dtype": compute_dtype, "noisy": noisy}
+    base = read_run_dir(_run(tmp_path / "base", 1, 1, **both))
+    merged = _run(tmp_path / "merged", 2, K, **both, **merged_extras)
     merged = read_run_dir(merged)
     whole, streamed = (compare(base, merged, streaming=s) for s in (False, True))
     assert whole.verdict == streamed.verdict
@@ -86,6 +88,16 @@ def test_noise_dominated_elements_are_judged_by_their_gradients_alone(tmp_path):
     (said,) = c.diagnosis
     assert "judged by their gradients alone" in said.message and "w" in said.message
     assert said.evidence["noise_dominated_weights"] == ["w"]
+
+
+def test_where_no_gradient_is_noise_nothing_is_said(tmp_path):
+    """Every element's gradient well above its rounding: each still carries a share ρ (~1e-8)
+    of its steps, far below the tolerance, and the pass message names no tensor."""
+    c = _judged(tmp_path, noisy=np.zeros(SHAPE, dtype=bool))
+    assert c.verdict == "pass"
+    assert "gradients alone" not in c.diagnosis[0].message
+    assert "noise_dominated_weights" not in c.diagnosis[0].evidence
+    assert all(d.drift is None or d.drift < d.allowed for r in c.results for d in r.weights)
 
 
 def test_the_other_elements_keep_the_fixed_tolerance(tmp_path):
