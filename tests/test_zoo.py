@@ -206,3 +206,15 @@ def test_an_optimizer_computing_in_bfloat16_is_said_and_judged_as_declared(tmp_p
         assert (c.verdict, codes[0]) == (
             ("pass", "within-noise") if bug is None else ("fail", "loss-scale")
         )
+
+
+def test_a_load_balancing_loss_over_each_micro_batch_is_named(tmp_path):
+    """A mixture of experts (top 2 of 4) whose load-balancing loss is computed over each
+    forward's batch: the merged run balances each micro-batch of B/K, not the batch of B, so
+    its training is another: `cross-sample-loss`, already at update 0. The same model without
+    that loss passes."""
+    balanced = _runs(tmp_path / "balance", "moe-balance", "adam-1e-2", 4, 0)
+    c = _compare(balanced)
+    assert c.verdict == "fail" and c.diagnosis[0].code == "cross-sample-loss"
+    assert "load-balancing" in c.diagnosis[0].message
+    assert _compare(_runs(tmp_path / "plain", "moe", "adam-1e-2", 4, 0)).verdict == "pass"

@@ -34,6 +34,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.batchnorm,
     sig.dropout_rng,
     sig.loss_averaging,
+    sig.cross_sample_loss,
 ]
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_accum_dtype,
@@ -69,7 +70,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
             if not found or found[0].code == "token-normalization":  # read beside a wrong scale
                 found = sig.with_loss_scale(c, r) or found
     if not found:  # the last resort: state the forward writes differs, nothing else does
-        last = (sig.buffers_in_forward(c), ranked.dp_comm_hook(c))
+        last = (sig.buffers_in_forward(c), ranked.dp_comm_hook(c), sig.cross_sample_gradient(c))
         found = [d for d in last if d is not None][:1]
     if diverged is not None:
         found.append(diverged)

@@ -15,6 +15,7 @@ from .accumulation import (
 )
 from .clipping import clip_before_unscale, clip_per_micro, clip_per_micro_counted, clip_threshold
 from .common import failing, finite, first_gradient_failure
+from .cross_sample import cross_sample_gradient, cross_sample_loss
 from .decisive import (
     batchnorm,
     buffers_in_forward,
@@ -46,6 +47,8 @@ __all__ = [
     "clip_per_micro",
     "clip_per_micro_counted",
     "clip_threshold",
+    "cross_sample_gradient",
+    "cross_sample_loss",
     "data_order",
     "dropout_rng",
     "failing",

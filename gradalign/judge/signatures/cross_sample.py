@@ -1,0 +1,108 @@
+"""`cross-sample-loss`: from identical weights over the same samples, update 0 already differs
+and nothing that names itself does (BatchNorm, dropout, other samples, losses recorded scaled,
+unequal micro-batches): part of the loss is computed over each micro-batch as a whole, so a
+micro-batch of B/K is not its share of B (a mixture of experts' load-balancing loss, an
+in-batch contrastive loss)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..checks import sample_mismatches
+from ..results import Comparison, Diagnosis, UpdateResult
+from .common import finite, window
+from .decisive import _same_start_shown, _update0_gap
+
+
+def cross_sample_loss(c: Comparison) -> Diagnosis | None:
+    """The merged forward differs already at update 0, from identical weights over the same
+    samples (their digests agree), with no BatchNorm or dropout to explain it and the losses not
+    recorded scaled: a micro-batch's loss is not its share of the batch's, so part of the loss
+    is computed over the micro-batch as a whole (a mixture of experts' load-balancing loss, an
+    in-batch contrastive loss); without item counts, a loss normalized per micro-batch by its
+    own tokens reads the same way."""
+    first, k = _cross_sample_start(c)
+    if first is None or first.loss_ok:
+        return None
+    q = first.merged_loss / first.base_loss if first.base_loss else math.nan
+    if not math.isfinite(q) or any(abs(q / s - 1) <= 0.05 for s in (k, 1 / k)):
+        return None  # recorded K times too large or small: loss-averaging's (or scaled print)
+    return _cross_sample(
+        c,
+        f"the merged window's loss is {first.merged_loss:.8g} and the baseline's "
+        f"{first.base_loss:.8g} ({first.loss_diff:.3g} apart, "
+        f"{first.loss_diff / first.loss_allowed:.3g} times what noise allows",
+    )
+
+
+def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
+    """`cross_sample_loss` read from the gradient alone, where the loss term is too small to
+    show in the loss at update 0 (a load-balancing loss weighted 0.01 at K=2): the last resort,
+    when no accumulation bug's gradient shape fits, and only against a reference or in float32
+    and float64, whose fixed tolerances stand a thousand times above an update-0 gradient's
+    rounding (a 16-bit computation's do not: attention's key bias under bfloat16 autocast
+    fails them at update 0)."""
+    calibrated = c.reference is not None or c.dtype in ("float32", "float64")
+    first, _ = _cross_sample_start(c) if calibrated else (None, 0)
+    failed = [d for d in first.grads if not d.ok] if first is not None else []
+    if not failed:
+        return None
+    worst = max(failed, key=lambda d: d.ratio)
+    return _cross_sample(
+        c,
+        f"the loss agrees but the gradient does not (of {worst.name}, {worst.ratio:.3g} times "
+        "what noise allows), and no accumulation bug's shape fits it",
+    )
+
+
+def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
+    """Update 0's result where the runs provably computed it alike (identical weights, the
+    same samples by their digests, nothing stepped inside, no BatchNorm or dropout) and its
+    micro-batches hold as many items (else samples) each, so that a mean per micro-batch
+    averages to the batch's: else None (token-normalization's, where they do not); and K."""
+    first, k = c.results[0] if c.results else None, window(c)
+    facts = {**c.baseline.model_facts, **c.merged.model_facts}
+    if first is None or first.problems or k < 2 or not _same_start_shown(c):
+        return None, k
+    if facts.get("batchnorm") or facts.get("dropout"):
+        return None, k
+    other = sample_mismatches(c.baseline, c.merged)
+    if other is None or other.size:  # unknown samples, or other ones: data-order's
+        return None, k
+    counts = c.merged.micro_items if c.merged.micro_items is not None else c.merged.micro_samples
+    window0 = c.merged.window(0)
+    if counts is not None and np.ptp(counts[window0.start : window0.stop]) > 0:
+        return None, k  # unequal micro-batches: a per-micro-batch mean reweights them (tokens)
+    return first, k
+
+
+def _cross_sample(c: Comparison, seen: str) -> Diagnosis:
+    """`cross-sample-loss`, `seen` saying what differs at update 0."""
+    evidence, _ = _update0_gap(c)
+    first = c.results[0]
+    evidence.update(
+        baseline_loss=finite(first.base_loss), merged_loss=finite(first.merged_loss), K=window(c)
+    )
+    cosine = evidence.get("update_0_grad_cosine")
+    turned = f"; the gradient's cosine {cosine:.8f}" if cosine is not None else ""
+    tokens = (
+        ""
+        if c.merged.micro_items is not None
+        else "; or each micro-batch's loss is a mean over its own count of tokens, which these "
+        "runs did not record (give the Recorder items=, and token-normalization is told apart)"
+    )
+    return Diagnosis(
+        "cross-sample-loss",
+        f"at update 0, from identical weights over the same samples, {seen}{turned}): the loss "
+        "of a micro-batch of B/K samples is not its share of the loss of B. Part of it is "
+        "computed over the micro-batch as a whole: an auxiliary loss over batch statistics (a "
+        "mixture of experts' load-balancing loss), an in-batch contrastive loss, a "
+        "normalization or penalty over the batch" + tokens,
+        evidence,
+        "compute such a term over the whole window: accumulate its statistics over the K "
+        "micro-steps (the experts' token counts and router probabilities) and add it once per "
+        "window, or make it a sum of per-sample terms; an in-batch contrastive loss needs the "
+        "whole batch's embeddings (cache them across micro-batches, as GradCache does)",
+    )
