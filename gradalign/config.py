@@ -32,7 +32,7 @@ AMP_LEVELS = {
     "O2": ("fp16", None),
     "O3": ("fp32", "float16"),
 }
-MODELS = ("mlp", "mlp-dropout", "cnn-bn", "cnn-gn", "tiny-lm")
+MODELS = ("mlp", "mlp-dropout", "mlp-moe", "cnn-bn", "cnn-gn", "tiny-lm")
 LOSS_NORMS = ("items", "mean")
 REFERENCES = ("fp64", "none")
 RECORD_MODES = ("full", "sketch")

@@ -45,6 +45,7 @@ SETUPS: dict[str, dict[str, Any]] = {
     "fp16-adamw": {"precision": "fp16", "optimizer": "adamw", "weight_decay": 0.01},
     "O3-sgd": {"amp_level": "O3"},
     "mlp-dropout": {"model": "mlp-dropout"},
+    "mlp-moe": {"model": "mlp-moe"},
     "cnn-gn": {"model": "cnn-gn"},
     "cnn-bn": {"model": "cnn-bn"},
     "tiny-lm": {"model": "tiny-lm"},
@@ -97,6 +98,7 @@ class LogCase:
 
 EXPECTED = {
     "cnn-bn": "batchnorm",
+    "mlp-moe": "cross-sample-loss",
     "tiny-lm+mean": "token-normalization",
     "sgd-diverging": "non-finite",
 }
@@ -124,6 +126,8 @@ CASES: list[Case | LogCase] = [
     Case("sgd", "log-scaled-loss"),
     Case("sgd", "forget-update"),
     Case("tiny-lm+mean", "no-loss-scale", also=("token-normalization",)),
+    Case("mlp-moe", "no-loss-scale", also=("cross-sample-loss",)),
+    Case("cnn-bn", "no-zero-grad", also=("batchnorm",)),
     LogCase("paddle3", "p3_run.log", ("p3_run_grad.log",), 4),
     LogCase("paddle3-updates", "p3_run.log", ("p3_run_grad_updates.log",), 4),
     LogCase(

@@ -7,6 +7,7 @@ sample digest recorded so the samples are known to be the same."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gradalign import api
 from gradalign.runs.portable import write_run
@@ -124,3 +125,64 @@ def test_unequal_micro_batches_are_left_to_token_normalization(tmp_path):
     items = [10, 30, 20, 20] * UPDATES
     c = _runs(tmp_path, term=1e-3, spike=_spread(range(UPDATES)), items=items)
     assert c.verdict == "fail" and "cross-sample-loss" not in _codes(c)
+
+
+def moe_without_balance():
+    """The built-in mixture of experts with no load-balancing loss: every term per sample."""
+    from gradalign.record.models import Mixture
+
+    return Mixture(64, balance=0.0)
+
+
+def _moe(tmp_path, model: str):
+    """The built-in trainer's baseline (with its float64 reference) and merged run of `model`."""
+    config = {"model": model, "hidden": 64, "updates": 3, "batch_size": 64}
+    api.record_baseline(config, tmp_path / "base")
+    api.record_merged(config, tmp_path / "merged")
+    return api.compare(tmp_path / "base", tmp_path / "merged")
+
+
+def test_builtin_moe_balance_loss_is_named(tmp_path):
+    """The built-in `mlp-moe` adds a load-balancing loss over each forward's batch: named."""
+    c = _moe(tmp_path, "mlp-moe")
+    assert c.verdict == "fail" and _codes(c)[0] == "cross-sample-loss"
+
+
+def test_builtin_moe_without_balance_passes(tmp_path):
+    """The same mixture with its loss a sum over samples alone: aligned, nothing named."""
+    c = _moe(tmp_path, "tests.test_cross_sample:moe_without_balance")
+    assert c.verdict == "pass" and _codes(c) == [] and c.reference is not None
+
+
+def moe_light_balance():
+    """The built-in mixture with a load-balancing loss weighted 0.0002, too light to show in the loss."""
+    from gradalign.record.models import Mixture
+
+    return Mixture(64, balance=0.0002)
+
+
+@pytest.mark.parametrize(
+    ("model", "fault", "codes"),
+    [
+        ("mlp-moe", "no-loss-scale", ["loss-scale", "cross-sample-loss"]),
+        ("mlp-moe", "zero-grad-every-micro", ["zero-grad-in-window", "cross-sample-loss"]),
+        ("tests.test_cross_sample:moe_light_balance", "no-zero-grad", None),
+    ],
+)
+def test_a_loop_bug_beside_a_loss_over_the_micro_batch_is_named_first(
+    tmp_path, model, fault, codes
+):
+    """The balancing loss moves every gradient a little from update 0 on; a bug in the loop
+    shows beside it as it does alone and is named first (it was hidden behind
+    cross-sample-loss). Gradients never cleared start at update 1, read there."""
+    config = {"model": model, "hidden": 64, "updates": 3, "batch_size": 64}
+    api.record_baseline(config, tmp_path / "base")
+    api.record_merged(config, tmp_path / "merged", fault=fault)
+    c = api.compare(tmp_path / "base", tmp_path / "merged")
+    expected = codes or ["grad-not-cleared", "cross-sample-loss"]
+    assert _codes(c) == expected
+    if fault == "no-loss-scale":
+        assert "beside a second cause that turns its direction" in c.diagnosis[0].message
+    if codes is None:  # read at the jump; update 0 left to the gradient-only last resort
+        assert c.diagnosis[0].evidence["update"] == 1
+        assert "the loss agrees but the gradient does not" in c.diagnosis[1].message

@@ -36,6 +36,9 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.loss_averaging,
     sig.cross_sample_loss,
 ]
+# Causes in the model or its loss that move every gradient a little, by the batch's size alone:
+# an accumulation bug in the loop shows beside them as it does alone, and is named first.
+BESIDE_SHAPES = {"batchnorm", "cross-sample-loss"}
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_accum_dtype,
     sig.grad_not_cleared,
@@ -61,20 +64,66 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         return [diverged]  # both diverge: nothing else can be read from non-finite numbers
     found = [d for d in (signature(c) for signature in DECISIVE) if d is not None]
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
+    if not found or {d.code for d in found} <= BESIDE_SHAPES:  # the loop's own bug first
+        shape, later = _shape(c, bool(found))
+        if later and not found:  # the first failing update is left to the last resort
+            shape += [d for d in _last_resort(c) if d.code != shape[0].code]
+        found = shape + found
     if not found:
-        r = sig.first_gradient_failure(c)
-        # a gradient shape is read only from finite numbers: no "inf times" claims
-        if r is not None and finite(r.grad_ratio) is not None and finite(r.grad_cosine):
-            shapes = (signature(c, r) for signature in [*ranked.GRADIENT_SHAPE, *GRADIENT_SHAPE])
-            found = [d for d in shapes if d is not None][:1]
-            if not found or found[0].code == "token-normalization":  # read beside a wrong scale
-                found = sig.with_loss_scale(c, r) or found
-    if not found:  # the last resort: state the forward writes differs, nothing else does
-        last = (sig.buffers_in_forward(c), ranked.dp_comm_hook(c), sig.cross_sample_gradient(c))
-        found = [d for d in last if d is not None][:1]
+        found = _last_resort(c)
     if diverged is not None:
         found.append(diverged)
     return found or [_unexplained(c)]
+
+
+def _last_resort(c: Comparison) -> list[Diagnosis]:
+    """What the forward writes, or the data-parallel hook, or a loss over the micro-batch
+    differs, nothing else does: at most one."""
+    last = (sig.buffers_in_forward(c), ranked.dp_comm_hook(c), sig.cross_sample_gradient(c))
+    return [d for d in last if d is not None][:1]
+
+
+def _shape(c: Comparison, beside: bool) -> tuple[list[Diagnosis], bool]:
+    """The accumulation bug a failing gradient's shape names, read at the first failing update,
+    else at the first whose gradient fails ten times as far (err/allowed): a bug that starts at
+    update 1, such as gradients never cleared, beside a cause that moves every gradient a little
+    from update 0 (BatchNorm, a loss over the micro-batch: `beside`, named already). Whether it
+    was read at the later one."""
+    failing = [r for r in c.results if any(not d.ok for d in r.grads)]
+    if not failing:
+        return [], False
+    found = _gradient_shape(c, failing[0], beside)
+    if found:
+        return found, False
+    first = _grad_excess(failing[0])
+    jump = next((r for r in failing[1:] if _grad_excess(r) > 10 * first), None)
+    found = _gradient_shape(c, jump, beside)
+    return found, bool(found)
+
+
+def _grad_excess(r: UpdateResult) -> float:
+    return max((d.ratio for d in r.grads), default=0.0)
+
+
+def _gradient_shape(c: Comparison, r: UpdateResult | None, beside: bool) -> list[Diagnosis]:
+    """The accumulation bug the shape of the gradient at update r names: at most one. `beside`:
+    a cause named already turns every gradient a little, so a wrong scale may turn too."""
+    # a gradient shape is read only from finite numbers: no "inf times" claims
+    if r is None or finite(r.grad_ratio) is None or not finite(r.grad_cosine):
+        return []
+    order = [*ranked.GRADIENT_SHAPE, *GRADIENT_SHAPE]
+    if beside:  # right after the scale read as it is, before one term's scale is tried
+        order.insert(order.index(sig.loss_scale) + 1, _turned_scale)
+    shapes = (signature(c, r) for signature in order)
+    found = [d for d in shapes if d is not None][:1]
+    if not found or found[0].code == "token-normalization":  # read beside a wrong scale
+        found = sig.with_loss_scale(c, r) or found
+    return found
+
+
+def _turned_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """A gradient K, 1/K or K+1 times too large (within 5%), turned by the cause beside it."""
+    return next(iter(sig.with_loss_scale(c, r, turned=True)), None)
 
 
 def _unexplained(c: Comparison) -> Diagnosis:

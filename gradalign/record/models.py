@@ -38,11 +38,15 @@ def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[to
     return F.cross_entropy(logits, targets, reduction="sum"), int(targets.shape[0])
 
 
-def build_loss(config: TrainConfig) -> LossFn:
+def build_loss(config: TrainConfig, model: nn.Module) -> LossFn:
     """(summed loss, item count) for a batch: the user's `loss`, else the model's own."""
     if entrypoints.is_entry_point(config.loss):
         return entrypoints.loss_function(config.loss)
-    return tinylm.token_loss_sum if config.model == "tiny-lm" else classification_loss
+    if config.model == "tiny-lm":
+        return tinylm.token_loss_sum
+    if isinstance(model, Mixture):
+        return model.loss
+    return classification_loss
 
 
 def classification_data(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,6 +83,37 @@ def _mlp(config: TrainConfig, dropout: float) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+class Mixture(nn.Module):
+    """A dense mixture of experts: a shared 784-`hidden` ReLU layer, then every sample's logits
+    are its experts' heads weighted by a softmax router. Training adds a load-balancing loss
+    over the batch each forward sees, `balance`·E·Σ_e P_e², P_e the batch's mean gate of expert
+    e (1 when the experts share the batch evenly): a loss over the batch as a whole, which a
+    micro-batch of B/K computes over its own rows (the same holds for a switch transformer's
+    f·P loss)."""
+
+    def __init__(self, hidden: int, experts: int = 4, balance: float = 0.1) -> None:
+        super().__init__()
+        self.balance = balance
+        self.shared = nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU())
+        self.router = nn.Linear(hidden, experts)
+        self.heads = nn.Linear(hidden, experts * CLASSES)
+        self.gates: torch.Tensor | None = None  # the last forward's, for its loss
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.shared(x)
+        self.gates = self.router(h).softmax(-1)
+        heads = self.heads(h).unflatten(-1, (self.gates.shape[-1], CLASSES))
+        return (self.gates.unsqueeze(-1) * heads).sum(-2)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Summed cross entropy plus, per sample, the batch's load-balancing loss."""
+        loss_sum, items = classification_loss(logits, targets)
+        if self.balance and self.gates is not None:
+            mean_gate = self.gates.mean(0)
+            loss_sum = loss_sum + items * self.balance * len(mean_gate) * mean_gate.square().sum()
+        return loss_sum, items
+
+
 def _cnn(config: TrainConfig, norm: str) -> nn.Module:
     """Two strided 3x3 convolutions, each followed by BatchNorm or GroupNorm, then a linear head."""
 
@@ -109,6 +144,8 @@ def build_model(config: TrainConfig) -> nn.Module:
         return _mlp(config, 0.0)
     if config.model == "mlp-dropout":
         return _mlp(config, config.dropout)
+    if config.model == "mlp-moe":
+        return Mixture(config.hidden)
     if config.model == "tiny-lm":
         return tinylm.TinyLM(max(16, config.hidden // 4), 2, 4, config.dropout)
     return _cnn(config, "bn" if config.model == "cnn-bn" else "gn")

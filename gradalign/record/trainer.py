@@ -75,7 +75,7 @@ def setup(config: TrainConfig) -> Training:
         data.inputs = data.inputs.to(dtype)
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.compute)
     scaler = torch.amp.GradScaler(device.type) if config.compute == "fp16" else None
-    loss = build_loss(config)
+    loss = build_loss(config, model)
     return Training(
         config, model, optimizer, scheduler, data, loss, autocast, scaler, Parallel(model)
     )

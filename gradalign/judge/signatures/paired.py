@@ -12,14 +12,15 @@ from .common import finite, grad_norm, noise_share, scaled_error, window
 from .gradient import token_normalization
 
 
-def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
+def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool = False) -> list[Diagnosis]:
     """Two causes at once: a gradient K, 1/K or K+1 times too large (within 5%) whose direction
     is off too. The size is read by the fitted ratio, by the norm (the fit shrinks with the
     cosine, the norm does not) and, where a clip engaged, by the norms before clipping (a
     clip hides the scale in the gradient stepped with). Divide the fitted ratio out and read the
     rest again: `loss-scale` and the signature that explains the remainder (e.g. token
     normalization), `loss-scale` alone where the remainder is within the gradient's noise (a
-    clip hid the scale), or nothing."""
+    clip hid the scale), or nothing. `turned`: a cause named beside it turns every gradient a
+    little (BatchNorm, a loss over the micro-batch), which explains any remainder."""
     ratio, k = r.grad_ratio, window(c)
     if ratio is None or not math.isfinite(ratio):
         return []
@@ -28,13 +29,14 @@ def with_loss_scale(c: Comparison, r: UpdateResult) -> list[Diagnosis]:
         return []
     rest = token_normalization(c, r, scale=ratio)
     alone = rest is None and _remainder_within_noise(c, r, ratio)
-    if rest is None and not alone:
+    if rest is None and not alone and not turned:
         return []
     value, what, expected = found
     beside = (
         "with nothing beyond the gradient's noise left once that is divided out"
         if alone
         else "beside a second cause that turns its direction"
+        + (" (named with it)" if rest is None else "")
     )
     scaled = Diagnosis(
         "loss-scale",
