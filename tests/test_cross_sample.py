@@ -155,7 +155,7 @@ def test_builtin_moe_without_balance_passes(tmp_path):
 
 
 def moe_light_balance():
-    """The built-in mixture with a load-balancing loss weighted 0.0002, too light to show in the loss."""
+    """The built-in mixture, its load-balancing loss weighted 0.0002: too light for the loss."""
     from gradalign.record.models import Mixture
 
     return Mixture(64, balance=0.0002)
