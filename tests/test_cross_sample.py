@@ -118,6 +118,16 @@ def test_a_gradient_alone_differing_at_update_0_is_read_last(tmp_path):
     assert "cross-sample-loss" not in _codes(unreferenced)
 
 
+def test_a_gradient_differing_beside_losses_recorded_scaled_says_so(tmp_path):
+    """The same gradient at update 0 with the merged losses recorded 1/K times: the message
+    says the loss was recorded scaled, never that it agrees."""
+    c = _runs(tmp_path, scale=1 / K, spike=_spread(range(1)))
+    assert _codes(c)[0] == "cross-sample-loss"
+    message = c.diagnosis[0].message
+    assert "0.25 times the baseline's, about 1/K (recorded scaled" in message
+    assert "the loss agrees" not in message
+
+
 def test_unequal_micro_batches_are_left_to_token_normalization(tmp_path):
     """The same gap with micro-batches of unequal item counts: each one's own mean reweights
     them (a per-micro-batch token mean, the pre-2024 transformers Trainer), which the gradient's

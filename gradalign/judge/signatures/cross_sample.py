@@ -50,10 +50,18 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
     if not failed:
         return None
     worst = max(failed, key=lambda d: d.ratio)
+    q = first.merged_loss / first.base_loss if first.base_loss else math.nan
+    loss = (  # a loss that differs otherwise is cross_sample_loss's
+        "the loss agrees but the gradient does not"
+        if first.loss_ok
+        else f"the window's loss is {q:.4g} times the baseline's, about {'K' if q > 1 else '1/K'} "
+        "(recorded scaled: the losses logged are not the ones backpropagated, a matter of the "
+        "log), and the gradient differs"
+    )
     return _cross_sample(
         c,
-        f"the loss agrees but the gradient does not (of {worst.name}, {worst.ratio:.3g} times "
-        "what noise allows), and no accumulation bug's shape fits it",
+        f"{loss} (of {worst.name}, {worst.ratio:.3g} times what noise allows), and no "
+        "accumulation bug's shape fits it",
     )
 
 
