@@ -46,6 +46,7 @@ SETUPS = {
     "fp16-adamw": {"precision": "fp16", "optimizer": "adamw"},  # a GradScaler on every rank
     "O3": {"amp_level": "O3"},  # float16 weights, all-reduced in float16
     "user": {},  # the user's own model, data and loss from a file (filled in by dp_runs)
+    "mlp-moe": {"model": "mlp-moe"},  # a load-balancing loss over each forward's rows
 }
 DP_FAULTS = [name for name, fault in FAULTS.items() if fault.dp is not None]
 FAULT_SETUP = {
@@ -69,6 +70,8 @@ SCENARIOS = [
     ("cnn-bn", 4, None, "batchnorm"),  # synced, but B/K rows per micro-step
     # each rank draws its dropout masks from its own generator: not one process's masks
     ("mlp-dropout", 2, None, "dropout-rng"),
+    # each rank balances its own B/W rows, even at K=1
+    ("mlp-moe", 1, None, "cross-sample-loss"),
     ("user", 4, None, None),
     ("fp16-adamw", 2, None, None),
     ("O3", 2, None, None),

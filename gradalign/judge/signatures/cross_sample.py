@@ -27,8 +27,10 @@ def cross_sample_loss(c: Comparison) -> Diagnosis | None:
     if first is None or first.loss_ok:
         return None
     q = first.merged_loss / first.base_loss if first.base_loss else math.nan
-    if not math.isfinite(q) or any(abs(q / s - 1) <= 0.05 for s in (k, 1 / k)):
-        return None  # recorded K times too large or small: loss-averaging's (or scaled print)
+    world = c.merged.world_size
+    scales = {s for s in (k, 1 / k, world, 1 / world) if s != 1}
+    if not math.isfinite(q) or any(abs(q / s - 1) <= 0.05 for s in scales):
+        return None  # recorded K (or W) times too large or small: loss-averaging's
     return _cross_sample(
         c,
         f"the merged window's loss is {first.merged_loss:.8g} and the baseline's "
@@ -69,10 +71,12 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     """Update 0's result where the runs provably computed it alike (identical weights, the
     same samples by their digests, nothing stepped inside, no BatchNorm or dropout) and its
     micro-batches hold as many items (else samples) each, so that a mean per micro-batch
-    averages to the batch's: else None (token-normalization's, where they do not); and K."""
+    averages to the batch's: else None (token-normalization's, where they do not); and K. On W
+    ranks each forward sees B/(W·K) rows, so K=1 counts too."""
     first, k = c.results[0] if c.results else None, window(c)
     facts = {**c.baseline.model_facts, **c.merged.model_facts}
-    if first is None or first.problems or k < 2 or not _same_start_shown(c):
+    pieces = k * c.merged.world_size  # forwards per update
+    if first is None or first.problems or pieces < 2 or not _same_start_shown(c):
         return None, k
     if facts.get("batchnorm") or facts.get("dropout"):
         return None, k
@@ -89,10 +93,9 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
 def _cross_sample(c: Comparison, seen: str) -> Diagnosis:
     """`cross-sample-loss`, `seen` saying what differs at update 0."""
     evidence, _ = _update0_gap(c)
-    first = c.results[0]
-    evidence.update(
-        baseline_loss=finite(first.base_loss), merged_loss=finite(first.merged_loss), K=window(c)
-    )
+    first, k, world = c.results[0], window(c), c.merged.world_size
+    evidence.update(baseline_loss=finite(first.base_loss), merged_loss=finite(first.merged_loss))
+    evidence.update(K=k, **({"W": world} if world > 1 else {}))
     cosine = evidence.get("update_0_grad_cosine")
     turned = f"; the gradient's cosine {cosine:.8f}" if cosine is not None else ""
     tokens = (
@@ -101,16 +104,18 @@ def _cross_sample(c: Comparison, seen: str) -> Diagnosis:
         else "; or each micro-batch's loss is a mean over its own count of tokens, which these "
         "runs did not record (give the Recorder items=, and token-normalization is told apart)"
     )
+    rows = "B/K samples" if world == 1 else f"B/(W·K) samples (W={world} ranks, K={k})"
+    ranks = " and all-reduce them over the ranks" if world > 1 else ""
     return Diagnosis(
         "cross-sample-loss",
         f"at update 0, from identical weights over the same samples, {seen}{turned}): the loss "
-        "of a micro-batch of B/K samples is not its share of the loss of B. Part of it is "
-        "computed over the micro-batch as a whole: an auxiliary loss over batch statistics (a "
-        "mixture of experts' load-balancing loss), an in-batch contrastive loss, a "
-        "normalization or penalty over the batch" + tokens,
+        f"of a forward's {rows} is not its share of the loss of B. Part of it is computed over "
+        "the micro-batch as a whole: an auxiliary loss over batch statistics (a mixture of "
+        "experts' load-balancing loss), an in-batch contrastive loss, a normalization or "
+        "penalty over the batch" + tokens,
         evidence,
         "compute such a term over the whole window: accumulate its statistics over the K "
-        "micro-steps (the experts' token counts and router probabilities) and add it once per "
-        "window, or make it a sum of per-sample terms; an in-batch contrastive loss needs the "
-        "whole batch's embeddings (cache them across micro-batches, as GradCache does)",
+        f"micro-steps{ranks} (the experts' token counts and router probabilities) and add it "
+        "once per window, or make it a sum of per-sample terms; an in-batch contrastive loss "
+        "needs the whole batch's embeddings (cache them across micro-batches, as GradCache does)",
     )
