@@ -13,7 +13,7 @@ import numpy as np
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import finite, window
-from .decisive import _same_start_shown, _update0_gap
+from .decisive import same_start_shown, update0_gap
 
 
 def cross_sample_loss(c: Comparison) -> Diagnosis | None:
@@ -76,7 +76,7 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     first, k = c.results[0] if c.results else None, window(c)
     facts = {**c.baseline.model_facts, **c.merged.model_facts}
     pieces = k * c.merged.world_size  # forwards per update
-    if first is None or first.problems or pieces < 2 or not _same_start_shown(c):
+    if first is None or first.problems or pieces < 2 or not same_start_shown(c):
         return None, k
     if facts.get("batchnorm") or facts.get("dropout"):
         return None, k
@@ -92,7 +92,7 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
 
 def _cross_sample(c: Comparison, seen: str) -> Diagnosis:
     """`cross-sample-loss`, `seen` saying what differs at update 0."""
-    evidence, _ = _update0_gap(c)
+    evidence, _ = update0_gap(c)
     first, k, world = c.results[0], window(c), c.merged.world_size
     evidence.update(baseline_loss=finite(first.base_loss), merged_loss=finite(first.merged_loss))
     evidence.update(K=k, **({"W": world} if world > 1 else {}))

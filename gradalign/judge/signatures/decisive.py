@@ -72,7 +72,7 @@ def data_order(c: Comparison) -> Diagnosis | None:
         facts = {**c.baseline.model_facts, **c.merged.model_facts}
         if first.loss_ok or facts.get("batchnorm") or facts.get("dropout"):
             return None
-        if not _same_start_shown(c):
+        if not same_start_shown(c):
             return None
         evidence = {
             "update_0_loss_diff": finite(first.loss_diff),
@@ -97,7 +97,7 @@ def data_order(c: Comparison) -> Diagnosis | None:
 _STEPPED = ("window", "optimizer_steps", "state_step", "replicas")
 
 
-def _same_start_shown(c: Comparison) -> bool:
+def same_start_shown(c: Comparison) -> bool:
     """Whether the runs provably computed update 0 from identical weights: both recorded their
     initial weights (compared before judging) and nothing stepped inside window 0. A log shows
     neither, so a loss gap at update 0 says nothing about its samples."""
@@ -155,7 +155,7 @@ def replica_divergence(c: Comparison) -> Diagnosis | None:
     )
 
 
-def _update0_gap(c: Comparison) -> tuple[dict, bool]:
+def update0_gap(c: Comparison) -> tuple[dict, bool]:
     """Loss and gradient differences at update 0: what a forward/backward-level cause shows."""
     first = c.results[0]
     evidence = {
@@ -175,7 +175,7 @@ def batchnorm(c: Comparison) -> Diagnosis | None:
     layers = _batch_statistics(c.baseline) or _batch_statistics(c.merged)
     if not layers:
         return None
-    evidence, differs = _update0_gap(c)
+    evidence, differs = update0_gap(c)
     buffers = [d for d in c.results[0].weights if d.name.endswith("num_batches_tracked")]
     w0b, w0m = exact_of(c, c.baseline, "weights", 0), exact_of(c, c.merged, "weights", 0)
     if buffers and w0b and w0m and buffers[0].name in w0b and buffers[0].name in w0m:
@@ -258,7 +258,7 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
     layers = c.baseline.model_facts.get("dropout") or c.merged.model_facts.get("dropout")
     if not layers:
         return None
-    evidence, differs = _update0_gap(c)
+    evidence, differs = update0_gap(c)
     if not differs or c.results[0].loss_ok:  # other masks give another loss at once
         return None
     evidence["dropout_layers"] = list(layers)

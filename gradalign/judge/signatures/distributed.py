@@ -11,7 +11,7 @@ from ..checks import sample_mismatches
 from ..distributed import RankFacts, counts_per_rank, listed
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import RATIO_MATCH, finite, lossy_hooks, relative_error, same_direction, window
-from .decisive import _update0_gap
+from .decisive import update0_gap
 from .learning_rate import lined_up_lrs, schedule_offset
 
 FIRST = ("window-bookkeeping", "step-in-window")  # causes that explain diverging replicas
@@ -142,7 +142,7 @@ def dp_batchnorm(c: Comparison) -> Diagnosis | None:
         return None
     i = min(facts.buffers)
     rank, names = next(iter(sorted(facts.buffers[i].items())))
-    evidence, _ = _update0_gap(c)
+    evidence, _ = update0_gap(c)
     evidence.update(first_update=i, rank=rank, buffers=names, batchnorm_layers=list(layers))
     return Diagnosis(
         "dp-batchnorm",
