@@ -25,7 +25,7 @@ from .compatible import (
 )
 from .diagnose import diagnose
 from .distributed import listed, rank_check, rank_facts, rank_problems
-from .drift import Drift, beyond_drift, excess_over, stored_bits, widened
+from .drift import Drift, stored_bits
 from .gains import follow_gain_divergence
 from .inputs import Inputs
 from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines, follow_kink_divergence
@@ -278,12 +278,8 @@ class _Judge:
             if d.noise is not None and info.name in rounding:  # printed: rounding allowed
                 extra = float(np.linalg.norm(rounding[info.name]))
                 d = dataclasses.replace(d, allowed=d.allowed + extra)
-            if self.drift is not None and wr is not None:
-                d = widened(d, self.drift.allowance(info.name), tol.noise_factor)
-            elif self.drift is not None and info.name in self.drift.drift:  # no reference
-                b, m = (np.asarray(w[info.name], np.float64).ravel() for w in (wb, wm))
-                excess = excess_over(b, m, self.drift.drift[info.name])
-                d = beyond_drift(d, excess, self.drift.allowance(info.name))
+            if self.drift is not None:
+                d = self.drift.judged(d, wb[info.name], wm[info.name], tol.noise_factor)
             result.weights.append(d)
 
     def _calibrated(self, d, base: Tensors, merged: Tensors, ref: Tensors | None):

@@ -223,6 +223,17 @@ class Drift:
         drift = self.drift.get(name)
         return 0.0 if drift is None else float(np.linalg.norm(drift))
 
+    def judged(self, d: TensorDiff, base: np.ndarray, merged: np.ndarray, factor: float):
+        """A weight's judgement `d` with this tensor's drift: folded into its noise against a
+        reference (`widened`), else each element judged beyond its own drift (`beyond_drift`)."""
+        if not self.against_merged:
+            return widened(d, self.allowance(d.name), factor)
+        drift = self.drift.get(d.name)
+        if drift is None:
+            return d
+        b, m = (np.asarray(w, np.float64).ravel() for w in (base, merged))
+        return beyond_drift(d, excess_over(b, m, drift), self.allowance(d.name))
+
     def strayed(self, name: str) -> float:
         """How far the baseline may stray from the reference on its noise: the drift, and what
         the other elements' noise explains (`noise_steps`)."""
@@ -310,6 +321,17 @@ class DriftFiles:
         """Take one update's Σ(TAU·ρ·step)² of a tensor (`noise_steps`, summed over its
         slices)."""
         self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(sumsq)
+
+    def judged(self, d: TensorDiff, base: np.ndarray, merged: np.ndarray, factor: float):
+        """A weight's judgement `d` with this tensor's drift: folded into its noise against a
+        reference (`widened`), else each element judged beyond its own drift (`beyond_drift`)."""
+        if not self.against_merged:
+            return widened(d, self.allowance(d.name), factor)
+        drift = self.drift.get(d.name)
+        if drift is None:
+            return d
+        b, m = (np.asarray(w, np.float64).ravel() for w in (base, merged))
+        return beyond_drift(d, excess_over(b, m, drift), self.allowance(d.name))
 
     def strayed(self, name: str) -> float:
         """How far the baseline may stray from the reference on its noise (as `Drift`)."""

@@ -1,7 +1,8 @@
 """Judging weights and gradients from sketches, when a run was recorded with `--record sketch`.
 
 Tensors kept whole (at most the sketch width, e.g. biases and norms' scales) are judged exactly
-as from full runs, the noise-dominated drift included (drift.Drift). Larger tensors are judged
+as from full runs, the noise-dominated drift included (drift.Drift), against the reference or,
+without one, against the merged run where its gradients passed. Larger tensors are judged
 from estimates: ||m − ref|| and ||b − ref|| are estimated by the norms of sketch differences
 (runs/sketches.estimate), and the estimator's bound is folded into what is allowed, in the
 direction that never fails what the exact judgement passes:
@@ -26,7 +27,7 @@ from ..runs.model import Run
 from ..runs.sketches import Estimate, estimate
 from .compatible import check_reference_weights, stray
 from .distributed import listed
-from .drift import Drift, stored_bits, widened
+from .drift import Drift, stored_bits
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
 from .results import UpdateResult
@@ -50,7 +51,9 @@ class SketchJudge:
         self.start = summaries(self.base, "weights", None, width) or {}
         starts = _exact(self.start, self.shapes) or {}
         self.starts = starts
-        self.drift = Drift(starts, stored_bits(self.base)) if self.ref is not None else None
+        # the tensors kept whole at every update (at most the width): against the reference,
+        # or else the merged run where its gradients passed (drift.Drift)
+        self.drift = Drift(starts, stored_bits(self.base), self.ref is None)
 
     def _get(self, run: Run | None, kind: str, i: int) -> dict[str, Kept] | None:
         return None if run is None else summaries(run, kind, i, self.width)
@@ -59,28 +62,36 @@ class SketchJudge:
         i, tol = result.update, self.tol
         gb, gm, gr = (self._get(r, "grads", i) for r in (self.base, self.merged, self.ref))
         wb, wm, wr = (self._get(r, "weights", i) for r in (self.base, self.merged, self.ref))
-        ex = {key: _exact(v, self.shapes) for key, v in (("gb", gb), ("gr", gr), ("wb", wb))}
-        ex["wr"] = _exact(wr, self.shapes)
+        ex = {
+            key: _exact(v, self.shapes)
+            for key, v in (("gb", gb), ("gm", gm), ("gr", gr), ("wb", wb), ("wm", wm), ("wr", wr))
+        }
+        grads = []
+        if gb is not None and gm is not None:
+            names = [t.name for t in self.base.tensors if t.name in gb and t.name in gm]
+            grads = [self._judge(name, gb, gm, gr, tol.grad_rtol, start=False) for name in names]
+            result.grad_ratio, result.grad_cosine = fit_ratio(
+                [gb[n].vector for n in names], [gm[n].vector for n in names]
+            )
         walked = None
-        if self.drift is not None and ex["wb"] is not None and ex["wr"] is not None:
+        if ex["wb"] is not None and ex["wr"] is not None:
             self.drift.advance(ex["gb"], ex["gr"], ex["wb"], ex["wr"], first=i == 0)
             walked = self.drift.strayed
+        elif self.ref is None and ex["wb"] is not None and ex["wm"] is not None:
+            passed = {d.name for d in grads if d.ok}
+            self.drift.advance(ex["gb"], ex["gm"], ex["wb"], ex["wm"], passed=passed)
         if wb is not None and wr is not None and self.bound is not None:
             check_reference_weights(i, ex["wb"], ex["wr"], self.starts, self.bound, walked)
             self._check_sketched_reference(i, wb, wr)
         if wb is not None and wm is not None:
             for info in self.base.tensors:
                 d = self._judge(info.name, wb, wm, wr, tol.weight_rtol, start=True)
-                if self.drift is not None:
-                    d = widened(d, self.drift.allowance(info.name), tol.noise_factor)
+                if wb[info.name].exact:
+                    d = self.drift.judged(
+                        d, wb[info.name].vector, wm[info.name].vector, tol.noise_factor
+                    )
                 result.weights.append(d)
-        if gb is not None and gm is not None:
-            names = [t.name for t in self.base.tensors if t.name in gb and t.name in gm]
-            for name in names:
-                result.grads.append(self._judge(name, gb, gm, gr, tol.grad_rtol, start=False))
-            result.grad_ratio, result.grad_cosine = fit_ratio(
-                [gb[n].vector for n in names], [gm[n].vector for n in names]
-            )
+        result.grads.extend(grads)
 
     def _judge(self, name: str, b: dict, m: dict, r: dict | None, rtol: float, start: bool):
         kb, km, kr = b[name], m[name], None if r is None else r.get(name)
