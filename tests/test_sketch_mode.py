@@ -158,9 +158,15 @@ def _user_run(out, k: int, **recorder) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(1)
     x, y = torch.randn(24, 20, generator=generator), torch.randint(0, 3, (24,), generator=generator)
-    with Recorder(out, model, optimizer, k, record="sketch", updates=3, **recorder) as rec:
-        for update in range(3):
-            for rows in torch.arange(update * 8, update * 8 + 8).chunk(k):
+    _train(out, model, optimizer, k, x, y, 3, **{"record": "sketch", **recorder})
+
+
+def _train(out, model, optimizer, k: int, x, y, updates: int, **recorder) -> None:
+    """`updates` windows of len(x) / updates rows each, in K micro-batches, recorded."""
+    batch = len(x) // updates
+    with Recorder(out, model, optimizer, k, updates=updates, **recorder) as rec:
+        for update in range(updates):
+            for rows in torch.arange(update * batch, (update + 1) * batch).chunk(k):
                 loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
                 (loss / k).backward()
                 rec.micro(loss, batch=(x[rows], y[rows]))
@@ -232,15 +238,7 @@ def _adam_attention_run(out, k: int, record: str) -> None:
         torch.randn(64, 5, 8, generator=generator),
         torch.randint(0, 3, (64,), generator=generator),
     )
-    with Recorder(out, model, optimizer, k, record=record, sketch_width=31, updates=4) as rec:
-        for update in range(4):
-            for rows in torch.arange(update * 16, update * 16 + 16).chunk(k):
-                loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k).backward()
-                rec.micro(loss, batch=(x[rows], y[rows]))
-            optimizer.step()
-            rec.update()
-            optimizer.zero_grad()
+    _train(out, model, optimizer, k, x, y, 4, record=record, sketch_width=31)
 
 
 @pytest.mark.parametrize("record", ["full", "sketch"])

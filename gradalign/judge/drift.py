@@ -322,17 +322,6 @@ class DriftFiles:
         slices)."""
         self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(sumsq)
 
-    def judged(self, d: TensorDiff, base: np.ndarray, merged: np.ndarray, factor: float):
-        """A weight's judgement `d` with this tensor's drift: folded into its noise against a
-        reference (`widened`), else each element judged beyond its own drift (`beyond_drift`)."""
-        if not self.against_merged:
-            return widened(d, self.allowance(d.name), factor)
-        drift = self.drift.get(d.name)
-        if drift is None:
-            return d
-        b, m = (np.asarray(w, np.float64).ravel() for w in (base, merged))
-        return beyond_drift(d, excess_over(b, m, drift), self.allowance(d.name))
-
     def strayed(self, name: str) -> float:
         """How far the baseline may stray from the reference on its noise (as `Drift`)."""
         return self.allowance(name) + self.explained.get(name, 0.0)
