@@ -124,7 +124,7 @@ def test_a_gradient_differing_beside_losses_recorded_scaled_says_so(tmp_path):
     c = _runs(tmp_path, scale=1 / K, spike=_spread(range(1)))
     assert _codes(c)[0] == "cross-sample-loss"
     message = c.diagnosis[0].message
-    assert "0.25 times the baseline's, about 1/K (recorded scaled" in message
+    assert "0.25 times the baseline's (recorded K or W times too large or small" in message
     assert "the loss agrees" not in message
 
 

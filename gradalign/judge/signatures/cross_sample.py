@@ -56,8 +56,8 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
     loss = (  # a loss that differs otherwise is cross_sample_loss's
         "the loss agrees but the gradient does not"
         if first.loss_ok
-        else f"the window's loss is {q:.4g} times the baseline's, about {'K' if q > 1 else '1/K'} "
-        "(recorded scaled: the losses logged are not the ones backpropagated, a matter of the "
+        else f"the window's loss is {q:.4g} times the baseline's (recorded K or W times too "
+        "large or small: the losses logged are not the ones backpropagated, a matter of the "
         "log), and the gradient differs"
     )
     return _cross_sample(
