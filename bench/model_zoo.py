@@ -153,7 +153,7 @@ class MixtureText(nn.Module):
         h = self.emb(x)
         probs = self.router(h).softmax(-1)
         gates, chosen = probs.topk(2, dim=-1)
-        routed = torch.zeros(*h.shape[:-1], len(self.experts), dtype=h.dtype)
+        routed = torch.zeros(*h.shape[:-1], len(self.experts), dtype=gates.dtype)
         routed = routed.scatter(-1, chosen, gates)
         if self.balance:
             share = (routed > 0).to(h.dtype).mean((0, 1))
