@@ -16,7 +16,7 @@ from gradalign.record.facts import RecorderError
 from gradalign.record.sketcher import Sketcher, negative_signs, packed_signs, unpacked_signs
 from gradalign.runs import sketches
 from gradalign.runs.reader import read_run_dir
-from gradalign.runs.sketches import WIDTH, estimate, summarize
+from gradalign.runs.sketches import WHOLE_1D, WIDTH, estimate, summarize
 from gradalign.runs.summaries import _signs
 from tests.conftest import SMALL
 
@@ -40,7 +40,8 @@ def test_a_sketch_run_keeps_full_files_at_the_first_and_last_update_only(sketche
     run = sketched["clean"]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["record"] == "sketch"
-    assert manifest["sketch"] == {"width": WIDTH, "snapshots": [0, CONFIG.updates - 1]}
+    snapshots = [0, CONFIG.updates - 1]
+    assert manifest["sketch"] == {"width": WIDTH, "whole_1d": WHOLE_1D, "snapshots": snapshots}
     weights = sorted(p.name for p in (run / "weights").iterdir())
     assert weights == ["init.safetensors", "update_000000.safetensors", "update_000004.safetensors"]
     assert len(list((run / "sketches").iterdir())) == CONFIG.updates + 1
@@ -95,12 +96,21 @@ def test_host_signs_from_bits_or_made_per_block_are_the_same(monkeypatch):
 def test_the_device_summary_equals_the_host_summary(dtype):
     """Sketcher's torch path (run on the CPU here, on CUDA in a recording) against numpy's."""
     sketcher = Sketcher(None, [], {}, 61)  # type: ignore[arg-type]
-    for n in (10, 61, 62, 8 * 61 * 3 + 5, 30_011):
+    for n, whole in (
+        (10, True),
+        (61, True),
+        (62, False),
+        (62, True),
+        (8 * 61 * 3 + 5, False),
+        (30_011, False),
+    ):
         x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
         kept = x.clone()
-        sums, sumsq, _ = sketcher._on_device(x)
+        sums, sumsq, _ = sketcher._on_device(x, whole)
         bf16 = dtype == torch.bfloat16  # numpy has no bfloat16: widened exactly
-        host = summarize((x.float() if bf16 else x).numpy(), "bfloat16" if bf16 else None, 61)
+        values = (x.float() if bf16 else x).numpy()
+        host = summarize(values, "bfloat16" if bf16 else None, 61, whole)
+        assert sums.numel() == (n if whole else 61)
         assert torch.equal(x, kept)  # the live tensor is never written
         assert np.allclose(sums.numpy(), host.sketch, rtol=1e-12, atol=1e-12)
         assert math.isclose(float(sumsq), host.sumsq, rel_tol=1e-12)
@@ -179,7 +189,7 @@ def test_a_recorder_sketch_width_is_kept_and_judged(tmp_path):
     _user_run(tmp_path / "base", 1, sketch_width=31)
     _user_run(tmp_path / "merged", 4, sketch_width=31)
     manifest = json.loads((tmp_path / "merged" / "manifest.json").read_text())
-    assert manifest["sketch"] == {"width": 31, "snapshots": [0, 2]}
+    assert manifest["sketch"] == {"width": 31, "whole_1d": WHOLE_1D, "snapshots": [0, 2]}
     result = api.compare(tmp_path / "base", tmp_path / "merged")
     assert result.verdict == "pass", [d.code for d in result.diagnosis]
     sketched = {d.name for r in result.results for d in r.weights if d.sketched}
@@ -253,3 +263,62 @@ def test_without_a_reference_a_key_bias_under_adam_is_judged_by_its_gradients(tm
     beyond = {d.name for r in result.results for d in r.weights if d.drift and d.drift > d.allowed}
     assert beyond == {"k.bias"}  # where the drift let an element stand beyond the tolerance
     assert "k.bias were judged by their gradients alone" in result.diagnosis[0].message
+
+
+class _FusedBiasAttention(_KeyBiasAttention):
+    """The same head with query, key and value from one layer (GPT-2's c_attn): its bias of
+    3·8 = 24 elements holds the key bias in its middle third."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__(d)
+        del self.q, self.k, self.v
+        self.qkv = torch.nn.Linear(d, 3 * d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(1, 2) / 8**0.5
+        return self.head((scores.softmax(-1) @ v).mean(1))
+
+
+def _fused_run(out, k: int, **recorder) -> None:
+    torch.manual_seed(0)
+    model = _FusedBiasAttention()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    x, y = (
+        torch.randn(64, 5, 8, generator=generator),
+        torch.randint(0, 3, (64,), generator=generator),
+    )
+    _train(out, model, optimizer, k, x, y, 4, record="sketch", sketch_width=19, **recorder)
+
+
+def test_a_bias_wider_than_the_sketch_is_kept_whole_and_judged_by_its_gradients(
+    tmp_path, monkeypatch
+):
+    """A 1-D tensor is kept whole up to `whole_1d` elements whatever the width: the fused
+    bias (24 elements at width 19) is judged element by element, so without a reference its
+    noise-dominated key part is judged by its gradients alone and the clean run passes. A run
+    recorded before `whole_1d` (the manifest without it) sketched that bias: compared with it,
+    both are seen through the stricter rule, the bias sketched in both."""
+    _fused_run(tmp_path / "base", 1)
+    _fused_run(tmp_path / "merged", 4)
+    result = api.compare(tmp_path / "base", tmp_path / "merged", reference="none")
+    assert result.verdict == "pass", [d.message for d in result.diagnosis]
+    sketched = {d.name for r in result.results for d in r.weights if d.sketched}
+    assert "qkv.bias" not in sketched and "qkv.weight" in sketched
+    assert "qkv.bias were judged by their gradients alone" in result.diagnosis[0].message
+
+    from gradalign.record import capture, sketcher
+
+    def before_whole_1d(files, names, declared, width, shapes):
+        return sketcher.Sketcher(files, names, declared, width)  # no shapes: whole_1d 0
+
+    monkeypatch.setattr(capture, "Sketcher", before_whole_1d)
+    _fused_run(tmp_path / "old", 4)
+    manifest = json.loads((tmp_path / "old" / "manifest.json").read_text())
+    assert manifest["sketch"]["whole_1d"] == 0
+    mixed = api.compare(tmp_path / "base", tmp_path / "old", reference="none")
+    assert "qkv.bias" in {d.name for r in mixed.results for d in r.weights if d.sketched}
+    # the same training: a tensor kept whole in both is judged the same, to the bit
+    same = [[d.error for d in r.grads if d.name == "head.bias"] for r in result.results]
+    assert [[d.error for d in r.grads if d.name == "head.bias"] for r in mixed.results] == same

@@ -1,6 +1,7 @@
 """Judging weights and gradients from sketches, when a run was recorded with `--record sketch`.
 
-Tensors kept whole (at most the sketch width, e.g. biases and norms' scales) are judged exactly
+Tensors kept whole (at most the sketch width, and 1-D ones such as biases and norms' scales up
+to the manifest's `whole_1d`) are judged exactly
 as from full runs, the noise-dominated drift included (drift.Drift), against the reference or,
 without one, against the merged run where its gradients passed. Larger tensors are judged
 from estimates: ||m − ref|| and ||b − ref|| are estimated by the norms of sketch differences
@@ -31,7 +32,7 @@ from .drift import Drift, stored_bits
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
 from .results import UpdateResult
-from .views import Kept, summaries
+from .views import Kept, Sketching, summaries
 
 
 def _exact(kept: dict[str, Kept] | None, shapes: dict) -> dict[str, np.ndarray] | None:
@@ -43,7 +44,7 @@ def _exact(kept: dict[str, Kept] | None, shapes: dict) -> dict[str, np.ndarray] 
 class SketchJudge:
     """`compare._Judge.tensors` when any run kept sketches."""
 
-    def __init__(self, inputs: Inputs, width: int) -> None:
+    def __init__(self, inputs: Inputs, width: Sketching) -> None:
         self.base, self.merged, self.ref, self.tol, self.floor, self.bound = inputs.unpack()
         self.width = width
         self.shapes = {t.name: t.shape for t in self.base.tensors}
@@ -184,5 +185,6 @@ def sketch_note(results: list[UpdateResult]) -> list[str]:
         "were recorded with --record sketch): their errors and noise are estimates, whose bound "
         "is added to what is allowed; their max abs and max rel diffs, their noise-dominated "
         "drift and the isolated-jump excuse need element values, kept only at the snapshot "
-        "updates, and are not judged; tensors of at most the sketch width are judged exactly"
+        "updates, and are not judged; tensors kept whole (at most the sketch width, or 1-D up "
+        "to the runs' whole_1d) are judged exactly"
     ]

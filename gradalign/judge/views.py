@@ -1,9 +1,12 @@
 """Tensors as the judge sees them when some run kept sketches (`--record sketch`).
 
 A sketch-mode run keeps, per update and tensor, a count sketch (runs/sketches.py): the tensor
-itself when it has at most `width` elements, else `width` signed bucket sums. When any run of a
-comparison is sketched, every run is seen through sketches of the same width (a full run's are
-computed from its files), so that differences of sketches are sketches of differences.
+itself when it has at most `width` elements (or is 1-D with at most the manifest's `whole_1d`),
+else `width` signed bucket sums. When any run of a comparison is sketched, every run is seen
+through sketches of the same width and the same rule for what is kept whole (`Sketching`: the
+strictest of the runs'; a full run's sketches are computed from its files, a tensor one run kept
+whole and the rule does not is sketched here), so that differences of sketches are sketches of
+differences.
 `summaries` gives them with exact norms; `vectors` gives the vectors alone, for the diagnoses
 whose relations are linear (a gradient carried over, a penalty counted K times), and `exact` only
 the tensors kept whole, for diagnoses that read element values.
@@ -18,7 +21,7 @@ import numpy as np
 
 from ..errors import BadInput
 from ..runs.model import Run, Tensors
-from ..runs.sketches import summarize
+from ..runs.sketches import kept_whole, summarize
 
 
 @dataclass(frozen=True)
@@ -31,21 +34,37 @@ class Kept:
     exact: bool
 
 
-def sketch_width(*runs: Run | None) -> int | None:
-    """The sketch width of the comparison (None: every run is full). Sketches of two widths
-    cannot be subtracted: such runs are refused."""
-    widths = {r.source: r.sketch_width for r in runs if r is not None and r.record == "sketch"}
+@dataclass(frozen=True)
+class Sketching:
+    """How a comparison sees tensors: sketches of `width`, a tensor kept whole where it has at
+    most `width` elements or is 1-D with at most `whole_1d` (runs.sketches.kept_whole)."""
+
+    width: int
+    whole_1d: int = 0
+
+    def whole(self, shape: tuple[int, ...]) -> bool:
+        return kept_whole(shape, self.width, self.whole_1d)
+
+
+def sketch_width(*runs: Run | None) -> Sketching | None:
+    """How the comparison sees tensors (None: every run is full). Sketches of two widths cannot
+    be subtracted: such runs are refused."""
+    sketched = [r for r in runs if r is not None and r.record == "sketch"]
+    widths = {r.source: r.sketch_width for r in sketched}
     if len(set(widths.values())) > 1:
         listed = ", ".join(f"{source} {width}" for source, width in widths.items())
         raise BadInput(
             f"the runs were sketched at different widths ({listed}); record them with the "
             "same sketch width"
         )
-    return next(iter(widths.values()), None)
+    if not sketched:
+        return None
+    return Sketching(sketched[0].sketch_width, min(r.sketch_whole_1d for r in sketched))
 
 
-def summaries(run: Run, kind: str, update: int | None, width: int) -> dict[str, Kept] | None:
+def summaries(run: Run, kind: str, update: int | None, seen: Sketching) -> dict[str, Kept] | None:
     """A run's tensors of one update as sketches; None where it recorded none."""
+    width = seen.width
     if run.record == "sketch":
         found = run.sketches(update)
         if found is None:
@@ -57,7 +76,10 @@ def summaries(run: Run, kind: str, update: int | None, width: int) -> dict[str, 
             if vector is None:
                 continue
             norm = float(norms[p]) if norms is not None else math.nan
-            kept[info.name] = Kept(vector, norm, math.prod(info.shape) <= width)
+            whole = seen.whole(info.shape)
+            if not whole and vector.size > width:  # kept whole by a laxer rule than `seen`'s
+                vector = summarize(vector, None, width, whole=False).sketch
+            kept[info.name] = Kept(vector, norm, whole)
         return kept
     if kind == "grads":
         tensors = run.grads(update) if update is not None else None
@@ -66,19 +88,16 @@ def summaries(run: Run, kind: str, update: int | None, width: int) -> dict[str, 
     if tensors is None:
         return None
     declared = {t.name: t.dtype for t in run.tensors}
+    shapes = {t.name: t.shape for t in run.tensors}
     kept = {}
     for name in tensors:
-        summary = summarize(tensors[name], declared.get(name), width)
-        size = summary.sketch.size
-        kept[name] = Kept(
-            summary.sketch,
-            math.sqrt(summary.sumsq),
-            size == np.size(tensors[name]) and size <= width,
-        )
+        whole = seen.whole(shapes.get(name, np.shape(tensors[name])))
+        summary = summarize(tensors[name], declared.get(name), width, whole)
+        kept[name] = Kept(summary.sketch, math.sqrt(summary.sumsq), whole)
     return kept
 
 
-def vectors(run: Run, kind: str, update: int | None, width: int | None) -> Tensors | None:
+def vectors(run: Run, kind: str, update: int | None, width: Sketching | None) -> Tensors | None:
     """Whole tensors (every run full), else every tensor's sketch vector."""
     if width is None:
         if kind == "grads":
@@ -88,7 +107,7 @@ def vectors(run: Run, kind: str, update: int | None, width: int | None) -> Tenso
     return None if kept is None else {name: k.vector for name, k in kept.items()}
 
 
-def exact(run: Run, kind: str, update: int, width: int | None) -> Tensors | None:
+def exact(run: Run, kind: str, update: int, width: Sketching | None) -> Tensors | None:
     """The tensors whose element values are known: all (full), or those kept whole."""
     if width is None:
         return run.grads(update) if kind == "grads" else run.weights(update)
@@ -99,7 +118,7 @@ def exact(run: Run, kind: str, update: int, width: int | None) -> Tensors | None
     return None if kept is None else {n: k.vector for n, k in kept.items() if k.exact}
 
 
-def norm_of(run: Run, kind: str, update: int, width: int | None) -> float | None:
+def norm_of(run: Run, kind: str, update: int, width: Sketching | None) -> float | None:
     """The exact norm of all of a run's tensors of one kind at an update."""
     if width is None:
         tensors = run.grads(update) if kind == "grads" else run.weights(update)

@@ -62,7 +62,10 @@ class Capture:
         self.sharded = any_sharded(self.params.values())
         first = next(iter(self.tensors.values()))
         sketching = mode == "sketch"
-        self.sketcher = Sketcher(files, self.names, self.declared, width) if sketching else None
+        shapes = {name: shape for name, (shape, _) in self.shapes.items()}
+        self.sketcher = (
+            Sketcher(files, self.names, self.declared, width, shapes) if sketching else None
+        )
         self.on_device = self.sketcher is not None and first.device.type == "cuda"
         self.full_updates: list[int] = []
 
@@ -152,6 +155,7 @@ class Capture:
             found["record"] = "sketch"
             found["sketch"] = {
                 "width": self.sketcher.width,
+                "whole_1d": self.sketcher.whole_1d,
                 "snapshots": sorted(self.full_updates),
             }
         return found

@@ -19,7 +19,7 @@ import torch
 
 from ..runs.background import BackgroundWriter
 from ..runs.layout import sketch_file
-from ..runs.sketches import WIDTH, Summary, summarize
+from ..runs.sketches import WHOLE_1D, WIDTH, Summary, kept_whole, summarize
 from .facts import fingerprint
 
 _BLOCK = 1 << 24  # elements per device block (the float64 copy of a block is the only temp)
@@ -71,9 +71,14 @@ class Sketcher:
         names: list[str],
         declared: dict[str, str],
         width: int = WIDTH,
+        shapes: dict[str, tuple[int, ...]] | None = None,
+        whole_1d: int = WHOLE_1D,
     ):
+        """`shapes`: each tensor's (global) shape, which says whether it is kept whole
+        (`runs.sketches.kept_whole`; without shapes, by its size alone)."""
         self.files, self.names, self.declared = files, names, declared
-        self.width = width
+        self.width, self.shapes = width, shapes or {}
+        self.whole_1d = whole_1d if shapes is not None else 0
         self.results: dict[tuple[str, int | None], dict[str, Summary]] = {}
         self._lock = threading.Lock()
         self._device_signs: dict[tuple[int, str], torch.Tensor] = {}
@@ -91,7 +96,10 @@ class Sketcher:
         def job() -> None:
             if ready is not None:
                 ready()
-            found = {n: summarize(a, self.declared[n], self.width) for n, a in arrays.items()}
+            found = {
+                n: summarize(a, self.declared[n], self.width, self.whole(n, a.size))
+                for n, a in arrays.items()
+            }
             self._store(kind, update, found)
 
         self.files.run(job, sum(a.nbytes for a in arrays.values()), release)
@@ -99,7 +107,7 @@ class Sketcher:
     def device(self, kind: str, update: int | None, tensors: dict[str, torch.Tensor]) -> None:
         """Summarize live device tensors on the device; the results follow asynchronously."""
         with torch.no_grad():
-            parts = [self._on_device(t) for t in tensors.values()]
+            parts = [self._on_device(t, self.whole(n, t.numel())) for n, t in tensors.items()]
             floats = torch.cat([torch.cat([s, q.reshape(1)]) for s, q, _ in parts]).to(
                 "cpu", non_blocking=True
             )
@@ -122,10 +130,16 @@ class Sketcher:
 
         self.files.run(job)
 
-    def _on_device(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def whole(self, name: str, size: int) -> bool:
+        """Whether the tensor `name` (of `size` elements) is kept whole."""
+        return kept_whole(self.shapes.get(name, (size,)), self.width, self.whole_1d)
+
+    def _on_device(
+        self, tensor: torch.Tensor, whole: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x = tensor.detach().reshape(-1)
         n, width = x.numel(), self.width
-        if n <= width:
+        if whole:
             exact = x.double()
             return exact, exact.dot(exact), fingerprint(tensor)
         key = (n, str(x.device))

@@ -100,6 +100,7 @@ class Run:
     store: Any = None  # a run directory's checked file access (runs/store.py), for streaming
     record: str = "full"  # "sketch": per-update summaries, full tensors only at `snapshots`
     sketch_width: int | None = None
+    sketch_whole_1d: int = 0  # 1-D tensors of at most this many elements kept whole too
     snapshots: frozenset[int] | None = None  # updates with full files in a sketch-mode run
     load_sketches: Callable[[int | None], Tensors | None] | None = None
     ranks: list[RankSeries] = field(default_factory=list)  # a data-parallel run's ranks (ranks.py)

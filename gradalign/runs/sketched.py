@@ -19,8 +19,11 @@ def attach_sketches(run: Run, manifest: dict, store: Store) -> None:
     spec = manifest.get("sketch")
     width = spec.get("width") if isinstance(spec, dict) else None
     snapshots = spec.get("snapshots") if isinstance(spec, dict) else None
+    whole_1d = spec.get("whole_1d", 0) if isinstance(spec, dict) else 0
     if not isinstance(width, int) or isinstance(width, bool) or width < 1:
         raise BadInput(f"{run.source}: manifest field 'sketch' needs a width >= 1")
+    if not isinstance(whole_1d, int) or isinstance(whole_1d, bool) or whole_1d < 0:
+        raise BadInput(f"{run.source}: manifest field 'sketch.whole_1d' must be an integer >= 0")
     if not isinstance(snapshots, list) or not all(
         isinstance(u, int) and not isinstance(u, bool) and 0 <= u < run.updates for u in snapshots
     ):
@@ -38,6 +41,6 @@ def attach_sketches(run: Run, manifest: dict, store: Store) -> None:
                 raise BadInput(f"{run.source}: {relpath} sketches an unknown tensor {name!r}")
         return found
 
-    run.record, run.sketch_width = "sketch", width
+    run.record, run.sketch_width, run.sketch_whole_1d = "sketch", width, whole_1d
     run.snapshots = frozenset(snapshots)
     run.load_sketches = load

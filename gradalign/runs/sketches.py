@@ -4,11 +4,13 @@ of the tensor (docs/FORMAT.md, "Sketches").
 A tensor x of n elements (flattened, row-major) is kept as its exact squared norm, its
 fingerprint and a count sketch of width d: element i goes to bucket i mod d with sign
 σ(i) = 1 − 2·(splitmix64(i) >> 63), s_j = Σ_{i mod d = j} σ(i)·x_i, summed in float64. A tensor
-of at most d elements is kept whole (s = x). The same signs serve every run, so sketches subtract:
-S(a) − S(b) = S(a − b), and ||S(v)||² estimates ||v||² without bias (each bucket's cross terms
-cancel in expectation). Its spread is measured from the sketch itself: each bucket's square has
-variance at most 2·E[s_j²]², so ||S(v)||² is within `Z` standard deviations of
-sqrt(2·Σ s_j⁴) of ||v||², and an error that fills few buckets widens its own bound.
+of at most d elements is kept whole (s = x), and so is a 1-D tensor of at most `WHOLE_1D`
+elements (a bias, a norm's scale) in runs whose manifest says so. The same signs serve every
+run, so sketches subtract: S(a) − S(b) = S(a − b), and ||S(v)||² estimates ||v||² without bias
+(each bucket's cross terms cancel in expectation). Its spread is measured from the sketch
+itself: each bucket's square has variance at most 2·E[s_j²]², so ||S(v)||² is within `Z`
+standard deviations of sqrt(2·Σ s_j⁴) of ||v||², and an error that fills few buckets widens its
+own bound.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from .digests import bitsum, wrap
 from .summaries import _signs
 
 WIDTH = 1021  # buckets per tensor: prime, so rows and columns of a matrix spread over them
+# a 1-D tensor of at most this many elements is kept whole too: biases and norms' scales, whose
+# elements the judge reads one by one (a fused attention bias's key part is rounding noise)
+WHOLE_1D = 1 << 16
 Z = 4.0  # standard deviations the estimate's bound allows
 BLOCK = 1 << 20  # elements per block (a multiple of the width is taken): stays in cache
 _BLOCK_ELEMENTS = 1 << 16  # elements per float64 block of `summarize` (512 KiB)
@@ -37,6 +42,13 @@ class Summary:
     sketch: np.ndarray  # float64 [min(n, width)]
     sumsq: float  # ||x||², float64
     fingerprint: int
+
+
+def kept_whole(shape: tuple[int, ...], width: int, whole_1d: int = 0) -> bool:
+    """Whether a tensor of this shape is kept whole: at most `width` elements, or 1-D with at
+    most `whole_1d` (the manifest's `sketch.whole_1d`; 0 in runs recorded before it)."""
+    n = math.prod(shape)
+    return n <= width or (len(shape) <= 1 and n <= whole_1d)
 
 
 def flips(n: int) -> Callable[[int, int], np.ndarray]:
@@ -65,16 +77,20 @@ def flips(n: int) -> Callable[[int, int], np.ndarray]:
     return unpacked
 
 
-def summarize(values: np.ndarray, declared: str | None = None, width: int = WIDTH) -> Summary:
-    """A tensor's sketch, squared norm and fingerprint (`declared`: its manifest dtype)."""
+def summarize(
+    values: np.ndarray, declared: str | None = None, width: int = WIDTH, whole: bool | None = None
+) -> Summary:
+    """A tensor's sketch, squared norm and fingerprint (`declared`: its manifest dtype; `whole`:
+    kept whole, by default where it has at most `width` elements: `kept_whole`)."""
     x = np.asarray(values).reshape(-1)
     n = x.size
+    whole = n <= width if whole is None else whole
     # float32 and float64 are fingerprinted block by block below, from the cache
-    blockwise = n > width and x.dtype.kind == "f" and x.dtype.itemsize >= 4
+    blockwise = not whole and x.dtype.kind == "f" and x.dtype.itemsize >= 4
     fingerprint = 0 if blockwise else bitsum(x, declared)
     if not blockwise:
         x = x.astype(np.float64)
-        if n <= width:
+        if whole:
             return Summary(x, dot(x, x), fingerprint)
     flip = flips(n)
     rows = n // width

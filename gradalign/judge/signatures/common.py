@@ -8,7 +8,7 @@ import numpy as np
 
 from ...runs.model import Run, Tensors
 from ..results import Comparison, UpdateResult
-from ..views import exact, norm_of, sketch_width, vectors
+from ..views import Sketching, exact, norm_of, sketch_width, vectors
 
 COSINE_SAME_DIRECTION = 1 - 1e-6  # a pure rescaling keeps the direction to rounding error
 RATIO_MATCH = 1e-3  # relative distance to K, 1/K or K+1 that names the loss-scale variant
@@ -43,8 +43,8 @@ def relative_error(base: dict[str, np.ndarray], merged: dict[str, np.ndarray]) -
     return gap / size if size > 0 else None
 
 
-def width(c: Comparison) -> int | None:
-    """The sketch width when any run kept sketches (judge/views.py), else None."""
+def width(c: Comparison) -> Sketching | None:
+    """How tensors are seen when any run kept sketches (judge/views.py), else None."""
     return sketch_width(c.baseline, c.merged, c.reference)
 
 
