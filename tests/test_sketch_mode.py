@@ -239,16 +239,17 @@ class _KeyBiasAttention(torch.nn.Module):
         return self.head((scores.softmax(-1) @ self.v(x)).mean(1))
 
 
-def _adam_attention_run(out, k: int, record: str) -> None:
+def _adam_attention_run(out, k: int, record: str, model=None, width: int = 31) -> None:
+    """Four updates of an attention head (`model`: another one) under Adam (lr 1e-2)."""
     torch.manual_seed(0)
-    model = _KeyBiasAttention()
+    model = model() if model is not None else _KeyBiasAttention()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(1)
     x, y = (
         torch.randn(64, 5, 8, generator=generator),
         torch.randint(0, 3, (64,), generator=generator),
     )
-    _train(out, model, optimizer, k, x, y, 4, record=record, sketch_width=31)
+    _train(out, model, optimizer, k, x, y, 4, record=record, sketch_width=width)
 
 
 @pytest.mark.parametrize("record", ["full", "sketch"])
@@ -280,16 +281,8 @@ class _FusedBiasAttention(_KeyBiasAttention):
         return self.head((scores.softmax(-1) @ v).mean(1))
 
 
-def _fused_run(out, k: int, **recorder) -> None:
-    torch.manual_seed(0)
-    model = _FusedBiasAttention()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(1)
-    x, y = (
-        torch.randn(64, 5, 8, generator=generator),
-        torch.randint(0, 3, (64,), generator=generator),
-    )
-    _train(out, model, optimizer, k, x, y, 4, record="sketch", sketch_width=19, **recorder)
+def _fused_run(out, k: int) -> None:
+    _adam_attention_run(out, k, "sketch", _FusedBiasAttention, width=19)
 
 
 def test_a_bias_wider_than_the_sketch_is_kept_whole_and_judged_by_its_gradients(
