@@ -92,8 +92,7 @@ class StreamJudge:
 
     def close(self) -> None:
         self.pool.shutdown()
-        if self.drift is not None:
-            self.drift.close()
+        self.drift.close()
 
     def __call__(self, result: UpdateResult) -> None:
         i = result.update
@@ -159,7 +158,7 @@ class StreamJudge:
         # the drift's other run: the reference, or else the merged run (drift.Drift)
         referenced = self.ref is not None
         other = f.wr if referenced else f.wm
-        drifts = self.drift is not None and f.wb is not None and other is not None
+        drifts = f.wb is not None and other is not None
         widen = drifts and has(f.gb) and (has(f.gr) if referenced else name in grads)
         gpair = None
         if name in grads or widen:
@@ -181,23 +180,23 @@ class StreamJudge:
         pair = self._weights(name, f, widen, rms)
         drift = self.drift
         finite = pair.finite_b and (pair.finite_r if referenced else pair.finite_m)
-        if drift is not None and widen and not (noise_ok and finite):
+        if widen and not (noise_ok and finite):
             self._weights(name, f, widen, rms, undo=True)
-        elif drift is not None and widen and referenced:
+        elif widen and referenced:
             drift.explain(name, pair.extra["explained"])
-        allowance = drift.allowance(name) if drift is not None else 0.0
+        allowance = drift.allowance(name)
         if f.wm is not None:
             start = f.start is not None
             d = pair.diff(name, tol.weight_rtol, tol.weight_atol, start, self.floor)
             if f.wr is not None:
                 d = pair.calibrate(d, tol.noise_factor, self.floor)
-            if drift is not None and referenced:
+            if referenced:
                 d = widened(d, allowance, tol.noise_factor)
-            elif drift is not None and allowance > 0:  # no reference: each element's own
+            elif allowance > 0:  # no reference: each element's own
                 d = beyond_drift(d, math.sqrt(pair.beyond), allowance)
             out.weight = d
         if f.wr is not None and self.bound is not None and pair.finite_b:
-            out.strays = self._strays(name, pair, drift.strayed(name) if drift is not None else 0.0)
+            out.strays = self._strays(name, pair, drift.strayed(name))
         return out
 
     def _weights(self, name: str, f: _Files, widen: bool, rms: float, undo: bool = False) -> Pair:
@@ -220,17 +219,17 @@ class StreamJudge:
             parts = [widen64(s.read(CHUNK)) if s is not None else None for s in streams]
             b, m, r, s = parts[:4]
             drifted = None  # this slice's drift after this update (no reference)
-            if widen and self.drift is not None and referenced:
+            if widen and referenced:
                 gb, gr, pb, pr = parts[4:]
                 bits = self.bits.get(name) if f.first else None
                 steps, explained = noise_steps(gb, gr, rms, b, pb, r, pr, bits)
                 self.drift.add(name, first, -steps if undo else steps)
                 pair.extra["explained"] = pair.extra.get("explained", 0.0) + explained
-            elif widen and self.drift is not None:
+            elif widen:
                 gb, gm, pb, pm = parts[4:]
                 steps = shared_steps(gb, gm, rms, b, pb, m, pm)
                 drifted = self.drift.add(name, first, -steps if undo else steps)
-            if not referenced and drifted is None and self.drift is not None:
+            if not referenced and drifted is None:
                 drifted = self.drift.slice(name, first, b.size)
             if not undo:
                 pair.add(b, m, r, s, None if referenced else drifted)
