@@ -73,6 +73,8 @@ _TOLERANCE_HELP = {
     "weight_rtol": "weight error allowed, relative to how far training moved the weights (below 1)",
     "weight_atol": "absolute weight tolerance per element (scaled by sqrt(n))",
     "grad_rtol": "gradient error allowed, relative to the gradient's norm (below 1)",
+    "grad_rtol_apart": "without a reference: grad_rtol at updates entered with weights that "
+    "differ between the runs (16-bit compute: wider; below 1)",
     "noise_factor": "with a reference: error allowed, as a multiple of the baseline's own "
     "(below 100)",
     "noise_floor": "with a reference: error always allowed, in machine epsilons of the tensor "

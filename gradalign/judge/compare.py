@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..runs.model import Run, Tensors
+from .apart import judge_apart
 from .bookkeeping import bookkeeping_judge
 from .checks import build_checks
 from .compatible import (
@@ -124,7 +125,7 @@ def _judge(
         results.append(result)
         if on_update is not None:
             on_update(i)
-    jumps = []
+    jumps = judge_apart(results, tol, base, merged) if reference is None else []
     if reference is not None:
         pool_noise(results, tol.noise_factor)
         carry_rounding(results)
@@ -135,7 +136,7 @@ def _judge(
         jumps += follow_gain_divergence(results, merged, reference, tol.noise_factor)
         explain_loss_by_weights(results, merged, reference, tol.noise_factor)
     elif base.full_weights and merged.full_weights:  # no reference: measured against the baseline
-        jumps = excuse_isolated_jumps(results, merged, base)
+        jumps += excuse_isolated_jumps(results, merged, base)
         jumps += follow_kink_divergence(results, merged, base, tol.noise_factor, stepped=False)
         explain_loss_by_weights(results, merged, base, tol.noise_factor)
     checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
