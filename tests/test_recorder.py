@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -62,8 +63,12 @@ def user_loop(
     dtype: torch.dtype = torch.float32,
     penalty: float = 0.0,
     fp16: bool = False,
+    wrap=None,
+    plateau: bool = False,
 ):
-    """A user's own loop: their model, data, loss, optimizer and schedule; gradalign records."""
+    """A user's own loop: their model, data, loss, optimizer and schedule; gradalign records.
+    `wrap(model)`: the module the loop calls and gives the Recorder (torch.compile's);
+    `plateau`: ReduceLROnPlateau stepped on each window's mean loss, after the step."""
     torch.manual_seed(3)
     layers = [nn.Linear(12, 20), nn.Tanh()] + ([nn.Dropout(dropout)] if dropout else [])
     model = nn.Sequential(*layers, nn.Linear(20, 2)).to(dtype)
@@ -77,12 +82,15 @@ def user_loop(
     # linear decay: stepped per micro-step, it is no constant multiple of the baseline's (an
     # inverse-time schedule 1/(1+u) would be: then lr-scaled and lr-schedule look alike)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: max(0.05, 1 - u / 40))
+    on_loss = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
     x, y = make_data(batch, updates)
     x = x.to(dtype)
     micro = batch // k
+    window_loss = 0.0
     order = torch.randperm(updates * k, generator=torch.Generator().manual_seed(1))
+    net = model if wrap is None else wrap(model)
     with gradalign.Recorder(
-        out, model, opt, accum_steps=k, config={"user": True}, scaler=scaler
+        out, net, opt, accum_steps=k, config={"user": True}, scaler=scaler
     ) as rec:
         for update in range(updates):
             for j in range(k):
@@ -94,7 +102,7 @@ def user_loop(
                 index = int(order[step]) if bug == "data-order" else step
                 rows = slice(index * micro, (index + 1) * micro)
                 with torch.autocast("cpu", torch.float16, enabled=scaler is not None):
-                    logits = model(x[rows])
+                    logits = net(x[rows])
                 loss = nn.functional.cross_entropy(logits.float(), y[rows])
                 scaled = {
                     "no-loss-scale": loss,
@@ -117,6 +125,7 @@ def user_loop(
                         p.low, p.grad = (None, low.float()) if j == k - 1 else (low, None)
                 logged = bug in ("log-scaled-loss", "double-loss-scale-logged")
                 rec.micro(loss / k if logged else loss, batch=(x[rows], y[rows]))
+                window_loss += float(loss.detach()) / k
                 if bug == "scaler-every-micro" and j < k - 1:
                     scaler.unscale_(opt)
                     scaler.update()
@@ -146,6 +155,9 @@ def user_loop(
                 opt.step()
             if schedule:
                 sched.step()
+            if plateau:
+                on_loss.step(window_loss)
+            window_loss = 0.0
             if not (bug == "forget-update" and update == 1):
                 rec.update()
             if bug != "no-zero-grad":
@@ -448,3 +460,28 @@ def test_a_shard_that_cannot_be_gathered_is_refused_in_one_line(tmp_path, shard,
     with pytest.raises(RecorderError, match=said):
         gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_compiled_model_is_recorded_under_its_own_names(tmp_path):
+    """torch.compile wraps the model (its names gain `_orig_mod.`): the Recorder records the
+    module inside, so a compiled baseline and a plain merged run (or a plain float64 rerun) name
+    their tensors alike and are judged; before, they were refused as different models."""
+    compiled = user_loop(tmp_path / "base", 1, wrap=lambda m: torch.compile(m, backend="eager"))
+    assert [t.name for t in compiled.tensors] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    c = compare(compiled, user_loop(tmp_path / "merged", 4))
+    assert c.verdict == "pass", [d.message for d in c.diagnosis]
+
+
+@pytest.mark.parametrize("bug", ["zero-grad-every-micro", "no-loss-scale"])
+def test_a_learning_rate_that_follows_the_divergence_does_not_hide_its_cause(tmp_path, bug):
+    """ReduceLROnPlateau stepped on each window's loss: a bug that diverges the loss at update 0
+    makes the merged run cut its learning rate at other updates. That difference came after the
+    gradients failed and fits no schedule, so it is a consequence: the bug is named, not
+    `lr-schedule` (it was, and alone). The clean loop passes with the same scheduler."""
+    setup = {"updates": 10, "plateau": True}
+    base = user_loop(tmp_path / "base", 1, **setup)
+    assert compare(base, user_loop(tmp_path / "clean", 4, **setup)).verdict == "pass"
+    merged = user_loop(tmp_path / "merged", 4, bug=bug, **setup)
+    assert not np.array_equal(base.lr, merged.lr)  # the bug's loss made it cut the lr
+    codes = [d.code for d in compare(base, merged).diagnosis]
+    assert codes[0] == BUGS[bug] and "lr-schedule" not in codes, codes

@@ -34,11 +34,17 @@ def launcher() -> str:
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside DistributedDataParallel (its names carry no `module.` prefix)."""
+    """The module inside DistributedDataParallel and torch.compile's wrapper, in any nesting
+    (its names carry no `module.` or `_orig_mod.` prefix, so a compiled run and a plain one
+    name their tensors alike; the wrapper holds the same parameters)."""
     parallel = torch.nn.parallel.DistributedDataParallel
-    while isinstance(model, parallel):
-        model = model.module
-    return model
+    while True:
+        if isinstance(model, parallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
 
 
 _SHARDS = {  # DTensors (fully_shard, tensor parallel) are read whole (record/sharded.py)

@@ -154,6 +154,8 @@ def model_facts(model: torch.nn.Module, wrapper: Any = None) -> dict[str, Any]:
 def comm_hooks(wrapper: Any) -> list[str]:
     """The names of the comm hooks registered on a DistributedDataParallel wrapper (its
     `register_comm_hook` list; a partial by its function's name), in registration order."""
+    while isinstance(getattr(wrapper, "_orig_mod", None), torch.nn.Module):
+        wrapper = wrapper._orig_mod  # torch.compile's wrapper around DistributedDataParallel
     hooks = getattr(wrapper, "_comm_hooks", None)
     if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel) or not hooks:
         return []

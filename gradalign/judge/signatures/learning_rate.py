@@ -37,7 +37,8 @@ def _equal(base_lr: np.ndarray, merged_lr: np.ndarray):
 
 def schedule_offset(base_lr: np.ndarray, merged_lr: np.ndarray) -> tuple[int, int] | None:
     """The pace m and offset c with merged lr[t] == baseline lr[m·t + c] wherever the baseline
-    reaches m·t + c, at two updates at least (m = 1, c = 0 is the same schedule)."""
+    reaches m·t + c, at two updates at least (m = 1, c = 0 is the same schedule), one of them
+    an update where the two differ (a constant stretch of the baseline's fits any pace)."""
     n = len(base_lr)
     same = _equal(base_lr, merged_lr)
     for m in range(1, n):
@@ -45,8 +46,11 @@ def schedule_offset(base_lr: np.ndarray, merged_lr: np.ndarray) -> tuple[int, in
             if (m, c) == (1, 0):
                 continue
             ts = [t for t in range(n) if m * t + c < n]
-            if len(ts) >= 2 and all(
-                same(float(merged_lr[t]), float(base_lr[m * t + c])) for t in ts
+            explains = any(not same(float(merged_lr[t]), float(base_lr[t])) for t in ts)
+            if (
+                len(ts) >= 2
+                and explains
+                and all(same(float(merged_lr[t]), float(base_lr[m * t + c])) for t in ts)
             ):
                 return m, c
     return None
@@ -101,6 +105,14 @@ def lr_scaled(c: Comparison) -> Diagnosis | None:
     )
 
 
+def _diverged_by(c: Comparison, update: int) -> bool:
+    """Whether a loss or a gradient failed at or before `update`: computed before that update's
+    step, neither can follow from its learning rate, so a learning rate that first differs
+    there, in no schedule's pattern, followed the divergence (a scheduler stepped on the loss,
+    such as ReduceLROnPlateau) rather than caused it."""
+    return any(not r.loss_ok or any(not d.ok for d in r.grads) for r in c.results[: update + 1])
+
+
 def lr_schedule(c: Comparison) -> Diagnosis | None:
     bad = _lr_differs(c)
     if not bad or (lr_ratio(*lined_up_lrs(c)) and not _explained_by_schedule(c)):
@@ -114,6 +126,8 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
         "updates_differing": len(bad),
     }
     found = schedule_offset(base_lr, merged_lr)
+    if found is None and _diverged_by(c, i):
+        return None  # a consequence: a scheduler fed the diverged loss (ReduceLROnPlateau)
     shown_m, shown_b = distinct(float(merged_lr[i]), float(base_lr[i]))
     if found is not None:
         m, offset = found
