@@ -32,6 +32,7 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool = False) -> lis
     if rest is None and not alone and not turned:
         return []
     value, what, expected = found
+    named = "K" if expected == k else "K+1" if expected == k + 1 else "1/K"
     beside = (
         "with nothing beyond the gradient's noise left once that is divided out"
         if alone
@@ -41,7 +42,8 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool = False) -> lis
     scaled = Diagnosis(
         "loss-scale",
         f"the accumulated gradient{what} is {value:.4g} times the baseline's at update "
-        f"{r.update} (about {expected:.4g}), {beside}: the loss is scaled by the wrong factor",
+        f"{r.update} ({named} = {expected:.4g}), {beside}: the loss is scaled by the wrong "
+        "factor",
         {
             "update": r.update,
             "grad_ratio": finite(ratio),
