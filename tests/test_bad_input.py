@@ -56,7 +56,8 @@ def test_corrupt_manifest(cli, small_copy):
 
 def test_runs_of_different_models(cli, tmp_path, small_runs):
     other = train(SMALL.replace(hidden=8), tmp_path / "other")
-    one_line_error(cli("compare", small_runs["baseline"], other), "different models")
+    result = cli("compare", small_runs["baseline"], other)
+    one_line_error(result, "different models: tensor 0 is ", "in the baseline and", "[8,")
 
 
 def test_runs_of_different_lengths(cli, tmp_path, small_runs):

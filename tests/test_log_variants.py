@@ -325,7 +325,7 @@ def test_interleaved_processes(cli, tmp_path):
     base = write(tmp_path, small_log(), "base.log")
     result = cli("compare", base, write(tmp_path, "\n".join(tagged) + "\n", "both.log"), "-k", "1")
     one_line_error(result, "both.log:2:", "rank0 and rank1 are interleaved")
-    doubled = "".join(f"{i}   [{loss}]\n" * 2 for i, loss in enumerate(LOSSES))
+    doubled = "".join(f"{i}   [{loss}]\n{i}   [{loss / 2}]\n" for i, loss in enumerate(LOSSES))
     result = cli("compare", base, write(tmp_path, doubled, "twice.log"), "-k", "1")
     one_line_error(result, "twice.log: each step is printed on 2 lines", "-k 2", "processes")
 
@@ -422,3 +422,19 @@ def test_two_untagged_processes_in_one_log_are_suspected(cli, tmp_path):
         "baseline has 4 updates, merged has 8",
         "each step on 2 lines, read as 2 micro-steps each: if 2 processes print into one log",
     )
+
+
+def test_a_merged_log_of_one_line_per_micro_step_is_told_its_k(cli, tmp_path):
+    """A merged log printing every micro-step, read with -k 1, is K times the baseline's length:
+    refused with the -k that reads it (the reverse of the -k 1 hint)."""
+    base = write(tmp_path, small_log(step="step {i}, loss: {loss}", weights=""), "base.log")
+    micro = "".join(f"step {m}, loss: {LOSSES[m // 2]}\n" for m in range(8))
+    merged = write(tmp_path, micro, "micro.log")
+    one_line_error(
+        cli("compare", base, merged, "-k", "1"),
+        "baseline has 4 updates, merged has 8",
+        "8 step lines, 2 times the baseline's updates: if it prints one line per micro-step, "
+        "read it with -k 2",
+    )
+    six = write(tmp_path, "".join(micro.splitlines(keepends=True)[:6]), "six.log")
+    assert "read it with -k" not in cli("compare", base, six, "-k", "1").err  # 1.5 times

@@ -39,11 +39,35 @@ def _per_update_hint(base: Run, other: Run) -> str:
             f"{times} processes print into one log, give one log per card)"
         )
     lines = other.updates * other.accum_steps
+    ratio, rest = divmod(other.updates, base.updates) if base.updates else (0, 1)
+    if other.kind == "log" and times == 1 and not rest and ratio > 1:
+        return (
+            f" (its log holds {lines} step lines, {ratio} times the baseline's updates: if it "
+            f"prints one line per micro-step, read it with -k {other.accum_steps * ratio})"
+        )
     if other.kind != "log" or other.accum_steps < 2 or lines != base.updates:
         return ""
     return (
         f" (its log holds {lines} step lines, as many as the baseline's updates: if it prints "
         "one line per update, not one per micro-step, give it -k 1)"
+    )
+
+
+def _first_difference(
+    base: list[tuple[str, tuple]], other: list[tuple[str, tuple]], other_name: str
+) -> str:
+    """Where two models' tensor lists (name, shape) first part, in model order, both sides."""
+
+    def shown(tensor: tuple[str, tuple]) -> str:
+        return f"{tensor[0]} {list(tensor[1])}"
+
+    for i, (x, y) in enumerate(zip(base, other, strict=False)):
+        if x != y:
+            return f"tensor {i} is {shown(x)} in the baseline and {shown(y)} in the {other_name}"
+    longer, name = (base, "baseline") if len(base) > len(other) else (other, other_name)
+    return (
+        f"the baseline holds {len(base)} tensors and the {other_name} {len(other)}; the "
+        f"{name}'s next is {shown(longer[min(len(base), len(other))])}"
     )
 
 
@@ -65,9 +89,7 @@ def check_compatible(
     b = [(t.name, t.shape) for t in base.tensors]
     m = [(t.name, t.shape) for t in other.tensors]
     if b != m:
-        only = sorted(set(b) ^ set(m))
-        first = f"{only[0][0]} {list(only[0][1])}" if only else "tensor order"
-        raise BadInput(f"{what} of different models: they differ in {first}")
+        raise BadInput(f"{what} of different models: {_first_difference(b, m, other_name)}")
     if base.full_weights != other.full_weights:
         raise BadInput("cannot compare a run with full weights against one with printed values")
     init_b, init_m = base.init_weights(), other.init_weights()

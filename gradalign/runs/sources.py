@@ -3,13 +3,21 @@ logs of several cards of one data-parallel run."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import BadInput
 from ..paths import nonempty, resolved
 from .layout import is_run_dir
-from .logs import CARD_LOSSES, looks_like_log, read_card_logs, read_log
+from .logs import (
+    CARD_LOSSES,
+    has_progress_bars,
+    looks_like_log,
+    missing_cards,
+    read_card_logs,
+    read_log,
+)
 from .logs.smooth import STEP_LOSS_ADVICE
 from .model import Run
 from .reader import read_run_dir
@@ -18,9 +26,17 @@ _NOT_A_RUN = (
     "neither a gradalign run directory nor a recognised training log: no step line in its "
     "first MiB holds a step number and a loss as the reader knows them ('0   0.2957', "
     "'step 3, loss: 0.2957', 'Step[3/48] loss: [0.2957]', a JSON or dict line or a table row "
-    "with a loss field); progress bars are not read (write the run format instead, "
-    "docs/FORMAT.md)"
+    "with a loss field)"
 )
+
+
+def _not_a_run(path: Path) -> BadInput:
+    """The refusal of a file that is neither; progress bars named where it holds some."""
+    bars = "; its progress bars are not read:" if has_progress_bars(path) else ";"
+    return BadInput(
+        f"{path}: {_NOT_A_RUN}{bars} print each step's loss, or write the run format "
+        "(docs/FORMAT.md)"
+    )
 
 
 def open_run(path: Path, accum_steps: int | None, role: str) -> Run:
@@ -43,7 +59,7 @@ def open_run(path: Path, accum_steps: int | None, role: str) -> Run:
         raise BadInput(f"{path}: no such run directory or log file")
     if looks_like_log(path):
         return read_log(path, 1 if accum_steps is None else accum_steps)
-    raise BadInput(f"{path}: {_NOT_A_RUN}")
+    raise _not_a_run(path)
 
 
 def open_merged(paths: Sequence[Path], accum_steps: int | None, card_loss: str | None) -> Run:
@@ -54,7 +70,9 @@ def open_merged(paths: Sequence[Path], accum_steps: int | None, card_loss: str |
     if len(paths) == 1:
         if card_loss is not None:
             raise BadInput("--card-loss combines several card logs; only one merged source given")
-        return open_run(paths[0], accum_steps, "merged")
+        run = open_run(paths[0], accum_steps, "merged")
+        note = None if run.kind != "log" else missing_cards(paths)
+        return run if note is None else dataclasses.replace(run, notes=[*run.notes, note])
     if len({resolved(p) for p in paths}) != len(paths):
         raise BadInput("a card log is given twice; give each card's log once")
     for path in paths:
@@ -66,10 +84,12 @@ def open_merged(paths: Sequence[Path], accum_steps: int | None, card_loss: str |
         if not path.exists():
             raise BadInput(f"{path}: no such log file")
         if not looks_like_log(path):
-            raise BadInput(f"{path}: {_NOT_A_RUN}")
-    return read_card_logs(
+            raise _not_a_run(path)
+    run = read_card_logs(
         list(paths), 1 if accum_steps is None else accum_steps, card_loss or "mean"
     )
+    note = missing_cards(paths)
+    return run if note is None else dataclasses.replace(run, notes=[*run.notes, note])
 
 
 def open_reference(option: str | None, base: Run) -> tuple[Run | None, str | None]:

@@ -16,13 +16,21 @@ from pathlib import Path
 from ...errors import BadInput
 from ..model import Run
 from .build import build_run, fingerprint
-from .cards import CARD_LOSSES, combine_cards
+from .cards import CARD_LOSSES, combine_cards, missing_cards
 from .grammar import StepLine, readable, step_line
-from .parse import decode, parse_log
+from .lines import head, is_progress_bar
+from .parse import parse_log
 from .records import Records
 
-SNIFF_BYTES = 1 << 20  # a launcher may print a long preamble before the first step
-__all__ = ["CARD_LOSSES", "fingerprint", "looks_like_log", "read_card_logs", "read_log"]
+__all__ = [
+    "CARD_LOSSES",
+    "fingerprint",
+    "has_progress_bars",
+    "looks_like_log",
+    "missing_cards",
+    "read_card_logs",
+    "read_log",
+]
 
 
 def _check_k(accum_steps: int) -> None:
@@ -47,22 +55,11 @@ def looks_like_log(path: str | Path) -> bool:
     """Cheap sniff: a regular text file with a step line ('0   [0.29]', '0   0.29', 'step 0,
     loss 0.29') or a step record (a JSON/dict line or a table row holding a loss) among its
     first MiB; framework lines before it do not matter."""
-    path = Path(path)
-    try:
-        if not path.is_file():
-            return False
-        with path.open("rb") as handle:
-            head = handle.read(SNIFF_BYTES)
-    except OSError:
+    lines = head(Path(path))
+    if lines is None:
         return False
-    text = decode(head)
-    if text is None:
-        return False
-    lines = text.splitlines()
-    if len(head) == SNIFF_BYTES and len(lines) > 1:
-        lines = lines[:-1]  # the last line may be cut
     records = Records()
-    for line in readable(lines):
+    for line in readable(lines.texts):
         try:
             found = records.read(line)
             if isinstance(found, StepLine) or (found is None and step_line(line) is not None):
@@ -70,3 +67,10 @@ def looks_like_log(path: str | Path) -> bool:
         except BadInput:
             return True  # a step line it cannot read: reading the log says why
     return False
+
+
+def has_progress_bars(path: str | Path) -> bool:
+    """Whether the file's first MiB holds a progress bar the grammar does not read (tqdm's,
+    Keras's): a log that is one is told so when no step line is found."""
+    lines = head(Path(path))
+    return lines is not None and any(is_progress_bar(line) for line in lines.texts)

@@ -79,6 +79,15 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
     other log printed an epoch's running mean, see `smooth.detect`)."""
     path, k, micro = log.path, accum_steps, len(log.losses)
     times = log.printed_times or 1
+    if times > 1 and times != k and log.verbatim:
+        raise BadInput(
+            f"{path}: every step line is printed {_times(times)}, the copies identical to the "
+            f"byte (line {log.step_lines[0]} and the next): the log likely prints every line "
+            f"{_times(times)} (two logging handlers, e.g. a handler added to a logger whose "
+            "records also reach the root logger's); log each line once (one handler, or "
+            f"logger.propagate = False), or drop the copies (uniq LOG); unless {times} untagged "
+            "processes print the same lines into it (give one log per card)"
+        )
     if times > 1 and times != k:
         raise BadInput(
             f"{path}: each step is printed on {times} lines: one per micro-step of its update "
@@ -133,6 +142,10 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
         run.lr = np.array([lr.value for lr in last], dtype=np.float64)
         run.lr_quantum = np.array([number_quantum(lr, None) for lr in last], dtype=np.float64)
     return run
+
+
+def _times(times: int) -> str:
+    return "twice" if times == 2 else f"{times} times"
 
 
 def _names(labels: list[str]) -> list[str]:

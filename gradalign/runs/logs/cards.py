@@ -6,18 +6,74 @@ the mean over its own samples (the usual per-card mean: with equal shares, the g
 their mean), `sum` when each card's loss is already divided by the global item count. The
 weights are card 0's; the other cards ride along as replicas, whose printed weights the judge
 checks against card 0's (data-parallel replicas hold the same weights after every step).
+A log whose launcher lines say the run used more devices than card logs were given gets a note
+naming the missing ones (`missing_cards`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from ...errors import BadInput
 from ..model import Run
+from .grammar import clean
+from .lines import head
 
 CARD_LOSSES = ("mean", "sum")
+_DEVICES = re.compile(  # Paddle's launcher: `LAUNCH INFO <time> devices: 0,1` (`gpus: 0,1`)
+    r"^(?:devices|gpus|selected_gpus|[xn]pus)\s*[:=]\s*(?P<ids>\d+(?:\s*,\s*\d+)*)$", re.I
+)
+_NPROC = re.compile(  # torchrun's launch configs: `nproc_per_node   : 2`
+    r"^(?:nproc_per_node|world_size|nranks|trainers_num)\s*[:=]\s*(?P<n>\d+)$", re.I
+)
+_NUMBERED = re.compile(r"(?P<stem>.*?)(?P<card>\d+)")  # `workerlog.0`
+
+
+def launch_devices(text: str) -> int | None:
+    """The devices a launcher's configuration line (cleaned: its prefix dropped) says the run
+    used; None for any other line."""
+    found = _DEVICES.match(text)
+    if found is not None:
+        return len(found["ids"].split(","))
+    found = _NPROC.match(text)
+    return None if found is None else int(found["n"])
+
+
+def missing_cards(paths: Sequence[Path]) -> str | None:
+    """A note where the first log's launcher lines (in its first MiB) say the run used more
+    devices than `paths` are logs: the merged losses are then those cards' alone, not the
+    run's; it names the logs missing (`workerlog.1`, beside `workerlog.0`)."""
+    lines = head(paths[0])
+    if lines is None:
+        return None
+    for text, number in zip(lines.texts, lines.numbers, strict=True):  # noqa: B007
+        devices = launch_devices(clean(text))
+        if devices is not None:
+            break
+    else:
+        return None
+    if devices <= len(paths):
+        return None
+    given = [_NUMBERED.fullmatch(p.name) for p in paths]
+    stem = given[0]["stem"] if given[0] else None
+    if stem is not None and all(g is not None and g["stem"] == stem for g in given):
+        cards = {int(g["card"]) for g in given if g is not None}
+        names = [str(paths[0].with_name(f"{stem}{i}")) for i in range(devices) if i not in cards]
+        missing = f"missing: {', '.join(names)}"
+    else:
+        missing = "the other cards' logs are missing"
+    shown = "card 0's loss" if len(paths) == 1 else f"the losses of {len(paths)} cards"
+    return (
+        f"{paths[0]}:{number}: the launcher's line '{clean(text)}' says the run used "
+        f"{devices} devices, and {len(paths)} card log(s) were given: the "
+        f"merged loss is {shown} alone, on its share of each batch, not the run's; give every "
+        f"card's log, card 0 first ({missing})"
+    )
 
 
 def _combine(series: list[np.ndarray], card_loss: str) -> np.ndarray:

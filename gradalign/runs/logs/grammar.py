@@ -5,6 +5,7 @@
                                       0.29` and `iter 0: 0.29` read alike
     epoch 0, step: 0, loss: 2.29, lr  a keyed step line: step keys (`step`, `iter`, `batch_id`,
                                       `global step`, `micro_step`, `num_updates=`; `Step[0/48]`;
+                                      DeepSpeed's `steps: 12`; Paddle's `step 3/30 [==>..]` bar;
                                       of two, the one that counts) and a `loss` key anywhere in
                                       the line (`names` says which), other fields ignored
     Iter(train) [ 3/20] ... loss: 2.3 where no step key, a counter before the loss is the step
@@ -19,10 +20,12 @@ A line may carry a prefix a launcher or logger put there (`[rank0]: `, `[1,0]<st
 timestamps, `[INFO]`, `LAUNCH INFO`, `train.py:42 -`): it is dropped. A Paddle dygraph Tensor
 (`Tensor(shape=[..], dtype=.., place=.., stop_gradient=..,` then its data and `)`) reads as its
 data, in the place the Tensor was printed; torch's `tensor(2.3, device=..)` and numpy 2's
-`np.float32(2.3)` as `2.3`. Everything else (framework messages, warnings, progress bars, Keras's
-running-mean bar, evaluation lines) is noise. Each number keeps how it was printed (digits,
-exponent), so the reader can judge it at its own printed precision. Structured records (JSON,
-dicts, tables) are `records`'. This module is numpy-free.
+`np.float32(2.3)` as `2.3`. A tqdm bar a line was glued to is dropped (`lines`). From a line of
+its own announcing an evaluation (`eval_begins`) to its end (`eval_ends`, an epoch header) lines
+are the evaluation's (`parse` reads them). Everything else (framework messages, warnings,
+progress bars, Keras's running-mean bar, evaluation lines) is noise. Each number keeps how it
+was printed (digits, exponent), so the reader can judge it at its own printed precision.
+Structured records (JSON, dicts, tables) are `records`'. This module is numpy-free.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import re
 from dataclasses import dataclass
 
 from ...errors import BadInput
-from .names import STEP_KEY, choose_loss
+from .lines import BAR, strip_bars
+from .names import LINE_STEP_KEY, choose_loss
 
 _NUMBER = re.compile(
     r"^[-+]?(?:(?P<int>\d+)\.(?P<frac>\d*)|\.(?P<frac2>\d+)|(?P<bare>\d+))"
@@ -52,7 +56,7 @@ _MEAN_LINE = re.compile(
     re.IGNORECASE,
 )
 _KEYED_INDEX = re.compile(  # `step 3`, `step: 3`, `Step[3/48]`, `batch_id: 3`, `num_updates=3`
-    rf"(?<![\w./])(?P<key>{STEP_KEY})\b\s*(?:[:=#]|is\b)?\s*(?P<open>\[)?\s*(?P<index>\d+)"
+    rf"(?<![\w./])(?P<key>{LINE_STEP_KEY})\b\s*(?:[:=#]|is\b)?\s*(?P<open>\[)?\s*(?P<index>\d+)"
     r"(?:\s*/\s*\d+)?\s*(?(open)\])(?![\w.])",
     re.IGNORECASE,
 )
@@ -82,7 +86,7 @@ _EPOCH_BEFORE = re.compile(r"epoch\W*$", re.IGNORECASE)  # `Epoch [2/10]` counts
 _NOT_TRAINING = re.compile(  # never a training step: glog, warnings, evaluation, progress bars
     # a skipped step is an event (`skipping update`), `skipped iterations: 0` a counter; Keras's
     # bar (`3/20 [===>....] - loss: 2.1`) shows the epoch's running mean, not the step's loss
-    r"^[IWEF]\d{4}\s+\d\d:\d\d|warning\b|\bwarn\b|error\b|\boverflow|\d%\||\[=+>?\.*\]|\[>\.+\]|"
+    rf"^[IWEF]\d{{4}}\s+\d\d:\d\d|warning\b|\bwarn\b|error\b|\boverflow|{BAR}|"
     r"\bskip(?:s|ped|ping)?\b(?!\s*(?:iterations?|steps?|updates?|batch(?:es)?)?\s*[:=]?\s*\d)|"
     r"(?<![\w.])(?:eval\w*|val(?:id\w*)?|test(?:ing)?)(?![\w.])",
     re.IGNORECASE,
@@ -108,7 +112,18 @@ _WRAPPED = re.compile(  # torch's tensor(1.79, device='cuda:0', ..), numpy 2's n
     r"\b(?:tensor|np\.(?:float|int|uint)\d*)\(\s*(?P<data>\[?\s*[-+\w.]+\s*\]?)\s*(?:,[^()]*)?\)"
 )
 _TOKEN = re.compile(r"\[|\]|\.\.\.|[^\s,\[\]]+")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\ufeff")  # colour codes; a byte-order mark
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\ufeff|\x08+")  # colour codes, a BOM, backspaces
+_EVAL_BEGINS = re.compile(  # a line of its own: `Eval begin...`, `***** Running Evaluation *****`
+    r"^[\W_]*(?:(?:start(?:s|ing)?|begin(?:s|ning)?|run(?:ning)?)\s+(?:the\s+)?)?"
+    r"(?:eval(?:uation)?|evaluating|validat(?:ion|ing))"
+    r"(?:\s+(?:begins?|start(?:s|ed|ing)?|loop))?[\W_]*$",
+    re.IGNORECASE,
+)
+_EVAL_ENDS = re.compile(  # Paddle's `Eval samples: 320`, `Evaluation done.`
+    r"^[\W_]*(?:eval(?:uation)?|validation)\s+(?:samples\b|(?:done|over|end(?:s|ed)?|"
+    r"finish(?:ed)?|complete(?:d)?)\b(?![\s:=]*\d))",
+    re.IGNORECASE,
+)
 MAX_DIMS = 2
 
 
@@ -141,10 +156,14 @@ def number(token: str) -> Printed | None:
 
 
 def clean(line: str) -> str:
-    """A line without terminal colour codes, a launcher's or logger's prefix, numpy's
+    """A line without terminal colour codes and backspaces, a launcher's or logger's prefix, a
+    progress bar it was glued to (`lines.strip_bars`), numpy's
     `array(..., dtype=...)`, numpy 2's `np.float32(...)` and torch's `tensor(..., device=...)`
     wrappers and surrounding white space."""
-    text = _REPR.sub("", _PREFIX.sub("", _ANSI.sub("", line)))
+    text = _PREFIX.sub("", _ANSI.sub("", line))
+    if "[" in text and (unbarred := strip_bars(text)) != text and unbarred.strip():
+        text = _PREFIX.sub("", unbarred)  # a line glued after tqdm's bar; a bar alone is noise
+    text = _REPR.sub("", text)
     return (_WRAPPED.sub(r"\g<data>", text) if "(" in text else text).strip()
 
 
@@ -355,3 +374,14 @@ def epoch_header(text: str) -> int | None:
     the epoch's step lines), else None."""
     match = _EPOCH_HEADER.match(text)
     return None if match is None else int(match["epoch"])
+
+
+def eval_begins(text: str) -> bool:
+    """Whether a line of its own says an evaluation begins (`Eval begin...`, `Evaluating...`,
+    `***** Running Evaluation *****`): the step lines after it are the evaluation's."""
+    return _EVAL_BEGINS.match(text) is not None
+
+
+def eval_ends(text: str) -> bool:
+    """Whether a line says an evaluation ended (Paddle's `Eval samples: 320`, `Eval done`)."""
+    return _EVAL_ENDS.match(text) is not None

@@ -23,6 +23,8 @@ STEP_KEY = (
     r"(?:(?:global|micro)[\s_]?)?(?:step|iter(?:ation)?|batch(?:[\s_]?(?:id|idx))?)"
     r"|num[\s_]updates"
 )
+# in a keyed line, followed by its number: also DeepSpeed's PipelineEngine's `steps: 12`
+LINE_STEP_KEY = STEP_KEY.replace("(?:step|", "(?:steps?|", 1)
 QUALIFIERS = {"avg", "mean", "average", "val", "valid", "eval", "test", "total", "smoothed"}
 # a word before `loss` that names another quantity than the step's training loss
 OTHER_LOSSES = QUALIFIERS | {

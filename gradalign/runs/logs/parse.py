@@ -5,7 +5,6 @@ of several step keys the one that counts is read. Numpy-only."""
 
 from __future__ import annotations
 
-import codecs
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,15 +15,17 @@ from .grammar import (
     StepLine,
     arrow_line,
     epoch_header,
+    eval_begins,
+    eval_ends,
     is_array_content,
     one_number,
     rank_tag,
     readable,
     step_line,
 )
+from .lines import Lines, read_lines
 from .records import NotAStep, Records
 
-MAX_LOG_BYTES = 2 << 30  # a log larger than this is not read whole into memory
 SHOWN_NOISE = 3
 
 
@@ -63,6 +64,7 @@ class ParsedLog:
     rank: str | None = None  # the process a launcher tagged the step lines with
     stride: int = 1  # what a counter advances by a step (`[64/60000]`: samples)
     notes: list[str] = field(default_factory=list)  # how the log was read, where it says
+    verbatim: bool = True  # every step printed again is a copy of its first line, to the byte
 
     @property
     def precision(self) -> int:
@@ -80,48 +82,27 @@ class ParsedLog:
             self.noise_shown.append((line, text if len(text) <= 60 else text[:57] + "..."))
 
 
-def decode(data: bytes) -> str | None:
-    """A log's text: UTF-16 where a byte-order mark says so (PowerShell's `>`), else UTF-8
-    (a BOM dropped) with undecodable bytes replaced (a framework's message in another encoding
-    is noise, not a reason to refuse the log); None for a binary file (NUL bytes)."""
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return data.decode("utf-16", errors="replace")
-    if b"\0" in data:
-        return None
-    return data.decode("utf-8-sig", errors="replace")
-
-
-def read_lines(path: Path) -> list[str]:
-    """The file's lines (see `decode`). Binary files are refused."""
-    if not path.exists():
-        raise BadInput(f"{path}: no such file")
-    if not path.is_file():
-        raise BadInput(f"{path}: not a regular file")
-    try:
-        if path.stat().st_size > MAX_LOG_BYTES:
-            raise BadInput(f"{path}: larger than {MAX_LOG_BYTES >> 30} GiB; not read as a log")
-        data = path.read_bytes()
-    except OSError as err:
-        raise BadInput(f"{path}: cannot read ({err.strerror})") from None
-    text = decode(data)
-    if text is None:
-        raise BadInput(f"{path}: a binary file (it holds NUL bytes), not a training log")
-    return text.splitlines()
-
-
 class _Pass:
     """The state of one pass: lines, position, what was found."""
 
-    def __init__(self, path: Path, lines: list[str], key: int | None = None) -> None:
-        self.path, self.raw, self.at = path, lines, 0
-        self.lines = readable(lines)
+    def __init__(self, path: Path, lines: Lines, key: int | None = None) -> None:
+        self.path, self.raw, self.at = path, lines.texts, 0
+        self.numbers = lines.numbers  # the line each segment is on (a `\r` splits a line)
+        self.lines = readable(lines.texts)
+        self.in_eval = False  # after a line announcing an evaluation, until it ends
+        self.eval_steps = 0  # step lines read as the evaluation's in the current block
         self.log = ParsedLog(path)
         self.records = Records()
         self.key = key  # the step key read on every line (its place among the line's step keys)
         self.most_keys = 1  # the most step keys a step line held
+        self.step_at = 0  # the segment the current step was first printed on
+
+    def number(self, index: int) -> int:
+        """The line number segment `index` is on."""
+        return self.numbers[index]
 
     def where(self, index: int) -> str:
-        return f"{self.path}:{index + 1}"
+        return f"{self.path}:{self.number(index)}"
 
     def run(self) -> ParsedLog:
         while self.at < len(self.lines):
@@ -138,10 +119,16 @@ class _Pass:
         return self.log
 
     def _line(self, index: int, text: str) -> None:
+        if self.in_eval and self._evaluation(index, text):
+            return
+        if eval_begins(text):
+            self.in_eval, self.eval_steps = True, 0
+            self.log.add_noise(self.number(index), text)
+            return
         try:
             step = self.records.read(text)
             if isinstance(step, NotAStep):
-                self.log.add_noise(index + 1, text)
+                self.log.add_noise(self.number(index), text)
                 return
             if step is None:
                 step = step_line(text)
@@ -162,14 +149,49 @@ class _Pass:
         elif text.startswith("[") and epoch_header(text) is None:
             self._array(index, "", text, committed=False)
         else:
-            self.log.add_noise(index + 1, text)
+            self.log.add_noise(self.number(index), text)
             header = epoch_header(text)  # `Epoch 0/10` counts too
             if header is not None:
                 self.log.header_epoch = header
 
+    def _evaluation(self, index: int, text: str) -> bool:
+        """Read a line inside an evaluation block; False where it ends the block and is read
+        as any line. An epoch header ends it, read; an end line (`Eval samples: 320`) ends it,
+        noise; the block's first step line ends it where it continues the training's count (or
+        starts the next epoch): the line announced an evaluation printed elsewhere. Other lines,
+        step lines too (the evaluation's own count), are noise."""
+        if epoch_header(text) is not None:
+            self.in_eval = False
+            return False
+        if eval_ends(text):
+            self.in_eval = False
+        else:
+            try:
+                step = self.records.read(text) or step_line(text)
+            except BadInput:
+                step = None
+            if isinstance(step, StepLine):
+                if not self.eval_steps and self._continues(step):
+                    self.in_eval = False
+                    return False
+                self.eval_steps += 1
+        self.log.add_noise(self.number(index), text)
+        return True
+
+    def _continues(self, step: StepLine) -> bool:
+        """Whether a step line is the training's next: the step expected, or the first of the
+        next epoch."""
+        log = self.log
+        if not log.steps or step.index is None:
+            return False
+        values = [v // log.stride if step.counter else v for v in (step.index, *step.others)]
+        expected = log.first_index + log.steps - log.epoch_start
+        epoch = step.epoch if step.epoch is not None else log.header_epoch
+        return expected in values or (log.first_index in values and _next_epoch(log.epoch, epoch))
+
     def _step(self, index: int, step: StepLine) -> None:
         log = self.log
-        rank = rank_tag(self.raw[index])
+        rank = self._rank(index)
         self.most_keys = max(self.most_keys, 1 + len(step.others))
         if not log.losses:
             value = next((v for v in (step.index, *step.others) if v in (0, 1)), step.index)
@@ -194,6 +216,7 @@ class _Pass:
         epoch = step.epoch if step.epoch is not None else log.header_epoch
         if log.steps and value == expected - 1 and epoch == log.epoch:
             log.repeats += 1  # printed again: another micro-step of the same update
+            log.verbatim &= self.raw[index] == self.raw[self.step_at]  # or a copy of its line
             self._append(index, step)
             return
         if value == log.first_index != expected and _next_epoch(log.epoch, epoch):
@@ -208,14 +231,23 @@ class _Pass:
             if epoch is not None and log.epoch is not None and epoch != log.epoch:
                 log.epoch_starts.append(len(log.losses))
         log.epoch, log.steps, log.repeats = epoch, log.steps + 1, 1
+        self.step_at = index
         self._append(index, step)
+
+    def _rank(self, index: int) -> str | None:
+        """The process the line is tagged with: a tag before a `\r` tags its segments too."""
+        while (tag := rank_tag(self.raw[index])) is None and index:
+            if self.numbers[index - 1] != self.numbers[index]:
+                break
+            index -= 1
+        return tag
 
     def _append(self, index: int, step: StepLine) -> None:
         log = self.log
         log.losses.append(step.loss)
         log.bracketed.append(step.bracketed)
         log.lrs.append(step.lr)
-        log.step_lines.append(index + 1)
+        log.step_lines.append(self.number(index))
         log.blocks.append([])
 
     def _printed_times(self, index: int) -> None:
@@ -250,24 +282,26 @@ class _Pass:
                 if is_array_content(text):
                     reader.feed(text)
                 elif not committed or step_line(text) or _arrow(text):
-                    raise ValueError(f"the printed array is not closed before line {at + 1}")
+                    raise ValueError(
+                        f"the printed array is not closed before line {self.number(at)}"
+                    )
                 else:  # a framework line printed in the middle of the array
                     skipped += 1
-                    self.log.add_noise(at + 1, text)
+                    self.log.add_noise(self.number(at), text)
             array = reader.result()
             if label and not committed and array.values.size < 2:
                 raise ValueError("a named number, not an array of weights")  # `acc: [0.5]`
         except (ValueError, BadInput) as err:
             if committed:
                 raise BadInput(f"{self.where(index)}: {err}") from None
-            self.log.add_noise(index + 1, self.lines[index])
+            self.log.add_noise(self.number(index), self.lines[index])
             return
         self.at = at + 1
         if self.log.blocks:
-            self.log.blocks[-1].append(Block(label, array, index + 1))
+            self.log.blocks[-1].append(Block(label, array, self.number(index)))
         else:  # printed before the first step: not attributable to any step
             self.log.unattached += 1
-            self.log.add_noise(index + 1, self.lines[index])
+            self.log.add_noise(self.number(index), self.lines[index])
 
     def _index(self, index: int, step: StepLine, expected: int) -> int:
         """The step a line names: a record without a step field is the next one; a counter

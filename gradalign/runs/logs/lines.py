@@ -1,0 +1,128 @@
+"""A log's bytes as numbered lines, and what a terminal made of them.
+
+    line numbers   a `\\n` (or `\\r\\n`) ends a line; a `\\r` inside a line (a progress bar
+                   redrawing itself) separates segments, each read alone under the line's number;
+                   no other character ends a line (`str.splitlines` also splits on `\\x0b`,
+                   `\\x0c`, `\\x1c`-`\\x1e`, `\\x85`, `\\u2028`, `\\u2029`, and misnumbers)
+    tqdm's bar     written after a `\\r` without a newline, so the next line printed shares its
+                   segment: ` 26%|##  | 8/30 [00:01<00:10, 29.0it/s]step 7 loss 1.05`; the bar
+                   (its description, percent, bar, counts and `[elapsed<remaining, rate]`
+                   bracket, or `8it [00:01, 29.0it/s]` without a total) is dropped like a prefix
+    Paddle's bar   `Model.fit(verbose=1)`: `step 3/30 [====>....] - loss: 0.98 - 20ms/step`, then
+                   backspaces and `\\r`; its loss is the batch's (hapi's progressbar prints the
+                   step's logs), so the bar is dropped and the `step i/n` line read; Keras's bar
+                   (`3/30 [==>...] - loss: 0.98`, no step key) shows a running mean: never read
+
+This module is numpy-free.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...errors import BadInput
+from .names import STEP_KEY
+
+MAX_LOG_BYTES = 2 << 30  # a log larger than this is not read whole into memory
+SNIFF_BYTES = 1 << 20  # a launcher may print a long preamble before the first step
+_TQDM = re.compile(  # a bar leading a segment, with its description (`Epoch 0: `) if any
+    r"^\s*(?:[^\s|:][^|:]{0,80}:\s*)?"
+    r"(?:\d{1,3}%\|[^|]*\|\s*[\d.]+[kMGTP]?/[\d.?]+[kMGTP]?|[\d.]+[kMGTP]?[A-Za-z/]*)"
+    r"\s*\[(?:\d+:)?\d+:\d\d(?:<|,)[^\[\]]*\]"  # `[elapsed<remaining, rate]`, `[elapsed, rate]`
+)
+_PADDLE_BAR = re.compile(rf"^(?P<key>\s*(?:{STEP_KEY})\s*\d+\s*/\s*\d+\s*)\[[=>.]+\]", re.I)
+# a progress bar anywhere: tqdm's `26%|`, Keras's `[===>....]` and `[>....]`
+BAR = r"\d%\||\[=+>?\.*\]|\[>\.+\]"
+_BAR = re.compile(BAR)
+
+
+@dataclass
+class Lines:
+    """A log's segments (`texts`) and the line number each is on (`numbers`, from 1)."""
+
+    texts: list[str] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)
+
+
+def segments(text: str) -> Lines:
+    """The text's lines by `\\n` (a `\\r\\n` ends one too), each split at its `\\r`s."""
+    lines = Lines()
+    parts = text.split("\n")
+    if parts[-1] == "":
+        parts.pop()
+    for number, line in enumerate(parts, start=1):
+        pieces = line.removesuffix("\r").split("\r")
+        lines.texts += pieces
+        lines.numbers += [number] * len(pieces)
+    return lines
+
+
+def strip_bars(text: str) -> str:
+    """The segment without a leading tqdm bar, and with Paddle's step bar dropped (its `step
+    i/n` key kept); any other text as it is."""
+    if "[" not in text:
+        return text
+    bar = _TQDM.match(text)
+    if bar is not None:
+        text = text[bar.end() :]
+    return _PADDLE_BAR.sub(r"\g<key>", text, count=1)
+
+
+def is_progress_bar(text: str) -> bool:
+    """Whether a segment holds a progress bar (tqdm's, Keras's) the grammar does not read as a
+    step line (Paddle's `step i/n [==>..]` it does)."""
+    if _PADDLE_BAR.match(text):
+        return False
+    return _TQDM.match(text) is not None or _BAR.search(text) is not None
+
+
+def decode(data: bytes) -> str | None:
+    """A log's text: UTF-16 where a byte-order mark says so (PowerShell's `>`), else UTF-8
+    (a BOM dropped) with undecodable bytes replaced (a framework's message in another encoding
+    is noise, not a reason to refuse the log); None for a binary file (NUL bytes)."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return data.decode("utf-16", errors="replace")
+    if b"\0" in data:
+        return None
+    return data.decode("utf-8-sig", errors="replace")
+
+
+def head(path: Path) -> Lines | None:
+    """The segments of a file's first MiB (the last, maybe cut, left out); None where it is no
+    regular text file."""
+    try:
+        if not path.is_file():
+            return None
+        with path.open("rb") as handle:
+            data = handle.read(SNIFF_BYTES)
+    except OSError:
+        return None
+    text = decode(data)
+    if text is None:
+        return None
+    lines = segments(text)
+    if len(data) == SNIFF_BYTES and len(lines.texts) > 1:
+        del lines.texts[-1], lines.numbers[-1]
+    return lines
+
+
+def read_lines(path: Path) -> Lines:
+    """The file's segments and their line numbers (see `decode`, `segments`). Binary files are
+    refused."""
+    if not path.exists():
+        raise BadInput(f"{path}: no such file")
+    if not path.is_file():
+        raise BadInput(f"{path}: not a regular file")
+    try:
+        if path.stat().st_size > MAX_LOG_BYTES:
+            raise BadInput(f"{path}: larger than {MAX_LOG_BYTES >> 30} GiB; not read as a log")
+        data = path.read_bytes()
+    except OSError as err:
+        raise BadInput(f"{path}: cannot read ({err.strerror})") from None
+    text = decode(data)
+    if text is None:
+        raise BadInput(f"{path}: a binary file (it holds NUL bytes), not a training log")
+    return segments(text)
