@@ -316,3 +316,55 @@ def test_a_narrow_sketch_still_bounds_an_error_from_below(tmp_path):
     found = estimate(sketch(v, 31), False, 144)
     assert 0 < found.low <= np.linalg.norm(v) <= found.high
     _clean_passes_and_unscaled_loss_is_named(bag_loop, tmp_path)
+
+
+def _sparse_labels(out, k: int, per_micro_mean: bool = False):
+    """A classifier where about one row in eight is labelled (the rest -100), its summed loss
+    divided by the batch's labelled count; some micro-batches hold no labelled row (items 0).
+    `per_micro_mean`: each micro-batch's mean (of at least one item) divided by K instead."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 48), nn.ReLU(), nn.Linear(48, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(3)
+    updates, batch = 6, 32
+    x = torch.randn(updates * batch, 10, generator=g)
+    y = x[:, :4].argmax(1)
+    labelled = torch.rand(updates * batch, generator=g) < 0.12
+    labelled[::batch] = True
+    y[~labelled] = -100
+    size = batch // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for u in range(updates):
+            total = int((y[u * batch : (u + 1) * batch] != -100).sum())
+            for j in range(k):
+                rows = slice(u * batch + j * size, u * batch + (j + 1) * size)
+                summed = nn.functional.cross_entropy(
+                    model(x[rows]), y[rows], ignore_index=-100, reduction="sum"
+                )
+                count = int((y[rows] != -100).sum())
+                share = summed / max(count, 1) / k if per_micro_mean else summed / total
+                share.backward()
+                rec.micro(loss_sum=summed.detach(), items=count, batch=(x[rows], y[rows]))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+    return out
+
+
+def test_token_normalization_is_named_where_some_micro_batches_hold_no_item(tmp_path):
+    """Micro-batches holding 2, 0, 0 and 1 labelled rows: each mean divided by K weights the
+    held rows by N/(K n_j) and the empty ones add nothing either way; it was `unexplained`
+    (a window with an empty micro-batch was never tried). The correct loop passes."""
+    base = _sparse_labels(tmp_path / "base", 1)
+    merged = _sparse_labels(tmp_path / "merged", 4)
+    assert api.compare(base, merged, reference="none").verdict == "pass"
+    bug = api.compare(base, _sparse_labels(tmp_path / "bug", 4, True), reference="none")
+    assert bug.verdict == "fail" and bug.diagnosis[0].code == "token-normalization"
+    assert 0 in bug.diagnosis[0].evidence["items_per_micro_batch"]
+
+
+def test_item_weights_are_shown_as_given_not_truncated():
+    """Float items (sample weights) were printed by int(): 7.511 read as 7."""
+    from gradalign.judge.signatures.gradient import _count
+
+    assert [_count(n) for n in (10.0, 7.511, 8.125)] == ["10", "7.511", "8.125"]

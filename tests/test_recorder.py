@@ -485,3 +485,18 @@ def test_a_learning_rate_that_follows_the_divergence_does_not_hide_its_cause(tmp
     assert not np.array_equal(base.lr, merged.lr)  # the bug's loss made it cut the lr
     codes = [d.code for d in compare(base, merged).diagnosis]
     assert codes[0] == BUGS[bug] and "lr-schedule" not in codes, codes
+
+
+@pytest.mark.parametrize("bug", ["no-loss-scale", "double-loss-scale"])
+def test_a_loss_scale_clip_grad_value_turned_is_read_below_the_clip_value(tmp_path, bug):
+    """clip_grad_value_ at 0.02 clips most of a gradient 4 times too large to the value, so the
+    gradient stepped with points elsewhere (cosine 0.90) and was `cross-sample-loss`. The
+    elements both runs left below the value hold the scale whole: named `loss-scale`."""
+    setup = {"clip_value": 0.02, "optimizer": "adamw"}
+    c = compare(
+        user_loop(tmp_path / "b", 1, **setup), user_loop(tmp_path / "m", 4, bug=bug, **setup)
+    )
+    assert c.results[0].grad_cosine < 0.95
+    (found,) = [d for d in c.diagnosis if d.severity == "error"][:1]
+    assert found.code == "loss-scale" and "below the clip value" in found.message
+    assert found.evidence["below_clip_value"] is True

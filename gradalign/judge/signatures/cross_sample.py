@@ -60,10 +60,23 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
         "large or small: the losses logged are not the ones backpropagated, a matter of the "
         "log), and the gradient differs"
     )
+    clipped = c.merged.clip_value is not None and bool(np.isfinite(c.merged.clip_value).any())
+    unseen = (
+        "; or each micro-batch's gradient was changed after its backward by what the Recorder "
+        "does not see (a tensor hook such as register_hook(lambda g: g.clamp(..)), a clip "
+        "outside torch.nn.utils)"
+        + (
+            ", or the loss was scaled wrongly and clip_grad_value_ clipped the scale away in "
+            "the largest elements"
+            if clipped
+            else ""
+        )
+    )
     return _cross_sample(
         c,
         f"{loss} (of {worst.name}, {worst.ratio:.3g} times what noise allows), and no "
         "accumulation bug's shape fits it",
+        unseen,
     )
 
 
@@ -90,8 +103,9 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     return first, k
 
 
-def _cross_sample(c: Comparison, seen: str) -> Diagnosis:
-    """`cross-sample-loss`, `seen` saying what differs at update 0."""
+def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
+    """`cross-sample-loss`, `seen` saying what differs at update 0; `unseen`: other causes
+    that leave the same trace (read from the gradient alone)."""
     evidence, _ = update0_gap(c)
     first, k, world = c.results[0], window(c), c.merged.world_size
     evidence.update(baseline_loss=finite(first.base_loss), merged_loss=finite(first.merged_loss))
@@ -112,7 +126,7 @@ def _cross_sample(c: Comparison, seen: str) -> Diagnosis:
         f"of a forward's {rows} is not its share of the loss of B. Part of it is computed over "
         "the micro-batch as a whole: an auxiliary loss over batch statistics (a mixture of "
         "experts' load-balancing loss), an in-batch contrastive loss, a normalization or "
-        "penalty over the batch" + tokens,
+        "penalty over the batch" + tokens + unseen,
         evidence,
         "compute such a term over the whole window: accumulate its statistics over the K "
         f"micro-steps{ranks} (the experts' token counts and router probabilities) and add it "

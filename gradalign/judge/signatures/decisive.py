@@ -241,8 +241,10 @@ def buffers_in_forward(c: Comparison) -> Diagnosis | None:
     also = ", and the gradients computed with them differ too" if grads else ""
     return Diagnosis(
         "buffers-in-forward",
-        f"the model writes {listed(differ, 3)} in its forward: the merged run updates "
-        f"{'them' if len(differ) > 1 else 'it'} at every micro-step, from a micro-batch of B/K, "
+        f"the model's buffers {listed(differ, 3)} are written at every micro-step (in its "
+        "forward, or by the loop between micro-steps: an average of the weights kept in "
+        f"buffers): the merged run updates {'them' if len(differ) > 1 else 'it'} K times per "
+        "update, from a micro-batch of B/K, "
         "the baseline once per update from the batch of B, so the model's state differs from "
         f"update {first.update} ({worst.name} at {worst.ratio:.3g}x its allowed error){also}",
         evidence,

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ..distributed import listed
+from ..metrics import fit_ratio
 from ..results import Comparison, Diagnosis, UpdateResult
 from ..tolerances import held_exactly
 from .clipping import pre_clip_ratio
@@ -28,9 +29,12 @@ from .common import (
 
 def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     ratio, cosine = r.grad_ratio, r.grad_cosine
-    if ratio is None or cosine is None or not cosine >= same_direction(c, r):
+    if ratio is None or cosine is None:
         return None
-    if not abs(ratio - 1) > RATIO_MATCH:
+    below = None if cosine >= same_direction(c, r) else below_clip_value(c, r)
+    if below is not None:  # clip_grad_value_ turned it: read the elements it left alone
+        ratio, cosine = below
+    if not cosine >= same_direction(c, r) or not abs(ratio - 1) > RATIO_MATCH:
         return None
     k, n = window(c), int(c.merged.sizes[r.update])
     short = [
@@ -53,14 +57,23 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     ]
     evidence = {"update": r.update, "grad_ratio": finite(ratio), "grad_cosine": finite(cosine)}
     before = pre_clip_ratio(c, r.update)  # a clip that engaged hides the scale after it
-    sizes = [(ratio, "")] + ([(before, " before clipping")] if before is not None else [])
+    sizes = [(ratio, "" if below is None else " below the clip value")]
+    sizes += [(before, " before clipping")] if before is not None else []
     for size, when in sizes:
         for expected, how, fix in variants:
             if abs(size / expected - 1) <= RATIO_MATCH:
                 evidence["expected_ratio"] = expected
-                if when:
+                if when == " before clipping":
                     evidence["pre_clip_ratio"] = finite(size)
-                stepped = f" (stepped with: {ratio:.6g} times," if when else " with"
+                elif when:
+                    evidence["below_clip_value"] = True
+                stepped = (
+                    f" (stepped with: {ratio:.6g} times,"
+                    if when == " before clipping"
+                    else " (elements both runs left below clip_grad_value_'s value; with"
+                    if when
+                    else " with"
+                )
                 what = (
                     "a loss multiplied by W (or a comm hook summing without dividing by W)"
                     if expected > 1
@@ -92,6 +105,33 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         evidence,
         "scale each micro-batch's loss by 1/K (or by its share of the window's items)",
     )
+
+
+def below_clip_value(c: Comparison, r: UpdateResult) -> tuple[float, float] | None:
+    """The fitted ratio and cosine of the merged gradient over the baseline's on the elements
+    both runs left strictly below the value clip_grad_value_ clipped them to at this update
+    (a wrong loss scale stands whole there; the clipped ones sit at the value in both), where
+    both runs clipped by the same value and at least 16 such elements are known exactly."""
+    values = [run.clip_value for run in (c.baseline, c.merged)]
+    i = r.update
+    if any(v is None or i >= len(v) or not math.isfinite(v[i]) for v in values):
+        return None
+    value = float(values[0][i])  # type: ignore[index]
+    if value <= 0 or float(values[1][i]) != value:  # type: ignore[index]
+        return None  # another value: clip-threshold's
+    gb, gm = (exact_of(c, run, "grads", i) for run in (c.baseline, c.merged))
+    if gb is None or gm is None:
+        return None
+    base, merged = [], []
+    for name in sorted(gb.keys() & gm.keys()):
+        b, m = (np.asarray(t).ravel() for t in (gb[name], gm[name]))
+        # a clipped element is the value rounded to its own dtype (float32's 0.02 < 0.02)
+        kept = (np.abs(b) < b.dtype.type(value)) & (np.abs(m) < m.dtype.type(value))
+        base.append(b[kept])
+        merged.append(m[kept])
+    if sum(x.size for x in base) < 16:
+        return None
+    return fit_ratio(base, merged)
 
 
 def loss_term_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
@@ -228,9 +268,10 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         return None
     w = c.merged.window(r.update)
     counts = items[w.start : w.stop]
-    if counts.min() == counts.max() or counts.min() <= 0:
+    held = counts[counts > 0]  # an empty micro-batch adds nothing either way (its mean clamped)
+    if held.size == 0 or counts.min() < 0 or counts.min() == counts.max():
         return None
-    weights = counts.sum() / (k * counts)  # what mean-per-micro-batch / K gives each micro-batch
+    weights = counts.sum() / (k * held)  # what mean-per-micro-batch / K gives each micro-batch
     imbalance = float(np.abs(weights - 1).max())
     error = scaled_error(c, r, scale)
     if error is None or not 0 < error <= 2 * imbalance:
@@ -239,13 +280,13 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         return None  # what another cause leaves is within the gradient's noise: no second one
     return Diagnosis(
         "token-normalization",
-        f"at update {r.update} the micro-batches hold {', '.join(str(int(n)) for n in counts)} "
+        f"at update {r.update} the micro-batches hold {', '.join(_count(n) for n in counts)} "
         f"{unit}, yet each was weighted equally (its mean divided by K): {unit} are weighted up to "
         f"{imbalance:.1%} wrong, and the gradient is {error:.3g} off (relative L2, cosine "
         f"{r.grad_cosine:.6f})",
         {
             "update": r.update,
-            "items_per_micro_batch": [int(n) for n in counts],
+            "items_per_micro_batch": [int(n) if n == int(n) else float(n) for n in counts],
             "max_weight_error": imbalance,
             "grad_rel_l2": error,
             "grad_cosine": finite(r.grad_cosine),
@@ -254,6 +295,11 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         "then backpropagate each micro-batch's summed loss divided by that total "
         "(loss_norm: items; the fix of transformers PR #34191)",
     )
+
+
+def _count(n: float) -> str:
+    """An item count as given: whole, or a weight (float items) to 4 digits."""
+    return str(int(n)) if n == int(n) else f"{n:.4g}"
 
 
 def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
