@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..runs.model import Run
@@ -69,7 +71,77 @@ def build_checks(
         )
     )
     checks.append(_init_check(base, merged))
+    clipped = base.grad_norm_pre_clip is not None and merged.grad_norm_pre_clip is not None
+    if clipped and not calibrated:  # against a reference the clipped gradients carry it
+        checks.append(_pre_clip_check(base, merged, results))
     return checks
+
+
+PRE_CLIP = "grad_norm_pre_clip"  # the problem key of a norm before clipping that differs
+
+
+def _pre_clip_check(base: Run, merged: Run, results: list[UpdateResult]) -> Check:
+    """The norms before clipping, judged without a reference by `pre_clip_gap`; each update that
+    fails gets a problem. With a reference there is no such check: the clipped gradients are
+    judged by their measured noise, and a scale a clip hid is read from these norms when they
+    fail (signatures)."""
+    name = "norms before clipping"
+    judged = [(r, gap) for r in results if (gap := pre_clip_gap(base, merged, r)) is not None]
+    if not judged:
+        return Check(name, NOT_CHECKED, "no update with a judged gradient to compare them by")
+    bad = [(r, gap) for r, gap in judged if not gap[2] <= gap[3]]
+    for r, (m, b, _, share) in bad:
+        text = (
+            f"norm before clipping {m:.6g} in merged, {b:.6g} in baseline ({m / b:.4g} times; "
+            f"the gradient tolerance allows {share:.2g} of the norm)"
+        )
+        r.problems.append((PRE_CLIP, text))
+    if bad:
+        r = bad[0][0]
+        text = next(t for key, t in r.problems if key == PRE_CLIP)
+        return Check(
+            name,
+            FAIL,
+            f"{len(bad)}/{len(results)} updates differ; first, update {r.update}: {text}",
+        )
+    worst = max(gap / share if share > 0 else math.inf for _, (_, _, gap, share) in judged)
+    return Check(name, PASS, f"within the gradient tolerance at every update ({worst:.2g}x it)")
+
+
+def pre_clip_gap(
+    base: Run, merged: Run, r: UpdateResult
+) -> tuple[float, float, float, float] | None:
+    """At one update, the norms before clipping (merged, baseline), their relative gap
+    |m - b| / b, and the share of the stepped gradient's norm the gradient check allowed it
+    there (None: not judged: either norm missing, or no gradient judged).
+
+    The clip scales the accumulated gradient by one factor, so the share the gradients check
+    allows the stepped gradient, sqrt(sum allowed^2) / ||g_base|| over the judged tensors, is the
+    share it allows the unclipped one, and by the triangle inequality, |‖m‖ - ‖b‖| <= ‖m - b‖,
+    it bounds the gap of their norms. That share is the dtype's `grad_rtol` (as overridden),
+    `grad_rtol_apart` where the runs entered the update with weights that differ (judge/apart.py
+    widens the allowance before the checks are built), and more where a kink widened it (an
+    excused gradient counts as allowed its own error): a clean run cannot fail here where its
+    unclipped gradient would pass. Clean float32 runs' norms differ by rounding, about 1e-7 of
+    the norm, against grad_rtol 1e-4; a loss not divided by K under a clip that always engages
+    steps with the same clipped gradient, and only these norms keep the scale (K times)."""
+    pb, pm = base.grad_norm_pre_clip, merged.grad_norm_pre_clip
+    i = r.update
+    if pb is None or pm is None or i >= min(len(pb), len(pm)):
+        return None
+    b, m = float(pb[i]), float(pm[i])
+    if not (math.isfinite(b) and b > 0):  # a non-finite gradient is the gradients check's
+        return None
+    allowed, norms = 0.0, 0.0
+    for d in r.grads:
+        if not (0 < d.rel_l2 < math.inf and math.isfinite(d.allowed)):
+            continue  # an equal (or zero) tensor: the diff does not give its norm
+        allowed += (max(d.allowed, d.error) if d.excused is not None else d.allowed) ** 2
+        norms += (d.error / d.rel_l2) ** 2
+    if not norms:
+        return None
+    gap = abs(m - b) / b if math.isfinite(m) else math.inf
+    return m, b, gap, math.sqrt(allowed / norms)
 
 
 def _init_check(base: Run, merged: Run) -> Check:

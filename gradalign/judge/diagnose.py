@@ -28,6 +28,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.micro_batch_missing,
     sig.lr_scaled,
     sig.lr_schedule,
+    sig.scale_before_clip,  # a scale only the norms before clipping kept (no reference)
     sig.replica_divergence,
     sig.card_loss,
     sig.data_order,

@@ -1,15 +1,19 @@
 """Seeing gradient clipping without asking the loop for it.
 
-While a Recorder is open, `torch.nn.utils.clip_grad_norm_` and `clip_grad_value_` (as frameworks
-call them: through the module attribute) report each call to every open Recorder whose model
-owns the clipped parameters: a norm clip with the total norm it computed, a value clip with its
-clip value. A loop that imported the functions by name before recording began is not seen; it
-can pass the norm itself with `Recorder.grads(pre_clip_norm=...)`.
+While a Recorder is open, `torch.nn.utils.clip_grad_norm_`, `clip_grads_with_norm_` (torch's
+split API, after `get_total_norm`) and `clip_grad_value_` (as frameworks call them: through the
+module attribute) report each call to every open Recorder whose model owns the clipped
+parameters: a norm clip with the total norm before it (computed, or given to the split API), a
+value clip with its clip value. A clip made inside another (torch's `clip_grad_norm_` may call
+`clip_grads_with_norm_`) is the outer one's and is not reported again. A loop that imported the
+functions by name before recording began is not seen; it can pass the norm itself with
+`Recorder.grads(pre_clip_norm=...)`.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +34,17 @@ class Clip:
 Listener = Callable[[list[torch.Tensor], Clip], None]
 _listeners: list[Listener] = []
 _original: dict[tuple[Any, str], Any] = {}
+_NAMES = ("clip_grad_norm_", "clip_grads_with_norm_", "clip_grad_value_")
+# torch.nn.utils.clip_grad keeps the split clip as `_clip_grads_with_norm_` (torch >= 2.6), which
+# its own clip_grad_norm_ calls: only the public names are patched, and a depth guard keeps a
+# clip inside a clip (in a torch whose clip_grad_norm_ calls a public name) from counting twice.
 _PATCHED = [
     (module, name)
     for module in (torch.nn.utils, torch.nn.utils.clip_grad)
-    for name in ("clip_grad_norm_", "clip_grad_value_")
+    for name in _NAMES
+    if hasattr(module, name)
 ]
+_inside = threading.local()
 
 
 def _params(parameters: Any) -> list[torch.Tensor]:
@@ -46,23 +56,51 @@ def _tell(params: list[torch.Tensor], clip: Clip) -> None:
         listener(params, clip)
 
 
+def _outer(
+    original: Callable[..., Any], params: list[torch.Tensor], *args: Any, **kwargs: Any
+) -> tuple[Any, bool]:
+    """`original(params, ...)`, and whether this call is the outermost clip (the one to tell)."""
+    depth = getattr(_inside, "depth", 0)
+    _inside.depth = depth + 1
+    try:
+        return original(params, *args, **kwargs), depth == 0
+    finally:
+        _inside.depth = depth
+
+
 def _patched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     if name == "clip_grad_norm_":
 
         @functools.wraps(original)
         def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
             params = _params(parameters)
-            total = original(params, *args, **kwargs)
-            _tell(params, Clip(total=total))
+            total, outer = _outer(original, params, *args, **kwargs)
+            if outer:
+                _tell(params, Clip(total=total))
             return total
 
         return clip_grad_norm_
 
+    if name == "clip_grads_with_norm_":
+
+        @functools.wraps(original)
+        def clip_grads_with_norm_(
+            parameters: Any, max_norm: float, total_norm: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> None:
+            params = _params(parameters)
+            result, outer = _outer(original, params, max_norm, total_norm, *args, **kwargs)
+            if outer:  # the norm it was given is the norm before it: kept on device, no sync
+                _tell(params, Clip(total=torch.as_tensor(total_norm)))
+            return result
+
+        return clip_grads_with_norm_
+
     @functools.wraps(original)
     def clip_grad_value_(parameters: Any, clip_value: float, *args: Any, **kwargs: Any) -> Any:
         params = _params(parameters)
-        result = original(params, clip_value, *args, **kwargs)
-        _tell(params, Clip(value=float(clip_value)))
+        result, outer = _outer(original, params, clip_value, *args, **kwargs)
+        if outer:
+            _tell(params, Clip(value=float(clip_value)))
         return result
 
     return clip_grad_value_

@@ -13,7 +13,13 @@ from .accumulation import (
     scaler_per_micro,
     weights_changed_in_window,
 )
-from .clipping import clip_before_unscale, clip_per_micro, clip_per_micro_counted, clip_threshold
+from .clipping import (
+    clip_before_unscale,
+    clip_per_micro,
+    clip_per_micro_counted,
+    clip_threshold,
+    scale_before_clip,
+)
 from .common import failing, finite, first_gradient_failure
 from .cross_sample import cross_sample_gradient, cross_sample_loss
 from .decisive import (
@@ -66,6 +72,7 @@ __all__ = [
     "overflow_carried",
     "penalty_not_scaled",
     "replica_divergence",
+    "scale_before_clip",
     "scaler_per_micro",
     "scaler_skips",
     "step_in_window",

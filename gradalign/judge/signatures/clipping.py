@@ -9,8 +9,9 @@ import math
 import numpy as np
 
 from ...runs.model import Run, Tensors
+from ..checks import PRE_CLIP
 from ..results import Comparison, Diagnosis, UpdateResult
-from .common import exact_of, finite, grad_norm, noise_share, window
+from .common import exact_of, failing, finite, grad_norm, noise_share, window
 
 _ONCE = (
     "clip once per update: after the K-th backward() (and after unscaling with a "
@@ -41,16 +42,63 @@ def pre_clip_ratio(c: Comparison, update: int) -> float | None:
     return ratio if math.isfinite(ratio) else None
 
 
+def _scale_of(c: Comparison, ratio: float) -> float | None:
+    """K, 1/K or K+1, the one `ratio` is (within 5%), else None."""
+    k = window(c)
+    return next((v for v in (k, 1 / k, k + 1) if abs(ratio / v - 1) <= 0.05), None)
+
+
+def _named(c: Comparison, expected: float) -> str:
+    """`expected` (one of `_scale_of`'s) as the window's scale it is: `K = 4`."""
+    k = window(c)
+    name = "K" if expected == k else "K+1" if expected == k + 1 else "1/K"
+    return f"{name} = {expected:.4g}"
+
+
+_SCALE_ONCE = (
+    "scale each micro-batch's loss by its share of the window (1/K, or its items over "
+    "the window's items), once"
+)
+
+
+def scale_before_clip(c: Comparison) -> Diagnosis | None:
+    """Without a reference, the first failing update failed by its norms before clipping alone
+    (checks.py), K, 1/K or K+1 times the baseline's: the loss the gradient comes from was scaled
+    and a clip that engaged in both runs hid it from the step, the weights and the gradients."""
+    r = failing(c)
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if r is None or pre_b is None or pre_m is None or not pre_b[r.update]:
+        return None
+    if not r.loss_ok or not all(d.ok for d in (*r.weights, *r.grads)):
+        return None  # a gradient that fails is read by its shape (loss_scale reads it there)
+    if {key for key, _ in r.problems} != {PRE_CLIP}:
+        return None
+    i = r.update
+    ratio = float(pre_m[i] / pre_b[i])
+    expected = _scale_of(c, ratio) if math.isfinite(ratio) else None
+    if expected is None:
+        return None
+    return Diagnosis(
+        "loss-scale",
+        f"at update {i} the merged gradient's norm before clipping is {ratio:.4g} times the "
+        f"baseline's ({_named(c, expected)}) while the losses, weights and clipped gradients "
+        "agree: the loss the gradient comes from was scaled, and a clip that engaged in both "
+        "runs hid it from the step; where the norm falls below the clip threshold, the merged "
+        "run will step that many times too far",
+        {"update": i, "pre_clip_ratio": finite(ratio), "expected_ratio": expected},
+        _SCALE_ONCE,
+    )
+
+
 def scale_behind_clip(c: Comparison, loss_ratio: float) -> Diagnosis | None:
     """The losses disagree and the stepped gradients agree, but the norms before clipping are
     K, 1/K or K+1 apart where a clip engaged: the loss the gradient comes from was scaled, and
     the clip hid it from the step. Once the norm falls below the clip threshold it will not."""
-    k = window(c)
     for i in range(c.merged.updates):
         ratio = pre_clip_ratio(c, i)
         if ratio is None:
             continue
-        expected = next((v for v in (k, 1 / k, k + 1) if abs(ratio / v - 1) <= 0.05), None)
+        expected = _scale_of(c, ratio)
         if expected is None:
             return None
         return Diagnosis(
@@ -58,7 +106,7 @@ def scale_behind_clip(c: Comparison, loss_ratio: float) -> Diagnosis | None:
             f"the merged window losses are {loss_ratio:.4g} times the baseline's while the "
             f"weights and gradients agree, because a clip hid the scale: at update {i} the "
             f"merged gradient's norm before clipping is {ratio:.4g} times the baseline's "
-            f"(about {expected:.4g}); where the norm falls below the clip threshold, the "
+            f"({_named(c, expected)}); where the norm falls below the clip threshold, the "
             "merged run will step that many times too far",
             {
                 "update": i,
@@ -66,8 +114,7 @@ def scale_behind_clip(c: Comparison, loss_ratio: float) -> Diagnosis | None:
                 "expected_ratio": expected,
                 "window_loss_ratio": finite(loss_ratio),
             },
-            "scale each micro-batch's loss by its share of the window (1/K, or its items over "
-            "the window's items), once",
+            _SCALE_ONCE,
         )
     return None
 

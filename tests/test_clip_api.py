@@ -1,0 +1,175 @@
+"""torch's split clipping API (`get_total_norm`, then `clip_grads_with_norm_`) is seen like
+`clip_grad_norm_`, and a scale a clip that always engages hid is read from the norms before
+clipping, with or without a reference."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign.judge.compare import compare
+from gradalign.judge.signatures.clipping import scale_before_clip
+from gradalign.runs.reader import read_run_dir
+
+UPDATES, BATCH, MAX_NORM = 5, 32, 0.3  # the baseline's norms are 0.43-0.58: the clip engages
+
+
+def _split_clip(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip as FSDP2 / torchtitan loops do, through the module attributes."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads)
+    torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, total)
+    return total
+
+
+def _legacy_clip(model: nn.Module, max_norm: float) -> torch.Tensor:
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
+def clip_loop(out, k: int, *, bug: str | None = None, split: bool = True, float64: bool = False):
+    """A hand-written loop that clips once per update at a max_norm that engages."""
+    clip = _split_clip if split else _legacy_clip
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 48), nn.GELU(), nn.Linear(48, 4))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(UPDATES * BATCH, 10, generator=g)
+    y = (x[:, :4] * x[:, 4:8]).argmax(1)
+    if float64:
+        model, x = model.double(), x.double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    n = BATCH // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for u in range(UPDATES):
+            for j in range(k):
+                rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss if bug == "no-loss-scale" else loss / k).backward()
+                rec.micro(loss, batch=(x[rows], y[rows]))
+                if bug == "clip-every-micro":
+                    clip(model, MAX_NORM)
+            if bug != "clip-every-micro":
+                clip(model, MAX_NORM / k if bug == "clip-over-k" else MAX_NORM)
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+    return read_run_dir(out)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return clip_loop(tmp_path_factory.mktemp("clip") / "base", 1)
+
+
+def test_a_clean_split_api_loop_is_recorded_and_passes(tmp_path, base):
+    merged = clip_loop(tmp_path / "merged", 4)
+    assert list(merged.clip_calls) == [1] * UPDATES
+    assert merged.grad_norm_pre_clip is not None and base.grad_norm_pre_clip is not None
+    assert min(base.grad_norm_pre_clip) > MAX_NORM  # the clip engages at every update
+    c = compare(base, merged)
+    assert c.verdict == "pass", [(k.name, k.detail) for k in c.checks]
+    check = next(k for k in c.checks if k.name == "norms before clipping")
+    assert check.status == "pass"
+
+
+@pytest.mark.parametrize(
+    ("bug", "expected", "calls"),
+    [("clip-every-micro", "clip-per-micro", 4), ("clip-over-k", "clip-threshold", 1)],
+)
+def test_split_api_clipping_bugs_are_named(tmp_path, base, bug, expected, calls):
+    """Were `cross-sample-loss` and `loss-scale` (with a wrong fix) while the split API went
+    unseen: no clip counts, no norm before clipping."""
+    merged = clip_loop(tmp_path / "merged", 4, bug=bug)
+    assert list(merged.clip_calls) == [calls] * UPDATES
+    c = compare(base, merged)
+    assert c.verdict == "fail"
+    assert c.diagnosis[0].code == expected
+
+
+def test_clip_grad_norm_calling_the_split_api_is_counted_once(tmp_path, monkeypatch):
+    """A torch whose clip_grad_norm_ calls the public clip_grads_with_norm_ (2.13 calls a
+    private alias) reports one clip: the inner call is the outer one's."""
+    clip_grad = torch.nn.utils.clip_grad
+    monkeypatch.setattr(
+        clip_grad,
+        "_clip_grads_with_norm_",
+        lambda *args, **kwargs: torch.nn.utils.clip_grads_with_norm_(*args, **kwargs),
+    )
+    merged = clip_loop(tmp_path / "merged", 2, split=False)
+    assert list(merged.clip_calls) == [1] * UPDATES
+    merged = clip_loop(tmp_path / "every", 2, split=False, bug="clip-every-micro")
+    assert list(merged.clip_calls) == [2] * UPDATES
+
+
+class _ReadsCounted(torch.Tensor):
+    """A tensor that notes each time its value is read on the host."""
+
+    reads: ClassVar[list[str]] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("item", "__float__", "tolist", "numpy", "__bool__", "__int__"):
+            cls.reads.append(name)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_the_norm_given_to_the_split_api_is_read_only_when_the_run_closes(tmp_path):
+    """On a GPU a host read waits for the device: the total_norm given to clip_grads_with_norm_
+    is kept as a tensor until close()."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 3)
+    _ReadsCounted.reads, norms = [], []
+    with gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2) as rec:
+        for _ in range(2):
+            for micro in range(2):
+                model(x[micro * 4 : micro * 4 + 4]).sum().backward()
+                rec.micro(torch.tensor(0.0))
+            grads = [p.grad for p in model.parameters()]
+            norm = torch.nn.utils.get_total_norm(grads).as_subclass(_ReadsCounted)
+            torch.nn.utils.clip_grads_with_norm_(model.parameters(), 0.1, norm)
+            norms.append(norm)
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+        assert _ReadsCounted.reads == []  # nothing read while training
+    recorded = read_run_dir(tmp_path / "run").grad_norm_pre_clip
+    assert recorded.tolist() == [float(n) for n in norms]
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_loss_not_divided_by_k_under_a_clip_fails_without_a_reference(tmp_path, base, split):
+    """The clip always engages: the stepped gradients and the weights agree, and only the norms
+    before clipping, 4 times the baseline's, keep the scale (passed before, exit 0)."""
+    merged = clip_loop(tmp_path / "merged", 4, bug="no-loss-scale", split=split)
+    c = compare(base, merged)
+    status = {k.name: k.status for k in c.checks}
+    assert status["gradients"] == status["weights"] == "pass"
+    assert status["norms before clipping"] == "fail"
+    assert c.verdict == "fail" and c.first_divergence["update"] == 0
+    found = scale_before_clip(c)
+    assert found is not None and found.code == "loss-scale"
+    assert found.evidence["pre_clip_ratio"] == pytest.approx(4, rel=1e-3)
+
+
+def test_a_loss_not_divided_by_k_under_a_clip_is_named_loss_scale(tmp_path, base):
+    """The diagnosis names it first (judge/diagnose.py lists `scale_before_clip`)."""
+    merged = clip_loop(tmp_path / "merged", 4, bug="no-loss-scale")
+    assert compare(base, merged).diagnosis[0].code == "loss-scale"
+
+
+def test_with_a_reference_the_hidden_scale_is_named_loss_scale(tmp_path, base):
+    """With a float64 reference the clipped gradients fail by their measured noise, and the
+    norms before clipping name the scale (was `cross-sample-loss` with the split API)."""
+    ref = clip_loop(tmp_path / "ref", 1, float64=True)
+    merged = clip_loop(tmp_path / "merged", 4, bug="no-loss-scale")
+    c = compare(base, merged, reference=ref)
+    status = {k.name: k.status for k in c.checks}
+    assert "norms before clipping" not in status
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale"
+    assert compare(base, clip_loop(tmp_path / "clean", 4), reference=ref).verdict == "pass"
