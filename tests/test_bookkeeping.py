@@ -12,6 +12,7 @@ from gradalign.judge.bookkeeping import distinct, recorded_dtype, same_scalar
 from gradalign.judge.compare import compare
 from gradalign.record.faults import FAULTS
 from gradalign.record.loop import train
+from gradalign.runs.portable import write_run
 from gradalign.runs.reader import read_run_dir
 
 from .conftest import SMALL
@@ -96,3 +97,28 @@ def test_a_forgotten_k_for_a_log_is_named(cli):
     logs = FIXTURES / "paddle"
     result = cli("compare", logs / "run.log", logs / "run_grad.log")
     assert result.code == 2 and "give --accum-steps 4" in result.err
+
+
+@pytest.mark.parametrize(("merged_lr", "named"), [(6.5e-3, False), (4e-2, True)])
+def test_one_updates_lr_ratio_names_lr_scaled_only_at_a_scaling_rule(tmp_path, merged_lr, named):
+    """A run judged over one update (its windows stop lining up after it) whose learning rate
+    is 0.65 times the baseline's: one ratio is no constant multiple (a scheduler stepped at
+    another pace reads alike), so `lr-scaled` is not named; 4 = K times is a scaling rule."""
+    w0, g = np.ones((3, 2), np.float32), np.full((3, 2), 0.5, np.float32)
+
+    def run(path, k: int, lr: float):
+        return read_run_dir(
+            write_run(
+                path,
+                accum_steps=k,
+                micro_losses=[1.0] * k,
+                init_weights={"w": w0},
+                update_weights=[{"w": w0 - np.float32(lr) * g}],
+                grads=[{"w": g}],
+                lr=[lr],
+            )
+        )
+
+    c = compare(run(tmp_path / "b", 1, 1e-2), run(tmp_path / "m", 4, merged_lr))
+    assert c.verdict == "fail"
+    assert ("lr-scaled" in [d.code for d in c.diagnosis]) is named

@@ -49,6 +49,37 @@ def test_a_batch_digests_alike_however_it_is_padded():
     assert data_digest(whole) != sum(data_digest(h) for h in halves)  # the whole dict does not
 
 
+def _seq2seq(sources: list[list[int]], targets: list[list[int]]) -> dict[str, torch.Tensor]:
+    """A batch as DataCollatorForSeq2Seq(tokenizer, model=model) makes it: the sources padded
+    with their mask, the targets padded with -100, and decoder_input_ids the labels shifted
+    right behind a start token 0 (-100 read as the pad 0)."""
+    batch = padded(sources, max(map(len, sources)))
+    width = max(map(len, targets))
+    labels = torch.full((len(targets), width), -100)
+    for i, row in enumerate(targets):
+        labels[i, : len(row)] = torch.tensor(row)
+    start = torch.zeros((len(targets), 1), dtype=torch.long)
+    decoder = torch.cat([start, labels[:, :-1].clamp(min=0)], dim=1)
+    return {**batch, "labels": labels, "decoder_input_ids": decoder}
+
+
+def test_a_seq2seq_batch_digests_alike_however_its_labels_are_padded():
+    """A target that fills its micro-batch's width loses its last token from decoder_input_ids
+    there (shifted out) and keeps it in the batch of B: the digest leaves out what the collator
+    derived from the labels, which name the same samples (a clean T5 run was `data-order`)."""
+    sources, targets = [[5, 6], [7], [8, 9, 4], [3]], [[21, 22, 23], [24], [25], [26, 27]]
+    whole = _seq2seq(sources, targets)
+    halves = [_seq2seq(sources[:2], targets[:2]), _seq2seq(sources[2:], targets[2:])]
+
+    def digest(b: dict, keep=batches.digested) -> int:
+        return data_digest(keep(b), pad=batches.PAD, mask=batches.attention_mask(b))
+
+    assert digest(whole) == sum(digest(h) for h in halves)
+    assert digest(whole, batches.tensors) != sum(digest(h, batches.tensors) for h in halves)
+    other = _seq2seq(sources, [[21, 22, 23], [24], [25], [26, 28]])  # another sample's target
+    assert digest(other) != digest(whole)
+
+
 def test_items_rules_count_what_a_loss_averages_over():
     batch = padded(ROWS, 5)
     assert batches.count_items(batch, "labels") == 10

@@ -75,13 +75,27 @@ def _explained_by_schedule(c: Comparison) -> bool:
     return found is not None and found[0] > 1
 
 
+def _compared(base_lr: np.ndarray, merged_lr: np.ndarray) -> int:
+    """How many updates both runs stepped with a finite, nonzero baseline learning rate."""
+    return int((np.isfinite(base_lr) & np.isfinite(merged_lr) & (base_lr != 0)).sum())
+
+
+def _scaling_rule(q: float, k: int) -> bool:
+    """Whether `q` is what a batch-size rule gives for K: K or sqrt(K), or their inverses."""
+    rules = (k, 1 / k, math.sqrt(k), 1 / math.sqrt(k))
+    return any(abs(q / rule - 1) <= SCALE_MATCH for rule in rules)
+
+
 def lr_scaled(c: Comparison) -> Diagnosis | None:
     if not _lr_differs(c) or _explained_by_schedule(c):
         return None
-    q = lr_ratio(*lined_up_lrs(c))
+    base_lr, merged_lr = lined_up_lrs(c)
+    q = lr_ratio(base_lr, merged_lr)
     if q is None:
         return None
     k = window(c)
+    if _compared(base_lr, merged_lr) < 2 and not _scaling_rule(q, k):
+        return None  # one update's ratio is no constant: a schedule's pace reads alike
     which = (
         f" = K={k}"
         if abs(q / k - 1) <= 1e-6

@@ -33,6 +33,26 @@ def tensors(batch: Any) -> Any:
     return []
 
 
+# Made from `labels` by the collator (DataCollatorForSeq2Seq(model=...) shifts them right):
+# its width follows the micro-batch's longest labels, so a row whose labels fill its micro-batch
+# shows its last token only in the wider batch of B, at a position no label reads. The labels
+# carry the same samples.
+DERIVED_FROM_LABELS = ("decoder_input_ids",)
+
+
+def digested(batch: Any) -> Any:
+    """The batch's tensors whose digest names its samples: `tensors`, less those derived from
+    its labels where it holds them (`DERIVED_FROM_LABELS`), and the labels flattened so that
+    the attention mask, the inputs', never masks them (a seq2seq batch's targets, padded with
+    -100, are as wide as its sources now and then: the mask then cut real labels in one
+    width and not in another); the digest is order-free, so flat labels digest alike."""
+    found = tensors(batch)
+    if not isinstance(found, Mapping) or not isinstance(found.get("labels"), torch.Tensor):
+        return found
+    kept = {k: v for k, v in found.items() if k not in DERIVED_FROM_LABELS}
+    return {**kept, "labels": kept["labels"].reshape(-1)}
+
+
 def _holds_tensors(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True

@@ -73,7 +73,7 @@ def record_micro(
     """One micro-step: its loss, its items (stated with the loss, else counted by `items` from
     the batch), and the digest of the batch's samples without padding."""
     count = loss.items if loss.items is not None else batches.count_items(batch, items)
-    samples = {"batch": batches.tensors(batch), "pad": pad, "mask": batches.attention_mask(batch)}
+    samples = {"batch": batches.digested(batch), "pad": pad, "mask": batches.attention_mask(batch)}
     items_kw = {"items": None if count is None else float(count)}
     if loss.loss_sum is not None:
         recorder.micro(loss_sum=loss.loss_sum, **items_kw, **samples)
