@@ -5,6 +5,7 @@ counter striding by samples); and what stays noise or a one-line error."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -280,3 +281,28 @@ def test_steps_that_restart_in_records_are_one_line(cli, tmp_path):
     base = write(tmp_path, text.replace('"step": 0', '"step": 9'), "b.log")
     result = cli("compare", write(tmp_path, text, "a.log"), base, "-k", "1")
     one_line_error(result, "a.log:3: expected step 2, found step 0 again")
+
+
+def _trainer_state(tmp_path: Path, name: str, losses: list[float]) -> Path:
+    """transformers' trainer_state.json (indent 2, as the Trainer saves it in a checkpoint):
+    one record per logged step, an evaluation's record, and the closing summary."""
+    history = [
+        {"epoch": (i + 1) / 4, "grad_norm": 0.5, "learning_rate": 0.1, "loss": v, "step": i + 1}
+        for i, v in enumerate(losses)
+    ]
+    history.insert(2, {"epoch": 0.5, "eval_loss": 9.0, "step": 2})
+    history.append({"epoch": 1.0, "step": len(losses), "train_loss": 0.3, "total_flos": 1.0})
+    state = {"best_metric": None, "global_step": len(losses), "log_history": history}
+    return write(tmp_path, json.dumps(state, indent=2), name)
+
+
+def test_a_trainer_state_json_is_read_as_its_log_history(tmp_path):
+    """A checkpoint's trainer_state.json holds the Trainer's log as one JSON document: each
+    record of `log_history` is a step (the evaluation's and the summary are not), numbered by
+    the line it starts on; it was refused as no log."""
+    path = _trainer_state(tmp_path, "trainer_state.json", LOSSES)
+    assert looks_like_log(path)
+    run = read_log(path)
+    assert run.updates == 4 and run.micro_loss.tolist() == LOSSES
+    (note,) = run.notes  # the evaluation's record and the summary, by the lines they start on
+    assert "2 line(s)" in note and 'line 38: \'{"epoch": 1.0' in note, note

@@ -19,6 +19,7 @@ This module is numpy-free.
 from __future__ import annotations
 
 import codecs
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +48,40 @@ class Lines:
     numbers: list[int] = field(default_factory=list)
 
 
+_HISTORY = '"log_history"'  # transformers' trainer_state.json: its records in one list
+
+
+def document_records(text: str) -> Lines | None:
+    """A JSON document that holds its step records in a list (transformers' trainer_state.json,
+    `log_history`, saved in every checkpoint): one JSON line per record, numbered by the line
+    the record starts on; None for any other text."""
+    if not text.lstrip().startswith("{") or _HISTORY not in text:
+        return None
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    history = document.get("log_history") if isinstance(document, dict) else None
+    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
+        return None
+    decoder, lines = json.JSONDecoder(), Lines()
+    at = text.index("[", text.index(_HISTORY) + len(_HISTORY)) + 1
+    for record in history:
+        while text[at] in " \t\r\n,":
+            at += 1
+        _, end = decoder.raw_decode(text, at)
+        lines.texts.append(json.dumps(record))
+        lines.numbers.append(text.count("\n", 0, at) + 1)
+        at = end
+    return lines
+
+
 def segments(text: str) -> Lines:
-    """The text's lines by `\\n` (a `\\r\\n` ends one too), each split at its `\\r`s."""
+    """The text's lines by `\\n` (a `\\r\\n` ends one too), each split at its `\\r`s; a JSON
+    document of records (`document_records`) as its records."""
+    document = document_records(text)
+    if document is not None:
+        return document
     lines = Lines()
     parts = text.split("\n")
     if parts[-1] == "":
@@ -103,6 +136,11 @@ def head(path: Path) -> Lines | None:
     text = decode(data)
     if text is None:
         return None
+    if len(data) == SNIFF_BYTES and text.lstrip().startswith("{") and _HISTORY in text:
+        try:  # a document of records larger than the sniff: read it whole to parse it
+            return read_lines(path)
+        except BadInput:
+            return None
     lines = segments(text)
     if len(data) == SNIFF_BYTES and len(lines.texts) > 1:
         del lines.texts[-1], lines.numbers[-1]
