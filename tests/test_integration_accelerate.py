@@ -122,3 +122,94 @@ def test_a_micro_batch_in_two_parts_is_one_micro_step(tmp_path, split, bug, code
     verdict, codes, _ = judged(runs["k1"], runs["k4"])
     assert (verdict, codes[:1]) == (("pass", []) if code is None else ("fail", [code])), codes
     assert read_run_dir(runs["k4"]).micro_steps == 4 * acc.UPDATES
+
+
+def _plain_loop(out, k, loop="manual", *, dtype=None, reference=None):
+    """A loop without `accumulate` blocks, stepping every K batches: "manual" (accelerate's
+    backward divides by its K), "no-sync" (the same, non-final micro-steps under
+    `accelerator.no_sync`), "doc" (accelerate's docs: `Accelerator()`, loss / K, K given to
+    record), "step-every" (a bug: the optimizer stepped after every micro-batch)."""
+    import contextlib
+
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from torch.utils.data import DataLoader
+
+    from gradalign.record.integrations.accelerate import record
+    from gradalign.record.integrations.transformers_float64 import float64_reference
+
+    tiny_data = example("tiny_data")
+    doc = loop.startswith("doc")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(gradient_accumulation_steps=1 if doc else k, cpu=True)
+    model = float64_reference(tiny_data.tiny_gpt2()) if dtype else tiny_data.tiny_gpt2()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rows = tiny_data.token_rows(16 * acc.UPDATES, padded=False)
+    loader = DataLoader(rows, batch_size=16 // k, collate_fn=tiny_data.collate)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    given = {"accum_steps": k} if loop == "doc" else {}
+    with record(
+        accelerator, model, optimizer, out, items="causal-lm", reference=reference, **given
+    ):
+        for step, batch in enumerate(loader):
+            last = (step + 1) % k == 0
+            quiet = loop == "no-sync" and not last
+            with accelerator.no_sync(model) if quiet else contextlib.nullcontext():
+                loss = model(**batch).loss
+                accelerator.backward(loss / k if doc else loss)
+            if last or loop == "step-every":
+                optimizer.step()
+                optimizer.zero_grad()
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_baseline(tmp_path_factory):
+    import torch
+
+    root = tmp_path_factory.mktemp("plain")
+    _plain_loop(root / "k1", 1, reference="../k1-fp64")
+    _plain_loop(root / "k1-fp64", 1, dtype=torch.float64)
+    return root
+
+
+@pytest.mark.parametrize("loop", ["manual", "no-sync", "doc"])
+def test_a_loop_without_accumulate_blocks_closes_windows_where_it_steps(plain_baseline, loop):
+    """No `accumulate` block: `sync_gradients` stays true, so a window closes at the optimizer
+    step after its K-th micro-step; `Accelerator()` without accumulation takes K from
+    `accum_steps`, reading the loss / K the loop backpropagates. Each passes."""
+    merged = _plain_loop(plain_baseline / f"k4-{loop}", 4, loop)
+    verdict, codes, worst = judged(plain_baseline / "k1", merged)
+    assert verdict == "pass" and worst < 1, (codes, worst)
+    run = read_run_dir(merged)
+    assert (run.accum_steps, run.updates, run.micro_steps) == (4, acc.UPDATES, 4 * acc.UPDATES)
+
+
+def test_a_loop_without_accumulate_blocks_stepping_every_micro_batch_is_named(plain_baseline):
+    """The optimizer stepped after every micro-batch: its windows still hold K micro-steps, and
+    `step-in-window` is named (a step with fewer than K micro-steps does not end a window)."""
+    merged = _plain_loop(plain_baseline / "k4-step-every", 4, "step-every")
+    verdict, codes, _ = judged(plain_baseline / "k1", merged)
+    assert verdict == "fail" and "step-in-window" in codes[:2], codes
+    assert read_run_dir(merged).updates == acc.UPDATES
+
+
+def test_k_of_a_loop_whose_accelerator_does_not_accumulate_is_asked_for(tmp_path):
+    """`Accelerator()` and four backward calls per step without `accum_steps`: refused with one
+    line that names it, and no run is left behind."""
+    with pytest.raises(BadInput, match=r"4 backward calls .* accum_steps=K"):
+        _plain_loop(tmp_path / "k4", 4, "doc-without-k")
+    assert list(tmp_path.iterdir()) == []
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from gradalign.record.integrations.accelerate import record
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(gradient_accumulation_steps=2, cpu=True)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(BadInput, match="accum_steps=4 but the Accelerator accumulates 2"):
+        record(accelerator, model, optimizer, tmp_path / "r", accum_steps=4)

@@ -171,3 +171,58 @@ def test_a_clip_scaled_with_k_under_bf16_mixed_is_named(tmp_path):
     merged = fit(tmp_path / "k4", 4, "bf16-mixed", 0.05 / 4)
     verdict, codes, _ = judged(base, merged)
     assert verdict == "fail" and codes[:1] == ["clip-threshold"], codes
+
+
+def test_manual_optimization_closes_an_epochs_short_last_window_where_it_steps(tmp_path):
+    """40 samples, batch 16: each epoch ends with a batch of 8, in the merged run a window of 2
+    micro-batches that the loop steps at, its loss divided by 2. Those windows close where the
+    optimizer stepped (not after K micro-batches, into the next epoch), their loss is read over
+    2, and the run passes."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    tiny_data = example("tiny_data")
+
+    class Manual(L.LightningModule):
+        def __init__(self, k: int) -> None:
+            super().__init__()
+            self.net, self.k = tiny_data.TinyGRULM(), k
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            total, n = tiny_data.token_loss_sum(self.net(batch[0]), batch[1])
+            batches = self.trainer.num_training_batches
+            window = min(self.k, batches - batch_idx + batch_idx % self.k)
+            self.manual_backward(total / n / window)
+            if (batch_idx + 1) % self.k == 0 or batch_idx + 1 == batches:
+                optimizer = self.optimizers()
+                optimizer.step()
+                optimizer.zero_grad()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def fit(out, k, precision="32-true", reference=None):
+        rows = tiny_data.token_rows(40, padded=False)
+        loader = DataLoader(rows, batch_size=16 // k, collate_fn=tiny_data.collate_pairs)
+        callback = pl.GradalignCallback(out, items="labels", accum_steps=k, reference=reference)
+        L.Trainer(
+            max_steps=6,
+            precision=precision,
+            accelerator="cpu",
+            callbacks=[callback],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        ).fit(Manual(k), loader)
+        return out
+
+    base = fit(tmp_path / "k1", 1, reference="../k1-fp64")
+    fit(tmp_path / "k1-fp64", 1, "64-true")
+    merged = fit(tmp_path / "k4", 4)
+    verdict, codes, worst = judged(base, merged)
+    assert verdict == "pass" and worst < 1, (codes, worst)
+    run = read_run_dir(merged)
+    assert (run.updates, run.micro_steps) == (6, 20)  # two epochs of windows 4, 4, 2

@@ -13,12 +13,18 @@ its `accelerator.backward(loss)` calls received (one or several: their losses ad
 samples the model's forwards received with gradients on (one forward, or several chunks of the
 micro-batch, put back together; keyword arguments such as `input_ids`, `attention_mask`,
 `labels`; padding left out by the attention mask), with their items by the `items` rule. Each
-`loss` is taken as its share of the micro-batch's own mean (accelerate divides it by K). Outside
-an `accumulate` block each backward is a micro-step. A loop that backpropagates something else
-(a summed loss divided by the window's token count, times K) states each micro-batch's loss
-with `rec.record_loss(loss_sum=..., items=...)` before its backward. The window that accelerate
-synchronizes (`accelerator.sync_gradients`) closes after its optimizer step, as the model's
-next forward begins (or when recording ends).
+`loss` is taken as its share of the micro-batch's own mean (accelerate divides it by K). A loop
+that backpropagates something else (a summed loss divided by the window's token count, times K)
+states each micro-batch's loss with `rec.record_loss(loss_sum=..., items=...)` before its
+backward. The window that accelerate synchronizes (`accelerator.sync_gradients`) closes after its
+optimizer step, as the model's next forward begins (or when recording ends).
+
+A loop without `accumulate` blocks: each backward is a micro-step, and a window closes at the
+optimizer step that follows its K-th micro-step, or at a step at the end of the data (a prepared
+dataloader's last batch, or the recording's end): a step before that is a step inside the
+window. K is the accelerator's `gradient_accumulation_steps`, or `accum_steps=K` where the
+Accelerator does not accumulate (the loop divides its loss by K itself: the loss given to
+`accelerator.backward` is read as the micro-batch's mean divided by K, as accelerate's own is).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from ...errors import BadInput
+from ...errors import BadInput, shown
 from .. import checks, watched
 from ..recorder import Recorder
 from ..window import unwrap_optimizer
@@ -50,7 +56,8 @@ class AccelerateRecording:
     function of the model's inputs: a dict of its keyword arguments, and `arg0`, `arg1`... for
     positional ones); with items the judge weighs micro-batches by them and can name
     `token-normalization`. `reference`: a float64 rerun of the baseline, relative to `out_dir`.
-    `pad`: integer values left out of the sample digest."""
+    `pad`: integer values left out of the sample digest. `accum_steps`: K, for a loop without
+    `accumulate` blocks whose Accelerator does not accumulate (`gradient_accumulation_steps=1`)."""
 
     def __init__(
         self,
@@ -60,6 +67,7 @@ class AccelerateRecording:
         out_dir: str | os.PathLike[str],
         *,
         items: batches.ItemsRule = None,
+        accum_steps: int | None = None,
         reference: str | None = None,
         config: dict[str, Any] | None = None,
         pad: Any = batches.PAD,
@@ -83,6 +91,7 @@ class AccelerateRecording:
         except TypeError as exc:
             raise BadInput(f"record(): {exc}") from None
         config = checks.config_of(config)
+        k = _accum_steps(accelerator, accum_steps)
         self.accelerator = accelerator
         self.model = accelerator.unwrap_model(model)
         self.items = items
@@ -94,7 +103,11 @@ class AccelerateRecording:
         self._blocks = 0  # accumulate() blocks open
         self._window_ended = False
         self._loss_scale: float | None = None
-        k = accelerator.gradient_accumulation_steps
+        self._k = k
+        self._factor = k // accelerator.gradient_accumulation_steps  # K the loop divides by
+        self._in_window = 0  # micro-steps recorded in the open window
+        self._accumulating = False  # the loop uses accumulate(): accelerate's sync ends windows
+        self._stepped = False  # the optimizer stepped after the open window's last micro-step
         self.recorder = Recorder(
             out_dir,
             self.model,
@@ -107,7 +120,11 @@ class AccelerateRecording:
         accelerator.backward = self._recording_backward  # type: ignore[method-assign]
         accelerator.accumulate = self._recording_accumulate  # type: ignore[method-assign]
         self._hook = self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True)
-        self._stop_step = watched.before_step(unwrap_optimizer(optimizer), self._flush)
+        inner = unwrap_optimizer(optimizer)
+        stops = [watched.before_step(inner, self._on_step)]
+        if optimizer is not inner:  # its step call, also when a GradScaler skips the step
+            stops.append(watched.watch(type(optimizer), "step", optimizer, self._on_wrapper_step))
+        self._stops = stops
 
     def record_loss(
         self,
@@ -124,6 +141,8 @@ class AccelerateRecording:
         """Close the last window and write the run."""
         self._unhook()
         self._flush()
+        if not self._accumulating and self._stepped:  # the data ended in a short window
+            self._window_ended = True
         self._close_window()
         self.recorder.close()
 
@@ -159,7 +178,7 @@ class AccelerateRecording:
         self._close_window()
         result = self._backward(loss, **kwargs)
         given, self.pending = self.pending, None
-        self._losses.append(given or MicroLoss.scaled_mean(loss, 1))
+        self._losses.append(given or MicroLoss.scaled_mean(loss, self._factor))
         scaler = self.accelerator.scaler
         self._loss_scale = None if scaler is None else float(scaler.get_scale())
         self._sync = bool(self.accelerator.sync_gradients)
@@ -169,6 +188,13 @@ class AccelerateRecording:
 
     @contextlib.contextmanager
     def _recording_accumulate(self, *models: Any) -> Iterator[None]:
+        if self._factor != 1:
+            raise BadInput(
+                f"record(..., accum_steps={self._k}) is for a loop without accelerator."
+                "accumulate(): this Accelerator accumulates 1 batch; give it "
+                f"gradient_accumulation_steps={self._k} and leave accum_steps out"
+            )
+        self._accumulating = True
         self._blocks += 1
         try:
             with self._accumulate(*models):
@@ -184,18 +210,47 @@ class AccelerateRecording:
         losses, self._losses = self._losses, []
         inputs, self._inputs = self._inputs, []
         record_micro(self.recorder, summed(losses), _joined(inputs), self.items, self.pad)
-        self._window_ended = self._sync
+        self._in_window += 1
+        self._stepped = False
+        if self._accumulating:
+            self._window_ended = self._sync
+
+    def _on_step(self) -> None:
+        """The optimizer starts a step: the open micro-step comes first; without accumulate
+        blocks, the window ends here once it holds K micro-steps or the data ends."""
+        self._flush()
+        if self._accumulating or not self._in_window:
+            return
+        self._stepped = True
+        if self._k == 1 and self._in_window > 1:
+            raise BadInput(
+                f"the loop made {self._in_window} backward calls before its optimizer step, but "
+                "the Accelerator accumulates 1 batch: give record(..., accum_steps=K) for a loop "
+                "that accumulates K batches dividing its loss by K itself (or "
+                "Accelerator(gradient_accumulation_steps=K)); several backward calls of one batch "
+                "go in one accelerator.accumulate(model) block"
+            )
+        end_of_data = self.accelerator.gradient_state.end_of_dataloader
+        if self._in_window >= self._k or end_of_data:
+            self._window_ended = True
+
+    def _on_wrapper_step(self) -> None:
+        if not self._accumulating:  # in a block, accelerate's wrapper steps only on sync
+            self._on_step()
 
     def _close_window(self) -> None:
         if self._window_ended:
             self._window_ended = False
+            self._in_window = 0
+            self._stepped = False
             self.recorder.update(loss_scale=self._loss_scale)
 
     def _unhook(self) -> None:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-            self._stop_step()
+            for stop in self._stops:
+                stop()
             self.accelerator.backward = self._backward  # type: ignore[method-assign]
             self.accelerator.accumulate = self._accumulate  # type: ignore[method-assign]
 
@@ -226,6 +281,21 @@ def _rows(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 record = AccelerateRecording  # record(accelerator, model, optimizer, out_dir, items=...)
+
+
+def _accum_steps(accelerator: Accelerator, accum_steps: int | None) -> int:
+    """K: the accelerator's, or `accum_steps` where it does not accumulate."""
+    own = accelerator.gradient_accumulation_steps
+    if accum_steps is None:
+        return own
+    if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
+        raise BadInput(f"accum_steps must be a positive integer, got {shown(accum_steps)}")
+    if own not in (1, accum_steps):
+        raise BadInput(
+            f"accum_steps={accum_steps} but the Accelerator accumulates {own} batches; leave "
+            "accum_steps out"
+        )
+    return accum_steps
 
 
 def _run_config(

@@ -5,7 +5,8 @@
 Automatic optimization: the loss Lightning backpropagates is `training_step`'s loss divided by
 `accumulate_grad_batches`, so the micro-batch's own loss is that times K. Manual optimization
 (no `accumulate_grad_batches`): say K, `GradalignCallback(out, accum_steps=4)`, and the loss
-given to `manual_backward` is read the same way (Lightning's documented `loss / N`). A loop that
+given to `manual_backward` is read the same way (Lightning's documented `loss / N`, N being K or,
+in an epoch's short last window, the batches left). A loop that
 normalizes otherwise (by the window's token count) states each micro-batch's loss with
 `record_loss(self, loss_sum=..., items=...)` in `training_step`, before its backward.
 
@@ -14,8 +15,10 @@ of a window runs inside `optimizer.step(closure)`: in `on_train_batch_end` the w
 already moved). In manual optimization a batch is one micro-step however many `manual_backward`
 calls it makes (their losses add up), recorded when the optimizer steps or the batch ends. The
 Recorder captures the gradient when that closure returns, after Lightning's clipping; a window
-closes in `on_train_batch_end` once the optimizer stepped (automatic) or after K micro-batches
-(manual).
+closes in `on_train_batch_end` of a batch in which the optimizer stepped: in automatic
+optimization always, in manual optimization once the window holds K micro-batches or at the
+epoch's last batch (a short last window, as Lightning's own loop steps there). A manual step
+before that is a step inside the window, recorded as one.
 """
 
 from __future__ import annotations
@@ -73,11 +76,13 @@ class GradalignCallback(pl.Callback):
         self.recorder: Recorder | None = None
         self.pending: MicroLoss | None = None  # from record_loss(), for the next backward
         self._k = 1
+        self._divisor = 1  # what the loss given to the backward was divided by: K, or fewer
         self._automatic = True
         self._batch: Any = None
         self._backward_loss: torch.Tensor | None = None
         self._in_window = 0
         self._steps_at_start = 0
+        self._stepped = False  # the watched optimizer stepped in this batch (manual)
         self._losses: list[MicroLoss] = []  # manual optimization: this batch's backward calls
         self._stop_step: Any = None
 
@@ -116,7 +121,7 @@ class GradalignCallback(pl.Callback):
                 "configure_optimizers() returned no optimizer: gradalign records its steps"
             )
         if not self._automatic:  # the batch's micro-step before the step it makes
-            self._stop_step = watched.before_step(optimizer, self._flush)
+            self._stop_step = watched.before_step(optimizer, self._on_step)
         self.recorder = Recorder(
             self.out_dir,
             pl_module,
@@ -150,6 +155,10 @@ class GradalignCallback(pl.Callback):
     ) -> None:
         self._batch = batch
         self._steps_at_start = trainer.global_step
+        self._stepped = False
+        if self._in_window == 0:  # a window starts: K batches, or the fewer left in the epoch
+            left = trainer.num_training_batches - batch_idx
+            self._divisor = self._k if self._automatic else int(max(1, min(self._k, left)))
         if self._automatic and trainer.accumulate_grad_batches != self._k:
             raise BadInput(
                 f"accumulate_grad_batches changed during the fit, from {self._k} to "
@@ -167,7 +176,7 @@ class GradalignCallback(pl.Callback):
         if self.recorder is None or self._backward_loss is None:
             return
         given, self.pending = self.pending, None
-        self._losses.append(given or MicroLoss.scaled_mean(self._backward_loss, self._k))
+        self._losses.append(given or MicroLoss.scaled_mean(self._backward_loss, self._divisor))
         self._backward_loss = None
         if self._automatic:  # one backward per batch, inside the step's closure
             self._flush()
@@ -180,6 +189,11 @@ class GradalignCallback(pl.Callback):
         record_micro(self.recorder, summed(losses), self._batch, self.items, self.pad)
         self._in_window += 1
 
+    def _on_step(self) -> None:
+        """Manual optimization: the optimizer starts a step; the batch's micro-step comes first."""
+        self._flush()
+        self._stepped = True
+
     def on_train_batch_end(
         self,
         trainer: pl.Trainer,
@@ -191,8 +205,10 @@ class GradalignCallback(pl.Callback):
         if self.recorder is None:
             return
         self._flush()
-        stepped = trainer.global_step > self._steps_at_start
-        if (self._automatic and stepped) or (not self._automatic and self._in_window >= self._k):
+        stepped = self._stepped or trainer.global_step > self._steps_at_start
+        if stepped and (
+            self._automatic or self._in_window >= self._k or _last_batch(trainer, batch_idx)
+        ):
             self.recorder.update()
             self._in_window = 0
 
@@ -213,6 +229,14 @@ def record_loss(
     for callback in getattr(trainer, "callbacks", None) or []:
         if isinstance(callback, GradalignCallback):
             callback.pending = given
+
+
+def _last_batch(trainer: pl.Trainer, batch_idx: int) -> bool:
+    """Whether this batch is its epoch's last (Lightning's own loop steps there)."""
+    progress = getattr(getattr(trainer.fit_loop, "epoch_loop", None), "batch_progress", None)
+    if progress is not None:
+        return bool(progress.is_last_batch)
+    return batch_idx + 1 >= trainer.num_training_batches
 
 
 def _run_config(
