@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -13,6 +14,7 @@ from torch import nn
 import gradalign
 from gradalign.judge.compare import compare
 from gradalign.judge.signatures.clipping import scale_before_clip
+from gradalign.runs.portable import write_run
 from gradalign.runs.reader import read_run_dir
 
 UPDATES, BATCH, MAX_NORM = 5, 32, 0.3  # the baseline's norms are 0.43-0.58: the clip engages
@@ -173,3 +175,78 @@ def test_with_a_reference_the_hidden_scale_is_named_loss_scale(tmp_path, base):
     assert "norms before clipping" not in status
     assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale"
     assert compare(base, clip_loop(tmp_path / "clean", 4), reference=ref).verdict == "pass"
+
+
+ITEMS = [57, 36, 30, 56]  # tokens per micro-batch, as the probe's Llama window 0 held them
+
+
+def _mean_loss_runs(path, along: float, config: dict | None = None) -> tuple:
+    """Numpy-written runs of the Trainer's commonest bug: each micro-batch's own mean loss, never
+    divided by K=4, under a clip at 1.0 that only the merged run reaches (the baseline's norm is
+    0.67). Micro-batch j holds ITEMS[j] tokens and contributes (n_j/N)(μ + ν_j): the baseline
+    steps with Σ_j of those, the merged run with Σ_j (N/n_j)·those, clipped. ν_j weighs each
+    micro-batch's own direction so that the baseline's sum keeps none of it (the merged run's
+    unclipped gradient is 4μ plus what the reweighting adds); `along` puts part of it along μ,
+    which moves the merged run's fitted size away from 4."""
+    rng, n = np.random.default_rng(0), sum(ITEMS)
+    parts = []
+    for _ in range(3):
+        mu = rng.normal(size=(8, 16))
+        v = rng.normal(size=mu.shape)
+        v -= (v * mu).sum() / (mu * mu).sum() * mu
+        v *= np.linalg.norm(mu) / np.linalg.norm(v)
+        share = [n / (4 * m) - 1 for m in ITEMS]  # Σ_j m_j·share_j = 0
+        nus = [s * (4.5 * v + along * mu) + 0.1 * rng.normal(size=mu.shape) for s in share]
+        parts.append([m / n * (mu + nu) for m, nu in zip(ITEMS, nus, strict=True)])
+    runs = []
+    for k in (1, 4):
+        w, ws, gs, pre = np.zeros((8, 16)), [], [], []
+        for micro in parts:
+            size = 0.67 / np.linalg.norm(sum(micro))
+            weights = [1.0] * 4 if k == 1 else [n / m for m in ITEMS]
+            g = size * sum(a * x for a, x in zip(weights, micro, strict=True))
+            pre.append(float(np.linalg.norm(g)))
+            g = g * min(1.0, 1.0 / pre[-1])
+            w = w - 1e-2 * g
+            ws.append({"w": w.astype(np.float32)})
+            gs.append({"w": g.astype(np.float32)})
+        written = write_run(
+            path / f"k{k}",
+            accum_steps=k,
+            micro_losses=[2.0] * (3 * k),  # each micro-batch's own mean, as a loop records it
+            micro_items=[n] * 3 if k == 1 else ITEMS * 3,
+            init_weights={"w": np.zeros((8, 16), dtype=np.float32)},
+            update_weights=ws,
+            grads=gs,
+            grad_norm_pre_clip=pre,
+            config=config,
+        )
+        runs.append(read_run_dir(written))
+    return compare(*runs)
+
+
+@pytest.mark.parametrize("along", [0.0, 1.5])
+def test_a_mean_loss_not_divided_by_k_that_only_the_merged_run_clips_names_both(tmp_path, along):
+    """The norm before clipping is 4.25 (along 0) or 4.71 times the baseline's, beyond 5% of
+    K: the reweighting adds to the norm. With the recorded clip undone (the stepped gradient
+    times its norm before over after) the fit is 4.00 (or 4.48: the reweighting moved it, as
+    near K as it turns the gradient across): `loss-scale` first, `token-normalization` beside
+    it, which no longer says the means were divided by K (was `token-normalization` alone)."""
+    c = _mean_loss_runs(tmp_path, along)
+    assert [d.code for d in c.diagnosis] == ["loss-scale", "token-normalization"]
+    scale, rest = c.diagnosis
+    assert scale.evidence["expected_ratio"] == 4
+    assert scale.evidence["size_ratio"] == pytest.approx(4.48 if along else 4.0, abs=0.01)
+    assert "before clipping (fitted, the recorded clip undone)" in scale.message
+    assert "divided by K" not in rest.message and "its own mean" in rest.message
+    assert "model_accepts_loss_kwargs" not in scale.fix
+
+
+def test_a_trainer_runs_loss_scale_fix_is_said_for_the_trainer(tmp_path):
+    """A run recorded through the Trainer integration (config `framework: transformers`) never
+    calls backward() itself: the fix names what a Trainer user changes."""
+    c = _mean_loss_runs(tmp_path, 0.0, config={"framework": "transformers"})
+    fix = c.diagnosis[0].fix
+    assert c.diagnosis[0].code == "loss-scale" and "backward()" not in fix
+    assert "compute_loss_func" in fix and "num_items_in_batch" in fix
+    assert "trainer.model_accepts_loss_kwargs = False" in fix

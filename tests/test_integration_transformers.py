@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from gradalign.api import compare
 from gradalign.errors import BadInput
 from gradalign.runs.reader import read_run_dir
 
@@ -59,6 +60,10 @@ def test_a_broken_trainer_run_fails_with_its_code(readme, bug, code):
     verdict, codes, worst = judged(runs["k1"], runs[f"k4-{bug}"])
     assert verdict == "fail" and codes[:1] == [code], codes
     assert worst > 1e3
+    if bug == "double-scale":  # the fix is what a Trainer user changes, not a backward() call
+        fix = compare(runs["k1"], runs[f"k4-{bug}"]).diagnosis[0].fix
+        assert "gradient_accumulation_steps" in fix and "compute_loss" in fix, fix
+        assert "backward()" not in fix, fix
 
 
 def test_a_llama_trainer_run_counts_the_tokens_it_predicts(tmp_path):

@@ -17,6 +17,7 @@ from .distributed import listed
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
 from .signatures import distributed as ranked
 from .signatures import failing, finite
+from .signatures.trainer import for_framework
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.window_bookkeeping,
@@ -74,7 +75,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         found = _last_resort(c)
     if diverged is not None:
         found.append(diverged)
-    return found or [_unexplained(c)]
+    return for_framework(c, found) or [_unexplained(c)]
 
 
 def _last_resort(c: Comparison) -> list[Diagnosis]:

@@ -30,6 +30,20 @@ def clip_state(c: Comparison, run: Run, update: int) -> tuple[bool, float | None
     return bool(run.grad_norm_pre_clip[update] > after * (1 + 1e-4)), after
 
 
+def unclipped(c: Comparison, r: UpdateResult) -> float:
+    """What turns the stepped gradients' fitted ratio (merged over baseline) into their ratio
+    before clipping: a clip that engaged scaled a run's whole gradient by its norm after over
+    its norm before, so undoing it multiplies the ratio by (pre/post merged) / (pre/post
+    baseline). 1 where neither run's clip engaged."""
+    undo = []
+    for run in (c.baseline, c.merged):
+        clipped, after = clip_state(c, run, r.update)
+        before = run.grad_norm_pre_clip[r.update] if run.grad_norm_pre_clip is not None else None
+        undo.append(float(before / after) if clipped and after and before else 1.0)
+    factor = undo[1] / undo[0]
+    return factor if math.isfinite(factor) and factor > 0 else 1.0
+
+
 def pre_clip_ratio(c: Comparison, update: int) -> float | None:
     """The merged run's norm before clipping over the baseline's, where either run's clip
     engaged (a clip hides a scale in the gradient stepped with; before it, the norms keep it)."""

@@ -278,12 +278,15 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         return None
     if scale != 1.0 and error <= noise_share(c, r):
         return None  # what another cause leaves is within the gradient's noise: no second one
+    how, off = "each was weighted equally (its mean divided by K)", ""
+    if scale != 1.0:  # the scale beside it says how the means were scaled, not K
+        how = f"each micro-batch's loss was its own mean, weighted alike whatever its {unit}"
+        off = ", once the scale named beside it is divided out"
     return Diagnosis(
         "token-normalization",
         f"at update {r.update} the micro-batches hold {', '.join(_count(n) for n in counts)} "
-        f"{unit}, yet each was weighted equally (its mean divided by K): {unit} are weighted up to "
-        f"{imbalance:.1%} wrong, and the gradient is {error:.3g} off (relative L2, cosine "
-        f"{r.grad_cosine:.6f})",
+        f"{unit}, yet {how}: {unit} are weighted up to {imbalance:.1%} wrong, and the gradient "
+        f"is {error:.3g} off (relative L2{off}, cosine {r.grad_cosine:.6f})",
         {
             "update": r.update,
             "items_per_micro_batch": [int(n) if n == int(n) else float(n) for n in counts],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..results import Comparison, Diagnosis, UpdateResult
-from .clipping import clip_state, pre_clip_ratio
+from .clipping import clip_state, pre_clip_ratio, unclipped
 from .common import finite, grad_norm, noise_share, scaled_error, window
 from .gradient import token_normalization
 
@@ -15,45 +15,128 @@ from .gradient import token_normalization
 def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool = False) -> list[Diagnosis]:
     """Two causes at once: a gradient K, 1/K or K+1 times too large (within 5%) whose direction
     is off too. The size is read by the fitted ratio, by the norm (the fit shrinks with the
-    cosine, the norm does not) and, where a clip engaged, by the norms before clipping (a
-    clip hides the scale in the gradient stepped with). Divide the fitted ratio out and read the
-    rest again: `loss-scale` and the signature that explains the remainder (e.g. token
-    normalization), `loss-scale` alone where the remainder is within the gradient's noise (a
-    clip hid the scale), or nothing. `turned`: a cause named beside it turns every gradient a
-    little (BatchNorm, a loss over the micro-batch), which explains any remainder."""
+    cosine, the norm does not) and, where a clip engaged, by the fit with the recorded clip
+    undone and by the norms before clipping (a clip hides the scale in the gradient stepped
+    with). Divide the fitted ratio out and read the rest again: `loss-scale` and the signature
+    that explains the remainder (e.g. token normalization), `loss-scale` alone where the
+    remainder is within the gradient's noise (a clip hid the scale), or nothing. Where no size
+    is within 5%, a reweighting of the micro-batches may have moved it (`_reweighted`).
+    `turned`: a cause named beside it turns every gradient a little (BatchNorm, a loss over the
+    micro-batch), which explains any remainder."""
     ratio, k = r.grad_ratio, window(c)
     if ratio is None or not math.isfinite(ratio):
         return []
-    found = _near(_sizes(c, r), (k, 1 / k, k + 1))
-    if found is None:
-        return []
-    rest = token_normalization(c, r, scale=ratio)
-    alone = rest is None and _remainder_within_noise(c, r, ratio)
-    if rest is None and not alone and not turned:
-        return []
+    scales = (k, 1 / k, k + 1)
+    found = _near(_sizes(c, r), scales)
+    moved, also = False, None
+    if found is not None:
+        rest = token_normalization(c, r, scale=ratio)
+        alone = rest is None and _remainder_within_noise(c, r, ratio)
+        if rest is None and not alone and not turned:
+            return []
+    else:
+        found, rest, also = _reweighted(c, r, scales)
+        alone, moved = False, True
+        if found is None or rest is None:
+            return []
     value, what, expected = found
-    named = "K" if expected == k else "K+1" if expected == k + 1 else "1/K"
+    named = _named(k, expected)
     beside = (
         "with nothing beyond the gradient's noise left once that is divided out"
         if alone
         else "beside a second cause that turns its direction"
         + (" (named with it)" if rest is None else "")
     )
+    evidence = {
+        "update": r.update,
+        "grad_ratio": finite(ratio),
+        "size_ratio": finite(value),
+        "expected_ratio": expected,
+    }
+    near = f"{named} = {expected:.4g}"
+    if moved:
+        near += ", as near as the reweighting of the micro-batches named beside it lets it come"
+    if also is not None:
+        evidence["also_near"] = also
+        near += f"; {_named(k, also)} = {also:.4g} reads about as near"
+    losses = _loss_ratio(c, r)
+    seen = ""
+    if losses is not None and abs(losses / expected - 1) <= 0.05:
+        evidence["window_loss_ratio"] = losses
+        seen = f"; the window losses are {losses:.4g} times the baseline's"
     scaled = Diagnosis(
         "loss-scale",
         f"the accumulated gradient{what} is {value:.4g} times the baseline's at update "
-        f"{r.update} ({named} = {expected:.4g}), {beside}: the loss is scaled by the wrong "
-        "factor",
-        {
-            "update": r.update,
-            "grad_ratio": finite(ratio),
-            "size_ratio": finite(value),
-            "expected_ratio": expected,
-        },
+        f"{r.update} ({near}), {beside}{seen}: the loss is scaled by the wrong factor",
+        evidence,
         "scale each micro-batch's loss by its share of the window (1/K, or its items over the "
         "window's items), once",
     )
     return [scaled] if rest is None else [scaled, rest]
+
+
+_UNDONE = " before clipping (fitted, the recorded clip undone)"
+
+
+def _reweighted(
+    c: Comparison, r: UpdateResult, scales: tuple[float, ...]
+) -> tuple[tuple[float, str, float] | None, Diagnosis | None, float | None]:
+    """A scale that reweighted micro-batches (each its own mean over unequal item counts) moved
+    beyond 5%: merged = s·(g + d), d the reweighting's error, shifts the fitted size by d's share
+    along the baseline's gradient. Taken where the size (before clipping) is nearer that scale
+    than any other and than 1, and either it is off by no more than the gradient is turned
+    across (d's share across, tan of the angle) or the window losses are that scale apart
+    (within 5%); of those, the nearest by the size and the losses' ratio together (of two
+    about as near, the commoner bug, the other returned as well); and token normalization
+    explains what dividing that very scale out leaves."""
+    cosine, undo = r.grad_cosine, unclipped(c, r)
+    if r.grad_ratio is None or cosine is None or not 0 < cosine < 1:
+        return None, None, None
+    size = r.grad_ratio * undo
+    if not size > 0 or not math.isfinite(size):
+        return None, None, None
+    across, losses = math.tan(math.acos(cosine)), _loss_ratio(c, r)
+    if losses is not None and not any(_apart(losses, v) < _apart(losses, 1) for v in scales):
+        losses = None  # nearer no scale: recorded before the loss was scaled, or otherwise
+
+    def fits(v: float) -> bool:
+        if _apart(size, v) >= _apart(size, 1):
+            return False  # nearer no scale at all
+        by_losses = losses is not None and abs(losses / v - 1) <= 0.05
+        return by_losses or abs(size / v - 1) <= (size / v) * across
+
+    def distance(v: float) -> float:  # the gradient's size and the losses' ratio together
+        return _apart(size, v) + (_apart(losses, v) if losses is not None else 0.0)
+
+    fitting = sorted((v for v in scales if fits(v)), key=distance)
+    if not fitting:
+        return None, None, None
+    nearest, also = fitting[0], None
+    if len(fitting) > 1 and distance(fitting[1]) <= 1.25 * distance(nearest):
+        # about as near: the earlier scale is the commoner bug (K before 1/K before K+1)
+        nearest, also = sorted(fitting[:2], key=scales.index)
+    rest = token_normalization(c, r, scale=nearest / undo)
+    if rest is None:
+        return None, None, None
+    return (size, _UNDONE if undo != 1.0 else "", nearest), rest, also
+
+
+def _named(k: int, scale: float) -> str:
+    return "K" if scale == k else "K+1" if scale == k + 1 else "1/K"
+
+
+def _apart(x: float, v: float) -> float:
+    """How far x is from v, as a factor (log distance)."""
+    return abs(math.log(x / v))
+
+
+def _loss_ratio(c: Comparison, r: UpdateResult) -> float | None:
+    """The merged window loss over the baseline's at the update, where both have one sign."""
+    mine, base = c.merged.window_losses(), c.baseline.window_losses()
+    if r.update >= min(len(mine), len(base)) or not base[r.update]:
+        return None
+    ratio = finite(float(mine[r.update] / base[r.update]))
+    return ratio if ratio is not None and ratio > 0 else None  # a ratio of sizes, or none
 
 
 def _remainder_within_noise(c: Comparison, r: UpdateResult, scale: float) -> bool:
@@ -77,6 +160,9 @@ def _sizes(c: Comparison, r: UpdateResult) -> list[tuple[float, str]]:
     """The merged gradient's size over the baseline's, each way it can be read, with words."""
     i = r.update
     sizes = [(float(r.grad_ratio), "")] if r.grad_ratio is not None else []
+    undo = unclipped(c, r)
+    if sizes and undo != 1.0:  # a clip scaled a whole gradient: its fit before the clip
+        sizes.append((sizes[0][0] * undo, _UNDONE))
     (_, norm_b), (_, norm_m) = (clip_state(c, run, i) for run in (c.baseline, c.merged))
     if norm_b is None:  # no norm before clipping recorded: clip_state read no gradient
         norm_b = grad_norm(c, c.baseline, i)
