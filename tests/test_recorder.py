@@ -414,9 +414,22 @@ class _ReadsCounted(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
-def test_norms_before_clipping_are_read_on_the_host_only_when_the_run_closes(tmp_path):
+def _clip_norm(model: nn.Module) -> torch.Tensor:
+    return nn.utils.clip_grad_norm_(model.parameters(), 0.1).as_subclass(_ReadsCounted)
+
+
+def _clip_split(model: nn.Module) -> torch.Tensor:  # torch's split API
+    grads = [p.grad for p in model.parameters()]
+    norm = nn.utils.get_total_norm(grads).as_subclass(_ReadsCounted)
+    nn.utils.clip_grads_with_norm_(model.parameters(), 0.1, norm)
+    return norm
+
+
+@pytest.mark.parametrize("clip", [_clip_norm, _clip_split])
+def test_norms_before_clipping_are_read_on_the_host_only_when_the_run_closes(tmp_path, clip):
     """On a GPU a host read of a norm waits for the device: the norm that clip_grad_norm_
-    returns (seen by the Recorder, or given to grads()) is kept as a tensor until close()."""
+    returns, or that clip_grads_with_norm_ is given (seen by the Recorder, or given to
+    grads()), is kept as a tensor until close()."""
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -427,7 +440,7 @@ def test_norms_before_clipping_are_read_on_the_host_only_when_the_run_closes(tmp
             for micro in range(2):
                 model(x[micro * 4 : micro * 4 + 4]).sum().backward()
                 rec.micro(torch.tensor(0.0))
-            norm = nn.utils.clip_grad_norm_(model.parameters(), 0.1).as_subclass(_ReadsCounted)
+            norm = clip(model)
             norms.append(norm)
             if update == 1:
                 rec.grads(pre_clip_norm=norm)
