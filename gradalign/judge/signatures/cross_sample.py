@@ -64,7 +64,8 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
     unseen = (
         "; or each micro-batch's gradient was changed after its backward by what the Recorder "
         "does not see (a tensor hook such as register_hook(lambda g: g.clamp(..)), a clip "
-        "outside torch.nn.utils)"
+        "outside torch.nn.utils, or one imported by name before the Recorder opened: pass its "
+        "norm with Recorder.grads(pre_clip_norm=...))"
         + (
             ", or the loss was scaled wrongly and clip_grad_value_ clipped the scale away in "
             "the largest elements"
