@@ -18,6 +18,7 @@ import itertools
 import numpy as np
 
 from ..runs.model import Run
+from .distributed import listed
 from .metrics import TensorDiff
 from .results import UpdateResult
 from .tolerances import Tolerances
@@ -43,22 +44,18 @@ def judge_apart(results: list[UpdateResult], tol: Tolerances, base: Run, merged:
 
 def parted(result: UpdateResult, base: Run, merged: Run) -> bool:
     """Whether the two runs' weights after this update differ: by the weights' fingerprints
-    where both runs recorded them, else by the judged weights (any raw or estimated gap)."""
+    where both runs recorded them (the same tensors in the same order: `check_compatible`),
+    else by the judged weights (any raw or estimated gap)."""
     i = result.update
-    rows = [_state_row(run, i) for run in (base, merged)]
-    if rows[0] is not None and rows[1] is not None:
-        return bool(rows[0] != rows[1])
+    if _state_known(base, i) and _state_known(merged, i):
+        return not np.array_equal(base.update_state[i], merged.update_state[i])  # type: ignore[index]
     return any(d.error > 0 or d.max_abs > 0 for d in result.weights)
 
 
-def _state_row(run: Run, i: int) -> dict[str, int] | None:
-    """Each tensor's fingerprint after update `i`, by name, or None where not recorded."""
+def _state_known(run: Run, i: int) -> bool:
+    """Whether the run recorded its weights' fingerprints after update `i`."""
     state, known = run.update_state, run.update_state_known
-    if state is None or i >= len(state) or (known is not None and not known[i]):
-        return None
-    if state.shape[1] != len(run.tensors):
-        return None
-    return {t.name: int(v) for t, v in zip(run.tensors, np.asarray(state[i]), strict=True)}
+    return state is not None and i < len(state) and (known is None or bool(known[i]))
 
 
 def _widened(d: TensorDiff, extra: float) -> TensorDiff:
@@ -72,13 +69,13 @@ def _widened(d: TensorDiff, extra: float) -> TensorDiff:
 def _note(widened: list[tuple[int, str, float]], tol: Tolerances, rtol: float) -> str:
     updates = sorted({u for u, _, _ in widened})
     names = sorted({n for _, n, _ in widened})
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     worst = max(r for _, _, r in widened)
     span = f"{updates[0]}" if len(updates) == 1 else f"{updates[0]}-{updates[-1]}"
     return (
-        f"without a reference, {len(widened)} gradient(s) at update(s) {span} ({shown}) differed "
-        f"by more than grad_rtol {tol.grad_rtol:g} of their norm (up to {worst:.3g}) and pass "
-        f"by grad_rtol_apart {rtol:g}: the runs entered those updates with weights that differ, "
-        "and a gradient evaluated in a 16-bit dtype at other weights is rounded otherwise; a "
-        "float64 reference judges them by their measured noise instead"
+        f"without a reference, {len(widened)} gradient(s) at update(s) {span} "
+        f"({listed(names, 3)}) differed by more than grad_rtol {tol.grad_rtol:g} of their "
+        f"norm (up to {worst:.3g}) and pass by grad_rtol_apart {rtol:g}: the runs entered "
+        "those updates with weights that differ, and a gradient evaluated in a 16-bit dtype at "
+        "other weights is rounded otherwise; a float64 reference judges them by their measured "
+        "noise instead"
     )

@@ -11,7 +11,7 @@ import numpy as np
 from ...runs.model import Run, Tensors
 from ..checks import PRE_CLIP
 from ..results import Comparison, Diagnosis, UpdateResult
-from .common import exact_of, failing, finite, grad_norm, noise_share, window
+from .common import exact_of, failing, finite, grad_norm, noise_share, window, window_scale
 
 _ONCE = (
     "clip once per update: after the K-th backward() (and after unscaling with a "
@@ -62,13 +62,6 @@ def _scale_of(c: Comparison, ratio: float) -> float | None:
     return next((v for v in (k, 1 / k, k + 1) if abs(ratio / v - 1) <= 0.05), None)
 
 
-def _named(c: Comparison, expected: float) -> str:
-    """`expected` (one of `_scale_of`'s) as the window's scale it is: `K = 4`."""
-    k = window(c)
-    name = "K" if expected == k else "K+1" if expected == k + 1 else "1/K"
-    return f"{name} = {expected:.4g}"
-
-
 _SCALE_ONCE = (
     "scale each micro-batch's loss by its share of the window (1/K, or its items over "
     "the window's items), once"
@@ -95,10 +88,10 @@ def scale_before_clip(c: Comparison) -> Diagnosis | None:
     return Diagnosis(
         "loss-scale",
         f"at update {i} the merged gradient's norm before clipping is {ratio:.4g} times the "
-        f"baseline's ({_named(c, expected)}) while the losses, weights and clipped gradients "
-        "agree: the loss the gradient comes from was scaled, and a clip that engaged in both "
-        "runs hid it from the step; where the norm falls below the clip threshold, the merged "
-        "run will step that many times too far",
+        f"baseline's ({window_scale(window(c), expected)}) while the losses, weights and "
+        "clipped gradients agree: the loss the gradient comes from was scaled, and a clip "
+        "that engaged in both runs hid it from the step; where the norm falls below the clip "
+        "threshold, the merged run will step that many times too far",
         {"update": i, "pre_clip_ratio": finite(ratio), "expected_ratio": expected},
         _SCALE_ONCE,
     )
@@ -120,8 +113,8 @@ def scale_behind_clip(c: Comparison, loss_ratio: float) -> Diagnosis | None:
             f"the merged window losses are {loss_ratio:.4g} times the baseline's while the "
             f"weights and gradients agree, because a clip hid the scale: at update {i} the "
             f"merged gradient's norm before clipping is {ratio:.4g} times the baseline's "
-            f"({_named(c, expected)}); where the norm falls below the clip threshold, the "
-            "merged run will step that many times too far",
+            f"({window_scale(window(c), expected)}); where the norm falls below the clip "
+            "threshold, the merged run will step that many times too far",
             {
                 "update": i,
                 "pre_clip_ratio": finite(ratio),

@@ -23,6 +23,13 @@ def window(c: Comparison) -> int:
     return max(1, c.merged.accum_steps // max(1, c.baseline.accum_steps))
 
 
+def window_scale(k: int, scale: float) -> str:
+    """One of K, 1/K or K+1 (a wrong loss scale's ratios) said as the window's scale it is, with
+    its value: `K = 4`."""
+    name = "K" if scale == k else "K+1" if scale == k + 1 else "1/K"
+    return f"{name} = {scale:.4g}"
+
+
 def failing(c: Comparison) -> UpdateResult | None:
     return next((r for r in c.results if not r.ok), None)
 

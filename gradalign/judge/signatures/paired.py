@@ -8,7 +8,7 @@ import math
 
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import clip_state, pre_clip_ratio, unclipped
-from .common import finite, grad_norm, noise_share, scaled_error, window
+from .common import finite, grad_norm, noise_share, scaled_error, window, window_scale
 from .gradient import token_normalization
 
 
@@ -40,7 +40,6 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool = False) -> lis
         if found is None or rest is None:
             return []
     value, what, expected = found
-    named = _named(k, expected)
     beside = (
         "with nothing beyond the gradient's noise left once that is divided out"
         if alone
@@ -53,12 +52,12 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool = False) -> lis
         "size_ratio": finite(value),
         "expected_ratio": expected,
     }
-    near = f"{named} = {expected:.4g}"
+    near = window_scale(k, expected)
     if moved:
         near += ", as near as the reweighting of the micro-batches named beside it lets it come"
     if also is not None:
         evidence["also_near"] = also
-        near += f"; {_named(k, also)} = {also:.4g} reads about as near"
+        near += f"; {window_scale(k, also)} reads about as near"
     losses = _loss_ratio(c, r)
     seen = ""
     if losses is not None and abs(losses / expected - 1) <= 0.05:
@@ -119,10 +118,6 @@ def _reweighted(
     if rest is None:
         return None, None, None
     return (size, _UNDONE if undo != 1.0 else "", nearest), rest, also
-
-
-def _named(k: int, scale: float) -> str:
-    return "K" if scale == k else "K+1" if scale == k + 1 else "1/K"
 
 
 def _apart(x: float, v: float) -> float:
