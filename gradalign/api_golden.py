@@ -87,7 +87,9 @@ def golden_write(
 
     base = read_run_dir(Path(run))
     ref = _reference(base, reference, strict=True)
-    target = _target(out, environment_key(base.environment))
+    key = environment_key(base.environment)
+    target = _target(out, key)
+    _refuse_another_experiment(base, target.parent, key, target)
     inputs = [Path(run), *([Path(ref.source)] if ref is not None else [])]
     return _write(base, ref, target, inputs)
 
@@ -170,8 +172,7 @@ def _accept(merged: Any, golden: Path, key: str) -> Path:
         target = golden
     else:  # the first golden: as `golden write --out` reads a path (a directory unless .json)
         target = _target(golden, key)
-    if not target.exists():
-        _refuse_another_experiment(merged, target.parent, key)
+    _refuse_another_experiment(merged, target.parent, key, target)
     reference = _reference(merged, None, strict=False)
     inputs = [Path(merged.source), *([Path(reference.source)] if reference else [])]
     return _write(merged, reference, target, inputs)
@@ -194,29 +195,32 @@ def _refuse_to_replace(target: Path) -> None:
         raise BadInput(f"{target} exists and is not a golden file; refusing to overwrite it")
 
 
-def _refuse_another_experiment(run: Any, folder: Path, key: str) -> None:
+def _refuse_another_experiment(run: Any, folder: Path, key: str, besides: Path) -> None:
     """Goldens side by side are one experiment in several environments (`golden_config`, read by
-    `merged --against DIR`): a new environment's golden must not make them two. A float64 run
-    would always do so (its dtype is in its config and its key): it is a baseline's reference."""
-    try:
-        held = golden_config(folder)
-    except BadInput:
-        return  # no golden there yet: nothing to keep consistent
-    mine = run.config
-    changed = sorted(
-        k for k in set(held) & set(mine) - {"device", "accum_steps"} if held[k] != mine[k]
-    )
-    if not changed:
+    `merged --against DIR`): a new environment's golden (`besides`: the file it will be) must not
+    make them two. A float64 run is refused beside other goldens: it is a baseline's reference.
+    A file the user named (not `<key>.json`) is theirs to place beside anything."""
+    if besides.name != f"{key}.json":
         return
-    differs = ", ".join(f"{k} {mine[k]!r} (goldens {held[k]!r})" for k in changed[:3])
+    others = [p for p in _golden_files(folder) if resolved(p) != resolved(besides)]
+    if not others:
+        return  # no other golden there: nothing to keep consistent
+    held, mine = golden_config(others), run.config
     hint = "accept a run of the same experiment"
-    if mine.get("dtype") == "float64" and held.get("dtype") != "float64":
+    if mine.get("dtype") == "float64" and held.get("dtype", "float32") != "float64":
+        changed = ["dtype"]
+        held = {**held, "dtype": held.get("dtype", "float32")}
         hint = (
             "a float64 run is a baseline's noise-floor reference, not a golden for its runs: "
             "pass the baseline itself (the golden keeps the reference its manifest names)"
         )
+    else:
+        changed = sorted(k for k in set(held) & set(mine) - ENVIRONMENT if held[k] != mine[k])
+    if not changed:
+        return
+    differs = ", ".join(f"{k} {mine[k]!r} (goldens {held[k]!r})" for k in changed[:3])
     raise BadInput(
-        f"--update would add {key}.json to {folder}, whose goldens record another experiment "
+        f"{besides.name} would join {folder}, whose goldens record another experiment "
         f"({differs}); {hint}, or give this one a directory of its own "
         "(`gradalign golden write RUN --out DIR`)"
     )
@@ -229,26 +233,42 @@ def _key_of(path: Path) -> str | None:
         return None
 
 
-def golden_config(golden: PathLike) -> dict[str, Any]:
-    """The experiment a golden file (or a directory of them) recorded. Goldens of one directory
-    may differ in their device only; the device is kept when they all agree."""
-    path = Path(golden)
-    files = [path] if path.is_file() else sorted(path.glob("*.json"))
+# What may differ between the goldens of one directory: the environment (the file's key), and
+# K, which the merged run chooses. What is not named stays as the command line says.
+ENVIRONMENT = frozenset({"device", "dtype", "precision", "amp_level", "nproc", "accum_steps"})
+
+
+def _golden_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    return [p for p in sorted(path.glob("*.json")) if not p.name.endswith(CANDIDATE)]
+
+
+def golden_config(golden: PathLike | Sequence[Path]) -> dict[str, Any]:
+    """The experiment a golden file (or a directory of them, or a list) recorded. Goldens of one
+    directory may differ in their environment (ENVIRONMENT: device, dtypes, precision, cards);
+    a setting is kept where they all agree, and left to the command line where they differ."""
+    path = None if isinstance(golden, (list, tuple)) else Path(golden)
+    files = _golden_files(path) if path is not None else list(golden)
     configs = []
     for file in files:
-        if file.name.endswith(CANDIDATE):
-            continue
         try:
             configs.append(load(file)["config"])
         except BadInput:
-            if path.is_file():
+            if path is not None and path.is_file():
                 raise
+    where = golden if path is not None else files[0].parent
     if not configs:
-        raise BadInput(f"{golden}: holds no golden file")
-    strip = {"device"} if len({str(c.get("device")) for c in configs}) > 1 else set()
-    kept = [{k: v for k, v in c.items() if k not in strip | {"accum_steps"}} for c in configs]
-    if any(c != kept[0] for c in kept[1:]):
-        raise BadInput(f"{golden}: its golden files record different experiments")
+        raise BadInput(f"{where}: holds no golden file")
+    varying = {k for k in ENVIRONMENT if len({repr(c.get(k)) for c in configs}) > 1}
+    kept = [{k: v for k, v in c.items() if k not in varying | {"accum_steps"}} for c in configs]
+    for other in kept[1:]:
+        differs = sorted(k for k in set(other) | set(kept[0]) if other.get(k) != kept[0].get(k))
+        if differs:
+            shown = ", ".join(f"{k} {kept[0].get(k)!r} and {other.get(k)!r}" for k in differs[:3])
+            raise BadInput(f"{where}: its golden files record different experiments ({shown})")
     return kept[0]
 
 

@@ -308,6 +308,13 @@ def golden_check(
     )
     if outcome.comparison is None:
         out_console.print(f"accepted {run} as the golden: wrote {outcome.written}", markup=False)
+        if files.paths():  # nothing was judged: a report would show a check that never ran
+            skipped = ", ".join(str(p) for p in files.paths())
+            out_console.print(
+                f"note: no report written ({skipped}): there was no golden for this "
+                "environment to judge the run against; the run is now that golden",
+                markup=False,
+            )
         raise typer.Exit(0)
     code = _verdict(outcome.comparison, files)
     raise typer.Exit(0 if outcome.written else code)

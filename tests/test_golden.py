@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gradalign import api
+from gradalign.api_golden import golden_config
 from gradalign.config import TrainConfig
 from gradalign.errors import BadInput
 from gradalign.judge.compare import compare
@@ -113,6 +114,18 @@ def test_a_failing_check_proposes_a_candidate_and_update_accepts_it(cli, small, 
     assert golden.read_bytes() != before
     assert fmt.load(golden)["source"]["run"] == str(bug)
     assert cli("golden", "check", golden, bug).code == 0  # the accepted run passes itself
+
+
+def test_update_of_the_first_golden_says_no_report_was_written(cli, small, tmp_path):
+    """With no golden for the run's environment, `--update` accepted the run and skipped the
+    reports asked for without a word: a CI job then missed its JUnit file."""
+    junit = tmp_path / "reports" / "x.xml"
+    fresh = tmp_path / "fresh"
+    result = cli("golden", "check", fresh, small["baseline"], "--update", "--junit", junit)
+    assert result.code == 0, result.err
+    said = " ".join(result.out.split())
+    assert f"note: no report written ({junit})" in said and "no golden for this environment" in said
+    assert not junit.exists()
 
 
 def _elsewhere(small: dict, path: Path, **environment: str) -> Path:
@@ -391,3 +404,33 @@ def test_a_golden_whose_numbers_overflow_the_judge_is_refused(cli, small, tmp_pa
     broken.write_text(json.dumps(data))
     result = cli("golden", "check", broken, small["no-loss-scale"])
     one_line_error(result, "per_update[1].weights", "from 0 to 1e+300")
+
+
+def test_goldens_of_two_precisions_share_a_folder(cli, small, tmp_path):
+    """A folder may hold one golden per environment, and the compute precision is part of the
+    environment: `golden write` and `golden check` accepted a bfloat16 golden beside the float32
+    one, but `merged --against DIR` then refused the folder ("different experiments"), and the
+    guard of `--update` against a float64 run (or another experiment) let it through."""
+    folder = tmp_path / "goldens"
+    shutil.copytree(small["golden"].parent, folder)
+    bf16 = api.record_baseline(SMALL.replace(accum_steps=1, precision="bf16"), tmp_path / "b16")
+    assert cli("golden", "write", bf16, "--out", folder).code == 0
+    assert len(list(folder.glob("*.json"))) == 2
+    assert "precision" not in golden_config(folder)  # left to the command line
+    result = cli("merged", "--against", folder, "-k", "4", "--out", tmp_path / "m")
+    assert result.code == 0, result.err
+    assert read_run_dir(tmp_path / "m").config["precision"] == "fp32"
+    reference = small["baseline"].with_name("baseline-fp64")
+    result = cli("golden", "check", folder, reference, "--update")
+    one_line_error(result, "dtype 'float64' (goldens 'float32')", "pass the baseline itself")
+    assert len(list(folder.glob("*.json"))) == 2
+    # another experiment may not replace one environment's golden and leave the other's; a
+    # file named by the user is theirs to place
+    other = api.record_baseline(
+        SMALL.replace(accum_steps=1, lr=0.05), tmp_path / "lr", reference="none"
+    )
+    before = {p.name: p.read_bytes() for p in folder.glob("*.json")}
+    one_line_error(cli("golden", "write", other, "--out", folder), "lr 0.05 (goldens ")
+    one_line_error(cli("golden", "check", folder, other, "--update"), "lr 0.05 (goldens ")
+    assert {p.name: p.read_bytes() for p in folder.glob("*.json")} == before
+    assert cli("golden", "write", other, "--out", folder / "lr.json").code == 0

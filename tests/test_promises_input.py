@@ -11,6 +11,7 @@ Each test is a defect once reproduced by hand, kept as a promise:
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gradalign import api
 from gradalign import cli as cli_module
 from gradalign.report import progress
 from gradalign.runs import writer as run_writer
@@ -329,6 +331,41 @@ def test_the_table_never_cuts_a_number(tmp_path):
     )
     assert done.returncode == 0
     assert "…" not in done.stdout
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 132])
+def test_a_narrow_table_leaves_out_columns_and_never_splits_a_number(width):
+    """At 80 columns and less, numbers were folded over two to five lines ("2.31", "7703", "2")
+    and FAIL became "FAI"/"L"; the headers read "upda"/"te". Columns now give way, named in a
+    note, until every number stays on its line."""
+    from rich.console import Console
+
+    from gradalign.report.table import render
+
+    old = ROOT / "fixtures" / "runs" / "v0.1.0"
+    tight = {"noise_factor": 0.5, "noise_floor": 0.0}  # a failing comparison: FAIL in every row
+    c = api.compare(old / "baseline", old / "merged", tolerances=tight)
+    assert c.reference is not None and c.verdict == "fail"
+    wide, narrow = (Console(file=io.StringIO(), width=w, color_system=None) for w in (300, width))
+    render(c, wide)
+    render(c, narrow)
+
+    def body(console):  # the per-update table's rows, each a list of its cells
+        lines = console.file.getvalue().splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("┡"))
+        end = next(i for i, line in enumerate(lines) if line.startswith("└"))
+        return [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines[start + 1 : end]]
+
+    full, shown = body(wide), body(narrow)
+    assert len(shown) == len(full)  # one line per row: nothing folded
+    for whole, row in zip(full, shown, strict=True):
+        assert row[0] == whole[0] and row[-1] == whole[-1] == "FAIL"
+        assert set(row) <= set(whole)  # every cell whole: a number cut short matches none
+    text = " ".join(narrow.file.getvalue().split())
+    if len(shown[0]) < len(full[0]):
+        assert f"note: left out at this width ({width} columns):" in text
+    else:
+        assert "left out at this width" not in text
 
 
 def test_a_long_compare_shows_progress_off_a_terminal(cli, small_runs, monkeypatch):

@@ -160,6 +160,28 @@ def test_off_a_terminal_the_first_progress_line_comes_after_plain_first_seconds(
     assert lines == [f"compare: 2/10 ({progress.PLAIN_FIRST + 0.5:.0f} s)"]
 
 
+def test_forced_colours_on_a_pipe_get_plain_progress_lines_not_redraws(monkeypatch):
+    """FORCE_COLOR (common in CI) made rich treat a pipe as a terminal, and the live bar wrote
+    its carriage returns and cursor codes into the log: about 100 redraws for 100 updates."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from gradalign.report import progress
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    console = Console(file=io.StringIO(), width=100, force_terminal=True)
+    assert console.is_terminal and not progress.redraws(console)
+    with progress.RichFeedback(console).progress("compare", 100) as advance:
+        for step in range(100):
+            clock[0] = 100.0 + step
+            advance()
+    text = console.file.getvalue()
+    assert "\r" not in text and "\x1b[2K" not in text and "\x1b[?25l" not in text
+    first = Text.from_ansi(text.splitlines()[0]).plain  # colours stay: they were asked for
+    assert first == f"compare: 6/100 ({progress.PLAIN_FIRST:.0f} s)"
+
+
 @pytest.mark.parametrize("where", ["a directory", "a missing directory", "a run's manifest"])
 def test_a_step_summary_that_cannot_be_appended_to_is_refused_before_any_work(
     cli, small_copy, tmp_path, monkeypatch, where
@@ -181,6 +203,25 @@ def test_a_step_summary_that_cannot_be_appended_to_is_refused_before_any_work(
     result = cli("compare", small_copy["baseline"], small_copy["merged"])
     assert result.code == 2 and "GITHUB_STEP_SUMMARY" in result.err, result.err
     assert manifest.read_bytes() == before
+
+
+@pytest.mark.parametrize("spelled", ["as set", "by another path"])
+def test_markdown_into_the_step_summary_keeps_earlier_steps_and_appears_once(
+    cli, small_runs, tmp_path, monkeypatch, spelled
+):
+    """`--markdown "$GITHUB_STEP_SUMMARY"` overwrote the file (earlier steps' summaries gone) and
+    then appended the same summary again: shown twice."""
+    summary = tmp_path / "summary.md"
+    summary.write_text("an earlier step's summary\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.chdir(tmp_path)
+    named = summary if spelled == "as set" else Path("sub", "..", "summary.md")
+    (tmp_path / "sub").mkdir()
+    result = cli("compare", small_runs["baseline"], small_runs["merged"], "--markdown", named)
+    assert result.code == 0, result.err
+    text = summary.read_text()
+    assert text.startswith("an earlier step's summary\n")
+    assert text.count("gradalign: PASS") == 1, text
 
 
 def test_a_full_disk_before_the_last_report_replaces_none_of_the_set(

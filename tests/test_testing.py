@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from gradalign.api import compare
 from gradalign.config import TrainConfig
 from gradalign.errors import BadInput
 from gradalign.record.faults import get_fault
@@ -60,3 +61,45 @@ def test_tolerances_are_passed_by_name(small_runs):
         )
     with pytest.raises(BadInput, match="unknown tolerance"):
         assert_aligned(small_runs["baseline"], small_runs["merged"], weight_rtoll=1.0)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A float64 rerun of the small baseline."""
+    float64 = SMALL.replace(accum_steps=1, dtype="float64")
+    return train(float64, tmp_path_factory.mktemp("f64") / "r")
+
+
+@pytest.mark.parametrize(
+    "judged",
+    [{"reference": True}, {"reference": "none"}, {"grad_rtol": 0.5, "weight_rtol": 0.25}],
+    ids=["a reference", "none", "overrides"],
+)
+def test_the_every_one_command_judges_as_the_test_did(
+    small_runs, buggy, reference, tmp_path, cli, judged
+):
+    """The message's command for the whole list left out the reference and the tolerances: it
+    judged another way (no noise floor, other bounds) and listed other failures."""
+    import json
+    import shlex
+
+    if judged.get("reference") is True:
+        judged = {"reference": reference}
+    with pytest.raises(AssertionError) as info:
+        assert_aligned(small_runs["baseline"], buggy, **judged)
+    last = str(info.value).splitlines()[-1]
+    words = shlex.split(re.search(r"every one: (.*)\)$", last).group(1))
+    assert words[:2] == ["gradalign", "compare"] and words[-2:] == ["--json", "report.json"]
+    report = tmp_path / "report.json"
+    assert cli(*words[1:-1], report).code == 1
+    judged_by = json.loads(report.read_text())
+    test = compare(small_runs["baseline"], buggy, **_split(judged))  # as assert_aligned judged
+    assert judged_by["tolerances"] == test.tolerances.to_dict()
+    assert judged_by["reference"] == (test.reference.source if test.reference else None)
+    assert judged_by["verdict"] == test.verdict
+
+
+def _split(judged: dict) -> dict:
+    """assert_aligned's keywords as api.compare takes them."""
+    tolerances = {k: v for k, v in judged.items() if k != "reference"}
+    return {"reference": judged.get("reference"), "tolerances": tolerances}

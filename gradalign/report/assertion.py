@@ -4,7 +4,11 @@ allowed bound, the named cause and its fix, and a capped table of the failing qu
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
+
 from ..judge.results import Comparison
+from ..judge.tolerances import for_dtype
 from .summary import causes, diagnosis_lines, failed_checks, failures, num
 
 MAX_ROWS = 10
@@ -33,10 +37,24 @@ def assertion_message(c: Comparison, max_rows: int = MAX_ROWS) -> str:
         lines += ["", *_table(found[:max_rows])]
         if len(found) > max_rows:
             lines.append(
-                f"(showing {max_rows} of {len(found)}; every one: gradalign compare "
-                f"{c.baseline.source} {c.merged.source} --json report.json)"
+                f"(showing {max_rows} of {len(found)}; every one: "
+                f"{compare_command(c, '--json', 'report.json')})"
             )
     return "\n".join(lines)
+
+
+def compare_command(c: Comparison, *extra: str) -> str:
+    """The `gradalign compare` command that judges as `c` was judged: the same runs, the same
+    reference (or none) and every tolerance that differs from the dtype's default. Without them
+    it judged another way (no noise floor, other bounds) and listed other failures."""
+    reference = c.reference.source if c.reference is not None else "none"
+    words = ["gradalign", "compare", c.baseline.source, c.merged.source, "--reference", reference]
+    default = for_dtype(c.dtype)
+    for field in dataclasses.fields(c.tolerances):
+        value = getattr(c.tolerances, field.name)
+        if value != getattr(default, field.name):
+            words += [f"--{field.name.replace('_', '-')}", repr(float(value))]
+    return shlex.join([str(word) for word in (*words, *extra)])
 
 
 def _table(rows: list) -> list[str]:

@@ -70,7 +70,7 @@ def write_reports(
     return the `::error` lines a GitHub Actions job should print (none elsewhere). An interrupt
     meanwhile is held until the set is written: an interrupted job never leaves part of it."""
     from ..runs.writer import deferred_interrupts
-    from .github import annotations, append_step_summary, in_actions
+    from .github import annotations, append_step_summary, in_actions, is_step_summary
     from .output import one_set
 
     environ = os.environ if environ is None else environ
@@ -78,7 +78,8 @@ def write_reports(
         with one_set():  # a failure (a full disk) before the last: none replaced
             for name, write in _writers().items():
                 target = getattr(files, name)
-                if target is not None:
-                    write(comparison, Path(target))
+                if target is None or (name == "markdown" and is_step_summary(target, environ)):
+                    continue  # the step summary is appended to below, once
+                write(comparison, Path(target))
         append_step_summary(comparison, environ)
     return annotations(comparison) if in_actions(environ) else []

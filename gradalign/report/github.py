@@ -4,7 +4,9 @@ Both only add to what the job shows; the exit code stays the gate."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from ..errors import BadInput
 from ..judge.results import FAIL, Comparison
@@ -66,6 +68,23 @@ def check_step_summary(environ: Mapping[str, str]) -> None:
         why = "lies inside a gradalign run"
     if why:
         raise BadInput(f"GITHUB_STEP_SUMMARY {target} {why}; point it at a file (or unset it)")
+
+
+def is_step_summary(path: Path, environ: Mapping[str, str]) -> bool:
+    """Whether `path` is the job's `$GITHUB_STEP_SUMMARY` (`--markdown "$GITHUB_STEP_SUMMARY"`, a
+    common habit): the summary is appended there once, and the file is not overwritten first,
+    which wiped earlier steps' summaries and showed this one twice."""
+    from ..paths import resolved
+
+    target = environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return False
+    if resolved(path) == resolved(target):
+        return True
+    try:
+        return os.path.samefile(path, target)
+    except OSError:
+        return False
 
 
 def append_step_summary(c: Comparison, environ: Mapping[str, str]) -> str | None:

@@ -14,6 +14,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 PLAIN_FIRST, PLAIN_EVERY = 5.0, 10.0
 
 
+def redraws(console: Console) -> bool:
+    """Whether a bar may redraw itself in place: only on a real terminal. FORCE_COLOR (common in
+    CI) makes rich treat a pipe as a terminal, which asks for colours, not for redraws in a log."""
+    isatty = getattr(console.file, "isatty", None)
+    try:
+        real = bool(isatty and isatty())
+    except (OSError, ValueError):
+        real = False
+    return real and console.is_terminal and not console.is_dumb_terminal
+
+
 class RichFeedback:
     """`api.Feedback` drawn with rich on `console`."""
 
@@ -25,7 +36,7 @@ class RichFeedback:
 
     @contextmanager
     def progress(self, label: str, total: int) -> Iterator[Callable[[], None]]:
-        if not self.console.is_terminal:
+        if not redraws(self.console):
             yield self._plain(label, total)
             return
         with Progress(
@@ -34,7 +45,6 @@ class RichFeedback:
             MofNCompleteColumn(),
             console=self.console,
             transient=True,
-            disable=not self.console.is_terminal,
         ) as bar:
             task = bar.add_task(label, total=total)
             yield lambda: bar.advance(task)

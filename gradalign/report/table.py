@@ -6,6 +6,7 @@ import math
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..judge.metrics import TensorDiff
 from ..judge.results import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
@@ -46,6 +47,51 @@ def _update_row(r: UpdateResult, calibrated: bool) -> list[str]:
     ]
 
 
+# A narrow console leaves out columns, in this order, until no number has to split; the status,
+# the update, the worst tensor, its error against what is allowed and the loss difference stay.
+_DROP_ORDER = ("noise", "max |m-b|", "grad ratio", "merged loss", "baseline loss", "x noise")
+_TEXT = ("worst tensor", "status")  # fold where needed, down to _TEXT_MIN
+_TEXT_MIN = 10
+
+
+def _cell_width(cell: str) -> int:
+    return Text.from_markup(cell).cell_len
+
+
+def _column_min(name: str, cells: list[str]) -> int:
+    """The narrowest a column can be without splitting a number (or a header's word)."""
+    words = [len(word) for word in name.split()]
+    widths = [_cell_width(cell) for cell in cells]
+    if name in _TEXT:
+        return min(max([*words, *widths]), _TEXT_MIN)
+    return max([*words, *widths])
+
+
+def _min_width(names: list[str], rows: list[list[str]], kept: list[int]) -> int:
+    """The table's narrowest width over the `kept` columns: each column's least width plus a
+    border and a space either side (rich's default box)."""
+    mins = [_column_min(names[i], [row[i] for row in rows]) for i in kept]
+    return sum(mins) + 3 * len(kept) + 1
+
+
+def _natural_width(names: list[str], rows: list[list[str]], kept: list[int]) -> int:
+    """The table's width with every header and cell on one line."""
+    widths = [max([len(names[i]), *(_cell_width(row[i]) for row in rows)]) for i in kept]
+    return sum(widths) + 3 * len(kept) + 1
+
+
+def _fitting(names: list[str], rows: list[list[str]], width: int) -> list[int]:
+    """Indices of the columns kept at `width`: all where they fit, else leaving out _DROP_ORDER's
+    one by one until no number has to split onto two lines."""
+    kept = list(range(len(names)))
+    for name in _DROP_ORDER:
+        if _min_width(names, rows, kept) <= width:
+            break
+        if name in names:
+            kept.remove(names.index(name))
+    return kept
+
+
 def render(comparison: Comparison, console: Console) -> None:
     """Print the per-update table, the checks, notes and the verdict."""
     c = comparison
@@ -68,15 +114,32 @@ def render(comparison: Comparison, console: Console) -> None:
     if calibrated:
         columns += [("noise", "right"), ("x noise", "right")]
     columns += [("err/tol", "right"), ("grad ratio", "right"), ("status", "left")]
-    for name, justify in columns:
-        # a narrow console folds a number onto two lines; it never cuts one short ("…")
-        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for index in rows_to_show(c):
-        if index is None:
-            table.add_row("…", *[""] * (len(columns) - 1))
+    rows = [
+        ["…", *[""] * (len(columns) - 1)]
+        if index is None
+        else _update_row(c.results[index], calibrated)
+        for index in rows_to_show(c)
+    ]
+    names = [name for name, _ in columns]
+    kept = _fitting(names, rows, console.width)
+    narrow = _natural_width(names, rows, kept) > console.width  # headers take two lines
+    for i in kept:
+        name, justify = columns[i]
+        if name in _TEXT:  # a tensor's name or the problems fold; a number never splits
+            table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
         else:
-            table.add_row(*_update_row(c.results[index], calibrated))
+            header = name.replace(" ", "\n") if narrow else name
+            table.add_column(header, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(*(row[i] for i in kept))
     console.print(table)
+    left_out = [name for i, name in enumerate(names) if i not in kept]
+    if left_out:
+        console.print(
+            f"[yellow]note:[/] left out at this width ({console.width} columns): "
+            f"{', '.join(left_out)}; a wider terminal or --json shows them",
+            markup=True,
+        )
     checks = Table(show_header=True, title="checks", title_justify="left")
     checks.add_column("check")
     checks.add_column("result")
