@@ -312,6 +312,12 @@ def merged_against(
             )
         cfg = recorded_config(baseline, overrides, config_file, trust_run_code)
         inputs = [Path(baseline), *([Path(base_run.reference)] if base_run.reference else [])]
+    recorded_updates = recorded["updates"] if golden else base_run.updates
+    if cfg.updates != recorded_updates:  # compare would refuse it after the training
+        raise BadInput(
+            f"--updates {cfg.updates}: {baseline} holds {recorded_updates} updates, and a merged "
+            "run is judged update by update against them; leave --updates out"
+        )
     check_plan(cfg, [out], fault=fault, inputs=inputs, reports=reports)
     with RunSet(out.parent, [out.name]) as runs:
         env = inspect_model(cfg, feedback)

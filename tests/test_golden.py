@@ -204,6 +204,15 @@ def test_merged_against_a_golden_of_another_environment_trains_nothing(cli, smal
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.parametrize("against", ["golden", "baseline"])
+def test_merged_against_with_other_updates_trains_nothing(cli, small, tmp_path, against):
+    """`merged --against X --updates 3` trained the whole run, then refused it: "runs of
+    different lengths"."""
+    result = cli("merged", "--against", small[against], "--updates", "3", "--out", tmp_path / "m")
+    one_line_error(result, "--updates 3:", "holds 4 updates", "leave --updates out")
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_broken_golden_for_this_environment_is_named(cli, small, tmp_path):
     folder = tmp_path / "goldens"
     folder.mkdir()

@@ -261,3 +261,29 @@ def test_help_into_a_pipe_whose_reader_left_is_exit_0(args):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_a_run_gone_non_finite_is_judged_without_numpy_warnings(tmp_path):
+    """float16 weights under Adam go NaN: the verdict names it, but numpy's "invalid value
+    encountered" warnings (with gradalign's source lines) came first on stderr, three of them,
+    from the judge and its worker threads."""
+    args = ["--amp-level", "O3", "--optimizer", "adam", "--updates", "3", "--hidden", "16"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gradalign",
+            "verify",
+            *args,
+            "--batch-size",
+            "16",
+            "-o",
+            tmp_path / "r",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "default"},
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Warning" not in done.stderr and "gradalign/judge" not in done.stderr, done.stderr

@@ -30,7 +30,7 @@ from .drift import Drift, stored_bits
 from .gains import follow_gain_divergence
 from .inputs import Inputs
 from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines, follow_kink_divergence
-from .metrics import calibrate, diff, fit_ratio, noise_allowed
+from .metrics import calibrate, diff, fit_ratio, noise_allowed, quiet
 from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
@@ -50,6 +50,7 @@ TensorJudge = Callable[[UpdateResult], None]
 TensorJudgeFactory = Callable[[Tolerances, float], TensorJudge]
 
 
+@quiet
 def compare(
     base: Run,
     merged: Run,

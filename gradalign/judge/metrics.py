@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def quiet(function: _F) -> _F:
+    """Run `function` with numpy's floating-point warnings off: a run that went NaN or Inf is
+    judged (a non-finite value never passes, and the report says where), and numpy's
+    "invalid value encountered" lines on stderr only hid that verdict. The state is per thread:
+    the judge's worker threads need it too."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from .compatible import stray
 from .drift import DriftFiles, beyond_drift, noise_steps, shared_steps, stored_bits, widened
 from .fused import Pair, widen64
 from .inputs import Inputs
-from .metrics import TensorDiff, _safe_div, fixed_allowed
+from .metrics import TensorDiff, _safe_div, fixed_allowed, quiet
 from .results import UpdateResult
 
 CHUNK = 1 << 17  # elements per slice
@@ -104,7 +104,7 @@ class StreamJudge:
                 if files.gb is not None and files.gm is not None
                 else []
             )
-            judged = self.pool.map(lambda n: self._tensor(n, files, grads), names)
+            judged = self.pool.map(quiet(lambda n: self._tensor(n, files, grads)), names)
             found = dict(zip(names, judged, strict=True))
             order = files.wb.file.names() if files.wb is not None else []
         finally:

@@ -72,7 +72,10 @@ def suite(name: str, c: Comparison) -> ET.Element:
             {"classname": _clean(f"gradalign.{name}"), "name": case_name, "time": "0.000"},
         )
         if check.status == FAIL:
-            failure = ET.SubElement(case, "failure", {"message": _clean(check.detail)})
+            kind = c.diagnosis[0].code if c.diagnosis else "not aligned"  # the named cause
+            failure = ET.SubElement(
+                case, "failure", {"message": _clean(check.detail), "type": _clean(kind)}
+            )
             failure.text = _clean(_failure_text(c, check))
         elif check.status == NOT_CHECKED:
             skipped_element = ET.SubElement(
@@ -84,9 +87,13 @@ def suite(name: str, c: Comparison) -> ET.Element:
 
 def to_junit(comparisons: Sequence[tuple[str, Comparison]]) -> str:
     """The JUnit XML document for one or more named comparisons."""
-    root = ET.Element("testsuites", {"name": "gradalign"})
-    for name, comparison in comparisons:
-        root.append(suite(name, comparison))
+    suites = [suite(name, comparison) for name, comparison in comparisons]
+    totals = {
+        key: str(sum(int(s.get(key, "0")) for s in suites))
+        for key in ("tests", "failures", "errors", "skipped")
+    }  # the totals Jenkins and JUnit 5 put on the root (pytest leaves them out)
+    root = ET.Element("testsuites", {"name": "gradalign", **totals, "time": "0.000"})
+    root.extend(suites)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, "unicode") + "\n"
 
