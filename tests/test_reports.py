@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gradalign import api
+from gradalign.judge.results import Diagnosis
 from gradalign.report.github import annotations
 from gradalign.report.html import to_html
 from gradalign.report.junit import to_junit
@@ -173,6 +175,18 @@ def test_markdown_is_capped_far_under_githubs_limit(small_runs):
     visible = text.split("<details>")[0]
     assert visible.count("\n| ") < 40 and "…" in visible
     assert text.rstrip().endswith("</details>")
+
+
+def test_markdown_shows_odd_names_as_typed_and_keeps_code_spans(small_runs, tmp_path):
+    """A run's path went into the Markdown as it was: `runs/we<i>rd*x*` opened an HTML tag and an
+    emphasis in the job's summary. A message's own `code` stays code."""
+    odd = tmp_path / "we<i>rd & *x*_y"
+    shutil.copytree(small_runs["merged"], odd)
+    c = api.compare(small_runs["baseline"], odd, reference="none")
+    c.diagnosis.append(Diagnosis("x", "pass `micro(loss, items=n)` here", {}, None, "info"))
+    text = to_markdown(c)
+    assert "we&lt;i&gt;rd &amp; \\*x\\*\\_y" in text and "<i>" not in text
+    assert "pass `micro(loss, items=n)` here" in text
 
 
 def test_every_report_is_the_same_bytes_twice(small_runs):

@@ -17,8 +17,23 @@ MAX_BYTES = 256 * 1024  # GitHub refuses step summaries over 1 MiB
 _MARK = {PASS: "✅", FAIL: "❌", NOT_CHECKED: "⚠️"}
 
 
+# What Markdown (or the HTML inside it) would read as markup in a path, a tensor's name or a
+# message: escaped, so a run called `runs/<b>x*` shows as typed and cannot open a tag or a span.
+# A message's own code spans (`micro(loss, items=n)`) stay code where the backticks pair up.
+_ESCAPES = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", **{ch: "\\" + ch for ch in "\\`*_[]|"}}
+)
+
+
 def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    flat = " ".join(str(text).split())
+    parts = flat.split("`")
+    if len(parts) % 2 == 0:  # an odd backtick: no span is meant
+        return flat.translate(_ESCAPES)
+    return "`".join(
+        part.translate(_ESCAPES) if i % 2 == 0 else part.replace("|", "\\|")
+        for i, part in enumerate(parts)
+    )
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
