@@ -141,14 +141,22 @@ def golden_check(
     check_outputs([], [run_path, golden_path], [*reports, *([candidate] if candidate else [])])
     comparison = _judge(data, golden_file, merged, checked, feedback)
     outcome = GoldenCheck(comparison, golden_file, accept)
+    floor_lost = data.get("reference_dtype") and _reference(merged, None, False) is None
+    lost = (
+        "; it names no float64 reference, so the golden loses its noise floor and later checks "
+        "use the fixed tolerances (to keep it, accept a baseline recorded with its reference: "
+        "`gradalign golden write BASELINE --out DIR`)"
+        if floor_lost
+        else ""
+    )
     if update:
         outcome.written = _accept(merged, golden_file, key)
-        comparison.notes.append(f"accepted {run} as the golden: wrote {outcome.written}")
+        comparison.notes.append(f"accepted {run} as the golden: wrote {outcome.written}{lost}")
     elif comparison.verdict == FAIL and candidate is not None:
         outcome.candidate = _write(merged, _reference(merged, None, False), candidate, [run_path])
         comparison.notes.append(
             f"to accept this run as the golden: {accept} (or copy the candidate {candidate} "
-            f"over {golden_file})"
+            f"over {golden_file}){lost}"
         )
     return outcome
 

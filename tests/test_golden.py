@@ -109,11 +109,16 @@ def test_a_failing_check_proposes_a_candidate_and_update_accepts_it(cli, small, 
     candidate = report.parent / "g.candidate.json"
     assert fmt.load(candidate)["source"]["run"] == str(bug)
     assert any(accept in note for note in json.loads(report.read_text())["notes"])
+    # the merged run names no float64 reference: the golden would lose its noise floor
+    assert "loses its noise floor" in " ".join(result.out.split())
     before = golden.read_bytes()
-    assert cli("golden", "check", golden, bug, "--update").code == 0
+    result = cli("golden", "check", golden, bug, "--update")
+    assert result.code == 0 and "loses its noise floor" in " ".join(result.out.split())
     assert golden.read_bytes() != before
     assert fmt.load(golden)["source"]["run"] == str(bug)
     assert cli("golden", "check", golden, bug).code == 0  # the accepted run passes itself
+    result = cli("golden", "check", golden, small["baseline"], "--update")  # with its reference
+    assert result.code == 0 and "noise floor" not in result.out
 
 
 def test_update_of_the_first_golden_says_no_report_was_written(cli, small, tmp_path):
