@@ -38,6 +38,11 @@ def test_a_failing_call_names_the_cause(small_runs, buggy):
     assert "failing quantities in 4 of 4 updates" in first
     assert rest[0].startswith("first failure: update 0, gradient of 0.weight: error ")
     assert "> allowed" in rest[0]
+    kinds = {line.split(":")[0]: line for line in rest[1:4]}  # per kind: count, max and mean
+    assert set(kinds) == {"gradient", "weights", "loss"}
+    counts = sum(int(re.search(r": (\d+) failing", line).group(1)) for line in kinds.values())
+    assert f"{counts} failing quantities" in first
+    assert all(re.search(r"error/allowed max \S+x \(update \d", v) for v in kinds.values())
     assert any(
         line.startswith("cause loss-scale: the micro-batch losses were not divided by K=4")
         for line in rest

@@ -5,11 +5,12 @@ allowed bound, the named cause and its fix, and a capped table of the failing qu
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 
 from ..judge.results import Comparison
 from ..judge.tolerances import for_dtype
-from .summary import causes, diagnosis_lines, failed_checks, failures, num
+from .summary import Failure, causes, diagnosis_lines, failed_checks, failures, num
 
 MAX_ROWS = 10
 
@@ -27,6 +28,7 @@ def assertion_message(c: Comparison, max_rows: int = MAX_ROWS) -> str:
     ]
     if found:
         lines.append(f"first failure: {found[0].text()}")
+        lines += _per_kind(found)
     named = causes(c)
     for d in named:
         first, *more = diagnosis_lines(d)
@@ -55,6 +57,24 @@ def compare_command(c: Comparison, *extra: str) -> str:
         if value != getattr(default, field.name):
             words += [f"--{field.name.replace('_', '-')}", repr(float(value))]
     return shlex.join([str(word) for word in (*words, *extra)])
+
+
+def _per_kind(found: list[Failure]) -> list[str]:
+    """Per kind of quantity: how many failed, and their error over what is allowed, largest (with
+    where) and mean, in the manner of pytest-regressions' max and mean differences."""
+    lines = []
+    for kind in dict.fromkeys(f.kind for f in found):
+        rows = [f for f in found if f.kind == kind and f.ratio is not None]
+        if not rows:
+            continue
+        worst = max(rows, key=lambda f: f.ratio if not math.isnan(f.ratio) else math.inf)
+        mean = math.fsum(f.ratio for f in rows) / len(rows)
+        where = f"update {worst.update}" + ("" if kind == "loss" else f", {worst.name}")
+        lines.append(
+            f"{kind}: {len(rows)} failing, error/allowed max {num(worst.ratio, 2)}x ({where}), "
+            f"mean {num(mean, 2)}x"
+        )
+    return lines
 
 
 def _table(rows: list) -> list[str]:
