@@ -19,7 +19,7 @@ from typing import Any
 from .errors import BadInput
 from .feedback import Feedback, Silent
 from .judge.results import FAIL, Comparison
-from .paths import resolved
+from .paths import is_stream, resolved
 from .runs.golden import CANDIDATE, dumps, environment_key, find, load
 from .runs.layout import is_run_dir
 from .runs.outputs import check_outputs
@@ -194,6 +194,8 @@ def _refuse_to_replace(target: Path) -> None:
         raise BadInput(f"{target} lies inside a gradalign run; write the golden elsewhere")
     if not target.exists() or target.is_dir():
         return
+    if is_stream(target):  # reading its head would wait on a pipe forever
+        raise BadInput(f"{target} is not a regular file (a device or a pipe); not a golden file")
     try:
         with open(target, "rb") as handle:
             head = handle.read(1 << 16)

@@ -346,6 +346,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.load(text, Loader=_StrictLoader)
     except RecursionError:
         raise BadInput(f"{path}: YAML nested too deeply") from None
+    except ValueError as exc:  # an integer of over 4300 digits: Python refuses to convert it
+        raise BadInput(f"{path}: not a config value ({shown(str(exc), 80)})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else ""

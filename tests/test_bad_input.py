@@ -49,6 +49,38 @@ def test_missing_data_file(cli, small_copy):
     one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), "missing")
 
 
+def test_a_manifest_that_is_a_pipe_is_refused_not_waited_on(cli, small_copy, tmp_path):
+    """A FIFO named manifest.json: the read waited forever (`compare` hung)."""
+    import os
+
+    manifest = small_copy["merged"] / "manifest.json"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    one_line_error(result, "manifest.json is not a regular file")
+    os.mkfifo(tmp_path / "g.json")
+    result = cli("golden", "write", small_copy["baseline"], "--out", tmp_path / "g.json")
+    one_line_error(result, "g.json is not a regular file")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"step": ' + "9" * 5000 + ', "loss": 0.5}',  # int() refuses over 4300 digits: exit 3
+        '{"step": 0, "loss": 0.5, "pad": "' + "a" * 140000 + '"}',  # over csv's field limit
+    ],
+    ids=["a 5000-digit step", "a 140 kB field"],
+)
+def test_log_lines_past_pythons_limits_are_no_internal_error(cli, tmp_path, line):
+    base, merged = tmp_path / "b.log", tmp_path / "m.log"
+    base.write_text("step 0 loss 0.5\nstep 1 loss 0.5\n")
+    merged.write_text(line + '\n{"step": 1, "loss": 0.5}\n')
+    result = cli("compare", base, merged, "-k", "1")
+    assert result.code in (0, 1, 2) and "internal error" not in result.err, result.err
+    if result.code == 2:
+        one_line_error(result)
+
+
 def test_corrupt_manifest(cli, small_copy):
     (small_copy["merged"] / "manifest.json").write_text("{not json")
     one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), "manifest.json")
@@ -98,7 +130,10 @@ def test_a_merged_run_given_as_the_baseline_names_the_baseline_flag(cli, tmp_pat
         ("tolerances:\n  weight_rtol: -1\n", ["weight_rtol must be a finite number >= 0"]),
         ("tolerances:\n  speed: 1\n", ["unknown tolerance 'speed'"]),
         ("1: 2\nx: 3\n", ["unknown key"]),  # sorting int and str keys was exit 3
+        ("seed: " + "9" * 5000 + "\n", ["not a config value", "4300 digits"]),  # was exit 3
+        ("tolerances:\n  loss_atol: " + "9" * 5000 + "\n", ["not a config value"]),
     ],
+    ids=repr,
 )
 def test_bad_config_files(cli, tmp_path, yaml_text, fragments):
     config = tmp_path / "bad.yaml"

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BadInput, shown
+from ..paths import is_stream
 from . import jsonfile
 from .checksums import declared as declared_checksum
 from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, grads_file, weights_file
@@ -31,6 +32,8 @@ def read_manifest(path: Path) -> dict:
     try:
         if (path / MANIFEST).stat().st_size > MAX_MANIFEST:
             raise BadInput(f"{path}: {MANIFEST} is over 64 MiB; not a manifest")
+        if is_stream(path / MANIFEST):  # a pipe would block the read forever
+            raise BadInput(f"{path}: {MANIFEST} is not a regular file (a device or a pipe)")
         manifest = jsonfile.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise BadInput(f"{path}: not a gradalign run (no {MANIFEST})") from None

@@ -37,6 +37,7 @@ _SPECIAL = re.compile(r"(?<![\w'\"])(-?(?:nan|inf))(?![\w'\"])")  # `'grad_norm'
 
 
 _JSON = json.JSONDecoder(parse_float=str, parse_int=str)  # numbers kept as printed
+_DIGITS = 40  # the longest integer read as a step (int64 holds 19 digits)
 
 
 class NotAStep:
@@ -71,9 +72,9 @@ def _integer(value: object) -> int | None:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()) and len(value) <= _DIGITS:
         return int(value)
-    return None
+    return None  # a "step" of thousands of digits is no step (and int() refuses over 4300)
 
 
 def _mapping(text: str) -> dict | None:
@@ -105,7 +106,10 @@ def _as_json(text: str) -> str | None:
 def _cells(text: str, delimiter: str | None) -> list[str]:
     if delimiter is None:
         return text.split()
-    return [cell.strip() for cell in next(csv.reader([text], delimiter=delimiter))]
+    try:
+        return [cell.strip() for cell in next(csv.reader([text], delimiter=delimiter))]
+    except csv.Error:  # a quoted field over csv's limit (128 KiB): no table's cell
+        return []
 
 
 def _best_loss(names: list[str]) -> str | None:
