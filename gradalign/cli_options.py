@@ -75,6 +75,8 @@ _TOLERANCE_HELP = {
     "grad_rtol": "gradient error allowed, relative to the gradient's norm (below 1)",
     "grad_rtol_apart": "without a reference: grad_rtol at updates entered with weights that "
     "differ between the runs (16-bit compute: wider; below 1)",
+    "loss_rtol_apart": "without a reference: loss_rtol at updates entered with weights that "
+    "differ between the runs (16-bit compute: wider; below 1)",
     "noise_factor": "with a reference: error allowed, as a multiple of the baseline's own "
     "(below 100)",
     "noise_floor": "with a reference: error always allowed, in machine epsilons of the tensor "

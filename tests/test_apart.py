@@ -66,3 +66,27 @@ def test_float32_keeps_one_gradient_tolerance():
     results = [_result(0, 1e-6, 0.0, 1e-4), _result(1, 1e-6, 2e-4, 1e-4)]
     assert judge_apart(results, for_dtype("float32"), *_runs(None, None)) == []
     assert not results[1].grads[0].ok
+
+
+def _loss(update: int, merged: float, allowed: float) -> UpdateResult:
+    """One update of loss 3.0 (the merged run's `merged`), weights apart, no gradients."""
+    r = UpdateResult(update, 3.0, merged, abs(merged - 3.0), abs(merged - 3.0), allowed)
+    r.weights.append(TensorDiff("w", 1e-6, 0, 0, 1, 1e-6, 1.0, moved=1.0))
+    return r
+
+
+def test_a_loss_entered_from_parted_weights_is_judged_by_loss_rtol_apart():
+    """float16 autocast, AdamW, a clip after unscale_: the clean merged run's loss at update 5
+    stood 3.0e-4 of itself from the baseline's, where loss_rtol allows 1e-4; from update 1 the
+    runs' weights differ, and a 16-bit forward at other weights rounds the loss otherwise. At
+    update 0 (same weights) loss_rtol still holds."""
+    tol = for_dtype("float16")
+    allowed = tol.loss_atol + tol.loss_rtol * 3.0
+    results = [_loss(0, 3.0009, allowed), _loss(1, 3.0009, allowed), _loss(2, 3.006, allowed)]
+    notes = judge_apart(results, tol, *_runs(None, None))
+    assert [r.loss_ok for r in results] == [False, True, False]
+    (note,) = notes
+    assert "the loss at update(s) 1 differed" in note and "loss_rtol_apart 0.001" in note
+    float32 = [_loss(0, 3.0009, allowed), _loss(1, 3.0009, allowed)]
+    assert judge_apart(float32, for_dtype("float32"), *_runs(None, None)) == []
+    assert not float32[1].loss_ok

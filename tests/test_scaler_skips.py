@@ -218,3 +218,77 @@ def test_a_float16_zoo_model_whose_first_step_overflows_passes_against_its_rerun
     if gradalign.skipped_updates(tmp_path / "base") != [0]:
         pytest.skip("this machine's float16 arithmetic did not overflow at update 0")
     assert row["verdict"] == "pass", row
+
+
+def test_runs_whose_scalers_skipped_every_update_pass_with_a_warning(tmp_path):
+    """A first scale so large that every update overflows in both runs: nothing was trained,
+    and the comparison passed "within its noise floor" with the gradients not checked and no
+    word that no step was ever taken; a missing 1/K passed alike."""
+    base = loop(tmp_path / "k1", scale_init=2.0**40)
+    merged = loop(tmp_path / "k4", k=4, scale_init=2.0**40)
+    assert read_run_dir(base).optimizer_steps.tolist() == [0] * UPDATES
+    c = api.compare(base, merged, reference="none")
+    assert any(n.startswith("warning: neither run's optimizer stepped") for n in c.notes)
+    low = [loop(tmp_path / f"low{k}", k=k, scale_init=2.0**8) for k in (1, 4)]
+    stepped = api.compare(*low, reference="none")
+    assert not any("neither run's optimizer stepped" in n for n in stepped.notes)
+
+
+def clipped_loop(out, k, scale, bug=None, float64=False, skip_updates=()):
+    """float16 autocast, AdamW, a GradScaler (growing every 3 updates) and clip_grad_norm_(1.0)
+    after unscale_: the usual recipe, on inputs large enough that the clip always engages."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))
+    model = model.double() if float64 else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale, growth_interval=3)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(10 * 32, 6, generator=g) * 30, torch.randint(0, 3, (320,), generator=g)
+    x = x.double() if float64 else x
+    extra = {"skip_updates": skip_updates} if float64 else {"scaler": scaler}
+    with gradalign.Recorder(out, model, opt, accum_steps=k, **extra) as rec:
+        for u in range(10):
+            for j in range(k):
+                rows = slice(u * 32 + j * 32 // k, u * 32 + (j + 1) * 32 // k)
+                with torch.autocast("cpu", dtype=torch.float16, enabled=not float64):
+                    loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                if float64:
+                    (loss / k).backward()
+                else:
+                    scaler.scale(loss if bug == "no-loss-scale" else loss / k).backward()
+                rec.micro(loss.detach().float(), batch=(x[rows], y[rows]))
+            if bug == "clip-before-unscale":
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if not float64:
+                scaler.unscale_(opt)
+            if bug != "clip-before-unscale":
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if float64:
+                opt.step() if u not in skip_updates else None
+                rec.update()
+            else:
+                scaler.step(opt)
+                scale_now = float(scaler.get_scale())
+                scaler.update()
+                rec.update(loss_scale=scale_now)
+            opt.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("scale", "bug"), [(2.0**17, "clip-before-unscale"), (2.0**10, "no-loss-scale")], ids=repr
+)
+def test_a_bug_behind_a_clip_and_a_scaler_is_named_not_the_skips(tmp_path, scale, bug):
+    """A clip before unscale_() made the scalers skip other updates later, and `scaler-skips`
+    was named though the runs had parted before ("updates before it already differ"). A missing
+    1/K that the clip hid until the merged scaler overflowed at a scale its baseline stepped at
+    was `unexplained` against the reference (`loss-scale` without one)."""
+    base = clipped_loop(tmp_path / "base", 1, scale)
+    skipped = gradalign.skipped_updates(base)
+    ref = clipped_loop(tmp_path / "ref", 1, scale, float64=True, skip_updates=skipped)
+    merged = clipped_loop(tmp_path / "bug", 4, scale, bug=bug)
+    expected = "clip-before-unscale" if bug == "clip-before-unscale" else "loss-scale"
+    for reference in (ref, "none"):
+        c = api.compare(base, merged, reference=reference)
+        named = [(d.code, d.message) for d in c.diagnosis]
+        assert [code for code, _ in named] == [expected], named

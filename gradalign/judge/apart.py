@@ -6,14 +6,16 @@ came out of the previous one differently, each run evaluates its gradient at its
 In a 16-bit compute dtype that rounds every activation otherwise (and flips the ReLUs and
 max-pools that sit within a rounding), so two correct runs' gradients differ by far more than
 at update 0: measured on `bench/model_zoo.py --autocast --reference-none` (README, "Fixed
-tolerances"). Those updates are judged by `grad_rtol_apart` (never below `grad_rtol`); a bug in
-the accumulation shows at update 0, judged by `grad_rtol`, and in the weights.
+tolerances"). Those updates are judged by `grad_rtol_apart` (never below `grad_rtol`), and
+their losses by `loss_rtol_apart`; a bug in the accumulation shows at update 0, judged by
+`grad_rtol`, and in the weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import numpy as np
 
@@ -25,12 +27,15 @@ from .tolerances import Tolerances
 
 
 def judge_apart(results: list[UpdateResult], tol: Tolerances, base: Run, merged: Run) -> list[str]:
-    """Widen the gradient tolerance to `tol.grad_rtol_apart` at every update entered with
-    weights that differ (`parted`); a note names the gradients that pass only by it."""
+    """Widen the gradient tolerance to `tol.grad_rtol_apart`, and the loss's to
+    `tol.loss_rtol_apart`, at every update entered with weights that differ (`parted`); a note
+    names what passes only by them."""
     rtol = max(tol.grad_rtol, tol.grad_rtol_apart)
-    if rtol <= tol.grad_rtol:
+    loss_extra = max(tol.loss_rtol_apart - tol.loss_rtol, 0.0)
+    if rtol <= tol.grad_rtol and not loss_extra:
         return []
     widened: list[tuple[int, str, float]] = []
+    losses: list[tuple[int, float]] = []
     for before, result in itertools.pairwise(results):
         if not parted(before, base, merged):
             continue
@@ -39,7 +44,13 @@ def judge_apart(results: list[UpdateResult], tol: Tolerances, base: Run, merged:
             if wide.ok and not d.ok:
                 widened.append((result.update, d.name, d.rel_l2))
             result.grads[i] = wide
-    return [_note(widened, tol, rtol)] if widened else []
+        if loss_extra and result.loss_noise is None and math.isfinite(result.base_loss):
+            failed = not result.loss_ok
+            result.loss_allowed += loss_extra * abs(result.base_loss)
+            if failed and result.loss_ok:
+                losses.append((result.update, result.loss_error / abs(result.base_loss)))
+    notes = [_note(widened, tol, rtol)] if widened else []
+    return notes + ([_loss_note(losses, tol)] if losses else [])
 
 
 def parted(result: UpdateResult, base: Run, merged: Run) -> bool:
@@ -64,6 +75,18 @@ def _widened(d: TensorDiff, extra: float) -> TensorDiff:
         return d
     norm = d.error / d.rel_l2
     return dataclasses.replace(d, allowed=d.allowed + extra * norm)
+
+
+def _loss_note(losses: list[tuple[int, float]], tol: Tolerances) -> str:
+    updates = [u for u, _ in losses]
+    worst = max(r for _, r in losses)
+    return (
+        f"without a reference, the loss at update(s) {listed([str(u) for u in updates], 5)} "
+        f"differed by more than loss_rtol {tol.loss_rtol:g} of itself (up to {worst:.3g}) and "
+        f"passes by loss_rtol_apart {tol.loss_rtol_apart:g}: the runs entered those updates "
+        "with weights that differ, and a loss computed in a 16-bit dtype at other weights is "
+        "rounded otherwise; a float64 reference judges it by its measured noise instead"
+    )
 
 
 def _note(widened: list[tuple[int, str, float]], tol: Tolerances, rtol: float) -> str:

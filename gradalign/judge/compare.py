@@ -37,7 +37,7 @@ from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
-from .vacuous import vacuous_notes
+from .vacuous import untrained_note, vacuous_notes
 from .views import sketch_width
 from .window_sizes import judged_updates
 from .windows import inside_window_changes, written_in_forward
@@ -158,6 +158,7 @@ def _judge(
             *jumps,
             *sketch_note(results),
             *vacuous_notes(results, tol),
+            *untrained_note(base, merged),
         ],
         _first_divergence(results),
         reference,

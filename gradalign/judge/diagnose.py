@@ -40,7 +40,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
 ]
 # Causes in the model or its loss that move every gradient a little, by the batch's size alone:
 # an accumulation bug in the loop shows beside them as it does alone, and is named first.
-BESIDE_SHAPES = {"batchnorm", "cross-sample-loss"}
+BESIDE_SHAPES = {"batchnorm", "cross-sample-loss", "dropout-rng"}
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_accum_dtype,
     sig.grad_not_cleared,
@@ -65,6 +65,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     if diverged is not None and None not in diverged.evidence.values():
         return [diverged]  # both diverge: nothing else can be read from non-finite numbers
     found = [d for d in (signature(c) for signature in DECISIVE) if d is not None]
+    found = [d for i, d in enumerate(found) if d.code not in {e.code for e in found[:i]}]
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
     if not found or {d.code for d in found} <= BESIDE_SHAPES:  # the loop's own bug first
         shape, later = _shape(c, bool(found))

@@ -38,6 +38,9 @@ class Tolerances:
     # differ (never below grad_rtol; judge/apart.py). In 16 bits a gradient evaluated at other
     # weights is rounded otherwise throughout the forward, not only summed in another order.
     grad_rtol_apart: float = 0.0
+    # The same for the loss: a 16-bit forward at other weights rounds the loss otherwise, by up
+    # to about one rounding of the loss itself (the compute dtype's epsilon).
+    loss_rtol_apart: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -67,6 +70,7 @@ DEFAULTS: dict[str, Tolerances] = {
         weight_atol=1e-9,
         grad_rtol=5e-2,
         grad_rtol_apart=0.2,
+        loss_rtol_apart=1e-3,
     ),
     "bfloat16": Tolerances(
         loss_atol=1e-5,
@@ -75,6 +79,7 @@ DEFAULTS: dict[str, Tolerances] = {
         weight_atol=1e-9,
         grad_rtol=1e-1,
         grad_rtol_apart=0.3,
+        loss_rtol_apart=8e-3,
     ),
 }
 NAMES = tuple(f.name for f in dataclasses.fields(Tolerances))
@@ -109,6 +114,7 @@ LIMITS: dict[str, tuple[float, str]] = {
         1.0,
         "at 1 an error as large as the gradient itself (a zero gradient) passes",
     ),
+    "loss_rtol_apart": (1.0, "at 1 an error as large as the loss itself passes (a zero loss)"),
     "noise_factor": (
         100.0,
         "a reference may stand 1% of the distance trained away from the baseline, so 100 times "

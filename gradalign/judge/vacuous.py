@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from ..runs.model import Run
 from .results import UpdateResult
 from .tolerances import Tolerances
 
@@ -32,3 +35,18 @@ def vacuous_notes(results: list[UpdateResult], tol: Tolerances) -> list[str]:
             f"pass (weight_atol {tol.weight_atol:g}, weight_rtol {tol.weight_rtol:g})"
         )
     return notes
+
+
+def untrained_note(base: Run, merged: Run) -> list[str]:
+    """A warning where neither run's optimizer stepped at any update (a GradScaler that skipped
+    every one, a learning loop that never reached step()): both runs stand where they began, so
+    a pass shows only that they skipped alike, not that they train alike."""
+    steps = [r.optimizer_steps for r in (base, merged)]
+    if any(s is None or np.size(s) == 0 for s in steps) or any(np.any(s) for s in steps):
+        return []
+    return [
+        "warning: neither run's optimizer stepped at any update (a loss scaler that skipped "
+        "every one overflowed each time): nothing was trained, so this comparison cannot show "
+        "that the merged run trains like its baseline; lower the initial loss scale or record "
+        "more updates"
+    ]

@@ -43,8 +43,8 @@ def inside_window_changes(run: Run, exempt: frozenset[str] = frozenset()) -> dic
                 continue
             unseen = "" if _window_start(run, i) is not None else _UNSEEN
             found[i] = [
-                _where(last_same, m, i, span) + f", first in {names[changed[0]]}{unseen}: an "
-                "optimizer step inside the window"
+                _where(last_same, m, i, span) + f", first in {names[changed[0]]}{unseen}: "
+                "written inside the window (by a step or an edit)"
             ]
             break
     return found

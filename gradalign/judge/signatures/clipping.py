@@ -101,6 +101,16 @@ def scale_behind_clip(c: Comparison, loss_ratio: float) -> Diagnosis | None:
     """The losses disagree and the stepped gradients agree, but the norms before clipping are
     K, 1/K or K+1 apart where a clip engaged: the loss the gradient comes from was scaled, and
     the clip hid it from the step. Once the norm falls below the clip threshold it will not."""
+    seen = (
+        f"the merged window losses are {loss_ratio:.4g} times the baseline's while the weights "
+        "and gradients agree"
+    )
+    return hidden_scale(c, seen, {"window_loss_ratio": finite(loss_ratio)})
+
+
+def hidden_scale(c: Comparison, seen: str, evidence: dict) -> Diagnosis | None:
+    """`loss-scale`, where the first norms before clipping (with a clip engaged) stand K, 1/K
+    or K+1 apart: `seen` says what failed meanwhile (the losses; a GradScaler's overflow)."""
     for i in range(c.merged.updates):
         ratio = pre_clip_ratio(c, i)
         if ratio is None:
@@ -110,17 +120,11 @@ def scale_behind_clip(c: Comparison, loss_ratio: float) -> Diagnosis | None:
             return None
         return Diagnosis(
             "loss-scale",
-            f"the merged window losses are {loss_ratio:.4g} times the baseline's while the "
-            f"weights and gradients agree, because a clip hid the scale: at update {i} the "
-            f"merged gradient's norm before clipping is {ratio:.4g} times the baseline's "
+            f"{seen}, because a clip hid the scale: at update {i} the merged gradient's norm "
+            f"before clipping is {ratio:.4g} times the baseline's "
             f"({window_scale(window(c), expected)}); where the norm falls below the clip "
             "threshold, the merged run will step that many times too far",
-            {
-                "update": i,
-                "pre_clip_ratio": finite(ratio),
-                "expected_ratio": expected,
-                "window_loss_ratio": finite(loss_ratio),
-            },
+            {"update": i, "pre_clip_ratio": finite(ratio), "expected_ratio": expected, **evidence},
             _SCALE_ONCE,
         )
     return None

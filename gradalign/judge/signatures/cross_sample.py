@@ -13,7 +13,7 @@ import numpy as np
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import finite, window
-from .decisive import same_start_shown, update0_gap
+from .decisive import buffers_in_forward, same_start_shown, update0_gap
 
 
 def cross_sample_loss(c: Comparison) -> Diagnosis | None:
@@ -62,6 +62,9 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
     )
     clipped = c.merged.clip_value is not None and bool(np.isfinite(c.merged.clip_value).any())
     unseen = (
+        "; or a term of the loss the gradient comes from, not the one recorded, was scaled "
+        "otherwise at some micro-steps (a penalty added in full at each of the K, a second loss "
+        "backpropagated at only some, noise added per micro-step rather than per window)"
         "; or each micro-batch's gradient was changed after its backward by what the Recorder "
         "does not see (a tensor hook such as register_hook(lambda g: g.clamp(..)), a clip "
         "outside torch.nn.utils, or one imported by name before the Recorder opened: pass its "
@@ -83,7 +86,8 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
 
 def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     """Update 0's result where the runs provably computed it alike (identical weights, the
-    same samples by their digests, nothing stepped inside, no BatchNorm or dropout) and its
+    same samples by their digests, nothing stepped inside, no BatchNorm, dropout or buffer the
+    forward writes and the runs then hold apart) and its
     micro-batches hold as many items (else samples) each, so that a mean per micro-batch
     averages to the batch's: else None (token-normalization's, where they do not); and K. On W
     ranks each forward sees B/(W·K) rows, so K=1 counts too."""
@@ -94,6 +98,8 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
         return None, k
     if facts.get("batchnorm") or facts.get("dropout"):
         return None, k
+    if buffers_in_forward(c) is not None:  # state the forward wrote (spectral norm's vectors)
+        return None, k  # made each micro-step's forward another function: buffers-in-forward's
     other = sample_mismatches(c.baseline, c.merged)
     if other is None or other.size:  # unknown samples, or other ones: data-order's
         return None, k
@@ -132,5 +138,11 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
         "compute such a term over the whole window: accumulate its statistics over the K "
         f"micro-steps{ranks} (the experts' token counts and router probabilities) and add it "
         "once per window, or make it a sum of per-sample terms; an in-batch contrastive loss "
-        "needs the whole batch's embeddings (cache them across micro-batches, as GradCache does)",
+        "needs the whole batch's embeddings (cache them across micro-batches, as GradCache does)"
+        + (
+            "; a term the loop adds itself: give it its share of the window (1/K) at every "
+            "micro-step, or add it once per window"
+            if unseen
+            else ""
+        ),
     )

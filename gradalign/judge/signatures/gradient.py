@@ -311,14 +311,17 @@ def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     counts = c.merged.zero_grads_inside
     if counts is None or not counts[r.update]:
         return None
+    k = window(c)
+    if r.grad_ratio is not None and r.grad_ratio >= 1 - 1 / (2 * k):
+        return None  # nothing was lost: the loop saved the gradient before clearing it
     i, calls = r.update, int(counts[r.update])
     windows = int(np.count_nonzero(counts))
     ratio = f"{r.grad_ratio:.3g}" if finite(r.grad_ratio) is not None else "not finite"
     return Diagnosis(
         "zero-grad-in-window",
         f"zero_grad() was called {calls} time(s) inside window {i}, between its micro-steps "
-        f"({windows} window(s) so): the micro-batches before it were cleared; "
-        f"the accumulated gradient is {ratio} times the baseline's",
+        f"({windows} window(s) so), and the accumulated gradient is {ratio} times the "
+        "baseline's: what was cleared inside the window, and not kept elsewhere first, is lost",
         {
             "update": i,
             "zero_grad_calls_inside_window": calls,

@@ -18,6 +18,7 @@ from ...runs.model import Run
 from ..distributed import listed
 from ..results import Comparison, Diagnosis
 from .accumulation import inner_steps, scaler_per_micro
+from .clipping import hidden_scale
 
 _SHOWN = 6  # skipped updates listed per run
 
@@ -67,8 +68,16 @@ def scaler_skips(c: Comparison) -> Diagnosis | None:
     scaler driven inside the window, which `scaler-per-micro` names, nor by a gradient that was
     not finite whatever the scale, `overflow_carried`)."""
     apart = skips_apart(c)
-    if not apart or _unscaled(c, apart) or scaler_per_micro(c) is not None or _stepped_inside(c):
+    if not apart or scaler_per_micro(c) is not None or _stepped_inside(c):
         return None
+    unscaled = _unscaled(c, apart)
+    if unscaled:  # an overflow no scale explains: a gradient too large, its scale hidden by a clip
+        u = unscaled[0]
+        seen = (
+            f"the merged run's GradScaler overflowed at update {u}, at a loss scale its baseline "
+            "stepped at"
+        )
+        return hidden_scale(c, seen, {"overflowed_at_update": u})
     n = len(c.results)
     u = apart[0]
     skipped = {name: [int(i) for i in np.flatnonzero(scaler_skipped(r, n))] for name, r in _runs(c)}
@@ -78,6 +87,8 @@ def scaler_skips(c: Comparison) -> Diagnosis | None:
     at = f" at loss scale {scale:g}" if scale is not None else ""
     shown = {name: listed([str(i) for i in ups], _SHOWN) or "none" for name, ups in skipped.items()}
     before = all(r.ok for r in c.results[:u])
+    if not before:  # the runs parted before the scalers did: that cause is another's to name
+        return None
     lowest = _lowest_stepped(c, n)
     evidence: dict = {
         "first_update": u,
@@ -97,11 +108,7 @@ def scaler_skips(c: Comparison) -> Diagnosis | None:
         f"accumulation bug, but from update {u} the two runs train differently"
     )
     if u:
-        message += (
-            "; the updates before it are within what is allowed"
-            if before
-            else "; updates before it already differ"
-        )
+        message += "; the updates before it are within what is allowed"
     seen = f"; {lowest:g} is the lowest scale either run stepped at here" if lowest else ""
     return Diagnosis(
         "scaler-skips",

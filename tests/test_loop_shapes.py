@@ -1,0 +1,175 @@
+"""Loops of shapes the built-in trainer never takes, recorded with `gradalign.Recorder`: a model
+of one-element tensors, gradients gathered into buffers of the loop's own. A clean loop passes;
+a bug is named by its own code, not by a signature that merely fits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign.api import compare
+
+UPDATES, BATCH = 6, 32
+
+
+class OneNumber(nn.Module):
+    """One scalar parameter: every per-tensor fit is exact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(0.3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.w * x[:, 0], -self.w * x[:, 1], 0.1 * x[:, 2]], 1)
+
+
+class LinearOneByOne(nn.Module):
+    """nn.Linear(1, 1) over the first feature: two one-element tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        o = self.lin(x[:, :1])
+        return torch.cat([o, -o, torch.zeros_like(o)], 1)
+
+
+class HandWritten(torch.optim.Optimizer):
+    """A hand-written SGD update, put in an Optimizer's step() (README, "Your own loop")."""
+
+    def __init__(self, params, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p -= group["lr"] * p.grad
+
+
+def _data(float64: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(UPDATES * BATCH, 6, generator=g)
+    y = torch.randint(0, 3, (UPDATES * BATCH,), generator=g)
+    return (x.double() if float64 else x), y
+
+
+def _model(shape: str, float64: bool) -> nn.Module:
+    torch.manual_seed(0)
+    if shape == "one number":
+        model = OneNumber()
+    elif shape == "two dropouts":  # the second layer's masks differ between B and B/K
+        model = nn.Sequential(
+            nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.2), nn.Linear(16, 16), nn.Tanh(),
+            nn.Dropout(0.2), nn.Linear(16, 3),
+        )  # fmt: skip
+    elif shape == "spectral norm":  # power iteration's vectors: buffers written in forward
+        model = nn.Sequential(nn.utils.spectral_norm(nn.Linear(6, 16)), nn.Tanh(), nn.Linear(16, 3))
+    elif shape == "linear 1x1":
+        model = LinearOneByOne()
+    else:
+        model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    return model.double() if float64 else model
+
+
+def record(out, k: int, shape: str, bug: str | None = None, float64: bool = False):
+    """Adam over `shape`; `buffered`: each micro-step's gradient is added into the loop's own
+    buffers and .grad cleared (as frameworks with float32 main-grad buffers do)."""
+    model = _model(shape, float64)
+    if shape == "hand-written":
+        opt = HandWritten(model.parameters(), lr=0.1)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    params = list(model.parameters())
+    x, y = _data(float64)
+    n = BATCH // k
+    buffers = [torch.zeros_like(p) for p in params]
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for u in range(UPDATES):
+            for j in range(k):
+                part = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
+                loss = nn.functional.cross_entropy(model(x[part]), y[part])
+                (loss if bug == "no-loss-scale" else loss / k).backward()
+                rec.micro(loss.detach(), batch=(x[part], y[part]))
+                if bug == "step-every-micro" and j < k - 1:
+                    opt.step()
+                if shape == "buffered":
+                    with torch.no_grad():
+                        for b, p in zip(buffers, params, strict=True):
+                            b += p.grad
+                    opt.zero_grad()
+            if shape == "buffered":
+                for b, p in zip(buffers, params, strict=True):
+                    p.grad = b.clone()
+                    b.zero_()
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("shape", ["one number", "linear 1x1", "buffered"])
+def test_a_missing_loss_scale_is_named_whatever_the_loop_shape(tmp_path, shape):
+    """One-element tensors: `penalty-not-scaled` fitted the gradient error to the weights
+    tensor by tensor, exactly for any cause, and named a penalty. A loop that clears .grad after
+    adding it into buffers of its own: the counted zero_grad() calls named `zero-grad-in-window`
+    for a gradient 4 times the baseline's, which clearing cannot make."""
+    base = record(tmp_path / "base", 1, shape)
+    ref = record(tmp_path / "ref", 1, shape, float64=True)
+    clean = compare(base, record(tmp_path / "clean", 4, shape), reference=ref)
+    assert clean.verdict == "pass", [d.code for d in clean.diagnosis]
+    bug = record(tmp_path / "bug", 4, shape, bug="no-loss-scale")
+    for reference in (ref, "none"):
+        c = compare(base, bug, reference=reference)
+        assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", [
+            (d.code, d.message) for d in c.diagnosis
+        ]
+
+
+def test_spectral_norms_power_iteration_is_named_as_buffers_written_in_forward(tmp_path):
+    """torch.nn.utils.spectral_norm updates its vectors at every forward, so the merged run
+    iterates K times per update and its loss differs at update 0: that was named
+    `cross-sample-loss` (a loss over the micro-batch, with a mixture of experts' fix), though
+    the Recorder had seen the buffers written in forward."""
+    base = record(tmp_path / "base", 1, "spectral norm")
+    ref = record(tmp_path / "ref", 1, "spectral norm", float64=True)
+    merged = record(tmp_path / "merged", 4, "spectral norm")
+    for reference in (ref, "none"):
+        c = compare(base, merged, reference=reference)
+        assert [d.code for d in c.diagnosis][:1] == ["buffers-in-forward"], [
+            (d.code, d.message) for d in c.diagnosis
+        ]
+
+
+def test_a_bug_beside_dropouts_masks_is_named_first(tmp_path):
+    """Two dropout layers draw other masks at B and at B/K (`dropout-rng`, right for the clean
+    loop); a missing 1/K beside them was hidden: only `dropout-rng` was named."""
+    base = record(tmp_path / "base", 1, "two dropouts")
+    ref = record(tmp_path / "ref", 1, "two dropouts", float64=True)
+    clean = record(tmp_path / "clean", 4, "two dropouts")
+    bug = record(tmp_path / "bug", 4, "two dropouts", bug="no-loss-scale")
+    for reference in (ref, "none"):
+        assert [d.code for d in compare(base, clean, reference=reference).diagnosis] == [
+            "dropout-rng"
+        ]
+        codes = [d.code for d in compare(base, bug, reference=reference).diagnosis]
+        assert codes == ["loss-scale", "dropout-rng"], codes
+
+
+def test_a_hand_written_update_in_an_optimizer_subclass_is_judged_like_any(tmp_path):
+    """The README's way to record `p -= lr * p.grad`: its steps are counted like a torch
+    optimizer's, so a step inside the window and a missing 1/K are named."""
+    base = record(tmp_path / "base", 1, "hand-written")
+    ref = record(tmp_path / "ref", 1, "hand-written", float64=True)
+    assert compare(base, record(tmp_path / "clean", 4, "hand-written"), reference=ref).verdict == (
+        "pass"
+    )
+    for bug, code in (("step-every-micro", "step-in-window"), ("no-loss-scale", "loss-scale")):
+        c = compare(base, record(tmp_path / bug, 4, "hand-written", bug=bug), reference=ref)
+        assert [d.code for d in c.diagnosis][:1] == [code], [
+            (d.code, d.message) for d in c.diagnosis
+        ]
