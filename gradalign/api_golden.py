@@ -99,6 +99,18 @@ def accept_command(golden: PathLike, run: PathLike) -> str:
     return f"gradalign golden check {shlex.quote(str(golden))} {shlex.quote(str(run))} --update"
 
 
+def first_golden_lines(run: PathLike, written: PathLike, reports: Sequence[PathLike]) -> list[str]:
+    """What `golden check --update` says where it made the first golden for the environment:
+    nothing was judged, so no report was written (one would show checks that never ran)."""
+    lines = [f"accepted {run} as the golden: wrote {written}"]
+    if reports:
+        lines.append(
+            f"note: no report written ({', '.join(str(p) for p in reports)}): there was no "
+            "golden for this environment to judge the run against; the run is now that golden"
+        )
+    return lines
+
+
 def candidate_path(golden: Path, run: Path, reports: Sequence[PathLike]) -> Path:
     """Where a failing check proposes the run as the golden: beside the first report, else beside
     the run under test (never inside a run)."""

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from typer.exceptions import Abort, TyperException
 
-from . import __version__, api
+from . import __version__, api, api_golden
 from .cli_options import (
     AccumOpt,
     ConfigOpt,
@@ -307,14 +307,8 @@ def golden_check(
         feedback=_feedback(),
     )
     if outcome.comparison is None:
-        out_console.print(f"accepted {run} as the golden: wrote {outcome.written}", markup=False)
-        if files.paths():  # nothing was judged: a report would show a check that never ran
-            skipped = ", ".join(str(p) for p in files.paths())
-            out_console.print(
-                f"note: no report written ({skipped}): there was no golden for this "
-                "environment to judge the run against; the run is now that golden",
-                markup=False,
-            )
+        for line in api_golden.first_golden_lines(run, outcome.written, files.paths()):
+            out_console.print(line, markup=False)
         raise typer.Exit(0)
     code = _verdict(outcome.comparison, files)
     raise typer.Exit(0 if outcome.written else code)

@@ -21,7 +21,7 @@ from .facts import dtype_name
 from .sharded import any_sharded, whole
 from .sketcher import Sketcher
 from .snapshots import Snapshots, host_dtype
-from .states import GradWrites, WeightStates
+from .states import GradWrites, WeightStates, watch_steps
 
 MODES = ("full", "sketch")
 
@@ -68,6 +68,8 @@ class Capture:
         )
         self.on_device = self.sketcher is not None and first.device.type == "cuda"
         self.full_updates: list[int] = []
+        # a process-wide hook, made last so no failure here can leak it; the Recorder removes it
+        self.step_hook = watch_steps(self.states)
 
     def snapshot_at(self, update: int) -> bool:
         """Whether `update` gets full weight and gradient files."""

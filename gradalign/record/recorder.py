@@ -107,8 +107,7 @@ class Recorder:
         )  # fmt: skip
         skipped = checked_updates(skip_updates)
         self.accum_steps = accum_steps
-        self.fault = fault
-        self.reference = reference
+        self.fault, self.reference = fault, reference
         self.capture_grads = capture_grads
         self.out_dir = Path(out_dir)
         try:
@@ -161,6 +160,7 @@ class Recorder:
             self._capture = Capture(
                 self._named, self._writer, record, snapshot_every, updates, sketch_width
             )
+            self._hooks.append(self._capture.step_hook)  # removed by _unhook()
             self._capture.weights(None)
         except BaseException as exc:
             self.abort()

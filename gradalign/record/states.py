@@ -4,8 +4,11 @@ Weights (`micro/state`): a tensor that nothing wrote to since its last fingerpri
 fingerprint. torch counts every in-place write to a tensor (its version counter); a tensor whose
 counter and storage did not move since the last snapshot still holds that snapshot's bits, so its
 row refers to the snapshot's fingerprint (computed in the background from the copy); any other
-tensor is fingerprinted now. Writes that bypass the counter (through `.data`, or a numpy view)
-show in the next snapshot, not in the row.
+tensor is fingerprinted now. An optimizer's step may write its parameters without moving their
+counters (CPU fused kernels such as `AdamW(fused=True)` do, and any custom kernel may), so every
+step of any torch optimizer in the process, watched or not, makes its parameters' cells be
+fingerprinted at the next micro-step (`watch_steps`). Other writes that bypass the counter
+(through `.data`, or a numpy view) show in the next snapshot, not in the row.
 
 Gradients (`micro/grad_writes`): per parameter, a counter that moves whenever its `.grad` was
 written (a new tensor, or an in-place write to it) since the previous micro-step, 0 while it has
@@ -21,11 +24,14 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.hooks import RemovableHandle
 
 from .facts import host_fingerprint
 from .sharded import local, whole
 
 HERE = -2  # a cell fingerprinted at the micro-step itself (its value is in the row)
+STALE = (-1, -1)  # a stamp no tensor has (versions count from 0): fingerprint the cell again
 
 
 def stamp(tensor: torch.Tensor) -> tuple[int, int]:
@@ -43,13 +49,36 @@ class WeightStates:
         self.keys: list[np.ndarray] = []
         self.values: list[np.ndarray] = []
         self.pending: list[tuple[int, int, torch.Tensor]] = []  # (row, column, device value)
+        self.columns = {id(t): p for p, t in enumerate(tensors)}  # the tensors are kept alive
+        self.stepped: dict[int, torch.optim.Optimizer] = {}  # since the last snapshot or row
 
     def snapped(self, key: int) -> None:
         """The tensors were just copied for snapshot `key` (-1: initial weights, i: update i)."""
         self.known = [(stamp(t), key, 0) for t in self.tensors]
+        self.stepped.clear()  # the copy holds whatever those steps wrote
+
+    def step_taken(self, optimizer: torch.optim.Optimizer) -> None:
+        """`optimizer` stepped: its parameters may have changed with their stamps unmoved.
+
+        Only noted here (a step costs one dict write); the parameters are looked up at the next
+        row, and not at all when a snapshot comes first, as after the window's own step."""
+        self.stepped[id(optimizer)] = optimizer
+
+    def _forget_stepped(self) -> None:
+        """Make every recorded parameter of the optimizers that stepped be fingerprinted."""
+        for optimizer in self.stepped.values():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    p = self.columns.get(id(param))
+                    if p is not None:
+                        _, key, value = self.known[p]
+                        self.known[p] = (STALE, key, value)
+        self.stepped.clear()
 
     def row(self) -> None:
         """The weights as this micro-step sees them."""
+        if self.stepped:
+            self._forget_stepped()
         keys = np.empty(len(self.tensors), np.int32)
         values = np.zeros(len(self.tensors), np.int64)
         for p, tensor in enumerate(self.tensors):
@@ -81,6 +110,21 @@ class WeightStates:
             where = keys == key
             values[where] = np.broadcast_to(snapshot(int(key)), keys.shape)[where]
         return values
+
+
+def watch_steps(states: WeightStates) -> RemovableHandle:
+    """Tell `states` of every step of every torch optimizer in this process (torch's global
+    step post-hook: also an optimizer created later, or one the Recorder was not given, whose
+    in-window steps are a bug all the same). Remove the returned handle to stop. The hook holds
+    `states` weakly: a Recorder dropped without close() is not kept alive by it."""
+    found = weakref.ref(states)
+
+    def hook(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        states = found()
+        if states is not None:
+            states.step_taken(optimizer)
+
+    return register_optimizer_step_post_hook(hook)
 
 
 class GradWrites:
