@@ -92,7 +92,7 @@ def record_baseline(
     same training in float64 beside it (`OUT-fp64`), the noise floor the judge uses. Both appear
     together, or neither does and an earlier pair stays as it was."""
     require_torch()
-    from .runs.writer import RunSet
+    from .runs.runset import RunSet
 
     cfg, out, feedback = (
         as_config(config).replace(accum_steps=1, nproc=1),
@@ -120,7 +120,7 @@ def record_merged(
     """Train at micro-batch B/K for N·K micro-steps, stepping every K, and record the run;
     `fault` injects one named accumulation bug (see `gradalign.record.faults.FAULTS`)."""
     require_torch()
-    from .runs.writer import RunSet
+    from .runs.runset import RunSet
 
     cfg, out, feedback = as_config(config), as_path(out, "out"), feedback or Silent()
     if not checked:
@@ -252,7 +252,7 @@ def verify(
     judge them: `out/baseline`, `out/baseline-fp64`, `out/merged`. The three appear together, or
     none does and an earlier set stays as it was."""
     require_torch()
-    from .runs.writer import RunSet
+    from .runs.runset import RunSet
 
     cfg, out, feedback = as_config(config), as_path(out, "out"), feedback or Silent()
     checked = check_tolerances(tolerances)
@@ -294,7 +294,7 @@ def merged_against(
     K=1, `out` is not the baseline or its reference, the reports land outside every run."""
     from . import api_golden as goldens
     from .runs.reader import read_run_dir
-    from .runs.writer import RunSet
+    from .runs.runset import RunSet
 
     feedback = feedback or Silent()
     checked = check_tolerances({**_file_tolerances(config_file), **dict(tolerances or {})})

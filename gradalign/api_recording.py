@@ -187,7 +187,7 @@ def record_merged_runs(
 
     from .api import as_config, as_path
     from .feedback import Silent
-    from .runs.writer import RunSet
+    from .runs.runset import RunSet
 
     feedback = feedback or Silent()
     plans = [(as_config(config), as_path(out, "out"), fault) for config, out, fault in runs]

@@ -39,6 +39,7 @@ class RunLock:
         self.run = Path(run)
         self.path = lock_path(self.run)
         self._fd: int | None = None
+        self.holder: int | None = None  # who held it when `try_acquire` found it taken
 
     @property
     def held(self) -> bool:
@@ -46,8 +47,25 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         """Take the lock, or raise BadInput naming the process that holds it."""
-        if self.held:
+        if self.try_acquire():
             return self
+        if self.holder == os.getpid():
+            raise BadInput(
+                f"{self.run} is being written already by this process (a Recorder not "
+                "yet closed?); close that one first or choose another output"
+            )
+        raise BadInput(
+            f"{self.run} is being written by another gradalign process"
+            + (f" (pid {self.holder})" if self.holder else "")
+            + "; wait for it or choose another output"
+        )
+
+    def try_acquire(self) -> bool:
+        """Take the lock if no open file holds it (this process's own included); else False,
+        with `holder` the pid written in it. A lock that is free means its writer is gone, even
+        where its pid now names another process (pids are reused, in containers soon)."""
+        if self.held:
+            return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -56,18 +74,9 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                holder = _read_pid(fd)
+                self.holder = _read_pid(fd)
                 os.close(fd)
-                if holder == os.getpid():
-                    raise BadInput(
-                        f"{self.run} is being written already by this process (a Recorder not "
-                        "yet closed?); close that one first or choose another output"
-                    ) from None
-                raise BadInput(
-                    f"{self.run} is being written by another gradalign process"
-                    + (f" (pid {holder})" if holder else "")
-                    + "; wait for it or choose another output"
-                ) from None
+                return False
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -79,7 +88,7 @@ class RunLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         _HELD.add(self.path.absolute())
-        return self
+        return True
 
     def release(self) -> None:
         if self._fd is None:

@@ -59,10 +59,17 @@ def _reference(value: str | None, path: Path) -> str | None:
 
 
 def _finish_interrupted_commits(parent: Path) -> None:
-    """A set of runs whose commit a kill cut short is finished before any member is read."""
+    """A set of runs whose commit a kill cut short is finished before any member is read.
+
+    A reader rolls it forward rather than refusing or reading around it: the journal is the
+    killed writer's commit point, every new run it names is complete, and reading on would judge
+    a mix of old and new members. It is safe for a read-only command because recovery acts only
+    on a journal gradalign wrote (its own area, with gradalign's marker; plain member names),
+    moves runs only by renames between that area and the members' paths, deletes only the area
+    (the runs the commit replaced), and leaves any other journal alone (runs/runset.py)."""
     if not any(parent.glob(JOURNAL.format(pid="*"))):
         return
-    from .writer import recover_commits
+    from .runset import recover_commits
 
     try:
         recover_commits(parent)

@@ -5,7 +5,7 @@ in one atomic exchange where the system has one (Linux `renameat2`), so an inter
 never readable and an earlier run at the path stays intact until then. One process writes a path
 at a time (`locks.RunLock`); the next writer of a path removes what a killed one left behind.
 Several runs that belong together (a baseline and its float64 reference, a verify set) are
-recorded in a private area and committed together (`RunSet`).
+recorded in a private area and committed together (`RunSet`, runs/runset.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from ..errors import BadInput
 from . import checksums
-from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, is_run_dir
-from .locks import RunLock, held_here
+from .layout import FORMAT, FORMAT_VERSION, MANIFEST, SERIES, is_run_dir
+from .locks import RunLock
 from .model import Tensors
 from .tensorfile import parts, write_parts
 
@@ -174,6 +174,8 @@ class RunWriter:
         self.made = missing_dirs(self.final.parent)
         self.lock = RunLock(self.final).acquire()
         try:
+            from .runset import recover_commits  # runset.py builds on this module
+
             recover_commits(self.final.parent)
             clear_stale(self.final)
             self.final.parent.mkdir(parents=True, exist_ok=True)
@@ -237,77 +239,6 @@ def deferred_interrupts() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-class RunSet:
-    """Runs recorded together, committed together: `parent/NAME` for each name appears as a
-    new set, or the earlier set stays as it was.
-
-    Each run is recorded complete into a private area (`parent/.set-PID/NAME`, so relative links
-    between members hold) while this process holds every member's lock; `commit` writes a
-    journal, swaps each member into place and removes the journal. A commit cut short (a kill
-    between two swaps) is finished by the next gradalign process that writes or reads there.
-    """
-
-    def __init__(self, parent: str | os.PathLike[str], names: list[str]) -> None:
-        self.parent = Path(parent)
-        self.names = list(dict.fromkeys(names))
-        for name in self.names:
-            ensure_writable(self.parent / name)
-        self.made = missing_dirs(self.parent)  # removed again if nothing is committed
-        self.locks: list[RunLock] = []
-        try:
-            for name in self.names:
-                self.locks.append(RunLock(self.parent / name).acquire())
-            recover_commits(self.parent)
-            for name in self.names:
-                clear_stale(self.parent / name)
-            _clear_dead_areas(self.parent)
-            self.area = self.parent / f".set-{os.getpid()}"
-            shutil.rmtree(self.area, ignore_errors=True)
-            self.area.mkdir(parents=True)
-        except BaseException:
-            self._release()
-            raise
-
-    def path(self, name: str) -> Path:
-        """Where member `name` is recorded until the commit."""
-        return self.area / name
-
-    def commit(self) -> None:
-        missing = [n for n in self.names if not is_run_dir(self.path(n))]
-        if missing:
-            raise RuntimeError(f"run set incomplete: {', '.join(missing)}")
-        for name in self.names:
-            ensure_writable(self.parent / name)
-        journal = self.parent / JOURNAL.format(pid=os.getpid())
-        with deferred_interrupts():
-            _write_atomic(
-                journal,
-                json.dumps({"area": self.area.name, "names": self.names}).encode(),
-                durable=True,
-            )
-            _roll_forward(self.parent, self.area, self.names, journal)
-        self._release()
-
-    def abort(self) -> None:
-        shutil.rmtree(self.area, ignore_errors=True)
-        self._release()
-        remove_if_empty(self.made)
-
-    def _release(self) -> None:
-        for lock in self.locks:
-            lock.release()
-        self.locks = []
-
-    def __enter__(self) -> RunSet:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None and self.locks:
-            self.commit()
-        elif self.locks:
-            self.abort()
-
-
 def missing_dirs(path: Path) -> list[Path]:
     """The directories that writing at `path` will create, outermost first."""
     missing = []
@@ -324,56 +255,3 @@ def remove_if_empty(made: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             return
-
-
-def _roll_forward(parent: Path, area: Path, names: list[str], journal: Path) -> None:
-    for name in names:
-        if (area / name).exists():
-            swap_into_place(area / name, parent / name)
-    shutil.rmtree(area, ignore_errors=True)
-    journal.unlink(missing_ok=True)
-
-
-def recover_commits(parent: Path) -> None:
-    """Finish set commits that a killed process left half done in `parent` (its journal says
-    which members; their staged runs are complete). A commit whose members are locked by a live
-    process is left to it."""
-    for journal in sorted(parent.glob(JOURNAL.format(pid="*"))):
-        pid = journal.name.split("-")[-1].removesuffix(".json")
-        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
-            continue  # its writer is still at work
-        try:
-            plan = json.loads(journal.read_text())
-            names, area = [str(n) for n in plan["names"]], parent / str(plan["area"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if Path(area.name).name != area.name or area.name.startswith(".."):
-            continue
-        taken: list[RunLock] = []
-        try:
-            for name in names:
-                if not held_here(parent / name):
-                    taken.append(RunLock(parent / name).acquire())
-            _roll_forward(parent, area, names, journal)
-        finally:
-            for lock in taken:
-                lock.release()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _clear_dead_areas(parent: Path) -> None:
-    """Private areas of set writers that died before their commit: never committed, removed.
-    (Areas named by a journal were rolled forward by `recover_commits` already.)"""
-    for area in parent.glob(".set-*"):
-        pid = area.name.removeprefix(".set-")
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            shutil.rmtree(area, ignore_errors=True)
