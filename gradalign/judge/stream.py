@@ -104,7 +104,8 @@ class StreamJudge:
                 if files.gb is not None and files.gm is not None
                 else []
             )
-            judged = self.pool.map(quiet(lambda n: self._tensor(n, files, grads)), names)
+            judged_grads = set(grads)  # looked up per tensor: a list made it quadratic
+            judged = self.pool.map(quiet(lambda n: self._tensor(n, files, judged_grads)), names)
             found = dict(zip(names, judged, strict=True))
             order = files.wb.file.names() if files.wb is not None else []
         finally:
@@ -151,7 +152,7 @@ class StreamJudge:
             raise
         return files
 
-    def _tensor(self, name: str, f: _Files, grads: list[str]) -> _Outcome:
+    def _tensor(self, name: str, f: _Files, grads: set[str]) -> _Outcome:
         out = _Outcome()
         tol = self.tol
         has = lambda c: c is not None and name in c.file.entries  # noqa: E731

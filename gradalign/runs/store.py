@@ -24,7 +24,7 @@ from ..paths import resolved
 from . import tensors as tensorfiles
 from .checksums import SHA256, of_file
 from .digests import bitsum
-from .tensorfile import TensorFile
+from .tensorfile import Layout, TensorFile
 
 FINGERPRINTS = "fingerprints"
 
@@ -49,12 +49,16 @@ class Store:
         self.loaders: tuple = ()  # the Run's own loaders (a Run with others is not read here)
         self._hashed: set[str] = set()
 
-    def file(self, relpath: str) -> Path:
-        """A listed data file, refused if it is not a regular file inside the run."""
+    def file(self, relpath: str, known: Layout | None = None) -> Path:
+        """A listed data file, refused if it is not a regular file inside the run. `known`: the
+        layout of a file this check passed before; a path that still names that very file is
+        not resolved again (a lookup of one tensor costs one `lstat`, not two `realpath`s)."""
         path = self.path
         if relpath not in self.checksums:
             raise BadInput(f"{path}: {relpath} is not listed in the manifest")
         file = path / relpath
+        if known is not None and _still(file, known):
+            return file
         try:
             if not resolved(file).is_relative_to(resolved(path)):
                 raise BadInput(f"{path}: {relpath} leads outside the run directory")
@@ -68,9 +72,9 @@ class Store:
             raise BadInput(f"{path}: {relpath} is {kind}; a run holds regular files only")
         return file
 
-    def hashed(self, relpath: str) -> Path:
+    def hashed(self, relpath: str, known: Layout | None = None) -> Path:
         """A data file after its checksum matched the manifest's (once per file)."""
-        file = self.file(relpath)
+        file = self.file(relpath, known)
         if relpath not in self._hashed:
             try:
                 actual = of_file(file, self.algorithm)
@@ -86,12 +90,13 @@ class Store:
         file = self.hashed(relpath)
         return tensorfiles.read(file, str(file))
 
-    def open(self, relpath: str) -> CheckedFile:
-        """A tensor file, each of its tensors checked as it is read."""
+    def open(self, relpath: str, known: Layout | None = None) -> CheckedFile:
+        """A tensor file, each of its tensors checked as it is read; `known`: its layout as an
+        earlier open validated it (used again while the file is unchanged)."""
         prints = self.expected.get(relpath) if self.fingerprinted else None
-        file = self.file(relpath) if prints is not None else self.hashed(relpath)
+        file = self.file(relpath, known) if prints is not None else self.hashed(relpath, known)
         try:
-            handle = TensorFile(file, str(file))
+            handle = TensorFile(file, str(file), known)
         except BadInput as exc:
             if prints is None:
                 raise
@@ -105,8 +110,8 @@ class Store:
         """A tensor file as a mapping that reads (and checks) one tensor per lookup; every name
         in `shapes` must be in it with that shape."""
         with self.checked(relpath, shapes) as checked:
-            names = checked.file.names()
-        return LazyTensors(self, relpath, names)
+            layout = checked.file.layout
+        return LazyTensors(self, relpath, layout)
 
     def checked(self, relpath: str, shapes: dict[str, tuple[int, ...]]) -> CheckedFile:
         """`open`, after checking that every name in `shapes` is there with that shape."""
@@ -118,6 +123,16 @@ class Store:
                 found = "missing" if name not in names else f"shape {checked.file.shape(name)}"
                 raise BadInput(f"{self.path}: {relpath}: tensor {name} {list(shape)} is {found}")
         return checked
+
+
+def _still(file: Path, known: Layout) -> bool:
+    """Whether `file` is, itself and not through a link, the file `known` was read from (the
+    same device and inode): a file whose place in the run was checked when it was opened."""
+    try:
+        info = os.lstat(file)
+    except OSError:
+        return False  # the full check says what is wrong
+    return stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) == known.inode
 
 
 class CheckedFile:
@@ -193,15 +208,22 @@ class TensorStream:
 
 
 class LazyTensors(Mapping[str, np.ndarray]):
-    """The tensors of one file, each read and checked when looked up (never kept)."""
+    """The tensors of one file, each read and checked when looked up (never kept).
 
-    def __init__(self, store: Store, relpath: str, names: list[str]) -> None:
-        self.store, self.relpath, self.names = store, relpath, names
+    The file's validated layout is kept (a header's worth of memory, for as long as the mapping
+    lives): a lookup opens the file and reads one tensor, and parses the header again only if
+    the file changed, so reading every tensor costs time linear in their number. The names are
+    those of the file when the mapping was made."""
+
+    def __init__(self, store: Store, relpath: str, layout: Layout) -> None:
+        self.store, self.relpath, self.layout = store, relpath, layout
+        self.names = layout.entries  # a dict: file order, and lookups that do not scan
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self.names:
             raise KeyError(name)
-        with self.store.open(self.relpath) as checked:
+        with self.store.open(self.relpath, self.layout) as checked:
+            self.layout = checked.file.layout  # a changed file: validated once, not per lookup
             return checked.array(name)
 
     def __iter__(self) -> Iterator[str]:

@@ -16,6 +16,7 @@ import math
 import os
 import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -79,23 +80,57 @@ def write_parts(path: Path, chunks: Iterable[memoryview], hashed: bool = True) -
     return None if digest is None else digest.hexdigest()
 
 
-class TensorFile:
-    """One tensor file opened for reading; every entry checked before any data is read."""
+def identity(info: os.stat_result) -> tuple[int, ...]:
+    """What tells one version of a file from another: replacing it changes the inode, writing
+    to it the size or the modification time, and even a write whose times were set back
+    changes the inode's change time."""
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
-    def __init__(self, path: Path, where: str | None = None) -> None:
+
+@dataclass(frozen=True)
+class Layout:
+    """A tensor file's validated header: its entries in file order (never changed once made,
+    so any number of opens may share them) and where its data starts, for the version of the
+    file that `identity` names."""
+
+    identity: tuple[int, ...]
+    entries: dict[str, dict]
+    start: int
+
+    @property
+    def inode(self) -> tuple[int, int]:
+        """The device and inode: which file it is, whatever its version."""
+        return self.identity[0], self.identity[1]
+
+
+class TensorFile:
+    """One tensor file opened for reading; every entry checked before any data is read.
+
+    `known`: the layout an earlier open validated, used again if the file is still that version
+    (the same `identity`), so that opening a file for one tensor costs no parse of every
+    entry; a file changed since is validated afresh."""
+
+    def __init__(self, path: Path, where: str | None = None, known: Layout | None = None) -> None:
         self.path, self.where = Path(path), where or str(path)
         try:
             self.fd = os.open(self.path, os.O_RDONLY)
         except OSError as exc:
             raise BadInput(f"{self.where}: cannot read ({exc.strerror})") from None
         try:
-            size = os.fstat(self.fd).st_size
-            with os.fdopen(os.dup(self.fd), "rb") as handle:
-                header, self.start = read_header(handle, size, self.where)
-            self.entries = self._validated(header, size - self.start)
+            info = os.fstat(self.fd)
+            if known is None or known.identity != identity(info):
+                known = self._layout(info)
+            self.layout = known
+            self.entries, self.start = known.entries, known.start
         except BaseException:
             os.close(self.fd)
             raise
+
+    def _layout(self, info: os.stat_result) -> Layout:
+        """The header of the open file read and validated."""
+        with os.fdopen(os.dup(self.fd), "rb") as handle:
+            header, start = read_header(handle, info.st_size, self.where)
+        return Layout(identity(info), self._validated(header, info.st_size - start), start)
 
     def _validated(self, header: dict[str, dict], data_size: int) -> dict[str, dict]:
         """Entries in file order: contiguous from 0 to the file's end, bytes matching shapes."""
