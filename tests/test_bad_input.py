@@ -81,6 +81,21 @@ def test_log_lines_past_pythons_limits_are_no_internal_error(cli, tmp_path, line
         one_line_error(result)
 
 
+def test_a_weight_stored_as_integers_is_refused_not_judged(cli, small_copy):
+    """One header byte turned a float32 weight into I32: the same bits, so the same
+    fingerprint, and the judge read integers as weights (1e17 times the noise, `unexplained`)
+    instead of refusing the file."""
+    path = small_copy["merged"] / "weights" / "update_000001.safetensors"
+    data = path.read_bytes()
+    header = data[8 : 8 + int.from_bytes(data[:8], "little")]
+    name = next(iter(json.loads(header)))
+    entry = json.dumps(name)[:-1].encode() + b'":{"dtype":"F32"'
+    assert entry in data, entry
+    path.write_bytes(data.replace(entry, entry.replace(b"F32", b"I32"), 1))
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    one_line_error(result, f"tensor {name} is stored as I32")
+
+
 def test_corrupt_manifest(cli, small_copy):
     (small_copy["merged"] / "manifest.json").write_text("{not json")
     one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), "manifest.json")

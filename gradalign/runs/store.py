@@ -27,6 +27,7 @@ from .digests import bitsum
 from .tensorfile import Layout, TensorFile
 
 FINGERPRINTS = "fingerprints"
+_FLOATING = frozenset({"F64", "F32", "F16", "BF16"})  # what a weight or gradient is stored as
 
 
 class Store:
@@ -122,6 +123,13 @@ class Store:
                 checked.close()
                 found = "missing" if name not in names else f"shape {checked.file.shape(name)}"
                 raise BadInput(f"{self.path}: {relpath}: tensor {name} {list(shape)} is {found}")
+            code = names[name]["dtype"]
+            if code not in _FLOATING:  # the int view of a float has its fingerprint: look first
+                checked.close()
+                raise BadInput(
+                    f"{self.path}: {relpath}: tensor {name} is stored as {code}; the manifest "
+                    "lists it as a parameter or floating buffer (F64, F32, F16 or BF16)"
+                )
         return checked
 
 
