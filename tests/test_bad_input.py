@@ -93,7 +93,7 @@ def test_a_weight_stored_as_integers_is_refused_not_judged(cli, small_copy):
     assert entry in data, entry
     path.write_bytes(data.replace(entry, entry.replace(b"F32", b"I32"), 1))
     result = cli("compare", small_copy["baseline"], small_copy["merged"])
-    one_line_error(result, f"tensor {name} is stored as I32")
+    one_line_error(result, f"tensor {name} is stored as I32; the manifest declares it float32")
 
 
 def test_corrupt_manifest(cli, small_copy):

@@ -123,12 +123,13 @@ class Store:
                 checked.close()
                 found = "missing" if name not in names else f"shape {checked.file.shape(name)}"
                 raise BadInput(f"{self.path}: {relpath}: tensor {name} {list(shape)} is {found}")
-            code = names[name]["dtype"]
-            if code not in _FLOATING:  # the int view of a float has its fingerprint: look first
-                checked.close()
+            code, declared = names[name]["dtype"], self.declared.get(name)
+            floating = declared in ("float64", "float32", "float16", "bfloat16")
+            if declared is not None and (code in _FLOATING) != floating:
+                checked.close()  # an int view of float bits keeps their fingerprint: look first
                 raise BadInput(
                     f"{self.path}: {relpath}: tensor {name} is stored as {code}; the manifest "
-                    "lists it as a parameter or floating buffer (F64, F32, F16 or BF16)"
+                    f"declares it {declared}"
                 )
         return checked
 
