@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -61,39 +62,36 @@ def test_a_manifest_that_is_a_pipe_is_refused_not_waited_on(cli, small_copy, tmp
     os.mkfifo(tmp_path / "g.json")
     result = cli("golden", "write", small_copy["baseline"], "--out", tmp_path / "g.json")
     one_line_error(result, "g.json is not a regular file")
+    # a reference found through the baseline's manifest: the check of what it is read it too
+    reference = small_copy["baseline"].with_name("baseline-fp64")
+    shutil.copytree(small_copy["baseline"], reference)
+    (reference / "manifest.json").unlink()
+    os.mkfifo(reference / "manifest.json")
+    result = cli("compare", small_copy["baseline"], small_copy["merged"], "--reference", reference)
+    one_line_error(result, "manifest.json is not a regular file")
+    from gradalign.runs.layout import is_run_dir
+
+    assert not is_run_dir(reference)
 
 
 @pytest.mark.parametrize(
-    "line",
+    ("line", "codes"),
     [
-        '{"step": ' + "9" * 5000 + ', "loss": 0.5}',  # int() refuses over 4300 digits: exit 3
-        '{"step": 0, "loss": 0.5, "pad": "' + "a" * 140000 + '"}',  # over csv's field limit
+        # int() refuses over 4300 digits: exit 3; an unreadable step then let the log pass
+        ('{"step": ' + "9" * 5000 + ', "loss": 0.5}', {2}),
+        ('{"step": 0, "loss": 0.5}\n{"step": ' + "9" * 10000 + ', "loss": 0.5}', {2}),
+        ('{"step": 0, "loss": 0.5, "pad": "' + "a" * 140000 + '"}', {0, 1, 2}),  # csv's limit
     ],
-    ids=["a 5000-digit step", "a 140 kB field"],
+    ids=["a 5000-digit first step", "a 10000-digit step", "a 140 kB field"],
 )
-def test_log_lines_past_pythons_limits_are_no_internal_error(cli, tmp_path, line):
+def test_log_lines_past_pythons_limits_are_no_internal_error(cli, tmp_path, line, codes):
     base, merged = tmp_path / "b.log", tmp_path / "m.log"
     base.write_text("step 0 loss 0.5\nstep 1 loss 0.5\n")
     merged.write_text(line + '\n{"step": 1, "loss": 0.5}\n')
     result = cli("compare", base, merged, "-k", "1")
-    assert result.code in (0, 1, 2) and "internal error" not in result.err, result.err
+    assert result.code in codes and "internal error" not in result.err, result.err
     if result.code == 2:
         one_line_error(result)
-
-
-def test_a_weight_stored_as_integers_is_refused_not_judged(cli, small_copy):
-    """One header byte turned a float32 weight into I32: the same bits, so the same
-    fingerprint, and the judge read integers as weights (1e17 times the noise, `unexplained`)
-    instead of refusing the file."""
-    path = small_copy["merged"] / "weights" / "update_000001.safetensors"
-    data = path.read_bytes()
-    header = data[8 : 8 + int.from_bytes(data[:8], "little")]
-    name = next(iter(json.loads(header)))
-    entry = json.dumps(name)[:-1].encode() + b'":{"dtype":"F32"'
-    assert entry in data, entry
-    path.write_bytes(data.replace(entry, entry.replace(b"F32", b"I32"), 1))
-    result = cli("compare", small_copy["baseline"], small_copy["merged"])
-    one_line_error(result, f"tensor {name} is stored as I32; the manifest declares it float32")
 
 
 def test_corrupt_manifest(cli, small_copy):

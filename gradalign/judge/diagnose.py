@@ -68,9 +68,13 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     found = [d for i, d in enumerate(found) if d.code not in {e.code for e in found[:i]}]
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
     if not found or {d.code for d in found} <= BESIDE_SHAPES:  # the loop's own bug first
-        shape, later = _shape(c, bool(found))
+        # buffers the forward writes (spectral norm's) turn every gradient a little, as BatchNorm
+        forward = sig.buffers_in_forward(c) if not found else None
+        shape, later = _shape(c, bool(found) or forward is not None)
         if later and not found:  # the first failing update is left to the last resort
             shape += [d for d in _last_resort(c) if d.code != shape[0].code]
+        elif shape and forward is not None:
+            shape.append(forward)
         found = shape + found
     if not found:
         found = _last_resort(c)

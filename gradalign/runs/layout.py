@@ -34,8 +34,13 @@ def sketch_file(update: int | None) -> str:
 
 
 def is_run_dir(path: Path) -> bool:
-    """True when `path` holds a manifest that names this format."""
+    """True when `path` holds a manifest that names this format (a pipe named manifest.json is
+    none: reading it would wait forever)."""
+    from ..paths import is_stream
+
     try:
+        if is_stream(path / MANIFEST):
+            return False
         return json.loads((path / MANIFEST).read_text()).get("format") == FORMAT
     except (OSError, ValueError, AttributeError, RecursionError):
         return False

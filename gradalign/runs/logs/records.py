@@ -72,9 +72,10 @@ def _integer(value: object) -> int | None:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()) and len(value) <= _DIGITS:
-        return int(value)
-    return None  # a "step" of thousands of digits is no step (and int() refuses over 4300)
+    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+        # int() refuses over 4300 digits; any step past _DIGITS is refused as too large anyway
+        return int(value) if len(value.strip()) <= _DIGITS else 10**_DIGITS
+    return None
 
 
 def _mapping(text: str) -> dict | None:
