@@ -1,7 +1,8 @@
-"""Checks that could not have failed: the data decide whether an absolute tolerance (loss_atol,
-weight_atol, whose units are the data's) is so large that a merged run that did not train would
-pass. Those are said in the report and the JSON notes; the relative tolerances that can never be
-meaningful are refused before any work (`tolerances.check_tolerance`)."""
+"""Checks that could not have failed, and runs that trained nothing (`untrained_note`): the
+data decide whether an absolute tolerance (loss_atol, weight_atol, whose units are the data's)
+is so large that a merged run that did not train would pass. Those are said in the report and
+the JSON notes; the relative tolerances that can never be meaningful are refused before any work
+(`tolerances.check_tolerance`)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ def untrained_note(base: Run, merged: Run) -> list[str]:
     if any(s is None or np.size(s) == 0 for s in steps) or any(np.any(s) for s in steps):
         return []
     return [
-        "warning: neither run's optimizer stepped at any update (a loss scaler that skipped "
-        "every one overflowed each time): nothing was trained, so this comparison cannot show "
-        "that the merged run trains like its baseline; lower the initial loss scale or record "
-        "more updates"
+        "warning: neither run's optimizer stepped at any update (a loss scaler skips every "
+        "update whose scaled gradient overflows): nothing was trained, so this comparison "
+        "cannot show that the merged run trains like its baseline; start the scaler lower or "
+        "record more updates"
     ]
