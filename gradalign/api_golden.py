@@ -148,24 +148,26 @@ def golden_check(
     except BadInput:
         if not update:
             raise
-        return GoldenCheck(None, golden_path, accept, written=_accept(merged, golden_path, key))
+        written = _accept(merged, _reference(merged, None, False), golden_path, key)
+        return GoldenCheck(None, golden_path, accept, written=written)
     candidate = None if update else candidate_path(golden_file, run_path, reports)
     check_outputs([], [run_path, golden_path], [*reports, *([candidate] if candidate else [])])
     comparison = _judge(data, golden_file, merged, checked, feedback)
     outcome = GoldenCheck(comparison, golden_file, accept)
-    floor_lost = data.get("reference_dtype") and _reference(merged, None, False) is None
+    kept = update or (comparison.verdict == FAIL and candidate is not None)  # a golden written
+    reference = _reference(merged, None, False) if kept else None  # read once, where needed
     lost = (
         "; it names no float64 reference, so the golden loses its noise floor and later checks "
         "use the fixed tolerances (to keep it, accept a baseline recorded with its reference: "
         "`gradalign golden write BASELINE --out DIR`)"
-        if floor_lost
+        if kept and data.get("reference_dtype") and reference is None
         else ""
     )
     if update:
-        outcome.written = _accept(merged, golden_file, key)
+        outcome.written = _accept(merged, reference, golden_file, key)
         comparison.notes.append(f"accepted {run} as the golden: wrote {outcome.written}{lost}")
     elif comparison.verdict == FAIL and candidate is not None:
-        outcome.candidate = _write(merged, _reference(merged, None, False), candidate, [run_path])
+        outcome.candidate = _write(merged, reference, candidate, [run_path])
         comparison.notes.append(
             f"to accept this run as the golden: {accept} (or copy the candidate {candidate} "
             f"over {golden_file}){lost}"
@@ -180,7 +182,7 @@ def _judge(data: dict, golden_file: Path, merged: Any, checked: dict, feedback: 
         return judge(data, str(golden_file), merged, checked, on_update=lambda _: advance())
 
 
-def _accept(merged: Any, golden: Path, key: str) -> Path:
+def _accept(merged: Any, reference: Any, golden: Path, key: str) -> Path:
     """Write the run as the golden: over `golden` when it is a file for this environment (or a
     broken one), else as `<key>.json` beside it or inside a directory; a path that does not exist
     yet is a file if it ends in .json, else a directory (as for `golden write --out`)."""
@@ -193,7 +195,6 @@ def _accept(merged: Any, golden: Path, key: str) -> Path:
     else:  # the first golden: as `golden write --out` reads a path (a directory unless .json)
         target = _target(golden, key)
     _refuse_another_experiment(merged, target.parent, key, target)
-    reference = _reference(merged, None, strict=False)
     inputs = [Path(merged.source), *([Path(reference.source)] if reference else [])]
     return _write(merged, reference, target, inputs)
 

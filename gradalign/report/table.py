@@ -58,25 +58,20 @@ def _cell_width(cell: str) -> int:
     return Text.from_markup(cell).cell_len
 
 
-def _column_min(name: str, cells: list[str]) -> int:
-    """The narrowest a column can be without splitting a number (or a header's word)."""
-    words = [len(word) for word in name.split()]
+def _column_width(name: str, cells: list[str], least: bool) -> int:
+    """A column's width with its header and cells on one line, or (`least`) the narrowest it
+    can be without splitting a number or a header's word (a text column folds, to _TEXT_MIN)."""
     widths = [_cell_width(cell) for cell in cells]
-    if name in _TEXT:
-        return min(max([*words, *widths]), _TEXT_MIN)
-    return max([*words, *widths])
+    if not least:
+        return max([len(name), *widths])
+    widest = max([*(len(word) for word in name.split()), *widths])
+    return min(widest, _TEXT_MIN) if name in _TEXT else widest
 
 
-def _min_width(names: list[str], rows: list[list[str]], kept: list[int]) -> int:
-    """The table's narrowest width over the `kept` columns: each column's least width plus a
-    border and a space either side (rich's default box)."""
-    mins = [_column_min(names[i], [row[i] for row in rows]) for i in kept]
-    return sum(mins) + 3 * len(kept) + 1
-
-
-def _natural_width(names: list[str], rows: list[list[str]], kept: list[int]) -> int:
-    """The table's width with every header and cell on one line."""
-    widths = [max([len(names[i]), *(_cell_width(row[i]) for row in rows)]) for i in kept]
+def _table_width(names: list[str], rows: list[list[str]], kept: list[int], least: bool) -> int:
+    """The table's width over the `kept` columns: each column's width plus a border and a space
+    either side (rich's default box)."""
+    widths = [_column_width(names[i], [row[i] for row in rows], least) for i in kept]
     return sum(widths) + 3 * len(kept) + 1
 
 
@@ -85,7 +80,7 @@ def _fitting(names: list[str], rows: list[list[str]], width: int) -> list[int]:
     one by one until no number has to split onto two lines."""
     kept = list(range(len(names)))
     for name in _DROP_ORDER:
-        if _min_width(names, rows, kept) <= width:
+        if _table_width(names, rows, kept, least=True) <= width:
             break
         if name in names:
             kept.remove(names.index(name))
@@ -122,7 +117,7 @@ def render(comparison: Comparison, console: Console) -> None:
     ]
     names = [name for name, _ in columns]
     kept = _fitting(names, rows, console.width)
-    narrow = _natural_width(names, rows, kept) > console.width  # headers take two lines
+    narrow = _table_width(names, rows, kept, least=False) > console.width  # two-line headers
     for i in kept:
         name, justify = columns[i]
         if name in _TEXT:  # a tensor's name or the problems fold; a number never splits
