@@ -24,6 +24,19 @@ def test_a_manifest_key_written_twice_is_refused(cli, small_copy):
     one_line_error(result, "manifest.json", "'accum_steps' appears twice")
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_manifest_number_strict_json_lacks_is_refused(cli, small_copy, constant):
+    """docs/FORMAT.md says strict JSON; Python's json reads `NaN` and `Infinity`, and a config
+    value edited to one was judged as if it were a number."""
+    manifest = small_copy["merged"] / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["config"]["lr"] = float(constant.replace("Infinity", "inf"))
+    manifest.write_text(json.dumps(data, indent=2))  # json writes NaN and Infinity by default
+    assert constant in manifest.read_text()
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    one_line_error(result, "manifest.json", f"{constant} is not a number in strict JSON")
+
+
 def test_a_golden_key_written_twice_is_refused(cli, small_runs, tmp_path):
     """A merge that keeps both sides of a conflict repeats keys; json kept the last one and the
     golden was judged as if nothing were wrong."""

@@ -156,6 +156,12 @@ def test_junit_has_the_structure_of_pytests_own(tmp_path, small_runs):
     assert ours["children"] == theirs["children"] == {"testcase"}
     names = [c.get("name") for c in ET.fromstring(to_junit([("b", failing)])).iter("testcase")]
     assert len(names) == len(set(names))  # unique even when two checks share a name
+    # Jenkins splits a classname at its last dot: a run folder's dots must not make a package
+    dotted = ET.fromstring(to_junit([("runs/k4.v2 vs ../base.1", good)]))
+    suite = dotted.find("testsuite")
+    assert suite.get("name") == "runs/k4.v2 vs ../base.1"  # the name itself is kept whole
+    classes = {c.get("classname") for c in suite.iter("testcase")}
+    assert classes == {"gradalign.runs/k4_v2 vs __/base_1"}
 
 
 def _long(comparison, copies: int):

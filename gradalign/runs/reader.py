@@ -41,6 +41,8 @@ def read_manifest(path: Path) -> dict:
         raise BadInput(f"{path}: {MANIFEST} is nested too deeply") from None
     except jsonfile.DuplicateKey as exc:  # a hand edit: which value counts is anyone's guess
         raise BadInput(f"{path}: {MANIFEST}: {exc}; keep one") from None
+    except jsonfile.NotStrict as exc:  # what allow_nan=False never writes
+        raise BadInput(f"{path}: {MANIFEST}: {exc} (docs/FORMAT.md: finite numbers only)") from None
     except (OSError, ValueError):  # not JSON, not UTF-8, a number of 5000 digits
         raise BadInput(f"{path}: {MANIFEST} is unreadable or not JSON") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
