@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import pytest
 
 from gradalign import api
 from gradalign.config import TrainConfig
+from gradalign.judge import drift
 from gradalign.judge.compare import compare
+from gradalign.judge.drift import DriftFiles
 from gradalign.runs.reader import read_run_dir
 
 TINY = TrainConfig(hidden=32, updates=4, batch_size=16, accum_steps=4)
@@ -87,3 +90,31 @@ def test_the_drift_allowance_is_exercised(recorded, name):
     base = read_run_dir(base_dir)
     c = compare(base, read_run_dir(merged_dir), reference=read_run_dir(base.reference))
     assert any(d.drift for r in c.results for d in r.weights)
+
+
+HELD = DriftFiles.HELD_BYTES
+
+
+@pytest.mark.parametrize("held", [0, 2048, HELD])
+@pytest.mark.parametrize("name", ["bf16-adam", "tiny-lm-clip"])
+@pytest.mark.parametrize("reference", [True, False])
+def test_the_drift_in_memory_in_files_or_both_judges_alike(
+    recorded, name, reference, held, monkeypatch
+):
+    """The drift's slices are held in memory up to a budget, the rest in scratch files: no
+    budget (all in files), a small one (some of each) and the default (all in memory for these
+    small runs) give what the whole-tensor judge gives, and files are made only past it."""
+    made = []
+    monkeypatch.setattr(DriftFiles, "HELD_BYTES", held)
+    real_mkdtemp = drift.tempfile.mkdtemp
+    monkeypatch.setattr(
+        drift.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1]
+    )
+    base_dir, merged_dir = recorded[name]
+    base, merged = read_run_dir(base_dir), read_run_dir(merged_dir)
+    ref = read_run_dir(base.reference) if reference else None
+    whole = compare(base, merged, reference=ref, streaming=False)
+    assert_same(whole, compare(base, merged, reference=ref))
+    if held in (0, HELD):  # a drift in any slice makes a file without a budget, none with it
+        assert bool(made) == (held == 0)
+    assert not any(os.path.exists(folder) for folder in made)  # removed at the end

@@ -1,9 +1,10 @@
 """The drift of noise-dominated elements (judge/noise.py lists the noise model's effects): per
 element and update, how far an element whose gradient is rounding noise may have been stepped
 away from the other run, summed over the updates: `Drift` in memory for whole tensors,
-`DriftFiles` in scratch files for the streamed judge (one sparse float64 file per tensor,
-created when the tensor's first element drifts, only the slices that change read and written
-back, each slice's sum of squares remembered so the allowance costs no pass over the file).
+`DriftFiles` by slice for the streamed judge: the first 16 MiB of slices in memory, the rest
+in scratch files (one sparse float64 file per tensor, created when one of its slices first
+drifts beyond the memory, only the slices that change read and written back); each slice's
+sum of squares is remembered, so the allowance costs no pass over the file.
 
 Against a float64 reference, `noise_steps` (and at the first update `first_step_spread`) read
 the baseline and the reference, and the drift widens the tensor's noise (`widened`). Without
@@ -267,13 +268,18 @@ def excess_over(base: np.ndarray, merged: np.ndarray, drift: np.ndarray) -> floa
 
 
 class DriftFiles:
-    """Per tensor, the drift (float64 per element) in a file; per slice, its Σ drift²."""
+    """Per tensor, the drift (float64 per element) by slice: held in memory up to `HELD_BYTES` in
+    all, the rest in a scratch file per tensor; per slice, its Σ drift²."""
+
+    HELD_BYTES = 16 << 20  # a file costs an open (0.1-0.6 ms): many small tensors stay in memory
 
     def __init__(self) -> None:
         self.folder: str | None = None
         self.sums: dict[str, dict[int, float]] = {}
         self.explained: dict[str, float] = {}  # per tensor, as `Drift.explained`
         self.fds: dict[str, int] = {}
+        self.held: dict[tuple[str, int], np.ndarray] = {}
+        self.held_bytes = 0
         self._lock = threading.Lock()
 
     def _fd(self, name: str) -> int:
@@ -285,26 +291,44 @@ class DriftFiles:
                 path = os.path.join(self.folder, f"{len(self.fds)}.f64")
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
                 self.fds[name] = fd
-                self.sums[name] = {}
             return fd
+
+    def _hold(self, name: str, first: int, count: int) -> np.ndarray | None:
+        """The slice's array in memory: the one held, or a new one of zeros while the budget
+        lasts and the slice was never written to the file (None: it lives in the file)."""
+        with self._lock:
+            key = (name, first)
+            held = self.held.get(key)
+            if held is not None or first in self.sums.get(name, {}):
+                return held
+            if self.held_bytes + count * 8 > self.HELD_BYTES:
+                return None
+            self.held_bytes += count * 8
+            held = self.held[key] = np.zeros(count)
+            return held
 
     def add(self, name: str, first: int, steps: np.ndarray) -> np.ndarray | None:
         """drift[first : first + len(steps)] += steps; returns that slice of the drift as it is
         now (None where nothing was added: all steps 0)."""
         if not steps.any():
             return None
-        fd = self._fd(name)
-        new = self._read(fd, first, steps.size)
-        new += steps
-        os.pwrite(fd, memoryview(new).cast("B"), first * 8)
-        self.sums[name][first] = dot(new, new)
+        new = self._hold(name, first, steps.size)
+        if new is not None:
+            new += steps
+        else:
+            fd = self._fd(name)
+            new = self._read(fd, first, steps.size)
+            new += steps
+            os.pwrite(fd, memoryview(new).cast("B"), first * 8)
+        self.sums.setdefault(name, {})[first] = dot(new, new)
         return new
 
     def slice(self, name: str, first: int, count: int) -> np.ndarray | None:
         """drift[first : first + count] (None while it is all 0)."""
         if not self.sums.get(name, {}).get(first):
             return None
-        return self._read(self.fds[name], first, count)
+        held = self.held.get((name, first))
+        return held if held is not None else self._read(self.fds[name], first, count)
 
     @staticmethod
     def _read(fd: int, first: int, count: int) -> np.ndarray:
@@ -330,6 +354,8 @@ class DriftFiles:
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
+        self.held.clear()
+        self.held_bytes = 0
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
