@@ -34,6 +34,13 @@ VARIANTS = {
     "clip-each-micro": {"clip": "after", "clip_micro": True},  # and on every partial sum
 }
 CLIP = 0.2
+# without DDP: gradients reduced to rank 0, which steps and broadcasts its weights; `steps`
+# says which ranks step (rank 1's local step, when it takes one, is then overwritten)
+BROADCAST = {
+    "reduce-step-broadcast": {"steps": "rank 0", "broadcast": True},
+    "reduce-all-step-broadcast": {"steps": "all", "broadcast": True},
+    "reduce-all-step": {"steps": "all", "broadcast": False},  # the bug: no broadcast
+}
 
 
 def make_model(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -127,6 +134,35 @@ def merged(out: Path, variant: dict) -> None:
             opt.zero_grad()
 
 
+def reduce_and_broadcast(out: Path, variant: dict) -> None:
+    """Each rank accumulates its rows; at the window's end the gradients are reduced to rank 0
+    (averaged there), and the ranks in `steps` step; then rank 0's weights are broadcast."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    x, y = make_data()
+    n = B // (world * K)
+    with gradalign.Recorder(out, model, opt, accum_steps=K) as rec:
+        for update in range(UPDATES):
+            for micro in range(K):
+                first = update * B + micro * (B // K) + rank * n
+                rows = slice(first, first + n)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss / K).backward()
+                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
+            for p in model.parameters():
+                dist.reduce(p.grad, dst=0)
+                p.grad /= world
+            if rank == 0 or variant["steps"] == "all":
+                opt.step()
+            if variant["broadcast"]:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        dist.broadcast(p, src=0)
+            rec.update()
+            opt.zero_grad()
+
+
 def main(out: Path) -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -137,6 +173,8 @@ def main(out: Path) -> None:
         baseline(out / "baseline-clip", torch.float32, "../baseline-clip-fp64", clip="after")
     for name, variant in VARIANTS.items():
         merged(out / name, variant)
+    for name, variant in BROADCAST.items():
+        reduce_and_broadcast(out / name, variant)
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

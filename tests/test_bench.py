@@ -60,3 +60,13 @@ def test_matrix_agreement_compares_rows_and_fails_on_a_disagreement(tmp_path):
     files["sketch"].write_text(json.dumps({"summary": {"record": "sketch"}, "rows": rows}))
     differ = _bench("sketch_agreement.py", "--matrix", str(files["full"]), str(files["sketch"]))
     assert differ.returncode == 1 and "DISAGREE" in differ.stdout
+
+
+def test_many_tensors_benchmark_reports_each_size_and_the_growth(tmp_path):
+    out = tmp_path / "many.json"
+    args = ["--tensors", "3", "6", "--updates", "1", "--reps", "1", "--json", str(out)]
+    done = _bench("many_tensors.py", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(out.read_text())
+    assert set(data["rows"]) == {"3", "6"} and data["growth"] > 0
+    assert all(row["exit_codes"] == [0] and row["cpu_seconds"] > 0 for row in data["rows"].values())

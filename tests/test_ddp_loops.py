@@ -34,7 +34,7 @@ def loops(tmp_path_factory) -> Path:
         # the ranks import this checkout's gradalign, whatever the environment installed
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
     )
-    assert (out / "clip-each-micro" / "manifest.json").exists(), done.stderr[-3000:]
+    assert (out / "reduce-all-step" / "manifest.json").exists(), done.stderr[-3000:]
     return out
 
 
@@ -53,6 +53,23 @@ def test_clean_loops_pass(loops, variant):
     batch's training: the rows recorded per rank must not make them a suspect."""
     comparison = judged(loops, variant)
     assert comparison.verdict == PASS, [c for c in comparison.checks if c.status == FAIL]
+
+
+@pytest.mark.parametrize("variant", ["reduce-step-broadcast", "reduce-all-step-broadcast"])
+def test_ranks_whose_weights_rank_0_broadcasts_after_its_step_are_replicas(loops, variant):
+    """Gradients reduced to rank 0, which steps and broadcasts: rank 1 stepped with its own
+    gradient (or not at all), yet held rank 0's weights after every update. Was
+    `replicas-diverged`, a false alarm with a fix about no_sync()."""
+    comparison = judged(loops, variant)
+    assert comparison.verdict == PASS, [c for c in comparison.checks if c.status == FAIL]
+    check = next(c for c in comparison.checks if c.name.startswith("ranks hold"))
+    assert "rank(s) 1 stepped with other gradients" in check.detail, check.detail
+
+
+def test_ranks_that_step_alone_without_the_broadcast_still_diverge(loops):
+    comparison = judged(loops, "reduce-all-step")
+    assert comparison.verdict == FAIL
+    assert errors(comparison)[0].code == "replicas-diverged"
 
 
 def test_a_plain_mean_over_unequal_shards_is_named_from_the_rows(loops):

@@ -2,7 +2,10 @@
 
 After every update each rank must hold the same parameters and must have stepped with the same
 gradient, the same learning rate and the same number of steps as rank 0: an all-reduce hands
-every rank the same bits, so any difference is a bug, never noise. Buffers (BatchNorm's running
+every rank the same bits, so any difference is a bug, never noise. Ranks that stepped otherwise
+(or not at all) yet held rank 0's weights after every update had them made equal after the step
+(rank 0 steps, then broadcasts): what they did with their gradients never reached the training,
+and they count as replicas. Buffers (BatchNorm's running
 statistics) are not synchronized by the gradient all-reduce; ranks whose buffers differ are kept
 apart, as the evidence of per-rank statistics. The loss and sample digests judged elsewhere are
 already the ranks' combination (runs/ranks.py); the weights and gradients judged are rank 0's.
@@ -28,6 +31,7 @@ class RankFacts:
     world: int
     init: dict[int, list[str]] = field(default_factory=dict)
     synced: list[int] = field(default_factory=list)  # ranks whose other start was broadcast away
+    overwritten: list[int] = field(default_factory=list)  # ranks whose other steps were, too
     weights: dict[int, dict[int, list[str]]] = field(default_factory=dict)
     grads: dict[int, dict[int, list[str]]] = field(default_factory=dict)
     buffers: dict[int, dict[int, list[str]]] = field(default_factory=dict)
@@ -68,6 +72,11 @@ def rank_facts(run: Run) -> RankFacts | None:
             text = _step_difference(first, other, i)
             if text:
                 facts.steps.setdefault(i, {})[r] = text
+    if not (facts.init or facts.weights) and (facts.grads or facts.steps):
+        facts.overwritten = sorted(
+            {r for t in (facts.grads, facts.steps) for v in t.values() for r in v}
+        )
+        facts.grads, facts.steps = {}, {}
     return facts
 
 
@@ -175,11 +184,23 @@ def rank_check(run: Run, facts: RankFacts) -> Check:
         if facts.synced
         else ""
     )
+    overwritten = (
+        f"; rank(s) {', '.join(map(str, facts.overwritten))} stepped with other gradients or "
+        "step counts (or not at all), their weights made rank 0's after every step (a broadcast "
+        "from rank 0)"
+        if facts.overwritten
+        else ""
+    )
+    equal = (
+        "parameters"
+        if facts.overwritten
+        else "parameters, stepped gradients, learning rates and step counts"
+    )
     return Check(
         name,
         PASS,
-        f"{facts.world} ranks ({where}): parameters, stepped gradients, learning rates and step "
-        f"counts bitwise equal after all {run.updates} updates{shown}{buffers}{synced}",
+        f"{facts.world} ranks ({where}): {equal} bitwise equal after all {run.updates} "
+        f"updates{shown}{buffers}{synced}{overwritten}",
     )
 
 
