@@ -40,6 +40,8 @@ BROADCAST = {
     "reduce-step-broadcast": {"steps": "rank 0", "broadcast": True},
     "reduce-all-step-broadcast": {"steps": "all", "broadcast": True},
     "reduce-all-step": {"steps": "all", "broadcast": False},  # the bug: no broadcast
+    # all-reduced by hand in bfloat16 (cast there and back), every rank steps
+    "allreduce-bf16": {"steps": "all", "broadcast": False, "allreduce": torch.bfloat16},
 }
 
 
@@ -151,7 +153,12 @@ def reduce_and_broadcast(out: Path, variant: dict) -> None:
                 (loss / K).backward()
                 rec.micro(loss.detach(), batch=(x[rows], y[rows]))
             for p in model.parameters():
-                dist.reduce(p.grad, dst=0)
+                if "allreduce" in variant:
+                    sent = p.grad.to(variant["allreduce"])
+                    dist.all_reduce(sent)
+                    p.grad.copy_(sent)
+                else:
+                    dist.reduce(p.grad, dst=0)
                 p.grad /= world
             if rank == 0 or variant["steps"] == "all":
                 opt.step()

@@ -34,7 +34,7 @@ def loops(tmp_path_factory) -> Path:
         # the ranks import this checkout's gradalign, whatever the environment installed
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
     )
-    assert (out / "reduce-all-step" / "manifest.json").exists(), done.stderr[-3000:]
+    assert (out / "allreduce-bf16" / "manifest.json").exists(), done.stderr[-3000:]
     return out
 
 
@@ -113,6 +113,15 @@ def test_comm_hooks_are_recorded_and_named(loops):
     assert [d.code for d in power] == ["dp-comm-hook"], power[0].message
     assert power[0].evidence["comm_hooks"] == ["powerSGD_hook"]
     assert power[0].evidence["update"] == 2  # vanilla all-reduce before start_powerSGD_iter
+
+
+def test_gradients_all_reduced_in_bfloat16_are_named_so(loops):
+    """Every bfloat16 number inside float16's range is a float16 number too: the gradients of
+    a bfloat16 all-reduce were named float16 when that format was tried first."""
+    first = errors(judged(loops, "allreduce-bf16"))[0]
+    assert first.code == "grad-accum-dtype", first.message
+    assert first.evidence["accumulation_dtype"] == "bfloat16"
+    assert "exactly a bfloat16 number" in first.message
 
 
 def test_a_clip_before_unscale_is_named(loops):

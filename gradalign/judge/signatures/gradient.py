@@ -205,7 +205,8 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     gm = exact_of(c, c.merged, "grads", r.update)
     if not gb or not gm:
         return None
-    for name in ("float16", "bfloat16"):
+    # bfloat16 first: its numbers inside float16's range are float16 numbers too
+    for name in ("bfloat16", "float16"):
         merged_share = _representable_share(gm, name)
         base_share = _representable_share(gb, name)
         if merged_share == 1.0 and base_share < 0.5:
