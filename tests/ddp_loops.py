@@ -32,6 +32,10 @@ VARIANTS = {
     "clip-scaler": {"clip": "after"},
     "clip-before-unscale": {"clip": "before"},  # the clip sees the scaled gradients
     "clip-each-micro": {"clip": "after", "clip_micro": True},  # and on every partial sum
+    # clipped by hand after unscale_(), by a norm whose squares were all-reduced although DDP
+    # had averaged the gradients already (√W too large); reported to grads(), or not
+    "clip-hand-sqrtw": {"clip": "hand", "report": True},
+    "clip-hand-sqrtw-silent": {"clip": "hand"},
 }
 CLIP = 0.2
 # without DDP: gradients reduced to rank 0, which steps and broadcasts its weights; `steps`
@@ -74,9 +78,9 @@ def baseline(out: Path, dtype: torch.dtype, reference: str | None = None, clip: 
             opt.zero_grad()
 
 
-def step(model: nn.Module, opt: torch.optim.Optimizer, scaler, clip: str) -> None:
+def step(model: nn.Module, opt: torch.optim.Optimizer, scaler, clip: str, rec=None) -> None:
     """The optimizer step; with a GradScaler, clipped at CLIP after (or, the bug, before)
-    unscale_()."""
+    unscale_(), or by hand (the norm handed to `rec.grads`, where given)."""
     if not scaler:
         opt.step()
         return
@@ -85,6 +89,14 @@ def step(model: nn.Module, opt: torch.optim.Optimizer, scaler, clip: str) -> Non
     scaler.unscale_(opt)
     if clip == "after":
         nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    if clip == "hand":
+        squares = sum(p.grad.pow(2).sum() for p in model.parameters())
+        dist.all_reduce(squares)  # the bug: DDP's gradients are the ranks' mean already
+        norm = squares.sqrt()
+        for p in model.parameters():
+            p.grad.mul_(torch.clamp(CLIP / (norm + 1e-6), max=1.0))
+        if rec is not None:
+            rec.grads(pre_clip_norm=norm)
     scaler.step(opt)
     scaler.update()
 
@@ -131,7 +143,7 @@ def merged(out: Path, variant: dict) -> None:
                     dist.all_reduce(recorded)
                 items = {"items": sizes[rank]} if variant.get("items") else {}
                 rec.micro(recorded, batch=(x[rows], y[rows]), **items)
-            step(ddp, opt, scaler, clip)
+            step(ddp, opt, scaler, clip, rec if variant.get("report") else None)
             rec.update()
             opt.zero_grad()
 

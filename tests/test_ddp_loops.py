@@ -124,6 +124,21 @@ def test_gradients_all_reduced_in_bfloat16_are_named_so(loops):
     assert "exactly a bfloat16 number" in first.message
 
 
+def test_a_clip_by_a_hand_computed_norm_is_named(loops):
+    """The norm's squares all-reduced over gradients DDP had averaged: the clip divided by √W
+    times the norm. Reported to grads(), it is `clip-threshold` (was `loss-scale`, "scale each
+    micro-batch's loss by 1/K", with losses that agree); unreported, `loss-scale` says the
+    baseline's clip engaged and an unrecorded clip fits too."""
+    first = errors(judged(loops, "clip-hand-sqrtw"))[0]
+    assert first.code == "clip-threshold", first.message
+    assert first.evidence["norm_ratio"] == pytest.approx(2**0.5, rel=1e-3)
+    assert "√W = 1.414" in first.message and "clip_grad_norm_" in first.fix
+    silent = errors(judged(loops, "clip-hand-sqrtw-silent"))[0]
+    assert silent.code == "loss-scale" and silent.evidence["baseline_clipped"]
+    assert "the merged run clipped otherwise" in silent.message
+    assert "pre_clip_norm" in silent.fix
+
+
 def test_a_clip_before_unscale_is_named(loops):
     """clip_grad_norm_ before the GradScaler's unscale_(): the Recorder counts such clips per
     window (update/clips_before_unscale); was `loss-scale` ("scaled by the wrong factor")."""

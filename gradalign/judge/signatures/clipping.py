@@ -293,7 +293,9 @@ def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     # honest runs' norms differ by the gradient's noise at most (bfloat16: 1.8e-4 seen)
     tol = max(1e-4, noise_share(c, r))
     same_before = math.isclose(pre_m[i], pre_b[i], rel_tol=tol)
-    if not same_before or math.isclose(post_m, post_b, rel_tol=tol):
+    if not same_before:
+        return _clip_by_another_norm(c, r, tol)
+    if math.isclose(post_m, post_b, rel_tol=tol):
         return None
     evidence = {
         "update": i,
@@ -316,6 +318,49 @@ def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         evidence,
         "clip the accumulated gradient once per update with the baseline's max_norm: it is the "
         "same sum at any K, so max_norm must not be scaled with K",
+    )
+
+
+def _clip_by_another_norm(c: Comparison, r: UpdateResult, tol: float) -> Diagnosis | None:
+    """Both clips engaged, the merged run's by a norm ρ times the baseline's, yet it stepped
+    with 1/ρ times the baseline's clipped gradient: its clip scaled the same gradient by
+    max_norm / (its norm), a norm that was not its gradient's (a clip that saw ρ times the
+    gradient would have brought it to max_norm, as the baseline's did)."""
+    i = r.update
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip[i], c.merged.grad_norm_pre_clip[i]
+    (clipped_b, post_b), (clipped_m, post_m) = (
+        clip_state(c, run, i) for run in (c.baseline, c.merged)
+    )
+    if not (clipped_b and clipped_m and post_b and pre_b) or r.grad_cosine is None:
+        return None
+    rho, stepped = float(pre_m / pre_b), float(post_m / post_b)
+    if not math.isclose(rho * stepped, 1.0, rel_tol=max(2 * tol, 1e-3)):
+        return None
+    world = c.merged.world_size
+    sqrt_w = (
+        f" (√W = {math.sqrt(world):.4g}: the squares of gradients already averaged over the W "
+        "ranks were all-reduced again)"
+        if world > 1 and math.isclose(rho, math.sqrt(world), rel_tol=1e-2)
+        else ""
+    )
+    return Diagnosis(
+        "clip-threshold",
+        f"at update {i} the merged run's clip divided its gradient by a norm {rho:.4g} times "
+        f"the baseline's ({pre_m:.4g} against {pre_b:.4g}){sqrt_w}, yet stepped with "
+        f"{stepped:.4g} times the baseline's clipped gradient: the norm its clip used was not "
+        "the norm of the gradient it clipped (one computed by hand: over one shard or rank, or "
+        "over the ranks more than once), so it clipped at another effective max_norm",
+        {
+            "update": i,
+            "norm_before_clip": {"merged": finite(pre_m), "baseline": finite(pre_b)},
+            "norm_after_clip": {"merged": finite(post_m), "baseline": finite(post_b)},
+            "norm_ratio": finite(rho),
+            "ratio": finite(stepped),
+        },
+        "clip by the norm of the whole accumulated gradient, once per update: "
+        "torch.nn.utils.clip_grad_norm_ over every parameter (under FSDP on its sharded "
+        "parameters, whose norm spans the ranks); under DDP the gradients are averaged already, "
+        "so their norm needs no further all-reduce",
     )
 
 

@@ -11,7 +11,7 @@ from ..distributed import listed
 from ..metrics import fit_ratio
 from ..results import Comparison, Diagnosis, UpdateResult
 from ..tolerances import held_exactly
-from .clipping import pre_clip_ratio
+from .clipping import clip_state, pre_clip_ratio
 from .common import (
     RATIO_MATCH,
     exact_of,
@@ -98,12 +98,28 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         # along the gradient than across it: noise turns a gradient, a scale does not (a
         # bfloat16 run without a reference: 0.9988 times the baseline's, 0.07 across)
         return None
+    clipped, after = clip_state(c, c.baseline, r.update)
+    unseen = ""
+    if clipped and c.merged.grad_norm_pre_clip is None:  # the merged run's clip went unseen
+        evidence["baseline_clipped"] = True
+        unseen = (
+            f"; or the merged run clipped otherwise: the baseline's clip engaged here (norm "
+            f"{c.baseline.grad_norm_pre_clip[r.update]:.4g} clipped to {after:.4g}), and a clip "
+            "the merged run did by hand, by another norm or max_norm, was not recorded"
+        )
     return Diagnosis(
         "loss-scale",
         f"the accumulated gradient is {ratio:.6g} times the baseline's at update {r.update} in "
-        f"the same direction (cosine {cosine:.8f}): the loss is scaled by the wrong factor",
+        f"the same direction (cosine {cosine:.8f}): the loss is scaled by the wrong factor"
+        + unseen,
         evidence,
-        "scale each micro-batch's loss by 1/K (or by its share of the window's items)",
+        "scale each micro-batch's loss by 1/K (or by its share of the window's items)"
+        + (
+            "; clip by the norm of the whole accumulated gradient, with the baseline's max_norm "
+            "(report it: Recorder.grads(pre_clip_norm=...))"
+            if unseen
+            else ""
+        ),
     )
 
 
