@@ -36,6 +36,7 @@ VARIANTS = {
     # had averaged the gradients already (√W too large); reported to grads(), or not
     "clip-hand-sqrtw": {"clip": "hand", "report": True},
     "clip-hand-sqrtw-silent": {"clip": "hand"},
+    "clip-hand-per-tensor": {"clip": "hand-per-tensor"},  # each tensor by its own norm
 }
 CLIP = 0.2
 # without DDP: gradients reduced to rank 0, which steps and broadcasts its weights; `steps`
@@ -97,6 +98,9 @@ def step(model: nn.Module, opt: torch.optim.Optimizer, scaler, clip: str, rec=No
             p.grad.mul_(torch.clamp(CLIP / (norm + 1e-6), max=1.0))
         if rec is not None:
             rec.grads(pre_clip_norm=norm)
+    if clip == "hand-per-tensor":
+        for p in model.parameters():
+            p.grad.mul_(torch.clamp(CLIP / (p.grad.norm() + 1e-6), max=1.0))
     scaler.step(opt)
     scaler.update()
 

@@ -139,6 +139,16 @@ def test_a_clip_by_a_hand_computed_norm_is_named(loops):
     assert "pre_clip_norm" in silent.fix
 
 
+def test_a_clip_by_hand_the_recorder_did_not_see_is_clip_threshold(loops):
+    """Each tensor clipped by its own norm, by hand: no clip function was called, so the
+    Recorder counted none; was `clip-per-micro` ("applied to partial sums inside the window")
+    on the evidence meant for runs that do not count clips."""
+    first = errors(judged(loops, "clip-hand-per-tensor"))[0]
+    assert first.code == "clip-threshold", first.message
+    assert "called no clip function" in first.message and "each tensor's own" in first.message
+    assert first.evidence["clip_calls"] == {"merged": 0}
+
+
 def test_a_clip_before_unscale_is_named(loops):
     """clip_grad_norm_ before the GradScaler's unscale_(): the Recorder counts such clips per
     window (update/clips_before_unscale); was `loss-scale` ("scaled by the wrong factor")."""

@@ -17,7 +17,6 @@ from .clipping import (
     clip_before_unscale,
     clip_per_micro,
     clip_per_micro_counted,
-    clip_threshold,
     scale_before_clip,
 )
 from .common import failing, finite, first_gradient_failure
@@ -44,6 +43,7 @@ from .gradient import (
 from .learning_rate import lr_scaled, lr_schedule
 from .paired import with_loss_scale
 from .skips import overflow_carried, scaler_skips
+from .thresholds import clip_threshold
 
 __all__ = [
     "batchnorm",

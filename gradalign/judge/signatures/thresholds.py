@@ -1,0 +1,128 @@
+"""Clipping at another threshold than the baseline's: another max_norm or clip_value, no clip
+at all, or a clip by a norm other than the gradient's own."""
+
+from __future__ import annotations
+
+import math
+
+from ..results import Comparison, Diagnosis, UpdateResult
+from .clipping import clip_state
+from .common import finite, noise_share, window
+
+
+def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Both runs had the same norm before clipping, yet stepped with gradients of other norms:
+    the merged run clipped at another max_norm (one scaled with K), or did not clip at all.
+    Or both clipped by value, at values recorded apart."""
+    by_value = _clip_value_differs(c, r)
+    if by_value is not None:
+        return by_value
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if pre_b is None or pre_m is None:
+        return None
+    i = r.update
+    (clipped_b, post_b), (clipped_m, post_m) = (
+        clip_state(c, run, i) for run in (c.baseline, c.merged)
+    )
+    if post_b is None or post_m is None or not (clipped_b or clipped_m):
+        return None
+    # honest runs' norms differ by the gradient's noise at most (bfloat16: 1.8e-4 seen)
+    tol = max(1e-4, noise_share(c, r))
+    same_before = math.isclose(pre_m[i], pre_b[i], rel_tol=tol)
+    if not same_before:
+        return _clip_by_another_norm(c, r, tol)
+    if math.isclose(post_m, post_b, rel_tol=tol):
+        return None
+    evidence = {
+        "update": i,
+        "norm_before_clip": {"merged": finite(pre_m[i]), "baseline": finite(pre_b[i])},
+        "norm_after_clip": {"merged": finite(post_m), "baseline": finite(post_b)},
+        "ratio": finite(post_m / post_b) if post_b else None,
+    }
+    k = window(c)
+    scaled = (
+        f" ({post_m / post_b:.4g} times, about 1/K = {1 / k:.4g})"
+        if post_b and math.isclose(post_m * k, post_b, rel_tol=1e-3)
+        else ""
+    )
+    return Diagnosis(
+        "clip-threshold",
+        f"at update {i} both runs' accumulated gradients had norm {pre_b[i]:.4g} before clipping; "
+        f"{_clip_phrase('baseline', clipped_b, post_b)}, "
+        f"{_clip_phrase('merged run', clipped_m, post_m)}"
+        f"{scaled}: the merged run clips at another max_norm",
+        evidence,
+        "clip the accumulated gradient once per update with the baseline's max_norm: it is the "
+        "same sum at any K, so max_norm must not be scaled with K",
+    )
+
+
+def _clip_by_another_norm(c: Comparison, r: UpdateResult, tol: float) -> Diagnosis | None:
+    """Both clips engaged, the merged run's by a norm ρ times the baseline's, yet it stepped
+    with 1/ρ times the baseline's clipped gradient: its clip scaled the same gradient by
+    max_norm / (its norm), a norm that was not its gradient's (a clip that saw ρ times the
+    gradient would have brought it to max_norm, as the baseline's did)."""
+    i = r.update
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip[i], c.merged.grad_norm_pre_clip[i]
+    (clipped_b, post_b), (clipped_m, post_m) = (
+        clip_state(c, run, i) for run in (c.baseline, c.merged)
+    )
+    if not (clipped_b and clipped_m and post_b and pre_b) or r.grad_cosine is None:
+        return None
+    rho, stepped = float(pre_m / pre_b), float(post_m / post_b)
+    if not math.isclose(rho * stepped, 1.0, rel_tol=max(2 * tol, 1e-3)):
+        return None
+    world = c.merged.world_size
+    sqrt_w = (
+        f" (√W = {math.sqrt(world):.4g}: the squares of gradients already averaged over the W "
+        "ranks were all-reduced again)"
+        if world > 1 and math.isclose(rho, math.sqrt(world), rel_tol=1e-2)
+        else ""
+    )
+    return Diagnosis(
+        "clip-threshold",
+        f"at update {i} the merged run's clip divided its gradient by a norm {rho:.4g} times "
+        f"the baseline's ({pre_m:.4g} against {pre_b:.4g}){sqrt_w}, yet stepped with "
+        f"{stepped:.4g} times the baseline's clipped gradient: the norm its clip used was not "
+        "the norm of the gradient it clipped (one computed by hand: over one shard or rank, or "
+        "over the ranks more than once), so it clipped at another effective max_norm",
+        {
+            "update": i,
+            "norm_before_clip": {"merged": finite(pre_m), "baseline": finite(pre_b)},
+            "norm_after_clip": {"merged": finite(post_m), "baseline": finite(post_b)},
+            "norm_ratio": finite(rho),
+            "ratio": finite(stepped),
+        },
+        "clip by the norm of the whole accumulated gradient, once per update: "
+        "torch.nn.utils.clip_grad_norm_ over every parameter (under FSDP on its sharded "
+        "parameters, whose norm spans the ranks); under DDP the gradients are averaged already, "
+        "so their norm needs no further all-reduce",
+    )
+
+
+def _clip_phrase(run: str, clipped: bool, after: float) -> str:
+    return f"the {run} clipped it to {after:.4g}" if clipped else f"the {run} did not clip it"
+
+
+def _clip_value_differs(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    values_b, values_m = c.baseline.clip_value, c.merged.clip_value
+    i = r.update
+    if values_b is None or values_m is None:
+        return None
+    value_b, value_m = float(values_b[i]), float(values_m[i])
+    if not (math.isfinite(value_b) and math.isfinite(value_m)) or value_b == value_m:
+        return None
+    k = window(c)
+    scaled = (
+        f" ({value_m / value_b:.4g} times, about 1/K = {1 / k:.4g})"
+        if (math.isclose(value_m * k, value_b, rel_tol=1e-3))
+        else ""
+    )
+    return Diagnosis(
+        "clip-threshold",
+        f"at update {i} the baseline clipped the gradient by value at {value_b:.4g}, the merged "
+        f"run at {value_m:.4g}{scaled}: the merged run clips at another clip_value",
+        {"update": i, "clip_value": {"merged": value_m, "baseline": value_b}},
+        "clip the accumulated gradient once per update with the baseline's clip_value: it is "
+        "the same sum at any K, so clip_value must not be scaled with K",
+    )
