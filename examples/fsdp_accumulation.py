@@ -4,6 +4,7 @@
     gradalign compare OUT/baseline OUT/merged              # passes
     gradalign compare OUT/baseline OUT/merged-sync-each    # passes: reduced at every micro-step
     gradalign compare OUT/baseline OUT/merged-not-divided  # fails: loss-scale
+    gradalign compare OUT/baseline OUT/merged-sync-never   # fails: micro-batch-missing
 
 Rank 0 first records the baseline: one process at batch B with a plain model (`distributed=
 False`), and its float64 rerun as the noise floor. Then every rank trains the merged run with each
@@ -67,7 +68,9 @@ def train(out: Path, model: nn.Module, k: int, *, distributed: bool = True, **ho
             for micro in range(k):
                 first = ((update * k + micro) * world + rank) * b
                 rows = slice(first, first + b)
-                if distributed and not how.get("sync_each"):
+                if distributed and how.get("sync_never"):  # the bug: never reduce-scattered
+                    model.set_requires_gradient_sync(False)
+                elif distributed and not how.get("sync_each"):
                     model.set_requires_gradient_sync(micro == k - 1)  # reduce once per window
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
                 (loss if how.get("not_divided") else loss / k).backward()
@@ -95,6 +98,7 @@ def main(out: Path, bf16: bool) -> None:
     train(out / "merged", sharded(device, bf16), K)
     train(out / "merged-sync-each", sharded(device, bf16), K, sync_each=True)
     train(out / "merged-not-divided", sharded(device, bf16), K, not_divided=True)
+    train(out / "merged-sync-never", sharded(device, bf16), K, sync_never=True)
     dist.barrier()
     dist.destroy_process_group()
     # as in ddp_accumulation.py: torch 2.13's gloo can abort in the interpreter's teardown

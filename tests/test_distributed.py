@@ -361,7 +361,8 @@ def test_a_hand_written_fsdp_loop_under_torchrun(cli, tmp_path):
     """examples/fsdp_accumulation.py under torchrun: parameters sharded by fully_shard (DTensors)
     are recorded whole, the gradient norms clip_grad_norm_ returns as DTensors too. Reduced once
     per window or at every micro-step, the loop passes, in float32 and with bfloat16 parameters
-    in the forward (its baseline sharded alike on one rank); its loss not divided by K is named.
+    in the forward (its baseline sharded alike on one rank); its loss not divided by K is named,
+    and so is a gradient never reduce-scattered (sync off at every micro-step).
     A float32 baseline against the bfloat16 merged run is refused: other precisions."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     script = ROOT / "examples" / "fsdp_accumulation.py"
@@ -386,6 +387,11 @@ def test_a_hand_written_fsdp_loop_under_torchrun(cli, tmp_path):
         bad = cli("compare", runs / "baseline", runs / "merged-not-divided", "--json", report)
         assert bad.code == 1
         assert json.loads(report.read_text())["diagnosis"][0]["code"] == "loss-scale"
+        # gradient sync off at every micro-step: .grad never set; was `cross-sample-loss`
+        bad = cli("compare", runs / "baseline", runs / "merged-sync-never", "--json", report)
+        first = json.loads(report.read_text())["diagnosis"][0]
+        assert bad.code == 1 and first["code"] == "micro-batch-missing", first["message"]
+        assert "set_requires_gradient_sync(False)" in first["message"]
     mixed = cli("compare", tmp_path / "fp32" / "baseline", tmp_path / "bf16" / "merged")
     assert mixed.code == 2 and "computes in float32, the merged run in bfloat16" in mixed.err
 

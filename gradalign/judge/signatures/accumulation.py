@@ -15,7 +15,7 @@ import numpy as np
 from ...runs.model import Run, Tensors
 from ..results import FAIL, Comparison, Diagnosis, UpdateResult
 from .clipping import scale_behind_clip
-from .common import finite, grads_of, weights_of, window
+from .common import finite, grad_norm, grads_of, weights_of, window
 
 EXPLAINED = 0.95  # a relation must explain this share of the gradient error (1 - residual share)
 
@@ -129,8 +129,13 @@ def micro_batch_missing(c: Comparison) -> Diagnosis | None:
     runs that recorded fingerprints instead, was bit for bit what it was after the one before:
     that micro-batch was never backpropagated."""
     run = c.merged
+    if all(r.ok for r in c.results):
+        return None
+    empty = _empty_gradient(c)
+    if empty is not None:
+        return empty
     states = run.micro_grad_state if run.micro_grad_state is not None else run.micro_grad_writes
-    if states is None or all(r.ok for r in c.results):
+    if states is None:
         return None
     params = np.array([t.kind == "param" for t in run.tensors])
     missing = []
@@ -160,6 +165,32 @@ def micro_batch_missing(c: Comparison) -> Diagnosis | None:
         "call backward() for every micro-batch of the window, the last one included, before "
         "optimizer.step()",
     )
+
+
+def _empty_gradient(c: Comparison) -> Diagnosis | None:
+    """Up to the first divergence, an update where the merged run stepped with a gradient of
+    norm 0 (every element of every parameter) and the baseline did not, with no zero_grad()
+    counted inside that window: none of the window's micro-batches reached `.grad`."""
+    last = c.first_divergence["update"] if c.first_divergence else len(c.results) - 1
+    inside = c.merged.zero_grads_inside
+    for i in range(last + 1):
+        merged, base = grad_norm(c, c.merged, i), grad_norm(c, c.baseline, i)
+        if merged != 0.0 or not base or (inside is not None and inside[i] > 0):
+            continue
+        k = window(c)
+        return Diagnosis(
+            "micro-batch-missing",
+            f"at update {i} the merged run stepped with a gradient of norm 0 in every parameter "
+            f"(the baseline's: {base:.4g}): none of the window's {k} micro-batches reached the "
+            "parameters' .grad: their backward ran with gradient sync off (FSDP's "
+            "set_requires_gradient_sync(False), or no_sync(), around the last micro-step too), "
+            "or the gradients were dropped after the last backward (set to None, or a loss "
+            "detached before backward())",
+            {"first_update": i, "merged_grad_norm": 0.0, "baseline_grad_norm": finite(base)},
+            "let the last micro-step's backward reduce the gradients (sync on from its forward), "
+            "and clear them only after optimizer.step()",
+        )
+    return None
 
 
 def inner_steps(run: Run) -> int | None:
