@@ -68,7 +68,9 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
         "; or each micro-batch's gradient was changed after its backward by what the Recorder "
         "does not see (a tensor hook such as register_hook(lambda g: g.clamp(..)), a clip "
         "outside torch.nn.utils, or one imported by name before the Recorder opened: pass its "
-        "norm with Recorder.grads(pre_clip_norm=...))"
+        "norm with Recorder.grads(pre_clip_norm=...); the accumulated gradient reduced or "
+        "rescaled by hand at some micro-steps, such as an all-reduce at each and the division "
+        "by W at the last only)"
         + (
             ", or the loss was scaled wrongly and clip_grad_value_ clipped the scale away in "
             "the largest elements"
@@ -129,11 +131,18 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
     ranks = " and all-reduce them over the ranks" if world > 1 else ""
     return Diagnosis(
         "cross-sample-loss",
-        f"at update 0, from identical weights over the same samples, {seen}{turned}): the loss "
-        f"of a forward's {rows} is not its share of the loss of B. Part of it is computed over "
-        "the micro-batch as a whole: an auxiliary loss over batch statistics (a mixture of "
-        "experts' load-balancing loss), an in-batch contrastive loss, a normalization or "
-        "penalty over the batch" + tokens + unseen,
+        f"at update 0, from identical weights over the same samples, {seen}{turned}): "
+        + (
+            f"the gradients of the forwards' {rows} do not add up to the gradient of B. Part "
+            "of the loss may be computed over the micro-batch as a whole"
+            if unseen
+            else f"the loss of a forward's {rows} is not its share of the loss of B. Part of "
+            "it is computed over the micro-batch as a whole"
+        )
+        + ": an auxiliary loss over batch statistics (a mixture of experts' load-balancing "
+        "loss), an in-batch contrastive loss, a normalization or penalty over the batch"
+        + tokens
+        + unseen,
         evidence,
         "compute such a term over the whole window: accumulate its statistics over the K "
         f"micro-steps{ranks} (the experts' token counts and router probabilities) and add it "
