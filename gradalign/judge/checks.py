@@ -201,7 +201,7 @@ def same_samples(base: Run, merged: Run) -> Check:
 
 def _finite_check(base: Run, merged: Run) -> Check:
     for name, run in (("baseline", base), ("merged", merged)):
-        bad = np.flatnonzero(~np.isfinite(run.micro_loss))
+        bad = run.non_finite_losses()
         if bad.size:
             return Check(
                 "finite losses",

@@ -199,6 +199,14 @@ class Run:
             return np.zeros(self.updates)
         return self._sum(self.loss_quantum) / np.maximum(self.sizes, 1)
 
+    def non_finite_losses(self) -> np.ndarray:
+        """The micro-steps whose loss is not finite, leaving out those of no items (a mean over
+        no tokens is NaN and weighs nothing)."""
+        bad = ~np.isfinite(self.micro_loss)
+        if self.micro_items is not None:
+            bad &= np.asarray(self.micro_items) != 0
+        return np.flatnonzero(bad)
+
     def window_losses(self) -> np.ndarray:
         """Loss per update: each window's mean micro loss, weighted by items if recorded, else
         by the micro-batches' sample counts if recorded (a mean over unequal micro-batches)."""
@@ -209,6 +217,7 @@ class Run:
             return losses
         weights = np.asarray(weights, dtype=np.float64)
         totals = self._sum(weights)
-        weighted = self._sum(self.micro_loss * weights)
+        # a micro-batch of no items weighs nothing, whatever its mean (NaN: a mean over none)
+        weighted = self._sum(np.where(weights > 0, self.micro_loss * weights, 0.0))
         safe = np.where(totals > 0, totals, 1.0)
         return np.where(totals > 0, weighted / safe, losses)

@@ -280,7 +280,7 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
 
 def _first_non_finite(run: Run) -> int | None:
     """The first update at which a run's losses stop being finite (None: they never do)."""
-    bad = np.flatnonzero(~np.isfinite(run.micro_loss))
+    bad = run.non_finite_losses()
     if not bad.size:
         return None
     return int(np.searchsorted(run.starts, bad[0], side="right")) - 1
