@@ -15,6 +15,7 @@ import numpy as np
 
 from ..runs.model import Run, Tensors
 from .apart import judge_apart
+from .below_noise import shape_below_noise
 from .bookkeeping import bookkeeping_judge
 from .checks import build_checks
 from .compatible import (
@@ -164,7 +165,12 @@ def _judge(
         reference,
         ranks=ranks,
     )
-    comparison.diagnosis = diagnose(comparison)
+    hidden = shape_below_noise(comparison)  # a bug's shape the noise floor let pass
+    if hidden is not None:
+        comparison.checks.append(hidden[0])
+        comparison.diagnosis, comparison.first_divergence = [hidden[1]], hidden[2]
+    else:
+        comparison.diagnosis = diagnose(comparison)
     return comparison
 
 
