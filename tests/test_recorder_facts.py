@@ -170,13 +170,23 @@ def test_irregular_windows_are_recorded_and_judged(tmp_path):
 
 
 def epoch_loop(
-    out, k, *, rows=60, batch=16, last_micro_drops=False, repeat=False, over_k=False, float64=False
+    out,
+    k,
+    *,
+    rows=60,
+    batch=16,
+    last_micro_drops=False,
+    repeat=False,
+    over_k=False,
+    float64=False,
+    told=None,
 ):
     """One epoch of `rows` samples in batches of `batch` (the last one short), each normalized
     by its own row count, as the frameworks close an epoch: K micro-batches of batch/K rows,
     fewer in the last window. `last_micro_drops`: the last window loses its last micro-batch;
     `repeat`: its last micro-batch repeats a sample (a sampler padding the data); `over_k`:
-    each micro-batch's mean divided by K, right in full windows only."""
+    each micro-batch's mean divided by K, right in full windows only; `told`: the accum_steps
+    the Recorder is given (default K)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     if float64:
@@ -186,7 +196,7 @@ def epoch_loop(
     x, y = torch.randn(rows, 6, generator=g), torch.randint(0, 3, (rows,), generator=g)
     x = x.double() if float64 else x
     size = batch // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+    with gradalign.Recorder(out, model, opt, accum_steps=told or k) as rec:
         for start in range(0, rows, batch):
             stop = min(start + batch, rows)
             micros = list(range(start, stop, size))
@@ -203,6 +213,21 @@ def epoch_loop(
             rec.update()
             opt.zero_grad()
     return read_run_dir(out)
+
+
+@pytest.mark.parametrize("told", [2, 8])
+def test_a_recorder_told_another_k_than_the_loop_says_so(tmp_path, told):
+    """The loop accumulates 4 micro-batches, the Recorder was told 2 (or 8): every window lines
+    up with the baseline's batch, so the training passes, but the check said every window was
+    "at the end of the data"."""
+    epoch_loop(tmp_path / "b", 1)
+    epoch_loop(tmp_path / "r", 1, float64=True)
+    epoch_loop(tmp_path / "m", 4, told=told)
+    result = api.compare(tmp_path / "b", tmp_path / "m", reference=tmp_path / "r")
+    assert result.verdict == "pass", [(c.name, c.detail) for c in result.checks]
+    bookkeeping = next(c for c in result.checks if c.name == "window bookkeeping")
+    assert f"every window held 4 micro-steps, not the K={told}" in bookkeeping.detail
+    assert "accum_steps=4" in bookkeeping.detail and "end of the data" not in bookkeeping.detail
 
 
 def test_a_short_last_window_holding_the_baseline_batch_is_the_end_of_the_data(tmp_path):

@@ -48,4 +48,3 @@ def shape_below_noise(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
             where = {"update": r.update, "parameter": None, "in": "gradient"}
             return Check(CHECK, FAIL, detail), found, where
     return None
-

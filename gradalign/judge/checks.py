@@ -171,6 +171,18 @@ def _bookkeeping_check(base: Run, merged: Run, judged: int) -> Check:
         tail = f"; {later} later update(s) not comparable" if later > 0 else ""
         return Check(name, FAIL, "; ".join(found) + tail)
     ends = data_boundaries(merged, base)
+    inner = [i for i in ends if i < merged.updates - 1]  # the last window may end the data
+    sizes = {int(merged.sizes[i]) for i in inner}
+    if merged.updates >= 2 and len(inner) == merged.updates - 1 and len(sizes) == 1:
+        held = sizes.pop()  # every window before the last held another K: not data ends
+        return Check(
+            name,
+            PASS,
+            f"every window held {held} micro-steps, not the K={merged.accum_steps} the run "
+            "states (accum_steps given to the Recorder), each lined up with the baseline's "
+            f"batch of its update: the loop accumulates {held}; record it with "
+            f"accum_steps={held}",
+        )
     if ends:
         shown = ", ".join(f"{i} ({int(merged.sizes[i])})" for i in ends[:3])
         return Check(
