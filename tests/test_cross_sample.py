@@ -112,6 +112,7 @@ def test_a_gradient_alone_differing_at_update_0_is_read_last(tmp_path):
     # the gradient alone: the loss is not claimed, and the loop's own causes are listed
     assert "do not add up to the gradient of B" in message and "is not its share" not in message
     assert "an all-reduce at each and the division by W at the last only" in message
+    assert "retain_graph=True" in message
     alone = api.compare(tmp_path / "base", tmp_path / "merged", reference="none")
     assert _codes(alone)[0] == "cross-sample-loss"
     coarse = _runs(tmp_path / "bf16", spike=_spread(range(1), 3e-1), compute_dtype="bfloat16")

@@ -178,3 +178,40 @@ def test_a_hand_written_update_in_an_optimizer_subclass_is_judged_like_any(tmp_p
         assert [d.code for d in c.diagnosis][:1] == [code], [
             (d.code, d.message) for d in c.diagnosis
         ]
+
+
+def _weighted_loss_loop(out, k: int, float64: bool = False, reference=None) -> None:
+    """Learnable loss weights (log-variances) kept apart from the model, stepped by its
+    optimizer: a common multi-task loss."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3).double() if float64 else nn.Linear(6, 3)
+    log_vars = nn.Parameter(torch.zeros(2, dtype=torch.float64 if float64 else torch.float32))
+    opt = torch.optim.Adam([*model.parameters(), log_vars], lr=1e-2)
+    x, y = _data(float64)
+    n = BATCH // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+        for update in range(UPDATES):
+            for micro in range(k):
+                rows = slice(update * BATCH + micro * n, update * BATCH + (micro + 1) * n)
+                out_ = model(x[rows])
+                losses = torch.stack(
+                    [nn.functional.cross_entropy(out_, y[rows]), out_.pow(2).mean()]
+                )
+                loss = (losses * torch.exp(-log_vars) + log_vars).sum()
+                (loss / k).backward()
+                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+def test_tensors_the_optimizer_steps_outside_the_model_are_said_unrecorded(tmp_path):
+    """They were silently not recorded: a bug only they show would pass unseen."""
+    _weighted_loss_loop(tmp_path / "fp64", 1, float64=True)
+    _weighted_loss_loop(tmp_path / "base", 1, reference="../fp64")
+    _weighted_loss_loop(tmp_path / "merged", 4)
+    result = compare(tmp_path / "base", tmp_path / "merged")
+    assert result.verdict == "pass"
+    assert result.merged.model_facts["optimizer_outside_model"] == {"tensors": 1, "elements": 2}
+    noted = [n for n in result.notes if "outside the model given to the Recorder" in n]
+    assert len(noted) == 1 and noted[0].startswith("both runs' optimizer also stepped 1 tensor")

@@ -38,7 +38,7 @@ from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
-from .vacuous import untrained_note, vacuous_notes
+from .vacuous import unrecorded_note, untrained_note, vacuous_notes
 from .views import sketch_width
 from .window_sizes import judged_updates
 from .windows import inside_window_changes, written_in_forward
@@ -160,6 +160,7 @@ def _judge(
             *sketch_note(results),
             *vacuous_notes(results, tol),
             *untrained_note(base, merged),
+            *unrecorded_note(base, merged),
         ],
         _first_divergence(results),
         reference,

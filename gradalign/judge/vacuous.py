@@ -1,4 +1,5 @@
-"""Checks that could not have failed, and runs that trained nothing (`untrained_note`): the
+"""Checks that could not have failed, runs that trained nothing (`untrained_note`) and tensors
+stepped but never recorded (`unrecorded_note`): the
 data decide whether an absolute tolerance (loss_atol, weight_atol, whose units are the data's)
 is so large that a merged run that did not train would pass. Those are said in the report and
 the JSON notes; the relative tolerances that can never be meaningful are refused before any work
@@ -51,3 +52,24 @@ def untrained_note(base: Run, merged: Run) -> list[str]:
         "cannot show that the merged run trains like its baseline; start the scaler lower or "
         "record more updates"
     ]
+
+
+def unrecorded_note(base: Run, merged: Run) -> list[str]:
+    """Tensors the optimizer stepped outside the model given to the Recorder (manifest `model`
+    facts): never recorded, so never judged."""
+    outside = {
+        role: facts
+        for role, run in (("baseline", base), ("merged run", merged))
+        if isinstance(facts := run.model_facts.get("optimizer_outside_model"), dict)
+    }
+    if outside:
+        facts = next(iter(outside.values()))
+        whose = "both runs'" if len(outside) == 2 else f"the {next(iter(outside))}'s"
+        return [
+            f"{whose} optimizer also stepped {facts.get('tensors')} tensor(s) "
+            f"({facts.get('elements')} elements) outside the model given to the Recorder (a "
+            "loss's learnable weights kept apart): they were not recorded, so a bug that shows "
+            "only in them goes unseen; give the Recorder a module that holds them too, such as "
+            "nn.ModuleDict({'model': model, 'loss': loss_module})"
+        ]
+    return []

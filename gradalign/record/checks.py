@@ -117,9 +117,10 @@ def _plain(value: Any) -> Any:
 
 def check_parameters(
     optimizer: torch.optim.Optimizer, named: dict[str, tuple[torch.Tensor, str, tuple]]
-) -> None:
+) -> dict[str, int] | None:
     """A model whose weights hold no data (the meta device), or an optimizer that steps none of
-    its parameters (another model's), would be recorded as a run that never trains."""
+    its parameters (another model's), would be recorded as a run that never trains. Returns
+    `outside_parameters`: what else the optimizer steps."""
     for name, (tensor, _, _) in named.items():
         if tensor.is_meta:
             raise RecorderError(
@@ -134,8 +135,29 @@ def check_parameters(
     if stepped and not any(id(p) in mine for p in stepped):
         raise RecorderError(
             "the optimizer updates none of the model's parameters: pass the optimizer built from "
-            "this model's parameters (model.parameters())"
+            "this model's parameters (model.parameters()); for float32 master weights of a "
+            "16-bit model, give the Recorder the masters (nn.ParameterList(masters)) and the "
+            "model's dtype as compute_dtype="
         )
+    return outside_parameters(optimizer, named)
+
+
+def outside_parameters(
+    optimizer: torch.optim.Optimizer, named: dict[str, tuple[torch.Tensor, str, tuple]]
+) -> dict[str, int] | None:
+    """Tensors the optimizer steps that the model given to the Recorder does not hold (a loss's
+    learnable weights kept apart): how many, and their elements; None where there are none."""
+    mine = {id(t) for t, kind, _ in named.values() if kind == "param"}
+    seen: set[int] = set()
+    outside = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in mine and id(p) not in seen:
+                seen.add(id(p))
+                outside.append(p)
+    if not outside:
+        return None
+    return {"tensors": len(outside), "elements": sum(p.numel() for p in outside)}
 
 
 def check_unchanged(model: torch.nn.Module, named: dict[str, tuple[torch.Tensor, str, tuple]]):

@@ -135,9 +135,12 @@ def sample_count(batch: Any) -> int:
     return int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 0
 
 
-def model_facts(model: torch.nn.Module, wrapper: Any = None) -> dict[str, Any]:
-    """Layers that make a sample's result depend on its batch or on a random generator; and
-    the comm hooks registered on `wrapper` (DistributedDataParallel) when there are any."""
+def model_facts(
+    model: torch.nn.Module, wrapper: Any = None, outside: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """Layers that make a sample's result depend on its batch or on a random generator; the
+    comm hooks registered on `wrapper` (DistributedDataParallel) when there are any; what the
+    optimizer steps outside the model (`outside`, never recorded: the judge says so)."""
     batchnorm, dropout = [], []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
@@ -148,6 +151,8 @@ def model_facts(model: torch.nn.Module, wrapper: Any = None) -> dict[str, Any]:
     hooks = comm_hooks(wrapper)
     if hooks:
         facts["comm_hooks"] = hooks
+    if outside:
+        facts["optimizer_outside_model"] = outside
     return facts
 
 

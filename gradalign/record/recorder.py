@@ -118,9 +118,9 @@ class Recorder:
         refuse_sharded(model)
         self._named = named_tensors(model)
         refuse_unstorable(self._named)
-        checks.check_parameters(self._optimizer, self._named)
+        outside = checks.check_parameters(self._optimizer, self._named)
         self._ranks = join(distributed, group, rank)
-        self._model_facts = model_facts(model, wrapper)
+        self._model_facts = model_facts(model, wrapper, outside)
         self._param_ids = {id(t) for t, kind, _ in self._named.values() if kind == "param"}
         first = next(iter(self._named.values()))[0]
         self._env = environment(first.device, first.dtype)

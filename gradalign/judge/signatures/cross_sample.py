@@ -64,7 +64,9 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
     unseen = (
         "; or a term of the loss the gradient comes from, not the one recorded, was scaled "
         "otherwise at some micro-steps (a penalty added in full at each of the K, a second loss "
-        "backpropagated at only some, noise added per micro-step rather than per window)"
+        "backpropagated at only some, noise added per micro-step rather than per window, a "
+        "running total backpropagated again at each micro-step with retain_graph=True, which "
+        "counts micro-batch j K−j times)"
         "; or each micro-batch's gradient was changed after its backward by what the Recorder "
         "does not see (a tensor hook such as register_hook(lambda g: g.clamp(..)), a clip "
         "outside torch.nn.utils, or one imported by name before the Recorder opened: pass its "
