@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import watched
+from .draws import Draws
 from .facts import device_scalar
 
 
@@ -134,6 +135,7 @@ class Windows:
     scaler: Any = None  # the watched GradScaler
     zero_grads_inside: list[int] = field(default_factory=list)
     zero_grads_seen: bool = False  # a zero_grad() call was seen: the counts above mean something
+    draws: Draws = field(default_factory=Draws)  # random numbers drawn per micro-step
     open: Window = field(default_factory=Window)
 
     @property
@@ -184,12 +186,14 @@ class Windows:
         w.zero_grads_inside += w.zero_grads_after
         w.zero_grads_after = 0
         w.micro_steps += 1
+        self.draws.micro()
 
     def series(self, accum_steps: int) -> dict[str, np.ndarray]:
         """The per-update series for the run's series file (only what was recorded)."""
         out: dict[str, np.ndarray] = {
             "update/lr": np.asarray([lr[0] for lr in self.lr], dtype=np.float64),
             "update/optimizer_steps": np.asarray(self.steps, dtype=np.int64),
+            **self.draws.series(),
         }
         if any(len(lr) > 1 for lr in self.lr):
             # NaN for a group that does not exist yet (added mid-run by add_param_group)

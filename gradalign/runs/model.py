@@ -61,6 +61,7 @@ class Run:
     micro_grad_writes: np.ndarray | None = None  # int64 [M, P], writes to each .grad by micro m
     micro_samples: np.ndarray | None = None  # int64 [M], rows of each micro-batch
     micro_step_counts: np.ndarray | None = None  # int64 [M], optimizer steps since micro m-1
+    micro_draws: np.ndarray | None = None  # int64 [M], 1: torch's generators advanced since m-1
     scaler_calls: np.ndarray | None = None  # int64 [N, 2], GradScaler unscale_/update calls
     clip_calls: np.ndarray | None = None  # int64 [N], clip_grad_norm_/_value_ calls in window i
     clip_value: np.ndarray | None = None  # float64 [N], clip_grad_value_'s value (NaN: none)
@@ -198,6 +199,13 @@ class Run:
         if self.loss_quantum is None:
             return np.zeros(self.updates)
         return self._sum(self.loss_quantum) / np.maximum(self.sizes, 1)
+
+    def draws_each_micro_step(self) -> bool:
+        """Whether the loop drew random numbers from torch's default generators at most of its
+        micro-steps (noise in its forward), not once in a while (a data loader's epoch seed)."""
+        if self.micro_draws is None or len(self.micro_draws) < 2:
+            return False
+        return bool(np.mean(np.asarray(self.micro_draws[1:]) > 0) >= 0.5)
 
     def non_finite_losses(self) -> np.ndarray:
         """The micro-steps whose loss is not finite, leaving out those of no items (a mean over

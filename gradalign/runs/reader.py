@@ -170,6 +170,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         micro_grad_writes=optional("micro/grad_writes", micro),
         micro_samples=optional("micro/samples", micro),
         micro_step_counts=optional("micro/steps", micro),
+        micro_draws=optional("micro/draws", micro),
         scaler_calls=optional("update/scaler_calls", updates),
         clip_calls=optional("update/clip_calls", updates),
         clip_value=optional("update/clip_value", updates),

@@ -13,7 +13,7 @@ import numpy as np
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import finite, window
-from .decisive import buffers_in_forward, same_start_shown, update0_gap
+from .decisive import buffers_in_forward, draws, same_start_shown, update0_gap
 
 
 def cross_sample_loss(c: Comparison) -> Diagnosis | None:
@@ -100,8 +100,8 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     pieces = k * c.merged.world_size  # forwards per update
     if first is None or first.problems or pieces < 2 or not same_start_shown(c):
         return None, k
-    if facts.get("batchnorm") or facts.get("dropout"):
-        return None, k
+    if facts.get("batchnorm") or facts.get("dropout") or draws(c):
+        return None, k  # other random numbers in the merged run: dropout-rng's
     if buffers_in_forward(c) is not None:  # state the forward wrote (spectral norm's vectors)
         return None, k  # made each micro-step's forward another function: buffers-in-forward's
     other = sample_mismatches(c.baseline, c.merged)

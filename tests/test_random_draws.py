@@ -1,0 +1,75 @@
+"""Random numbers a loop draws in its forward (a VAE's reparameterization): torch's CPU randn
+fills one tensor of B x 6 otherwise than K tensors of B/K x 6, so the runs train on other noise.
+The Recorder sees torch's default generator advance between micro-steps (`micro/draws`) and the
+judge names `dropout-rng`, not a loss over the micro-batch; noise drawn once per update for the
+whole batch and sliced per micro-batch is the same training, and passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign.api import compare
+from gradalign.runs.reader import read_run_dir
+
+UPDATES, B, K, LATENT = 4, 16, 4, 6
+
+
+class TinyVAE(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.dec = nn.Linear(8, 2 * LATENT), nn.Linear(LATENT, 8)
+
+    def forward(self, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        mu, log_var = self.enc(x).chunk(2, dim=-1)
+        z = mu + noise.to(x.dtype) * torch.exp(0.5 * log_var)
+        recon = ((self.dec(z) - x) ** 2).sum(-1)
+        kl = -0.5 * (1 + log_var - mu**2 - log_var.exp()).sum(-1)
+        return (recon + kl).mean()  # a mean of per-sample terms
+
+
+def record(out, k: int, sliced: bool, float64: bool = False, bug: bool = False, reference=None):
+    torch.manual_seed(0)
+    model = TinyVAE().double() if float64 else TinyVAE()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(UPDATES * B, 8, generator=torch.Generator().manual_seed(1))
+    x = x.double() if float64 else x
+    n = B // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+        for update in range(UPDATES):
+            whole = torch.randn(B, LATENT) if sliced else None  # float32, cast in the forward
+            for micro in range(k):
+                rows = slice(update * B + micro * n, update * B + (micro + 1) * n)
+                noise = whole[micro * n : (micro + 1) * n] if sliced else torch.randn(n, LATENT)
+                loss = model(x[rows], noise)
+                (loss if bug else loss / k).backward()
+                rec.micro(loss.detach(), batch=x[rows])
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize("sliced", [False, True])
+def test_noise_drawn_per_micro_batch_is_named_and_sliced_noise_passes(tmp_path, sliced):
+    record(tmp_path / "fp64", 1, sliced, float64=True)
+    record(tmp_path / "base", 1, sliced, reference="../fp64")
+    record(tmp_path / "merged", K, sliced)
+    merged = read_run_dir(tmp_path / "merged")
+    assert merged.micro_draws is not None and merged.draws_each_micro_step() != sliced
+    result = compare(tmp_path / "base", tmp_path / "merged")
+    if sliced:
+        assert result.verdict == "pass", [c for c in result.checks if c.status == "fail"]
+        return
+    first = result.diagnosis[0]
+    assert first.code == "dropout-rng", first.message  # was cross-sample-loss
+    assert first.evidence["draws_each_micro_step"] and "no dropout layer" in first.message
+    assert "sliced per micro-batch" in first.fix
+    # the same loop without 1/K: the noise turns the gradient too far for its scale to be read
+    record(tmp_path / "bug", K, sliced, bug=True)
+    assert "dropout-rng" in [d.code for d in compare(tmp_path / "base", tmp_path / "bug").diagnosis]
+
+
+def test_a_loop_that_draws_nothing_records_no_draws(tmp_path, small_runs):
+    assert read_run_dir(small_runs["merged"]).micro_draws is None
