@@ -163,6 +163,17 @@ def sample_mismatches(base: Run, merged: Run) -> np.ndarray | None:
     return np.flatnonzero(~same)
 
 
+def row_mismatches(base: Run, merged: Run) -> np.ndarray | None:
+    """Updates whose window's rows (`micro/pairs`: each sample's tensors together) differ from
+    the baseline batch's, though its values may agree (None: either run lacks them). Evidence
+    only: a collator that packs each batch into other rows trains alike."""
+    if base.micro_pairs is None or merged.micro_pairs is None:
+        return None
+    n = judged_updates(base, merged)
+    same = base.window_sums(base.micro_pairs)[:n] == merged.window_sums(merged.micro_pairs)[:n]
+    return np.flatnonzero(~same)
+
+
 def _bookkeeping_check(base: Run, merged: Run, judged: int) -> Check:
     name = "window bookkeeping"
     found = problems(base, "baseline") + problems(merged, "merged", base)

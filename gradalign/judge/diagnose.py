@@ -86,7 +86,12 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
 def _last_resort(c: Comparison) -> list[Diagnosis]:
     """What the forward writes, or the data-parallel hook, or a loss over the micro-batch
     differs, nothing else does: at most one."""
-    last = (sig.buffers_in_forward(c), ranked.dp_comm_hook(c), sig.cross_sample_gradient(c))
+    last = (
+        sig.buffers_in_forward(c),
+        ranked.dp_comm_hook(c),
+        sig.rows_differ(c),
+        sig.cross_sample_gradient(c),
+    )
     return [d for d in last if d is not None][:1]
 
 

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from ..errors import shown
-from .facts import RecorderError, data_digest_parts
+from .facts import RecorderError, sample_digest
+from .samples import Digest
 
 
 def check_arguments(
@@ -225,10 +226,10 @@ def number(value: Any, what: str) -> float:
         raise RecorderError(f"{what} must be a number, got {_kind(value)}") from None
 
 
-def digest_of(batch: Any, pad: Any, mask: Any) -> list[int | torch.Tensor] | None:
-    """micro()'s sample digest parts (None without a batch): `pad` and `mask` need a batch."""
+def digest_of(batch: Any, pad: Any, mask: Any) -> Digest | None:
+    """micro()'s sample digests (None without a batch): `pad` and `mask` need a batch."""
     if batch is None:
         if pad is not None or mask is not None:
             raise RecorderError("micro(pad=, mask=) leave padding out of batch=: give the batch")
         return None
-    return data_digest_parts(batch, pad=pad, mask=mask)
+    return sample_digest(batch, pad=pad, mask=mask)

@@ -184,6 +184,7 @@ RANK_KEYS = (
     "micro/loss",
     "micro/items",
     "micro/data",
+    "micro/pairs",
     "micro/samples",
     "init/state",
     "update/state",

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..runs.digests import bitsum
+from ..runs.digests import bitsum, wrap
+from . import samples
 from .sharded import whole
 
 _BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
@@ -59,15 +60,14 @@ def data_digest(batch: Any, pad: Any = None, mask: torch.Tensor | None = None) -
     tuple of values such as `(0, -100)` for pad tokens and ignored labels), elements of integer
     tensors equal to it do not count.
     """
-    total = sum(int(v) for v in data_digest_parts(batch, pad, mask))
-    return (total + 2**63) % 2**64 - 2**63  # int64 wrap-around, as the run format sums
+    found = sample_digest(batch, pad, mask).data
+    return wrap(int(found))
 
 
-def data_digest_parts(
-    batch: Any, pad: Any = None, mask: torch.Tensor | None = None
-) -> list[int | torch.Tensor]:
-    """`data_digest` before its sum: an int per CPU tensor, a 0-d int64 tensor per device
-    tensor (summed later, so recording a micro-step needs no host sync)."""
+def sample_digest(batch: Any, pad: Any = None, mask: torch.Tensor | None = None) -> samples.Digest:
+    """`data_digest` and the row-wise `micro/pairs` digest (record/samples.py), as ints on the
+    CPU and 0-d int64 tensors on other devices (read later, so recording a micro-step needs no
+    host sync)."""
     keep_mask = None if mask is None else _mask(mask)
     pads = _pads(pad)
     tensors = _tensors(batch)
@@ -79,11 +79,8 @@ def data_digest_parts(
             f"mask of shape {tuple(keep_mask.shape)} fits no tensor of the batch (shapes "
             f"{shapes}): give the mask of this micro-batch, shaped as its leading dimensions"
         )
-    parts: list[int | torch.Tensor] = []
+    keeps: list[torch.Tensor | None] = []
     for tensor in tensors:
-        tensor = tensor.detach()
-        if tensor.dtype.is_floating_point:
-            tensor = tensor.float()
         keep = None
         if keep_mask is not None and tensor.shape[: keep_mask.dim()] == keep_mask.shape:
             keep = keep_mask.reshape(keep_mask.shape + (1,) * (tensor.dim() - keep_mask.dim()))
@@ -91,8 +88,8 @@ def data_digest_parts(
         if pads and not tensor.dtype.is_floating_point:
             real = ~torch.isin(tensor, torch.tensor(pads, device=tensor.device))
             keep = real if keep is None else keep & real
-        parts.append(host_fingerprint(tensor if keep is None else tensor[keep]))
-    return parts
+        keeps.append(keep)
+    return samples.digest([t.detach() for t in tensors], keeps)
 
 
 def _mask(mask: Any) -> torch.Tensor:

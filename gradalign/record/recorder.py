@@ -30,10 +30,9 @@ import torch
 
 from ..errors import BadInput
 from ..runs.background import BackgroundWriter
-from ..runs.digests import wrap
 from ..runs.sketches import WIDTH
 from ..runs.writer import RunWriter
-from . import checks, clipping
+from . import checks, clipping, samples
 from .capture import MODES, Capture
 from .device import environment, watch_autocast
 from .distributed import close_ranks, join, rank_info, refuse_sharded, settle, unwrap_model
@@ -129,7 +128,7 @@ class Recorder:
         self._rank_info = rank_info(self._ranks, first.device, self._env)
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
-        self._data: list[list[int | torch.Tensor]] = []
+        self._data: list[samples.Digest] = []
         self._micro_steps: list[int] = []  # optimizer steps since the previous micro()
         self._samples: list[int] = []  # rows of each micro-batch (from batch=)
         self._steps_since_micro = 0
@@ -360,7 +359,7 @@ class Recorder:
         if self._items:
             series["micro/items"] = np.asarray(self._items, dtype=np.float64)
         if self._data:
-            series["micro/data"] = _digests(self._data)
+            series.update(samples.series(self._data))  # micro/data, micro/pairs
             series["micro/samples"] = np.asarray(self._samples, dtype=np.int64)
         series["micro/steps"] = np.asarray(self._micro_steps, dtype=np.int64)
         return series
@@ -388,13 +387,3 @@ class Recorder:
         if self.reference is not None:
             manifest["reference"] = self.reference
         return manifest
-
-
-def _digests(parts: list[list[int | torch.Tensor]]) -> np.ndarray:
-    """Each micro-step's sample digest, device values fetched in one transfer."""
-    device = [v for row in parts for v in row if isinstance(v, torch.Tensor)]
-    fetched = iter(torch.stack(device).cpu().tolist() if device else [])
-    totals = [
-        wrap(sum(next(fetched) if isinstance(v, torch.Tensor) else v for v in row)) for row in parts
-    ]
-    return np.asarray(totals, dtype=np.int64)

@@ -53,6 +53,7 @@ class Run:
     tensors: list[TensorInfo]
     micro_items: np.ndarray | None = None  # float64 [M]
     micro_data: np.ndarray | None = None  # int64 [M], digests of the samples (sum over a window)
+    micro_pairs: np.ndarray | None = None  # int64 [M], row-wise sample digests (evidence)
     full_weights: bool = True  # False when only printed (truncated) values are known
     init_state: np.ndarray | None = None  # int64 [P]
     micro_state: np.ndarray | None = None  # int64 [M, P]

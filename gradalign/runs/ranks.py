@@ -27,6 +27,7 @@ PER_MICRO = {
     "micro/loss": np.float64,
     "micro/items": np.float64,
     "micro/data": np.int64,
+    "micro/pairs": np.int64,
     "micro/samples": np.int64,
 }
 PER_UPDATE = {
@@ -74,9 +75,10 @@ def combine(ranks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
             safe = np.where(total > 0, total, 1.0)
             out["micro/loss"] = np.where(total > 0, weighted / safe, losses.mean(axis=0))
             out[key] = total.astype(np.int64) if key == "micro/samples" else total
-    if all(r.get("micro/data") is not None for r in ranks):
-        data = np.stack([np.asarray(r["micro/data"], dtype=np.int64) for r in ranks])
-        out["micro/data"] = data.sum(axis=0, dtype=np.int64)
+    for key in ("micro/data", "micro/pairs"):  # digests add up over the ranks' rows
+        if all(r.get(key) is not None for r in ranks):
+            data = np.stack([np.asarray(r[key], dtype=np.int64) for r in ranks])
+            out[key] = data.sum(axis=0, dtype=np.int64)
     return out
 
 
@@ -123,7 +125,7 @@ def read_ranks(
         if relpath not in manifest["files"]:
             raise BadInput(f"{where}: rank {rank}'s series {relpath} is not listed in the manifest")
         raw.append(_checked(load(relpath), f"{where}: {relpath}", micro, updates, columns))
-    for key in ("micro/items", "micro/data", "micro/samples"):
+    for key in ("micro/items", "micro/data", "micro/pairs", "micro/samples"):
         present = [r.get(key) is not None for r in raw]
         if len(set(present)) > 1 or any(present) != (run_series.get(key) is not None):
             raise BadInput(f"{where}: {key} is recorded by some ranks (or the run) and not others")
@@ -161,7 +163,7 @@ def _agrees(combined: dict[str, np.ndarray], run: dict[str, np.ndarray], where: 
         mine = run.get(key)
         if mine is None or mine.shape != value.shape:
             raise BadInput(f"{where}: series {key} is not the combination of its ranks'")
-        if key in ("micro/data", "micro/samples"):
+        if key in ("micro/data", "micro/pairs", "micro/samples"):
             same = np.array_equal(mine.astype(np.int64), value)
         else:
             both = np.isfinite(value) & np.isfinite(mine)

@@ -166,6 +166,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         tensors=tensors,
         micro_items=optional("micro/items", micro),
         micro_data=optional("micro/data", micro),
+        micro_pairs=optional("micro/pairs", micro),
         micro_grad_state=optional("micro/grad_state", micro),
         micro_grad_writes=optional("micro/grad_writes", micro),
         micro_samples=optional("micro/samples", micro),

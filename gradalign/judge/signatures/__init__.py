@@ -20,7 +20,7 @@ from .clipping import (
     scale_before_clip,
 )
 from .common import failing, finite, first_gradient_failure
-from .cross_sample import cross_sample_gradient, cross_sample_loss
+from .cross_sample import cross_sample_gradient, cross_sample_loss, rows_differ
 from .decisive import (
     batchnorm,
     buffers_in_forward,
@@ -72,6 +72,7 @@ __all__ = [
     "overflow_carried",
     "penalty_not_scaled",
     "replica_divergence",
+    "rows_differ",
     "scale_before_clip",
     "scaler_per_micro",
     "scaler_skips",

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..checks import sample_mismatches
+from ..checks import row_mismatches, sample_mismatches
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import finite, window
 from .decisive import buffers_in_forward, draws, same_start_shown, update0_gap
@@ -107,6 +107,9 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     other = sample_mismatches(c.baseline, c.merged)
     if other is None or other.size:  # unknown samples, or other ones: data-order's
         return None, k
+    rows = row_mismatches(c.baseline, c.merged)
+    if rows is not None and rows.size:  # the same values in other rows: rows_differ's
+        return None, k
     counts = c.merged.micro_items if c.merged.micro_items is not None else c.merged.micro_samples
     window0 = c.merged.window(0)
     if counts is not None and np.ptp(counts[window0.start : window0.stop]) > 0:
@@ -156,4 +159,26 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
             if unseen
             else ""
         ),
+    )
+
+
+def rows_differ(c: Comparison) -> Diagnosis | None:
+    """The last resort's first reading: the windows hold the baseline batches' values, but not
+    in the same rows (`micro/pairs`), and the runs differ from update 0."""
+    rows = row_mismatches(c.baseline, c.merged)
+    same = sample_mismatches(c.baseline, c.merged)
+    if rows is None or not rows.size or same is None or same.size or not c.results:
+        return None
+    first = c.results[0]
+    if first.loss_ok and all(d.ok for d in first.grads):
+        return None
+    return Diagnosis(
+        "data-order",
+        f"{rows.size} of {c.updates} windows hold their baseline batch's values but not its "
+        f"samples (first: update {int(rows[0])}): each sample's tensors were put together "
+        "otherwise, as inputs paired with another micro-batch's targets (two loaders zipped, or "
+        "one shuffled apart) or rows split or joined (a sequence cut along time into two rows)",
+        {"windows_with_other_rows": int(rows.size), "first_update": int(rows[0])},
+        "give each micro-batch whole samples of its window's batch: inputs and targets from one "
+        "loader, and B/K rows at full length (cut the batch, not its sequences)",
     )
