@@ -9,7 +9,11 @@ start-up) / (N × updates); the growth is that figure at the largest N over the 
 (1.0: linear in the tensors).
 
     .venv/bin/python bench/many_tensors.py [--tensors 100 400 1600] [--elements 64]
-                                           [--updates 4] [--reps 5] [--dir DIR] [--json FILE]
+                                           [--updates 4] [--reps 5] [--reference-none]
+                                           [--dir DIR] [--json FILE]
+
+`--reference-none` judges by the fixed tolerances (`compare --reference none`), the path where
+the drift of noise-dominated elements is kept for most tensors.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ def main() -> int:
     parser.add_argument("--elements", type=int, default=64)
     parser.add_argument("--updates", type=int, default=4)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reference-none", action="store_true")
     parser.add_argument("--dir", type=Path, default=None, help="keep the runs here (reused)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -111,6 +116,7 @@ def main() -> int:
             for n in sizes:
                 folder = root / f"n{n}"
                 ours = [python, "-m", "gradalign", "compare"]
+                ours += ["--reference", "none"] if args.reference_none else []
                 seconds, code, _, used = child(
                     [*ours, str(folder / "baseline"), str(folder / "merged")]
                 )
@@ -132,7 +138,8 @@ def main() -> int:
         }
     growth = rows[sizes[-1]]["ms_per_tensor_update"] / rows[sizes[0]]["ms_per_tensor_update"]
     print(
-        f"{args.elements} elements a tensor, {args.updates} updates, reference included, "
+        f"{args.elements} elements a tensor, {args.updates} updates, "
+        f"{'no reference' if args.reference_none else 'reference included'}, "
         f"{args.reps} reps (medians); start-up {base:.2f} s"
     )
     for n, row in rows.items():
@@ -146,6 +153,7 @@ def main() -> int:
             "elements": args.elements,
             "updates": args.updates,
             "reps": args.reps,
+            "reference": not args.reference_none,
             "startup_seconds": base,
             "rows": {str(n): row for n, row in rows.items()},
             "growth": growth,
