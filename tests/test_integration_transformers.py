@@ -98,3 +98,58 @@ def test_a_failed_train_leaves_no_run_behind(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="collator failed"):
         hf.train(tmp_path / "k4", 4)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_labels_under_another_name_are_counted_as_the_trainer_names_them(tmp_path):
+    """`label_names=["targets"]`: the Trainer finds no `labels`, gives no num_items_in_batch and
+    divides each micro-batch's token mean by K. The items counted from `targets` name that
+    `token-normalization`; it was `cross-sample-loss`, advising items= that attach cannot take."""
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments
+
+    from gradalign.record.integrations.transformers import attach
+
+    class TargetsTrainer(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            targets = inputs.pop("targets")[:, 1:]
+            logits = model(**inputs).logits[:, :-1]
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
+            )
+            return (loss, None) if return_outputs else loss
+
+    def collate(rows):
+        batch = hf.collate(rows)
+        batch["targets"] = batch.pop("labels")
+        return batch
+
+    def train(out, k):
+        with tempfile.TemporaryDirectory() as scratch:
+            args = TrainingArguments(
+                output_dir=scratch,
+                per_device_train_batch_size=hf.BATCH // k,
+                gradient_accumulation_steps=k,
+                max_steps=3,
+                learning_rate=1e-2,
+                label_names=["targets"],
+                use_cpu=True,
+                report_to=[],
+                save_strategy="no",
+                logging_strategy="no",
+                disable_tqdm=True,
+            )
+            trainer = TargetsTrainer(
+                model=hf.tiny_gpt2(),
+                args=args,
+                train_dataset=hf.token_rows(hf.BATCH * 3),
+                data_collator=collate,
+            )
+            attach(trainer, out)
+            trainer.train()
+
+    train(tmp_path / "k1", 1)
+    train(tmp_path / "k4", 4)
+    assert read_run_dir(tmp_path / "k4").micro_items is not None
+    result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
+    assert result.verdict == "fail" and result.diagnosis[0].code == "token-normalization"

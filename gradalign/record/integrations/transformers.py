@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -175,7 +176,13 @@ def _aborting_on_error(train: Any, callback: GradalignCallback) -> Any:
 
 def _own_items(trainer: Trainer, inputs: Any) -> float | None:
     """This micro-batch's items as the Trainer counts `num_items_in_batch`: labels other than
-    -100, over `labels[..., 1:]` when the model's loss shifts them (a causal LM)."""
+    -100, over `labels[..., 1:]` when the model's loss shifts them (a causal LM). Labels kept
+    under another name (`TrainingArguments(label_names=[...])`) count too: the Trainer then
+    gives no `num_items_in_batch` and divides each micro-batch's mean by K, which these items
+    tell apart (`token-normalization`)."""
+    names = list(getattr(trainer, "label_names", None) or [])
+    if isinstance(inputs, Mapping) and "labels" not in inputs and names and names[0] in inputs:
+        inputs = {**inputs, "labels": inputs[names[0]]}
     if batches.labels(inputs) is None:
         return None
     shifts = getattr(trainer, "_loss_shifts_labels", None)
