@@ -73,3 +73,16 @@ def test_noise_drawn_per_micro_batch_is_named_and_sliced_noise_passes(tmp_path, 
 
 def test_a_loop_that_draws_nothing_records_no_draws(tmp_path, small_runs):
     assert read_run_dir(small_runs["merged"]).micro_draws is None
+
+
+def test_other_samples_are_not_called_identical_samples_beside_dropout(tmp_path):
+    """Other samples in a model with dropout: `data-order`, and no `dropout-rng` whose message
+    says the samples were identical (it was listed second, contradicting the first)."""
+    from gradalign import api
+    from gradalign.config import TrainConfig
+
+    config = TrainConfig(model="mlp-dropout", hidden=16, updates=3, batch_size=16, accum_steps=4)
+    base = api.record_baseline(config, tmp_path / "base")
+    merged = api.record_merged(config, tmp_path / "merged", fault="data-order")
+    codes = [d.code for d in compare(base, merged).diagnosis]
+    assert codes[0] == "data-order" and "dropout-rng" not in codes, codes

@@ -269,6 +269,9 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
     evidence, differs = update0_gap(c)
     if not differs or c.results[0].loss_ok:  # other masks give another loss at once
         return None
+    other = sample_mismatches(c.baseline, c.merged)
+    if other is not None and other.size:  # other samples: data-order's, not "identical samples"
+        return None
     if layers:
         evidence["dropout_layers"] = list(layers)
         what, drew = f"the model has dropout ({', '.join(layers)})", "random masks"
