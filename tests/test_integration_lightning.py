@@ -57,9 +57,19 @@ def test_an_unknown_items_rule_is_refused(tmp_path):
         pl.GradalignCallback(tmp_path / "run", items="tokens")
 
 
-def test_k_changed_during_the_fit_is_refused(tmp_path):
-    """A GradientAccumulationScheduler moves K from 1 to 2 at epoch 1: refused there with one
-    line (a run has one K), and no run is left behind."""
+@pytest.mark.parametrize(
+    "schedule, refused",
+    [
+        ({0: 1, 1: 2}, "from 1 to 2 at epoch 1"),
+        ({0: 4, 1: 2}, "from 4 to 2 at epoch 1"),
+        ({0: 4}, None),
+    ],
+)
+def test_k_changed_during_the_fit_is_refused(tmp_path, schedule, refused):
+    """A GradientAccumulationScheduler that moves K at epoch 1: refused there with one line (a
+    run has one K), and no run is left behind. One that holds K from the first batch records
+    it: the scheduler sets K only as the first epoch starts, and {0: 4} was refused "from 1 to
+    4 at epoch 0"."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import GradientAccumulationScheduler
@@ -83,7 +93,7 @@ def test_k_changed_during_the_fit_is_refused(tmp_path):
         max_epochs=2,
         accelerator="cpu",
         callbacks=[
-            GradientAccumulationScheduler({0: 1, 1: 2}),
+            GradientAccumulationScheduler(schedule),
             pl.GradalignCallback(tmp_path / "run"),
         ],
         logger=False,
@@ -91,7 +101,12 @@ def test_k_changed_during_the_fit_is_refused(tmp_path):
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    with pytest.raises(BadInput, match="changed during the fit, from 1 to 2 at epoch 1"):
+    if refused is None:
+        trainer.fit(Fit(), DataLoader(data, batch_size=2))
+        run = read_run_dir(tmp_path / "run")
+        assert run.accum_steps == 4 and run.updates == 4  # 8 batches an epoch, 2 epochs
+        return
+    with pytest.raises(BadInput, match=f"changed during the fit, {refused}"):
         trainer.fit(Fit(), DataLoader(data, batch_size=4))
     assert not (tmp_path / "run").exists()
 

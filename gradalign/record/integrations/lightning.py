@@ -102,12 +102,13 @@ class GradalignCallback(pl.Callback):
             )
         self._automatic = pl_module.automatic_optimization
         if self._automatic:
-            if self.accum_steps not in (None, trainer.accumulate_grad_batches):
+            first = _first_k(trainer)
+            if self.accum_steps not in (None, first):
                 raise BadInput(
-                    f"accum_steps={self.accum_steps} but the Trainer accumulates "
-                    f"{trainer.accumulate_grad_batches} batches; leave accum_steps out"
+                    f"accum_steps={self.accum_steps} but the Trainer accumulates {first} "
+                    "batches; leave accum_steps out"
                 )
-            self._k = trainer.accumulate_grad_batches
+            self._k = first
         elif self.accum_steps is None:
             raise BadInput(
                 "manual optimization: give GradalignCallback(..., accum_steps=K), the batches "
@@ -254,3 +255,12 @@ def _run_config(
         "gradient_clip_val": trainer.gradient_clip_val,
         "dtype": str(first.dtype).removeprefix("torch."),
     }
+
+
+def _first_k(trainer: pl.Trainer) -> int:
+    """The K of the fit's first batch: a GradientAccumulationScheduler sets it only when the
+    first epoch starts, after on_train_start (Trainer(accumulate_grad_batches={...}) adds one)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, pl.callbacks.GradientAccumulationScheduler):
+            return int(callback.get_accumulate_grad_batches(trainer.current_epoch))
+    return int(trainer.accumulate_grad_batches)
