@@ -215,3 +215,40 @@ def test_tensors_the_optimizer_steps_outside_the_model_are_said_unrecorded(tmp_p
     assert result.merged.model_facts["optimizer_outside_model"] == {"tensors": 1, "elements": 2}
     noted = [n for n in result.notes if "outside the model given to the Recorder" in n]
     assert len(noted) == 1 and noted[0].startswith("both runs' optimizer also stepped 1 tensor")
+
+
+def _class_weighted_loop(out, k: int, bug: bool = False, float64: bool = False, reference=None):
+    """A class-weighted cross-entropy: each micro-batch's weighted mean (normalized by its own
+    weights), divided by K (right only where every micro-batch weighs alike), or not (the bug,
+    as a Trainer's compute_loss that ignores num_items_in_batch)."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3).double() if float64 else nn.Linear(6, 3)
+    weight = torch.tensor([1.0, 3.0, 0.5], dtype=torch.float64 if float64 else torch.float32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _data(float64)
+    n = BATCH // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+        for update in range(UPDATES):
+            for micro in range(k):
+                rows = slice(update * BATCH + micro * n, update * BATCH + (micro + 1) * n)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows], weight=weight)
+                backpropagated = loss if bug else loss / k
+                backpropagated.backward()
+                # as the framework integrations record it: the loss backpropagated, times K
+                rec.micro(backpropagated.detach() * k, batch=(x[rows], y[rows]))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+def test_a_scale_turned_by_each_micro_batchs_own_weighted_mean_is_loss_scale(tmp_path):
+    """A weighted mean per micro-batch not divided by K: the window losses K times, the gradient
+    about K times but turned by the reweighting no signature names (no items recorded). It was
+    `cross-sample-loss`, calling the loss 'a matter of the log'."""
+    _class_weighted_loop(tmp_path / "fp64", 1, float64=True)
+    _class_weighted_loop(tmp_path / "base", 1, reference="../fp64")
+    _class_weighted_loop(tmp_path / "bug", 4, bug=True)
+    first = compare(tmp_path / "base", tmp_path / "bug").diagnosis[0]
+    assert first.code == "loss-scale", first.message
+    assert "each micro-batch's own weighted mean" in first.message
+    assert first.evidence["expected_ratio"] == 4

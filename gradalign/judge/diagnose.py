@@ -90,6 +90,7 @@ def _last_resort(c: Comparison) -> list[Diagnosis]:
         sig.buffers_in_forward(c),
         ranked.dp_comm_hook(c),
         sig.rows_differ(c),
+        sig.scale_under_reweighting(c),
         sig.cross_sample_gradient(c),
     )
     return [d for d in last if d is not None][:1]

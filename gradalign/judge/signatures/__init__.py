@@ -41,7 +41,7 @@ from .gradient import (
     zero_grad_in_window,
 )
 from .learning_rate import lr_scaled, lr_schedule
-from .paired import with_loss_scale
+from .paired import scale_under_reweighting, with_loss_scale
 from .skips import overflow_carried, scaler_skips
 from .thresholds import clip_threshold
 
@@ -74,6 +74,7 @@ __all__ = [
     "replica_divergence",
     "rows_differ",
     "scale_before_clip",
+    "scale_under_reweighting",
     "scaler_per_micro",
     "scaler_skips",
     "step_in_window",

@@ -8,11 +8,11 @@ import math
 
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import clip_state, pre_clip_ratio, unclipped
-from .common import finite, grad_norm, noise_share, scaled_error, window, window_scale
+from .common import failing, finite, grad_norm, noise_share, scaled_error, window, window_scale
 from .gradient import token_normalization
 
 
-def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool = False) -> list[Diagnosis]:
+def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) -> list[Diagnosis]:
     """Two causes at once: a gradient K, 1/K or K+1 times too large (within 5%) whose direction
     is off too. The size is read by the fitted ratio, by the norm (the fit shrinks with the
     cosine, the norm does not) and, where a clip engaged, by the fit with the recorded clip
@@ -22,7 +22,7 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool = False) -> lis
     remainder is within the gradient's noise (a clip hid the scale), or nothing. Where no size
     is within 5%, a reweighting of the micro-batches may have moved it (`_reweighted`).
     `turned`: a cause named beside it turns every gradient a little (BatchNorm, a loss over the
-    micro-batch), which explains any remainder."""
+    micro-batch), which explains any remainder; a text: the cause, which nothing names."""
     ratio, k = r.grad_ratio, window(c)
     if ratio is None or not math.isfinite(ratio):
         return []
@@ -44,7 +44,11 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool = False) -> lis
         "with nothing beyond the gradient's noise left once that is divided out"
         if alone
         else "beside a second cause that turns its direction"
-        + (" (named with it)" if rest is None else "")
+        + (
+            (f" ({turned})" if isinstance(turned, str) else " (named with it)")
+            if rest is None
+            else ""
+        )
     )
     evidence = {
         "update": r.update,
@@ -169,3 +173,27 @@ def _sizes(c: Comparison, r: UpdateResult) -> list[tuple[float, str]]:
     if before is not None:
         sizes.append((before, "'s norm before clipping"))
     return [(x, what) for x, what in sizes if math.isfinite(x) and abs(x - 1) > 0.05]
+
+
+def scale_under_reweighting(c: Comparison) -> Diagnosis | None:
+    """The last resort's reading of a wrong scale turned by what no signature names: the window
+    losses K, 1/K or K+1 times the baseline's at update 0 (identical weights) and at the first
+    failing update (within 5%; the runs part after it), and that gradient as near that size
+    (`with_loss_scale`, turned). Each micro-batch's own weighted mean (class weights, or tokens
+    not counted) both keeps the scale and turns it."""
+    r = failing(c)
+    if r is None or not c.results:
+        return None
+    ratios = [_loss_ratio(c, c.results[0]), _loss_ratio(c, r)]
+    if any(q is None for q in ratios):
+        return None
+    k = window(c)
+    if not any(all(abs(q / s - 1) <= 0.05 for q in ratios) for s in (k, 1 / k, k + 1)):
+        return None
+    found = with_loss_scale(
+        c,
+        r,
+        turned="each micro-batch's own weighted mean, such as class weights or tokens not "
+        "counted, reweights the micro-batches",
+    )
+    return found[0] if found and found[0].code == "loss-scale" else None
