@@ -180,6 +180,23 @@ def test_a_hand_written_update_in_an_optimizer_subclass_is_judged_like_any(tmp_p
         ]
 
 
+def _accumulate(out, model, opt, k: int, float64: bool, reference, micro_loss) -> None:
+    """UPDATES windows of K micro-batches over `_data`; `micro_loss(x, y)` gives the loss to
+    backpropagate and the one to record."""
+    x, y = _data(float64)
+    n = BATCH // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+        for update in range(UPDATES):
+            for micro in range(k):
+                rows = slice(update * BATCH + micro * n, update * BATCH + (micro + 1) * n)
+                backpropagated, recorded = micro_loss(x[rows], y[rows])
+                backpropagated.backward()
+                rec.micro(recorded.detach(), batch=(x[rows], y[rows]))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
 def _weighted_loss_loop(out, k: int, float64: bool = False, reference=None) -> None:
     """Learnable loss weights (log-variances) kept apart from the model, stepped by its
     optimizer: a common multi-task loss."""
@@ -187,22 +204,14 @@ def _weighted_loss_loop(out, k: int, float64: bool = False, reference=None) -> N
     model = nn.Linear(6, 3).double() if float64 else nn.Linear(6, 3)
     log_vars = nn.Parameter(torch.zeros(2, dtype=torch.float64 if float64 else torch.float32))
     opt = torch.optim.Adam([*model.parameters(), log_vars], lr=1e-2)
-    x, y = _data(float64)
-    n = BATCH // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
-        for update in range(UPDATES):
-            for micro in range(k):
-                rows = slice(update * BATCH + micro * n, update * BATCH + (micro + 1) * n)
-                out_ = model(x[rows])
-                losses = torch.stack(
-                    [nn.functional.cross_entropy(out_, y[rows]), out_.pow(2).mean()]
-                )
-                loss = (losses * torch.exp(-log_vars) + log_vars).sum()
-                (loss / k).backward()
-                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-            opt.step()
-            rec.update()
-            opt.zero_grad()
+
+    def micro_loss(x, y):
+        out_ = model(x)
+        losses = torch.stack([nn.functional.cross_entropy(out_, y), out_.pow(2).mean()])
+        loss = (losses * torch.exp(-log_vars) + log_vars).sum()
+        return loss / k, loss
+
+    _accumulate(out, model, opt, k, float64, reference, micro_loss)
 
 
 def test_tensors_the_optimizer_steps_outside_the_model_are_said_unrecorded(tmp_path):
@@ -225,20 +234,14 @@ def _class_weighted_loop(out, k: int, bug: bool = False, float64: bool = False, 
     model = nn.Linear(6, 3).double() if float64 else nn.Linear(6, 3)
     weight = torch.tensor([1.0, 3.0, 0.5], dtype=torch.float64 if float64 else torch.float32)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = _data(float64)
-    n = BATCH // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
-        for update in range(UPDATES):
-            for micro in range(k):
-                rows = slice(update * BATCH + micro * n, update * BATCH + (micro + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows], weight=weight)
-                backpropagated = loss if bug else loss / k
-                backpropagated.backward()
-                # as the framework integrations record it: the loss backpropagated, times K
-                rec.micro(backpropagated.detach() * k, batch=(x[rows], y[rows]))
-            opt.step()
-            rec.update()
-            opt.zero_grad()
+
+    def micro_loss(x, y):
+        loss = nn.functional.cross_entropy(model(x), y, weight=weight)
+        backpropagated = loss if bug else loss / k
+        # as the framework integrations record it: the loss backpropagated, times K
+        return backpropagated, backpropagated * k
+
+    _accumulate(out, model, opt, k, float64, reference, micro_loss)
 
 
 def test_a_scale_turned_by_each_micro_batchs_own_weighted_mean_is_loss_scale(tmp_path):
