@@ -293,8 +293,10 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     error = scaled_error(c, r, scale)
     if error is None or not 0 < error <= 2 * imbalance:
         return None
-    if scale != 1.0 and error <= noise_share(c, r):
-        return None  # what another cause leaves is within the gradient's noise: no second one
+    if error <= noise_share(c, r):
+        # a reweighting that moves the gradient no further than its own noise is not told
+        # from it (a clean padded run failing elsewhere), nor is what another cause leaves
+        return None
     how, off = "each was weighted equally (its mean divided by K)", ""
     if scale != 1.0:  # the scale beside it says how the means were scaled, not K
         how = f"each micro-batch's loss was its own mean, weighted alike whatever its {unit}"
