@@ -91,6 +91,25 @@ def shared_steps(
     return steps
 
 
+def shared_rms(
+    diff: float, base: float, merged: float, count: int, noisy: set[str], name: str
+) -> float:
+    """`shared_steps`' rms from a tensor's ||gb − gm||, ||gb|| and ||gm|| over `count` elements:
+    the RMS of the difference, or infinity (every element's steps shared in full) where the
+    runs' gradients differ by more than 1/TAU of the larger, at this update or any before it
+    (`noisy` remembers such tensors): a tensor whose gradient is rounding noise as a whole (zero
+    in exact arithmetic, as a separate attention key bias, passing the gradient check by its
+    absolute floor alone), whose Adam steps carry the earlier updates' noise through the moments
+    at an update where this one's happens to agree."""
+    if not count:
+        return 0.0
+    if diff > 0 and TAU * diff >= max(base, merged):
+        noisy.add(name)
+    if name in noisy:
+        return math.inf
+    return diff / math.sqrt(count)
+
+
 def _gradient_noise(ga: np.ndarray, gb: np.ndarray, rms: float) -> np.ndarray:
     """TAU·max(|ga − gb|, rms) per element (= max(TAU·x, TAU·rms) exactly)."""
     noise = np.subtract(ga, gb)
@@ -166,6 +185,7 @@ class Drift:
         self.prev_r = dict(self.prev_b)
         self.drift: dict[str, np.ndarray] = {}
         self.explained: dict[str, float] = {}
+        self.noisy: set[str] = set()  # tensors whose gradient was noise as a whole (shared_rms)
 
     def advance(
         self,
@@ -207,6 +227,8 @@ class Drift:
         rms = math.sqrt(float(np.mean(noise**2))) if noise.size else 0.0
         prev_b, prev_r = self.prev_b[name].ravel(), self.prev_r[name].ravel()
         if self.against_merged:
+            norms = (math.sqrt(dot(v, v)) for v in (noise, g_base, g_ref))
+            rms = shared_rms(*norms, noise.size, self.noisy, name)
             steps = shared_steps(g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r)
         else:
             steps, explained = noise_steps(
@@ -280,6 +302,7 @@ class DriftFiles:
         self.fds: dict[str, int] = {}
         self.held: dict[tuple[str, int], np.ndarray] = {}
         self.held_bytes = 0
+        self.noisy: set[str] = set()  # as `Drift.noisy`
         self._lock = threading.Lock()
 
     def _fd(self, name: str) -> int:

@@ -20,7 +20,15 @@ from ..runs.layout import grads_file, weights_file
 from ..runs.model import Run
 from ..runs.store import CheckedFile
 from .compatible import stray
-from .drift import DriftFiles, beyond_drift, noise_steps, shared_steps, stored_bits, widened
+from .drift import (
+    DriftFiles,
+    beyond_drift,
+    noise_steps,
+    shared_rms,
+    shared_steps,
+    stored_bits,
+    widened,
+)
 from .fused import Pair, widen64
 from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div, fixed_allowed, quiet
@@ -177,6 +185,9 @@ class StreamJudge:
             return out
         spread = (gpair.br if referenced else gpair.dd) if widen and gpair else math.nan
         rms = math.sqrt(spread / gpair.n) if widen and gpair and gpair.n else 0.0
+        if widen and gpair and not referenced and math.isfinite(spread):
+            norms = (math.sqrt(v) for v in (gpair.dd, gpair.bb, gpair.mm))
+            rms = shared_rms(*norms, gpair.n, self.drift.noisy, name)
         noise_ok = widen and math.isfinite(spread)
         pair = self._weights(name, f, widen, rms)
         drift = self.drift
