@@ -334,3 +334,14 @@ def test_micro_batches_of_unequal_rows_without_item_counts_are_read_by_their_sam
     found = api.compare(tmp_path / "b", tmp_path / "bug", reference=tmp_path / "r").diagnosis
     assert [d.code for d in found][:1] == ["token-normalization"]
     assert "hold 6, 2 samples" in found[0].message
+
+
+def test_runs_that_read_other_numbers_of_samples_say_so_when_refused(tmp_path, cli):
+    """A merged run whose last window crossed the end of the data without a step there was
+    dropped: refused for its length, with no hint at the cause."""
+    epoch_loop(tmp_path / "b", 1)
+    epoch_loop(tmp_path / "m", 4, rows=48)
+    result = cli("compare", tmp_path / "b", tmp_path / "m")
+    assert result.code == 2, result.out
+    assert "the baseline read 60 samples, the other 48" in result.err
+    assert "step at the end of each pass over the data" in result.err

@@ -30,14 +30,24 @@ REFERENCE_SANITY_EPS = 64
 
 
 def _per_update_hint(base: Run, other: Run) -> str:
-    """A log whose step lines are as many as the baseline's updates prints one per update; one
-    that prints each step on N lines, N times as many updates, may be N processes' lines."""
+    """Runs that read other numbers of samples lost or gained a window at the end of the data; a
+    log whose step lines are as many as the baseline's updates prints one per update; one that
+    prints each step on N lines, N times as many updates, may be N processes' lines."""
     times = int(other.config.get("lines_per_step", 1)) if other.kind == "log" else 1
     if times > 1 and other.updates == base.updates * times:
         return (
             f" (its log prints each step on {times} lines, read as {times} micro-steps each: if "
             f"{times} processes print into one log, give one log per card)"
         )
+    if base.micro_samples is not None and other.micro_samples is not None:
+        read = int(base.micro_samples.sum()), int(other.micro_samples.sum())
+        if read[0] != read[1]:
+            return (
+                f" (the baseline read {read[0]} samples, the other {read[1]}: a "
+                "window that crosses the end of the data without a step there is dropped or "
+                "runs on into the next pass; step at the end of each pass over the data, as "
+                "accelerate's sync_with_dataloader=True does)"
+            )
     lines = other.updates * other.accum_steps
     ratio, rest = divmod(other.updates, base.updates) if base.updates else (0, 1)
     if other.kind == "log" and times == 1 and not rest and ratio > 1:
