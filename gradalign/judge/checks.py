@@ -156,21 +156,24 @@ def _init_check(base: Run, merged: Run) -> Check:
 def sample_mismatches(base: Run, merged: Run) -> np.ndarray | None:
     """Updates whose window saw other samples than the baseline's batch (None: not recorded),
     among the updates whose windows line up."""
-    if base.micro_data is None or merged.micro_data is None:
-        return None
-    n = judged_updates(base, merged)
-    same = base.window_sums(base.micro_data)[:n] == merged.window_sums(merged.micro_data)[:n]
-    return np.flatnonzero(~same)
+    return _window_mismatches(base, merged, "micro_data")
 
 
 def row_mismatches(base: Run, merged: Run) -> np.ndarray | None:
     """Updates whose window's rows (`micro/pairs`: each sample's tensors together) differ from
     the baseline batch's, though its values may agree (None: either run lacks them). Evidence
     only: a collator that packs each batch into other rows trains alike."""
-    if base.micro_pairs is None or merged.micro_pairs is None:
+    return _window_mismatches(base, merged, "micro_pairs")
+
+
+def _window_mismatches(base: Run, merged: Run, digests: str) -> np.ndarray | None:
+    """Updates, among those whose windows line up, whose window sum of a per-micro-step digest
+    series (a Run field) differs between the runs (None: either lacks it)."""
+    mine, theirs = getattr(base, digests), getattr(merged, digests)
+    if mine is None or theirs is None:
         return None
     n = judged_updates(base, merged)
-    same = base.window_sums(base.micro_pairs)[:n] == merged.window_sums(merged.micro_pairs)[:n]
+    same = base.window_sums(mine)[:n] == merged.window_sums(theirs)[:n]
     return np.flatnonzero(~same)
 
 

@@ -223,14 +223,14 @@ class Drift:
         noise = np.abs(g_base - g_ref)
         if not (np.isfinite(noise).all() and np.isfinite(b).all() and np.isfinite(r).all()):
             return
-        # one element's noise is one draw: the tensor's RMS noise bounds it from below
-        rms = math.sqrt(float(np.mean(noise**2))) if noise.size else 0.0
         prev_b, prev_r = self.prev_b[name].ravel(), self.prev_r[name].ravel()
         if self.against_merged:
             norms = (math.sqrt(dot(v, v)) for v in (noise, g_base, g_ref))
             rms = shared_rms(*norms, noise.size, self.noisy, name)
             steps = shared_steps(g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r)
         else:
+            # one element's noise is one draw: the tensor's RMS noise bounds it from below
+            rms = math.sqrt(float(np.mean(noise**2))) if noise.size else 0.0
             steps, explained = noise_steps(
                 g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r, first_bits
             )

@@ -184,10 +184,11 @@ class StreamJudge:
         if f.wb is None:
             return out
         spread = (gpair.br if referenced else gpair.dd) if widen and gpair else math.nan
-        rms = math.sqrt(spread / gpair.n) if widen and gpair and gpair.n else 0.0
         if widen and gpair and not referenced and math.isfinite(spread):
             norms = (math.sqrt(v) for v in (gpair.dd, gpair.bb, gpair.mm))
             rms = shared_rms(*norms, gpair.n, self.drift.noisy, name)
+        else:
+            rms = math.sqrt(spread / gpair.n) if widen and gpair and gpair.n else 0.0
         noise_ok = widen and math.isfinite(spread)
         pair = self._weights(name, f, widen, rms)
         drift = self.drift
