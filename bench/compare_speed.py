@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -61,6 +63,17 @@ def record(folder: Path, size: str, updates: int) -> None:
     train(size, folder / "baseline-fp64", k=1, updates=updates, dtype=torch.float64)
     train(size, folder / "baseline", k=1, updates=updates, reference="../baseline-fp64")
     train(size, folder / "merged", k=4, updates=updates)
+
+
+@contextmanager
+def runs_folder(given: Path | None, prefix: str) -> Iterator[Path]:
+    """Where a benchmark keeps its runs: `given` (kept afterwards, its runs reused), or a
+    temporary folder removed afterwards."""
+    if given is not None:
+        yield given
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as scratch:
+        yield Path(scratch)
 
 
 def files(folder: Path) -> list[Path]:
@@ -115,12 +128,7 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=None, help="keep the runs here (reused)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    scratch = None
-    folder = args.dir
-    if folder is None:
-        scratch = tempfile.mkdtemp(prefix="gradalign-compare-bench-")
-        folder = Path(scratch)
-    try:
+    with runs_folder(args.dir, "gradalign-compare-bench-") as folder:
         record(folder, args.size, args.updates)
         everything = files(folder)
         total = sum(p.stat().st_size for p in everything)
@@ -172,9 +180,6 @@ def main() -> int:
             "verdict_exit_codes": sorted(codes),
             "times_s": times,
         }
-    finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
     g = figures["gb_per_s"]
     print(
         f"{args.size}, {args.updates} updates: run set {total / 1e9:.2f} GB, largest tensor "

@@ -24,13 +24,12 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_speed import child
+from compare_speed import child, runs_folder
 
 B, K = 16, 4
 
@@ -96,13 +95,8 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=None, help="keep the runs here (reused)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    scratch = None
-    root = args.dir
-    if root is None:
-        scratch = tempfile.mkdtemp(prefix="gradalign-many-tensors-")
-        root = Path(scratch)
     sizes = sorted(set(args.tensors))
-    try:
+    with runs_folder(args.dir, "gradalign-many-tensors-") as root:
         for n in sizes:
             record(root / f"n{n}", n, args.elements, args.updates)
         python = sys.executable
@@ -123,9 +117,6 @@ def main() -> int:
                 wall[n].append(seconds)
                 cpu[n].append(used)
                 codes[n].add(code)
-    finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
     base = statistics.median(start_up)
     rows = {}
     for n in sizes:
