@@ -30,7 +30,7 @@ def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     tol = max(1e-4, noise_share(c, r))
     same_before = math.isclose(pre_m[i], pre_b[i], rel_tol=tol)
     if not same_before:
-        return _clip_by_another_norm(c, r, tol)
+        return _clip_by_another_norm(c, r, tol, (clipped_b, post_b), (clipped_m, post_m))
     if math.isclose(post_m, post_b, rel_tol=tol):
         return None
     evidence = {
@@ -57,16 +57,21 @@ def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
 
 
-def _clip_by_another_norm(c: Comparison, r: UpdateResult, tol: float) -> Diagnosis | None:
+def _clip_by_another_norm(
+    c: Comparison,
+    r: UpdateResult,
+    tol: float,
+    base: tuple[bool, float | None],
+    merged: tuple[bool, float | None],
+) -> Diagnosis | None:
     """Both clips engaged, the merged run's by a norm ρ times the baseline's, yet it stepped
     with 1/ρ times the baseline's clipped gradient: its clip scaled the same gradient by
     max_norm / (its norm), a norm that was not its gradient's (a clip that saw ρ times the
-    gradient would have brought it to max_norm, as the baseline's did)."""
+    gradient would have brought it to max_norm, as the baseline's did). `base`, `merged`: each
+    run's `clip_state` at the update."""
     i = r.update
     pre_b, pre_m = c.baseline.grad_norm_pre_clip[i], c.merged.grad_norm_pre_clip[i]
-    (clipped_b, post_b), (clipped_m, post_m) = (
-        clip_state(c, run, i) for run in (c.baseline, c.merged)
-    )
+    (clipped_b, post_b), (clipped_m, post_m) = base, merged
     if not (clipped_b and clipped_m and post_b and pre_b) or r.grad_cosine is None:
         return None
     rho, stepped = float(pre_m / pre_b), float(post_m / post_b)
