@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
-from .grammar import MAX_DIMS, Printed, number, tokens
+from .grammar import MAX_DIMS, ArrayLine, Printed, number, tokens
+
+_FIELDS = attrgetter("value", "digits", "exponent")
+_TABLE = np.dtype([("value", np.float64), ("digits", np.int64), ("exponent", np.int64)])
 
 
 @dataclass
@@ -29,13 +33,37 @@ class ArrayReader:
         self.flat: list[Printed] = []
         self.done = False
 
-    def feed(self, text: str) -> None:
-        for token in tokens(text):
-            if self.done:
-                raise ValueError(f"text after the end of the printed array: {token!r}")
-            self._take(token)
+    def feed(self, line: str | ArrayLine) -> None:
+        """Take a line's text, or its tokens and numbers (`grammar.array_line`)."""
+        if isinstance(line, str):
+            parts = tokens(line)
+            values = list(map(number, parts))
+            marks = [at for at, value in enumerate(values) if value is None]
+        else:
+            parts, values, marks = line
+        end = len(parts)
+        start = 0
+        for at in [*marks, end]:
+            if at > start:
+                self._numbers(parts, values, start, at)
+            if at < end:
+                self._mark(parts[at])
+            start = at + 1
 
-    def _take(self, token: str) -> None:
+    def _numbers(self, parts: list[str], values: list, start: int, stop: int) -> None:
+        """Take the numbers `values[start:stop]`, printed between two brackets."""
+        if self.done:
+            raise ValueError(f"text after the end of the printed array: {parts[start]!r}")
+        if self.depth == 2:
+            self.rows[-1].extend(values[start:stop])
+        elif self.depth == 1 and not self.rows:
+            self.flat.extend(values[start:stop])
+        else:
+            raise ValueError(f"number {parts[start]!r} outside the array's rows")
+
+    def _mark(self, token: str) -> None:
+        if self.done:
+            raise ValueError(f"text after the end of the printed array: {token!r}")
         if token == "[":
             self.depth += 1
             self.dims = max(self.dims, self.depth)
@@ -51,15 +79,7 @@ class ArrayReader:
             self.depth -= 1
             self.done = self.depth == 0
         elif token != "...":
-            value = number(token)
-            if value is None:
-                raise ValueError(f"cannot read {token!r} as a number")
-            if self.depth == 2:
-                self.rows[-1].append(value)
-            elif self.depth == 1 and not self.rows:
-                self.flat.append(value)
-            else:
-                raise ValueError(f"number {token!r} outside the array's rows")
+            raise ValueError(f"cannot read {token!r} as a number")
 
     def result(self) -> PrintedArray:
         grid = self.rows if self.dims == 2 else [self.flat]
@@ -68,12 +88,10 @@ class ArrayReader:
         cells = [cell for row in grid for cell in row]
         shape = (len(grid), len(grid[0])) if self.dims == 2 else (len(cells),)
 
-        def field(name: str, dtype: type) -> np.ndarray:
-            return np.array([getattr(c, name) for c in cells], dtype=dtype).reshape(shape)
-
+        table = np.fromiter(map(_FIELDS, cells), dtype=_TABLE, count=len(cells))
         return PrintedArray(
-            field("value", np.float64),
-            field("digits", np.int64),
-            field("exponent", np.int64),
+            table["value"].reshape(shape),
+            table["digits"].reshape(shape),
+            table["exponent"].reshape(shape),
             any(c.scientific for c in cells),
         )

@@ -113,6 +113,10 @@ _WRAPPED = re.compile(  # torch's tensor(1.79, device='cuda:0', ..), numpy 2's n
 )
 _TOKEN = re.compile(r"\[|\]|\.\.\.|[^\s,\[\]]+")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\ufeff|\x08+")  # colour codes, a BOM, backspaces
+# numbers, brackets, commas and white space only: no prefix, colour code, bar or wrapper can be
+# in it (each needs a `:`, `%`, `(`, a letter other than those of `e`, `nan`, `inf`, or a
+# control character), so `clean` has nothing to drop but the ends' white space
+_PLAIN = re.compile(r"[\d\s.eE+\-\[\],naif]*")
 _EVAL_BEGINS = re.compile(  # a line of its own: `Eval begin...`, `***** Running Evaluation *****`
     r"^[\W_]*(?:(?:start(?:s|ing)?|begin(?:s|ning)?|run(?:ning)?)\s+(?:the\s+)?)?"
     r"(?:eval(?:uation)?|evaluating|validat(?:ion|ing))"
@@ -125,6 +129,8 @@ _EVAL_ENDS = re.compile(  # Paddle's `Eval samples: 320`, `Evaluation done.`
     re.IGNORECASE,
 )
 MAX_DIMS = 2
+ArrayLine = tuple[list[str], list["Printed | None"], list[int]]  # tokens, numbers, marks' places
+_MARKS = frozenset(("[", "]", "..."))
 
 
 @dataclass(frozen=True)
@@ -160,11 +166,19 @@ def clean(line: str) -> str:
     progress bar it was glued to (`lines.strip_bars`), numpy's
     `array(..., dtype=...)`, numpy 2's `np.float32(...)` and torch's `tensor(..., device=...)`
     wrappers and surrounding white space."""
+    if _PLAIN.fullmatch(line) and not _dash_prefix(line):  # most of a printed array's lines
+        return line.strip()
     text = _PREFIX.sub("", _ANSI.sub("", line))
     if "[" in text and (unbarred := strip_bars(text)) != text and unbarred.strip():
         text = _PREFIX.sub("", unbarred)  # a line glued after tqdm's bar; a bar alone is noise
     text = _REPR.sub("", text)
     return (_WRAPPED.sub(r"\g<data>", text) if "(" in text else text).strip()
+
+
+def _dash_prefix(line: str) -> bool:
+    """Whether the line starts with a lone `-` (a logger's prefix, `_PREFIX`)."""
+    text = line.lstrip()
+    return text[:1] == "-" and text[1:2].isspace()
 
 
 def rank_tag(line: str) -> str | None:
@@ -363,10 +377,20 @@ def arrow_line(text: str) -> ArrowLine | None:
     return None
 
 
+def array_line(text: str) -> ArrayLine | None:
+    """A line's tokens, their numbers (None at a bracket or `...`) and where those marks are,
+    where it can continue a printed array (brackets, `...` and floats only), else None."""
+    parts = tokens(text)
+    values = list(map(number, parts))
+    marks = [at for at, value in enumerate(values) if value is None]
+    if parts and all(parts[at] in _MARKS for at in marks):
+        return parts, values, marks
+    return None
+
+
 def is_array_content(text: str) -> bool:
     """Whether a line can continue a printed array: brackets, `...` and floats only."""
-    parts = tokens(text)
-    return bool(parts) and all(t in ("[", "]", "...") or number(t) for t in parts)
+    return array_line(text) is not None
 
 
 def epoch_header(text: str) -> int | None:

@@ -13,11 +13,11 @@ from .arrays import ArrayReader, PrintedArray
 from .grammar import (
     Printed,
     StepLine,
+    array_line,
     arrow_line,
     epoch_header,
     eval_begins,
     eval_ends,
-    is_array_content,
     one_number,
     rank_tag,
     readable,
@@ -279,8 +279,8 @@ class _Pass:
                 text = self.lines[at]
                 if not text:
                     continue
-                if is_array_content(text):
-                    reader.feed(text)
+                if (parts := array_line(text)) is not None:
+                    reader.feed(parts)
                 elif not committed or step_line(text) or _arrow(text):
                     raise ValueError(
                         f"the printed array is not closed before line {self.number(at)}"
