@@ -159,9 +159,11 @@ def test_small_log_grids_ignored_lines_and_avgloss_order(tmp_path):
     assert run.config["ignored_lines"] == 2
     assert "2 line(s)" in run.notes[0] and "line 1: 'W1121 a warning'" in run.notes[0]
     assert run.micro_loss.tolist() == [0.5, 0.25, 1.5e-05, 0.125]
-    # numpy printed at most 3 digits here (0.125): each number is known to 10**(exponent - 3)
+    # the losses are too few rounded numbers (0.5, 0.25 and 0.125 are exact) to show their
+    # printer's precision: the log's, 3 digits (0.125), each known to 10**(exponent - 3)
     np.testing.assert_allclose(run.loss_quantum, [1e-3, 1e-3, 1e-8, 1e-3])
-    np.testing.assert_allclose(run.weight_quantum(0)["printed_weight_0"], 1e-3)
+    # the grid shows its own printer's: 1 digit in 10 distinct rounded values
+    np.testing.assert_allclose(run.weight_quantum(0)["printed_weight_0"], 0.1)
     grid = run.weights(0)["printed_weight_0"]
     assert grid.tolist() == [[0.1, -0.2, 0.3, 0.4], [0.5, 0.6, -0.7, -0.8]]
     assert run.weights(1)["printed_weight_0"][0, 0] == 0.9
@@ -260,11 +262,11 @@ def test_one_and_two_dimensional_arrays_with_labels_and_commas(tmp_path):
     ]
     weights, quanta = run.weights(0), run.weight_quantum(0)
     assert weights["printed_weight_1"].tolist() == [1.0, 9.9999997e-06, 0.12345679, 0.0]
-    # numpy's precision here is 7 digits (the most any array shows): each value is known to
+    # numpy's precision here is 7 digits (the most this array shows): each value is known to
     # 10**(exponent - 7), but never closer than float32 holds the array's largest value
     floor = float(np.spacing(np.float32(1.0)))
     np.testing.assert_allclose(quanta["printed_weight_1"], [max(1e-7, floor), floor, floor, floor])
-    np.testing.assert_allclose(quanta["fc1.w"], 1e-7)
+    np.testing.assert_allclose(quanta["fc1.w"], 1e-7)  # 3 distinct rounded values: the log's
 
 
 def test_fixed_and_scientific_blocks_each_keep_their_precision(tmp_path):

@@ -18,13 +18,19 @@ from .smooth import unsmooth
 LOG_DTYPE = "float32"  # what a printed weight is taken to be: the dtype frameworks train in
 
 
-def spacing(values: np.ndarray) -> np.ndarray:
-    """The gap between a float32 value and the next: a printed float32 is never known closer."""
-    finite = np.where(np.isfinite(values), np.abs(values), 0.0).astype(np.float32)
-    return np.spacing(finite).astype(np.float64)
+def spacing(values: np.ndarray, dtype: str | None = None) -> np.ndarray:
+    """The gap between a float32 value and the next: a printed float32 is never known closer;
+    nor a value printed from a 16-bit tensor (`dtype` 'float16' or 'bfloat16') closer than that
+    type's gap, whatever digits it prints (the same float32 training, printed as float16, may
+    round to neighbours)."""
+    finite = np.where(np.isfinite(values), np.abs(values), 0.0)
+    if dtype == "float16":
+        return np.spacing(np.minimum(finite, 65504.0).astype(np.float16)).astype(np.float64)
+    gaps = np.spacing(finite.astype(np.float32)).astype(np.float64)
+    return gaps * 65536.0 if dtype == "bfloat16" else gaps  # 7 bits of mantissa, not 23
 
 
-def array_quantum(array: PrintedArray, precision: int) -> np.ndarray:
+def array_quantum(array: PrintedArray, precision: int, dtype: str | None = None) -> np.ndarray:
     """How far each printed value may be from the value that was printed.
 
     numpy prints at most `precision` digits after the (mantissa's) decimal point, fewer when
@@ -36,11 +42,11 @@ def array_quantum(array: PrintedArray, precision: int) -> np.ndarray:
     """
     printed = 10.0 ** (array.exponents - precision).astype(np.float64)
     values = array.values[np.isfinite(array.values)]
-    scale = spacing(np.array([np.abs(values).max(initial=0.0)]))[0]
+    scale = spacing(np.array([np.abs(values).max(initial=0.0)]), dtype)[0]
     return np.maximum(printed, scale)
 
 
-def number_quantum(printed: Printed, precision: int | None) -> float:
+def number_quantum(printed: Printed, precision: int | None, dtype: str | None = None) -> float:
     """The same for one number: bracketed (an array, `precision` applies) or bare (its own
     digits: a 0-d array or a Python float prints as many as identify it)."""
     digits = printed.digits if precision is None else precision
@@ -48,16 +54,26 @@ def number_quantum(printed: Printed, precision: int | None) -> float:
         own = 10.0 ** (printed.exponent - digits)
     except OverflowError:  # `1e99999`: a printed inf, whose resolution says nothing
         own = math.inf
-    return float(max(own, spacing(np.array([printed.value]))[0]))
+    return float(max(own, spacing(np.array([printed.value]), dtype)[0]))
 
 
-def numbers_quantum(printed: list[Printed], bracketed: list[bool], precision: int) -> np.ndarray:
+def numbers_quantum(
+    printed: list[Printed],
+    bracketed: list[bool],
+    precision: int,
+    dtypes: list[str | None] | None = None,
+) -> np.ndarray:
     """`number_quantum` of many numbers at once (a log of 200k steps), to the same bits."""
     pairs = zip(printed, bracketed, strict=True)
     shifts = [p.exponent - (precision if b else p.digits) for p, b in pairs]
     powers = {shift: _power_of_ten(shift) for shift in set(shifts)}
     own = np.array([powers[shift] for shift in shifts], dtype=np.float64)
-    return np.maximum(own, spacing(np.array([p.value for p in printed], dtype=np.float64)))
+    values = np.array([p.value for p in printed], dtype=np.float64)
+    gaps = spacing(values)
+    for dtype in set(dtypes or ()) - {None}:
+        where = np.array([d == dtype for d in dtypes], dtype=bool)
+        gaps[where] = spacing(values[where], dtype)
+    return np.maximum(own, gaps)
 
 
 def _power_of_ten(shift: int) -> float:
@@ -101,17 +117,18 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
     n = micro // k
     if len(log.means) > n:
         raise BadInput(f"{path}: {len(log.means)} avgloss lines for only {n} updates")
-    precision = log.precision
-    quanta = numbers_quantum(log.losses, log.bracketed, precision)
+    loss_precision, mean_precision, array_precisions = log.precisions()
+    quanta = numbers_quantum(log.losses, log.bracketed, loss_precision, log.loss_dtypes)
     printed = np.array([p.value for p in log.losses], dtype=np.float64)
     losses, quanta, smoothed = unsmooth(
         printed, quanta, log.epoch_starts, k, str(path), log.stride, paired
     )
     window = np.full(n, np.nan)
     window_quanta = np.full(n, np.nan)
-    for i, (p, b) in enumerate(zip(log.means, log.mean_bracketed, strict=True)):
+    means = zip(log.means, log.mean_bracketed, log.mean_dtypes, strict=True)
+    for i, (p, b, dtype) in enumerate(means):
         window[i] = p.value
-        window_quanta[i] = number_quantum(p, precision if b else None)
+        window_quanta[i] = number_quantum(p, mean_precision if b else None, dtype)
     tensors = _layout(log)
     run = Run(
         source=str(path),
@@ -135,7 +152,7 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
             "rounding times t"
         )
     if tensors:
-        _attach_weights(run, log, tensors, precision)
+        _attach_weights(run, log, tensors, array_precisions)
     if log.lrs and all(lr is not None for lr in log.lrs):
         # the lr each window's last step line prints: the one its optimizer step took
         last = [lr for lr in log.lrs[k - 1 :: k] if lr is not None]
@@ -182,7 +199,9 @@ def _layout(log: ParsedLog) -> list[TensorInfo]:
     return [TensorInfo(name, shape, LOG_DTYPE) for name, shape in zip(names, shapes, strict=True)]
 
 
-def _attach_weights(run: Run, log: ParsedLog, tensors: list[TensorInfo], precision: int) -> None:
+def _attach_weights(
+    run: Run, log: ParsedLog, tensors: list[TensorInfo], precisions: list[int]
+) -> None:
     """State fingerprints and weight loaders from the arrays printed after each step: what step
     m printed is what step m+1 computed with; what a window's last step printed is the update
     (kept only as the update's row: as micro-step m+1's row it would be the window's start by
@@ -220,7 +239,8 @@ def _attach_weights(run: Run, log: ParsedLog, tensors: list[TensorInfo], precisi
         if blocks is None:
             return None
         return {
-            name: array_quantum(b.array, precision) for name, b in zip(names, blocks, strict=True)
+            name: array_quantum(b.array, digits, b.dtype)
+            for name, b, digits in zip(names, blocks, precisions, strict=True)
         }
 
     run.load_weights = load_weights

@@ -111,6 +111,10 @@ _REPR = re.compile(r"\barray\(|,?\s*dtype=[\w.]+\)")  # numpy's repr: array([...
 _WRAPPED = re.compile(  # torch's tensor(1.79, device='cuda:0', ..), numpy 2's np.float32(1.79)
     r"\b(?:tensor|np\.(?:float|int|uint)\d*)\(\s*(?P<data>\[?\s*[-+\w.]+\s*\]?)\s*(?:,[^()]*)?\)"
 )
+_HALF = re.compile(
+    r"(?:\bdtype\s*=\s*['\"]?(?:(?:paddle|torch|np|numpy|jnp|tf)\.)?|\bnp\.)"
+    r"(?P<kind>float16|bfloat16|half)\b"
+)
 _TOKEN = re.compile(r"\[|\]|\.\.\.|[^\s,\[\]]+")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\ufeff|\x08+")  # colour codes, a BOM, backspaces
 # numbers, brackets, commas and white space only: no prefix, colour code, bar or wrapper can be
@@ -171,14 +175,25 @@ def clean(line: str) -> str:
     text = _PREFIX.sub("", _ANSI.sub("", line))
     if "[" in text and (unbarred := strip_bars(text)) != text and unbarred.strip():
         text = _PREFIX.sub("", unbarred)  # a line glued after tqdm's bar; a bar alone is noise
-    text = _REPR.sub("", text)
-    return (_WRAPPED.sub(r"\g<data>", text) if "(" in text else text).strip()
+    if "(" in text:  # torch's wrapper first: its `dtype=...)` is not numpy's
+        text = _WRAPPED.sub(r"\g<data>", text)
+    return _REPR.sub("", text).strip()
 
 
 def _dash_prefix(line: str) -> bool:
     """Whether the line starts with a lone `-` (a logger's prefix, `_PREFIX`)."""
     text = line.lstrip()
     return text[:1] == "-" and text[1:2].isspace()
+
+
+def half_dtype(line: str) -> str | None:
+    """The 16-bit type a print on the line names (`dtype=float16`, `dtype=paddle.bfloat16`,
+    `dtype=torch.float16`, numpy 2's `np.float16(...)`): 'float16' or 'bfloat16', else None. Its
+    values are known no closer than that type's spacing, whatever digits they print."""
+    if "16" not in line:
+        return None
+    match = _HALF.search(line)
+    return None if match is None else "bfloat16" if match["kind"] == "bfloat16" else "float16"
 
 
 def rank_tag(line: str) -> str | None:

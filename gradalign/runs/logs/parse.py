@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ...errors import BadInput
 from .arrays import ArrayReader, PrintedArray
 from .grammar import (
@@ -18,6 +20,7 @@ from .grammar import (
     epoch_header,
     eval_begins,
     eval_ends,
+    half_dtype,
     one_number,
     rank_tag,
     readable,
@@ -27,6 +30,36 @@ from .lines import Lines, read_lines
 from .records import NotAStep, Records
 
 SHOWN_NOISE = 3
+# a stream of this many distinct rounded numbers shows its printer's precision: numpy prints
+# each number in the fewest digits that identify it, at most `precision`, so a float32 stream
+# whose every number is shorter than the log's longest is either another printer's or a few
+# values that happen to be short (a frozen tensor's `1.0001`): not 4 distinct ones
+STREAM_NUMBERS = 4
+
+
+def _rounded(values: np.ndarray, found: set[float]) -> None:
+    """Add to `found` the values a print may have rounded, up to `STREAM_NUMBERS` of them: not
+    short binary fractions (multiples of 2**-12: `0.`, `1.`, `0.5`), which any printer shows
+    exactly in few digits and which so say nothing of the printer's precision."""
+    scaled = values[np.isfinite(values)] * 4096.0
+    for value in np.unique(scaled[scaled != np.round(scaled)])[:STREAM_NUMBERS]:
+        found.add(float(value))
+
+
+def _stream(digits: int, arrays: list[np.ndarray]) -> tuple[int, int]:
+    """The most digits of a stream, and how many distinct rounded values it holds (at most
+    `STREAM_NUMBERS`)."""
+    found: set[float] = set()
+    for values in arrays:
+        if len(found) >= STREAM_NUMBERS:
+            break
+        _rounded(values, found)
+    return digits, len(found)
+
+
+def _most(printed: list[Printed]) -> tuple[int, int]:
+    values = np.array([p.value for p in printed], dtype=np.float64)
+    return _stream(max((p.digits for p in printed), default=0), [values])
 
 
 @dataclass
@@ -36,6 +69,7 @@ class Block:
     label: str
     array: PrintedArray
     line: int
+    dtype: str | None = None  # a 16-bit type the print names (`half_dtype`), else None
 
 
 @dataclass
@@ -51,6 +85,8 @@ class ParsedLog:
     blocks: list[list[Block]] = field(default_factory=list)
     means: list[Printed] = field(default_factory=list)
     mean_bracketed: list[bool] = field(default_factory=list)
+    loss_dtypes: list[str | None] = field(default_factory=list)  # `half_dtype` of each loss
+    mean_dtypes: list[str | None] = field(default_factory=list)
     noise: int = 0
     noise_shown: list[tuple[int, str]] = field(default_factory=list)
     unattached: int = 0  # arrays printed before the first step line
@@ -71,10 +107,31 @@ class ParsedLog:
         """Digits numpy was told to print (its `precision` option), as far as the log shows it:
         the most digits any printed array holds. A value is known to within 10**-precision
         (times its exponent's power of ten in scientific notation)."""
-        found = [int(b.array.digits.max()) for blocks in self.blocks for b in blocks]
-        found += [p.digits for p, b in zip(self.losses, self.bracketed, strict=True) if b]
-        found += [p.digits for p, b in zip(self.means, self.mean_bracketed, strict=True) if b]
-        return max(found, default=0)
+        return max((digits for digits, _ in self._streams()), default=0)
+
+    def _streams(self) -> list[tuple[int, int]]:
+        """The most digits and the count of distinct rounded numbers (`_stream`) of each bracketed
+        stream: the losses, the window means, and the arrays printed at each place after a step
+        (a stream without numbers has 0 digits)."""
+        streams = [
+            _most([p for p, b in zip(self.losses, self.bracketed, strict=True) if b]),
+            _most([p for p, b in zip(self.means, self.mean_bracketed, strict=True) if b]),
+        ]
+        places = max((len(blocks) for blocks in self.blocks), default=0)
+        for place in range(places):
+            arrays = [blocks[place].array for blocks in self.blocks if len(blocks) > place]
+            most = max(int(a.digits.max()) for a in arrays)
+            streams.append(_stream(most, [a.values.ravel() for a in arrays]))
+        return streams
+
+    def precisions(self) -> tuple[int, int, list[int]]:
+        """The precision of the losses, of the window means and of the arrays at each place
+        after a step: each stream's own most digits (two printers in one log, numpy's at 4 digits
+        for the loss and Paddle's at 8 for the weights, each print at their own), or the log's
+        where a stream holds too few numbers to show its printer's (`STREAM_NUMBERS`)."""
+        whole = self.precision
+        own = [digits if count >= STREAM_NUMBERS else whole for digits, count in self._streams()]
+        return own[0], own[1], own[2:]
 
     def add_noise(self, line: int, text: str) -> None:
         self.noise += 1
@@ -144,6 +201,7 @@ class _Pass:
                 raise BadInput(f"{self.where(index)}: expected one number, found {arrow.rest!r}")
             self.log.means.append(value)
             self.log.mean_bracketed.append(arrow.rest.startswith("["))
+            self.log.mean_dtypes.append(half_dtype(self.raw[index]))
         elif arrow is not None and not arrow.is_other_loss:
             self._array(index, arrow.label, arrow.rest, committed=not arrow.named)
         elif text.startswith("[") and epoch_header(text) is None:
@@ -246,6 +304,7 @@ class _Pass:
         log = self.log
         log.losses.append(step.loss)
         log.bracketed.append(step.bracketed)
+        log.loss_dtypes.append(half_dtype(self.raw[index]))
         log.lrs.append(step.lr)
         log.step_lines.append(self.number(index))
         log.blocks.append([])
@@ -298,7 +357,8 @@ class _Pass:
             return
         self.at = at + 1
         if self.log.blocks:
-            self.log.blocks[-1].append(Block(label, array, self.number(index)))
+            dtype = next(filter(None, map(half_dtype, self.raw[index : at + 1])), None)
+            self.log.blocks[-1].append(Block(label, array, self.number(index), dtype))
         else:  # printed before the first step: not attributable to any step
             self.log.unattached += 1
             self.log.add_noise(self.number(index), self.lines[index])
