@@ -65,7 +65,7 @@ def test_float16_prints_are_known_to_their_spacing(cli, tmp_path):
     _paddle_log(base, losses, weights, "float16")
     _paddle_log(merged, losses, _flip(weights), "float16")
     code, data = _verdict(cli, tmp_path, base, merged)
-    assert code == 0, data["diagnoses"]
+    assert code == 0, data["diagnosis"]
     # the same digits said to be float32 are known to 1e-8: the flip is beyond that
     _paddle_log(base, losses, weights, "float32")
     _paddle_log(merged, losses, _flip(weights), "float32")

@@ -61,6 +61,9 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     """Causes for a failing comparison (or an explanation of a passing one)."""
     if all(check.status != FAIL for check in c.checks):
         return _why_it_passes(c)
+    if not c.results:  # no window could be judged: what the bookkeeping says, nothing else
+        found = [d for d in (sig.window_bookkeeping(c), sig.step_in_window(c)) if d is not None]
+        return found[:1] or [_unexplained(c)]
     diverged = sig.non_finite(c)
     if diverged is not None and None not in diverged.evidence.values():
         return [diverged]  # both diverge: nothing else can be read from non-finite numbers

@@ -68,12 +68,13 @@ def follow_gain_divergence(
     if at.problems or not at.loss_ok or not moved or not all(d.ok for d in at.grads):
         return []
     wm, wr = merged.weights(at.update), ref.weights(at.update)
-    if wm is None or wr is None:
+    gm, gr = merged.grads(at.update), ref.grads(at.update)
+    if wm is None or wr is None or gm is None or gr is None:
         return [_UNREADABLE.format(u=at.update)]
     elements = {}
     for d in moved:
-        if d.name not in wm or d.name not in wr:
-            return []
+        if any(d.name not in tensors for tensors in (wm, wr, gm, gr)):
+            return []  # a buffer, or a tensor without a gradient: no optimizer gain moved it
         found = _top_elements(wm[d.name], wr[d.name])
         if found is None:
             return []
