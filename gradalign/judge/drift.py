@@ -110,6 +110,16 @@ def shared_rms(
     return diff / math.sqrt(count)
 
 
+def graded(seen: set[str], name: str, nonzero: bool) -> bool:
+    """Whether a tensor's steps may carry gradient noise: a gradient of either run was nonzero
+    at this update or one before it (`seen` remembers them). One that never had any (an EMA copy,
+    a probe another optimizer steps and clears, a tensor moved by hand) was not stepped by its
+    gradient at all: its steps explain no drift, however far they go."""
+    if nonzero:
+        seen.add(name)
+    return name in seen
+
+
 def _gradient_noise(ga: np.ndarray, gb: np.ndarray, rms: float) -> np.ndarray:
     """TAU·max(|ga − gb|, rms) per element (= max(TAU·x, TAU·rms) exactly)."""
     noise = np.subtract(ga, gb)
@@ -186,6 +196,7 @@ class Drift:
         self.drift: dict[str, np.ndarray] = {}
         self.explained: dict[str, float] = {}
         self.noisy: set[str] = set()  # tensors whose gradient was noise as a whole (shared_rms)
+        self.graded: set[str] = set()  # tensors with a gradient, now or before (`graded`)
 
     def advance(
         self,
@@ -222,6 +233,8 @@ class Drift:
         g_base = np.asarray(gb, dtype=np.float64).ravel()
         noise = np.abs(g_base - g_ref)
         if not (np.isfinite(noise).all() and np.isfinite(b).all() and np.isfinite(r).all()):
+            return
+        if not graded(self.graded, name, bool(g_base.any() or g_ref.any())):
             return
         prev_b, prev_r = self.prev_b[name].ravel(), self.prev_r[name].ravel()
         if self.against_merged:
@@ -303,6 +316,7 @@ class DriftFiles:
         self.held: dict[tuple[str, int], np.ndarray] = {}
         self.held_bytes = 0
         self.noisy: set[str] = set()  # as `Drift.noisy`
+        self.graded: set[str] = set()  # as `Drift.graded`
         self._lock = threading.Lock()
 
     def _fd(self, name: str) -> int:

@@ -23,6 +23,7 @@ from .compatible import stray
 from .drift import (
     DriftFiles,
     beyond_drift,
+    graded,
     noise_steps,
     shared_rms,
     shared_steps,
@@ -183,6 +184,9 @@ class StreamJudge:
             widen = widen and out.grad is not None and out.grad.ok
         if f.wb is None:
             return out
+        if widen and gpair:  # a tensor that never had a gradient drifts by none of its steps
+            other = gpair.rr if referenced else gpair.mm
+            widen = graded(self.drift.graded, name, gpair.bb > 0 or other > 0)
         spread = (gpair.br if referenced else gpair.dd) if widen and gpair else math.nan
         if widen and gpair and not referenced and math.isfinite(spread):
             norms = (math.sqrt(v) for v in (gpair.dd, gpair.bb, gpair.mm))
