@@ -37,6 +37,20 @@ def test_a_manifest_number_strict_json_lacks_is_refused(cli, small_copy, constan
     one_line_error(result, "manifest.json", f"{constant} is not a number in strict JSON")
 
 
+def test_a_gradient_file_dropped_from_the_manifest_is_refused(cli, small_copy):
+    """Deleting a tampered gradient file's line from the manifest (what a user tries after "fails
+    its checksum") made the judge skip that update's gradients and pass; the file is still in
+    the run, so the run is refused."""
+    manifest = small_copy["merged"] / "manifest.json"
+    data = json.loads(manifest.read_text())
+    listed = "grads/update_000001.safetensors"
+    assert listed in data["files"] and (small_copy["merged"] / listed).exists()
+    del data["files"][listed]
+    manifest.write_text(json.dumps(data, indent=2))
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    one_line_error(result, listed, "is in the run but not listed in the manifest")
+
+
 def test_a_golden_key_written_twice_is_refused(cli, small_runs, tmp_path):
     """A merge that keeps both sides of a conflict repeats keys; json kept the last one and the
     golden was judged as if nothing were wrong."""

@@ -62,6 +62,25 @@ def test_an_internal_error_is_one_line_and_exit_3(cli, small_runs, monkeypatch):
         )
 
 
+@pytest.mark.parametrize("signal", [KeyboardInterrupt, cli_module.Terminated])
+def test_an_interrupt_wrapped_by_python_is_still_an_interrupt(cli, small_runs, monkeypatch, signal):
+    """Python 3.11 wraps an exception raised in a class's `__set_name__` (an interrupt landing
+    while an import creates classes) in a RuntimeError: still 130 or 143, never exit 3."""
+    from gradalign.judge import compare as judge
+
+    def interrupted(*args, **kwargs):
+        try:
+            raise signal()
+        except BaseException as inner:
+            raise RuntimeError("Error calling __set_name__ on 'Field'") from inner
+
+    monkeypatch.setattr(judge, "compare", interrupted)
+    result = cli("compare", small_runs["baseline"], small_runs["merged"])
+    expected = 130 if signal is KeyboardInterrupt else 143
+    assert result.code == expected, result.err
+    assert "internal error" not in result.err and "interrupted" in result.err
+
+
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
 def test_disk_errors_while_writing_are_bad_input_and_leave_nothing(
     cli, tmp_path, monkeypatch, code

@@ -151,6 +151,10 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         unlisted = [f for f in map(weights_file, [None, *range(updates)]) if f not in checksums]
         if unlisted:
             raise BadInput(f"{where}: {unlisted[0]} is not listed in the manifest")
+    stray = [f for f in map(grads_file, range(updates)) if f not in checksums]
+    stray = [f for f in stray if (store.path / f).exists()]
+    if stray:  # a gradient the run wrote and the manifest disowns: never judged, so refused
+        raise BadInput(f"{where}: {stray[0]} is in the run but not listed in the manifest")
     has_grads = any(grads_file(i) in checksums for i in range(updates))
     load_rank = store.read_all  # each rank's series, its checksum checked
     ranks, distributed = read_ranks(manifest, where, load_rank, series, micro, updates, p)
