@@ -16,7 +16,7 @@ from gradalign.runs import tensors
 from gradalign.runs.reader import read_run_dir
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
-ALLOWED_IMPORTS = {"json", "hashlib", "struct", "os", "pathlib", "numpy"}
+ALLOWED_IMPORTS = {"json", "hashlib", "shutil", "struct", "os", "pathlib", "numpy"}
 
 BATCH, K, UPDATES, LR = 8, 4, 5, 0.1
 

@@ -4,6 +4,8 @@ reference, each accumulation bug fails with its own code."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -270,3 +272,47 @@ def test_sample_digest_equals_the_recorders():
     assert sample_digest(x.astype(np.float64)) == sample_digest(x)  # a float64 rerun digests alike
     parts = sample_digest(x[:4], labels[:4]) + sample_digest(x[4:], labels[4:])
     assert parts == sample_digest(x, labels)  # digests add up over micro-batches
+
+
+def test_a_refused_write_leaves_nothing_behind(tmp_path):
+    """Every input the writer refuses is refused before a file is written; and an error while
+    writing removes what was staged."""
+    from gradalign.runs.portable import write_run
+
+    w = {"w": np.zeros((2, 2), np.float32)}
+    good = dict(accum_steps=1, micro_losses=[0.5], init_weights=w, update_weights=[w])
+    bad = [
+        {"accum_steps": 0},
+        {"micro_losses": [0.5, 0.5]},
+        {"micro_items": [-4.0]},
+        {"micro_items": [float("nan")]},
+        {"config": {"lr": float("nan")}},
+        {"grads": [{"w": object()}]},  # fails while writing
+    ]
+    for change in bad:
+        with pytest.raises((ValueError, KeyError, TypeError)):
+            write_run(tmp_path / "run", **{**good, **change})
+        assert list(tmp_path.iterdir()) == [], change
+    assert write_run(tmp_path / "run", **good).is_dir()
+
+
+def test_negative_item_counts_are_refused_by_the_reader(tmp_path):
+    from gradalign.errors import BadInput
+    from gradalign.runs.portable import encode_safetensors, write_run
+    from gradalign.runs.reader import read_run_dir
+
+    w = {"w": np.zeros((2, 2), np.float32)}
+    run = write_run(
+        tmp_path / "run", accum_steps=1, micro_losses=[0.5], init_weights=w, update_weights=[w]
+    )
+    from safetensors.numpy import load_file
+
+    series = load_file(run / "series.safetensors")
+    series["micro/items"] = np.array([-4.0])
+    data = encode_safetensors(series)
+    (run / "series.safetensors").write_bytes(data)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["files"]["series.safetensors"] = hashlib.sha256(data).hexdigest()
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BadInput, match="micro/items holds a count that is negative"):
+        read_run_dir(run)

@@ -8,6 +8,7 @@ your project; it needs numpy and the standard library, nothing else. Pass numpy 
 import hashlib
 import json
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -112,26 +113,16 @@ def write_run(
     if final.exists():
         raise FileExistsError(f"{final} exists; remove it first")
     stage = final.parent / f".{final.name}.partial-{os.getpid()}"
+    if isinstance(accum_steps, bool) or int(accum_steps) != accum_steps or accum_steps < 1:
+        raise ValueError(f"accum_steps must be a whole number >= 1, got {accum_steps!r}")
     k, n = int(accum_steps), len(update_weights)
     names = list(init_weights)
     p = len(names)
     files = {}
 
-    def put(relpath, tensors):
-        data = encode_safetensors(tensors)
-        (stage / relpath).parent.mkdir(parents=True, exist_ok=True)
-        (stage / relpath).write_bytes(data)
-        files[relpath] = hashlib.sha256(data).hexdigest()
-
     def state(weights):
         return np.array([fingerprint(weights[name]) for name in names], dtype=np.int64)
 
-    put("weights/init.safetensors", init_weights)
-    for i, weights in enumerate(update_weights):
-        put(f"weights/update_{i:06d}.safetensors", weights)
-    if grads is not None:
-        for i, g in enumerate(grads):
-            put(f"grads/update_{i:06d}.safetensors", g)
     starts = [init_weights, *update_weights[:-1]]  # the weights each window starts from
     if micro_state is None:
         micro_state = [state(starts[m // k]) for m in range(n * k)]
@@ -155,39 +146,60 @@ def write_run(
     for key, (value, rows, kind) in optional.items():
         if value is not None:
             series[key] = _series(value, rows, kind, key)
-    put("series.safetensors", series)
-    first = np.asarray(init_weights[names[0]]).dtype.name if names else "float32"
-    environment = {
-        "writer": "gradalign portable writer",
-        "numpy": np.__version__,
-        "dtype": dtype or first,
-    }
-    if compute_dtype:
-        environment["compute_dtype"] = compute_dtype
-    manifest = {
-        "format": "gradalign-run",
-        "format_version": 1,
-        "accum_steps": k,
-        "updates": n,
-        "micro_steps": n * k,
-        "tensors": [
-            {
-                "name": name,
-                "shape": list(np.shape(init_weights[name])),
-                "dtype": np.asarray(init_weights[name]).dtype.name,
-                "kind": "param" if not grads or name in grads[0] else "buffer",
-            }
-            for name in names
-        ],
-        "config": config or {},
-        "environment": environment,
-        "fault": None,
-        "files": dict(sorted(files.items())),
-    }
-    for key, value in (("reference", reference), ("grad_dtype", grad_dtype), ("model", model)):
-        if value is not None:
-            manifest[key] = value
-    text = json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    (stage / "manifest.json").write_text(text)  # last: a run without a manifest is no run
-    os.replace(stage, final)
+    items = series.get("micro/items")
+    if items is not None and not (np.isfinite(items).all() and (items >= 0).all()):
+        raise ValueError("micro_items must be finite counts >= 0")
+    json.dumps(config or {}, allow_nan=False)  # strict JSON: refused before anything is written
+    try:  # nothing half-written is left behind
+
+        def put(relpath, tensors):
+            data = encode_safetensors(tensors)
+            (stage / relpath).parent.mkdir(parents=True, exist_ok=True)
+            (stage / relpath).write_bytes(data)
+            files[relpath] = hashlib.sha256(data).hexdigest()
+
+        put("weights/init.safetensors", init_weights)
+        for i, weights in enumerate(update_weights):
+            put(f"weights/update_{i:06d}.safetensors", weights)
+        if grads is not None:
+            for i, g in enumerate(grads):
+                put(f"grads/update_{i:06d}.safetensors", g)
+        put("series.safetensors", series)
+        first = np.asarray(init_weights[names[0]]).dtype.name if names else "float32"
+        environment = {
+            "writer": "gradalign portable writer",
+            "numpy": np.__version__,
+            "dtype": dtype or first,
+        }
+        if compute_dtype:
+            environment["compute_dtype"] = compute_dtype
+        manifest = {
+            "format": "gradalign-run",
+            "format_version": 1,
+            "accum_steps": k,
+            "updates": n,
+            "micro_steps": n * k,
+            "tensors": [
+                {
+                    "name": name,
+                    "shape": list(np.shape(init_weights[name])),
+                    "dtype": np.asarray(init_weights[name]).dtype.name,
+                    "kind": "param" if not grads or name in grads[0] else "buffer",
+                }
+                for name in names
+            ],
+            "config": config or {},
+            "environment": environment,
+            "fault": None,
+            "files": dict(sorted(files.items())),
+        }
+        for key, value in (("reference", reference), ("grad_dtype", grad_dtype), ("model", model)):
+            if value is not None:
+                manifest[key] = value
+        text = json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        (stage / "manifest.json").write_text(text)  # last: a run without a manifest is no run
+        os.replace(stage, final)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
     return final

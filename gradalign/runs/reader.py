@@ -159,6 +159,9 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
     load_rank = store.read_all  # each rank's series, its checksum checked
     ranks, distributed = read_ranks(manifest, where, load_rank, series, micro, updates, p)
     micro_state = optional("micro/state", micro)
+    items = optional("micro/items", micro)
+    if items is not None and not (np.isfinite(items).all() and (items >= 0).all()):
+        raise BadInput(f"{where}: series micro/items holds a count that is negative or not finite")
     if store.fingerprinted:
         _expect_fingerprints(store, series, tensors, updates)
     run = Run(
