@@ -97,3 +97,23 @@ def test_labels_zipped_from_another_micro_batch_are_data_order(tmp_path, referen
     first = bug.diagnosis[0]
     assert first.code == "data-order", first.message
     assert "values but not its samples" in first.message and "loaders zipped" in first.message
+
+
+def test_a_micro_batch_of_no_rows_is_recorded(tmp_path):
+    """A ragged tail split with tensor_split (rows 1, 1, 1, 0): the empty micro-batch digests
+    to nothing (it raised from a reshape to (0, -1))."""
+    empty = (torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64))
+    assert (sample_digest(empty, mask=None).data, sample_digest(empty, mask=None).pairs) == (0, 0)
+    assert samples.row_sums(empty[0], None).shape == (0,)  # the device path too
+    torch.manual_seed(0)
+    model, x, y = nn.Linear(4, 2), torch.randn(3, 4), torch.randint(0, 2, (3,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=4) as rec:
+        for xs, ys in zip(torch.tensor_split(x, 4), torch.tensor_split(y, 4), strict=True):
+            loss_sum = nn.functional.cross_entropy(model(xs), ys, reduction="sum")
+            (loss_sum / 3).backward()
+            rec.micro(loss_sum=loss_sum, items=len(ys), batch=(xs, ys))
+        opt.step()
+        rec.update()
+        opt.zero_grad()
+    assert (tmp_path / "run" / "manifest.json").exists()

@@ -15,6 +15,7 @@ every micro-batch shares one leading dimension; the judge reads it as evidence, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +66,7 @@ def row_sums(tensor: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     values = bits(tensor)
     if keep is not None:
         values = torch.where(keep, values, torch.zeros((), dtype=torch.int64, device=values.device))
-    return values.reshape(values.shape[0], -1).sum(dim=1, dtype=torch.int64)
+    return values.reshape(values.shape[0], _row_size(values.shape)).sum(dim=1, dtype=torch.int64)
 
 
 def mixed_rows(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -125,10 +126,15 @@ def _np_total(values: np.ndarray, keep: np.ndarray | None) -> np.integer:
     return (values if keep is None else values[keep]).sum(dtype=np.int64)
 
 
+def _row_size(shape) -> int:
+    """Elements per row (explicit: a reshape to (0, -1) of a micro-batch of no rows fails)."""
+    return math.prod(shape[1:])
+
+
 def _np_rows(values: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
     if keep is not None:
         values = np.where(keep, values, 0)
-    return values.reshape(values.shape[0], -1).sum(axis=1, dtype=np.int64)
+    return values.reshape(values.shape[0], _row_size(values.shape)).sum(axis=1, dtype=np.int64)
 
 
 def np_mixed_rows(rows: list[np.ndarray]) -> int:
