@@ -32,6 +32,9 @@ VARIANTS = {
     "clip-scaler": {"clip": "after"},
     "clip-before-unscale": {"clip": "before"},  # the clip sees the scaled gradients
     "clip-each-micro": {"clip": "after", "clip_micro": True},  # and on every partial sum
+    # the bug on rank 1 only: rank 0's own counts are clean (its series are the run's)
+    "clip-each-micro-rank1": {"clip": "after", "clip_micro": True, "ranks": (1,)},
+    "zero-grad-rank1": {"zero_grad": True, "ranks": (1,)},  # zero_grad() after micro-step 0
     # clipped by hand after unscale_(), by a norm whose squares were all-reduced although DDP
     # had averaged the gradients already (√W too large); reported to grads(), or not
     "clip-hand-sqrtw": {"clip": "hand", "report": True},
@@ -140,13 +143,16 @@ def merged(out: Path, variant: dict) -> None:
                     else:
                         back = loss / K * (world if variant.get("times_w") else 1)
                         (scaler.scale(back) if scaler else back).backward()
-                    if variant.get("clip_micro") and micro < K - 1:  # scaled, before unscale_()
+                    buggy = rank in variant.get("ranks", range(world))
+                    if variant.get("clip_micro") and micro < K - 1 and buggy:  # before unscale_()
                         nn.utils.clip_grad_norm_(ddp.parameters(), CLIP)
                 recorded = loss.detach().clone()
                 if variant.get("recorded") == "sum":
                     dist.all_reduce(recorded)
                 items = {"items": sizes[rank]} if variant.get("items") else {}
                 rec.micro(recorded, batch=(x[rows], y[rows]), **items)
+                if variant.get("zero_grad") and micro < K - 1 and buggy:
+                    opt.zero_grad()  # the gradient accumulated so far is lost
             step(ddp, opt, scaler, clip, rec if variant.get("report") else None)
             rec.update()
             opt.zero_grad()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from gradalign import api
+from gradalign.errors import BadInput
 from gradalign.judge.results import FAIL, PASS
+from gradalign.runs import tensors
+from gradalign.runs.checksums import declared, of_file
 
 dist = pytest.importorskip("torch.distributed")
 if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover
@@ -162,3 +166,44 @@ def test_a_clip_before_unscale_is_named(loops):
     # clipped inside the window too (before unscale_ there as well): clip-per-micro comes first
     inside = errors(judged(loops, "clip-each-micro"))
     assert inside[0].code == "clip-per-micro", inside[0].message
+
+
+def test_a_bug_on_rank_1_only_is_named_from_rank_1s_counts(loops):
+    """zero_grad() inside the window, or a clip of the partial sums, on rank 1 alone: the run's
+    own series are rank 0's, so the counts that name them must come from rank 1's series file.
+    Both were `cross-sample-loss` (rank 1's counts never reached the judge)."""
+    cleared = errors(judged(loops, "zero-grad-rank1"))[0]
+    assert cleared.code == "zero-grad-in-window", cleared.message
+    assert cleared.evidence["ranks"] == [1] and "on rank 1" in cleared.message
+    clipped = errors(judged(loops, "clip-each-micro-rank1"))[0]
+    assert clipped.code == "clip-per-micro", clipped.message
+    assert clipped.evidence["ranks"] == [1] and "on rank 1" in clipped.message
+    # both ranks: no rank named (the run's own counts say it)
+    both = errors(judged(loops, "clip-each-micro"))[0]
+    assert "ranks" not in both.evidence and "on rank" not in both.message
+
+
+def _rank_series(path: Path, rank: int, edit) -> None:
+    """Rewrite one rank's series file (and its checksum in the manifest)."""
+    relpath = f"ranks/rank{rank}/series.safetensors"
+    manifest = json.loads((path / "manifest.json").read_text())
+    data = tensors.read(path / relpath, relpath)
+    edit(data)
+    (path / relpath).write_bytes(tensors.encode(data))
+    manifest["files"][relpath] = of_file(path / relpath, declared(manifest))
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_ranks_that_kept_no_counts_are_read_as_before(loops, tmp_path):
+    """A run recorded before each rank kept its counts is judged on the run's own (rank 0's),
+    naming no rank; a count of another shape than docs/FORMAT.md's is bad input."""
+    old = Path(shutil.copytree(loops / "zero-grad-rank1", tmp_path / "old"))
+    for rank in (0, 1):
+        _rank_series(old, rank, lambda d: [d.pop(k) for k in list(d) if k.startswith("update/z")])
+    comparison = api.compare(loops / "baseline", old)
+    assert comparison.verdict == FAIL and errors(comparison)
+    assert all("ranks" not in d.evidence for d in comparison.diagnosis)
+    short = Path(shutil.copytree(loops / "zero-grad-rank1", tmp_path / "short"))
+    _rank_series(short, 1, lambda d: d.update({"update/zero_grads_inside": d["micro/steps"]}))
+    with pytest.raises(BadInput, match="update/zero_grads_inside has shape"):
+        api.compare(loops / "baseline", short)

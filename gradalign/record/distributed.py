@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..runs.ranks import COUNTS
 from .facts import RecorderError
 
 _SIDE_GROUPS: list[tuple[Any, Any]] = []  # (default group, its gloo twin), made once per group
@@ -191,6 +192,7 @@ RANK_KEYS = (
     "update/lr",
     "update/optimizer_steps",
     "update/state_step",
+    *COUNTS,  # its own bookkeeping counts: a bug on one rank alone is judged from them
 )
 
 

@@ -2,17 +2,20 @@
 
 A run recorded on W ranks (torch.distributed) keeps, beside its usual files, one series file per
 rank (`ranks/rankR/series.safetensors`): that rank's micro-batch losses, item counts and sample
-digests, and the bit fingerprints of its weights and of the gradient it handed to `step()`.
+digests, the bit fingerprints of its weights and of the gradient it handed to `step()`, and
+its own bookkeeping counts (`COUNTS`: zero_grad() and clip calls inside a window, and the like).
 The run's own `micro/loss`, `micro/items` and `micro/data` are their combination over the ranks
 (`combine`): the items-weighted mean loss, the summed items and the summed digests of each
 micro-step, so that a reader that knows nothing of ranks still judges the whole training. The
-manifest's `distributed` object says how many ranks, which backend and which launcher.
+manifest's `distributed` object says how many ranks, which backend and which launcher. The
+run's own counts are rank 0's; the reader takes each as the largest over the ranks
+(`rank_counts`), so that a bug on one rank alone is judged, and `counted_on` names that rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,6 +40,18 @@ PER_UPDATE = {
     "update/optimizer_steps": np.int64,
     "update/state_step": np.int64,
 }
+# What each rank counts of its own loop, absent where it counted nothing (as in the run's series,
+# which holds rank 0's): the run's count is the largest over its ranks (`rank_counts`), so that a
+# bug on one rank alone is judged as one on all. (shape per row, dtype)
+COUNTS = {
+    "micro/steps": ((), np.int64),
+    "micro/draws": ((), np.int64),
+    "update/scaler_calls": ((2,), np.int64),
+    "update/clip_calls": ((), np.int64),
+    "update/clips_before_unscale": ((), np.int64),
+    "update/zero_grads_inside": ((), np.int64),
+    "update/clip_value": ((), np.float64),  # not a count: the first rank's that clipped by value
+}
 REQUIRED = ("micro/loss", "init/state", "update/state", "update/grad_state")
 LOSS_RTOL = 1e-12  # the run's combined loss against the one recomputed from its ranks
 
@@ -60,6 +75,7 @@ class RankSeries:
     lr: np.ndarray | None = None  # float64 [N]
     optimizer_steps: np.ndarray | None = None  # int64 [N]
     state_step: np.ndarray | None = None  # int64 [N]
+    counts: dict[str, np.ndarray] = field(default_factory=dict)  # its own COUNTS, where recorded
 
 
 def combine(ranks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -144,6 +160,9 @@ def _checked(
     shapes.update({key: (updates,) for key in PER_UPDATE})
     shapes.update({"update/state": (updates, columns), "update/grad_state": (updates, columns)})
     kinds = {**PER_MICRO, **PER_UPDATE, "init/state": np.int64}
+    for key, (row, kind) in COUNTS.items():
+        shapes[key] = (micro if key.startswith("micro/") else updates, *row)
+        kinds[key] = kind
     for key, shape in shapes.items():
         value = series.get(key)
         if value is None:
@@ -187,4 +206,42 @@ def _rank(index: int, s: dict[str, np.ndarray]) -> RankSeries:
         lr=s.get("update/lr"),
         optimizer_steps=s.get("update/optimizer_steps"),
         state_step=s.get("update/state_step"),
+        counts={key: s[key] for key in COUNTS if key in s},
     )
+
+
+def rank_counts(ranks: list[RankSeries], run: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The run's COUNTS over its ranks: the largest count of any rank at each row (the clip
+    value: rank 0's, else the first other rank's that clipped by value there). The run's own
+    (rank 0's) stand where no rank's file holds a count (a run recorded before ranks kept them)."""
+    out: dict[str, np.ndarray] = {}
+    for key in COUNTS:
+        held = [v for v in (run.get(key), *(r.counts.get(key) for r in ranks)) if v is not None]
+        if len(held) < 2:  # the run's own, or a count only one rank (or the run) kept: as it is
+            continue
+        if key == "update/clip_value":
+            value = np.array(held[0], dtype=np.float64)
+            for other in held[1:]:
+                value = np.where(np.isnan(value), other, value)
+        else:
+            value = np.maximum.reduce([np.asarray(v, dtype=np.int64) for v in held])
+        out[key] = value
+    return out
+
+
+def counted_on(ranks: list[RankSeries], key: str, row: int, above: float = 0) -> list[int] | None:
+    """The ranks whose own `key` exceeds `above` at `row` (the clip value: is set there); None
+    where that names no rank: one process, every rank counted alike, or ranks that kept no
+    counts (a run recorded before they did)."""
+    if len(ranks) < 2 or not any(key in r.counts for r in ranks):
+        return None
+    found = []
+    for r in ranks:
+        value = r.counts.get(key)
+        if value is None:
+            continue
+        here = np.asarray(value[row], dtype=np.float64)
+        seen = ~np.isnan(here) if key == "update/clip_value" else here > above
+        if bool(np.any(seen)):
+            found.append(r.rank)
+    return found if 0 < len(found) < len(ranks) else None

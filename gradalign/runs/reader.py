@@ -15,7 +15,7 @@ from . import jsonfile
 from .checksums import declared as declared_checksum
 from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, grads_file, weights_file
 from .model import Run, TensorInfo, Tensors
-from .ranks import read_ranks
+from .ranks import rank_counts, read_ranks
 from .schema import check_manifest
 from .sketched import attach_sketches
 from .store import FINGERPRINTS, Store
@@ -158,6 +158,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
     has_grads = any(grads_file(i) in checksums for i in range(updates))
     load_rank = store.read_all  # each rank's series, its checksum checked
     ranks, distributed = read_ranks(manifest, where, load_rank, series, micro, updates, p)
+    series = {**series, **rank_counts(ranks, series)}  # any rank's bookkeeping counts
     micro_state = optional("micro/state", micro)
     items = optional("micro/items", micro)
     if items is not None and not (np.isfinite(items).all() and (items >= 0).all()):

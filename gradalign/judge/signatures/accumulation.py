@@ -15,7 +15,7 @@ import numpy as np
 from ...runs.model import Run, Tensors
 from ..results import FAIL, Comparison, Diagnosis, UpdateResult
 from .clipping import scale_behind_clip
-from .common import finite, grad_norm, grads_of, weights_of, window
+from .common import finite, grad_norm, grads_of, on_ranks, weights_of, window
 
 EXPLAINED = 0.95  # a relation must explain this share of the gradient error (1 - residual share)
 
@@ -113,12 +113,13 @@ def scaler_per_micro(c: Comparison) -> Diagnosis | None:
         return None
     first = int(np.flatnonzero(calls.max(axis=1) > 1)[0])
     unscales, updates = (int(v) for v in calls[first])
+    where, ranks = on_ranks(c, "update/scaler_calls", first, above=1)
     return Diagnosis(
         "scaler-per-micro",
-        f"the loss scaler was driven inside the window: in window {first} GradScaler.unscale_() "
-        f"ran {unscales} times and update() {updates} times (once each is right); every unscale "
-        "divides the gradients accumulated so far by the scale again",
-        {"first_window": first, "unscale_calls": unscales, "update_calls": updates},
+        f"the loss scaler was driven inside the window{where}: in window {first} "
+        f"GradScaler.unscale_() ran {unscales} times and update() {updates} times (once each is "
+        "right); every unscale divides the gradients accumulated so far by the scale again",
+        {"first_window": first, "unscale_calls": unscales, "update_calls": updates, **ranks},
         "call scaler.unscale_() (before clipping), scaler.step() and scaler.update() once per "
         "window, after the K-th backward; keep one scale for all K micro-steps",
     )

@@ -11,7 +11,7 @@ import numpy as np
 from ...runs.model import Run, Tensors
 from ..checks import PRE_CLIP
 from ..results import Comparison, Diagnosis, UpdateResult
-from .common import exact_of, failing, finite, grad_norm, window, window_scale
+from .common import exact_of, failing, finite, grad_norm, on_ranks, window, window_scale
 
 _ONCE = (
     "clip once per update: after the K-th backward() (and after unscaling with a "
@@ -144,9 +144,12 @@ def clip_before_unscale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         return None  # clipped inside the window too: clip-per-micro, whatever the scale
     first = int(np.flatnonzero(counts[: i + 1])[0])
     windows = int(np.count_nonzero(counts))
-    evidence: dict = {"update": i, "first_window": first, "windows": windows}
+    where, ranks = on_ranks(c, "update/clips_before_unscale", first)
+    evidence: dict = {"update": i, "first_window": first, "windows": windows, **ranks}
     norms = ""
     mb, bb = c.merged.grad_norm_pre_clip, c.baseline.grad_norm_pre_clip
+    if 0 not in ranks.get("ranks", [0]):
+        mb = None  # the norm recorded is rank 0's, whose clips saw no scale
     if mb is not None and bb is not None and bb[first] > 0:
         ratio = float(mb[first] / bb[first])
         evidence.update(pre_clip_norms=[finite(float(mb[first])), finite(float(bb[first]))])
@@ -156,8 +159,8 @@ def clip_before_unscale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         )
     return Diagnosis(
         "clip-before-unscale",
-        f"the merged run clipped before its GradScaler's unscale_() in {windows} window(s) "
-        f"(first window {first}): the clip saw the scaled gradients, so it cut them to "
+        f"the merged run clipped{where} before its GradScaler's unscale_() in {windows} "
+        f"window(s) (first window {first}): the clip saw the scaled gradients, so it cut them to "
         f"max_norm / scale{norms}; the gradients differ first at update {i}",
         evidence,
         "unscale first: after the window's last backward, call scaler.unscale_(optimizer), "
@@ -178,9 +181,10 @@ def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         return None
     found = _clip_per_micro(c, r) or _clip_value_per_micro(c, r)
     if found is not None:
-        found.evidence["clip_calls"] = {"merged": int(counts[i]), "baseline": once}
+        where, ranks = on_ranks(c, "update/clip_calls", i, above=max(once, 1))
+        found.evidence.update(clip_calls={"merged": int(counts[i]), "baseline": once}, **ranks)
         called = "clip_grad_value_" if "clip_value" in found.evidence else "clip_grad_norm_"
-        found.message += f" ({called} called {int(counts[i])} times in window {i})"
+        found.message += f" ({called} called {int(counts[i])} times{where} in window {i})"
     return found
 
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ...runs.model import Run, Tensors
+from ...runs.ranks import counted_on
 from ..results import Comparison, UpdateResult
 from ..views import Sketching, exact, norm_of, sketch_width, vectors
 
@@ -48,6 +49,17 @@ def relative_error(base: dict[str, np.ndarray], merged: dict[str, np.ndarray]) -
     size = norm(base)
     gap = norm({n: merged[n].astype(np.float64) - base[n] for n in base})
     return gap / size if size > 0 else None
+
+
+def on_ranks(c: Comparison, key: str, row: int, above: float = 0) -> tuple[str, dict]:
+    """The merged run's ranks whose own count `key` (runs/ranks.py COUNTS) exceeds `above` at
+    `row`, where only some did: said for a message (" on rank 1") and as evidence
+    ({"ranks": [1]}); ("", {}) where no rank is to be named (one process, every rank alike)."""
+    ranks = counted_on(c.merged.ranks, key, row, above)
+    if not ranks:
+        return "", {}
+    said = f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    return said, {"ranks": ranks}
 
 
 def width(c: Comparison) -> Sketching | None:

@@ -19,6 +19,7 @@ from .common import (
     grads_of,
     lossy_hooks,
     noise_share,
+    on_ranks,
     relative_error,
     same_direction,
     same_direction_at,
@@ -338,9 +339,11 @@ def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     i, calls = r.update, int(counts[r.update])
     windows = int(np.count_nonzero(counts))
     ratio = f"{r.grad_ratio:.3g}" if finite(r.grad_ratio) is not None else "not finite"
+    where, ranks = on_ranks(c, "update/zero_grads_inside", i)
     return Diagnosis(
         "zero-grad-in-window",
-        f"zero_grad() was called {calls} time(s) inside window {i}, between its micro-steps "
+        f"zero_grad() was called {calls} time(s){where} inside window {i}, between its "
+        "micro-steps "
         f"({windows} window(s) so), and the accumulated gradient is {ratio} times the "
         "baseline's: what was cleared inside the window, and not kept elsewhere first, is lost",
         {
@@ -349,6 +352,7 @@ def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
             "windows_with_calls": windows,
             "grad_ratio": finite(r.grad_ratio),
             "grad_cosine": finite(r.grad_cosine),
+            **ranks,
         },
         _ZERO_GRAD_FIX,
     )
