@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from typer.exceptions import Abort, TyperException
 
-from . import __version__, api, api_golden
+from . import __version__, api, api_golden, errors
 from .cli_options import (
     AccumOpt,
     ConfigOpt,
@@ -373,28 +373,14 @@ def main(argv: list[str] | None = None) -> None:
         if _debug["on"]:
             raise
         _fail(f"input nested too deeply to read ({exc})", BAD_INPUT)
-    except Exception as exc:
-        code = _signal_inside(exc)
-        if code is None:
+    except Exception as exc:  # an interrupt Python wrapped in another exception is one still
+        inner = errors.wrapped_interrupt(exc)
+        if inner is None:
             _internal(exc)
+        code = INTERRUPTED if isinstance(inner, KeyboardInterrupt) else TERMINATED
     if code in (INTERRUPTED, TERMINATED):
         last_word(err_console, "interrupted: no partial run was left in place")
     sys.exit(code if isinstance(code, int) else 0)
-
-
-def _signal_inside(exc: BaseException) -> int | None:
-    """The exit code of an interrupt that another exception wraps (Python 3.11 wraps one raised
-    in a class's `__set_name__` in a RuntimeError, as an import may run), else None."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, KeyboardInterrupt):
-            return INTERRUPTED
-        if isinstance(cause, Terminated):
-            return TERMINATED
-        cause = cause.__cause__ or cause.__context__
-    return None
 
 
 def _internal(exc: BaseException) -> None:

@@ -61,3 +61,16 @@ def debug_wanted(environ: Any) -> bool:
     debugging on (any non-empty string did)."""
     value = str(environ.get("GRADALIGN_DEBUG", "")).strip().lower()
     return value not in ("", "0", "false", "no", "off")
+
+
+def wrapped_interrupt(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or `Terminated` another exception wraps (Python 3.11 wraps one
+    raised in a class's `__set_name__`, as an import may run, in a RuntimeError), else None."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, (KeyboardInterrupt, Terminated)):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None

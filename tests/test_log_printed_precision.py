@@ -119,7 +119,7 @@ def test_each_stream_has_its_printers_digits(cli, tmp_path):
 
 
 def test_a_plain_array_line_is_cleaned_as_before():
-    from gradalign.runs.logs.grammar import clean
+    from gradalign.runs.logs.cleaned import clean
 
     assert clean("  [ 0.5 -0.25 1e-05 nan]  ") == "[ 0.5 -0.25 1e-05 nan]"
     assert clean("- [0.5]") == "[0.5]"  # a logger's lone `-` prefix is still dropped

@@ -12,7 +12,8 @@ import pytest
 
 from gradalign.errors import BadInput
 from gradalign.runs.logs import looks_like_log, read_log
-from gradalign.runs.logs.grammar import clean, step_line
+from gradalign.runs.logs.cleaned import clean
+from gradalign.runs.logs.grammar import step_line
 from gradalign.runs.logs.names import is_lr_field, is_step_field, loss_rank
 from gradalign.runs.logs.records import MAX_RECORD, NOT_A_STEP, Records
 

@@ -1,10 +1,12 @@
 """Training logs as runs: a log is another source of a run (PaddlePaddle-style prints, and
 other frameworks' keyed lines, JSON/dict records and tables).
 
+`cleaned` (a line without its prefix, colours and wrappers; Paddle Tensor prints joined),
 `grammar` (what a step line, a printed array and a printed window mean look like), `names` (which
 field is the step, the loss, the lr), `records` (a JSON object or Python dict per line, tables
 with a header), `arrays` (a printed array read over its lines), `parse` (one pass over a log;
-framework lines anywhere are noise), `build` (a parsed log as a `Run`, each printed number with
+framework lines anywhere are noise; what it found is `parsed`'s, with each printed stream's
+precision), `build` (a parsed log as a `Run`, each printed number with
 its own print resolution), `cards` (several card logs of one data-parallel run combined into one
 `Run`). Numpy-only.
 """
@@ -17,7 +19,8 @@ from ...errors import BadInput
 from ..model import Run
 from .build import build_run, fingerprint
 from .cards import CARD_LOSSES, combine_cards, missing_cards
-from .grammar import StepLine, readable, step_line
+from .cleaned import readable
+from .grammar import StepLine, step_line
 from .lines import head, is_progress_bar
 from .parse import parse_log
 from .records import Records

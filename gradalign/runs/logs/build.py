@@ -12,7 +12,7 @@ from ...errors import BadInput
 from ..model import Run, TensorInfo, Tensors
 from .arrays import PrintedArray
 from .grammar import Printed
-from .parse import ParsedLog
+from .parsed import ParsedLog
 from .smooth import unsmooth
 
 LOG_DTYPE = "float32"  # what a printed weight is taken to be: the dtype frameworks train in

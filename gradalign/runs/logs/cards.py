@@ -21,7 +21,7 @@ import numpy as np
 
 from ...errors import BadInput
 from ..model import Run
-from .grammar import clean
+from .cleaned import clean
 from .lines import head
 
 CARD_LOSSES = ("mean", "sum")

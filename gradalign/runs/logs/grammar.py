@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 
 from ...errors import BadInput
-from .lines import BAR, strip_bars
+from .lines import BAR
 from .names import LINE_STEP_KEY, choose_loss
 
 _NUMBER = re.compile(
@@ -91,36 +91,8 @@ _NOT_TRAINING = re.compile(  # never a training step: glog, warnings, evaluation
     r"(?<![\w.])(?:eval\w*|val(?:id\w*)?|test(?:ing)?)(?![\w.])",
     re.IGNORECASE,
 )
-_PREFIX = re.compile(  # what a launcher or logger writes before a line; never part of it
-    r"^(?:\s*(?:\[[A-Za-z_]*\d+\]:"  # torchrun and friends: [rank0]: [default0]:
-    r"|\[\d+,\d+\]<std(?:out|err)>:"  # mpirun --tag-output
-    r"|\[?\d{4}[-/]\d\d[-/]\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
-    r"|\[?(?:\d\d/\d\d\s+)?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?"  # mmengine's `11/22 10:00:00`
-    r"|\[\s*(?:INFO|DEBUG)\s*\]|(?:LAUNCH\s+)?(?:INFO|DEBUG)(?::[\w.]+:|\b)"
-    r"|I\d{4}\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\d+\s+[\w./-]+\.py:\d+\]"  # absl's INFO, a .py's
-    r"|[\w.-]+\.py:\d+\b:?|-(?=\s)))+\s*"
-)
-_RANK = re.compile(r"^\s*(?:\[(?P<tag>[A-Za-z_]*\d+)\]:|\[\d+,(?P<mpi>\d+)\]<std)")
-_TENSOR = re.compile(  # Paddle's Tensor header; its data follows on the next line
-    r"^(?P<before>.*?)\b(?:Tensor|Parameter)\(shape=\[[\d,\s]*\],\s*dtype=[\w.]+,"
-    r".*\bstop_gradient=(?:True|False),(?:.*,)?\s*$"
-)
 _NAMED = re.compile(r"^(?P<label>[A-Za-z_][\w.]*)\s*[:=]?\s*(?P<rest>\[.*)$")  # `fc1.w [[..`
-_PARAMETER = "Parameter containing:"  # str() of a Paddle parameter: this line, then the Tensor
-_REPR = re.compile(r"\barray\(|,?\s*dtype=[\w.]+\)")  # numpy's repr: array([...], dtype=float32)
-_WRAPPED = re.compile(  # torch's tensor(1.79, device='cuda:0', ..), numpy 2's np.float32(1.79)
-    r"\b(?:tensor|np\.(?:float|int|uint)\d*)\(\s*(?P<data>\[?\s*[-+\w.]+\s*\]?)\s*(?:,[^()]*)?\)"
-)
-_HALF = re.compile(
-    r"(?:\bdtype\s*=\s*['\"]?(?:(?:paddle|torch|np|numpy|jnp|tf)\.)?|\bnp\.)"
-    r"(?P<kind>float16|bfloat16|half)\b"
-)
 _TOKEN = re.compile(r"\[|\]|\.\.\.|[^\s,\[\]]+")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\ufeff|\x08+")  # colour codes, a BOM, backspaces
-# numbers, brackets, commas and white space only: no prefix, colour code, bar or wrapper can be
-# in it (each needs a `:`, `%`, `(`, a letter other than those of `e`, `nan`, `inf`, or a
-# control character), so `clean` has nothing to drop but the ends' white space
-_PLAIN = re.compile(r"[\d\s.eE+\-\[\],naif]*")
 _EVAL_BEGINS = re.compile(  # a line of its own: `Eval begin...`, `***** Running Evaluation *****`
     r"^[\W_]*(?:(?:start(?:s|ing)?|begin(?:s|ning)?|run(?:ning)?)\s+(?:the\s+)?)?"
     r"(?:eval(?:uation)?|evaluating|validat(?:ion|ing))"
@@ -163,86 +135,6 @@ def number(token: str) -> Printed | None:
         frac = ""
     exponent = int(match["exp"]) if match["exp"] is not None else 0
     return Printed(float(token), len(frac), exponent, match["exp"] is not None)
-
-
-def clean(line: str) -> str:
-    """A line without terminal colour codes and backspaces, a launcher's or logger's prefix, a
-    progress bar it was glued to (`lines.strip_bars`), numpy's
-    `array(..., dtype=...)`, numpy 2's `np.float32(...)` and torch's `tensor(..., device=...)`
-    wrappers and surrounding white space."""
-    if _PLAIN.fullmatch(line) and not _dash_prefix(line):  # most of a printed array's lines
-        return line.strip()
-    text = _PREFIX.sub("", _ANSI.sub("", line))
-    if "[" in text and (unbarred := strip_bars(text)) != text and unbarred.strip():
-        text = _PREFIX.sub("", unbarred)  # a line glued after tqdm's bar; a bar alone is noise
-    if "(" in text:  # torch's wrapper first: its `dtype=...)` is not numpy's
-        text = _WRAPPED.sub(r"\g<data>", text)
-    return _REPR.sub("", text).strip()
-
-
-def _dash_prefix(line: str) -> bool:
-    """Whether the line starts with a lone `-` (a logger's prefix, `_PREFIX`)."""
-    text = line.lstrip()
-    return text[:1] == "-" and text[1:2].isspace()
-
-
-def half_dtype(line: str) -> str | None:
-    """The 16-bit type a print on the line names (`dtype=float16`, `dtype=paddle.bfloat16`,
-    `dtype=torch.float16`, numpy 2's `np.float16(...)`): 'float16' or 'bfloat16', else None. Its
-    values are known no closer than that type's spacing, whatever digits they print."""
-    if "16" not in line:
-        return None
-    match = _HALF.search(line)
-    return None if match is None else "bfloat16" if match["kind"] == "bfloat16" else "float16"
-
-
-def rank_tag(line: str) -> str | None:
-    """The process a launcher tagged the line with (`[rank1]: ` gives 'rank1'), if any."""
-    match = _RANK.match(_ANSI.sub("", line))
-    return None if match is None else match["tag"] or f"rank{match['mpi']}"
-
-
-def readable(lines: list[str]) -> list[str]:
-    """A log's lines as the grammar reads them: each `clean`, and Tensor prints joined
-    (`join_tensors`); line numbers stay."""
-    return join_tensors([clean(line) for line in lines])
-
-
-def join_tensors(lines: list[str]) -> list[str]:
-    """Clean lines with each Paddle Tensor print read as its data: the text before
-    `Tensor(shape=.., stop_gradient=..,` (or before `Parameter containing:`) continues with the
-    data's first line, and the `)` after the data goes. Line numbers stay: the lines moved up
-    become empty. A Tensor whose data never closes is left for the reader to refuse."""
-    out = list(lines)
-    for at, line in enumerate(out):
-        head = _TENSOR.match(line) if "(shape=" in line else None
-        if head is None:
-            continue
-        before = head["before"]
-        if not before and at and out[at - 1].endswith(_PARAMETER):
-            before, out[at - 1] = out[at - 1][: -len(_PARAMETER)], ""
-        data = next((i for i in range(at + 1, len(out)) if out[i]), None)
-        if data is None:
-            return out
-        out[at], out[data] = f"{before.strip()} {out[data]}".strip(), ""
-        _drop_closing(out, at, len(before.strip()))
-    return out
-
-
-def _drop_closing(lines: list[str], at: int, start: int) -> None:
-    """Drop the `)` that closes the Tensor whose data starts at `lines[at][start:]`: the first
-    one where its brackets balance, over the lines that hold array content."""
-    depth, text = 0, lines[at][start:]
-    for i in range(at, len(lines)):
-        if i > at:
-            text = lines[i]
-            if not is_array_content(text.removesuffix(")")):
-                continue  # a line printed into the middle of the data
-        depth += text.count("[") - text.count("]")
-        if depth <= 0:
-            if lines[i].endswith(")"):
-                lines[i] = lines[i][:-1].rstrip()
-            return
 
 
 def tokens(text: str) -> list[str]:
