@@ -50,6 +50,15 @@ USER_CODE = textwrap.dedent(
 
     def too_narrow(samples, seed):
         return np.zeros((samples, 3), np.float32), np.zeros(samples, np.int64)
+
+
+    def strings(samples, seed):
+        return np.array([["a"] * 6] * samples), np.zeros(samples, np.int64)
+
+
+    def detached_loss(outputs, targets):
+        loss = nn.functional.cross_entropy(outputs.detach(), targets, reduction="sum")
+        return loss, len(targets)
     """
 )
 SMALL = ["--updates", "4", "--batch-size", "32", "-k", "4"]
@@ -112,6 +121,8 @@ def test_user_module_on_the_path_passes_and_its_bug_is_caught(
         ("--loss", "{file}:count_of_letters", "returned an item count of 'x'"),
         ("--loss", "{file}:half_a_count", "returned an item count of 2.5"),
         ("--data", "{file}:too_narrow", "first forward pass with your data"),
+        ("--data", "{file}:strings", "inputs must hold numbers, got <U1"),
+        ("--loss", "{file}:detached_loss", "does not depend on the model's outputs"),
     ],
 )
 def test_bad_entry_points_exit_2(cli, tmp_path, user_file, option, value, message):

@@ -104,6 +104,8 @@ def build_data(spec: str, samples: int, seed: int) -> tuple[torch.Tensor, torch.
     tensors = []
     for name, value in zip(("inputs", "targets"), result, strict=True):
         if isinstance(value, np.ndarray):
+            if value.dtype.kind not in "biuf":
+                raise BadInput(f"data {spec!r}: {name} must hold numbers, got {value.dtype}")
             value = torch.from_numpy(np.ascontiguousarray(value))
         if not isinstance(value, torch.Tensor):
             raise BadInput(f"data {spec!r}: {name} must be a tensor or numpy array")
@@ -137,6 +139,11 @@ def loss_function(spec: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[tor
         ok = isinstance(result, tuple | list) and len(result) == 2
         if not ok or not isinstance(result[0], torch.Tensor) or result[0].numel() != 1:
             raise BadInput(f"loss {spec!r} must return (summed loss tensor, item count)")
+        if torch.is_grad_enabled() and not result[0].requires_grad:
+            raise BadInput(
+                f"loss {spec!r} returned a loss that does not depend on the model's outputs by "
+                "autograd (computed from detached outputs or under no_grad?)"
+            )
         items = whole_count(result[1])
         if items is None or items < 1:
             raise BadInput(f"loss {spec!r} returned an item count of {shown(result[1])}")
