@@ -255,7 +255,8 @@ def verify(
     from .runs.runset import RunSet
 
     cfg, out, feedback = as_config(config), as_path(out, "out"), feedback or Silent()
-    checked = check_tolerances(tolerances)
+    in_file = _file_tolerances(config) if isinstance(config, str | os.PathLike) else {}
+    checked = check_tolerances({**in_file, **dict(tolerances or {})})  # a YAML's, as the CLI's
     base, merged = out / "baseline", out / "merged"
     check_plan(cfg, [base, merged], reference=reference, fault=fault, reports=reports)
     names = [

@@ -127,6 +127,10 @@ def test_api_takes_a_yaml_file_and_refuses_bad_tolerances_before_training(tmp_pa
     with pytest.raises(BadInput, match="unknown tolerance"):
         api.verify(config, tmp_path / "v", tolerances={"weight_rtoll": 1.0})
     assert not (tmp_path / "v").exists()
+    # the file's `tolerances:` section applies, as `verify -c` applies it; arguments win
+    config.write_text(config.read_text() + "tolerances:\n  weight_rtol: 0.5\n  noise_factor: 8\n")
+    comparison = api.verify(config, tmp_path / "v", tolerances={"noise_factor": 6})
+    assert (comparison.tolerances.weight_rtol, comparison.tolerances.noise_factor) == (0.5, 6)
 
 
 def _modules() -> list[Path]:
