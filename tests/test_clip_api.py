@@ -51,7 +51,7 @@ def clip_loop(out, k: int, *, bug: str | None = None, split: bool = True, float6
                 rec.micro(loss, batch=(x[rows], y[rows]))
                 if bug == "clip-every-micro":
                     clip(model, MAX_NORM)
-            if bug != "clip-every-micro":
+            if bug not in ("clip-every-micro", "no-clip"):
                 clip(model, MAX_NORM / k if bug == "clip-over-k" else MAX_NORM)
             opt.step()
             rec.update()
@@ -87,6 +87,18 @@ def test_split_api_clipping_bugs_are_named(tmp_path, base, bug, expected, calls)
     c = compare(base, merged)
     assert c.verdict == "fail"
     assert c.diagnosis[0].code == expected
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_merged_run_that_does_not_clip_is_named_clip_threshold(tmp_path, base, split):
+    """It recorded no clip at all, and stepped with the norm the baseline had before clipping:
+    it was `loss-scale`, with a fix about 1/K, at the ratio of the baseline's clip."""
+    merged = clip_loop(tmp_path / "merged", 4, bug="no-clip", split=split)
+    assert merged.grad_norm_pre_clip is None
+    c = compare(base, merged)
+    assert c.verdict == "fail"
+    assert c.diagnosis[0].code == "clip-threshold", [d.code for d in c.diagnosis]
+    assert "did not clip" in c.diagnosis[0].message
 
 
 def test_clip_grad_norm_calling_the_split_api_is_counted_once(tmp_path, monkeypatch):

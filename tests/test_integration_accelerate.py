@@ -213,3 +213,26 @@ def test_k_of_a_loop_whose_accelerator_does_not_accumulate_is_asked_for(tmp_path
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(BadInput, match="accum_steps=4 but the Accelerator accumulates 2"):
         record(accelerator, model, optimizer, tmp_path / "r", accum_steps=4)
+
+
+def test_a_plain_backward_is_refused_where_the_optimizer_steps(tmp_path):
+    """`loss.backward()` instead of `accelerator.backward(loss)`: the recording saw no backward
+    before the step, and says which call to make (it said "call update()", which an accelerate
+    loop never calls)."""
+    import torch
+    from accelerate import Accelerator
+
+    from gradalign.record.integrations.accelerate import record
+
+    accelerator = Accelerator(gradient_accumulation_steps=2, cpu=True)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    refused = pytest.raises(BadInput, match=r"call accelerator.backward\(loss\), not loss.back")
+    with refused, record(accelerator, model, optimizer, tmp_path / "r"):
+        for _ in range(2):
+            with accelerator.accumulate(model):
+                model(torch.ones(2, 3)).pow(2).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    assert list(tmp_path.iterdir()) == []

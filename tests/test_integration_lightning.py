@@ -241,3 +241,41 @@ def test_manual_optimization_closes_an_epochs_short_last_window_where_it_steps(t
     assert verdict == "pass" and worst < 1, (codes, worst)
     run = read_run_dir(merged)
     assert (run.updates, run.micro_steps) == (6, 20)  # two epochs of windows 4, 4, 2
+
+
+def test_manual_optimization_with_a_plain_backward_is_refused(tmp_path):
+    """`loss.backward()` in manual optimization: Lightning's backward hooks never fire, and the
+    callback wrote a run of updates without micro-steps; it refuses, naming manual_backward."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    class Plain(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(3, 1)
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            (self.net(batch).pow(2).mean() / 2).backward()
+            if batch_idx % 2 == 1:
+                optimizer = self.optimizers()
+                optimizer.step()
+                optimizer.zero_grad()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = pl.GradalignCallback(tmp_path / "r", accum_steps=2)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with pytest.raises(BadInput, match=r"call self.manual_backward\(loss\), not loss.backward"):
+        trainer.fit(Plain(), DataLoader(torch.ones(8, 3), batch_size=2))
+    assert not (tmp_path / "r").exists()

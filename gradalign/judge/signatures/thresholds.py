@@ -7,7 +7,7 @@ import math
 
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import clip_state
-from .common import finite, noise_share, window
+from .common import finite, grad_norm, noise_share, window
 
 
 def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
@@ -18,6 +18,8 @@ def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     if by_value is not None:
         return by_value
     pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if pre_b is not None and pre_m is None:
+        return _not_clipped(c, r)
     if pre_b is None or pre_m is None:
         return None
     i = r.update
@@ -54,6 +56,33 @@ def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         evidence,
         "clip the accumulated gradient once per update with the baseline's max_norm: it is the "
         "same sum at any K, so max_norm must not be scaled with K",
+    )
+
+
+def _not_clipped(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The baseline clipped and the merged run recorded no clip: its stepped gradient has the
+    norm the baseline's had before clipping (to the gradient's noise), so it did not clip."""
+    i = r.update
+    clipped_b, post_b = clip_state(c, c.baseline, i)
+    merged = grad_norm(c, c.merged, i)
+    before = float(c.baseline.grad_norm_pre_clip[i])
+    tol = max(1e-4, noise_share(c, r))
+    if not clipped_b or not merged or not math.isclose(merged, before, rel_tol=tol):
+        return None
+    return Diagnosis(
+        "clip-threshold",
+        f"at update {i} the baseline clipped its accumulated gradient from norm {before:.4g} to "
+        f"{post_b:.4g}; the merged run stepped with norm {merged:.4g}, the baseline's before "
+        "clipping, and recorded no clip: the merged run did not clip (or clipped where the "
+        "Recorder does not see it, with no effect)",
+        {
+            "update": i,
+            "norm_before_clip": {"baseline": finite(before)},
+            "norm_after_clip": {"merged": finite(merged), "baseline": finite(post_b)},
+        },
+        "clip the merged run's accumulated gradient once per update, after its last "
+        "micro-batch, with the baseline's max_norm (torch.nn.utils.clip_grad_norm_, or the "
+        "framework's gradient_clip_val / max_grad_norm)",
     )
 
 

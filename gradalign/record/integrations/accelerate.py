@@ -219,7 +219,12 @@ class AccelerateRecording:
         """The optimizer starts a step: the open micro-step comes first; without accumulate
         blocks, the window ends here once it holds K micro-steps or the data ends."""
         self._flush()
-        if self._accumulating or not self._in_window:
+        if not self._in_window:
+            raise BadInput(
+                "the optimizer stepped with no accelerator.backward(loss) since its last step: "
+                "call accelerator.backward(loss), not loss.backward()"
+            )
+        if self._accumulating:
             return
         self._stepped = True
         if self._k == 1 and self._in_window > 1:

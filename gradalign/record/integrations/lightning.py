@@ -207,6 +207,11 @@ class GradalignCallback(pl.Callback):
             return
         self._flush()
         stepped = self._stepped or trainer.global_step > self._steps_at_start
+        if stepped and self._in_window == 0:
+            raise BadInput(
+                "the optimizer stepped, but Lightning saw no backward in its window: in manual "
+                "optimization call self.manual_backward(loss), not loss.backward()"
+            )
         if stepped and (
             self._automatic or self._in_window >= self._k or _last_batch(trainer, batch_idx)
         ):
