@@ -87,3 +87,16 @@ def _judge(result: UpdateResult, base: Run, merged: Run, lr_dtypes: tuple[str, s
             result.problems.append(
                 ("state_step", f"optimizer's own step count {sm} in merged, {sb} in baseline")
             )
+
+
+def unjudged_losses(base: Run, merged: Run, n: int) -> np.ndarray:
+    """bool [n]: the updates whose loss is not judged: a run did not give it (a log prints none
+    for an iteration its loss scaler skipped) and neither run stepped its optimizer there, so
+    both skipped it alike. A loss missing where a run stepped is judged, and fails."""
+    missing = ~(base.window_loss_known()[:n] & merged.window_loss_known()[:n])
+    for run in (base, merged):
+        steps = run.optimizer_steps
+        if steps is None:
+            return np.zeros(n, dtype=bool)
+        missing &= np.asarray(steps[:n]) == 0
+    return missing

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..runs.model import Run
 from ..runs.summaries import SKETCH_SIZE
+from .distributed import listed
 from .metrics import TensorDiff
 from .replicas import replicas_comparable
 from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
@@ -234,12 +235,30 @@ def _finite_check(base: Run, merged: Run) -> Check:
                 FAIL,
                 f"{name} loss is {run.micro_loss[bad[0]]} at micro-step {int(bad[0])}",
             )
+    unprinted = sum(int((~r.loss_known).sum()) for r in (base, merged) if r.loss_known is not None)
+    if unprinted:
+        return Check(
+            "finite losses",
+            PASS,
+            f"every printed micro-step loss is finite ({unprinted} not printed: iterations a "
+            "loss scaler skipped)",
+        )
     return Check("finite losses", PASS, "every micro-step loss is finite")
 
 
 def _loss_check(results: list[UpdateResult], unit: str) -> Check:
     if not results:
         return Check("losses", NOT_CHECKED, "no update lines up with the baseline's")
+    skipped = [r.update for r in results if not r.loss_judged]
+    results = [r for r in results if r.loss_judged]
+    unjudged = (
+        f"; not judged at update(s) {listed([str(u) for u in skipped], 6)}, which both runs' "
+        "loss scalers skipped and whose loss a log did not print"
+        if skipped
+        else ""
+    )
+    if not results:
+        return Check("losses", NOT_CHECKED, "no update's loss was printed" + unjudged)
     bad = [r for r in results if not r.loss_ok]
     worst = max(r.loss_diff for r in results)
     if bad:
@@ -248,13 +267,13 @@ def _loss_check(results: list[UpdateResult], unit: str) -> Check:
             "losses",
             FAIL,
             f"{len(bad)}/{len(results)} updates differ; first at update "
-            f"{r.update}: {r.loss_error:.3g} > {r.loss_allowed:.3g}",
+            f"{r.update}: {r.loss_error:.3g} > {r.loss_allowed:.3g}{unjudged}",
         )
     ratio = max(r.loss_error / r.loss_allowed if r.loss_allowed else 0.0 for r in results)
     return Check(
         "losses",
         PASS,
-        f"max abs diff {worst:.3g} over {len(results)} updates ({ratio:.2g}x {unit})",
+        f"max abs diff {worst:.3g} over {len(results)} updates ({ratio:.2g}x {unit}){unjudged}",
     )
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from ..runs.model import Run, Tensors
 from .apart import judge_apart
 from .below_noise import shape_below_noise
-from .bookkeeping import bookkeeping_judge
+from .bookkeeping import bookkeeping_judge, unjudged_losses
 from .checks import build_checks
 from .compatible import (
     ReferenceBound,
@@ -203,6 +203,7 @@ class _Judge:
         n = judged_updates(base, merged)  # runs whose windows stop lining up are cut there
         self.base_loss, self.merged_loss = base.window_losses()[:n], merged.window_losses()[:n]
         self.resolution = base.window_loss_quantum()[:n] + merged.window_loss_quantum()[:n]
+        self.unjudged = unjudged_losses(base, merged, n)  # skipped by both, a loss unprinted
         compute = least_precise([base.compute_dtype, merged.compute_dtype])
         # without a reference: a loss computed in a 16-bit dtype is known to its rounding there
         self.loss_rounding = loss_rounding([base.micro_loss, merged.micro_loss], compute)
@@ -211,8 +212,11 @@ class _Judge:
             self.ref_loss = ref.window_losses()[:n]
             own = np.abs(self.base_loss - self.ref_loss)
             # One scalar's error is heavy-tailed; pool it over the run (its RMS) as a lower bound.
+            seen = own[~self.unjudged]  # an update both skipped, its loss unprinted, holds none
             pooled = (
-                float(np.sqrt(np.mean(own**2))) if own.size and np.isfinite(own).all() else math.nan
+                float(np.sqrt(np.mean(seen**2)))
+                if seen.size and np.isfinite(seen).all()
+                else math.nan
             )
             # and a recorded loss is known to one rounding of its own value at best: a window
             # mean of K losses, each rounded where it was computed (under autocast, perhaps in
@@ -221,6 +225,8 @@ class _Judge:
             self.loss_noise = np.maximum(np.maximum(own, pooled), quantum)
 
     def loss(self, i: int) -> UpdateResult:
+        if self.unjudged[i]:
+            return UpdateResult(i, math.nan, math.nan, 0.0, 0.0, 0.0, loss_judged=False)
         b, m = self.base_loss[i], self.merged_loss[i]
         gap = abs(m - b)
         gap = float(gap) if math.isfinite(gap) else math.inf

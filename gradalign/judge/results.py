@@ -29,6 +29,7 @@ class UpdateResult:
     grad_ratio: float | None = None  # least-squares merged/baseline over all gradients
     grad_cosine: float | None = None
     problems: list[tuple[str, str]] = field(default_factory=list)  # (check key, message)
+    loss_judged: bool = True  # False: both runs skipped the update and a loss went unprinted
 
     @property
     def loss_ok(self) -> bool:

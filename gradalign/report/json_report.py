@@ -24,7 +24,7 @@ def _finite(value: float | None) -> float | None:
 def to_dict(comparison: Comparison) -> dict[str, Any]:
     """The JSON report: same facts as the table. Non-finite numbers are null."""
     c = comparison
-    diffs = [r.loss_diff for r in c.results]
+    diffs = [r.loss_diff for r in c.results if r.loss_judged]
     finite = [d for d in diffs if math.isfinite(d)]
     return {
         "gradalign": __version__,
@@ -79,9 +79,9 @@ def _update_dict(r: UpdateResult) -> dict[str, Any]:
         "ok": r.ok,
         "baseline_loss": _finite(r.base_loss),
         "merged_loss": _finite(r.merged_loss),
-        "loss_abs_diff": _finite(r.loss_diff),
-        "loss_error": _finite(r.loss_error),
-        "loss_allowed": _finite(r.loss_allowed),
+        "loss_abs_diff": _finite(r.loss_diff) if r.loss_judged else None,
+        "loss_error": _finite(r.loss_error) if r.loss_judged else None,
+        "loss_allowed": _finite(r.loss_allowed) if r.loss_judged else None,
         "loss_noise": _finite(r.loss_noise),
         "grad_ratio": _finite(r.grad_ratio),
         "grad_cosine": _finite(r.grad_cosine),

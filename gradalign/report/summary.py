@@ -190,9 +190,9 @@ def update_row(r: UpdateResult) -> dict[str, str]:
     problems = "; ".join(text for _, text in r.problems)
     return {
         "update": str(r.update),
-        "baseline loss": f"{r.base_loss:.8g}",
-        "merged loss": f"{r.merged_loss:.8g}",
-        "|diff|": num(r.loss_diff),
+        "baseline loss": f"{r.base_loss:.8g}" if r.loss_judged else "-",
+        "merged loss": f"{r.merged_loss:.8g}" if r.loss_judged else "-",
+        "|diff|": num(r.loss_diff) if r.loss_judged else "-",
         "worst": name,
         "err/allowed": num(ratio, 2),
         "status": ("ok" if r.ok else "FAIL") + (f" ({problems})" if problems else ""),

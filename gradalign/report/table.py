@@ -33,11 +33,14 @@ def _update_row(r: UpdateResult, calibrated: bool) -> list[str]:
             num(worst.noise) if known else "-",
             f"{worst.error / worst.noise:.2g}x" if known and worst.noise else "-",
         ]
+    if not r.loss_judged:  # both runs' loss scalers skipped it and a log printed no loss
+        status += " [dim]skipped by both[/]"
+    judged = r.loss_judged
     return [
         str(r.update),
-        f"{r.base_loss:.8g}",
-        f"{r.merged_loss:.8g}",
-        num(r.loss_diff),
+        f"{r.base_loss:.8g}" if judged else "-",
+        f"{r.merged_loss:.8g}" if judged else "-",
+        num(r.loss_diff) if judged else "-",
         worst.name if worst else "-",
         _max_abs(worst),
         *noise,

@@ -83,6 +83,7 @@ class Run:
     printed_window_loss: np.ndarray | None = None  # float64 [N], a mean the source printed itself
     printed_window_quantum: np.ndarray | None = None  # float64 [N], how precisely it was printed
     loss_quantum: np.ndarray | None = None  # float64 [M], print resolution of each loss (logs)
+    loss_known: np.ndarray | None = None  # bool [M]; False: not printed (a skipped iteration's)
     config: dict = field(default_factory=dict)
     environment: dict = field(default_factory=dict)
     fault: str | None = None  # a label for readers; the judge never looks at it
@@ -208,10 +209,19 @@ class Run:
             return False
         return bool(np.mean(np.asarray(self.micro_draws[1:]) > 0) >= 0.5)
 
+    def window_loss_known(self) -> np.ndarray:
+        """bool [N]: whether the source gave every micro loss of the window (a log prints none
+        for an iteration its loss scaler skipped; that window's loss is NaN, and unknown)."""
+        if self.loss_known is None:
+            return np.ones(self.updates, dtype=bool)
+        return self.window_sums(~np.asarray(self.loss_known, dtype=bool)) == 0
+
     def non_finite_losses(self) -> np.ndarray:
         """The micro-steps whose loss is not finite, leaving out those of no items (a mean over
         no tokens is NaN and weighs nothing)."""
         bad = ~np.isfinite(self.micro_loss)
+        if self.loss_known is not None:
+            bad &= self.loss_known
         if self.micro_items is not None:
             bad &= np.asarray(self.micro_items) != 0
         return np.flatnonzero(bad)

@@ -110,15 +110,18 @@ def scaler_skips(c: Comparison) -> Diagnosis | None:
     if u:
         message += "; the updates before it are within what is allowed"
     seen = f"; {lowest:g} is the lowest scale either run stepped at here" if lowest else ""
-    return Diagnosis(
-        "scaler-skips",
-        message,
-        evidence,
+    fix = (
         f"start both runs' GradScaler at a scale neither overflows at (GradScaler(init_scale=S)"
         f"{seen}), so that both step at every update, and record them again; a float64 "
         "reference skips what its baseline skipped: Recorder(..., "
-        "skip_updates=gradalign.skipped_updates(BASELINE))",
+        "skip_updates=gradalign.skipped_updates(BASELINE))"
     )
+    if "log" in (c.baseline.kind, c.merged.kind):  # a log's scaler is its framework's
+        fix = (
+            "start both runs' loss scaler at a scale neither overflows at (Megatron-LM's "
+            f"--initial-loss-scale S{seen}), so that both step at every update, and log them again"
+        )
+    return Diagnosis("scaler-skips", message, evidence, fix)
 
 
 def _stepped_inside(c: Comparison) -> bool:

@@ -13,6 +13,7 @@ from ..model import Run, TensorInfo, Tensors
 from .arrays import PrintedArray
 from .grammar import Printed
 from .parsed import ParsedLog
+from .skips import attach_scaler
 from .smooth import unsmooth
 
 LOG_DTYPE = "float32"  # what a printed weight is taken to be: the dtype frameworks train in
@@ -151,6 +152,7 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
             "step's loss was recovered as t*L_t - (t-1)*L_(t-1), judged within the print's "
             "rounding times t"
         )
+    attach_scaler(run, log)
     if tensors:
         _attach_weights(run, log, tensors, array_precisions)
     if log.lrs and all(lr is not None for lr in log.lrs):

@@ -81,6 +81,12 @@ def _combine(series: list[np.ndarray], card_loss: str) -> np.ndarray:
     return stacked.mean(axis=0) if card_loss == "mean" else stacked.sum(axis=0)
 
 
+def _known(runs: list[Run]) -> np.ndarray | None:
+    """Which combined losses every card printed (None: all of them)."""
+    known = [r.loss_known for r in runs if r.loss_known is not None]
+    return np.logical_and.reduce(known) if known else None
+
+
 def combine_cards(runs: list[Run], card_loss: str) -> Run:
     """One Run from card runs (card 0 first), losses combined by `card_loss`."""
     if card_loss not in CARD_LOSSES:
@@ -115,6 +121,7 @@ def combine_cards(runs: list[Run], card_loss: str) -> Run:
         source=f"{first.source} + {len(runs) - 1} more card(s)",
         micro_loss=_combine([r.micro_loss for r in runs], card_loss),
         loss_quantum=_combine(quanta, card_loss),
+        loss_known=_known(runs),
         printed_window_loss=np.where(complete, _combine(list(printed), card_loss), np.nan),
         printed_window_quantum=np.where(
             complete, _combine(list(printed_quanta), card_loss), np.nan

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from ...errors import BadInput
 from .lines import BAR
-from .names import LINE_STEP_KEY, choose_loss
+from .names import LINE_STEP_KEY, choose_loss, loss_scale, skipped_count
 
 _NUMBER = re.compile(
     r"^[-+]?(?:(?P<int>\d+)\.(?P<frac>\d*)|\.(?P<frac2>\d+)|(?P<bare>\d+))"
@@ -162,12 +162,14 @@ def whole_or_number(text: str) -> Printed | None:
 @dataclass(frozen=True)
 class StepLine:
     index: int | None  # None: a record without a step field, numbered in order
-    loss: Printed
+    loss: Printed | None  # None: a skipped iteration's line, which prints none (`skips`)
     bracketed: bool
     epoch: int | None = None
     lr: Printed | None = None  # the learning rate a keyed step line prints beside its loss
     others: tuple[int, ...] = ()  # the line's other step keys, read where `index` does not count
     counter: bool = False  # `[ 1/20]`: a counter, which may advance by a stride (samples)
+    skipped: int | None = None  # iterations the line says its loss scaler skipped (`skips`)
+    scale: float | None = None  # the loss scale the line prints
 
 
 def step_line(text: str) -> StepLine | None:
@@ -201,8 +203,9 @@ def _keyed_step_line(text: str) -> StepLine | None:
         if keyed or _counter(text) is not None:
             raise
         return None  # not a step line: a summary holding a total and its parts
-    if at is None:
-        return None
+    if at is None:  # a keyed line that says its iteration was skipped holds no loss (`skips`)
+        skipped = keyed and (skipped_count(text) or 0) >= 1
+        return _step_line(text, [int(m["index"]) for m in keyed], False) if skipped else None
     named = found[at]
     indices = [int(m["index"]) for m in keyed]
     if not indices:
@@ -210,7 +213,7 @@ def _keyed_step_line(text: str) -> StepLine | None:
         if counter is None:
             return None
         indices = [counter]
-    return _step_line(text, indices, not keyed, *named)
+    return _step_line(text, indices, not keyed, named)
 
 
 def _loss_name(text: str, found: re.Match) -> str:
@@ -238,18 +241,21 @@ def _counter(text: str) -> int | None:
 
 
 def _step_line(
-    text: str, indices: list[int], counter: bool, found: re.Match, loss: Printed
+    text: str, indices: list[int], counter: bool, named: tuple = (None, None)
 ) -> StepLine:
+    found, loss = named  # the loss field and its value; none on a skipped iteration's line
     epoch = _EPOCH.search(text)
     lrs = (whole_or_number(m["lr"]) for m in _KEYED_LR.finditer(text))
     return StepLine(
         indices[0],
         loss,
-        found["loss"].startswith("["),
+        found is not None and found["loss"].startswith("["),
         None if epoch is None else int(epoch["epoch"]),
         next((lr for lr in lrs if lr is not None), None),
         tuple(indices[1:]),
         counter,
+        skipped_count(text),
+        loss_scale(text),
     )
 
 

@@ -9,6 +9,8 @@ records (`records`): which names are a step, the training loss, the learning rat
                `loss_epoch`); a named loss beside a `total` one and no plain `loss` is refused
     lr         lr, learning_rate, `learning rate`, `lr-<Optimizer>` (Lightning's
                LearningRateMonitor: `lr-SGD`, `lr-AdamW/pg1`)
+    skips      Megatron-LM's `number of skipped iterations: N` on a keyed line (`skips.py`)
+    scale      `loss scale: 65536.0`, `loss_scale=1024` on a keyed line
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ TRAINING = {"train", "training"}
 _STEP_FIELD = re.compile(rf"(?:{STEP_KEY})", re.IGNORECASE)
 _LR_FIELD = re.compile(r"(?:lr|learning[\s_]rate)(?:-[A-Za-z]\w*(?:/pg\d+)?)?", re.IGNORECASE)
 _WORDS = re.compile(r"[\s_/.\-]+")
+_SKIPPED = re.compile(  # Megatron-LM's count since its last line (`nan iterations` among them)
+    r"(?<![\w.])number\s+of\s+skipped\s+iterations\s*[:=]?\s*(?P<count>\d+)(?![\w.])",
+    re.IGNORECASE,
+)
+_SCALE = re.compile(
+    r"(?<![\w.])loss[\s_]scale\s*[:=]?\s*(?P<scale>\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(?![\w.])",
+    re.IGNORECASE,
+)
 
 
 def _last_part(name: str) -> str:
@@ -52,6 +62,18 @@ def is_step_field(name: str) -> bool:
 def is_lr_field(name: str) -> bool:
     """Whether a record's field is the learning rate (`lr`, `learning_rate`, `lr-SGD`)."""
     return _LR_FIELD.fullmatch(name.strip()) is not None
+
+
+def skipped_count(text: str) -> int | None:
+    """The iterations a keyed line says its loss scaler skipped (None: it prints no count)."""
+    found = _SKIPPED.search(text) if "skipped" in text.lower() else None
+    return None if found is None else int(found["count"])
+
+
+def loss_scale(text: str) -> float | None:
+    """The loss scale a keyed line prints, if it prints one."""
+    found = _SCALE.search(text) if "scale" in text.lower() else None
+    return None if found is None else float(found["scale"])
 
 
 def is_other_loss_word(word: str) -> bool:

@@ -21,7 +21,7 @@ from .grammar import (
     step_line,
 )
 from .lines import Lines, read_lines
-from .parsed import Block, ParsedLog
+from .parsed import UNPRINTED, Block, ParsedLog
 from .records import NotAStep, Records
 
 
@@ -188,7 +188,10 @@ class _Pass:
 
     def _append(self, index: int, step: StepLine) -> None:
         log = self.log
-        log.losses.append(step.loss)
+        log.losses.append(UNPRINTED if step.loss is None else step.loss)
+        log.unprinted.append(step.loss is None)
+        log.skips.append(step.skipped)
+        log.scales.append(step.scale)
         log.bracketed.append(step.bracketed)
         log.loss_dtypes.append(half_dtype(self.raw[index]))
         log.lrs.append(step.lr)

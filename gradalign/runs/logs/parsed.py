@@ -4,6 +4,7 @@ of printed numbers was printed at. Numpy-only."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ SHOWN_NOISE = 3
 # whose every number is shorter than the log's longest is either another printer's or a few
 # values that happen to be short (a frozen tensor's `1.0001`): not 4 distinct ones
 STREAM_NUMBERS = 4
+UNPRINTED = Printed(math.nan, 0, 0, False)  # the loss of a line that printed none
 
 
 def _rounded(values: np.ndarray, found: set[float]) -> None:
@@ -69,6 +71,9 @@ class ParsedLog:
     means: list[Printed] = field(default_factory=list)
     mean_bracketed: list[bool] = field(default_factory=list)
     loss_dtypes: list[str | None] = field(default_factory=list)  # `half_dtype` of each loss
+    unprinted: list[bool] = field(default_factory=list)  # no loss printed (a skipped iteration)
+    skips: list[int | None] = field(default_factory=list)  # each line's skip count (`skips`)
+    scales: list[float | None] = field(default_factory=list)  # each line's loss scale
     mean_dtypes: list[str | None] = field(default_factory=list)
     noise: int = 0
     noise_shown: list[tuple[int, str]] = field(default_factory=list)
