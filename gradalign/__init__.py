@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["Recorder", "__version__", "skipped_updates"]
+__all__ = ["Recorder", "RecorderError", "__version__", "skipped_updates"]
 
 
 def __getattr__(name: str):
@@ -13,6 +13,10 @@ def __getattr__(name: str):
         from .record.recorder import Recorder
 
         return Recorder
+    if name == "RecorderError":
+        from .record.facts import RecorderError
+
+        return RecorderError
     if name == "skipped_updates":
         from .api import skipped_updates
 

@@ -42,6 +42,14 @@ class Tolerances:
     # to about one rounding of the loss itself (the compute dtype's epsilon).
     loss_rtol_apart: float = 0.0
 
+    def __post_init__(self) -> None:
+        """The apart tolerances as judged: never below grad_rtol and loss_rtol (reports say
+        what was used, not 0.0 or a value the judge raised)."""
+        for apart, floor in (("grad_rtol_apart", "grad_rtol"), ("loss_rtol_apart", "loss_rtol")):
+            value, least = getattr(self, apart), getattr(self, floor)
+            if isinstance(value, float | int) and isinstance(least, float | int) and value < least:
+                object.__setattr__(self, apart, float(least))
+
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
 
