@@ -91,9 +91,10 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
 def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     """Update 0's result where the runs provably computed it alike (identical weights, the
     same samples by their digests, nothing stepped inside, no BatchNorm, dropout or buffer the
-    forward writes and the runs then hold apart) and its
-    micro-batches hold as many items (else samples) each, so that a mean per micro-batch
-    averages to the batch's: else None (token-normalization's, where they do not); and K. On W
+    forward writes and the runs then hold apart) and, without item counts, its micro-batches
+    hold as many samples each, so that a mean per micro-batch averages to the batch's: else
+    None (token-normalization's, where they do not; with item counts the window's loss is
+    weighted by them, so its gap at update 0 is the forward's); and K. On W
     ranks each forward sees B/(W·K) rows, so K=1 counts too."""
     first, k = c.results[0] if c.results else None, window(c)
     facts = {**c.baseline.model_facts, **c.merged.model_facts}
@@ -110,11 +111,11 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     rows = row_mismatches(c.baseline, c.merged)
     if rows is not None and rows.size:  # the same values in other rows: rows_differ's
         return None, k
-    counts = c.merged.micro_items if c.merged.micro_items is not None else c.merged.micro_samples
+    counts = c.merged.micro_samples if c.merged.micro_items is None else None
     window0 = c.merged.window(0)
     if counts is not None and np.ptp(counts[window0.start : window0.stop]) > 0:
         return None, k  # unequal micro-batches: a per-micro-batch mean reweights them (tokens)
-    return first, k
+    return first, k  # with items, the window's loss is item-weighted: a gap is the forward's
 
 
 def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:

@@ -26,6 +26,7 @@ from .common import (
     scaled_error,
     window,
 )
+from .decisive import same_start_shown
 
 
 def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
@@ -284,6 +285,8 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         items, unit = c.merged.micro_samples, "samples"
     if items is None or k < 2:
         return None
+    if unit == "items" and c.results and not c.results[0].loss_ok and same_start_shown(c):
+        return None  # item-weighted window losses apart from the same weights: the forward's
     w = c.merged.window(r.update)
     counts = items[w.start : w.stop]
     held = counts[counts > 0]  # an empty micro-batch adds nothing either way (its mean clamped)
