@@ -24,6 +24,8 @@ VARIANTS = {
     "clean": {},
     "uneven-items": {"rows": (6, 2), "items": True},  # rank 0 reads 6 rows, rank 1 2: weighted
     "uneven-mean": {"rows": (6, 2)},  # the same shards, each rank's plain mean: the bug
+    # other shards at each micro-step, each micro-batch's plain mean / K: both imbalances add up
+    "uneven-mean-micro": {"rows": ((6, 2), (3, 5))},
     "loss-summed": {"recorded": "sum"},  # the loss all-reduced (summed) before micro()
     "loss-times-w": {"times_w": True},  # backward of loss / K x W: DDP "sums", W = K = 2
     "fp16-hook": {"hook": "fp16"},  # DDP's fp16_compress_hook
@@ -126,12 +128,14 @@ def merged(out: Path, variant: dict) -> None:
     register_hook(ddp, variant.get("hook"))
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
     x, y = make_data()
-    sizes = variant.get("rows") or (B // (world * K),) * world
+    rows_of = variant.get("rows") or (B // (world * K),) * world
+    per_micro = rows_of if isinstance(rows_of[0], tuple) else (rows_of,) * K
     clip = variant.get("clip", "")
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if clip else None
     with gradalign.Recorder(out, ddp, opt, accum_steps=K, scaler=scaler) as rec:
         for update in range(UPDATES):
             for micro in range(K):
+                sizes = per_micro[micro]
                 first = update * B + micro * (B // K) + sum(sizes[:rank])
                 rows = slice(first, first + sizes[rank])
                 with ddp.no_sync() if micro < K - 1 else nullcontext():

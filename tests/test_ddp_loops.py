@@ -86,6 +86,15 @@ def test_a_plain_mean_over_unequal_shards_is_named_from_the_rows(loops):
     assert "items=n" in first.fix
 
 
+def test_a_plain_mean_over_other_shards_at_each_micro_step_is_named(loops):
+    """Rows 6, 2 then 3, 5: each micro-batch's mean / K weighs micro-batches by up to 100%
+    wrong, beyond what the ranks' totals (9, 7) alone allow. Was `token-normalization`, whose
+    one-process fix does not mend it."""
+    first = errors(judged(loops, "uneven-mean-micro"))[0]
+    assert first.code == "dp-token-normalization", first.message
+    assert first.evidence["samples_per_rank"] == [9.0, 7.0]
+
+
 def test_a_loss_summed_over_the_ranks_before_micro_says_so(loops):
     """Only the recorded losses are off, by W: not 'micro-batches of different sizes'."""
     comparison = judged(loops, "loss-summed")
