@@ -32,6 +32,7 @@ from .cli_options import (
     report_options,
     tolerance_options,
     training_options,
+    with_k,
 )
 from .config import tolerances_from_yaml
 from .errors import DISK_ERRORS, BadInput, Terminated, debug_wanted, sigterm_as_interrupt
@@ -82,13 +83,10 @@ def _feedback():
 
 
 def _report_files(reports: dict | None, *read: Path | None):
-    """The report files asked for, refused before any work where they would land on a file the
-    command reads (`read`: a config, a golden file) or plots need matplotlib."""
-    from .report.files import ReportFiles
+    """The report files asked for, checked before any work (`report.files.requested`)."""
+    from .report.files import requested
 
-    files = ReportFiles(**(reports or {}))
-    files.check([path for path in read if path is not None])
-    return files
+    return requested(reports, read)
 
 
 def _verdict(comparison, files) -> int:
@@ -101,11 +99,6 @@ def _verdict(comparison, files) -> int:
     for line in write_reports(comparison, files):
         err_console.print(line, markup=False, emoji=False, soft_wrap=True)
     return 1 if comparison.verdict == FAIL else 0
-
-
-def _with_k(overrides: dict | None, accum_steps: int | None, nproc: int | None = None) -> dict:
-    given = {"accum_steps": accum_steps, "nproc": nproc}
-    return {**(overrides or {}), **{k: v for k, v in given.items() if v is not None}}
 
 
 @app.command()
@@ -145,7 +138,7 @@ def merged(
     reports: dict | None = None,
 ) -> None:
     """Train at micro-batch B/K for N*K micro-steps, stepping every K; record the run."""
-    overrides = _with_k(overrides, accum_steps, nproc)
+    overrides = with_k(overrides, accum_steps, nproc)
     files = _report_files(reports, config)
     if against is None:
         if files.paths():
@@ -242,7 +235,7 @@ def verify(
     """Baseline, merged and compare in one command (built-in default mirrors the seed)."""
     files = _report_files(reports, config)
     comparison = api.verify(
-        api.as_config(config, _with_k(overrides, accum_steps, nproc)),
+        api.as_config(config, with_k(overrides, accum_steps, nproc)),
         out,
         fault=fault,
         reference=reference,
@@ -341,7 +334,10 @@ def version() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point. Bad input is one line on stderr and exit 2; anything unexpected is one line
     and exit 3 (the traceback with --debug); never exit 1, which means "not aligned"."""
+    from .report.files import forget_asked
+
     args = sys.argv[1:] if argv is None else list(argv)
+    forget_asked()  # reports asked for by an earlier command of this process are not this one's
     printable_streams()
     safe_help()
     _debug["on"] = _debug["on"] or "--debug" in args
@@ -395,6 +391,8 @@ def _internal(exc: BaseException) -> None:
 
 
 def _fail(message: str, code: int) -> None:
-    text = " ".join(message.split())
+    from .report.files import remove_stale
+
+    text = " ".join(message.split()) + remove_stale()
     last_word(err_console, f"error: {text or 'bad command line'}")
     sys.exit(code)

@@ -188,3 +188,9 @@ def _nonempty(param: Any, process: Callable) -> Callable:
         return result
 
     return process_value
+
+
+def with_k(overrides: dict | None, accum_steps: int | None, nproc: int | None = None) -> dict:
+    """The config overrides with -k and --nproc where given."""
+    given = {"accum_steps": accum_steps, "nproc": nproc}
+    return {**(overrides or {}), **{k: v for k, v in given.items() if v is not None}}

@@ -96,6 +96,27 @@ def test_a_json_report_never_overwrites_an_input_log(cli, tmp_path):
     assert digest(logs) == before
 
 
+def test_a_refused_compare_leaves_no_earlier_report_behind(cli, small_runs, tmp_path):
+    """A CI workspace that keeps files: the JUnit file of an earlier passing compare showed a
+    pass for a run refused later (exit 2). The refusal removes the reports it was asked to
+    write, and says so; files that are no report are never touched."""
+    out = tmp_path / "reports"
+    reports = ["--json", out / "r.json", "--junit", out / "r.xml", "--markdown", out / "r.md"]
+    passed = cli("compare", small_runs["baseline"], small_runs["merged"], *reports)
+    assert passed.code == 0 and {p.name for p in out.iterdir()} == {"r.json", "r.xml", "r.md"}
+    (out / "notes.json").write_text('{"verdict": "mine"}')  # a user's file, not a report
+    refused = cli(
+        "compare",
+        small_runs["baseline"],
+        tmp_path / "absent",
+        *reports,
+        "--html",
+        out / "notes.json",
+    )
+    one_line_error(refused, "absent", "removed the earlier reports")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.json"]
+
+
 def test_verify_checks_its_report_path_before_training(cli, tmp_path):
     folder = tmp_path / "adir"
     folder.mkdir()

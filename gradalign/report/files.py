@@ -4,7 +4,9 @@ known before any work, so they are checked first (`runs.outputs.check_outputs`).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -45,6 +47,77 @@ class ReportFiles:
             from .plots import require_matplotlib
 
             require_matplotlib()
+
+
+_ASKED: list[ReportFiles] = []  # this process's checked report sets (`requested`)
+
+
+def requested(reports: dict | None, read: Sequence[Path | None] = ()) -> ReportFiles:
+    """The report files asked for, refused before any work where they would land on a file the
+    command reads (`read`: a config, a golden file) or plots need matplotlib; once checked,
+    remembered, so that a command that ends in error removes what they hold of an earlier run
+    (`remove_stale`)."""
+    files = ReportFiles(**(reports or {}))
+    files.check([path for path in read if path is not None])
+    _ASKED.append(files)
+    return files
+
+
+def forget_asked() -> None:
+    """A new command starts: no report set is its yet."""
+    _ASKED.clear()
+
+
+def remove_stale() -> str:
+    """Remove the report files this process was asked to write: after an error they would say
+    what an earlier run's verdict was (a CI job reading its JUnit file would show a pass). Says
+    what it removed, for the error line ('' for nothing)."""
+    removed = []
+    for files in _ASKED:
+        for path in files.paths():
+            if _a_report(path):
+                try:
+                    path.unlink()
+                except OSError:
+                    continue
+                removed.append(path)
+    _ASKED.clear()
+    if not removed:
+        return ""
+    if len(removed) == 1:
+        return f" (removed the earlier report {removed[0]}: it described another run)"
+    return (
+        f" (removed the earlier reports {removed[0]} and {len(removed) - 1} more: they described "
+        "other runs)"
+    )
+
+
+_SIGNS = (  # how each report begins: JUnit, Markdown, HTML, a plot
+    re.compile(rb'^<\?xml[^\n]*\n<testsuites name="gradalign"'),
+    re.compile(rb"^#+ [^\n]{0,16}gradalign: (PASS|FAIL)"),
+    re.compile(rb"^<!DOCTYPE html>.{0,400}<title>gradalign: (PASS|FAIL)</title>", re.S),
+    re.compile(rb"^\x89PNG"),
+)
+
+
+def _a_report(path: Path) -> bool:
+    """Whether `path` is a regular file this tool wrote as a report, by its own marks (a JSON
+    report's verdict and checks; the others' first lines): a path that names a file of another
+    kind (a run's manifest, refused when the runs are opened) is never removed."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        with path.open("rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return False
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and {"verdict", "checks", "diagnosis"} <= set(data)
+    return any(sign.match(head) for sign in _SIGNS)
 
 
 def _writers() -> dict[str, Callable[[Comparison, Path], object]]:
