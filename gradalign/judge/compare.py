@@ -35,6 +35,7 @@ from .metrics import calibrate, diff, fit_ratio, noise_allowed, quiet
 from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
+from .rounding import gradient_atol, marked, rounding_notes
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
@@ -83,7 +84,7 @@ def compare(
     )
     whole = tensors is None and width is None and not streaming
     judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound, whole, eps(dtype))
-    inputs = Inputs(base, merged, reference, tol, judge.floor, bound)
+    inputs = Inputs(base, merged, reference, tol, judge.floor, bound, dtype)
     stream = StreamJudge(inputs) if streaming else None
     judge_tensors: TensorJudge
     if tensors is not None:
@@ -128,6 +129,7 @@ def _judge(
         if on_update is not None:
             on_update(i)
     jumps = judge_apart(results, tol, base, merged) if reference is None else []
+    jumps += rounding_notes(results)
     if reference is not None:
         pool_noise(results, tol.noise_factor)
         carry_rounding(results)
@@ -205,6 +207,7 @@ class _Judge:
         self.resolution = base.window_loss_quantum()[:n] + merged.window_loss_quantum()[:n]
         self.unjudged = unjudged_losses(base, merged, n)  # skipped by both, a loss unprinted
         compute = least_precise([base.compute_dtype, merged.compute_dtype])
+        self.dtype = compute
         # without a reference: a loss computed in a 16-bit dtype is known to its rounding there
         self.loss_rounding = loss_rounding([base.micro_loss, merged.micro_loss], compute)
         self.loss_noise: np.ndarray | None = None
@@ -251,10 +254,13 @@ class _Judge:
         grads = []
         if gb is not None and gm is not None:
             names = [t.name for t in self.base.tensors if t.name in gb and t.name in gm]
+            atol = self.tol.weight_atol
+            if self.ref is None:  # the fixed tolerance, with the rounding floor
+                sumsq = sum(float(np.sum(np.square(gb[n], dtype=np.float64))) for n in names)
+                atol = gradient_atol(atol, self.dtype, sumsq, sum(np.size(gb[n]) for n in names))
             for name in names:
-                d = diff(
-                    name, gb[name], gm[name], rtol=self.tol.grad_rtol, atol=self.tol.weight_atol
-                )
+                d = diff(name, gb[name], gm[name], rtol=self.tol.grad_rtol, atol=atol)
+                d = marked(d, self.tol.weight_atol, atol)
                 grads.append(self._calibrated(d, gb, gm, gr))
             result.grad_ratio, result.grad_cosine = fit_ratio(
                 [gb[n] for n in names], [gm[n] for n in names]

@@ -119,6 +119,8 @@ class Pair:
             norm_d,
             allowed,
             moved,
+            norm=norm_b,
+            size=self.n,
         )
 
     def calibrate(self, d: TensorDiff, factor: float, floor: float) -> TensorDiff:

@@ -20,6 +20,7 @@ class Inputs:
     tol: Tolerances
     floor: float  # the noise floor, in units of ||ref||
     bound: ReferenceBound | None  # how far the baseline may stray from the reference
+    dtype: str = "float32"  # the compute dtype (the least precise of the runs')
 
     def unpack(self) -> tuple:
         return self.base, self.merged, self.ref, self.tol, self.floor, self.bound

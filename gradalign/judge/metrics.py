@@ -45,6 +45,11 @@ class TensorDiff:
     excused: str | None = None  # a failure judged honest noise (an isolated gradient jump)
     sketched: bool = False  # error and noise estimated from sketches (judge/sketched.py)
     rounding: float | None = None  # floor·||ref||: the part of `allowed` that is one rounding
+    # ||b|| and the element count, where the diff was computed from the values (not compared:
+    # the streamed and the whole-tensor judge sum in another order)
+    norm: float | None = dataclasses.field(default=None, compare=False)
+    size: int | None = dataclasses.field(default=None, compare=False)
+    rounded: bool = False  # a gradient that passes only by the rounding floor (judge/rounding.py)
 
     @property
     def ok(self) -> bool:
@@ -138,7 +143,16 @@ def diff(
             scale = norm_b
         error, allowed = norm_d, fixed_allowed(rtol, scale, atol, b.size, floor, norm_b)
     return TensorDiff(
-        name, max_abs, max_rel, _safe_div(norm_d, norm_b), cosine, error, allowed, moved
+        name,
+        max_abs,
+        max_rel,
+        _safe_div(norm_d, norm_b),
+        cosine,
+        error,
+        allowed,
+        moved,
+        norm=norm_b,
+        size=b.size,
     )
 
 

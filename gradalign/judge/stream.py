@@ -18,6 +18,7 @@ import numpy as np
 
 from ..runs.layout import grads_file, weights_file
 from ..runs.model import Run
+from ..runs.sketches import dot
 from ..runs.store import CheckedFile
 from .compatible import stray
 from .drift import (
@@ -34,6 +35,7 @@ from .fused import Pair, widen64
 from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div, fixed_allowed, quiet
 from .results import UpdateResult
+from .rounding import gradient_atol, marked
 
 CHUNK = 1 << 17  # elements per slice
 
@@ -97,6 +99,8 @@ class StreamJudge:
         self.shapes = {t.name: t.shape for t in self.base.tensors}
         self.params = {t.name: t.shape for t in self.base.tensors if t.kind == "param"}
         self.bits = stored_bits(self.base)
+        self.dtype = inputs.dtype
+        self.grad_atol = self.tol.weight_atol  # with the rounding floor, without a reference
         self.pool = ThreadPoolExecutor(workers(), thread_name_prefix="gradalign-judge")
 
     def close(self) -> None:
@@ -114,6 +118,9 @@ class StreamJudge:
                 else []
             )
             judged_grads = set(grads)  # looked up per tensor: a list made it quadratic
+            self.grad_atol = self.tol.weight_atol
+            if self.ref is None and grads:
+                self.grad_atol = self._rounding_atol(files.gb, grads)
             judged = self.pool.map(quiet(lambda n: self._tensor(n, files, judged_grads)), names)
             found = dict(zip(names, judged, strict=True))
             order = files.wb.file.names() if files.wb is not None else []
@@ -128,6 +135,19 @@ class StreamJudge:
             bb, mm, bm = (math.fsum(found[n].fit[k] for n in grads) for k in range(3))
             cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
             result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
+
+    def _rounding_atol(self, gb: CheckedFile, names: list[str]) -> float:
+        """The gradients' per-element tolerance with the rounding floor of this update (one more
+        pass over the baseline's gradients, without a reference only)."""
+        sumsq, elements = 0.0, 0
+        for name in names:
+            stream = gb.stream(name, checked=True)
+            while (part := stream.read(CHUNK)).size:
+                part = widen64(part)
+                sumsq += dot(part, part)
+                elements += part.size
+            stream.finish()
+        return gradient_atol(self.tol.weight_atol, self.dtype, sumsq, elements)
 
     def _open(self, i: int) -> _Files:
         files = _Files(first=i == 0)
@@ -176,7 +196,8 @@ class StreamJudge:
                 [f.gb, f.gm if name in grads else None, f.gr if has(f.gr) else None], name
             )
             if name in grads:
-                d = gpair.diff(name, tol.grad_rtol, tol.weight_atol, start=False)
+                d = gpair.diff(name, tol.grad_rtol, self.grad_atol, start=False)
+                d = marked(d, tol.weight_atol, self.grad_atol)
                 if has(f.gr):
                     d = gpair.calibrate(d, tol.noise_factor, self.floor)
                 out.grad, out.fit = d, (gpair.bb, gpair.mm, gpair.bm)

@@ -1,0 +1,71 @@
+"""Without a reference, a gradient that is rounding alone (a conv bias right before
+InstanceNorm: zero in exact arithmetic) is judged with the rounding floor (judge/rounding.py):
+clean runs pass, under SGD and under NAdam (which steps on that noise), and a bug still fails."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import gradalign  # noqa: E402
+
+UPDATES, BATCH, LENGTH = 6, 16, 12
+
+
+def _record(out, k: int, optimizer: str, seed: int, bug: bool = False) -> None:
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv1d(3, 8, 3, padding=1),
+        nn.InstanceNorm1d(8, affine=True),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * LENGTH, 4),
+    )
+    if optimizer == "nadam":
+        opt = torch.optim.NAdam(model.parameters(), lr=3e-3)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(UPDATES * BATCH, 3, LENGTH, generator=g) * 2 + 1
+    y = torch.randint(0, 4, (UPDATES * BATCH,), generator=g)
+    rows = BATCH // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for update in range(UPDATES):
+            for i in range(k):
+                part = slice(update * BATCH + i * rows, update * BATCH + (i + 1) * rows)
+                loss = nn.functional.cross_entropy(model(x[part]), y[part])
+                (loss if bug else loss / k).backward()
+                rec.micro(loss.detach(), batch=(x[part], y[part]))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "nadam"])
+def test_a_gradient_of_rounding_alone_passes_clean_and_a_bug_fails(cli, tmp_path, optimizer):
+    _record(tmp_path / "base", 1, optimizer, seed=0)
+    _record(tmp_path / "merged", 4, optimizer, seed=0)
+    report = tmp_path / "r.json"
+    clean = cli(
+        "compare", tmp_path / "base", tmp_path / "merged", "--reference", "none", "--json", report
+    )
+    assert clean.code == 0, clean.out
+    notes = json.loads(report.read_text())["notes"]
+    assert any("rounding floor" in n and "0.bias" in n for n in notes), notes
+    _record(tmp_path / "bug", 4, optimizer, seed=0, bug=True)
+    broken = cli("compare", tmp_path / "base", tmp_path / "bug", "--reference", "none")
+    assert broken.code == 1, broken.out
+
+
+def test_the_floor_is_a_small_share_of_a_typical_gradient():
+    """8 units of float32 rounding of the model's RMS gradient element: 1e-6 of a typical
+    tensor's norm, a hundredth of grad_rtol there."""
+    from gradalign.judge.rounding import gradient_atol
+
+    extra = gradient_atol(0.0, "float32", sumsq=1e4, elements=10**4)  # RMS element 1
+    assert extra == pytest.approx(8 * 2.0**-23)
+    assert gradient_atol(1e-9, "float32", float("nan"), 10) == 1e-9
