@@ -32,6 +32,7 @@ from .drift import Drift, stored_bits
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
 from .results import UpdateResult
+from .rounding import gradient_atol, marked
 from .views import Kept, Sketching, summaries
 
 
@@ -47,6 +48,7 @@ class SketchJudge:
     def __init__(self, inputs: Inputs, width: Sketching) -> None:
         self.base, self.merged, self.ref, self.tol, self.floor, self.bound = inputs.unpack()
         self.width = width
+        self.dtype = inputs.dtype
         self.shapes = {t.name: t.shape for t in self.base.tensors}
         self.sizes = {t.name: math.prod(t.shape) for t in self.base.tensors}
         self.start = summaries(self.base, "weights", None, width) or {}
@@ -70,7 +72,12 @@ class SketchJudge:
         grads = []
         if gb is not None and gm is not None:
             names = [t.name for t in self.base.tensors if t.name in gb and t.name in gm]
-            grads = [self._judge(name, gb, gm, gr, tol.grad_rtol, start=False) for name in names]
+            atol = tol.weight_atol
+            if self.ref is None:  # the fixed tolerance, with the rounding floor (exact norms)
+                sumsq = sum(gb[n].norm ** 2 for n in names)
+                atol = gradient_atol(atol, self.dtype, sumsq, sum(self.sizes[n] for n in names))
+            judged = (self._judge(n, gb, gm, gr, tol.grad_rtol, False, atol) for n in names)
+            grads = [marked(d, tol.weight_atol, atol) for d in judged]
             result.grad_ratio, result.grad_cosine = fit_ratio(
                 [gb[n].vector for n in names], [gm[n].vector for n in names]
             )
@@ -94,23 +101,31 @@ class SketchJudge:
                 result.weights.append(d)
         result.grads.extend(grads)
 
-    def _judge(self, name: str, b: dict, m: dict, r: dict | None, rtol: float, start: bool):
+    def _judge(
+        self,
+        name: str,
+        b: dict,
+        m: dict,
+        r: dict | None,
+        rtol: float,
+        start: bool,
+        atol: float | None = None,
+    ):
         kb, km, kr = b[name], m[name], None if r is None else r.get(name)
         ks = self.start.get(name) if start else None
         tol = self.tol
+        atol = tol.weight_atol if atol is None else atol
         floor = self.floor if start else 0.0  # a weight's rounding (metrics.fixed_allowed)
         if kb.exact:
             shape = self.shapes[name]
             s = ks.vector.reshape(shape) if ks is not None else None
-            d = diff(
-                name, kb.vector, km.vector, rtol=rtol, atol=tol.weight_atol, start=s, floor=floor
-            )
+            d = diff(name, kb.vector, km.vector, rtol=rtol, atol=atol, start=s, floor=floor)
             if kr is None:
                 return d
             return calibrate(
                 d, kb.vector, km.vector, kr.vector, factor=tol.noise_factor, floor=self.floor
             )
-        return self._sketched(name, kb, km, kr, ks, rtol, floor)
+        return self._sketched(name, kb, km, kr, ks, rtol, floor, atol)
 
     def _sketched(
         self,
@@ -121,6 +136,7 @@ class SketchJudge:
         ks: Kept | None,
         rtol: float,
         floor: float,
+        atol: float,
     ) -> TensorDiff:
         tol, nan, n = self.tol, math.nan, self.sizes[name]
         if not (math.isfinite(kb.norm) and math.isfinite(km.norm)):
@@ -135,11 +151,13 @@ class SketchJudge:
             gap.value / kb.norm if kb.norm > 0 else (0.0 if gap.value == 0 else math.inf),
             _cosine(kb.norm, km.norm, gap),
             gap.value,
-            fixed_allowed(rtol, scale, tol.weight_atol, self.sizes[name], floor, kb.norm)
+            fixed_allowed(rtol, scale, atol, self.sizes[name], floor, kb.norm)
             + gap.value
             - gap.low,
             None if moved is None else moved.value,
             sketched=True,
+            norm=kb.norm,
+            size=n,
         )
         if kr is None:
             return d
