@@ -70,6 +70,15 @@ def test_ranks_whose_weights_rank_0_broadcasts_after_its_step_are_replicas(loops
     assert "rank(s) 1 stepped with other gradients" in check.detail, check.detail
 
 
+def test_a_baseline_whose_ranks_diverged_is_refused(loops):
+    """Given as the baseline, a run whose ranks stepped apart is no training at batch B: it was
+    judged, and its gap named `cross-sample-loss` about the merged run's loss."""
+    with pytest.raises(BadInput, match="the baseline's ranks are not replicas from update 0"):
+        api.compare(loops / "reduce-all-step", loops / "clean", baseline_accum_steps=2)
+    kept = api.compare(loops / "reduce-step-broadcast", loops / "clean", baseline_accum_steps=2)
+    assert kept.verdict == PASS
+
+
 def test_ranks_that_step_alone_without_the_broadcast_still_diverge(loops):
     comparison = judged(loops, "reduce-all-step")
     assert comparison.verdict == FAIL

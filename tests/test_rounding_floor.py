@@ -70,9 +70,19 @@ def test_a_gradient_of_rounding_alone_passes_clean_and_a_bug_fails(
 
 def test_the_floor_is_a_small_share_of_a_typical_gradient():
     """8 units of float32 rounding of the model's RMS gradient element: 1e-6 of a typical
-    tensor's norm, a hundredth of grad_rtol there."""
-    from gradalign.judge.rounding import gradient_atol
+    tensor's norm, a hundredth of grad_rtol there; never more than a sixteenth of it."""
+    import dataclasses
 
-    extra = gradient_atol(0.0, "float32", sumsq=1e4, elements=10**4)  # RMS element 1
+    from gradalign.judge.rounding import gradient_atol
+    from gradalign.judge.tolerances import DEFAULTS
+
+    tol = dataclasses.replace(DEFAULTS["float32"], weight_atol=0.0)
+    extra = gradient_atol(tol, "float32", sumsq=1e4, elements=10**4)  # RMS element 1
     assert extra == pytest.approx(8 * 2.0**-23)
-    assert gradient_atol(1e-9, "float32", float("nan"), 10) == 1e-9
+    assert gradient_atol(DEFAULTS["float32"], "float32", float("nan"), 10) == 1e-9
+    # at most a sixteenth of grad_rtol; none in 16 bits, whose grad_rtol is coarse already (a
+    # floor of the model's scale let a bfloat16 token-normalization bug through)
+    coarse = dataclasses.replace(tol, grad_rtol=1e-6)
+    assert gradient_atol(coarse, "float32", 1e4, 10**4) == pytest.approx(1e-6 / 16)
+    bf16 = dataclasses.replace(DEFAULTS["bfloat16"], weight_atol=0.0)
+    assert gradient_atol(bf16, "bfloat16", 1e4, 10**4) == 0.0

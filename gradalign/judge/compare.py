@@ -26,7 +26,7 @@ from .compatible import (
     check_same_precision,
 )
 from .diagnose import diagnose
-from .distributed import listed, rank_check, rank_facts, rank_problems
+from .distributed import check_baseline_ranks, listed, rank_check, rank_facts, rank_problems
 from .drift import Drift, stored_bits
 from .gains import follow_gain_divergence
 from .inputs import Inputs
@@ -35,7 +35,7 @@ from .metrics import calibrate, diff, fit_ratio, noise_allowed, quiet
 from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
-from .rounding import gradient_atol, marked, rounding_notes
+from .rounding import atol_of, marked, rounding_notes
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
@@ -70,6 +70,7 @@ def compare(
     streamed judge is tested against); by default run directories are streamed."""
     starts = check_compatible(base, merged)
     check_same_precision(base, merged)
+    check_baseline_ranks(base)
     bound = check_reference(base, merged, reference) if reference is not None else None
     dtype = least_precise([base.compute_dtype, merged.compute_dtype])
     tol = for_dtype(dtype, overrides)
@@ -254,10 +255,8 @@ class _Judge:
         grads = []
         if gb is not None and gm is not None:
             names = [t.name for t in self.base.tensors if t.name in gb and t.name in gm]
-            atol = self.tol.weight_atol
-            if self.ref is None:  # the fixed tolerance, with the rounding floor
-                sumsq = sum(float(np.sum(np.square(gb[n], dtype=np.float64))) for n in names)
-                atol = gradient_atol(atol, self.dtype, sumsq, sum(np.size(gb[n]) for n in names))
+            atol = self.tol.weight_atol  # without a reference, with the rounding floor
+            atol = atol if self.ref is not None else atol_of(self.tol, self.dtype, gb, names)
             for name in names:
                 d = diff(name, gb[name], gm[name], rtol=self.tol.grad_rtol, atol=atol)
                 d = marked(d, self.tol.weight_atol, atol)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import BadInput
 from ..runs.model import Run
 from .results import FAIL, PASS, Check
 
@@ -219,3 +220,19 @@ def ranks_summary(run: Run, facts: RankFacts | None) -> dict | None:
         if run.ranks[0].micro_items is not None
         else None,
     }
+
+
+def check_baseline_ranks(base: Run) -> None:
+    """A data-parallel baseline whose ranks are not replicas is not one training at batch B:
+    refused, naming where they parted (the merged run's ranks are a check of the comparison,
+    the baseline's a condition of it)."""
+    facts = rank_facts(base)
+    if facts is None or facts.agree:
+        return
+    first = facts.first_update()
+    problem = rank_problems(base, facts).get(first or 0, ["its ranks differ"])[0]
+    raise BadInput(
+        f"{base.source}: the baseline's ranks are not replicas from update {first} ({problem}): "
+        "it is not one training at batch B; fix its data-parallel step (DDP's all-reduce, "
+        "no_sync only before the window's last micro-step) and record it again"
+    )

@@ -75,7 +75,7 @@ class SketchJudge:
             atol = tol.weight_atol
             if self.ref is None:  # the fixed tolerance, with the rounding floor (exact norms)
                 sumsq = sum(gb[n].norm ** 2 for n in names)
-                atol = gradient_atol(atol, self.dtype, sumsq, sum(self.sizes[n] for n in names))
+                atol = gradient_atol(tol, self.dtype, sumsq, sum(self.sizes[n] for n in names))
             judged = (self._judge(n, gb, gm, gr, tol.grad_rtol, False, atol) for n in names)
             grads = [marked(d, tol.weight_atol, atol) for d in judged]
             result.grad_ratio, result.grad_cosine = fit_ratio(

@@ -147,7 +147,7 @@ class StreamJudge:
                 sumsq += dot(part, part)
                 elements += part.size
             stream.finish()
-        return gradient_atol(self.tol.weight_atol, self.dtype, sumsq, elements)
+        return gradient_atol(self.tol, self.dtype, sumsq, elements)
 
     def _open(self, i: int) -> _Files:
         files = _Files(first=i == 0)
