@@ -33,6 +33,7 @@ def _runs(
     spike=None,
     compute_dtype=None,
     items=None,
+    framework: bool = False,
 ):
     """The float64 reference, the baseline (K=1) and the merged run (K): `term` is added to each
     of the merged run's micro losses, as a loss over the micro-batch's own statistics adds one
@@ -51,6 +52,8 @@ def _runs(
     data = {"micro_data": _digests(K)} if digests else {}
     if items is not None:
         data["micro_items"] = items
+    if framework:  # its losses read back from the backpropagated one, as integrations do
+        data["config"] = {"framework": "transformers"}
     write_run(
         tmp_path / "merged", accum_steps=K, model=model, compute_dtype=compute_dtype, **run, **data
     )
@@ -133,13 +136,21 @@ def test_a_gradient_differing_beside_losses_recorded_scaled_says_so(tmp_path):
     assert "the loss agrees" not in message
 
 
-def test_unequal_micro_batches_are_left_to_token_normalization(tmp_path):
-    """The same gap with micro-batches of unequal item counts: each one's own mean reweights
-    them (a per-micro-batch token mean, the pre-2024 transformers Trainer), which the gradient's
-    shape reads; this signature does not claim it."""
+def test_unequal_micro_batches_are_the_forwards_where_the_loop_gave_their_losses(tmp_path):
+    """The same gap with micro-batches of unequal item counts. Where the loop gave each
+    micro-batch's own loss with its items, the window's loss is weighted by them: its gap at
+    update 0 is the forward's (a GNN run on each micro-batch's subgraph was named
+    token-normalization). Where a framework integration read the losses back from the one it
+    backpropagated (`framework` in its config), they carry the loop's normalization: a
+    per-micro-batch token mean (the pre-2024 transformers Trainer) gaps them too, which the
+    gradient's shape reads; this signature does not claim it there."""
     items = [10, 30, 20, 20] * UPDATES
-    c = _runs(tmp_path, term=1e-3, spike=_spread(range(UPDATES)), items=items)
-    assert c.verdict == "fail" and "cross-sample-loss" not in _codes(c)
+    c = _runs(tmp_path / "given", term=1e-3, spike=_spread(range(UPDATES)), items=items)
+    assert c.verdict == "fail" and _codes(c)[0] == "cross-sample-loss"
+    read_back = _runs(
+        tmp_path / "read", term=1e-3, spike=_spread(range(UPDATES)), items=items, framework=True
+    )
+    assert read_back.verdict == "fail" and "cross-sample-loss" not in _codes(read_back)
 
 
 def moe_without_balance():

@@ -135,3 +135,10 @@ def lossy_hooks(c: Comparison) -> list[str]:
         return []
     hooks = c.merged.model_facts.get("comm_hooks") or []
     return [h for h in hooks if h.rsplit(".", 1)[-1] not in EXACT_HOOKS]
+
+
+def losses_given(run: Run) -> bool:
+    """Whether the run's micro-step losses are each micro-batch's own, as the loop gave them,
+    not read back from the loss it backpropagated (a framework integration's: `framework` in
+    its config), which carries the loop's normalization, right or wrong."""
+    return "framework" not in run.config

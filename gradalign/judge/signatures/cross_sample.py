@@ -12,7 +12,7 @@ import numpy as np
 
 from ..checks import row_mismatches, sample_mismatches
 from ..results import Comparison, Diagnosis, UpdateResult
-from .common import finite, window
+from .common import finite, losses_given, window
 from .decisive import buffers_in_forward, draws, same_start_shown, update0_gap
 
 
@@ -91,11 +91,12 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
 def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     """Update 0's result where the runs provably computed it alike (identical weights, the
     same samples by their digests, nothing stepped inside, no BatchNorm, dropout or buffer the
-    forward writes and the runs then hold apart) and, without item counts, its micro-batches
-    hold as many samples each, so that a mean per micro-batch averages to the batch's: else
-    None (token-normalization's, where they do not; with item counts the window's loss is
-    weighted by them, so its gap at update 0 is the forward's); and K. On W
-    ranks each forward sees B/(W·K) rows, so K=1 counts too."""
+    forward writes and the runs then hold apart) and its micro-batches hold as many items
+    (else samples) each, so that a mean per micro-batch averages to the batch's: else None
+    (token-normalization's, where they do not), unless the loop gave each micro-batch's own
+    loss with its items (`losses_given`: the window's loss is weighted by them, so its gap at
+    update 0 is the forward's); and K. On W ranks each forward sees B/(W·K) rows, so K=1
+    counts too."""
     first, k = c.results[0] if c.results else None, window(c)
     facts = {**c.baseline.model_facts, **c.merged.model_facts}
     pieces = k * c.merged.world_size  # forwards per update
@@ -111,11 +112,13 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     rows = row_mismatches(c.baseline, c.merged)
     if rows is not None and rows.size:  # the same values in other rows: rows_differ's
         return None, k
-    counts = c.merged.micro_samples if c.merged.micro_items is None else None
+    counts = c.merged.micro_items if c.merged.micro_items is not None else c.merged.micro_samples
+    if c.merged.micro_items is not None and losses_given(c.merged):
+        counts = None  # item-weighted losses the loop gave: a gap at update 0 is the forward's
     window0 = c.merged.window(0)
     if counts is not None and np.ptp(counts[window0.start : window0.stop]) > 0:
         return None, k  # unequal micro-batches: a per-micro-batch mean reweights them (tokens)
-    return first, k  # with items, the window's loss is item-weighted: a gap is the forward's
+    return first, k
 
 
 def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:

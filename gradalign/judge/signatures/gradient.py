@@ -17,6 +17,7 @@ from .common import (
     exact_of,
     finite,
     grads_of,
+    losses_given,
     lossy_hooks,
     noise_share,
     on_ranks,
@@ -285,7 +286,8 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         items, unit = c.merged.micro_samples, "samples"
     if items is None or k < 2:
         return None
-    if unit == "items" and c.results and not c.results[0].loss_ok and same_start_shown(c):
+    gap = bool(c.results) and not c.results[0].loss_ok and same_start_shown(c)
+    if unit == "items" and losses_given(c.merged) and gap:
         return None  # item-weighted window losses apart from the same weights: the forward's
     w = c.merged.window(r.update)
     counts = items[w.start : w.stop]
