@@ -328,8 +328,13 @@ def test_bad_logs_name_the_file(tmp_path, case):
 
 def test_bad_line_is_named(tmp_path):
     path = write(tmp_path, "0   [0.5]\n1   [0.4]\n3   [0.3]\n")
-    with pytest.raises(BadInput, match=r"train\.log:3: expected step 2, found step 3"):
+    with pytest.raises(BadInput, match=r"train\.log:3: expected step 2, found step 3: step 2 is "):
         read_log(path)
+    every = write(tmp_path, "0   [0.5]\n2   [0.4]\n4   [0.3]\n", name="every.log")
+    with pytest.raises(
+        BadInput, match=r"found step 2: step 1 is not in the log \(printed every 2 steps"
+    ):
+        read_log(every)
 
 
 def test_micro_steps_not_divisible_by_accum_steps(tmp_path):

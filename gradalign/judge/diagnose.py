@@ -10,6 +10,7 @@ are tried only when none of those explains the run. When nothing fits, the diagn
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from . import signatures as sig
@@ -199,6 +200,8 @@ def _why_it_passes(c: Comparison) -> list[Diagnosis]:
             "worst_error_over_noise": max(noise, default=0.0),
         }
     else:
+        losses = [r.loss_error / r.loss_allowed for r in c.results if r.loss_allowed > 0]
+        worst = max([worst, *[q for q in losses if math.isfinite(q)]])  # a log's losses too
         message = (
             f"every check is within the {c.dtype} tolerances (worst err/tol {worst:.2g}); "
             "no reference run was given, so the noise floor itself was not measured"

@@ -286,8 +286,21 @@ class _Pass:
 def _again(value: int, expected: int, first: int) -> str:
     """Why a step may come again: from its first value, a loop that counts again; from a later
     one, a run resumed from a checkpoint, whose repeated steps supersede the ones before."""
-    if value >= expected:
+    if value == expected:
         return ""
+    if value > expected:
+        missing = (
+            f"step {expected} is"
+            if value == expected + 1
+            else f"steps {expected} to {value - 1} are"
+        )
+        if expected > first + 1:  # within the log: lines lost, or printed without a loss
+            return f": {missing} not in the log (a line lost, or one printed without its loss?)"
+        return (
+            f": {missing} not in the log (printed every {value - expected + 1} steps? Its lines "
+            "may then be means over the steps since the last: print every step, e.g. "
+            "Megatron's --log-interval 1, PaddleNLP's --logging_steps 1)"
+        )
     if value > first:
         return (
             f" again: a run resumed from a checkpoint? Steps {value} to {expected - 1} are "
