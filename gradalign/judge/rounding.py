@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .distributed import listed
 from .metrics import TensorDiff
 from .results import UpdateResult
 from .tolerances import Tolerances
@@ -67,7 +68,7 @@ def rounding_notes(results: list[UpdateResult]) -> list[str]:
         return []
     updates = sorted({u for u, _ in passed})
     names = sorted({n for _, n in passed})
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    shown = listed(names, 3)
     return [
         f"without a reference, {len(passed)} gradient(s) at {len(updates)} update(s) ({shown}) "
         "pass only by the rounding floor: each is a small fraction of the model's gradient "
