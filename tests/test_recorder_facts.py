@@ -345,3 +345,35 @@ def test_runs_that_read_other_numbers_of_samples_say_so_when_refused(tmp_path, c
     assert result.code == 2, result.out
     assert "the baseline read 60 samples, the other 48" in result.err
     assert "step at the end of each pass over the data" in result.err
+
+
+def test_windows_that_run_across_an_epochs_end_say_so_when_refused(tmp_path, cli):
+    """Micro-batches counted over the whole run, not per epoch: a window runs on into the next
+    pass, the runs read the same samples in other numbers of updates, and the refusal for
+    their length named no cause."""
+
+    def two_epochs(out, k: int) -> None:
+        torch.manual_seed(0)
+        model = nn.Linear(6, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(20, 6, generator=g), torch.randint(0, 3, (20,), generator=g)
+        micro = 0
+        with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+            for _epoch in range(2):
+                for start in range(0, 20, 8 // k):
+                    xb, yb = x[start : start + 8 // k], y[start : start + 8 // k]
+                    (nn.functional.cross_entropy(model(xb), yb) / k).backward()
+                    rec.micro(nn.functional.cross_entropy(model(xb), yb), batch=(xb, yb))
+                    micro += 1
+                    if micro % k == 0:  # the bug for K > 1: the count runs across epochs
+                        opt.step()
+                        rec.update()
+                        opt.zero_grad()
+
+    two_epochs(tmp_path / "b", 1)
+    two_epochs(tmp_path / "m", 4)
+    result = cli("compare", tmp_path / "b", tmp_path / "m")
+    assert result.code == 2, result.out
+    assert "both read 40 samples, but the other run's window 2 holds 8" in result.err
+    assert "runs across an epoch's end" in result.err

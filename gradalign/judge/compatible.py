@@ -48,6 +48,9 @@ def _per_update_hint(base: Run, other: Run) -> str:
                 "runs on into the next pass; step at the end of each pass over the data, as "
                 "accelerate's sync_with_dataloader=True does)"
             )
+        crossed = _window_crossing(base, other)
+        if crossed:
+            return crossed
     lines = other.updates * other.accum_steps
     ratio, rest = divmod(other.updates, base.updates) if base.updates else (0, 1)
     if other.kind == "log" and times == 1 and not rest and ratio > 1:
@@ -60,6 +63,24 @@ def _per_update_hint(base: Run, other: Run) -> str:
     return (
         f" (its log holds {lines} step lines, as many as the baseline's updates: if it prints "
         "one line per update, not one per micro-step, give it -k 1)"
+    )
+
+
+def _window_crossing(base: Run, other: Run) -> str:
+    """Both runs read the same samples, but a window of the other run holds another number of
+    them than the baseline's batch at that update: its windows ran across an epoch's end."""
+    mine = base.window_sums(base.micro_samples)
+    theirs = other.window_sums(other.micro_samples)
+    n = min(len(mine), len(theirs))
+    apart = [i for i in range(n) if mine[i] != theirs[i]]
+    if not apart:
+        return ""
+    i = apart[0]
+    return (
+        f" (both read {int(base.micro_samples.sum())} samples, but the other run's window "
+        f"{i} holds {int(theirs[i])} of them and the baseline's batch {int(mine[i])}: a window "
+        "that runs across an epoch's end, its micro-batches counted over the whole run instead "
+        "of per epoch, mixes two passes; step at the end of each pass over the data)"
     )
 
 
