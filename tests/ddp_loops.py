@@ -42,6 +42,8 @@ VARIANTS = {
     "clip-hand-sqrtw": {"clip": "hand", "report": True},
     "clip-hand-sqrtw-silent": {"clip": "hand"},
     "clip-hand-per-tensor": {"clip": "hand-per-tensor"},  # each tensor by its own norm
+    # against baseline-buffer: W=2 x K=1, a running mean of each rank's own B/W input rows
+    "buffer-k1": {"buffer": True, "k": 1},
 }
 CLIP = 0.2
 # without DDP: gradients reduced to rank 0, which steps and broadcasts its weights; `steps`
@@ -55,9 +57,23 @@ BROADCAST = {
 }
 
 
-def make_model(dtype: torch.dtype = torch.float32) -> nn.Module:
+class InputMean(nn.Module):
+    """A running mean of the inputs, written by the forward (an input normalizer's statistics)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return x
+
+
+def make_model(dtype: torch.dtype = torch.float32, buffer: bool = False) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)).to(dtype)
+    first = [InputMean()] if buffer else []
+    return nn.Sequential(*first, nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3)).to(dtype)
 
 
 def make_data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,8 +82,10 @@ def make_data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, (x @ torch.randn(8, 3, generator=g)).argmax(dim=1)
 
 
-def baseline(out: Path, dtype: torch.dtype, reference: str | None = None, clip: str = "") -> None:
-    model = make_model(dtype)
+def baseline(
+    out: Path, dtype: torch.dtype, reference: str | None = None, clip: str = "", buffer=False
+) -> None:
+    model = make_model(dtype, buffer)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     x, y = make_data()
     x = x.to(dtype)
@@ -124,38 +142,39 @@ def register_hook(ddp: nn.parallel.DistributedDataParallel, hook: str | None) ->
 def merged(out: Path, variant: dict) -> None:
     """W ranks x K micro-steps; no_sync() around the first K-1 (forward and backward)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    ddp = nn.parallel.DistributedDataParallel(make_model())
+    k = variant.get("k", K)
+    ddp = nn.parallel.DistributedDataParallel(make_model(buffer=variant.get("buffer", False)))
     register_hook(ddp, variant.get("hook"))
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
     x, y = make_data()
-    rows_of = variant.get("rows") or (B // (world * K),) * world
-    per_micro = rows_of if isinstance(rows_of[0], tuple) else (rows_of,) * K
+    rows_of = variant.get("rows") or (B // (world * k),) * world
+    per_micro = rows_of if isinstance(rows_of[0], tuple) else (rows_of,) * k
     clip = variant.get("clip", "")
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if clip else None
-    with gradalign.Recorder(out, ddp, opt, accum_steps=K, scaler=scaler) as rec:
+    with gradalign.Recorder(out, ddp, opt, accum_steps=k, scaler=scaler) as rec:
         for update in range(UPDATES):
-            for micro in range(K):
+            for micro in range(k):
                 sizes = per_micro[micro]
-                first = update * B + micro * (B // K) + sum(sizes[:rank])
+                first = update * B + micro * (B // k) + sum(sizes[:rank])
                 rows = slice(first, first + sizes[rank])
-                with ddp.no_sync() if micro < K - 1 else nullcontext():
+                with ddp.no_sync() if micro < k - 1 else nullcontext():
                     out_ = ddp(x[rows])
                     total = nn.functional.cross_entropy(out_, y[rows], reduction="sum")
                     loss = total / sizes[rank]
                     if variant.get("items"):  # its share of the window's B rows; DDP divides by W
                         (total * world / B).backward()
                     else:
-                        back = loss / K * (world if variant.get("times_w") else 1)
+                        back = loss / k * (world if variant.get("times_w") else 1)
                         (scaler.scale(back) if scaler else back).backward()
                     buggy = rank in variant.get("ranks", range(world))
-                    if variant.get("clip_micro") and micro < K - 1 and buggy:  # before unscale_()
+                    if variant.get("clip_micro") and micro < k - 1 and buggy:  # before unscale_()
                         nn.utils.clip_grad_norm_(ddp.parameters(), CLIP)
                 recorded = loss.detach().clone()
                 if variant.get("recorded") == "sum":
                     dist.all_reduce(recorded)
                 items = {"items": sizes[rank]} if variant.get("items") else {}
                 rec.micro(recorded, batch=(x[rows], y[rows]), **items)
-                if variant.get("zero_grad") and micro < K - 1 and buggy:
+                if variant.get("zero_grad") and micro < k - 1 and buggy:
                     opt.zero_grad()  # the gradient accumulated so far is lost
             step(ddp, opt, scaler, clip, rec if variant.get("report") else None)
             rec.update()
@@ -204,6 +223,7 @@ def main(out: Path) -> None:
         baseline(out / "baseline", torch.float32, reference="../baseline-fp64")
         baseline(out / "baseline-clip-fp64", torch.float64, clip="after")
         baseline(out / "baseline-clip", torch.float32, "../baseline-clip-fp64", clip="after")
+        baseline(out / "baseline-buffer", torch.float32, buffer=True)
     for name, variant in VARIANTS.items():
         merged(out / name, variant)
     for name, variant in BROADCAST.items():

@@ -70,6 +70,17 @@ def test_ranks_whose_weights_rank_0_broadcasts_after_its_step_are_replicas(loops
     assert "rank(s) 1 stepped with other gradients" in check.detail, check.detail
 
 
+def test_a_buffer_each_rank_writes_from_its_own_rows_is_named_for_the_ranks(loops):
+    """W=2 x K=1, a running mean of the inputs: each rank's forward sees its own B/W rows. The
+    message said "K times per update, from a micro-batch of B/K" with K=1, and its fix spoke of
+    windows; it names the ranks' rows and an all-reduce."""
+    c = api.compare(loops / "baseline-buffer", loops / "buffer-k1", reference="none")
+    first = errors(c)[0]
+    assert first.code == "buffers-in-forward", first.message
+    assert "its own B/W rows" in first.message and "K times" not in first.message
+    assert "all-reduce" in first.fix
+
+
 def test_a_baseline_whose_ranks_diverged_is_refused(loops):
     """Given as the baseline, a run whose ranks stepped apart is no training at batch B: it was
     judged, and its gap named `cross-sample-loss` about the merged run's loss."""

@@ -13,6 +13,7 @@ from .accumulation import (
     scaler_per_micro,
     weights_changed_in_window,
 )
+from .buffers import buffers_in_forward
 from .clipping import (
     clip_before_unscale,
     clip_per_micro,
@@ -23,7 +24,6 @@ from .common import failing, finite, first_gradient_failure
 from .cross_sample import cross_sample_gradient, cross_sample_loss, rows_differ
 from .decisive import (
     batchnorm,
-    buffers_in_forward,
     card_loss,
     data_order,
     dropout_rng,

@@ -12,8 +12,9 @@ import numpy as np
 
 from ..checks import row_mismatches, sample_mismatches
 from ..results import Comparison, Diagnosis, UpdateResult
+from .buffers import buffers_in_forward
 from .common import finite, losses_given, window
-from .decisive import buffers_in_forward, draws, same_start_shown, update0_gap
+from .decisive import draws, same_start_shown, update0_gap
 
 
 def cross_sample_loss(c: Comparison) -> Diagnosis | None:

@@ -7,10 +7,8 @@ import numpy as np
 
 from ...runs.model import Run
 from ..checks import sample_mismatches
-from ..distributed import listed
 from ..results import Comparison, Diagnosis
 from ..window_sizes import problems
-from ..windows import written_in_forward
 from .accumulation import inner_steps
 from .common import (
     exact_of,
@@ -216,44 +214,6 @@ def _batch_statistics(run: Run) -> list[str]:
         return bool(own) and not any(own)
 
     return [layer for layer in layers if not frozen(layer)]
-
-
-def buffers_in_forward(c: Comparison) -> Diagnosis | None:
-    """Buffers the model writes while it computes (a running mean of its inputs, spectral
-    norm's power-iteration vectors), other than BatchNorm's: once per update in the baseline,
-    at each of the K micro-steps in the merged run, each time from a micro-batch. Read only
-    where no other cause fits (diagnose's last resort): a wrong gradient is named by its shape."""
-    written = written_in_forward(c.merged, "buffer")
-    differ = sorted(
-        {d.name for r in c.results for d in r.weights if not d.ok and d.name in written}
-    )
-    if not differ:
-        return None
-    first = next(r for r in c.results if any(not d.ok and d.name in differ for d in r.weights))
-    worst = max((d for d in first.weights if d.name in differ), key=lambda d: d.ratio)
-    grads = any(not d.ok for r in c.results[: first.update + 1] for d in r.grads)
-    evidence = {
-        "buffers_written_in_forward": differ,
-        "first_update": first.update,
-        "worst": {"buffer": worst.name, "over_allowed": finite(worst.ratio)},
-        "gradients_differ": grads,
-    }
-    also = ", and the gradients computed with them differ too" if grads else ""
-    return Diagnosis(
-        "buffers-in-forward",
-        f"the model's buffers {listed(differ, 3)} are written at every micro-step (in its "
-        "forward, or by the loop between micro-steps: an average of the weights kept in "
-        f"buffers): the merged run updates {'them' if len(differ) > 1 else 'it'} K times per "
-        "update, from a micro-batch of B/K, "
-        "the baseline once per update from the batch of B, so the model's state differs from "
-        f"update {first.update} ({worst.name} at {worst.ratio:.3g}x its allowed error){also}",
-        evidence,
-        "update such state once per window from the whole window (gather the statistics over "
-        "the K micro-batches and apply them at the last one), or leave it unchanged during the "
-        "first K-1 micro-steps; a spectral norm's power iteration runs at every forward, so the "
-        "merged run takes K iterations per update (run it once per window, or accept the "
-        "difference)",
-    )
 
 
 def draws(c: Comparison) -> bool:
