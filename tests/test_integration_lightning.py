@@ -18,6 +18,21 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
+def quiet_trainer(callbacks: list, **options):
+    """A Lightning Trainer on the CPU that writes no logs, checkpoints, bars or summaries."""
+    import lightning as L
+
+    return L.Trainer(
+        accelerator="cpu",
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **options,
+    )
+
+
 @pytest.fixture(scope="module")
 def readme(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("readme-pl")
@@ -89,18 +104,8 @@ def test_k_changed_during_the_fit_is_refused(tmp_path, schedule, refused):
 
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
-    trainer = L.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        callbacks=[
-            GradientAccumulationScheduler(schedule),
-            pl.GradalignCallback(tmp_path / "run"),
-        ],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    callbacks = [GradientAccumulationScheduler(schedule), pl.GradalignCallback(tmp_path / "run")]
+    trainer = quiet_trainer(callbacks, max_epochs=2)
     if refused is None:
         trainer.fit(Fit(), DataLoader(data, batch_size=2))
         run = read_run_dir(tmp_path / "run")
@@ -167,17 +172,12 @@ def test_a_clip_scaled_with_k_under_bf16_mixed_is_named(tmp_path):
         rows = tiny_data.token_rows(96, padded=False, seed=1)
         loader = DataLoader(rows, batch_size=16 // k, collate_fn=tiny_data.collate_pairs)
         callback = pl.GradalignCallback(out, items="labels", reference=reference)
-        L.Trainer(
+        quiet_trainer(
+            [callback],
             max_steps=6,
             accumulate_grad_batches=k,
             precision=precision,
-            accelerator="cpu",
             gradient_clip_val=clip,
-            callbacks=[callback],
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
         ).fit(LM(), loader)
         return out
 
@@ -222,16 +222,7 @@ def test_manual_optimization_closes_an_epochs_short_last_window_where_it_steps(t
         rows = tiny_data.token_rows(40, padded=False)
         loader = DataLoader(rows, batch_size=16 // k, collate_fn=tiny_data.collate_pairs)
         callback = pl.GradalignCallback(out, items="labels", accum_steps=k, reference=reference)
-        L.Trainer(
-            max_steps=6,
-            precision=precision,
-            accelerator="cpu",
-            callbacks=[callback],
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        ).fit(Manual(k), loader)
+        quiet_trainer([callback], max_steps=6, precision=precision).fit(Manual(k), loader)
         return out
 
     base = fit(tmp_path / "k1", 1, reference="../k1-fp64")
@@ -267,15 +258,7 @@ def test_manual_optimization_with_a_plain_backward_is_refused(tmp_path):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     callback = pl.GradalignCallback(tmp_path / "r", accum_steps=2)
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        callbacks=[callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer([callback], max_epochs=1)
     with pytest.raises(BadInput, match=r"call self.manual_backward\(loss\), not loss.backward"):
         trainer.fit(Plain(), DataLoader(torch.ones(8, 3), batch_size=2))
     assert not (tmp_path / "r").exists()
