@@ -107,14 +107,14 @@ def _a_report(path: Path) -> bool:
     try:
         if path.is_symlink() or not path.is_file():
             return False
-        with path.open("rb") as handle:
-            head = handle.read(4096)
+        with path.open("rb") as handle:  # a JSON report whole, another's first lines
+            head = handle.read() if path.suffix == ".json" else handle.read(4096)
     except OSError:
         return False
     if path.suffix == ".json":
         try:
-            data = json.loads(path.read_bytes())
-        except (OSError, ValueError):
+            data = json.loads(head)
+        except ValueError:
             return False
         return isinstance(data, dict) and {"verdict", "checks", "diagnosis"} <= set(data)
     return any(sign.match(head) for sign in _SIGNS)
