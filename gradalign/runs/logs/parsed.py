@@ -42,6 +42,11 @@ def _stream(digits: int, arrays: list[np.ndarray]) -> tuple[int, int]:
     return digits, len(found)
 
 
+def _log_digits(streams: list[tuple[int, int]]) -> int:
+    """The most digits of any stream: the log's precision."""
+    return max((digits for digits, _ in streams), default=0)
+
+
 def _most(printed: list[Printed]) -> tuple[int, int]:
     values = np.array([p.value for p in printed], dtype=np.float64)
     return _stream(max((p.digits for p in printed), default=0), [values])
@@ -95,7 +100,7 @@ class ParsedLog:
         """Digits numpy was told to print (its `precision` option), as far as the log shows it:
         the most digits any printed array holds. A value is known to within 10**-precision
         (times its exponent's power of ten in scientific notation)."""
-        return max((digits for digits, _ in self._streams()), default=0)
+        return _log_digits(self._streams())
 
     def _streams(self) -> list[tuple[int, int]]:
         """The most digits and the count of distinct rounded numbers (`_stream`) of each bracketed
@@ -117,8 +122,9 @@ class ParsedLog:
         after a step: each stream's own most digits (two printers in one log, numpy's at 4 digits
         for the loss and Paddle's at 8 for the weights, each print at their own), or the log's
         where a stream holds too few numbers to show its printer's (`STREAM_NUMBERS`)."""
-        whole = self.precision
-        own = [digits if count >= STREAM_NUMBERS else whole for digits, count in self._streams()]
+        streams = self._streams()  # once: each counts distinct values over its arrays
+        whole = _log_digits(streams)
+        own = [digits if count >= STREAM_NUMBERS else whole for digits, count in streams]
         return own[0], own[1], own[2:]
 
     def add_noise(self, line: int, text: str) -> None:
