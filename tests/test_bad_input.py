@@ -99,6 +99,41 @@ def test_corrupt_manifest(cli, small_copy):
     one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), "manifest.json")
 
 
+def _edit_manifest(run, edit) -> None:
+    manifest = json.loads((run / "manifest.json").read_text())
+    edit(manifest)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _declare_float64(manifest: dict) -> None:
+    manifest["tensors"][0]["dtype"] = "float64"
+
+
+def _misspell_integrity(manifest: dict) -> None:
+    manifest["integrity"] = "fingerprint"
+
+
+def _call_a_param_a_buffer(manifest: dict) -> None:
+    manifest["tensors"][1]["kind"] = "buffer"
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (_declare_float64, ("stored as F32", "declares it float64")),
+        (_misspell_integrity, ("'integrity'", "'fingerprints' or absent", "'fingerprint'")),
+        (_call_a_param_a_buffer, ("different models: tensor 1", "(a buffer) in the merged")),
+    ],
+    ids=["float32 data declared float64", "an unknown integrity", "a param that is a buffer"],
+)
+def test_a_manifest_that_misstates_its_run_is_refused(cli, small_copy, edit, said):
+    """Each was judged: float32 data declared float64 to float64's tolerances, an integrity
+    spelled wrong by checksums instead, and a parameter listed as a buffer in one run only
+    against the other's parameter, as if the two were one model."""
+    _edit_manifest(small_copy["merged"], edit)
+    one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), *said)
+
+
 def test_runs_of_different_models(cli, tmp_path, small_runs):
     other = train(SMALL.replace(hidden=8), tmp_path / "other")
     result = cli("compare", small_runs["baseline"], other)

@@ -85,12 +85,14 @@ def _window_crossing(base: Run, other: Run) -> str:
 
 
 def _first_difference(
-    base: list[tuple[str, tuple]], other: list[tuple[str, tuple]], other_name: str
+    base: list[tuple[str, tuple, str]], other: list[tuple[str, tuple, str]], other_name: str
 ) -> str:
-    """Where two models' tensor lists (name, shape) first part, in model order, both sides."""
+    """Where two models' tensor lists (name, shape, kind) first part, in model order, both
+    sides."""
 
-    def shown(tensor: tuple[str, tuple]) -> str:
-        return f"{tensor[0]} {list(tensor[1])}"
+    def shown(tensor: tuple[str, tuple, str]) -> str:
+        name, shape, kind = tensor
+        return f"{name} {list(shape)}" + (" (a buffer)" if kind == "buffer" else "")
 
     for i, (x, y) in enumerate(zip(base, other, strict=False)):
         if x != y:
@@ -117,8 +119,8 @@ def check_compatible(
         )
     if base.updates == 0 or (other.updates == 0 and not bookkeeping):
         raise BadInput("the runs hold no updates to compare")
-    b = [(t.name, t.shape) for t in base.tensors]
-    m = [(t.name, t.shape) for t in other.tensors]
+    b = [(t.name, t.shape, t.kind) for t in base.tensors]
+    m = [(t.name, t.shape, t.kind) for t in other.tensors]
     if b != m:
         raise BadInput(f"{what} of different models: {_first_difference(b, m, other_name)}")
     if base.full_weights != other.full_weights:

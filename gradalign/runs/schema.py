@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import BadInput, shown
 from . import checksums
+from .store import FINGERPRINTS
 
 _HEX = re.compile(r"^[0-9a-f]+$")
 MAX_MICRO_STEPS = 100_000_000  # a series longer than this is not a training run's
@@ -51,6 +52,9 @@ def check_manifest(manifest: dict, where: str) -> None:
     for rel, digest in files.items():
         if not isinstance(digest, str) or len(digest) != digits or not _HEX.match(digest):
             raise bad("files", f"lists {shown(rel)} without a {algorithm} hex digest")
+    integrity = manifest.get("integrity")
+    if integrity is not None and integrity != FINGERPRINTS:  # never a silent other way of checking
+        raise bad("integrity", f"must be {FINGERPRINTS!r} or absent, got {shown(integrity)}")
     _check_tensors(manifest.get("tensors"), bad)
     for field in ("config", "environment"):
         if manifest.get(field) is not None and not isinstance(manifest[field], dict):

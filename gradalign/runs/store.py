@@ -27,7 +27,19 @@ from .digests import bitsum
 from .tensorfile import Layout, TensorFile
 
 FINGERPRINTS = "fingerprints"
-_FLOATING = frozenset({"F64", "F32", "F16", "BF16"})  # what a weight or gradient is stored as
+_FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}  # what a weight or gradient is stored as
+_DECLARED = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def _holds(code: str, declared: str) -> bool:
+    """Whether values stored as `code` can be the manifest's `declared` dtype: a float type as
+    wide or wider (a bfloat16 tensor widened to float32 where a writer has no bfloat16), never
+    narrower (float32 data declared float64 would be judged to float64's tolerances), and no
+    float for an integer tensor or the reverse."""
+    exact = _DECLARED.get(declared)
+    if exact is None or code not in _FLOAT_BYTES:
+        return (exact is None) == (code not in _FLOAT_BYTES)
+    return code == exact or _FLOAT_BYTES[code] > _FLOAT_BYTES[exact]
 
 
 class Store:
@@ -124,8 +136,7 @@ class Store:
                 found = "missing" if name not in names else f"shape {checked.file.shape(name)}"
                 raise BadInput(f"{self.path}: {relpath}: tensor {name} {list(shape)} is {found}")
             code, declared = names[name]["dtype"], self.declared.get(name)
-            floating = declared in ("float64", "float32", "float16", "bfloat16")
-            if declared is not None and (code in _FLOATING) != floating:
+            if declared is not None and not _holds(code, declared):
                 checked.close()  # an int view of float bits keeps their fingerprint: look first
                 raise BadInput(
                     f"{self.path}: {relpath}: tensor {name} is stored as {code}; the manifest "
