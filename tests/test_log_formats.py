@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .conftest import one_line_error
 from .softmax_losses import train
 
 K, B, N, D, C = 4, 32, 8, 6, 4
@@ -172,6 +173,14 @@ def _lightning_accumulated(rows):  # metrics.csv under accumulate_grad_batches: 
     return ["epoch,lr-SGD,step,train_loss,val_loss", *lines]
 
 
+def _thousands(rows):  # `{:,}`: a counter of samples and a loss grouped (`1,386.294`)
+    return [
+        f"[{r['i'] * 1000:,}/{len(rows) * 1000:,}]  loss: {r['loss'] * 1000:,.3f}  "
+        f"lr: {r['lr']:.4e}"
+        for r in rows
+    ]
+
+
 # name -> (lines from rows, epochs, what the merged log prints: each micro-step or each update,
 # whether it prints the lr)
 FORMATS = {
@@ -195,6 +204,7 @@ FORMATS = {
     "global step beside micro step": (_global_and_micro, 1, "micro", True),
     "update's step at each micro-step": (_update_step_each_micro, 1, "micro", False),
     "lightning metrics.csv, accumulated": (_lightning_accumulated, 1, "micro", True),
+    "grouped by thousands": (_thousands, 1, "micro", True),
 }
 
 
@@ -263,3 +273,15 @@ def test_a_step_printed_at_each_micro_step_needs_its_k(cli, tmp_path, runs):
     uneven.write_text("\n".join(lines[:5] + lines[6:]) + "\n", encoding="utf-8")
     result = cli("compare", base, uneven, "-k", "4")
     assert result.code == 2 and "uneven.log:8:" in result.err and "repeat unevenly" in result.err
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [("step 3, loss 1,588130", "'1,588130'"), ("step 3 loss 0.5 lr 1,0e-04", "'1,0e-04'")],
+)
+def test_a_value_printed_with_a_decimal_comma_is_refused(cli, tmp_path, line, said):
+    """`loss 1,588130` was read as the integer 1: every loss equal, every bug passed."""
+    base, log = tmp_path / "base.log", tmp_path / "comma.log"
+    base.write_text("step 0 loss 0.5 lr 0.1\nstep 1 loss 0.5 lr 0.1\n", encoding="utf-8")
+    log.write_text(f"step 0 loss 0.5 lr 0.1\n{line}\n", encoding="utf-8")
+    one_line_error(cli("compare", base, log, "-k", "1"), "comma.log:2:", "decimal comma", said)

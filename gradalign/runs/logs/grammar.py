@@ -48,6 +48,9 @@ _STEP = re.compile(
     r"(?:loss\s*[:=]?\s*)?(?P<loss>\S.*?)$",
     re.IGNORECASE,
 )
+_GROUPED = re.compile(r"(?<![\w.,])[1-9]\d{0,2}(?:,\d{3})+(?!\d|,\d)")  # `1,200`, `6,831.87`
+_DECIMAL_COMMA = re.compile(r",\d")  # right after a value read: `loss 1,588130` is not 1
+_PRINTED = re.compile(r"[-+]?\d[\d.,]*(?:[eE][-+]?\d+)?")
 _BRACKETED_STEP = re.compile(r"^\d+\s+\[[^\[\]]*\]$")  # `0   [..]`: a step line, whatever is inside
 _ARROW = re.compile(r"^(?P<label>.*?)\s*(?:-+|=+)>\s*(?P<rest>.*)$")
 _MEAN_LABEL = re.compile(r"^(?:avg|mean|average)[\s_-]*loss$", re.IGNORECASE)
@@ -175,7 +178,9 @@ class StepLine:
 def step_line(text: str) -> StepLine | None:
     """`<index> <loss>`, or a line of keyed fields holding a step and a loss: None if the line
     is not one. A step-like line that holds several numbers (`0   [0.5 0.6]`) is an error: it
-    is a step line the reader cannot read."""
+    is a step line the reader cannot read. Numbers grouped by thousands (`step 1,200`, `loss
+    6,831.87`) read whole; a value printed with a decimal comma is an error."""
+    text = _GROUPED.sub(lambda m: m[0].replace(",", ""), text) if "," in text else text
     match = _STEP.match(text)
     if match is not None:
         rest = match["loss"]
@@ -207,6 +212,15 @@ def _keyed_step_line(text: str) -> StepLine | None:
         skipped = keyed and (skipped_count(text) or 0) >= 1
         return _step_line(text, [int(m["index"]) for m in keyed], False) if skipped else None
     named = found[at]
+    lrs = ((m, "lr") for m in _KEYED_LR.finditer(text))
+    for field, value in ((named[0], "loss"), *lrs):
+        if _DECIMAL_COMMA.match(text, field.end()):
+            comma = _PRINTED.search(text, field.start(value))[0]
+            what = "learning rate" if value == "lr" else value
+            raise BadInput(
+                f"a {what} printed with a decimal comma ({comma!r}) cannot be read: print it "
+                "with a decimal point (the C locale's numbers)"
+            )
     indices = [int(m["index"]) for m in keyed]
     if not indices:
         counter = _counter(text[: named[0].start()])
