@@ -23,6 +23,8 @@ B, K, UPDATES, LR = 16, 2, 4, 0.3
 VARIANTS = {
     "clean": {},
     "uneven-items": {"rows": (6, 2), "items": True},  # rank 0 reads 6 rows, rank 1 2: weighted
+    # the window's count all-reduced but one too many: a pure scale B/(B+1), no rank reweighted
+    "uneven-items-count-off": {"rows": (6, 2), "items": True, "count_off": 1},
     "uneven-mean": {"rows": (6, 2)},  # the same shards, each rank's plain mean: the bug
     # other shards at each micro-step, each micro-batch's plain mean / K: both imbalances add up
     "uneven-mean-micro": {"rows": ((6, 2), (3, 5))},
@@ -162,7 +164,7 @@ def merged(out: Path, variant: dict) -> None:
                     total = nn.functional.cross_entropy(out_, y[rows], reduction="sum")
                     loss = total / sizes[rank]
                     if variant.get("items"):  # its share of the window's B rows; DDP divides by W
-                        (total * world / B).backward()
+                        (total * world / (B + variant.get("count_off", 0))).backward()
                     else:
                         back = loss / k * (world if variant.get("times_w") else 1)
                         (scaler.scale(back) if scaler else back).backward()

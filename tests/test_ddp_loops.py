@@ -106,6 +106,15 @@ def test_a_plain_mean_over_unequal_shards_is_named_from_the_rows(loops):
     assert "items=n" in first.fix
 
 
+def test_a_global_count_off_by_one_on_unequal_shards_is_a_wrong_scale(loops):
+    """Each rank weighted by its share of a window count of B + 1: the gradient is B/(B+1)
+    times the baseline's, turned by nothing. Was `dp-token-normalization`, whose fix (all-reduce
+    the count) the loop already follows."""
+    first = errors(judged(loops, "uneven-items-count-off"))[0]
+    assert first.code == "loss-scale", first.message
+    assert abs(first.evidence["grad_ratio"] - 16 / 17) < 1e-4, first.evidence
+
+
 def test_a_plain_mean_over_other_shards_at_each_micro_step_is_named(loops):
     """Rows 6, 2 then 3, 5: each micro-batch's mean / K weighs micro-batches by up to 100%
     wrong, beyond what the ranks' totals (9, 7) alone allow. Was `token-normalization`, whose

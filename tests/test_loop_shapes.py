@@ -94,7 +94,8 @@ def record(out, k: int, shape: str, bug: str | None = None, float64: bool = Fals
             for j in range(k):
                 part = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
                 loss = nn.functional.cross_entropy(model(x[part]), y[part])
-                (loss if bug == "no-loss-scale" else loss / k).backward()
+                scale = {"no-loss-scale": k, "count-off": 1.0005}.get(bug, 1)
+                (loss / k * scale).backward()
                 rec.micro(loss.detach(), batch=(x[part], y[part]))
                 if bug == "step-every-micro" and j < k - 1:
                     opt.step()
@@ -129,6 +130,20 @@ def test_a_missing_loss_scale_is_named_whatever_the_loop_shape(tmp_path, shape):
         assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", [
             (d.code, d.message) for d in c.diagnosis
         ]
+
+
+def test_a_loss_scaled_a_little_is_named_a_wrong_scale(tmp_path):
+    """A count off by a few in thousands of items scales the gradient by 1.0005 in the same
+    direction, far beyond its rounding: `cross-sample-loss` named it, as if no bug's shape fit,
+    while a scale of 1.001 or more was `loss-scale`."""
+    base = record(tmp_path / "base", 1, "linear 1x1")
+    ref = record(tmp_path / "ref", 1, "linear 1x1", float64=True)
+    bug = record(tmp_path / "bug", 4, "linear 1x1", bug="count-off")
+    c = compare(base, bug, reference=ref)
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", [
+        (d.code, d.message) for d in c.diagnosis
+    ]
+    assert abs(c.diagnosis[0].evidence["grad_ratio"] - 1.0005) < 1e-5
 
 
 def test_spectral_norms_power_iteration_is_named_as_buffers_written_in_forward(tmp_path):

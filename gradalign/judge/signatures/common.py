@@ -119,6 +119,16 @@ def same_direction(c: Comparison, r: UpdateResult) -> float:
     return same_direction_at(noise_share(c, r))
 
 
+def pure_scale(c: Comparison, r: UpdateResult, ratio: float, cosine: float) -> bool:
+    """Whether the merged gradient is the baseline's times `ratio` and nothing else: it points
+    the same way, its size is off by more than the noise's share, and the difference lies more
+    along the gradient than across it (noise turns a gradient, a scale does not; a bfloat16 run
+    without a reference: 0.9988 times the baseline's, 0.07 across)."""
+    if not cosine >= same_direction(c, r) or not abs(ratio - 1) > noise_share(c, r):
+        return False
+    return abs(ratio - 1) > abs(ratio) * math.tan(math.acos(min(cosine, 1.0)))
+
+
 def same_direction_at(share: float) -> float:
     """The cosine above which two gradients point the same way: rounding's 1 − 1e-6, or, where
     the noise is a larger share ρ of the gradient (bfloat16), 1 − 2ρ² (noise of that share

@@ -10,7 +10,15 @@ import numpy as np
 from ..checks import sample_mismatches
 from ..distributed import RankFacts, counts_per_rank, listed
 from ..results import Comparison, Diagnosis, UpdateResult
-from .common import RATIO_MATCH, finite, lossy_hooks, relative_error, same_direction, window
+from .common import (
+    RATIO_MATCH,
+    finite,
+    lossy_hooks,
+    pure_scale,
+    relative_error,
+    same_direction,
+    window,
+)
 from .decisive import update0_gap
 from .learning_rate import lined_up_lrs, schedule_offset
 
@@ -213,6 +221,9 @@ def dp_token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     error = None if gb is None or gm is None else relative_error(gb, gm)
     if error is None or not 0 < error <= 2 * max(imbalance, finest):
         return None
+    ratio, cosine = r.grad_ratio, r.grad_cosine
+    if ratio is not None and cosine is not None and pure_scale(c, r, ratio, cosine):
+        return None  # reweighting ranks turns the gradient; a count off by a few scales it
     if unit == "items":
         how = (
             "normalized by a local count (its own, or its micro-batch's), not by the window's "

@@ -21,6 +21,7 @@ from .common import (
     lossy_hooks,
     noise_share,
     on_ranks,
+    pure_scale,
     relative_error,
     same_direction,
     same_direction_at,
@@ -37,7 +38,7 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     below = None if cosine >= same_direction(c, r) else below_clip_value(c, r)
     if below is not None:  # clip_grad_value_ turned it: read the elements it left alone
         ratio, cosine = below
-    if not cosine >= same_direction(c, r) or not abs(ratio - 1) > RATIO_MATCH:
+    if not cosine >= same_direction(c, r) or not abs(ratio - 1) > noise_share(c, r):
         return None
     k, n = window(c), int(c.merged.sizes[r.update])
     short = [
@@ -96,10 +97,7 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
                     evidence,
                     fix,
                 )
-    if not abs(ratio - 1) > abs(ratio) * math.tan(math.acos(min(cosine, 1.0))):
-        # a scale matching no variant names a wrong scale only where the difference lies more
-        # along the gradient than across it: noise turns a gradient, a scale does not (a
-        # bfloat16 run without a reference: 0.9988 times the baseline's, 0.07 across)
+    if not pure_scale(c, r, ratio, cosine):  # a scale matching no variant: only a pure one
         return None
     clipped, after = clip_state(c, c.baseline, r.update)
     unseen = ""
