@@ -121,6 +121,7 @@ class Recorder:
         self._ranks = join(distributed, group, rank)
         self._model_facts = model_facts(model, wrapper, outside)
         self._param_ids = {id(t) for t, kind, _ in self._named.values() if kind == "param"}
+        self._places = {id(t): at for at, (t, _, _) in enumerate(self._named.values())}
         first = next(iter(self._named.values()))[0]
         self._env = environment(first.device, first.dtype)
         if compute_dtype is not None:
@@ -299,11 +300,12 @@ class Recorder:
         window = self._windows.open
         window.steps += 1
         self._steps_since_micro += 1
-        window.lr = group_lrs(optimizer)
+        window.lr = group_lrs(optimizer, self._places)
 
     def _on_clip(self, params: list[torch.Tensor], clip: clipping.Clip) -> None:
-        if any(id(p) in self._param_ids for p in params):
-            self._windows.clipped(clip.value, clip.total)
+        recorded = frozenset(id(p) for p in params if id(p) in self._param_ids)
+        if recorded:
+            self._windows.clipped(clip.value, clip.total, recorded)
 
     def _unhook(self) -> None:
         for hook in self._hooks:
@@ -327,13 +329,17 @@ class Recorder:
         self._windows.open.grads_written = True
 
     def _optimizer_state_step(self) -> int:
-        """The optimizer's own step counter (Adam's `state["step"]`), or -1 if it keeps none."""
-        for group in self._optimizer.param_groups:
-            for param in group["params"]:
-                step = self._optimizer.state.get(param, {}).get("step")
-                if step is not None:
-                    return int(step)
-        return -1
+        """The optimizer's own step counter (Adam's `state["step"]`): the largest over its
+        parameters (one it began to step late, unfrozen mid-run, counts fewer, wherever the
+        optimizer lists it), or -1 if it keeps none. One host read per device."""
+        steps = [s.get("step") for s in self._optimizer.state.values() if isinstance(s, dict)]
+        numbers = [float(s) for s in steps if s is not None and not torch.is_tensor(s)]
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for s in steps:
+            if torch.is_tensor(s):
+                by_device.setdefault(s.device, []).append(s.detach().reshape(()).float())
+        numbers += [float(torch.stack(t).max()) for t in by_device.values()]
+        return int(max(numbers)) if numbers else -1
 
     def _settle(self, error: BaseException | None) -> None:
         """Under torch.distributed, every rank learns whether the run could be started."""

@@ -35,9 +35,19 @@ def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
     return optimizer
 
 
-def group_lrs(optimizer: torch.optim.Optimizer) -> list[float]:
-    """Every param group's learning rate (a tensor lr is read as a number)."""
-    return [float(group["lr"]) for group in optimizer.param_groups]
+def group_lrs(optimizer: torch.optim.Optimizer, places: dict[int, int]) -> list[float]:
+    """Every param group's learning rate (a tensor lr is read as a number), the groups in the
+    model's order (`places`: each recorded tensor's id and place in the model): by the first
+    of their parameters, groups of none last. The order a loop lists its groups in (a set's,
+    decay before no-decay or after) is not the training's."""
+    groups = optimizer.param_groups
+    last = len(places)
+
+    def first(index: int) -> tuple[int, int]:
+        held = (places.get(id(p), last) for p in groups[index]["params"])
+        return min(held, default=last), index
+
+    return [float(groups[i]["lr"]) for i in sorted(range(len(groups)), key=first)]
 
 
 def after_closure(args: Any, kwargs: Any, then: Callable[[], None]) -> Any:
@@ -107,6 +117,8 @@ class Window:
     grads_written: bool = False
     # given to grads(), else the last clip_grad_norm_ total: a 0-d tensor, read at close
     pre_clip_norm: torch.Tensor | None = None
+    clipped_sets: list[frozenset[int]] = field(default_factory=list)  # each norm clip's params
+    clipped_norms: list[torch.Tensor] = field(default_factory=list)  # and its norm before it
     unscales: int = 0  # GradScaler.unscale_() calls (when a scaler is watched)
     scaler_updates: int = 0  # GradScaler.update() calls
     clip_calls: int = 0  # clip_grad_norm_ and clip_grad_value_ calls on the model's parameters
@@ -158,10 +170,16 @@ class Windows:
         self.zero_grads_inside.append(w.zero_grads_inside)
         self.open = Window()
 
-    def clipped(self, value: float | None, total: torch.Tensor | None) -> None:
+    def clipped(
+        self, value: float | None, total: torch.Tensor | None, params: frozenset[int] = frozenset()
+    ) -> None:
         """A clip_grad_norm_ (`total`: the norm before it) or clip_grad_value_ (`value`) call on
-        the model's parameters; one before the watched GradScaler's unscale_() in this window
-        clipped the scaled gradients (GradScaler.step() unscales first where the loop did not)."""
+        the model's parameters (`params`: their ids); one before the watched GradScaler's
+        unscale_() in this window clipped the scaled gradients (GradScaler.step() unscales first
+        where the loop did not). The window's norm before clipping is that of every parameter a
+        norm clip reached before any other clip did: a later call on parameters clipped already
+        (a `clip_grad_norm_(params, inf)` that logs the norm) sees the clipped gradient, and
+        clips of disjoint parts (an encoder's, a head's) add up in any order."""
         w = self.open
         w.clip_calls += 1
         enabled = self.scaler is not None and bool(getattr(self.scaler, "is_enabled", bool)())
@@ -170,7 +188,17 @@ class Windows:
         if value is not None:
             w.clip_value = value
         elif total is not None and w.grads_calls == 0:
-            w.pre_clip_norm = device_scalar(total)
+            if any(params & earlier for earlier in w.clipped_sets) or not params:
+                return
+            w.clipped_sets.append(params)
+            w.clipped_norms.append(device_scalar(total))
+            norms = w.clipped_norms
+            at = norms[0].device
+            w.pre_clip_norm = (
+                norms[0]
+                if len(norms) == 1
+                else torch.stack([n.to(at) for n in norms]).square().sum().sqrt()
+            )
 
     def zero_grad(self) -> None:
         """A zero_grad() call: inside the window when it falls between two of its micro-steps,

@@ -1,0 +1,77 @@
+"""The order a loop lists its parameters in is not the training's: an optimizer's param groups
+listed otherwise, the same parameters in another order with some unfrozen mid-run, and clips of
+disjoint parts made in another order record the same facts. A clip that only logs the norm
+(`clip_grad_norm_(params, inf)` after the real one) leaves the norm before clipping as it was."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign.api import compare
+
+UPDATES, BATCH, FROZEN = 5, 16, 2
+
+
+def _record(out, k: int, shape: str, swapped: bool = False, bug: str | None = None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    body, head = list(model[0].parameters()), list(model[2].parameters())
+    if shape == "groups":  # decay and no-decay groups at other learning rates
+        groups = [{"params": body, "lr": 3e-3}, {"params": head, "lr": 1e-3}]
+        groups = groups[::-1] if swapped else groups
+    else:
+        groups = [{"params": head + body if swapped else body + head, "lr": 3e-3}]
+    opt = torch.optim.AdamW(groups, weight_decay=0.05)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(UPDATES * BATCH, 6, generator=g), torch.randint(0, 3, (UPDATES * BATCH,))
+    n = BATCH // k
+    if shape == "unfrozen":
+        model[0].requires_grad_(False)
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for u in range(UPDATES):
+            if shape == "unfrozen" and u == FROZEN:
+                model[0].requires_grad_(True)
+            for j in range(k):
+                rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss if bug == "no-loss-scale" else loss / k).backward()
+                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
+            if shape == "clips":  # the body's and the head's own clips, in either order
+                for part in (head, body) if swapped else (body, head):
+                    nn.utils.clip_grad_norm_(part, 0.05)
+            elif shape == "logged clip":  # the real clip engages; the second only logs
+                nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+                nn.utils.clip_grad_norm_(model.parameters(), math.inf)
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("shape", ["groups", "unfrozen", "clips"])
+def test_parameters_listed_in_another_order_train_alike(tmp_path, shape):
+    """Each was a false alarm: groups by index (`lr-scaled`, 0.333 times), the step counter of
+    the first parameter holding state (`step-in-window`, with no reason given), the norm of the
+    window's last clip (`norms before clipping`, without a reference)."""
+    base = _record(tmp_path / "base", 1, shape)
+    merged = _record(tmp_path / "merged", 4, shape, swapped=True)
+    result = compare(base, merged, reference="none")
+    assert result.verdict == "pass", [(d.code, d.message) for d in result.diagnosis]
+
+
+def test_a_clip_that_only_logs_leaves_the_norm_before_clipping(tmp_path):
+    """The logging call's norm (after the real clip) was recorded as the window's: a loss not
+    divided by K, hidden while the clip engages, then passed without a reference."""
+    base = _record(tmp_path / "base", 1, "logged clip")
+    clean = compare(base, _record(tmp_path / "clean", 4, "logged clip"), reference="none")
+    assert clean.verdict == "pass", [(d.code, d.message) for d in clean.diagnosis]
+    bug = _record(tmp_path / "bug", 4, "logged clip", bug="no-loss-scale")
+    result = compare(base, bug, reference="none")
+    assert result.verdict == "fail" and result.diagnosis[0].code == "loss-scale", [
+        (d.code, d.message) for d in result.diagnosis
+    ]
