@@ -187,3 +187,50 @@ def test_without_a_reference_a_spread_jump_or_a_later_bug_still_fails(runs):  # 
     assert not any("crossed its kink" in n for n in result.notes)
     later = _unreferenced(runs, "kink-then-bug-unreferenced", _kink_then(9, 1.05, 1e-2))
     assert later.verdict == "fail" and not later.results[9].ok
+
+
+def _scalar_scaled_loop(out, k: int, divisor: float, float64: bool = False):
+    """A tanh MLP times a learnable 0-d temperature (CLIP's logit_scale), SGD; each
+    micro-batch's loss divided by `divisor` (K is right)."""
+    import torch
+
+    import gradalign
+
+    torch.manual_seed(0)
+    body = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    model = torch.nn.ModuleDict({"body": body})
+    model.register_parameter("logit_scale", torch.nn.Parameter(torch.tensor(1.0)))
+    model = model.double() if float64 else model
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8 * 32, 10, generator=g), torch.randint(0, 4, (8 * 32,), generator=g)
+    x = x.double() if float64 else x
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    n = 32 // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for u in range(8):
+            for j in range(k):
+                rows = slice(u * 32 + j * n, u * 32 + (j + 1) * n)
+                logits = model["body"](x[rows]) * model.logit_scale
+                loss = torch.nn.functional.cross_entropy(logits, y[rows])
+                (loss / divisor).backward()
+                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+    return out
+
+
+def test_a_wrong_scale_is_no_kink_in_a_tensor_of_one_row(tmp_path):
+    """A 0-d temperature holds its whole error in its one row: the loss divided by 7 for K=8
+    (every gradient 8/7 times the baseline's) was followed as a kink crossed, and passed."""
+    from gradalign.api import compare
+
+    base = _scalar_scaled_loop(tmp_path / "base", 1, 1)
+    ref = _scalar_scaled_loop(tmp_path / "ref", 1, 1, float64=True)
+    clean = compare(base, _scalar_scaled_loop(tmp_path / "clean", 8, 8), reference=ref)
+    assert clean.verdict == "pass", [d.message for d in clean.diagnosis]
+    bug = _scalar_scaled_loop(tmp_path / "bug", 8, 7)
+    for reference in (ref, "none"):
+        result = compare(base, bug, reference=reference)
+        assert result.verdict == "fail", [d.message for d in result.diagnosis]
+        assert result.diagnosis[0].code == "loss-scale", [d.code for d in result.diagnosis]

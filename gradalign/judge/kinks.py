@@ -203,7 +203,12 @@ def follow_kink_divergence(
             "from a bug needs that update's full weights and gradients in both runs (a sketched "
             "run keeps them at its snapshot updates only: snapshot_every)"
         ]
-    worst = max(failing, key=lambda d: d.ratio)
+    # a kink's evidence: its error in a few rows of a tensor of many (in a tensor of one row,
+    # a 0-d temperature or a bias, it always is: a wrong loss scale showed as a kink there)
+    many = [d for d in failing if _rows(gm[d.name]) * JUMP_OWN_SHARE >= KINK_UNITS]
+    if not many:
+        return []
+    worst = max(many, key=lambda d: d.ratio)
     rows = _row_share(gm[worst.name], gr[worst.name], KINK_UNITS)
     if rows is None:
         return []
@@ -257,6 +262,11 @@ def _share(merged: np.ndarray, ref: np.ndarray, before: np.ndarray | float) -> f
 def _neighbours_pass(results: list[UpdateResult], update: int) -> bool:
     near = [r for r in results if abs(r.update - update) == 1]
     return all(all(d.ok for d in r.grads) for r in near)
+
+
+def _rows(tensor: np.ndarray) -> int:
+    """The rows `_row_share` counts: the first axis, or each element of a 1-D tensor."""
+    return int(tensor.shape[0]) if np.ndim(tensor) > 1 else int(np.size(tensor))
 
 
 def _row_share(
