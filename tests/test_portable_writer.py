@@ -316,3 +316,21 @@ def test_negative_item_counts_are_refused_by_the_reader(tmp_path):
     (run / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BadInput, match="micro/items holds a count that is negative"):
         read_run_dir(run)
+
+
+def test_bfloat16_arrays_from_ml_dtypes_are_written_and_digested_as_floats(tmp_path):
+    """JAX's bfloat16 (ml_dtypes, a numpy dtype of kind "V") was digested as integers (two
+    batches of values in [0, 1) both 0: a reference refused for 'other samples', the sample
+    check blind), fingerprinted as a float sum, and refused by the writer with a KeyError."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(0)
+    x, other = (rng.random((4, 3)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    assert sample_digest(x) == sample_digest(x.astype(np.float32)) != sample_digest(other)
+    assert fingerprint(x) == int(x.view(np.int16).sum(dtype=np.int64))
+    w0 = {"w": rng.normal(size=(3, 2)).astype(ml_dtypes.bfloat16)}
+    w1 = {"w": (w0["w"].astype(np.float32) * 0.5).astype(ml_dtypes.bfloat16)}
+    common = dict(accum_steps=1, micro_losses=[0.5], init_weights=w0, update_weights=[w1])
+    base = write_run(tmp_path / "base", **common, micro_data=[sample_digest(x)])
+    merged = write_run(tmp_path / "merged", **common, micro_data=[sample_digest(x)])
+    result = api.compare(base, merged, reference="none")
+    assert result.verdict == "pass" and result.dtype == "bfloat16"

@@ -18,6 +18,7 @@ _CODES = {
     "float64": "F64",
     "float32": "F32",
     "float16": "F16",
+    "bfloat16": "BF16",  # ml_dtypes' (JAX's), a dtype of kind "V"
     "int64": "I64",
     "int32": "I32",
     "int16": "I16",
@@ -51,7 +52,7 @@ def fingerprint(array):
     """int64 sum of the elements' bit patterns (floats viewed as same-width ints)."""
     a = np.asarray(array)
     a = a.astype(a.dtype.newbyteorder("="), copy=False)
-    if a.dtype.kind == "f":
+    if a.dtype.kind not in "biu":  # a float, numpy's or ml_dtypes' bfloat16
         a = a.view(_BITS[a.dtype.itemsize])
     return int(a.sum(dtype=np.int64))
 
@@ -64,7 +65,7 @@ def sample_digest(*arrays):
     total = 0
     for array in arrays:
         a = np.asarray(array)
-        if a.dtype.kind == "f":
+        if a.dtype.kind not in "biu":  # a float, numpy's or ml_dtypes' bfloat16
             a = a.astype(np.float32).view(np.int32)
         total += int(a.astype(np.int64, copy=False).sum(dtype=np.int64))
     return (total + 2**63) % 2**64 - 2**63
