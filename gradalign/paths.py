@@ -4,16 +4,31 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from pathlib import Path
 
 from .errors import BadInput
 
+_DESCRIPTORS = re.compile(r"^/dev/(?:(stdout)|(stderr)|fd/(\d+))$|^/proc/self/fd/(\d+)$")
+
+
+def descriptor(path: os.PathLike[str] | str) -> int | None:
+    """The open file descriptor a path names as given (`/dev/stdout`, `/dev/fd/3`), else None:
+    behind it may be a log the shell appends to (`--json /dev/stdout >> ci.log`), which is
+    written into at the descriptor's place, never replaced nor reopened (truncated)."""
+    match = _DESCRIPTORS.match(os.fspath(path))
+    if match is None:
+        return None
+    return 1 if match[1] else 2 if match[2] else int(match[3] or match[4])
+
 
 def is_stream(path: os.PathLike[str] | str) -> bool:
     """Whether `path` names something other than a regular file or a directory (a device, a
-    pipe, a terminal), following symbolic links: a report is written into it, never over it,
-    and a config or golden file read from it might never end."""
+    pipe, a terminal, an open descriptor), following symbolic links: a report is written into
+    it, never over it, and a config or golden file read from it might never end."""
+    if descriptor(path) is not None:
+        return True
     try:
         mode = os.stat(path).st_mode
     except OSError:

@@ -401,3 +401,32 @@ def test_a_dash_for_a_path_is_refused_never_a_file_named_dash(
     named = {"BASE": str(small_runs["baseline"]), "MERGED": str(small_runs["merged"])}
     one_line_error(cli(*(named.get(a, a) for a in args)), "'-'", "/dev/stdout")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_baseline_reached_through_a_link_keeps_its_reference(cli, tmp_path):
+    """`..` in the manifest's reference was resolved beside the link: the reference was
+    'missing', and a bug the reference catches passed with a note."""
+    real = tmp_path / "data"
+    base = train(SMALL.replace(accum_steps=1), real / "base", reference="../base-fp64")
+    train(SMALL.replace(accum_steps=1, dtype="float64"), real / "base-fp64")
+    merged = train(SMALL, real / "merged")
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "base").symlink_to(base)
+    direct = cli("compare", base, merged, "--json", tmp_path / "direct.json")
+    linked = cli("compare", links / "base", merged, "--json", tmp_path / "linked.json")
+    assert direct.code == linked.code == 0, linked.out
+    direct_json = json.loads((tmp_path / "direct.json").read_text())
+    linked_json = json.loads((tmp_path / "linked.json").read_text())
+    assert direct_json["reference"] and linked_json["reference"] == direct_json["reference"]
+
+
+@pytest.mark.parametrize("other", ["--json", "--html"])
+def test_a_plot_folder_on_another_reports_path_is_refused(cli, tmp_path, small_runs, other):
+    """`--json X --plot X`: X would be a file and a folder; it was an internal error (exit 3)
+    that left temporary files behind."""
+    pytest.importorskip("matplotlib")
+    same = tmp_path / "same.out"
+    result = cli("compare", *small_runs.values(), other, same, "--plot", same)
+    one_line_error(result, "same.out", "separate paths")
+    assert not list(tmp_path.iterdir())

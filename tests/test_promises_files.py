@@ -117,6 +117,49 @@ def test_a_refused_compare_leaves_no_earlier_report_behind(cli, small_runs, tmp_
     assert sorted(p.name for p in out.iterdir()) == ["notes.json"]
 
 
+def test_a_refused_compare_keeps_files_others_wrote_at_its_paths(
+    cli, small_runs, tmp_path, monkeypatch
+):
+    """The job's step summary, which began with an earlier gate's report and holds another
+    step's lines after it, was deleted whole; a user's own loss.png in the plot folder was
+    deleted as a plot. Only what this tool wrote, by its own marks, is removed."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    summary, plots = tmp_path / "summary.md", tmp_path / "plots"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    summary.write_text("")
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    passed = cli("compare", base, merged, "--markdown", summary, "--plot", plots)
+    assert passed.code == 0 and "gradalign: PASS" in summary.read_text()
+    with summary.open("a") as handle:
+        handle.write("## another tool's step\n")
+    figure = pyplot.figure()
+    figure.savefig(plots / "loss.png")  # the user's, over the tool's
+    pyplot.close(figure)
+    kept = {p: p.read_bytes() for p in (summary, plots / "loss.png")}
+    refused = cli("compare", base, tmp_path / "absent", "--markdown", summary, "--plot", plots)
+    one_line_error(refused, "absent", "removed the earlier reports")
+    assert {p: p.read_bytes() for p in kept} == kept
+    assert sorted(p.name for p in plots.iterdir()) == ["loss.png"]
+
+
+def test_a_report_to_dev_stdout_appends_to_the_log_behind_it(small_runs, tmp_path):
+    """`--json /dev/stdout >> ci.log`: the log was renamed over (its earlier lines lost, the
+    shell writing on into the unlinked file); the report goes in at the descriptor's place."""
+    log = tmp_path / "ci.log"
+    log.write_text("an earlier step's line\n")
+    command = [sys.executable, "-m", "gradalign", "compare", *small_runs.values()]
+    with log.open("a") as out:
+        done = subprocess.run([*command, "--json", "/dev/stdout"], stdout=out, cwd=tmp_path)
+    assert done.returncode == 0
+    text = log.read_text()
+    assert text.startswith("an earlier step's line\n") and '"verdict": "pass"' in text
+
+
 def test_verify_checks_its_report_path_before_training(cli, tmp_path):
     folder = tmp_path / "adir"
     folder.mkdir()

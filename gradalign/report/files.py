@@ -72,10 +72,12 @@ def remove_stale() -> str:
     """Remove the report files this process was asked to write: after an error they would say
     what an earlier run's verdict was (a CI job reading its JUnit file would show a pass). Says
     what it removed, for the error line ('' for nothing)."""
+    from .github import is_step_summary
+
     removed = []
     for files in _ASKED:
-        for path in files.paths():
-            if _a_report(path):
+        for path in files.paths():  # the job's step summary holds other steps' too: kept
+            if _a_report(path) and not is_step_summary(path, os.environ):
                 try:
                     path.unlink()
                 except OSError:
@@ -96,7 +98,7 @@ _SIGNS = (  # how each report begins: JUnit, Markdown, HTML, a plot
     re.compile(rb'^<\?xml[^\n]*\n<testsuites name="gradalign"'),
     re.compile(rb"^#+ [^\n]{0,16}gradalign: (PASS|FAIL)"),
     re.compile(rb"^<!DOCTYPE html>.{0,400}<title>gradalign: (PASS|FAIL)</title>", re.S),
-    re.compile(rb"^\x89PNG"),
+    re.compile(rb"^\x89PNG\r\n\x1a\n.{0,64}tEXtSoftware\x00gradalign", re.S),  # `plots.png`
 )
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import BadInput
-from ..paths import is_stream
+from ..paths import descriptor, is_stream
 
 _NAMES = itertools.count()
 _SETS: list[list[tuple[Path, Path]]] = []  # the open sets: (temporary file, its final path)
@@ -41,6 +41,10 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     symbolic link to a file is kept: the file it names is replaced."""
     if is_stream(path):
         try:
+            fd = descriptor(path)
+            if fd is not None:
+                _write_to(fd, data)
+                return
             with open(path, "wb") as stream:
                 stream.write(data)
         except OSError as exc:
@@ -58,6 +62,19 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise BadInput(f"{path}: cannot write the report ({exc.strerror})") from None
+
+
+def _write_to(fd: int, data: bytes) -> None:
+    """All of `data` at the descriptor's own place, after what Python buffered for it."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            if stream.fileno() == fd:
+                stream.flush()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def printable(text: str) -> str:

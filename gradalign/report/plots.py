@@ -225,9 +225,10 @@ def figures(c: Comparison) -> dict[str, Any]:
 
 
 def png(fig: Any) -> bytes:
-    """A figure as PNG bytes without metadata (no version, no timestamp)."""
+    """A figure as PNG bytes whose only metadata names the tool (no version, no timestamp): the
+    mark by which a stale plot is told from a user's own PNG of the same name (`files`)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
+    fig.savefig(buffer, format="png", metadata={"Software": "gradalign"})
     return buffer.getvalue()
 
 

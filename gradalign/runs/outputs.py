@@ -43,6 +43,12 @@ def check_outputs(
             raise BadInput(f"report {report} is a directory; give a file name")
         if target in seen:
             raise BadInput(f"reports {seen[target]} and {report} are the same file; give two")
+        for other, given in seen.items():  # `--json X --plot X`: X both a file and a folder
+            if _inside(target, other) or _inside(other, target):
+                raise BadInput(
+                    f"report {report} would be written inside {given} or over it, which another "
+                    "report needs; give them separate paths"
+                )
         seen[target] = report
         for given, run in ins + outs:
             if _inside(target, run):

@@ -57,7 +57,14 @@ def read_manifest(path: Path) -> dict:
 
 
 def _reference(value: str | None, path: Path) -> str | None:
-    return None if value is None else os.path.normpath(path / value)
+    """The manifest's reference, relative to the run where it really is: a run reached through
+    a link (`runs/base -> /data/base`) names `../base-fp64` beside /data/base, not beside the
+    link (`..` resolved beside the link lost the reference, and the runs were judged without
+    it)."""
+    if value is None:
+        return None
+    real = os.path.realpath(path)
+    return os.path.normpath(os.path.join(real if real != os.path.abspath(path) else path, value))
 
 
 def _finish_interrupted_commits(parent: Path) -> None:
