@@ -62,3 +62,40 @@ def test_a_merged_run_that_stays_broken_diverged(cli, tmp_path):
     assert code == 1
     message = next(d["message"] for d in diagnosis if d["code"] == "non-finite")
     assert "stop being finite at update 3" in message and "the merged run diverged" in message
+
+
+def test_a_bad_batch_both_runs_met_alike_is_not_judged(cli, tmp_path):
+    """Both runs' loss not finite at update 3 (a poisoned sample, the step skipped by both) and
+    equal again after: the gate failed, saying both runs diverge."""
+    base, merged = list(BASE), list(MERGED)
+    base[3], merged[7] = "nan", "nan"
+    code, diagnosis = _judge(cli, tmp_path, base, merged)
+    assert code == 0, diagnosis
+    report = json.loads((tmp_path / "r.json").read_text())
+    finite = next(c for c in report["checks"] if c["name"] == "finite losses")
+    assert finite["status"] == "pass" and "update(s) 3 alike" in finite["detail"]
+
+
+def test_a_bug_beside_a_bad_batch_both_runs_met_is_not_hidden_by_it(cli, tmp_path):
+    """The losses differ from update 1 on; the shared NaN at update 3 was the only thing
+    named ('make the baseline train stably')."""
+    base = list(BASE)
+    merged = [
+        f"{v * 1.5:.4f}" if i >= 2 else f"{v:.4f}"
+        for i, v in enumerate(m for m in LOSSES for _ in range(2))
+    ]
+    base[3], merged[7] = "nan", "nan"
+    code, diagnosis = _judge(cli, tmp_path, base, merged)
+    assert code == 1 and "non-finite" not in [d["code"] for d in diagnosis], diagnosis
+
+
+@pytest.mark.parametrize("where", ["other updates", "one never recovers"])
+def test_non_finite_losses_unlike_in_the_two_runs_still_fail(cli, tmp_path, where):
+    base, merged = list(BASE), list(MERGED)
+    base[3], merged[7] = "nan", "nan"
+    if where == "other updates":
+        merged[9] = "nan"  # update 4 too, in the merged run alone
+    else:
+        base[3:], merged[7:] = ["nan"] * 5, ["nan"] * 9
+    code, diagnosis = _judge(cli, tmp_path, base, merged)
+    assert code == 1 and "non-finite" in [d["code"] for d in diagnosis], diagnosis

@@ -92,11 +92,34 @@ def _judge(result: UpdateResult, base: Run, merged: Run, lr_dtypes: tuple[str, s
 def unjudged_losses(base: Run, merged: Run, n: int) -> np.ndarray:
     """bool [n]: the updates whose loss is not judged: a run did not give it (a log prints none
     for an iteration its loss scaler skipped) and neither run stepped its optimizer there, so
-    both skipped it alike. A loss missing where a run stepped is judged, and fails."""
+    both skipped it alike; or both runs' losses are not finite there alike (`bad_alike`). A
+    loss missing where a run stepped is judged, and fails."""
+    alike = bad_alike(base, merged, n)
+    shared = np.zeros(n, dtype=bool) if alike is None else alike
     missing = ~(base.window_loss_known()[:n] & merged.window_loss_known()[:n])
     for run in (base, merged):
         steps = run.optimizer_steps
         if steps is None:
-            return np.zeros(n, dtype=bool)
+            return shared
         missing &= np.asarray(steps[:n]) == 0
-    return missing
+    return missing | shared
+
+
+def _not_finite(run: Run, n: int) -> np.ndarray:
+    """bool [n]: the updates whose window loss is known and not finite."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        losses = run.window_losses()[:n]
+    return ~np.isfinite(losses) & run.window_loss_known()[:n]
+
+
+def bad_alike(base: Run, merged: Run, n: int) -> np.ndarray | None:
+    """bool [n]: the updates whose loss is not finite in both runs, where every update whose
+    loss is not finite in either run is one, and both runs are finite again after the last (a
+    bad batch both runs met, its step skipped by both); None where the runs are not so (one
+    alone, or one that never recovers: a divergence) or every loss is finite."""
+    b, m = _not_finite(base, n), _not_finite(merged, n)
+    if not b.any() or not np.array_equal(b, m):
+        return None
+    last = int(np.flatnonzero(b)[-1])
+    after = [np.isfinite(run.window_losses()[last + 1 :]) for run in (base, merged)]
+    return b if all(a.size and a.any() for a in after) else None

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..runs.model import Run
 from ..runs.summaries import SKETCH_SIZE
+from .bookkeeping import bad_alike
 from .distributed import listed
 from .metrics import TensorDiff
 from .replicas import replicas_comparable
@@ -27,7 +28,7 @@ def build_checks(
     unit = "the noise floor" if calibrated else "the tolerance"
     checks = [
         _bookkeeping_check(base, merged, len(results)),
-        _finite_check(base, merged),
+        _finite_check(base, merged, len(results)),
         _loss_check(results, unit),
         same_samples(base, merged),
     ]
@@ -226,7 +227,16 @@ def same_samples(base: Run, merged: Run) -> Check:
     return Check(name, PASS, "every window saw exactly its baseline batch's samples")
 
 
-def _finite_check(base: Run, merged: Run) -> Check:
+def _finite_check(base: Run, merged: Run, n: int) -> Check:
+    alike = bad_alike(base, merged, n)
+    if alike is not None:
+        updates = listed([str(u) for u in np.flatnonzero(alike)], 6)
+        return Check(
+            "finite losses",
+            PASS,
+            f"both runs' losses are not finite at update(s) {updates} alike and finite again "
+            "after (a bad batch both met): not judged there",
+        )
     for name, run in (("baseline", base), ("merged", merged)):
         bad = run.non_finite_losses()
         if bad.size:
@@ -252,8 +262,9 @@ def _loss_check(results: list[UpdateResult], unit: str) -> Check:
     skipped = [r.update for r in results if not r.loss_judged]
     results = [r for r in results if r.loss_judged]
     unjudged = (
-        f"; not judged at update(s) {listed([str(u) for u in skipped], 6)}, which both runs' "
-        "loss scalers skipped and whose loss a log did not print"
+        f"; not judged at update(s) {listed([str(u) for u in skipped], 6)}, which both runs "
+        "skipped alike (a loss scaler's skip a log printed no loss for, or a loss not finite "
+        "in both)"
         if skipped
         else ""
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...runs.model import Run
+from ..bookkeeping import bad_alike
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
 from ..window_sizes import problems
@@ -295,8 +296,9 @@ def non_finite(c: Comparison) -> Diagnosis | None:
     finite again later is said so (an overflow a loss scaler skipped), never 'diverged'."""
     base = _first_non_finite(c.baseline)
     merged = _first_non_finite(c.merged)
-    if merged is None and base is None:
-        return None
+    alike = bad_alike(c.baseline, c.merged, len(c.results)) is not None
+    if (merged is None and base is None) or alike:
+        return None  # a bad batch both runs met and recovered from explains no failure
     evidence = {"merged_first_non_finite_update": merged, "baseline_first_non_finite_update": base}
     if merged is not None and base is not None:
         return Diagnosis(
