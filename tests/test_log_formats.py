@@ -285,3 +285,24 @@ def test_a_value_printed_with_a_decimal_comma_is_refused(cli, tmp_path, line, sa
     base.write_text("step 0 loss 0.5 lr 0.1\nstep 1 loss 0.5 lr 0.1\n", encoding="utf-8")
     log.write_text(f"step 0 loss 0.5 lr 0.1\n{line}\n", encoding="utf-8")
     one_line_error(cli("compare", base, log, "-k", "1"), "comma.log:2:", "decimal comma", said)
+
+
+@pytest.mark.parametrize("spec", [".2e", ".3g", ".1E"])
+def test_an_lr_k_times_too_large_printed_to_few_digits_is_lr_scaled(cli, tmp_path, runs, spec):
+    """Printed to 2 or 3 digits, the ratio of the two lrs wanders by their rounding: the
+    constant K went unseen (SCALE_MATCH is float32's), and the bug was named `lr-schedule`,
+    whose fix (step the scheduler once per optimizer step) the loop already follows."""
+
+    def log(name: str, run: tuple, times: float) -> Path:
+        lines = [
+            f"step {i} loss {v:.6f} lr {lr * times:{spec}}"
+            for i, (v, lr) in enumerate(zip(*run, strict=True))
+        ]
+        path = tmp_path / f"{name}.log"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
+
+    base = log("base", runs["base"], 1)
+    assert _judge(cli, tmp_path, base, log("clean", runs["clean"], 1), K) == (0, [])
+    code, errors = _judge(cli, tmp_path, base, log("lr", runs["clean"], K), K)
+    assert code == 1 and errors[:1] == ["lr-scaled"], errors

@@ -56,16 +56,34 @@ def schedule_offset(base_lr: np.ndarray, merged_lr: np.ndarray) -> tuple[int, in
     return None
 
 
-def lr_ratio(base_lr: np.ndarray, merged_lr: np.ndarray) -> float | None:
-    """The constant q with merged lr = q · baseline lr at every step (None if there is none)."""
+def lr_ratio(
+    base_lr: np.ndarray, merged_lr: np.ndarray, slack: np.ndarray | None = None
+) -> float | None:
+    """The constant q with merged lr = q · baseline lr at every step (None if there is none),
+    to SCALE_MATCH and each step's `slack` (relative: what printing the two lrs rounded)."""
     both = np.isfinite(base_lr) & np.isfinite(merged_lr) & (base_lr != 0)
     if both.sum() < 1:
         return None
     ratios = merged_lr[both] / base_lr[both]
+    allowed = SCALE_MATCH + (0.0 if slack is None else np.asarray(slack)[both])
     q = float(np.median(ratios))
-    if q <= 0 or abs(q - 1) <= SCALE_MATCH:
+    if q <= 0 or abs(q - 1) <= np.max(allowed):
         return None
-    return q if bool(np.all(np.abs(ratios / q - 1) <= SCALE_MATCH)) else None
+    return q if bool(np.all(np.abs(ratios / q - 1) <= allowed)) else None
+
+
+def printed_slack(c: Comparison) -> np.ndarray:
+    """Per update lined up, how far the ratio of the two printed lrs may be off by their
+    printing alone (half a printed digit of each, relative; 0 for an lr recorded, not printed)."""
+    n = len(c.results)
+    slack = np.zeros(n)
+    for run in (c.baseline, c.merged):
+        if run.lr_quantum is not None:
+            lr = np.abs(np.asarray(run.lr, dtype=np.float64)[:n])
+            quantum = np.asarray(run.lr_quantum, dtype=np.float64)[:n]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                slack += np.where(lr > 0, 0.5 * quantum / np.where(lr > 0, lr, 1.0), 0.0)
+    return slack
 
 
 def _explained_by_schedule(c: Comparison) -> bool:
@@ -80,29 +98,29 @@ def _compared(base_lr: np.ndarray, merged_lr: np.ndarray) -> int:
     return int((np.isfinite(base_lr) & np.isfinite(merged_lr) & (base_lr != 0)).sum())
 
 
-def _scaling_rule(q: float, k: int) -> bool:
+def _scaling_rule(q: float, k: int, slack: float = 0.0) -> bool:
     """Whether `q` is what a batch-size rule gives for K: K or sqrt(K), or their inverses."""
     rules = (k, 1 / k, math.sqrt(k), 1 / math.sqrt(k))
-    return any(abs(q / rule - 1) <= SCALE_MATCH for rule in rules)
+    return any(abs(q / rule - 1) <= SCALE_MATCH + slack for rule in rules)
 
 
 def lr_scaled(c: Comparison) -> Diagnosis | None:
     if not _lr_differs(c) or _explained_by_schedule(c):
         return None
     base_lr, merged_lr = lined_up_lrs(c)
-    q = lr_ratio(base_lr, merged_lr)
+    slack = printed_slack(c)
+    q = lr_ratio(base_lr, merged_lr, slack)
     if q is None:
         return None
-    k = window(c)
-    if _compared(base_lr, merged_lr) < 2 and not _scaling_rule(q, k):
+    k, most = window(c), SCALE_MATCH + float(slack.max(initial=0.0))
+    if _compared(base_lr, merged_lr) < 2 and not _scaling_rule(q, k, most - SCALE_MATCH):
         return None  # one update's ratio is no constant: a schedule's pace reads alike
-    which = (
-        f" = K={k}"
-        if abs(q / k - 1) <= 1e-6
-        else f" = 1/K (K={k})"
-        if abs(q * k - 1) <= 1e-6
-        else ""
-    )
+    if abs(q / k - 1) <= most:
+        q, which = float(k), f" = K={k}"
+    elif abs(q * k - 1) <= most:
+        q, which = 1 / k, f" = 1/K (K={k})"
+    else:
+        which = ""
     return Diagnosis(
         "lr-scaled",
         f"the merged learning rate is {q:.6g} times the baseline's at every update{which}: the "
@@ -129,7 +147,7 @@ def _diverged_by(c: Comparison, update: int) -> bool:
 
 def lr_schedule(c: Comparison) -> Diagnosis | None:
     bad = _lr_differs(c)
-    if not bad or (lr_ratio(*lined_up_lrs(c)) and not _explained_by_schedule(c)):
+    if not bad or (lr_ratio(*lined_up_lrs(c), printed_slack(c)) and not _explained_by_schedule(c)):
         return None
     i = bad[0]
     base_lr, merged_lr = lined_up_lrs(c)
