@@ -54,6 +54,24 @@ def test_a_golden_is_written_per_environment_and_deterministically(small, tmp_pa
     assert len(first["sketch"]) == 8 and first["noise"] > 0
 
 
+def test_a_goldens_bytes_do_not_depend_on_the_blas_threads(small, tmp_path):
+    """np.linalg.norm's dot is split over the BLAS threads above 10,000 elements, and the sums
+    came out otherwise: a golden regenerated on another machine differed in its last digits."""
+    import os
+    import subprocess
+    import sys
+
+    written = []
+    for threads in ("1", "2"):
+        out = tmp_path / f"g{threads}.json"
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
+        command = [sys.executable, "-m", "gradalign", "golden", "write", small["baseline"]]
+        done = subprocess.run([*command, "--out", out], env=env, capture_output=True)
+        assert done.returncode == 0, done.stderr
+        written.append(out.read_bytes())
+    assert written[0] == written[1]
+
+
 def test_golden_check_judges_like_compare_from_below(small):
     """The losses are judged exactly as compare judges them; a tensor's error is a lower bound on
     compare's, against the same allowed bound less what compare reads from element values: the

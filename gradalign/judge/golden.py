@@ -21,7 +21,7 @@ from .. import __version__
 from ..errors import BadInput
 from ..runs import golden as fmt
 from ..runs.model import Run, Tensors
-from ..runs.summaries import SKETCH_SIZE, lower_bound, summary
+from ..runs.summaries import SKETCH_SIZE, lower_bound, norm, summary
 from .compare import compare
 from .compatible import check_reference, check_reference_weights, reference_bound
 from .metrics import TensorDiff, fit_ratio, fixed_allowed, noise_allowed
@@ -102,7 +102,7 @@ def _summaries(
             ref_start_value = None if ref_start is None else ref_start[name]
             item["reference"] = summary(ref[name], ref_start_value)
             gap = np.asarray(value, np.float64) - np.asarray(ref[name], np.float64)
-            item["noise"] = float(np.linalg.norm(gap.ravel()))
+            item["noise"] = norm(gap)
         found[name] = item
     return found
 

@@ -44,13 +44,21 @@ def sketch(values: np.ndarray, size: int = SKETCH_SIZE) -> np.ndarray:
     return sums / np.sqrt(counts)
 
 
+def norm(values: np.ndarray) -> float:
+    """||values|| in float64, summed on this thread in a fixed order: a golden file's bytes do
+    not depend on how many threads the BLAS splits a dot over (np.linalg.norm's did)."""
+    from .sketches import dot  # which reads this module's signs
+
+    x = np.ascontiguousarray(values, dtype=np.float64).ravel()
+    return math.sqrt(dot(x, x))
+
+
 def summary(values: np.ndarray, start: np.ndarray | None = None) -> dict[str, float | list]:
     """A tensor's summary: norm, sketch and (with its initial value) the distance moved."""
     x = np.asarray(values, dtype=np.float64)
-    found: dict[str, float | list] = {"norm": float(np.linalg.norm(x.ravel()))}
+    found: dict[str, float | list] = {"norm": norm(x)}
     if start is not None:
-        moved = x.ravel() - np.asarray(start, dtype=np.float64).ravel()
-        found["moved"] = float(np.linalg.norm(moved))
+        found["moved"] = norm(x.ravel() - np.asarray(start, dtype=np.float64).ravel())
     found["sketch"] = [float(v) for v in sketch(x)]
     return found
 
@@ -61,6 +69,6 @@ def lower_bound(a: dict, b: dict) -> float:
     if "moved" in a and "moved" in b:
         values.append(abs(a["moved"] - b["moved"]))
     gap = np.asarray(a["sketch"], dtype=np.float64) - np.asarray(b["sketch"], dtype=np.float64)
-    values.append(float(np.linalg.norm(gap)))
+    values.append(norm(gap))
     bound = max(values)
     return bound if math.isfinite(bound) else math.inf
