@@ -18,16 +18,20 @@ BATCH, K, UPDATES = 24, 4, 4
 
 class RunningMean(nn.Module):
     """An MLP keeping a running mean of its inputs (an input normalizer's statistics): updated
-    at every forward, or (`per_window`) once per window from all the window's rows."""
+    at every forward, or (`per_window`) once per window from all the window's rows; with
+    `per_window="start"`, of its hidden units, from the last window's rows at the next one's
+    start (a statistic of what the weights compute: it follows them)."""
 
-    def __init__(self, per_window: bool = False) -> None:
+    def __init__(self, per_window: bool | str = False) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
-        self.register_buffer("running_mean", torch.zeros(8))
+        self.register_buffer("running_mean", torch.zeros(16 if per_window == "start" else 8))
         self.per_window, self.pending = per_window, []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.per_window:
+        if self.per_window == "start":
+            self.pending.append(self.body[0](x).detach())
+        elif self.per_window:
             self.pending.append(x.detach())
         else:
             self._update(x.detach())
@@ -38,7 +42,12 @@ class RunningMean(nn.Module):
             self.running_mean.mul_(0.9).add_(0.1 * rows.mean(0))
 
     def end_window(self) -> None:
-        if self.pending:
+        if self.pending and self.per_window != "start":
+            self._update(torch.cat(self.pending))
+            self.pending = []
+
+    def start_window(self) -> None:  # per_window="start": the last window's rows, applied now
+        if self.pending and self.per_window == "start":
             self._update(torch.cat(self.pending))
             self.pending = []
 
@@ -61,6 +70,8 @@ def record(out, k, build, *, float64=False, reference=None, bug=False):
     size = BATCH // k
     with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
         for u in range(UPDATES):
+            if hasattr(model, "start_window"):
+                model.start_window()
             for j in range(k):
                 rows = slice(u * BATCH + j * size, u * BATCH + (j + 1) * size)
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows], reduction="sum")
@@ -99,3 +110,12 @@ def test_state_updated_once_per_window_from_the_whole_window_passes(tmp_path):
 def test_a_gradient_bug_beside_such_a_buffer_is_named_by_its_own_code(tmp_path):
     c = judged(tmp_path, RunningMean, bug=True)
     assert codes(c)[:1] == ["loss-scale"], codes(c)
+
+
+def test_a_buffer_written_once_at_each_windows_start_is_not_written_in_forward(tmp_path):
+    """A statistic the loop applies at a window's start, once per update as the baseline does:
+    a gradient bug beside it was named `buffers-in-forward` as well ('written at every
+    micro-step'), or alone where no gradient shape fit."""
+    assert judged(tmp_path / "clean", lambda: RunningMean(per_window="start")).verdict == "pass"
+    c = judged(tmp_path / "bug", lambda: RunningMean(per_window="start"), bug=True)
+    assert codes(c) == ["loss-scale"], codes(c)

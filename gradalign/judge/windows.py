@@ -68,12 +68,14 @@ def _where(last_same: int, changed: int, update: int, span: range) -> str:
     return f"the weights changed between {at(first)} and {at(changed - 1)}"
 
 
-def written_in_forward(run: Run, kind: str = "param") -> frozenset[str]:
+def written_in_forward(run: Run, kind: str = "param", between: bool = False) -> frozenset[str]:
     """Tensors of `kind` ("param" or "buffer") that changed between a window's start and one of
     its micro-steps with no optimizer step in between: the model writes them while it computes
     (an Embedding with `max_norm` renormalizes the rows it looks up, in place; a running mean
     of the inputs). Read from a baseline, such parameters name what a merged run may change
-    inside its windows as the baseline does; unobservable rows add none."""
+    inside its windows as the baseline does; unobservable rows add none. `between`: only those
+    that changed between two micro-steps of a window, not before its first (a statistic the
+    loop updates once per window, at its start, is written once per update in both runs)."""
     if run.micro_state is None or run.micro_step_counts is None:
         return frozenset()
     known = _known(run)
@@ -87,7 +89,10 @@ def written_in_forward(run: Run, kind: str = "param") -> frozenset[str]:
             before = 0 if m > span.start else int(i > 0)  # the previous update's own step
             if run.micro_step_counts[m] > before or not known[m]:
                 break  # an optimizer step before this row: it and later rows say nothing
-            written |= run.micro_state[m] != start
+            if not between:
+                written |= run.micro_state[m] != start
+            elif m > span.start and known[m - 1]:
+                written |= run.micro_state[m] != run.micro_state[m - 1]
     return frozenset(
         t.name for t, w in zip(run.tensors, written, strict=True) if w and t.kind == kind
     )

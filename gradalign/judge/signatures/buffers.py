@@ -14,7 +14,9 @@ def buffers_in_forward(c: Comparison) -> Diagnosis | None:
     norm's power-iteration vectors), other than BatchNorm's: once per update in the baseline,
     at each of the K micro-steps in the merged run, each time from a micro-batch. Read only
     where no other cause fits (diagnose's last resort): a wrong gradient is named by its shape."""
-    written = written_in_forward(c.merged, "buffer")
+    # K > 1: written between micro-steps (at a window's start alone: once per update, as the
+    # baseline does); one micro-step per update on W ranks: written at all
+    written = written_in_forward(c.merged, "buffer", between=window(c) > 1)
     differ = sorted(
         {d.name for r in c.results for d in r.weights if not d.ok and d.name in written}
     )
