@@ -30,8 +30,17 @@ def _legacy_clip(model: nn.Module, max_norm: float) -> torch.Tensor:
     return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
-def clip_loop(out, k: int, *, bug: str | None = None, split: bool = True, float64: bool = False):
-    """A hand-written loop that clips once per update at a max_norm that engages."""
+def clip_loop(
+    out,
+    k: int,
+    *,
+    bug: str | None = None,
+    split: bool = True,
+    float64: bool = False,
+    max_norm: float = MAX_NORM,
+):
+    """A hand-written loop that clips once per update at a max_norm that engages (unless
+    told another)."""
     clip = _split_clip if split else _legacy_clip
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 48), nn.GELU(), nn.Linear(48, 4))
@@ -52,7 +61,10 @@ def clip_loop(out, k: int, *, bug: str | None = None, split: bool = True, float6
                 if bug == "clip-every-micro":
                     clip(model, MAX_NORM)
             if bug not in ("clip-every-micro", "no-clip"):
-                clip(model, MAX_NORM / k if bug == "clip-over-k" else MAX_NORM)
+                clip(model, max_norm / k if bug == "clip-over-k" else max_norm)
+            if bug == "divided-after-clip":  # a hook dividing the gradient by K once more
+                for p in model.parameters():
+                    p.grad /= k
             opt.step()
             rec.update()
             opt.zero_grad()
@@ -99,6 +111,18 @@ def test_a_merged_run_that_does_not_clip_is_named_clip_threshold(tmp_path, base,
     assert c.verdict == "fail"
     assert c.diagnosis[0].code == "clip-threshold", [d.code for d in c.diagnosis]
     assert "did not clip" in c.diagnosis[0].message
+
+
+def test_a_gradient_divided_after_a_clip_that_never_engaged_is_no_clip(tmp_path):
+    """max_norm 10 against norms of 0.4-0.6: the gradient divided by K after the clip (a hook
+    or callback) read as a clip 'at another max_norm'; each update's norm shrank by the same
+    1/K, where a clip brings each to its one max_norm."""
+    base = clip_loop(tmp_path / "base", 1, max_norm=10.0)
+    merged = clip_loop(tmp_path / "merged", 4, bug="divided-after-clip", max_norm=10.0)
+    c = compare(base, merged)
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", [
+        (d.code, d.message) for d in c.diagnosis
+    ]
 
 
 def test_clip_grad_norm_calling_the_split_api_is_counted_once(tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     same_before = math.isclose(pre_m[i], pre_b[i], rel_tol=tol)
     if not same_before:
         return _clip_by_another_norm(c, r, tol, (clipped_b, post_b), (clipped_m, post_m))
-    if math.isclose(post_m, post_b, rel_tol=tol):
+    if math.isclose(post_m, post_b, rel_tol=tol) or (not clipped_b and _scaled_after(c)):
         return None
     evidence = {
         "update": i,
@@ -57,6 +57,23 @@ def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         "clip the accumulated gradient once per update with the baseline's max_norm: it is the "
         "same sum at any K, so max_norm must not be scaled with K",
     )
+
+
+def _scaled_after(c: Comparison) -> bool:
+    """Whether the merged run's gradient shrank after its clip by one factor at every update,
+    to norms that vary: a scale after the clip (a hook dividing by K), where a clip that
+    engaged would have brought each to its one max_norm."""
+    pre = c.merged.grad_norm_pre_clip
+    shrunk = []
+    for r in c.results:
+        clipped, after = clip_state(c, c.merged, r.update)
+        if clipped and after and pre is not None and pre[r.update] > 0:
+            shrunk.append((after / float(pre[r.update]), after))
+    if len(shrunk) < 2:
+        return False
+    factor, norm = shrunk[0]
+    one_factor = all(math.isclose(f, factor, rel_tol=1e-3) for f, _ in shrunk)
+    return one_factor and not all(math.isclose(n, norm, rel_tol=1e-2) for _, n in shrunk)
 
 
 def _not_clipped(c: Comparison, r: UpdateResult) -> Diagnosis | None:
