@@ -24,9 +24,17 @@ def _record(out, k: int, shape: str, swapped: bool = False, bug: str | None = No
     if shape == "groups":  # decay and no-decay groups at other learning rates
         groups = [{"params": body, "lr": 3e-3}, {"params": head, "lr": 1e-3}]
         groups = groups[::-1] if swapped else groups
+    elif shape == "decay groups":  # weights decayed, biases not (unless the bug decays all)
+        weights, biases = (
+            list(p for n, p in model.named_parameters() if n.endswith(end))
+            for end in ("weight", "bias")
+        )
+        groups = [{"params": weights}, {"params": biases, "weight_decay": 0.0}]
+        groups = [{"params": weights + biases}] if bug == "decay-on-bias" else groups
     else:
         groups = [{"params": head + body if swapped else body + head, "lr": 3e-3}]
-    opt = torch.optim.AdamW(groups, weight_decay=0.05)
+    decay = 0.2 if bug and "weight-decay" in bug else 0.05
+    opt = torch.optim.AdamW(groups, lr=3e-3, weight_decay=decay)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(UPDATES * BATCH, 6, generator=g), torch.randint(0, 3, (UPDATES * BATCH,))
     n = BATCH // k
@@ -39,7 +47,7 @@ def _record(out, k: int, shape: str, swapped: bool = False, bug: str | None = No
             for j in range(k):
                 rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss if bug == "no-loss-scale" else loss / k).backward()
+                (loss if bug and "no-loss-scale" in bug else loss / k).backward()
                 rec.micro(loss.detach(), batch=(x[rows], y[rows]))
             if shape == "clips":  # the body's and the head's own clips, in either order
                 for part in (head, body) if swapped else (body, head):
@@ -75,3 +83,29 @@ def test_a_clip_that_only_logs_leaves_the_norm_before_clipping(tmp_path):
     assert result.verdict == "fail" and result.diagnosis[0].code == "loss-scale", [
         (d.code, d.message) for d in result.diagnosis
     ]
+
+
+@pytest.mark.parametrize(
+    ("bug", "setting", "tensors"),
+    [("weight-decay", "weight_decay 0.05", 2), ("decay-on-bias", "weight_decay 0.0", 2)],
+)
+def test_other_optimizer_settings_are_named(tmp_path, bug, setting, tensors):
+    """Weight decay 0.2 against 0.05, or the biases moved into the decay group: the gradients
+    agree at update 0 and the steps part; named `loss-scale` at update 1 (a 0.998 ratio of
+    gradients computed from weights the steps had already moved), or `unexplained`."""
+    base = _record(tmp_path / "base", 1, "decay groups")
+    merged = _record(tmp_path / "merged", 4, "decay groups", bug=bug)
+    result = compare(base, merged, reference="none")
+    assert result.verdict == "fail"
+    assert [d.code for d in result.diagnosis] == ["optimizer-settings"], result.diagnosis
+    found = result.diagnosis[0]
+    assert setting in found.message and found.evidence["differences"][0]["tensors"] == tensors
+
+
+def test_a_loss_scale_beside_other_optimizer_settings_is_named_first(tmp_path):
+    """The gradient fails at update 0, from the same weights: no setting of the step explains
+    it, so its shape is read too."""
+    base = _record(tmp_path / "base", 1, "decay groups")
+    merged = _record(tmp_path / "merged", 4, "decay groups", bug="weight-decay+no-loss-scale")
+    codes = [d.code for d in compare(base, merged, reference="none").diagnosis]
+    assert codes[:2] == ["loss-scale", "optimizer-settings"], codes

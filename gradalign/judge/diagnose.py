@@ -30,6 +30,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.micro_batch_missing,
     sig.lr_scaled,
     sig.lr_schedule,
+    sig.optimizer_settings,
     sig.scale_before_clip,  # a scale only the norms before clipping kept (no reference)
     sig.replica_divergence,
     sig.card_loss,
@@ -42,6 +43,9 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
 # Causes in the model or its loss that move every gradient a little, by the batch's size alone:
 # an accumulation bug in the loop shows beside them as it does alone, and is named first.
 BESIDE_SHAPES = {"batchnorm", "cross-sample-loss", "dropout-rng"}
+# Settings the optimizer steps with: no gradient computed from the same weights (update 0's)
+# can follow from them, so a gradient that fails there is another cause, read by its shape.
+BEFORE_ANY_STEP = {"optimizer-settings"}
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_accum_dtype,
     sig.grad_not_cleared,
@@ -71,7 +75,9 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     found = [d for d in (signature(c) for signature in DECISIVE) if d is not None]
     found = [d for i, d in enumerate(found) if d.code not in {e.code for e in found[:i]}]
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
-    if not found or {d.code for d in found} <= BESIDE_SHAPES:  # the loop's own bug first
+    at_start = any(not d.ok for d in c.results[0].grads)  # from the same weights
+    beside = BESIDE_SHAPES | (BEFORE_ANY_STEP if at_start else set())
+    if not found or {d.code for d in found} <= beside:  # the loop's own bug first
         # buffers the forward writes (spectral norm's) turn every gradient a little, as BatchNorm
         forward = sig.buffers_in_forward(c) if not found else None
         shape, later = _shape(c, bool(found) or forward is not None)

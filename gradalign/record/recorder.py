@@ -32,7 +32,7 @@ from ..errors import BadInput
 from ..runs.background import BackgroundWriter
 from ..runs.sketches import WIDTH
 from ..runs.writer import RunWriter
-from . import checks, clipping, samples
+from . import checks, clipping, optimizer_settings, samples
 from .capture import MODES, Capture
 from .device import environment, watch_autocast
 from .distributed import close_ranks, join, rank_info, refuse_sharded, settle, unwrap_model
@@ -383,6 +383,7 @@ class Recorder:
             "environment": self._env,
             "fault": self.fault,
             "model": self._model_facts,
+            "optimizer": optimizer_settings.settings(self._optimizer, self._places),
             **self._capture.manifest(),
         }
         unclosed = self._windows.open.micro_steps

@@ -18,6 +18,7 @@ import torch
 from . import watched
 from .draws import Draws
 from .facts import device_scalar
+from .optimizer_settings import group_order
 
 
 def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
@@ -37,17 +38,9 @@ def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
 
 def group_lrs(optimizer: torch.optim.Optimizer, places: dict[int, int]) -> list[float]:
     """Every param group's learning rate (a tensor lr is read as a number), the groups in the
-    model's order (`places`: each recorded tensor's id and place in the model): by the first
-    of their parameters, groups of none last. The order a loop lists its groups in (a set's,
-    decay before no-decay or after) is not the training's."""
+    model's order (`optimizer_settings.group_order`)."""
     groups = optimizer.param_groups
-    last = len(places)
-
-    def first(index: int) -> tuple[int, int]:
-        held = (places.get(id(p), last) for p in groups[index]["params"])
-        return min(held, default=last), index
-
-    return [float(groups[i]["lr"]) for i in sorted(range(len(groups)), key=first)]
+    return [float(groups[i]["lr"]) for i in group_order(optimizer, places)]
 
 
 def after_closure(args: Any, kwargs: Any, then: Callable[[], None]) -> Any:

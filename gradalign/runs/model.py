@@ -88,6 +88,8 @@ class Run:
     environment: dict = field(default_factory=dict)
     fault: str | None = None  # a label for readers; the judge never looks at it
     model_facts: dict = field(default_factory=dict)  # {"batchnorm": [...], "dropout": [...]}
+    # {"type", "groups": [settings], "tensor_groups": [group per tensor, -1: none]} (manifest)
+    optimizer_settings: dict | None = None
     reference: str | None = None  # path of a more precise rerun of this training, if recorded
     grad_dtype: str | None = None  # dtype of the gradients handed to the optimizer
     load_init_weights: Callable[[], Tensors] | None = None

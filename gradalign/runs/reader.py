@@ -210,6 +210,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         environment=manifest.get("environment") or {},
         fault=manifest.get("fault"),
         model_facts=manifest.get("model") or {},
+        optimizer_settings=manifest.get("optimizer"),
         reference=_reference(manifest.get("reference"), path),
         grad_dtype=manifest.get("grad_dtype"),
         load_init_weights=loader(lambda _: weights_file(None), expected),

@@ -69,6 +69,7 @@ def check_manifest(manifest: dict, where: str) -> None:
     reference = manifest.get("reference")
     if reference is not None and (not isinstance(reference, str) or not reference):
         raise bad("reference", "must be a path relative to the run")
+    _check_optimizer(manifest.get("optimizer"), len(manifest["tensors"]), bad)
     model = manifest.get("model")
     if model is not None:
         ok = isinstance(model, dict) and all(
@@ -109,3 +110,19 @@ def _check_tensors(tensors: Any, bad) -> None:
             )
         if t.get("kind", "param") not in ("param", "buffer"):
             raise bad(f"{entry}.kind", f"must be 'param' or 'buffer', got {shown(t.get('kind'))}")
+
+
+def _check_optimizer(optimizer: Any, tensors: int, bad) -> None:
+    """`{"type": str, "groups": [objects], "tensor_groups": [one group index per tensor, -1
+    for none]}`, or absent."""
+    if optimizer is None:
+        return
+    what = "{type, groups: [settings], tensor_groups: [a group index per tensor]}"
+    if not isinstance(optimizer, dict) or not isinstance(optimizer.get("type"), str):
+        raise bad("optimizer", f"must be {what}")
+    groups, places = optimizer.get("groups"), optimizer.get("tensor_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise bad("optimizer.groups", "must be a list of objects")
+    fits = isinstance(places, list) and len(places) == tensors
+    if not fits or not all(_is_int(g) and -1 <= g < len(groups) for g in places):
+        raise bad("optimizer.tensor_groups", f"must hold one group index per tensor ({tensors})")

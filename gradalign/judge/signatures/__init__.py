@@ -41,6 +41,7 @@ from .gradient import (
     zero_grad_in_window,
 )
 from .learning_rate import lr_scaled, lr_schedule
+from .optimizer import optimizer_settings
 from .paired import scale_under_reweighting, with_loss_scale
 from .skips import overflow_carried, scaler_skips
 from .thresholds import clip_threshold
@@ -69,6 +70,7 @@ __all__ = [
     "lr_schedule",
     "micro_batch_missing",
     "non_finite",
+    "optimizer_settings",
     "overflow_carried",
     "penalty_not_scaled",
     "replica_divergence",

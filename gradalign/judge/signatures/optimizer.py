@@ -1,0 +1,53 @@
+"""The optimizer was told other settings than the baseline's: weight decay, betas, momentum, eps
+(the manifest's `optimizer`, per tensor: groups listed in another order or split otherwise
+compare alike). Accumulation changes none of them."""
+
+from __future__ import annotations
+
+from ..distributed import listed
+from ..results import Comparison, Diagnosis
+
+
+def _per_tensor(settings: dict) -> list[dict | None]:
+    groups = settings["groups"]
+    return [groups[g] if g >= 0 else None for g in settings["tensor_groups"]]
+
+
+def optimizer_settings(c: Comparison) -> Diagnosis | None:
+    """Both runs recorded their optimizer's settings, and a setting differs for some tensor
+    both optimizers step (or the optimizers are of other types)."""
+    base, merged = c.baseline.optimizer_settings, c.merged.optimizer_settings
+    if not base or not merged:
+        return None
+    names = [t.name for t in c.baseline.tensors]
+    differ: dict[tuple[str, str, str], list[str]] = {}
+    if base["type"] != merged["type"]:
+        differ[("optimizer", base["type"], merged["type"])] = names
+    else:
+        for name, b, m in zip(names, _per_tensor(base), _per_tensor(merged), strict=True):
+            if b is None or m is None:
+                continue
+            for key in sorted(set(b) | set(m)):
+                if b.get(key) != m.get(key):
+                    found = (key, repr(b.get(key)), repr(m.get(key)))
+                    differ.setdefault(found, []).append(name)
+    if not differ:
+        return None
+    shown = [
+        f"{key} {vb} in the baseline, {vm} in the merged run ({listed(tensors, 3)})"
+        for (key, vb, vm), tensors in differ.items()
+    ]
+    return Diagnosis(
+        "optimizer-settings",
+        "the optimizers were given other settings: "
+        + "; ".join(shown[:4])
+        + (f"; and {len(shown) - 4} more" if len(shown) > 4 else ""),
+        {
+            "differences": [
+                {"setting": key, "baseline": vb, "merged": vm, "tensors": len(tensors)}
+                for (key, vb, vm), tensors in differ.items()
+            ]
+        },
+        "give the merged optimizer the baseline's settings: accumulating K micro-batches of "
+        "B/K is the batch of B, so no setting changes with K (only a loop's own bug does)",
+    )
