@@ -153,3 +153,40 @@ def test_labels_under_another_name_are_counted_as_the_trainer_names_them(tmp_pat
     assert read_run_dir(tmp_path / "k4").micro_items is not None
     result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
     assert result.verdict == "fail" and result.diagnosis[0].code == "token-normalization"
+
+
+def test_an_iterable_datasets_epoch_ending_inside_a_window_is_named(tmp_path):
+    """72 rows in micro-batches of 4 at K=4: the Trainer never steps epoch 0's last two
+    micro-batches alone, and counts their items apart from the next window's. The refusal said
+    'this transformers version counts items another way; please report it'."""
+    import tempfile
+
+    from torch.utils.data import IterableDataset
+    from transformers import Trainer, TrainingArguments
+
+    from gradalign.record.integrations.transformers import attach
+
+    class Rows(IterableDataset):
+        def __iter__(self):
+            return iter(hf.token_rows(72))
+
+    with tempfile.TemporaryDirectory() as scratch:
+        args = TrainingArguments(
+            output_dir=scratch,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=4,
+            max_steps=7,
+            learning_rate=1e-2,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=hf.tiny_gpt2(), args=args, train_dataset=Rows(), data_collator=hf.collate
+        )
+        attach(trainer, tmp_path / "k4")
+        with pytest.raises(BadInput, match="IterableDataset whose epoch ends inside a window"):
+            trainer.train()
+    assert not (tmp_path / "k4").exists()

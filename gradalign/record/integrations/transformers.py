@@ -55,6 +55,8 @@ class GradalignCallback(TrainerCallback):
         self.finished = False
         self._window_items = 0.0
         self._trainer_items: float | None = None
+        self._trainer_counts: set[float] = set()  # the num_items_in_batch seen in the window
+        self._micro = 0  # micro-batches in the window
 
     # -- the Trainer's events ----------------------------------------------------------------------
 
@@ -107,7 +109,9 @@ class GradalignCallback(TrainerCallback):
             raise BadInput("gradalign needs labels in the batch to read a compute_loss_func's loss")
         window = float(num_items)
         self._trainer_items = window
+        self._trainer_counts.add(window)
         self._window_items += items
+        self._micro += 1
         total = loss.detach().double() * window  # the Trainer divided the summed loss by it
         record_micro(self.recorder, MicroLoss(loss_sum=total, items=items), inputs, None, self.pad)
 
@@ -119,13 +123,25 @@ class GradalignCallback(TrainerCallback):
     def _check_items(self, update: int) -> None:
         """Our items must add up to the Trainer's `num_items_in_batch`, or the losses are wrong."""
         counted, trainer_count = self._window_items, self._trainer_items
+        counts, micro = sorted(self._trainer_counts), self._micro
         self._window_items, self._trainer_items = 0.0, None
-        if trainer_count is not None and counted != trainer_count:
+        self._trainer_counts, self._micro = set(), 0
+        if trainer_count is None or counted == trainer_count:
+            return
+        k = self.recorder.accum_steps if self.recorder is not None else micro
+        said = f"at update {update} gradalign counted {counted:g} items in the window's {micro} "
+        if micro != k or len(counts) > 1:  # the Trainer's windows are not the steps' windows
             raise BadInput(
-                f"at update {update} gradalign counted {counted:g} items in the window, the "
-                f"Trainer {trainer_count:g} (num_items_in_batch): this transformers version "
-                "counts items another way; please report it"
+                said + f"micro-batches, the Trainer {' and '.join(f'{n:g}' for n in counts)} "
+                f"(num_items_in_batch), for windows of its own, not this window of {micro} "
+                f"micro-batches where K={k}: an IterableDataset whose epoch ends inside a window "
+                "carries its last micro-batches into the next one; give it a length that is a "
+                "multiple of the batch of B (drop its tail), or a map-style dataset"
             )
+        raise BadInput(
+            said + f"micro-batches, the Trainer {trainer_count:g} (num_items_in_batch): this "
+            "transformers version counts items another way; please report it"
+        )
 
 
 def attach(
