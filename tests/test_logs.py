@@ -363,6 +363,15 @@ def test_missing_directory_and_binary_files(tmp_path):
         read_log(binary)
 
 
+def test_a_log_a_crash_left_zero_filled_at_its_end_is_read_to_its_last_line(tmp_path):
+    """A node that died mid-write leaves its log's last blocks as NUL bytes: the log was
+    refused as 'no step line in its first MiB', as if it held none."""
+    cut = tmp_path / "cut.log"
+    cut.write_bytes(b"0   [0.5]\n1   [0.25]\n2   [0.125]\n3   [0.0625]\n" + b"\0" * 4096)
+    assert looks_like_log(cut)
+    assert read_log(cut).updates == 4
+
+
 def test_messages_are_one_line(tmp_path):
     for case, text in BAD_LOGS.items():
         with pytest.raises(BadInput) as info:

@@ -115,9 +115,11 @@ def is_progress_bar(text: str) -> bool:
 def decode(data: bytes) -> str | None:
     """A log's text: UTF-16 where a byte-order mark says so (PowerShell's `>`), else UTF-8
     (a BOM dropped) with undecodable bytes replaced (a framework's message in another encoding
-    is noise, not a reason to refuse the log); None for a binary file (NUL bytes)."""
+    is noise, not a reason to refuse the log); None for a binary file (NUL bytes). NUL bytes
+    at the end are no content: a file a crash left with its last blocks zero-filled."""
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         return data.decode("utf-16", errors="replace")
+    data = data.rstrip(b"\0")
     if b"\0" in data:
         return None
     return data.decode("utf-8-sig", errors="replace")
