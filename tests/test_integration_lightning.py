@@ -85,10 +85,27 @@ def test_k_changed_during_the_fit_is_refused(tmp_path, schedule, refused):
     run has one K), and no run is left behind. One that holds K from the first batch records
     it: the scheduler sets K only as the first epoch starts, and {0: 4} was refused "from 1 to
     4 at epoch 0"."""
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+    from torch.utils.data import DataLoader
+
+    fit, data = _linear_fit()
+    callbacks = [GradientAccumulationScheduler(schedule), pl.GradalignCallback(tmp_path / "run")]
+    trainer = quiet_trainer(callbacks, max_epochs=2)
+    if refused is None:
+        trainer.fit(fit, DataLoader(data, batch_size=2))
+        run = read_run_dir(tmp_path / "run")
+        assert run.accum_steps == 4 and run.updates == 4  # 8 batches an epoch, 2 epochs
+        return
+    with pytest.raises(BadInput, match=f"changed during the fit, {refused}"):
+        trainer.fit(fit, DataLoader(data, batch_size=4))
+    assert not (tmp_path / "run").exists()
+
+
+def _linear_fit():
+    """A LightningModule of one Linear(4, 1) under SGD, and 16 rows of data for it."""
     import lightning as L
     import torch
-    from lightning.pytorch.callbacks import GradientAccumulationScheduler
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import TensorDataset
 
     class Fit(L.LightningModule):
         def __init__(self) -> None:
@@ -103,16 +120,19 @@ def test_k_changed_during_the_fit_is_refused(tmp_path, schedule, refused):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
-    callbacks = [GradientAccumulationScheduler(schedule), pl.GradalignCallback(tmp_path / "run")]
-    trainer = quiet_trainer(callbacks, max_epochs=2)
-    if refused is None:
-        trainer.fit(Fit(), DataLoader(data, batch_size=2))
-        run = read_run_dir(tmp_path / "run")
-        assert run.accum_steps == 4 and run.updates == 4  # 8 batches an epoch, 2 epochs
-        return
-    with pytest.raises(BadInput, match=f"changed during the fit, {refused}"):
-        trainer.fit(Fit(), DataLoader(data, batch_size=4))
+    return Fit(), TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+
+
+def test_a_schedule_given_as_accumulate_grad_batches_is_refused_in_one_line(tmp_path):
+    """`Trainer(accumulate_grad_batches={0: 2})`, which this Lightning does not take either: the
+    callback raised TypeError (int() of a dict) before Lightning's own."""
+    from torch.utils.data import DataLoader
+
+    fit, data = _linear_fit()
+    callbacks = [pl.GradalignCallback(tmp_path / "run")]
+    trainer = quiet_trainer(callbacks, max_epochs=1, accumulate_grad_batches={0: 2})
+    with pytest.raises(BadInput, match="GradientAccumulationScheduler"):
+        trainer.fit(fit, DataLoader(data, batch_size=4))
     assert not (tmp_path / "run").exists()
 
 

@@ -264,8 +264,14 @@ def _run_config(
 
 def _first_k(trainer: pl.Trainer) -> int:
     """The K of the fit's first batch: a GradientAccumulationScheduler sets it only when the
-    first epoch starts, after on_train_start (Trainer(accumulate_grad_batches={...}) adds one)."""
+    first epoch starts, after on_train_start."""
     for callback in trainer.callbacks:
         if isinstance(callback, pl.callbacks.GradientAccumulationScheduler):
             return int(callback.get_accumulate_grad_batches(trainer.current_epoch))
-    return int(trainer.accumulate_grad_batches)
+    k = trainer.accumulate_grad_batches
+    if not isinstance(k, int) or isinstance(k, bool):  # a schedule given where a K goes
+        raise BadInput(
+            f"Trainer(accumulate_grad_batches={k!r}) is no number of batches; a schedule is a "
+            "GradientAccumulationScheduler callback"
+        )
+    return k
