@@ -109,3 +109,35 @@ def test_a_loss_scale_beside_other_optimizer_settings_is_named_first(tmp_path):
     merged = _record(tmp_path / "merged", 4, "decay groups", bug="weight-decay+no-loss-scale")
     codes = [d.code for d in compare(base, merged, reference="none").diagnosis]
     assert codes[:2] == ["loss-scale", "optimizer-settings"], codes
+
+
+def test_a_gradient_from_weights_the_steps_parted_is_no_loss_scale(tmp_path):
+    """Runs of another writer, without their optimizer settings: update 0's gradients agree and
+    the merged step decays the weights more; update 1's gradient, computed from the weights the
+    steps parted, is 0.998 times the baseline's in the same direction. It was named a loss
+    scaled by the wrong factor, whose fix (scale each micro-batch's loss by 1/K) the loop
+    follows (a Lightning fit with weight decay 0.2 against 0.05 did this)."""
+    import numpy as np
+
+    from gradalign.runs.portable import write_run
+
+    rng = np.random.default_rng(0)
+    w0 = {"w": rng.normal(size=(64, 16)).astype(np.float32)}
+    grads = [{"w": rng.normal(size=(64, 16)).astype(np.float32)} for _ in range(3)]
+
+    def run(out, decay, scale):
+        weights, stepped, w = [], [], w0["w"]
+        for u, g in enumerate(grads):
+            g = g["w"] * np.float32(scale if u == 1 else 1.0)
+            w = (w * np.float32(1 - decay) - np.float32(0.1) * g).astype(np.float32)
+            weights.append({"w": w})
+            stepped.append({"w": g})
+        losses = [1.0 - 0.1 * u for u in range(3)]
+        return write_run(
+            out, accum_steps=1, micro_losses=losses, init_weights=w0, update_weights=weights,
+            grads=stepped,
+        )  # fmt: skip
+
+    result = compare(run(tmp_path / "base", 0.005, 1.0), run(tmp_path / "m", 0.02, 0.998))
+    codes = [d.code for d in result.diagnosis]
+    assert result.verdict == "fail" and "loss-scale" not in codes, codes

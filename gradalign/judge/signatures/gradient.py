@@ -99,6 +99,8 @@ def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
                 )
     if not pure_scale(c, r, ratio, cosine):  # a scale matching no variant: only a pure one
         return None
+    if any(not d.ok for q in c.results[: r.update] for d in q.weights):
+        return None  # computed from weights the steps had already parted: no loss's scale
     clipped, after = clip_state(c, c.baseline, r.update)
     unseen = ""
     if clipped and c.merged.grad_norm_pre_clip is None:  # the merged run's clip went unseen
