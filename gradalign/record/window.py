@@ -164,7 +164,7 @@ class Windows:
         self.open = Window()
 
     def clipped(
-        self, value: float | None, total: torch.Tensor | None, params: frozenset[int] = frozenset()
+        self, value: float | None, total: torch.Tensor | None, params: frozenset[int]
     ) -> None:
         """A clip_grad_norm_ (`total`: the norm before it) or clip_grad_value_ (`value`) call on
         the model's parameters (`params`: their ids); one before the watched GradScaler's
@@ -181,7 +181,7 @@ class Windows:
         if value is not None:
             w.clip_value = value
         elif total is not None and w.grads_calls == 0:
-            if any(params & earlier for earlier in w.clipped_sets) or not params:
+            if any(params & earlier for earlier in w.clipped_sets):
                 return
             w.clipped_sets.append(params)
             w.clipped_norms.append(device_scalar(total))
