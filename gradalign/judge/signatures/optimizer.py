@@ -14,23 +14,21 @@ def _per_tensor(settings: dict) -> list[dict | None]:
 
 
 def optimizer_settings(c: Comparison) -> Diagnosis | None:
-    """Both runs recorded their optimizer's settings, and a setting differs for some tensor
-    both optimizers step (or the optimizers are of other types)."""
+    """Both runs recorded their optimizer's settings, and a setting both list differs for some
+    tensor both optimizers step. A setting one group lists and the other does not says nothing
+    (a wrapper such as ZeroRedundancyOptimizer lists only what it was given), nor does the
+    optimizer's class (the wrapper's name, where the baseline names the optimizer it wraps)."""
     base, merged = c.baseline.optimizer_settings, c.merged.optimizer_settings
     if not base or not merged:
         return None
     names = [t.name for t in c.baseline.tensors]
     differ: dict[tuple[str, str, str], list[str]] = {}
-    if base["type"] != merged["type"]:
-        differ[("optimizer", base["type"], merged["type"])] = names
-    else:
-        for name, b, m in zip(names, _per_tensor(base), _per_tensor(merged), strict=True):
-            if b is None or m is None:
-                continue
-            for key in sorted(set(b) | set(m)):
-                if b.get(key) != m.get(key):
-                    found = (key, repr(b.get(key)), repr(m.get(key)))
-                    differ.setdefault(found, []).append(name)
+    for name, b, m in zip(names, _per_tensor(base), _per_tensor(merged), strict=True):
+        if b is None or m is None:
+            continue
+        for key in sorted(set(b) & set(m)):
+            if b[key] != m[key]:
+                differ.setdefault((key, repr(b[key]), repr(m[key])), []).append(name)
     if not differ:
         return None
     shown = [
