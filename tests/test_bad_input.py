@@ -117,14 +117,24 @@ def _call_a_param_a_buffer(manifest: dict) -> None:
     manifest["tensors"][1]["kind"] = "buffer"
 
 
+def _escape_in_a_name(manifest: dict) -> None:
+    manifest["tensors"][0]["name"] = "fc\x1b[2J1.weight"  # clears the terminal it is shown on
+
+
 @pytest.mark.parametrize(
     ("edit", "said"),
     [
         (_declare_float64, ("stored as F32", "declares it float64")),
         (_misspell_integrity, ("'integrity'", "'fingerprints' or absent", "'fingerprint'")),
         (_call_a_param_a_buffer, ("different models: tensor 1", "(a buffer) in the merged")),
+        (_escape_in_a_name, ("tensors[0].name", "control characters", "\\x1b[2J")),
     ],
-    ids=["float32 data declared float64", "an unknown integrity", "a param that is a buffer"],
+    ids=[
+        "float32 data declared float64",
+        "an unknown integrity",
+        "a param that is a buffer",
+        "an escape sequence in a name",
+    ],
 )
 def test_a_manifest_that_misstates_its_run_is_refused(cli, small_copy, edit, said):
     """Each was judged: float32 data declared float64 to float64's tolerances, an integrity
@@ -175,7 +185,12 @@ def test_a_merged_run_given_as_the_baseline_names_the_baseline_flag(cli, tmp_pat
         ("batch_size: [1, 2\n", ["not valid YAML"]),
         ("- 1\n- 2\n", ["must be a mapping"]),
         ("tolerances: 3\n", ["tolerances must be a mapping"]),
-        ("tolerances:\n  weight_rtol: -1\n", ["weight_rtol must be a finite number >= 0"]),
+        (
+            "tolerances:\n  weight_rtol: -1\n",
+            ["weight_rtol must be a finite number >= 0", "never below"],
+        ),
+        ('tolerances:\n  weight_rtol: "0.5"\n', ["weight_rtol must be", "written as text"]),
+        ("tolerances:\n  weight_rtol: .inf\n", ["weight_rtol must be", "would pass any bug"]),
         ("tolerances:\n  speed: 1\n", ["unknown tolerance 'speed'"]),
         ("1: 2\nx: 3\n", ["unknown key"]),  # sorting int and str keys was exit 3
         ("seed: " + "9" * 5000 + "\n", ["not a config value", "4300 digits"]),  # was exit 3

@@ -137,10 +137,16 @@ def check_tolerance(name: str, value: Any) -> None:
     it sets could not fail (`LIMITS`), saying why."""
     number = not isinstance(value, bool) and isinstance(value, int | float)
     if not number or not 0 <= value < math.inf:
-        raise BadInput(
-            f"tolerance {name} must be a finite number >= 0, got {shown(value)} (an "
-            "infinite tolerance would pass any bug)"
+        why = (
+            "a number written as text, or a list, is no tolerance"
+            if not number
+            else "an infinite tolerance would pass any bug"
+            if value == math.inf
+            else "an error is never below a negative tolerance: every check would fail"
+            if value < 0
+            else "NaN compares as no number"
         )
+        raise BadInput(f"tolerance {name} must be a finite number >= 0, got {shown(value)} ({why})")
     if name in LIMITS and not value < LIMITS[name][0]:
         limit, why = LIMITS[name]
         raise BadInput(

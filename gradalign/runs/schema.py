@@ -14,6 +14,7 @@ from . import checksums
 from .store import FINGERPRINTS
 
 _HEX = re.compile(r"^[0-9a-f]+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 MAX_MICRO_STEPS = 100_000_000  # a series longer than this is not a training run's
 
 
@@ -97,6 +98,8 @@ def _check_tensors(tensors: Any, bad) -> None:
         name, shape = t.get("name"), t.get("shape")
         if not isinstance(name, str) or not name:
             raise bad(f"{entry}.name", f"must be a non-empty string, got {shown(name)}")
+        if _CONTROL.search(name):  # an escape sequence would reach the terminal and the reports
+            raise bad(f"{entry}.name", f"holds control characters: {shown(name)}")
         if name in names:
             raise bad(f"{entry}.name", f"repeats {shown(name)}")
         names.add(name)
