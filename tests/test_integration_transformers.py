@@ -190,3 +190,55 @@ def test_an_iterable_datasets_epoch_ending_inside_a_window_is_named(tmp_path):
         with pytest.raises(BadInput, match="IterableDataset whose epoch ends inside a window"):
             trainer.train()
     assert not (tmp_path / "k4").exists()
+
+
+def test_a_term_a_trainer_normalized_by_its_window_never_was_is_no_token_normalization(tmp_path):
+    """A compute_loss_func: the summed token loss over num_items_in_batch (the window's items,
+    right) plus a z-loss averaged over each micro-batch and not divided by K (wrong). The
+    Trainer normalized the token loss by the window, so no micro-batch's mean was divided by
+    K; it was named `token-normalization`, with the fix the Trainer already applies."""
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments
+
+    from gradalign.record.integrations.transformers import attach
+
+    def loss_func(outputs, labels, num_items_in_batch=None):
+        logits = outputs.logits[:, :-1]
+        targets = labels[:, 1:]
+        summed = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+        )
+        z = logits.logsumexp(-1).pow(2).mean()
+        return summed / num_items_in_batch + 1e-2 * z
+
+    def train(out, k):
+        with tempfile.TemporaryDirectory() as scratch:
+            args = TrainingArguments(
+                output_dir=scratch,
+                per_device_train_batch_size=hf.BATCH // k,
+                gradient_accumulation_steps=k,
+                max_steps=2,
+                learning_rate=1e-2,
+                use_cpu=True,
+                report_to=[],
+                save_strategy="no",
+                logging_strategy="no",
+                disable_tqdm=True,
+            )
+            trainer = Trainer(
+                model=hf.tiny_gpt2(),
+                args=args,
+                train_dataset=hf.token_rows(hf.BATCH * 2),
+                data_collator=hf.collate,
+                compute_loss_func=loss_func,
+            )
+            attach(trainer, out)
+            trainer.train()
+
+    train(tmp_path / "k1", 1)
+    train(tmp_path / "k4", 4)
+    assert read_run_dir(tmp_path / "k4").config["loss_normalized_by"] == "num_items_in_batch"
+    result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
+    codes = [d.code for d in result.diagnosis]
+    assert result.verdict == "fail" and "token-normalization" not in codes, codes

@@ -147,6 +147,13 @@ def lossy_hooks(c: Comparison) -> list[str]:
     return [h for h in hooks if h.rsplit(".", 1)[-1] not in EXACT_HOOKS]
 
 
+def normalized_by_window(run: Run) -> bool:
+    """Whether the framework that recorded the run normalized its loss by the window's item
+    count itself (the transformers Trainer given num_items_in_batch): no micro-batch's mean was
+    divided by K there, whatever else went wrong."""
+    return run.config.get("loss_normalized_by") == "num_items_in_batch"
+
+
 def losses_given(run: Run) -> bool:
     """Whether the run's micro-step losses are each micro-batch's own, as the loop gave them,
     not read back from the loss it backpropagated (a framework integration's: `framework` in

@@ -20,6 +20,7 @@ from .common import (
     losses_given,
     lossy_hooks,
     noise_share,
+    normalized_by_window,
     on_ranks,
     pure_scale,
     relative_error,
@@ -284,7 +285,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     items, k, unit = c.merged.micro_items, c.merged.accum_steps, "items"
     if items is None:
         items, unit = c.merged.micro_samples, "samples"
-    if items is None or k < 2:
+    if items is None or k < 2 or normalized_by_window(c.merged):
         return None
     gap = bool(c.results) and not c.results[0].loss_ok and same_start_shown(c)
     if unit == "items" and losses_given(c.merged) and gap:

@@ -101,6 +101,11 @@ class GradalignCallback(TrainerCallback):
         by_items = (
             trainer.model_accepts_loss_kwargs and num_items is not None
         ) or trainer.compute_loss_func is not None
+        # how the Trainer normalized this loss: by the window's items it counted itself, or each
+        # micro-batch's mean by K (the judge reads it: `token-normalization` needs the second)
+        self.recorder.config["loss_normalized_by"] = (
+            "num_items_in_batch" if by_items else "micro-batch mean / K"
+        )
         if not by_items:  # the loss was this micro-batch's mean, divided by the window's length
             mean = loss.detach().double() * trainer.current_gradient_accumulation_steps
             record_micro(self.recorder, MicroLoss(loss=mean, items=items), inputs, None, self.pad)
