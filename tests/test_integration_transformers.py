@@ -19,6 +19,25 @@ require("transformers")
 hf = example("transformers_trainer")
 
 
+def quiet_args(scratch: str, rows: int, k: int, steps: int, **options):
+    """TrainingArguments on the CPU at lr 1e-2 that write no logs, checkpoints or bars."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=scratch,
+        per_device_train_batch_size=rows,
+        gradient_accumulation_steps=k,
+        max_steps=steps,
+        learning_rate=1e-2,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        **options,
+    )
+
+
 @pytest.fixture(scope="module")
 def readme(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("readme-hf")
@@ -106,7 +125,7 @@ def test_labels_under_another_name_are_counted_as_the_trainer_names_them(tmp_pat
     `token-normalization`; it was `cross-sample-loss`, advising items= that attach cannot take."""
     import tempfile
 
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from gradalign.record.integrations.transformers import attach
 
@@ -126,19 +145,7 @@ def test_labels_under_another_name_are_counted_as_the_trainer_names_them(tmp_pat
 
     def train(out, k):
         with tempfile.TemporaryDirectory() as scratch:
-            args = TrainingArguments(
-                output_dir=scratch,
-                per_device_train_batch_size=hf.BATCH // k,
-                gradient_accumulation_steps=k,
-                max_steps=3,
-                learning_rate=1e-2,
-                label_names=["targets"],
-                use_cpu=True,
-                report_to=[],
-                save_strategy="no",
-                logging_strategy="no",
-                disable_tqdm=True,
-            )
+            args = quiet_args(scratch, hf.BATCH // k, k, 3, label_names=["targets"])
             trainer = TargetsTrainer(
                 model=hf.tiny_gpt2(),
                 args=args,
@@ -162,7 +169,7 @@ def test_an_iterable_datasets_epoch_ending_inside_a_window_is_named(tmp_path):
     import tempfile
 
     from torch.utils.data import IterableDataset
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from gradalign.record.integrations.transformers import attach
 
@@ -171,18 +178,7 @@ def test_an_iterable_datasets_epoch_ending_inside_a_window_is_named(tmp_path):
             return iter(hf.token_rows(72))
 
     with tempfile.TemporaryDirectory() as scratch:
-        args = TrainingArguments(
-            output_dir=scratch,
-            per_device_train_batch_size=4,
-            gradient_accumulation_steps=4,
-            max_steps=7,
-            learning_rate=1e-2,
-            use_cpu=True,
-            report_to=[],
-            save_strategy="no",
-            logging_strategy="no",
-            disable_tqdm=True,
-        )
+        args = quiet_args(scratch, 4, 4, 7)
         trainer = Trainer(
             model=hf.tiny_gpt2(), args=args, train_dataset=Rows(), data_collator=hf.collate
         )
@@ -199,7 +195,7 @@ def test_a_term_a_trainer_normalized_by_its_window_never_was_is_no_token_normali
     K; it was named `token-normalization`, with the fix the Trainer already applies."""
     import tempfile
 
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from gradalign.record.integrations.transformers import attach
 
@@ -214,18 +210,7 @@ def test_a_term_a_trainer_normalized_by_its_window_never_was_is_no_token_normali
 
     def train(out, k):
         with tempfile.TemporaryDirectory() as scratch:
-            args = TrainingArguments(
-                output_dir=scratch,
-                per_device_train_batch_size=hf.BATCH // k,
-                gradient_accumulation_steps=k,
-                max_steps=2,
-                learning_rate=1e-2,
-                use_cpu=True,
-                report_to=[],
-                save_strategy="no",
-                logging_strategy="no",
-                disable_tqdm=True,
-            )
+            args = quiet_args(scratch, hf.BATCH // k, k, 2)
             trainer = Trainer(
                 model=hf.tiny_gpt2(),
                 args=args,
