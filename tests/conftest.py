@@ -37,6 +37,23 @@ class CliResult:
         return json.loads(path.read_text())
 
 
+def rewrite_tensor_file(run: Path, relpath: str, edit, manifest: dict | None = None) -> None:
+    """Change one tensor file of a run (`edit` takes its {name: array}) and list its new
+    checksum: damage only the checks after the checksums see. Into `manifest` where the caller
+    edits the manifest too (and writes it), else into the run's own."""
+    from gradalign.runs import tensors
+    from gradalign.runs.checksums import declared, of_file
+
+    own = manifest is None
+    manifest = json.loads((run / "manifest.json").read_text()) if own else manifest
+    data = tensors.read(run / relpath, relpath)
+    edit(data)
+    (run / relpath).write_bytes(tensors.encode(data))
+    manifest["files"][relpath] = of_file(run / relpath, declared(manifest))
+    if own:
+        (run / "manifest.json").write_text(json.dumps(manifest))
+
+
 def one_line_error(result: CliResult, *fragments: str, code: int = 2) -> None:
     """Bad input: exit 2 (or `code`), one line on stderr starting "error: ", no traceback."""
     assert result.code == code, (result.code, result.out, result.err)

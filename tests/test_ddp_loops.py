@@ -15,8 +15,8 @@ import pytest
 from gradalign import api
 from gradalign.errors import BadInput
 from gradalign.judge.results import FAIL, PASS
-from gradalign.runs import tensors
-from gradalign.runs.checksums import declared, of_file
+
+from .conftest import rewrite_tensor_file
 
 dist = pytest.importorskip("torch.distributed")
 if not (dist.is_available() and dist.is_gloo_available()):  # pragma: no cover
@@ -223,13 +223,7 @@ def test_a_bug_on_rank_1_only_is_named_from_rank_1s_counts(loops):
 
 def _rank_series(path: Path, rank: int, edit) -> None:
     """Rewrite one rank's series file (and its checksum in the manifest)."""
-    relpath = f"ranks/rank{rank}/series.safetensors"
-    manifest = json.loads((path / "manifest.json").read_text())
-    data = tensors.read(path / relpath, relpath)
-    edit(data)
-    (path / relpath).write_bytes(tensors.encode(data))
-    manifest["files"][relpath] = of_file(path / relpath, declared(manifest))
-    (path / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_tensor_file(path, f"ranks/rank{rank}/series.safetensors", edit)
 
 
 def test_ranks_that_kept_no_counts_are_read_as_before(loops, tmp_path):

@@ -21,10 +21,9 @@ from gradalign import api
 from gradalign.config import TrainConfig
 from gradalign.judge.results import FAIL, PASS
 from gradalign.record.faults import FAULTS
-from gradalign.runs import tensors
 from gradalign.runs.reader import read_run_dir
 
-from .conftest import one_line_error
+from .conftest import one_line_error, rewrite_tensor_file
 from .test_user_model import USER_CODE
 
 dist = pytest.importorskip("torch.distributed")
@@ -218,15 +217,6 @@ def _altered(dp_runs, tmp_path, change) -> str:
     return path
 
 
-def _rewrite(path, manifest, relpath, edit) -> None:
-    from gradalign.runs.checksums import declared, of_file
-
-    data = tensors.read(path / relpath, relpath)
-    edit(data)
-    (path / relpath).write_bytes(tensors.encode(data))
-    manifest["files"][relpath] = of_file(path / relpath, declared(manifest))
-
-
 MALFORMED = {
     "world size": (lambda p, m: m["distributed"].update(world_size=3), "ranks must list 3"),
     "no ranks object": (lambda p, m: m.update(distributed=[1]), "'distributed' must be"),
@@ -235,29 +225,29 @@ MALFORMED = {
         "rank 1's series",
     ),
     "short series": (
-        lambda p, m: _rewrite(
+        lambda p, m: rewrite_tensor_file(
             p,
-            m,
             "ranks/rank1/series.safetensors",
             lambda d: d.update({"micro/loss": d["micro/loss"][:3]}),
+            m,
         ),
         "micro/loss has shape",
     ),
     "combination": (
-        lambda p, m: _rewrite(
+        lambda p, m: rewrite_tensor_file(
             p,
-            m,
             "ranks/rank1/series.safetensors",
             lambda d: d.update({"micro/loss": d["micro/loss"] * 2}),
+            m,
         ),
         "not the combination",
     ),
     "float states": (
-        lambda p, m: _rewrite(
+        lambda p, m: rewrite_tensor_file(
             p,
-            m,
             "ranks/rank0/series.safetensors",
             lambda d: d.update({"update/state": d["update/state"].astype(np.float64)}),
+            m,
         ),
         "expected int64",
     ),

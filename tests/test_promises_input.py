@@ -27,7 +27,7 @@ from gradalign import cli as cli_module
 from gradalign.report import progress
 from gradalign.runs import writer as run_writer
 
-from .conftest import ROOT, one_line_error
+from .conftest import ROOT, one_line_error, rewrite_tensor_file
 
 SMALL_ARGS = ["--hidden", "16", "--updates", "3", "--batch-size", "16"]
 
@@ -418,19 +418,6 @@ def test_a_config_or_golden_file_that_is_a_device_is_refused_not_read_forever(cl
     one_line_error(cli("golden", "check", "/dev/zero", base), "not a regular file")
 
 
-def _edit(run: Path, relpath: str, edit) -> None:
-    """Change a tensor file of a run and list its new checksum: damage only the checks see."""
-    from gradalign.runs import tensors
-    from gradalign.runs.checksums import declared, of_file
-
-    manifest = json.loads((run / "manifest.json").read_text())
-    data = tensors.read(run / relpath, relpath)
-    edit(data)
-    (run / relpath).write_bytes(tensors.encode(data))
-    manifest["files"][relpath] = of_file(run / relpath, declared(manifest))
-    (run / "manifest.json").write_text(json.dumps(manifest))
-
-
 SHAPELESS = {  # each once an internal error (exit 3)
     "grad states short": (
         "series.safetensors",
@@ -453,7 +440,7 @@ SHAPELESS = {  # each once an internal error (exit 3)
 @pytest.mark.parametrize("case", sorted(SHAPELESS))
 def test_series_and_files_of_other_shapes_are_bad_input(cli, small_copy, case):
     relpath, edit, message = SHAPELESS[case]
-    _edit(small_copy["merged"], relpath, edit)
+    rewrite_tensor_file(small_copy["merged"], relpath, edit)
     one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), message)
 
 
@@ -506,6 +493,6 @@ def test_what_the_format_rules_out_is_refused_even_where_both_runs_declare_it(cl
 
 
 def test_a_micro_loss_of_integers_is_refused(cli, small_copy):
-    _edit(small_copy["merged"], "series.safetensors",
+    rewrite_tensor_file(small_copy["merged"], "series.safetensors",
           lambda d: d.update({"micro/loss": d["micro/loss"].astype(np.int64)}))  # fmt: skip
     one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), "micro/loss")
