@@ -36,7 +36,7 @@ from .cli_options import (
 )
 from .config import tolerances_from_yaml
 from .errors import DISK_ERRORS, BadInput, Terminated, debug_wanted, sigterm_as_interrupt
-from .report.terminal import console, last_word, printable_streams, safe_help
+from .report.terminal import console, last_word, printable_streams, safe_help, table_console
 
 BAD_INPUT, INTERNAL, INTERRUPTED, TERMINATED = 2, 3, 130, 143
 app = typer.Typer(
@@ -95,7 +95,7 @@ def _verdict(comparison, files) -> int:
     from .report.files import write_reports
     from .report.table import render
 
-    render(comparison, out_console)
+    render(comparison, table_console(files.paths(), out_console, err_console))
     for line in write_reports(comparison, files):
         err_console.print(line, markup=False, emoji=False, soft_wrap=True)
     return 1 if comparison.verdict == FAIL else 0
@@ -319,7 +319,7 @@ def selftest(
 
     reports = [json] if json is not None else []
     outcome = run_selftest(out, err_console, reports=reports, device=device, record=record)
-    render_selftest(outcome, out_console)
+    render_selftest(outcome, table_console(reports, out_console, err_console))
     if json is not None:
         write_selftest_json(outcome, json)
     raise typer.Exit(0 if all(case.ok for case in outcome) else 1)

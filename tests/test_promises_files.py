@@ -160,6 +160,20 @@ def test_a_report_to_dev_stdout_appends_to_the_log_behind_it(small_runs, tmp_pat
     assert text.startswith("an earlier step's line\n") and '"verdict": "pass"' in text
 
 
+def test_a_report_to_stdout_is_all_stdout_carries(small_runs, tmp_path):
+    """`--json /dev/stdout | jq`: the table was printed into the same stream, before the JSON,
+    and no JSON reader could parse it; the table goes to stderr instead."""
+    command = [sys.executable, "-m", "gradalign", "compare", *small_runs.values()]
+    done = subprocess.run(
+        [*command, "--json", "/dev/stdout"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verdict"] == "pass"
+    assert "verdict: PASS" in done.stderr
+    alone = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert "verdict: PASS" in alone.stdout  # without a report there, the table stays on stdout
+
+
 def test_verify_checks_its_report_path_before_training(cli, tmp_path):
     folder = tmp_path / "adir"
     folder.mkdir()

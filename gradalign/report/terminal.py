@@ -7,8 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Iterable
 
 from rich.console import Console
+
+from ..paths import descriptor
 
 
 def width() -> int | None:
@@ -53,6 +56,12 @@ def safe_help() -> None:
 def console(stderr: bool = False) -> Console:
     """The console for stdout (the tables) or stderr (messages, progress, errors)."""
     return SafeConsole(stderr=stderr, highlight=False, width=width())
+
+
+def table_console(reports: Iterable[os.PathLike[str] | str], out: Console, err: Console) -> Console:
+    """Where a command's table goes: stdout, unless a report is written there (`--json
+    /dev/stdout | jq`), which then carries that report alone; the table goes to stderr."""
+    return err if any(descriptor(path) == 1 for path in reports) else out
 
 
 def printable_streams() -> None:
