@@ -112,8 +112,7 @@ def _series(run: Run, reference: Run | None) -> dict[str, list]:
     if reference is not None:
         series["reference_window_loss"] = [float(v) for v in reference.window_losses()]
     if run.micro_items is not None:
-        items = run.micro_items[: run.updates * run.accum_steps].reshape(run.updates, -1)
-        series["window_items"] = [float(v) for v in items.sum(axis=1)]
+        series["window_items"] = [float(v) for v in run.window_totals(run.micro_items)]
     if run.micro_data is not None:
         series["window_samples"] = [fmt.hex64(v) for v in run.window_sums(run.micro_data)]
     for key in fmt.SERIES:

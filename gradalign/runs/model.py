@@ -194,6 +194,10 @@ class Run:
             dtype=series.dtype,
         ).reshape(self.updates)
 
+    def window_totals(self, series: np.ndarray) -> np.ndarray:
+        """A per-micro-step float series (items, samples) summed over each window, in float64."""
+        return self._sum(np.asarray(series, dtype=np.float64))
+
     def window_sums(self, series: np.ndarray) -> np.ndarray:
         """A per-micro-step int64 series summed over each window (wrapping like the digests)."""
         return self._sum(np.asarray(series, dtype=np.int64))

@@ -40,6 +40,7 @@ from .gradient import (
     zero_grad_counted,
     zero_grad_in_window,
 )
+from .items import padding_targets
 from .learning_rate import lr_scaled, lr_schedule
 from .optimizer import optimizer_settings
 from .paired import scale_under_reweighting, with_loss_scale
@@ -72,6 +73,7 @@ __all__ = [
     "non_finite",
     "optimizer_settings",
     "overflow_carried",
+    "padding_targets",
     "penalty_not_scaled",
     "replica_divergence",
     "rows_differ",

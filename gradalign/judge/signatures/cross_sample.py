@@ -10,11 +10,12 @@ import math
 
 import numpy as np
 
-from ..checks import row_mismatches, sample_mismatches
+from ..checks import PRE_CLIP, row_mismatches, sample_mismatches
 from ..results import Comparison, Diagnosis, UpdateResult
 from .buffers import buffers_in_forward
-from .common import finite, losses_given, window
+from .common import finite, losses_given, normalized_by_window, window
 from .decisive import draws, same_start_shown, update0_gap
+from .items import padding_targets
 
 
 def cross_sample_loss(c: Comparison) -> Diagnosis | None:
@@ -96,12 +97,13 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     (else samples) each, so that a mean per micro-batch averages to the batch's: else None
     (token-normalization's, where they do not), unless the loop gave each micro-batch's own
     loss with its items (`losses_given`: the window's loss is weighted by them, so its gap at
-    update 0 is the forward's); and K. On W ranks each forward sees B/(W·K) rows, so K=1
+    update 0 is the forward's) or the framework divided each by the window's item count
+    (`normalized_by_window`); and K. On W ranks each forward sees B/(W·K) rows, so K=1
     counts too."""
     first, k = c.results[0] if c.results else None, window(c)
     facts = {**c.baseline.model_facts, **c.merged.model_facts}
     pieces = k * c.merged.world_size  # forwards per update
-    if first is None or first.problems or pieces < 2 or not same_start_shown(c):
+    if first is None or _other_problems(first) or pieces < 2 or not same_start_shown(c):
         return None, k
     if facts.get("batchnorm") or facts.get("dropout") or draws(c):
         return None, k  # other random numbers in the merged run: dropout-rng's
@@ -113,13 +115,25 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     rows = row_mismatches(c.baseline, c.merged)
     if rows is not None and rows.size:  # the same values in other rows: rows_differ's
         return None, k
+    if padding_targets(c) is not None:  # other targets for the same samples: padding's
+        return None, k
     counts = c.merged.micro_items if c.merged.micro_items is not None else c.merged.micro_samples
     if c.merged.micro_items is not None and losses_given(c.merged):
         counts = None  # item-weighted losses the loop gave: a gap at update 0 is the forward's
+    if normalized_by_window(c.merged):
+        counts = None  # each micro-batch's loss divided by the window's items, not its own
     window0 = c.merged.window(0)
     if counts is not None and np.ptp(counts[window0.start : window0.stop]) > 0:
         return None, k  # unequal micro-batches: a per-micro-batch mean reweights them (tokens)
     return first, k
+
+
+def _other_problems(first: UpdateResult) -> bool:
+    """Whether update 0 failed by more than its forward: a norm before clipping that differs
+    where a gradient does too follows from that gradient (without a reference the norms are
+    judged apart); where every gradient agrees, it is a scale a clip hid (clipping's)."""
+    gradient_failed = any(not d.ok for d in first.grads)
+    return any(key != PRE_CLIP or not gradient_failed for key, _ in first.problems)
 
 
 def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
