@@ -48,27 +48,42 @@ def distinct(a: float, b: float) -> tuple[str, str]:
     return f"{a:.17g}", f"{b:.17g}"
 
 
+def lr_groups(base: Run, merged: Run) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """The learning rates both runs recorded, as (group, baseline's, merged's): every param
+    group's where both recorded as many groups (`update/lr_groups`, in the model's order), else
+    the first group's alone; none where a run recorded no lr."""
+    if base.lr is None or merged.lr is None:
+        return []
+    gb, gm = base.lr_groups, merged.lr_groups
+    if gb is not None and gm is not None and gb.shape[1] == gm.shape[1]:
+        return [(g, gb[:, g], gm[:, g]) for g in range(gb.shape[1])]
+    return [(0, np.asarray(base.lr), np.asarray(merged.lr))]
+
+
+def group_named(group: int) -> str:
+    """How a message names a param group's lr: the first group's plainly."""
+    return f" (param group {group})" if group else ""
+
+
 def bookkeeping_judge(base: Run, merged: Run) -> Callable[[UpdateResult], None]:
     """A function that adds a problem to an update's result for every bookkeeping series that
     differs at that update (the series' recorded precisions are found once)."""
-    lr_dtypes = (
-        (recorded_dtype(merged.lr), recorded_dtype(base.lr))
-        if base.lr is not None and merged.lr is not None
-        else None
-    )
-    return lambda result: _judge(result, base, merged, lr_dtypes)
+    lrs = [(g, b, m, (recorded_dtype(m), recorded_dtype(b))) for g, b, m in lr_groups(base, merged)]
+    return lambda result: _judge(result, base, merged, lrs)
 
 
-def _judge(result: UpdateResult, base: Run, merged: Run, lr_dtypes: tuple[str, str] | None) -> None:
+def _judge(result: UpdateResult, base: Run, merged: Run, lrs: list) -> None:
     i = result.update
     stepped = all(r.optimizer_steps is None or r.optimizer_steps[i] > 0 for r in (base, merged))
-    if base.lr is not None and merged.lr is not None and lr_dtypes is not None and stepped:
+    for group, base_lr, merged_lr, dtypes in lrs if stepped else ():
         # a run that did not step recorded no lr: its step count differs, said below
-        lb, lm = float(base.lr[i]), float(merged.lr[i])
+        lb, lm = float(base_lr[i]), float(merged_lr[i])
         printed = sum(float(r.lr_quantum[i]) for r in (base, merged) if r.lr_quantum is not None)
-        if not same_scalar(lm, lb, *lr_dtypes) and not abs(lm - lb) <= printed:
+        if not same_scalar(lm, lb, *dtypes) and not abs(lm - lb) <= printed:
             shown_m, shown_b = distinct(lm, lb)
-            result.problems.append(("lr", f"lr {shown_m} in merged, {shown_b} in baseline"))
+            text = f"lr {shown_m} in merged, {shown_b} in baseline{group_named(group)}"
+            result.problems.append(("lr", text))
+            break  # one group says it: the signatures read the first that differs
     if base.optimizer_steps is not None and merged.optimizer_steps is not None:
         sb, sm = int(base.optimizer_steps[i]), int(merged.optimizer_steps[i])
         if sb != sm:

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..bookkeeping import distinct, recorded_dtype, same_scalar
+from ..bookkeeping import distinct, group_named, lr_groups, recorded_dtype, same_scalar
 from ..results import Comparison, Diagnosis
 from .common import finite, window
 
@@ -17,9 +17,24 @@ SCALE_MATCH = 1e-6  # relative: a constant lr ratio, allowing float32 rounding o
 
 def lined_up_lrs(c: Comparison) -> tuple[np.ndarray, np.ndarray]:
     """Both runs' lr over the updates that line up (runs whose windows stop lining up differ
-    in length)."""
+    in length), of the first param group whose lr differs there (`differing_group`)."""
     n = len(c.results)
-    return np.asarray(c.baseline.lr)[:n], np.asarray(c.merged.lr)[:n]
+    _, base_lr, merged_lr = differing_group(c)
+    return np.asarray(base_lr)[:n], np.asarray(merged_lr)[:n]
+
+
+def differing_group(c: Comparison) -> tuple[int, np.ndarray, np.ndarray]:
+    """(group, baseline's lr, merged's lr) of the first param group whose lr differs at some
+    update that lines up, else of the first group: a schedule stepped per micro-step in one
+    group alone (a head's own lambda) is read from that group."""
+    groups = lr_groups(c.baseline, c.merged)
+    n = len(c.results)
+    for group, base_lr, merged_lr in groups:
+        b, m = np.asarray(base_lr)[:n], np.asarray(merged_lr)[:n]
+        same = _equal(b, m)
+        if any(not same(float(x), float(y)) for x, y in zip(b, m, strict=False)):
+            return group, base_lr, merged_lr
+    return groups[0] if groups else (0, c.baseline.lr, c.merged.lr)
 
 
 def _lr_differs(c: Comparison) -> list[int]:
@@ -121,16 +136,19 @@ def lr_scaled(c: Comparison) -> Diagnosis | None:
         q, which = 1 / k, f" = 1/K (K={k})"
     else:
         which = ""
+    group = differing_group(c)[0]
     return Diagnosis(
         "lr-scaled",
-        f"the merged learning rate is {q:.6g} times the baseline's at every update{which}: the "
+        f"the merged learning rate{group_named(group)} is {q:.6g} times the baseline's at every "
+        f"update{which}: the "
         "merged optimizer was given another lr (a batch-size scaling rule applied to "
         "accumulation, which keeps the effective batch B)",
         {
             "lr_ratio": q,
             "K": k,
-            "merged_lr_0": finite(c.merged.lr[0]),
-            "baseline_lr_0": finite(c.baseline.lr[0]),
+            "merged_lr_0": finite(merged_lr[0]),
+            "baseline_lr_0": finite(base_lr[0]),
+            **({"param_group": group} if group else {}),
         },
         "give the merged optimizer the baseline's learning rate: accumulation over K micro-"
         "batches of B/K is the batch of B, so no lr scaling applies",
@@ -161,13 +179,17 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
     if found is None and _diverged_by(c, i):
         return None  # a consequence: a scheduler fed the diverged loss (ReduceLROnPlateau)
     shown_m, shown_b = distinct(float(merged_lr[i]), float(base_lr[i]))
+    group = differing_group(c)[0]
+    if group:
+        evidence["param_group"] = group
     if found is not None:
         m, offset = found
         evidence["schedule_steps_per_update"], evidence["schedule_offset"] = m, offset
         where = f"{m}·t + {offset}" if offset else f"{m}·t"
         pace = f"advanced {m} steps per update" if m > 1 else f"ran {offset} step(s) ahead"
         message = (
-            f"the learning-rate schedule {pace}: merged lr at update t equals the baseline's at "
+            f"the learning-rate schedule{group_named(group)} {pace}: merged lr at update t "
+            "equals the baseline's at "
             f"update {where} (update {i}: {shown_m} vs {shown_b})"
         )
         if m == window(c):
@@ -176,8 +198,8 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
                 message += f", {offset} of them before the window's optimizer step"
     else:
         message = (
-            f"the learning rates differ from update {i} on ({shown_m} in merged, "
-            f"{shown_b} in baseline)"
+            f"the learning rates{group_named(group)} differ from update {i} on ({shown_m} in "
+            f"merged, {shown_b} in baseline)"
         )
     return Diagnosis(
         "lr-schedule",

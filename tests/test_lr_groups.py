@@ -1,0 +1,67 @@
+"""Every param group's learning rate is judged (`update/lr_groups`, judge/bookkeeping.py): a
+head group whose lr a loop set from its micro-step counter, the backbone's right, was
+`unexplained`, and the checks said "learning rate: pass" (only the first group was compared)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign.api import compare
+
+UPDATES, B, K = 12, 16, 4
+
+
+def _record(out, k: int, head_per_micro: bool = False) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(
+        [{"params": model[0].parameters(), "lr": 0.05}, {"params": model[2].parameters()}],
+        lr=0.2,
+    )
+    g = torch.Generator().manual_seed(1)
+    x, y = (
+        torch.randn(UPDATES * B, 5, generator=g),
+        torch.randint(0, 3, (UPDATES * B,), generator=g),
+    )
+    n, micro_steps = B // k, 0
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for update in range(UPDATES):
+            for j in range(k):
+                rows = slice(update * B + j * n, update * B + (j + 1) * n)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss / k).backward()
+                micro_steps += 1
+                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
+            step = micro_steps - 1 if head_per_micro else update  # the bug: micro-steps
+            opt.param_groups[1]["lr"] = 0.2 * 0.5 * (1 + math.cos(math.pi * step / (UPDATES * K)))
+            opt.step()
+            opt.zero_grad()
+            rec.update()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lr_groups")
+    _record(root / "base", 1)
+    _record(root / "merged", K)
+    _record(root / "head", K, head_per_micro=True)
+    return root
+
+
+def test_a_second_groups_schedule_per_micro_step_is_named(runs):
+    c = compare(runs / "base", runs / "head", reference="none")
+    lr = next(check for check in c.checks if check.name == "learning rate")
+    assert lr.status == "fail" and "(param group 1)" in lr.detail, lr.detail
+    first = c.diagnosis[0]
+    assert first.code == "lr-schedule", [d.code for d in c.diagnosis]
+    assert first.evidence["param_group"] == 1 and first.evidence["schedule_steps_per_update"] == K
+
+
+def test_every_groups_lr_alike_passes(runs):
+    c = compare(runs / "base", runs / "merged", reference="none")
+    assert c.verdict == "pass", [d.code for d in c.diagnosis]
