@@ -229,3 +229,39 @@ def test_a_term_a_trainer_normalized_by_its_window_never_was_is_no_token_normali
     result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
     codes = [d.code for d in result.diagnosis]
     assert result.verdict == "fail" and codes[0] == "cross-sample-loss", codes
+
+
+def test_a_compute_loss_of_its_own_that_divides_each_mean_by_k_is_token_normalization(tmp_path):
+    """A Trainer subclass whose compute_loss returns the model's mean divided by K, ignoring
+    the num_items_in_batch it is given: the run said the Trainer normalized by the window's
+    items, so the micro-batches' unequal token counts were read as a loss over each of them
+    (`cross-sample-loss`, with a mixture of experts' fix) where `token-normalization` is meant."""
+    import tempfile
+
+    from transformers import Trainer
+
+    from gradalign.record.integrations.transformers import attach
+
+    class MeanOverK(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = model(**inputs).loss / self.args.gradient_accumulation_steps
+            return loss
+
+    def train(out, k):
+        with tempfile.TemporaryDirectory() as scratch:
+            args = quiet_args(scratch, hf.BATCH // k, k, 2)
+            trainer = MeanOverK(
+                model=hf.tiny_gpt2(),
+                args=args,
+                train_dataset=hf.token_rows(hf.BATCH * 2),
+                data_collator=hf.collate,
+            )
+            attach(trainer, out)
+            trainer.train()
+
+    train(tmp_path / "k1", 1)
+    train(tmp_path / "k4", 4)
+    assert read_run_dir(tmp_path / "k4").config["loss_normalized_by"] == "a compute_loss of its own"
+    result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
+    codes = [d.code for d in result.diagnosis]
+    assert result.verdict == "fail" and codes[0] == "token-normalization", codes

@@ -102,9 +102,15 @@ class GradalignCallback(TrainerCallback):
             trainer.model_accepts_loss_kwargs and num_items is not None
         ) or trainer.compute_loss_func is not None
         # how the Trainer normalized this loss: by the window's items it counted itself, or each
-        # micro-batch's mean by K (the judge reads it: `token-normalization` needs the second)
+        # micro-batch's mean by K (the judge reads it: `token-normalization` needs the second);
+        # a compute_loss of the loop's own is given num_items_in_batch, and may ignore it
+        own = type(trainer).compute_loss is not Trainer.compute_loss
         self.recorder.config["loss_normalized_by"] = (
-            "num_items_in_batch" if by_items else "micro-batch mean / K"
+            "a compute_loss of its own"
+            if own
+            else "num_items_in_batch"
+            if by_items
+            else "micro-batch mean / K"
         )
         if not by_items:  # the loss was this micro-batch's mean, divided by the window's length
             mean = loss.detach().double() * trainer.current_gradient_accumulation_steps
