@@ -188,6 +188,28 @@ def test_an_iterable_datasets_epoch_ending_inside_a_window_is_named(tmp_path):
     assert not (tmp_path / "k4").exists()
 
 
+def _padded_pair(tmp_path, trainer_class=None, **extra) -> None:
+    """k1 and k4 of a tiny GPT-2 Trainer over padded rows (2 updates), `extra` given to the
+    Trainer; `trainer_class` a subclass of the Trainer."""
+    import tempfile
+
+    from transformers import Trainer
+
+    from gradalign.record.integrations.transformers import attach
+
+    for k in (1, 4):
+        with tempfile.TemporaryDirectory() as scratch:
+            trainer = (trainer_class or Trainer)(
+                model=hf.tiny_gpt2(),
+                args=quiet_args(scratch, hf.BATCH // k, k, 2),
+                train_dataset=hf.token_rows(hf.BATCH * 2),
+                data_collator=hf.collate,
+                **extra,
+            )
+            attach(trainer, tmp_path / f"k{k}")
+            trainer.train()
+
+
 def test_a_term_a_trainer_normalized_by_its_window_never_was_is_no_token_normalization(tmp_path):
     """A compute_loss_func: the summed token loss over num_items_in_batch (the window's items,
     right) plus a z-loss averaged over each micro-batch and not divided by K (wrong). The
@@ -195,11 +217,6 @@ def test_a_term_a_trainer_normalized_by_its_window_never_was_is_no_token_normali
     K; it was named `token-normalization`, with the fix the Trainer already applies, then
     `unexplained`: the micro-batches' unequal token counts, and without a reference the norm
     before clipping that the same gradient moved, kept `cross-sample-loss` from reading it."""
-    import tempfile
-
-    from transformers import Trainer
-
-    from gradalign.record.integrations.transformers import attach
 
     def loss_func(outputs, labels, num_items_in_batch=None):
         logits = outputs.logits[:, :-1]
@@ -210,21 +227,7 @@ def test_a_term_a_trainer_normalized_by_its_window_never_was_is_no_token_normali
         z = logits.logsumexp(-1).pow(2).mean()
         return summed / num_items_in_batch + 1e-2 * z
 
-    def train(out, k):
-        with tempfile.TemporaryDirectory() as scratch:
-            args = quiet_args(scratch, hf.BATCH // k, k, 2)
-            trainer = Trainer(
-                model=hf.tiny_gpt2(),
-                args=args,
-                train_dataset=hf.token_rows(hf.BATCH * 2),
-                data_collator=hf.collate,
-                compute_loss_func=loss_func,
-            )
-            attach(trainer, out)
-            trainer.train()
-
-    train(tmp_path / "k1", 1)
-    train(tmp_path / "k4", 4)
+    _padded_pair(tmp_path, compute_loss_func=loss_func)
     assert read_run_dir(tmp_path / "k4").config["loss_normalized_by"] == "num_items_in_batch"
     result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
     codes = [d.code for d in result.diagnosis]
@@ -236,31 +239,13 @@ def test_a_compute_loss_of_its_own_that_divides_each_mean_by_k_is_token_normaliz
     the num_items_in_batch it is given: the run said the Trainer normalized by the window's
     items, so the micro-batches' unequal token counts were read as a loss over each of them
     (`cross-sample-loss`, with a mixture of experts' fix) where `token-normalization` is meant."""
-    import tempfile
-
     from transformers import Trainer
-
-    from gradalign.record.integrations.transformers import attach
 
     class MeanOverK(Trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            loss = model(**inputs).loss / self.args.gradient_accumulation_steps
-            return loss
+            return model(**inputs).loss / self.args.gradient_accumulation_steps
 
-    def train(out, k):
-        with tempfile.TemporaryDirectory() as scratch:
-            args = quiet_args(scratch, hf.BATCH // k, k, 2)
-            trainer = MeanOverK(
-                model=hf.tiny_gpt2(),
-                args=args,
-                train_dataset=hf.token_rows(hf.BATCH * 2),
-                data_collator=hf.collate,
-            )
-            attach(trainer, out)
-            trainer.train()
-
-    train(tmp_path / "k1", 1)
-    train(tmp_path / "k4", 4)
+    _padded_pair(tmp_path, MeanOverK)
     assert read_run_dir(tmp_path / "k4").config["loss_normalized_by"] == "a compute_loss of its own"
     result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
     codes = [d.code for d in result.diagnosis]
