@@ -91,9 +91,10 @@ def test_paddles_step_bar_is_read(tmp_path, eval_bars):
 
 def test_keras_bar_stays_refused(cli, tmp_path):
     """Keras's bar shows the epoch's running mean and names no step: never read; a log of
-    nothing else is refused naming its progress bars, one without bars not."""
+    nothing else is refused naming its progress bars, one without bars not. Its first frame
+    is dots alone (`1/4 [....]`): read as a step, a log of one update passed any bug."""
     keras = "".join(
-        f"\r{i + 1}/4 [{'=' * i}>{'.' * (3 - i)}] - ETA: 0s - loss: {v:.4f}"
+        f"\r{i + 1}/4 [{'=' * (i - 1)}{'>' if i else ''}{'.' * (4 - i)}] - ETA: 0s - loss: {v:.4f}"
         for i, v in enumerate(LOSSES)
     )
     base = write(tmp_path, "".join(f"step {i} loss {v}\n" for i, v in enumerate(LOSSES)), "b.log")
@@ -104,3 +105,14 @@ def test_keras_bar_stays_refused(cli, tmp_path):
     result = cli("compare", base, plain, "-k", "1")
     one_line_error(result, "nor a recognised training log", "print each step's loss")
     assert "progress bar" not in result.err
+
+
+def test_a_log_of_one_update_is_refused(cli, tmp_path):
+    """One update's loss comes before any optimizer step: it shows nothing of the training
+    (a bug that scales every step passed as 'max abs diff 0 over 1 updates'). Two are judged."""
+    base = write(tmp_path, "step 0 loss 2.5\n", "b.log")
+    merged = write(tmp_path, "".join(f"step {i} loss 2.5\n" for i in range(4)), "m.log")
+    one_line_error(cli("compare", base, merged, "-k", "4"), "1 update(s) read", "two updates")
+    base2 = write(tmp_path, "step 0 loss 2.5\nstep 1 loss 9.0\n", "b2.log")
+    merged2 = write(tmp_path, "".join(f"step {i} loss 2.5\n" for i in range(8)), "m2.log")
+    assert cli("compare", base2, merged2, "-k", "4").code == 1  # judged: update 1 differs

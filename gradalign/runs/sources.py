@@ -132,3 +132,18 @@ def check_smoothing(base: Run, merged: Run) -> tuple[Run, Run]:
         f"{unseen.source}'s do not show one (too few steps or too little noise to tell): both "
         f"logs must print the same loss; {STEP_LOSS_ADVICE}"
     )
+
+
+def check_log_updates(base: Run, merged: Run) -> None:
+    """A log is judged by its losses, and the first update's loss is computed before any
+    optimizer step: a comparison of one update shows nothing of how the runs train (a progress
+    bar's first frame read as the only step passed every bug), so it is refused."""
+    logs = [run for run in (base, merged) if run.kind == "log"]
+    if logs and min(base.updates, merged.updates) < 2:
+        short = min(logs, key=lambda run: run.updates)
+        raise BadInput(
+            f"{short.source}: {short.updates} update(s) read from the log: its first loss is "
+            "computed before any optimizer step, so one update shows nothing of the training; "
+            "print each step's loss for at least two updates (a progress bar redrawn in place "
+            "is not read)"
+        )
