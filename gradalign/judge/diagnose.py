@@ -23,6 +23,7 @@ from .signatures.trainer import for_framework
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.window_bookkeeping,
     sig.step_in_window,
+    sig.step_skipped,
     sig.weights_changed_in_window,
     sig.scaler_per_micro,
     sig.scaler_skips,

@@ -44,7 +44,7 @@ from .items import padding_targets
 from .learning_rate import lr_scaled, lr_schedule
 from .optimizer import optimizer_settings
 from .paired import scale_under_reweighting, with_loss_scale
-from .skips import overflow_carried, scaler_skips
+from .skips import overflow_carried, scaler_skips, step_skipped
 from .thresholds import clip_threshold
 
 __all__ = [
@@ -82,6 +82,7 @@ __all__ = [
     "scaler_per_micro",
     "scaler_skips",
     "step_in_window",
+    "step_skipped",
     "token_normalization",
     "weights_changed_in_window",
     "window_bookkeeping",

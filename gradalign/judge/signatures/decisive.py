@@ -15,7 +15,7 @@ from .common import (
     exact_of,
     finite,
 )
-from .skips import skips_apart
+from .skips import skips_apart, steps_skipped
 
 CARD_RATIO_MATCH = 1e-4  # relative: a float32 mean of cards' means against the baseline's mean
 
@@ -29,6 +29,8 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
         return None
     if not steps and inner_steps(c.merged) == 0:
         return None  # no step inside any window: weights-changed-in-window says what it was
+    if not windows and steps_skipped(c):
+        return None  # fewer steps, never inside a window: step-skipped's
     apart = skips_apart(c)
     if apart and not windows and not inner_steps(c.merged) and steps[0].update >= apart[0]:
         return None  # the GradScalers skipped other updates: scaler-skips says so

@@ -189,3 +189,36 @@ def overflow_carried(c: Comparison) -> Diagnosis | None:
         "clear the gradients after every optimizer step, whether or not the scaler skipped it "
         "(optimizer.zero_grad() after scaler.step() and scaler.update())",
     )
+
+
+def steps_skipped(c: Comparison) -> list[int]:
+    """Updates where the merged run made fewer optimizer steps than its baseline, in runs whose
+    merged optimizer never stepped more often, never inside a window, and whose GradScalers (if
+    any) did not part: a skip decided otherwise (a loss-spike or non-finite check on one
+    micro-batch's loss, not the window's)."""
+    base, merged, n = c.baseline.optimizer_steps, c.merged.optimizer_steps, len(c.results)
+    if base is None or merged is None or inner_steps(c.merged) or skips_apart(c):
+        return []
+    sb, sm = np.asarray(base[:n]), np.asarray(merged[:n])
+    if (sm > sb).any():
+        return []
+    return [int(u) for u in np.flatnonzero(sm < sb)]
+
+
+def step_skipped(c: Comparison) -> Diagnosis | None:
+    skipped = steps_skipped(c)
+    if not skipped:
+        return None
+    first = skipped[0]
+    return Diagnosis(
+        "step-skipped",
+        f"the merged run did not step its optimizer at update"
+        f"{'s' if len(skipped) > 1 else ''} {listed([str(u) for u in skipped], _SHOWN)}, where "
+        "the baseline did: a skip decided otherwise than the baseline's, such as a loss-spike "
+        "or non-finite check read from one micro-batch's loss or gradient instead of the "
+        "window's",
+        {"updates_skipped": len(skipped), "first_update": first},
+        "decide whether to skip once per window, after its K-th micro-batch, from what the "
+        "baseline decides it by: the window's loss (summed over its micro-batches) or the "
+        "accumulated gradient's norm",
+    )
