@@ -25,6 +25,7 @@ import numpy as np
 
 from ..runs.model import Run, Tensors
 from ..runs.sketches import dot
+from .followers import followed
 from .metrics import TensorDiff
 
 TAU = 2.0  # |g_ref| within TAU times the gradient noise (element's, or the tensor's RMS)
@@ -197,6 +198,7 @@ class Drift:
         self.explained: dict[str, float] = {}
         self.noisy: set[str] = set()  # tensors whose gradient was noise as a whole (shared_rms)
         self.graded: set[str] = set()  # tensors with a gradient, now or before (`graded`)
+        self.followed: dict[str, np.ndarray] = {}  # tensors without one (judge/followers.py)
 
     def advance(
         self,
@@ -219,6 +221,7 @@ class Drift:
                 bits = self.bits.get(name) if first else None
                 self._widen(name, gb[name], gr[name], b64, r64, bits)
             self.prev_b[name], self.prev_r[name] = b64, r64
+        self.followed = followed(self.drift, self.graded, {n: np.shape(w) for n, w in wb.items()})
 
     def _widen(
         self,
@@ -256,7 +259,7 @@ class Drift:
 
     def allowance(self, name: str) -> float:
         """||drift|| of a tensor: what its noise-dominated elements may add to its error."""
-        drift = self.drift.get(name)
+        drift = self.drift.get(name, self.followed.get(name))
         return 0.0 if drift is None else float(np.linalg.norm(drift))
 
     def judged(self, d: TensorDiff, base: np.ndarray, merged: np.ndarray, factor: float):
@@ -264,7 +267,7 @@ class Drift:
         reference (`widened`), else each element judged beyond its own drift (`beyond_drift`)."""
         if not self.against_merged:
             return widened(d, self.allowance(d.name), factor)
-        drift = self.drift.get(d.name)
+        drift = self.drift.get(d.name, self.followed.get(d.name))
         if drift is None:
             return d
         b, m = (np.asarray(w, np.float64).ravel() for w in (base, merged))
@@ -373,14 +376,12 @@ class DriftFiles:
         os.preadv(fd, [memoryview(found).cast("B")], first * 8)
         return found
 
-    def allowance(self, name: str) -> float:
-        """||drift|| of a tensor (0 while none of its elements was dominated)."""
+    def allowance(self, name: str) -> float:  # ||drift|| (0 while no element was dominated)
         sums = self.sums.get(name)
         return math.sqrt(math.fsum(sums.values())) if sums else 0.0
 
     def explain(self, name: str, sumsq: float) -> None:
-        """Take one update's Σ(TAU·ρ·step)² of a tensor (`noise_steps`, summed over its
-        slices)."""
+        """Take one update's Σ(TAU·ρ·step)² of a tensor (`noise_steps`, over its slices)."""
         self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(sumsq)
 
     def strayed(self, name: str) -> float:

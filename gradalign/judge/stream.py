@@ -31,6 +31,7 @@ from .drift import (
     stored_bits,
     widened,
 )
+from .followers import largest, sources
 from .fused import Pair, widen64
 from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div, fixed_allowed, quiet
@@ -123,6 +124,7 @@ class StreamJudge:
                 self.grad_atol = self._rounding_atol(files.gb, grads)
             judged = self.pool.map(quiet(lambda n: self._tensor(n, files, judged_grads)), names)
             found = dict(zip(names, judged, strict=True))
+            self._follow(found, files, judged_grads)
             order = files.wb.file.names() if files.wb is not None else []
         finally:
             files.close()
@@ -135,6 +137,15 @@ class StreamJudge:
             bb, mm, bm = (math.fsum(found[n].fit[k] for n in grads) for k in range(3))
             cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
             result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
+
+    def _follow(self, found: dict[str, _Outcome], files: _Files, grads: set[str]) -> None:
+        """Judge again the tensors without a gradient of their own, with the drift of the
+        tensors they follow (judge/followers.py), once every graded tensor's is known."""
+        drift = self.drift
+        for name in found:
+            follow = sources(name, self.shapes, drift.graded, lambda o: drift.allowance(o) > 0)
+            if follow:
+                found[name] = self._tensor(name, files, grads, follow)
 
     def _rounding_atol(self, gb: CheckedFile, names: list[str]) -> float:
         """The gradients' per-element tolerance with the rounding floor of this update (one more
@@ -181,7 +192,11 @@ class StreamJudge:
             raise
         return files
 
-    def _tensor(self, name: str, f: _Files, grads: set[str]) -> _Outcome:
+    def _tensor(
+        self, name: str, f: _Files, grads: set[str], follow: list[str] | None = None
+    ) -> _Outcome:
+        """One tensor's judgement at this update; `follow`: the tensors whose drift it may
+        share, having none of its own (`_follow`)."""
         out = _Outcome()
         tol = self.tol
         has = lambda c: c is not None and name in c.file.entries  # noqa: E731
@@ -215,7 +230,7 @@ class StreamJudge:
         else:
             rms = math.sqrt(spread / gpair.n) if widen and gpair and gpair.n else 0.0
         noise_ok = widen and math.isfinite(spread)
-        pair = self._weights(name, f, widen, rms)
+        pair = self._weights(name, f, widen, rms, follow=follow)
         drift = self.drift
         finite = pair.finite_b and (pair.finite_r if referenced else pair.finite_m)
         if widen and not (noise_ok and finite):
@@ -223,6 +238,9 @@ class StreamJudge:
         elif widen and referenced:
             drift.explain(name, pair.extra["explained"])
         allowance = drift.allowance(name)
+        strayed = drift.strayed(name)
+        if follow:
+            allowance = strayed = math.sqrt(pair.extra.get("followed", 0.0))
         if f.wm is not None:
             start = f.start is not None
             d = pair.diff(name, tol.weight_rtol, tol.weight_atol, start, self.floor)
@@ -234,12 +252,20 @@ class StreamJudge:
                 d = beyond_drift(d, math.sqrt(pair.beyond), allowance)
             out.weight = d
         if f.wr is not None and self.bound is not None and pair.finite_b:
-            out.strays = self._strays(name, pair, drift.strayed(name))
+            out.strays = self._strays(name, pair, strayed)
         return out
 
-    def _weights(self, name: str, f: _Files, widen: bool, rms: float, undo: bool = False) -> Pair:
+    def _weights(
+        self,
+        name: str,
+        f: _Files,
+        widen: bool,
+        rms: float,
+        undo: bool = False,
+        follow: list[str] | None = None,
+    ) -> Pair:
         """One pass over the weights (and, for the drift, the gradients and previous weights:
-        the reference's, or else the merged run's)."""
+        the reference's, or else the merged run's); `follow`: the drift is theirs."""
         pair = Pair()
         ins = [f.wb, f.wm, f.wr, f.start]
         referenced = self.ref is not None
@@ -267,7 +293,11 @@ class StreamJudge:
                 gb, gm, pb, pm = parts[4:]
                 steps = shared_steps(gb, gm, rms, b, pb, m, pm)
                 drifted = self.drift.add(name, first, -steps if undo else steps)
-            if not referenced and drifted is None:
+            if follow:
+                drifted = largest([self.drift.slice(o, first, b.size) for o in follow])
+                if drifted is not None:
+                    pair.extra["followed"] = pair.extra.get("followed", 0.0) + dot(drifted, drifted)
+            elif not referenced and drifted is None:
                 drifted = self.drift.slice(name, first, b.size)
             if not undo:
                 pair.add(b, m, r, s, None if referenced else drifted)
