@@ -320,7 +320,7 @@ def merged_against(
             )
         cfg = recorded_config(baseline, overrides, config_file, trust_run_code)
         inputs = [Path(baseline), *([Path(base_run.reference)] if base_run.reference else [])]
-    recorded_updates = recorded["updates"] if golden else base_run.updates
+    recorded_updates = recorded.get("updates") if golden else base_run.updates
     if cfg.updates != recorded_updates:  # compare would refuse it after the training
         raise BadInput(
             f"--updates {cfg.updates}: {baseline} holds {recorded_updates} updates, and a merged "
@@ -373,6 +373,9 @@ def recorded_config(
     return config_from_recorded(recorded, baseline, overrides, config_file, trust_run_code)
 
 
+_RETRAINED = ("model", "batch_size", "updates")  # what a built-in run's config always holds
+
+
 def config_from_recorded(
     recorded: Mapping[str, Any],
     where: PathLike,
@@ -384,6 +387,13 @@ def config_from_recorded(
     K is not taken over, and code the record names is refused unless confirmed."""
     from .config import FIELDS
 
+    missing = [k for k in _RETRAINED if k not in recorded]
+    if missing:  # a run of the Recorder, a framework or the numpy writer: no trainer to rerun
+        raise BadInput(
+            f"{where} was not recorded by gradalign's built-in trainer (its config holds no "
+            f"{missing[0]}): --against retrains a built-in run at another K; record the merged "
+            "run with your own loop and judge it with `gradalign compare` (or `golden check`)"
+        )
     kept = {k: v for k, v in recorded.items() if k in FIELDS and k != "accum_steps"}
     overrides = dict(overrides or {})
     for key in ENTRY_POINT_KEYS:

@@ -115,8 +115,37 @@ def candidate_path(golden: Path, run: Path, reports: Sequence[PathLike]) -> Path
     """Where a failing check proposes the run as the golden: beside the first report, else beside
     the run under test (never inside a run)."""
     name = golden.stem if golden.suffix == ".json" else golden.name
-    where = Path(reports[0]).parent if reports else resolved(run).parent
+    files = [Path(p) for p in reports if not is_stream(p)]  # /dev/stdout's folder is /dev
+    where = files[0].parent if files else resolved(run).parent
     return where / f"{name}{CANDIDATE}"
+
+
+def _writable(candidate: Path | None, inputs: list[Path]) -> tuple[Path | None, str]:
+    """The candidate where it can be written, else None and why: a convenience a read-only
+    workspace goes without (a passing check there exited 2)."""
+    if candidate is None:
+        return None, ""
+    try:
+        check_outputs([], inputs, [candidate])
+    except BadInput as exc:
+        return None, str(exc)
+    return candidate, ""
+
+
+def _stale(candidate: Path | None) -> str:
+    """Remove a candidate an earlier failing check left where this passing one would put its
+    own: copied over the golden, as the note of that check said, it would accept that failing
+    run. Says what it removed ('' for nothing)."""
+    if candidate is None or candidate.is_symlink() or not candidate.is_file():
+        return ""
+    try:
+        with open(candidate, "rb") as handle:
+            if b'"gradalign-golden"' not in handle.read(1 << 16):
+                return ""
+        candidate.unlink()
+    except OSError:
+        return ""
+    return f"removed the candidate golden {candidate} an earlier failing check proposed"
 
 
 def golden_check(
@@ -150,10 +179,15 @@ def golden_check(
             raise
         written = _accept(merged, _reference(merged, None, False), golden_path, key)
         return GoldenCheck(None, golden_path, accept, written=written)
-    candidate = None if update else candidate_path(golden_file, run_path, reports)
-    check_outputs([], [run_path, golden_path], [*reports, *([candidate] if candidate else [])])
+    check_outputs([], [run_path, golden_path], reports)
+    proposed = None if update else candidate_path(golden_file, run_path, reports)
+    candidate, unwritable = _writable(proposed, [run_path, golden_path])
     comparison = _judge(data, golden_file, merged, checked, feedback)
     outcome = GoldenCheck(comparison, golden_file, accept)
+    if comparison.verdict != FAIL and (removed := _stale(candidate)):
+        comparison.notes.append(removed)
+    if comparison.verdict == FAIL and unwritable:
+        comparison.notes.append(f"no candidate golden written: {unwritable}; to accept: {accept}")
     kept = update or (comparison.verdict == FAIL and candidate is not None)  # a golden written
     reference = _reference(merged, None, False) if kept else None  # read once, where needed
     lost = (

@@ -139,6 +139,36 @@ def test_a_failing_check_proposes_a_candidate_and_update_accepts_it(cli, small, 
     assert result.code == 0 and "noise floor" not in result.out
 
 
+def test_a_candidate_stays_out_of_dev_and_a_passing_check_removes_a_stale_one(cli, small, tmp_path):
+    """`--json /dev/stdout`: the candidate went beside the first report, into /dev. A later
+    passing check left an earlier failing check's candidate beside its fresh reports, where
+    copying it over the golden (as that check's note said) would accept the failing run."""
+    golden = Path(shutil.copy(small["golden"], tmp_path / "g.json"))
+    runs = tmp_path / "runs"
+    bug = Path(shutil.copytree(small["no-loss-scale"], runs / "bug"))
+    clean = Path(shutil.copytree(small["merged"], runs / "clean"))
+    result = cli("golden", "check", golden, bug, "--json", "/dev/stdout")
+    assert result.code == 1, result.err
+    candidate = runs / "g.candidate.json"
+    assert fmt.load(candidate)["source"]["run"] == str(bug)
+    assert not Path("/dev/g.candidate.json").exists()
+    result = cli("golden", "check", golden, clean)
+    assert result.code == 0 and not candidate.exists()
+    assert f"removed the candidate golden {candidate}" in " ".join(result.out.split())
+
+
+def test_a_candidate_that_cannot_be_written_is_skipped_with_a_note(tmp_path):
+    """A read-only workspace: the candidate was checked before judging, and a passing check
+    exited 2 ("cannot write"); now it goes without one."""
+    from gradalign.api_golden import _writable
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    found, why = _writable(blocked / "g.candidate.json", [])
+    assert found is None and str(blocked) in why
+    assert _writable(tmp_path / "g.candidate.json", []) == (tmp_path / "g.candidate.json", "")
+
+
 def test_update_of_the_first_golden_says_no_report_was_written(cli, small, tmp_path):
     """With no golden for the run's environment, `--update` accepted the run and skipped the
     reports asked for without a word: a CI job then missed its JUnit file."""
@@ -234,6 +264,29 @@ def test_merged_against_with_other_updates_trains_nothing(cli, small, tmp_path, 
     result = cli("merged", "--against", small[against], "--updates", "3", "--out", tmp_path / "m")
     one_line_error(result, "--updates 3:", "holds 4 updates", "leave --updates out")
     assert not (tmp_path / "m").exists()
+
+
+def test_merged_against_a_run_no_built_in_trainer_recorded_is_refused(cli, tmp_path):
+    """A baseline (or its golden) written by the numpy writer has no training config to rerun:
+    `merged --against` its golden was an internal error (KeyError 'updates', exit 3), against
+    the run a refusal of an `--updates` never given."""
+    import numpy as np
+
+    from gradalign.runs.portable import write_run
+
+    weights = [{"w": np.full(3, 1.0 - 0.1 * i, dtype=np.float32)} for i in range(3)]
+    write_run(
+        tmp_path / "base",
+        accum_steps=1,
+        micro_losses=[1.0, 0.9],
+        init_weights=weights[0],
+        update_weights=weights[1:],
+    )
+    assert cli("golden", "write", tmp_path / "base", "--out", tmp_path / "g.json").code == 0
+    for against in (tmp_path / "g.json", tmp_path / "base"):
+        result = cli("merged", "--against", against, "-k", "2", "--out", tmp_path / "m")
+        one_line_error(result, "not recorded by gradalign's built-in trainer", "gradalign compare")
+        assert not (tmp_path / "m").exists()
 
 
 def test_a_broken_golden_for_this_environment_is_named(cli, small, tmp_path):
