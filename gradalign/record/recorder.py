@@ -122,6 +122,7 @@ class Recorder:
         self._model_facts = model_facts(model, wrapper, outside)
         self._param_ids = {id(t) for t, kind, _ in self._named.values() if kind == "param"}
         self._places = {id(t): at for at, (t, _, _) in enumerate(self._named.values())}
+        self._settings: dict | None = None  # those the first step used (a schedule moves betas)
         first = next(iter(self._named.values()))[0]
         self._env = environment(first.device, first.dtype)
         if compute_dtype is not None:
@@ -297,6 +298,7 @@ class Recorder:
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Each step's learning rates, read after it (a closure may have moved them)."""
+        self._settings = self._settings or optimizer_settings.settings(optimizer, self._places)
         window = self._windows.open
         window.steps += 1
         self._steps_since_micro += 1
@@ -383,7 +385,8 @@ class Recorder:
             "environment": self._env,
             "fault": self.fault,
             "model": self._model_facts,
-            "optimizer": optimizer_settings.settings(self._optimizer, self._places),
+            "optimizer": self._settings
+            or optimizer_settings.settings(self._optimizer, self._places),
             **self._capture.manifest(),
         }
         unclosed = self._windows.open.micro_steps
