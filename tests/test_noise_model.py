@@ -448,3 +448,22 @@ def test_a_tensor_of_many_elements_pools_no_later_noise_into_its_first_update():
     growing = [1.0, 10.0, 10.0, 10.0]
     assert _pooled(4096, growing, error=8.0) == [False, True, True, True]
     assert _pooled(4, growing, error=8.0) == [True, True, True, True]
+
+
+def test_a_reference_that_saw_other_samples_is_refused_with_the_likely_cause(tmp_path):
+    """Inputs transformed in the loop ((x - mean) / std) in the model's dtype are other bits in a
+    float64 rerun: its sample digests differ, and the refusal now says why that happens."""
+    digests = np.arange(1, UPDATES + 1, dtype=np.int64)
+    write_run(tmp_path / "ref", accum_steps=1, micro_data=digests + 1, **train(np.float64))
+    base = write_run(
+        tmp_path / "base",
+        accum_steps=1,
+        reference="../ref",
+        micro_data=digests,
+        **train(np.float32),
+    )
+    other = write_run(tmp_path / "other", accum_steps=1, micro_data=digests, **train(np.float32))
+    from gradalign.errors import BadInput
+
+    with pytest.raises(BadInput, match=r"saw other samples than the baseline .*float64 rerun"):
+        api.compare(base, other)

@@ -238,7 +238,9 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
         if not same.all():
             raise BadInput(
                 f"{where} saw other samples than the baseline (first at update "
-                f"{int(np.flatnonzero(~same)[0])})"
+                f"{int(np.flatnonzero(~same)[0])}; where the samples digested are the forward's "
+                "inputs, transformed in the loop, a float64 rerun rounds them otherwise: "
+                "transform them in float32 and cast the result)"
             )
     check_same_steps(base, ref, where)
     bound = reference_bound(base, merged, where)
