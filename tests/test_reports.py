@@ -304,3 +304,32 @@ def test_every_report_is_written_when_no_update_could_be_judged(cli, tmp_path):
     assert result.code == 1, result.err
     assert all((tmp_path / name).stat().st_size for name in reports.values())
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(PLOTS)
+
+
+def test_plots_of_names_the_font_cannot_draw_raise_no_warning(tmp_path):
+    """A tensor named in a script the default font lacks: matplotlib warned once per missing
+    glyph (a dozen lines in a CI log), and where warnings are errors a failing check ended in
+    exit 3. Drawn as boxes, silently."""
+    import warnings
+
+    import numpy as np
+
+    from gradalign.report.plots import render_pngs
+    from gradalign.runs.portable import write_run
+
+    name = "编码器.权重"
+    for run, k, scale in (("base", 1, 1.0), ("merged", 2, 2.0)):
+        steps = [{name: np.full(4, 1.0 - 0.1 * scale * i, dtype=np.float32)} for i in range(3)]
+        write_run(
+            tmp_path / run,
+            accum_steps=k,
+            micro_losses=[1.0, 0.9] * k,
+            init_weights=steps[0],
+            update_weights=steps[1:],
+        )
+    c = api.compare(tmp_path / "base", tmp_path / "merged", reference="none")
+    assert c.verdict == "fail"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        images = render_pngs(c)
+    assert set(images) == {"loss.png", "error.png", "heatmap.png"}
