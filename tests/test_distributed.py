@@ -470,8 +470,8 @@ def test_scheduler_per_rank_reads_only_the_updates_that_line_up():
     schedule = np.cos(np.linspace(0, 1.5, 12))
     lr_problem = [("lr", "differs")]
     c = SimpleNamespace(
-        baseline=SimpleNamespace(lr=schedule[:8], accum_steps=1),
-        merged=SimpleNamespace(lr=schedule[1:7], accum_steps=4, world_size=2),
+        baseline=SimpleNamespace(lr=schedule[:8], lr_groups=None, accum_steps=1),
+        merged=SimpleNamespace(lr=schedule[1:7], lr_groups=None, accum_steps=4, world_size=2),
         results=[SimpleNamespace(update=i, problems=lr_problem) for i in range(6)],
     )
     assert scheduler_per_rank(c) is None  # one step ahead, not W steps per update
