@@ -307,3 +307,44 @@ def test_a_trainer_state_json_is_read_as_its_log_history(tmp_path):
     assert run.updates == 4 and run.micro_loss.tolist() == LOSSES
     (note,) = run.notes  # the evaluation's record and the summary, by the lines they start on
     assert "2 line(s)" in note and 'line 38: \'{"epoch": 1.0' in note, note
+
+
+def _trainer_log(path: Path, losses, norms) -> Path:
+    """The Trainer's printed dicts (transformers 5 prints its floats as 4-digit strings)."""
+    lines = [
+        f"{{'loss': '{loss:.4g}', 'grad_norm': '{norm:.4g}', 'learning_rate': '0.001', "
+        f"'epoch': '{0.1 * (i + 1):.4g}'}}"
+        for i, (loss, norm) in enumerate(zip(losses, norms, strict=True))
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+LOSSES = [2.31 - 0.05 * i for i in range(6)]
+NORMS = [1.52 - 0.03 * i for i in range(6)]
+
+
+def test_a_trainer_logs_grad_norm_is_read_and_judged(tmp_path):
+    """The Trainer prints each update's gradient norm before clipping (`grad_norm`); it was
+    not read. A model that ignores num_items_in_batch steps on a gradient K times too large:
+    its loss K times too (`loss-averaging`, "the logs print no weights or gradients": a matter
+    of the print), though the log prints the norm K times too."""
+    from gradalign import api
+
+    base = _trainer_log(tmp_path / "base.log", LOSSES, NORMS)
+    run = read_log(base)
+    assert run.grad_norm_pre_clip.tolist() == pytest.approx(NORMS)
+    clean = _trainer_log(tmp_path / "clean.log", LOSSES, [n * (1 + 2e-5) for n in NORMS])
+    assert api.compare(base, clean, accum_steps=1).verdict == "pass"
+    scaled = _trainer_log(tmp_path / "k.log", [v * 4 for v in LOSSES], [n * 4 for n in NORMS])
+    c = api.compare(base, scaled, accum_steps=1)
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", c.diagnosis[0].message
+    assert c.diagnosis[0].evidence["norm_ratio"] == pytest.approx(4, rel=1e-3)
+    adam = _trainer_log(tmp_path / "a.log", LOSSES, [n * 4 for n in NORMS])  # losses alike
+    c = api.compare(base, adam, accum_steps=1)  # Adam steps alike on K times the gradient
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", c.diagnosis[0].message
+    assert "(K = 4)" in c.diagnosis[0].message  # read with -k 1: K from the ratio
+    hidden = _trainer_log(tmp_path / "n.log", LOSSES, [n * 1.01 for n in NORMS])
+    c = api.compare(base, hidden, accum_steps=1)  # only the norm shows it
+    norms = next(check for check in c.checks if check.name == "norms before clipping")
+    assert c.verdict == "fail" and norms.status == "fail", norms.detail

@@ -24,7 +24,10 @@ def build_checks(
     changes: dict[int, list[str]],
     calibrated: bool,
     disagreements: dict[int, list[str]] | None = None,
+    grad_rtol: float = 0.0,
 ) -> list[Check]:
+    """The checks of a comparison; `grad_rtol`: the gradients' tolerance, by which the norms
+    before clipping a log prints are judged (it prints no gradient to judge them by)."""
     unit = "the noise floor" if calibrated else "the tolerance"
     checks = [
         _bookkeeping_check(base, merged, len(results)),
@@ -75,20 +78,25 @@ def build_checks(
     checks.append(_init_check(base, merged))
     clipped = base.grad_norm_pre_clip is not None and merged.grad_norm_pre_clip is not None
     if clipped and not calibrated:  # against a reference the clipped gradients carry it
-        checks.append(_pre_clip_check(base, merged, results))
+        checks.append(_pre_clip_check(base, merged, results, grad_rtol))
     return checks
 
 
 PRE_CLIP = "grad_norm_pre_clip"  # the problem key of a norm before clipping that differs
 
 
-def _pre_clip_check(base: Run, merged: Run, results: list[UpdateResult]) -> Check:
+def _pre_clip_check(
+    base: Run, merged: Run, results: list[UpdateResult], grad_rtol: float = 0.0
+) -> Check:
     """The norms before clipping, judged without a reference by `pre_clip_gap`; each update that
     fails gets a problem. With a reference there is no such check: the clipped gradients are
     judged by their measured noise, and a scale a clip hid is read from these norms when they
     fail (signatures)."""
     name = "norms before clipping"
-    judged = [(r, gap) for r in results if (gap := pre_clip_gap(base, merged, r)) is not None]
+    gaps = (
+        pre_clip_gap(base, merged, r) or printed_gap(base, merged, r, grad_rtol) for r in results
+    )
+    judged = [(r, gap) for r, gap in zip(results, gaps, strict=True) if gap is not None]
     if not judged:
         return Check(name, NOT_CHECKED, "no update with a judged gradient to compare them by")
     bad = [(r, gap) for r, gap in judged if not gap[2] <= gap[3]]
@@ -144,6 +152,24 @@ def pre_clip_gap(
         return None
     gap = abs(m - b) / b if math.isfinite(m) else math.inf
     return m, b, gap, math.sqrt(allowed / norms)
+
+
+def printed_gap(
+    base: Run, merged: Run, r: UpdateResult, grad_rtol: float
+) -> tuple[float, float, float, float] | None:
+    """`pre_clip_gap` for runs that print their norms and no gradient (logs): the share
+    allowed is the gradients' tolerance plus what printing rounded both norms to."""
+    if base.has_grads or merged.has_grads or base.grad_norm_quantum is None:
+        return None
+    pb, pm, i = base.grad_norm_pre_clip, merged.grad_norm_pre_clip, r.update
+    if pb is None or pm is None or merged.grad_norm_quantum is None or i >= min(len(pb), len(pm)):
+        return None
+    b, m = float(pb[i]), float(pm[i])
+    if not (math.isfinite(b) and b > 0):
+        return None
+    printed = float(base.grad_norm_quantum[i] + merged.grad_norm_quantum[i])
+    gap = abs(m - b) / b if math.isfinite(m) else math.inf
+    return m, b, gap, grad_rtol + printed / b
 
 
 def _init_check(base: Run, merged: Run) -> Check:

@@ -144,7 +144,8 @@ def _judge(
         jumps += excuse_isolated_jumps(results, merged, base)
         jumps += follow_kink_divergence(results, merged, base, tol.noise_factor, stepped=False)
         explain_loss_by_weights(results, merged, base, tol.noise_factor)
-    checks = build_checks(base, merged, results, changes, reference is not None, disagreements)
+    calibrated = reference is not None
+    checks = build_checks(base, merged, results, changes, calibrated, disagreements, tol.grad_rtol)
     if ranks is not None:
         checks.insert(1, rank_check(merged, ranks))
     comparison = Comparison(

@@ -79,6 +79,7 @@ class Run:
     optimizer_steps: np.ndarray | None = None  # int64 [N], optimizer.step() calls during update i
     state_step: np.ndarray | None = None  # int64 [N], the optimizer's own step counter after i
     grad_norm_pre_clip: np.ndarray | None = None  # float64 [N], total norm before clipping
+    grad_norm_quantum: np.ndarray | None = None  # float64 [N], a printed norm's resolution
     loss_scale: np.ndarray | None = None  # float64 [N], a GradScaler's scale in window i
     printed_window_loss: np.ndarray | None = None  # float64 [N], a mean the source printed itself
     printed_window_quantum: np.ndarray | None = None  # float64 [N], how precisely it was printed

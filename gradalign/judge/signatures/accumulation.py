@@ -217,6 +217,8 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
     k = window(c)
     evidence = {"window_loss_ratio": finite(q), "K": k}
     if status.get("weights") is None:  # a log of losses alone (card logs: `card-loss`)
+        if status.get("norms before clipping") == FAIL:  # the gradient's printed norm too
+            return _scaled_norms(c, q, k, evidence)
         return None if len(c.merged.cards) > 1 else _scaled_losses(q, k, ratios, evidence)
     hidden = scale_behind_clip(c, q)
     if hidden is not None:
@@ -277,6 +279,36 @@ def _averaged_otherwise(c: Comparison, q: float, evidence: dict) -> tuple[str, s
         "updates): the losses recorded are not the mean losses the gradients came from",
         "record each micro-batch's own unscaled mean loss (the one backpropagated, before "
         "dividing it by K), with its item count where micro-batches differ in size",
+    )
+
+
+def _scaled_norms(c: Comparison, q: float, k: int, evidence: dict) -> Diagnosis | None:
+    """Logs whose losses and printed gradient norms (before clipping) both stand K (1/K, K+1)
+    times apart at update 0: the loss the gradient comes from was scaled, not its print alone
+    (a model that ignores the Trainer's num_items_in_batch). Read with -k 1, K is the whole
+    number the norms' ratio is."""
+    pb, pm = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
+    if pb is None or pm is None or not len(pb) or not len(pm) or not pb[0]:
+        return None
+    ratio = float(pm[0] / pb[0])
+    if not math.isfinite(ratio) or ratio <= 0:
+        return None
+    if k == 1:  # one line per update: K unknown, the whole number the ratio is
+        k = round(ratio) if ratio >= 1 else round(1 / ratio)
+    scale = next((s for s in (k, 1 / k, k + 1) if k >= 2 and abs(ratio / s - 1) <= 0.05), None)
+    if scale is None:
+        return None
+    evidence.update(norm_ratio=finite(ratio), K=k)
+    return Diagnosis(
+        "loss-scale",
+        f"the gradient norm the merged log prints is {ratio:.4g} times the baseline's at update "
+        f"0 (K={k}), and its window losses {q:.4g} times: the loss the gradient comes from was "
+        "scaled, not only its print (a model that ignores the num_items_in_batch it is given, "
+        "or a loss not divided by K)",
+        evidence,
+        "scale each micro-batch's loss by its share of the window (1/K, or its items over the "
+        "window's items), once; a transformers model must take num_items_in_batch (**kwargs in "
+        "its forward) or set model_accepts_loss_kwargs = False",
     )
 
 

@@ -57,9 +57,18 @@ def pre_clip_ratio(c: Comparison, update: int) -> float | None:
 
 
 def _scale_of(c: Comparison, ratio: float) -> float | None:
-    """K, 1/K or K+1, the one `ratio` is (within 5%), else None."""
+    """K, 1/K or K+1, the one `ratio` is (within 5%), else None. A log read with -k 1 (one line
+    per update) does not say K: the whole number the ratio is."""
     k = window(c)
+    if k == 1 and c.merged.kind == "log" and ratio > 0:
+        k = round(ratio) if ratio >= 1 else round(1 / ratio)
     return next((v for v in (k, 1 / k, k + 1) if abs(ratio / v - 1) <= 0.05), None)
+
+
+def _window_of(c: Comparison, scale: float) -> int:
+    """K, or for a log read with -k 1 the K that `scale` (`_scale_of`) says it was."""
+    k = window(c)
+    return k if k > 1 or c.merged.kind != "log" else round(max(scale, 1 / scale))
 
 
 _SCALE_ONCE = (
@@ -88,10 +97,10 @@ def scale_before_clip(c: Comparison) -> Diagnosis | None:
     return Diagnosis(
         "loss-scale",
         f"at update {i} the merged gradient's norm before clipping is {ratio:.4g} times the "
-        f"baseline's ({window_scale(window(c), expected)}) while the losses, weights and "
-        "clipped gradients agree: the loss the gradient comes from was scaled, and a clip "
-        "that engaged in both runs hid it from the step; where the norm falls below the clip "
-        "threshold, the merged run will step that many times too far",
+        f"baseline's ({window_scale(_window_of(c, expected), expected)}) while the losses, "
+        "weights and clipped gradients agree: the loss the gradient comes from was scaled, and a "
+        "clip that engaged in both runs hid it from the step; where the norm falls below the "
+        "clip threshold, the merged run will step that many times too far",
         {"update": i, "pre_clip_ratio": finite(ratio), "expected_ratio": expected},
         _SCALE_ONCE,
     )
@@ -122,8 +131,8 @@ def hidden_scale(c: Comparison, seen: str, evidence: dict) -> Diagnosis | None:
             "loss-scale",
             f"{seen}, because a clip hid the scale: at update {i} the merged gradient's norm "
             f"before clipping is {ratio:.4g} times the baseline's "
-            f"({window_scale(window(c), expected)}); where the norm falls below the clip "
-            "threshold, the merged run will step that many times too far",
+            f"({window_scale(_window_of(c, expected), expected)}); where the norm falls below the "
+            "clip threshold, the merged run will step that many times too far",
             {"update": i, "pre_clip_ratio": finite(ratio), "expected_ratio": expected, **evidence},
             _SCALE_ONCE,
         )

@@ -160,6 +160,11 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
         last = [lr for lr in log.lrs[k - 1 :: k] if lr is not None]
         run.lr = np.array([lr.value for lr in last], dtype=np.float64)
         run.lr_quantum = np.array([number_quantum(lr, None) for lr in last], dtype=np.float64)
+    if log.norms and all(norm is not None for norm in log.norms):
+        # the norm each window's last step line prints: its optimizer step's, before clipping
+        norms = [norm for norm in log.norms[k - 1 :: k] if norm is not None]
+        run.grad_norm_pre_clip = np.array([n.value for n in norms], dtype=np.float64)
+        run.grad_norm_quantum = np.array([number_quantum(n, None) for n in norms], np.float64)
     return run
 
 

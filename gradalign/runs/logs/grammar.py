@@ -173,6 +173,7 @@ class StepLine:
     counter: bool = False  # `[ 1/20]`: a counter, which may advance by a stride (samples)
     skipped: int | None = None  # iterations the line says its loss scaler skipped (`skips`)
     scale: float | None = None  # the loss scale the line prints
+    grad_norm: Printed | None = None  # the gradient's total norm a record prints (`grad_norm`)
 
 
 def step_line(text: str) -> StepLine | None:

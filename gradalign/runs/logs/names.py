@@ -36,6 +36,9 @@ OTHER_LOSSES = QUALIFIERS | {
 TRAINING = {"train", "training"}
 _STEP_FIELD = re.compile(rf"(?:{STEP_KEY})", re.IGNORECASE)
 _LR_FIELD = re.compile(r"(?:lr|learning[\s_]rate)(?:-[A-Za-z]\w*(?:/pg\d+)?)?", re.IGNORECASE)
+# the gradient's total norm a record prints (the Trainer's `grad_norm`: clip_grad_norm_'s
+# return, the norm before clipping), `train/grad_norm` as loggers prefix it
+_NORM_FIELD = re.compile(r"(?:train[/.])?(?:grad(?:ient)?[\s_\-]?norm|gnorm)", re.IGNORECASE)
 _WORDS = re.compile(r"[\s_/.\-]+")
 _SKIPPED = re.compile(  # Megatron-LM's count since its last line (`nan iterations` among them)
     r"(?<![\w.])number\s+of\s+skipped\s+iterations\s*[:=]?\s*(?P<count>\d+)(?![\w.])",
@@ -62,6 +65,11 @@ def is_step_field(name: str) -> bool:
 def is_lr_field(name: str) -> bool:
     """Whether a record's field is the learning rate (`lr`, `learning_rate`, `lr-SGD`)."""
     return _LR_FIELD.fullmatch(name.strip()) is not None
+
+
+def is_norm_field(name: str) -> bool:
+    """Whether a record's field is the gradient's total norm (`grad_norm`, `gnorm`)."""
+    return _NORM_FIELD.fullmatch(name.strip()) is not None
 
 
 def skipped_count(text: str) -> int | None:

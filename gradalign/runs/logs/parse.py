@@ -195,6 +195,7 @@ class _Pass:
         log.bracketed.append(step.bracketed)
         log.loss_dtypes.append(half_dtype(self.raw[index]))
         log.lrs.append(step.lr)
+        log.norms.append(step.grad_norm)
         log.step_lines.append(self.number(index))
         log.blocks.append([])
 

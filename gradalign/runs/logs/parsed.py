@@ -70,6 +70,7 @@ class ParsedLog:
     losses: list[Printed] = field(default_factory=list)
     bracketed: list[bool] = field(default_factory=list)
     lrs: list[Printed | None] = field(default_factory=list)  # printed beside each loss, if any
+    norms: list[Printed | None] = field(default_factory=list)  # a gradient norm beside it
     step_lines: list[int] = field(default_factory=list)
     first_index: int = 0
     blocks: list[list[Block]] = field(default_factory=list)

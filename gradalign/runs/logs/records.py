@@ -27,7 +27,7 @@ import re
 
 from ...errors import BadInput
 from .grammar import Printed, StepLine, number
-from .names import choose_loss, is_lr_field, is_step_field
+from .names import choose_loss, is_lr_field, is_norm_field, is_step_field
 
 MAX_RECORD = 1 << 16  # a longer line is no record: literal_eval's cost grows with its input
 _NAME = re.compile(r"[A-Za-z_][\w .()/\-]*")
@@ -186,5 +186,7 @@ class Records:
         )
         indices = [_integer(fields[n]) for n in steps]
         lr = next((printed[n] for n in names if is_lr_field(n)), None)
+        norm = next((printed[n] for n in names if is_norm_field(n)), None)
         epoch = next((_integer(v) for n, v in fields.items() if str(n).lower() == "epoch"), None)
-        return StepLine(indices[0] if indices else None, loss, False, epoch, lr, tuple(indices[1:]))
+        index = indices[0] if indices else None
+        return StepLine(index, loss, False, epoch, lr, tuple(indices[1:]), grad_norm=norm)
