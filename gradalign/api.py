@@ -27,6 +27,7 @@ from .errors import BadInput, shown
 from .feedback import Feedback, Silent
 from .judge.results import Comparison
 from .paths import named, nonempty, resolved
+from .recorded import config_from_recorded, is_code, recorded_config
 
 PathLike = str | Path
 ConfigLike = TrainConfig | Mapping[str, Any] | PathLike | None
@@ -337,7 +338,7 @@ def merged_against(
     else:
         comparison = compare(baseline, out, tolerances=checked, reports=reports, feedback=feedback)
     if trust_run_code:
-        code = {k: cfg.to_dict()[k] for k in ENTRY_POINT_KEYS if _is_code(cfg.to_dict()[k])}
+        code = {k: cfg.to_dict()[k] for k in ENTRY_POINT_KEYS if is_code(cfg.to_dict()[k])}
         if code:
             comparison.notes.append(
                 "--trust-run-code: imported the code the baseline's manifest names: "
@@ -346,64 +347,7 @@ def merged_against(
     return comparison
 
 
-def _is_code(value: object) -> bool:
-    return isinstance(value, str) and ":" in value
-
-
 def _file_tolerances(config_file: PathLike | None) -> dict[str, Any]:
     from .config import tolerances_from_yaml
 
     return tolerances_from_yaml(None if config_file is None else Path(config_file))
-
-
-def recorded_config(
-    baseline: PathLike,
-    overrides: Mapping[str, Any] | None = None,
-    config_file: PathLike | None = None,
-    trust_run_code: bool = False,
-) -> TrainConfig:
-    """The experiment a recorded baseline ran (B, N, seed, optimizer...) over `config_file`, with
-    `overrides` on top; its K of 1 is not taken over (the merged K comes from the overrides, the
-    file or the default). Code it names is refused unless confirmed (see `merged_against`)."""
-    from .runs.reader import read_manifest
-
-    recorded = read_manifest(Path(baseline)).get("config", {})
-    if not isinstance(recorded, dict):
-        raise BadInput(f"{baseline}: manifest field 'config' is not a mapping")
-    return config_from_recorded(recorded, baseline, overrides, config_file, trust_run_code)
-
-
-_RETRAINED = ("model", "batch_size", "updates")  # what a built-in run's config always holds
-
-
-def config_from_recorded(
-    recorded: Mapping[str, Any],
-    where: PathLike,
-    overrides: Mapping[str, Any] | None = None,
-    config_file: PathLike | None = None,
-    trust_run_code: bool = False,
-) -> TrainConfig:
-    """A recorded config (a run's manifest, a golden file) under `overrides`, over `config_file`;
-    K is not taken over, and code the record names is refused unless confirmed."""
-    from .config import FIELDS
-
-    missing = [k for k in _RETRAINED if k not in recorded]
-    if missing:  # a run of the Recorder, a framework or the numpy writer: no trainer to rerun
-        raise BadInput(
-            f"{where} was not recorded by gradalign's built-in trainer (its config holds no "
-            f"{missing[0]}): --against retrains a built-in run at another K; record the merged "
-            "run with your own loop and judge it with `gradalign compare` (or `golden check`)"
-        )
-    kept = {k: v for k, v in recorded.items() if k in FIELDS and k != "accum_steps"}
-    overrides = dict(overrides or {})
-    for key in ENTRY_POINT_KEYS:
-        named = kept.get(key)
-        if _is_code(named) and overrides.get(key) != named and not trust_run_code:
-            raise BadInput(
-                f"{where} was recorded with your own {key} {named!r}; gradalign does not "
-                f"import code a run names: pass --{key} {named} to confirm it, or "
-                "--trust-run-code"
-            )
-    source = Path(where) / "manifest.json" if Path(where).is_dir() else Path(where)
-    path = None if config_file is None else Path(config_file)
-    return load_config(path, overrides, recorded=(f"{source}: recorded config", kept))

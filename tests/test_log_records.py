@@ -320,8 +320,8 @@ def _trainer_log(path: Path, losses, norms) -> Path:
     return path
 
 
-LOSSES = [2.31 - 0.05 * i for i in range(6)]
-NORMS = [1.52 - 0.03 * i for i in range(6)]
+TRAINER_LOSSES = [2.31 - 0.05 * i for i in range(6)]
+TRAINER_NORMS = [1.52 - 0.03 * i for i in range(6)]
 
 
 def test_a_trainer_logs_grad_norm_is_read_and_judged(tmp_path):
@@ -331,20 +331,26 @@ def test_a_trainer_logs_grad_norm_is_read_and_judged(tmp_path):
     of the print), though the log prints the norm K times too."""
     from gradalign import api
 
-    base = _trainer_log(tmp_path / "base.log", LOSSES, NORMS)
+    base = _trainer_log(tmp_path / "base.log", TRAINER_LOSSES, TRAINER_NORMS)
     run = read_log(base)
-    assert run.grad_norm_pre_clip.tolist() == pytest.approx(NORMS)
-    clean = _trainer_log(tmp_path / "clean.log", LOSSES, [n * (1 + 2e-5) for n in NORMS])
+    assert run.grad_norm_pre_clip.tolist() == pytest.approx(TRAINER_NORMS)
+    clean = _trainer_log(
+        tmp_path / "clean.log", TRAINER_LOSSES, [n * (1 + 2e-5) for n in TRAINER_NORMS]
+    )
     assert api.compare(base, clean, accum_steps=1).verdict == "pass"
-    scaled = _trainer_log(tmp_path / "k.log", [v * 4 for v in LOSSES], [n * 4 for n in NORMS])
+    scaled = _trainer_log(
+        tmp_path / "k.log", [v * 4 for v in TRAINER_LOSSES], [n * 4 for n in TRAINER_NORMS]
+    )
     c = api.compare(base, scaled, accum_steps=1)
     assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", c.diagnosis[0].message
     assert c.diagnosis[0].evidence["norm_ratio"] == pytest.approx(4, rel=1e-3)
-    adam = _trainer_log(tmp_path / "a.log", LOSSES, [n * 4 for n in NORMS])  # losses alike
+    adam = _trainer_log(
+        tmp_path / "a.log", TRAINER_LOSSES, [n * 4 for n in TRAINER_NORMS]
+    )  # losses alike
     c = api.compare(base, adam, accum_steps=1)  # Adam steps alike on K times the gradient
     assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", c.diagnosis[0].message
     assert "(K = 4)" in c.diagnosis[0].message  # read with -k 1: K from the ratio
-    hidden = _trainer_log(tmp_path / "n.log", LOSSES, [n * 1.01 for n in NORMS])
+    hidden = _trainer_log(tmp_path / "n.log", TRAINER_LOSSES, [n * 1.01 for n in TRAINER_NORMS])
     c = api.compare(base, hidden, accum_steps=1)  # only the norm shows it
     norms = next(check for check in c.checks if check.name == "norms before clipping")
     assert c.verdict == "fail" and norms.status == "fail", norms.detail
