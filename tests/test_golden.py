@@ -289,6 +289,12 @@ def test_merged_against_a_run_no_built_in_trainer_recorded_is_refused(cli, tmp_p
         assert not (tmp_path / "m").exists()
 
 
+def test_a_golden_given_to_compare_says_what_judges_against_it(cli, small):
+    """`compare GOLDEN RUN` was refused as neither a run nor a training log, naming log formats."""
+    result = cli("compare", small["golden"], small["merged"])
+    one_line_error(result, "a golden file, not a run", "gradalign golden check")
+
+
 def test_a_broken_golden_for_this_environment_is_named(cli, small, tmp_path):
     folder = tmp_path / "goldens"
     folder.mkdir()
