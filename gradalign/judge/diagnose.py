@@ -36,7 +36,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.replica_divergence,
     sig.card_loss,
     sig.data_order,
-    sig.padding_targets,
+    sig.batch_targets,
     sig.batchnorm,
     sig.dropout_rng,
     sig.loss_averaging,

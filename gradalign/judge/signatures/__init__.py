@@ -40,7 +40,7 @@ from .gradient import (
     zero_grad_counted,
     zero_grad_in_window,
 )
-from .items import padding_targets
+from .items import batch_targets
 from .learning_rate import lr_scaled, lr_schedule
 from .optimizer import optimizer_settings
 from .paired import scale_under_reweighting, with_loss_scale
@@ -48,6 +48,7 @@ from .skips import overflow_carried, scaler_skips, step_skipped
 from .thresholds import clip_threshold
 
 __all__ = [
+    "batch_targets",
     "batchnorm",
     "buffers_in_forward",
     "card_loss",
@@ -73,7 +74,6 @@ __all__ = [
     "non_finite",
     "optimizer_settings",
     "overflow_carried",
-    "padding_targets",
     "penalty_not_scaled",
     "replica_divergence",
     "rows_differ",

@@ -15,7 +15,7 @@ from ..results import Comparison, Diagnosis, UpdateResult
 from .buffers import buffers_in_forward
 from .common import finite, losses_given, normalized_by_window, window
 from .decisive import draws, same_start_shown, update0_gap
-from .items import padding_targets
+from .items import batch_targets
 
 
 def cross_sample_loss(c: Comparison) -> Diagnosis | None:
@@ -115,7 +115,7 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     rows = row_mismatches(c.baseline, c.merged)
     if rows is not None and rows.size:  # the same values in other rows: rows_differ's
         return None, k
-    if padding_targets(c) is not None:  # other targets for the same samples: padding's
+    if batch_targets(c) is not None:  # other targets for the same samples
         return None, k
     counts = c.merged.micro_items if c.merged.micro_items is not None else c.merged.micro_samples
     if c.merged.micro_items is not None and losses_given(c.merged):

@@ -1,4 +1,4 @@
-"""`padding-targets` (judge/signatures/items.py): the same samples count other items in the
+"""`batch-dependent-targets` (judge/signatures/items.py): the same samples count other items in the
 merged windows than in the baseline's batches. A collator pads each batch to its own longest
 sequence; where padding counts as a target (labels copied from the padded inputs), a window of
 K micro-batches holds fewer targets than the batch of B. It was `token-normalization` ("each
@@ -36,7 +36,11 @@ def _collate(rows: list[torch.Tensor], pad_targets: bool) -> tuple[torch.Tensor,
     return inputs, labels, inputs != PAD
 
 
-def _record(out, k: int, pad_targets: bool, float64: bool = False, reference=None) -> None:
+def _record(
+    out, k: int, pad_targets: bool, float64: bool = False, reference=None, weights: bool = False
+) -> None:
+    """`weights`: each target weighs 0.1, the items are those weights summed in float32, and
+    the merged run backpropagates twice its share (a loss-scale bug beside float items)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(VOCAB, 6), nn.Linear(6, VOCAB))
     model = model.double() if float64 else model
@@ -46,15 +50,18 @@ def _record(out, k: int, pad_targets: bool, float64: bool = False, reference=Non
         for update in range(UPDATES):
             batch = data[update * B : (update + 1) * B]
             micro = [_collate(batch[j * n : (j + 1) * n], pad_targets) for j in range(k)]
-            window_items = sum(int((labels != -100).sum()) for _, labels, _ in micro)
-            for inputs, labels, mask in micro:
+            count = [(labels != -100).float().mul(0.1).sum() for _, labels, _ in micro]
+            count = count if weights else [int((labels != -100).sum()) for _, labels, _ in micro]
+            window_items = sum(count)
+            for (inputs, labels, mask), items in zip(micro, count, strict=True):
                 logits = model(inputs)
                 summed = nn.functional.cross_entropy(
                     logits.reshape(-1, VOCAB), labels.reshape(-1), reduction="sum"
                 )
-                (summed / window_items).backward()  # the window's items: right
-                items = int((labels != -100).sum())
-                rec.micro(loss_sum=summed.detach(), items=items, batch=inputs, mask=mask)
+                summed = summed * 0.1 if weights else summed
+                scale = 2.0 if weights and k > 1 else 1.0
+                (scale * summed / window_items).backward()  # the window's items: right
+                rec.micro(loss_sum=summed.detach(), items=float(items), batch=inputs, mask=mask)
             opt.step()
             opt.zero_grad()
             rec.update()
@@ -75,7 +82,7 @@ def runs(tmp_path_factory):
 def test_padding_counted_as_targets_is_named(runs, reference):
     c = compare(runs / "pad-base", runs / "pad-merged", reference=reference)
     codes = [d.code for d in c.diagnosis]
-    assert c.verdict == "fail" and codes == ["padding-targets"], codes  # no loss over the batch
+    assert c.verdict == "fail" and codes == ["batch-dependent-targets"], codes
     evidence = c.diagnosis[0].evidence
     assert evidence["windows_with_other_items"] == UPDATES
     assert evidence["merged_items"] < evidence["baseline_items"]  # less padding per window
@@ -86,3 +93,14 @@ def test_padding_masked_passes(runs):
     (the padding itself is left out of the sample digests by the attention mask)."""
     c = compare(runs / "clean-base", runs / "clean-merged", reference=None)
     assert c.verdict == "pass", [d.code for d in c.diagnosis]
+
+
+def test_float_item_weights_rounding_apart_are_the_same_targets(tmp_path):
+    """Items that are weights summed in float32 differ between a window's sum and the batch's by
+    rounding: a loss-scale bug beside them was named `batch-dependent-targets`."""
+    _record(tmp_path / "base", 1, False, weights=True)
+    _record(tmp_path / "merged", K, False, weights=True)
+    c = compare(tmp_path / "base", tmp_path / "merged", reference="none")
+    codes = [d.code for d in c.diagnosis]
+    assert c.verdict == "fail" and codes[0] == "loss-scale", codes
+    assert "batch-dependent-targets" not in codes
