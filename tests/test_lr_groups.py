@@ -65,3 +65,41 @@ def test_a_second_groups_schedule_per_micro_step_is_named(runs):
 def test_every_groups_lr_alike_passes(runs):
     c = compare(runs / "base", runs / "merged", reference="none")
     assert c.verdict == "pass", [d.code for d in c.diagnosis]
+
+
+def _record_added(out, k: int, by_micro: bool = False) -> None:
+    """The head trains alone; the body's group is added at update 2 (`by_micro`: when the loop's
+    micro-step counter reaches 2, inside window 0 at K=4)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model[2].parameters(), lr=0.2)
+    g = torch.Generator().manual_seed(1)
+    x, y = (
+        torch.randn(UPDATES * B, 5, generator=g),
+        torch.randint(0, 3, (UPDATES * B,), generator=g),
+    )
+    n, micro_steps = B // k, 0
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for update in range(UPDATES):
+            for j in range(k):
+                if (micro_steps == 2) if by_micro else (update == 2 and j == 0):
+                    opt.add_param_group({"params": model[0].parameters(), "lr": 0.05})
+                rows = slice(update * B + j * n, update * B + (j + 1) * n)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss / k).backward()
+                micro_steps += 1
+                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
+            opt.step()
+            opt.zero_grad()
+            rec.update()
+
+
+def test_a_group_added_at_a_micro_step_count_is_named(tmp_path):
+    """It was `cross-sample-loss`, then a schedule that "advanced 2 steps per update": the
+    group's lr is NaN before it exists, so the runs disagree on when it starts stepping."""
+    _record_added(tmp_path / "base", 1)
+    _record_added(tmp_path / "merged", K, by_micro=True)
+    c = compare(tmp_path / "base", tmp_path / "merged", reference="none")
+    first = c.diagnosis[0]
+    assert first.code == "lr-schedule", [d.code for d in c.diagnosis]
+    assert "steps from update 0 in the merged run and from update 2 in" in first.message

@@ -236,8 +236,7 @@ class Recorder:
         checks.check_unchanged(self._model, self._named)
         update = self._windows.closed
         self._capture.weights(update)
-        groups = len(self._optimizer.param_groups)
-        self._windows.close(self._optimizer_state_step(), scale, groups)
+        self._windows.close(self._optimizer_state_step(), scale)
 
     def close(self) -> Path | None:
         """Finish the run and move it into place. Returns its path (None if already closed)."""

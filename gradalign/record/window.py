@@ -36,11 +36,17 @@ def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
     return optimizer
 
 
-def group_lrs(optimizer: torch.optim.Optimizer, places: dict[int, int]) -> list[float]:
-    """Every param group's learning rate (a tensor lr is read as a number), the groups in the
-    model's order (`optimizer_settings.group_order`)."""
-    groups = optimizer.param_groups
-    return [float(groups[i]["lr"]) for i in group_order(optimizer, places)]
+def group_lrs(optimizer: torch.optim.Optimizer, places: dict[int, int]) -> dict[int, float]:
+    """Every param group's learning rate (a tensor lr is read as a number), keyed by the group's
+    place in the model (`optimizer_settings.group_order`): a group added later keeps its column,
+    whether it sits before the others in the model or after."""
+    groups, last = optimizer.param_groups, len(places)
+    found = {}
+    for i in group_order(optimizer, places):
+        place = min((places.get(id(p), last) for p in groups[i]["params"]), default=last)
+        key = place if place < last and place not in found else last + i
+        found[key] = float(groups[i]["lr"])
+    return found
 
 
 def after_closure(args: Any, kwargs: Any, then: Callable[[], None]) -> Any:
@@ -105,7 +111,7 @@ class Window:
 
     micro_steps: int = 0
     steps: int = 0  # optimizer.step() calls seen by the hook
-    lr: list[float] = field(default_factory=list)  # of the last step, per param group
+    lr: dict[int, float] = field(default_factory=dict)  # of the last step, per param group
     grads_calls: int = 0
     grads_written: bool = False
     # given to grads(), else the last clip_grad_norm_ total: a 0-d tensor, read at close
@@ -127,7 +133,7 @@ class Windows:
 
     micro_steps: list[int] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
-    lr: list[list[float]] = field(default_factory=list)
+    lr: list[dict[int, float]] = field(default_factory=list)
     state_steps: list[int] = field(default_factory=list)
     loss_scales: list[float | None] = field(default_factory=list)
     pre_clip: list[torch.Tensor | None] = field(default_factory=list)
@@ -147,11 +153,11 @@ class Windows:
     def closed(self) -> int:
         return len(self.micro_steps)
 
-    def close(self, state_step: int, loss_scale: float | None, groups: int) -> None:
+    def close(self, state_step: int, loss_scale: float | None) -> None:
         w = self.open
         self.micro_steps.append(w.micro_steps)
         self.steps.append(w.steps)
-        self.lr.append(w.lr if w.lr else [math.nan] * groups)
+        self.lr.append(w.lr)  # none where it did not step
         self.state_steps.append(state_step)
         self.loss_scales.append(loss_scale)
         self.pre_clip.append(w.pre_clip_norm)
@@ -212,14 +218,16 @@ class Windows:
     def series(self, accum_steps: int) -> dict[str, np.ndarray]:
         """The per-update series for the run's series file (only what was recorded)."""
         out: dict[str, np.ndarray] = {
-            "update/lr": np.asarray([lr[0] for lr in self.lr], dtype=np.float64),
+            "update/lr": np.asarray(
+                [lr[min(lr)] if lr else math.nan for lr in self.lr], dtype=np.float64
+            ),
             "update/optimizer_steps": np.asarray(self.steps, dtype=np.int64),
             **self.draws.series(),
         }
-        if any(len(lr) > 1 for lr in self.lr):
+        keys = sorted({key for lr in self.lr for key in lr})
+        if len(keys) > 1:
             # NaN for a group that does not exist yet (added mid-run by add_param_group)
-            groups = max(len(lr) for lr in self.lr)
-            rows = [lr + [math.nan] * (groups - len(lr)) for lr in self.lr]
+            rows = [[lr.get(key, math.nan) for key in keys] for lr in self.lr]
             out["update/lr_groups"] = np.asarray(rows, dtype=np.float64)
         if any(n != accum_steps for n in self.micro_steps):
             out["update/micro_steps"] = np.asarray(self.micro_steps, dtype=np.int64)

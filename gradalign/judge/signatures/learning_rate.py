@@ -163,6 +163,12 @@ def _diverged_by(c: Comparison, update: int) -> bool:
     return any(not r.loss_ok or any(not d.ok for d in r.grads) for r in c.results[: update + 1])
 
 
+def _first_present(lrs: np.ndarray) -> int | None:
+    """The first update a param group held an lr at (NaN before `add_param_group` added it)."""
+    held = np.flatnonzero(~np.isnan(np.asarray(lrs, dtype=np.float64)))
+    return int(held[0]) if held.size else None
+
+
 def lr_schedule(c: Comparison) -> Diagnosis | None:
     bad = _lr_differs(c)
     if not bad or (lr_ratio(*lined_up_lrs(c), printed_slack(c)) and not _explained_by_schedule(c)):
@@ -175,11 +181,25 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
         "baseline_lr": finite(base_lr[i]),
         "updates_differing": len(bad),
     }
+    group = differing_group(c)[0]
+    present = _first_present(base_lr), _first_present(merged_lr)
+    grouped = c.baseline.lr_groups is not None and c.merged.lr_groups is not None
+    if grouped and present[0] != present[1]:  # a group that does not exist yet holds no lr
+        evidence.update(param_group=group, baseline_from=present[0], merged_from=present[1])
+        return Diagnosis(
+            "lr-schedule",
+            f"param group {group} (in the model's order) steps from update {present[1]} in the "
+            f"merged run and from "
+            f"update {present[0]} in the baseline: it was added (add_param_group) at another "
+            "point of the training, as at a count of micro-steps instead of updates",
+            evidence,
+            "add the group (or unfreeze its parameters) at the same update in both runs: count "
+            "optimizer steps, not micro-batches",
+        )
     found = schedule_offset(base_lr, merged_lr)
     if found is None and _diverged_by(c, i):
         return None  # a consequence: a scheduler fed the diverged loss (ReduceLROnPlateau)
     shown_m, shown_b = distinct(float(merged_lr[i]), float(base_lr[i]))
-    group = differing_group(c)[0]
     if group:
         evidence["param_group"] = group
     if found is not None:
