@@ -15,17 +15,19 @@ import numpy as np
 
 
 def sources(
-    name: str, shapes: Mapping[str, tuple], graded: set[str], drifted: Callable[[str], bool]
-) -> list[str]:
-    """The graded tensors of `name`'s shape that drifted; none where `name` is graded itself."""
-    if name in graded:
-        return []
-    shape = tuple(shapes[name])
-    return [
-        other
-        for other in graded
-        if other != name and tuple(shapes.get(other, ())) == shape and drifted(other)
-    ]
+    shapes: Mapping[str, tuple], graded: set[str], drifted: Callable[[str], bool]
+) -> dict[str, list[str]]:
+    """Per tensor that never had a gradient, the graded tensors of its shape that drifted
+    (sorted; none listed where none did). One pass over each set, however many tensors."""
+    by_shape: dict[tuple, list[str]] = {}
+    for other in sorted(graded):
+        if other in shapes and drifted(other):
+            by_shape.setdefault(tuple(shapes[other]), []).append(other)
+    found = {}
+    for name, shape in shapes.items():
+        if name not in graded and (held := by_shape.get(tuple(shape))):
+            found[name] = held
+    return found
 
 
 def followed(
@@ -33,12 +35,8 @@ def followed(
 ) -> dict[str, np.ndarray]:
     """Per tensor that never had a gradient, the elementwise largest drift of the graded tensors
     of its shape (flat float64), where any drifted."""
-    out = {}
-    for name in shapes:
-        found = sources(name, shapes, graded, lambda other: other in drift)
-        if found:
-            out[name] = np.maximum.reduce([drift[other] for other in sorted(found)])
-    return out
+    found = sources(shapes, graded, lambda other: other in drift)
+    return {name: np.maximum.reduce([drift[o] for o in held]) for name, held in found.items()}
 
 
 def largest(slices: list[np.ndarray | None]) -> np.ndarray | None:

@@ -142,9 +142,9 @@ class StreamJudge:
         """Judge again the tensors without a gradient of their own, with the drift of the
         tensors they follow (judge/followers.py), once every graded tensor's is known."""
         drift = self.drift
-        for name in found:
-            follow = sources(name, self.shapes, drift.graded, lambda o: drift.allowance(o) > 0)
-            if follow:
+        follows = sources(self.shapes, drift.graded, lambda o: drift.allowance(o) > 0)
+        for name, follow in follows.items():
+            if name in found:
                 found[name] = self._tensor(name, files, grads, follow)
 
     def _rounding_atol(self, gb: CheckedFile, names: list[str]) -> float:
