@@ -120,11 +120,15 @@ def candidate_path(golden: Path, run: Path, reports: Sequence[PathLike]) -> Path
     return where / f"{name}{CANDIDATE}"
 
 
-def _writable(candidate: Path | None, inputs: list[Path]) -> tuple[Path | None, str]:
+def _writable(
+    candidate: Path | None, inputs: list[Path], reports: Sequence[PathLike] = ()
+) -> tuple[Path | None, str]:
     """The candidate where it can be written, else None and why: a convenience a read-only
-    workspace goes without (a passing check there exited 2)."""
+    workspace goes without (a passing check there exited 2), never written over a report."""
     if candidate is None:
         return None, ""
+    if any(resolved(candidate) == resolved(r) for r in reports if not is_stream(r)):
+        return None, f"{candidate} is a report's path"
     try:
         check_outputs([], inputs, [candidate])
     except BadInput as exc:
@@ -181,7 +185,7 @@ def golden_check(
         return GoldenCheck(None, golden_path, accept, written=written)
     check_outputs([], [run_path, golden_path], reports)
     proposed = None if update else candidate_path(golden_file, run_path, reports)
-    candidate, unwritable = _writable(proposed, [run_path, golden_path])
+    candidate, unwritable = _writable(proposed, [run_path, golden_path], reports)
     comparison = _judge(data, golden_file, merged, checked, feedback)
     outcome = GoldenCheck(comparison, golden_file, accept)
     if comparison.verdict != FAIL and (removed := _stale(candidate)):

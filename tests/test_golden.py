@@ -167,6 +167,8 @@ def test_a_candidate_that_cannot_be_written_is_skipped_with_a_note(tmp_path):
     found, why = _writable(blocked / "g.candidate.json", [])
     assert found is None and str(blocked) in why
     assert _writable(tmp_path / "g.candidate.json", []) == (tmp_path / "g.candidate.json", "")
+    report = tmp_path / "g.candidate.json"  # a report named as the candidate would be: kept
+    assert _writable(report, [], [report])[0] is None
 
 
 def test_update_of_the_first_golden_says_no_report_was_written(cli, small, tmp_path):
