@@ -20,7 +20,7 @@ from .errors import BadInput
 from .feedback import Feedback, Silent
 from .judge.results import FAIL, Comparison
 from .paths import is_stream, resolved
-from .runs.golden import CANDIDATE, dumps, environment_key, find, load
+from .runs.golden import CANDIDATE, dumps, environment_key, find, load, looks_golden
 from .runs.layout import is_run_dir
 from .runs.outputs import check_outputs
 
@@ -140,12 +140,9 @@ def _stale(candidate: Path | None) -> str:
     """Remove a candidate an earlier failing check left where this passing one would put its
     own: copied over the golden, as the note of that check said, it would accept that failing
     run. Says what it removed ('' for nothing)."""
-    if candidate is None or candidate.is_symlink() or not candidate.is_file():
+    if candidate is None or candidate.is_symlink() or not looks_golden(candidate):
         return ""
     try:
-        with open(candidate, "rb") as handle:
-            if b'"gradalign-golden"' not in handle.read(1 << 16):
-                return ""
         candidate.unlink()
     except OSError:
         return ""

@@ -32,6 +32,18 @@ CANDIDATE = ".candidate.json"  # a golden proposed by a failing check, beside it
 SERIES = ("lr", "optimizer_steps", "state_step", "loss_scale", "grad_norm_pre_clip")
 
 
+def looks_golden(path: Path) -> bool:
+    """Whether `path` is a regular file whose head names this format (never a pipe, which
+    would be waited on forever)."""
+    if not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as handle:
+            return f'"{FORMAT}"'.encode() in handle.read(1 << 16)
+    except OSError:
+        return False
+
+
 def environment_key(env: dict[str, Any]) -> str:
     """The environment that decides a run's bits: device kind, dtype (and autocast's), world
     size, torch major.minor; e.g. 'cpu-float32-ws1-torch2.13'. It names golden files, so it

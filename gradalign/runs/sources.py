@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import BadInput
 from ..paths import nonempty, resolved
+from .golden import looks_golden
 from .layout import is_run_dir
 from .logs import (
     CARD_LOSSES,
@@ -33,7 +34,7 @@ _NOT_A_RUN = (
 def _not_a_run(path: Path) -> BadInput:
     """The refusal of a file that is neither; progress bars named where it holds some, and a
     golden file told what judges against it."""
-    if _is_golden_file(path):
+    if looks_golden(path):
         return BadInput(
             f"{path}: a golden file, not a run: judge a run against it with `gradalign golden "
             f"check {path} RUN` (gradalign.api.golden_check)"
@@ -43,16 +44,6 @@ def _not_a_run(path: Path) -> BadInput:
         f"{path}: {_NOT_A_RUN}{bars} print each step's loss, or write the run format "
         "(docs/FORMAT.md)"
     )
-
-
-def _is_golden_file(path: Path) -> bool:
-    if not path.is_file():  # a pipe would be waited on forever
-        return False
-    try:
-        with open(path, "rb") as handle:
-            return b'"gradalign-golden"' in handle.read(4096)
-    except OSError:
-        return False
 
 
 def open_run(path: Path, accum_steps: int | None, role: str) -> Run:
