@@ -135,12 +135,8 @@ def pre_clip_gap(
     unclipped gradient would pass. Clean float32 runs' norms differ by rounding, about 1e-7 of
     the norm, against grad_rtol 1e-4; a loss not divided by K under a clip that always engages
     steps with the same clipped gradient, and only these norms keep the scale (K times)."""
-    pb, pm = base.grad_norm_pre_clip, merged.grad_norm_pre_clip
-    i = r.update
-    if pb is None or pm is None or i >= min(len(pb), len(pm)):
-        return None
-    b, m = float(pb[i]), float(pm[i])
-    if not (math.isfinite(b) and b > 0):  # a non-finite gradient is the gradients check's
+    found = _norms_at(base, merged, r.update)
+    if found is None:
         return None
     allowed, norms = 0.0, 0.0
     for d in r.grads:
@@ -150,8 +146,7 @@ def pre_clip_gap(
         norms += (d.error / d.rel_l2) ** 2
     if not norms:
         return None
-    gap = abs(m - b) / b if math.isfinite(m) else math.inf
-    return m, b, gap, math.sqrt(allowed / norms)
+    return *found, math.sqrt(allowed / norms)
 
 
 def printed_gap(
@@ -159,17 +154,27 @@ def printed_gap(
 ) -> tuple[float, float, float, float] | None:
     """`pre_clip_gap` for runs that print their norms and no gradient (logs): the share
     allowed is the gradients' tolerance plus what printing rounded both norms to."""
-    if base.has_grads or merged.has_grads or base.grad_norm_quantum is None:
+    qb, qm, i = base.grad_norm_quantum, merged.grad_norm_quantum, r.update
+    if base.has_grads or merged.has_grads or qb is None or qm is None:
         return None
-    pb, pm, i = base.grad_norm_pre_clip, merged.grad_norm_pre_clip, r.update
-    if pb is None or pm is None or merged.grad_norm_quantum is None or i >= min(len(pb), len(pm)):
+    found = _norms_at(base, merged, i)
+    if found is None:
+        return None
+    m, b, gap = found
+    return m, b, gap, grad_rtol + float(qb[i] + qm[i]) / b
+
+
+def _norms_at(base: Run, merged: Run, i: int) -> tuple[float, float, float] | None:
+    """Update i's norms before clipping (merged, baseline) and their relative gap |m - b| / b;
+    None where either run lacks them or the baseline's is not finite and positive (a non-finite
+    gradient is the gradients check's)."""
+    pb, pm = base.grad_norm_pre_clip, merged.grad_norm_pre_clip
+    if pb is None or pm is None or i >= min(len(pb), len(pm)):
         return None
     b, m = float(pb[i]), float(pm[i])
     if not (math.isfinite(b) and b > 0):
         return None
-    printed = float(base.grad_norm_quantum[i] + merged.grad_norm_quantum[i])
-    gap = abs(m - b) / b if math.isfinite(m) else math.inf
-    return m, b, gap, grad_rtol + printed / b
+    return m, b, abs(m - b) / b if math.isfinite(m) else math.inf
 
 
 def _init_check(base: Run, merged: Run) -> Check:

@@ -18,17 +18,21 @@ SKIPPED = frozenset(
 )
 
 
+def group_places(optimizer: torch.optim.Optimizer, places: dict[int, int]) -> list[tuple[int, int]]:
+    """(place, index) of each param group in the model's order (`places`: each recorded
+    tensor's id and place in the model): a group's place is its first parameter's, len(places)
+    for a group of none (last). The order a loop lists its groups in (a set's, decay before
+    no-decay or after) is not the training's."""
+    last = len(places)
+    return sorted(
+        (min((places.get(id(p), last) for p in group["params"]), default=last), index)
+        for index, group in enumerate(optimizer.param_groups)
+    )
+
+
 def group_order(optimizer: torch.optim.Optimizer, places: dict[int, int]) -> list[int]:
-    """The param groups' indices in the model's order (`places`: each recorded tensor's id and
-    place in the model): by the first of their parameters, groups of none last. The order a
-    loop lists its groups in (a set's, decay before no-decay or after) is not the training's."""
-    groups, last = optimizer.param_groups, len(places)
-
-    def first(index: int) -> tuple[int, int]:
-        held = (places.get(id(p), last) for p in groups[index]["params"])
-        return min(held, default=last), index
-
-    return sorted(range(len(groups)), key=first)
+    """The param groups' indices in the model's order (`group_places`)."""
+    return [index for _, index in group_places(optimizer, places)]
 
 
 def _value(value: Any) -> Any:

@@ -18,7 +18,7 @@ import torch
 from . import watched
 from .draws import Draws
 from .facts import device_scalar
-from .optimizer_settings import group_order
+from .optimizer_settings import group_places
 
 
 def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
@@ -38,14 +38,12 @@ def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
 
 def group_lrs(optimizer: torch.optim.Optimizer, places: dict[int, int]) -> dict[int, float]:
     """Every param group's learning rate (a tensor lr is read as a number), keyed by the group's
-    place in the model (`optimizer_settings.group_order`): a group added later keeps its column,
+    place in the model (`optimizer_settings.group_places`): a group added later keeps its column,
     whether it sits before the others in the model or after."""
     groups, last = optimizer.param_groups, len(places)
     found = {}
-    for i in group_order(optimizer, places):
-        place = min((places.get(id(p), last) for p in groups[i]["params"]), default=last)
-        key = place if place < last and place not in found else last + i
-        found[key] = float(groups[i]["lr"])
+    for place, i in group_places(optimizer, places):
+        found[place if place < last else last + i] = float(groups[i]["lr"])
     return found
 
 

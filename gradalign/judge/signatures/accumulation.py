@@ -14,8 +14,8 @@ import numpy as np
 
 from ...runs.model import Run, Tensors
 from ..results import FAIL, Comparison, Diagnosis, UpdateResult
-from .clipping import scale_behind_clip
-from .common import finite, grad_norm, grads_of, on_ranks, weights_of, window
+from .clipping import scale_behind_clip, scale_of, window_of
+from .common import finite, grad_norm, grads_of, on_ranks, weights_of, whole_ratio, window
 
 EXPLAINED = 0.95  # a relation must explain this share of the gradient error (1 - residual share)
 
@@ -218,7 +218,7 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
     evidence = {"window_loss_ratio": finite(q), "K": k}
     if status.get("weights") is None:  # a log of losses alone (card logs: `card-loss`)
         if status.get("norms before clipping") == FAIL:  # the gradient's printed norm too
-            return _scaled_norms(c, q, k, evidence)
+            return _scaled_norms(c, q, evidence)
         return None if len(c.merged.cards) > 1 else _scaled_losses(q, k, ratios, evidence)
     hidden = scale_behind_clip(c, q)
     if hidden is not None:
@@ -282,7 +282,7 @@ def _averaged_otherwise(c: Comparison, q: float, evidence: dict) -> tuple[str, s
     )
 
 
-def _scaled_norms(c: Comparison, q: float, k: int, evidence: dict) -> Diagnosis | None:
+def _scaled_norms(c: Comparison, q: float, evidence: dict) -> Diagnosis | None:
     """Logs whose losses and printed gradient norms (before clipping) both stand K (1/K, K+1)
     times apart at update 0: the loss the gradient comes from was scaled, not its print alone
     (a model that ignores the Trainer's num_items_in_batch). Read with -k 1, K is the whole
@@ -291,13 +291,10 @@ def _scaled_norms(c: Comparison, q: float, k: int, evidence: dict) -> Diagnosis 
     if pb is None or pm is None or not len(pb) or not len(pm) or not pb[0]:
         return None
     ratio = float(pm[0] / pb[0])
-    if not math.isfinite(ratio) or ratio <= 0:
+    scale = scale_of(c, ratio) if math.isfinite(ratio) and ratio > 0 else None
+    if scale is None or scale == 1:  # read with -k 1, a ratio near 1 says no K
         return None
-    if k == 1:  # one line per update: K unknown, the whole number the ratio is
-        k = round(ratio) if ratio >= 1 else round(1 / ratio)
-    scale = next((s for s in (k, 1 / k, k + 1) if k >= 2 and abs(ratio / s - 1) <= 0.05), None)
-    if scale is None:
-        return None
+    k = window_of(c, scale)
     evidence.update(norm_ratio=finite(ratio), K=k)
     return Diagnosis(
         "loss-scale",
@@ -318,7 +315,7 @@ def _scaled_losses(q: float, k: int, ratios: list[float], evidence: dict) -> Dia
     spread = (max(ratios) - min(ratios)) / abs(q) if ratios and q else math.inf
     per_update = k == 1 and math.isfinite(q) and q > 0  # one line per update: K unknown
     if per_update:
-        k = round(q) if q >= 1 else round(1 / q)
+        k = whole_ratio(q)
     scale = next((s for s in (k, 1 / k) if math.isfinite(q) and abs(q / s - 1) <= 0.05), None)
     if k < 2 or scale is None or spread > 0.05:
         return None

@@ -11,7 +11,16 @@ import numpy as np
 from ...runs.model import Run, Tensors
 from ..checks import PRE_CLIP
 from ..results import Comparison, Diagnosis, UpdateResult
-from .common import exact_of, failing, finite, grad_norm, on_ranks, window, window_scale
+from .common import (
+    exact_of,
+    failing,
+    finite,
+    grad_norm,
+    on_ranks,
+    whole_ratio,
+    window,
+    window_scale,
+)
 
 _ONCE = (
     "clip once per update: after the K-th backward() (and after unscaling with a "
@@ -56,19 +65,19 @@ def pre_clip_ratio(c: Comparison, update: int) -> float | None:
     return ratio if math.isfinite(ratio) else None
 
 
-def _scale_of(c: Comparison, ratio: float) -> float | None:
+def scale_of(c: Comparison, ratio: float) -> float | None:
     """K, 1/K or K+1, the one `ratio` is (within 5%), else None. A log read with -k 1 (one line
     per update) does not say K: the whole number the ratio is."""
     k = window(c)
     if k == 1 and c.merged.kind == "log" and ratio > 0:
-        k = round(ratio) if ratio >= 1 else round(1 / ratio)
+        k = whole_ratio(ratio)
     return next((v for v in (k, 1 / k, k + 1) if abs(ratio / v - 1) <= 0.05), None)
 
 
-def _window_of(c: Comparison, scale: float) -> int:
-    """K, or for a log read with -k 1 the K that `scale` (`_scale_of`) says it was."""
+def window_of(c: Comparison, scale: float) -> int:
+    """K, or for a log read with -k 1 the K that `scale` (`scale_of`) says it was."""
     k = window(c)
-    return k if k > 1 or c.merged.kind != "log" else round(max(scale, 1 / scale))
+    return k if k > 1 or c.merged.kind != "log" else whole_ratio(scale)
 
 
 _SCALE_ONCE = (
@@ -91,13 +100,13 @@ def scale_before_clip(c: Comparison) -> Diagnosis | None:
         return None
     i = r.update
     ratio = float(pre_m[i] / pre_b[i])
-    expected = _scale_of(c, ratio) if math.isfinite(ratio) else None
+    expected = scale_of(c, ratio) if math.isfinite(ratio) else None
     if expected is None:
         return None
     return Diagnosis(
         "loss-scale",
         f"at update {i} the merged gradient's norm before clipping is {ratio:.4g} times the "
-        f"baseline's ({window_scale(_window_of(c, expected), expected)}) while the losses, "
+        f"baseline's ({window_scale(window_of(c, expected), expected)}) while the losses, "
         "weights and clipped gradients agree: the loss the gradient comes from was scaled, and a "
         "clip that engaged in both runs hid it from the step; where the norm falls below the "
         "clip threshold, the merged run will step that many times too far",
@@ -124,14 +133,14 @@ def hidden_scale(c: Comparison, seen: str, evidence: dict) -> Diagnosis | None:
         ratio = pre_clip_ratio(c, i)
         if ratio is None:
             continue
-        expected = _scale_of(c, ratio)
+        expected = scale_of(c, ratio)
         if expected is None:
             return None
         return Diagnosis(
             "loss-scale",
             f"{seen}, because a clip hid the scale: at update {i} the merged gradient's norm "
             f"before clipping is {ratio:.4g} times the baseline's "
-            f"({window_scale(_window_of(c, expected), expected)}); where the norm falls below the "
+            f"({window_scale(window_of(c, expected), expected)}); where the norm falls below the "
             "clip threshold, the merged run will step that many times too far",
             {"update": i, "pre_clip_ratio": finite(ratio), "expected_ratio": expected, **evidence},
             _SCALE_ONCE,

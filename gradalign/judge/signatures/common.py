@@ -24,6 +24,12 @@ def window(c: Comparison) -> int:
     return max(1, c.merged.accum_steps // max(1, c.baseline.accum_steps))
 
 
+def whole_ratio(ratio: float) -> int:
+    """The whole number a positive ratio (or, below 1, its inverse) is nearest: the K of a log
+    read with -k 1, one line per update, whose lines do not say it."""
+    return round(ratio) if ratio >= 1 else round(1 / ratio)
+
+
 def window_scale(k: int, scale: float) -> str:
     """One of K, 1/K or K+1 (a wrong loss scale's ratios) said as the window's scale it is, with
     its value: `K = 4`."""

@@ -18,22 +18,20 @@ SCALE_MATCH = 1e-6  # relative: a constant lr ratio, allowing float32 rounding o
 def lined_up_lrs(c: Comparison) -> tuple[np.ndarray, np.ndarray]:
     """Both runs' lr over the updates that line up (runs whose windows stop lining up differ
     in length), of the first param group whose lr differs there (`differing_group`)."""
-    n = len(c.results)
     _, base_lr, merged_lr = differing_group(c)
-    return np.asarray(base_lr)[:n], np.asarray(merged_lr)[:n]
+    return base_lr, merged_lr
 
 
 def differing_group(c: Comparison) -> tuple[int, np.ndarray, np.ndarray]:
-    """(group, baseline's lr, merged's lr) of the first param group whose lr differs at some
-    update that lines up, else of the first group: a schedule stepped per micro-step in one
-    group alone (a head's own lambda) is read from that group."""
-    groups = lr_groups(c.baseline, c.merged)
+    """(group, baseline's lr, merged's lr) over the updates that line up, of the first param
+    group whose lr differs at one of them, else of the first group: a schedule stepped per
+    micro-step in one group alone (a head's own lambda) is read from that group."""
     n = len(c.results)
-    for group, base_lr, merged_lr in groups:
-        b, m = np.asarray(base_lr)[:n], np.asarray(merged_lr)[:n]
+    groups = [(g, b[:n], m[:n]) for g, b, m in lr_groups(c.baseline, c.merged)]
+    for group, b, m in groups:
         same = _equal(b, m)
         if any(not same(float(x), float(y)) for x, y in zip(b, m, strict=False)):
-            return group, base_lr, merged_lr
+            return group, b, m
     return groups[0] if groups else (0, c.baseline.lr, c.merged.lr)
 
 
@@ -101,10 +99,10 @@ def printed_slack(c: Comparison) -> np.ndarray:
     return slack
 
 
-def _explained_by_schedule(c: Comparison) -> bool:
+def _explained_by_schedule(base_lr: np.ndarray, merged_lr: np.ndarray) -> bool:
     """A schedule stepped at another pace explains the lrs (a hyperbolic schedule stepped per
     micro-step is also a constant multiple of the baseline's: the pace is the likelier bug)."""
-    found = schedule_offset(*lined_up_lrs(c))
+    found = schedule_offset(base_lr, merged_lr)
     return found is not None and found[0] > 1
 
 
@@ -120,9 +118,11 @@ def _scaling_rule(q: float, k: int, slack: float = 0.0) -> bool:
 
 
 def lr_scaled(c: Comparison) -> Diagnosis | None:
-    if not _lr_differs(c) or _explained_by_schedule(c):
+    if not _lr_differs(c):
         return None
-    base_lr, merged_lr = lined_up_lrs(c)
+    group, base_lr, merged_lr = differing_group(c)
+    if _explained_by_schedule(base_lr, merged_lr):
+        return None
     slack = printed_slack(c)
     q = lr_ratio(base_lr, merged_lr, slack)
     if q is None:
@@ -136,7 +136,6 @@ def lr_scaled(c: Comparison) -> Diagnosis | None:
         q, which = 1 / k, f" = 1/K (K={k})"
     else:
         which = ""
-    group = differing_group(c)[0]
     return Diagnosis(
         "lr-scaled",
         f"the merged learning rate{group_named(group)} is {q:.6g} times the baseline's at every "
@@ -171,17 +170,19 @@ def _first_present(lrs: np.ndarray) -> int | None:
 
 def lr_schedule(c: Comparison) -> Diagnosis | None:
     bad = _lr_differs(c)
-    if not bad or (lr_ratio(*lined_up_lrs(c), printed_slack(c)) and not _explained_by_schedule(c)):
+    if not bad:
         return None
+    group, base_lr, merged_lr = differing_group(c)
+    scaled = lr_ratio(base_lr, merged_lr, printed_slack(c))
+    if scaled and not _explained_by_schedule(base_lr, merged_lr):
+        return None  # lr-scaled's
     i = bad[0]
-    base_lr, merged_lr = lined_up_lrs(c)
     evidence: dict = {
         "first_update": i,
         "merged_lr": finite(merged_lr[i]),
         "baseline_lr": finite(base_lr[i]),
         "updates_differing": len(bad),
     }
-    group = differing_group(c)[0]
     present = _first_present(base_lr), _first_present(merged_lr)
     grouped = c.baseline.lr_groups is not None and c.merged.lr_groups is not None
     if grouped and present[0] != present[1]:  # a group that does not exist yet holds no lr

@@ -155,17 +155,20 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
     attach_scaler(run, log)
     if tensors:
         _attach_weights(run, log, tensors, array_precisions)
-    if log.lrs and all(lr is not None for lr in log.lrs):
-        # the lr each window's last step line prints: the one its optimizer step took
-        last = [lr for lr in log.lrs[k - 1 :: k] if lr is not None]
-        run.lr = np.array([lr.value for lr in last], dtype=np.float64)
-        run.lr_quantum = np.array([number_quantum(lr, None) for lr in last], dtype=np.float64)
-    if log.norms and all(norm is not None for norm in log.norms):
-        # the norm each window's last step line prints: its optimizer step's, before clipping
-        norms = [norm for norm in log.norms[k - 1 :: k] if norm is not None]
-        run.grad_norm_pre_clip = np.array([n.value for n in norms], dtype=np.float64)
-        run.grad_norm_quantum = np.array([number_quantum(n, None) for n in norms], np.float64)
+    # the lr and the gradient's norm (before clipping) its optimizer step took
+    run.lr, run.lr_quantum = _per_window(log.lrs, k)
+    run.grad_norm_pre_clip, run.grad_norm_quantum = _per_window(log.norms, k)
     return run
+
+
+def _per_window(printed: list[Printed | None], k: int) -> tuple[np.ndarray | None, ...]:
+    """What each window's last step line prints of a field, and how precisely; None for both
+    where some step line prints none."""
+    if not printed or any(value is None for value in printed):
+        return None, None
+    last = printed[k - 1 :: k]
+    values = np.array([p.value for p in last], dtype=np.float64)
+    return values, np.array([number_quantum(p, None) for p in last], dtype=np.float64)
 
 
 def _times(times: int) -> str:
