@@ -35,6 +35,10 @@ def _record(out, k: int, shape: str, swapped: bool = False, bug: str | None = No
         groups = [{"params": head + body if swapped else body + head, "lr": 3e-3}]
     decay = 0.2 if bug and "weight-decay" in bug else 0.05
     opt = torch.optim.AdamW(groups, lr=3e-3, weight_decay=decay)
+    schedule = None
+    if shape == "one cycle":  # cycles beta1 with the lr; the bug sizes it in micro-batches
+        steps = UPDATES * k if bug == "sized-in-batches" else UPDATES
+        schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps + 1)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(UPDATES * BATCH, 6, generator=g), torch.randint(0, 3, (UPDATES * BATCH,))
     n = BATCH // k
@@ -56,6 +60,8 @@ def _record(out, k: int, shape: str, swapped: bool = False, bug: str | None = No
                 nn.utils.clip_grad_norm_(model.parameters(), 0.05)
                 nn.utils.clip_grad_norm_(model.parameters(), math.inf)
             opt.step()
+            if schedule is not None:
+                schedule.step()
             rec.update()
             opt.zero_grad()
     return out
@@ -143,37 +149,13 @@ def test_a_gradient_from_weights_the_steps_parted_is_no_loss_scale(tmp_path):
     assert result.verdict == "fail" and "loss-scale" not in codes, codes
 
 
-def _one_cycle(out, k: int, sized_in_batches: bool = False) -> None:
-    """OneCycleLR cycles Adam's beta1 with the lr; `sized_in_batches`: its total_steps counted in
-    micro-batches (K times too many), so it runs at another pace."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    steps = UPDATES * k if sized_in_batches else UPDATES
-    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps + 1)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(UPDATES * BATCH, 6, generator=g), torch.randint(0, 3, (UPDATES * BATCH,))
-    n = BATCH // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-        for u in range(UPDATES):
-            for j in range(k):
-                rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k).backward()
-                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-            opt.step()
-            schedule.step()
-            rec.update()
-            opt.zero_grad()
-
-
 def test_settings_a_schedule_moves_are_the_first_steps(tmp_path):
     """The manifest's optimizer settings were read when the Recorder closed: a schedule sized in
     micro-batches had moved OneCycle's beta1 elsewhere by then, and `optimizer-settings` ("the
     optimizers were given other settings") stood beside the right `lr-schedule`."""
-    _one_cycle(tmp_path / "base", 1)
-    _one_cycle(tmp_path / "merged", 4, sized_in_batches=True)
-    c = compare(tmp_path / "base", tmp_path / "merged", reference="none")
+    base = _record(tmp_path / "base", 1, "one cycle")
+    merged = _record(tmp_path / "merged", 4, "one cycle", bug="sized-in-batches")
+    c = compare(base, merged, reference="none")
     codes = [d.code for d in c.diagnosis]
     assert c.verdict == "fail" and codes[0] == "lr-schedule", codes
     assert "optimizer-settings" not in codes
