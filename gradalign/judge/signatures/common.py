@@ -125,12 +125,28 @@ def same_direction(c: Comparison, r: UpdateResult) -> float:
     return same_direction_at(noise_share(c, r))
 
 
+CLEAR_OF_ALLOWED = 3.0  # a scale matching no known ratio stands this far beyond what is allowed
+
+
+def allowed_share(c: Comparison, r: UpdateResult) -> float:
+    """What the gradient check allowed at an update, over the whole model, as a share of the
+    baseline's gradient (inf where it allowed anything)."""
+    norm = grad_norm(c, c.baseline, r.update)
+    allowed = math.sqrt(math.fsum(d.allowed**2 for d in r.grads))
+    return allowed / norm if norm else math.inf
+
+
 def pure_scale(c: Comparison, r: UpdateResult, ratio: float, cosine: float) -> bool:
     """Whether the merged gradient is the baseline's times `ratio` and nothing else: it points
     the same way, its size is off by more than the noise's share, and the difference lies more
     along the gradient than across it (noise turns a gradient, a scale does not; a bfloat16 run
-    without a reference: 0.9988 times the baseline's, 0.07 across)."""
+    without a reference: 0.9988 times the baseline's, 0.07 across). A scale no known ratio
+    explains must also stand CLEAR_OF_ALLOWED times beyond what the check allowed: a model of
+    a few one-element tensors has every gradient collinear, so a failure at 1.1x its allowance
+    is "1.0000006 times the baseline's" there, which is rounding, not a scale."""
     if not cosine >= same_direction(c, r) or not abs(ratio - 1) > noise_share(c, r):
+        return False
+    if not abs(ratio - 1) > CLEAR_OF_ALLOWED * allowed_share(c, r):
         return False
     return abs(ratio - 1) > abs(ratio) * math.tan(math.acos(min(cosine, 1.0)))
 
