@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from gradalign import api
 from gradalign.judge.bookkeeping import distinct, recorded_dtype, same_scalar
 from gradalign.judge.compare import compare
 from gradalign.record.faults import FAULTS
@@ -122,3 +123,29 @@ def test_one_updates_lr_ratio_names_lr_scaled_only_at_a_scaling_rule(tmp_path, m
     c = compare(run(tmp_path / "b", 1, 1e-2), run(tmp_path / "m", 4, merged_lr))
     assert c.verdict == "fail"
     assert ("lr-scaled" in [d.code for d in c.diagnosis]) is named
+
+
+def test_a_schedule_one_update_behind_is_found():
+    from gradalign.judge.signatures.learning_rate import schedule_offset
+
+    schedule = np.array([0.1 * min(1.0, (t + 1) / 4) for t in range(8)])
+    assert schedule_offset(schedule, np.concatenate([[0.0], schedule[:-1]])) == (1, -1)
+    assert schedule_offset(schedule, schedule) is None
+
+
+def test_logs_printing_the_lr_at_other_points_say_so(tmp_path):
+    """The baseline prints the lr after scheduler.step(), the merged log before it (the print
+    moved into the window's `if`): the same schedule one update apart, named as such, with a
+    fix about the print, not only the scheduler."""
+    lrs = [0.1 * min(1.0, (t + 1) / 4) for t in range(9)]
+    losses = [2.0 * 0.9**t for t in range(8)]
+    base, merged = tmp_path / "base.log", tmp_path / "merged.log"
+    base.write_text(
+        "".join(f"step {t} loss {losses[t]:.6f} lr {lrs[t + 1]:.6e}\n" for t in range(8))
+    )
+    merged.write_text("".join(f"step {t} loss {losses[t]:.6f} lr {lrs[t]:.6e}\n" for t in range(8)))
+    result = api.compare(base, merged, accum_steps=1)
+    lr = next(d for d in result.diagnosis if d.code == "lr-schedule")
+    assert lr.evidence["schedule_offset"] == -1
+    assert "print the lr at the same point of both loops" in lr.fix
+    assert "different points of the loop" in lr.message

@@ -32,6 +32,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.lr_scaled,
     sig.lr_schedule,
     sig.optimizer_settings,
+    sig.weights_decayed,  # after the settings: another weight_decay there is named there
     sig.scale_before_clip,  # a scale only the norms before clipping kept (no reference)
     sig.replica_divergence,
     sig.card_loss,

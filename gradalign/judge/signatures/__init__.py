@@ -22,6 +22,7 @@ from .clipping import (
 )
 from .common import failing, finite, first_gradient_failure
 from .cross_sample import cross_sample_gradient, cross_sample_loss, rows_differ
+from .decay import weights_decayed
 from .decisive import (
     batchnorm,
     card_loss,
@@ -85,6 +86,7 @@ __all__ = [
     "step_skipped",
     "token_normalization",
     "weights_changed_in_window",
+    "weights_decayed",
     "window_bookkeeping",
     "with_loss_scale",
     "zero_grad_counted",

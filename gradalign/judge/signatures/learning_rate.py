@@ -51,14 +51,15 @@ def _equal(base_lr: np.ndarray, merged_lr: np.ndarray):
 def schedule_offset(base_lr: np.ndarray, merged_lr: np.ndarray) -> tuple[int, int] | None:
     """The pace m and offset c with merged lr[t] == baseline lr[m·t + c] wherever the baseline
     reaches m·t + c, at two updates at least (m = 1, c = 0 is the same schedule), one of them
-    an update where the two differ (a constant stretch of the baseline's fits any pace)."""
+    an update where the two differ (a constant stretch of the baseline's fits any pace); c = −1
+    (one update behind) at the same pace only."""
     n = len(base_lr)
     same = _equal(base_lr, merged_lr)
     for m in range(1, n):
-        for c in range(0, 2 * m + 1):
+        for c in range(-1 if m == 1 else 0, 2 * m + 1):
             if (m, c) == (1, 0):
                 continue
-            ts = [t for t in range(n) if m * t + c < n]
+            ts = [t for t in range(n) if 0 <= m * t + c < n]
             explains = any(not same(float(merged_lr[t]), float(base_lr[t])) for t in ts)
             if (
                 len(ts) >= 2
@@ -201,18 +202,39 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
     if found is None and _diverged_by(c, i):
         return None  # a consequence: a scheduler fed the diverged loss (ReduceLROnPlateau)
     shown_m, shown_b = distinct(float(merged_lr[i]), float(base_lr[i]))
+    fix = (
+        "step the scheduler once per optimizer step (once per window of K micro-batches), "
+        "after optimizer.step(), and give both runs the same schedule in updates"
+    )
     if group:
         evidence["param_group"] = group
     if found is not None:
         m, offset = found
         evidence["schedule_steps_per_update"], evidence["schedule_offset"] = m, offset
-        where = f"{m}·t + {offset}" if offset else f"{m}·t"
-        pace = f"advanced {m} steps per update" if m > 1 else f"ran {offset} step(s) ahead"
+        where = f"{m}·t {'+' if offset > 0 else '−'} {abs(offset)}" if offset else f"{m}·t"
+        pace = (
+            f"advanced {m} steps per update"
+            if m > 1
+            else f"ran {offset} step(s) ahead"
+            if offset > 0
+            else "ran one step behind"
+        )
         message = (
             f"the learning-rate schedule{group_named(group)} {pace}: merged lr at update t "
             "equals the baseline's at "
             f"update {where} (update {i}: {shown_m} vs {shown_b})"
         )
+        if m == 1 and abs(offset) == 1 and not c.merged.full_weights:
+            fix = (
+                "print the lr at the same point of both loops (the lr the optimizer step used, "
+                "before scheduler.step()); if the merged scheduler really is a step "
+                f"{'ahead' if offset > 0 else 'behind'}, step it once per optimizer step, "
+                "after optimizer.step()"
+            )
+            message += (
+                ": the two logs may print the lr at different points of the loop (one before "
+                "scheduler.step(), one after), as a print moved into the window's `if` does"
+            )
         if m == window(c):
             message += ", i.e. the scheduler stepped once per micro-step"
             if offset:
@@ -222,10 +244,4 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
             f"the learning rates{group_named(group)} differ from update {i} on ({shown_m} in "
             f"merged, {shown_b} in baseline)"
         )
-    return Diagnosis(
-        "lr-schedule",
-        message,
-        evidence,
-        "step the scheduler once per optimizer step (once per window of K micro-batches), "
-        "after optimizer.step(), and give both runs the same schedule in updates",
-    )
+    return Diagnosis("lr-schedule", message, evidence, fix)
