@@ -73,6 +73,20 @@ def test_an_isolated_localized_jump_is_noted_not_failed(runs):
     assert [d.excused for d in result.results[6].grads] == ["isolated jump"]
 
 
+def test_an_isolated_jump_in_one_column_is_noted_not_failed(runs):
+    """A unit at its kink feeds the next layer: its jump fills that layer's column (a mostly
+    dead ReLU net's output weight, 17.6x in one column and nowhere else)."""
+
+    def column(u, g):
+        if u == 6:
+            g[:, 2] += 1e-3 * np.abs(g).max()
+        return g
+
+    result = merged(runs, "column", column)
+    assert result.verdict == "pass", [c for c in result.checks if c.status == "fail"]
+    assert any("1 row(s) or column(s) of w" in note for note in result.notes)
+
+
 def test_a_spread_jump_still_fails(runs):
     def spread(u, g):
         return g * (1 + 1e-3) if u == 6 else g

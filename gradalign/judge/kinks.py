@@ -4,8 +4,9 @@ cannot see coming.
 A unit whose pre-activation sits within rounding of a kink (ReLU's 0, a max-pool's tie) is
 switched on in one run and off in the other. The forward barely changes (the activation is
 continuous there), but the backward through that unit gains or loses one sample's
-contribution: at that update, one row of the unit's weight (and its bias element) holds the
-whole gradient error, and every tensor upstream of the unit follows. The baseline crosses kinks
+contribution: at that update, one row of the unit's weight (and its bias element) and one
+column of the next layer's weight hold the whole gradient error, and every tensor upstream of
+the unit follows. The baseline crosses kinks
 against the reference too (measured: 2 in 300 updates of the default SGD run).
 
 - **An isolated jump** (`excuse_isolated_jumps`): a gradient failure at a single update whose
@@ -88,7 +89,7 @@ def excuse_isolated_jumps(results: list[UpdateResult], merged: Run, ref: Run) ->
         worst = max(failing, key=lambda d: d.ratio)
         notes.append(
             f"update {r.update}: the gradient of {', '.join(shares)} jumped to "
-            f"{worst.ratio:.3g}x its noise floor in {max(shares.values())} row(s) of "
+            f"{worst.ratio:.3g}x its noise floor in {max(shares.values())} row(s) or column(s) of "
             f"{worst.name}, while the updates around it, the weights and the loss stayed "
             "within noise: an activation crossed its kink in one run and not the other "
             "(the baseline shows such jumps against the reference too); not counted as a "
@@ -228,9 +229,9 @@ def follow_kink_divergence(
             r.weights[:] = _widened(r.weights, factor * j_weights, w_ref, before)
     return [
         f"update {u}: the gradient of {worst.name} jumped to {worst.ratio:.3g}x its allowed "
-        f"error, {JUMP_SHARE:.0%} of it in {rows} row(s), the loss and every earlier update "
-        "within noise: an activation crossed its kink in one run and not the other, and the runs "
-        "follow neighbouring trajectories from there. From update "
+        f"error, {JUMP_SHARE:.0%} of it in {rows} row(s) or column(s), the loss and every "
+        "earlier update within noise: an activation crossed its kink in one run and not the "
+        "other, and the runs follow neighbouring trajectories from there. From update "
         f"{u} on, each gradient may also differ by {factor:g} x {j_grads:.3g} of its norm and "
         f"each weight by {factor:g} x {j_weights:.3g} of how far it moved since "
         f"{f'update {u - 1}' if u else 'the start'} "
@@ -272,14 +273,25 @@ def _rows(tensor: np.ndarray) -> int:
 def _row_share(
     merged: np.ndarray, ref: np.ndarray, most: int | None = None, of_rows: float = JUMP_ROWS
 ) -> int | None:
-    """How many rows hold JUMP_SHARE of the error, if they are at most `of_rows` of the rows
-    (at least one) and at most `most`."""
+    """How many units hold JUMP_SHARE of the error, if they are at most `of_rows` of the units
+    (at least one) and at most `most`: rows (the units a weight feeds, its bias's elements), or
+    for a weight of two or more axes its columns (axis 1: the units feeding it), the fewer. A
+    unit at its kink changes its own row and the next layer's column: a ReLU unit switched on
+    by a pre-activation that is the residue of a cancelling sum (a mostly dead net) put a whole
+    jump of 17.6x into one column of the output weight, and nowhere else."""
     err = np.asarray(merged, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
-    rows = (err.reshape(err.shape[0], -1) if err.ndim > 1 else err.reshape(-1, 1)) ** 2
-    limit = max(1, int(of_rows * rows.shape[0]))
-    limit = limit if most is None else min(limit, most)
-    found = fewest_holding(rows.sum(axis=1), JUMP_SHARE, limit)
-    return None if found is None else len(found)
+    squared = err.reshape(err.shape[0], -1) ** 2 if err.ndim > 1 else err.reshape(-1, 1) ** 2
+    energies = [squared.sum(axis=1)]
+    if err.ndim > 1:
+        energies.append((err.reshape(err.shape[0], err.shape[1], -1) ** 2).sum(axis=(0, 2)))
+    counts = []
+    for energy in energies:
+        limit = max(1, int(of_rows * energy.shape[0]))
+        limit = limit if most is None else min(limit, most)
+        found = fewest_holding(energy, JUMP_SHARE, limit)
+        if found is not None:
+            counts.append(len(found))
+    return min(counts) if counts else None
 
 
 def fewest_holding(energy: np.ndarray, share: float, most: int) -> np.ndarray | None:
