@@ -10,6 +10,15 @@ differs from the baseline's beyond the fixed tolerance and a bug's exact relatio
 difference (≥ 95%, as each signature requires when it names a failure), it fails by that bug.
 Only where some tensor's gradient is off the baseline's beyond the fixed tolerance are the
 gradients read whole, and only for models of up to 2^24 parameters.
+
+Without a reference the fixed tolerances judge, and in 16 bits they are coarse: at an update the
+runs enter with weights apart, a gradient may differ by `grad_rtol_apart` (0.3 in bfloat16). A
+short last window that a framework divides by K (accelerate's `accumulate()`, Lightning's
+automatic optimization) steps with n/K of the baseline's gradient, 0.75 at n = 3 of K = 4, and
+passed there. Noise turns a gradient and leaves its size; a loss scaled by one of the ratios a
+wrong scale makes (K, 1/K, K+1, n/K: `loss_scale`'s variants, to 1e-3) at a cosine beyond the
+noise (ALONG_OVER_ACROSS times what the noise turned the gradient by, measured across it) is
+that bug, whatever the tolerance: such an update fails by it (`scale_beyond_tolerance`).
 """
 
 from __future__ import annotations
@@ -18,19 +27,23 @@ import math
 
 from .results import FAIL, Check, Comparison, Diagnosis
 from .signatures.accumulation import grad_not_cleared, penalty_not_scaled
-from .signatures.common import grads_of, relative_error
+from .signatures.common import RATIO_MATCH, grads_of, relative_error, window
+from .signatures.gradient import loss_scale
 
 SHAPES = (penalty_not_scaled, grad_not_cleared)  # relations a fitted share must explain
 CHECK = "no bug's shape under the noise floor"
+SCALE_CHECK = "no wrong loss scale within the tolerance"
+ALONG_OVER_ACROSS = 10.0  # a scale within the tolerance stands this far beyond the turn noise made
 MAX_ELEMENTS = 1 << 24  # a model read whole at two updates: past this, left to the noise floor
 
 
 def shape_below_noise(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
-    """The failing check, the diagnosis and the first divergence, for a comparison against a
-    reference that passes although a bug's relation explains its gradient difference; None
-    otherwise."""
-    if c.reference is None or c.verdict == FAIL:
+    """The failing check, the diagnosis and the first divergence, for a comparison that passes
+    although a bug's relation explains its gradient difference; None otherwise."""
+    if c.verdict == FAIL:
         return None
+    if c.reference is None:
+        return scale_beyond_tolerance(c)
     elements = sum(math.prod(t.shape) for t in c.merged.tensors if t.kind == "param")
     if elements > MAX_ELEMENTS:  # the gradients would be read whole: the memory bound holds
         return None
@@ -56,4 +69,48 @@ def shape_below_noise(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
             detail = f"at update {r.update}: {found.code} explains the gradient difference"
             where = {"update": r.update, "parameter": None, "in": "gradient"}
             return Check(CHECK, FAIL, detail), found, where
+    return None
+
+
+def scale_beyond_tolerance(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
+    """`scaled_within_tolerance` for a comparison that passed: its check, diagnosis and first
+    divergence."""
+    found = scaled_within_tolerance(c)
+    if found is None:
+        return None
+    update = found.evidence["update"]
+    detail = f"at update {update}: {found.code} explains the gradient difference"
+    where = {"update": update, "parameter": None, "in": "gradient"}
+    return Check(SCALE_CHECK, FAIL, detail), found, where
+
+
+def scaled_within_tolerance(c: Comparison) -> Diagnosis | None:
+    """The first update whose merged gradient is the baseline's times one of the ratios a wrong
+    loss scale makes, named by `loss_scale` with that ratio (not its fallback, a pure scale no
+    ratio explains), where the fixed tolerance let the gradient pass (without a reference; a
+    failing run's weights may then fail from it alone, `unexplained` before this)."""
+    k = window(c)
+    if k < 2 or c.reference is not None:
+        return None
+    for r in c.results:
+        ratio = r.grad_ratio
+        if ratio is None or not math.isfinite(ratio) or not r.grads:
+            continue
+        if any(not d.ok for d in r.grads):
+            continue  # failed: read by its shape already
+        n = int(c.merged.sizes[r.update])
+        variants = {float(k), 1 / k, float(k + 1), n / k}
+        if not any(abs(ratio / v - 1) <= RATIO_MATCH for v in variants if v != 1):
+            continue
+        cosine = min(1.0, r.grad_cosine or 0.0)
+        across = abs(ratio) * math.tan(math.acos(max(cosine, 0.0)))  # what noise turned it by
+        found = loss_scale(c, r, share=ALONG_OVER_ACROSS * across)
+        if found is None or "expected_ratio" not in found.evidence:
+            continue
+        found.message += (
+            "; within the fixed tolerance, which a gradient at other weights in 16 bits may "
+            "differ by, but rounding turns a gradient and leaves its size: this is a scale"
+        )
+        found.evidence["within_tolerance"] = True
+        return found
     return None

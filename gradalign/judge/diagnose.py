@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 
 from . import signatures as sig
+from .below_noise import scaled_within_tolerance
 from .distributed import listed
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
 from .signatures import distributed as ranked
@@ -100,6 +101,7 @@ def _last_resort(c: Comparison) -> list[Diagnosis]:
     """What the forward writes, or the data-parallel hook, or a loss over the micro-batch
     differs, nothing else does: at most one."""
     last = (
+        scaled_within_tolerance(c),  # a wrong loss scale's exact ratio the tolerance let pass
         sig.buffers_in_forward(c),
         ranked.dp_comm_hook(c),
         sig.rows_differ(c),

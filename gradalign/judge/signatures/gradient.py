@@ -32,14 +32,18 @@ from .common import (
 from .decisive import same_start_shown
 
 
-def loss_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Diagnosis | None:
+    """`share`: the noise's share of the gradient a scale must stand beyond (default what the
+    noise floor or the tolerance allows, `noise_share`)."""
     ratio, cosine = r.grad_ratio, r.grad_cosine
     if ratio is None or cosine is None:
         return None
-    below = None if cosine >= same_direction(c, r) else below_clip_value(c, r)
+    share = noise_share(c, r) if share is None else share
+    aligned = same_direction_at(share)
+    below = None if cosine >= aligned else below_clip_value(c, r)
     if below is not None:  # clip_grad_value_ turned it: read the elements it left alone
         ratio, cosine = below
-    if not cosine >= same_direction(c, r) or not abs(ratio - 1) > noise_share(c, r):
+    if not cosine >= aligned or not abs(ratio - 1) > share:
         return None
     k, n = window(c), int(c.merged.sizes[r.update])
     short = [
