@@ -22,6 +22,7 @@ from .judge.results import FAIL, Comparison
 from .paths import is_stream, resolved
 from .runs.golden import CANDIDATE, dumps, environment_key, find, load, looks_golden
 from .runs.layout import is_run_dir
+from .runs.locks import RunLock
 from .runs.outputs import check_outputs
 
 PathLike = str | Path
@@ -171,6 +172,25 @@ def golden_check(
     checked = check_tolerances(tolerances)
     run_path, golden_path = Path(run), Path(golden)
     merged = read_run_dir(run_path)
+    if not update:
+        return _check(golden, run, merged, checked, update, reports, feedback)
+    # one update at a time: a second job judges against the golden the first accepted, never
+    # against the one both read (two accepting jobs each said "accepted", and one was lost)
+    with RunLock(golden_path.absolute()).wait():
+        return _check(golden, run, merged, checked, update, reports, feedback)
+
+
+def _check(
+    golden: PathLike,
+    run: PathLike,
+    merged: Any,
+    checked: dict,
+    update: bool,
+    reports: Sequence[PathLike],
+    feedback: Feedback | None,
+) -> GoldenCheck:
+    """golden_check's judging, its candidate and its update, with the run read."""
+    run_path, golden_path = Path(run), Path(golden)
     key = environment_key(merged.environment)
     accept = accept_command(golden, run)
     try:

@@ -527,3 +527,23 @@ def test_goldens_of_two_precisions_share_a_folder(cli, small, tmp_path):
     one_line_error(cli("golden", "check", folder, other, "--update"), "lr 0.05 (goldens ")
     assert {p.name: p.read_bytes() for p in folder.glob("*.json")} == before
     assert cli("golden", "write", other, "--out", folder / "lr.json").code == 0
+
+
+def test_updates_of_one_golden_wait_for_each_other(small, tmp_path):
+    """Two `golden check --update` jobs on one golden both read it, judged, and wrote: each
+    said "accepted", and the first's acceptance was lost unjudged. An update now holds the
+    golden's lock from reading to writing; a second waits, then judges the first's golden."""
+    import subprocess
+    import sys
+
+    from gradalign.runs.locks import RunLock
+
+    golden = Path(shutil.copy(small["golden"], tmp_path / "g.json"))
+    command = [sys.executable, "-m", "gradalign", "golden", "check", str(golden)]
+    with RunLock(golden.absolute()):  # another job's update, under way
+        job = subprocess.Popen([*command, str(small["merged"]), "--update"], cwd=tmp_path)
+        with pytest.raises(subprocess.TimeoutExpired):
+            job.wait(timeout=5)
+        assert fmt.load(golden)["source"]["run"] == str(small["baseline"])
+    assert job.wait(timeout=120) == 0
+    assert fmt.load(golden)["source"]["run"] == str(small["merged"])

@@ -60,10 +60,16 @@ class RunLock:
             + "; wait for it or choose another output"
         )
 
-    def try_acquire(self) -> bool:
+    def wait(self) -> RunLock:
+        """Take the lock, waiting while another process holds it (its work then done first)."""
+        self.try_acquire(block=True)
+        return self
+
+    def try_acquire(self, block: bool = False) -> bool:
         """Take the lock if no open file holds it (this process's own included); else False,
-        with `holder` the pid written in it. A lock that is free means its writer is gone, even
-        where its pid now names another process (pids are reused, in containers soon)."""
+        with `holder` the pid written in it (`block`: wait for it instead). A lock that is free
+        means its writer is gone, even where its pid now names another process (pids are
+        reused, in containers soon)."""
         if self.held:
             return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +78,7 @@ class RunLock:
             if fcntl is None:
                 break
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
             except OSError:
                 self.holder = _read_pid(fd)
                 os.close(fd)
