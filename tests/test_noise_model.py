@@ -481,3 +481,18 @@ def test_a_reference_that_saw_other_samples_is_refused_with_the_likely_cause(tmp
 
     with pytest.raises(BadInput, match=r"saw other samples than the baseline .*float64 rerun"):
         api.compare(base, other)
+
+
+def test_one_updates_loss_error_does_not_widen_every_updates_allowance(tmp_path):
+    """The baseline's loss error against the reference is pooled over the run as a lower bound;
+    one update's error 40,000 times the others' (a loss recorded otherwise there, a hand-edited
+    golden) widened every update's loss allowance by as much. It widens its own update only."""
+    ref = train(np.float64)
+    ref["micro_losses"][5] *= 1.01  # one update's loss, 1% off
+    write_run(tmp_path / "ref", accum_steps=1, **ref)
+    base = write_run(tmp_path / "base", accum_steps=1, reference="../ref", **train(np.float32))
+    merged = write_run(tmp_path / "merged", accum_steps=4, **train(np.float32, k=4))
+    result = api.compare(base, merged)
+    allowed = [r.loss_allowed / abs(r.base_loss) for r in result.results]
+    assert allowed[5] > 1e-3
+    assert max(a for u, a in enumerate(allowed) if u != 5) < 1e-4, allowed

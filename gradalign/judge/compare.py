@@ -32,7 +32,13 @@ from .gains import follow_gain_divergence
 from .inputs import Inputs
 from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines, follow_kink_divergence
 from .metrics import calibrate, diff, fit_ratio, noise_allowed, quiet
-from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
+from .noise import (
+    carry_admitted_excess,
+    carry_rounding,
+    explain_loss_by_weights,
+    pool_noise,
+    pooled_loss_noise,
+)
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .rounding import atol_of, marked, rounding_notes
@@ -216,13 +222,8 @@ class _Judge:
         if ref is not None:
             self.ref_loss = ref.window_losses()[:n]
             own = np.abs(self.base_loss - self.ref_loss)
-            # One scalar's error is heavy-tailed; pool it over the run (its RMS) as a lower bound.
-            seen = own[~self.unjudged]  # an update both skipped, its loss unprinted, holds none
-            pooled = (
-                float(np.sqrt(np.mean(seen**2)))
-                if seen.size and np.isfinite(seen).all()
-                else math.nan
-            )
+            # One scalar's error is heavy-tailed; pool it over the run as a lower bound.
+            pooled = pooled_loss_noise(own[~self.unjudged])  # skipped by both: none there
             # and a recorded loss is known to one rounding of its own value at best: a window
             # mean of K losses, each rounded where it was computed (under autocast, perhaps in
             # its dtype: a bfloat16 loss of 21 is a multiple of 0.125), errs by a few of those

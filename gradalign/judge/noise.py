@@ -89,6 +89,21 @@ def pool_noise(results: list[UpdateResult], factor: float) -> None:
                     getattr(results[u], kind)[j] = dataclasses.replace(d, allowed=d.allowed + extra)
 
 
+OUTLIER = 10.0  # a loss error this many times the run's median is left out of its pool
+
+
+def pooled_loss_noise(own: np.ndarray) -> float:
+    """The RMS of the baseline's loss errors against the reference over the run, a lower bound
+    for each update's (one scalar's error is heavy-tailed), leaving out those over OUTLIER times
+    their median: one update's error (a loss a reference recorded otherwise there, a hand-edited
+    golden) widened every update's allowance by it, 40,000 times in a golden whose one loss was
+    set 1% off. The update it is at keeps its own error. NaN where any is not finite."""
+    if not own.size or not np.isfinite(own).all():
+        return math.nan
+    kept = own[own <= OUTLIER * float(np.median(own))]
+    return float(np.sqrt(np.mean(kept**2))) if kept.size else 0.0
+
+
 def carry_rounding(results: list[UpdateResult]) -> None:
     """Per tensor, raise each update's rounding allowance (floor·||ref||) to the largest it has
     been at any update before. A weight's error is carried from update to update, so a rounding
