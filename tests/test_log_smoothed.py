@@ -168,3 +168,22 @@ def test_a_running_mean_inverts_exactly_and_windows_telescope():
     assert got.tolist() == losses.tolist()
     # windows [0,1] (2*q), [2,3] (4*q + 2*q), [4,5] (2*q): spread over each window's steps
     assert np.allclose(bound, [0.01, 0.01, 0.03, 0.03, 0.01, 0.01])
+
+
+def test_a_loss_falling_fast_then_flat_is_not_taken_for_a_running_mean():
+    """A step loss's printed differences are anti-correlated at lag 1 (about -1/2), a running
+    mean's nearly not: its shrinking second differences were the fall's curvature
+    (fixtures/logs/fast_fall: 7 of 12 such clean pairs failed or were refused)."""
+    from gradalign import api
+
+    from .conftest import FIXTURES
+
+    logs = FIXTURES / "logs" / "fast_fall"
+    for name in ("base.log", "merged.log"):
+        values = np.array(
+            [float(line.split()[-1]) for line in (logs / name).read_text().split("\n") if line]
+        )
+        assert detect(values, np.full(values.size, 5e-7), [], 1) is None
+    result = api.compare(logs / "base.log", logs / "merged.log", accum_steps=K)
+    assert result.verdict == "pass", [d.message for d in result.diagnosis]
+    assert not any("running mean" in note for note in result.notes)
