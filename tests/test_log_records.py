@@ -354,3 +354,49 @@ def test_a_trainer_logs_grad_norm_is_read_and_judged(tmp_path):
     c = api.compare(base, hidden, accum_steps=1)  # only the norm shows it
     norms = next(check for check in c.checks if check.name == "norms before clipping")
     assert c.verdict == "fail" and norms.status == "fail", norms.detail
+
+
+KEYED_NORM_LINES = {  # a line's format, and whether it is printed per micro-step (K = 4)
+    "megatron": (
+        " iteration {u:>8}/      60 | consumed samples: {s:>8} | learning rate: 1.000000E-03 |"
+        " lm loss: {loss:.6E} | loss scale: 1.0 |{norm} |",
+        False,
+    ),
+    "fairseq": ("epoch 001:  {u:>3} / 60 loss={loss:.3f},{norm}, lr=0.001", False),
+    "torchtitan": ("step: {u:2}  loss: {loss:7.4f} {norm}  memory: 1.2GiB", False),
+    "mmengine": ("Iter(train) [{u:>3}/240]  lr: 1.0000e-03 {norm}  loss: {loss:.4f}", True),
+}
+NORM_FIELD = {
+    "megatron": " grad norm: {:.3f}",
+    "fairseq": " gnorm={:.3f}",
+    "torchtitan": " grad_norm: {:7.4f}",
+    "mmengine": " grad_norm: {:.4f}",
+}
+
+
+@pytest.mark.parametrize("form", sorted(KEYED_NORM_LINES))
+def test_a_norm_on_keyed_step_lines_is_read_as_a_records(tmp_path, form):
+    """`grad norm:` (Megatron), `gnorm=` (fairseq), `grad_norm:` (torchtitan, MMEngine): a K
+    times larger gradient that Adam steps alike passed on these lines, though the same run's
+    JSON records failed `loss-scale` by their norms. MMEngine prints a line per micro-step,
+    the norm from the first step on (stale on the lines between steps)."""
+    from gradalign import api
+
+    line, per_micro = KEYED_NORM_LINES[form]
+    k = 4 if per_micro else 1
+
+    def log(name: str, norms: list[float]) -> Path:
+        rows, last, window = [], None, 1 if name == "base" else k
+        for loss, norm in zip(TRAINER_LOSSES, norms, strict=True):
+            for j in range(window):
+                last = norm if j == window - 1 else last  # printed once the window stepped
+                field = "" if last is None else NORM_FIELD[form].format(last)
+                n = len(rows) + 1
+                rows.append(line.format(u=n, s=32 * n, loss=loss, norm=field))
+        return write(tmp_path, "\n".join(rows) + "\n", f"{name}.log")
+
+    base = log("base", TRAINER_NORMS)
+    assert api.compare(base, log("clean", TRAINER_NORMS), accum_steps=k).verdict == "pass"
+    scaled = log("scaled", [n * 4 for n in TRAINER_NORMS])
+    c = api.compare(base, scaled, accum_steps=k)
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", c.diagnosis[0].message

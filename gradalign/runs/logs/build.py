@@ -163,10 +163,11 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
 
 def _per_window(printed: list[Printed | None], k: int) -> tuple[np.ndarray | None, ...]:
     """What each window's last step line prints of a field, and how precisely; None for both
-    where some step line prints none."""
-    if not printed or any(value is None for value in printed):
-        return None, None
+    where some window's last line prints none (MMEngine prints `grad_norm` on the lines of the
+    micro-steps that stepped, from the first window's last on)."""
     last = printed[k - 1 :: k]
+    if not last or any(value is None for value in last):
+        return None, None
     values = np.array([p.value for p in last], dtype=np.float64)
     return values, np.array([number_quantum(p, None) for p in last], dtype=np.float64)
 

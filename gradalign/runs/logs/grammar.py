@@ -74,6 +74,11 @@ _KEYED_LR = re.compile(  # `lr: 0.001`, `lr=[0.0001]`, `learning_rate: 5e-05`, `
     r"(?<![\w.])(?:lr|learning[\s_]rate)\b(?:\(\w+\))?\s*[:=]?\s*(?P<lr>\[*[^\s,\[\]|]+\]*)",
     re.IGNORECASE,
 )
+_KEYED_NORM = re.compile(  # `grad_norm: 1.2` (torchtitan, MMEngine), Megatron's `grad norm: 1.2 |`,
+    # fairseq's `gnorm=1.2`: the total norm clip_grad_norm_ returns, before clipping
+    r"(?<![\w.])(?:grad(?:ient)?[\s_\-]?norm|gnorm)\b\s*[:=]?\s*(?P<norm>\[*[^\s,\[\]|]+\]*)",
+    re.IGNORECASE,
+)
 _EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Epoch 2]`
     r"^\s*\[?\s*epoch\s*[:=#]?\s*(?P<epoch>\d+)\s*(?:/\s*\d+)?\s*\]?\s*$", re.IGNORECASE
 )
@@ -261,6 +266,7 @@ def _step_line(
     found, loss = named  # the loss field and its value; none on a skipped iteration's line
     epoch = _EPOCH.search(text)
     lrs = (whole_or_number(m["lr"]) for m in _KEYED_LR.finditer(text))
+    norms = (one_number(m["norm"]) for m in _KEYED_NORM.finditer(text))
     return StepLine(
         indices[0],
         loss,
@@ -271,6 +277,7 @@ def _step_line(
         counter,
         skipped_count(text),
         loss_scale(text),
+        next((norm for norm in norms if norm is not None), None),
     )
 
 
