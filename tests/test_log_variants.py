@@ -67,6 +67,21 @@ def test_paddle_tensor_losses_and_weights(tmp_path, shape, weights):
     assert looks_like_log(tmp_path / "train.log")
 
 
+@pytest.mark.parametrize("shape", [(), (1,)])
+def test_a_paddle_tensor_loss_with_fields_after_it(tmp_path, shape):
+    """`print(f"epoch: 0, step: {i}, loss: {loss}, lr: {lr:.6f}")` on a Paddle Tensor: its
+    closing `)` stands before the fields that follow it; the lines were refused as holding no
+    step (a 0-d loss) or misread."""
+    text = "".join(
+        f"epoch: 0, step: {i}, loss: {paddle_str(np.float32(loss).reshape(shape))}, "
+        f"lr: {0.01 * (i + 1):.6f}\n"
+        for i, loss in enumerate(LOSSES)
+    )
+    run = read_log(write(tmp_path, text))
+    assert_read(run)
+    assert run.lr.tolist() == pytest.approx([0.01, 0.02, 0.03, 0.04])
+
+
 def test_a_named_paddle_parameter(tmp_path):
     """`print("fc1.weight", weight)`: the name labels the array; a name and one number is a
     metric (`acc [0.5]`), not weights."""

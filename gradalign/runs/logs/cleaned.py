@@ -117,7 +117,9 @@ def _drop_closing(lines: list[str], at: int, start: int) -> None:
             if not is_array_content(text.removesuffix(")")):
                 continue  # a line printed into the middle of the data
         depth += text.count("[") - text.count("]")
-        if depth <= 0:
-            if lines[i].endswith(")"):
-                lines[i] = lines[i][:-1].rstrip()
+        if depth <= 0:  # the `)` after the data's last `]` (a 0-d Tensor's: after its number)
+            line, begin = lines[i], start if i == at else 0
+            close = line.find(")", max(begin, line.rfind("]") + 1))
+            if close >= 0:  # fields may follow it: `loss: Tensor(..., 2.12), lr: 0.04`
+                lines[i] = (line[:close] + line[close + 1 :]).rstrip()
             return
