@@ -453,3 +453,21 @@ def test_a_merged_log_of_one_line_per_micro_step_is_told_its_k(cli, tmp_path):
     )
     six = write(tmp_path, "".join(micro.splitlines(keepends=True)[:6]), "six.log")
     assert "read it with -k" not in cli("compare", base, six, "-k", "1").err  # 1.5 times
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "step {i} loss: Array({loss}, dtype=float32)",  # JAX
+        "{{'step': {i}, 'loss': Array({loss}, dtype=float32), 'lr': Array(0.1, dtype=float32, "
+        "weak_type=True)}}",
+        "Step {i} loss tf.Tensor({loss}, shape=(), dtype=float32)",  # TF 2 eager, str()
+        "Step {i} loss <tf.Tensor: shape=(), dtype=float32, numpy={loss}>",  # repr()
+        "step={i} loss.item()={loss} lr=0.1",  # an f-string's `{loss.item()=}`
+    ],
+)
+def test_other_frameworks_scalars_are_read_as_their_value(tmp_path, line):
+    """JAX's `Array(...)`, TF's `tf.Tensor(...)` and `<tf.Tensor: ... numpy=...>`, and an
+    f-string's `loss.item()=` were refused as holding no step line."""
+    text = "".join(line.format(i=i, loss=loss) + "\n" for i, loss in enumerate(LOSSES))
+    assert_read(read_log(write(tmp_path, text)))

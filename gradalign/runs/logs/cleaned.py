@@ -29,8 +29,14 @@ _TENSOR = re.compile(  # Paddle's Tensor header; its data follows on the next li
 )
 _PARAMETER = "Parameter containing:"  # str() of a Paddle parameter: this line, then the Tensor
 _REPR = re.compile(r"\barray\(|,?\s*dtype=[\w.]+\)")  # numpy's repr: array([...], dtype=float32)
-_WRAPPED = re.compile(  # torch's tensor(1.79, device='cuda:0', ..), numpy 2's np.float32(1.79)
-    r"\b(?:tensor|np\.(?:float|int|uint)\d*)\(\s*(?P<data>\[?\s*[-+\w.]+\s*\]?)\s*(?:,[^()]*)?\)"
+_WRAPPED = re.compile(  # torch's tensor(1.79, device='cuda:0', ..), numpy 2's np.float32(1.79),
+    # JAX's Array(1.79, dtype=float32, weak_type=True), TF's tf.Tensor(1.79, shape=(), dtype=..)
+    r"(?:\b(?:tensor|Array|DeviceArray|np\.(?:float|int|uint)\d*)|\btf\.Tensor)\("
+    r"\s*(?P<data>\[?\s*[-+\w.]+\s*\]?)\s*(?:,(?:[^()]|\([\d,\s]*\))*)?\)"
+)
+_TF_REPR = re.compile(r"<tf\.Tensor:[^<>]*\bnumpy=(?P<data>[-+\w.]+)>")  # `<tf.Tensor: ...>`
+_CALLED = re.compile(  # an f-string's `{loss.item()=}`: the value's name as the key
+    r"(?<=\w)(?:\.(?:item|numpy|cpu|detach|tolist|float)\(\))+(?=\s*[=:])"
 )
 _HALF = re.compile(
     r"(?:\bdtype\s*=\s*['\"]?(?:(?:paddle|torch|np|numpy|jnp|tf)\.)?|\bnp\.)"
@@ -46,15 +52,18 @@ _PLAIN = re.compile(r"[\d\s.eE+\-\[\],naif]*")
 def clean(line: str) -> str:
     """A line without terminal colour codes and backspaces, a launcher's or logger's prefix, a
     progress bar it was glued to (`lines.strip_bars`), numpy's
-    `array(..., dtype=...)`, numpy 2's `np.float32(...)` and torch's `tensor(..., device=...)`
-    wrappers and surrounding white space."""
+    `array(..., dtype=...)`, numpy 2's `np.float32(...)`, torch's `tensor(..., device=...)`,
+    JAX's `Array(...)` and TF's `tf.Tensor(...)` wrappers, an f-string's `loss.item()=` call
+    (the key `loss=`) and surrounding white space."""
     if _PLAIN.fullmatch(line) and not _dash_prefix(line):  # most of a printed array's lines
         return line.strip()
     text = _PREFIX.sub("", _ANSI.sub("", line))
     if "[" in text and (unbarred := strip_bars(text)) != text and unbarred.strip():
         text = _PREFIX.sub("", unbarred)  # a line glued after tqdm's bar; a bar alone is noise
     if "(" in text:  # torch's wrapper first: its `dtype=...)` is not numpy's
-        text = _WRAPPED.sub(r"\g<data>", text)
+        text = _CALLED.sub("", _WRAPPED.sub(r"\g<data>", text))
+    if "<tf." in text:
+        text = _TF_REPR.sub(r"\g<data>", text)
     return _REPR.sub("", text).strip()
 
 
