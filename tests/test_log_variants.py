@@ -464,10 +464,13 @@ def test_a_merged_log_of_one_line_per_micro_step_is_told_its_k(cli, tmp_path):
         "Step {i} loss tf.Tensor({loss}, shape=(), dtype=float32)",  # TF 2 eager, str()
         "Step {i} loss <tf.Tensor: shape=(), dtype=float32, numpy={loss}>",  # repr()
         "step={i} loss.item()={loss} lr=0.1",  # an f-string's `{loss.item()=}`
+        "[{i}] learning_rate=0.1, loss={loss}",  # CLU's text writer (Flax's examples)
+        "I1130 01:00:00.000000 140123 logging_writer.py:48] [{i}] learning_rate=0.1, loss={loss}",
     ],
 )
 def test_other_frameworks_scalars_are_read_as_their_value(tmp_path, line):
-    """JAX's `Array(...)`, TF's `tf.Tensor(...)` and `<tf.Tensor: ... numpy=...>`, and an
-    f-string's `loss.item()=` were refused as holding no step line."""
+    """JAX's `Array(...)`, TF's `tf.Tensor(...)` and `<tf.Tensor: ... numpy=...>`, an
+    f-string's `loss.item()=`, and CLU's `[step] key=value` lines (absl's prefix or none) were
+    refused as holding no step line."""
     text = "".join(line.format(i=i, loss=loss) + "\n" for i, loss in enumerate(LOSSES))
     assert_read(read_log(write(tmp_path, text)))

@@ -79,6 +79,9 @@ _KEYED_NORM = re.compile(  # `grad_norm: 1.2` (torchtitan, MMEngine), Megatron's
     r"(?<![\w.])(?:grad(?:ient)?[\s_\-]?norm|gnorm)\b\s*[:=]?\s*(?P<norm>\[*[^\s,\[\]|]+\]*)",
     re.IGNORECASE,
 )
+_LEAD_INDEX = re.compile(  # CLU's text writer (Flax's examples): `[3] learning_rate=0.1, loss=2.3`
+    r"^\s*\[\s*(?P<index>\d+)\s*\](?=\s)"
+)
 _EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Epoch 2]`
     r"^\s*\[?\s*epoch\s*[:=#]?\s*(?P<epoch>\d+)\s*(?:/\s*\d+)?\s*\]?\s*$", re.IGNORECASE
 )
@@ -230,9 +233,10 @@ def _keyed_step_line(text: str) -> StepLine | None:
     indices = [int(m["index"]) for m in keyed]
     if not indices:
         counter = _counter(text[: named[0].start()])
-        if counter is None:
+        lead = _LEAD_INDEX.match(text) if counter is None else None
+        if counter is None and lead is None:
             return None
-        indices = [counter]
+        indices = [counter if lead is None else int(lead["index"])]
     return _step_line(text, indices, not keyed, named)
 
 
