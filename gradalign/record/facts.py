@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ..runs.digests import bitsum, wrap
+from ..runs.model import working_dtype
 from . import samples
 from .sharded import whole
 
@@ -186,6 +187,15 @@ def named_tensors(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, str, 
     for name, buffer in model.named_buffers():
         named[name] = (buffer, "buffer", tuple(buffer.shape))
     return named
+
+
+def working_torch_dtype(
+    named: dict[str, tuple[torch.Tensor, str, tuple[int, ...]]],
+) -> torch.dtype | None:
+    """The run's working precision (runs/model.py `working_dtype`) as a torch dtype."""
+    params = [(dtype_name(t), t.numel()) for t, kind, _ in named.values() if kind == "param"]
+    found = working_dtype(params)
+    return getattr(torch, found) if found else None
 
 
 # what the run format stores (runs/tensors.py); bfloat16 is widened to float32 exactly

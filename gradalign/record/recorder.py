@@ -45,6 +45,7 @@ from .facts import (
     named_tensors,
     refuse_unstorable,
     sample_count,
+    working_torch_dtype,
 )
 from .skips import checked_updates, skip_steps
 from .window import (
@@ -124,7 +125,7 @@ class Recorder:
         self._places = {id(t): at for at, (t, _, _) in enumerate(self._named.values())}
         self._settings: dict | None = None  # those the first step used (a schedule moves betas)
         first = next(iter(self._named.values()))[0]
-        self._env = environment(first.device, first.dtype)
+        self._env = environment(first.device, working_torch_dtype(self._named) or first.dtype)
         if compute_dtype is not None:
             self._env["compute_dtype"] = compute_dtype
         self._rank_info = rank_info(self._ranks, first.device, self._env)

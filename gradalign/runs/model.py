@@ -7,6 +7,7 @@ This module is numpy-only: the judging side never imports torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,18 @@ Tensors = dict[str, np.ndarray]
 
 # the float dtypes a run may hold, most precise first (the judge ranks precisions by it)
 PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
+
+
+def working_dtype(params: list[tuple[str, int]]) -> str | None:
+    """A run's working precision from its parameters' (dtype, elements): the floating dtype
+    holding the most elements (the first of equals); None where none is floating. The first
+    parameter's dtype was taken: a frozen int8 parameter listed first (QLoRA's) made the run
+    "int8", and a float64 scalar made a float32 model float64."""
+    held: dict[str, int] = {}
+    for dtype, size in params:
+        if dtype in PRECISION_ORDER:
+            held[dtype] = held.get(dtype, 0) + size
+    return max(held, key=lambda d: held[d]) if held else None
 
 
 @dataclass(frozen=True)
@@ -144,9 +157,13 @@ class Run:
 
     @property
     def dtype(self) -> str:
-        """The run's working precision: environment.dtype, else the first parameter's dtype."""
-        params = [t.dtype for t in self.tensors if t.kind == "param"]
-        return self.environment.get("dtype") or (params[0] if params else "float32")
+        """The run's working precision: environment.dtype where it is a floating dtype, else
+        `working_dtype` of its parameters (float32 where none is floating)."""
+        recorded = self.environment.get("dtype")
+        if recorded in PRECISION_ORDER:
+            return recorded
+        params = [(t.dtype, math.prod(t.shape)) for t in self.tensors if t.kind == "param"]
+        return working_dtype(params) or "float32"
 
     @property
     def compute_dtype(self) -> str:

@@ -166,11 +166,15 @@ def write_run(
             for i, g in enumerate(grads):
                 put(f"grads/update_{i:06d}.safetensors", g)
         put("series.safetensors", series)
-        first = np.asarray(init_weights[names[0]]).dtype.name if names else "float32"
+        held = {}  # the working precision: the floating dtype holding the most elements
+        for name in names:
+            value = np.asarray(init_weights[name])
+            if value.dtype.name in ("float64", "float32", "float16", "bfloat16"):
+                held[value.dtype.name] = held.get(value.dtype.name, 0) + value.size
         environment = {
             "writer": "gradalign portable writer",
             "numpy": np.__version__,
-            "dtype": dtype or first,
+            "dtype": dtype or max(held, key=held.get, default="float32"),
         }
         if compute_dtype:
             environment["compute_dtype"] = compute_dtype

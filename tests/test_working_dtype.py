@@ -1,0 +1,76 @@
+"""A run's working precision is the floating dtype holding most of its parameters: the first
+parameter's was taken, so a frozen int8 parameter listed first (QLoRA's quantized base weight)
+made the run "int8" (the float64 reference then crashed the judge, exit 3), and a float64 scalar
+listed first made a float32 model "float64" (its float64 reference refused)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign.api import compare
+
+UPDATES, B = 4, 16
+
+
+class Quantized(nn.Module):
+    """A frozen int8 weight (dequantized in forward) beside a trained adapter and head; or a
+    float64 temperature listed first."""
+
+    def __init__(self, first: str) -> None:
+        super().__init__()
+        if first == "int8":
+            self.qweight = nn.Parameter(
+                torch.randint(-100, 100, (12, 6), dtype=torch.int8), requires_grad=False
+            )
+        else:
+            self.temp = nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
+        self.adapter = nn.Linear(6, 12)
+        self.head = nn.Linear(12, 3)
+
+    def forward(self, x):
+        hidden = self.adapter(x)
+        if hasattr(self, "qweight"):
+            hidden = hidden + x @ (self.qweight.to(x.dtype) * 0.01).t()
+        else:
+            hidden = hidden * self.temp.to(x.dtype)
+        return self.head(torch.tanh(hidden))
+
+
+def _record(out, first: str, k: int, float64: bool = False, reference=None) -> None:
+    torch.manual_seed(0)
+    model = Quantized(first)
+    if float64:
+        model = model.double()  # the int8 weight stays int8
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(trained, lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(UPDATES * B, 6, generator=g)
+    x = x.double() if float64 else x  # the same samples, widened
+    y = torch.randint(0, 3, (UPDATES * B,), generator=g)
+    n = B // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+        for u in range(UPDATES):
+            for j in range(k):
+                rows = slice(u * B + j * n, u * B + (j + 1) * n)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss / k).backward()
+                rec.micro(loss.detach(), batch=(x[rows].float(), y[rows]))
+            opt.step()
+            opt.zero_grad()
+            rec.update()
+
+
+@pytest.mark.parametrize("first", ["int8", "float64"])
+def test_the_working_dtype_is_the_parameters_and_the_reference_is_used(tmp_path, first):
+    _record(tmp_path / "ref", first, 1, float64=True)
+    _record(tmp_path / "base", first, 1, reference="../ref")
+    _record(tmp_path / "merged", first, 4)
+    manifest = json.loads((tmp_path / "base" / "manifest.json").read_text())
+    assert manifest["environment"]["dtype"] == "float32"
+    c = compare(tmp_path / "base", tmp_path / "merged")
+    assert c.reference is not None and c.verdict == "pass", [d.message for d in c.diagnosis]
