@@ -74,3 +74,36 @@ def test_the_working_dtype_is_the_parameters_and_the_reference_is_used(tmp_path,
     assert manifest["environment"]["dtype"] == "float32"
     c = compare(tmp_path / "base", tmp_path / "merged")
     assert c.reference is not None and c.verdict == "pass", [d.message for d in c.diagnosis]
+
+
+@pytest.mark.parametrize("merged_dtype", [torch.bfloat16, torch.float64])
+def test_runs_whose_parameters_differ_in_dtype_are_refused(tmp_path, merged_dtype):
+    """A whole model cast to bfloat16 (its initial weights held exactly) against a float32
+    baseline passed the bfloat16 tolerances: only an autocast dtype was compared."""
+    from gradalign.errors import BadInput
+
+    def record(out, dtype, k):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        with torch.no_grad():  # weights bfloat16 holds: both runs start alike
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+        model = model.to(dtype)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(UPDATES * B, 6, generator=torch.Generator().manual_seed(1))
+        y = torch.randint(0, 3, (UPDATES * B,), generator=torch.Generator().manual_seed(2))
+        with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+            for u in range(UPDATES):
+                for j in range(k):
+                    rows = slice(u * B + j * B // k, u * B + (j + 1) * B // k)
+                    loss = nn.functional.cross_entropy(model(x[rows].to(dtype)).float(), y[rows])
+                    (loss / k).backward()
+                    rec.micro(loss.detach(), batch=(x[rows], y[rows]))
+                opt.step()
+                opt.zero_grad()
+                rec.update()
+
+    record(tmp_path / "base", torch.float32, 1)
+    record(tmp_path / "merged", merged_dtype, 4)
+    with pytest.raises(BadInput, match="the baseline computes in float32, the merged run in"):
+        compare(tmp_path / "base", tmp_path / "merged", reference="none")

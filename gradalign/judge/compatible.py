@@ -154,14 +154,18 @@ def check_compatible(
 def check_same_precision(base: Run, merged: Run) -> None:
     """The two runs must compute at one precision: the noise floor measured on the baseline says
     nothing about a run that computes in fewer bits (autocast, or FSDP's mixed precision in one
-    run only). Runs that record no compute dtype (logs, other writers) are taken as they are."""
+    run only), nor about one whose parameters are of another dtype (a whole model cast to
+    bfloat16 against a float32 baseline passed the fixed tolerances; a float64 model's merged
+    run that forgot `.double()` too). Logs, which record neither, are taken as they are."""
     said = [run.environment.get("compute_dtype") for run in (base, merged)]
-    if not any(said) or base.compute_dtype == merged.compute_dtype:
+    stored = all(run.full_weights and run.tensors for run in (base, merged))
+    if not (any(said) or stored) or base.compute_dtype == merged.compute_dtype:
         return
     raise BadInput(
         f"the baseline computes in {base.compute_dtype}, the merged run in "
-        f"{merged.compute_dtype}: record both with the same precision (the same autocast or "
-        "mixed-precision policy), or the merged run's rounding is taken for an accumulation bug"
+        f"{merged.compute_dtype}: record both with the same precision (the same parameter "
+        "dtype, autocast or mixed-precision policy), or the merged run's rounding is taken for "
+        "an accumulation bug"
     )
 
 
