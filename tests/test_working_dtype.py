@@ -107,3 +107,35 @@ def test_runs_whose_parameters_differ_in_dtype_are_refused(tmp_path, merged_dtyp
     record(tmp_path / "merged", merged_dtype, 4)
     with pytest.raises(BadInput, match="the baseline computes in float32, the merged run in"):
         compare(tmp_path / "base", tmp_path / "merged", reference="none")
+
+
+def test_a_float64_models_loss_computed_in_float32_is_judged_at_float32s_rounding(tmp_path):
+    """`cross_entropy(model(x).float(), y)` in a float64 model: its losses, all float32 numbers,
+    were judged to float64's tolerance and a clean pair failed at 3e-8 (`loss-averaging`)."""
+    from gradalign.judge.tolerances import eps, loss_rounding
+
+    def record(out, k, scale=1.0):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(UPDATES * B, 6, generator=torch.Generator().manual_seed(1)).double()
+        y = torch.randint(0, 3, (UPDATES * B,), generator=torch.Generator().manual_seed(2))
+        with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+            for u in range(UPDATES):
+                for j in range(k):
+                    rows = slice(u * B + j * B // k, u * B + (j + 1) * B // k)
+                    loss = nn.functional.cross_entropy(model(x[rows]).float(), y[rows])
+                    (loss * scale / k).backward()
+                    rec.micro(loss.detach(), batch=(x[rows], y[rows]))
+                opt.step()
+                opt.zero_grad()
+                rec.update()
+
+    record(tmp_path / "base", 1)
+    record(tmp_path / "merged", 4)
+    record(tmp_path / "scaled", 4, scale=4.0)
+    c = compare(tmp_path / "base", tmp_path / "merged", reference="none")
+    assert c.verdict == "pass", [d.message for d in c.diagnosis]
+    assert loss_rounding([c.baseline.micro_loss], "float64") == eps("float32")
+    c = compare(tmp_path / "base", tmp_path / "scaled", reference="none")
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale"

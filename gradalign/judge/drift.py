@@ -1,10 +1,9 @@
 """The drift of noise-dominated elements (judge/noise.py lists the noise model's effects): per
 element and update, how far an element whose gradient is rounding noise may have been stepped
 away from the other run, summed over the updates: `Drift` in memory for whole tensors,
-`DriftFiles` by slice for the streamed judge: the first 16 MiB of slices in memory, the rest
-in scratch files (one sparse float64 file per tensor, created when one of its slices first
-drifts beyond the memory, only the slices that change read and written back); each slice's
-sum of squares is remembered, so the allowance costs no pass over the file.
+`DriftFiles` by slice for the streamed judge (16 MiB of slices in memory, the rest in one sparse
+float64 scratch file per tensor, only the slices that change read and written back; each
+slice's sum of squares remembered, so the allowance costs no pass over the file).
 
 Against a float64 reference, `noise_steps` (and at the first update `first_step_spread`) read
 the baseline and the reference, and the drift widens the tensor's noise (`widened`). Without
@@ -81,12 +80,15 @@ def shared_steps(
     |gm|). All of them where the gradient is noise (an adaptive optimizer steps such an element
     where the noise points); elsewhere a gradient off by a share ρ of itself moves its step by
     at most that share (SGD's step is proportional to it; Adam's first step lr·g/(|g| + eps)
-    changes by less, near its eps too)."""
+    changes by less, near its eps too). None where both are exactly 0 and one run alone stepped
+    (a `.grad` of None skipped, a zero `.grad` stepped on momentum: it passed as noise)."""
     noise = _gradient_noise(gb, gm, rms)
     size = np.abs(gb)
     np.maximum(size, np.abs(gm), out=size)
     share = np.ones_like(size)
     np.divide(noise, size, out=share, where=size > noise)  # below 1 above the noise alone
+    if not size.all():
+        share[(size == 0) & ((b == pb) != (m == pm))] = 0.0
     steps = _both_steps(b, pb, m, pm)
     steps *= share
     return steps
@@ -132,11 +134,8 @@ def _gradient_noise(ga: np.ndarray, gb: np.ndarray, rms: float) -> np.ndarray:
 
 def _both_steps(a: np.ndarray, pa: np.ndarray, b: np.ndarray, pb: np.ndarray) -> np.ndarray:
     """|a − pa| + |b − pb|: two runs' steps at each element."""
-    steps = np.subtract(a, pa)
-    np.abs(steps, out=steps)
-    other = np.subtract(b, pb)
-    np.abs(other, out=other)
-    steps += other
+    steps = np.abs(np.subtract(a, pa))
+    steps += np.abs(np.subtract(b, pb))
     return steps
 
 

@@ -179,14 +179,18 @@ def held_exactly(values: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def loss_rounding(losses: list[np.ndarray], compute: str) -> float:
-    """The epsilon of the 16-bit compute dtype that every recorded loss is a number of (the loss
-    was computed, or rounded, in it: a bfloat16 loss near 21 is a multiple of 0.125, and two
-    runs' losses differ by a step or two of it), or 0: losses in a wider dtype."""
-    if compute not in ("float16", "bfloat16"):
-        return 0.0
+    """The epsilon of a dtype less precise than the run's that every recorded loss is a number
+    of, where the loss was computed or rounded in it: under a 16-bit compute dtype, that dtype
+    (a bfloat16 loss near 21 is a multiple of 0.125, and two runs' losses differ by a step or two
+    of it); in a float64 model, float32 (a loss computed as `cross_entropy(logits.float(), y)`
+    was judged to float64's 1e-12 and failed at 3e-8). Else 0: losses as precise as the run.
+    Two losses or more all held exactly by chance would be 2^-29 (float32) a draw or less."""
     values = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in losses])
     values = values[np.isfinite(values) & (values != 0)]
-    wide = values.astype(np.float32).astype(np.float64) != values
-    if values.size < 2 or wide.any() or not held_exactly(values, compute).all():
+    if values.size < 2 or compute not in ("float64", "float16", "bfloat16"):
         return 0.0
-    return eps(compute)
+    if (values.astype(np.float32).astype(np.float64) != values).any():
+        return 0.0  # wider than float32
+    if compute == "float64" or held_exactly(values, compute).all():
+        return eps("float32" if compute == "float64" else compute)
+    return 0.0
