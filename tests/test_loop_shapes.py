@@ -95,6 +95,9 @@ def record(out, k: int, shape: str, bug: str | None = None, float64: bool = Fals
                 part = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
                 loss = nn.functional.cross_entropy(model(x[part]), y[part])
                 scale = {"no-loss-scale": k, "count-off": 1.0005}.get(bug, 1)
+                if bug == "grad-none-per-micro":  # cleared by hand, not by zero_grad()
+                    for p in params:
+                        p.grad = None
                 (loss / k * scale).backward()
                 rec.micro(loss.detach(), batch=(x[part], y[part]))
                 if bug == "step-every-micro" and j < k - 1:
@@ -270,3 +273,15 @@ def test_a_scale_turned_by_each_micro_batchs_own_weighted_mean_is_loss_scale(tmp
     assert first.code == "loss-scale", first.message
     assert "each micro-batch's own weighted mean" in first.message
     assert first.evidence["expected_ratio"] == 4
+
+
+def test_gradients_cleared_by_hand_inside_the_window_are_named(tmp_path):
+    """`p.grad = None` before each backward keeps only the last micro-batch's gradient: the
+    Recorder counted no zero_grad() there, and the run was named `cross-sample-loss`."""
+    base = record(tmp_path / "base", 1, "mlp")
+    bug = record(tmp_path / "bug", 4, "mlp", bug="grad-none-per-micro")
+    c = compare(base, bug, reference="none")
+    assert c.verdict == "fail" and c.diagnosis[0].code == "zero-grad-in-window", [
+        (d.code, d.message) for d in c.diagnosis
+    ]
+    assert "by hand" in c.diagnosis[0].message

@@ -142,9 +142,12 @@ def _gradient_shape(c: Comparison, r: UpdateResult | None, beside: bool) -> list
     order = [*ranked.GRADIENT_SHAPE, *GRADIENT_SHAPE]
     if beside:  # right after the scale read as it is, before one term's scale is tried
         order.insert(order.index(sig.loss_scale) + 1, _turned_scale)
-    shapes = (signature(c, r) for signature in order)
-    found = [d for d in shapes if d is not None][:1]
-    if not found or found[0].code == "token-normalization":  # read beside a wrong scale
+    shapes = ((signature, signature(c, r)) for signature in order)
+    first = next(((signature, d) for signature, d in shapes if d is not None), None)
+    found = [first[1]] if first is not None else []
+    # read beside a wrong scale: a reweighting, or a gradient about 1/K turned by one (a
+    # per-micro-batch token mean divided by K twice), whose window losses show the scale
+    if first is None or first[0] in (sig.token_normalization, sig.zero_grad_in_window):
         found = sig.with_loss_scale(c, r) or found
     return found
 

@@ -369,19 +369,23 @@ def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
 
 
 def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """Without zero_grad() counts: a gradient about 1/K of the baseline's, pointing elsewhere."""
-    if c.merged.zero_grads_inside is not None:
-        return None  # counted: zero_grad_counted has decided
+    """A gradient about 1/K of the baseline's, pointing elsewhere; where the Recorder counted no
+    zero_grad() in the window, cleared by hand (was `cross-sample-loss`, a fix that did not fit)."""
+    counts = c.merged.zero_grads_inside
+    if counts is not None and counts[r.update]:
+        return None  # zero_grad_counted's
     ratio, cosine, k = r.grad_ratio, r.grad_cosine, window(c)
     if ratio is None or cosine is None or k < 2:
         return None
     if not (0.5 <= ratio * k <= 2.0 and 0 < cosine < same_direction(c, r)):
         return None
+    how = " (by hand: `p.grad = None`, `.zero_()` or `p.grad = g`; no zero_grad() was seen)"
+    how = how if counts is not None else ""
     return Diagnosis(
         "zero-grad-in-window",
         f"at update {r.update} the accumulated gradient is {ratio:.3g} times the baseline's "
         f"(about 1/K = {1 / k:.3g}) and points elsewhere (cosine {cosine:.4f}): only the last "
-        "micro-batch's gradient survived, the earlier ones were cleared inside the window",
+        f"micro-batch's gradient survived, the earlier ones were cleared inside the window{how}",
         {"update": r.update, "grad_ratio": finite(ratio), "grad_cosine": finite(cosine), "K": k},
         _ZERO_GRAD_FIX,
     )
