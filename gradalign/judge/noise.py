@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 
@@ -64,8 +65,10 @@ FEW = 64  # ... except the gradient of update 0 in a tensor of this many element
 
 def pool_noise(results: list[UpdateResult], factor: float) -> None:
     """Per tensor, raise each update's noise to the RMS of its noise over the updates around it
-    (±POOL): one update's noise, measured on a tensor of a few elements, is a poor estimate and
-    its error ratio heavy-tailed (a 4-element bias in bfloat16 fails at 1.2x without this).
+    (±POOL), and a small tensor's to the median share of its norm of the update's tensors of its
+    role (`_small_tensors_noise`): one update's noise, measured on a tensor of a few elements, is a
+    poor estimate and its error ratio heavy-tailed (a 4-element bias in bfloat16 fails at 1.2x
+    without this).
     Not the gradient of update 0 in a tensor of FEW elements or more: both runs compute it from
     the same weights, and the noise of the updates after, grown as the runs part, widened it
     until a bfloat16 token-normalization bug there passed against the reference (allowed
@@ -75,6 +78,7 @@ def pool_noise(results: list[UpdateResult], factor: float) -> None:
         for u, r in enumerate(results):
             for j, d in enumerate(getattr(r, kind)):
                 series.setdefault(d.name, []).append((u, j, d))
+        alike = [_small_tensors_noise(getattr(r, kind)) for r in results]
         for entries in series.values():
             noise = np.array([d.noise if d.noise is not None else np.nan for _, _, d in entries])
             if not np.isfinite(noise).all():
@@ -84,6 +88,7 @@ def pool_noise(results: list[UpdateResult], factor: float) -> None:
                     continue  # from the same weights: its own noise, measured on many elements
                 near = noise[max(0, k - POOL) : k + POOL + 1]
                 pooled = float(np.sqrt(np.mean(near**2)))
+                pooled = max(pooled, alike[u].get(d.name, 0.0))
                 if pooled > d.noise:
                     extra = factor * (pooled - d.noise)
                     getattr(results[u], kind)[j] = dataclasses.replace(d, allowed=d.allowed + extra)
@@ -102,6 +107,31 @@ def pooled_loss_noise(own: np.ndarray) -> float:
         return math.nan
     kept = own[own <= OUTLIER * float(np.median(own))]
     return float(np.sqrt(np.mean(kept**2))) if kept.size else 0.0
+
+
+ALIKE = 4  # small tensors of one role at one update that pool their noise by their size
+_NUMBERS = re.compile(r"\d+")
+
+
+def _small_tensors_noise(diffs: list[TensorDiff]) -> dict[str, float]:
+    """Per small tensor (fewer than FEW elements) of an update, the median noise relative to
+    the baseline's norm over the tensors of its role: those whose names differ only in their
+    numbers (`blocks.3.gate`, `experts.7.bias`, a ParameterList's `b.113`), ALIKE of them at
+    least. One small tensor's noise is one draw, heavy-tailed across updates and tensors alike:
+    300 one-element gains and 300 biases under Adam failed clean runs at up to 2.2x, where the
+    same model with two (300,) tensors passed at 0.4x. Its noise is at least that share of its
+    own norm."""
+    roles: dict[str, list[tuple[str, float]]] = {}
+    for d in diffs:
+        small = d.size is not None and d.size < FEW and d.norm and d.noise is not None
+        if small and math.isfinite(d.noise):  # type: ignore[arg-type]
+            roles.setdefault(_NUMBERS.sub("#", d.name), []).append((d.name, d.noise))
+    shares = {}
+    for members in roles.values():
+        if len(members) >= ALIKE:
+            median = float(np.median([share for _, share in members]))
+            shares.update((name, median) for name, _ in members)
+    return shares
 
 
 def carry_rounding(results: list[UpdateResult]) -> None:
