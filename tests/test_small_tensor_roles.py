@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-import gradalign
 from gradalign.api import compare
+
+from .recorded_loop import train
 
 H, UPDATES, B, SEED = 300, 10, 32, 6
 
@@ -31,24 +32,14 @@ class Scalars(nn.Module):
 def _record(out, k: int, float64: bool = False, reference=None, scale: float = 1.0) -> None:
     torch.manual_seed(SEED)
     model = Scalars().double() if float64 else Scalars()
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(SEED + 1)
     x, y = (
         torch.randn(UPDATES * B, 10, generator=g),
         torch.randint(0, 4, (UPDATES * B,), generator=g),
     )
-    n = B // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
-        for u in range(UPDATES):
-            for j in range(k):
-                rows = slice(u * B + j * n, u * B + (j + 1) * n)
-                inputs = x[rows].double() if float64 else x[rows]
-                loss = nn.functional.cross_entropy(model(inputs), y[rows])
-                (loss * scale / k).backward()
-                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-            opt.step()
-            rec.update()
-            opt.zero_grad()
+    x = x.double() if float64 else x
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    train(out, model, opt, x, y, k, batch=B, scale=scale, reference=reference)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-import gradalign
 from gradalign.api import compare
+
+from .recorded_loop import train
 
 UPDATES, B = 6, 16
 
@@ -34,17 +35,8 @@ def _record(out, k: int, set_to_none: bool) -> None:
         torch.randn(UPDATES * B, 6, generator=g),
         torch.randint(0, 3, (UPDATES * B,), generator=g),
     )
-    n = B // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-        for u in range(UPDATES):
-            for j in range(k):
-                rows = slice(u * B + j * n, u * B + (j + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows], int(u == 0)), y[rows])
-                (loss / k).backward()
-                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-            opt.step()
-            opt.zero_grad(set_to_none=set_to_none)
-            rec.update()
+    forward = lambda rows, u: model(rows, int(u == 0))  # noqa: E731 - the first update's expert
+    train(out, model, opt, x, y, k, batch=B, forward=forward, set_to_none=set_to_none)
 
 
 @pytest.fixture(scope="module")

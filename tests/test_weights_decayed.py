@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-import gradalign
 from gradalign.api import compare
+
+from .recorded_loop import train
 
 UPDATES, B, K, LR, WD = 8, 16, 4, 0.01, 0.1
 
@@ -26,25 +27,19 @@ def _record(out, k: int, bug: str | None = None) -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(UPDATES * B, 6, generator=g)
     y = torch.randint(0, 3, (UPDATES * B,), generator=g)
-    n, micro_steps = B // k, 0
-    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-        for update in range(UPDATES):
-            for j in range(k):
-                # the schedule's count at the window's first micro-step: both runs start at 0
-                step = micro_steps - j if bug == "per-micro" else update
-                opt.param_groups[0]["weight_decay"] = WD * math.cos(step / (2 * UPDATES))
-                rows = slice(update * B + j * n, update * B + (j + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k).backward()
-                micro_steps += 1
-                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-            opt.step()
-            if bug == "decay-k":
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.mul_((1 - LR * WD) ** (k - 1))
-            opt.zero_grad()
-            rec.update()
+
+    def before_micro(update: int, j: int) -> None:
+        # the schedule's count: updates, or (the bug) micro-steps at the window's first
+        step = update * k if bug == "per-micro" else update
+        opt.param_groups[0]["weight_decay"] = WD * math.cos(step / (2 * UPDATES))
+
+    def after_step(update: int) -> None:
+        if bug == "decay-k":
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_((1 - LR * WD) ** (k - 1))
+
+    train(out, model, opt, x, y, k, batch=B, before_micro=before_micro, after_step=after_step)
 
 
 @pytest.fixture(scope="module")

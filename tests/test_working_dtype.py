@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-import gradalign
 from gradalign.api import compare
+
+from .recorded_loop import train
 
 UPDATES, B = 4, 16
 
@@ -52,17 +53,7 @@ def _record(out, first: str, k: int, float64: bool = False, reference=None) -> N
     x = torch.randn(UPDATES * B, 6, generator=g)
     x = x.double() if float64 else x  # the same samples, widened
     y = torch.randint(0, 3, (UPDATES * B,), generator=g)
-    n = B // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
-        for u in range(UPDATES):
-            for j in range(k):
-                rows = slice(u * B + j * n, u * B + (j + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k).backward()
-                rec.micro(loss.detach(), batch=(x[rows].float(), y[rows]))
-            opt.step()
-            opt.zero_grad()
-            rec.update()
+    train(out, model, opt, x, y, k, batch=B, reference=reference)
 
 
 @pytest.mark.parametrize("first", ["int8", "float64"])
@@ -92,16 +83,8 @@ def test_runs_whose_parameters_differ_in_dtype_are_refused(tmp_path, merged_dtyp
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         x = torch.randn(UPDATES * B, 6, generator=torch.Generator().manual_seed(1))
         y = torch.randint(0, 3, (UPDATES * B,), generator=torch.Generator().manual_seed(2))
-        with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-            for u in range(UPDATES):
-                for j in range(k):
-                    rows = slice(u * B + j * B // k, u * B + (j + 1) * B // k)
-                    loss = nn.functional.cross_entropy(model(x[rows].to(dtype)).float(), y[rows])
-                    (loss / k).backward()
-                    rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-                opt.step()
-                opt.zero_grad()
-                rec.update()
+        forward = lambda rows, u: model(rows.to(dtype)).float()  # noqa: E731
+        train(out, model, opt, x, y, k, batch=B, forward=forward)
 
     record(tmp_path / "base", torch.float32, 1)
     record(tmp_path / "merged", merged_dtype, 4)
@@ -120,16 +103,8 @@ def test_a_float64_models_loss_computed_in_float32_is_judged_at_float32s_roundin
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         x = torch.randn(UPDATES * B, 6, generator=torch.Generator().manual_seed(1)).double()
         y = torch.randint(0, 3, (UPDATES * B,), generator=torch.Generator().manual_seed(2))
-        with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-            for u in range(UPDATES):
-                for j in range(k):
-                    rows = slice(u * B + j * B // k, u * B + (j + 1) * B // k)
-                    loss = nn.functional.cross_entropy(model(x[rows]).float(), y[rows])
-                    (loss * scale / k).backward()
-                    rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-                opt.step()
-                opt.zero_grad()
-                rec.update()
+        forward = lambda rows, u: model(rows).float()  # noqa: E731 - the loss in float32
+        train(out, model, opt, x, y, k, batch=B, forward=forward, scale=scale)
 
     record(tmp_path / "base", 1)
     record(tmp_path / "merged", 4)

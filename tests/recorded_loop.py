@@ -1,0 +1,50 @@
+"""The training loop of the tests that record their own runs with `gradalign.Recorder`: each
+update K micro-batches of B/K rows, each loss divided by K, then one step; the hooks are where a
+test's loop differs (its bug, or its schedule)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import gradalign
+
+
+def train(
+    out,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    k: int,
+    *,
+    batch: int,
+    forward: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+    scale: float = 1.0,
+    reference: str | None = None,
+    before_micro: Callable[[int, int], None] | None = None,
+    after_step: Callable[[int], None] | None = None,
+    set_to_none: bool = True,
+) -> None:
+    """`forward(rows, update)`: the logits (default `model(rows)`), whose cross-entropy is the
+    loss; `scale` multiplies it before backward (a wrong loss scale); `before_micro(update,
+    micro)` and `after_step(update)` run inside the loop. The samples are digested in float32,
+    so a float64 rerun on the widened rows sees the same ones."""
+    n, updates = batch // k, x.shape[0] // batch
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+        for u in range(updates):
+            for j in range(k):
+                if before_micro is not None:
+                    before_micro(u, j)
+                rows = slice(u * batch + j * n, u * batch + (j + 1) * n)
+                logits = model(x[rows]) if forward is None else forward(x[rows], u)
+                loss = nn.functional.cross_entropy(logits, y[rows])
+                (loss * scale / k).backward()
+                rec.micro(loss.detach(), batch=(x[rows].float(), y[rows]))
+            opt.step()
+            if after_step is not None:
+                after_step(u)
+            opt.zero_grad(set_to_none=set_to_none)
+            rec.update()
