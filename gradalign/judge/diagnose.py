@@ -149,6 +149,11 @@ def _gradient_shape(c: Comparison, r: UpdateResult | None, beside: bool) -> list
     # per-micro-batch token mean divided by K twice), whose window losses show the scale
     if first is None or first[0] in (sig.token_normalization, sig.zero_grad_in_window):
         found = sig.with_loss_scale(c, r) or found
+    if found and first is not None and first[0] is sig.zero_grad_in_window and not beside:
+        # its shape alone: a cause the run recorded comes first (labels from another micro-batch
+        # in its row digests, buffers its forward wrote, a comm hook)
+        recorded = (sig.buffers_in_forward(c), ranked.dp_comm_hook(c), sig.rows_differ(c))
+        found = [d for d in recorded if d is not None][:1] or found
     return found
 
 

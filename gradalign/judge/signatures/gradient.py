@@ -369,15 +369,15 @@ def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
 
 
 def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """A gradient about 1/K of the baseline's, pointing elsewhere; where the Recorder counted no
-    zero_grad() in the window, cleared by hand (was `cross-sample-loss`, a fix that did not fit)."""
+    """A gradient about 1/K of the baseline's (nearer it than 1), pointing elsewhere; where the
+    Recorder counted no zero_grad() in the window, cleared by hand (was `cross-sample-loss`)."""
     counts = c.merged.zero_grads_inside
     if counts is not None and counts[r.update]:
         return None  # zero_grad_counted's
     ratio, cosine, k = r.grad_ratio, r.grad_cosine, window(c)
     if ratio is None or cosine is None or k < 2:
         return None
-    if not (0.5 <= ratio * k <= 2.0 and 0 < cosine < same_direction(c, r)):
+    if not (0.5 <= ratio * k <= 2.0 and ratio < k**-0.5 and 0 < cosine < same_direction(c, r)):
         return None
     how = " (by hand: `p.grad = None`, `.zero_()` or `p.grad = g`; no zero_grad() was seen)"
     how = how if counts is not None else ""
