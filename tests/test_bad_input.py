@@ -152,7 +152,13 @@ def test_runs_of_different_models(cli, tmp_path, small_runs):
 
 def test_runs_of_different_lengths(cli, tmp_path, small_runs):
     other = train(SMALL.replace(updates=3), tmp_path / "short")
-    one_line_error(cli("compare", small_runs["baseline"], other), "different lengths", "4", "3")
+    one_line_error(
+        cli("compare", small_runs["baseline"], other),
+        "different lengths",
+        "4",
+        "3",
+        "the merged run stopped early? its run ended after update 2; both hold updates 0 to 2",
+    )
 
 
 def test_runs_from_different_initial_weights(cli, tmp_path, small_runs):

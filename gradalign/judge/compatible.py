@@ -29,7 +29,7 @@ REFERENCE_SANITY_RTOL = 1e-2
 REFERENCE_SANITY_EPS = 64
 
 
-def _per_update_hint(base: Run, other: Run) -> str:
+def _per_update_hint(base: Run, other: Run, other_name: str = "merged") -> str:
     """Runs that read other numbers of samples lost or gained a window at the end of the data; a
     log whose step lines are as many as the baseline's updates prints one per update; one that
     prints each step on N lines, N times as many updates, may be N processes' lines."""
@@ -41,6 +41,10 @@ def _per_update_hint(base: Run, other: Run) -> str:
         )
     if base.micro_samples is not None and other.micro_samples is not None:
         read = int(base.micro_samples.sum()), int(other.micro_samples.sum())
+        mine, theirs = base.window_sums(base.micro_samples), other.window_sums(other.micro_samples)
+        n = min(len(mine), len(theirs))
+        if read[0] != read[1] and np.array_equal(mine[:n], theirs[:n]):
+            return _stopped_early(base, other, other_name)  # each window alike, fewer of them
         if read[0] != read[1]:
             return (
                 f" (the baseline read {read[0]} samples, the other {read[1]}: a "
@@ -59,10 +63,25 @@ def _per_update_hint(base: Run, other: Run) -> str:
             f"prints one line per micro-step, read it with -k {other.accum_steps * ratio})"
         )
     if other.kind != "log" or other.accum_steps < 2 or lines != base.updates:
-        return ""
+        return _stopped_early(base, other, other_name)
     return (
         f" (its log holds {lines} step lines, as many as the baseline's updates: if it prints "
         "one line per update, not one per micro-step, give it -k 1)"
+    )
+
+
+def _stopped_early(base: Run, other: Run, other_name: str) -> str:
+    """A run that holds fewer updates than the other, nothing else told: one stopped early (its
+    process killed, a log cut while it was written); say which, and what both hold."""
+    other_name = "merged run" if other_name == "merged" else other_name
+    shorter, name = (base, "baseline") if base.updates < other.updates else (other, other_name)
+    if not shorter.updates:
+        return ""
+    what = "its log was cut, or its run" if shorter.kind == "log" else "its run"
+    return (
+        f" (the {name} stopped early? {what} ended after update {shorter.updates - 1}; both hold "
+        f"updates 0 to {shorter.updates - 1}: record the runs to the same length, or cut the "
+        "longer log to those updates, to judge them)"
     )
 
 
@@ -115,7 +134,7 @@ def check_compatible(
     if base.updates != other.updates and not bookkeeping:
         raise BadInput(
             f"{what} of different lengths: baseline has {base.updates} updates, "
-            f"{other_name} has {other.updates}" + _per_update_hint(base, other)
+            f"{other_name} has {other.updates}" + _per_update_hint(base, other, other_name)
         )
     if base.updates == 0 or (other.updates == 0 and not bookkeeping):
         raise BadInput("the runs hold no updates to compare")
