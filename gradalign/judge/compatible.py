@@ -42,9 +42,9 @@ def _per_update_hint(base: Run, other: Run, other_name: str = "merged") -> str:
     if base.micro_samples is not None and other.micro_samples is not None:
         read = int(base.micro_samples.sum()), int(other.micro_samples.sum())
         mine, theirs = base.window_sums(base.micro_samples), other.window_sums(other.micro_samples)
-        n = min(len(mine), len(theirs))
-        if read[0] != read[1] and np.array_equal(mine[:n], theirs[:n]):
-            return _stopped_early(base, other, other_name)  # each window alike, fewer of them
+        n, longer = min(len(mine), len(theirs)), mine if len(mine) > len(theirs) else theirs
+        if np.array_equal(mine[:n], theirs[:n]) and longer[-1] == longer.max():
+            return _stopped_early(base, other, other_name)  # alike, fewer, no short last one
         if read[0] != read[1]:
             return (
                 f" (the baseline read {read[0]} samples, the other {read[1]}: a "
