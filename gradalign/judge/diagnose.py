@@ -98,8 +98,9 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
 
 
 def _last_resort(c: Comparison) -> list[Diagnosis]:
-    """What the forward writes, or the data-parallel hook, or a loss over the micro-batch
-    differs, nothing else does: at most one."""
+    """A wrong loss scale's exact ratio that the tolerance let the gradient pass with, or what
+    the forward writes, or the data-parallel hook, or a loss over the micro-batch differs,
+    nothing else does: at most one."""
     last = (
         scaled_within_tolerance(c),  # a wrong loss scale's exact ratio the tolerance let pass
         sig.buffers_in_forward(c),

@@ -65,8 +65,8 @@ FEW = 64  # ... except the gradient of update 0 in a tensor of this many element
 
 def pool_noise(results: list[UpdateResult], factor: float) -> None:
     """Per tensor, raise each update's noise to the RMS of its noise over the updates around it
-    (±POOL), and a small tensor's to the median share of its norm of the update's tensors of its
-    role (`_small_tensors_noise`): one update's noise, measured on a tensor of a few elements, is a
+    (±POOL), and a small tensor's to the median noise of the update's tensors of its role
+    (`_small_tensors_noise`): one update's noise, measured on a tensor of a few elements, is a
     poor estimate and its error ratio heavy-tailed (a 4-element bias in bfloat16 fails at 1.2x
     without this).
     Not the gradient of update 0 in a tensor of FEW elements or more: both runs compute it from
@@ -109,18 +109,18 @@ def pooled_loss_noise(own: np.ndarray) -> float:
     return float(np.sqrt(np.mean(kept**2))) if kept.size else 0.0
 
 
-ALIKE = 4  # small tensors of one role at one update that pool their noise by their size
+ALIKE = 4  # small tensors of one role at one update that pool their noise
 _NUMBERS = re.compile(r"\d+")
 
 
 def _small_tensors_noise(diffs: list[TensorDiff]) -> dict[str, float]:
-    """Per small tensor (fewer than FEW elements) of an update, the median noise relative to
-    the baseline's norm over the tensors of its role: those whose names differ only in their
-    numbers (`blocks.3.gate`, `experts.7.bias`, a ParameterList's `b.113`), ALIKE of them at
-    least. One small tensor's noise is one draw, heavy-tailed across updates and tensors alike:
-    300 one-element gains and 300 biases under Adam failed clean runs at up to 2.2x, where the
-    same model with two (300,) tensors passed at 0.4x. Its noise is at least that share of its
-    own norm."""
+    """Per small tensor (fewer than FEW elements) of an update, the median noise over the
+    tensors of its role: those whose names differ only in their numbers (`blocks.3.gate`,
+    `experts.7.bias`, a ParameterList's `b.113`), ALIKE of them at least; tensors of one role
+    are drawn alike. One small tensor's noise is one draw, heavy-tailed across updates and
+    tensors: 300 one-element gains and 300 biases under Adam failed clean runs at up to 2.2x,
+    where the same model with two (300,) tensors passed at 0.4x. Its noise is at least that
+    median (a share of each one's norm left a bias fitted towards 0 too little)."""
     roles: dict[str, list[tuple[str, float]]] = {}
     for d in diffs:
         small = d.size is not None and d.size < FEW and d.norm and d.noise is not None

@@ -62,7 +62,7 @@ def weights_decayed(c: Comparison) -> Diagnosis | None:
     )
     if share < EXPLAINED:
         return None
-    decayed = {n: a for n, a in fitted.items() if abs(a) * _size(start[n]) > _noise(r, n)}
+    decayed = {n: a for n, a in fitted.items() if abs(a) * _size(start[n]) > _allowed(r, n)}
     if not decayed:
         return None
     a = max(decayed.values(), key=abs)
@@ -124,6 +124,6 @@ def _size(values: np.ndarray) -> float:
     return float(np.linalg.norm(np.asarray(values, np.float64)))
 
 
-def _noise(r: UpdateResult, name: str) -> float:
+def _allowed(r: UpdateResult, name: str) -> float:
     """What the weight check allowed a tensor at this update: a decay below it is no evidence."""
     return next((d.allowed for d in r.weights if d.name == name), 0.0)
