@@ -12,6 +12,7 @@ from ..errors import BadInput
 from ..runs.model import Run, Tensors
 from ..runs.sketches import dot
 from .distributed import listed
+from .lengths import length_hint
 from .metrics import diff
 from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
 from .window_sizes import has_problems
@@ -27,80 +28,6 @@ _REFERENCE_MAY_DIFFER = {
 # least 64 epsilons of the compute dtype (6.3% for float16, 50% for bfloat16).
 REFERENCE_SANITY_RTOL = 1e-2
 REFERENCE_SANITY_EPS = 64
-
-
-def _per_update_hint(base: Run, other: Run, other_name: str = "merged") -> str:
-    """Runs that read other numbers of samples lost or gained a window at the end of the data; a
-    log whose step lines are as many as the baseline's updates prints one per update; one that
-    prints each step on N lines, N times as many updates, may be N processes' lines."""
-    times = int(other.config.get("lines_per_step", 1)) if other.kind == "log" else 1
-    if times > 1 and other.updates == base.updates * times:
-        return (
-            f" (its log prints each step on {times} lines, read as {times} micro-steps each: if "
-            f"{times} processes print into one log, give one log per card)"
-        )
-    if base.micro_samples is not None and other.micro_samples is not None:
-        read = int(base.micro_samples.sum()), int(other.micro_samples.sum())
-        mine, theirs = base.window_sums(base.micro_samples), other.window_sums(other.micro_samples)
-        n, longer = min(len(mine), len(theirs)), mine if len(mine) > len(theirs) else theirs
-        if np.array_equal(mine[:n], theirs[:n]) and longer[-1] == longer.max():
-            return _stopped_early(base, other, other_name)  # alike, fewer, no short last one
-        if read[0] != read[1]:
-            return (
-                f" (the baseline read {read[0]} samples, the other {read[1]}: a "
-                "window that crosses the end of the data without a step there is dropped or "
-                "runs on into the next pass; step at the end of each pass over the data, as "
-                "accelerate's sync_with_dataloader=True does)"
-            )
-        crossed = _window_crossing(base, other)
-        if crossed:
-            return crossed
-    lines = other.updates * other.accum_steps
-    ratio, rest = divmod(other.updates, base.updates) if base.updates else (0, 1)
-    if other.kind == "log" and times == 1 and not rest and ratio > 1:
-        return (
-            f" (its log holds {lines} step lines, {ratio} times the baseline's updates: if it "
-            f"prints one line per micro-step, read it with -k {other.accum_steps * ratio})"
-        )
-    if other.kind != "log" or other.accum_steps < 2 or lines != base.updates:
-        return _stopped_early(base, other, other_name)
-    return (
-        f" (its log holds {lines} step lines, as many as the baseline's updates: if it prints "
-        "one line per update, not one per micro-step, give it -k 1)"
-    )
-
-
-def _stopped_early(base: Run, other: Run, other_name: str) -> str:
-    """A run that holds fewer updates than the other, nothing else told: one stopped early (its
-    process killed, a log cut while it was written); say which, and what both hold."""
-    other_name = "merged run" if other_name == "merged" else other_name
-    shorter, name = (base, "baseline") if base.updates < other.updates else (other, other_name)
-    if not shorter.updates:
-        return ""
-    what = "its log was cut, or its run" if shorter.kind == "log" else "its run"
-    return (
-        f" (the {name} stopped early? {what} ended after update {shorter.updates - 1}; both hold "
-        f"updates 0 to {shorter.updates - 1}: record the runs to the same length, or cut the "
-        "longer log to those updates, to judge them)"
-    )
-
-
-def _window_crossing(base: Run, other: Run) -> str:
-    """Both runs read the same samples, but a window of the other run holds another number of
-    them than the baseline's batch at that update: its windows ran across an epoch's end."""
-    mine = base.window_sums(base.micro_samples)
-    theirs = other.window_sums(other.micro_samples)
-    n = min(len(mine), len(theirs))
-    apart = [i for i in range(n) if mine[i] != theirs[i]]
-    if not apart:
-        return ""
-    i = apart[0]
-    return (
-        f" (both read {int(base.micro_samples.sum())} samples, but the other run's window "
-        f"{i} holds {int(theirs[i])} of them and the baseline's batch {int(mine[i])}: a window "
-        "that runs across an epoch's end, its micro-batches counted over the whole run instead "
-        "of per epoch, mixes two passes; step at the end of each pass over the data)"
-    )
 
 
 def _first_difference(
@@ -134,7 +61,7 @@ def check_compatible(
     if base.updates != other.updates and not bookkeeping:
         raise BadInput(
             f"{what} of different lengths: baseline has {base.updates} updates, "
-            f"{other_name} has {other.updates}" + _per_update_hint(base, other, other_name)
+            f"{other_name} has {other.updates}" + length_hint(base, other, other_name)
         )
     if base.updates == 0 or (other.updates == 0 and not bookkeeping):
         raise BadInput("the runs hold no updates to compare")
