@@ -474,3 +474,17 @@ def test_other_frameworks_scalars_are_read_as_their_value(tmp_path, line):
     refused as holding no step line."""
     text = "".join(line.format(i=i, loss=loss) + "\n" for i, loss in enumerate(LOSSES))
     assert_read(read_log(write(tmp_path, text)))
+
+
+def test_a_last_line_cut_while_written_is_left_out(tmp_path):
+    """A killed run's buffered output ends mid-number: `lr 1.630896e-0` (of `e-04`) was read
+    as an lr of 1.63, and a clean pair failed `lr-schedule`. A last line without a line end that
+    is shorter than the line before it that begins alike is left out, with a note; a whole last
+    line without its line end is read."""
+    lines = [f"step {i} loss {loss:.6f} lr {1.6e-4 * (i + 1):.6e}" for i, loss in enumerate(LOSSES)]
+    cut = write(tmp_path, "\n".join(lines)[:-2], "cut.log")
+    run = read_log(cut)
+    assert run.micro_loss.tolist() == LOSSES[:3]
+    assert any("its last line (4) has no line end" in note for note in run.notes)
+    whole = read_log(write(tmp_path, "\n".join(lines), "whole.log"))
+    assert_read(whole)

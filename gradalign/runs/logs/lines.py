@@ -43,10 +43,12 @@ _BAR = re.compile(BAR)
 
 @dataclass
 class Lines:
-    """A log's segments (`texts`) and the line number each is on (`numbers`, from 1)."""
+    """A log's segments (`texts`) and the line number each is on (`numbers`, from 1); `cut`:
+    the number of a last line left out as cut while it was written (`segments`)."""
 
     texts: list[str] = field(default_factory=list)
     numbers: list[int] = field(default_factory=list)
+    cut: int | None = None
 
 
 _HISTORY = '"log_history"'  # transformers' trainer_state.json: its records in one list
@@ -87,11 +89,29 @@ def segments(text: str) -> Lines:
     parts = text.split("\n")
     if parts[-1] == "":
         parts.pop()
+    elif _cut_short(parts):
+        lines.cut, parts[-1] = len(parts), ""
     for number, line in enumerate(parts, start=1):
         pieces = line.removesuffix("\r").split("\r")
         lines.texts += pieces
         lines.numbers += [number] * len(pieces)
     return lines
+
+
+_LEAD = re.compile(r"\D*")  # a line's text before its first digit: `step `, `[Train] epoch `
+
+
+def _cut_short(parts: list[str]) -> bool:
+    """Whether a last line without a line end is shorter than the line before it that begins
+    alike (up to its first digit): a line cut while it was written, as a killed run's buffered
+    output leaves it (`step 59 loss 0.493164 lr 1.630896e-0`, cut from `e-04`, read as an lr of
+    1.63). A whole last line without its line end is as long as the lines before it."""
+    last = parts[-1].rstrip("\r")
+    lead = _LEAD.match(last)[0]
+    if not last.strip() or not lead.strip():
+        return False
+    before = next((p.rstrip("\r") for p in reversed(parts[:-1]) if p.startswith(lead)), None)
+    return before is not None and len(last) < len(before)
 
 
 def strip_bars(text: str) -> str:

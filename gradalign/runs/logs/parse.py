@@ -39,6 +39,12 @@ class _Pass:
         self.key = key  # the step key read on every line (its place among the line's step keys)
         self.most_keys = 1  # the most step keys a step line held
         self.step_at = 0  # the segment the current step was first printed on
+        if lines.cut is not None:
+            self.log.notes.append(
+                f"{path}: its last line ({lines.cut}) has no line end and is shorter than the "
+                "line before it that begins alike: cut while it was written (a killed run's "
+                "buffered output); left out"
+            )
 
     def number(self, index: int) -> int:
         """The line number segment `index` is on."""
