@@ -488,3 +488,11 @@ def test_a_last_line_cut_while_written_is_left_out(tmp_path):
     assert any("its last line (4) has no line end" in note for note in run.notes)
     whole = read_log(write(tmp_path, "\n".join(lines), "whole.log"))
     assert_read(whole)
+
+
+def test_micro_steps_that_fill_no_last_window_say_how_many_it_holds(tmp_path):
+    """A merged log of micro-steps killed inside a window: the refusal said only that the
+    micro-steps cannot be split, not what the last window holds."""
+    text = "".join(f"step {i} loss {0.5 - 0.01 * i:.4f}\n" for i in range(7))
+    with pytest.raises(BadInput, match="the last window holds 3 of 4"):
+        read_log(write(tmp_path, text), accum_steps=4)

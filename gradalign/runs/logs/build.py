@@ -113,7 +113,9 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
         )
     if micro % k:
         raise BadInput(
-            f"{path}: {micro} micro-steps cannot be split into windows of accum_steps={k}"
+            f"{path}: {micro} micro-steps cannot be split into windows of accum_steps={k}: the "
+            f"last window holds {micro % k} of {k} (the run stopped early, its log was cut, or "
+            "its data ended inside a window; a log prints no step count to tell which)"
         )
     n = micro // k
     if len(log.means) > n:
