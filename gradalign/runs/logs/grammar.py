@@ -204,7 +204,8 @@ def step_line(text: str) -> StepLine | None:
 def _keyed_step_line(text: str) -> StepLine | None:
     """`epoch 0, step: 3, loss: 2.29, lr: 0.001`: the step keys (a `global` one first) and the
     first training loss, in any order among other fields; where no step key, a counter before
-    the loss (`Iter(train) [ 3/20]`, `[0/60000 (0%)]`, `3 / 20`) is the step. None if the line
+    the loss (`Iter(train) [ 3/20]`, `[0/60000 (0%)]`, `3 / 20`), else a bracketed number that
+    starts the line (CLU's `[3] loss=2.3`), is the step. None if the line
     holds no such pair, or is a framework, warning, evaluation or progress-bar line."""
     if _NOT_TRAINING.search(text):
         return None

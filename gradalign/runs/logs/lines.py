@@ -2,6 +2,8 @@
 
     line numbers   a `\\n` (or `\\r\\n`) ends a line; a `\\r` inside a line (a progress bar
                    redrawing itself) separates segments, each read alone under the line's number;
+                   a last line without its `\\n`, shorter than the line before it that begins
+                   alike, was cut while written and is left out (`Lines.cut`);
                    no other character ends a line (`str.splitlines` also splits on `\\x0b`,
                    `\\x0c`, `\\x1c`-`\\x1e`, `\\x85`, `\\u2028`, `\\u2029`, and misnumbers)
     tqdm's bar     written after a `\\r` without a newline, so the next line printed shares its
