@@ -103,13 +103,17 @@ def _last_resort(c: Comparison) -> list[Diagnosis]:
     nothing else does: at most one."""
     last = (
         scaled_within_tolerance(c),  # a wrong loss scale's exact ratio the tolerance let pass
-        sig.buffers_in_forward(c),
-        ranked.dp_comm_hook(c),
-        sig.rows_differ(c),
+        *_recorded_causes(c),
         sig.scale_under_reweighting(c),
         sig.cross_sample_gradient(c),
     )
     return [d for d in last if d is not None][:1]
+
+
+def _recorded_causes(c: Comparison) -> tuple[Diagnosis | None, ...]:
+    """Causes the run recorded: buffers its forward wrote, a comm hook, rows from another
+    micro-batch in its row digests."""
+    return sig.buffers_in_forward(c), ranked.dp_comm_hook(c), sig.rows_differ(c)
 
 
 def _shape(c: Comparison, beside: bool) -> tuple[list[Diagnosis], bool]:
@@ -151,10 +155,8 @@ def _gradient_shape(c: Comparison, r: UpdateResult | None, beside: bool) -> list
     if first is None or first[0] in (sig.token_normalization, sig.zero_grad_in_window):
         found = sig.with_loss_scale(c, r) or found
     if found and first is not None and first[0] is sig.zero_grad_in_window and not beside:
-        # its shape alone: a cause the run recorded comes first (labels from another micro-batch
-        # in its row digests, buffers its forward wrote, a comm hook)
-        recorded = (sig.buffers_in_forward(c), ranked.dp_comm_hook(c), sig.rows_differ(c))
-        found = [d for d in recorded if d is not None][:1] or found
+        # its shape alone: a cause the run recorded comes first
+        found = [d for d in _recorded_causes(c) if d is not None][:1] or found
     return found
 
 

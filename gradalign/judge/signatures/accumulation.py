@@ -9,6 +9,7 @@ match is evidence, not a guess; each returns None when its fact is absent.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -33,6 +34,25 @@ def _explained(delta: np.ndarray, basis: np.ndarray) -> tuple[float, float]:
     a = float(delta @ basis) / bb
     residual = float(np.linalg.norm(delta - a * basis)) / math.sqrt(dd)
     return a, 1.0 - residual
+
+
+def flat64(values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, np.float64).ravel()
+
+
+def per_tensor_fit(
+    pairs: Iterable[tuple[str, np.ndarray, np.ndarray]],
+) -> tuple[float, dict[str, float]]:
+    """For (name, difference, basis) of each tensor: the share of all the differences together
+    that each tensor's own multiple of its basis explains (1 − the residual's norm over theirs),
+    and those multiples (the least-squares `_explained`)."""
+    fitted, residual, total = {}, 0.0, 0.0
+    for name, delta, basis in pairs:
+        a, _ = _explained(delta, basis)
+        fitted[name] = a
+        residual += float(np.sum((delta - a * basis) ** 2))
+        total += float(delta @ delta)
+    return (1 - math.sqrt(residual / total) if total > 0 else 0.0), fitted
 
 
 def _params(c: Comparison, grads: Tensors) -> list[str]:
@@ -73,17 +93,12 @@ def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     start = weights_of(c, c.baseline, None if r.update == 0 else r.update - 1)
     if gb is None or gm is None or start is None:
         return None
-    fitted, residual, total = {}, 0.0, 0.0
-    for name in _params(c, gb):
-        delta = np.asarray(gm[name], np.float64).ravel() - np.asarray(gb[name], np.float64).ravel()
-        w = np.asarray(start[name], np.float64).ravel()
-        if w.size < 2:  # one number is a multiple of any other: its fit is no evidence
-            continue
-        a, _ = _explained(delta, w)
-        fitted[name] = a
-        residual += float(np.sum((delta - a * w) ** 2))
-        total += float(delta @ delta)
-    share = 1 - math.sqrt(residual / total) if total > 0 else 0.0
+    pairs = (
+        (name, flat64(gm[name]) - flat64(gb[name]), flat64(start[name]))
+        for name in _params(c, gb)
+        if np.size(start[name]) > 1  # one number is a multiple of any other: no evidence
+    )
+    share, fitted = per_tensor_fit(pairs)
     coefficients = [a for a in fitted.values() if abs(a) > 0]
     if share < EXPLAINED or not coefficients or max(coefficients) <= 0:
         return None

@@ -14,7 +14,7 @@ import numpy as np
 from ...runs.model import Tensors
 from ..distributed import listed
 from ..results import Comparison, Diagnosis, UpdateResult
-from .accumulation import EXPLAINED
+from .accumulation import EXPLAINED, flat64, per_tensor_fit
 from .common import finite, weights_of, window
 from .optimizer import optimizer_settings
 
@@ -31,7 +31,7 @@ def _first_in_step(c: Comparison) -> UpdateResult | None:
 
 
 def _gap(merged: Tensors, base: Tensors, name: str) -> np.ndarray:
-    return np.asarray(merged[name], np.float64).ravel() - np.asarray(base[name], np.float64).ravel()
+    return flat64(merged[name]) - flat64(base[name])
 
 
 def weights_decayed(c: Comparison) -> Diagnosis | None:
@@ -101,16 +101,8 @@ def _fit(
 ) -> tuple[float, dict[str, float]]:
     """The share of this update's weight difference that is per tensor a multiple of `basis`,
     and each tensor's multiple."""
-    fitted, residual, total = {}, 0.0, 0.0
-    for name in names:
-        delta = _gap(wm, wb, name) - _gap(sm, sb, name)
-        start = np.asarray(basis[name], np.float64).ravel()
-        ss = float(start @ start)
-        a = float(delta @ start) / ss if ss > 0 else 0.0
-        fitted[name] = a
-        residual += float(np.sum((delta - a * start) ** 2))
-        total += float(delta @ delta)
-    return (1 - math.sqrt(residual / total) if total > 0 else 0.0), fitted
+    pairs = ((n, _gap(wm, wb, n) - _gap(sm, sb, n), flat64(basis[n])) for n in names)
+    return per_tensor_fit(pairs)
 
 
 def _named_by_settings(c: Comparison) -> bool:
