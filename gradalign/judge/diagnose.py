@@ -205,8 +205,9 @@ def _why_it_passes(c: Comparison) -> list[Diagnosis]:
         factor, farthest = c.tolerances.noise_factor, max(noise, default=0.0)
         floor = (
             ", more where the noise model says why: one rounding of the tensor where the "
-            "baseline computed it almost exactly, the drift of noise-dominated elements, a kink "
-            "crossed in one run or an element's high optimizer gain (noted)"
+            "baseline computed it almost exactly, a small tensor's noise measured on few "
+            "elements, the drift of noise-dominated elements, a kink crossed in one run or an "
+            "element's high optimizer gain (noted)"
             if farthest > factor
             else ""
         )

@@ -176,11 +176,15 @@ class _SummaryJudge:
             rounding = self.floor * center["norm"]
         else:
             scale = kept.get("moved", kept["norm"])
-            size = self.sizes[name]
-            allowed = fixed_allowed(rtol, scale, self.tol.weight_atol, size, floor, kept["norm"])
+            allowed = fixed_allowed(
+                rtol, scale, self.tol.weight_atol, self.sizes[name], floor, kept["norm"]
+            )
         nan = math.nan
         moved, noise = kept.get("moved"), kept.get("noise")
-        diff = TensorDiff(name, nan, nan, nan, nan, error, allowed, moved, noise, rounding=rounding)
+        size = self.sizes.get(name)
+        diff = TensorDiff(
+            name, nan, nan, nan, nan, error, allowed, moved, noise, rounding=rounding, size=size
+        )
         return diff, mine
 
 
