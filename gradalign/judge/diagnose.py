@@ -16,6 +16,7 @@ from collections.abc import Callable
 from . import signatures as sig
 from .below_noise import scaled_within_tolerance
 from .distributed import listed
+from .hints import unexplained_hints
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
 from .signatures import distributed as ranked
 from .signatures import failing, finite
@@ -176,7 +177,9 @@ def _unexplained(c: Comparison) -> Diagnosis:
         )
     failed = [check.name for check in c.checks if check.status == FAIL]
     message = f"no known accumulation bug fits the evidence (failed: {', '.join(failed)})"
-    fix = None
+    said, fixes = unexplained_hints(c, r)
+    message += "".join(f"; {clause}" for clause in said)
+    fix = "; ".join(fixes) or None
     if c.reference is None and failed and set(failed) <= {"weights", "gradients"}:
         message += (
             "; without a float64 reference the tensors are judged by fixed tolerances, measured "
@@ -189,7 +192,7 @@ def _unexplained(c: Comparison) -> Diagnosis:
         )
         if c.dtype in ("float16", "bfloat16"):
             message += f", and {c.dtype} rounds each forward and backward far more coarsely"
-        fix = (
+        fix = (fix + "; " if fix else "") + (
             "judge against a float64 rerun of the baseline, which measures that noise: "
             "`gradalign baseline` records one; for your own loop, record the baseline again "
             "with the model and data in float64 and pass it as --reference"

@@ -160,7 +160,21 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
     # the lr and the gradient's norm (before clipping) its optimizer step took
     run.lr, run.lr_quantum = _per_window(log.lrs, k)
     run.grad_norm_pre_clip, run.grad_norm_quantum = _per_window(log.norms, k)
+    run.micro_samples = _sizes(log.sizes)
     return run
+
+
+def _sizes(sizes: list[int | None]) -> np.ndarray | None:
+    """The count each step's loss is a mean over, by which a window's micro losses are weighted
+    (micro-batches of 8, 8, 7 and 7 samples, each loss scaled by its share of the batch, is the
+    baseline's training; their plain mean is not its loss). None unless every line prints one,
+    or where they rise at every line (a count of the run so far, by another name)."""
+    if not sizes or any(size is None or size < 0 for size in sizes):
+        return None
+    counts = np.array(sizes, dtype=np.int64)
+    if counts.size >= 3 and bool((np.diff(counts) > 0).all()):
+        return None
+    return counts
 
 
 def _per_window(printed: list[Printed | None], k: int) -> tuple[np.ndarray | None, ...]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from ...errors import BadInput
 from .lines import BAR
-from .names import LINE_STEP_KEY, choose_loss, loss_scale, skipped_count
+from .names import LINE_STEP_KEY, batch_size, choose_loss, loss_scale, skipped_count
 
 _NUMBER = re.compile(
     r"^[-+]?(?:(?P<int>\d+)\.(?P<frac>\d*)|\.(?P<frac2>\d+)|(?P<bare>\d+))"
@@ -182,6 +182,7 @@ class StepLine:
     skipped: int | None = None  # iterations the line says its loss scaler skipped (`skips`)
     scale: float | None = None  # the loss scale the line prints
     grad_norm: Printed | None = None  # the gradient's total norm a record prints (`grad_norm`)
+    size: int | None = None  # the count its loss is a mean over (`bsz 8`, `num_items`)
 
 
 def step_line(text: str) -> StepLine | None:
@@ -283,6 +284,7 @@ def _step_line(
         skipped_count(text),
         loss_scale(text),
         next((norm for norm in norms if norm is not None), None),
+        batch_size(text),
     )
 
 

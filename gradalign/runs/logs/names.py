@@ -11,6 +11,9 @@ records (`records`): which names are a step, the training loss, the learning rat
                LearningRateMonitor: `lr-SGD`, `lr-AdamW/pg1`)
     skips      Megatron-LM's `number of skipped iterations: N` on a keyed line (`skips.py`)
     scale      `loss scale: 65536.0`, `loss_scale=1024` on a keyed line
+    size       the micro-batch's count its mean loss was taken over: `bsz`, `batch_size`,
+               `num_samples`, `num_items`, `ntokens`, `tokens` (an integer; not `consumed
+               samples` or `total tokens`, which count the run so far)
 """
 
 from __future__ import annotations
@@ -39,6 +42,17 @@ _LR_FIELD = re.compile(r"(?:lr|learning[\s_]rate)(?:-[A-Za-z]\w*(?:/pg\d+)?)?", 
 # the gradient's total norm a record prints (the Trainer's `grad_norm`: clip_grad_norm_'s
 # return, the norm before clipping), `train/grad_norm` as loggers prefix it
 _NORM_FIELD = re.compile(r"(?:train[/.])?(?:grad(?:ient)?[\s_\-]?norm|gnorm)", re.IGNORECASE)
+# the count a step's mean loss was taken over, by which micro-steps are weighted (`size_field`)
+SIZE_KEY = (
+    r"bsz|batch[\s_\-]?size|n(?:um)?[\s_\-]?(?:samples|items|tokens)(?:[\s_\-]in[\s_\-]batch)?"
+    r"|samples|items|tokens"
+)
+_SIZE_FIELD = re.compile(rf"(?:train[/.])?(?:{SIZE_KEY})", re.IGNORECASE)
+_KEYED_SIZE = re.compile(
+    rf"(?<![\w./])(?:(?P<before>\w+)[\s_])?(?:{SIZE_KEY})\b\s*[:=]?\s*(?P<size>\d+)(?![\w.])",
+    re.IGNORECASE,
+)
+_RUN_SO_FAR = {"consumed", "total", "seen", "cumulative", "global", "trained", "processed"}
 _WORDS = re.compile(r"[\s_/.\-]+")
 _SKIPPED = re.compile(  # Megatron-LM's count since its last line (`nan iterations` among them)
     r"(?<![\w.])number\s+of\s+skipped\s+iterations\s*[:=]?\s*(?P<count>\d+)(?![\w.])",
@@ -70,6 +84,20 @@ def is_lr_field(name: str) -> bool:
 def is_norm_field(name: str) -> bool:
     """Whether a record's field is the gradient's total norm (`grad_norm`, `gnorm`)."""
     return _NORM_FIELD.fullmatch(name.strip()) is not None
+
+
+def is_size_field(name: str) -> bool:
+    """Whether a record's field is the micro-batch's count (`num_items`, `bsz`, `ntokens`)."""
+    return _SIZE_FIELD.fullmatch(name.strip()) is not None
+
+
+def batch_size(text: str) -> int | None:
+    """The count a keyed line says its loss was a mean over (`bsz 8`, `num_items: 120`): None
+    where it prints none, or a count of the run so far (`consumed samples: 6400`)."""
+    for found in _KEYED_SIZE.finditer(text):
+        if (found["before"] or "").lower() not in _RUN_SO_FAR:
+            return int(found["size"])
+    return None
 
 
 def skipped_count(text: str) -> int | None:

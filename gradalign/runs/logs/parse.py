@@ -202,6 +202,7 @@ class _Pass:
         log.loss_dtypes.append(half_dtype(self.raw[index]))
         log.lrs.append(step.lr)
         log.norms.append(step.grad_norm)
+        log.sizes.append(step.size)
         log.step_lines.append(self.number(index))
         log.blocks.append([])
 

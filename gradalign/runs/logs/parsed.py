@@ -71,6 +71,7 @@ class ParsedLog:
     bracketed: list[bool] = field(default_factory=list)
     lrs: list[Printed | None] = field(default_factory=list)  # printed beside each loss, if any
     norms: list[Printed | None] = field(default_factory=list)  # a gradient norm beside it
+    sizes: list[int | None] = field(default_factory=list)  # the count its loss is a mean over
     step_lines: list[int] = field(default_factory=list)
     first_index: int = 0
     blocks: list[list[Block]] = field(default_factory=list)

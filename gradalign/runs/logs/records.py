@@ -27,7 +27,7 @@ import re
 
 from ...errors import BadInput
 from .grammar import Printed, StepLine, number
-from .names import choose_loss, is_lr_field, is_norm_field, is_step_field
+from .names import choose_loss, is_lr_field, is_norm_field, is_size_field, is_step_field
 
 MAX_RECORD = 1 << 16  # a longer line is no record: literal_eval's cost grows with its input
 _NAME = re.compile(r"[A-Za-z_][\w .()/\-]*")
@@ -188,5 +188,7 @@ class Records:
         lr = next((printed[n] for n in names if is_lr_field(n)), None)
         norm = next((printed[n] for n in names if is_norm_field(n)), None)
         epoch = next((_integer(v) for n, v in fields.items() if str(n).lower() == "epoch"), None)
+        size = next((_integer(fields[n]) for n in names if is_size_field(n)), None)
         index = indices[0] if indices else None
-        return StepLine(index, loss, False, epoch, lr, tuple(indices[1:]), grad_norm=norm)
+        others = tuple(indices[1:])
+        return StepLine(index, loss, False, epoch, lr, others, grad_norm=norm, size=size)

@@ -1,0 +1,52 @@
+"""What an `unexplained` failure's evidence still says: where no signature names a cause, the
+facts that narrow it down (a loss apart before any step; micro-batches of unequal sizes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .results import Comparison, UpdateResult
+
+
+def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str], list[str]]:
+    """Clauses for the message and for the fix (each possibly empty)."""
+    said, fixes = [], []
+    if r is not None and r.update == 0 and not r.loss_ok:
+        said.append(
+            "update 0's loss is computed before any step, from the initial weights, so this "
+            "gap is not in training but in what each loop computed or printed"
+        )
+        if c.merged.kind == "log" or c.baseline.kind == "log":
+            said[-1] += (
+                ": a smoothed loss (an exponential moving average, or a running mean over a "
+                "window of steps, which the merged loop advances K times per update), micro-"
+                "batches of unequal sizes averaged without their counts, other samples or "
+                "another seed, or another loss reduction"
+            )
+            fixes.append(
+                "print each micro-batch's own loss, not a smoothed one, from both loops seeded "
+                "alike on the same data; where micro-batches differ in size, print each one's "
+                "count on its line (`bsz 7`, `num_items: 120`): the window mean is then "
+                "weighted by it"
+            )
+    counts = _uneven_counts(c)
+    if counts:
+        said.append(
+            f"the merged micro-batches differ in size ({counts}): a loop that divides each "
+            "micro loss by K instead of weighting it by its share of the batch's samples "
+            "trains otherwise than the baseline"
+        )
+    return said, fixes
+
+
+def _uneven_counts(c: Comparison) -> str | None:
+    """The sizes of the first window whose micro-batches differ in size, e.g. '8, 8, 7, 7'."""
+    sizes = c.merged.micro_samples
+    if sizes is None or c.merged.accum_steps < 2:
+        return None
+    for u in range(c.merged.updates):
+        w = c.merged.window(u)
+        window = np.asarray(sizes[w.start : w.stop])
+        if window.size > 1 and len(set(window.tolist())) > 1:
+            return ", ".join(str(int(n)) for n in window[:8]) + (", ..." if window.size > 8 else "")
+    return None
