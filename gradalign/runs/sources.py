@@ -18,6 +18,7 @@ from .logs import (
     missing_cards,
     read_card_logs,
     read_log,
+    unread_in,
 )
 from .logs.smooth import STEP_LOSS_ADVICE
 from .model import Run
@@ -40,8 +41,10 @@ def _not_a_run(path: Path) -> BadInput:
             f"check {path} RUN` (gradalign.api.golden_check)"
         )
     bars = "; its progress bars are not read:" if has_progress_bars(path) else ";"
+    seen = unread_in(path)
+    seen = f"; {seen}" if seen else ""
     return BadInput(
-        f"{path}: {_NOT_A_RUN}{bars} print each step's loss, or write the run format "
+        f"{path}: {_NOT_A_RUN}{seen}{bars} print each step's loss, or write the run format "
         "(docs/FORMAT.md)"
     )
 

@@ -24,6 +24,7 @@ from .grammar import StepLine, step_line
 from .lines import head, is_progress_bar
 from .parse import parse_log
 from .records import Records
+from .unread import unread_fields
 
 __all__ = [
     "CARD_LOSSES",
@@ -33,6 +34,7 @@ __all__ = [
     "missing_cards",
     "read_card_logs",
     "read_log",
+    "unread_in",
 ]
 
 
@@ -70,6 +72,12 @@ def looks_like_log(path: str | Path) -> bool:
         except BadInput:
             return True  # a step line it cannot read: reading the log says why
     return False
+
+
+def unread_in(path: str | Path) -> str | None:
+    """What loss-like fields and step keys the first MiB prints (`unread.unread_fields`)."""
+    lines = head(Path(path))
+    return None if lines is None else unread_fields(lines.texts)
 
 
 def has_progress_bars(path: str | Path) -> bool:

@@ -1,0 +1,48 @@
+"""Why a file holds no step line the reader knows, in its own words: the loss-like fields and the
+step keys its lines print, so a refusal names what it saw (detectron2's `total_loss` beside
+`loss_cls`, OpenNMT's `xent`, a loss with no step number) instead of only what it expected.
+Numpy-free."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from .cleaned import readable
+from .grammar import _KEYED_INDEX
+
+SHOWN = 4
+_LOSS_LIKE = re.compile(  # `total_loss: 2.1`, `loss_cls=1.4`, `xent: 2.12`, `nll 2.3`
+    r"(?<![\w./-])(?P<name>(?:[A-Za-z][\w./-]*?)?(?:loss|xent|nll)[\w./-]*)\s*[:=]?\s*[-+]?\.?\d",
+    re.IGNORECASE,
+)
+
+
+def _named(names: list[str]) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:SHOWN])
+    return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def unread_fields(texts: list[str]) -> str | None:
+    """A clause saying which loss-like fields and step keys the lines print (None: none)."""
+    losses: Counter[str] = Counter()
+    steps: Counter[str] = Counter()
+    for text in readable(texts):
+        losses.update(m["name"] for m in _LOSS_LIKE.finditer(text))
+        steps.update(m["key"].lower() for m in _KEYED_INDEX.finditer(text))
+    if not losses:
+        return None
+    names = [name for name, _ in losses.most_common()]
+    if not steps:
+        return (
+            f"its lines print {_named(names)} but no step number the reader knows (`step`, "
+            "`iter`, `global_step`, `num_updates`, ...)"
+        )
+    step = steps.most_common(1)[0][0]
+    return (
+        f"its lines print {_named(names)} beside a step (`{step}`), none of which the reader "
+        "takes for the step's training loss: a total beside its parts is not chosen between, "
+        "and a loss named for one part or another quantity (`xent`, `ppl`) is not taken for "
+        "the loss the optimizer stepped on; nor should a median or a mean over several steps "
+        "be (detectron2's `total_loss`, OpenNMT's per-interval `xent`)"
+    )
