@@ -41,7 +41,7 @@ from .noise import (
 )
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
-from .rounding import atol_of, marked, rounding_notes
+from .rounding import marked, rounding_floors, rounding_in_both, rounding_notes
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
@@ -257,11 +257,10 @@ class _Judge:
         grads = []
         if gb is not None and gm is not None:
             names = [t.name for t in self.base.tensors if t.name in gb and t.name in gm]
-            atol = self.tol.weight_atol  # without a reference, with the rounding floor
-            atol = atol if self.ref is not None else atol_of(self.tol, self.dtype, gb, names)
+            atol, floor16 = rounding_floors(self.tol, self.dtype, gb, names, self.ref is None)
             for name in names:
                 d = diff(name, gb[name], gm[name], rtol=self.tol.grad_rtol, atol=atol)
-                d = marked(d, self.tol.weight_atol, atol)
+                d = rounding_in_both(marked(d, self.tol.weight_atol, atol), floor16)
                 grads.append(self._calibrated(d, gb, gm, gr))
             result.grad_ratio, result.grad_cosine = fit_ratio(
                 [gb[n] for n in names], [gm[n] for n in names]

@@ -36,7 +36,7 @@ from .fused import Pair, widen64
 from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div, fixed_allowed, quiet
 from .results import UpdateResult
-from .rounding import gradient_atol, marked
+from .rounding import gradient_atol, marked, rounding_in_both, sixteen_bit_floor
 
 CHUNK = 1 << 17  # elements per slice
 
@@ -102,6 +102,7 @@ class StreamJudge:
         self.bits = stored_bits(self.base)
         self.dtype = inputs.dtype
         self.grad_atol = self.tol.weight_atol  # with the rounding floor, without a reference
+        self.floor16 = 0.0  # 16-bit rounding in both runs (rounding.rounding_in_both)
         self.pool = ThreadPoolExecutor(workers(), thread_name_prefix="gradalign-judge")
 
     def close(self) -> None:
@@ -119,9 +120,9 @@ class StreamJudge:
                 else []
             )
             judged_grads = set(grads)  # looked up per tensor: a list made it quadratic
-            self.grad_atol = self.tol.weight_atol
+            self.grad_atol, self.floor16 = self.tol.weight_atol, 0.0
             if self.ref is None and grads:
-                self.grad_atol = self._rounding_atol(files.gb, grads)
+                self.grad_atol, self.floor16 = self._rounding_floors(files.gb, grads)
             judged = self.pool.map(quiet(lambda n: self._tensor(n, files, judged_grads)), names)
             found = dict(zip(names, judged, strict=True))
             self._follow(found, files, judged_grads)
@@ -147,9 +148,9 @@ class StreamJudge:
             if name in found:
                 found[name] = self._tensor(name, files, grads, follow)
 
-    def _rounding_atol(self, gb: CheckedFile, names: list[str]) -> float:
-        """The gradients' per-element tolerance with the rounding floor of this update (one more
-        pass over the baseline's gradients, without a reference only)."""
+    def _rounding_floors(self, gb: CheckedFile, names: list[str]) -> tuple[float, float]:
+        """The gradients' per-element tolerance with the rounding floor of this update, and the
+        16-bit one (one more pass over the baseline's gradients, without a reference only)."""
         sumsq, elements = 0.0, 0
         for name in names:
             stream = gb.stream(name, checked=True)
@@ -158,7 +159,8 @@ class StreamJudge:
                 sumsq += dot(part, part)
                 elements += part.size
             stream.finish()
-        return gradient_atol(self.tol, self.dtype, sumsq, elements)
+        floor16 = sixteen_bit_floor(self.tol, self.dtype, sumsq, elements)
+        return gradient_atol(self.tol, self.dtype, sumsq, elements), floor16
 
     def _open(self, i: int) -> _Files:
         files = _Files(first=i == 0)
@@ -212,7 +214,7 @@ class StreamJudge:
             )
             if name in grads:
                 d = gpair.diff(name, tol.grad_rtol, self.grad_atol, start=False)
-                d = marked(d, tol.weight_atol, self.grad_atol)
+                d = rounding_in_both(marked(d, tol.weight_atol, self.grad_atol), self.floor16)
                 if has(f.gr):
                     d = gpair.calibrate(d, tol.noise_factor, self.floor)
                 out.grad, out.fit = d, (gpair.bb, gpair.mm, gpair.bm)
