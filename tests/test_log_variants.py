@@ -496,3 +496,14 @@ def test_micro_steps_that_fill_no_last_window_say_how_many_it_holds(tmp_path):
     text = "".join(f"step {i} loss {0.5 - 0.01 * i:.4f}\n" for i in range(7))
     with pytest.raises(BadInput, match="the last window holds 3 of 4"):
         read_log(write(tmp_path, text), accum_steps=4)
+
+
+def test_a_shorter_last_line_is_read_where_the_widths_vary(tmp_path):
+    """Losses printed by `repr` vary in width: a whole last line without its line end that is
+    shorter than the one before (`0.5` after `0.6276211921800001`) is read, not left out as cut
+    (it was, and a log written by `"\\n".join(lines)` lost its last step)."""
+    losses = [0.6276211921800001, 1.25, 0.3333333333333333, 0.5]
+    text = "\n".join(f"step {i} loss {loss!r}" for i, loss in enumerate(losses))
+    run = read_log(write(tmp_path, text))
+    assert run.micro_loss.tolist() == losses
+    assert not any("no line end" in note for note in run.notes)

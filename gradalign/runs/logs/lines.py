@@ -101,19 +101,29 @@ def segments(text: str) -> Lines:
 
 
 _LEAD = re.compile(r"\D*")  # a line's text before its first digit: `step `, `[Train] epoch `
+_COUNT = re.compile(r"(?<![\w.+-])\d+(?![\w.])")  # a whole number of its own: a step, a count
+ALIKE = 8  # lines before the last whose widths show a fixed-width print
+
+
+def _width(line: str) -> int:
+    """A line's length with each whole number counted as one character (a step counter widens
+    from 9 to 10 in a fixed-width print)."""
+    return len(_COUNT.sub("#", line.rstrip("\r")))
 
 
 def _cut_short(parts: list[str]) -> bool:
-    """Whether a last line without a line end is shorter than the line before it that begins
-    alike (up to its first digit): a line cut while it was written, as a killed run's buffered
-    output leaves it (`step 59 loss 0.493164 lr 1.630896e-0`, cut from `e-04`, read as an lr of
-    1.63). A whole last line without its line end is as long as the lines before it."""
+    """Whether a last line without a line end is shorter than the lines before it that begin
+    alike (up to its first digit), which all have one width: a line cut while it was written,
+    as a killed run's buffered output leaves it (`step 59 loss 0.493164 lr 1.630896e-0`, cut
+    from `e-04`, read as an lr of 1.63). A whole last line without its line end is as long as
+    the lines before it; where their widths differ (a loss printed by `repr`, `0.5` after
+    `0.6276211921800001`), a shorter last line says nothing, and it is read."""
     last = parts[-1].rstrip("\r")
     lead = _LEAD.match(last)[0]
     if not last.strip() or not lead.strip():
         return False
-    before = next((p.rstrip("\r") for p in reversed(parts[:-1]) if p.startswith(lead)), None)
-    return before is not None and len(last) < len(before)
+    before = [_width(p) for p in reversed(parts[:-1]) if p.startswith(lead)][:ALIKE]
+    return len(before) >= 2 and len(set(before)) == 1 and _width(last) < before[0]
 
 
 def strip_bars(text: str) -> str:
