@@ -285,9 +285,10 @@ def _refuse_another_experiment(run: Any, folder: Path, key: str, besides: Path) 
         return  # no other golden there: nothing to keep consistent
     held, mine = golden_config(others), run.config
     hint = "accept a run of the same experiment"
-    if mine.get("dtype") == "float64" and held.get("dtype", "float32") != "float64":
-        changed = ["dtype"]
-        held = {**held, "dtype": held.get("dtype", "float32")}
+    dtypes = {_dtype_of(p) for p in others} - {"float64"}
+    if (mine.get("dtype") or run.dtype) == "float64" and dtypes:
+        changed = ["dtype"]  # the run's own dtype: a loop's config need not name it
+        held, mine = {**held, "dtype": sorted(dtypes)[0]}, {**mine, "dtype": "float64"}
         hint = (
             "a float64 run is a baseline's noise-floor reference, not a golden for its runs: "
             "pass the baseline itself (the golden keeps the reference its manifest names)"
@@ -302,6 +303,12 @@ def _refuse_another_experiment(run: Any, folder: Path, key: str, besides: Path) 
         f"({differs}); {hint}, or give this one a directory of its own "
         "(`gradalign golden write RUN --out DIR`)"
     )
+
+
+def _dtype_of(path: Path) -> str:
+    """The dtype a golden's run trained in: its config's, else its environment's."""
+    golden = load(path)
+    return golden["config"].get("dtype") or golden.get("environment", {}).get("dtype", "float32")
 
 
 def _key_of(path: Path) -> str | None:
