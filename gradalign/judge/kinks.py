@@ -196,8 +196,8 @@ def follow_kink_divergence(
     gm, gr, wm, wr = merged.grads(u), ref.grads(u), merged.weights(u), ref.weights(u)
     before = ref.weights(u - 1) if u > 0 else ref.init_weights()
     if gm is None or gr is None or wm is None or wr is None or before is None:
-        if factor * max(d.rel_l2 for d in failing) >= 1:  # too large to be followed anyway
-            return []
+        if factor * max(d.rel_l2 for d in failing) >= 1 or _whole_model_moved(at):
+            return []  # too large to be followed anyway, or not a kink's few rows
         return [
             f"update {u}: gradients failed while the loss and every earlier update stayed within "
             "noise, as when an activation crosses its kink in one run alone; telling a kink "
@@ -237,6 +237,17 @@ def follow_kink_divergence(
         f"{f'update {u - 1}' if u else 'the start'} "
         "(the kink's size at that update)"
     ]
+
+
+def _whole_model_moved(r: UpdateResult) -> bool:
+    """Whether the model's gradient as a whole is scaled or turned (its least-squares ratio
+    more than 1% from 1, or its cosine below 0.999): a kink moves a few rows of a tensor, which
+    leave the whole nearly as it was. A golden's summaries carry no per-tensor share (NaN),
+    and a loss scaled K times was said to be as when an activation crosses its kink."""
+    ratio, cosine = r.grad_ratio, r.grad_cosine
+    if ratio is None or cosine is None or not (math.isfinite(ratio) and math.isfinite(cosine)):
+        return False
+    return abs(ratio - 1) > 0.01 or cosine < 0.999
 
 
 def _widened(
