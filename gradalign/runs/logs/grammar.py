@@ -255,6 +255,11 @@ def _loss_name(text: str, found: re.Match) -> str:
     return f"{word} {name}" if _QUALIFIER.fullmatch(word) else name  # `avg training loss`
 
 
+def step_keys(text: str) -> list[str]:
+    """The step keys a line prints with a number (`step`, `iter`, `global_step`), lower case."""
+    return [m["key"].lower() for m in _KEYED_INDEX.finditer(text)]
+
+
 def _counter(text: str) -> int | None:
     """The first counter within its total (`[ 3/20]` before a bare `3/20`), not an epoch's
     (`Epoch [2/10]`); None if the line holds none."""

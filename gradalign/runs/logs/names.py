@@ -42,7 +42,7 @@ _LR_FIELD = re.compile(r"(?:lr|learning[\s_]rate)(?:-[A-Za-z]\w*(?:/pg\d+)?)?", 
 # the gradient's total norm a record prints (the Trainer's `grad_norm`: clip_grad_norm_'s
 # return, the norm before clipping), `train/grad_norm` as loggers prefix it
 _NORM_FIELD = re.compile(r"(?:train[/.])?(?:grad(?:ient)?[\s_\-]?norm|gnorm)", re.IGNORECASE)
-# the count a step's mean loss was taken over, by which micro-steps are weighted (`size_field`)
+# the count a step's mean loss was taken over, by which micro-steps are weighted (`batch_size`)
 SIZE_KEY = (
     r"bsz|batch[\s_\-]?size|n(?:um)?[\s_\-]?(?:samples|items|tokens)(?:[\s_\-]in[\s_\-]batch)?"
     r"|samples|items|tokens"

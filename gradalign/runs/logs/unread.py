@@ -9,7 +9,7 @@ import re
 from collections import Counter
 
 from .cleaned import readable
-from .grammar import _KEYED_INDEX
+from .grammar import step_keys
 
 SHOWN = 4
 _LOSS_LIKE = re.compile(  # `total_loss: 2.1`, `loss_cls=1.4`, `xent: 2.12`, `nll 2.3`
@@ -29,7 +29,7 @@ def unread_fields(texts: list[str]) -> str | None:
     steps: Counter[str] = Counter()
     for text in readable(texts):
         losses.update(m["name"] for m in _LOSS_LIKE.finditer(text))
-        steps.update(m["key"].lower() for m in _KEYED_INDEX.finditer(text))
+        steps.update(step_keys(text))
     if not losses:
         return None
     names = [name for name, _ in losses.most_common()]
