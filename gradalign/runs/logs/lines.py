@@ -21,6 +21,7 @@ This module is numpy-free.
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -122,7 +123,8 @@ def _cut_short(parts: list[str]) -> bool:
     lead = _LEAD.match(last)[0]
     if not last.strip() or not lead.strip():
         return False
-    before = [_width(p) for p in reversed(parts[:-1]) if p.startswith(lead)][:ALIKE]
+    alike = (p for p in reversed(parts[:-1]) if p.startswith(lead))
+    before = [_width(p) for p in itertools.islice(alike, ALIKE)]
     return len(before) >= 2 and len(set(before)) == 1 and _width(last) < before[0]
 
 
