@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gradalign.api import compare
 from gradalign.runs.logs import read_log
 from gradalign.runs.logs.smooth import detect, invert_running_mean
 
@@ -187,3 +188,34 @@ def test_a_loss_falling_fast_then_flat_is_not_taken_for_a_running_mean():
     result = api.compare(logs / "base.log", logs / "merged.log", accum_steps=K)
     assert result.verdict == "pass", [d.message for d in result.diagnosis]
     assert not any("running mean" in note for note in result.notes)
+
+
+def _ema(path: Path, losses: np.ndarray, per: int) -> Path:
+    """Ignite's RunningAverage (alpha 0.98) over the step losses, as its examples print it."""
+    lines, value = [], None
+    for i, loss in enumerate(losses):
+        value = loss if value is None else 0.98 * value + 0.02 * loss
+        lines.append(f"Epoch[{i // per + 1}] Iteration[{i % per + 1}/{per}] Loss: {value:.4f}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_an_exponential_moving_average_fails_saying_the_losses_look_smoothed(tmp_path, runs):
+    """An EMA is not undone (its alpha is not printed); the clean pair fails on its losses, and
+    `unexplained` says the printed losses move in correlated steps, as a smoothed loss's do. A
+    pair of step losses apart is not said to be smoothed."""
+    base = _ema(tmp_path / "base.log", runs["base"][0], PER_EPOCH)
+    merged = _ema(tmp_path / "merged.log", runs["clean"][0], PER_EPOCH * K)
+    c = compare(base, merged, accum_steps=K)
+    assert c.verdict == "fail" and c.first_divergence["in"] == "loss"
+    assert c.diagnosis[0].code == "unexplained"
+    assert "move in correlated steps, as a smoothed loss does" in c.diagnosis[0].message
+    raw = tmp_path / "raw.log"
+    raw.write_text("".join(f"step {i} loss {v:.6f}\n" for i, v in enumerate(runs["clean"][0])))
+    shifted = tmp_path / "shifted.log"
+    shifted.write_text(
+        "".join(f"step {i} loss {v + 0.01:.6f}\n" for i, v in enumerate(runs["base"][0]))
+    )
+    c = compare(shifted, raw, accum_steps=K)
+    assert c.first_divergence["update"] == 0
+    assert "correlated steps" not in c.diagnosis[0].message

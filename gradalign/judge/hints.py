@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..runs.logs.smooth import LAG1_MAX, difference_lag1
 from .results import Comparison, UpdateResult
 
 
@@ -29,6 +30,12 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
                 "count on its line (`bsz 7`, `num_items: 120`): the window mean is then "
                 "weighted by it"
             )
+    logs = c.merged.kind == "log" or c.baseline.kind == "log"
+    smoothed = _smoothed(c) if logs and r is not None and not r.loss_ok else None
+    if smoothed:
+        said.append(smoothed)
+        if not fixes:
+            fixes.append("print each micro-batch's own loss, not a smoothed one")
     counts = _uneven_counts(c)
     if counts:
         said.append(
@@ -37,6 +44,20 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
             "trains otherwise than the baseline"
         )
     return said, fixes
+
+
+def _smoothed(c: Comparison) -> str | None:
+    """A clause where the logs' printed losses move in correlated steps, as a smoothed loss's do
+    (`smooth.difference_lag1` above `LAG1_MAX`), with the correlations."""
+    lags = [difference_lag1(run.micro_loss) for run in (c.baseline, c.merged)]
+    if not any(lag is not None and lag > LAG1_MAX for lag in lags):
+        return None
+    shown = " and ".join("unknown" if lag is None else f"{lag:+.2f}" for lag in lags)
+    return (
+        "the printed losses move in correlated steps, as a smoothed loss does (the lag-1 "
+        f"correlation of their differences is {shown} in the baseline and merged logs; a step's "
+        "own loss, whose batch noise enters two differences, gives about -0.5)"
+    )
 
 
 def _uneven_counts(c: Comparison) -> str | None:
