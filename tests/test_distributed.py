@@ -321,18 +321,24 @@ ROOT = Path(__file__).resolve().parent.parent
 RANK_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
+def _torchrun(script: str, *args: str | Path) -> subprocess.CompletedProcess:
+    """`script` under torchrun on 2 ranks. Run once more where a rank was aborted (SIGABRT):
+    gloo's worker threads can abort a rank in the interpreter's teardown, after its work is
+    done (seen once in five runs of the suite here, in the FSDP example, whose next 10 launches
+    passed). An abort the example causes repeats, and fails. Its runs are rewritten whole."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(ROOT / "examples" / script), *map(str, args)]
+    for _ in range(2):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=RANK_ENV)
+        if done.returncode == 0 or "SIGABRT" not in done.stderr:
+            break
+    return done
+
+
 def test_a_hand_written_ddp_loop_under_torchrun(cli, tmp_path):
     """examples/ddp_accumulation.py under torchrun: the clean loop passes; the same loop with
     DDP's sync flag set after the forward fails with replicas-diverged."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    script = ROOT / "examples" / "ddp_accumulation.py"
-    done = subprocess.run(
-        [*command, "--nproc-per-node", "2", str(script), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=RANK_ENV,
-    )
+    done = _torchrun("ddp_accumulation.py", tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     manifest = json.loads((tmp_path / "merged" / "manifest.json").read_text())
     assert manifest["distributed"]["launcher"] == "torchrun"
@@ -354,17 +360,9 @@ def test_a_hand_written_fsdp_loop_under_torchrun(cli, tmp_path):
     in the forward (its baseline sharded alike on one rank); its loss not divided by K is named,
     and so is a gradient never reduce-scattered (sync off at every micro-step).
     A float32 baseline against the bfloat16 merged run is refused: other precisions."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    script = ROOT / "examples" / "fsdp_accumulation.py"
     for precision in ("fp32", "bf16"):
-        done = subprocess.run(
-            [*command, "--nproc-per-node", "2", str(script), str(tmp_path / precision)]
-            + (["--bf16"] if precision == "bf16" else []),
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=RANK_ENV,
-        )
+        flags = ["--bf16"] if precision == "bf16" else []
+        done = _torchrun("fsdp_accumulation.py", tmp_path / precision, *flags)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         runs = tmp_path / precision
         merged = read_run_dir(runs / "merged")
