@@ -323,9 +323,10 @@ RANK_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 def _torchrun(script: str, *args: str | Path) -> subprocess.CompletedProcess:
     """`script` under torchrun on 2 ranks. Run once more where a rank was aborted (SIGABRT):
-    gloo's worker threads can abort a rank in the interpreter's teardown, after its work is
-    done (seen once in five runs of the suite here, in the FSDP example, whose next 10 launches
-    passed). An abort the example causes repeats, and fails. Its runs are rewritten whole."""
+    the examples leave by `os._exit` after destroying the process group, as torch 2.13's gloo
+    can abort the interpreter's teardown, yet one rank of the FSDP example still aborted once in
+    five runs of the suite here (its next 10 launches passed; its stderr was not kept). An abort
+    the example causes repeats, and fails. Its runs are rewritten whole."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc-per-node", "2", str(ROOT / "examples" / script), *map(str, args)]
     for _ in range(2):
