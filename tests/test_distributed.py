@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -336,11 +337,21 @@ def _torchrun(script: str, *args: str | Path) -> subprocess.CompletedProcess:
     return done
 
 
+def _why(done: subprocess.CompletedProcess) -> str:
+    """A failed launch, told: its ranks' own error lines first (the launcher's summary that ends
+    stderr would hide them), then the ends of both streams."""
+    said = [line for line in done.stderr.splitlines() if _RANK_ERROR.search(line)]
+    return "\n".join([*said[:20], done.stdout[-1000:], done.stderr[-2000:]])
+
+
+_RANK_ERROR = re.compile(r"terminate called|Fatal Python|Error|Abort|what\(\)", re.IGNORECASE)
+
+
 def test_a_hand_written_ddp_loop_under_torchrun(cli, tmp_path):
     """examples/ddp_accumulation.py under torchrun: the clean loop passes; the same loop with
     DDP's sync flag set after the forward fails with replicas-diverged."""
     done = _torchrun("ddp_accumulation.py", tmp_path)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode == 0, _why(done)
     manifest = json.loads((tmp_path / "merged" / "manifest.json").read_text())
     assert manifest["distributed"]["launcher"] == "torchrun"
     assert "distributed" not in json.loads((tmp_path / "baseline" / "manifest.json").read_text())
@@ -364,7 +375,7 @@ def test_a_hand_written_fsdp_loop_under_torchrun(cli, tmp_path):
     for precision in ("fp32", "bf16"):
         flags = ["--bf16"] if precision == "bf16" else []
         done = _torchrun("fsdp_accumulation.py", tmp_path / precision, *flags)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert done.returncode == 0, _why(done)
         runs = tmp_path / precision
         merged = read_run_dir(runs / "merged")
         assert merged.world_size == 2 and merged.grad_norm_pre_clip is not None
