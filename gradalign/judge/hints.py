@@ -12,12 +12,13 @@ from .results import Comparison, UpdateResult
 def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str], list[str]]:
     """Clauses for the message and for the fix (each possibly empty)."""
     said, fixes = [], []
+    logs = c.merged.kind == "log" or c.baseline.kind == "log"
     if r is not None and r.update == 0 and not r.loss_ok:
         said.append(
             "update 0's loss is computed before any step, from the initial weights, so this "
             "gap is not in training but in what each loop computed or printed"
         )
-        if c.merged.kind == "log" or c.baseline.kind == "log":
+        if logs:
             said[-1] += (
                 ": a smoothed loss (an exponential moving average, or a running mean over a "
                 "window of steps, which the merged loop advances K times per update), micro-"
@@ -30,7 +31,6 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
                 "count on its line (`bsz 7`, `num_items: 120`): the window mean is then "
                 "weighted by it"
             )
-    logs = c.merged.kind == "log" or c.baseline.kind == "log"
     smoothed = _smoothed(c) if logs and r is not None and not r.loss_ok else None
     if smoothed:
         said.append(smoothed)

@@ -31,40 +31,49 @@ from .results import UpdateResult
 from .tolerances import Tolerances, eps
 
 ROUNDINGS = 8  # the measured need is about half a unit (module docstring): 16x margin
-# float32 and float64 only: in 16 bits grad_rtol is coarse already, and a floor of the model's
-# scale let a bfloat16 token-normalization bug through (tests/test_token_noise.py)
-EPSILON = {"float64": 2.0**-52, "float32": 2.0**-23}
+# the floor widens every gradient in float32 and float64 only: in 16 bits grad_rtol is coarse
+# already, and a floor of the model's scale let a bfloat16 token-normalization bug through
+# (tests/test_token_noise.py); there it passes only a gradient at that scale (`rounding_in_both`)
+WIDE = ("float64", "float32")
+SIXTEEN = ("float16", "bfloat16")
+
+
+def _unit(tol: Tolerances, dtype: str, sumsq: float, elements: int) -> float:
+    """ROUNDINGS units of the dtype's epsilon of the RMS element of baseline gradients holding
+    Σg² = `sumsq` over `elements`, at most a sixteenth of `grad_rtol` of it (0 without sums)."""
+    if elements <= 0 or not math.isfinite(sumsq):
+        return 0.0
+    return min(ROUNDINGS * eps(dtype), tol.grad_rtol / 16) * math.sqrt(sumsq / elements)
 
 
 def gradient_atol(tol: Tolerances, dtype: str, sumsq: float, elements: int) -> float:
-    """`weight_atol` per element, plus the rounding floor's at an update whose baseline
-    gradients hold Σg² = `sumsq` over `elements`: ROUNDINGS units of the dtype's epsilon (float32
-    and float64), at most a sixteenth of `grad_rtol`."""
-    if elements <= 0 or not math.isfinite(sumsq) or dtype not in EPSILON:
-        return tol.weight_atol
-    units = min(ROUNDINGS * EPSILON[dtype], tol.grad_rtol / 16)
-    return tol.weight_atol + units * math.sqrt(sumsq / elements)
+    """`weight_atol` per element, plus the rounding floor (`_unit`) in float32 and float64."""
+    return tol.weight_atol + (_unit(tol, dtype, sumsq, elements) if dtype in WIDE else 0.0)
+
+
+def sixteen_bit_floor(tol: Tolerances, dtype: str, sumsq: float, elements: int) -> float:
+    """In a 16-bit run, the per-element rounding of the model's gradient scale (`_unit`), which
+    `rounding_in_both` reads; 0 elsewhere."""
+    return _unit(tol, dtype, sumsq, elements) if dtype in SIXTEEN else 0.0
+
+
+def floors(tol: Tolerances, dtype: str, sumsq: float, elements: int) -> tuple[float, float]:
+    """`gradient_atol` and `sixteen_bit_floor` of one update's baseline gradient sums, as the
+    in-memory, streamed and sketched judges read them without a reference."""
+    return gradient_atol(tol, dtype, sumsq, elements), sixteen_bit_floor(
+        tol, dtype, sumsq, elements
+    )
 
 
 def rounding_floors(
     tol: Tolerances, dtype: str, grads: Mapping[str, Any], names: list[str], floored: bool
 ) -> tuple[float, float]:
-    """`gradient_atol` and `sixteen_bit_floor` from whole baseline gradients (`floored`: without
-    a reference; else `weight_atol` and 0)."""
+    """`floors` from whole baseline gradients (`floored`: without a reference; else
+    `weight_atol` and 0)."""
     if not floored:
         return tol.weight_atol, 0.0
     sumsq = sum(float(np.sum(np.square(grads[n], dtype=np.float64))) for n in names)
-    elements = sum(int(np.size(grads[n])) for n in names)
-    floor16 = sixteen_bit_floor(tol, dtype, sumsq, elements)
-    return gradient_atol(tol, dtype, sumsq, elements), floor16
-
-
-def sixteen_bit_floor(tol: Tolerances, dtype: str, sumsq: float, elements: int) -> float:
-    """In a 16-bit run, the per-element rounding of the model's gradient scale: ROUNDINGS units
-    of the dtype's epsilon of its RMS element, at most grad_rtol/16 of it (0 elsewhere)."""
-    if dtype not in ("bfloat16", "float16") or elements <= 0 or not math.isfinite(sumsq):
-        return 0.0
-    return min(ROUNDINGS * eps(dtype), tol.grad_rtol / 16) * math.sqrt(sumsq / elements)
+    return floors(tol, dtype, sumsq, sum(int(np.size(grads[n])) for n in names))
 
 
 def rounding_in_both(d: TensorDiff, floor: float) -> TensorDiff:

@@ -32,7 +32,7 @@ from .drift import Drift, stored_bits
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
 from .results import UpdateResult
-from .rounding import gradient_atol, marked, rounding_in_both, sixteen_bit_floor
+from .rounding import floors, marked, rounding_in_both
 from .views import Kept, Sketching, summaries
 
 
@@ -76,8 +76,7 @@ class SketchJudge:
             if self.ref is None:  # the fixed tolerance, with the rounding floor (exact norms)
                 sumsq = sum(gb[n].norm ** 2 for n in names)
                 elements = sum(self.sizes[n] for n in names)
-                atol = gradient_atol(tol, self.dtype, sumsq, elements)
-                floor16 = sixteen_bit_floor(tol, self.dtype, sumsq, elements)
+                atol, floor16 = floors(tol, self.dtype, sumsq, elements)
             judged = (self._judge(n, gb, gm, gr, tol.grad_rtol, False, atol) for n in names)
             grads = [rounding_in_both(marked(d, tol.weight_atol, atol), floor16) for d in judged]
             result.grad_ratio, result.grad_cosine = fit_ratio(

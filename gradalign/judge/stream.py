@@ -36,7 +36,7 @@ from .fused import Pair, widen64
 from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div, fixed_allowed, quiet
 from .results import UpdateResult
-from .rounding import gradient_atol, marked, rounding_in_both, sixteen_bit_floor
+from .rounding import floors, marked, rounding_in_both
 
 CHUNK = 1 << 17  # elements per slice
 
@@ -159,8 +159,7 @@ class StreamJudge:
                 sumsq += dot(part, part)
                 elements += part.size
             stream.finish()
-        floor16 = sixteen_bit_floor(self.tol, self.dtype, sumsq, elements)
-        return gradient_atol(self.tol, self.dtype, sumsq, elements), floor16
+        return floors(self.tol, self.dtype, sumsq, elements)
 
     def _open(self, i: int) -> _Files:
         files = _Files(first=i == 0)

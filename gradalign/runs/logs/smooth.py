@@ -111,9 +111,7 @@ def _printed_lag1(values: np.ndarray, spans) -> float:
     joined = np.concatenate(scaled or [np.zeros(0)])
     a, b = joined[1:], joined[:-1]
     both = np.isfinite(a) & np.isfinite(b)
-    if both.sum() < 3 or np.std(a[both]) == 0 or np.std(b[both]) == 0:
-        return 0.0
-    return float(np.corrcoef(a[both], b[both])[0, 1])
+    return _corr(a[both], b[both])
 
 
 def difference_lag1(values: np.ndarray) -> float | None:
@@ -126,7 +124,11 @@ def difference_lag1(values: np.ndarray) -> float | None:
 
 
 def _lag_corr(d: np.ndarray, lag: int) -> float:
-    a, b = d[lag:], d[:-lag]
+    return _corr(d[lag:], d[:-lag])
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    """Their correlation; 0 where fewer than 3 pairs or either does not vary."""
     if a.size < 3 or np.std(a) == 0 or np.std(b) == 0:
         return 0.0
     return float(np.corrcoef(a, b)[0, 1])
@@ -144,12 +146,11 @@ def detect(
     spans = segments(values.size, starts)
     slope, count, _ = running_mean_slope(values, quanta, spans)
     shrinks = f"its noise shrinks like t^{slope:.2f} within each epoch over {count} steps"
-    if slope <= (PAIRED_SLOPE if paired else RUNNING_SLOPE) and _printed_lag1(values, spans) <= (
-        LAG1_MAX
-    ):
+    shrinking = slope <= (PAIRED_SLOPE if paired else RUNNING_SLOPE)
+    if shrinking and _printed_lag1(values, spans) <= LAG1_MAX:
         # a step loss's own differences: a fast early fall's curvature, not a mean, shrank them
         return _window(values, quanta, k)
-    if slope <= (PAIRED_SLOPE if paired else RUNNING_SLOPE):
+    if shrinking:
         # confirmed where the losses it implies vary like step losses: independent noise (and
         # the print's rounding) gives their differences a lag-1 correlation near -1/2, where a
         # trailing mean read as a running mean leaves its own near 0
