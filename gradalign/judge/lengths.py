@@ -33,7 +33,7 @@ def length_hint(base: Run, other: Run, other_name: str = "merged") -> str:
                 "runs on into the next pass; step at the end of each pass over the data, as "
                 "accelerate's sync_with_dataloader=True does)"
             )
-        crossed = _window_crossing(base, other)
+        crossed = _window_crossing(mine, theirs, read[0])
         if crossed:
             return crossed
     lines = other.updates * other.accum_steps
@@ -66,18 +66,17 @@ def _stopped_early(base: Run, other: Run, other_name: str) -> str:
     )
 
 
-def _window_crossing(base: Run, other: Run) -> str:
-    """Both runs read the same samples, but a window of the other run holds another number of
-    them than the baseline's batch at that update: its windows ran across an epoch's end."""
-    mine = base.window_sums(base.micro_samples)
-    theirs = other.window_sums(other.micro_samples)
+def _window_crossing(mine: np.ndarray, theirs: np.ndarray, read: int) -> str:
+    """Both runs read the same `read` samples, but a window of the other run holds another
+    number of them (`theirs`, per window) than the baseline's batch at that update (`mine`): its
+    windows ran across an epoch's end."""
     n = min(len(mine), len(theirs))
     apart = [i for i in range(n) if mine[i] != theirs[i]]
     if not apart:
         return ""
     i = apart[0]
     return (
-        f" (both read {int(base.micro_samples.sum())} samples, but the other run's window "
+        f" (both read {read} samples, but the other run's window "
         f"{i} holds {int(theirs[i])} of them and the baseline's batch {int(mine[i])}: a window "
         "that runs across an epoch's end, its micro-batches counted over the whole run instead "
         "of per epoch, mixes two passes; step at the end of each pass over the data)"
