@@ -108,8 +108,9 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
     if times > 1 and times != k:
         raise BadInput(
             f"{path}: each step is printed on {times} lines: one per micro-step of its update "
-            f"(read it with -k {times}, not -k {k}), or {times} processes printing into one log "
-            "(give one log per card)"
+            f"(read it with -k {times}, not -k {k}), {times} processes printing into one log "
+            f"(give one log per card), or {times} printers of each step (lines of other shapes, "
+            "as Megatron's and DeepSpeed's: keep one printer's lines)"
         )
     if micro % k:
         raise BadInput(

@@ -69,6 +69,10 @@ _KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_l
     r"(?P<loss>\[*[^\s,\[\]]+\]*)",
     re.IGNORECASE,
 )
+_JOINED_LOSS = re.compile(  # any loss named by words joined with `_` (GPT-NeoX's `lm_loss: 2.3`)
+    r"(?<![\w.])[A-Za-z][A-Za-z\d]*(?:_[A-Za-z\d]+)*_loss\b\s*[:=]?\s*(?P<loss>\[*[^\s,\[\]]+\]*)",
+    re.IGNORECASE,
+)
 _KEYED_LR = re.compile(  # `lr: 0.001`, `lr=[0.0001]`, `learning_rate: 5e-05`, `learning rate: 1E-4`
     # PaddleClas's `lr(LinearWarmup): 0.1` (the schedule's name in parentheses, as `Epoch(train)`)
     r"(?<![\w.])(?:lr|learning[\s_]rate)\b(?:\(\w+\))?\s*[:=]?\s*(?P<lr>\[*[^\s,\[\]|]+\]*)",
@@ -85,8 +89,11 @@ _LEAD_INDEX = re.compile(  # CLU's text writer (Flax's examples): `[3] learning_
 _EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Epoch 2]`
     r"^\s*\[?\s*epoch\s*[:=#]?\s*(?P<epoch>\d+)\s*(?:/\s*\d+)?\s*\]?\s*$", re.IGNORECASE
 )
-_EPOCH = re.compile(  # `epoch 0`, `Epoch: 1`, `epoch 001:`, mmengine's `Epoch(train) [1]`
-    r"(?<![\w.])epoch\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(?P<epoch>\d+)", re.IGNORECASE
+_EPOCH = re.compile(  # `epoch 0`, `Epoch: 1`, `epoch 001:`, mmengine's `Epoch(train) [1]`; a
+    # number a label gives just before the step's counter, as timm's `Train: 1 [  50/100 (50%)]`
+    r"(?<![\w.])epoch\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(?P<epoch>\d+)"
+    r"|^\s*[A-Za-z]+:\s*(?P<labelled>\d+)\s+(?=\[\s*\d+\s*/\s*\d+)",
+    re.IGNORECASE,
 )
 _COUNTERS = (  # `[ 1/20]`, `[0/60000 (0%)]`; else a bare `1/20` or `1 / 20`
     re.compile(r"\[\s*(?P<index>\d+)\s*/\s*(?P<total>\d+)\s*(?:\(\s*[\d.]+\s*%\s*\)\s*)?\]"),
@@ -212,6 +219,9 @@ def _keyed_step_line(text: str) -> StepLine | None:
         return None
     keyed = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
     found = [(m, v) for m in _KEYED_LOSS.finditer(text) if (v := whole_or_number(m["loss"]))]
+    if not found:  # a loss named by joined words is read where it is the line's only loss
+        joined = [(m, v) for m in _JOINED_LOSS.finditer(text) if (v := whole_or_number(m["loss"]))]
+        found = joined if len(joined) == 1 else []
     names = [_loss_name(text, m) for m, _ in found]  # `loss scale: 65536` holds no number: gone
     try:
         at = choose_loss(names)
@@ -276,13 +286,14 @@ def _step_line(
 ) -> StepLine:
     found, loss = named  # the loss field and its value; none on a skipped iteration's line
     epoch = _EPOCH.search(text)
+    epoch = None if epoch is None else epoch["epoch"] or epoch["labelled"]
     lrs = (whole_or_number(m["lr"]) for m in _KEYED_LR.finditer(text))
     norms = (one_number(m["norm"]) for m in _KEYED_NORM.finditer(text))
     return StepLine(
         indices[0],
         loss,
         found is not None and found["loss"].startswith("["),
-        None if epoch is None else int(epoch["epoch"]),
+        None if epoch is None else int(epoch),
         next((lr for lr in lrs if lr is not None), None),
         tuple(indices[1:]),
         counter,

@@ -39,8 +39,8 @@ _TQDM = re.compile(  # a bar leading a segment, with its description (`Epoch 0: 
 )
 _PADDLE_BAR = re.compile(rf"^(?P<key>\s*(?:{STEP_KEY})\s*\d+\s*/\s*\d+\s*)\[[=>.]+\]", re.I)
 # a progress bar anywhere: tqdm's `26%|`, Keras's `[===>....]` and `[>....]`, and its first
-# frame, `1/60 [.....]`, drawn before the bar has grown
-BAR = r"\d%\||\[=+>?\.*\]|\[>\.+\]|\d+/\d+\s*\[\.{2,}\]"
+# frame, `1/60 [.....]`, drawn before the bar has grown; Keras 3's and rich's `━━━━╸━━`
+BAR = r"\d%\||\[=+>?\.*\]|\[>\.+\]|\d+/\d+\s*\[\.{2,}\]|[━╸╺]{3,}"
 _BAR = re.compile(BAR)
 
 

@@ -7,8 +7,8 @@ records (`records`): which names are a step, the training loss, the learning rat
                else the first other named loss (`lm loss`, `nll_loss`); never another quantity's
                (`val`, `eval`, `aux`, `running`, `avg`, `kl`, ... before `loss`, `loss_scale`,
                `loss_epoch`); a named loss beside a `total` one and no plain `loss` is refused
-    lr         lr, learning_rate, `learning rate`, `lr-<Optimizer>` (Lightning's
-               LearningRateMonitor: `lr-SGD`, `lr-AdamW/pg1`)
+    lr         lr, learning_rate, `learning rate`, `train/learning_rate`, `lr-<Optimizer>`
+               (Lightning's LearningRateMonitor: `lr-SGD`, `lr-AdamW/pg1`)
     skips      Megatron-LM's `number of skipped iterations: N` on a keyed line (`skips.py`)
     scale      `loss scale: 65536.0`, `loss_scale=1024` on a keyed line
     size       the micro-batch's count its mean loss was taken over: `bsz`, `batch_size`,
@@ -38,7 +38,9 @@ OTHER_LOSSES = QUALIFIERS | {
 }
 TRAINING = {"train", "training"}
 _STEP_FIELD = re.compile(rf"(?:{STEP_KEY})", re.IGNORECASE)
-_LR_FIELD = re.compile(r"(?:lr|learning[\s_]rate)(?:-[A-Za-z]\w*(?:/pg\d+)?)?", re.IGNORECASE)
+_LR_FIELD = re.compile(  # `train/learning_rate` as loggers prefix it
+    r"(?:train[/.])?(?:lr|learning[\s_]rate)(?:-[A-Za-z]\w*(?:/pg\d+)?)?", re.IGNORECASE
+)
 # the gradient's total norm a record prints (the Trainer's `grad_norm`: clip_grad_norm_'s
 # return, the norm before clipping), `train/grad_norm` as loggers prefix it
 _NORM_FIELD = re.compile(r"(?:train[/.])?(?:grad(?:ient)?[\s_\-]?norm|gnorm)", re.IGNORECASE)

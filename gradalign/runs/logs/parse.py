@@ -5,6 +5,7 @@ of several step keys the one that counts is read. Numpy-only."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ...errors import BadInput
@@ -24,6 +25,8 @@ from .lines import Lines, read_lines
 from .parsed import UNPRINTED, Block, ParsedLog
 from .records import NotAStep, Records
 
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
 
 class _Pass:
     """The state of one pass: lines, position, what was found."""
@@ -39,9 +42,11 @@ class _Pass:
         self.key = key  # the step key read on every line (its place among the line's step keys)
         self.most_keys = 1  # the most step keys a step line held
         self.step_at = 0  # the segment the current step was first printed on
+        self.current: list[int] = []  # the segments the current step was printed on
+        self.summaries: list[int] = []  # line numbers of steps printed again as summaries
         if lines.cut is not None:
             self.log.notes.append(
-                f"{path}: its last line ({lines.cut}) has no line end and is shorter than the "
+                f"its last line ({lines.cut}) has no line end and is shorter than the "
                 "line before it that begins alike: cut while it was written (a killed run's "
                 "buffered output); left out"
             )
@@ -63,8 +68,18 @@ class _Pass:
         self.log.notes += self.records.notes
         if self.log.steps > 1:
             self._printed_times(len(self.lines) - 1)
-        elif self.log.steps == 1:
-            self.log.printed_times = self.log.repeats  # one step, on as many lines
+        elif self.log.steps == 1:  # one step, on as many lines
+            first = self.raw[self.step_at]
+            self.log.verbatim &= all(self.raw[at] == first for at in self.current[1:])
+            self.log.printed_times = self.log.repeats
+        if self.summaries:
+            lines = ", ".join(str(n) for n in self.summaries[:3])
+            more = "" if len(self.summaries) <= 3 else f" and {len(self.summaries) - 3} more"
+            what = "line" if len(self.summaries) == 1 else "lines"
+            self.log.notes.append(
+                f"{what} {lines}{more} print a step again in another shape than its own lines "
+                "(an epoch's summary): read as summaries, not as that step"
+            )
         return self.log
 
     def _line(self, index: int, text: str) -> None:
@@ -166,7 +181,7 @@ class _Pass:
         epoch = step.epoch if step.epoch is not None else log.header_epoch
         if log.steps and value == expected - 1 and epoch == log.epoch:
             log.repeats += 1  # printed again: another micro-step of the same update
-            log.verbatim &= self.raw[index] == self.raw[self.step_at]  # or a copy of its line
+            self.current.append(index)
             self._append(index, step)
             return
         if value == log.first_index != expected and _next_epoch(log.epoch, epoch):
@@ -181,7 +196,7 @@ class _Pass:
             if epoch is not None and log.epoch is not None and epoch != log.epoch:
                 log.epoch_starts.append(len(log.losses))
         log.epoch, log.steps, log.repeats = epoch, log.steps + 1, 1
-        self.step_at = index
+        self.step_at, self.current = index, [index]
         self._append(index, step)
 
     def _rank(self, index: int) -> str | None:
@@ -210,6 +225,10 @@ class _Pass:
         """Every step is printed on as many lines: once, or once per micro-step (a loop that
         prints its optimizer-step count at each micro-batch, as Lightning's metrics.csv does)."""
         log = self.log
+        if log.printed_times is not None and log.repeats > log.printed_times:
+            self._drop_summaries(log.repeats - log.printed_times)
+        first = self.raw[self.step_at]  # each printed again a copy of its line, or not
+        log.verbatim &= all(self.raw[at] == first for at in self.current[1:])
         if log.printed_times is None:
             log.printed_times = log.repeats
         elif log.repeats != log.printed_times:
@@ -218,6 +237,22 @@ class _Pass:
                 f"lines, each step before it on {log.printed_times}: the steps repeat unevenly "
                 "(two processes printing into one log, or an evaluation loop)"
             )
+
+    def _drop_summaries(self, extra: int) -> None:
+        """A step printed on `extra` lines more than each step before it, the extra ones last and
+        each of another shape than the step's own lines (fairseq's epoch summary, `| train |
+        epoch 001 | loss 2.26 | num_updates 6`, repeats the epoch's last step): those lines are
+        summaries, noise."""
+        kept, tail = self.current[:-extra], self.current[-extra:]
+        own = {_shape(self.lines[at]) for at in kept}
+        if any(_shape(self.lines[at]) in own for at in tail):
+            return
+        self.log.drop_last(extra)
+        self.log.repeats -= extra
+        self.current = kept
+        for at in tail:
+            self.log.add_noise(self.number(at), self.lines[at])
+            self.summaries.append(self.number(at))
 
     def _array(self, index: int, label: str, first: str, committed: bool) -> None:
         """Read the array starting at line `index`. A committed one (after an arrow) must
@@ -289,6 +324,13 @@ class _Pass:
         """The value of the step key this pass reads (the line's first where it holds fewer)."""
         values = (step.index, *step.others)
         return values[self.key] if self.key is not None and self.key < len(values) else values[0]
+
+
+def _shape(text: str) -> str:
+    """A line with its numbers left out and its spaces collapsed: lines one printer prints for
+    one step share it (`epoch 001: 6 / 6 loss=2.26, num_updates=6` and not `| epoch 001 | loss
+    2.26 | num_updates 6`)."""
+    return " ".join(_NUMBER.sub("#", text).split())
 
 
 def _again(value: int, expected: int, first: int) -> str:

@@ -129,6 +129,14 @@ class ParsedLog:
         own = [digits if count >= STREAM_NUMBERS else whole for digits, count in streams]
         return own[0], own[1], own[2:]
 
+    def drop_last(self, count: int) -> None:
+        """Forget the last `count` step lines read (summaries taken for steps, `parse`)."""
+        for lines in (self.losses, self.bracketed, self.lrs, self.norms, self.sizes):
+            del lines[-count:]
+        for lines in (self.step_lines, self.blocks, self.loss_dtypes, self.unprinted):
+            del lines[-count:]
+        del self.skips[-count:], self.scales[-count:]
+
     def add_noise(self, line: int, text: str) -> None:
         self.noise += 1
         if len(self.noise_shown) < SHOWN_NOISE:

@@ -118,6 +118,13 @@ def _best_loss(names: list[str]) -> str | None:
     return None if at is None else names[at]
 
 
+_UNNUMBERED = (
+    "its records print no step number: read as consecutive steps, one per record; a log "
+    "printed every N steps (the Trainer's logging_steps) numbers here its records, each a mean "
+    "over the steps since the last (print every step to judge each one)"
+)
+
+
 class Records:
     """The records of one log, line by line: the table header in force and the loss field
     the log's first record chose."""
@@ -190,5 +197,7 @@ class Records:
         epoch = next((_integer(v) for n, v in fields.items() if str(n).lower() == "epoch"), None)
         size = next((_integer(fields[n]) for n in names if is_size_field(n)), None)
         index = indices[0] if indices else None
+        if index is None and _UNNUMBERED not in self.notes:
+            self.notes.append(_UNNUMBERED)
         others = tuple(indices[1:])
         return StepLine(index, loss, False, epoch, lr, others, grad_norm=norm, size=size)

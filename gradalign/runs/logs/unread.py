@@ -18,6 +18,11 @@ _LOSS_LIKE = re.compile(  # `total_loss: 2.1`, `loss_cls=1.4`, `xent: 2.12`, `nl
 )
 
 
+_NATIVE_GLOG = re.compile(  # glog's prefix on a line printed from C++ (`solver.cpp:218]`)
+    r"^[IWEF]\d{4}\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\d+\s+[\w./-]+\.(?:cc|cpp|cu|h)\s*:\d+\]"
+)
+
+
 def _named(names: list[str]) -> str:
     shown = ", ".join(f"`{n}`" for n in names[:SHOWN])
     return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
@@ -27,18 +32,35 @@ def unread_fields(texts: list[str]) -> str | None:
     """A clause saying which loss-like fields and step keys the lines print (None: none)."""
     losses: Counter[str] = Counter()
     steps: Counter[str] = Counter()
-    for text in readable(texts):
-        losses.update(m["name"] for m in _LOSS_LIKE.finditer(text))
-        steps.update(step_keys(text))
+    lossy = together = native = 0  # lines with a loss; with a step too; printed by C++'s glog
+    for raw, text in zip(texts, readable(texts), strict=True):
+        found = [m["name"] for m in _LOSS_LIKE.finditer(text)]
+        keys = step_keys(text)
+        losses.update(found)
+        steps.update(keys)
+        lossy += bool(found)
+        together += bool(found and keys)
+        native += bool(found) and _NATIVE_GLOG.match(raw) is not None
     if not losses:
         return None
     names = [name for name, _ in losses.most_common()]
+    if native == lossy:
+        return (
+            f"its lines print {_named(names)} only on glog lines from C++ (`I1130 06:00:00.123456 "
+            "123 solver.cpp:218] ...`), which the reader leaves as a framework's own messages: "
+            "remove the prefix first (sed -E 's/^[IWEF][0-9]{4} [^]]*\\] //' LOG)"
+        )
     if not steps:
         return (
             f"its lines print {_named(names)} but no step number the reader knows (`step`, "
             "`iter`, `global_step`, `num_updates`, ...)"
         )
     step = steps.most_common(1)[0][0]
+    if not together:
+        return (
+            f"its lines print {_named(names)} and a step (`{step}`), never on one line (a table "
+            "of one field per line?)"
+        )
     return (
         f"its lines print {_named(names)} beside a step (`{step}`), none of which the reader "
         "takes for the step's training loss: a total beside its parts is not chosen between, "

@@ -1,0 +1,159 @@
+"""Step lines as more frameworks print them: timm's epoch before its counter, fairseq's epoch
+summary after its steps, GPT-NeoX's `lm_loss`, a `train/learning_rate` column, Keras 3's and
+rich's `━━━` bars, records without a step number; and refusals that name what they saw (C++
+glog lines, a loss and a step never on one line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gradalign.errors import BadInput
+from gradalign.runs.logs import read_log
+
+from .conftest import one_line_error
+
+LOSSES = [2.303, 2.297, 2.289, 2.258, 2.226, 2.18, 2.151, 2.12]
+
+
+def _write(tmp_path: Path, name: str, lines: list[str]) -> Path:
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def _refused(cli, tmp_path: Path, lines: list[str], *fragments: str) -> None:
+    """`compare` of two copies of a log is one line saying `fragments`."""
+    base, merged = _write(tmp_path, "base.log", lines), _write(tmp_path, "merged.log", lines)
+    one_line_error(cli("compare", str(base), str(merged)), *fragments)
+
+
+def _timm(losses: list[float], per_epoch: int = 4) -> list[str]:
+    """timm's train.py: `Train: EPOCH [ INDEX/UPDATES (PCT%)]  Loss: VAL (AVG)`, INDEX from 0 in
+    each epoch."""
+    return [
+        f"Train: {i // per_epoch} [{i % per_epoch:>4d}/{per_epoch} "
+        f"({100 * (i % per_epoch + 1) / per_epoch:>3.0f}%)]  Loss: {v:#.4g} ({v:#.4g})  "
+        "Time: 0.105s,  304.76/s  LR: 1.000e-01  Data: 0.010 (0.010)"
+        for i, v in enumerate(losses)
+    ]
+
+
+def test_timm_epochs_are_read_from_the_number_before_the_counter(tmp_path):
+    run = read_log(_write(tmp_path, "timm.log", _timm(LOSSES)))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES)
+
+
+def test_a_restart_without_an_epoch_is_still_refused(tmp_path):
+    lines = [line.replace("Train: 1 ", "Train ") for line in _timm(LOSSES)]
+    with pytest.raises(BadInput, match="expected step 4, found step 0 again"):
+        read_log(_write(tmp_path, "timm.log", lines))
+
+
+def _fairseq(losses: list[float], per_epoch: int = 4) -> list[str]:
+    """fairseq's simple format: each update's `train_inner` line, then after each epoch its
+    `valid` and `train` summaries, the latter repeating the epoch's last `num_updates`."""
+    lines = []
+    for i, v in enumerate(losses):
+        epoch, u = 1 + i // per_epoch, i + 1
+        lines.append(
+            f"2026-11-30 06:00:0{u % 10} | INFO | train_inner | epoch {epoch:03d}:      "
+            f"{u - (epoch - 1) * per_epoch} / {per_epoch} loss={v:.3f}, nll_loss=2.1, ppl=4.5, "
+            f"wps=1000.5, ups=8.1, wpb=1024, bsz=32, num_updates={u}, lr=0.0005, gnorm=0.812"
+        )
+        if u % per_epoch == 0:
+            lines.append(
+                f"2026-11-30 06:00:09 | INFO | train | epoch {epoch:03d} | loss 2.259 | "
+                f"nll_loss 2.1 | ppl 4.5 | wps 1050.2 | ups 8.2 | wpb 1024 | bsz 32 | "
+                f"num_updates {u} | lr 0.0005 | gnorm 0.8 | train_wall 1 | wall 9"
+            )
+    return lines
+
+
+def test_fairseqs_epoch_summaries_are_read_as_summaries(tmp_path):
+    run = read_log(_write(tmp_path, "fairseq.log", _fairseq(LOSSES)))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES)
+    assert any("lines 5, 10 print a step again in another shape" in n for n in run.notes)
+
+
+def test_a_step_printed_again_in_its_own_shape_is_still_uneven(tmp_path):
+    """Only a line of another shape is a summary: the same line once more is a micro-step or
+    a second process, and an uneven count of those is refused as before."""
+    lines = _fairseq(LOSSES)
+    lines[4] = lines[3]  # the summary replaced by a second copy of the step's own line
+    with pytest.raises(BadInput, match="the steps repeat unevenly"):
+        read_log(_write(tmp_path, "fairseq.log", lines))
+
+
+def test_a_summary_does_not_hide_a_broken_run(cli, tmp_path):
+    base = _write(tmp_path, "base.log", _fairseq(LOSSES))
+    merged = _write(tmp_path, "merged.log", _fairseq(LOSSES))
+    broken = _write(tmp_path, "broken.log", _fairseq([v * 1.03 for v in LOSSES]))
+    assert cli("compare", str(base), str(merged)).code == 0
+    assert cli("compare", str(base), str(broken)).code == 1
+
+
+def _neox(losses: list[float], name: str) -> list[str]:
+    return [
+        f" samples/sec: 266.667 | iteration {i:8d}/{len(losses):8d} | learning rate: 6.000E-05 "
+        f"| {name}: {v:.6E} | loss scale: 65536.0 | number of skipped iterations:   0 |"
+        for i, v in enumerate(losses, 1)
+    ]
+
+
+def test_a_loss_named_by_joined_words_is_read_where_it_is_the_only_one(tmp_path):
+    """GPT-NeoX prints `lm_loss: 2.3E+00`, as Megatron-LM prints `lm loss: 2.3E+00`."""
+    run = read_log(_write(tmp_path, "neox.log", _neox(LOSSES, "lm_loss")))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES)
+
+
+@pytest.mark.parametrize("names", ["ce_loss: {v} | kd_loss: 0.5", "dev_loss: {v}"])
+def test_joined_components_or_other_quantities_stay_unread(tmp_path, names):
+    lines = [f"step {i} | " + names.format(v=v) for i, v in enumerate(LOSSES)]
+    with pytest.raises(BadInput, match=r"no step lines|neither a gradalign run"):
+        read_log(_write(tmp_path, "train.log", lines))
+
+
+def test_a_train_slash_learning_rate_column_is_the_lr(tmp_path):
+    """W&B's and TensorBoard's name for the Trainer's lr; `train/loss` beside it is read."""
+    header = "_step,train/loss,train/grad_norm,train/learning_rate,train/global_step"
+    rows = [f"{i},{v},0.83,{5e-05 * (1 - i / 10)},{i + 1}" for i, v in enumerate(LOSSES)]
+    run = read_log(_write(tmp_path, "history.csv", [header, *rows]))
+    assert run.lr is not None
+    assert run.lr.tolist() == pytest.approx([5e-05 * (1 - i / 10) for i in range(len(LOSSES))])
+
+
+@pytest.mark.parametrize("bar", ["━━━━━━━━━━━━━━━━━━━━", "━━━━━━━━━━╸━━━━━━━━━"])
+def test_keras_3s_bar_is_a_progress_bar_not_a_step(cli, tmp_path, bar):
+    """Its `loss` is the epoch's running mean: read as each step's, it would be misread."""
+    lines = [f"{i}/8 {bar} 0s 10ms/step - loss: {v:.4f}" for i, v in enumerate(LOSSES, 1)]
+    _refused(cli, tmp_path, ["Epoch 1/1", *lines], "its progress bars are not read")
+
+
+def test_records_without_a_step_say_how_they_were_numbered(tmp_path):
+    lines = [f"{{'loss': {v}, 'learning_rate': 5e-05, 'epoch': {i / 6:.4f}}}" for i, v in
+             enumerate(LOSSES)]  # fmt: skip
+    run = read_log(_write(tmp_path, "hf.log", lines))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES)
+    assert any("print no step number" in note and "logging_steps" in note for note in run.notes)
+    numbered = read_log(_write(tmp_path, "numbered.log", [f"step {i}, loss: {v}" for i, v in
+                                                          enumerate(LOSSES)]))  # fmt: skip
+    assert not any("print no step number" in note for note in numbered.notes)
+
+
+def test_a_log_of_cpp_glog_lines_is_refused_saying_so(cli, tmp_path):
+    """Caffe's solver prints its steps through glog from C++: the reader leaves such lines as a
+    framework's own messages (Paddle's executor prints them too), and says so."""
+    lines = [
+        f"I1130 06:00:0{i}.123456 12345 solver.cpp:218] Iteration {i} (8.1 iter/s), loss = {v}"
+        for i, v in enumerate(LOSSES)
+    ]
+    _refused(cli, tmp_path, lines, "only on glog lines from C++", "sed -E")
+
+
+def test_a_loss_and_a_step_never_on_one_line_is_refused_saying_so(cli, tmp_path):
+    lines = []
+    for i, v in enumerate(LOSSES, 1):
+        lines += [f"Training finished iteration {i}", "| Training result |", f"| loss {v} |"]
+    _refused(cli, tmp_path, lines, "never on one line")
