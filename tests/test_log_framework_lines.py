@@ -157,3 +157,18 @@ def test_a_loss_and_a_step_never_on_one_line_is_refused_saying_so(cli, tmp_path)
     for i, v in enumerate(LOSSES, 1):
         lines += [f"Training finished iteration {i}", "| Training result |", f"| loss {v} |"]
     _refused(cli, tmp_path, lines, "never on one line")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "step={i}|loss={v}|lr=0.1",  # fields joined by `|` or `;` without spaces
+        "step={i};loss={v};lr=0.1",
+        "epoch: 0, step: {i}，loss：{v}，lr：0.1",  # full-width punctuation
+        "【Train】epoch：0，step：{i}，loss：{v}",
+    ],
+)
+def test_fields_joined_without_spaces_or_by_full_width_punctuation(tmp_path, line):
+    lines = [line.format(i=i, v=v) for i, v in enumerate(LOSSES)]
+    run = read_log(_write(tmp_path, "train.log", lines))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES)

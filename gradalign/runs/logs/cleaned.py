@@ -42,6 +42,8 @@ _HALF = re.compile(
     r"(?:\bdtype\s*=\s*['\"]?(?:(?:paddle|torch|np|numpy|jnp|tf)\.)?|\bnp\.)"
     r"(?P<kind>float16|bfloat16|half)\b"
 )
+# full-width punctuation, as a Chinese input method types it: `step: 3，loss：2.3`
+_FULL_WIDTH = str.maketrans("：，；（）【】［］　", ":,;()[][] ")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\ufeff|\x08+")  # colour codes, a BOM, backspaces
 # numbers, brackets, commas and white space only: no prefix, colour code, bar or wrapper can be
 # in it (each needs a `:`, `%`, `(`, a letter other than those of `e`, `nan`, `inf`, or a
@@ -50,14 +52,15 @@ _PLAIN = re.compile(r"[\d\s.eE+\-\[\],naif]*")
 
 
 def clean(line: str) -> str:
-    """A line without terminal colour codes and backspaces, a launcher's or logger's prefix, a
+    """A line without terminal colour codes and backspaces (its full-width punctuation read as
+    ASCII's), a launcher's or logger's prefix, a
     progress bar it was glued to (`lines.strip_bars`), numpy's
     `array(..., dtype=...)`, numpy 2's `np.float32(...)`, torch's `tensor(..., device=...)`,
     JAX's `Array(...)` and TF's `tf.Tensor(...)` wrappers, an f-string's `loss.item()=` call
     (the key `loss=`) and surrounding white space."""
     if _PLAIN.fullmatch(line) and not _dash_prefix(line):  # most of a printed array's lines
         return line.strip()
-    text = _PREFIX.sub("", _ANSI.sub("", line))
+    text = _PREFIX.sub("", _ANSI.sub("", line).translate(_FULL_WIDTH))
     if "[" in text and (unbarred := strip_bars(text)) != text and unbarred.strip():
         text = _PREFIX.sub("", unbarred)  # a line glued after tqdm's bar; a bar alone is noise
     if "(" in text:  # torch's wrapper first: its `dtype=...)` is not numpy's

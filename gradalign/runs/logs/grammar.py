@@ -66,11 +66,11 @@ _KEYED_INDEX = re.compile(  # `step 3`, `step: 3`, `Step[3/48]`, `batch_id: 3`, 
 _KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_loss=2.3`, NeMo's
     # `reduced_train_loss: 2.3` (of the names joined by `_`, only a training loss's: `ce_loss` no)
     r"(?<![\w.])(?:(?:[A-Za-z][A-Za-z\d]*_)*train(?:ing)?[\s_])?loss\b(?:\s+is)?\s*[:=]?\s*"
-    r"(?P<loss>\[*[^\s,\[\]]+\]*)",
+    r"(?P<loss>\[*[^\s,;|\[\]]+\]*)",
     re.IGNORECASE,
 )
 _JOINED_LOSS = re.compile(  # any loss named by words joined with `_` (GPT-NeoX's `lm_loss: 2.3`)
-    r"(?<![\w.])[A-Za-z][A-Za-z\d]*(?:_[A-Za-z\d]+)*_loss\b\s*[:=]?\s*(?P<loss>\[*[^\s,\[\]]+\]*)",
+    r"(?<![\w.])[A-Za-z][A-Za-z\d]*(?:_[A-Za-z\d]+)*_loss\b\s*[:=]?\s*(?P<loss>\[*[^\s,;|\[\]]+\]*)",
     re.IGNORECASE,
 )
 _KEYED_LR = re.compile(  # `lr: 0.001`, `lr=[0.0001]`, `learning_rate: 5e-05`, `learning rate: 1E-4`
