@@ -38,15 +38,17 @@ def clip_loop(
     split: bool = True,
     float64: bool = False,
     max_norm: float = MAX_NORM,
+    inputs: float = 1.0,
 ):
     """A hand-written loop that clips once per update at a max_norm that engages (unless
-    told another)."""
+    told another); `inputs` scales the inputs (and so the gradients' norms)."""
     clip = _split_clip if split else _legacy_clip
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 48), nn.GELU(), nn.Linear(48, 4))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(UPDATES * BATCH, 10, generator=g)
     y = (x[:, :4] * x[:, 4:8]).argmax(1)
+    x = x * inputs
     if float64:
         model, x = model.double(), x.double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -162,15 +164,35 @@ def test_a_loss_not_divided_by_k_under_a_clip_is_named_loss_scale(tmp_path, base
 
 
 def test_with_a_reference_the_hidden_scale_is_named_loss_scale(tmp_path, base):
-    """With a float64 reference the clipped gradients fail by their measured noise, and the
-    norms before clipping name the scale (was `cross-sample-loss` with the split API)."""
+    """With a float64 reference the clipped gradients fail by their measured noise (clip's
+    1e-6 in `max_norm / (norm + 1e-6)` tells a norm 4 times as large), and the norms before
+    clipping name the scale (was `cross-sample-loss` with the split API)."""
     ref = clip_loop(tmp_path / "ref", 1, float64=True)
     merged = clip_loop(tmp_path / "merged", 4, bug="no-loss-scale")
     c = compare(base, merged, reference=ref)
     status = {k.name: k.status for k in c.checks}
-    assert "norms before clipping" not in status
+    assert status["norms before clipping"] == "fail"
     assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale"
-    assert compare(base, clip_loop(tmp_path / "clean", 4), reference=ref).verdict == "pass"
+    clean = compare(base, clip_loop(tmp_path / "clean", 4), reference=ref)
+    assert clean.verdict == "pass"
+    assert {k.name: k.status for k in clean.checks}["norms before clipping"] == "pass"
+
+
+def test_with_a_reference_a_scale_the_clip_hid_within_noise_still_fails(tmp_path):
+    """Larger norms (inputs 30 times): the clipped gradients agree within their measured noise,
+    and only the norms before clipping, 4 times the baseline's, keep the scale. Against a
+    reference this passed (exit 0) where the same runs without one failed."""
+    base = clip_loop(tmp_path / "base", 1, inputs=30.0)
+    ref = clip_loop(tmp_path / "ref", 1, float64=True, inputs=30.0)
+    merged = clip_loop(tmp_path / "merged", 4, bug="no-loss-scale", inputs=30.0)
+    c = compare(base, merged, reference=ref)
+    status = {k.name: k.status for k in c.checks}
+    assert status["gradients"] == status["weights"] == "pass"
+    assert status["norms before clipping"] == "fail"
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale"
+    assert compare(base, merged).verdict == "fail"  # no reference: fixed tolerances
+    clean = clip_loop(tmp_path / "clean", 4, inputs=30.0)
+    assert compare(base, clean, reference=ref).verdict == "pass"
 
 
 ITEMS = [57, 36, 30, 56]  # tokens per micro-batch, as the probe's Llama window 0 held them

@@ -77,8 +77,8 @@ def build_checks(
     )
     checks.append(_init_check(base, merged))
     clipped = base.grad_norm_pre_clip is not None and merged.grad_norm_pre_clip is not None
-    if clipped and not calibrated:  # against a reference the clipped gradients carry it
-        checks.append(_pre_clip_check(base, merged, results, grad_rtol))
+    if clipped:
+        checks.append(_pre_clip_check(base, merged, results, grad_rtol, calibrated))
     return checks
 
 
@@ -86,15 +86,21 @@ PRE_CLIP = "grad_norm_pre_clip"  # the problem key of a norm before clipping tha
 
 
 def _pre_clip_check(
-    base: Run, merged: Run, results: list[UpdateResult], grad_rtol: float = 0.0
+    base: Run,
+    merged: Run,
+    results: list[UpdateResult],
+    grad_rtol: float = 0.0,
+    calibrated: bool = False,
 ) -> Check:
-    """The norms before clipping, judged without a reference by `pre_clip_gap`; each update that
-    fails gets a problem. With a reference there is no such check: the clipped gradients are
-    judged by their measured noise, and a scale a clip hid is read from these norms when they
-    fail (signatures)."""
+    """The norms before clipping, judged by `pre_clip_gap`; each update that fails gets a
+    problem. A clip that engaged in both runs steps with the same clipped gradient whatever
+    scale the loss had (a loss not divided by K): only these norms keep it, against a reference
+    as without one."""
     name = "norms before clipping"
     gaps = (
-        pre_clip_gap(base, merged, r) or printed_gap(base, merged, r, grad_rtol) for r in results
+        pre_clip_gap(base, merged, r, grad_rtol if calibrated else None)
+        or printed_gap(base, merged, r, grad_rtol)
+        for r in results
     )
     judged = [(r, gap) for r, gap in zip(results, gaps, strict=True) if gap is not None]
     if not judged:
@@ -119,11 +125,14 @@ def _pre_clip_check(
 
 
 def pre_clip_gap(
-    base: Run, merged: Run, r: UpdateResult
+    base: Run, merged: Run, r: UpdateResult, floor: float | None = None
 ) -> tuple[float, float, float, float] | None:
     """At one update, the norms before clipping (merged, baseline), their relative gap
     |m - b| / b, and the share of the stepped gradient's norm the gradient check allowed it
-    there (None: not judged: either norm missing, or no gradient judged).
+    there (None: not judged: either norm missing, or no gradient judged). `floor` (against a
+    reference): the gradient check judged each tensor's distance to the reference, so the
+    share bounds |‖m‖ - ‖r‖| and the baseline's own noise |‖b‖ - ‖r‖| adds to it; at least
+    `floor` (the dtype's `grad_rtol`: never stricter than the same runs without a reference).
 
     The clip scales the accumulated gradient by one factor, so the share the gradients check
     allows the stepped gradient, sqrt(sum allowed^2) / ||g_base|| over the judged tensors, is the
@@ -138,15 +147,17 @@ def pre_clip_gap(
     found = _norms_at(base, merged, r.update)
     if found is None:
         return None
-    allowed, norms = 0.0, 0.0
+    allowed, noise, norms = 0.0, 0.0, 0.0
     for d in r.grads:
         if not (0 < d.rel_l2 < math.inf and math.isfinite(d.allowed)):
             continue  # an equal (or zero) tensor: the diff does not give its norm
         allowed += (max(d.allowed, d.error) if d.excused is not None else d.allowed) ** 2
-        norms += (d.error / d.rel_l2) ** 2
+        noise += d.noise**2 if floor is not None and math.isfinite(d.noise) else 0.0
+        norms += (d.norm if d.norm is not None else d.error / d.rel_l2) ** 2  # ‖b‖
     if not norms:
         return None
-    return *found, math.sqrt(allowed / norms)
+    share = (math.sqrt(allowed) + math.sqrt(noise)) / math.sqrt(norms)
+    return *found, share if floor is None else max(share, floor)
 
 
 def printed_gap(

@@ -33,9 +33,10 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.micro_batch_missing,
     sig.lr_scaled,
     sig.lr_schedule,
+    sig.trained_from_another_update,
     sig.optimizer_settings,
     sig.weights_decayed,  # after the settings: another weight_decay there is named there
-    sig.scale_before_clip,  # a scale only the norms before clipping kept (no reference)
+    sig.scale_before_clip,  # a scale only the norms before clipping kept
     sig.replica_divergence,
     sig.card_loss,
     sig.data_order,

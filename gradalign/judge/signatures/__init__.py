@@ -33,6 +33,7 @@ from .decisive import (
     step_in_window,
     window_bookkeeping,
 )
+from .frozen import trained_from_another_update
 from .gradient import (
     grad_accum_dtype,
     loss_scale,
@@ -85,6 +86,7 @@ __all__ = [
     "step_in_window",
     "step_skipped",
     "token_normalization",
+    "trained_from_another_update",
     "weights_changed_in_window",
     "weights_decayed",
     "window_bookkeeping",

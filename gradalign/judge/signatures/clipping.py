@@ -87,7 +87,7 @@ _SCALE_ONCE = (
 
 
 def scale_before_clip(c: Comparison) -> Diagnosis | None:
-    """Without a reference, the first failing update failed by its norms before clipping alone
+    """The first failing update failed by its norms before clipping alone
     (checks.py), K, 1/K or K+1 times the baseline's: the loss the gradient comes from was scaled
     and a clip that engaged in both runs hid it from the step, the weights and the gradients."""
     r = failing(c)

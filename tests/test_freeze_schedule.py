@@ -1,0 +1,75 @@
+"""A layer frozen for the first updates and then trained (`requires_grad_(True)`): unfrozen at
+the same update in both runs it passes; unfrozen at a count of micro-steps (update 1 instead of
+3 at K=4), or never in the merged run, it is named `lr-schedule` with the tensors and the update
+each run trained them from (was `unexplained`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign.judge.compare import compare
+from gradalign.runs.reader import read_run_dir
+
+UPDATES, BATCH, UNFREEZE = 5, 32, 3
+
+
+def freeze_loop(out, k: int, unfreeze_at: str = "update", float64: bool = False):
+    """An MLP whose first layer trains from update UNFREEZE on, counted in updates, in
+    micro-steps after the first window (`micro`: from micro-step UNFREEZE + 1, update 1 at K=4)
+    or `never`."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 24), nn.Tanh(), nn.Linear(24, 3))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(UPDATES * BATCH, 8, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    if float64:
+        model, x = model.double(), x.double()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    n, micro = BATCH // k, 0
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for u in range(UPDATES):
+            for j in range(k):
+                count = {"update": u, "micro": micro - 1, "never": -1}[unfreeze_at]
+                for p in model[0].parameters():
+                    p.requires_grad_(count >= UNFREEZE)
+                rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss / k).backward()
+                rec.micro(loss, batch=(x[rows], y[rows]))
+                micro += 1
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+    return read_run_dir(out)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("freeze")
+    return {
+        "base": freeze_loop(root / "base", 1),
+        "ref": freeze_loop(root / "ref", 1, float64=True),
+        **{at: freeze_loop(root / at, 4, at) for at in ("update", "micro", "never")},
+    }
+
+
+@pytest.mark.parametrize("reference", [True, False])
+def test_unfrozen_at_the_same_update_passes(runs, reference):
+    ref = runs["ref"] if reference else None
+    assert compare(runs["base"], runs["update"], reference=ref).verdict == "pass"
+
+
+@pytest.mark.parametrize("reference", [True, False])
+@pytest.mark.parametrize(("at", "merged_from"), [("micro", 1), ("never", None)])
+def test_unfrozen_at_another_update_is_named(runs, reference, at, merged_from):
+    c = compare(runs["base"], runs[at], reference=runs["ref"] if reference else None)
+    assert c.verdict == "fail"
+    first = c.diagnosis[0]
+    assert first.code == "lr-schedule", [(d.code, d.message) for d in c.diagnosis]
+    assert first.evidence["tensors"] == ["0.weight", "0.bias"]
+    assert first.evidence["baseline_from"] == UNFREEZE
+    assert first.evidence["merged_from"] == merged_from
+    assert "unfrozen (requires_grad)" in first.message
