@@ -41,8 +41,8 @@ def weights_decayed(c: Comparison) -> Diagnosis | None:
     spares fit with a = 0); one-element tensors say nothing (any number is a multiple of any
     other). Where the recorded settings differ in weight_decay, those name it."""
     r = _first_in_step(c)
-    if r is None or _named_by_settings(c):
-        return None
+    if r is None or _named_by_settings(c) or any(key == "lr" for key, _ in r.problems):
+        return None  # a step at another lr moves every weight otherwise (`lr-schedule`)
     u = r.update
     before = None if u == 0 else u - 1
     wb, wm = weights_of(c, c.baseline, u), weights_of(c, c.merged, u)

@@ -89,7 +89,7 @@ def scheduler_per_rank(c: Comparison) -> Diagnosis | None:
     bad = [r for r in c.results if any(k == "lr" for k, _ in r.problems)]
     if world < 2 or not bad or c.baseline.lr is None or c.merged.lr is None:
         return None
-    found = schedule_offset(*lined_up_lrs(c))  # runs of different lengths: where they line up
+    found = schedule_offset(*lined_up_lrs(c), (world,))  # where runs of two lengths line up
     advance = None if found is None else found[0]
     if advance != world or advance == window(c):  # W = K: lr-schedule names it
         return None

@@ -48,13 +48,18 @@ def _equal(base_lr: np.ndarray, merged_lr: np.ndarray):
     return same
 
 
-def schedule_offset(base_lr: np.ndarray, merged_lr: np.ndarray) -> tuple[int, int] | None:
+def schedule_offset(
+    base_lr: np.ndarray, merged_lr: np.ndarray, likely: tuple[int, ...] = ()
+) -> tuple[int, int] | None:
     """The pace m and offset c with merged lr[t] == baseline lr[m·t + c] wherever the baseline
     reaches m·t + c, at two updates at least (m = 1, c = 0 is the same schedule), one of them
     an update where the two differ (a constant stretch of the baseline's fits any pace); c = −1
-    (one update behind) at the same pace only."""
+    (one update behind) at the same pace only. Where several paces fit (a warmup that levels
+    off fits 2·t + 3 as well as 4·t + 3), the first of `likely` that fits (K, the micro-steps
+    per update), else the slowest."""
     n = len(base_lr)
     same = _equal(base_lr, merged_lr)
+    fits = []
     for m in range(1, n):
         for c in range(-1 if m == 1 else 0, 2 * m + 1):
             if (m, c) == (1, 0):
@@ -66,8 +71,10 @@ def schedule_offset(base_lr: np.ndarray, merged_lr: np.ndarray) -> tuple[int, in
                 and explains
                 and all(same(float(merged_lr[t]), float(base_lr[m * t + c])) for t in ts)
             ):
-                return m, c
-    return None
+                if not likely:
+                    return m, c
+                fits.append((m, c))
+    return next((f for m in likely for f in fits if f[0] == m), fits[0] if fits else None)
 
 
 def lr_ratio(
@@ -198,7 +205,7 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
             "add the group (or unfreeze its parameters) at the same update in both runs: count "
             "optimizer steps, not micro-batches",
         )
-    found = schedule_offset(base_lr, merged_lr)
+    found = schedule_offset(base_lr, merged_lr, (window(c),))
     if found is None and _diverged_by(c, i):
         return None  # a consequence: a scheduler fed the diverged loss (ReduceLROnPlateau)
     shown_m, shown_b = distinct(float(merged_lr[i]), float(base_lr[i]))

@@ -4,8 +4,14 @@ compare alike). Accumulation changes none of them."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..distributed import listed
 from ..results import Comparison, Diagnosis
+from .common import window
+from .learning_rate import schedule_offset
+
+CYCLED = {"momentum", "betas"}  # what a schedule cycles beside the lr (CyclicLR, OneCycleLR)
 
 
 def _per_tensor(settings: dict) -> list[dict | None]:
@@ -29,8 +35,8 @@ def optimizer_settings(c: Comparison) -> Diagnosis | None:
         for key in sorted(set(b) & set(m)):
             if b[key] != m[key]:
                 differ.setdefault((key, repr(b[key]), repr(m[key])), []).append(name)
-    if not differ:
-        return None
+    if not differ or ({key for key, _, _ in differ} <= CYCLED and _lr_paced(c)):
+        return None  # the momentum a schedule cycled, stepped at another pace (`lr-schedule`)
     shown = [
         f"{key} {vb} in the baseline, {vm} in the merged run ({listed(tensors, 3)})"
         for (key, vb, vm), tensors in differ.items()
@@ -49,3 +55,13 @@ def optimizer_settings(c: Comparison) -> Diagnosis | None:
         "give the merged optimizer the baseline's settings: accumulating K micro-batches of "
         "B/K is the batch of B, so no setting changes with K (only a loop's own bug does)",
     )
+
+
+def _lr_paced(c: Comparison) -> bool:
+    """Whether the merged lr is the baseline's schedule at another pace or offset."""
+    base, merged = c.baseline.lr, c.merged.lr
+    if base is None or merged is None:
+        return False
+    n = min(len(base), len(merged))
+    lrs = (np.asarray(lr[:n], dtype=np.float64) for lr in (base, merged))
+    return schedule_offset(*lrs, (window(c),)) is not None

@@ -1,0 +1,89 @@
+"""A scheduler stepped at every micro-step is named `lr-schedule` alone, at its true pace: a
+warmup that levels off fits 2·t + 3 as well as 4·t + 3 (K = 4 is said); what the schedule
+moved with the lr is not named again as another cause (CyclicLR's momentum was
+`optimizer-settings`; a zero-initialised adapter that the lr moved otherwise was
+`weights-decayed`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign.judge.compare import compare
+from gradalign.judge.signatures.learning_rate import schedule_offset
+from gradalign.runs.reader import read_run_dir
+
+UPDATES, BATCH, K = 8, 32, 4
+
+
+class Adapted(nn.Module):
+    """A linear layer with a low-rank adapter whose second factor starts at zero (LoRA)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Linear(8, 16)
+        self.a = nn.Parameter(torch.randn(2, 8) * 0.1)
+        self.b = nn.Parameter(torch.zeros(16, 2))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.base(x) + x @ self.a.T @ self.b.T))
+
+
+def _schedule(kind: str, opt: torch.optim.Optimizer):
+    if kind == "cyclic":  # cycles the momentum too
+        return torch.optim.lr_scheduler.CyclicLR(
+            opt, base_lr=0.01, max_lr=0.1, step_size_up=3, cycle_momentum=True
+        )
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+
+
+def paced_loop(out, k: int, kind: str, per_micro: bool = False, float64: bool = False):
+    torch.manual_seed(0)
+    model = Adapted()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(UPDATES * BATCH, 8, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    if float64:
+        model, x = model.double(), x.double()
+    if kind == "cyclic":
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    sched, n = _schedule(kind, opt), BATCH // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+        for u in range(UPDATES):
+            for j in range(k):
+                rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss / k).backward()
+                rec.micro(loss, batch=(x[rows], y[rows]))
+                if per_micro and j < k - 1:
+                    sched.step()
+            opt.step()
+            sched.step()
+            rec.update()
+            opt.zero_grad()
+    return read_run_dir(out)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")  # the bug's own order
+@pytest.mark.parametrize("kind", ["cyclic", "warmup"])
+def test_a_scheduler_stepped_per_micro_step_is_named_alone_at_its_pace(tmp_path, kind):
+    base = paced_loop(tmp_path / "base", 1, kind)
+    ref = paced_loop(tmp_path / "ref", 1, kind, float64=True)
+    assert compare(base, paced_loop(tmp_path / "clean", K, kind), reference=ref).verdict == "pass"
+    c = compare(base, paced_loop(tmp_path / "bug", K, kind, per_micro=True), reference=ref)
+    errors = [d for d in c.diagnosis if d.severity == "error"]
+    assert [d.code for d in errors] == ["lr-schedule"], [(d.code, d.message) for d in errors]
+    assert errors[0].evidence["schedule_steps_per_update"] == K
+
+
+def test_of_paces_that_fit_alike_the_likely_one_is_said():
+    warm = np.array([min(1.0, (s + 1) / 4) for s in range(40)])
+    base, merged = warm[:10], warm[3::4][:10]  # stepped 4 times per update, from step 3
+    assert schedule_offset(base, merged) == (2, 3)  # the slowest pace that fits
+    assert schedule_offset(base, merged, (4,)) == (4, 3)
