@@ -213,8 +213,12 @@ def test_a_float16_zoo_model_whose_first_step_overflows_passes_against_its_rerun
     spec = importlib.util.spec_from_file_location("model_zoo", ROOT / "bench" / "model_zoo.py")
     zoo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(zoo)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    row = zoo.judge(tmp_path, "encoder", "radam", 4, 0, None, updates=6, autocast="float16")
+    try:
+        row = zoo.judge(tmp_path, "encoder", "radam", 4, 0, None, updates=6, autocast="float16")
+    finally:
+        torch.set_num_threads(threads)  # later tests run on the suite's own threads
     if gradalign.skipped_updates(tmp_path / "base") != [0]:
         pytest.skip("this machine's float16 arithmetic did not overflow at update 0")
     assert row["verdict"] == "pass", row

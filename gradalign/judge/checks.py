@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..runs.model import Run
 from ..runs.summaries import SKETCH_SIZE
 from .bookkeeping import bad_alike
+from .clip_norms import pre_clip_check
 from .distributed import listed
 from .metrics import TensorDiff
 from .replicas import replicas_comparable
@@ -78,114 +77,8 @@ def build_checks(
     checks.append(_init_check(base, merged))
     clipped = base.grad_norm_pre_clip is not None and merged.grad_norm_pre_clip is not None
     if clipped:
-        checks.append(_pre_clip_check(base, merged, results, grad_rtol, calibrated))
+        checks.append(pre_clip_check(base, merged, results, grad_rtol, calibrated))
     return checks
-
-
-PRE_CLIP = "grad_norm_pre_clip"  # the problem key of a norm before clipping that differs
-
-
-def _pre_clip_check(
-    base: Run,
-    merged: Run,
-    results: list[UpdateResult],
-    grad_rtol: float = 0.0,
-    calibrated: bool = False,
-) -> Check:
-    """The norms before clipping, judged by `pre_clip_gap`; each update that fails gets a
-    problem. A clip that engaged in both runs steps with the same clipped gradient whatever
-    scale the loss had (a loss not divided by K): only these norms keep it, against a reference
-    as without one."""
-    name = "norms before clipping"
-    gaps = (
-        pre_clip_gap(base, merged, r, grad_rtol if calibrated else None)
-        or printed_gap(base, merged, r, grad_rtol)
-        for r in results
-    )
-    judged = [(r, gap) for r, gap in zip(results, gaps, strict=True) if gap is not None]
-    if not judged:
-        return Check(name, NOT_CHECKED, "no update with a judged gradient to compare them by")
-    bad = [(r, gap) for r, gap in judged if not gap[2] <= gap[3]]
-    for r, (m, b, _, share) in bad:
-        text = (
-            f"norm before clipping {m:.6g} in merged, {b:.6g} in baseline ({m / b:.4g} times; "
-            f"the gradient tolerance allows {share:.2g} of the norm)"
-        )
-        r.problems.append((PRE_CLIP, text))
-    if bad:
-        r = bad[0][0]
-        text = next(t for key, t in r.problems if key == PRE_CLIP)
-        return Check(
-            name,
-            FAIL,
-            f"{len(bad)}/{len(results)} updates differ; first, update {r.update}: {text}",
-        )
-    worst = max(gap / share if share > 0 else math.inf for _, (_, _, gap, share) in judged)
-    return Check(name, PASS, f"within the gradient tolerance at every update ({worst:.2g}x it)")
-
-
-def pre_clip_gap(
-    base: Run, merged: Run, r: UpdateResult, floor: float | None = None
-) -> tuple[float, float, float, float] | None:
-    """At one update, the norms before clipping (merged, baseline), their relative gap
-    |m - b| / b, and the share of the stepped gradient's norm the gradient check allowed it
-    there (None: not judged: either norm missing, or no gradient judged). `floor` (against a
-    reference): the gradient check judged each tensor's distance to the reference, so the
-    share bounds |‖m‖ - ‖r‖| and the baseline's own noise |‖b‖ - ‖r‖| adds to it; at least
-    `floor` (the dtype's `grad_rtol`: never stricter than the same runs without a reference).
-
-    The clip scales the accumulated gradient by one factor, so the share the gradients check
-    allows the stepped gradient, sqrt(sum allowed^2) / ||g_base|| over the judged tensors, is the
-    share it allows the unclipped one, and by the triangle inequality, |‖m‖ - ‖b‖| <= ‖m - b‖,
-    it bounds the gap of their norms. That share is the dtype's `grad_rtol` (as overridden),
-    `grad_rtol_apart` where the runs entered the update with weights that differ (judge/apart.py
-    widens the allowance before the checks are built), and more where a kink widened it (an
-    excused gradient counts as allowed its own error): a clean run cannot fail here where its
-    unclipped gradient would pass. Clean float32 runs' norms differ by rounding, about 1e-7 of
-    the norm, against grad_rtol 1e-4; a loss not divided by K under a clip that always engages
-    steps with the same clipped gradient, and only these norms keep the scale (K times)."""
-    found = _norms_at(base, merged, r.update)
-    if found is None:
-        return None
-    allowed, noise, norms = 0.0, 0.0, 0.0
-    for d in r.grads:
-        if not (0 < d.rel_l2 < math.inf and math.isfinite(d.allowed)):
-            continue  # an equal (or zero) tensor: the diff does not give its norm
-        allowed += (max(d.allowed, d.error) if d.excused is not None else d.allowed) ** 2
-        noise += d.noise**2 if floor is not None and math.isfinite(d.noise) else 0.0
-        norms += (d.norm if d.norm is not None else d.error / d.rel_l2) ** 2  # ‖b‖
-    if not norms:
-        return None
-    share = (math.sqrt(allowed) + math.sqrt(noise)) / math.sqrt(norms)
-    return *found, share if floor is None else max(share, floor)
-
-
-def printed_gap(
-    base: Run, merged: Run, r: UpdateResult, grad_rtol: float
-) -> tuple[float, float, float, float] | None:
-    """`pre_clip_gap` for runs that print their norms and no gradient (logs): the share
-    allowed is the gradients' tolerance plus what printing rounded both norms to."""
-    qb, qm, i = base.grad_norm_quantum, merged.grad_norm_quantum, r.update
-    if base.has_grads or merged.has_grads or qb is None or qm is None:
-        return None
-    found = _norms_at(base, merged, i)
-    if found is None:
-        return None
-    m, b, gap = found
-    return m, b, gap, grad_rtol + float(qb[i] + qm[i]) / b
-
-
-def _norms_at(base: Run, merged: Run, i: int) -> tuple[float, float, float] | None:
-    """Update i's norms before clipping (merged, baseline) and their relative gap |m - b| / b;
-    None where either run lacks them or the baseline's is not finite and positive (a non-finite
-    gradient is the gradients check's)."""
-    pb, pm = base.grad_norm_pre_clip, merged.grad_norm_pre_clip
-    if pb is None or pm is None or i >= min(len(pb), len(pm)):
-        return None
-    b, m = float(pb[i]), float(pm[i])
-    if not (math.isfinite(b) and b > 0):
-        return None
-    return m, b, abs(m - b) / b if math.isfinite(m) else math.inf
 
 
 def _init_check(base: Run, merged: Run) -> Check:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ...runs.model import Run, Tensors
-from ..checks import PRE_CLIP
+from ..clip_norms import PRE_CLIP
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import (
     exact_of,

@@ -10,7 +10,8 @@ import math
 
 import numpy as np
 
-from ..checks import PRE_CLIP, row_mismatches, sample_mismatches
+from ..checks import row_mismatches, sample_mismatches
+from ..clip_norms import PRE_CLIP
 from ..results import Comparison, Diagnosis, UpdateResult
 from .buffers import buffers_in_forward
 from .common import finite, losses_given, normalized_by_window, window

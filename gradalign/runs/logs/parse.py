@@ -24,6 +24,7 @@ from .grammar import (
 from .lines import Lines, read_lines
 from .parsed import UNPRINTED, Block, ParsedLog
 from .records import NotAStep, Records
+from .restarts import why_again
 
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -189,7 +190,7 @@ class _Pass:
         if value != expected:
             raise BadInput(
                 f"{self.where(index)}: expected step {expected}, found step {value}"
-                + _again(value, expected, log.first_index)
+                + why_again(value, expected, log.first_index)
             )
         if log.steps:
             self._printed_times(index)
@@ -331,37 +332,6 @@ def _shape(text: str) -> str:
     one step share it (`epoch 001: 6 / 6 loss=2.26, num_updates=6` and not `| epoch 001 | loss
     2.26 | num_updates 6`)."""
     return " ".join(_NUMBER.sub("#", text).split())
-
-
-def _again(value: int, expected: int, first: int) -> str:
-    """Why a step may come again: from its first value, a loop that counts again; from a later
-    one, a run resumed from a checkpoint, whose repeated steps supersede the ones before."""
-    if value == expected:
-        return ""
-    if value > expected:
-        missing = (
-            f"step {expected} is"
-            if value == expected + 1
-            else f"steps {expected} to {value - 1} are"
-        )
-        if expected > first + 1:  # within the log: lines lost, or printed without a loss
-            return f": {missing} not in the log (a line lost, or one printed without its loss?)"
-        return (
-            f": {missing} not in the log (printed every {value - expected + 1} steps? Its lines "
-            "may then be means over the steps since the last: print every step, e.g. "
-            "Megatron's --log-interval 1, PaddleNLP's --logging_steps 1)"
-        )
-    if value > first:
-        return (
-            f" again: a run resumed from a checkpoint? Steps {value} to {expected - 1} are "
-            "printed twice and the later lines supersede the earlier: give the log of one "
-            f"uninterrupted run, or delete the earlier lines of steps {value} to {expected - 1}; "
-            "else an evaluation loop or another process printing step lines into this log"
-        )
-    return (
-        " again: the steps restart (two processes printing into one log, an evaluation loop, "
-        "a run restarted from step 0, or a new epoch the step line does not name)"
-    )
 
 
 def _arrow(text: str) -> bool:
