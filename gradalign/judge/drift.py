@@ -2,13 +2,12 @@
 element and update, how far an element whose gradient is rounding noise may have been stepped
 away from the other run, summed over the updates: `Drift` in memory for whole tensors,
 `DriftFiles` by slice for the streamed judge (16 MiB of slices in memory, the rest in one sparse
-float64 scratch file per tensor, only the slices that change read and written back; each
-slice's sum of squares remembered, so the allowance costs no pass over the file).
+float64 scratch file per tensor, only changed slices read and written back, each slice's sum of
+squares kept: the allowance costs no pass over the file).
 
-Against a float64 reference, `noise_steps` (and at the first update `first_step_spread`) read
-the baseline and the reference, and the drift widens the tensor's noise (`widened`). Without
-one, `shared_steps` reads the baseline and the merged run, and each element's weights count
-only beyond its own drift (`beyond_drift`).
+Against a float64 reference, `noise_steps` (at the first update `first_step_spread`) read the
+baseline and the reference; the drift widens the tensor's noise (`widened`). Without one,
+`shared_steps` reads both runs, and each element's weights count beyond its drift alone.
 """
 
 from __future__ import annotations
@@ -80,8 +79,11 @@ def shared_steps(
     |gm|). All of them where the gradient is noise (an adaptive optimizer steps such an element
     where the noise points); elsewhere a gradient off by a share ρ of itself moves its step by
     at most that share (SGD's step is proportional to it; Adam's first step lr·g/(|g| + eps)
-    changes by less, near its eps too). None where both are exactly 0 and one run alone stepped
-    (a `.grad` of None skipped, a zero `.grad` stepped on momentum: it passed as noise)."""
+    changes by less, near its eps too). All of them where the runs stepped opposite ways on
+    gradients that differ: a moment (momentum, Adam's m) that crossed zero between the runs was
+    smaller than its difference, the gradients' (BERT's key bias, AdamW, one thread: −6.0e-9
+    and +8.6e-9 on gradients 3.3e-13 and 2.3e-13). None where both are exactly 0 and one run
+    alone stepped (a `.grad` of None skipped, a zero `.grad` stepped on momentum: noise)."""
     noise = _gradient_noise(gb, gm, rms)
     size = np.abs(gb)
     np.maximum(size, np.abs(gm), out=size)
@@ -89,6 +91,8 @@ def shared_steps(
     np.divide(noise, size, out=share, where=size > noise)  # below 1 above the noise alone
     if not size.all():
         share[(size == 0) & ((b == pb) != (m == pm))] = 0.0
+    turned = ((b - pb) * (m - pm) < 0) & (gb != gm)
+    share[turned] = 1.0
     steps = _both_steps(b, pb, m, pm)
     steps *= share
     return steps
@@ -98,12 +102,10 @@ def shared_rms(
     diff: float, base: float, merged: float, count: int, noisy: set[str], name: str
 ) -> float:
     """`shared_steps`' rms from a tensor's ||gb − gm||, ||gb|| and ||gm|| over `count` elements:
-    the RMS of the difference, or infinity (every element's steps shared in full) where the
-    runs' gradients differ by more than 1/TAU of the larger, at this update or any before it
-    (`noisy` remembers such tensors): a tensor whose gradient is rounding noise as a whole (zero
-    in exact arithmetic, as a separate attention key bias, passing the gradient check by its
-    absolute floor alone), whose Adam steps carry the earlier updates' noise through the moments
-    at an update where this one's happens to agree."""
+    the RMS of the difference, or infinity (all steps shared) where the gradients differ by more
+    than 1/TAU of the larger, at this update or one before it (`noisy`): a gradient that is all
+    rounding noise (an attention key bias, passing by the absolute floor alone), whose Adam steps
+    carry earlier updates' noise through the moments where this update's happens to agree."""
     if not count:
         return 0.0
     if diff > 0 and TAU * diff >= max(base, merged):
@@ -115,9 +117,9 @@ def shared_rms(
 
 def graded(seen: set[str], name: str, nonzero: bool) -> bool:
     """Whether a tensor's steps may carry gradient noise: a gradient of either run was nonzero
-    at this update or one before it (`seen` remembers them). One that never had any (an EMA copy,
-    a probe another optimizer steps and clears, a tensor moved by hand) was not stepped by its
-    gradient at all: its steps explain no drift, however far they go."""
+    at this update or one before it (`seen`). One that never had any (an EMA copy, a probe
+    another optimizer steps and clears, a tensor moved by hand) was not stepped by its gradient:
+    its steps explain no drift, however far they go."""
     if nonzero:
         seen.add(name)
     return name in seen
