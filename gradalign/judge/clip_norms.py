@@ -79,7 +79,8 @@ def pre_clip_gap(
         if not (0 < d.rel_l2 < math.inf and math.isfinite(d.allowed)):
             continue  # an equal (or zero) tensor: the diff does not give its norm
         allowed += (max(d.allowed, d.error) if d.excused is not None else d.allowed) ** 2
-        noise += d.noise**2 if floor is not None and math.isfinite(d.noise) else 0.0
+        if floor is not None and d.noise is not None and math.isfinite(d.noise):
+            noise += d.noise**2
         norms += (d.norm if d.norm is not None else d.error / d.rel_l2) ** 2  # ‖b‖
     if not norms:
         return None

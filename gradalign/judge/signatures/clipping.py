@@ -87,9 +87,9 @@ _SCALE_ONCE = (
 
 
 def scale_before_clip(c: Comparison) -> Diagnosis | None:
-    """The first failing update failed by its norms before clipping alone
-    (checks.py), K, 1/K or K+1 times the baseline's: the loss the gradient comes from was scaled
-    and a clip that engaged in both runs hid it from the step, the weights and the gradients."""
+    """The first failing update failed by its norms before clipping alone (clip_norms.py), K,
+    1/K or K+1 times the baseline's: the loss the gradient comes from was scaled and a clip
+    that engaged in both runs hid it from the step, the weights and the gradients."""
     r = failing(c)
     pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
     if r is None or pre_b is None or pre_m is None or not pre_b[r.update]:

@@ -61,6 +61,8 @@ def schedule_offset(
     same = _equal(base_lr, merged_lr)
     fits = []
     for m in range(1, n):
+        if fits and m > max(likely):
+            break  # no likelier pace is left to find
         for c in range(-1 if m == 1 else 0, 2 * m + 1):
             if (m, c) == (1, 0):
                 continue
