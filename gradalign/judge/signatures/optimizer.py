@@ -4,12 +4,10 @@ compare alike). Accumulation changes none of them."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..distributed import listed
 from ..results import Comparison, Diagnosis
 from .common import window
-from .learning_rate import schedule_offset
+from .learning_rate import lined_up_lrs, schedule_offset
 
 CYCLED = {"momentum", "betas"}  # what a schedule cycles beside the lr (CyclicLR, OneCycleLR)
 
@@ -58,10 +56,9 @@ def optimizer_settings(c: Comparison) -> Diagnosis | None:
 
 
 def _lr_paced(c: Comparison) -> bool:
-    """Whether the merged lr is the baseline's schedule at another pace or offset."""
-    base, merged = c.baseline.lr, c.merged.lr
+    """Whether the merged lr is the baseline's schedule at another pace or offset (the lrs
+    `lr_schedule` reads)."""
+    base, merged = lined_up_lrs(c)
     if base is None or merged is None:
         return False
-    n = min(len(base), len(merged))
-    lrs = (np.asarray(lr[:n], dtype=np.float64) for lr in (base, merged))
-    return schedule_offset(*lrs, (window(c),)) is not None
+    return schedule_offset(base, merged, (window(c),)) is not None

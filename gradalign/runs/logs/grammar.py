@@ -63,15 +63,14 @@ _KEYED_INDEX = re.compile(  # `step 3`, `step: 3`, `Step[3/48]`, `batch_id: 3`, 
     r"(?:\s*/\s*\d+)?\s*(?(open)\])(?![\w.])",
     re.IGNORECASE,
 )
+_LOSS_VALUE = r"\s*[:=]?\s*(?P<loss>\[*[^\s,;|\[\]]+\]*)"  # `: [2.3]`, `=2.3` before `|` or `;`
 _KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_loss=2.3`, NeMo's
     # `reduced_train_loss: 2.3` (of the names joined by `_`, only a training loss's: `ce_loss` no)
-    r"(?<![\w.])(?:(?:[A-Za-z][A-Za-z\d]*_)*train(?:ing)?[\s_])?loss\b(?:\s+is)?\s*[:=]?\s*"
-    r"(?P<loss>\[*[^\s,;|\[\]]+\]*)",
+    r"(?<![\w.])(?:(?:[A-Za-z][A-Za-z\d]*_)*train(?:ing)?[\s_])?loss\b(?:\s+is)?" + _LOSS_VALUE,
     re.IGNORECASE,
 )
 _JOINED_LOSS = re.compile(  # any loss named by words joined with `_` (GPT-NeoX's `lm_loss: 2.3`)
-    r"(?<![\w.])[A-Za-z][A-Za-z\d]*(?:_[A-Za-z\d]+)*_loss\b\s*[:=]?\s*(?P<loss>\[*[^\s,;|\[\]]+\]*)",
-    re.IGNORECASE,
+    r"(?<![\w.])[A-Za-z][A-Za-z\d]*(?:_[A-Za-z\d]+)*_loss\b" + _LOSS_VALUE, re.IGNORECASE
 )
 _KEYED_LR = re.compile(  # `lr: 0.001`, `lr=[0.0001]`, `learning_rate: 5e-05`, `learning rate: 1E-4`
     # PaddleClas's `lr(LinearWarmup): 0.1` (the schedule's name in parentheses, as `Epoch(train)`)

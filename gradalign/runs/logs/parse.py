@@ -42,8 +42,7 @@ class _Pass:
         self.records = Records()
         self.key = key  # the step key read on every line (its place among the line's step keys)
         self.most_keys = 1  # the most step keys a step line held
-        self.step_at = 0  # the segment the current step was first printed on
-        self.current: list[int] = []  # the segments the current step was printed on
+        self.current: list[int] = []  # the segments the current step was printed on, in order
         self.summaries: list[int] = []  # line numbers of steps printed again as summaries
         if lines.cut is not None:
             self.log.notes.append(
@@ -70,7 +69,7 @@ class _Pass:
         if self.log.steps > 1:
             self._printed_times(len(self.lines) - 1)
         elif self.log.steps == 1:  # one step, on as many lines
-            first = self.raw[self.step_at]
+            first = self.raw[self.current[0]]
             self.log.verbatim &= all(self.raw[at] == first for at in self.current[1:])
             self.log.printed_times = self.log.repeats
         if self.summaries:
@@ -197,7 +196,7 @@ class _Pass:
             if epoch is not None and log.epoch is not None and epoch != log.epoch:
                 log.epoch_starts.append(len(log.losses))
         log.epoch, log.steps, log.repeats = epoch, log.steps + 1, 1
-        self.step_at, self.current = index, [index]
+        self.current = [index]
         self._append(index, step)
 
     def _rank(self, index: int) -> str | None:
@@ -228,7 +227,7 @@ class _Pass:
         log = self.log
         if log.printed_times is not None and log.repeats > log.printed_times:
             self._drop_summaries(log.repeats - log.printed_times)
-        first = self.raw[self.step_at]  # each printed again a copy of its line, or not
+        first = self.raw[self.current[0]]  # each printed again a copy of its line, or not
         log.verbatim &= all(self.raw[at] == first for at in self.current[1:])
         if log.printed_times is None:
             log.printed_times = log.repeats

@@ -131,11 +131,11 @@ class ParsedLog:
 
     def drop_last(self, count: int) -> None:
         """Forget the last `count` step lines read (summaries taken for steps, `parse`)."""
-        for lines in (self.losses, self.bracketed, self.lrs, self.norms, self.sizes):
+        for lines in (
+            *(self.losses, self.bracketed, self.lrs, self.norms, self.sizes, self.step_lines),
+            *(self.blocks, self.loss_dtypes, self.unprinted, self.skips, self.scales),
+        ):
             del lines[-count:]
-        for lines in (self.step_lines, self.blocks, self.loss_dtypes, self.unprinted):
-            del lines[-count:]
-        del self.skips[-count:], self.scales[-count:]
 
     def add_noise(self, line: int, text: str) -> None:
         self.noise += 1
