@@ -136,16 +136,22 @@ def sample_count(batch: Any) -> int:
 def model_facts(
     model: torch.nn.Module, wrapper: Any = None, outside: dict[str, int] | None = None
 ) -> dict[str, Any]:
-    """Layers that make a sample's result depend on its batch or on a random generator; the
-    comm hooks registered on `wrapper` (DistributedDataParallel) when there are any; what the
-    optimizer steps outside the model (`outside`, never recorded: the judge says so)."""
-    batchnorm, dropout = [], []
+    """Layers that make a sample's result depend on its batch or on a random generator
+    (BatchNorm, dropout, embeddings whose gradient is divided by each index's count in the
+    batch); the comm hooks registered on `wrapper` (DistributedDataParallel) when there are
+    any; what the optimizer steps outside the model (`outside`, never recorded: the judge says
+    so)."""
+    batchnorm, dropout, by_frequency = [], [], []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             batchnorm.append(name)
         elif _drops(module):
             dropout.append(name)
+        elif getattr(module, "scale_grad_by_freq", False) is True:
+            by_frequency.append(name)  # Embedding, EmbeddingBag: divided by counts in the batch
     facts = {"batchnorm": batchnorm, "dropout": dropout, "training": model.training}
+    if by_frequency:
+        facts["grad_by_frequency"] = by_frequency
     hooks = comm_hooks(wrapper)
     if hooks:
         facts["comm_hooks"] = hooks

@@ -74,10 +74,14 @@ def check_manifest(manifest: dict, where: str) -> None:
     model = manifest.get("model")
     if model is not None:
         ok = isinstance(model, dict) and all(
-            _strings(model.get(key, [])) for key in ("batchnorm", "dropout", "comm_hooks")
+            _strings(model.get(key, []))
+            for key in ("batchnorm", "dropout", "comm_hooks", "grad_by_frequency")
         )
         if not ok:
-            what = "{batchnorm: [names], dropout: [names]} (and comm_hooks: [names])"
+            what = (
+                "{batchnorm: [names], dropout: [names]} (and comm_hooks, grad_by_frequency: "
+                "[names])"
+            )
             raise bad("model", f"must be {what}")
 
 

@@ -154,9 +154,13 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
     )
     rows = "B/K samples" if world == 1 else f"B/(W·K) samples (W={world} ranks, K={k})"
     ranks = " and all-reduce them over the ranks" if world > 1 else ""
+    counted = c.merged.model_facts.get("grad_by_frequency") or []
+    if counted:
+        evidence["grad_by_frequency"] = counted
     return Diagnosis(
         "cross-sample-loss",
         f"at update 0, from identical weights over the same samples, {seen}{turned}): "
+        + _by_frequency(counted)
         + (
             f"the gradients of the forwards' {rows} do not add up to the gradient of B. Part "
             "of the loss may be computed over the micro-batch as a whole"
@@ -169,7 +173,8 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
         + tokens
         + unseen,
         evidence,
-        "compute such a term over the whole window: accumulate its statistics over the K "
+        ("set scale_grad_by_freq=False on those embeddings; otherwise: " if counted else "")
+        + "compute such a term over the whole window: accumulate its statistics over the K "
         f"micro-steps{ranks} (the experts' token counts and router probabilities) and add it "
         "once per window, or make it a sum of per-sample terms; an in-batch contrastive loss "
         "needs the whole batch's embeddings (cache them across micro-batches, as GradCache does)"
@@ -179,6 +184,18 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
             if unseen
             else ""
         ),
+    )
+
+
+def _by_frequency(layers: list[str]) -> str:
+    """The embeddings that divide each row's gradient by its index's count in the batch: a
+    micro-batch counts its own indices, so its gradient is not its share of the batch's."""
+    if not layers:
+        return ""
+    return (
+        f"the model has embeddings with scale_grad_by_freq=True ({', '.join(layers)}): each "
+        "row's gradient is divided by how often its index occurs in the batch, a micro-batch "
+        "counts only its own, so the forwards' gradients cannot add up to the batch's. Or: "
     )
 
 
