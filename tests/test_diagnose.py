@@ -130,6 +130,9 @@ def test_noise_floor_catches_what_the_fixed_tolerance_lets_pass(sgd_runs):
         "in": "optimizer update",
     }
     assert errors(calibrated) == ["unexplained"]  # no known signature: say so, do not guess
+    unexplained = calibrated.diagnosis[0]
+    assert "the merged run's may differ" in unexplained.message
+    assert "compare REFERENCE MERGED64" in unexplained.fix  # the test that tells them apart
     worst = calibrated.results[2].weights[0]
     assert worst.error / worst.noise > 10
 

@@ -198,6 +198,18 @@ def _unexplained(c: Comparison) -> Diagnosis:
             "`gradalign baseline` records one; for your own loop, record the baseline again "
             "with the model and data in float64 and pass it as --reference"
         )
+    if c.reference is not None and failed and set(failed) <= {"weights", "gradients"}:
+        message += (
+            f"; the reference measures the baseline's {c.dtype} rounding, and the merged "
+            "run's may differ from it where a computation rounds otherwise at another "
+            "micro-batch size (a matrix exponential's scaling, as in orthogonal "
+            "parametrizations, or a kernel chosen by shape)"
+        )
+        fix = (fix + "; " if fix else "") + (
+            "to tell the two apart, record the merged run in float64 as well and compare the "
+            "float64 runs (`gradalign compare REFERENCE MERGED64`): if they pass, the trainings "
+            "are the same and only the rounding differs; if they fail, the training differs"
+        )
     return Diagnosis("unexplained", message, evidence, fix)
 
 
