@@ -65,6 +65,19 @@ def one_line_error(result: CliResult, *fragments: str, code: int = 2) -> None:
         assert fragment in err, (fragment, err)
 
 
+def write_log(tmp_path: Path, name: str, lines: list[str]) -> Path:
+    """A log file of `lines` in tmp_path."""
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def refused_pair(cli, tmp_path: Path, lines: list[str], *fragments: str) -> None:
+    """`compare` of two copies of a log is one line saying `fragments`."""
+    base, merged = write_log(tmp_path, "base.log", lines), write_log(tmp_path, "merged.log", lines)
+    one_line_error(cli("compare", str(base), str(merged)), *fragments)
+
+
 @pytest.fixture
 def cli(capsys):
     """Run `gradalign ARGS` in-process; returns exit code, stdout and stderr."""

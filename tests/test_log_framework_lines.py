@@ -5,28 +5,14 @@ glog lines, a loss and a step never on one line)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from gradalign.errors import BadInput
 from gradalign.runs.logs import read_log
 
-from .conftest import one_line_error
+from .conftest import refused_pair, write_log
 
 LOSSES = [2.303, 2.297, 2.289, 2.258, 2.226, 2.18, 2.151, 2.12]
-
-
-def _write(tmp_path: Path, name: str, lines: list[str]) -> Path:
-    path = tmp_path / name
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
-def _refused(cli, tmp_path: Path, lines: list[str], *fragments: str) -> None:
-    """`compare` of two copies of a log is one line saying `fragments`."""
-    base, merged = _write(tmp_path, "base.log", lines), _write(tmp_path, "merged.log", lines)
-    one_line_error(cli("compare", str(base), str(merged)), *fragments)
 
 
 def _timm(losses: list[float], per_epoch: int = 4) -> list[str]:
@@ -41,14 +27,14 @@ def _timm(losses: list[float], per_epoch: int = 4) -> list[str]:
 
 
 def test_timm_epochs_are_read_from_the_number_before_the_counter(tmp_path):
-    run = read_log(_write(tmp_path, "timm.log", _timm(LOSSES)))
+    run = read_log(write_log(tmp_path, "timm.log", _timm(LOSSES)))
     assert run.micro_loss.tolist() == pytest.approx(LOSSES)
 
 
 def test_a_restart_without_an_epoch_is_still_refused(tmp_path):
     lines = [line.replace("Train: 1 ", "Train ") for line in _timm(LOSSES)]
     with pytest.raises(BadInput, match="expected step 4, found step 0 again"):
-        read_log(_write(tmp_path, "timm.log", lines))
+        read_log(write_log(tmp_path, "timm.log", lines))
 
 
 def _fairseq(losses: list[float], per_epoch: int = 4) -> list[str]:
@@ -72,7 +58,7 @@ def _fairseq(losses: list[float], per_epoch: int = 4) -> list[str]:
 
 
 def test_fairseqs_epoch_summaries_are_read_as_summaries(tmp_path):
-    run = read_log(_write(tmp_path, "fairseq.log", _fairseq(LOSSES)))
+    run = read_log(write_log(tmp_path, "fairseq.log", _fairseq(LOSSES)))
     assert run.micro_loss.tolist() == pytest.approx(LOSSES)
     assert any("lines 5, 10 print a step again in another shape" in n for n in run.notes)
 
@@ -83,13 +69,13 @@ def test_a_step_printed_again_in_its_own_shape_is_still_uneven(tmp_path):
     lines = _fairseq(LOSSES)
     lines[4] = lines[3]  # the summary replaced by a second copy of the step's own line
     with pytest.raises(BadInput, match="the steps repeat unevenly"):
-        read_log(_write(tmp_path, "fairseq.log", lines))
+        read_log(write_log(tmp_path, "fairseq.log", lines))
 
 
 def test_a_summary_does_not_hide_a_broken_run(cli, tmp_path):
-    base = _write(tmp_path, "base.log", _fairseq(LOSSES))
-    merged = _write(tmp_path, "merged.log", _fairseq(LOSSES))
-    broken = _write(tmp_path, "broken.log", _fairseq([v * 1.03 for v in LOSSES]))
+    base = write_log(tmp_path, "base.log", _fairseq(LOSSES))
+    merged = write_log(tmp_path, "merged.log", _fairseq(LOSSES))
+    broken = write_log(tmp_path, "broken.log", _fairseq([v * 1.03 for v in LOSSES]))
     assert cli("compare", str(base), str(merged)).code == 0
     assert cli("compare", str(base), str(broken)).code == 1
 
@@ -104,7 +90,7 @@ def _neox(losses: list[float], name: str) -> list[str]:
 
 def test_a_loss_named_by_joined_words_is_read_where_it_is_the_only_one(tmp_path):
     """GPT-NeoX prints `lm_loss: 2.3E+00`, as Megatron-LM prints `lm loss: 2.3E+00`."""
-    run = read_log(_write(tmp_path, "neox.log", _neox(LOSSES, "lm_loss")))
+    run = read_log(write_log(tmp_path, "neox.log", _neox(LOSSES, "lm_loss")))
     assert run.micro_loss.tolist() == pytest.approx(LOSSES)
 
 
@@ -112,14 +98,14 @@ def test_a_loss_named_by_joined_words_is_read_where_it_is_the_only_one(tmp_path)
 def test_joined_components_or_other_quantities_stay_unread(tmp_path, names):
     lines = [f"step {i} | " + names.format(v=v) for i, v in enumerate(LOSSES)]
     with pytest.raises(BadInput, match=r"no step lines|neither a gradalign run"):
-        read_log(_write(tmp_path, "train.log", lines))
+        read_log(write_log(tmp_path, "train.log", lines))
 
 
 def test_a_train_slash_learning_rate_column_is_the_lr(tmp_path):
     """W&B's and TensorBoard's name for the Trainer's lr; `train/loss` beside it is read."""
     header = "_step,train/loss,train/grad_norm,train/learning_rate,train/global_step"
     rows = [f"{i},{v},0.83,{5e-05 * (1 - i / 10)},{i + 1}" for i, v in enumerate(LOSSES)]
-    run = read_log(_write(tmp_path, "history.csv", [header, *rows]))
+    run = read_log(write_log(tmp_path, "history.csv", [header, *rows]))
     assert run.lr is not None
     assert run.lr.tolist() == pytest.approx([5e-05 * (1 - i / 10) for i in range(len(LOSSES))])
 
@@ -128,16 +114,16 @@ def test_a_train_slash_learning_rate_column_is_the_lr(tmp_path):
 def test_keras_3s_bar_is_a_progress_bar_not_a_step(cli, tmp_path, bar):
     """Its `loss` is the epoch's running mean: read as each step's, it would be misread."""
     lines = [f"{i}/8 {bar} 0s 10ms/step - loss: {v:.4f}" for i, v in enumerate(LOSSES, 1)]
-    _refused(cli, tmp_path, ["Epoch 1/1", *lines], "its progress bars are not read")
+    refused_pair(cli, tmp_path, ["Epoch 1/1", *lines], "its progress bars are not read")
 
 
 def test_records_without_a_step_say_how_they_were_numbered(tmp_path):
     lines = [f"{{'loss': {v}, 'learning_rate': 5e-05, 'epoch': {i / 6:.4f}}}" for i, v in
              enumerate(LOSSES)]  # fmt: skip
-    run = read_log(_write(tmp_path, "hf.log", lines))
+    run = read_log(write_log(tmp_path, "hf.log", lines))
     assert run.micro_loss.tolist() == pytest.approx(LOSSES)
     assert any("print no step number" in note and "logging_steps" in note for note in run.notes)
-    numbered = read_log(_write(tmp_path, "numbered.log", [f"step {i}, loss: {v}" for i, v in
+    numbered = read_log(write_log(tmp_path, "numbered.log", [f"step {i}, loss: {v}" for i, v in
                                                           enumerate(LOSSES)]))  # fmt: skip
     assert not any("print no step number" in note for note in numbered.notes)
 
@@ -149,14 +135,14 @@ def test_a_log_of_cpp_glog_lines_is_refused_saying_so(cli, tmp_path):
         f"I1130 06:00:0{i}.123456 12345 solver.cpp:218] Iteration {i} (8.1 iter/s), loss = {v}"
         for i, v in enumerate(LOSSES)
     ]
-    _refused(cli, tmp_path, lines, "only on glog lines from C++", "sed -E")
+    refused_pair(cli, tmp_path, lines, "only on glog lines from C++", "sed -E")
 
 
 def test_a_loss_and_a_step_never_on_one_line_is_refused_saying_so(cli, tmp_path):
     lines = []
     for i, v in enumerate(LOSSES, 1):
         lines += [f"Training finished iteration {i}", "| Training result |", f"| loss {v} |"]
-    _refused(cli, tmp_path, lines, "never on one line")
+    refused_pair(cli, tmp_path, lines, "never on one line")
 
 
 @pytest.mark.parametrize(
@@ -170,5 +156,39 @@ def test_a_loss_and_a_step_never_on_one_line_is_refused_saying_so(cli, tmp_path)
 )
 def test_fields_joined_without_spaces_or_by_full_width_punctuation(tmp_path, line):
     lines = [line.format(i=i, v=v) for i, v in enumerate(LOSSES)]
-    run = read_log(_write(tmp_path, "train.log", lines))
+    run = read_log(write_log(tmp_path, "train.log", lines))
     assert run.micro_loss.tolist() == pytest.approx(LOSSES)
+
+
+def _two_printers(losses: list[float], megatron_losses: list[float] | None = None) -> list[str]:
+    """Megatron-DeepSpeed with pipeline parallelism: DeepSpeed's `steps: N loss: X` line and
+    Megatron's `iteration N/ M | ... lm loss: X |` line for each iteration."""
+    lines = []
+    for it, (v, w) in enumerate(zip(losses, megatron_losses or losses, strict=True), 1):
+        lines.append(f"steps: {it} loss: {v:.4f} iter time (s): 0.120 samples/sec: 266.667")
+        lines.append(
+            f" iteration {it:9d}/{len(losses):9d} | consumed samples: {it * 32:12d} | "
+            f"learning rate: 6.000E-05 | global batch size:    32 | lm loss: {w:.6E} | "
+            "loss scale: 4096.0 | grad norm: 0.831 |"
+        )
+    return lines
+
+
+def test_two_printers_of_each_step_are_read_as_one_step(tmp_path):
+    precise = [v + 1.234e-5 for v in LOSSES]
+    run = read_log(write_log(tmp_path, "two.log", _two_printers(precise)))
+    assert run.micro_loss.tolist() == pytest.approx(precise, abs=6e-7)  # Megatron's 7 digits
+    assert run.lr.tolist() == pytest.approx([6e-5] * len(LOSSES))
+    assert any("printed by 2 printers" in note for note in run.notes)
+
+
+def test_two_printers_still_tell_a_broken_run(cli, tmp_path):
+    base = write_log(tmp_path, "base.log", _two_printers(LOSSES))
+    broken = [v * 1.01 for v in LOSSES]
+    merged = write_log(tmp_path, "merged.log", _two_printers(broken))
+    assert cli("compare", str(base), str(merged)).code == 1
+
+
+def test_two_printers_of_other_numbers_are_stillrefused_pair(cli, tmp_path):
+    means = [sum(LOSSES[: i + 1]) / (i + 1) for i in range(len(LOSSES))]  # a running mean
+    refused_pair(cli, tmp_path, _two_printers(LOSSES, means), "2 printers", "other losses")

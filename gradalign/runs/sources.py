@@ -32,6 +32,20 @@ _NOT_A_RUN = (
 )
 
 
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+_UNPACK = {"gzip": "gunzip -k", "bzip2": "bunzip2 -k", "xz": "unxz -k", "zstd": "unzstd"}
+
+
+def _compressed(path: Path) -> str | None:
+    """The compression a file's first bytes name (gzip, bzip2, xz, zstd), else None."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(6)
+    except OSError:
+        return None
+    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), None)
+
+
 def _not_a_run(path: Path) -> BadInput:
     """The refusal of a file that is neither; progress bars named where it holds some, and a
     golden file told what judges against it."""
@@ -40,6 +54,13 @@ def _not_a_run(path: Path) -> BadInput:
             f"{path}: a golden file, not a run: judge a run against it with `gradalign golden "
             f"check {path} RUN` (gradalign.api.golden_check)"
         )
+    packed = _compressed(path)
+    if packed is not None:
+        return BadInput(
+            f"{path}: a {packed}-compressed file: decompress it first (`{_UNPACK[packed]} {path}`)"
+        )
+    if path.is_file() and path.stat().st_size == 0:
+        return BadInput(f"{path}: the file is empty (was the run's output sent elsewhere?)")
     bars = "; its progress bars are not read:" if has_progress_bars(path) else ";"
     seen = unread_in(path)
     seen = f"; {seen}" if seen else ""

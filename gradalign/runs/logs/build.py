@@ -109,8 +109,8 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
         raise BadInput(
             f"{path}: each step is printed on {times} lines: one per micro-step of its update "
             f"(read it with -k {times}, not -k {k}), {times} processes printing into one log "
-            f"(give one log per card), or {times} printers of each step (lines of other shapes, "
-            "as Megatron's and DeepSpeed's: keep one printer's lines)"
+            f"(give one log per card), or {times} printers of each step that print other "
+            "numbers (lines of other shapes: keep one printer's lines)"
         )
     if micro % k:
         raise BadInput(

@@ -24,12 +24,18 @@ from .grammar import (
 from .lines import Lines, read_lines
 from .parsed import UNPRINTED, Block, ParsedLog
 from .records import NotAStep, Records
+from .repeats import RepeatedSteps
 from .restarts import why_again
 
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+# a warning as Python's warnings module prints it (`/path/x.py:617: UserWarning: ...`), glued to
+# the end of another line's text
+_GLUED_WARNING = re.compile(r"(?<=\S)(?:[A-Za-z]:)?[/\\][^\s:]*\.py:\d+: \w*Warning: ")
 
 
-class _Pass:
+_DETECTRON2 = re.compile(r"\biter: \d+\s+total_loss: ")  # CommonMetricPrinter's medians
+
+
+class _Pass(RepeatedSteps):
     """The state of one pass: lines, position, what was found."""
 
     def __init__(self, path: Path, lines: Lines, key: int | None = None) -> None:
@@ -44,6 +50,7 @@ class _Pass:
         self.most_keys = 1  # the most step keys a step line held
         self.current: list[int] = []  # the segments the current step was printed on, in order
         self.summaries: list[int] = []  # line numbers of steps printed again as summaries
+        self.printers: tuple[str, ...] | None = None  # each step's line shapes, one a printer
         if lines.cut is not None:
             self.log.notes.append(
                 f"its last line ({lines.cut}) has no line end and is shorter than the "
@@ -69,6 +76,7 @@ class _Pass:
         if self.log.steps > 1:
             self._printed_times(len(self.lines) - 1)
         elif self.log.steps == 1:  # one step, on as many lines
+            self._join_printers()
             first = self.raw[self.current[0]]
             self.log.verbatim &= all(self.raw[at] == first for at in self.current[1:])
             self.log.printed_times = self.log.repeats
@@ -162,6 +170,13 @@ class _Pass:
             value = next((v for v in (step.index, *step.others) if v in (0, 1)), step.index)
             value = value if self.key is None else self._keyed(step)
             value = 0 if value is None else value  # records without a step field count from 0
+            if value > 1 and step.counter and _samples_after(self.lines[index], value):
+                log.stride, value = value, 1
+                log.notes.append(
+                    f"the step counter starts at {log.stride} with the share of the epoch "
+                    "beside it (samples seen after each step, as open_clip prints): read as "
+                    f"steps of {log.stride} from step 1"
+                )
             if value not in (0, 1):
                 raise BadInput(
                     f"{self.where(index)}: the first step is {value}; expected 0 or 1 (a log "
@@ -170,11 +185,20 @@ class _Pass:
                     "PaddleNLP's --logging_steps 1)"
                 )
             log.first_index, log.rank = value, rank
+            if _DETECTRON2.search(self.lines[index]):
+                log.notes.append(
+                    "its lines are detectron2's CommonMetricPrinter's, which prints each loss "
+                    "as its median over the last window_size iterations (20 by default): read "
+                    "as printed, a median tells a bug some updates late; build the printer with "
+                    "window_size=1 to print each iteration's own loss"
+                )
         if rank != log.rank:
             raise BadInput(
                 f"{self.where(index)}: step lines of processes {log.rank or 'untagged'} and "
                 f"{rank or 'untagged'} are interleaved; give one log per card (each process's "
-                "lines alone)"
+                "lines alone, by their tag); where the baseline ran on "
+                "as many cards, compare card by card (the baseline's card 0 log against the "
+                "merged run's card 0 log): each card prints the loss of its own share"
             )
         expected = log.first_index + log.steps - log.epoch_start
         value = self._index(index, step, expected)
@@ -187,9 +211,10 @@ class _Pass:
         if value == log.first_index != expected and _next_epoch(log.epoch, epoch):
             log.epoch_start, expected = len(log.losses), value  # the count restarts each epoch
         if value != expected:
+            glued = self._glued_warning(index) if value > expected else None
             raise BadInput(
                 f"{self.where(index)}: expected step {expected}, found step {value}"
-                + why_again(value, expected, log.first_index)
+                + (glued or why_again(value, expected, log.first_index))
             )
         if log.steps:
             self._printed_times(index)
@@ -198,6 +223,21 @@ class _Pass:
         log.epoch, log.steps, log.repeats = epoch, log.steps + 1, 1
         self.current = [index]
         self._append(index, step)
+
+    def _glued_warning(self, index: int) -> str | None:
+        """Where a line since the last step line has a Python warning glued after its text
+        (`step 17 loss 1.97 lr 0.2/usr/lib/.../x.py:617: UserWarning: ...`): the reason for
+        a step that is not read."""
+        start = self.current[-1] + 1 if self.current else 0
+        for at in range(start, index):
+            if _GLUED_WARNING.search(self.raw[at]):
+                return (
+                    f": line {self.number(at)} has a Python warning glued after its text, which "
+                    "may hold the step (stdout and stderr written into one file while stdout "
+                    "is buffered): run the training with `python -u` or PYTHONUNBUFFERED=1, or "
+                    "send stderr to its own file"
+                )
+        return None
 
     def _rank(self, index: int) -> str | None:
         """The process the line is tagged with: a tag before a `\r` tags its segments too."""
@@ -220,39 +260,6 @@ class _Pass:
         log.sizes.append(step.size)
         log.step_lines.append(self.number(index))
         log.blocks.append([])
-
-    def _printed_times(self, index: int) -> None:
-        """Every step is printed on as many lines: once, or once per micro-step (a loop that
-        prints its optimizer-step count at each micro-batch, as Lightning's metrics.csv does)."""
-        log = self.log
-        if log.printed_times is not None and log.repeats > log.printed_times:
-            self._drop_summaries(log.repeats - log.printed_times)
-        first = self.raw[self.current[0]]  # each printed again a copy of its line, or not
-        log.verbatim &= all(self.raw[at] == first for at in self.current[1:])
-        if log.printed_times is None:
-            log.printed_times = log.repeats
-        elif log.repeats != log.printed_times:
-            raise BadInput(
-                f"{self.where(index)}: the step before this line is printed on {log.repeats} "
-                f"lines, each step before it on {log.printed_times}: the steps repeat unevenly "
-                "(two processes printing into one log, or an evaluation loop)"
-            )
-
-    def _drop_summaries(self, extra: int) -> None:
-        """A step printed on `extra` lines more than each step before it, the extra ones last and
-        each of another shape than the step's own lines (fairseq's epoch summary, `| train |
-        epoch 001 | loss 2.26 | num_updates 6`, repeats the epoch's last step): those lines are
-        summaries, noise."""
-        kept, tail = self.current[:-extra], self.current[-extra:]
-        own = {_shape(self.lines[at]) for at in kept}
-        if any(_shape(self.lines[at]) in own for at in tail):
-            return
-        self.log.drop_last(extra)
-        self.log.repeats -= extra
-        self.current = kept
-        for at in tail:
-            self.log.add_noise(self.number(at), self.lines[at])
-            self.summaries.append(self.number(at))
 
     def _array(self, index: int, label: str, first: str, committed: bool) -> None:
         """Read the array starting at line `index`. A committed one (after an arrow) must
@@ -326,11 +333,10 @@ class _Pass:
         return values[self.key] if self.key is not None and self.key < len(values) else values[0]
 
 
-def _shape(text: str) -> str:
-    """A line with its numbers left out and its spaces collapsed: lines one printer prints for
-    one step share it (`epoch 001: 6 / 6 loss=2.26, num_updates=6` and not `| epoch 001 | loss
-    2.26 | num_updates 6`)."""
-    return " ".join(_NUMBER.sub("#", text).split())
+def _samples_after(text: str, value: int) -> bool:
+    """Whether a line's counter is `[ value/total (p%)]`: a progress count of samples, which
+    open_clip prints after each step (from one batch, not 0)."""
+    return re.search(rf"\[\s*{value}/\s*\d+\s*\(\s*\d+(?:\.\d+)?%\)\s*\]", text) is not None
 
 
 def _arrow(text: str) -> bool:

@@ -137,6 +137,20 @@ class ParsedLog:
         ):
             del lines[-count:]
 
+    def join_last(self, count: int, keep: int) -> None:
+        """Fold the last `count` step lines (one step, each printed by another printer) into
+        one: line `keep` of them (0-based), its fields that are missing taken from the others,
+        the arrays printed after each kept in order."""
+        group = slice(len(self.losses) - count, None)
+        for fields in (self.lrs, self.norms, self.sizes, self.skips, self.scales):
+            values = fields[group]
+            found = next((v for v in values if v is not None), None)
+            fields[group] = [values[keep] if values[keep] is not None else found]
+        for fields in (self.losses, self.bracketed, self.step_lines, self.loss_dtypes):
+            fields[group] = [fields[group][keep]]
+        self.unprinted[group] = [self.unprinted[group][keep]]
+        self.blocks[group] = [[block for blocks in self.blocks[group] for block in blocks]]
+
     def add_noise(self, line: int, text: str) -> None:
         self.noise += 1
         if len(self.noise_shown) < SHOWN_NOISE:

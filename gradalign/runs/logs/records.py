@@ -134,6 +134,22 @@ class Records:
         self.delimiter: str | None = None
         self.loss_key: str | None = None
         self.notes: list[str] = []
+        self.epochs: list[int | None] = []  # the first two unnumbered records' epochs
+
+    def _by_epoch(self, epoch: int | None) -> None:
+        """Refuse records without a step whose first two name epochs e and e+1: one record per
+        epoch (timm's summary.csv, fastai's history.csv), its loss the epoch's mean."""
+        if len(self.epochs) >= 2:
+            return
+        self.epochs.append(epoch)
+        first = self.epochs[0]
+        if len(self.epochs) == 2 and first is not None and epoch == first + 1:
+            raise BadInput(
+                f"its records name epochs {first} and {epoch} and no step: one record per "
+                "epoch (a summary such as timm's summary.csv or fastai's history.csv), whose "
+                "loss is the epoch's mean, not a step's; log each step's loss (the step "
+                "number with it)"
+            )
 
     def read(self, text: str) -> Read:
         """The step a record line holds, NOT_A_STEP for a record that holds none (and for a
@@ -197,6 +213,8 @@ class Records:
         epoch = next((_integer(v) for n, v in fields.items() if str(n).lower() == "epoch"), None)
         size = next((_integer(fields[n]) for n in names if is_size_field(n)), None)
         index = indices[0] if indices else None
+        if index is None:
+            self._by_epoch(epoch)
         if index is None and _UNNUMBERED not in self.notes:
             self.notes.append(_UNNUMBERED)
         others = tuple(indices[1:])

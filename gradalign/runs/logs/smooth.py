@@ -114,6 +114,7 @@ def _printed_lag1(values: np.ndarray, spans) -> float:
     return _corr(a[both], b[both])
 
 
+@np.errstate(invalid="ignore", over="ignore")  # an inf loss's differences: nan, left out
 def difference_lag1(values: np.ndarray) -> float | None:
     """The lag-1 correlation of a printed loss's differences (None: fewer than MIN_DIFFS): about
     −1/2 for a step's own loss, whose batch noise enters two differences; above LAG1_MAX for a
@@ -134,6 +135,7 @@ def _corr(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
+@np.errstate(invalid="ignore", over="ignore")  # an inf loss's differences: nan, left out
 def detect(
     values: np.ndarray, quanta: np.ndarray, starts: list[int], k: int, paired: bool = False
 ) -> Signature | None:

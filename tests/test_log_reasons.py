@@ -1,0 +1,121 @@
+"""Logs as they come out of real runs, read or refused with the reason: open_clip's sample
+counter from one batch, detectron2's medians (read, with a note), a Python warning glued after a
+step line, per-epoch summary tables, compressed and empty files, a step count incremented before
+the window's last line, lines printed twice from mid-run, interleaved ranks, infinite losses."""
+
+from __future__ import annotations
+
+import gzip
+import warnings
+
+import pytest
+
+from gradalign.errors import BadInput
+from gradalign.runs.logs import read_log
+
+from .conftest import one_line_error, refused_pair, write_log
+
+LOSSES = [2.3026 - 0.0123 * i + 0.004 * (-1) ** i for i in range(16)]
+
+
+def _open_clip(losses: list[float], batch: int = 32, percent: bool = True) -> list[str]:
+    """open_clip's `train_one_epoch`: the samples seen after each step, from one batch."""
+    total = batch * len(losses)
+    share = lambda i: f" ({100 * (i + 1) * batch // total:>2d}%)" if percent else ""  # noqa: E731
+    return [
+        f"2026-11-30,06:00:0{i % 10} | INFO | Train Epoch: 0 [{(i + 1) * batch:>5d}/{total}"
+        f"{share(i)}] Data (t): 0.012 Batch (t): 0.123, 260.2/s LR: 0.060000 Logit Scale: "
+        f"14.286 Contrastive_loss: {v:.4f} ({v:.4f}) Loss: {v:.4f} ({v:.4f})"
+        for i, v in enumerate(losses)
+    ]
+
+
+def test_open_clips_sample_counter_from_one_batch_is_read_as_steps(tmp_path):
+    run = read_log(write_log(tmp_path, "clip.log", _open_clip(LOSSES)))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES, abs=6e-5)
+    assert any("starts at 32" in note for note in run.notes)
+
+
+def test_a_counter_from_its_stride_without_a_share_is_still_an_interval(tmp_path):
+    with pytest.raises(BadInput, match="the first step is 32"):
+        read_log(write_log(tmp_path, "clip.log", _open_clip(LOSSES, percent=False)))
+
+
+def test_detectron2s_medians_are_read_with_a_note(tmp_path):
+    lines = [
+        f"[11/30 06:00:00 d2.utils.events]:  eta: 0:00:05  iter: {i}  total_loss: {v:.4g}  "
+        f"loss: {v:.4g}    time: 0.0412  data_time: 0.0011   lr: 0.06  max_mem: 1234M"
+        for i, v in enumerate(LOSSES)
+    ]
+    run = read_log(write_log(tmp_path, "d2.log", lines))
+    assert any("median over the last window_size" in note for note in run.notes)
+
+
+def test_a_warning_glued_after_a_step_line_is_named(cli, tmp_path):
+    lines = [f"step {i} loss {v:.6f} lr 2.0e-01" for i, v in enumerate(LOSSES)]
+    lines[5] += (
+        "/usr/lib/python3/site-packages/torch/utils/data/dataloader.py:617: UserWarning: "
+        "This DataLoader will create 4 worker processes in total."
+    )
+    found = "expected step 5, found step 6"
+    refused_pair(cli, tmp_path, lines, found, "line 6 has a Python warning")
+
+
+@pytest.mark.parametrize(
+    "header", ["epoch,train_loss,eval_loss,lr", "epoch,train_loss,valid_loss,accuracy"]
+)
+def test_one_record_per_epoch_is_refused(cli, tmp_path, header):
+    rows = [f"{e},{v},{v + 0.05},0.5" for e, v in enumerate(LOSSES[:4])]
+    refused_pair(cli, tmp_path, [header, *rows], "epochs 0 and 1 and no step", "epoch's mean")
+
+
+def test_records_of_steps_within_an_epoch_are_still_read(tmp_path):
+    rows = [f"0,{v}" for v in LOSSES]  # the epoch repeats: records are steps
+    run = read_log(write_log(tmp_path, "steps.csv", ["epoch,loss", *rows]))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES)
+
+
+def test_a_compressed_or_empty_log_is_refused_saying_so(cli, tmp_path):
+    text = "".join(f"step {i} loss {v:.6f}\n" for i, v in enumerate(LOSSES))
+    packed = tmp_path / "base.log.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    plain = write_log(tmp_path, "plain.log", text.splitlines())
+    one_line_error(cli("compare", str(packed), str(plain)), "gzip-compressed", "gunzip -k")
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    one_line_error(cli("compare", str(plain), str(empty)), "empty.log: the file is empty")
+
+
+def test_a_count_incremented_before_the_last_micro_steps_line_is_named(cli, tmp_path):
+    k, step, lines = 4, 0, []
+    for micro, v in enumerate(LOSSES):
+        if micro % k == k - 1:
+            step += 1  # the optimizer step counted before the window's last line
+        lines.append(f"step {step} loss {v:.6f}")
+    base = write_log(tmp_path, "base.log", [f"step {i} loss {v:.6f}" for i, v in enumerate(LOSSES)])
+    merged = write_log(tmp_path, "merged.log", lines)
+    result = cli("compare", str(base), str(merged), "-k", str(k))
+    one_line_error(result, "first step on 3 lines and the next on 4", "before incrementing it")
+
+
+def test_lines_printed_twice_from_mid_run_are_named(cli, tmp_path):
+    lines = [f"step {i} loss {v:.6f}" for i, v in enumerate(LOSSES)]
+    doubled = lines[:6] + [line for line in lines[6:] for _ in range(2)]
+    refused_pair(cli, tmp_path, doubled, "from line 7 on each step line is printed 2 times")
+
+
+def test_interleaved_ranks_say_to_compare_card_by_card(cli, tmp_path):
+    lines = [f"[rank{r}]: step {i} loss {v:.6f}" for i, v in enumerate(LOSSES) for r in (0, 1)]
+    refused_pair(cli, tmp_path, lines, "interleaved", "compare card by card")
+
+
+def test_infinite_losses_are_read_without_numpy_warnings(cli, tmp_path):
+    values = [*LOSSES[:10], float("inf"), float("inf"), *LOSSES[12:]]
+    lines = [
+        f'{{"step": {i}, "loss": {"Infinity" if v == float("inf") else v}}}'
+        for i, v in enumerate(values)
+    ]
+    base, merged = write_log(tmp_path, "base.log", lines), write_log(tmp_path, "merged.log", lines)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert cli("compare", str(base), str(merged)).code == 0
