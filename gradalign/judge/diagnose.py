@@ -20,9 +20,11 @@ from .hints import unexplained_hints
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
 from .signatures import distributed as ranked
 from .signatures import failing, finite
+from .signatures.batch_size import FOLLOWS as BATCH_SIZE_FOLLOWS
 from .signatures.trainer import for_framework
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
+    sig.batch_size,
     sig.window_bookkeeping,
     sig.step_in_window,
     sig.step_skipped,
@@ -80,6 +82,8 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         return [diverged]  # both diverge: nothing else can be read from non-finite numbers
     found = [d for d in (signature(c) for signature in DECISIVE) if d is not None]
     found = [d for i, d in enumerate(found) if d.code not in {e.code for e in found[:i]}]
+    if found and found[0].code == "batch-size":  # windows of other rows: what follows from it
+        found = [d for d in found if d.code not in BATCH_SIZE_FOLLOWS]
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
     at_start = any(not d.ok for d in c.results[0].grads)  # from the same weights
     beside = BESIDE_SHAPES | (BEFORE_ANY_STEP if at_start else set())

@@ -13,6 +13,7 @@ from .accumulation import (
     scaler_per_micro,
     weights_changed_in_window,
 )
+from .batch_size import batch_size
 from .buffers import buffers_in_forward
 from .clipping import (
     clip_before_unscale,
@@ -50,6 +51,7 @@ from .skips import overflow_carried, scaler_skips, step_skipped
 from .thresholds import clip_threshold
 
 __all__ = [
+    "batch_size",
     "batch_targets",
     "batchnorm",
     "buffers_in_forward",
