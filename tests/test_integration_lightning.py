@@ -282,3 +282,32 @@ def test_manual_optimization_with_a_plain_backward_is_refused(tmp_path):
     with pytest.raises(BadInput, match=r"call self.manual_backward\(loss\), not loss.backward"):
         trainer.fit(Plain(), DataLoader(torch.ones(8, 3), batch_size=2))
     assert not (tmp_path / "r").exists()
+
+
+def test_zero_grad_through_self_optimizers_is_counted(tmp_path):
+    """Manual optimization's `self.optimizers()` is a LightningOptimizer: a subclass of the
+    optimizer's class sharing its state, whose `zero_grad()` runs on the wrapper. A call inside
+    the window counts as the optimizer's (it went unseen, and a clip then hid its shape)."""
+    import torch
+
+    import gradalign
+
+    optimizer_module = require("lightning.pytorch.core.optimizer")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 3)
+    with gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2) as rec:
+        wrapper = optimizer_module.LightningOptimizer(opt)
+        for u in range(2):
+            for j in range(2):
+                if u == 1 and j == 1:
+                    wrapper.zero_grad()  # the bug: inside window 1
+                rows = x[4 * u + 2 * j : 4 * u + 2 * j + 2]
+                loss = model(rows).square().mean()
+                (loss / 2).backward()
+                rec.micro(loss, batch=rows)
+            opt.step()  # (the wrapper steps through a Trainer's strategy)
+            rec.update()
+            wrapper.zero_grad()
+    assert read_run_dir(tmp_path / "run").zero_grads_inside.tolist() == [0, 1]

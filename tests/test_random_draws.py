@@ -86,3 +86,33 @@ def test_other_samples_are_not_called_identical_samples_beside_dropout(tmp_path)
     merged = api.record_merged(config, tmp_path / "merged", fault="data-order")
     codes = [d.code for d in compare(base, merged).diagnosis]
     assert codes[0] == "data-order" and "dropout-rng" not in codes, codes
+
+
+def test_a_gradient_turned_to_about_1_over_k_beside_draws_is_not_a_cleared_window(tmp_path):
+    """Noise drawn per micro-step (NEFTune's on the embeddings) may leave a merged gradient
+    about 1/K of the baseline's and turned. The Recorder saw no zero_grad() inside the windows:
+    `dropout-rng`, not a `zero-grad-in-window` that no call made."""
+    import dataclasses
+
+    import numpy as np
+
+    from gradalign.judge.compare import compare as judge
+
+    record(tmp_path / "base", 1, False)
+    record(tmp_path / "merged", K, False)
+    base, merged = read_run_dir(tmp_path / "base"), read_run_dir(tmp_path / "merged")
+    assert merged.zero_grads_inside is not None and not merged.zero_grads_inside.any()
+    rng = np.random.default_rng(0)
+
+    def turned(update: int):  # 0.8/K of the baseline's plus 0.6/K of its size elsewhere
+        grads = base.load_grads(update)
+        out = {}
+        for name, g in grads.items():
+            other = rng.standard_normal(g.shape)
+            other *= np.linalg.norm(g) / max(np.linalg.norm(other), 1e-30)
+            out[name] = ((0.8 * g + 0.6 * other) / K).astype(g.dtype)
+        return out
+
+    c = judge(base, dataclasses.replace(merged, load_grads=turned))
+    codes = [d.code for d in c.diagnosis]
+    assert codes[0] == "dropout-rng" and "zero-grad-in-window" not in codes, codes

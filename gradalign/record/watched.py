@@ -4,7 +4,10 @@
 subclasses) to call `callback()` before it runs, whenever it runs on `owner`. The class is
 patched, not the instance: an instance keeps no attribute of ours, so it pickles and deep-copies
 as before (a copy is not watched). The class gets its own method back once nothing watches it.
-A subclass that overrides the method without calling it is not seen.
+A subclass that overrides the method without calling it is not seen. A wrapper that shares a
+watched optimizer's state and names it `_optimizer` (Lightning's `LightningOptimizer`, what
+`self.optimizers()` returns: a subclass of the optimizer's class whose methods run on the
+wrapper) counts as that optimizer.
 
 `before_step(optimizer, callback)` calls `callback()` as a torch optimizer starts a step, before
 its own step pre-hooks (a Recorder's among them), however its `step` is reached: torch's lr
@@ -29,7 +32,11 @@ _own: dict[tuple[type, str], Any] = {}  # what the class itself held under the n
 def _patched(key: tuple[type, str], original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        for callback in list(_callbacks.get(key, {}).get(id(self), ())):
+        owners = _callbacks.get(key, {})
+        found = owners.get(id(self))
+        if found is None and owners:  # a wrapper that shares the watched object's state
+            found = owners.get(id(getattr(self, "_optimizer", None)))
+        for callback in list(found or ()):
             callback()
         return original(self, *args, **kwargs)
 

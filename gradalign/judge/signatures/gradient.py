@@ -29,7 +29,7 @@ from .common import (
     scaled_error,
     window,
 )
-from .decisive import same_start_shown
+from .decisive import draws, same_start_shown
 
 
 def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Diagnosis | None:
@@ -370,10 +370,13 @@ def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
 
 def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """A gradient about 1/K of the baseline's (nearer it than 1), pointing elsewhere; where the
-    Recorder counted no zero_grad() in the window, cleared by hand (was `cross-sample-loss`)."""
+    Recorder counted no zero_grad() in the window, cleared by hand, unless random numbers drawn
+    at every micro-step turn it (NEFTune's embedding noise: `dropout-rng`)."""
     counts = c.merged.zero_grads_inside
     if counts is not None and counts[r.update]:
         return None  # zero_grad_counted's
+    if counts is not None and draws(c):
+        return None  # none seen, and random numbers drawn per micro-step turn it: dropout-rng's
     ratio, cosine, k = r.grad_ratio, r.grad_cosine, window(c)
     if ratio is None or cosine is None or k < 2:
         return None
