@@ -111,9 +111,25 @@ def _last_resort(c: Comparison) -> list[Diagnosis]:
         scaled_within_tolerance(c),  # a wrong loss scale's exact ratio the tolerance let pass
         *_recorded_causes(c),
         sig.scale_under_reweighting(c),
+        _scale_beside_a_term(c),
         sig.cross_sample_gradient(c),
     )
     return [d for d in last if d is not None][:1]
+
+
+ADDED_TERM = (
+    "a term added to the gradient alike in both runs and not scaled with the loss: gradient "
+    "noise or a penalty added to .grad by hand once per update"
+)
+
+
+def _scale_beside_a_term(c: Comparison) -> Diagnosis | None:
+    """A gradient K, 1/K or K+1 times the baseline's (within 5%) that nothing else names, turned
+    a little: the scale, beside a term the loop adds to `.grad` once per update in both runs,
+    which the scale leaves as it is (was `cross-sample-loss`)."""
+    r = sig.first_gradient_failure(c)
+    found = sig.with_loss_scale(c, r, turned=ADDED_TERM) if r is not None else []
+    return next((d for d in found if d.code == "loss-scale"), None)
 
 
 def _recorded_causes(c: Comparison) -> tuple[Diagnosis | None, ...]:
