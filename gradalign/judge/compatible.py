@@ -186,11 +186,12 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     if base.micro_data is not None and ref.micro_data is not None:
         same = base.window_sums(base.micro_data) == ref.window_sums(ref.micro_data)
         if not same.all():
+            working = base.dtype if base.dtype in ("float16", "bfloat16") else "float32"
             raise BadInput(
                 f"{where} saw other samples than the baseline (first at update "
                 f"{int(np.flatnonzero(~same)[0])}; where the samples digested are the forward's "
                 "inputs, transformed in the loop, a float64 rerun rounds them otherwise: "
-                "transform them in float32 and cast the result)"
+                f"transform them in {working} and cast the result)"
             )
     check_same_steps(base, ref, where)
     bound = reference_bound(base, merged, where)

@@ -206,10 +206,10 @@ def _unexplained(c: Comparison) -> Diagnosis:
             "; without a float64 reference the tensors are judged by fixed tolerances, measured "
             "on the built-in MLP, which a model's own noise can exceed: a ReLU-like kink "
             "crossed by one run and not the other changes a gradient by far more than its "
-            "rounding, and an optimizer that normalizes its steps (Adam, RMSprop, Adagrad) "
-            "moves each element whose gradient is rounding noise by about its learning rate, "
-            "in a direction the noise picks (judged by the gradients alone where both runs "
-            "kept their gradients and those passed)"
+            "rounding, and an optimizer that normalizes its steps (Adam, RMSprop, Adagrad, "
+            "Adafactor) moves each element whose gradient is rounding noise by about its "
+            "learning rate, in a direction the noise picks (judged by the gradients alone where "
+            "both runs kept their gradients and those passed)"
         )
         if c.dtype in ("float16", "bfloat16"):
             message += f", and {c.dtype} rounds each forward and backward far more coarsely"

@@ -169,9 +169,10 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
             "it is computed over the micro-batch as a whole"
         )
         + ": an auxiliary loss over batch statistics (a mixture of experts' load-balancing "
-        "loss), an in-batch contrastive loss, a normalization or penalty over the batch"
-        + tokens
-        + unseen,
+        "loss), an in-batch contrastive loss, a normalization or penalty over the batch, a "
+        "class-weighted loss under reduction='mean' (divided by each micro-batch's own sum of "
+        "weights: divide the summed loss by the window's, and give Recorder.micro that sum as "
+        "items=)" + tokens + unseen,
         evidence,
         ("set scale_grad_by_freq=False on those embeddings; otherwise: " if counted else "")
         + "compute such a term over the whole window: accumulate its statistics over the K "

@@ -91,7 +91,9 @@ def data_order(c: Comparison) -> Diagnosis | None:
         evidence,
         "give window i exactly the rows of baseline batch i, split into K consecutive slices: "
         "same sampler and seed, same shuffling, same drop_last; record `batch=` in "
-        "Recorder.micro() to check it",
+        "Recorder.micro() to check it; a collator that draws random numbers per batch "
+        "(masked-LM masking, random crops) gives a sample other draws in a batch of B than in "
+        "one of B/K: draw them per sample from a seed, or before batching",
     )
 
 

@@ -50,8 +50,8 @@ def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Di
         (
             n / k,
             f"divided by K={k} in a window of {n} micro-step(s) (the end of the data)",
-            "divide each micro-batch's loss by the micro-batches in its own window, or weight "
-            "it by its share of the window's items",
+            "divide each micro-batch's loss by its own window's micro-batches or weight it by "
+            "its share of the window's items (Lightning, accelerate: drop_last=True in both)",
         )
     ]
     variants = [
