@@ -41,6 +41,13 @@ def test_a_counter_from_its_stride_without_a_share_is_still_an_interval(tmp_path
         read_log(write_log(tmp_path, "clip.log", _open_clip(LOSSES, percent=False)))
 
 
+def test_a_line_per_epoch_at_its_end_is_refused_saying_so(cli, tmp_path):
+    lines = []
+    for epoch, v in enumerate(LOSSES[:3]):
+        lines += [f"Epoch {epoch + 1}/3", f"20/20 - 1s - 12ms/step - loss: {v:.4f}"]
+    refused_pair(cli, tmp_path, lines, "the first step is 20 of 20: a line per epoch")
+
+
 def test_detectron2s_medians_are_read_with_a_note(tmp_path):
     lines = [
         f"[11/30 06:00:00 d2.utils.events]:  eta: 0:00:05  iter: {i}  total_loss: {v:.4g}  "

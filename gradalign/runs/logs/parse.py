@@ -170,12 +170,19 @@ class _Pass(RepeatedSteps):
             value = next((v for v in (step.index, *step.others) if v in (0, 1)), step.index)
             value = value if self.key is None else self._keyed(step)
             value = 0 if value is None else value  # records without a step field count from 0
-            if value > 1 and step.counter and _samples_after(self.lines[index], value):
+            line = self.lines[index]
+            if value > 1 and step.counter and _samples_after(line, value):
                 log.stride, value = value, 1
                 log.notes.append(
                     f"the step counter starts at {log.stride} with the share of the epoch "
                     "beside it (samples seen after each step, as open_clip prints): read as "
                     f"steps of {log.stride} from step 1"
+                )
+            if value not in (0, 1) and re.search(rf"(?<!\d){value}/{value}(?!\d)", line):
+                raise BadInput(
+                    f"{self.where(index)}: the first step is {value} of {value}: a line per "
+                    "epoch, at its end (Keras's verbose=2), whose loss is the epoch's mean: "
+                    "print each step's loss (a callback's on_train_batch_end)"
                 )
             if value not in (0, 1):
                 raise BadInput(
@@ -185,7 +192,7 @@ class _Pass(RepeatedSteps):
                     "PaddleNLP's --logging_steps 1)"
                 )
             log.first_index, log.rank = value, rank
-            if _DETECTRON2.search(self.lines[index]):
+            if _DETECTRON2.search(line):
                 log.notes.append(
                     "its lines are detectron2's CommonMetricPrinter's, which prints each loss "
                     "as its median over the last window_size iterations (20 by default): read "
