@@ -27,8 +27,8 @@ def length_hint(base: Run, other: Run, other_name: str = "merged") -> str:
         if np.array_equal(mine[:n], theirs[:n]) and longer[-1] == longer.max():
             return _stopped_early(base, other, other_name)  # alike, fewer, no short last one
         if other.accum_steps > 1 and theirs.size and mine.size:
-            micro = int(other.micro_samples[0]) * other.world_size
-            if micro == mine[0] * base.world_size and theirs[0] == other.accum_steps * mine[0]:
+            micro = int(other.micro_samples[0])  # over its ranks, as the windows' sums
+            if micro == mine[0] and theirs[0] == other.accum_steps * mine[0]:
                 return (
                     f" (each micro-batch of the {other_name} run holds {micro} rows, the "
                     f"baseline's whole batch: the batch per micro-step was not divided by "

@@ -15,15 +15,15 @@ FOLLOWS = {"window-bookkeeping", "data-order"}
 
 
 def _rows(run: Run) -> tuple[int, int] | None:
-    """The rows of the first window over all ranks, and of its first micro-batch (on one
-    rank); None where the run did not record them."""
+    """The rows of the first window and of its first micro-batch on one rank (a run's
+    `micro/samples` sums its ranks'); None where the run did not record them."""
     if run.micro_samples is None or not run.updates:
         return None
     first = run.window(0)
     rows = run.micro_samples[first.start : first.stop]
     if not rows.size:
         return None
-    return int(rows.sum()) * run.world_size, int(rows[0])
+    return int(rows.sum()), int(rows[0]) // run.world_size
 
 
 def batch_size(c: Comparison) -> Diagnosis | None:
@@ -39,20 +39,23 @@ def batch_size(c: Comparison) -> Diagnosis | None:
     k, world = window(c), c.merged.world_size
     (batch, _), (held, micro) = base, merged
     pieces = k * world
-    whole = micro * c.baseline.world_size == batch and pieces > 1
     ranks = f" on each of {world} ranks" if world > 1 else ""
+    if micro in (batch, batch // world) and batch % world == 0 and k > 1:  # K left out
+        share = "the baseline's whole batch" if micro == batch else f"1/{world} of its batch"
+        said = (
+            f"each micro-batch holds {micro} rows{ranks}, {share}, not its 1/{pieces} share: "
+            f"the batch per micro-step was not divided by K={k}, so each update steps on "
+            f"{held / batch:.3g} times the data"
+        )
+    else:
+        said = (
+            f"its micro-batches of {micro} rows{ranks} do not make up the batch over K={k} "
+            "micro-steps" + (f" and W={world} ranks" if world > 1 else "")
+        )
     return Diagnosis(
         "batch-size",
         f"the merged run's first window holds {held} rows and the baseline's batch {batch}: "
-        + (
-            f"each micro-batch holds {micro} rows{ranks}, the baseline's whole batch, not its "
-            f"1/{pieces} share: the batch per micro-step was not divided by K={k}"
-            + (f" and W={world}" if world > 1 else "")
-            + f", so each update steps on {held // batch} times the data"
-            if whole
-            else f"its micro-batches of {micro} rows{ranks} do not make up the batch over "
-            f"K={k}" + (f" micro-steps and W={world} ranks" if world > 1 else " micro-steps")
-        ),
+        + said,
         {"baseline_rows": batch, "merged_window_rows": held, "merged_micro_rows": micro, "K": k},
         f"give each micro-step {_share(batch, pieces)} rows, so that a window holds the baseline's "
         f"{batch}: divide the batch per step by K"
