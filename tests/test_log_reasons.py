@@ -48,6 +48,17 @@ def test_a_line_per_epoch_at_its_end_is_refused_saying_so(cli, tmp_path):
     refused_pair(cli, tmp_path, lines, "the first step is 20 of 20: a line per epoch")
 
 
+def test_a_loss_named_with_a_qualifier_is_named_in_the_refusal(cli, tmp_path):
+    """litgpt prints `loss train:`, a running mean over the window's iterations: not read,
+    and the refusal names the field it saw."""
+    lines = [
+        f"Epoch 1 | iter {i + 1} step {i + 1} | loss train: {v:.3f}, val: n/a | iter time: "
+        "12.34 ms (step)"
+        for i, v in enumerate(LOSSES)
+    ]
+    refused_pair(cli, tmp_path, lines, "its lines print `loss train` beside a step")
+
+
 def test_detectron2s_medians_are_read_with_a_note(tmp_path):
     lines = [
         f"[11/30 06:00:00 d2.utils.events]:  eta: 0:00:05  iter: {i}  total_loss: {v:.4g}  "
