@@ -73,13 +73,8 @@ class _Pass(RepeatedSteps):
             if text:
                 self._line(index, text)
         self.log.notes += self.records.notes
-        if self.log.steps > 1:
+        if self.log.steps:  # the last step's lines (the only step's: they set the count)
             self._printed_times(len(self.lines) - 1)
-        elif self.log.steps == 1:  # one step, on as many lines
-            self._join_printers()
-            first = self.raw[self.current[0]]
-            self.log.verbatim &= all(self.raw[at] == first for at in self.current[1:])
-            self.log.printed_times = self.log.repeats
         if self.summaries:
             lines = ", ".join(str(n) for n in self.summaries[:3])
             more = "" if len(self.summaries) <= 3 else f" and {len(self.summaries) - 3} more"

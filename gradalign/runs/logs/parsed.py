@@ -146,9 +146,9 @@ class ParsedLog:
             values = fields[group]
             found = next((v for v in values if v is not None), None)
             fields[group] = [values[keep] if values[keep] is not None else found]
-        for fields in (self.losses, self.bracketed, self.step_lines, self.loss_dtypes):
+        kept = (self.losses, self.bracketed, self.step_lines, self.loss_dtypes, self.unprinted)
+        for fields in kept:
             fields[group] = [fields[group][keep]]
-        self.unprinted[group] = [self.unprinted[group][keep]]
         self.blocks[group] = [[block for blocks in self.blocks[group] for block in blocks]]
 
     def add_noise(self, line: int, text: str) -> None:
