@@ -188,9 +188,9 @@ def test_an_iterable_datasets_epoch_ending_inside_a_window_is_named(tmp_path):
     assert not (tmp_path / "k4").exists()
 
 
-def _padded_pair(tmp_path, trainer_class=None, **extra) -> None:
+def _padded_pair(tmp_path, trainer_class=None, model=None, **extra) -> None:
     """k1 and k4 of a tiny GPT-2 Trainer over padded rows (2 updates), `extra` given to the
-    Trainer; `trainer_class` a subclass of the Trainer."""
+    Trainer; `trainer_class` a subclass of the Trainer, `model` one that builds the model."""
     import tempfile
 
     from transformers import Trainer
@@ -200,7 +200,7 @@ def _padded_pair(tmp_path, trainer_class=None, **extra) -> None:
     for k in (1, 4):
         with tempfile.TemporaryDirectory() as scratch:
             trainer = (trainer_class or Trainer)(
-                model=hf.tiny_gpt2(),
+                model=(model or hf.tiny_gpt2)(),
                 args=quiet_args(scratch, hf.BATCH // k, k, 2),
                 train_dataset=hf.token_rows(hf.BATCH * 2),
                 data_collator=hf.collate,
@@ -250,3 +250,36 @@ def test_a_compute_loss_of_its_own_that_divides_each_mean_by_k_is_token_normaliz
     result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
     codes = [d.code for d in result.diagnosis]
     assert result.verdict == "fail" and codes[0] == "token-normalization", codes
+
+
+def _mean_only_gpt2():
+    """A model as stock BART is in the Trainer: its forward takes **kwargs (so the Trainer
+    hands it num_items_in_batch and does not divide by K) and returns its own mean loss,
+    ignoring the count; it draws LayerDrop's number at layerdrop 0, which skips nothing."""
+    from transformers import GPT2LMHeadModel
+
+    class MeanOnly(GPT2LMHeadModel):
+        def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+            if self.training:
+                torch.rand([])  # LayerDrop's draw, compared with layerdrop = 0
+            return super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, labels=labels
+            )
+
+    tiny = hf.tiny_gpt2()
+    model = MeanOnly(tiny.config)
+    model.load_state_dict(tiny.state_dict())
+    return model
+
+
+def test_a_model_ignoring_num_items_in_batch_names_the_scale_and_the_reweighting(tmp_path):
+    """Each micro-batch's own mean, not divided by K: the gradient is K times the baseline's
+    and its micro-batches weighted alike whatever their tokens. Named `loss-scale` beside a
+    cause 'named with it', which was `dropout-rng` for the harmless draw: the run said the
+    Trainer normalized by the window's items, and that kept `token-normalization` unread."""
+    _padded_pair(tmp_path, model=_mean_only_gpt2)
+    assert read_run_dir(tmp_path / "k4").config["loss_normalized_by"] == "num_items_in_batch"
+    result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
+    codes = [d.code for d in result.diagnosis]
+    assert result.verdict == "fail" and codes == ["loss-scale", "token-normalization"], codes
+    assert "num_items_in_batch" in result.diagnosis[0].fix

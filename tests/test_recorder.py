@@ -100,12 +100,15 @@ def user_loop(
                 if bug == "dropout-reseed":
                     torch.manual_seed(100 + step)
                 index = int(order[step]) if bug == "data-order" else step
+                if bug == "late-repeat-no-loss-scale" and update >= 2:  # no set_epoch
+                    index = (update % 2) * k + j
                 rows = slice(index * micro, (index + 1) * micro)
                 with torch.autocast("cpu", torch.float16, enabled=scaler is not None):
                     logits = net(x[rows])
                 loss = nn.functional.cross_entropy(logits.float(), y[rows])
                 scaled = {
                     "no-loss-scale": loss,
+                    "late-repeat-no-loss-scale": loss,
                     "double-loss-scale": loss / k / k,
                     "double-loss-scale-logged": loss / k / k,
                     "loss-plus-scaled": loss + loss / k,
@@ -124,7 +127,8 @@ def user_loop(
                             low = low + p.low
                         p.low, p.grad = (None, low.float()) if j == k - 1 else (low, None)
                 logged = bug in ("log-scaled-loss", "double-loss-scale-logged")
-                rec.micro(loss / k if logged else loss, batch=(x[rows], y[rows]))
+                given = loss * 1.003 if bug == "log-loss-off" else loss
+                rec.micro(given / k if logged else given, batch=(x[rows], y[rows]))
                 window_loss += float(loss.detach()) / k
                 if bug == "scaler-every-micro" and j < k - 1:
                     scaler.unscale_(opt)
@@ -216,6 +220,30 @@ def test_user_loop_bug_is_named(tmp_path, bug):
     assert result.verdict == "fail"
     codes = [d.code for d in result.diagnosis if d.severity == "error"]
     assert codes[:1] == [BUGS[bug]], [(d.code, d.message) for d in result.diagnosis]
+
+
+def test_losses_recorded_off_by_a_ratio_not_k_are_loss_averaging_alone(tmp_path):
+    """The same training, its losses recorded 1.003 times as large: weights and gradients
+    agree, so no training difference is named beside `loss-averaging` (`cross-sample-loss`
+    was, its own evidence a gradient cosine of 1)."""
+    result = judged(tmp_path, "log-loss-off")
+    status = {c.name: c.status for c in result.checks}
+    assert (status["losses"], status["weights"], status["gradients"]) == ("fail", "pass", "pass")
+    assert [d.code for d in result.diagnosis] == ["loss-averaging"], result.diagnosis
+
+
+def test_a_bug_from_update_0_is_named_before_other_samples_from_a_later_window(tmp_path):
+    """Losses not divided by K, and from update 2 the windows of updates 0 and 1 again (a
+    sampler without set_epoch): `data-order` (first: update 2) was named alone, though the
+    gradient fails from update 0, where the windows held their baseline batches."""
+    result = judged(tmp_path, "late-repeat-no-loss-scale")
+    assert result.first_divergence["update"] == 0
+    assert errors_of(result) == ["loss-scale", "data-order"], result.diagnosis
+    assert result.diagnosis[1].evidence["first_update"] == 2
+
+
+def errors_of(result) -> list[str]:
+    return [d.code for d in result.diagnosis if d.severity == "error"]
 
 
 @pytest.mark.parametrize("bug", ["no-loss-scale", "clip-every-micro"])

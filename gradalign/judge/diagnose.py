@@ -85,6 +85,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     if found and found[0].code == "batch-size":  # windows of other rows: what follows from it
         found = [d for d in found if d.code not in BATCH_SIZE_FOLLOWS]
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
+    found = _before_other_samples(c, found) + found
     at_start = any(not d.ok for d in c.results[0].grads)  # from the same weights
     beside = BESIDE_SHAPES | (BEFORE_ANY_STEP if at_start else set())
     if not found or {d.code for d in found} <= beside:  # the loop's own bug first
@@ -95,7 +96,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
             shape += [d for d in _last_resort(c) if d.code != shape[0].code]
         elif shape and forward is not None:
             shape.append(forward)
-        found = shape + found
+        found = shape + [d for d in found if not _explained_draws(d, shape)]
     if not found:
         found = _last_resort(c)
     if diverged is not None:
@@ -156,6 +157,32 @@ def _shape(c: Comparison, beside: bool) -> tuple[list[Diagnosis], bool]:
     return found, bool(found)
 
 
+def _before_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
+    """The gradient's shape at the first failing update, where `data-order` names other samples
+    only from a later window: the windows before it held their baseline batches, so what broke
+    there is another bug (a loss not divided by K beside a sampler without set_epoch)."""
+    later = next((d for d in found if d.code == "data-order"), None)
+    if later is None or "first_update" not in later.evidence:
+        return []
+    r = next((r for r in c.results if any(not d.ok for d in r.grads)), None)
+    if r is None or r.update >= later.evidence["first_update"]:
+        return []
+    return _gradient_shape(c, r, beside=False)
+
+
+def _explained_draws(d: Diagnosis, shape: list[Diagnosis]) -> bool:
+    """A `dropout-rng` read from draws alone (no dropout layer) whose evidence the gradient's
+    shape explains: a wrong loss scale the window losses show, beside the reweighting of the
+    micro-batches that turns the gradient (a harmless draw, as LayerDrop's at layerdrop=0)."""
+    codes = [s.code for s in shape]
+    return (
+        d.code == "dropout-rng"
+        and d.evidence.get("draws_each_micro_step") is True
+        and codes[:2] == ["loss-scale", "token-normalization"]
+        and "window_loss_ratio" in shape[0].evidence
+    )
+
+
 def _grad_excess(r: UpdateResult) -> float:
     return max((d.ratio for d in r.grads), default=0.0)
 
@@ -172,6 +199,8 @@ def _gradient_shape(c: Comparison, r: UpdateResult | None, beside: bool) -> list
     shapes = ((signature, signature(c, r)) for signature in order)
     first = next(((signature, d) for signature, d in shapes if d is not None), None)
     found = [first[1]] if first is not None else []
+    if first is not None and first[0] is _turned_scale:  # with the reweighting it read, if any
+        found = sig.with_loss_scale(c, r, turned=True)
     # read beside a wrong scale: a reweighting, or a gradient about 1/K turned by one (a
     # per-micro-batch token mean divided by K twice), whose window losses show the scale
     if first is None or first[0] in (sig.token_normalization, sig.zero_grad_in_window):

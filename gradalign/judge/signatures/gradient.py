@@ -289,8 +289,8 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     items, k, unit = c.merged.micro_items, c.merged.accum_steps, "items"
     if items is None:
         items, unit = c.merged.micro_samples, "samples"
-    if items is None or k < 2 or normalized_by_window(c.merged):
-        return None
+    if items is None or k < 2 or (scale == 1.0 and normalized_by_window(c.merged)):
+        return None  # beside a scale, a mean the model took despite num_items_in_batch
     gap = bool(c.results) and not c.results[0].loss_ok and same_start_shown(c)
     if unit == "items" and losses_given(c.merged) and gap:
         return None  # item-weighted window losses apart from the same weights: the forward's
