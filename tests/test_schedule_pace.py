@@ -87,3 +87,63 @@ def test_of_paces_that_fit_alike_the_likely_one_is_said():
     base, merged = warm[:10], warm[3::4][:10]  # stepped 4 times per update, from step 3
     assert schedule_offset(base, merged) == (2, 3)  # the slowest pace that fits
     assert schedule_offset(base, merged, (4,)) == (4, 3)
+
+
+def _reference_offset(base, merged, likely=()):
+    """schedule_offset as first written, one scalar comparison at a time over every pace: the
+    definition the vectorized search must agree with (on short series, where it tries them all)."""
+    from gradalign.judge.signatures.learning_rate import _equal
+
+    n, same, fits = len(base), _equal(base, merged), []
+    for m in range(1, n):
+        if fits and m > max(likely):
+            break
+        for c in range(-1 if m == 1 else 0, 2 * m + 1):
+            ts = [t for t in range(n) if 0 <= m * t + c < n]
+            if (m, c) == (1, 0) or len(ts) < 2:
+                continue
+            explains = any(not same(float(merged[t]), float(base[t])) for t in ts)
+            if explains and all(same(float(merged[t]), float(base[m * t + c])) for t in ts):
+                if not likely:
+                    return m, c
+                fits.append((m, c))
+    return next((f for m in likely for f in fits if f[0] == m), fits[0] if fits else None)
+
+
+def test_the_vectorized_pace_search_agrees_with_its_definition():
+    rng = np.random.default_rng(0)
+    found = 0
+    for _ in range(400):
+        n, pace, offset = (
+            int(rng.integers(2, 40)),
+            int(rng.integers(1, 6)),
+            int(rng.integers(-1, 3)),
+        )
+        t = np.arange(8 * n, dtype=np.float64)
+        schedule = [
+            0.1 * np.minimum(1, (t + 1) / 5) * np.maximum(0.05, 1 - t / t.size),
+            0.1 * 0.5 ** (t // 3),
+            0.1 / (1 + t),
+        ][int(rng.integers(0, 3))]
+        base = schedule[:n].astype(np.float32 if rng.random() < 0.3 else np.float64)
+        merged = schedule[np.clip(pace * np.arange(n) + offset, 0, t.size - 1)]
+        if rng.random() < 0.3:
+            merged = merged * float(rng.choice([0.25, 4.0]))
+        for likely in ((), (int(rng.integers(1, 8)),)):
+            expected = _reference_offset(base, merged, likely)
+            assert schedule_offset(base, merged, likely) == expected, (n, pace, offset, likely)
+            found += expected is not None
+    assert found > 100  # the cases hold fits, not only misses
+
+
+def test_the_pace_search_grows_with_the_updates_not_their_cube():
+    """An lr scaled by 1/4 fits no pace: every pace and offset was tried one update at a time,
+    about 2n³ comparisons (600 updates took 38 s, 1000 about 3 minutes, 10000 would take days)."""
+    import time
+
+    t = np.arange(1000)
+    base = 0.3 * np.minimum(1, (t + 1) / 5) * np.maximum(0.05, 1 - t / t.size)
+    start = time.process_time()
+    assert schedule_offset(base, base / 4) is None
+    assert schedule_offset(base, base[np.minimum(256 * t + 1, t.size - 1)], (256,)) == (256, 1)
+    assert time.process_time() - start < 10  # 0.1 s here

@@ -13,7 +13,7 @@ import numpy as np
 from ..runs.model import Run
 from .results import UpdateResult
 
-_NARROW = {"float32": np.float32, "float16": np.float16}
+NARROW = {"float32": np.float32, "float16": np.float16}
 
 
 def recorded_dtype(series: np.ndarray) -> str:
@@ -31,7 +31,7 @@ def same_scalar(a: float, b: float, dtype_a: str = "float64", dtype_b: str = "fl
     """Equal at the coarser of the two recorded precisions (NaN equals NaN: no step in either)."""
     if math.isnan(a) or math.isnan(b):
         return math.isnan(a) and math.isnan(b)
-    coarse = [_NARROW[d] for d in (dtype_a, dtype_b) if d in _NARROW]
+    coarse = [NARROW[d] for d in (dtype_a, dtype_b) if d in NARROW]
     if coarse:
         narrow = min(coarse, key=lambda t: np.finfo(t).bits)
         with np.errstate(over="ignore"):

@@ -8,7 +8,14 @@ import math
 
 import numpy as np
 
-from ..bookkeeping import distinct, group_named, lr_groups, recorded_dtype, same_scalar
+from ..bookkeeping import (
+    NARROW,
+    distinct,
+    group_named,
+    lr_groups,
+    recorded_dtype,
+    same_scalar,
+)
 from ..results import Comparison, Diagnosis
 from .common import finite, window
 
@@ -48,6 +55,9 @@ def _equal(base_lr: np.ndarray, merged_lr: np.ndarray):
     return same
 
 
+MAX_PACE = 64  # paces tried beyond the likely ones (K, W): a schedule stepped that often
+
+
 def schedule_offset(
     base_lr: np.ndarray, merged_lr: np.ndarray, likely: tuple[int, ...] = ()
 ) -> tuple[int, int] | None:
@@ -56,27 +66,47 @@ def schedule_offset(
     an update where the two differ (a constant stretch of the baseline's fits any pace); c = −1
     (one update behind) at the same pace only. Where several paces fit (a warmup that levels
     off fits 2·t + 3 as well as 4·t + 3), the first of `likely` that fits (K, the micro-steps
-    per update), else the slowest."""
-    n = len(base_lr)
-    same = _equal(base_lr, merged_lr)
+    per update), else the slowest. Paces up to MAX_PACE are tried, and the likely ones and one
+    more (a scheduler stepped at every micro-step and again after the step), each offset in one
+    vectorized comparison: the work grows with the updates times the paces, not their cube."""
+    base = np.asarray(base_lr, dtype=np.float64)
+    merged = np.asarray(merged_lr, dtype=np.float64)
+    n = min(len(base), len(merged))
+    base, merged = base[:n], merged[:n]
+    same = _same_arrays(recorded_dtype(np.asarray(merged_lr)), recorded_dtype(np.asarray(base_lr)))
+    differs = np.concatenate(([0], np.cumsum(~same(merged, base))))  # prefix counts
     fits = []
-    for m in range(1, n):
-        if fits and m > max(likely):
+    paces = sorted({*range(1, MAX_PACE + 1), *likely, *(m + 1 for m in likely)})
+    for m in (m for m in paces if m < n):
+        if fits and m > max(likely, default=0):
             break  # no likelier pace is left to find
         for c in range(-1 if m == 1 else 0, 2 * m + 1):
             if (m, c) == (1, 0):
                 continue
-            ts = [t for t in range(n) if 0 <= m * t + c < n]
-            explains = any(not same(float(merged_lr[t]), float(base_lr[t])) for t in ts)
-            if (
-                len(ts) >= 2
-                and explains
-                and all(same(float(merged_lr[t]), float(base_lr[m * t + c])) for t in ts)
-            ):
+            first, stop = (-c + m - 1) // m, (n - c + m - 1) // m  # 0 <= m·t + c < n
+            first, stop = max(first, 0), min(stop, n)
+            if stop - first < 2 or differs[stop] == differs[first]:
+                continue  # fewer than two updates, or none where the two lrs differ
+            ts = np.arange(first, stop)
+            if bool(same(merged[ts], base[m * ts + c]).all()):
                 if not likely:
                     return m, c
                 fits.append((m, c))
     return next((f for m in likely for f in fits if f[0] == m), fits[0] if fits else None)
+
+
+def _same_arrays(*dtypes: str):
+    """`_equal` over arrays: elementwise, at the coarser recorded precision (NaN equals NaN)."""
+    narrow = [NARROW[d] for d in dtypes if d in NARROW]
+    kind = min(narrow, key=lambda t: np.finfo(t).bits) if narrow else None
+
+    def same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            exact = a.astype(kind) == b.astype(kind) if kind is not None else a == b
+            close = np.abs(a - b) <= np.maximum(1e-9 * np.maximum(np.abs(a), np.abs(b)), 1e-15)
+        return exact | close | (np.isnan(a) & np.isnan(b))
+
+    return same
 
 
 def lr_ratio(
