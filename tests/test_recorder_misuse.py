@@ -305,3 +305,22 @@ def test_a_lightning_fit_without_an_optimizer_is_refused_in_one_sentence(tmp_pat
     with pytest.raises(BadInput, match=r"configure_optimizers\(\) returned no optimizer"):
         trainer.fit(NoOptimizer(), torch.utils.data.DataLoader(data, batch_size=4))
     assert not (tmp_path / "run").exists()
+
+
+def test_items_or_batch_given_on_some_ranks_only_is_refused_at_close():
+    """Rank 1 gave items= and rank 0 did not: the run was written, and compare refused it
+    naming the series (`micro/items`, `micro/data`), not what the loop gave. The ranks' parts
+    are checked before anything is written (record/distributed.py)."""
+    from gradalign.record.distributed import _mismatch
+
+    def part(rank: int, **extra: np.ndarray) -> dict:
+        series = {"micro/loss": np.ones(4), "update/state": np.ones((2, 1)), **extra}
+        return {"info": {"rank": rank}, "series": series}
+
+    assert _mismatch([part(0), part(1)]) is None
+    both = {"micro/items": np.ones(4)}
+    assert _mismatch([part(0, **both), part(1, **both)]) is None
+    said = _mismatch([part(0), part(1, **both)])
+    assert said is not None and "items= on rank(s) 1 and not on the others" in said
+    said = _mismatch([part(0, **{"micro/data": np.ones(4)}), part(1)])
+    assert said is not None and "batch= on rank(s) 0" in said

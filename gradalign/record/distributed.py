@@ -240,7 +240,19 @@ def _mismatch(parts: list[dict[str, Any]]) -> str | None:
                 f"rank {rank} recorded {count[0]} micro-steps and {count[1]} updates, rank 0 "
                 f"{first[0]} and {first[1]}: every rank must record the same steps"
             )
+    for key, given in _GIVEN.items():
+        have = sorted(part["info"]["rank"] for part in parts if key in part["series"])
+        if have and len(have) < len(parts):
+            return (
+                f"Recorder.micro() was given {given} on rank(s) {', '.join(map(str, have))} "
+                f"and not on the others: give it on every rank, or on none"
+            )
     return None
+
+
+# What a rank's micro() was given, by the series it keeps: the ranks' series are combined
+# micro-step by micro-step, so one rank's cannot stand for all.
+_GIVEN = {"micro/items": "items=", "micro/data": "batch="}
 
 
 def _counts(series: dict[str, np.ndarray]) -> tuple[int, int]:
