@@ -338,8 +338,12 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else list(argv)
     forget_asked()  # reports asked for by an earlier command of this process are not this one's
-    printable_streams()
-    safe_help()
+    try:
+        printable_streams()
+        safe_help()  # imports typer's help printer: a Ctrl-C may land here too
+    except KeyboardInterrupt:
+        last_word(err_console, "interrupted: nothing was written")
+        sys.exit(INTERRUPTED)
     _debug["on"] = _debug["on"] or "--debug" in args
     args = [a for a in args if a != "--debug"]  # accepted before or after the command
     try:

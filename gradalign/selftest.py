@@ -212,6 +212,7 @@ def run_selftest(
     every case trains (cpu, cuda or auto); `record`: "sketch" records every run with sketches
     (the verdicts and codes must not change)."""
     from .runs.outputs import check_outputs
+    from .runs.writer import ensure_parent_writable
     from .selftest_ranks import run_ranked
 
     api.require_torch()
@@ -219,6 +220,7 @@ def run_selftest(
 
     resolve_device(TrainConfig().replace(device=device).device)  # refused before any training
     check_outputs([out], [], reports or [])
+    ensure_parent_writable(out / "case", str(out))  # every case writes below it
     if record not in RECORD_MODES:
         raise BadInput(f"--record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
     cases = cases or CASES

@@ -270,6 +270,13 @@ def test_selftest_device_must_be_known(cli, tmp_path):
     one_line_error(cli("selftest", "--device", "tpu", "--out", tmp_path / "s"), "device must be")
 
 
+def test_selftest_into_a_folder_it_cannot_create_is_refused_before_any_case(cli, tmp_path):
+    """Every case printed its own error, then the command ended in exit 3 (internal error)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    one_line_error(cli("selftest", "--out", blocker / "s"), "is a file, not a directory")
+
+
 def test_out_dir_that_is_not_a_run_is_never_overwritten(cli, tmp_path):
     precious = tmp_path / "precious"
     precious.mkdir()

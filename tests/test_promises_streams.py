@@ -116,6 +116,21 @@ def test_ctrl_c_while_the_command_line_imports_is_exit_130_not_a_traceback(monke
     assert capsys.readouterr().err == "interrupted: nothing was written\n"
 
 
+def test_ctrl_c_while_the_help_printer_imports_is_exit_130_not_a_traceback(monkeypatch, capsys):
+    """main() imports typer's help printer (rich.markdown, markdown_it) before any command
+    runs, outside the command's own guard: a Ctrl-C 0.3 to 0.45 s after start was a traceback."""
+    from gradalign import cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "safe_help", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["version"])
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "interrupted: nothing was written\n"
+
+
 def test_the_installed_command_goes_through_the_guarded_entry_point():
     text = (ROOT / "pyproject.toml").read_text()
     assert 'gradalign = "gradalign.__main__:run"' in text
