@@ -316,8 +316,10 @@ class _Pass(RepeatedSteps):
             if len(log.losses) == 1 and log.first_index == 0 and value > 1 == log.stride:
                 log.stride = value
                 log.notes.append(
-                    f"the step counter advances by {value} a line (samples, as the PyTorch "
-                    f"examples print): read as steps of {value}"
+                    f"the step counter advances by {value} a line, read as samples (as the "
+                    f"PyTorch examples print), each line one step; if it counts iterations, the "
+                    f"log prints every {value}th and its losses may be means or medians over "
+                    "them (PaddleDetection's log_iter): print every iteration"
                 )
             if value % log.stride:
                 raise BadInput(
