@@ -71,3 +71,14 @@ def named(path: Path, what: str) -> Path:
     if not full.name:
         raise BadInput(f"{what} {path}: the root directory cannot be a run; give one below it")
     return full
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of that id exists (one of another user's counts: it may be writing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

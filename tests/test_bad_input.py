@@ -121,6 +121,10 @@ def _escape_in_a_name(manifest: dict) -> None:
     manifest["tensors"][0]["name"] = "fc\x1b[2J1.weight"  # clears the terminal it is shown on
 
 
+def _escape_in_the_reference(manifest: dict) -> None:
+    manifest["reference"] = "../x\x00\x1b[31mRED\x07"  # printed in a note and the reports
+
+
 @pytest.mark.parametrize(
     ("edit", "said"),
     [
@@ -128,12 +132,14 @@ def _escape_in_a_name(manifest: dict) -> None:
         (_misspell_integrity, ("'integrity'", "'fingerprints' or absent", "'fingerprint'")),
         (_call_a_param_a_buffer, ("different models: tensor 1", "(a buffer) in the merged")),
         (_escape_in_a_name, ("tensors[0].name", "control characters", "\\x1b[2J")),
+        (_escape_in_the_reference, ("'reference'", "control characters", "\\x1b[31m")),
     ],
     ids=[
         "float32 data declared float64",
         "an unknown integrity",
         "a param that is a buffer",
         "an escape sequence in a name",
+        "an escape sequence in the reference",
     ],
 )
 def test_a_manifest_that_misstates_its_run_is_refused(cli, small_copy, edit, said):
@@ -275,6 +281,16 @@ def test_selftest_into_a_folder_it_cannot_create_is_refused_before_any_case(cli,
     blocker = tmp_path / "file"
     blocker.write_text("")
     one_line_error(cli("selftest", "--out", blocker / "s"), "is a file, not a directory")
+
+
+def test_a_log_given_as_a_pipe_is_refused_as_one_without_waiting_for_a_writer(cli, tmp_path):
+    """`compare <(cat a.log) <(cat b.log)`: the log was read twice from a pipe and refused as
+    holding no step line; a FIFO without a writer blocked forever."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    one_line_error(cli("compare", fifo, fifo.with_name("other.log")), "a pipe or device")
 
 
 def test_out_dir_that_is_not_a_run_is_never_overwritten(cli, tmp_path):

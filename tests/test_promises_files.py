@@ -531,6 +531,23 @@ def test_what_a_killed_writer_left_is_removed_by_the_next(cli, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == list(SPLIT)
 
 
+def test_report_temporaries_a_killed_compare_left_are_removed_by_the_next(tmp_path):
+    """A compare killed while it wrote its reports left `.gradalign-PID-N.tmp` files beside
+    them, which no later command removed. A dead writer's are removed, a live one's kept."""
+    import os
+
+    from gradalign.report.output import write_text_atomic
+
+    dead, live = tmp_path / ".gradalign-999999-0.tmp", tmp_path / f".gradalign-{os.getppid()}-0.tmp"
+    for left in (dead, live):
+        left.write_text("{half a report")
+    other = tmp_path / ".gradalign-notes.tmp"  # not a temporary of ours: never touched
+    other.write_text("x")
+    write_text_atomic(tmp_path / "report.json", "{}")
+    assert (tmp_path / "report.json").read_text() == "{}"
+    assert not dead.exists() and live.exists() and other.exists()
+
+
 # -- nothing executed ----------------------------------------------------------------------------
 
 MODEL = """

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import BadInput
-from ..paths import descriptor, is_stream
+from ..paths import descriptor, is_stream, process_alive
 
 _NAMES = itertools.count()
 _SETS: list[list[tuple[Path, Path]]] = []  # the open sets: (temporary file, its final path)
@@ -54,6 +54,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".gradalign-{os.getpid()}-{next(_NAMES)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        clear_dead_temporaries(path.parent)
         tmp.write_bytes(data)
         if _SETS:  # renamed with the rest of its set
             _SETS[-1].append((tmp, path))
@@ -62,6 +63,15 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise BadInput(f"{path}: cannot write the report ({exc.strerror})") from None
+
+
+def clear_dead_temporaries(folder: Path) -> None:
+    """Remove the temporary report files of gradalign processes that died before renaming
+    them into place (killed while writing): never a report, and nothing else reads them."""
+    for tmp in folder.glob(".gradalign-*-*.tmp"):
+        pid = tmp.name.split("-")[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
 
 
 def _write_to(fd: int, data: bytes) -> None:

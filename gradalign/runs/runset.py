@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput
+from ..paths import process_alive
 from .layout import JOURNAL, MANIFEST, is_run_dir
 from .locks import RunLock, held_here
 from .writer import (
@@ -360,23 +361,13 @@ def _empty_dir(path: Path) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _clear_dead_areas(parent: Path) -> None:
     """Private areas of set writers that died before their commit: never committed, removed.
     Only gradalign's own (marked, or empty: killed before the marker), and none that a journal
     still names (`recover_commits` finished those it could; the others are left as they are)."""
     for area in parent.glob(".set-*"):
         pid = area.name.removeprefix(".set-")
-        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
             continue
         journal = parent / JOURNAL.format(pid=pid)
         if os.path.lexists(journal):

@@ -70,6 +70,8 @@ def check_manifest(manifest: dict, where: str) -> None:
     reference = manifest.get("reference")
     if reference is not None and (not isinstance(reference, str) or not reference):
         raise bad("reference", "must be a path relative to the run")
+    if reference is not None and _CONTROL.search(reference):  # printed in notes and reports
+        raise bad("reference", f"holds control characters: {shown(reference)}")
     _check_optimizer(manifest.get("optimizer"), len(manifest["tensors"]), bad)
     model = manifest.get("model")
     if model is not None:

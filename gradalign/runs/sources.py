@@ -49,6 +49,11 @@ def _compressed(path: Path) -> str | None:
 def _not_a_run(path: Path) -> BadInput:
     """The refusal of a file that is neither; progress bars named where it holds some, and a
     golden file told what judges against it."""
+    if path.exists() and not path.is_file():  # never opened: a pipe without a writer blocks
+        return BadInput(
+            f"{path}: a pipe or device, not a file: a log is read more than once, so save it "
+            "to a file first (`... > run.log`) and give that"
+        )
     if looks_golden(path):
         return BadInput(
             f"{path}: a golden file, not a run: judge a run against it with `gradalign golden "
