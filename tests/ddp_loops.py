@@ -217,6 +217,23 @@ def reduce_and_broadcast(out: Path, variant: dict) -> None:
             opt.zero_grad()
 
 
+def recorder_on_rank_0_alone(out: Path) -> None:
+    """`if rank == 0: Recorder(...)`: rank 0 waits for the other ranks' Recorders at most
+    GRADALIGN_JOIN_TIMEOUT seconds, then says so (in a group of its own, left unused after)."""
+    group = dist.new_group(backend="gloo")
+    if dist.get_rank() != 0:
+        return
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    os.environ["GRADALIGN_JOIN_TIMEOUT"] = "2"
+    try:
+        gradalign.Recorder(out, model, optimizer, K, group=group)
+    except gradalign.RecorderError as exc:
+        out.with_suffix(".txt").write_text(str(exc))
+    finally:
+        del os.environ["GRADALIGN_JOIN_TIMEOUT"]
+
+
 def main(out: Path) -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -230,6 +247,7 @@ def main(out: Path) -> None:
         merged(out / name, variant)
     for name, variant in BROADCAST.items():
         reduce_and_broadcast(out / name, variant)
+    recorder_on_rank_0_alone(out / "rank0-alone")
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -239,3 +239,11 @@ def test_ranks_that_kept_no_counts_are_read_as_before(loops, tmp_path):
     _rank_series(short, 1, lambda d: d.update({"update/zero_grads_inside": d["micro/steps"]}))
     with pytest.raises(BadInput, match="update/zero_grads_inside has shape"):
         api.compare(loops / "baseline", short)
+
+
+def test_a_recorder_on_rank_0_alone_says_so_within_its_timeout(loops):
+    """It waited silently for gloo's 30-minute timeout while rank 1 trained on."""
+    said = (loops / "rank0-alone.txt").read_text()
+    assert "not every rank created its Recorder within 2 s" in said, said
+    assert "Ranks 1 failed" in said and "not on rank 0 alone" in said, said
+    assert not (loops / "rank0-alone").exists()

@@ -137,10 +137,39 @@ def join(distributed: bool | None, group: Any = None, rank: int | None = None) -
         launcher(),
         group if backend == "gloo" else _gloo_twin(group),
     )
+    _await_every_rank(ranks)
     labels = ranks.exchange(ranks.rank)
     if sorted(labels) != list(range(world)):
         raise RecorderError(f"the ranks gave the labels {labels}; each of 0..{world - 1} once")
     return ranks
+
+
+JOIN_TIMEOUT_S = 600.0  # how long a rank waits for the others' Recorders (GRADALIGN_JOIN_TIMEOUT)
+
+
+def _await_every_rank(ranks: Ranks) -> None:
+    """Wait for every rank's Recorder, at most JOIN_TIMEOUT_S: a Recorder made on rank 0 alone
+    (`if rank == 0:`) waited silently until gloo's own timeout, 30 minutes, while the other
+    ranks trained on. Then name the ranks that did not come."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if dist.get_backend(ranks.group) != "gloo":
+        return  # the messages travel over gloo; without it, the group's own timeout
+    value = os.environ.get("GRADALIGN_JOIN_TIMEOUT", "")
+    seconds = float(value) if value.replace(".", "", 1).isdigit() else JOIN_TIMEOUT_S
+    try:
+        dist.monitored_barrier(
+            group=ranks.group, timeout=datetime.timedelta(seconds=seconds), wait_all_ranks=True
+        )
+    except RuntimeError as exc:
+        said = " ".join(str(exc).split())[:200]
+        raise RecorderError(
+            f"not every rank created its Recorder within {seconds:g} s ({said}): create the "
+            "same Recorder on every rank, not on rank 0 alone (each rank records its own part, "
+            "rank 0 writes the run)"
+        ) from None
 
 
 def _gloo_twin(group: Any) -> Any:
