@@ -193,6 +193,10 @@ def test_markdown_shows_odd_names_as_typed_and_keeps_code_spans(small_runs, tmp_
     text = to_markdown(c)
     assert "we&lt;i&gt;rd &amp; \\*x\\*\\_y" in text and "<i>" not in text
     assert "pass `micro(loss, items=n)` here" in text
+    ringing = tmp_path / "x\x1b[31mred\x07"  # an escape sequence and a bell: shown, not sent
+    shutil.copytree(small_runs["merged"], ringing)
+    text = to_markdown(api.compare(small_runs["baseline"], ringing, reference="none"))
+    assert "\x1b" not in text and "\x07" not in text and "x\\\\x1b\\[31mred\\\\x07" in text
 
 
 def test_every_report_is_the_same_bytes_twice(small_runs):

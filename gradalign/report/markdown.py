@@ -4,6 +4,7 @@ into `<details>`. Capped well under GitHub's 1 MiB limit for a step summary."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..judge.results import FAIL, NOT_CHECKED, PASS, Comparison
@@ -25,8 +26,11 @@ _ESCAPES = str.maketrans(
 )
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # left after whitespace is folded: ESC, BEL, NUL
+
+
 def _cell(text: str) -> str:
-    flat = " ".join(str(text).split())
+    flat = _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", " ".join(str(text).split()))
     parts = flat.split("`")
     if len(parts) % 2 == 0:  # an odd backtick: no span is meant
         return flat.translate(_ESCAPES)
