@@ -109,6 +109,7 @@ def user_loop(
                 scaled = {
                     "no-loss-scale": loss,
                     "late-repeat-no-loss-scale": loss,
+                    "bf16-accum-no-loss-scale": loss,
                     "double-loss-scale": loss / k / k,
                     "double-loss-scale-logged": loss / k / k,
                     "loss-plus-scaled": loss + loss / k,
@@ -120,7 +121,7 @@ def user_loop(
                     )
                 if not (bug == "skip-last-backward" and j == k - 1):
                     (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                if bug == "bf16-accum":  # keep the running sum in a bfloat16 buffer
+                if bug in ("bf16-accum", "bf16-accum-no-loss-scale"):  # a bfloat16 running sum
                     for p in model.parameters():
                         low = p.grad.bfloat16()
                         if getattr(p, "low", None) is not None:
@@ -240,6 +241,15 @@ def test_a_bug_from_update_0_is_named_before_other_samples_from_a_later_window(t
     assert result.first_divergence["update"] == 0
     assert errors_of(result) == ["loss-scale", "data-order"], result.diagnosis
     assert result.diagnosis[1].evidence["first_update"] == 2
+
+
+def test_a_loss_not_divided_by_k_beside_a_16_bit_buffer_is_named_with_it(tmp_path):
+    """The gradient on bfloat16's grid and 4 times too large: `grad-accum-dtype` was named
+    alone, its 'gradient 3 off' far beyond any rounding (so was a DDP fp16 hook beside it)."""
+    result = judged(tmp_path, "bf16-accum-no-loss-scale")
+    assert errors_of(result) == ["loss-scale", "grad-accum-dtype"], result.diagnosis
+    alone = judged(tmp_path / "alone", "bf16-accum")
+    assert errors_of(alone) == ["grad-accum-dtype"], alone.diagnosis
 
 
 def errors_of(result) -> list[str]:

@@ -201,6 +201,8 @@ def _gradient_shape(c: Comparison, r: UpdateResult | None, beside: bool) -> list
     found = [first[1]] if first is not None else []
     if first is not None and first[0] is _turned_scale:  # with the reweighting it read, if any
         found = sig.with_loss_scale(c, r, turned=True)
+    if first is not None and first[0] is sig.grad_accum_dtype:  # the larger error first
+        found = _beside_rounding(c, r, first[1], order) + found
     # read beside a wrong scale: a reweighting, or a gradient about 1/K turned by one (a
     # per-micro-batch token mean divided by K twice), whose window losses show the scale
     if first is None or first[0] in (sig.token_normalization, sig.zero_grad_in_window):
@@ -209,6 +211,23 @@ def _gradient_shape(c: Comparison, r: UpdateResult | None, beside: bool) -> list
         # its shape alone: a cause the run recorded comes first
         found = [d for d in _recorded_causes(c) if d is not None][:1] or found
     return found
+
+
+ROUNDED_FAR = 0.05  # relative L2: far beyond what 16-bit accumulation rounds (under 1%)
+
+
+def _beside_rounding(
+    c: Comparison, r: UpdateResult, rounded: Diagnosis, order: list
+) -> list[Diagnosis]:
+    """A gradient in a 16-bit buffer that is also farther off than rounding takes it: the shape
+    of that other bug (a loss not divided by K, zero_grad in the window), read beside it."""
+    if (finite(rounded.evidence.get("grad_rel_l2")) or 0.0) <= ROUNDED_FAR:
+        return []
+    later = order[order.index(sig.grad_accum_dtype) + 1 :]
+    other = next((d for d in (s(c, r) for s in later) if d is not None), None)
+    if other is not None:
+        return [other]
+    return sig.with_loss_scale(c, r, turned="the 16-bit rounding named beside it")[:1]
 
 
 def _turned_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
