@@ -137,3 +137,16 @@ def test_infinite_losses_are_read_without_numpy_warnings(cli, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         assert cli("compare", str(base), str(merged)).code == 0
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "step 1" + "0" * 5000 + ", loss: 1.0",
+        "Epoch: [0] [1/2] lr: 1.0e-02 loss: 1.0 bsz " + "9" * 5000,
+    ],
+)
+def test_a_step_or_count_of_thousands_of_digits_is_bad_input(cli, tmp_path, line):
+    """Python reads at most 4300 digits into an int: exit 3, internal error, a ValueError."""
+    lines = [f"step {i}, loss: {v:.4f}" for i, v in enumerate(LOSSES)] + [line]
+    refused_pair(cli, tmp_path, lines, "printed with", "digits cannot be read")

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from ...errors import BadInput
 from .lines import BAR
-from .names import LINE_STEP_KEY, batch_size, choose_loss, loss_scale, skipped_count
+from .names import LINE_STEP_KEY, batch_size, choose_loss, loss_scale, skipped_count, whole
 
 _NUMBER = re.compile(
     r"^[-+]?(?:(?P<int>\d+)\.(?P<frac>\d*)|\.(?P<frac2>\d+)|(?P<bare>\d+))"
@@ -150,7 +150,7 @@ def number(token: str) -> Printed | None:
     frac = match["frac"] if match["frac"] is not None else match["frac2"] or ""
     if match["bare"] is not None:
         frac = ""
-    exponent = int(match["exp"]) if match["exp"] is not None else 0
+    exponent = int(match["exp"][:8]) if match["exp"] is not None else 0  # 1e99999999: inf
     return Printed(float(token), len(frac), exponent, match["exp"] is not None)
 
 
@@ -202,7 +202,7 @@ def step_line(text: str) -> StepLine | None:
         rest = match["loss"]
         loss = one_number(rest)
         if loss is not None:
-            return StepLine(int(match["index"]), loss, rest.startswith("["))
+            return StepLine(whole(match["index"]), loss, rest.startswith("["))
         if _BRACKETED_STEP.match(text):
             raise BadInput(f"expected one loss on a step line, found {rest!r}")
     return _keyed_step_line(text)
@@ -230,7 +230,7 @@ def _keyed_step_line(text: str) -> StepLine | None:
         return None  # not a step line: a summary holding a total and its parts
     if at is None:  # a keyed line that says its iteration was skipped holds no loss (`skips`)
         skipped = keyed and (skipped_count(text) or 0) >= 1
-        return _step_line(text, [int(m["index"]) for m in keyed], False) if skipped else None
+        return _step_line(text, [whole(m["index"]) for m in keyed], False) if skipped else None
     named = found[at]
     lrs = ((m, "lr") for m in _KEYED_LR.finditer(text))
     for field, value in ((named[0], "loss"), *lrs):
@@ -241,13 +241,13 @@ def _keyed_step_line(text: str) -> StepLine | None:
                 f"a {what} printed with a decimal comma ({comma!r}) cannot be read: print it "
                 "with a decimal point (the C locale's numbers)"
             )
-    indices = [int(m["index"]) for m in keyed]
+    indices = [whole(m["index"]) for m in keyed]
     if not indices:
         counter = _counter(text[: named[0].start()])
         lead = _LEAD_INDEX.match(text) if counter is None else None
         if counter is None and lead is None:
             return None
-        indices = [counter if lead is None else int(lead["index"])]
+        indices = [counter if lead is None else whole(lead["index"])]
     return _step_line(text, indices, not keyed, named)
 
 
@@ -274,7 +274,7 @@ def _counter(text: str) -> int | None:
     (`Epoch [2/10]`); None if the line holds none."""
     for pattern in _COUNTERS:
         for match in pattern.finditer(text):
-            index, total = int(match["index"]), int(match["total"])
+            index, total = whole(match["index"]), whole(match["total"])
             if index <= total and not _EPOCH_BEFORE.search(text[: match.start()]):
                 return index
     return None
@@ -292,7 +292,7 @@ def _step_line(
         indices[0],
         loss,
         found is not None and found["loss"].startswith("["),
-        None if epoch is None else int(epoch),
+        None if epoch is None else whole(epoch),
         next((lr for lr in lrs if lr is not None), None),
         tuple(indices[1:]),
         counter,
@@ -354,7 +354,7 @@ def epoch_header(text: str) -> int | None:
     """The epoch a line of its own announces (`Epoch 2/10`, as Paddle's Model.fit prints before
     the epoch's step lines), else None."""
     match = _EPOCH_HEADER.match(text)
-    return None if match is None else int(match["epoch"])
+    return None if match is None else whole(match["epoch"])
 
 
 def eval_begins(text: str) -> bool:

@@ -23,6 +23,17 @@ import re
 
 from ...errors import BadInput
 
+MAX_DIGITS = 18  # a step, epoch or count printed with more digits is no training's
+
+
+def whole(digits: str) -> int:
+    """A printed step, epoch or count: refused past MAX_DIGITS digits (Python reads at most
+    4300, and no training counts that far)."""
+    if len(digits) > MAX_DIGITS:
+        raise BadInput(f"a step or count printed with {len(digits)} digits cannot be read")
+    return int(digits)
+
+
 # a step key as a regular expression (keyed lines match it inside a line)
 STEP_KEY = (
     r"(?:(?:global|micro)[\s_]?)?(?:step|iter(?:ation)?|batch(?:[\s_]?(?:id|idx))?)"
@@ -98,14 +109,14 @@ def batch_size(text: str) -> int | None:
     where it prints none, or a count of the run so far (`consumed samples: 6400`)."""
     for found in _KEYED_SIZE.finditer(text):
         if (found["before"] or "").lower() not in _RUN_SO_FAR:
-            return int(found["size"])
+            return whole(found["size"])
     return None
 
 
 def skipped_count(text: str) -> int | None:
     """The iterations a keyed line says its loss scaler skipped (None: it prints no count)."""
     found = _SKIPPED.search(text) if "skipped" in text.lower() else None
-    return None if found is None else int(found["count"])
+    return None if found is None else whole(found["count"])
 
 
 def loss_scale(text: str) -> float | None:
