@@ -39,6 +39,7 @@ VARIANTS = {
     # the bug on rank 1 only: rank 0's own counts are clean (its series are the run's)
     "clip-each-micro-rank1": {"clip": "after", "clip_micro": True, "ranks": (1,)},
     "zero-grad-rank1": {"zero_grad": True, "ranks": (1,)},  # zero_grad() after micro-step 0
+    "clip-rank1-only": {"clip": "after", "clip_ranks": (1,)},  # the window's clip on rank 1 only
     # clipped by hand after unscale_(), by a norm whose squares were all-reduced although DDP
     # had averaged the gradients already (√W too large); reported to grads(), or not
     "clip-hand-sqrtw": {"clip": "hand", "report": True},
@@ -178,7 +179,8 @@ def merged(out: Path, variant: dict) -> None:
                 rec.micro(recorded, batch=(x[rows], y[rows]), **items)
                 if variant.get("zero_grad") and micro < k - 1 and buggy:
                     opt.zero_grad()  # the gradient accumulated so far is lost
-            step(ddp, opt, scaler, clip, rec if variant.get("report") else None)
+            clips = rank in variant.get("clip_ranks", range(world))
+            step(ddp, opt, scaler, clip if clips else "", rec if variant.get("report") else None)
             rec.update()
             opt.zero_grad()
 

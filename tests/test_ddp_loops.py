@@ -216,6 +216,11 @@ def test_a_bug_on_rank_1_only_is_named_from_rank_1s_counts(loops):
     clipped = errors(judged(loops, "clip-each-micro-rank1"))[0]
     assert clipped.code == "clip-per-micro", clipped.message
     assert clipped.evidence["ranks"] == [1] and "on rank 1" in clipped.message
+    # the window's clip on rank 1 alone, after the all-reduce: the ranks part (it was said
+    # that the gradients were not all-reduced, with a fix about no_sync())
+    parted = errors(judged(loops, "clip-rank1-only"))[0]
+    assert parted.code == "replicas-diverged", parted.message
+    assert "a clip ran on rank 1 only" in parted.message and "no_sync" not in parted.fix
     # both ranks: no rank named (the run's own counts say it)
     both = errors(judged(loops, "clip-each-micro"))[0]
     assert "ranks" not in both.evidence and "on rank" not in both.message

@@ -150,3 +150,18 @@ def test_a_step_or_count_of_thousands_of_digits_is_bad_input(cli, tmp_path, line
     """Python reads at most 4300 digits into an int: exit 3, internal error, a ValueError."""
     lines = [f"step {i}, loss: {v:.4f}" for i, v in enumerate(LOSSES)] + [line]
     refused_pair(cli, tmp_path, lines, "printed with", "digits cannot be read")
+
+
+@pytest.mark.parametrize(
+    ("encoding", "said"),
+    [("gbk", "it reads as GBK"), ("utf-16-le", "UTF-16-LE without a byte-order mark")],
+)
+def test_a_log_in_another_encoding_is_refused_naming_it(cli, tmp_path, encoding, said):
+    """A Chinese Windows console writes GBK, PowerShell's redirection UTF-16: the same text in
+    UTF-8 is read (full-width punctuation too); in these it got the generic 'no step line'."""
+    text = "".join(f"训练 step: {i}，loss：{v:.4f}\n" for i, v in enumerate(LOSSES))
+    for name in ("base.log", "merged.log"):
+        (tmp_path / name).write_bytes(text.encode(encoding))
+    one_line_error(cli("compare", tmp_path / "base.log", tmp_path / "merged.log"), said, "iconv")
+    (tmp_path / "base.log").write_text(text, encoding="utf-8")
+    assert read_log(tmp_path / "base.log").micro_loss.size == len(LOSSES)

@@ -3,6 +3,7 @@ logs of several cards of one data-parallel run."""
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +47,33 @@ def _compressed(path: Path) -> str | None:
     return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), None)
 
 
+def _encoding(path: Path) -> str | None:
+    """Why a file's first MiB is no UTF-8 text a log could be read from, where that is so: the
+    encoding it reads as (UTF-16 without a byte-order mark, GBK as a Chinese Windows console
+    writes), with the command that converts it; None where it is UTF-8 or has a BOM."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(1 << 20)
+    except OSError:
+        return None
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or len(data) < 4:
+        return None
+    half, even, odd = len(data) // 2, data[0::2].count(0), data[1::2].count(0)
+    for name, high, low in (("UTF-16-LE", odd, even), ("UTF-16-BE", even, odd)):
+        if high > 0.5 * half and low < 0.05 * half:  # ASCII beside a NUL, the rest not
+            return f"{name} without a byte-order mark"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data)  # a cut last character is fine
+        return None
+    except UnicodeDecodeError:
+        pass
+    try:
+        text = data.decode("gb18030")
+    except UnicodeDecodeError:
+        return "not UTF-8"
+    return "GBK" if any("\u4e00" <= ch <= "\u9fff" for ch in text) else "not UTF-8"
+
+
 def _not_a_run(path: Path) -> BadInput:
     """The refusal of a file that is neither; progress bars named where it holds some, and a
     golden file told what judges against it."""
@@ -66,6 +94,14 @@ def _not_a_run(path: Path) -> BadInput:
         )
     if path.is_file() and path.stat().st_size == 0:
         return BadInput(f"{path}: the file is empty (was the run's output sent elsewhere?)")
+    encoding = _encoding(path)
+    if encoding is not None:
+        source = {"GBK": "GBK", "not UTF-8": "<its encoding>"}.get(encoding, encoding[:9])
+        what = "its bytes are not UTF-8" if encoding == "not UTF-8" else f"it reads as {encoding}"
+        return BadInput(
+            f"{path}: not a recognised training log: {what}, and logs are read as UTF-8: "
+            f"convert it first (`iconv -f {source} -t UTF-8 {path} > {path.stem}.utf8.log`)"
+        )
     bars = "; its progress bars are not read:" if has_progress_bars(path) else ";"
     seen = unread_in(path)
     seen = f"; {seen}" if seen else ""

@@ -82,6 +82,12 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
             if clipped
             else ""
         )
+        + (
+            "; or one rank scaled its loss otherwise than the others (not divided by K, or "
+            "by W, on that rank alone: DDP averages the ranks' gradients, so the sum turns)"
+            if c.merged.world_size > 1
+            else ""
+        )
     )
     return _cross_sample(
         c,

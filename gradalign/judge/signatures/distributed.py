@@ -14,6 +14,7 @@ from .common import (
     RATIO_MATCH,
     finite,
     lossy_hooks,
+    on_ranks,
     pure_scale,
     relative_error,
     same_direction,
@@ -52,10 +53,18 @@ def replicas_diverged(c: Comparison) -> Diagnosis | None:
     elif first in facts.grads:
         rank, names = next(iter(sorted(facts.grads[first].items())))
         evidence.update(cause="gradient", rank=rank, tensors=names, parameters=len(params))
-        if len(names) == len(params):
+        clipped, ranks = on_ranks(c, "update/clip_calls", first)
+        if clipped:  # some ranks clipped: the gradient changed after the all-reduce there
+            evidence["clipped_on"] = ranks["ranks"]
+            why = (
+                f"(a clip ran{clipped} only, after the all-reduce: the ranks stepped with "
+                "gradients clipped otherwise)"
+            )
+        elif len(names) == len(params):
             why = (
                 f"in every parameter: window {first}'s gradients were not all-reduced (DDP's "
-                "sync flag set after the forward, or no_sync() around the last micro-step)"
+                "sync flag set after the forward, or no_sync() around the last micro-step), or "
+                "changed on some ranks after it (a hook or a scale that not every rank applies)"
             )
         else:
             why = (
@@ -65,9 +74,13 @@ def replicas_diverged(c: Comparison) -> Diagnosis | None:
             )
         message = f"at update {first} rank {rank} stepped with another gradient than rank 0 {why}"
         fix = (
-            "keep no_sync() around the first K-1 micro-steps only, forward and backward "
+            "clip on every rank alike (clip_grad_norm_ outside `if rank == 0:`): after the "
+            "all-reduce every rank holds the same gradient and must change it the same way"
+            if clipped
+            else "keep no_sync() around the first K-1 micro-steps only, forward and backward "
             "included: DDP reads the sync flag in forward(); let the last micro-step's forward "
-            "and backward run synced; make every parameter take part in every synced backward"
+            "and backward run synced; make every parameter take part in every synced backward; "
+            "change the gradient after the all-reduce on every rank alike, or on none"
         )
     else:
         table = facts.weights.get(first) or {}
