@@ -324,6 +324,9 @@ def _scaled_norms(c: Comparison, q: float, evidence: dict) -> Diagnosis | None:
     )
 
 
+SCATTERED = 0.5  # relative spread of the ratios one micro-batch's loss (not a mean) shows
+
+
 def _scaled_losses(q: float, k: int, ratios: list[float], evidence: dict) -> Diagnosis | None:
     """Losses alone, K (or 1/K) times the baseline's at every failing update: scaled, but no
     weights or gradients say whether in print only or in the loss the gradient comes from."""
@@ -332,15 +335,28 @@ def _scaled_losses(q: float, k: int, ratios: list[float], evidence: dict) -> Dia
     if per_update:
         k = whole_ratio(q)
     scale = next((s for s in (k, 1 / k) if math.isfinite(q) and abs(q / s - 1) <= 0.05), None)
-    if k < 2 or scale is None or spread > 0.05:
+    if k < 2 or scale is None or spread > SCATTERED:
         return None
     said, how = ("K", "K times its mean") if scale == k else ("1/K", "already divided by K")
     found = f"about {said}: each micro-batch's loss is {how}"
+    if spread > 0.05:  # one micro-batch's loss each, scattered about its window's mean
+        found = (
+            f"about {said} in the median, scattered by {spread:.0%} as one micro-batch's loss "
+            f"scatters about its window's mean: each line is likely one micro-batch's loss "
+            f"(the window's last, printed at the step) {'times' if scale == k else 'divided by'} "
+            "K, not the window's mean"
+        )
     if per_update:  # read with -k 1: the whole number is the K it would be
+        what = (
+            ("their sum, not their mean" if scale == k else "their mean divided by K again")
+            if spread <= 0.05
+            else f"one micro-batch's loss {'times' if scale == k else 'divided by'} K (the "
+            f"window's last, printed at the step; scattered by {spread:.0%} as one micro-batch's "
+            "loss scatters about the window's mean), not their mean"
+        )
         found = (
             f"a whole number: read with -k 1 (one loss per update), a run accumulating K={k} "
-            "micro-steps whose update's loss is "
-            + ("their sum, not their mean" if scale == k else "their mean divided by K again")
+            f"micro-steps whose update's loss is {what}"
         )
     return Diagnosis(
         "loss-averaging",
