@@ -288,12 +288,30 @@ def test_a_refused_write_leaves_nothing_behind(tmp_path):
         {"micro_items": [float("nan")]},
         {"config": {"lr": float("nan")}},
         {"grads": [{"w": object()}]},  # fails while writing
+        {"init_weights": {"__metadata__": w["w"]}, "update_weights": [{"__metadata__": w["w"]}]},
     ]
     for change in bad:
         with pytest.raises((ValueError, KeyError, TypeError)):
             write_run(tmp_path / "run", **{**good, **change})
         assert list(tmp_path.iterdir()) == [], change
     assert write_run(tmp_path / "run", **good).is_dir()
+
+
+def test_a_tensor_named_like_safetensors_metadata_is_refused_by_the_reader(tmp_path):
+    """A manifest naming a tensor `__metadata__` (a writer of its own): compare refused it
+    with "data of 8 bytes, header describes 0", which did not say why."""
+    from gradalign.errors import BadInput
+    from gradalign.runs.reader import read_run_dir
+
+    w = {"w": np.zeros(2, np.float32)}
+    run = write_run(
+        tmp_path / "run", accum_steps=1, micro_losses=[0.5], init_weights=w, update_weights=[w]
+    )
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["tensors"][0]["name"] = "__metadata__"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BadInput, match="is __metadata__, the key safetensors keeps"):
+        read_run_dir(run)
 
 
 def test_negative_item_counts_are_refused_by_the_reader(tmp_path):

@@ -118,6 +118,10 @@ def write_run(
         raise ValueError(f"accum_steps must be a whole number >= 1, got {accum_steps!r}")
     k, n = int(accum_steps), len(update_weights)
     names = list(init_weights)
+    if "__metadata__" in names:
+        raise ValueError(
+            "no tensor may be named __metadata__: safetensors keeps its metadata there"
+        )
     p = len(names)
     files = {}
 

@@ -104,6 +104,8 @@ def _check_tensors(tensors: Any, bad) -> None:
         name, shape = t.get("name"), t.get("shape")
         if not isinstance(name, str) or not name:
             raise bad(f"{entry}.name", f"must be a non-empty string, got {shown(name)}")
+        if name == "__metadata__":  # safetensors' own key: the tensor cannot be stored
+            raise bad(f"{entry}.name", "is __metadata__, the key safetensors keeps its metadata in")
         if _CONTROL.search(name):  # an escape sequence would reach the terminal and the reports
             raise bad(f"{entry}.name", f"holds control characters: {shown(name)}")
         if name in names:
