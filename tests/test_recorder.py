@@ -241,6 +241,11 @@ def test_a_bug_from_update_0_is_named_before_other_samples_from_a_later_window(t
     assert result.first_divergence["update"] == 0
     assert errors_of(result) == ["loss-scale", "data-order"], result.diagnosis
     assert result.diagnosis[1].evidence["first_update"] == 2
+    # the windows of updates 2, 3 hold the batches of 0, 1: set_epoch is said
+    assert result.diagnosis[1].evidence["batches_of_earlier_updates"] == {2: 0, 3: 1, 4: 0}
+    assert "without set_epoch(epoch)" in result.diagnosis[1].message
+    shuffled = judged(tmp_path / "shuffled", "data-order").diagnosis[0]  # other mixtures
+    assert shuffled.code == "data-order" and "set_epoch" not in shuffled.message
 
 
 def test_a_loss_not_divided_by_k_beside_a_16_bit_buffer_is_named_with_it(tmp_path):

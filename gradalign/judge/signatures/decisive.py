@@ -68,6 +68,15 @@ def data_order(c: Comparison) -> Diagnosis | None:
             f"the merged run saw other samples than the baseline: {bad.size} of {c.updates} "
             f"windows hold samples other than their baseline batch (first: update {int(bad[0])})"
         )
+        earlier = _earlier_batches(c, bad)
+        if earlier:
+            evidence["batches_of_earlier_updates"] = earlier
+            i, j = next(iter(earlier.items()))
+            message += (
+                f"; each holds an earlier baseline batch's samples again (update {i} the batch "
+                f"of update {j}): the sampler repeated an epoch's order, as a DistributedSampler "
+                "does without set_epoch(epoch) at each epoch"
+            )
     else:
         first = c.results[0]
         facts = {**c.baseline.model_facts, **c.merged.model_facts}
@@ -90,11 +99,28 @@ def data_order(c: Comparison) -> Diagnosis | None:
         message,
         evidence,
         "give window i exactly the rows of baseline batch i, split into K consecutive slices: "
-        "same sampler and seed, same shuffling, same drop_last; record `batch=` in "
+        "same sampler and seed, same shuffling (set_epoch(epoch) on a DistributedSampler at "
+        "every epoch, in both runs), same drop_last; record `batch=` in "
         "Recorder.micro() to check it; a collator that draws random numbers per batch "
         "(masked-LM masking, random crops) gives a sample other draws in a batch of B than in "
         "one of B/K: draw them per sample from a seed, or before batching",
     )
+
+
+def _earlier_batches(c: Comparison, bad: np.ndarray) -> dict[int, int]:
+    """For each window that saw other samples, the earlier baseline batch it holds exactly
+    (by the window's sum of sample digests), where every such window holds one; else {}."""
+    base, merged = c.baseline, c.merged
+    if base.micro_data is None or merged.micro_data is None:
+        return {}
+    mine, theirs = base.window_sums(base.micro_data), merged.window_sums(merged.micro_data)
+    found = {}
+    for i in map(int, bad):
+        same = np.flatnonzero(mine[:i] == theirs[i])
+        if not same.size:
+            return {}
+        found[i] = int(same[0])
+    return found
 
 
 _STEPPED = ("window", "optimizer_steps", "state_step", "replicas")
