@@ -179,3 +179,12 @@ def test_the_last_micro_batchs_loss_divided_by_k_printed_per_update_is_named(cli
     result = cli("compare", base, write_log(tmp_path, "merged.log", lines))
     assert result.code == 1
     assert "loss-averaging:" in result.out and "one micro-batch's loss divided by K" in result.out
+
+
+def test_a_binary_record_file_is_refused_as_binary(cli, tmp_path):
+    """A VisualDL or TensorBoard event file got the generic 'no step line'."""
+    for name in ("base.log", "merged.log"):
+        (tmp_path / name).write_bytes(
+            b"\x18\x00\x00\x00\x00\x00\x00\x00\xa3\x7fbrain.Event:2\x00" * 4
+        )
+    one_line_error(cli("compare", tmp_path / "base.log", tmp_path / "merged.log"), "a binary file")

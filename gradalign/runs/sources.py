@@ -50,7 +50,7 @@ def _compressed(path: Path) -> str | None:
 def _encoding(path: Path) -> str | None:
     """Why a file's first MiB is no UTF-8 text a log could be read from, where that is so: the
     encoding it reads as (UTF-16 without a byte-order mark, GBK as a Chinese Windows console
-    writes), with the command that converts it; None where it is UTF-8 or has a BOM."""
+    writes), "not UTF-8", or "binary" (NUL bytes); None where it is UTF-8 or has a BOM."""
     try:
         with path.open("rb") as handle:
             data = handle.read(1 << 20)
@@ -62,6 +62,8 @@ def _encoding(path: Path) -> str | None:
     for name, high, low in (("UTF-16-LE", odd, even), ("UTF-16-BE", even, odd)):
         if high > 0.5 * half and low < 0.05 * half:  # ASCII beside a NUL, the rest not
             return f"{name} without a byte-order mark"
+    if b"\0" in data:
+        return "binary"  # a VisualDL or TensorBoard record file, in no text encoding
     try:
         codecs.getincrementaldecoder("utf-8")().decode(data)  # a cut last character is fine
         return None
@@ -95,6 +97,12 @@ def _not_a_run(path: Path) -> BadInput:
     if path.is_file() and path.stat().st_size == 0:
         return BadInput(f"{path}: the file is empty (was the run's output sent elsewhere?)")
     encoding = _encoding(path)
+    if encoding == "binary":
+        return BadInput(
+            f"{path}: a binary file (it holds NUL bytes), not a training log: a TensorBoard or "
+            "VisualDL event file? Export its loss scalars to a CSV with a step column, or print "
+            "each step's loss"
+        )
     if encoding is not None:
         source = {"GBK": "GBK", "not UTF-8": "<its encoding>"}.get(encoding, encoding[:9])
         what = "its bytes are not UTF-8" if encoding == "not UTF-8" else f"it reads as {encoding}"

@@ -22,6 +22,7 @@ from .grammar import (
     step_line,
 )
 from .lines import Lines, read_lines
+from .names import EVERY_STEP_ADVICE
 from .parsed import UNPRINTED, Block, ParsedLog
 from .records import NotAStep, Records
 from .repeats import RepeatedSteps
@@ -183,8 +184,7 @@ class _Pass(RepeatedSteps):
                 raise BadInput(
                     f"{self.where(index)}: the first step is {value}; expected 0 or 1 (a log "
                     f"printed every {value} steps? Its lines are often means over the steps "
-                    "since the last: print every step, e.g. Megatron's --log-interval 1, "
-                    "PaddleNLP's --logging_steps 1)"
+                    f"since the last: {EVERY_STEP_ADVICE})"
                 )
             log.first_index, log.rank = value, rank
             if _DETECTRON2.search(line):

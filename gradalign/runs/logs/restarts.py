@@ -4,6 +4,8 @@ Numpy-free."""
 
 from __future__ import annotations
 
+from .names import EVERY_STEP_ADVICE
+
 
 def why_again(value: int, expected: int, first: int) -> str:
     """Why a step may come again: from its first value, a loop that counts again; from a later
@@ -19,9 +21,9 @@ def why_again(value: int, expected: int, first: int) -> str:
         if expected > first + 1:  # within the log: lines lost, or printed without a loss
             return f": {missing} not in the log (a line lost, or one printed without its loss?)"
         return (
-            f": {missing} not in the log (printed every {value - expected + 1} steps? Its lines "
-            "may then be means over the steps since the last: print every step, e.g. "
-            "Megatron's --log-interval 1, PaddleNLP's --logging_steps 1)"
+            f": {missing} not in the log (printed every {value - expected + 1} steps, or a "
+            "step column that counts samples, as DeepSpeed's monitor files do? Printed every n "
+            f"steps, its lines may be means over the steps since the last: {EVERY_STEP_ADVICE})"
         )
     if value > first:
         return (

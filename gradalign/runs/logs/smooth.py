@@ -50,7 +50,8 @@ MIN_BIN = 5  # a bin of fewer steps is one spike's
 STEP_LOSS_ADVICE = (
     "print each step's own loss instead: PaddleClas logs `AverageMeter.avg`, log the meter's "
     "`.val`; PaddleDetection smooths over `log_iter` steps (set `log_iter: 1`), PaddleOCR over "
-    "`Global.log_smooth_window` (set 1)"
+    "`Global.log_smooth_window` (set 1), MMEngine over its LogProcessor's `window_size` (set "
+    "`log_processor=dict(window_size=1)`)"
 )
 
 
