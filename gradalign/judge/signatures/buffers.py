@@ -41,8 +41,13 @@ def buffers_in_forward(c: Comparison) -> Diagnosis | None:
         )
         if window(c) == 1 and c.merged.world_size > 1
         else (
-            f"the merged run updates {them} K times per update, from a micro-batch of B/K, the "
-            "baseline once per update from the batch of B",
+            f"the merged run updates {them} K times per update, from a micro-batch of "
+            + (
+                "B/K"
+                if c.merged.world_size == 1
+                else f"B/(W·K) on each of W={c.merged.world_size} ranks"
+            )
+            + ", the baseline once per update from the batch of B",
             "update such state once per window from the whole window (gather the statistics "
             "over the K micro-batches and apply them at the last one), or leave it unchanged "
             "during the first K-1 micro-steps; a spectral norm's power iteration runs at every "

@@ -304,11 +304,14 @@ def _clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         evidence["merged_norm_before_clip"] = finite(pre_m[i])
     unclipped = [u for u in range(i) if not clip_state(c, c.baseline, u)[0]]
     evidence["earlier_unclipped_updates_that_agree"] = len(unclipped)
-    seen = (
-        f"; the merged run's norm before its final clip was {pre_m[i]:.4g}"
-        if pre_m is not None
-        else ""
-    )
+    seen = ""
+    if pre_m is not None:  # on W ranks, rank 0's own norm before its first clip in the window
+        before = (
+            "clipping (rank 0's, before its first clip)"
+            if c.merged.world_size > 1
+            else "its final clip"
+        )
+        seen = f"; the merged run's norm before {before} was {pre_m[i]:.4g}"
     return Diagnosis(
         "clip-per-micro",
         f"the gradients differ first at update {i}, where clipping engaged (baseline norm "

@@ -197,7 +197,8 @@ def dp_loss_reduction(c: Comparison, r: UpdateResult) -> Diagnosis | None:
                 "dp-loss-reduction",
                 f"at update {r.update} the gradient is {ratio:.6g} times the baseline's with "
                 f"cosine {cosine:.8f}, and W={world}: each rank's loss was {how} on top of "
-                f"DDP's own mean over the ranks (or a comm hook {hook})",
+                f"the mean over the ranks (DDP's own, or an all_reduce by hand and its "
+                f"division by W), or a comm hook {hook}",
                 {
                     "update": r.update,
                     "grad_ratio": finite(ratio),
@@ -205,7 +206,8 @@ def dp_loss_reduction(c: Comparison, r: UpdateResult) -> Diagnosis | None:
                     "world_size": world,
                     "expected_ratio": expected,
                 },
-                "DDP already averages the ranks' gradients: backpropagate each rank's own loss "
+                "average the ranks' gradients once: DDP already does (an all_reduce by hand "
+                "sums them: divide by W once, after it); backpropagate each rank's own loss "
                 "(its mean / K, or its share of the window's items) without multiplying or "
                 "dividing it by the world size; to log the global loss, average the ranks' "
                 "losses after backward",
