@@ -136,3 +136,28 @@ def test_an_infinite_error_never_passes_even_under_an_overflowed_bound():
     assert d.error == math.inf and d.allowed == math.inf and not d.ok
     result = UpdateResult(0, 1e308, -1e308, math.inf, math.inf, math.inf)
     assert not result.loss_ok
+
+
+def test_runs_whose_weights_never_moved_pass_with_a_warning(small_runs, tmp_path):
+    """Weights written as integers, or with no elements, by a writer of its own: every check
+    passed and nothing said that no weight had moved."""
+    import numpy as np
+
+    from gradalign.runs.portable import write_run
+
+    for weights in ({"w": np.arange(4, dtype=np.int64)}, {"w": np.zeros(0, np.float32)}):
+        runs = [
+            write_run(
+                tmp_path / f"{weights['w'].dtype}-{k}",
+                accum_steps=k,
+                micro_losses=np.full(3 * k, 2.0),
+                init_weights=weights,
+                update_weights=[weights] * 3,
+            )
+            for k in (1, 2)
+        ]
+        c = api.compare(*runs, reference="none")
+        assert c.verdict == "pass"
+        assert any(n.startswith("warning: no weight of the baseline moved") for n in c.notes)
+    trained = api.compare(small_runs["baseline"], small_runs["merged"], reference="none")
+    assert not any("no weight of the baseline moved" in n for n in trained.notes)

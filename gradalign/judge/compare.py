@@ -45,7 +45,7 @@ from .rounding import marked, rounding_floors, rounding_in_both, rounding_notes
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
-from .vacuous import unrecorded_note, untrained_note, vacuous_notes
+from .vacuous import unmoved_note, unrecorded_note, untrained_note, vacuous_notes
 from .views import sketch_width
 from .window_sizes import judged_updates
 from .windows import inside_window_changes, written_in_forward
@@ -169,7 +169,7 @@ def _judge(
             *jumps,
             *sketch_note(results),
             *vacuous_notes(results, tol),
-            *untrained_note(base, merged),
+            *(untrained_note(base, merged) or unmoved_note(results)),
             *unrecorded_note(base, merged),
         ],
         _first_divergence(results),

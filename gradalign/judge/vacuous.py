@@ -39,6 +39,19 @@ def vacuous_notes(results: list[UpdateResult], tol: Tolerances) -> list[str]:
     return notes
 
 
+def unmoved_note(results: list[UpdateResult]) -> list[str]:
+    """A warning where no recorded weight of the baseline moved at any update, though its
+    optimizer stepped (no floating-point weight, weights written as integers, an lr of 0)."""
+    weights = [d for r in results for d in r.weights]
+    if not weights or any(d.moved for d in weights):
+        return []
+    return [
+        "warning: no weight of the baseline moved at any update (none is a floating-point "
+        "number that training changed): nothing was trained, so this comparison cannot show "
+        "that the merged run trains like its baseline; check the weights the run records"
+    ]
+
+
 def untrained_note(base: Run, merged: Run) -> list[str]:
     """A warning where neither run's optimizer stepped at any update (a GradScaler that skipped
     every one, a learning loop that never reached step()): both runs stand where they began, so
