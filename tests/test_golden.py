@@ -365,6 +365,10 @@ def _mutations() -> dict:
         "a dtype of a list": (["tensors", 0, "dtype"], [[1]]),
         "a noise beyond int64": (["per_update", 0, "weights", "0.bias", "noise"], 2**70),
         "a negative norm": (["per_update", 1, "grads", "0.bias", "norm"], -1.0),
+        # accepted where a run manifest refuses them: true equals 1, the key reads str() of these
+        "version true": (["format_version"], True),
+        "dtype an object": (["environment", "dtype"], {}),
+        "device a list": (["environment", "device"], []),
     }
     return {
         name: (lambda d, p=path, v=value: set_path(d, p, v))

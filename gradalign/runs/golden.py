@@ -114,7 +114,8 @@ def load(path: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BadInput(f'{path}: not a gradalign golden file (no "format": "{FORMAT}")')
-    if data.get("format_version") != VERSION:
+    version = data.get("format_version")
+    if isinstance(version, bool) or version != VERSION:  # `true` equals 1 in Python
         raise BadInput(
             f"{path}: golden format version {shown(data.get('format_version'))}; "
             f"this gradalign reads {VERSION}"

@@ -66,6 +66,10 @@ def check_golden(data: dict, where: str) -> None:
             raise bad(key, "is missing or not an object")
     if not isinstance(data.get("environment_key"), str):
         raise bad("environment_key", "is missing or not a string")
+    for field in ("device", "gpu", "dtype", "compute_dtype", "torch"):  # the key reads them
+        value = data["environment"].get(field)
+        if value is not None and not isinstance(value, str):
+            raise bad(f"environment.{field}", f"must be a string, got {shown(value)}")
     world = data["environment"].get("world_size")
     if world is not None and not (isinstance(world, int) and not isinstance(world, bool)):
         raise bad("environment.world_size", f"must be an integer, got {shown(world)}")
