@@ -352,3 +352,28 @@ def test_bfloat16_arrays_from_ml_dtypes_are_written_and_digested_as_floats(tmp_p
     merged = write_run(tmp_path / "merged", **common, micro_data=[sample_digest(x)])
     result = api.compare(base, merged, reference="none")
     assert result.verdict == "pass" and result.dtype == "bfloat16"
+
+
+def test_initial_weights_that_are_not_finite_are_refused_as_such(tmp_path):
+    """NaN initial weights were refused as "initial weights differ ... max abs diff nan"; a
+    mask buffer of -inf (a causal attention mask) is no weight and stays judged."""
+    from gradalign.errors import BadInput
+
+    def pair(weights: dict, grads: bool) -> list:
+        return [
+            write_run(
+                tmp_path / f"{len(list(tmp_path.iterdir()))}",
+                accum_steps=k,
+                micro_losses=np.full(3 * k, 2.0),
+                init_weights=weights,
+                update_weights=[weights] * 3,
+                grads=[{"w": weights["w"]}] * 3 if grads else None,
+            )
+            for k in (1, 2)
+        ]
+
+    w = np.array([1.0, np.nan], np.float32)
+    with pytest.raises(BadInput, match="initial weights hold NaN or infinite values"):
+        api.compare(*pair({"w": w}, grads=True), reference="none")
+    mask = {"w": np.ones(2, np.float32), "mask": np.array([0.0, -np.inf], np.float32)}
+    assert api.compare(*pair(mask, grads=True), reference="none").verdict == "pass"

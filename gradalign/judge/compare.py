@@ -296,7 +296,7 @@ class _Judge:
                 slack=slack.get(info.name),
                 floor=self.floor,
             )
-            d = self._calibrated(d, wb, wm, wr)
+            d = self._calibrated(d, wb, wm, wr, start)
             if d.noise is not None and info.name in rounding:  # printed: rounding allowed
                 extra = float(np.linalg.norm(rounding[info.name]))
                 d = dataclasses.replace(d, allowed=d.allowed + extra)
@@ -304,7 +304,7 @@ class _Judge:
                 d = self.drift.judged(d, wb[info.name], wm[info.name], tol.noise_factor)
             result.weights.append(d)
 
-    def _calibrated(self, d, base: Tensors, merged: Tensors, ref: Tensors | None):
+    def _calibrated(self, d, base: Tensors, merged: Tensors, ref: Tensors | None, start=None):
         if ref is None or d.name not in ref:
             return d
         return calibrate(
@@ -314,6 +314,7 @@ class _Judge:
             ref[d.name],
             factor=self.tol.noise_factor,
             floor=self.floor,
+            start=start,
         )
 
 

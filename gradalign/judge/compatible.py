@@ -79,7 +79,15 @@ def check_compatible(
             odd = sorted(set(init_b) ^ set(init_m))[0]
             raise BadInput(f"the initial weights of the {what} hold other tensors (first: {odd})")
         declared = {t.name: t.dtype for t in base.tensors}
+        params = {t.name for t in base.tensors if t.kind == "param"}  # a mask buffer holds -inf
         for name in init_b:
+            for run_name, values in (("baseline", init_b[name]), (other_name, init_m[name])):
+                if name in params and values.dtype.kind == "f" and not np.isfinite(values).all():
+                    raise BadInput(
+                        f"the {run_name}'s initial weights hold NaN or infinite values (first "
+                        f"in {name}): no training starts from them; record the run from a model "
+                        "whose weights are initialised"
+                    )
             if not np.array_equal(init_b[name], init_m[name]):
                 delta = float(np.abs(init_b[name] - init_m[name].astype(np.float64)).max())
                 low = declared.get(name, "")

@@ -61,6 +61,11 @@ class Pair:
         slice's noise-dominated drift, measured against the merged run (no reference)."""
         self.n += b.size
         bb, ok = _sumsq(b)
+        if not ok:  # infinities held from the start alike (a mask buffer of -inf): equal
+            b, s, m, r = agreed_non_finite(b, s, m, r)
+            bb, ok = _sumsq(b)
+            if ok and drift is not None:  # its drift there is no step of training either
+                drift = np.where(np.isfinite(drift), drift, 0.0)
         self.bb += bb
         self.finite_b &= ok
         if m is not None:
@@ -133,6 +138,27 @@ class Pair:
         allowed = noise_allowed(factor, noise, floor, math.sqrt(self.rr))
         rounding = floor * math.sqrt(self.rr)
         return dataclasses.replace(d, error=error, allowed=allowed, noise=noise, rounding=rounding)
+
+
+def agreed_non_finite(b: np.ndarray, start: np.ndarray | None, *others: np.ndarray | None):
+    """`b`, `start` and `others` with 0 where `b` is not finite and holds the very infinity it
+    started with, as every other array does there, copied (a buffer of -inf, an attention
+    mask, is no divergence); as given where any differs, or a NaN or an infinity that training
+    produced is among them (those never pass)."""
+    bad = ~np.isfinite(b)
+    held = b[bad]
+    if start is None or start.shape != b.shape or np.isnan(held).any():
+        return (b, start, *others)
+    for other in (start, *others):
+        if other is not None and other.shape == b.shape and not np.array_equal(other[bad], held):
+            return (b, start, *others)
+    cleared = []
+    for x in (b, start, *others):
+        if x is not None and x.shape == b.shape:
+            x = x.copy()
+            x[bad] = 0.0
+        cleared.append(x)
+    return tuple(cleared)
 
 
 def widen64(x: np.ndarray) -> np.ndarray:

@@ -111,6 +111,10 @@ def diff(
     """
     b = np.asarray(base, dtype=np.float64).ravel()
     m = np.asarray(merged, dtype=np.float64).ravel()
+    if not np.isfinite(b).all() and start is not None:  # held from the start (a mask)
+        from .fused import agreed_non_finite
+
+        b, start, m = agreed_non_finite(b, np.asarray(start, dtype=np.float64).ravel(), m)
     if not (np.isfinite(b).all() and np.isfinite(m).all()):
         nan = math.nan
         return TensorDiff(name, nan, nan, nan, nan, math.inf, 0.0, None)
@@ -164,12 +168,17 @@ def calibrate(
     *,
     factor: float,
     floor: float,
+    start: np.ndarray | None = None,
 ) -> TensorDiff:
     """Judge against a more precise reference run instead of a fixed tolerance:
     ||m - ref|| <= factor * ||b - ref|| + floor * ||ref||, floor in units of the tensor's size."""
     r = np.asarray(ref, dtype=np.float64).ravel()
     b = np.asarray(base, dtype=np.float64).ravel()
     m = np.asarray(merged, dtype=np.float64).ravel()
+    if not np.isfinite(b).all() and start is not None:  # held from the start (a mask)
+        from .fused import agreed_non_finite
+
+        b, _, m, r = agreed_non_finite(b, np.asarray(start, dtype=np.float64).ravel(), m, r)
     if not (np.isfinite(r).all() and np.isfinite(b).all() and np.isfinite(m).all()):
         return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=math.nan)
     noise = float(np.linalg.norm(b - r))

@@ -124,7 +124,13 @@ class SketchJudge:
             if kr is None:
                 return d
             return calibrate(
-                d, kb.vector, km.vector, kr.vector, factor=tol.noise_factor, floor=self.floor
+                d,
+                kb.vector,
+                km.vector,
+                kr.vector,
+                factor=tol.noise_factor,
+                floor=self.floor,
+                start=s,
             )
         return self._sketched(name, kb, km, kr, ks, rtol, floor, atol)
 
