@@ -36,7 +36,7 @@ from .cli_options import (
 )
 from .config import tolerances_from_yaml
 from .errors import DISK_ERRORS, BadInput, Terminated, debug_wanted, sigterm_as_interrupt
-from .report.terminal import console, last_word, printable_streams, safe_help, table_console
+from .report.terminal import console, last_word, ready_streams, table_console
 
 BAD_INPUT, INTERNAL, INTERRUPTED, TERMINATED = 2, 3, 130, 143
 app = typer.Typer(
@@ -338,12 +338,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else list(argv)
     forget_asked()  # reports asked for by an earlier command of this process are not this one's
-    try:
-        printable_streams()
-        safe_help()  # imports typer's help printer: a Ctrl-C may land here too
-    except KeyboardInterrupt:
-        last_word(err_console, "interrupted: nothing was written")
-        sys.exit(INTERRUPTED)
+    ready_streams(err_console, INTERRUPTED)
     _debug["on"] = _debug["on"] or "--debug" in args
     args = [a for a in args if a != "--debug"]  # accepted before or after the command
     try:

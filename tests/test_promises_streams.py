@@ -120,11 +120,12 @@ def test_ctrl_c_while_the_help_printer_imports_is_exit_130_not_a_traceback(monke
     """main() imports typer's help printer (rich.markdown, markdown_it) before any command
     runs, outside the command's own guard: a Ctrl-C 0.3 to 0.45 s after start was a traceback."""
     from gradalign import cli
+    from gradalign.report import terminal
 
     def interrupted() -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "safe_help", interrupted)
+    monkeypatch.setattr(terminal, "safe_help", interrupted)
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["version"])
     assert exit_info.value.code == 130

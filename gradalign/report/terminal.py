@@ -75,6 +75,17 @@ def printable_streams() -> None:
                 reconfigure(errors="backslashreplace")
 
 
+def ready_streams(console: Console, interrupted: int) -> None:
+    """`printable_streams` and `safe_help`, which imports typer's help printer (rich.markdown):
+    a Ctrl-C there is one line on `console` and exit `interrupted`, never a traceback."""
+    try:
+        printable_streams()
+        safe_help()
+    except KeyboardInterrupt:
+        last_word(console, "interrupted: nothing was written")
+        sys.exit(interrupted)
+
+
 def last_word(console: Console, text: str) -> None:
     """The line a command ends with (an error, "interrupted"), as far as its stream takes it: a
     stderr that is full or gone must not turn the exit code into Python's 1 ("not aligned")."""
