@@ -92,9 +92,16 @@ def test_of_paces_that_fit_alike_the_likely_one_is_said():
 def _reference_offset(base, merged, likely=()):
     """schedule_offset as first written, one scalar comparison at a time over every pace: the
     definition the vectorized search must agree with (on short series, where it tries them all)."""
-    from gradalign.judge.signatures.learning_rate import _equal
+    import math
 
-    n, same, fits = len(base), _equal(base, merged), []
+    from gradalign.judge.bookkeeping import recorded_dtype, same_scalar
+
+    dtypes = recorded_dtype(merged), recorded_dtype(base)
+
+    def same(a: float, b: float) -> bool:  # the rule as first written, one pair at a time
+        return same_scalar(a, b, *dtypes) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
+    n, fits = len(base), []
     for m in range(1, n):
         if fits and m > max(likely):
             break

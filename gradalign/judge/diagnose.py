@@ -164,7 +164,7 @@ def _before_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnos
     later = next((d for d in found if d.code == "data-order"), None)
     if later is None or "first_update" not in later.evidence:
         return []
-    r = next((r for r in c.results if any(not d.ok for d in r.grads)), None)
+    r = sig.first_gradient_failure(c)
     if r is None or r.update >= later.evidence["first_update"]:
         return []
     return _gradient_shape(c, r, beside=False)

@@ -14,7 +14,6 @@ from ..bookkeeping import (
     group_named,
     lr_groups,
     recorded_dtype,
-    same_scalar,
 )
 from ..results import Comparison, Diagnosis
 from .common import finite, window
@@ -36,8 +35,9 @@ def differing_group(c: Comparison) -> tuple[int, np.ndarray, np.ndarray]:
     n = len(c.results)
     groups = [(g, b[:n], m[:n]) for g, b, m in lr_groups(c.baseline, c.merged)]
     for group, b, m in groups:
-        same = _equal(b, m)
-        if any(not same(float(x), float(y)) for x, y in zip(b, m, strict=False)):
+        both = min(len(b), len(m))
+        wide = (np.asarray(x[:both], dtype=np.float64) for x in (b, m))
+        if not _equal(b, m)(*wide).all():
             return group, b, m
     return groups[0] if groups else (0, c.baseline.lr, c.merged.lr)
 
@@ -47,10 +47,18 @@ def _lr_differs(c: Comparison) -> list[int]:
 
 
 def _equal(base_lr: np.ndarray, merged_lr: np.ndarray):
+    """Elementwise equality of two float64 arrays of lrs: at the coarser precision the two
+    runs recorded theirs in (`bookkeeping.same_scalar`), or within 1e-9 relative (1e-15
+    absolute); NaN equals NaN (no step in either)."""
     dtypes = recorded_dtype(merged_lr), recorded_dtype(base_lr)
+    narrow = [NARROW[d] for d in dtypes if d in NARROW]
+    kind = min(narrow, key=lambda t: np.finfo(t).bits) if narrow else None
 
-    def same(a: float, b: float) -> bool:
-        return same_scalar(a, b, *dtypes) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+    def same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            exact = a.astype(kind) == b.astype(kind) if kind is not None else a == b
+            close = np.abs(a - b) <= np.maximum(1e-9 * np.maximum(np.abs(a), np.abs(b)), 1e-15)
+        return exact | close | (np.isnan(a) & np.isnan(b))
 
     return same
 
@@ -73,7 +81,7 @@ def schedule_offset(
     merged = np.asarray(merged_lr, dtype=np.float64)
     n = min(len(base), len(merged))
     base, merged = base[:n], merged[:n]
-    same = _same_arrays(recorded_dtype(np.asarray(merged_lr)), recorded_dtype(np.asarray(base_lr)))
+    same = _equal(np.asarray(base_lr), np.asarray(merged_lr))
     differs = np.concatenate(([0], np.cumsum(~same(merged, base))))  # prefix counts
     fits = []
     paces = sorted({*range(1, MAX_PACE + 1), *likely, *(m + 1 for m in likely)})
@@ -93,20 +101,6 @@ def schedule_offset(
                     return m, c
                 fits.append((m, c))
     return next((f for m in likely for f in fits if f[0] == m), fits[0] if fits else None)
-
-
-def _same_arrays(*dtypes: str):
-    """`_equal` over arrays: elementwise, at the coarser recorded precision (NaN equals NaN)."""
-    narrow = [NARROW[d] for d in dtypes if d in NARROW]
-    kind = min(narrow, key=lambda t: np.finfo(t).bits) if narrow else None
-
-    def same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore", invalid="ignore"):
-            exact = a.astype(kind) == b.astype(kind) if kind is not None else a == b
-            close = np.abs(a - b) <= np.maximum(1e-9 * np.maximum(np.abs(a), np.abs(b)), 1e-15)
-        return exact | close | (np.isnan(a) & np.isnan(b))
-
-    return same
 
 
 def lr_ratio(
