@@ -21,6 +21,7 @@ from .logs import (
     read_log,
     unread_in,
 )
+from .logs.lines import SNIFF_BYTES
 from .logs.smooth import STEP_LOSS_ADVICE
 from .model import Run
 from .reader import read_run_dir
@@ -37,33 +38,33 @@ _MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb
 _UNPACK = {"gzip": "gunzip -k", "bzip2": "bunzip2 -k", "xz": "unxz -k", "zstd": "unzstd"}
 
 
-def _compressed(path: Path) -> str | None:
-    """The compression a file's first bytes name (gzip, bzip2, xz, zstd), else None."""
+def _first_bytes(path: Path) -> bytes:
+    """The first MiB of a file (as the log reader sniffs it), or nothing where it cannot be read."""
     try:
         with path.open("rb") as handle:
-            head = handle.read(6)
+            return handle.read(SNIFF_BYTES)
     except OSError:
-        return None
+        return b""
+
+
+def _compressed(head: bytes) -> str | None:
+    """The compression a file's first bytes name (gzip, bzip2, xz, zstd), else None."""
     return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), None)
 
 
-def _encoding(path: Path) -> str | None:
-    """Why a file's first MiB is no UTF-8 text a log could be read from, where that is so: the
-    encoding it reads as (UTF-16 without a byte-order mark, GBK as a Chinese Windows console
-    writes), "not UTF-8", or "binary" (NUL bytes); None where it is UTF-8 or has a BOM."""
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(1 << 20)
-    except OSError:
-        return None
+def _encoding(data: bytes) -> tuple[str, str] | None:
+    """Why a file's first bytes are no UTF-8 text a log could be read from, where that is so:
+    (what they read as, the name `iconv -f` takes): UTF-16 without a byte-order mark, GBK as a
+    Chinese Windows console writes, or bytes that are not UTF-8; ("binary", "") where they hold
+    NUL bytes otherwise. None where they are UTF-8 or start with a UTF-16 byte-order mark."""
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or len(data) < 4:
         return None
     half, even, odd = len(data) // 2, data[0::2].count(0), data[1::2].count(0)
     for name, high, low in (("UTF-16-LE", odd, even), ("UTF-16-BE", even, odd)):
         if high > 0.5 * half and low < 0.05 * half:  # ASCII beside a NUL, the rest not
-            return f"{name} without a byte-order mark"
+            return f"it reads as {name} without a byte-order mark", name
     if b"\0" in data:
-        return "binary"  # a VisualDL or TensorBoard record file, in no text encoding
+        return "binary", ""  # a VisualDL or TensorBoard record file, in no text encoding
     try:
         codecs.getincrementaldecoder("utf-8")().decode(data)  # a cut last character is fine
         return None
@@ -72,8 +73,10 @@ def _encoding(path: Path) -> str | None:
     try:
         text = data.decode("gb18030")
     except UnicodeDecodeError:
-        return "not UTF-8"
-    return "GBK" if any("\u4e00" <= ch <= "\u9fff" for ch in text) else "not UTF-8"
+        text = ""
+    if any("\u4e00" <= ch <= "\u9fff" for ch in text):
+        return "it reads as GBK", "GBK"
+    return "its bytes are not UTF-8", "<its encoding>"
 
 
 def _not_a_run(path: Path) -> BadInput:
@@ -89,23 +92,23 @@ def _not_a_run(path: Path) -> BadInput:
             f"{path}: a golden file, not a run: judge a run against it with `gradalign golden "
             f"check {path} RUN` (gradalign.api.golden_check)"
         )
-    packed = _compressed(path)
+    head = _first_bytes(path)
+    packed = _compressed(head)
     if packed is not None:
         return BadInput(
             f"{path}: a {packed}-compressed file: decompress it first (`{_UNPACK[packed]} {path}`)"
         )
     if path.is_file() and path.stat().st_size == 0:
         return BadInput(f"{path}: the file is empty (was the run's output sent elsewhere?)")
-    encoding = _encoding(path)
-    if encoding == "binary":
+    encoding = _encoding(head)
+    if encoding is not None and encoding[0] == "binary":
         return BadInput(
             f"{path}: a binary file (it holds NUL bytes), not a training log: a TensorBoard or "
             "VisualDL event file? Export its loss scalars to a CSV with a step column, or print "
             "each step's loss"
         )
     if encoding is not None:
-        source = {"GBK": "GBK", "not UTF-8": "<its encoding>"}.get(encoding, encoding[:9])
-        what = "its bytes are not UTF-8" if encoding == "not UTF-8" else f"it reads as {encoding}"
+        what, source = encoding
         return BadInput(
             f"{path}: not a recognised training log: {what}, and logs are read as UTF-8: "
             f"convert it first (`iconv -f {source} -t UTF-8 {path} > {path.stem}.utf8.log`)"
