@@ -72,6 +72,27 @@ def write_log(tmp_path: Path, name: str, lines: list[str]) -> Path:
     return path
 
 
+def still_runs(folder: Path, weights: dict, grads: bool = False) -> list[Path]:
+    """A baseline (K=1) and a merged run (K=2) of 3 updates written by the numpy reference
+    writer, whose weights never move and whose loss is 2.0 throughout; with `grads`, the
+    gradient of `w` recorded as its weights."""
+    import numpy as np
+
+    from gradalign.runs.portable import write_run
+
+    return [
+        write_run(
+            folder / f"k{k}",
+            accum_steps=k,
+            micro_losses=np.full(3 * k, 2.0),
+            init_weights=weights,
+            update_weights=[weights] * 3,
+            grads=[{"w": weights["w"]}] * 3 if grads else None,
+        )
+        for k in (1, 2)
+    ]
+
+
 def refused_pair(cli, tmp_path: Path, lines: list[str], *fragments: str) -> None:
     """`compare` of two copies of a log is one line saying `fragments`."""
     base, merged = write_log(tmp_path, "base.log", lines), write_log(tmp_path, "merged.log", lines)

@@ -14,6 +14,8 @@ import pytest
 from gradalign import api
 from gradalign.runs.portable import fingerprint, sample_digest, write_run
 
+from .conftest import still_runs
+
 BATCH, K, UPDATES, FEATURES, HIDDEN, OUTPUTS = 16, 4, 5, 12, 8, 3
 LR, MOMENTUM, CLIP = 0.5, 0.9, 0.05
 
@@ -359,21 +361,9 @@ def test_initial_weights_that_are_not_finite_are_refused_as_such(tmp_path):
     mask buffer of -inf (a causal attention mask) is no weight and stays judged."""
     from gradalign.errors import BadInput
 
-    def pair(weights: dict, grads: bool) -> list:
-        return [
-            write_run(
-                tmp_path / f"{len(list(tmp_path.iterdir()))}",
-                accum_steps=k,
-                micro_losses=np.full(3 * k, 2.0),
-                init_weights=weights,
-                update_weights=[weights] * 3,
-                grads=[{"w": weights["w"]}] * 3 if grads else None,
-            )
-            for k in (1, 2)
-        ]
-
     w = np.array([1.0, np.nan], np.float32)
     with pytest.raises(BadInput, match="initial weights hold NaN or infinite values"):
-        api.compare(*pair({"w": w}, grads=True), reference="none")
+        api.compare(*still_runs(tmp_path / "nan", {"w": w}, grads=True), reference="none")
     mask = {"w": np.ones(2, np.float32), "mask": np.array([0.0, -np.inf], np.float32)}
-    assert api.compare(*pair(mask, grads=True), reference="none").verdict == "pass"
+    runs = still_runs(tmp_path / "mask", mask, grads=True)
+    assert api.compare(*runs, reference="none").verdict == "pass"

@@ -14,7 +14,7 @@ import pytest
 from gradalign import api
 from gradalign.errors import BadInput
 
-from .conftest import one_line_error
+from .conftest import one_line_error, still_runs
 
 VACUOUS = [
     ("--loss-rtol", "loss_rtol", "1"),
@@ -143,19 +143,8 @@ def test_runs_whose_weights_never_moved_pass_with_a_warning(small_runs, tmp_path
     passed and nothing said that no weight had moved."""
     import numpy as np
 
-    from gradalign.runs.portable import write_run
-
     for weights in ({"w": np.arange(4, dtype=np.int64)}, {"w": np.zeros(0, np.float32)}):
-        runs = [
-            write_run(
-                tmp_path / f"{weights['w'].dtype}-{k}",
-                accum_steps=k,
-                micro_losses=np.full(3 * k, 2.0),
-                init_weights=weights,
-                update_weights=[weights] * 3,
-            )
-            for k in (1, 2)
-        ]
+        runs = still_runs(tmp_path / str(weights["w"].dtype), weights)
         c = api.compare(*runs, reference="none")
         assert c.verdict == "pass"
         assert any(n.startswith("warning: no weight of the baseline moved") for n in c.notes)
