@@ -105,15 +105,25 @@ def test_the_device_summary_equals_the_host_summary(dtype):
         (30_011, False),
     ):
         x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
-        kept = x.clone()
-        sums, sumsq, _ = sketcher._on_device(x, whole)
-        bf16 = dtype == torch.bfloat16  # numpy has no bfloat16: widened exactly
-        values = (x.float() if bf16 else x).numpy()
-        host = summarize(values, "bfloat16" if bf16 else None, 61, whole)
-        assert sums.numel() == (n if whole else 61)
-        assert torch.equal(x, kept)  # the live tensor is never written
-        assert np.allclose(sums.numpy(), host.sketch, rtol=1e-12, atol=1e-12)
-        assert math.isclose(float(sumsq), host.sumsq, rel_tol=1e-12)
+        for infinite in (False, True):
+            if infinite:  # an attention mask's infinities, held apart in a sketched tensor
+                x[::7], x[3::11] = float("-inf"), float("inf")
+            kept = x.clone()
+            sums, sumsq, _, held, count = sketcher._on_device(x, whole)
+            bf16 = dtype == torch.bfloat16  # numpy has no bfloat16: widened exactly
+            values = (x.float() if bf16 else x).numpy()
+            host = summarize(values, "bfloat16" if bf16 else None, 61, whole)
+            assert sums.numel() == (n if whole else 61)
+            assert torch.equal(x, kept)  # the live tensor is never written
+            if infinite and whole:  # kept whole, the tensor is its own sketch
+                assert host.held is None and int(count) == 0
+                assert np.array_equal(sums.numpy(), host.sketch)
+                continue
+            assert np.allclose(sums.numpy(), host.sketch, rtol=1e-12, atol=1e-12)
+            assert math.isclose(float(sumsq), host.sumsq, rel_tol=1e-12)
+            assert int(count) == int(np.isinf(values).sum()) == (0 if host.held is None else count)
+            if infinite:
+                assert np.array_equal(held.numpy(), host.held) and np.any(host.held)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -146,7 +146,8 @@ class SketchJudge:
         atol: float,
     ) -> TensorDiff:
         tol, nan, n = self.tol, math.nan, self.sizes[name]
-        if not (math.isfinite(kb.norm) and math.isfinite(km.norm)):
+        held = _held_alike(ks, kb, km, kr)
+        if held is False or not (math.isfinite(kb.norm) and math.isfinite(km.norm)):
             return TensorDiff(name, nan, nan, nan, nan, math.inf, 0.0, None, sketched=True)
         gap = estimate(km.vector - kb.vector, False, n)
         moved = estimate(kb.vector - ks.vector, False) if ks is not None else None
@@ -189,6 +190,20 @@ class SketchJudge:
             allowed = fixed_allowed(bound.rtol, moved, bound.atol, self.sizes[name])
             if not far.low <= allowed + bound.rounding(name) * kr.norm:
                 raise stray(bound, i, name, far.value)
+
+
+def _held_alike(start: Kept | None, *runs: Kept | None) -> bool | None:
+    """Whether the infinities a sketched tensor holds apart (runs/sketches.py) are the very
+    ones it started with, in every run: None where no run holds any; True where the start and
+    every run hold the same (the tensor is then judged by its finite elements, as a full run's
+    by `fused.agreed_non_finite`); False otherwise (an infinity that training made never
+    passes, nor one a run lost)."""
+    kept = [k for k in runs if k is not None]
+    if all(k.held is None for k in (start, *kept) if k is not None):
+        return None
+    if start is None or start.held is None:
+        return False
+    return all(k.held is not None and np.array_equal(k.held, start.held) for k in kept)
 
 
 def _cosine(norm_b: float, norm_m: float, gap: Estimate) -> float:

@@ -32,6 +32,7 @@ class Kept:
     vector: np.ndarray
     norm: float
     exact: bool
+    held: np.ndarray | None = None  # a sketched tensor's infinities (runs.sketches.Summary)
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,13 @@ def summaries(run: Run, kind: str, update: int | None, seen: Sketching) -> dict[
                 continue
             norm = float(norms[p]) if norms is not None else math.nan
             whole = seen.whole(info.shape)
+            held = found.get(f"held/{kind}/{info.name}")
             if not whole and vector.size > width:  # kept whole by a laxer rule than `seen`'s
-                vector = summarize(vector, None, width, whole=False).sketch
-            kept[info.name] = Kept(vector, norm, whole)
+                summary = summarize(vector, None, width, whole=False)
+                vector, held = summary.sketch, summary.held
+                if held is not None:  # the norm of what the sketch holds
+                    norm = math.sqrt(summary.sumsq)
+            kept[info.name] = Kept(vector, norm, whole, held)
         return kept
     if kind == "grads":
         tensors = run.grads(update) if update is not None else None
@@ -93,7 +98,7 @@ def summaries(run: Run, kind: str, update: int | None, seen: Sketching) -> dict[
     for name in tensors:
         whole = seen.whole(shapes.get(name, np.shape(tensors[name])))
         summary = summarize(tensors[name], declared.get(name), width, whole)
-        kept[name] = Kept(summary.sketch, math.sqrt(summary.sumsq), whole)
+        kept[name] = Kept(summary.sketch, math.sqrt(summary.sumsq), whole, summary.held)
     return kept
 
 

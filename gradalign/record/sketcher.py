@@ -5,8 +5,10 @@ the copy in cache-sized blocks). On a GPU it is computed on the device by torch,
 sync: the small results are copied asynchronously to pinned memory and written in the
 background. The signs are made on the device too, once per tensor size, and kept one bit per
 element (1/32 of the tensor's float32 size; a float32 table would cost the GPU memory of a
-copy of the model). Either way the results land in `sketches/update_NNNNNN.safetensors`, and
-the fingerprints in the series.
+copy of the model). Infinities are held apart from the sketch as on the host
+(runs/sketches.py), their codes' sketch made for every block: the host learns only when the
+results arrive whether there was one. Either way the results land in
+`sketches/update_NNNNNN.safetensors`, and the fingerprints in the series.
 """
 
 from __future__ import annotations
@@ -108,24 +110,25 @@ class Sketcher:
         """Summarize live device tensors on the device; the results follow asynchronously."""
         with torch.no_grad():
             parts = [self._on_device(t, self.whole(n, t.numel())) for n, t in tensors.items()]
-            floats = torch.cat([torch.cat([s, q.reshape(1)]) for s, q, _ in parts]).to(
-                "cpu", non_blocking=True
-            )
-            prints = torch.stack([f for _, _, f in parts]).to("cpu", non_blocking=True)
+            floats = torch.cat(
+                [torch.cat([s, q.reshape(1), h, c.reshape(1)]) for s, q, _, h, c in parts]
+            ).to("cpu", non_blocking=True)
+            prints = torch.stack([p[2] for p in parts]).to("cpu", non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        sizes = [s.numel() for s, _, _ in parts]
+        sizes = [(p[0].numel(), p[3].numel()) for p in parts]
         names = list(tensors)
 
         def job() -> None:
             event.synchronize()
             values, fps = floats.numpy(), prints.numpy()
             found, at = {}, 0
-            for p, (name, size) in enumerate(zip(names, sizes, strict=True)):
-                found[name] = Summary(
-                    values[at : at + size].copy(), float(values[at + size]), int(fps[p])
-                )
+            for p, (name, (size, held)) in enumerate(zip(names, sizes, strict=True)):
+                sketch, sumsq = values[at : at + size].copy(), float(values[at + size])
                 at += size + 1
+                marks, count = values[at : at + held].copy(), values[at + held]
+                at += held + 1
+                found[name] = Summary(sketch, sumsq, int(fps[p]), marks if count else None)
             self._store(kind, update, found)
 
         self.files.run(job)
@@ -136,29 +139,40 @@ class Sketcher:
 
     def _on_device(
         self, tensor: torch.Tensor, whole: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`runs.sketches.summarize` by torch: the sketch, the squared norm, the fingerprint, and
+        the infinities held apart (their codes' sketch, and their count: 0 where none)."""
         x = tensor.detach().reshape(-1)
         n, width = x.numel(), self.width
+        none = torch.zeros((), dtype=torch.float64, device=x.device)
         if whole:
             exact = x.double()
-            return exact, exact.dot(exact), fingerprint(tensor)
+            return exact, exact.dot(exact), fingerprint(tensor), none.new_zeros(0), none
         key = (n, str(x.device))
         table = self._device_signs.get(key)
         if table is None:
             table = packed_signs(n, x.device)
             self._device_signs[key] = table
         sums = torch.zeros(width, dtype=torch.float64, device=x.device)
-        sumsq = torch.zeros((), dtype=torch.float64, device=x.device)
+        held = torch.zeros(width, dtype=torch.float64, device=x.device)
+        sumsq, count = none.clone(), none.clone()
+        one, two = none + 1.0, none + 2.0  # the codes of +inf and -inf
         step = max(1, _BLOCK // (8 * width)) * 8 * width  # whole rows, whole bytes of signs
         for first in range(0, n, step):
             part = x[first : first + step].to(torch.float64, copy=True)  # never the tensor
-            part *= unpacked_signs(table, first, part.numel())
+            signs = unpacked_signs(table, first, part.numel())
+            infinite = part.isinf()
+            codes = torch.where(part > 0, one, two).masked_fill_(~infinite, 0.0)
+            part.masked_fill_(infinite, 0.0)
+            count += infinite.sum()
+            for values, into in ((part, sums), (codes, held)):
+                values *= signs
+                rows = values.numel() // width
+                into += values[: rows * width].view(rows, width).sum(0)
+                tail = values[rows * width :]
+                into[: tail.numel()] += tail
             sumsq += part.dot(part)
-            rows = part.numel() // width
-            sums += part[: rows * width].view(rows, width).sum(0)
-            tail = part[rows * width :]
-            sums[: tail.numel()] += tail
-        return sums, sumsq, fingerprint(tensor)
+        return sums, sumsq, fingerprint(tensor), held, count
 
     def _store(self, kind: str, update: int | None, found: dict[str, Summary]) -> None:
         with self._lock:
@@ -175,6 +189,8 @@ class Sketcher:
                 continue
             for name, summary in found.items():
                 tensors[f"{kind}/{name}"] = summary.sketch
+                if summary.held is not None:
+                    tensors[f"held/{kind}/{name}"] = summary.held
             norms = [np.sqrt(found[n].sumsq) if n in found else 0.0 for n in self.names]
             tensors[f"norms/{kind}"] = np.asarray(norms, dtype=np.float64)
         self.files.write_tensors(sketch_file(update), tensors)

@@ -36,7 +36,7 @@ def attach_sketches(run: Run, manifest: dict, store: Store) -> None:
             return None
         found = store.read_all(relpath)
         for key in found:
-            kind, _, name = key.partition("/")
+            kind, _, name = key.removeprefix("held/").partition("/")
             if kind in ("weights", "grads") and name not in names:
                 raise BadInput(f"{run.source}: {relpath} sketches an unknown tensor {name!r}")
         return found

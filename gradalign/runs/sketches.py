@@ -11,6 +11,13 @@ run, so sketches subtract: S(a) − S(b) = S(a − b), and ||S(v)||² estimates 
 itself: each bucket's square has variance at most 2·E[s_j²]², so ||S(v)||² is within `Z`
 standard deviations of sqrt(2·Σ s_j⁴) of ||v||², and an error that fills few buckets widens its
 own bound.
+
+An infinity in a sketched tensor (an attention mask's -inf in a buffer wider than the sketch)
+would make every bucket it falls in inf or NaN, and no two runs comparable. Such elements are
+left out of the sketch and the norm and kept apart, as `held`: the count sketch of their codes
+(1 for +inf, 2 for -inf) with the same signs, equal in two runs exactly where the same elements
+hold the same infinities (to the sketch's collisions). A NaN stays in the sketch: it never
+passes.
 """
 
 from __future__ import annotations
@@ -40,8 +47,9 @@ class Summary:
     """One tensor at one update, as a sketch-mode run keeps it."""
 
     sketch: np.ndarray  # float64 [min(n, width)]
-    sumsq: float  # ||x||², float64
+    sumsq: float  # ||x||², float64 (of the finite elements where `held` is kept)
     fingerprint: int
+    held: np.ndarray | None = None  # a sketched tensor's infinities, float64 [width]; None: none
 
 
 def kept_whole(shape: tuple[int, ...], width: int, whole_1d: int = 0) -> bool:
@@ -96,7 +104,7 @@ def summarize(
     rows = n // width
     grid = x[: rows * width].reshape(rows, width)
     sums = np.zeros(width)
-    sumsq = 0.0
+    sumsq, held, infinite = 0.0, np.zeros(width), 0
     step = max(1, _BLOCK_ELEMENTS // width)  # rows per block: the float64 block stays in cache
     block = np.empty((min(step, rows), width))
     for first in range(0, rows, step):
@@ -104,16 +112,40 @@ def summarize(
         rows_now = grid[first : first + step]
         if blockwise:
             fingerprint += bitsum(rows_now, declared)
-        np.multiply(rows_now, flip(first * width, part.size).reshape(part.shape), out=part)
+        signs = flip(first * width, part.size).reshape(part.shape)
+        np.multiply(rows_now, signs, out=part)
+        squares, found = _finite_part(part, rows_now, signs, held)
+        sumsq, infinite = sumsq + squares, infinite + found
         sums += part.sum(axis=0)
-        flat = part.reshape(-1)
-        sumsq += dot(flat, flat)
     if blockwise:
         fingerprint += bitsum(x[rows * width :], declared)
-    tail = x[rows * width :].astype(np.float64) * flip(rows * width, n - rows * width)
+    rest = x[rows * width :]
+    signs = flip(rows * width, n - rows * width)
+    tail = rest.astype(np.float64) * signs
+    squares, found = _finite_part(tail, rest, signs, held[: tail.size])
     sums[: tail.size] += tail
-    sumsq += dot(tail, tail)
-    return Summary(sums, sumsq, wrap(fingerprint))
+    return Summary(sums, sumsq + squares, wrap(fingerprint), held if infinite + found else None)
+
+
+def _finite_part(
+    part: np.ndarray, x: np.ndarray, signs: np.ndarray, held: np.ndarray
+) -> tuple[float, int]:
+    """||part||² and the count of x's infinities, where `part` (x·σ in float64, rows of
+    `held`'s width or one row of at most it) is first cleared of them in place and their codes'
+    signed sums added to `held` bucket by bucket. The squared norm is computed anyway; an
+    infinity or a NaN shows in it, so a finite block costs nothing more."""
+    flat = part.reshape(-1)
+    total = dot(flat, flat)
+    if math.isfinite(total):
+        return total, 0
+    infinite = np.isinf(part)
+    count = int(np.count_nonzero(infinite))
+    if not count:
+        return total, 0  # a NaN: kept, it never passes
+    codes = np.where(np.asarray(x, dtype=np.float64) > 0, 1.0, 2.0) * infinite * signs
+    held += codes.reshape(-1, held.size).sum(axis=0) if codes.ndim > 1 else codes
+    part[infinite] = 0.0
+    return dot(flat, flat), count
 
 
 _ROW = 8192  # elements per row of `dot`
