@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
             _internal(exc)
         code = INTERRUPTED if isinstance(inner, KeyboardInterrupt) else TERMINATED
     if code in (INTERRUPTED, TERMINATED):
-        last_word(err_console, "interrupted: no partial run was left in place")
+        last_word(err_console, errors.INTERRUPTED_LATE)
     sys.exit(code if isinstance(code, int) else 0)
 
 

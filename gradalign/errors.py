@@ -10,6 +10,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+INTERRUPTED_LATE = "interrupted: no partial run was left in place"  # a command's Ctrl-C
+
 
 class BadInput(Exception):
     """Input the tool cannot work with: a missing or corrupt run, bad options, incompatible runs."""

@@ -70,3 +70,11 @@ def test_many_tensors_benchmark_reports_each_size_and_the_growth(tmp_path):
     data = json.loads(out.read_text())
     assert set(data["rows"]) == {"3", "6"} and data["growth"] > 0
     assert all(row["exit_codes"] == [0] and row["cpu_seconds"] > 0 for row in data["rows"].values())
+
+
+def test_command_exit_benchmark_reports_both_ways_and_their_ratio():
+    done = _bench("command_exit.py", "--reps", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("entry point") and lines[1].startswith("Python's exit")
+    assert float(lines[2].split()[1]) > 0

@@ -132,6 +132,69 @@ def test_ctrl_c_while_the_help_printer_imports_is_exit_130_not_a_traceback(monke
     assert capsys.readouterr().err == "interrupted: nothing was written\n"
 
 
+_LATE = """
+import atexit, os, signal, sys, time
+import gradalign.cli
+from gradalign.__main__ import run
+
+def main():
+    {body}
+
+def ctrl_c_while_exiting():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)  # the signal is delivered here, while Python exits
+
+atexit.register(ctrl_c_while_exiting)
+gradalign.cli.main = main
+run()
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "err"),
+    [
+        ("sys.exit(1)", 1, ""),  # the verdict stands
+        ("raise KeyboardInterrupt", 130, "interrupted: no partial run was left in place\n"),
+    ],
+    ids=["settled", "on-the-way-out"],
+)
+def test_a_ctrl_c_as_the_command_exits_keeps_its_code_and_says_at_most_one_line(body, code, err):
+    """A Ctrl-C once the command had settled its exit code (its reports written) killed the
+    process by SIGINT without a word, or printed a traceback: the code it had settled stands,
+    and an interrupt on the way out of the command's guard is exit 130 and one line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LATE.format(body=body)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert (proc.returncode, proc.stderr) == (code, err)
+
+
+def test_a_settled_command_ends_at_once_after_its_exit_functions():
+    """The interpreter's teardown (0.5 to 1.5 s once torch is imported) is skipped; the exit
+    functions (a Recorder never closed drops its staged run) still run, and what was printed
+    is flushed."""
+    script = (
+        "import atexit, sys, gradalign.cli\n"
+        "from gradalign.__main__ import run\n"
+        "atexit.register(lambda: print('exit functions ran', end=''))\n"
+        "class Teardown:\n"
+        "    def __del__(self): print('teardown')\n"
+        "kept = Teardown()\n"
+        "def main():\n"
+        "    print('said', end=' ')\n"
+        "    sys.exit(1)\n"
+        "gradalign.cli.main = main\n"
+        "run()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=120
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "said exit functions ran", "")
+
+
 def test_the_installed_command_goes_through_the_guarded_entry_point():
     text = (ROOT / "pyproject.toml").read_text()
     assert 'gradalign = "gradalign.__main__:run"' in text
