@@ -40,6 +40,9 @@ VARIANTS = {
     "clip-each-micro-rank1": {"clip": "after", "clip_micro": True, "ranks": (1,)},
     "zero-grad-rank1": {"zero_grad": True, "ranks": (1,)},  # zero_grad() after micro-step 0
     "clip-rank1-only": {"clip": "after", "clip_ranks": (1,)},  # the window's clip on rank 1 only
+    # ddp.module(x) on every rank: nothing all-reduced (on some ranks only, the others would
+    # wait in their all-reduce for ever)
+    "forward-module": {"around": (0, 1)},
     # clipped by hand after unscale_(), by a norm whose squares were all-reduced although DDP
     # had averaged the gradients already (√W too large); reported to grads(), or not
     "clip-hand-sqrtw": {"clip": "hand", "report": True},
@@ -161,7 +164,8 @@ def merged(out: Path, variant: dict) -> None:
                 first = update * B + micro * (B // k) + sum(sizes[:rank])
                 rows = slice(first, first + sizes[rank])
                 with ddp.no_sync() if micro < k - 1 else nullcontext():
-                    out_ = ddp(x[rows])
+                    forward = ddp.module if rank in variant.get("around", ()) else ddp
+                    out_ = forward(x[rows])
                     total = nn.functional.cross_entropy(out_, y[rows], reduction="sum")
                     loss = total / sizes[rank]
                     if variant.get("items"):  # its share of the window's B rows; DDP divides by W

@@ -226,6 +226,18 @@ def test_a_bug_on_rank_1_only_is_named_from_rank_1s_counts(loops):
     assert "ranks" not in both.evidence and "on rank" not in both.message
 
 
+def test_a_forward_around_ddp_is_named(loops):
+    """`ddp.module(x)`: DDP never all-reduced those gradients, and the ranks part. The message
+    blamed DDP's sync flag or no_sync() around the last micro-step."""
+    found = errors(judged(loops, "forward-module"))[0]
+    assert found.code == "replicas-diverged", found.message
+    assert "2 forwards of window 0 went around DistributedDataParallel" in found.message
+    assert found.evidence["bypassed_forwards"] == 2 and "ranks" not in found.evidence
+    assert "ddp(x) rather than ddp.module(x)" in found.fix and "no_sync" not in found.fix
+    # every forward through DDP: nothing counted
+    assert api.compare(loops / "baseline", loops / "clean").merged.bypassed_forwards is None
+
+
 def _rank_series(path: Path, rank: int, edit) -> None:
     """Rewrite one rank's series file (and its checksum in the manifest)."""
     rewrite_tensor_file(path, f"ranks/rank{rank}/series.safetensors", edit)

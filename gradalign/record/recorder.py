@@ -53,8 +53,8 @@ from .window import (
     after_closure,
     group_lrs,
     unwrap_optimizer,
+    watch_loop,
     watch_scaler,
-    watch_zero_grad,
 )
 
 __all__ = ["Recorder", "RecorderError"]
@@ -146,7 +146,7 @@ class Recorder:
         ]
         self._stop_autocast = watch_autocast(model, self._env, first.device.type)
         self._stop_clip = clipping.listen(self._on_clip)
-        self._stop_zero_grad = watch_zero_grad(self._windows, self._optimizer, model)
+        self._stop_watching = watch_loop(self._windows, self._optimizer, model, wrapper)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
         self._stop_skips = skip_steps(self._optimizer, skipped, lambda: self._windows.closed)
         try:  # a rank that does not write the run keeps its fingerprints all the same
@@ -315,7 +315,7 @@ class Recorder:
         self._hooks = []
         self._stop_autocast()
         self._stop_clip()
-        self._stop_zero_grad()
+        self._stop_watching()
         if self._stop_scaler is not None:
             self._stop_scaler()
         self._stop_skips()

@@ -84,15 +84,52 @@ def watch_scaler(scaler: Any, windows: Windows) -> Callable[[], None]:
     return _together(stops)
 
 
-def watch_zero_grad(windows: Windows, optimizer: Any, model: Any) -> Callable[[], None]:
-    """Count the optimizer's and the model's zero_grad() calls into the open window (one
-    between two of its micro-steps discards the gradient accumulated so far). The base classes
-    are watched, so every optimizer and module class is seen."""
+def watch_loop(windows: Windows, optimizer: Any, model: Any, wrapper: Any) -> Callable[[], None]:
+    """Count into the open window the optimizer's and the model's zero_grad() calls (one
+    between two of its micro-steps discards the gradient accumulated so far; the base classes
+    are watched, so every optimizer and module class is seen) and, where `wrapper` holds the
+    model in DistributedDataParallel, the training forwards that went around it."""
     stops = [
         watched.watch(torch.optim.Optimizer, "zero_grad", optimizer, windows.zero_grad),
         watched.watch(torch.nn.Module, "zero_grad", model, windows.zero_grad),
     ]
+    ddp = _data_parallel(wrapper)
+    if ddp is not None and ddp is not model:
+        stops.append(_watch_forwards(windows, ddp, model))
     return _together(stops)
+
+
+def _data_parallel(wrapper: Any) -> torch.nn.Module | None:
+    """The DistributedDataParallel in `wrapper`'s chain of wrappers (torch.compile's), if any."""
+    for _ in range(8):
+        if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
+            return wrapper
+        wrapper = getattr(wrapper, "_orig_mod", None)
+    return None
+
+
+def _watch_forwards(
+    windows: Windows, ddp: torch.nn.Module, model: torch.nn.Module
+) -> Callable[[], None]:
+    """Count the model's forwards and DDP's own, with gradients on (an evaluation under no_grad
+    syncs nothing): DDP all-reduces the gradients of the forwards it ran, and a forward of the
+    model inside it (`ddp.module(x)`, or a method of the model) goes around it."""
+
+    def outer(module: torch.nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled():
+            windows.open.wrapped_forwards += 1
+
+    def inner(module: torch.nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled():
+            windows.open.forwards += 1
+
+    hooks = [ddp.register_forward_pre_hook(outer), model.register_forward_pre_hook(inner)]
+
+    def stop() -> None:
+        for hook in hooks:
+            hook.remove()
+
+    return stop
 
 
 def _together(stops: list[Callable[[], None]]) -> Callable[[], None]:
@@ -123,6 +160,8 @@ class Window:
     clips_scaled: int = 0  # clip calls before the watched, enabled GradScaler's unscale_()
     zero_grads_inside: int = 0  # zero_grad() calls between two of its micro-steps
     zero_grads_after: int = 0  # since its last micro-step (inside if another micro-step comes)
+    forwards: int = 0  # the model's forwards with gradients on (watched under DDP only)
+    wrapped_forwards: int = 0  # of them, those DistributedDataParallel ran
 
 
 @dataclass
@@ -143,6 +182,7 @@ class Windows:
     clips_scaled: list[int] = field(default_factory=list)
     scaler: Any = None  # the watched GradScaler
     zero_grads_inside: list[int] = field(default_factory=list)
+    bypassed_forwards: list[int] = field(default_factory=list)  # forwards around DDP
     zero_grads_seen: bool = False  # a zero_grad() call was seen: the counts above mean something
     draws: Draws = field(default_factory=Draws)  # random numbers drawn per micro-step
     open: Window = field(default_factory=Window)
@@ -165,6 +205,7 @@ class Windows:
         self.clip_values.append(w.clip_value)
         self.clips_scaled.append(w.clips_scaled)
         self.zero_grads_inside.append(w.zero_grads_inside)
+        self.bypassed_forwards.append(max(0, w.forwards - w.wrapped_forwards))
         self.open = Window()
 
     def clipped(
@@ -241,6 +282,8 @@ class Windows:
             out["update/clips_before_unscale"] = np.asarray(self.clips_scaled, dtype=np.int64)
         if not all(math.isnan(v) for v in self.clip_values):
             out["update/clip_value"] = np.asarray(self.clip_values, dtype=np.float64)
+        if any(self.bypassed_forwards):
+            out["update/bypassed_forwards"] = np.asarray(self.bypassed_forwards, dtype=np.int64)
         if self.zero_grads_seen:
             out["update/zero_grads_inside"] = np.asarray(self.zero_grads_inside, dtype=np.int64)
         if self.loss_scales and all(s is not None for s in self.loss_scales):

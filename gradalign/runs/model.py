@@ -81,6 +81,7 @@ class Run:
     clip_value: np.ndarray | None = None  # float64 [N], clip_grad_value_'s value (NaN: none)
     clips_before_unscale: np.ndarray | None = None  # int64 [N], clips of the scaled gradients
     zero_grads_inside: np.ndarray | None = None  # int64 [N], zero_grad() inside window i
+    bypassed_forwards: np.ndarray | None = None  # int64 [N], forwards around DDP in window i
     window_sizes: np.ndarray | None = None  # int64 [N], micro-steps per window (None: K each)
     unclosed_micro_steps: int = 0  # micro-steps recorded after the last update()
     grads_calls: np.ndarray | None = None  # int64 [N], Recorder.grads() calls in window i

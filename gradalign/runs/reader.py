@@ -192,6 +192,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         clip_value=optional("update/clip_value", updates),
         clips_before_unscale=optional("update/clips_before_unscale", updates),
         zero_grads_inside=optional("update/zero_grads_inside", updates),
+        bypassed_forwards=optional("update/bypassed_forwards", updates),
         window_sizes=sizes,
         unclosed_micro_steps=unclosed,
         grads_calls=optional("update/grads_calls", updates),

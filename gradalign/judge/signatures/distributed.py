@@ -54,11 +54,21 @@ def replicas_diverged(c: Comparison) -> Diagnosis | None:
         rank, names = next(iter(sorted(facts.grads[first].items())))
         evidence.update(cause="gradient", rank=rank, tensors=names, parameters=len(params))
         clipped, ranks = on_ranks(c, "update/clip_calls", first)
+        around = _bypassed(c, first)
         if clipped:  # some ranks clipped: the gradient changed after the all-reduce there
             evidence["clipped_on"] = ranks["ranks"]
             why = (
                 f"(a clip ran{clipped} only, after the all-reduce: the ranks stepped with "
                 "gradients clipped otherwise)"
+            )
+        elif around:
+            count, where, on = around
+            evidence.update(bypassed_forwards=count, **on)
+            why = (
+                f"because {count} forward{'s' if count > 1 else ''} of window {first}{where} "
+                "went around DistributedDataParallel (the model inside it called directly, "
+                "`ddp.module(x)` or a method of the model): DDP all-reduces the gradients of "
+                "the forwards it runs, and no others"
             )
         elif len(names) == len(params):
             why = (
@@ -77,6 +87,10 @@ def replicas_diverged(c: Comparison) -> Diagnosis | None:
             "clip on every rank alike (clip_grad_norm_ outside `if rank == 0:`): after the "
             "all-reduce every rank holds the same gradient and must change it the same way"
             if clipped
+            else "run every training forward through the DistributedDataParallel wrapper, "
+            "ddp(x) rather than ddp.module(x); a method of the model other than forward() is "
+            "reached through DDP only by making it the forward"
+            if around
             else "keep no_sync() around the first K-1 micro-steps only, forward and backward "
             "included: DDP reads the sync flag in forward(); let the last micro-step's forward "
             "and backward run synced; make every parameter take part in every synced backward; "
@@ -94,6 +108,16 @@ def replicas_diverged(c: Comparison) -> Diagnosis | None:
         )
         fix = "give every rank the same optimizer, learning rate schedule and step calls"
     return Diagnosis("replicas-diverged", message, evidence, fix)
+
+
+def _bypassed(c: Comparison, update: int) -> tuple[int, str, dict] | None:
+    """Forwards of window `update` that went around DistributedDataParallel (the largest count
+    of any rank), with the ranks named where only some did so; None where none did."""
+    counts = c.merged.bypassed_forwards
+    if counts is None or counts[update] <= 0:
+        return None
+    where, ranks = on_ranks(c, "update/bypassed_forwards", update)
+    return int(counts[update]), where, ranks
 
 
 def scheduler_per_rank(c: Comparison) -> Diagnosis | None:
