@@ -243,6 +243,12 @@ def test_a_counter_striding_by_samples(tmp_path):
     bad = [*lines[:3], "Train Epoch: 2 [96/128 (75%)]\tLoss: 0.5"]
     with pytest.raises(BadInput, match=r"train\.log:4: the counter 96 is not a multiple of 64"):
         read_log(write(tmp_path, "\n".join(bad) + "\n"))
+    # timm's default --log-interval 50: batches 0, 50, 100, 150 and the last, 199 (was refused
+    # without a word on printing every step)
+    batches = zip((0, 50, 100), LOSSES[:3], strict=True)
+    timm = [f"Train: 0 [{b:4d}/200 ({b // 2:3d}%)]  Loss: {v}" for b, v in batches]
+    with pytest.raises(BadInput, match=r"199 is not a multiple of 50.*timm's --log-interval 1"):
+        read_log(write(tmp_path, "\n".join([*timm, "Train: 0 [ 199/200 (100%)]  Loss: 0.5"])))
 
 
 def test_records_without_a_step_field_count_in_order(tmp_path):

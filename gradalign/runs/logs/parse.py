@@ -324,7 +324,9 @@ class _Pass(RepeatedSteps):
             if value % log.stride:
                 raise BadInput(
                     f"{self.where(index)}: the counter {value} is not a multiple of "
-                    f"{log.stride}, the stride its first lines advanced by"
+                    f"{log.stride}, the stride its first lines advanced by: a log printed every "
+                    f"{log.stride}th iteration ends on its last, and its losses may be means "
+                    f"over the iterations since the last line; {EVERY_STEP_ADVICE}"
                 )
             value //= log.stride
         if self.key is not None:
