@@ -89,6 +89,20 @@ def test_paddles_step_bar_is_read(tmp_path, eval_bars):
     assert run.micro_loss.tolist() == LOSSES
 
 
+def test_a_tqdm_postfix_with_a_step_is_refused_for_being_a_bar(cli, tmp_path):
+    """`bar.set_postfix(step=i, loss=...)` at every step: the refusal listed a total beside its
+    parts, a loss named for one part and a median, none of which it is."""
+    frames = "".join(
+        f"\r{i * 25:3d}%|###  | {i + 1}/4 [00:00<00:00, 80.0it/s, loss={v:.6f}, step={i}]"
+        for i, v in enumerate(LOSSES)
+    )
+    base = write(tmp_path, "".join(f"step {i} loss {v}\n" for i, v in enumerate(LOSSES)), "b.log")
+    bars = write(tmp_path, frames + "\n", "tqdm.log")
+    result = cli("compare", base, bars, "-k", "1")
+    one_line_error(result, "its progress bars print `loss` beside `step` in their postfix")
+    assert "a total beside its parts" not in result.err and "are not read:" not in result.err
+
+
 def test_keras_bar_stays_refused(cli, tmp_path):
     """Keras's bar shows the epoch's running mean and names no step: never read; a log of
     nothing else is refused naming its progress bars, one without bars not. Its first frame

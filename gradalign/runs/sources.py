@@ -23,6 +23,7 @@ from .logs import (
 )
 from .logs.lines import SNIFF_BYTES
 from .logs.smooth import STEP_LOSS_ADVICE
+from .logs.unread import BARS
 from .model import Run
 from .reader import read_run_dir
 
@@ -113,8 +114,9 @@ def _not_a_run(path: Path) -> BadInput:
             f"{path}: not a recognised training log: {what}, and logs are read as UTF-8: "
             f"convert it first (`iconv -f {source} -t UTF-8 {path} > {path.stem}.utf8.log`)"
         )
-    bars = "; its progress bars are not read:" if has_progress_bars(path) else ";"
     seen = unread_in(path)
+    told = seen is not None and seen.startswith(BARS)
+    bars = ":" if told else "; its progress bars are not read:" if has_progress_bars(path) else ";"
     seen = f"; {seen}" if seen else ""
     return BadInput(
         f"{path}: {_NOT_A_RUN}{seen}{bars} print each step's loss, or write the run format "

@@ -10,8 +10,10 @@ from collections import Counter
 
 from .cleaned import readable
 from .grammar import step_keys
+from .lines import is_progress_bar
 
 SHOWN = 4
+BARS = "its progress bars print"  # the clause that says the bars are not read
 _LOSS_LIKE = re.compile(  # `total_loss: 2.1`, `loss_cls=1.4`, `xent: 2.12`, `nll 2.3`, and
     # a qualifier after the word before a colon (litgpt's `loss train: 2.3`)
     r"(?<![\w./-])(?P<name>(?:[A-Za-z][\w./-]*?)?(?:loss|xent|nll)[\w./-]*"
@@ -34,7 +36,8 @@ def unread_fields(texts: list[str]) -> str | None:
     """A clause saying which loss-like fields and step keys the lines print (None: none)."""
     losses: Counter[str] = Counter()
     steps: Counter[str] = Counter()
-    lossy = together = native = 0  # lines with a loss; with a step too; printed by C++'s glog
+    # lines with a loss; with a step too; printed by C++'s glog; progress bars
+    lossy = together = native = bars = 0
     for raw, text in zip(texts, readable(texts), strict=True):
         found = [m["name"] for m in _LOSS_LIKE.finditer(text)]
         keys = step_keys(text)
@@ -43,6 +46,7 @@ def unread_fields(texts: list[str]) -> str | None:
         lossy += bool(found)
         together += bool(found and keys)
         native += bool(found) and _NATIVE_GLOG.match(raw) is not None
+        bars += bool(found) and is_progress_bar(text)
     if not losses:
         return None
     names = [name for name, _ in losses.most_common()]
@@ -51,6 +55,12 @@ def unread_fields(texts: list[str]) -> str | None:
             f"its lines print {_named(names)} only on glog lines from C++ (`I1130 06:00:00.123456 "
             "123 solver.cpp:218] ...`), which the reader leaves as a framework's own messages: "
             "remove the prefix first (sed -E 's/^[IWEF][0-9]{4} [^]]*\\] //' LOG)"
+        )
+    if bars == lossy and steps:  # tqdm's set_postfix(step=..., loss=...)
+        return (
+            f"{BARS} {_named(names)} beside `{steps.most_common(1)[0][0]}` in their postfix, "
+            "which is not read: a bar is redrawn when its interval has passed (tqdm's "
+            "mininterval), not at every step, and its postfix may hold a running mean"
         )
     if not steps:
         return (
