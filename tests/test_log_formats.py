@@ -92,6 +92,10 @@ def _tensorboard(rows):  # a TensorBoard CSV export of the loss tag
     return ["Wall time,Step,Value", *lines]
 
 
+def _tensorboard_json(rows):  # its JSON export: one line, [[wall time, step, value], ...]
+    return [json.dumps([[1763805600.5 + r["i"], r["i"], r["loss"]] for r in rows])]
+
+
 def _fairseq(rows):  # --log-format simple; the validation line is no step
     lines = [
         f"2026-11-22 10:00:00 | INFO | train_inner | epoch 001:    {r['i'] + 1:3d} / "
@@ -194,6 +198,7 @@ FORMATS = {
     "tsv": (_tsv, 1, "micro", True),
     "white-space table": (_table, 1, "micro", True),
     "tensorboard csv": (_tensorboard, 1, "micro", False),
+    "tensorboard json": (_tensorboard_json, 1, "micro", False),
     "fairseq": (_fairseq, 1, "update", True),
     "fairseq legacy": (_fairseq_legacy, 1, "update", True),
     "mmengine iter": (_mmengine_iter, 1, "micro", True),

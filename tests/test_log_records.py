@@ -406,3 +406,18 @@ def test_a_norm_on_keyed_step_lines_is_read_as_a_records(tmp_path, form):
     scaled = log("scaled", [n * 4 for n in TRAINER_NORMS])
     c = api.compare(base, scaled, accum_steps=k)
     assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", c.diagnosis[0].message
+
+
+def test_a_tensorboard_json_export_is_read_as_its_csv_export_whatever_its_size(tmp_path):
+    """TensorBoard's "download JSON" of the loss tag, one line: it was refused as no log while
+    the same tag's CSV download was read. Past the first MiB it is read whole to be parsed."""
+    many = [0.5 + (i % 97) / 1000 for i in range(40_000)]  # 1.6 MB
+    for losses in (LOSSES, many):
+        entries = [[1763805600.5 + i, i, v] for i, v in enumerate(losses)]
+        path = write(tmp_path, json.dumps(entries))
+        assert looks_like_log(path)
+        run = read_log(path)
+        assert run.micro_loss.tolist() == losses
+        assert any("TensorBoard export (CSV or JSON" in note for note in run.notes)
+    for other in ("[[1, 2], [3, 4]]", "[[1.5, 0.5, 2.3]]", "[[1, true, 2.3]]", "[[1, 0, 2.3]"):
+        assert not looks_like_log(write(tmp_path, other + "\n"))

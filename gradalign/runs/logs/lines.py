@@ -82,10 +82,39 @@ def document_records(text: str) -> Lines | None:
     return lines
 
 
+_SCALARS = "[["  # how TensorBoard's JSON download of a scalar tag begins
+SCALARS_HEADER = "Wall time,Step,Value"  # its CSV download's header
+
+
+def scalar_export(text: str) -> Lines | None:
+    """TensorBoard's JSON download of one scalar tag, `[[wall time, step, value], ...]`: its
+    entries as the rows of the same tag's CSV download (`Wall time,Step,Value`, which the
+    records reader knows), numbered as that file's lines; None for any other text."""
+    if not text.lstrip().startswith(_SCALARS):
+        return None
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(entries, list) or not entries or not all(map(_scalar, entries)):
+        return None
+    rows = [f"{wall!r},{step},{value!r}" for wall, step, value in entries]
+    return Lines([SCALARS_HEADER, *rows], list(range(1, len(rows) + 2)))
+
+
+def _scalar(entry: object) -> bool:
+    """Whether an entry is [wall time, step, value]: numbers, the step a whole one."""
+    if not isinstance(entry, list) or len(entry) != 3:
+        return False
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in entry)
+    return numbers and isinstance(entry[1], int)
+
+
 def segments(text: str) -> Lines:
     """The text's lines by `\\n` (a `\\r\\n` ends one too), each split at its `\\r`s; a JSON
-    document of records (`document_records`) as its records."""
-    document = document_records(text)
+    document of records (`document_records`) as its records, and a TensorBoard JSON download
+    (`scalar_export`) as its CSV download's rows."""
+    document = document_records(text) or scalar_export(text)
     if document is not None:
         return document
     lines = Lines()
@@ -173,7 +202,8 @@ def head(path: Path) -> Lines | None:
     text = decode(data)
     if text is None:
         return None
-    if len(data) == SNIFF_BYTES and text.lstrip().startswith("{") and _HISTORY in text:
+    document = text.lstrip().startswith("{") and _HISTORY in text
+    if len(data) == SNIFF_BYTES and (document or text.lstrip().startswith(_SCALARS)):
         try:  # a document of records larger than the sniff: read it whole to parse it
             return read_lines(path)
         except BadInput:

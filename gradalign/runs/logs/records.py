@@ -14,8 +14,9 @@ Field names are read by the rules of `names` (the keyed lines' rules): the step,
 field plainly named `loss`, else a named training loss; the first record that holds one, or the
 table's header, chooses it for the whole log) and the lr. A record with no step field is the next
 step (the Trainer prints none); a record without the log's loss field is not a step (evaluation
-and summary dicts, Lightning's validation rows). A TensorBoard CSV export (`Wall time,Step,Value`)
-holds one scalar, the tag the user exported: its `Value` is read as the loss, and a note says so.
+and summary dicts, Lightning's validation rows). A TensorBoard CSV export (`Wall time,Step,Value`;
+its JSON export comes as those rows, lines.scalar_export) holds one scalar, the tag the user
+exported: its `Value` is read as the loss, and a note says so.
 """
 
 from __future__ import annotations
@@ -186,7 +187,10 @@ class Records:
         loss = _best_loss(names)
         if loss is None and tuple(n.lower() for n in names) == _TENSORBOARD and delimiter:
             loss = names[2]
-            note = "the Value column of a TensorBoard CSV export (one tag) is read as the loss"
+            note = (
+                "the Value column of a TensorBoard export (CSV or JSON: one tag) is read as the "
+                "loss"
+            )
             if note not in self.notes:
                 self.notes.append(note)
         if loss is None or (delimiter is None and not any(is_step_field(n) for n in names)):
