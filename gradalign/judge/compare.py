@@ -45,6 +45,7 @@ from .rounding import marked, rounding_floors, rounding_in_both, rounding_notes
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
+from .unstable import unstable_note
 from .vacuous import unmoved_note, unrecorded_note, untrained_note, vacuous_notes
 from .views import sketch_width
 from .window_sizes import judged_updates
@@ -83,13 +84,9 @@ def compare(
     # The floor is rounding of the stored values: the parameters' dtype, not autocast's.
     storage = least_precise([base.dtype, merged.dtype])
     width = sketch_width(base, merged, reference) if tensors is None else None
-    streaming = (
-        tensors is None
-        and width is None
-        and streaming is not False
-        and streamable(base, merged, reference)
-    )
-    whole = tensors is None and width is None and not streaming
+    plain = tensors is None and width is None  # whole tensors, streamed where they can be
+    streaming = plain and streaming is not False and streamable(base, merged, reference)
+    whole = plain and not streaming
     judge = _Judge(base, merged, reference, tol, eps(storage), starts, bound, whole, eps(dtype))
     inputs = Inputs(base, merged, reference, tol, judge.floor, bound, dtype)
     stream = StreamJudge(inputs) if streaming else None
@@ -171,6 +168,7 @@ def _judge(
             *vacuous_notes(results, tol),
             *(untrained_note(base, merged) or unmoved_note(results)),
             *unrecorded_note(base, merged),
+            *unstable_note(results, calibrated),
         ],
         _first_divergence(results),
         reference,
