@@ -10,6 +10,7 @@ it, and accept a run as the new golden (`gradalign golden write|check`, `merged 
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -71,10 +72,20 @@ def _write(run: Any, reference: Any, target: Path, inputs: Sequence[Path]) -> Pa
     from .report.output import write_text_atomic
 
     data = build(run, reference)
+    data["source"] = {role: _named(path) for role, path in data["source"].items()}
     check_outputs([], inputs, [target])
     _refuse_to_replace(target)
     write_text_atomic(target, dumps(data))
     return target
+
+
+def _named(path: str | None) -> str | None:
+    """A run as the golden file names it: by its folder's name alone, so the same run gives the
+    same bytes however it was named (`base`, `/tmp/x/base`, `sub/../base`) and wherever the
+    golden is written, and a committed golden holds no machine's folders."""
+    if path is None:
+        return None
+    return Path(os.path.normpath(path)).name or Path(path).resolve().name
 
 
 def golden_write(
