@@ -24,7 +24,7 @@ from ..runs.layout import sketch_file
 from ..runs.sketches import WHOLE_1D, WIDTH, Summary, kept_whole, summarize
 from .facts import fingerprint
 
-_BLOCK = 1 << 24  # elements per device block (the float64 copy of a block is the only temp)
+_BLOCK = 1 << 24  # elements per device block (its float64 copy and its infinities' codes)
 # splitmix64's constants as int64 (torch has no uint64 arithmetic; int64 wraps the same way)
 _GOLDEN, _M1, _M2 = (
     c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)

@@ -28,12 +28,13 @@ import re
 
 from ...errors import BadInput
 from .grammar import Printed, StepLine, number
+from .lines import SCALARS_HEADER
 from .names import choose_loss, is_lr_field, is_norm_field, is_size_field, is_step_field
 
 MAX_RECORD = 1 << 16  # a longer line is no record: literal_eval's cost grows with its input
 _NAME = re.compile(r"[A-Za-z_][\w .()/\-]*")
 _INTEGER = re.compile(r"[-+]?\d+")
-_TENSORBOARD = ("wall time", "step", "value")
+_TENSORBOARD = tuple(SCALARS_HEADER.lower().split(","))  # `Wall time,Step,Value`
 _SPECIAL = re.compile(r"(?<![\w'\"])(-?(?:nan|inf))(?![\w'\"])")  # `'grad_norm': nan,`
 
 
