@@ -284,6 +284,33 @@ def test_manual_optimization_with_a_plain_backward_is_refused(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_two_optimizers_are_refused_with_a_way_forward(tmp_path):
+    """A GAN's two optimizers: refused, saying only the count; the Recorder in the loop takes
+    the one to check."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    class Two(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            self.manual_backward((self.a(batch) + self.b(batch)).pow(2).mean())
+
+        def configure_optimizers(self):
+            sgd = torch.optim.SGD
+            return sgd(self.a.parameters(), lr=0.1), sgd(self.b.parameters(), lr=0.1)
+
+    callback = pl.GradalignCallback(tmp_path / "r", accum_steps=2)
+    trainer = quiet_trainer([callback], max_epochs=1)
+    with pytest.raises(BadInput, match=r"this fit has 2: record the loop with gradalign.Rec"):
+        trainer.fit(Two(), DataLoader(torch.ones(8, 3), batch_size=2))
+    assert not (tmp_path / "r").exists()
+
+
 def test_zero_grad_through_self_optimizers_is_counted(tmp_path):
     """Manual optimization's `self.optimizers()` is a LightningOptimizer: a subclass of the
     optimizer's class sharing its state, whose `zero_grad()` runs on the wrapper. A call inside

@@ -98,7 +98,10 @@ class GradalignCallback(pl.Callback):
             )
         if len(trainer.optimizers) != 1:
             raise BadInput(
-                f"gradalign records one optimizer, this fit has {len(trainer.optimizers)}"
+                f"GradalignCallback records one optimizer, this fit has "
+                f"{len(trainer.optimizers)}: record the loop with gradalign.Recorder instead "
+                "(README, 'Your own training loop'), given the optimizer whose accumulation "
+                "you check"
             )
         self._automatic = pl_module.automatic_optimization
         if self._automatic:
