@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..runs.sketches import dot
-from .metrics import TensorDiff, _safe_div, fixed_allowed, noise_allowed
+from .metrics import TensorDiff, _safe_div, agreed_non_finite, fixed_allowed, noise_allowed
 
 
 def _sumsq(x: np.ndarray) -> tuple[float, bool]:
@@ -138,27 +138,6 @@ class Pair:
         allowed = noise_allowed(factor, noise, floor, math.sqrt(self.rr))
         rounding = floor * math.sqrt(self.rr)
         return dataclasses.replace(d, error=error, allowed=allowed, noise=noise, rounding=rounding)
-
-
-def agreed_non_finite(b: np.ndarray, start: np.ndarray | None, *others: np.ndarray | None):
-    """`b`, `start` and `others` with 0 where `b` is not finite and holds the very infinity it
-    started with, as every other array does there, copied (a buffer of -inf, an attention
-    mask, is no divergence); as given where any differs, or a NaN or an infinity that training
-    produced is among them (those never pass)."""
-    bad = ~np.isfinite(b)
-    held = b[bad]
-    if start is None or start.shape != b.shape or np.isnan(held).any():
-        return (b, start, *others)
-    for other in (start, *others):
-        if other is not None and other.shape == b.shape and not np.array_equal(other[bad], held):
-            return (b, start, *others)
-    cleared = []
-    for x in (b, start, *others):
-        if x is not None and x.shape == b.shape:
-            x = x.copy()
-            x[bad] = 0.0
-        cleared.append(x)
-    return tuple(cleared)
 
 
 def widen64(x: np.ndarray) -> np.ndarray:

@@ -88,6 +88,27 @@ def noise_allowed(factor: float, noise: float, floor: float, ref_norm: float) ->
     return factor * noise + floor * ref_norm
 
 
+def agreed_non_finite(b: np.ndarray, start: np.ndarray | None, *others: np.ndarray | None):
+    """`b`, `start` and `others` with 0 where `b` is not finite and holds the very infinity it
+    started with, as every other array does there, copied (a buffer of -inf, an attention
+    mask, is no divergence); as given where any differs, or a NaN or an infinity that training
+    produced is among them (those never pass)."""
+    bad = ~np.isfinite(b)
+    held = b[bad]
+    if start is None or start.shape != b.shape or np.isnan(held).any():
+        return (b, start, *others)
+    for other in (start, *others):
+        if other is not None and other.shape == b.shape and not np.array_equal(other[bad], held):
+            return (b, start, *others)
+    cleared = []
+    for x in (b, start, *others):
+        if x is not None and x.shape == b.shape:
+            x = x.copy()
+            x[bad] = 0.0
+        cleared.append(x)
+    return tuple(cleared)
+
+
 def diff(
     name: str,
     base: np.ndarray,
@@ -112,8 +133,6 @@ def diff(
     b = np.asarray(base, dtype=np.float64).ravel()
     m = np.asarray(merged, dtype=np.float64).ravel()
     if not np.isfinite(b).all() and start is not None:  # held from the start (a mask)
-        from .fused import agreed_non_finite
-
         b, start, m = agreed_non_finite(b, np.asarray(start, dtype=np.float64).ravel(), m)
     if not (np.isfinite(b).all() and np.isfinite(m).all()):
         nan = math.nan
@@ -176,8 +195,6 @@ def calibrate(
     b = np.asarray(base, dtype=np.float64).ravel()
     m = np.asarray(merged, dtype=np.float64).ravel()
     if not np.isfinite(b).all() and start is not None:  # held from the start (a mask)
-        from .fused import agreed_non_finite
-
         b, _, m, r = agreed_non_finite(b, np.asarray(start, dtype=np.float64).ravel(), m, r)
     if not (np.isfinite(r).all() and np.isfinite(b).all() and np.isfinite(m).all()):
         return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=math.nan)

@@ -196,7 +196,7 @@ def _held_alike(start: Kept | None, *runs: Kept | None) -> bool | None:
     """Whether the infinities a sketched tensor holds apart (runs/sketches.py) are the very
     ones it started with, in every run: None where no run holds any; True where the start and
     every run hold the same (the tensor is then judged by its finite elements, as a full run's
-    by `fused.agreed_non_finite`); False otherwise (an infinity that training made never
+    by `metrics.agreed_non_finite`); False otherwise (an infinity that training made never
     passes, nor one a run lost)."""
     kept = [k for k in runs if k is not None]
     if all(k.held is None for k in (start, *kept) if k is not None):

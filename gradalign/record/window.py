@@ -124,12 +124,7 @@ def _watch_forwards(
             windows.open.forwards += 1
 
     hooks = [ddp.register_forward_pre_hook(outer), model.register_forward_pre_hook(inner)]
-
-    def stop() -> None:
-        for hook in hooks:
-            hook.remove()
-
-    return stop
+    return _together([hook.remove for hook in hooks])
 
 
 def _together(stops: list[Callable[[], None]]) -> Callable[[], None]:
