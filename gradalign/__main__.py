@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from .errors import INTERRUPTED_LATE
+from .errors import INTERRUPTED_EARLY, INTERRUPTED_LATE
 
 
 def run() -> None:
@@ -23,7 +23,7 @@ def run() -> None:
     try:
         from .cli import main
     except KeyboardInterrupt:
-        print("interrupted: nothing was written", file=sys.stderr)
+        print(INTERRUPTED_EARLY, file=sys.stderr)
         sys.exit(130)
     try:
         main()

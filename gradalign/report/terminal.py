@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from rich.console import Console
 
+from ..errors import INTERRUPTED_EARLY
 from ..paths import descriptor
 
 
@@ -82,7 +83,7 @@ def ready_streams(console: Console, interrupted: int) -> None:
         printable_streams()
         safe_help()
     except KeyboardInterrupt:
-        last_word(console, "interrupted: nothing was written")
+        last_word(console, INTERRUPTED_EARLY)
         sys.exit(interrupted)
 
 
