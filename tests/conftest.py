@@ -15,7 +15,10 @@ import pytest
 # tests launch (examples pick nccl where CUDA is present; torch's PowerSGD hook synchronizes CUDA
 # whenever it is available, also for gloo on the CPU). Reports print at gradalign's own width for
 # output that is not a terminal, whatever COLUMNS the caller's shell exported.
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# GRADALIGN_TEST_CUDA=1 leaves CUDA visible, for the device tests that gpu_check.sh selects
+# (parametrized by `DEVICES` in tests/devices.py; skipped where CUDA is absent).
+if os.environ.get("GRADALIGN_TEST_CUDA") != "1":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ.pop("COLUMNS", None)
 
 from gradalign.cli import main

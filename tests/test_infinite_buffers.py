@@ -13,6 +13,7 @@ from torch import nn
 
 import gradalign
 from gradalign import api
+from tests.devices import on_cuda
 
 T, V, D = 8, 16, 16
 WIDE = 40  # a 40x40 mask: 1600 elements, sketched at the Recorder's width of 1021
@@ -33,12 +34,21 @@ class MaskedLM(nn.Module):
 
 
 def record(
-    out, k: int, dtype=torch.float32, reference=None, bug=False, mode="full", t=T, edit=None
+    out,
+    k: int,
+    dtype=torch.float32,
+    reference=None,
+    bug=False,
+    mode="full",
+    t=T,
+    edit=None,
+    device="cpu",
 ):
     """A run of MaskedLM(t); `edit(model, update)` is called after each update's step."""
-    model = MaskedLM(t).to(dtype)
+    model = MaskedLM(t).to(device, dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = torch.randint(0, V, (48, t + 1), generator=torch.Generator().manual_seed(1))
+    data = data.to(device)
     batch, rows = 16, 16 // k
     with gradalign.Recorder(out, model, opt, k, reference=reference, record=mode) as rec:
         for update in range(3):
@@ -56,17 +66,26 @@ def record(
     return out
 
 
-@pytest.mark.parametrize(("mode", "t"), [("full", T), ("sketch", T), ("sketch", WIDE)])
-def test_a_mask_buffer_of_minus_inf_passes_and_a_bug_beside_it_is_named(tmp_path, mode, t):
+@pytest.mark.parametrize(
+    ("mode", "t", "device"),
+    [
+        ("full", T, "cpu"),
+        ("sketch", T, "cpu"),
+        ("sketch", WIDE, "cpu"),
+        on_cuda("sketch", WIDE, "cuda"),
+    ],
+)
+def test_a_mask_buffer_of_minus_inf_passes_and_a_bug_beside_it_is_named(tmp_path, mode, t, device):
+    at = {"mode": mode, "t": t, "device": device}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # inf - inf in a sketch's bucket warned while recording
-        record(tmp_path / "k1-fp64", 1, torch.float64, mode=mode, t=t)
-        base = record(tmp_path / "k1", 1, reference="../k1-fp64", mode=mode, t=t)
-        merged = record(tmp_path / "k4", 4, mode=mode, t=t)
+        record(tmp_path / "k1-fp64", 1, torch.float64, **at)
+        base = record(tmp_path / "k1", 1, reference="../k1-fp64", **at)
+        merged = record(tmp_path / "k4", 4, **at)
     for reference in (None, "none"):
         clean = api.compare(base, merged, reference=reference)
         assert clean.verdict == "pass", [c for c in clean.checks if c.status == "fail"]
-    broken = api.compare(base, record(tmp_path / "k4-bug", 4, bug=True, mode=mode, t=t))
+    broken = api.compare(base, record(tmp_path / "k4-bug", 4, bug=True, **at))
     assert broken.verdict == "fail" and broken.diagnosis[0].code == "loss-scale"
 
 

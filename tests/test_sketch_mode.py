@@ -19,6 +19,7 @@ from gradalign.runs.reader import read_run_dir
 from gradalign.runs.sketches import WHOLE_1D, WIDTH, estimate, summarize
 from gradalign.runs.summaries import _signs
 from tests.conftest import SMALL
+from tests.devices import DEVICES
 
 # hidden=64 makes the first layer 784x64 = 50176 elements: far more than the sketch width
 CONFIG = SMALL.replace(hidden=64, updates=5, record="sketch")
@@ -63,16 +64,17 @@ def test_sketch_norms_are_exact_and_sketches_subtract():
     assert small.sketch.tolist() == [0, 1, 2, 3, 4] and estimate(small.sketch, True).exact
 
 
-def test_device_signs_are_the_formats_signs_one_bit_each():
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_signs_are_the_formats_signs_one_bit_each(device):
     for first, count in [(0, 1000), (2**33 + 5, 777), (2**62, 64)]:
-        found = negative_signs(first, count, "cpu").numpy()
+        found = negative_signs(first, count, device).cpu().numpy()
         assert (found == (_signs(first, count) < 0)).all()
     n = 100_003
-    packed = packed_signs(n, "cpu")
+    packed = packed_signs(n, device)
     assert packed.dtype == torch.uint8 and packed.numel() == (n + 7) // 8
     for first, count in [(0, n), (8 * 1000, 5000), (8 * 12500, 3)]:
         want = np.where(_signs(first, count) < 0, -1, 1)
-        assert (unpacked_signs(packed, first, count).numpy() == want).all()
+        assert (unpacked_signs(packed, first, count).cpu().numpy() == want).all()
 
 
 def test_host_signs_from_bits_or_made_per_block_are_the_same(monkeypatch):
@@ -92,9 +94,10 @@ def test_host_signs_from_bits_or_made_per_block_are_the_same(monkeypatch):
     assert np.array_equal(without.sketch, with_bits.sketch) and without.sumsq == with_bits.sumsq
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_the_device_summary_equals_the_host_summary(dtype):
-    """Sketcher's torch path (run on the CPU here, on CUDA in a recording) against numpy's."""
+def test_the_device_summary_equals_the_host_summary(dtype, device):
+    """Sketcher's torch path (the path of a recording on CUDA) against numpy's."""
     sketcher = Sketcher(None, [], {}, 61)  # type: ignore[arg-type]
     for n, whole in (
         (10, True),
@@ -108,13 +111,16 @@ def test_the_device_summary_equals_the_host_summary(dtype):
         for infinite in (False, True):
             if infinite:  # an attention mask's infinities, held apart in a sketched tensor
                 x[::7], x[3::11] = float("-inf"), float("inf")
-            kept = x.clone()
-            sums, sumsq, _, held, count = sketcher._on_device(x, whole)
+            live = x.to(device)
+            on = sketcher._on_device(live, whole)
+            assert {t.device.type for t in on} == {device}  # summarized where the tensor lives
+            sums, sumsq, fp, held, count = (t.cpu() for t in on)
+            assert torch.equal(live.cpu(), x)  # the live tensor is never written
             bf16 = dtype == torch.bfloat16  # numpy has no bfloat16: widened exactly
             values = (x.float() if bf16 else x).numpy()
             host = summarize(values, "bfloat16" if bf16 else None, 61, whole)
+            assert int(fp) == host.fingerprint
             assert sums.numel() == (n if whole else 61)
-            assert torch.equal(x, kept)  # the live tensor is never written
             if infinite and whole:  # kept whole, the tensor is its own sketch
                 assert host.held is None and int(count) == 0
                 assert np.array_equal(sums.numpy(), host.sketch)
