@@ -36,6 +36,17 @@ def test_recording_benchmark_runs_and_reports_a_ratio_two_floors_and_cpu(tmp_pat
     assert "training thread" in done.stdout
 
 
+def test_sketch_memory_follows_the_block_not_the_tensor(tmp_path):
+    """The device summary's temporaries (a float64 block, the fingerprint's int64 copy) are one
+    block's, whatever the tensor's size: 2M elements in blocks of 64Ki take under 1 byte each."""
+    out = tmp_path / "memory.json"
+    args = ["--elements", str(2_000_000), "--block", str(1 << 16), "--json", str(out)]
+    done = _bench("sketch_memory.py", *args)
+    assert done.returncode == 0, done.stderr
+    peak = json.loads(out.read_text())["peak_bytes"]
+    assert 0 < peak < 2_000_000, peak
+
+
 def test_checksum_benchmark_reports_each_rate(tmp_path):
     out = tmp_path / "rates.json"
     done = _bench("checksum_speed.py", "--mib", "1", "--reps", "1", "--json", str(out))

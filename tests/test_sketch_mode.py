@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from gradalign import Recorder, api
-from gradalign.record.facts import RecorderError
+from gradalign.record import facts
+from gradalign.record.facts import RecorderError, fingerprint
 from gradalign.record.sketcher import Sketcher, negative_signs, packed_signs, unpacked_signs
 from gradalign.runs import sketches
+from gradalign.runs.digests import bitsum
 from gradalign.runs.reader import read_run_dir
 from gradalign.runs.sketches import WHOLE_1D, WIDTH, estimate, summarize
 from gradalign.runs.summaries import _signs
@@ -92,6 +94,20 @@ def test_host_signs_from_bits_or_made_per_block_are_the_same(monkeypatch):
     monkeypatch.setattr(sketches, "_BITS_BYTES", 1 << 28)
     with_bits = summarize(x)
     assert np.array_equal(without.sketch, with_bits.sketch) and without.sumsq == with_bits.sumsq
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_fingerprint_summed_by_blocks_is_the_whole_sum(monkeypatch, device):
+    """Large tensors are fingerprinted a block at a time (torch sums through an int64 copy)."""
+    monkeypatch.setattr(facts, "_FINGERPRINT_BLOCK", 1000)
+    rng = torch.Generator().manual_seed(0)
+    for n in (999, 1000, 1001, 30_011):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            x = (torch.randn(n, generator=rng) * 1e30).to(dtype)  # bits that wrap an int64 sum
+            host = (x.view(torch.int16) if dtype == torch.bfloat16 else x).numpy()
+            assert int(fingerprint(x.to(device))) == bitsum(host)
+        square = torch.randn(200, 151, generator=rng).T.to(device)  # not contiguous
+        assert int(fingerprint(square)) == bitsum(square.cpu().numpy())
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -14,6 +14,9 @@ from . import samples
 from .sharded import whole
 
 _BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+# torch sums int32 bits in int64 through an int64 copy of its input: fingerprints are summed a
+# block at a time, so that copy is 32 MiB, not twice the tensor (bench/sketch_memory.py)
+_FINGERPRINT_BLOCK = 1 << 22
 
 
 class RecorderError(RuntimeError):
@@ -33,7 +36,13 @@ def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
     tensor = tensor.detach()
     if tensor.dtype.is_floating_point:
         tensor = tensor.view(_BITS[tensor.element_size()])
-    return tensor.sum(dtype=torch.int64)
+    if tensor.numel() <= _FINGERPRINT_BLOCK:
+        return tensor.sum(dtype=torch.int64)
+    flat = tensor.reshape(-1)
+    total = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for first in range(0, flat.numel(), _FINGERPRINT_BLOCK):
+        total += flat[first : first + _FINGERPRINT_BLOCK].sum(dtype=torch.int64)
+    return total
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:

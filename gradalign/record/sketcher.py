@@ -64,6 +64,16 @@ def unpacked_signs(packed: torch.Tensor, first: int, count: int) -> torch.Tensor
     return 1 - 2 * bits.to(torch.int8)
 
 
+def _add_signed_rows(values: torch.Tensor, signs: torch.Tensor, into: torch.Tensor) -> None:
+    """into += Σ over rows of (values × signs) laid out in rows of into's width (in place)."""
+    width = into.numel()
+    values *= signs
+    rows = values.numel() // width
+    into += values[: rows * width].view(rows, width).sum(0, dtype=torch.float64)
+    tail = values[rows * width :]
+    into[: tail.numel()] += tail
+
+
 class Sketcher:
     """Summaries per (kind, update): kind "weights" or "grads"; update None = initial."""
 
@@ -156,22 +166,19 @@ class Sketcher:
         sums = torch.zeros(width, dtype=torch.float64, device=x.device)
         held = torch.zeros(width, dtype=torch.float64, device=x.device)
         sumsq, count = none.clone(), none.clone()
-        one, two = none + 1.0, none + 2.0  # the codes of +inf and -inf
         step = max(1, _BLOCK // (8 * width)) * 8 * width  # whole rows, whole bytes of signs
         for first in range(0, n, step):
             part = x[first : first + step].to(torch.float64, copy=True)  # never the tensor
             signs = unpacked_signs(table, first, part.numel())
             infinite = part.isinf()
-            codes = torch.where(part > 0, one, two).masked_fill_(~infinite, 0.0)
+            codes = infinite.to(torch.int8)  # 1 for +inf, 2 for -inf, 0 elsewhere: one byte each
+            codes += part.signbit() & infinite
             part.masked_fill_(infinite, 0.0)
             count += infinite.sum()
-            for values, into in ((part, sums), (codes, held)):
-                values *= signs
-                rows = values.numel() // width
-                into += values[: rows * width].view(rows, width).sum(0)
-                tail = values[rows * width :]
-                into[: tail.numel()] += tail
+            _add_signed_rows(part, signs, sums)
+            _add_signed_rows(codes, signs, held)
             sumsq += part.dot(part)
+            del part, signs, infinite, codes  # freed before the next block is made
         return sums, sumsq, fingerprint(tensor), held, count
 
     def _store(self, kind: str, update: int | None, found: dict[str, Summary]) -> None:
