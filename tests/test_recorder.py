@@ -528,6 +528,41 @@ def test_a_compiled_model_is_recorded_under_its_own_names(tmp_path):
     assert c.verdict == "pass", [d.message for d in c.diagnosis]
 
 
+def test_a_compiled_model_is_compiled_once_and_its_autocast_is_seen(tmp_path):
+    """The hooks that watch the first forward for its compute dtype went after the first
+    micro-step, and torch.compile guards a graph by its modules' hooks: the recorded model was
+    compiled twice (2 graphs, 1 unrecorded). Hooks it traced now stay until the run closes,
+    and still see the loop's float16 autocast."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = lambda m: torch.compile(m, backend="eager")  # noqa: E731
+    run = user_loop(tmp_path / "base", 2, fp16=True, wrap=compiled)
+    assert run.compute_dtype == "float16"
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_uncompiled_hooks_go_after_the_first_micro_step(tmp_path):
+    """The first micro-step showed the compute dtype: an eager model's forwards pay no hook
+    after it."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 3)
+    with gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2) as rec:
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = model(x).float().pow(2).mean()
+        assert any(m._forward_pre_hooks for m in model.modules())
+        (loss / 2).backward()
+        rec.micro(loss, batch=x)
+        assert not any(m._forward_pre_hooks for m in model.modules())
+        (model(x).pow(2).mean() / 2).backward()
+        rec.micro(loss, batch=x)
+        opt.step()
+        rec.update()
+    assert read_run_dir(tmp_path / "run").compute_dtype == "bfloat16"
+
+
 @pytest.mark.parametrize("bug", ["zero-grad-every-micro", "no-loss-scale"])
 def test_a_learning_rate_that_follows_the_divergence_does_not_hide_its_cause(tmp_path, bug):
     """ReduceLROnPlateau stepped on each window's loss: a bug that diverges the loss at update 0

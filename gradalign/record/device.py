@@ -55,34 +55,67 @@ def narrower_parameters(module: torch.nn.Module, recorded: str) -> str | None:
     return None
 
 
+class _Seen:
+    """What one layer's hook saw. Attributes, not a dict: torch.compile replays a traced
+    hook's attribute writes without guarding on them, where it guards a dict's contents."""
+
+    dtype: str | None = None
+    traced: bool = False
+
+
 def watch_autocast(
     model: torch.nn.Module, env: dict[str, Any], device_type: str
-) -> Callable[[], None]:
+) -> Callable[..., None]:
     """Set `env["compute_dtype"]` when a forward runs under autocast, or with parameters narrower
-    than the recorded ones (FSDP's mixed precision casts them for the forward); returns the
-    function that stops watching (the Recorder stops after the first micro-step). Every layer
+    than the recorded ones (FSDP's mixed precision casts them for the forward). Every layer
     holding parameters watches, not the model alone: frameworks enter autocast inside the model's
     forward (accelerate patches it) or call its layers from elsewhere (Lightning's
-    training_step)."""
+    training_step). Returns `settle(final=False)`: the Recorder calls it after the first
+    micro-step, and with `final` when it closes.
 
-    def seen(module: torch.nn.Module, args: Any) -> None:
-        if "compute_dtype" in env:
-            return
-        dtype = autocast_dtype(device_type) or narrower_parameters(module, env["dtype"])
-        if dtype:
-            env["compute_dtype"] = dtype
-
-    hooks = [
-        m.register_forward_pre_hook(seen)
+    A hook that torch.compile traced into a graph stays until the run closes: a graph is
+    guarded by its modules' hooks, so removing one recompiles it (a second compile of the
+    model after the first micro-step). The hooks only write what they saw, never read it (a
+    read is a guard too). Hooks that ran uncompiled go after the first micro-step."""
+    recorded = env["dtype"]
+    layers = [
+        m
         for m in model.modules()
         if m is model or next(m.parameters(recurse=False), None) is not None
     ]
+    seen = [_Seen() for _ in layers]
 
-    def stop() -> None:
-        while hooks:
-            hooks.pop().remove()
+    def watcher(into: _Seen) -> Callable[[torch.nn.Module, Any], None]:
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            if _compiling():
+                into.traced = True
+            dtype = autocast_dtype(device_type) or narrower_parameters(module, recorded)
+            if dtype:
+                into.dtype = dtype
 
-    return stop
+        return hook
+
+    hooks = [
+        m.register_forward_pre_hook(watcher(into)) for m, into in zip(layers, seen, strict=True)
+    ]
+
+    def settle(final: bool = False) -> None:
+        found = next((into.dtype for into in seen if into.dtype), None)
+        if found and "compute_dtype" not in env:
+            env["compute_dtype"] = found
+        for i, into in enumerate(seen):
+            if hooks[i] is not None and (final or not into.traced):
+                hooks[i].remove()
+                hooks[i] = None
+
+    return settle
+
+
+def _compiling() -> bool:
+    """Whether torch.compile is tracing the calling code (torch 2.3 on; before: torch._dynamo)."""
+    compiler = getattr(torch, "compiler", None)
+    check = getattr(compiler, "is_compiling", None) or torch._dynamo.is_compiling
+    return bool(check())
 
 
 def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:

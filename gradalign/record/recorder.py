@@ -144,7 +144,7 @@ class Recorder:
             self._optimizer.register_step_pre_hook(self._before_step),
             self._optimizer.register_step_post_hook(self._after_step),
         ]
-        self._stop_autocast = watch_autocast(model, self._env, first.device.type)
+        self._settle_autocast = watch_autocast(model, self._env, first.device.type)
         self._stop_clip = clipping.listen(self._on_clip)
         self._stop_watching = watch_loop(self._windows, self._optimizer, model, wrapper)
         self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
@@ -209,7 +209,7 @@ class Recorder:
             self._data.append(digest)
             self._samples.append(sample_count(batch))
         self._capture.micro()
-        self._stop_autocast()  # the first micro-step's forward showed the compute dtype
+        self._settle_autocast()  # the first micro-step's forward showed the compute dtype
         self._windows.micro_step()
         self._micro_steps.append(self._steps_since_micro)
         self._steps_since_micro = 0
@@ -313,7 +313,7 @@ class Recorder:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        self._stop_autocast()
+        self._settle_autocast(final=True)
         self._stop_clip()
         self._stop_watching()
         if self._stop_scaler is not None:
