@@ -453,6 +453,40 @@ def test_the_recorder_in_a_process_group_of_one(tmp_path):
         dist.destroy_process_group()
 
 
+def test_forwards_around_a_compiled_ddp_are_counted_and_none_through_it(tmp_path):
+    """torch.compile(DDP(model)) traces the model's forward with the Recorder's counting hooks
+    in it: forwards through it count as DDP's own (none bypassed), and a compiled
+    `ddp.module` called directly at update 1 counts as two forwards around DDP."""
+    import torch
+    from torch import nn
+
+    import gradalign
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(model)
+        through, around = (torch.compile(m, backend="eager") for m in (ddp, ddp.module))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 6)
+        for out, bypass_at in ((tmp_path / "clean", None), (tmp_path / "around", 1)):
+            with gradalign.Recorder(out, through, opt, accum_steps=2) as rec:
+                for update in range(3):
+                    for j in range(2):
+                        net = around if update == bypass_at else through
+                        loss = net(x[4 * j : 4 * j + 4]).pow(2).mean()
+                        (loss / 2).backward()
+                        rec.micro(loss, batch=x[4 * j : 4 * j + 4])
+                    opt.step()
+                    rec.update()
+                    opt.zero_grad()
+    finally:
+        dist.destroy_process_group()
+    assert read_run_dir(tmp_path / "clean").bypassed_forwards is None
+    assert read_run_dir(tmp_path / "around").bypassed_forwards.tolist() == [0, 2, 0]
+
+
 def test_selftest_skips_rank_cases_it_cannot_run_and_says_so(tmp_path, monkeypatch):
     from rich.console import Console
 
