@@ -47,6 +47,12 @@ def test_sketch_memory_follows_the_block_not_the_tensor(tmp_path):
     assert 0 < peak < 2_000_000, peak
 
 
+def test_compiled_loop_check_compiles_each_run_once_and_judges_it():
+    done = _bench("compiled_loop.py", "--backend", "eager")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("[1, 1, 1, 1]") == 2 and "bug fail (loss-scale)" in done.stdout
+
+
 def test_checksum_benchmark_reports_each_rate(tmp_path):
     out = tmp_path / "rates.json"
     done = _bench("checksum_speed.py", "--mib", "1", "--reps", "1", "--json", str(out))
