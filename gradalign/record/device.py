@@ -99,10 +99,16 @@ def watch_autocast(
         m.register_forward_pre_hook(watcher(into)) for m, into in zip(layers, seen, strict=True)
     ]
 
+    settled: list[bool] = []  # after the first micro-step only `final` does anything
+
     def settle(final: bool = False) -> None:
-        found = next((into.dtype for into in seen if into.dtype), None)
-        if found and "compute_dtype" not in env:
-            env["compute_dtype"] = found
+        if settled and not final:
+            return
+        if not settled:
+            settled.append(True)
+            found = next((into.dtype for into in seen if into.dtype), None)
+            if found and "compute_dtype" not in env:
+                env["compute_dtype"] = found
         for i, into in enumerate(seen):
             if hooks[i] is not None and (final or not into.traced):
                 hooks[i].remove()
