@@ -202,8 +202,9 @@ def head(path: Path) -> Lines | None:
     text = decode(data)
     if text is None:
         return None
-    document = text.lstrip().startswith("{") and _HISTORY in text
-    if len(data) == SNIFF_BYTES and (document or text.lstrip().startswith(_SCALARS)):
+    opening = text.lstrip()[: len(_SCALARS)]  # a JSON document of records or of scalars
+    document = (opening.startswith("{") and _HISTORY in text) or opening == _SCALARS
+    if len(data) == SNIFF_BYTES and document:
         try:  # a document of records larger than the sniff: read it whole to parse it
             return read_lines(path)
         except BadInput:
