@@ -254,11 +254,13 @@ def test_adam_near_its_eps_at_the_first_step_is_not_a_false_alarm(tmp_path, monk
     assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale"
 
 
-def _diff(name: str, error: float, noise: float, drift: float | None = None):
+def _diff(name: str, error: float, noise: float, drift: float | None = None, norm=None):
     from gradalign.judge.metrics import TensorDiff
 
     allowed = 4.0 * noise + (0.0 if drift is None else 4.0 * drift)
-    return TensorDiff(name, error, 0.0, 0.0, 1.0, error, allowed, noise=noise, drift=drift)
+    return TensorDiff(
+        name, error, 0.0, 0.0, 1.0, error, allowed, noise=noise, drift=drift, norm=norm
+    )
 
 
 def _update(u: int, weights: list, grads: list | None = None):
@@ -327,6 +329,31 @@ def test_a_carried_excess_is_at_most_the_factor_squared():
     carry_admitted_excess(results, 4.0)
     assert results[1].grads[0].allowed == pytest.approx(4.0 + 4.0 * 15.0)
     assert results[1].grads[0].ok and not results[1].grads[1].ok
+
+
+@pytest.mark.parametrize("case", ["drifted", "no drift", "beside a large weight"])
+def test_a_drifted_modules_relative_distance_bounds_the_next_gradients(case):
+    """Update 0's drift admits a weight 2x its noise, 2e-3 of its norm: its elements are not
+    the ones the baseline strayed in, so the next gradients may be 2e-3 of their norm off, not
+    only 2x their noise (model zoo run 925: 10-20x a sub-ulp noise). A gradient of norm 10 and
+    noise 1e-3 may be off by up to 16x its noise (the cap, factor 4): 15x passes and 100x
+    fails; the same update's weights, stepped with it, get 15x too. No drift: nothing. A bias
+    2e-3 off its own norm beside its module's weight of norm 1e6 is 2e-6 off the module's:
+    nothing (an attention key bias, model zoo run 934)."""
+    from gradalign.judge.noise import carry_admitted_excess
+
+    w0 = [_diff("lin.bias", 2.0, 1.0, drift=None if case == "no drift" else 3.0, norm=1000.0)]
+    if case == "beside a large weight":
+        w0.append(_diff("lin.weight", 0.1, 1.0, norm=1e6))
+    g1 = [_diff("g", 0.015, 1e-3, norm=10.0), _diff("h", 0.1, 1e-3, norm=10.0)]
+    results = [_update(0, w0), _update(1, [_diff("w", 30.0, 1.0, norm=1000.0)], g1)]
+    carry_admitted_excess(results, 4.0)
+    grad, big = results[1].grads
+    widened = case == "drifted"
+    assert grad.ok is widened and not big.ok
+    assert results[1].weights[0].ok is widened
+    if widened:
+        assert grad.allowed == pytest.approx(4e-3 + 4.0 * 15.0 * 1e-3)
 
 
 def test_a_difference_the_carry_let_through_carries_nothing_further():

@@ -42,14 +42,16 @@ def _one_thread_runs(root, *args):
         torch.set_num_threads(threads)
 
 
-def _followed(root, monkeypatch, follow: str, update: int, note: str = "") -> None:
-    """Without the judge's `follow` (a name in judge/compare.py, or a dotted path) the run
-    first fails at `update` (else this machine's rounding took another path: skipped, the
-    numpy tests hold the logic on any machine); with it, both judges pass it, with a note
-    starting `note`."""
+def _followed(
+    root, monkeypatch, follow: str, update: int, note: str = "", without=lambda *a: []
+) -> None:
+    """Without the judge's `follow` (a name in judge/compare.py, or a dotted path; replaced by
+    `without`) the run first fails at `update` (else this machine's rounding took another path:
+    skipped, the numpy tests hold the logic on any machine); with it, both judges pass it, with
+    a note starting `note`."""
     target = follow if "." in follow else f"gradalign.judge.compare.{follow}"
     with monkeypatch.context() as m:
-        m.setattr(target, lambda *a: [])
+        m.setattr(target, without)
         c = _compare(root)
     first = next((r.update for r in c.results if not r.ok), None)
     if first != update:
@@ -120,6 +122,24 @@ def test_a_first_step_difference_within_the_factor_is_carried(tmp_path, monkeypa
     `unexplained` while the carry counted only from 4x. It passes with the excess carried."""
     root = _one_thread_runs(tmp_path, "lnmlp", "adam-eps6", 8, 6203)
     _followed(root, monkeypatch, "carry_admitted_excess", 1)
+
+
+def test_a_drifted_weights_effect_on_the_next_gradients_is_carried(tmp_path, monkeypatch):
+    """A LayerNorm MLP under Adam with eps 1e-6, K=2, seed 925: the first step's spread put one
+    element near eps of a 64x64 weight 9.2e-6 off (the tensor 1.74x its noise, 2.5e-6 of its
+    norm), an element the baseline had stepped as the reference; at update 1 every gradient
+    stood 1.2e-6 to 6e-6 of its norm off, 10-20x its noise (the baseline's sub-ulp), and the
+    run failed as `unexplained` at up to 1.77x. Each later gradient may now be off by the
+    drifted weight's relative distance times its norm (`noise.carry`'s spread)."""
+    root = _one_thread_runs(tmp_path, "lnmlp", "adam-eps6", 2, 925)
+    plain = noise.carry
+
+    def without_spread(r, excess, factor, spread=0.0):
+        return plain(r, excess, factor)
+
+    _followed(root, monkeypatch, "gradalign.judge.noise.carry", 1, without=without_spread)
+    c = _compare(_runs(tmp_path / "bug", "lnmlp", "adam-eps6", 2, 925, bug="no-loss-scale"))
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale"
 
 
 def test_a_followed_high_gain_element_is_carried_into_later_gradients(tmp_path, monkeypatch):

@@ -34,7 +34,10 @@ first two elementwise, in judge/drift.py; the rest here; kinks and gains in thei
   times further from the baseline than the baseline's noise moves every later forward, and so
   every tensor's later gradients and weights: `carry_admitted_excess` widens each later
   update's allowance to c times the noise (the factor on top: it is the margin for one draw;
-  c at most the factor squared, `carry`).
+  c at most the factor squared, `carry`). The baseline's noise measures the weights' effect
+  in the directions it happened to stray; the merged run strayed in others, whose effect on the
+  gradients may be far larger than c says. So a later gradient may also be off by the drifted
+  weights' relative distance from the reference times its norm (the same bound).
 - **A loss the weights explain.** A loss is computed with the weights of the update before; where
   those passed and the loss alone failed, the loss may also differ by the first-order change
   their difference makes (`explain_loss_by_weights`).
@@ -192,37 +195,73 @@ def carry_admitted_excess(results: list[UpdateResult], factor: float) -> None:
     element near eps left a LayerNorm MLP's output weight 3.13x its noise at update 0, within
     the factor, and the next update's output-bias gradient stood 7.24x its noise (model zoo run
     6203). Only a tensor with a drift counts, measured before this pass widens anything, so a
-    difference this pass lets through never widens the next update (no ratchet). Attention
+    difference this pass lets through never widens the next update (no ratchet), but for the
+    share of a gradient's excess that the drifted weights' distance explains (below). Attention
     under Adam, seed 45: an in-projection element near eps stepped 19x the noise at update 0,
-    its weights and gradients then failed at 1.1x to 4.5x."""
-    carried = 1.0
+    its weights and gradients then failed at 1.1x to 4.5x.
+
+    c compares sizes, not directions. The baseline's weights strayed from the reference in
+    some elements, and its next gradients show what that moved; the drift let the merged run
+    stray in others, which may move the gradients far more. A weight perturbed by a share ρ
+    of its norm moves a forward, and so the gradients, by about ρ of their size, wherever it
+    lies: each later gradient may also be ρ·||g|| off (as c = ρ·||g|| / noise, capped alike),
+    ρ the largest relative distance from the reference of a module with a drifted tensor.
+    The excess that explains in a gradient that passes is carried like a weight's. Model zoo
+    run 925 (LayerNorm MLP, Adam eps 1e-6, K=2): one element near eps put a 64x64 weight 1.74x
+    its noise (2.5e-6 of its norm) away at update 0; every gradient of update 1 then stood 1.2e-6
+    to 6e-6 of its norm off, where the baseline's, its noise, stood below 3e-7 (sub-ulp)."""
+    carried, spread = 1.0, 0.0
     for r in results:
-        admitted = [
-            d.error / d.noise
-            for d in r.weights
-            if d.drift and d.noise and d.ok and d.error > d.noise
-        ]
-        carry(r, carried, factor)
+        admitted = [d for d in r.weights if d.drift and d.noise and d.ok and d.error > d.noise]
+        explained = carry(r, carried, factor, spread)
         if not r.problems and all(d.ok for d in (*r.weights, *r.grads)):  # the loss moves none
-            carried = max([carried, *admitted])
+            carried = max([carried, *explained, *(d.error / d.noise for d in admitted)])
+            spread = max(spread, _spread(r.weights, admitted))
 
 
-def carry(r: UpdateResult, excess: float, factor: float) -> None:
+def _spread(weights: list[TensorDiff], drifted: list[TensorDiff]) -> float:
+    """The largest relative distance from the reference, ||m − ref|| / ||b||, of a module (the
+    tensors whose names differ only after the last dot) that holds a drifted tensor. A module's
+    tensors make its output together: a bias is measured beside its weight, so an attention key
+    bias 0.6% off its own tiny norm, which moves nothing (softmax ignores it), weighs as little
+    as it is against the projection (model zoo run 934: alone it widened every later gradient
+    16-fold)."""
+    modules = {d.name.rpartition(".")[0] for d in drifted}
+    errors: dict[str, float] = {}
+    norms: dict[str, float] = {}
+    for d in weights:
+        module = d.name.rpartition(".")[0]
+        if module in modules and d.norm and math.isfinite(d.error):
+            errors[module] = errors.get(module, 0.0) + d.error**2
+            norms[module] = norms.get(module, 0.0) + d.norm**2
+    return max((math.sqrt(errors[m] / norms[m]) for m in errors), default=0.0)
+
+
+def carry(r: UpdateResult, excess: float, factor: float, spread: float = 0.0) -> list[float]:
     """Widen every tensor of update `r` to `excess` times its noise (nothing at 1 or less), at
     most `factor`² times over: an excess is measured against one tensor's own noise, which can
     be a rounding where the baseline stepped exactly as the reference (Adam's first step is
     ±lr), while the merged run's sign flipped in an element or two. Under bfloat16 autocast
     that made 3333 (model zoo run 9011, --autocast) and left every later update unchecked:
-    gradients never cleared, 100% off from update 1, passed."""
-    excess = min(excess, factor * factor)
-    if excess <= 1.0:
-        return
-    for kind in ("weights", "grads"):
+    gradients never cleared, 100% off from update 1, passed. A gradient is widened to at
+    least `spread`·||g|| / noise times its noise (`carry_admitted_excess`); returns, per
+    gradient beyond `excess` that way, the part of its error/noise that explains; the update's
+    weights, stepped with those gradients, are widened by it too."""
+    explained: list[float] = []
+    for kind in ("grads", "weights"):
         diffs = getattr(r, kind)
         for j, d in enumerate(diffs):
-            if d.noise is not None and math.isfinite(d.noise) and d.noise > 0:
-                extra = factor * (excess - 1.0) * d.noise
-                diffs[j] = dataclasses.replace(d, allowed=d.allowed + extra)
+            if d.noise is None or not math.isfinite(d.noise) or d.noise <= 0:
+                continue
+            c = excess if kind == "grads" else max([excess, *explained])
+            if kind == "grads" and spread > 0 and d.norm:
+                c = max(c, spread * d.norm / d.noise)
+            c = min(c, factor * factor)
+            if c > 1.0:
+                diffs[j] = dataclasses.replace(d, allowed=d.allowed + factor * (c - 1.0) * d.noise)
+            if kind == "grads" and c > excess and d.error > d.noise and diffs[j].ok:
+                explained.append(min(c, d.error / d.noise))
+    return explained
 
 
 def explain_loss_by_weights(
