@@ -234,3 +234,37 @@ def test_a_wrong_scale_is_no_kink_in_a_tensor_of_one_row(tmp_path):
         result = compare(base, bug, reference=reference)
         assert result.verdict == "fail", [d.message for d in result.diagnosis]
         assert result.diagnosis[0].code == "loss-scale", [d.code for d in result.diagnosis]
+
+
+def _two_kinks(size: float, bug_from: int | None = None):
+    """A unit's row jumps at update 6 (1e-3 of the gradient's largest element: 0.05% of the
+    gradient's norm) and another's at update 8 (`size`: 8e-3 is 0.35%), both fed to the step;
+    from `bug_from` on, the gradient is 1.03 times itself (beyond 4 x 0.35%)."""
+
+    def spike(u, g):
+        if u in (6, 8):
+            g[3 if u == 6 else 5] += (1e-3 if u == 6 else size) * np.abs(g).max()
+        if bug_from is not None and u >= bug_from:
+            g *= 1.03
+        return g
+
+    return spike
+
+
+def test_a_later_larger_kink_raises_the_size_followed(runs, monkeypatch):  # noqa: F811
+    """Runs parted at one kink cross others (model zoo run 753: 0.57% at update 4, 1.66% at
+    update 6): a later jump in one row, larger than the kink followed, is followed at its own
+    size from its update on, with a note; without that it fails there."""
+    result = merged(runs, "two-kinks", _two_kinks(8e-3), feed=True)
+    assert result.verdict == "pass", _failing(result)
+    (note,) = [n for n in result.notes if "another kink" in n]
+    assert note.startswith("update 8: another kink, w's gradient")
+    monkeypatch.setattr("gradalign.judge.kinks._later_kink", lambda *a: None)
+    result = merged(runs, "two-kinks-unfollowed", _two_kinks(8e-3), feed=True)
+    assert result.verdict == "fail" and result.results[7].ok and not result.results[8].ok
+
+
+def test_a_bug_after_two_kinks_still_fails(runs):  # noqa: F811
+    result = merged(runs, "two-kinks-then-bug", _two_kinks(8e-3, bug_from=10), feed=True)
+    assert result.verdict == "fail"
+    assert result.results[9].ok and not result.results[10].ok
