@@ -224,14 +224,14 @@ def follow_kink_divergence(
     j_weights = max([j_grads, *(_share(wm[d.name], wr[d.name], before[d.name]) for d in moved)])
     if not (math.isfinite(j_grads) and math.isfinite(j_weights)):
         return []
+    since = f"update {u - 1}" if u else "the start"
     notes = [
         f"update {u}: the gradient of {worst.name} jumped to {worst.ratio:.3g}x its allowed "
         f"error, {JUMP_SHARE:.0%} of it in {rows} row(s) or column(s), the loss and every "
         "earlier update within noise: an activation crossed its kink in one run and not the "
         "other, and the runs follow neighbouring trajectories from there. From update "
         f"{u} on, each gradient may also differ by {factor:g} x {j_grads:.3g} of its norm and "
-        f"each weight by {factor:g} x {j_weights:.3g} of how far it moved since "
-        f"{f'update {u - 1}' if u else 'the start'} "
+        f"each weight by {factor:g} x {j_weights:.3g} of how far it moved since {since} "
         "(the kink's size at that update)"
     ]
     for r in results[first:]:  # the kink's own update read above
@@ -239,12 +239,14 @@ def follow_kink_divergence(
         w_ref = wr if r is at else ref.weights(r.update)
         later = None if r is at or g_ref is None else _later_kink(r, merged, g_ref, j_grads)
         if later is not None and factor * later[1] < 1:
-            notes.append(
-                f"update {r.update}: another kink, {later[0]}'s gradient {later[1]:.3g} of its "
-                f"norm off in {later[2]} row(s) or column(s); from there on the size followed "
-                f"is {later[1]:.3g}"
-            )
             j_grads, j_weights = later[1], max(j_weights, later[1])  # a share steps a share
+            notes.append(
+                f"update {r.update}: another kink crossed, the gradient of {later[0]} "
+                f"{j_grads:.3g} of its norm off, {JUMP_SHARE:.0%} of it in {later[2]} row(s) or "
+                f"column(s). From update {r.update} on, each gradient may also differ by "
+                f"{factor:g} x {j_grads:.3g} of its norm and each weight by {factor:g} x "
+                f"{j_weights:.3g} of how far it moved since {since}"
+            )
         if g_ref is not None:
             r.grads[:] = _widened(r.grads, factor * j_grads, g_ref, None)
         if w_ref is not None:
