@@ -84,7 +84,7 @@ def grad_not_cleared(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     base = _vector(gb, names := _params(c, gb))
     delta = _vector(gm, names) - base
     a, share = _explained(delta, _vector(prev, names))
-    rest = (1.0 - share) * np.linalg.norm(delta) if c.reference else np.inf  # noise measured
+    rest = np.linalg.norm(delta) * (1.0 - share) if c.reference is not None else np.inf
     if a <= 0 or (share < EXPLAINED and not rest <= noise_share(c, r) * np.linalg.norm(base)):
         return None
     within = "" if share >= EXPLAINED else ", the rest within the noise"
