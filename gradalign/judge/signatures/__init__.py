@@ -7,7 +7,6 @@ is one function in one of them, listed in `judge.diagnose`.
 
 from .accumulation import (
     grad_not_cleared,
-    loss_averaging,
     micro_batch_missing,
     penalty_not_scaled,
     scaler_per_micro,
@@ -45,6 +44,7 @@ from .gradient import (
 )
 from .items import batch_targets
 from .learning_rate import lr_scaled, lr_schedule
+from .losses import loss_averaging
 from .optimizer import optimizer_settings
 from .paired import scale_under_reweighting, with_loss_scale
 from .skips import overflow_carried, scaler_skips, step_skipped

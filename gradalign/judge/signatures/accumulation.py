@@ -1,6 +1,6 @@
 """Signatures of bugs in how a loop accumulates: gradients carried over from the previous window,
 a penalty counted K times, a loss scaler driven per micro-step, a micro-batch never
-backpropagated, weights edited inside the window, losses averaged or logged differently.
+backpropagated, weights edited inside the window (losses averaged otherwise: losses.py).
 
 Each reads a recorded fact or an exact algebraic relation between the recorded gradients, so a
 match is evidence, not a guess; each returns None when its fact is absent.
@@ -14,18 +14,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from ...runs.model import Run, Tensors
-from ..results import FAIL, Comparison, Diagnosis, UpdateResult
-from .clipping import scale_behind_clip, scale_of, window_of
-from .common import (
-    finite,
-    grad_norm,
-    grads_of,
-    noise_share,
-    on_ranks,
-    weights_of,
-    whole_ratio,
-    window,
-)
+from ..results import Comparison, Diagnosis, UpdateResult
+from .common import finite, grad_norm, grads_of, noise_share, on_ranks, weights_of, window
 
 EXPLAINED = 0.95  # a relation must explain this share of the gradient error (1 - residual share)
 
@@ -230,156 +220,6 @@ def inner_steps(run: Run) -> int | None:
         w = run.window(i)
         total += int(run.micro_step_counts[w.start + 1 : w.stop].sum())
     return total
-
-
-def loss_averaging(c: Comparison) -> Diagnosis | None:
-    """Only the losses disagree: the training is the same, the recorded losses are averaged
-    (or logged) differently."""
-    status = {check.name: check.status for check in c.checks}
-    tensors_fine = all(status.get(n) != FAIL for n in ("weights", "gradients"))
-    if status.get("losses") != FAIL or not tensors_fine:
-        return None
-    ratios = [r.merged_loss / r.base_loss for r in c.results if r.base_loss and not r.loss_ok]
-    q = float(np.median(ratios)) if ratios else math.nan
-    k = window(c)
-    evidence = {"window_loss_ratio": finite(q), "K": k}
-    if status.get("weights") is None:  # a log of losses alone (card logs: `card-loss`)
-        if status.get("norms before clipping") == FAIL:  # the gradient's printed norm too
-            return _scaled_norms(c, q, evidence)
-        return None if len(c.merged.cards) > 1 else _scaled_losses(q, k, ratios, evidence)
-    hidden = scale_behind_clip(c, q)
-    if hidden is not None:
-        return hidden
-    if math.isfinite(q) and abs(q * k - 1) <= 0.05:
-        how = (
-            f"the merged window losses are {q:.4g} times the baseline's, about 1/K: the loss "
-            "recorded for each micro-batch is the one already divided by K"
-        )
-        fix = "record each micro-batch's own unscaled loss (before dividing it by K)"
-    else:
-        found = _averaged_otherwise(c, q, evidence)
-        if found is None:
-            return None
-        how, fix = found
-    return Diagnosis(
-        "loss-averaging",
-        "only the losses disagree while the weights and gradients agree within noise: " + how,
-        evidence,
-        fix,
-    )
-
-
-def _averaged_otherwise(c: Comparison, q: float, evidence: dict) -> tuple[str, str] | None:
-    """Why only the losses differ, where the ratio is not 1/K: a loss summed (or divided) over
-    W ranks before it was recorded, micro-batches of unequal sizes averaged equally, or else
-    recorded losses that are not the ones backpropagated; None where 16-bit losses judged
-    without a reference stand within 1% of each other (rounding no fixed tolerance foresaw is
-    as likely as a loss averaged otherwise)."""
-    world = c.merged.world_size
-    found = world > 1 and math.isfinite(q)
-    for scale, what in ((world, "summed over"), (1 / world, "divided by the number of")):
-        if found and abs(q / scale - 1) <= 0.05:
-            evidence["world_size"] = world
-            return (
-                f"the merged window losses are {q:.4g} times the baseline's, about "
-                f"{'W' if scale > 1 else '1/W'} (W={world}): the loss each rank recorded was "
-                f"{what} the ranks (an all_reduce of the loss before micro()), not its own",
-                "record each rank's own mean loss in micro() (gradalign averages the ranks); "
-                "to log a global loss, average it over the ranks (all_reduce, then divide by W)",
-            )
-    sizes = c.merged.micro_samples
-    uneven = sizes is not None and len(set(sizes.tolist())) > 1
-    evidence["micro_batch_sizes_vary"] = uneven
-    if uneven:
-        return (
-            "the window mean of the micro losses is not the batch's mean loss: the micro-"
-            "batches hold different numbers of items and were averaged equally",
-            "pass each micro-batch's item count (`micro(loss, items=n)`, or "
-            "`micro(loss_sum=..., items=n)`) or its samples (`batch=`), so the window mean is "
-            "item-weighted",
-        )
-    rounded = c.reference is None and c.dtype in ("float16", "bfloat16")
-    if rounded and math.isfinite(q) and abs(q - 1) <= 0.01:
-        return None  # 16-bit losses within 1% without a reference: rounding, as likely
-    return (
-        f"the merged window losses are {q:.4g} times the baseline's (median over the failing "
-        "updates): the losses recorded are not the mean losses the gradients came from",
-        "record each micro-batch's own unscaled mean loss (the one backpropagated, before "
-        "dividing it by K), with its item count where micro-batches differ in size",
-    )
-
-
-def _scaled_norms(c: Comparison, q: float, evidence: dict) -> Diagnosis | None:
-    """Logs whose losses and printed gradient norms (before clipping) both stand K (1/K, K+1)
-    times apart at update 0: the loss the gradient comes from was scaled, not its print alone
-    (a model that ignores the Trainer's num_items_in_batch). Read with -k 1, K is the whole
-    number the norms' ratio is."""
-    pb, pm = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
-    if pb is None or pm is None or not len(pb) or not len(pm) or not pb[0]:
-        return None
-    ratio = float(pm[0] / pb[0])
-    scale = scale_of(c, ratio) if math.isfinite(ratio) and ratio > 0 else None
-    if scale is None or scale == 1:  # read with -k 1, a ratio near 1 says no K
-        return None
-    k = window_of(c, scale)
-    evidence.update(norm_ratio=finite(ratio), K=k)
-    return Diagnosis(
-        "loss-scale",
-        f"the gradient norm the merged log prints is {ratio:.4g} times the baseline's at update "
-        f"0 (K={k}), and its window losses {q:.4g} times: the loss the gradient comes from was "
-        "scaled, not only its print (a model that ignores the num_items_in_batch it is given, "
-        "or a loss not divided by K)",
-        evidence,
-        "scale each micro-batch's loss by its share of the window (1/K, or its items over the "
-        "window's items), once; a transformers model must take num_items_in_batch (**kwargs in "
-        "its forward) or set model_accepts_loss_kwargs = False",
-    )
-
-
-SCATTERED = 0.5  # relative spread of the ratios one micro-batch's loss (not a mean) shows
-
-
-def _scaled_losses(q: float, k: int, ratios: list[float], evidence: dict) -> Diagnosis | None:
-    """Losses alone, K (or 1/K) times the baseline's at every failing update: scaled, but no
-    weights or gradients say whether in print only or in the loss the gradient comes from."""
-    spread = (max(ratios) - min(ratios)) / abs(q) if ratios and q else math.inf
-    per_update = k == 1 and math.isfinite(q) and q > 0  # one line per update: K unknown
-    if per_update:
-        k = whole_ratio(q)
-    scale = next((s for s in (k, 1 / k) if math.isfinite(q) and abs(q / s - 1) <= 0.05), None)
-    if k < 2 or scale is None or spread > SCATTERED:
-        return None
-    said, how = ("K", "K times its mean") if scale == k else ("1/K", "already divided by K")
-    found = f"about {said}: each micro-batch's loss is {how}"
-    if spread > 0.05:  # one micro-batch's loss each, scattered about its window's mean
-        found = (
-            f"about {said} in the median, scattered by {spread:.0%} as one micro-batch's loss "
-            f"scatters about its window's mean: each line is likely one micro-batch's loss "
-            f"(the window's last, printed at the step) {'times' if scale == k else 'divided by'} "
-            "K, not the window's mean"
-        )
-    if per_update:  # read with -k 1: the whole number is the K it would be
-        what = (
-            ("their sum, not their mean" if scale == k else "their mean divided by K again")
-            if spread <= 0.05
-            else f"one micro-batch's loss {'times' if scale == k else 'divided by'} K (the "
-            f"window's last, printed at the step; scattered by {spread:.0%} as one micro-batch's "
-            "loss scatters about the window's mean), not their mean"
-        )
-        found = (
-            f"a whole number: read with -k 1 (one loss per update), a run accumulating K={k} "
-            f"micro-steps whose update's loss is {what}"
-        )
-    return Diagnosis(
-        "loss-averaging",
-        f"the merged window losses are {q:.4g} times the baseline's at every update, {found}. "
-        "The logs print no weights or gradients, so they cannot tell a loss scaled in print "
-        "only from one the gradient comes from (`loss-scale`)",
-        evidence,
-        "print each micro-batch's own loss, before any division by K, and let gradalign "
-        "average the window; print the weights or gradients too, so the training itself is "
-        "compared",
-    )
 
 
 def weights_changed_in_window(c: Comparison) -> Diagnosis | None:
