@@ -208,7 +208,7 @@ def carry_admitted_excess(results: list[UpdateResult], factor: float) -> None:
     ρ the largest relative distance from the reference of a module with a drifted tensor.
     The excess that explains in a gradient that passes is carried like a weight's. Model zoo
     run 925 (LayerNorm MLP, Adam eps 1e-6, K=2): one element near eps put a 64x64 weight 1.74x
-    its noise (2.5e-6 of its norm) away at update 0; every gradient of update 1 then stood 1.2e-6
+    its noise (2.4e-6 of its norm) away at update 0; every gradient of update 1 then stood 1.2e-6
     to 6e-6 of its norm off, where the baseline's, its noise, stood below 3e-7 (sub-ulp)."""
     carried, spread = 1.0, 0.0
     for r in results:
