@@ -208,9 +208,7 @@ def follow_kink_divergence(
             "from a bug needs that update's full weights and gradients in both runs (a sketched "
             "run keeps them at its snapshot updates only: snapshot_every)"
         ]
-    # a kink's evidence: its error in a few rows of a tensor of many (in a tensor of one row,
-    # a 0-d temperature or a bias, it always is: a wrong loss scale showed as a kink there)
-    many = [d for d in failing if _rows(gm[d.name]) * JUMP_OWN_SHARE >= KINK_UNITS]
+    many = [d for d in failing if _many_rows(gm[d.name])]
     if not many:
         return []
     worst = max(many, key=lambda d: d.ratio)
@@ -269,7 +267,7 @@ def _later_kink(
     shares = {
         name: _share(gm[name], g_ref[name], 0.0)
         for name in gm.keys() & g_ref.keys()
-        if _rows(g_ref[name]) * JUMP_OWN_SHARE >= KINK_UNITS
+        if _many_rows(g_ref[name])
     }
     worst = max(shares, key=lambda name: (shares[name], name), default=None)
     if worst is None or not shares[worst] > followed:
@@ -313,6 +311,13 @@ def _share(merged: np.ndarray, ref: np.ndarray, before: np.ndarray | float) -> f
 def _neighbours_pass(results: list[UpdateResult], update: int) -> bool:
     near = [r for r in results if abs(r.update - update) == 1]
     return all(all(d.ok for d in r.grads) for r in near)
+
+
+def _many_rows(tensor: np.ndarray) -> bool:
+    """Whether a kink's few rows are evidence in this tensor: its error in a few rows of a
+    tensor of many (in a tensor of one row, a 0-d temperature or a bias, it always is: a wrong
+    loss scale showed as a kink there)."""
+    return _rows(tensor) * JUMP_OWN_SHARE >= KINK_UNITS
 
 
 def _rows(tensor: np.ndarray) -> int:

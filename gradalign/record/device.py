@@ -99,13 +99,14 @@ def watch_autocast(
         m.register_forward_pre_hook(watcher(into)) for m, into in zip(layers, seen, strict=True)
     ]
 
-    settled: list[bool] = []  # after the first micro-step only `final` does anything
+    settled = False  # after the first micro-step only `final` does anything
 
     def settle(final: bool = False) -> None:
+        nonlocal settled
         if settled and not final:
             return
         if not settled:
-            settled.append(True)
+            settled = True
             found = next((into.dtype for into in seen if into.dtype), None)
             if found and "compute_dtype" not in env:
                 env["compute_dtype"] = found
