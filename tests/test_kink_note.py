@@ -34,14 +34,9 @@ def _failing(ratio: float, cosine: float) -> list[UpdateResult]:
 def test_a_gradient_scaled_as_a_whole_is_not_noted_as_a_kink():
     for ratio, cosine in ((4.0, 1.0), (0.3, 0.9), (1.0, 0.99)):
         assert (
-            follow_kink_divergence(
-                _failing(ratio, cosine), _Summaries(), _Summaries(), 4.0, stepped=False
-            )
-            == []
+            follow_kink_divergence(_failing(ratio, cosine), _Summaries(), _Summaries(), 4.0) == []
         )
-    noted = follow_kink_divergence(
-        _failing(1.0, 0.99999), _Summaries(), _Summaries(), 4.0, stepped=False
-    )
+    noted = follow_kink_divergence(_failing(1.0, 0.99999), _Summaries(), _Summaries(), 4.0)
     assert len(noted) == 1 and KINK in noted[0]
 
 

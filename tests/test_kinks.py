@@ -268,3 +268,41 @@ def test_a_bug_after_two_kinks_still_fails(runs):  # noqa: F811
     result = merged(runs, "two-kinks-then-bug", _two_kinks(8e-3, bug_from=10), feed=True)
     assert result.verdict == "fail"
     assert result.results[9].ok and not result.results[10].ok
+
+
+@pytest.mark.parametrize(
+    ("ratios", "before", "failed", "stepped"),
+    [
+        ((14.9, 0.5), (1.1, 0.5), False, True),  # the kink's own row stepped 14.9x its noise
+        ((3.0, 0.5), (1.1, 0.5), False, False),  # within the factor: the step kept its noise
+        ((10.0, 0.5), (5.0, 0.5), False, False),  # drifted before the kink: not this step's
+        ((0.5, 0.5), (0.5, 0.5), True, True),  # a weight failed
+        ((None, None), (None, None), False, True),  # no noise (no reference): any jump counts
+    ],
+)
+def test_a_step_with_the_jump_is_a_weight_leaving_its_noise(ratios, before, failed, stepped):
+    """Whether the step taken with a jumped gradient left the rounding, as a kink's must to be
+    followed (`_stepped`): a weight failed, or stood over the factor times its noise and the
+    factor times further than the update before, passing by what a drift allows (model zoo
+    run 7155: the kink's row 14.9x its noise at update 83, 0.001 of what was allowed)."""
+    from gradalign.judge.kinks import _stepped
+    from gradalign.judge.metrics import TensorDiff
+    from gradalign.judge.results import UpdateResult
+
+    def result(u: int, over: tuple, fail: bool = False) -> UpdateResult:
+        weights = [
+            TensorDiff(
+                name,
+                0,
+                0,
+                0,
+                1,
+                1.0 if x is None else x * 1e-6,
+                1e-9 if fail else 1.0,
+                noise=None if x is None else 1e-6,
+            )
+            for name, x in zip(("w", "b"), over, strict=True)
+        ]
+        return UpdateResult(u, 1, 1, 0, 0, 1, weights=weights)
+
+    assert _stepped(result(1, ratios, failed), result(0, before), 4.0) is stepped

@@ -19,9 +19,11 @@ _spec.loader.exec_module(zoo)
 
 
 def _runs(root, model: str, optimizer: str, k: int, seed: int, **merged_options):
-    """The float64 reference, the baseline (K=1) and the merged run (K=k), judged."""
-    zoo.record(root / "ref", model, optimizer, 1, seed, float64=True)
-    zoo.record(root / "base", model, optimizer, 1, seed, reference="../ref")
+    """The float64 reference, the baseline (K=1) and the merged run (K=k), judged; `updates`
+    (among the options) for all three."""
+    length = {"updates": merged_options["updates"]} if "updates" in merged_options else {}
+    zoo.record(root / "ref", model, optimizer, 1, seed, float64=True, **length)
+    zoo.record(root / "base", model, optimizer, 1, seed, reference="../ref", **length)
     zoo.record(root / "merged", model, optimizer, k, seed, **merged_options)
     return root
 
@@ -31,13 +33,13 @@ def _compare(root, streaming: bool = False):
     return compare(base, merged, reference=read_run_dir(base.reference), streaming=streaming)
 
 
-def _one_thread_runs(root, *args):
+def _one_thread_runs(root, *args, **options):
     """`_runs` on one thread, as the bench: which kink a run crosses, and where a gain turns
     gradient noise into a weight's step, depend on the order of the sums."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _runs(root, *args)
+        return _runs(root, *args, **options)
     finally:
         torch.set_num_threads(threads)
 
@@ -116,6 +118,56 @@ def test_later_kinks_of_a_followed_divergence_are_followed_at_their_size(tmp_pat
         assert c.verdict == "pass", (streaming, [d.code for d in c.diagnosis])
         assert any(n.startswith("update 6: another kink") for n in c.notes), c.notes
         assert max(d.ratio for r in c.results for d in (*r.weights, *r.grads)) < 0.6
+
+
+def test_a_kink_whose_step_stays_within_what_is_allowed_is_followed(tmp_path, monkeypatch):
+    """A Transformer encoder under Adam, K=4, seed 7155, 100 updates: at update 83 one
+    feed-forward unit crossed its kink (linear1's gradient 4.46x allowed, in one row; the
+    layer's other gradients one token's rank-1 trace); the step taken with it moved that row
+    14.9x its noise, far within what the drift of Adam's weights allows, so no weight failed
+    and the kink was not followed; units crossed at updates 89 to 93 and the run failed from
+    update 89 (49.5x). Followed from update 83, with the later kinks, it passes in both judges.
+    One thread."""
+    root = _one_thread_runs(tmp_path, "encoder", "adam-1e-2", 4, 7155, updates=100)
+    _followed(
+        root,
+        monkeypatch,
+        "gradalign.judge.kinks._stepped",
+        83,
+        "update 83: the gradient of",
+        lambda at, prior, factor: any(not d.ok for d in at.weights),
+    )
+
+
+def test_a_loss_between_both_runs_slopes_is_not_a_false_alarm(tmp_path, monkeypatch):
+    """A convolutional text model under Adagrad, K=2, seed 7313, 100 updates: kinks followed
+    from update 6, the weights and gradients pass, and 4 losses failed (4.0e-5 to 3.3e-4 off,
+    4.2 to 5.7 times the reference's slope along the weights' difference), named
+    `loss-averaging`. Allowed the larger of both runs' slopes, both judges pass it."""
+    root = _one_thread_runs(tmp_path, "convtext", "adagrad", 2, 7313, updates=100)
+    _followed(
+        root,
+        monkeypatch,
+        "explain_loss_by_weights",
+        21,
+        "update 6: the gradient of",
+        lambda results, merged, ref, factor: noise.explain_loss_by_weights(
+            results, _WithoutGrads(merged), ref, factor
+        ),  # the reference's slope alone, as before
+    )
+
+
+class _WithoutGrads:
+    """A run whose gradients are not read (the rest as the run's)."""
+
+    def __init__(self, run) -> None:
+        self.run = run
+
+    def __getattr__(self, name: str):
+        return getattr(self.run, name)
+
+    def grads(self, update: int) -> None:
+        return None
 
 
 def test_without_a_reference_later_kinks_are_followed_too(tmp_path, monkeypatch):

@@ -145,7 +145,7 @@ def _judge(
         explain_loss_by_weights(results, merged, reference, tol.noise_factor)
     elif base.full_weights and merged.full_weights:  # no reference: measured against the baseline
         jumps += excuse_isolated_jumps(results, merged, base)
-        jumps += follow_kink_divergence(results, merged, base, tol.noise_factor, stepped=False)
+        jumps += follow_kink_divergence(results, merged, base, tol.noise_factor)
         explain_loss_by_weights(results, merged, base, tol.noise_factor)
     calibrated = reference is not None
     checks = build_checks(base, merged, results, changes, calibrated, disagreements, tol.grad_rtol)
