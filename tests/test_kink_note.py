@@ -4,7 +4,7 @@ scaled or turned as a whole is not one (judge/kinks.py)."""
 
 from __future__ import annotations
 
-from gradalign.judge.kinks import follow_kink_divergence
+from gradalign.judge.kink_divergence import follow_kink_divergence
 from gradalign.judge.metrics import TensorDiff
 from gradalign.judge.results import UpdateResult
 

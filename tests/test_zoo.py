@@ -132,10 +132,26 @@ def test_a_kink_whose_step_stays_within_what_is_allowed_is_followed(tmp_path, mo
     _followed(
         root,
         monkeypatch,
-        "gradalign.judge.kinks._stepped",
+        "gradalign.judge.kink_divergence._stepped",
         83,
         "update 83: the gradient of",
         lambda at, prior, factor: any(not d.ok for d in at.weights),
+    )
+
+
+def test_runs_parted_by_many_kinks_may_differ_where_the_units_flip(tmp_path, monkeypatch):
+    """A Transformer encoder under Adam with eps 1e-6, K=2, seed 7424, 100 updates: kinks
+    followed from update 16 (the size followed 3.4% by update 29), then from update 63 the
+    feed-forward layers' first gradients stood 8% to 23% off, over 13 to 22 of their 48 rows
+    (1.72x allowed), every other gradient and every weight within the divergence followed.
+    Both judges pass it with a note; without it, it fails from update 63. One thread."""
+    root = _one_thread_runs(tmp_path, "encoder", "adam-eps6", 2, 7424, updates=100)
+    _followed(
+        root,
+        monkeypatch,
+        "gradalign.judge.kink_divergence._excuse_parted",
+        63,
+        "33 updates from 63",
     )
 
 
@@ -184,7 +200,7 @@ def test_without_a_reference_later_kinks_are_followed_too(tmp_path, monkeypatch)
         torch.set_num_threads(threads)
     base, merged = read_run_dir(tmp_path / "base"), read_run_dir(tmp_path / "merged")
     with monkeypatch.context() as m:
-        m.setattr("gradalign.judge.kinks._later_kink", lambda *a: None)
+        m.setattr("gradalign.judge.kink_divergence._later_kink", lambda *a: None)
         if compare(base, merged).verdict == "pass":
             pytest.skip("this machine's rounding took another path here")
     for streaming in (False, True):

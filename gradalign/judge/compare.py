@@ -30,7 +30,8 @@ from .distributed import check_baseline_ranks, listed, rank_check, rank_facts, r
 from .drift import Drift, stored_bits
 from .gains import follow_gain_divergence
 from .inputs import Inputs
-from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines, follow_kink_divergence
+from .kink_divergence import follow_kink_divergence
+from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines
 from .metrics import calibrate, diff, fit_ratio, noise_allowed, quiet
 from .noise import (
     carry_admitted_excess,
