@@ -16,7 +16,8 @@ Muon for the matrices with AdamW for the rest (two optimizers, the Recorder watc
     .venv/bin/python bench/model_zoo.py [--runs 150] [--start 0] [--models gpt,encoder,...]
                                         [--optimizers adam-1e-2,...,muon-adamw]
                                         [--compute-dtype bfloat16]
-                                        [--bug NAME] [--updates 10] [--autocast [float16]]
+                                        [--bug NAME] [--bug-from 0] [--updates 10]
+                                        [--autocast [float16]]
                                         [--clip 1.0] [--schedule] [--reference-none]
                                         [--jsonl rows.jsonl]
 
@@ -26,6 +27,8 @@ rate up over 2 updates and then decays it on a cosine (a LambdaLR stepped once p
 
 `--bug` injects one bug into every merged run (no loss scaling, zero_grad or step every
 micro-step, gradients never cleared); then every run must fail, named first by that bug's code.
+`--bug-from U` injects it from update U on (a bug that starts late, after the runs may have
+parted at kinks).
 `--models` takes two more: `moe`, a mixture of experts (top 2 of 4, no balancing loss), and
 `moe-balance`, the same with a load-balancing loss over each forward's batch, which no merged
 run can reproduce: its runs must fail, named `cross-sample-loss`.
@@ -233,6 +236,7 @@ BUGS = {  # a bug the merged loop may carry -> the code that must name it
 def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) -> None:
     """One run at K=k; `options`: float64=True, reference=PATH, logged_scale=S (each micro loss
     recorded S times too large: a loss that is not the one backpropagated), bug=NAME (BUGS),
+    bug_from=U (the bug from update U on; default 0),
     updates=N (default UPDATES), autocast="bfloat16"|"float16" (the forward under CPU autocast,
     float16 with a GradScaler; never for the float64 reference), clip=MAX_NORM, schedule=True,
     skip_updates=[...] (the Recorder's: a float64 reference skips the baseline's skipped steps),
@@ -258,12 +262,13 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     lm = model == "gpt"
     y = torch.roll(x, -1, 1) if lm else (x[:, 0] + x[:, 3]) % CLASSES
     size = BATCH // k
-    reference, bug = options.get("reference"), options.get("bug")
+    reference, bug_from = options.get("reference"), options.get("bug_from", 0)
     with gradalign.Recorder(
         out, net, opt, accum_steps=k, reference=reference, scaler=scaler,
         skip_updates=options.get("skip_updates"), compute_dtype=options.get("compute_dtype"),
     ) as rec:  # fmt: skip
         for u in range(updates):
+            bug = options.get("bug") if u >= bug_from else None
             for j in range(k):
                 rows = slice(u * BATCH + j * size, u * BATCH + (j + 1) * size)
                 with torch.autocast("cpu", dtype=dtype, enabled=autocast is not None):
@@ -311,18 +316,20 @@ def judge(
     schedule: bool = False,
     reference: bool = True,
     compute_dtype: str | None = None,
+    bug_from: int = 0,
 ) -> dict:
     loop = {"updates": updates, "clip": clip, "schedule": schedule}
     both = {**loop, "autocast": autocast, "compute_dtype": compute_dtype}
     record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
     record(root / "ref", model, optimizer, 1, seed, float64=True, skip_updates=skips, **loop)
-    record(root / "merged", model, optimizer, k, seed, bug=bug, **both)
+    record(root / "merged", model, optimizer, k, seed, bug=bug, bug_from=bug_from, **both)
     c = api.compare(root / "base", root / "merged", reference=None if reference else "none")
     judged = [d for r in c.results for d in (*r.weights, *r.grads) if d.excused is None]
     worst = max(d.ratio for d in judged)  # an excused jump (noted) is not judged by its ratio
     codes = [d.code for d in c.diagnosis if d.severity == "error"]
-    return {"verdict": c.verdict, "codes": codes, "worst": worst}
+    first = next((r.update for r in c.results if not r.ok), None)
+    return {"verdict": c.verdict, "codes": codes, "worst": worst, "first": first}
 
 
 def main() -> int:
@@ -342,6 +349,7 @@ def main() -> int:
     )
     parser.add_argument("--jsonl", type=Path, default=None, help="append each run's row here")
     parser.add_argument("--bug", choices=sorted(BUGS), help="inject this bug: each run must fail")
+    parser.add_argument("--bug-from", type=int, default=0, help="the bug from this update on")
     parser.add_argument("--updates", type=int, default=UPDATES, help="updates per run")
     parser.add_argument(
         "--autocast", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
@@ -373,13 +381,15 @@ def main() -> int:
             where = Path(scratch) / f"run-{i}"
             loop = {"autocast": args.autocast, "clip": args.clip, "schedule": args.schedule,
                     "reference": not args.reference_none,
-                    "compute_dtype": args.compute_dtype}  # fmt: skip
+                    "compute_dtype": args.compute_dtype, "bug_from": args.bug_from}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             expected = BUGS[args.bug] if args.bug is not None else NOT_EQUIVALENT.get(model)
             if expected is None and row["verdict"] != "pass":
                 alarms.append(row)
             elif expected is not None and row["codes"][:1] != [expected]:
                 alarms.append(row)  # missed, or named otherwise
+            elif args.bug is not None and row["first"] is not None and row["first"] < args.bug_from:
+                alarms.append(row)  # failed before the bug began
             if row["verdict"] == "pass":
                 worst = max(worst, row["worst"])
             else:
