@@ -301,7 +301,9 @@ def _why_it_passes(c: Comparison) -> list[Diagnosis]:
             f"the {c.dtype} baseline is (allowed {factor:g}x{floor})"
         )
         if len(judged) < sum(len(r.weights) + len(r.grads) for r in c.results):
-            message += "; gradient jumps excused as noted are not counted here"
+            message += (
+                "; gradients excused as noted (a kink's jump, runs parted) are not counted here"
+            )
         evidence = {
             "worst_ratio_to_floor": worst,
             "worst_error_over_noise": max(noise, default=0.0),
