@@ -52,7 +52,7 @@ import numpy as np
 
 from ..runs.model import Run, Tensors
 from .kinks import JUMP_SHARE, KINK_UNITS, excuse, first_failing, many_rows, row_share
-from .metrics import TensorDiff, _safe_div
+from .metrics import TensorDiff, _safe_div, module_of
 from .results import UpdateResult
 
 
@@ -131,11 +131,6 @@ def follow_kink_divergence(
     return notes + _excuse_parted(parted, kinked)
 
 
-def _module(name: str) -> str:
-    """A tensor's module: its name up to the last dot."""
-    return name.rpartition(".")[0]
-
-
 def _confined(r: UpdateResult, kinked: set[str]) -> bool:
     """Whether update `r`'s failures are gradients of the modules kinks were crossed in, each
     off by less than all of itself, with its bookkeeping, its weights and the model's other
@@ -143,10 +138,10 @@ def _confined(r: UpdateResult, kinked: set[str]) -> bool:
     failing = [d for d in r.grads if not d.ok]
     if not failing or r.problems or not all(d.ok for d in r.weights):
         return False
-    modules = {_module(name) for name in kinked}
-    if not all(_module(d.name) in modules and d.rel_l2 < 1 for d in failing):
+    modules = {module_of(name) for name in kinked}
+    if not all(module_of(d.name) in modules and d.rel_l2 < 1 for d in failing):
         return False
-    others = sum(d.size or 0 for d in r.grads if _module(d.name) not in modules)
+    others = sum(d.size or 0 for d in r.grads if module_of(d.name) not in modules)
     return others >= sum(d.size or 0 for d in failing)
 
 
@@ -165,7 +160,7 @@ def _excuse_parted(parted: list[UpdateResult], kinked: set[str]) -> list[str]:
         if len(updates) == 1
         else f"{len(updates)} updates from {updates[0]} to {updates[-1]}"
     )
-    modules = ", ".join(sorted({_module(d.name) for d in failing}))
+    modules = ", ".join(sorted({module_of(d.name) for d in failing}))
     return [
         f"{at}: the gradients of {modules}, where the kinks were crossed, stood up to "
         f"{max(d.rel_l2 for d in failing):.3g} of their norm off ({worst.ratio:.3g}x what the "

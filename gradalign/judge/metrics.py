@@ -66,6 +66,11 @@ class TensorDiff:
         return 0.0 if self.error == 0 else math.inf
 
 
+def module_of(name: str) -> str:
+    """A tensor's module: its name up to the last dot (a weight and its bias share one)."""
+    return name.rpartition(".")[0]
+
+
 def _safe_div(num: float, den: float) -> float:
     if den > 0:
         return num / den

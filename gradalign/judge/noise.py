@@ -60,7 +60,7 @@ import statistics
 import numpy as np
 
 from ..runs.model import Run, Tensors
-from .metrics import TensorDiff
+from .metrics import TensorDiff, module_of
 from .results import UpdateResult
 
 POOL = 3  # a tensor's noise is at least the RMS of its noise over updates i-POOL .. i+POOL
@@ -226,11 +226,11 @@ def _spread(weights: list[TensorDiff], drifted: list[TensorDiff]) -> float:
     bias 0.6% off its own tiny norm, which moves nothing (softmax ignores it), weighs as little
     as it is against the projection (model zoo run 934: alone it widened every later gradient
     16-fold)."""
-    modules = {d.name.rpartition(".")[0] for d in drifted}
+    modules = {module_of(d.name) for d in drifted}
     errors: dict[str, float] = {}
     norms: dict[str, float] = {}
     for d in weights:
-        module = d.name.rpartition(".")[0]
+        module = module_of(d.name)
         if module in modules and d.norm and math.isfinite(d.error):
             errors[module] = errors.get(module, 0.0) + d.error**2
             norms[module] = norms.get(module, 0.0) + d.norm**2
