@@ -19,19 +19,24 @@ Muon for the matrices with AdamW for the rest (two optimizers, the Recorder watc
                                         [--bug NAME] [--bug-from 0] [--updates 10]
                                         [--autocast [float16]]
                                         [--clip 1.0] [--schedule] [--reference-none]
+                                        [--width 1]
                                         [--jsonl rows.jsonl]
 
 `--autocast` runs each forward under CPU autocast (bfloat16, or float16 with a GradScaler);
-`--clip` clips the accumulated gradient's norm before each step; `--schedule` warms the learning
-rate up over 2 updates and then decays it on a cosine (a LambdaLR stepped once per update).
+`--width W` makes every model W times as wide (its `d`, and the widths that follow it; the
+GPT's and the encoder's 4 heads stay 4). `--clip` clips the accumulated gradient's norm
+before each step; `--schedule` warms the learning rate up over 2 updates and then decays it
+on a cosine (a LambdaLR stepped once per update).
 
 `--bug` injects one bug into every merged run (no loss scaling, zero_grad or step every
 micro-step, gradients never cleared); then every run must fail, named first by that bug's code.
 `--bug-from U` injects it from update U on (a bug that starts late, after the runs may have
 parted at kinks).
-`--models` takes two more: `moe`, a mixture of experts (top 2 of 4, no balancing loss), and
+`--models` takes four more: `moe`, a mixture of experts (top 2 of 4, no balancing loss),
 `moe-balance`, the same with a load-balancing loss over each forward's batch, which no merged
-run can reproduce: its runs must fail, named `cross-sample-loss`.
+run can reproduce: its runs must fail, named `cross-sample-loss`; `resnet`, a residual CNN
+(3x3 Conv2d, GroupNorm, ReLU) over the tokens' embeddings laid out as a 3x4 image; `lstm`, two
+stacked LSTM layers.
 
 Torch runs on one thread (which threads sum what changes the draws, not the verdicts' odds).
 Exits 0 either way: a measurement, not a test.
@@ -40,6 +45,8 @@ Exits 0 either way: a measurement, not a test.
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import math
 import random
@@ -91,7 +98,7 @@ class Encoder(nn.Module):
     def __init__(self, d: int = 24) -> None:
         super().__init__()
         self.emb = nn.Embedding(VOCAB, d)
-        layer = nn.TransformerEncoderLayer(d, 4, 48, dropout=0.0, batch_first=True)
+        layer = nn.TransformerEncoderLayer(d, 4, 2 * d, dropout=0.0, batch_first=True)
         self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.out = nn.Linear(d, CLASSES)
 
@@ -114,8 +121,8 @@ class ConvText(nn.Module):
     def __init__(self, d: int = 16) -> None:
         super().__init__()
         self.emb = nn.Embedding(VOCAB, d)
-        self.conv = nn.Conv1d(d, 32, 3, padding=1)
-        self.out = nn.Linear(32, CLASSES)
+        self.conv = nn.Conv1d(d, 2 * d, 3, padding=1)
+        self.out = nn.Linear(2 * d, CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(torch.relu(self.conv(self.emb(x).transpose(1, 2))).amax(2))
@@ -165,6 +172,41 @@ class MixtureText(nn.Module):
         return self.out((h + mixed).mean(1))
 
 
+class ResNetGrid(nn.Module):
+    """A small residual CNN: the 12 tokens' embeddings laid out as a 3x4 image of d channels,
+    two residual blocks of 3x3 convolutions with GroupNorm and ReLU, global average pooling."""
+
+    def __init__(self, d: int = 16, blocks: int = 2) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.blocks = nn.ModuleList(nn.Sequential(*self._block(d)) for _ in range(blocks))
+        self.out = nn.Linear(d, CLASSES)
+
+    @staticmethod
+    def _block(d: int) -> list[nn.Module]:
+        conv = [nn.Conv2d(d, d, 3, padding=1, bias=False) for _ in range(2)]
+        return [conv[0], nn.GroupNorm(4, d), nn.ReLU(), conv[1], nn.GroupNorm(4, d)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x).transpose(1, 2).reshape(x.shape[0], -1, 3, SEQ // 3)
+        for block in self.blocks:
+            h = torch.relu(h + block(h))
+        return self.out(h.mean((2, 3)))
+
+
+class LSTMText(nn.Module):
+    """Two stacked LSTM layers over the embeddings, the last step's state classified."""
+
+    def __init__(self, d: int = 20) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, d)
+        self.rnn = nn.LSTM(d, d, num_layers=2, batch_first=True)
+        self.out = nn.Linear(d, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.rnn(self.emb(x))[0][:, -1])
+
+
 MODELS: dict[str, Callable[[], nn.Module]] = {
     "gpt": TinyGPT, "encoder": Encoder, "gru": Recurrent, "convtext": ConvText, "lnmlp": NormedMLP,
 }  # fmt: skip
@@ -172,7 +214,9 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
 # keep their draws.
 MORE_MODELS: dict[str, Callable[[], nn.Module]] = {
     "moe": MixtureText,
-    "moe-balance": lambda: MixtureText(balance=0.01),
+    "moe-balance": functools.partial(MixtureText, balance=0.01),
+    "resnet": ResNetGrid,
+    "lstm": LSTMText,
 }
 # Models whose accumulation is not the large batch's training, and the code that must name it:
 # the load-balancing loss is computed over each forward's batch, B/K positions in the merged run.
@@ -233,11 +277,21 @@ BUGS = {  # a bug the merged loop may carry -> the code that must name it
 }
 
 
+def build(model: str, width: int = 1) -> nn.Module:
+    """The family's model, its width `d` (and the widths that follow it) `width` times its
+    default."""
+    make = {**MODELS, **MORE_MODELS}[model]
+    if width == 1:
+        return make()
+    return make(d=width * inspect.signature(make).parameters["d"].default)
+
+
 def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) -> None:
     """One run at K=k; `options`: float64=True, reference=PATH, logged_scale=S (each micro loss
     recorded S times too large: a loss that is not the one backpropagated), bug=NAME (BUGS),
     bug_from=U (the bug from update U on; default 0),
-    updates=N (default UPDATES), autocast="bfloat16"|"float16" (the forward under CPU autocast,
+    updates=N (default UPDATES), width=W (the model W times as wide, `build`),
+    autocast="bfloat16"|"float16" (the forward under CPU autocast,
     float16 with a GradScaler; never for the float64 reference), clip=MAX_NORM, schedule=True,
     skip_updates=[...] (the Recorder's: a float64 reference skips the baseline's skipped steps),
     compute_dtype="bfloat16" (the Recorder's: the dtype the run declares it computed in, as an
@@ -246,7 +300,7 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     autocast = None if options.get("float64") else options.get("autocast")
     dtype = getattr(torch, autocast or "float32")
     torch.manual_seed(seed)
-    net = {**MODELS, **MORE_MODELS}[model]()
+    net = build(model, options.get("width", 1))
     net = net.double() if options.get("float64") else net
     opt = {**OPTIMIZERS, **MORE_OPTIMIZERS}[optimizer](net.parameters())
     scaler = torch.amp.GradScaler("cpu") if autocast == "float16" else None
@@ -317,8 +371,9 @@ def judge(
     reference: bool = True,
     compute_dtype: str | None = None,
     bug_from: int = 0,
+    width: int = 1,
 ) -> dict:
-    loop = {"updates": updates, "clip": clip, "schedule": schedule}
+    loop = {"updates": updates, "clip": clip, "schedule": schedule, "width": width}
     both = {**loop, "autocast": autocast, "compute_dtype": compute_dtype}
     record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
@@ -355,6 +410,9 @@ def main() -> int:
         "--autocast", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
         help="forward under CPU autocast (bfloat16 unless named; float16 adds a GradScaler)",
     )  # fmt: skip
+    parser.add_argument(
+        "--width", type=int, default=1, help="every model this many times as wide (default 1)"
+    )
     parser.add_argument("--clip", type=float, default=None, help="clip the gradient's norm")
     parser.add_argument("--schedule", action="store_true", help="warmup and cosine decay")
     parser.add_argument(
@@ -381,7 +439,8 @@ def main() -> int:
             where = Path(scratch) / f"run-{i}"
             loop = {"autocast": args.autocast, "clip": args.clip, "schedule": args.schedule,
                     "reference": not args.reference_none,
-                    "compute_dtype": args.compute_dtype, "bug_from": args.bug_from}  # fmt: skip
+                    "compute_dtype": args.compute_dtype, "bug_from": args.bug_from,
+                    "width": args.width}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             expected = BUGS[args.bug] if args.bug is not None else NOT_EQUIVALENT.get(model)
             if expected is None and row["verdict"] != "pass":

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 
 from .results import FAIL, Check, Comparison, Diagnosis
-from .signatures.accumulation import grad_not_cleared, penalty_not_scaled
+from .signatures.accumulation import EXPLAINED, grad_not_cleared, penalty_not_scaled
 from .signatures.common import RATIO_MATCH, grads_of, relative_error, window
 from .signatures.gradient import loss_scale
 
@@ -57,8 +57,8 @@ def shape_below_noise(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
             continue
         for signature in SHAPES:
             found = signature(c, r)
-            if found is None:
-                continue
+            if found is None or found.evidence["explained_share"] < EXPLAINED:
+                continue  # under the floor, "the rest within the noise" is all of it
             found.message += (
                 f"; below the noise floor: the gradient is {error:.3g} off the baseline's "
                 "(relative L2), less than the baseline's own distance from the float64 "

@@ -18,6 +18,9 @@ from ..results import Comparison, Diagnosis, UpdateResult
 from .common import finite, grad_norm, grads_of, noise_share, on_ranks, weights_of, window
 
 EXPLAINED = 0.95  # a relation must explain this share of the gradient error (1 - residual share)
+# ... or, the rest within the noise, most of it: a fit of a few tenths of a percent explains
+# nothing (a wide GPT's clean gradients: 0.8% "explained" by the previous gradient, the rest noise)
+MOSTLY = 0.5
 
 
 def _vector(tensors: Tensors, names: list[str]) -> np.ndarray:
@@ -61,7 +64,8 @@ def _params(c: Comparison, grads: Tensors) -> list[str]:
 def grad_not_cleared(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """zero_grad() never called: the merged gradient is the baseline's plus the previous window's
     merged gradient (times a constant, when the loop divides .grad every window), up to a share
-    or to the reference's noise (bfloat16 autocast: 94.2% explained, the rest noise; zoo 9013)."""
+    or, most of it explained, to the reference's noise (bfloat16 autocast: 94.2% explained, the
+    rest noise; zoo 9013)."""
     if r.update == 0:
         return None
     gb, gm, prev = (
@@ -75,7 +79,8 @@ def grad_not_cleared(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     delta = _vector(gm, names) - base
     a, share = _explained(delta, _vector(prev, names))
     rest = np.linalg.norm(delta) * (1.0 - share) if c.reference is not None else np.inf
-    if a <= 0 or (share < EXPLAINED and not rest <= noise_share(c, r) * np.linalg.norm(base)):
+    within_noise = share >= MOSTLY and rest <= noise_share(c, r) * np.linalg.norm(base)
+    if a <= 0 or (share < EXPLAINED and not within_noise):
         return None
     within = "" if share >= EXPLAINED else ", the rest within the noise"
     return Diagnosis(
