@@ -107,14 +107,16 @@ def follow_kink_divergence(
         f"each weight by {factor:g} x {j_weights:.3g} of how far it moved since {since} "
         "(the kink's size at that update)"
     ]
-    kinked, parted = {worst.name}, []  # the tensors kinks were crossed in; updates confined
+    # the tensors a kink moved at its own update (its unit's and those upstream of it); updates
+    # confined to their modules
+    kinked, parted = {d.name for d in failing}, []
     for r in results[first:]:  # the kink's own update read above
         g_ref = gr if r is at else ref.grads(r.update)
         w_ref = wr if r is at else ref.weights(r.update)
         later = None if r is at or g_ref is None else _later_kink(r, merged, g_ref, j_grads)
         if later is not None and factor * later[1] < 1:
             j_grads, j_weights = later[1], max(j_weights, later[1])  # a share steps a share
-            kinked.add(later[0])
+            kinked |= {later[0], *(d.name for d in r.grads if not d.ok)}
             notes.append(
                 f"update {r.update}: another kink crossed, the gradient of {later[0]} "
                 f"{j_grads:.3g} of its norm off, {JUMP_SHARE:.0%} of it in {later[2]} row(s) or "

@@ -265,8 +265,12 @@ def carry(r: UpdateResult, excess: float, factor: float, spread: float = 0.0) ->
 
 
 def explain_loss_by_weights(
-    results: list[UpdateResult], merged: Run, ref: Run, factor: float
-) -> None:
+    results: list[UpdateResult],
+    merged: Run,
+    ref: Run,
+    factor: float,
+    done: frozenset[int] = frozenset(),
+) -> frozenset[int]:
     """Let a loss differ by what the weights it was computed with explain.
 
     Update u's loss is computed with the weights after update u−1. Where those weights passed
@@ -282,10 +286,14 @@ def explain_loss_by_weights(
     3.3e-4: 4.2 to 5.7 times the reference's slope, 0.54 to 1.28 times the merged run's. A loss
     computed wrongly (`loss-averaging`) moves the loss, not the weights, and still fails. Read
     only at such updates, and only where both runs kept full weights. `ref`: the reference, or
-    the baseline where there is none (the loss is then judged against it)."""
+    the baseline where there is none (the loss is then judged against it). Returns the updates
+    widened, with `done` (updates widened before: not again)."""
+    widened = set(done)
     for u in range(1, len(results)):
         r, before = results[u], results[u - 1]
-        if r.loss_ok or not before.weights or not all(d.ok for d in before.weights):
+        if u in widened or r.loss_ok or not before.weights:
+            continue
+        if not all(d.ok for d in before.weights):
             continue
         wm, wr = merged.weights(u - 1), ref.weights(u - 1)
         if wm is None or wr is None:
@@ -294,6 +302,8 @@ def explain_loss_by_weights(
         finite = [slope for slope in slopes if math.isfinite(slope)]
         if finite:
             r.loss_allowed += factor * max(finite)
+            widened.add(u)
+    return frozenset(widened)
 
 
 def _slope(grads: Tensors, wm: Tensors, wr: Tensors) -> float:
