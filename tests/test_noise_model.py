@@ -104,6 +104,32 @@ def test_a_jump_at_two_updates_in_a_row_still_fails(runs):
     assert result.verdict == "fail"
 
 
+def _jumps(at: dict[int, int]):
+    """One unit's row jumps at each update of `at` (update: row), apart from the step."""
+
+    def spike(u, g):
+        if u in at:
+            g[at[u]] += 1e-3 * np.abs(g).max()
+        return g
+
+    return spike
+
+
+def test_isolated_jumps_in_units_of_their_own_are_each_noted(runs):
+    """Past the first, each further isolated jump is excused where no jump before was held in
+    its units: a wide model crosses kinks at several updates, each in another unit."""
+    result = merged(runs, "jumps-apart", _jumps({3: 3, 8: 10}))
+    assert result.verdict == "pass", [c for c in result.checks if c.status == "fail"]
+    assert [result.results[u].grads[0].excused for u in (3, 8)] == ["isolated jump"] * 2
+
+
+def test_a_unit_that_jumps_again_fails(runs):
+    """The same unit off at two separate updates is an error that stays, not a kink crossed."""
+    result = merged(runs, "jumps-again", _jumps({3: 3, 8: 3}))
+    assert result.verdict == "fail"
+    assert result.results[8].grads[0].excused is None
+
+
 def test_a_clean_run_needs_no_excuse(runs):
     result = merged(runs, "clean", None)
     assert result.verdict == "pass"
