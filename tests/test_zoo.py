@@ -446,3 +446,17 @@ def test_a_wide_model_crossing_kinks_in_other_units_is_not_a_false_alarm(tmp_pat
     and update 9 failed at 3.5x; past the first, a jump in units of its own is excused too."""
     row = _one_thread_judge(tmp_path, "encoder", "adamax", 4, 102, None, width=4)
     assert row["verdict"] == "pass", row
+
+
+def test_a_kink_that_passed_is_followed_from_where_its_step_failed(tmp_path):
+    """A Transformer encoder four times as wide under RMSprop, K=2, seed 245: at update 7 one
+    unit's gradient stood 393x its noise, within what the drift carried there, and its step
+    failed the weights at update 8, whose gradients then failed everywhere (5.7x): no kink's
+    few rows at the first failure. The kink is found at the update before it and followed from
+    there; a bug from update 8 on still fails by its own code."""
+    row = _one_thread_judge(tmp_path / "clean", "encoder", "rmsprop", 2, 245, None, width=4)
+    assert row["verdict"] == "pass", row
+    row = _one_thread_judge(
+        tmp_path / "bug", "encoder", "rmsprop", 2, 245, "no-loss-scale", width=4, bug_from=8
+    )
+    assert row["codes"][:1] == ["loss-scale"] and row["first"] >= 8, row

@@ -12,7 +12,10 @@ trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
   update before, passing by what a drift allows (`_stepped`; model zoo run 7155, an encoder
   under Adam, K=4, 100 updates: the kink's row stepped 14.9x its noise at update 83 and no
   weight failed until kinks crossed at updates 89 to 93 had failed the gradients). Else it is
-  an isolated jump or none.
+  an isolated jump or none. Or the kink passed, by what a drift carried there, and the first
+  failure is its step: the weights fail at the update after one whose gradient furthest over
+  its noise (factor times at least) holds its error in a few units (`_kink_before`); followed
+  from that update.
 - **Its size**, as a share of the reference: J_g, the failing gradients' largest
   ||g_m − g_ref|| / ||g_ref||, and J_w, the larger of J_g (a gradient off by a share of itself
   steps off by about that share) and the failing weights' largest
@@ -84,28 +87,40 @@ def follow_kink_divergence(
             "run keeps them at its snapshot updates only: snapshot_every)"
         ]
     many = [d for d in failing if many_rows(gm[d.name])]
-    if not many:
-        return []
-    worst = max(many, key=lambda d: d.ratio)
-    rows = row_share(gm[worst.name], gr[worst.name], KINK_UNITS)
-    if rows is None:
-        return []
+    worst = max(many, key=lambda d: d.ratio) if many else None
+    rows = None if worst is None else row_share(gm[worst.name], gr[worst.name], KINK_UNITS)
+    jumped = f"jumped to {worst.ratio:.3g}x its allowed error" if worst is not None else ""
+    later = ""  # where the kink passed: the update its step failed
+    stepped = wm, wr  # the weights the first failing update left
+    if rows is None:  # no kink: the step of one crossed the update before, which passed?
+        found = _kink_before(results, first, merged, ref, factor)
+        if found is None:
+            return []
+        first, failing, worst, rows = found
+        failed_at, at = u, results[first]
+        u = at.update
+        gm, gr, wr = merged.grads(u), ref.grads(u), ref.weights(u)
+        before = ref.weights(u - 1) if u > 0 else ref.init_weights()
+        if gm is None or gr is None or wr is None or before is None:
+            return []
+        jumped = f"jumped to {worst.error / worst.noise:.3g}x its noise (within what was allowed)"
+        later = f", its step failing the weights at update {failed_at}"
     j_grads = max(_share(gm[d.name], gr[d.name], 0.0) for d in failing)
     if factor * j_grads >= 1:  # a gradient allowed to differ by all of itself is not checked
         return []
     # a gradient off by a share of itself steps off by about that share
-    j_weights = max([j_grads, *(_share(wm[d.name], wr[d.name], before[d.name]) for d in moved)])
+    shares = [_share(stepped[0][d.name], stepped[1][d.name], before[d.name]) for d in moved]
+    j_weights = max([j_grads, *shares])
     if not (math.isfinite(j_grads) and math.isfinite(j_weights)):
         return []
     since = f"update {u - 1}" if u else "the start"
     notes = [
-        f"update {u}: the gradient of {worst.name} jumped to {worst.ratio:.3g}x its allowed "
-        f"error, {JUMP_SHARE:.0%} of it in {rows} row(s) or column(s), the loss and every "
-        "earlier update within noise: an activation crossed its kink in one run and not the "
-        "other, and the runs follow neighbouring trajectories from there. From update "
-        f"{u} on, each gradient may also differ by {factor:g} x {j_grads:.3g} of its norm and "
-        f"each weight by {factor:g} x {j_weights:.3g} of how far it moved since {since} "
-        "(the kink's size at that update)"
+        f"update {u}: the gradient of {worst.name} {jumped}, {JUMP_SHARE:.0%} of it in {rows} "
+        f"row(s) or column(s){later}, the loss and every earlier update within noise: an "
+        "activation crossed its kink in one run and not the other, and the runs follow "
+        f"neighbouring trajectories from there. From update {u} on, each gradient may also "
+        f"differ by {factor:g} x {j_grads:.3g} of its norm and each weight by {factor:g} x "
+        f"{j_weights:.3g} of how far it moved since {since} (the kink's size at that update)"
     ]
     # the tensors a kink moved at its own update (its unit's and those upstream of it); updates
     # confined to their modules
@@ -131,6 +146,30 @@ def follow_kink_divergence(
         if _confined(r, kinked):
             parted.append(r)
     return notes + _excuse_parted(parted, kinked)
+
+
+def _kink_before(
+    results: list[UpdateResult], first: int, merged: Run, ref: Run, factor: float
+) -> tuple[int, list[TensorDiff], TensorDiff, int] | None:
+    """A kink crossed at the update before the first failing one, which passed by what was
+    allowed there (a drift carried), its step failing the weights after it: that update's
+    index, its gradients over `factor` times their noise, the worst of them (by error over
+    noise, of many rows: the kink's, its error in at most KINK_UNITS units), and those units'
+    count. Model zoo run 245 at width 4 (an encoder under RMSprop): one unit's gradient 393x
+    its noise at update 7 passed, and the weights failed at update 8."""
+    if first == 0 or all(d.ok for d in results[first].weights):
+        return None
+    kink = results[first - 1]
+    gm, gr = merged.grads(kink.update), ref.grads(kink.update)
+    if gm is None or gr is None:
+        return None
+    over = [d for d in kink.grads if d.noise and d.error > factor * d.noise and d.name in gm]
+    many = [d for d in over if many_rows(gm[d.name])]
+    if not many:
+        return None
+    worst = max(many, key=lambda d: d.error / d.noise)
+    rows = row_share(gm[worst.name], gr[worst.name], KINK_UNITS)
+    return None if rows is None else (first - 1, over, worst, rows)
 
 
 def _confined(r: UpdateResult, kinked: set[str]) -> bool:
