@@ -308,6 +308,16 @@ def test_a_step_with_the_jump_is_a_weight_leaving_its_noise(ratios, before, fail
     assert _stepped(result(1, ratios, failed), result(0, before), 4.0) is stepped
 
 
+def _joined(a: dict, b: dict) -> dict:
+    """Two single-tensor runs as one model of two modules, `a.w` and `b.w` (the loss their sum)."""
+    both = {"init_weights": {"a.w": a["init_weights"]["w"], "b.w": b["init_weights"]["w"]}}
+    for key in ("update_weights", "grads"):
+        both[key] = [{"a.w": x["w"], "b.w": y["w"]} for x, y in zip(a[key], b[key], strict=True)]
+    losses = zip(a["micro_losses"], b["micro_losses"], strict=True)
+    both["micro_losses"] = [x + y for x, y in losses]
+    return both
+
+
 def _two_modules(dtype, k: int = 1, parted: bool = False, bug_from: int | None = None) -> dict:
     """Two least-squares modules, `a` and `b`, trained side by side as one model (the loss is
     their sum). With `parted`: a kink in one row of `a` at update 6 (1e-3 of the gradient's
@@ -324,12 +334,7 @@ def _two_modules(dtype, k: int = 1, parted: bool = False, bug_from: int | None =
 
         return altered
 
-    a, b = (train(dtype, k=k, spike=spike(m), feed=True) for m in "ab")
-    both = {"init_weights": {"a.w": a["init_weights"]["w"], "b.w": b["init_weights"]["w"]}}
-    for key in ("update_weights", "grads"):
-        both[key] = [{"a.w": x["w"], "b.w": y["w"]} for x, y in zip(a[key], b[key], strict=True)]
-    losses = zip(a["micro_losses"], b["micro_losses"], strict=True)
-    both["micro_losses"] = [x + y for x, y in losses]
+    both = _joined(*(train(dtype, k=k, spike=spike(m), feed=True) for m in "ab"))
     for u, grads in enumerate(both["grads"]):
         if parted and u >= 8:
             g = grads["a.w"] = grads["a.w"].copy()
@@ -371,3 +376,45 @@ def test_runs_parted_by_a_kink_may_differ_in_the_kinked_module_alone(two_module_
     monkeypatch.setattr("gradalign.judge.kink_divergence._excuse_parted", lambda *a: [])
     unexcused = _parted_run(two_module_runs, "parted-unexcused", parted=True)
     assert unexcused.verdict == "fail" and not unexcused.results[8].ok
+
+
+def _kink_with_echo(dtype, k: int = 1, kink: bool = True, echo: float = 0.0) -> dict:
+    """The two modules, recorded apart from the step: with `kink`, one row of `a` jumps at
+    update 6 (1e-3 of the gradient's largest element, a share of about 4e-4 of `a`'s gradient);
+    `b`'s gradient there is (1 + `echo`) times itself, spread over every element (what a unit
+    flipped for one sample sends upstream)."""
+    from tests.test_noise_model import train
+
+    def spike(module: str):
+        def altered(u, g):
+            if u == 6 and module == "a" and kink:
+                g[3] += 1e-3 * np.abs(g).max()
+            return g * (1 + echo) if u == 6 and module == "b" else g
+
+        return altered
+
+    return _joined(*(train(dtype, k=k, spike=spike(m)) for m in "ab"))
+
+
+@pytest.mark.parametrize(
+    "name, kink, echo, passes",
+    [
+        ("echo", True, 1e-4, True),  # a smaller share than the kink's: upstream of it
+        ("echo-larger", True, 2e-3, False),  # a larger share: no kink's echo
+        ("echo-alone", False, 1e-4, False),  # no kink: a spread jump
+    ],
+)
+def test_a_kinks_echo_upstream_is_excused_with_it(two_module_runs, name, kink, echo, passes):
+    """An isolated kink's jump with, beside it, a tensor off by a smaller share of itself,
+    spread (the backward of the tensors before the flipped unit): noted with the kink. A larger
+    share, or no kink beside it, still fails."""
+    from gradalign import api
+    from gradalign.runs.portable import write_run
+
+    root, base = two_module_runs
+    path = write_run(root / name, accum_steps=4, **_kink_with_echo(np.float32, 4, kink, echo))
+    result = api.compare(base, path)
+    assert result.results[6].grads[1].name == "b.w" and not result.results[6].grads[1].ratio < 1
+    assert (result.verdict == "pass") is passes, _failing(result)
+    if passes:
+        assert any("b.w upstream of it" in n for n in result.notes), result.notes

@@ -54,8 +54,16 @@ import math
 import numpy as np
 
 from ..runs.model import Run, Tensors
-from .kinks import JUMP_SHARE, KINK_UNITS, excuse, first_failing, many_rows, row_share
-from .metrics import TensorDiff, _safe_div, module_of
+from .kinks import (
+    JUMP_SHARE,
+    KINK_UNITS,
+    excuse,
+    first_failing,
+    many_rows,
+    row_share,
+    share,
+)
+from .metrics import TensorDiff, module_of
 from .results import UpdateResult
 
 
@@ -105,11 +113,11 @@ def follow_kink_divergence(
             return []
         jumped = f"jumped to {worst.error / worst.noise:.3g}x its noise (within what was allowed)"
         later = f", its step failing the weights at update {failed_at}"
-    j_grads = max(_share(gm[d.name], gr[d.name], 0.0) for d in failing)
+    j_grads = max(share(gm[d.name], gr[d.name], 0.0) for d in failing)
     if factor * j_grads >= 1:  # a gradient allowed to differ by all of itself is not checked
         return []
     # a gradient off by a share of itself steps off by about that share
-    shares = [_share(stepped[0][d.name], stepped[1][d.name], before[d.name]) for d in moved]
+    shares = [share(stepped[0][d.name], stepped[1][d.name], before[d.name]) for d in moved]
     j_weights = max([j_grads, *shares])
     if not (math.isfinite(j_grads) and math.isfinite(j_weights)):
         return []
@@ -250,7 +258,7 @@ def _later_kink(
     if gm is None:
         return None
     shares = {
-        name: _share(gm[name], g_ref[name], 0.0)
+        name: share(gm[name], g_ref[name], 0.0)
         for name in gm.keys() & g_ref.keys()
         if many_rows(g_ref[name])
     }
@@ -273,21 +281,14 @@ def _whole_model_moved(r: UpdateResult) -> bool:
 
 
 def _widened(
-    diffs: list[TensorDiff], share: float, ref: Tensors, before: Tensors | None
+    diffs: list[TensorDiff], extra: float, ref: Tensors, before: Tensors | None
 ) -> list[TensorDiff]:
-    """Each diff with share·||ref|| (or share·||ref − before||) added to what it allows."""
+    """Each diff with extra·||ref|| (or extra·||ref − before||) added to what it allows."""
     out = []
     for d in diffs:
         if d.name in ref and (before is None or d.name in before):
             r = np.asarray(ref[d.name], dtype=np.float64)
             scale = np.linalg.norm(r if before is None else r - before[d.name])
-            d = dataclasses.replace(d, allowed=d.allowed + share * float(scale))
+            d = dataclasses.replace(d, allowed=d.allowed + extra * float(scale))
         out.append(d)
     return out
-
-
-def _share(merged: np.ndarray, ref: np.ndarray, before: np.ndarray | float) -> float:
-    """||merged − ref|| / ||ref − before||: an error as a share of the reference's size."""
-    r = np.asarray(ref, dtype=np.float64)
-    error = float(np.linalg.norm(np.asarray(merged, dtype=np.float64) - r))
-    return _safe_div(error, float(np.linalg.norm(r - before)))

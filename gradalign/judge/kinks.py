@@ -15,7 +15,8 @@ against the reference too (measured: 2 in 300 updates of the default SGD run).
   them each further one in units (rows or columns) no jump excused before was held in. A wide
   model crosses kinks often (an encoder with 192 ReLU units a layer, Adamax, K=4: one unit at
   each of updates 4, 7 and 9 of 10, each another); a unit whose error comes back is no kink
-  crossed, but an error that stays.
+  crossed, but an error that stays. The tensors upstream of the unit fail beside it in a wide
+  model, each off by a smaller share of itself, spread (`_echoes`): excused with the jump.
 - **Jumps the baseline makes too** (`excuse_jumps_like_the_baselines`): over a long run a
   model with many near-ties (a max over positions after a convolution) crosses kinks at many
   updates, some in a row. Where the baseline's own gradient jumped against the reference (its
@@ -41,7 +42,8 @@ import math
 
 import numpy as np
 
-from ..runs.model import Run
+from ..runs.model import Run, Tensors
+from .metrics import _safe_div
 from .results import UpdateResult
 
 JUMP_SHARE = 0.9  # a kink's jump holds this share of its error ...
@@ -66,20 +68,27 @@ def excuse_isolated_jumps(results: list[UpdateResult], merged: Run, ref: Run) ->
             continue
         failing = [d for d in r.grads if not d.ok]
         found = {d.name: kink_units(gm[d.name], gr[d.name]) for d in failing}
-        if not all(units is not None for units in found.values()):
+        kinked = {name: units for name, units in found.items() if units is not None}
+        echoes = [name for name in found if name not in kinked]
+        if echoes and not _echoes(echoes, kinked, gm, gr):
             continue
-        units = {(name, axis, i) for name, (axis, held) in found.items() for i in held}
+        units = {(name, axis, i) for name, (axis, held) in kinked.items() for i in held}
         if len(notes) >= 1 + len(results) // 100 and units & crossed:
             continue  # past the first few, each jump in units of its own
         crossed |= units
-        shares = {name: len(held) for name, (_, held) in found.items()}
-        excuse(r, set(shares), "isolated jump")
-        worst = max(failing, key=lambda d: d.ratio)
+        excuse(r, set(found), "isolated jump")
+        worst = max((d for d in failing if d.name in kinked), key=lambda d: d.ratio)
+        rows = max(len(held) for _, held in kinked.values())
+        upstream = (
+            f" (and {', '.join(echoes)} upstream of it, each off by a smaller share of itself)"
+            if echoes
+            else ""
+        )
         notes.append(
-            f"update {r.update}: the gradient of {', '.join(shares)} jumped to "
-            f"{worst.ratio:.3g}x its noise floor in {max(shares.values())} row(s) or column(s) of "
-            f"{worst.name}, while the updates around it, the weights and the loss stayed "
-            "within noise: an activation crossed its kink in one run and not the other "
+            f"update {r.update}: the gradient of {', '.join(kinked)} jumped to "
+            f"{worst.ratio:.3g}x its noise floor in {rows} row(s) or column(s) of "
+            f"{worst.name}{upstream}, while the updates around it, the weights and the loss "
+            "stayed within noise: an activation crossed its kink in one run and not the other "
             "(the baseline shows such jumps against the reference too); not counted as a "
             "failure"
         )
@@ -125,6 +134,27 @@ def excuse_jumps_like_the_baselines(
         "activation or a max crossing its kink in one run and not the other, as the same "
         f"rows show): not counted as failures (at most {factor:g}x the baseline's number)"
     ]
+
+
+def _echoes(echoes: list[str], kinked: dict, gm: Tensors, gr: Tensors) -> bool:
+    """Whether the failing tensors `echoes`, their errors spread, are what a kink in `kinked`
+    sends upstream: some kinked tensor holds its error in a few of many rows, and each echo is
+    off by a smaller share of itself than the furthest kinked one. A unit flipped for one
+    sample changes the backward of every tensor before it by that sample's share: in a wide
+    encoder (192 units a layer) one unit of layer 0's feed-forward, 3.5e-4 of linear1's
+    gradient off in one row, put the attention and the embedding 1.7e-4 off, beyond their
+    noise. A bug moves every tensor by like shares, spread in all of them."""
+    if not any(many_rows(gm[name]) for name in kinked):
+        return False
+    furthest = max(share(gm[name], gr[name], 0.0) for name in kinked)
+    return all(share(gm[name], gr[name], 0.0) < furthest for name in echoes)
+
+
+def share(merged: np.ndarray, ref: np.ndarray, before: np.ndarray | float) -> float:
+    """||merged − ref|| / ||ref − before||: an error as a share of the reference's size."""
+    r = np.asarray(ref, dtype=np.float64)
+    error = float(np.linalg.norm(np.asarray(merged, dtype=np.float64) - r))
+    return _safe_div(error, float(np.linalg.norm(r - before)))
 
 
 def _gradients_alone_failed(r: UpdateResult) -> bool:
