@@ -96,38 +96,20 @@ def test_a_spread_jump_still_fails(runs):
     assert not any("jumped" in note for note in result.notes)
 
 
-def test_a_jump_at_two_updates_in_a_row_still_fails(runs):
-    def twice(u, g):
-        return one_row(u)(u, g) if u in (6, 7) else g
+def test_jumps_in_a_row_whose_steps_stay_in_the_noise_are_noted(runs):
+    """Jumps at consecutive updates, in the same unit, whose steps leave every weight within its
+    noise (recorded apart from the step here; under Adam a unit's one-sample jump moves its
+    step by a sliver): a unit hovering at its kink flips in one run at update after update
+    (model zoo run 1252 at width 8, unit 191 at updates 7, 8 and 9), and the training is the
+    same within rounding."""
 
-    result = merged(runs, "twice", twice)
-    assert result.verdict == "fail"
+    def thrice(u, g):
+        return one_row(u)(u, g) if u in (6, 7, 8) else g
 
-
-def _jumps(at: dict[int, int]):
-    """One unit's row jumps at each update of `at` (update: row), apart from the step."""
-
-    def spike(u, g):
-        if u in at:
-            g[at[u]] += 1e-3 * np.abs(g).max()
-        return g
-
-    return spike
-
-
-def test_isolated_jumps_in_units_of_their_own_are_each_noted(runs):
-    """Past the first, each further isolated jump is excused where no jump before was held in
-    its units: a wide model crosses kinks at several updates, each in another unit."""
-    result = merged(runs, "jumps-apart", _jumps({3: 3, 8: 10}))
+    result = merged(runs, "thrice-quiet", thrice)
     assert result.verdict == "pass", [c for c in result.checks if c.status == "fail"]
-    assert [result.results[u].grads[0].excused for u in (3, 8)] == ["isolated jump"] * 2
-
-
-def test_a_unit_that_jumps_again_fails(runs):
-    """The same unit off at two separate updates is an error that stays, not a kink crossed."""
-    result = merged(runs, "jumps-again", _jumps({3: 3, 8: 3}))
-    assert result.verdict == "fail"
-    assert result.results[8].grads[0].excused is None
+    assert [result.results[u].grads[0].excused for u in (6, 7, 8)] == ["isolated jump"] * 3
+    assert any("its step left every weight within its noise" in n for n in result.notes)
 
 
 def test_a_clean_run_needs_no_excuse(runs):

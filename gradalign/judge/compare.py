@@ -139,17 +139,17 @@ def _judge(
         pool_noise(results, tol.noise_factor)
         carry_rounding(results)
         carry_admitted_excess(results, tol.noise_factor)
-        jumps = excuse_isolated_jumps(results, merged, reference)
-        jumps += excuse_jumps_like_the_baselines(results, base, merged, reference, tol.noise_factor)
         # a loss the weights explain is no failure a kink must come first of; once followed,
         # more weights pass, and the losses computed with them are read again
         explained = explain_loss_by_weights(results, merged, reference, tol.noise_factor)
+        jumps += excuse_isolated_jumps(results, merged, reference, tol.noise_factor)
+        jumps += excuse_jumps_like_the_baselines(results, base, merged, reference, tol.noise_factor)
         jumps += follow_kink_divergence(results, merged, reference, tol.noise_factor)
         jumps += follow_gain_divergence(results, merged, reference, tol.noise_factor)
         explain_loss_by_weights(results, merged, reference, tol.noise_factor, explained)
     elif base.full_weights and merged.full_weights:  # no reference: measured against the baseline
-        jumps += excuse_isolated_jumps(results, merged, base)
         explained = explain_loss_by_weights(results, merged, base, tol.noise_factor)
+        jumps += excuse_isolated_jumps(results, merged, base, tol.noise_factor)
         jumps += follow_kink_divergence(results, merged, base, tol.noise_factor)
         explain_loss_by_weights(results, merged, base, tol.noise_factor, explained)
     calibrated = reference is not None

@@ -9,7 +9,7 @@ trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
   the loss and every earlier update within noise, the worst gradient's error in at most
   `KINK_UNITS` rows and `JUMP_ROWS` of its rows, and the step taken with it left the rounding:
   some weight failed, or stood over factor times its noise and factor times further than the
-  update before, passing by what a drift allows (`_stepped`; model zoo run 7155, an encoder
+  update before, passing by what a drift allows (`kinks.stepped`; model zoo run 7155, an encoder
   under Adam, K=4, 100 updates: the kink's row stepped 14.9x its noise at update 83 and no
   weight failed until kinks crossed at updates 89 to 93 had failed the gradients). Else it is
   an isolated jump or none. Or the kink passed, by what a drift carried there, and the first
@@ -62,6 +62,7 @@ from .kinks import (
     many_rows,
     row_share,
     share,
+    stepped,
 )
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
@@ -80,7 +81,7 @@ def follow_kink_divergence(
     failing = [d for d in at.grads if not d.ok]
     moved = [d for d in at.weights if not d.ok]
     prior = results[first - 1] if first else None
-    if at.problems or not at.loss_ok or not failing or not _stepped(at, prior, factor):
+    if at.problems or not at.loss_ok or not failing or not stepped(at, prior, factor):
         return []
     u = at.update
     gm, gr, wm, wr = merged.grads(u), ref.grads(u), merged.weights(u), ref.weights(u)
@@ -99,7 +100,7 @@ def follow_kink_divergence(
     rows = None if worst is None else row_share(gm[worst.name], gr[worst.name], KINK_UNITS)
     jumped = f"jumped to {worst.ratio:.3g}x its allowed error" if worst is not None else ""
     later = ""  # where the kink passed: the update its step failed
-    stepped = wm, wr  # the weights the first failing update left
+    left = wm, wr  # the weights the first failing update left
     if rows is None:  # no kink: the step of one crossed the update before, which passed?
         found = _kink_before(results, first, merged, ref, factor)
         if found is None:
@@ -117,7 +118,7 @@ def follow_kink_divergence(
     if factor * j_grads >= 1:  # a gradient allowed to differ by all of itself is not checked
         return []
     # a gradient off by a share of itself steps off by about that share
-    shares = [share(stepped[0][d.name], stepped[1][d.name], before[d.name]) for d in moved]
+    shares = [share(left[0][d.name], left[1][d.name], before[d.name]) for d in moved]
     j_weights = max([j_grads, *shares])
     if not (math.isfinite(j_grads) and math.isfinite(j_weights)):
         return []
@@ -190,7 +191,7 @@ def _confined(r: UpdateResult, kinked: set[str]) -> bool:
     modules = {module_of(name) for name in kinked}
     if not all(module_of(d.name) in modules and d.rel_l2 < 1 for d in failing):
         return False
-    others = sum(d.size or 0 for d in r.grads if module_of(d.name) not in modules)
+    others = sum(d.size or 0 for d in r.grads if d.ok)
     return others >= sum(d.size or 0 for d in failing)
 
 
@@ -218,31 +219,6 @@ def _excuse_parted(parted: list[UpdateResult], kinked: set[str]) -> list[str]:
         "divergence followed: the runs have parted, and the units there flip at more inputs as "
         "they go (a bug moves the other modules' gradients too); not counted as failures"
     ]
-
-
-def _stepped(at: UpdateResult, prior: UpdateResult | None, factor: float) -> bool:
-    """Whether the step taken with the jumped gradient left the rounding: some weight failed,
-    or stood over `factor` times its noise and `factor` times further than the update before
-    (a weight that passes by what a drift or a spread allows: under Adam the kink's own row
-    stepped 14.9x its noise at model zoo run 7155's update 83 and stayed far within what was
-    allowed). A gradient that jumped but was not stepped with (recorded apart from the step)
-    leaves the weights in their noise. Without a noise (no reference) any jump counts: the
-    fixed tolerances may not see one step."""
-    if any(not d.ok for d in at.weights):
-        return True
-    before = {d.name: _over_noise(d) for d in prior.weights} if prior is not None else {}
-    ratios = [(d.name, _over_noise(d)) for d in at.weights]
-    if all(ratio is None for _, ratio in ratios):
-        return True
-    return any(
-        ratio is not None and ratio > factor * max(1.0, before.get(name) or 0.0)
-        for name, ratio in ratios
-    )
-
-
-def _over_noise(d: TensorDiff) -> float | None:
-    """A tensor's error over its noise, where it has one."""
-    return d.error / d.noise if d.noise and math.isfinite(d.noise) else None
 
 
 def _later_kink(
