@@ -430,21 +430,23 @@ class _Grads:
 
 
 @pytest.mark.parametrize(
-    "jumps, weights_over, excused",
+    "jumps, weights_over, excused, size",
     [
         # stepped with (the weights 14.9x their noise, 1.1x the update before), apart
-        ({3: 3, 8: 10}, {3: 14.9, 8: 14.9}, [3, 8]),  # past the first, in a unit of its own
-        ({3: 3, 8: 3}, {3: 14.9, 8: 14.9}, [3]),  # the same unit again: an error that stays
-        ({6: 3, 7: 3}, {6: 14.9, 7: 70.0}, []),  # in a row, each further: not isolated
+        ({3: 3, 8: 10}, {3: 14.9, 8: 14.9}, [3, 8], 0.5),  # past the first, a unit of its own
+        ({3: 3, 8: 3}, {3: 14.9, 8: 14.9}, [3], 0.5),  # the same unit again: an error that stays
+        ({6: 3, 7: 3}, {6: 14.9, 7: 70.0}, [], 0.5),  # in a row, each further: not isolated
         # quiet (every weight within its noise, as the update before): in a row, one unit
-        ({6: 3, 7: 3, 8: 3}, {}, [6, 7, 8]),
+        ({6: 3, 7: 3, 8: 3}, {}, [6, 7, 8], 0.5),
+        ({6: 3, 7: 3, 8: 3}, {}, [], 50.0),  # the tensor off by all of itself: no sample's share
     ],
 )
-def test_which_localized_jumps_are_excused(jumps, weights_over, excused):
-    """`excuse_isolated_jumps` on 12 updates of one 40x6 tensor whose gradient jumps in one row
-    at `jumps` (update: row), its weights `weights_over` times their noise there (1.1 times
-    elsewhere): isolated jumps (1 + updates // 100 of them, and past those each further one in
-    units of its own), and those whose step stayed in the noise, in a row or not."""
+def test_which_localized_jumps_are_excused(jumps, weights_over, excused, size):
+    """`excuse_isolated_jumps` on 12 updates of one 40x6 tensor whose gradient jumps by `size`
+    in one row at `jumps` (update: row), its weights `weights_over` times their noise there (1.1
+    times elsewhere): isolated jumps (1 + updates // 100 of them, and past those each further
+    one in units of its own), and those whose step stayed in the noise, in a row or not, each
+    off by less than 1/factor of the tensor."""
     from gradalign.judge.kinks import excuse_isolated_jumps
     from gradalign.judge.metrics import TensorDiff
     from gradalign.judge.results import UpdateResult
@@ -454,7 +456,7 @@ def test_which_localized_jumps_are_excused(jumps, weights_over, excused):
     for u in range(12):
         g = ref.copy()
         if u in jumps:
-            g[jumps[u]] += 0.5
+            g[jumps[u]] += size
         grads[u] = {"w": g}
         over = weights_over.get(u, 1.1)
         weight = TensorDiff("w", 0, 0, 0, 1, over * 1e-6, 1.0, noise=1e-6)
