@@ -481,3 +481,13 @@ def test_runs_parted_in_a_wide_model_may_differ_beyond_the_kinked_modules(tmp_pa
     in the narrow encoders of runs 7305 and 7424."""
     row = _one_thread_judge(tmp_path, "encoder", "adamax", 8, 572, None, width=4)
     assert row["verdict"] == "pass", row
+
+
+def test_a_jump_whose_step_fails_the_next_weights_is_followed_not_excused(tmp_path):
+    """A Transformer encoder four times as wide under RMSprop, K=8, seed 828: at update 4 a unit
+    of layer 1 crosses its kink (4.38x allowed in one row, its echo upstream) and its step fails
+    update 5's weights. Taken for an isolated jump (the neighbours' gradients passed), it was
+    excused and the divergence it started went unfollowed (80.6x at update 9); a jump whose
+    neighbours' weights fail is followed as a kink."""
+    row = _one_thread_judge(tmp_path, "encoder", "rmsprop", 8, 828, None, width=4)
+    assert row["verdict"] == "pass", row
