@@ -30,18 +30,21 @@ trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
   with it) is raised to its size from there (`_later_kink`; model zoo run 753: 0.57% at
   update 4, 1.66% at update 6, then 2.3% at update 9 failed).
 - **Runs parted by many kinks.** As the runs part, the units of the layers that feed a kink
-  flip at more inputs, and the error spreads over the rows of those that flipped before: a
-  later update's failures held in the modules kinks were crossed in (the name up to the last
-  dot), each gradient off by less than all of itself, while its bookkeeping, its weights and
-  the model's other gradients (at least as many elements as the failing ones) stay within the
-  divergence followed, are the parted runs' own, excused with one note (`_excuse_parted`;
-  model zoo runs 7305 and 7424, encoders under Adam over 100 updates: feed-forward layers 10%
-  and 23% off, in 2 to 22 of their 48 rows, the rest within what was followed).
+  flip at more inputs, and the error spreads over the rows of those that flipped before, and
+  upstream of them: a later update's failures, each gradient off by less than all of itself,
+  while its bookkeeping, its weights and the model's other gradients (at least as many
+  elements as the failing ones) stay within the divergence followed, are the parted runs' own,
+  excused with one note (`_excuse_parted`; model zoo runs 7305 and 7424, encoders under Adam
+  over 100 updates: feed-forward layers 10% and 23% off, in 2 to 22 of their 48 rows; run
+  1302 at width 8, an encoder under Adamax: layer 0's attention, norm and feed-forward and
+  the embedding 0.4% to 3% off, the kink followed in layer 1; the rest within what was
+  followed). Until `3ce9639` the failures had to lie in the modules the kinks were crossed
+  in; in a wide model the divergence reaches the modules upstream of them.
 
 An accumulation bug is not localized: it fails the update it starts at in every tensor its
 windows touch (loss scaling, a lost micro-batch, a gradient not cleared differ by shares of 1/K
-and more), and one that starts after a kink must still exceed factor·J_g in the modules no kink
-was crossed in. The signature needs the update's full weights and gradients; where a run kept
+and more), and one that starts after a kink must still exceed factor·J_g in most of the
+model's gradients. The signature needs the update's full weights and gradients; where a run kept
 sketches there, a failure that could be a kink stays a failure and a note says what would tell
 them apart.
 """
@@ -131,16 +134,13 @@ def follow_kink_divergence(
         f"differ by {factor:g} x {j_grads:.3g} of its norm and each weight by {factor:g} x "
         f"{j_weights:.3g} of how far it moved since {since} (the kink's size at that update)"
     ]
-    # the tensors a kink moved at its own update (its unit's and those upstream of it); updates
-    # confined to their modules
-    kinked, parted = {d.name for d in failing}, []
+    parted = []  # updates whose failures the parted runs explain
     for r in results[first:]:  # the kink's own update read above
         g_ref = gr if r is at else ref.grads(r.update)
         w_ref = wr if r is at else ref.weights(r.update)
         later = None if r is at or g_ref is None else _later_kink(r, merged, g_ref, j_grads)
         if later is not None and factor * later[1] < 1:
             j_grads, j_weights = later[1], max(j_weights, later[1])  # a share steps a share
-            kinked |= {later[0], *(d.name for d in r.grads if not d.ok)}
             notes.append(
                 f"update {r.update}: another kink crossed, the gradient of {later[0]} "
                 f"{j_grads:.3g} of its norm off, {JUMP_SHARE:.0%} of it in {later[2]} row(s) or "
@@ -152,9 +152,9 @@ def follow_kink_divergence(
             r.grads[:] = _widened(r.grads, factor * j_grads, g_ref, None)
         if w_ref is not None:
             r.weights[:] = _widened(r.weights, factor * j_weights, w_ref, before)
-        if _confined(r, kinked):
+        if _confined(r):
             parted.append(r)
-    return notes + _excuse_parted(parted, kinked)
+    return notes + _excuse_parted(parted)
 
 
 def _kink_before(
@@ -181,23 +181,22 @@ def _kink_before(
     return None if rows is None else (first - 1, over, worst, rows)
 
 
-def _confined(r: UpdateResult, kinked: set[str]) -> bool:
-    """Whether update `r`'s failures are gradients of the modules kinks were crossed in, each
-    off by less than all of itself, with its bookkeeping, its weights and the model's other
-    gradients (at least as many elements as the failing ones) within what is allowed."""
+def _confined(r: UpdateResult) -> bool:
+    """Whether update `r`'s failures are gradients each off by less than all of itself, with its
+    bookkeeping, its weights and the model's other gradients (at least as many elements as the
+    failing ones) within what is allowed."""
     failing = [d for d in r.grads if not d.ok]
     if not failing or r.problems or not all(d.ok for d in r.weights):
         return False
-    modules = {module_of(name) for name in kinked}
-    if not all(module_of(d.name) in modules and d.rel_l2 < 1 for d in failing):
+    if not all(d.rel_l2 < 1 for d in failing):
         return False
     others = sum(d.size or 0 for d in r.grads if d.ok)
     return others >= sum(d.size or 0 for d in failing)
 
 
-def _excuse_parted(parted: list[UpdateResult], kinked: set[str]) -> list[str]:
-    """Excuse the gradient failures of runs parted by kinks that stay in the modules the kinks
-    were crossed in (module docstring); one note for all of them."""
+def _excuse_parted(parted: list[UpdateResult]) -> list[str]:
+    """Excuse the gradient failures of runs parted by kinks that leave most of the model's
+    gradients within the divergence followed (module docstring); one note for all of them."""
     if not parted:
         return []
     failing = [d for r in parted for d in r.grads if not d.ok]
@@ -212,12 +211,13 @@ def _excuse_parted(parted: list[UpdateResult], kinked: set[str]) -> list[str]:
     )
     modules = ", ".join(sorted({module_of(d.name) for d in failing}))
     return [
-        f"{at}: the gradients of {modules}, where the kinks were crossed, stood up to "
+        f"{at}: the gradients of {modules} stood up to "
         f"{max(d.rel_l2 for d in failing):.3g} of their norm off ({worst.ratio:.3g}x what the "
         "kinks followed allow, in "
-        f"{worst.name}), while every other gradient and every weight stayed within the "
-        "divergence followed: the runs have parted, and the units there flip at more inputs as "
-        "they go (a bug moves the other modules' gradients too); not counted as failures"
+        f"{worst.name}), while the model's other gradients (at least as many elements) and "
+        "every weight stayed within the divergence followed: the runs have parted at the "
+        "kinks, and units flip at more inputs as they go (a bug moves most of the model's "
+        "gradients); not counted as failures"
     ]
 
 
