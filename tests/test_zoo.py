@@ -195,7 +195,7 @@ class _WithoutGrads:
 def test_without_a_reference_later_kinks_are_followed_too(tmp_path, monkeypatch):
     """A Transformer encoder under RMSprop, K=2, seed 995, 40 updates, judged without a
     reference: a kink followed at update 19, others crossed at updates 23 and 29, and without
-    following those (nor the parted runs' excuse, which since `3ce9639` passes it on its own)
+    following those (nor the parted runs' excuse, which now passes it on its own)
     the run failed from update 34 (1.43x; 4 of 100 such encoders failed at
     `--reference-none --updates 40`). Both judges pass it with a note for each. One thread."""
     threads = torch.get_num_threads()

@@ -38,8 +38,8 @@ trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
   over 100 updates: feed-forward layers 10% and 23% off, in 2 to 22 of their 48 rows; run
   1302 at width 8, an encoder under Adamax: layer 0's attention, norm and feed-forward and
   the embedding 0.4% to 3% off, the kink followed in layer 1; the rest within what was
-  followed). Until `3ce9639` the failures had to lie in the modules the kinks were crossed
-  in; in a wide model the divergence reaches the modules upstream of them.
+  followed). The failures once had to lie in the modules the kinks were crossed in; in a wide
+  model the divergence reaches the modules upstream of them.
 
 An accumulation bug is not localized: it fails the update it starts at in every tensor its
 windows touch (loss scaling, a lost micro-batch, a gradient not cleared differ by shares of 1/K
