@@ -466,3 +466,44 @@ def test_which_localized_jumps_are_excused(jumps, weights_over, excused, size):
     notes = excuse_isolated_jumps(results, _Grads(grads), reference, 4.0)
     assert [r.update for r in results if r.grads[0].excused] == excused
     assert len(notes) == len(excused)
+
+
+@pytest.mark.parametrize(
+    "jumps, spread, excused",
+    [
+        ({3: 3}, {6: 0.05}, {3: "isolated jump", 6: "parted"}),  # after a jump: parted
+        ({}, {6: 0.05}, {}),  # no jump before it: a spread failure fails
+        ({3: 3}, {6: 0.5}, {3: "isolated jump"}),  # off by over 1/factor of itself: fails
+    ],
+)
+def test_a_quiet_spread_failure_after_a_jump_is_the_runs_parting(jumps, spread, excused):
+    """`excuse_isolated_jumps` on 12 updates of two 40x6 tensors, `w` and `v`, every weight
+    within its noise (1.1 times it): `w`'s gradient jumps in one row at `jumps` (update: row)
+    and is off by the share `spread` of itself, over every row, at `spread`'s updates; `v`
+    passes throughout. After a quiet jump, a quiet update whose failures leave most of the
+    model's gradients passing, each off by less than 1/factor of itself, is the runs' parting;
+    with no jump before it, or a tensor off by more, it fails."""
+    from gradalign.judge.kinks import excuse_isolated_jumps
+    from gradalign.judge.metrics import TensorDiff
+    from gradalign.judge.results import UpdateResult
+
+    rng = np.random.default_rng(0)
+    ref = {"w": rng.normal(size=(40, 6)), "v": rng.normal(size=(40, 6))}
+    grads, results = {}, []
+    for u in range(12):
+        g = {name: x.copy() for name, x in ref.items()}
+        if u in jumps:
+            g["w"][jumps[u]] += 0.5
+        if u in spread:
+            g["w"] *= 1 + spread[u]
+        grads[u] = g
+        weights = [TensorDiff(n, 0, 0, 0, 1, 1.1e-6, 1.0, noise=1e-6, size=240) for n in g]
+        failing = u in jumps or u in spread
+        diffs = [
+            TensorDiff("w", 0, 0, 0, 1, 2.0 if failing else 0.5, 1.0, noise=0.1, size=240),
+            TensorDiff("v", 0, 0, 0, 1, 0.5, 1.0, noise=0.1, size=240),
+        ]
+        results.append(UpdateResult(u, 1, 1, 0, 0, 1, weights=weights, grads=diffs))
+    reference = _Grads({u: ref for u in grads})
+    excuse_isolated_jumps(results, _Grads(grads), reference, 4.0)
+    assert {r.update: r.grads[0].excused for r in results if r.grads[0].excused} == excused

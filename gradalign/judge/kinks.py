@@ -29,6 +29,11 @@ against the reference too (measured: 2 in 300 updates of the default SGD run).
   smaller share of itself than the kinked tensor, spread (`_echoes`): excused with the jump
   (one unit of a 192-unit feed-forward 3.5e-4 off, the attention and embedding before it
   1.7e-4).
+- **Quietly parted**: after such jumps, an update whose failures are spread (no unit's rows
+  hold them) while its step left every weight within its noise, each failing gradient off by
+  less than 1/factor of itself and the model's passing gradients at least as many elements:
+  units that flipped before change the backward at more inputs (`_quietly_parted`; model zoo
+  run 2002 at width 4, 40 updates). A bug moves most of the gradients.
 - **Jumps the baseline makes too** (`excuse_jumps_like_the_baselines`): over a long run a
   model with many near-ties (a max over positions after a convolution) crosses kinks at many
   updates, some in a row. Where the baseline's own gradient jumped against the reference (its
@@ -72,6 +77,7 @@ def excuse_isolated_jumps(
     """Mark localized gradient jumps as excused, isolated ones or those whose step left the
     weights in their noise (module docstring); return a note for each."""
     notes, crossed, isolated = [], set(), 0  # the units (tensor, axis, index) jumps were in
+    parted: list[UpdateResult] = []  # quiet updates after a jump, failing in a part of the model
     for i, r in enumerate(results):
         if not (_gradients_alone_failed(r) and r.loss_ok):
             continue
@@ -86,6 +92,8 @@ def excuse_isolated_jumps(
         kinked = {name: units for name, units in found.items() if units is not None}
         echoes = [name for name in found if name not in kinked]
         if not kinked or (echoes and not _echoes(echoes, kinked, gm, gr)):
+            if quiet and notes and _quietly_parted(r, gm, gr, factor):
+                parted.append(r)
             continue
         # one sample's share of a unit, not a gradient off by all of itself (as a kink followed)
         if quiet and factor * max(share(gm[n], gr[n], 0.0) for n in kinked) >= 1:
@@ -117,7 +125,31 @@ def excuse_isolated_jumps(
             "crossed its kink in one run and not the other (the baseline shows such jumps "
             "against the reference too); not counted as a failure"
         )
+    for r in parted:
+        excuse(r, {d.name for d in r.grads if not d.ok}, "parted")
+    if parted:
+        updates = ", ".join(str(r.update) for r in parted)
+        notes.append(
+            f"update(s) {updates}: after the jumps above, gradients failed in a part of the model "
+            "(each off by less than 1/factor of itself, the model's other gradients, at least as "
+            "many elements, within noise) while the step left every weight within its noise: "
+            "units that flipped before change the backward at more inputs; not counted as "
+            "failures"
+        )
     return notes
+
+
+def _quietly_parted(r: UpdateResult, gm: Tensors, gr: Tensors, factor: float) -> bool:
+    """Whether update `r`'s failing gradients, spread, are what kinks crossed before leave: each
+    off by less than 1/factor of itself, the model's passing gradients at least as many
+    elements. Model zoo run 2002 at width 4 (an encoder under Adam, 40 updates): after quiet
+    jumps of units of layer 0 at updates 24 and 25, its feed-forward gradient stood 0.4% to 2%
+    off at updates 26 and 36, spread over its rows, with every weight within its noise."""
+    failing = [d for d in r.grads if not d.ok]
+    if any(factor * share(gm[d.name], gr[d.name], 0.0) >= 1 for d in failing):
+        return False
+    passing = sum(d.size or 0 for d in r.grads if d.ok)
+    return passing >= sum(d.size or 0 for d in failing)
 
 
 def excuse_jumps_like_the_baselines(
