@@ -135,7 +135,7 @@ def test_the_followed_elements_feed_the_later_gradients(tmp_path, monkeypatch):
 
 
 def test_without_the_follow_the_same_run_fails(tmp_path, monkeypatch):
-    monkeypatch.setattr("gradalign.judge.compare.follow_gain_divergence", lambda *a: [])
+    monkeypatch.setattr("gradalign.judge.honest.follow_gain_divergence", lambda *a: [])
     weights, grads = _one_element(2e-5)
     result = _judged(tmp_path, extra=weights, grad_extra=grads)
     assert result.verdict == "fail" and not result.results[1].ok
@@ -181,7 +181,7 @@ def test_a_sketched_update_says_what_it_needs(tmp_path, monkeypatch):
 
     from gradalign.judge.gains import follow_gain_divergence
 
-    monkeypatch.setattr("gradalign.judge.compare.follow_gain_divergence", lambda *a: [])
+    monkeypatch.setattr("gradalign.judge.honest.follow_gain_divergence", lambda *a: [])
     weights, grads = _one_element(2e-5)
     result = _judged(tmp_path, extra=weights, grad_extra=grads)
     sketched = SimpleNamespace(grads=lambda u: None, weights=lambda u: None)
@@ -198,7 +198,7 @@ def test_a_followed_tensor_the_baseline_computed_exactly_carries_nothing(tmp_pat
     from gradalign.judge.gains import follow_gain_divergence
     from gradalign.runs.reader import read_run_dir
 
-    monkeypatch.setattr("gradalign.judge.compare.follow_gain_divergence", lambda *a: [])
+    monkeypatch.setattr("gradalign.judge.honest.follow_gain_divergence", lambda *a: [])
     weights, grads = _one_element(2e-5)
     result = _judged(tmp_path, extra=weights, grad_extra=grads)
     at = result.results[1]

@@ -53,11 +53,11 @@ def _followed(
     without=lambda *a: [],
     judges: tuple[bool, ...] = (False, True),
 ) -> None:
-    """Without the judge's `follow` (a name in judge/compare.py, or a dotted path; replaced by
+    """Without the judge's `follow` (a name in judge/honest.py, or a dotted path; replaced by
     `without`) the run first fails at `update` (else this machine's rounding took another path:
     skipped, the numpy tests hold the logic on any machine); with it, both judges (`judges`:
     streaming or not) pass it, with a note starting `note`."""
-    target = follow if "." in follow else f"gradalign.judge.compare.{follow}"
+    target = follow if "." in follow else f"gradalign.judge.honest.{follow}"
     with monkeypatch.context() as m:
         m.setattr(target, without)
         c = _compare(root)
@@ -80,7 +80,7 @@ def test_a_loss_the_weights_explain_is_not_a_false_alarm(tmp_path, monkeypatch):
         c = _compare(root, streaming)
         assert c.verdict == "pass", (streaming, [d.code for d in c.diagnosis])
     monkeypatch.setattr(noise, "explain_loss_by_weights", lambda *a: None)
-    monkeypatch.setattr("gradalign.judge.compare.explain_loss_by_weights", lambda *a: None)
+    monkeypatch.setattr("gradalign.judge.honest.explain_loss_by_weights", lambda *a: None)
     c = _compare(root)
     if c.results[5].loss_ok:  # the numpy tests hold the logic on any machine
         pytest.skip("this machine's rounding took another path here (update 5's loss passes)")
@@ -226,7 +226,7 @@ def test_a_high_gain_element_is_followed_not_failed(tmp_path, monkeypatch):
     reference's gain there (judge/gains.py); without that it fails again. One thread. The carry
     of update 0's drifted difference (2.9x its noise) now passes it too, so it is off here."""
     root = _one_thread_runs(tmp_path, "gpt", "adam-eps6", 4, 3016)
-    monkeypatch.setattr("gradalign.judge.compare.carry_admitted_excess", lambda *a: None)
+    monkeypatch.setattr("gradalign.judge.honest.carry_admitted_excess", lambda *a: None)
     _followed(root, monkeypatch, "follow_gain_divergence", 1, "update 1: blocks.1.ln2.bias element")
 
 

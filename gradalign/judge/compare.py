@@ -28,18 +28,10 @@ from .compatible import (
 from .diagnose import diagnose
 from .distributed import check_baseline_ranks, listed, rank_check, rank_facts, rank_problems
 from .drift import Drift, stored_bits
-from .gains import follow_gain_divergence
+from .honest import honest_differences
 from .inputs import Inputs
-from .kink_divergence import follow_kink_divergence
-from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines
 from .metrics import calibrate, diff, fit_ratio, noise_allowed, quiet
-from .noise import (
-    carry_admitted_excess,
-    carry_rounding,
-    explain_loss_by_weights,
-    pool_noise,
-    pooled_loss_noise,
-)
+from .noise import pooled_loss_noise
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .rounding import marked, rounding_floors, rounding_in_both, rounding_notes
@@ -135,23 +127,7 @@ def _judge(
             on_update(i)
     jumps = judge_apart(results, tol, base, merged) if reference is None else []
     jumps += rounding_notes(results)
-    if reference is not None:
-        pool_noise(results, tol.noise_factor)
-        carry_rounding(results)
-        carry_admitted_excess(results, tol.noise_factor)
-        # a loss the weights explain is no failure a kink must come first of; once followed,
-        # more weights pass, and the losses computed with them are read again
-        explained = explain_loss_by_weights(results, merged, reference, tol.noise_factor)
-        jumps += excuse_isolated_jumps(results, merged, reference, tol.noise_factor)
-        jumps += excuse_jumps_like_the_baselines(results, base, merged, reference, tol.noise_factor)
-        jumps += follow_kink_divergence(results, merged, reference, tol.noise_factor)
-        jumps += follow_gain_divergence(results, merged, reference, tol.noise_factor)
-        explain_loss_by_weights(results, merged, reference, tol.noise_factor, explained)
-    elif base.full_weights and merged.full_weights:  # no reference: measured against the baseline
-        explained = explain_loss_by_weights(results, merged, base, tol.noise_factor)
-        jumps += excuse_isolated_jumps(results, merged, base, tol.noise_factor)
-        jumps += follow_kink_divergence(results, merged, base, tol.noise_factor)
-        explain_loss_by_weights(results, merged, base, tol.noise_factor, explained)
+    jumps += honest_differences(results, base, merged, reference, tol.noise_factor)
     calibrated = reference is not None
     checks = build_checks(base, merged, results, changes, calibrated, disagreements, tol.grad_rtol)
     if ranks is not None:

@@ -66,6 +66,7 @@ from .kinks import (
     row_share,
     share,
     stepped,
+    whole_model_moved,
 )
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
@@ -90,7 +91,7 @@ def follow_kink_divergence(
     gm, gr, wm, wr = merged.grads(u), ref.grads(u), merged.weights(u), ref.weights(u)
     before = ref.weights(u - 1) if u > 0 else ref.init_weights()
     if gm is None or gr is None or wm is None or wr is None or before is None:
-        if factor * max(d.rel_l2 for d in failing) >= 1 or _whole_model_moved(at):
+        if factor * max(d.rel_l2 for d in failing) >= 1 or whole_model_moved(at):
             return []  # too large to be followed anyway, or not a kink's few rows
         return [
             f"update {u}: gradients failed while the loss and every earlier update stayed within "
@@ -243,17 +244,6 @@ def _later_kink(
         return None
     rows = row_share(gm[worst], g_ref[worst], KINK_UNITS)
     return None if rows is None else (worst, shares[worst], rows)
-
-
-def _whole_model_moved(r: UpdateResult) -> bool:
-    """Whether the model's gradient as a whole is scaled or turned (its least-squares ratio
-    more than 1% from 1, or its cosine below 0.999): a kink moves a few rows of a tensor, which
-    leave the whole nearly as it was. A golden's summaries carry no per-tensor share (NaN),
-    and a loss scaled K times was said to be as when an activation crosses its kink."""
-    ratio, cosine = r.grad_ratio, r.grad_cosine
-    if ratio is None or cosine is None or not (math.isfinite(ratio) and math.isfinite(cosine)):
-        return False
-    return abs(ratio - 1) > 0.01 or cosine < 0.999
 
 
 def _widened(

@@ -92,11 +92,12 @@ def excuse_isolated_jumps(
         kinked = {name: units for name, units in found.items() if units is not None}
         echoes = [name for name in found if name not in kinked]
         if not kinked or (echoes and not _echoes(echoes, kinked, gm, gr)):
-            if quiet and notes and _quietly_parted(r, gm, gr, factor):
+            if quiet and notes and not whole_model_moved(r) and _quietly_parted(r, gm, gr, factor):
                 parted.append(r)
             continue
-        # one sample's share of a unit, not a gradient off by all of itself (as a kink followed)
-        if quiet and factor * max(share(gm[n], gr[n], 0.0) for n in kinked) >= 1:
+        # one sample's share of one unit among many, not a gradient off by all of itself (as a
+        # kink followed) nor the model's gradient scaled or turned as a whole
+        if quiet and not _a_units_share(r, kinked, gm, gr, factor):
             if not _neighbours_pass(results, r.update):
                 continue
             quiet = False
@@ -137,6 +138,16 @@ def excuse_isolated_jumps(
             "failures"
         )
     return notes
+
+
+def _a_units_share(r: UpdateResult, kinked: dict, gm: Tensors, gr: Tensors, factor: float) -> bool:
+    """Whether a quiet jump looks like one sample's share of a unit: some kinked tensor of many
+    rows (in a tensor of one row, a 0-d scale or a bias, any error sits in "one unit"), each off
+    by less than 1/factor of itself, and the model's gradient not scaled or turned as a whole
+    (a loss 1.02 times too large, recorded apart from the step, is no kink)."""
+    if not any(many_rows(gm[name]) for name in kinked) or whole_model_moved(r):
+        return False
+    return factor * max(share(gm[name], gr[name], 0.0) for name in kinked) < 1
 
 
 def _quietly_parted(r: UpdateResult, gm: Tensors, gr: Tensors, factor: float) -> bool:
@@ -237,6 +248,17 @@ def stepped(at: UpdateResult, prior: UpdateResult | None, factor: float) -> bool
 def _over_noise(d: TensorDiff) -> float | None:
     """A tensor's error over its noise, where it has one."""
     return d.error / d.noise if d.noise and math.isfinite(d.noise) else None
+
+
+def whole_model_moved(r: UpdateResult) -> bool:
+    """Whether the model's gradient as a whole is scaled or turned (its least-squares ratio
+    more than 1% from 1, or its cosine below 0.999): a kink moves a few rows of a tensor, which
+    leave the whole nearly as it was. A golden's summaries carry no per-tensor share (NaN),
+    and a loss scaled K times was said to be as when an activation crosses its kink."""
+    ratio, cosine = r.grad_ratio, r.grad_cosine
+    if ratio is None or cosine is None or not (math.isfinite(ratio) and math.isfinite(cosine)):
+        return False
+    return abs(ratio - 1) > 0.01 or cosine < 0.999
 
 
 def _gradients_alone_failed(r: UpdateResult) -> bool:

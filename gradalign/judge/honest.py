@@ -1,0 +1,40 @@
+"""The noise model's passes over a whole run, after each update was judged on its own: what a
+float64 reference says honest float32 training may do that one update's noise cannot foresee
+(noise pooled and carried, kinks crossed and the divergences they start, high gains, losses
+the weights explain), in the order each needs the others' verdicts. Without a reference the
+isolated kinks and their divergences are measured against the baseline."""
+
+from __future__ import annotations
+
+from ..runs.model import Run
+from .gains import follow_gain_divergence
+from .kink_divergence import follow_kink_divergence
+from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines
+from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
+from .results import UpdateResult
+
+
+def honest_differences(
+    results: list[UpdateResult], base: Run, merged: Run, reference: Run | None, factor: float
+) -> list[str]:
+    """Widen or excuse, in place, what the noise model explains; the notes that say so. The
+    losses the weights explain are read first (a loss failing just before a kink hid the kink)
+    and again once kinks are followed (more weights pass)."""
+    if reference is None:
+        if not (base.full_weights and merged.full_weights):
+            return []
+        explained = explain_loss_by_weights(results, merged, base, factor)
+        notes = excuse_isolated_jumps(results, merged, base, factor)
+        notes += follow_kink_divergence(results, merged, base, factor)
+        explain_loss_by_weights(results, merged, base, factor, explained)
+        return notes
+    pool_noise(results, factor)
+    carry_rounding(results)
+    carry_admitted_excess(results, factor)
+    explained = explain_loss_by_weights(results, merged, reference, factor)
+    notes = excuse_isolated_jumps(results, merged, reference, factor)
+    notes += excuse_jumps_like_the_baselines(results, base, merged, reference, factor)
+    notes += follow_kink_divergence(results, merged, reference, factor)
+    notes += follow_gain_divergence(results, merged, reference, factor)
+    explain_loss_by_weights(results, merged, reference, factor, explained)
+    return notes
