@@ -63,6 +63,7 @@ from .kinks import (
     excuse,
     first_failing,
     many_rows,
+    most_pass,
     row_share,
     share,
     stepped,
@@ -189,10 +190,7 @@ def _confined(r: UpdateResult) -> bool:
     failing = [d for d in r.grads if not d.ok]
     if not failing or r.problems or not all(d.ok for d in r.weights):
         return False
-    if not all(d.rel_l2 < 1 for d in failing):
-        return False
-    others = sum(d.size or 0 for d in r.grads if d.ok)
-    return others >= sum(d.size or 0 for d in failing)
+    return all(d.rel_l2 < 1 for d in failing) and most_pass(r)
 
 
 def _excuse_parted(parted: list[UpdateResult]) -> list[str]:

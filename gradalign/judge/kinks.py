@@ -157,10 +157,14 @@ def _quietly_parted(r: UpdateResult, gm: Tensors, gr: Tensors, factor: float) ->
     jumps of units of layer 0 at updates 24 and 25, its feed-forward gradient stood 0.4% to 2%
     off at updates 26 and 36, spread over its rows, with every weight within its noise."""
     failing = [d for d in r.grads if not d.ok]
-    if any(factor * share(gm[d.name], gr[d.name], 0.0) >= 1 for d in failing):
-        return False
+    return all(factor * share(gm[d.name], gr[d.name], 0.0) < 1 for d in failing) and most_pass(r)
+
+
+def most_pass(r: UpdateResult) -> bool:
+    """Whether update `r`'s passing gradients hold at least as many elements as its failing
+    ones: runs parted at kinks differ in a part of the model, a bug moves most of it."""
     passing = sum(d.size or 0 for d in r.grads if d.ok)
-    return passing >= sum(d.size or 0 for d in failing)
+    return passing >= sum(d.size or 0 for d in r.grads if not d.ok)
 
 
 def excuse_jumps_like_the_baselines(
