@@ -36,10 +36,14 @@ parted at kinks).
 `moe-balance`, the same with a load-balancing loss over each forward's batch, which no merged
 run can reproduce: its runs must fail, named `cross-sample-loss`; `resnet`, a residual CNN
 (3x3 Conv2d, GroupNorm, ReLU) over the tokens' embeddings laid out as a 3x4 image; `lstm`, two
-stacked LSTM layers.
+stacked LSTM layers. And four transformers models built from their configs with the library's
+own initialization (bench/zoo_hf.py; transformers installed): `hf-gpt2`, `hf-llama` (RMSNorm,
+rotary, SwiGLU, grouped-query attention), `hf-gptneox` (parallel residual, partial rotary) as
+causal LMs, `hf-bert` as a sequence classifier.
 
 Torch runs on one thread (which threads sum what changes the draws, not the verdicts' odds).
-Exits 0 either way: a measurement, not a test.
+A reference the judge refuses (exit 2) counts as a false alarm on a clean run, its message in the
+row. Exits 0 either way: a measurement, not a test.
 """
 
 from __future__ import annotations
@@ -60,6 +64,12 @@ from torch import nn
 
 import gradalign
 from gradalign import api
+from gradalign.errors import BadInput
+
+try:
+    from zoo_hf import HF_LANGUAGE_MODELS, HF_MODELS
+except ImportError:  # run as a module of the repository (tests): bench.zoo_hf
+    from bench.zoo_hf import HF_LANGUAGE_MODELS, HF_MODELS
 
 VOCAB, SEQ, CLASSES, BATCH, UPDATES = 32, 12, 6, 48, 10
 
@@ -217,6 +227,7 @@ MORE_MODELS: dict[str, Callable[[], nn.Module]] = {
     "moe-balance": functools.partial(MixtureText, balance=0.01),
     "resnet": ResNetGrid,
     "lstm": LSTMText,
+    **HF_MODELS,  # transformers models built from configs (bench/zoo_hf.py)
 }
 # Models whose accumulation is not the large batch's training, and the code that must name it:
 # the load-balancing loss is computed over each forward's batch, B/K positions in the merged run.
@@ -313,7 +324,7 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     )
     g = torch.Generator().manual_seed(5000 + seed)
     x = torch.randint(0, VOCAB, (BATCH * updates, SEQ), generator=g)
-    lm = model == "gpt"
+    lm = model == "gpt" or model in HF_LANGUAGE_MODELS
     y = torch.roll(x, -1, 1) if lm else (x[:, 0] + x[:, 3]) % CLASSES
     size = BATCH // k
     reference, bug_from = options.get("reference"), options.get("bug_from", 0)
@@ -379,7 +390,11 @@ def judge(
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
     record(root / "ref", model, optimizer, 1, seed, float64=True, skip_updates=skips, **loop)
     record(root / "merged", model, optimizer, k, seed, bug=bug, bug_from=bug_from, **both)
-    c = api.compare(root / "base", root / "merged", reference=None if reference else "none")
+    try:
+        c = api.compare(root / "base", root / "merged", reference=None if reference else "none")
+    except BadInput as refused:  # exit 2: on a clean run, a false alarm too
+        return {"verdict": "refused", "codes": [], "worst": math.inf, "first": None,
+                "refused": str(refused)}  # fmt: skip
     judged = [d for r in c.results for d in (*r.weights, *r.grads) if d.excused is None]
     worst = max(d.ratio for d in judged)  # an excused jump (noted) is not judged by its ratio
     codes = [d.code for d in c.diagnosis if d.severity == "error"]
