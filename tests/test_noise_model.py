@@ -535,3 +535,19 @@ def test_one_updates_loss_error_does_not_widen_every_updates_allowance(tmp_path)
     allowed = [r.loss_allowed / abs(r.base_loss) for r in result.results]
     assert allowed[5] > 1e-3
     assert max(a for u, a in enumerate(allowed) if u != 5) < 1e-4, allowed
+
+
+def test_an_element_that_drifted_before_counts_its_whole_step_against_the_reference():
+    """`noise_steps`: an element whose gradient is no longer noise counts TAU·ρ of its step
+    towards what the baseline may stray from its reference, unless it drifted before
+    (`carried`): its optimizer state stayed apart (Rprop's step size), so its whole step."""
+    from gradalign.judge.drift import TAU, noise_steps
+
+    gr = np.array([1.0, 1.0, 1.0])
+    gb = gr + 1e-3  # 0.1% noise: no element dominated
+    prev, b, r = np.zeros(3), np.full(3, 0.5), np.full(3, 0.5)
+    steps, plain = noise_steps(gb, gr, 1e-3, b, prev, r, prev)
+    assert not steps.any() and plain == pytest.approx(3 * (TAU * 1e-3 * 1.0) ** 2)
+    carried = np.array([0.0, 0.2, 0.0])
+    steps, later = noise_steps(gb, gr, 1e-3, b, prev, r, prev, carried=carried)
+    assert not steps.any() and later == pytest.approx(2 * (TAU * 1e-3) ** 2 + 1.0**2)

@@ -15,7 +15,7 @@ from gradalign import api
 from gradalign.config import TrainConfig
 from gradalign.judge import drift
 from gradalign.judge.compare import compare
-from gradalign.judge.drift import DriftFiles
+from gradalign.judge.drift_files import DriftFiles
 from gradalign.runs.reader import read_run_dir
 
 TINY = TrainConfig(hidden=32, updates=4, batch_size=16, accum_steps=4)

@@ -239,7 +239,7 @@ def check_noise(golden: dict[str, Any], base: Run, source: str) -> None:
             ref = kept["reference"]
             scale = ref.get("moved", ref["norm"])
             limit = fixed_allowed(bound.rtol, scale, bound.atol, sizes[name])
-            limit += bound.rounding(name) * ref["norm"]
+            limit += bound.rounding(name, entry["update"]) * ref["norm"]
             if not kept["noise"] <= limit + _SLACK * (ref["norm"] + kept["norm"]):
                 raise BadInput(
                     f"{source}: golden field 'per_update[{entry['update']}].weights.{name!r}"

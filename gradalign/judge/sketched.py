@@ -188,7 +188,7 @@ class SketchJudge:
             far = estimate(kb.vector - kr.vector, False, self.sizes[name])
             moved = estimate(kr.vector - ks.vector, False).high if ks is not None else kr.norm
             allowed = fixed_allowed(bound.rtol, moved, bound.atol, self.sizes[name])
-            if not far.low <= allowed + bound.rounding(name) * kr.norm:
+            if not far.low <= allowed + bound.rounding(name, i) * kr.norm:
                 raise stray(bound, i, name, far.value)
 
 

@@ -22,7 +22,6 @@ from ..runs.sketches import dot
 from ..runs.store import CheckedFile
 from .compatible import stray
 from .drift import (
-    DriftFiles,
     beyond_drift,
     graded,
     noise_steps,
@@ -31,6 +30,7 @@ from .drift import (
     stored_bits,
     widened,
 )
+from .drift_files import DriftFiles
 from .followers import largest, sources
 from .fused import Pair, widen64
 from .inputs import Inputs
@@ -76,6 +76,7 @@ class _Files:
     pr: CheckedFile | None = None
     pm: CheckedFile | None = None  # without a reference, the drift's other run is the merged
     first: bool = False  # update 0: both runs stepped from the same weights
+    update: int = 0
     opened: list[CheckedFile] = field(default_factory=list)
 
     def close(self) -> None:
@@ -162,7 +163,7 @@ class StreamJudge:
         return floors(self.tol, self.dtype, sumsq, elements)
 
     def _open(self, i: int) -> _Files:
-        files = _Files(first=i == 0)
+        files = _Files(first=i == 0, update=i)
 
         def get(run: Run | None, relpath: str, shapes: dict) -> CheckedFile | None:
             if run is None or relpath not in run.store.checksums:
@@ -253,7 +254,7 @@ class StreamJudge:
                 d = beyond_drift(d, math.sqrt(pair.beyond), allowance)
             out.weight = d
         if f.wr is not None and self.bound is not None and pair.finite_b:
-            out.strays = self._strays(name, pair, strayed)
+            out.strays = self._strays(name, pair, strayed, f.update)
         return out
 
     def _weights(
@@ -287,7 +288,8 @@ class StreamJudge:
             if widen and referenced:
                 gb, gr, pb, pr = parts[4:]
                 bits = self.bits.get(name) if f.first else None
-                steps, explained = noise_steps(gb, gr, rms, b, pb, r, pr, bits)
+                carried = self.drift.slice(name, first, b.size)
+                steps, explained = noise_steps(gb, gr, rms, b, pb, r, pr, bits, carried)
                 self.drift.add(name, first, -steps if undo else steps)
                 pair.extra["explained"] = pair.extra.get("explained", 0.0) + explained
             elif widen:
@@ -310,7 +312,7 @@ class StreamJudge:
                 stream.finish()
         return pair
 
-    def _strays(self, name: str, pair: Pair, allowance: float) -> float | None:
+    def _strays(self, name: str, pair: Pair, allowance: float, update: int) -> float | None:
         """`check_reference_weights` from the sums: the error when the reference is refused."""
         bound = self.bound
         assert bound is not None
@@ -319,7 +321,7 @@ class StreamJudge:
             allowed = fixed_allowed(bound.rtol, math.sqrt(pair.rs), bound.atol, pair.n)
         else:
             error, allowed = math.inf, 0.0
-        rounding = bound.rounding(name) * math.sqrt(pair.rr)
+        rounding = bound.rounding(name, update) * math.sqrt(pair.rr)
         return None if error <= allowed + rounding + allowance else error
 
 
