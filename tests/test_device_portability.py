@@ -42,7 +42,9 @@ def test_host_drawn_dropout_is_identity_in_eval():
     [(["2"], "cuda:0", True), (["2"], "cpu", False), ([], "cuda:0", False)],
 )
 def test_reference_refusal_names_cuda_dropout(dropout, device, hinted):
-    run = SimpleNamespace(model_facts={"dropout": dropout}, environment={"device": device})
+    run = SimpleNamespace(
+        model_facts={"dropout": dropout}, environment={"device": device}, optimizer_settings=None
+    )
     hint = _rerun_hint(run)
     assert ("dropout (2)" in hint) == hinted and "--reference none" in hint
     assert ("torch.randn_like" in hint) != hinted  # otherwise: draws in the model's dtype

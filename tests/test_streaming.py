@@ -13,7 +13,7 @@ import pytest
 
 from gradalign import api
 from gradalign.config import TrainConfig
-from gradalign.judge import drift
+from gradalign.judge import drift_files
 from gradalign.judge.compare import compare
 from gradalign.judge.drift_files import DriftFiles
 from gradalign.runs.reader import read_run_dir
@@ -106,9 +106,9 @@ def test_the_drift_in_memory_in_files_or_both_judges_alike(
     small runs) give what the whole-tensor judge gives, and files are made only past it."""
     made = []
     monkeypatch.setattr(DriftFiles, "HELD_BYTES", held)
-    real_mkdtemp = drift.tempfile.mkdtemp
+    real_mkdtemp = drift_files.tempfile.mkdtemp
     monkeypatch.setattr(
-        drift.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1]
+        drift_files.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1]
     )
     base_dir, merged_dir = recorded[name]
     base, merged = read_run_dir(base_dir), read_run_dir(merged_dir)
