@@ -57,9 +57,12 @@ class DriftFiles:
             held = self.held[key] = np.zeros(count)
             return held
 
-    def add(self, name: str, first: int, steps: np.ndarray) -> np.ndarray | None:
+    def add(
+        self, name: str, first: int, steps: np.ndarray, now: np.ndarray | None = None
+    ) -> np.ndarray | None:
         """drift[first : first + len(steps)] += steps; returns that slice of the drift as it is
-        now (None where nothing was added: all steps 0)."""
+        now (None where nothing was added: all steps 0). `now`: the slice as `slice` just
+        returned it, updated in place instead of read from the file again."""
         if not steps.any():
             return None
         new = self._hold(name, first, steps.size)
@@ -67,7 +70,7 @@ class DriftFiles:
             new += steps
         else:
             fd = self._fd(name)
-            new = self._read(fd, first, steps.size)
+            new = now if now is not None else self._read(fd, first, steps.size)
             new += steps
             os.pwrite(fd, memoryview(new).cast("B"), first * 8)
         self.sums.setdefault(name, {})[first] = dot(new, new)

@@ -290,7 +290,7 @@ class StreamJudge:
                 bits = self.bits.get(name) if f.first else None
                 carried = self.drift.slice(name, first, b.size)
                 steps, explained = noise_steps(gb, gr, rms, b, pb, r, pr, bits, carried)
-                self.drift.add(name, first, -steps if undo else steps)
+                self.drift.add(name, first, -steps if undo else steps, carried)
                 pair.extra["explained"] = pair.extra.get("explained", 0.0) + explained
             elif widen:
                 gb, gm, pb, pm = parts[4:]
