@@ -306,7 +306,8 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     float16 with a GradScaler; never for the float64 reference), clip=MAX_NORM, schedule=True,
     skip_updates=[...] (the Recorder's: a float64 reference skips the baseline's skipped steps),
     compute_dtype="bfloat16" (the Recorder's: the dtype the run declares it computed in, as an
-    optimizer computing its step in 16 bits, Muon, makes it)."""
+    optimizer computing its step in 16 bits, Muon, makes it), sketch=True (the Recorder's
+    `record="sketch"`: full files at the first and last update, sketches between)."""
     updates = options.get("updates", UPDATES)
     autocast = None if options.get("float64") else options.get("autocast")
     dtype = getattr(torch, autocast or "float32")
@@ -331,6 +332,7 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     with gradalign.Recorder(
         out, net, opt, accum_steps=k, reference=reference, scaler=scaler,
         skip_updates=options.get("skip_updates"), compute_dtype=options.get("compute_dtype"),
+        record="sketch" if options.get("sketch") else "full", updates=updates,
     ) as rec:  # fmt: skip
         for u in range(updates):
             bug = options.get("bug") if u >= bug_from else None
@@ -383,8 +385,10 @@ def judge(
     compute_dtype: str | None = None,
     bug_from: int = 0,
     width: int = 1,
+    sketch: bool = False,
 ) -> dict:
-    loop = {"updates": updates, "clip": clip, "schedule": schedule, "width": width}
+    loop = {"updates": updates, "clip": clip, "schedule": schedule, "width": width,
+            "sketch": sketch}  # fmt: skip
     both = {**loop, "autocast": autocast, "compute_dtype": compute_dtype}
     record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
@@ -438,6 +442,10 @@ def main() -> int:
         choices=["bfloat16", "float16"],
         help="the baseline and merged runs declare this compute dtype (Muon's step is bfloat16)",
     )
+    parser.add_argument(
+        "--record", choices=["full", "sketch"], default="full",
+        help="what every run records (sketch: full files at the first and last update only)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     models, optimizers = args.models.split(","), args.optimizers.split(",")
@@ -455,7 +463,7 @@ def main() -> int:
             loop = {"autocast": args.autocast, "clip": args.clip, "schedule": args.schedule,
                     "reference": not args.reference_none,
                     "compute_dtype": args.compute_dtype, "bug_from": args.bug_from,
-                    "width": args.width}  # fmt: skip
+                    "width": args.width, "sketch": args.record == "sketch"}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             expected = BUGS[args.bug] if args.bug is not None else NOT_EQUIVALENT.get(model)
             if expected is None and row["verdict"] != "pass":

@@ -203,11 +203,14 @@ def _user_run(out, k: int, **recorder) -> None:
     _train(out, model, optimizer, k, x, y, 3, **{"record": "sketch", **recorder})
 
 
-def _train(out, model, optimizer, k: int, x, y, updates: int, **recorder) -> None:
-    """`updates` windows of len(x) / updates rows each, in K micro-batches, recorded."""
+def _train(out, model, optimizer, k: int, x, y, updates: int, before=None, **recorder) -> None:
+    """`updates` windows of len(x) / updates rows each, in K micro-batches, recorded;
+    `before(update)` is called as each window begins."""
     batch = len(x) // updates
     with Recorder(out, model, optimizer, k, updates=updates, **recorder) as rec:
         for update in range(updates):
+            if before is not None:
+                before(update)
             for rows in torch.arange(update * batch, (update + 1) * batch).chunk(k):
                 loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
                 (loss / k).backward()
@@ -347,3 +350,44 @@ def test_a_bias_wider_than_the_sketch_is_kept_whole_and_judged_by_its_gradients(
     # the same training: a tensor kept whole in both is judged the same, to the bit
     same = [[d.error for d in r.grads if d.name == "head.bias"] for r in result.results]
     assert [[d.error for d in r.grads if d.name == "head.bias"] for r in mixed.results] == same
+
+
+def _decayed_run(out, k: int, dtype, decay_from: int | None = None, **recorder) -> None:
+    """`_user_run`'s loop (SGD, 4 updates, sketched at width 31) in `dtype`; from update
+    `decay_from` on, its first layer's weight decays (another training than the baseline's)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    model = model.to(dtype)
+    first = [model[0].weight]
+    rest = [p for p in model.parameters() if p is not model[0].weight]
+    optimizer = torch.optim.SGD([{"params": first}, {"params": rest}], lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 20, generator=generator), torch.randint(0, 3, (32,), generator=generator)
+
+    def decay(update: int) -> None:
+        if update == decay_from:
+            optimizer.param_groups[0]["weight_decay"] = 0.5
+
+    recorder = {"record": "sketch", "sketch_width": 31, **recorder}
+    _train(out, model, optimizer, k, x.to(dtype), y, 4, before=decay, **recorder)
+
+
+@pytest.mark.parametrize("decay_from", [None, 1])
+def test_a_reference_parting_at_a_sketched_update_is_refused_there(tmp_path, decay_from):
+    """A float64 "rerun" whose sketched first layer decays from update 1 on strays from the
+    baseline at an update without full files: the reference is refused there, its sketched
+    check allowing only the noise the sketches of the gradients estimate
+    (judge/sketch_drift.py). The true float64 rerun is kept."""
+    from gradalign.errors import BadInput
+
+    _decayed_run(tmp_path / "ref", 1, torch.float64, decay_from)
+    _decayed_run(tmp_path / "base", 1, torch.float32, reference="../ref")
+    _decayed_run(tmp_path / "merged", 4, torch.float32)
+    if decay_from is None:
+        assert api.compare(tmp_path / "base", tmp_path / "merged").verdict == "pass"
+        return
+    with pytest.raises(
+        BadInput,
+        match=r"not a rerun of the baseline.s training: at update 1 the baseline.s 0\.weight",
+    ):
+        api.compare(tmp_path / "base", tmp_path / "merged")

@@ -93,8 +93,8 @@ def compare(
     try:
         return _judge(base, merged, reference, tol, dtype, judge, judge_tensors, on_update)
     finally:
-        if stream is not None:
-            stream.close()
+        if isinstance(judge_tensors, (StreamJudge, SketchJudge)):
+            judge_tensors.close()
 
 
 def _judge(

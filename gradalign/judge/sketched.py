@@ -12,9 +12,11 @@ direction that never fails what the exact judgement passes:
     allowed = factor·E⁺(b − ref) + floor·||ref|| + (E − E⁻)(m − ref)
 
 (E⁺, E⁻: the upper and lower bounds). Such a tensor's judgement is marked `sketched`; its max
-abs and max rel diffs are unknown (NaN) and its drift allowance is 0 (the drift needs element
-values). The reference is refused only when the lower bound of the baseline's distance from it
-exceeds the upper bound of what is allowed.
+abs and max rel diffs are unknown (NaN), and its drift allowance (the drift needs element
+values) is what judge/sketch_drift.py measured against the reference at the updates with full
+files, carried through the sketched ones; 0 without a reference. The reference is refused
+only when the lower bound of the baseline's distance from it exceeds the upper bound of what is
+allowed (its noise estimated from the sketches between snapshots: judge/sketch_drift.py).
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from ..runs.model import Run
 from ..runs.sketches import Estimate, estimate
 from .compatible import check_reference_weights, stray
 from .distributed import listed
-from .drift import Drift, stored_bits
+from .drift import Drift, stored_bits, widened
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
 from .results import UpdateResult
 from .rounding import floors, marked, rounding_in_both
+from .sketch_drift import SketchDrift
 from .views import Kept, Sketching, summaries
 
 
@@ -57,6 +60,14 @@ class SketchJudge:
         # the tensors kept whole at every update (at most the width): against the reference,
         # or else the merged run where its gradients passed (drift.Drift)
         self.drift = Drift(starts, stored_bits(self.base), self.ref is None)
+        # the sketched tensors' drift, from the full files of the snapshot updates
+        stored = self.ref is not None and self.base.store is not None and self.ref.store
+        self.sketch_drift = SketchDrift(self.base, self.ref) if stored else None
+        self.previous: tuple[dict[str, Kept], dict[str, Kept]] | None = None  # wb, wr
+
+    def close(self) -> None:
+        if self.sketch_drift is not None:
+            self.sketch_drift.close()
 
     def _get(self, run: Run | None, kind: str, i: int) -> dict[str, Kept] | None:
         return None if run is None else summaries(run, kind, i, self.width)
@@ -86,6 +97,8 @@ class SketchJudge:
         if ex["wb"] is not None and ex["wr"] is not None:
             self.drift.advance(ex["gb"], ex["gr"], ex["wb"], ex["wr"], first=i == 0)
             walked = self.drift.strayed
+            if self.sketch_drift is not None:
+                self._sketch_drift(i, (gb, gr), (wb, wr))  # type: ignore[arg-type]
         elif self.ref is None and ex["wb"] is not None and ex["wm"] is not None:
             passed = {d.name for d in grads if d.ok}
             self.drift.advance(ex["gb"], ex["gm"], ex["wb"], ex["wm"], passed=passed)
@@ -99,8 +112,21 @@ class SketchJudge:
                     d = self.drift.judged(
                         d, wb[info.name].vector, wm[info.name].vector, tol.noise_factor
                     )
+                elif self.sketch_drift is not None and wr is not None:
+                    d = widened(d, self.sketch_drift.allowance(info.name), tol.noise_factor)
                 result.weights.append(d)
         result.grads.extend(grads)
+
+    def _sketch_drift(self, i: int, grads: tuple, weights: tuple) -> None:
+        """The sketched tensors' drift: measured where full files allow, else estimated."""
+        assert self.sketch_drift is not None
+        wb, wr = weights
+        names = [n for n, k in wb.items() if not k.exact and n in wr]
+        before = self.previous or (self.start, self.start)
+        measured = self.sketch_drift.advance(i, names)
+        if not measured and all(g is not None for g in grads):
+            self.sketch_drift.estimate(names, grads, weights, before)
+        self.previous = weights
 
     def _judge(
         self,
@@ -188,6 +214,8 @@ class SketchJudge:
             far = estimate(kb.vector - kr.vector, False, self.sizes[name])
             moved = estimate(kr.vector - ks.vector, False).high if ks is not None else kr.norm
             allowed = fixed_allowed(bound.rtol, moved, bound.atol, self.sizes[name])
+            if self.sketch_drift is not None:
+                allowed += self.sketch_drift.strayed(name)
             if not far.low <= allowed + bound.rounding(name, i) * kr.norm:
                 raise stray(bound, i, name, far.value)
 
@@ -223,8 +251,11 @@ def sketch_note(results: list[UpdateResult]) -> list[str]:
     return [
         f"sketched: the weights and gradients of {shown} were judged from sketches (the runs "
         "were recorded with --record sketch): their errors and noise are estimates, whose bound "
-        "is added to what is allowed; their max abs and max rel diffs, their noise-dominated "
-        "drift and the isolated-jump excuse need element values, kept only at the snapshot "
-        "updates, and are not judged; tensors kept whole (at most the sketch width, or 1-D up "
-        "to the runs' whole_1d) are judged exactly"
+        "is added to what is allowed; their max abs and max rel diffs and the isolated-jump "
+        "excuse need element values, kept only at the snapshot updates, and are not judged; "
+        "their noise-dominated drift is measured where the baseline and the reference kept "
+        "full files at an update and the one before it (the first update, at least) and "
+        "carried, and what their gradient noise explains of the baseline's distance from the "
+        "reference is estimated from the sketches elsewhere; tensors kept whole (at most the "
+        "sketch width, or 1-D up to the runs' whole_1d) are judged exactly"
     ]
