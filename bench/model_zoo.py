@@ -10,8 +10,9 @@ Families: a GPT (pre-norm causal attention, GELU MLPs, tied head), a Transformer
 a GRU, a convolutional text model (ReLU, max-pooling), an MLP with LayerNorm and SiLU.
 Optimizers: Adam (lr 1e-2 and 1e-3, eps 1e-6), AdamW with weight decay, RMSprop, Adagrad, SGD
 with momentum, NAdam, RAdam, Adamax. K in 2, 4, 8; batch 48, 10 updates. `--optimizers` takes
-others too: Adafactor, Rprop, Adadelta, ASGD, SGD with Nesterov momentum and weight decay, and
-Muon for the matrices with AdamW for the rest (two optimizers, the Recorder watching Muon).
+others too: Adafactor (eps[0] unset, or set: adafactor-eps), Rprop, Adadelta, ASGD, SGD with
+Nesterov momentum and weight decay, and Muon for the matrices with AdamW for the rest (two
+optimizers, the Recorder watching Muon).
 
     .venv/bin/python bench/model_zoo.py [--runs 150] [--start 0] [--models gpt,encoder,...]
                                         [--optimizers adam-1e-2,...,muon-adamw]
@@ -270,6 +271,11 @@ class MuonAdamW:
 # names keep their draws.
 MORE_OPTIMIZERS: dict[str, Opt] = {
     "adafactor": lambda p: torch.optim.Adafactor(p, lr=1e-2),
+    # eps[0] set: left None, torch fills it with the weights' dtype's epsilon, and a float64
+    # rerun is another training (refused, README "The noise floor")
+    "adafactor-eps": lambda p: torch.optim.Adafactor(
+        p, lr=1e-2, eps=(torch.finfo(torch.float32).eps, 1e-3)
+    ),
     "rprop": lambda p: torch.optim.Rprop(p, lr=1e-3),
     "adadelta": lambda p: torch.optim.Adadelta(p, lr=1.0),
     "asgd": lambda p: torch.optim.ASGD(p, lr=1e-2),
