@@ -162,6 +162,19 @@ def test_the_estimate_holds_within_its_bound(seed):
     assert e.high - e.low < 0.5 * e.value  # spread errors: a bound that says something
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_inner_product_bounds_hold(seed):
+    """`inner_bounds` (a loss's slope along the weights' difference, from sketches) holds the
+    true inner product, of a gradient with a small random step and with a step along it, and
+    stays within Cauchy–Schwarz's reach of it."""
+    rng = np.random.default_rng(seed)
+    g = rng.normal(size=50_000)
+    for step in (rng.normal(size=50_000) * 1e-6, 3e-7 * g + rng.normal(size=50_000) * 1e-7):
+        low, high = sketches.inner_bounds(summarize(g).sketch, summarize(step).sketch)
+        assert low <= float(g @ step) <= high
+        assert high - low < np.linalg.norm(g) * np.linalg.norm(step)
+
+
 def test_sketch_verdicts_equal_full_verdicts(sketched):
     clean = api.compare(sketched["baseline"], sketched["clean"])
     bug = api.compare(sketched["baseline"], sketched["no-loss-scale"])

@@ -82,19 +82,21 @@ def test_a_loss_the_weights_explain_is_not_a_false_alarm(tmp_path, monkeypatch):
     for streaming in (False, True):
         c = _compare(root, streaming)
         assert c.verdict == "pass", (streaming, [d.code for d in c.diagnosis])
-    monkeypatch.setattr(noise, "explain_loss_by_weights", lambda *a: None)
-    monkeypatch.setattr("gradalign.judge.honest.explain_loss_by_weights", lambda *a: None)
+    monkeypatch.setattr(noise, "explain_loss_by_weights", lambda *a, **k: None)
+    monkeypatch.setattr("gradalign.judge.honest.explain_loss_by_weights", lambda *a, **k: None)
     c = _compare(root)
     if c.results[5].loss_ok:  # the numpy tests hold the logic on any machine
         pytest.skip("this machine's rounding took another path here (update 5's loss passes)")
     assert c.verdict == "fail"
 
 
-def test_a_recorded_loss_that_is_not_the_backpropagated_one_still_fails(tmp_path):
+@pytest.mark.parametrize("sketch", [False, True])
+def test_a_recorded_loss_that_is_not_the_backpropagated_one_still_fails(tmp_path, sketch):
     """The same loop recording each micro loss 1.001 times too large: the weights are the
     clean run's, so nothing explains the loss; `loss-averaging` names it, and does not blame
-    micro-batches of different sizes (they hold the same)."""
-    c = _compare(_runs(tmp_path, "gpt", "adamax", 2, 2062, logged_scale=1.001))
+    micro-batches of different sizes (they hold the same). Sketched too, where the slope is
+    bounded from the sketches."""
+    c = _compare(_runs(tmp_path, "gpt", "adamax", 2, 2062, logged_scale=1.001, sketch=sketch))
     assert c.verdict == "fail"
     first = c.diagnosis[0]
     assert first.code == "loss-averaging", [d.code for d in c.diagnosis]
@@ -176,8 +178,8 @@ def test_a_loss_between_both_runs_slopes_is_not_a_false_alarm(tmp_path, monkeypa
         "explain_loss_by_weights",
         21,
         "update 6: the gradient of",
-        lambda results, merged, ref, factor, done=frozenset(): noise.explain_loss_by_weights(
-            results, _WithoutGrads(merged), ref, factor, done
+        lambda results, merged, ref, factor, done=frozenset(), seen=None: (
+            noise.explain_loss_by_weights(results, _WithoutGrads(merged), ref, factor, done, seen)
         ),  # the reference's slope alone, as before
     )
 
@@ -532,6 +534,7 @@ def test_transformers_models_whose_reference_was_refused_pass_and_name_a_late_bu
 SKETCHED = [
     ("encoder", "adam-1e-2", 8, 3, 1),  # failed at update 0, 1.07x: the first step's drift
     ("gpt", "adagrad", 2, 8, 4),  # refused at update 3: the reference checked without drift
+    ("gpt", "rmsprop", 4, 302, 8),  # loss-averaging at update 6, 1.04x: the weights' slope
 ]
 
 
@@ -547,7 +550,10 @@ def test_sketched_tensors_carry_the_first_steps_drift(
     (judge/sketch_drift.py). Run 8 at width 4 (GPT, Adagrad) had its reference refused at
     update 3, 0.028 of its movement away in a sketched attention projection, where the full
     judge's noise explains it: between snapshots that noise is estimated from the gradients'
-    sketches. A loss not divided by K still fails first as `loss-scale`."""
+    sketches. Run 302 at width 8 (GPT, RMSprop) failed its loss at update 6 (1.04x,
+    `loss-averaging`): the loss's slope along the weights' difference, which explains it, is
+    bounded from the sketches now (noise.explain_loss_by_weights). A loss not divided by K
+    still fails first as `loss-scale`."""
     _one_thread_runs(tmp_path, model, optimizer, k, seed, sketch=True, bug=bug, width=width)
     c = _compare(tmp_path)
     assert any(d.sketched for r in c.results for d in r.weights)

@@ -127,7 +127,8 @@ def _judge(
             on_update(i)
     jumps = judge_apart(results, tol, base, merged) if reference is None else []
     jumps += rounding_notes(results)
-    jumps += honest_differences(results, base, merged, reference, tol.noise_factor)
+    seen = judge_tensors.width if isinstance(judge_tensors, SketchJudge) else None
+    jumps += honest_differences(results, base, merged, reference, tol.noise_factor, seen)
     calibrated = reference is not None
     checks = build_checks(base, merged, results, changes, calibrated, disagreements, tol.grad_rtol)
     if ranks is not None:

@@ -12,29 +12,36 @@ from .kink_divergence import follow_kink_divergence
 from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines
 from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
 from .results import UpdateResult
+from .views import Sketching
 
 
 def honest_differences(
-    results: list[UpdateResult], base: Run, merged: Run, reference: Run | None, factor: float
+    results: list[UpdateResult],
+    base: Run,
+    merged: Run,
+    reference: Run | None,
+    factor: float,
+    seen: Sketching | None = None,
 ) -> list[str]:
     """Widen or excuse, in place, what the noise model explains; the notes that say so. The
     losses the weights explain are read first (a loss failing just before a kink hid the kink)
-    and again once kinks are followed (more weights pass)."""
+    and again once kinks are followed (more weights pass). `seen`: the runs are seen through
+    sketches (judge/views.py)."""
     if reference is None:
         if not (base.full_weights and merged.full_weights):
             return []
-        explained = explain_loss_by_weights(results, merged, base, factor)
+        explained = explain_loss_by_weights(results, merged, base, factor, seen=seen)
         notes = excuse_isolated_jumps(results, merged, base, factor)
         notes += follow_kink_divergence(results, merged, base, factor)
-        explain_loss_by_weights(results, merged, base, factor, explained)
+        explain_loss_by_weights(results, merged, base, factor, explained, seen)
         return notes
     pool_noise(results, factor)
     carry_rounding(results)
     carry_admitted_excess(results, factor)
-    explained = explain_loss_by_weights(results, merged, reference, factor)
+    explained = explain_loss_by_weights(results, merged, reference, factor, seen=seen)
     notes = excuse_isolated_jumps(results, merged, reference, factor)
     notes += excuse_jumps_like_the_baselines(results, base, merged, reference, factor)
     notes += follow_kink_divergence(results, merged, reference, factor)
     notes += follow_gain_divergence(results, merged, reference, factor)
-    explain_loss_by_weights(results, merged, reference, factor, explained)
+    explain_loss_by_weights(results, merged, reference, factor, explained, seen)
     return notes

@@ -60,8 +60,10 @@ import statistics
 import numpy as np
 
 from ..runs.model import Run, Tensors
+from ..runs.sketches import dot, estimate, inner_bounds
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
+from .views import Kept, Sketching, summaries
 
 POOL = 3  # a tensor's noise is at least the RMS of its noise over updates i-POOL .. i+POOL
 FEW = 64  # ... except the gradient of update 0 in a tensor of this many elements or more
@@ -270,6 +272,7 @@ def explain_loss_by_weights(
     ref: Run,
     factor: float,
     done: frozenset[int] = frozenset(),
+    seen: Sketching | None = None,
 ) -> frozenset[int]:
     """Let a loss differ by what the weights it was computed with explain.
 
@@ -285,9 +288,10 @@ def explain_loss_by_weights(
     run 7313, a convolutional text model under Adagrad) 4 losses failed, off by 4.0e-5 to
     3.3e-4: 4.2 to 5.7 times the reference's slope, 0.54 to 1.28 times the merged run's. A loss
     computed wrongly (`loss-averaging`) moves the loss, not the weights, and still fails. Read
-    only at such updates, and only where both runs kept full weights. `ref`: the reference, or
-    the baseline where there is none (the loss is then judged against it). Returns the updates
-    widened, with `done` (updates widened before: not again)."""
+    only at such updates. `ref`: the reference, or the baseline where there is none (the loss is
+    then judged against it). Returns the updates widened, with `done` (updates widened before:
+    not again). `seen`: the runs are seen through sketches (judge/views.py), and each slope is
+    bounded from them (`_sketched_slope`)."""
     widened = set(done)
     for u in range(1, len(results)):
         r, before = results[u], results[u - 1]
@@ -295,15 +299,48 @@ def explain_loss_by_weights(
             continue
         if not all(d.ok for d in before.weights):
             continue
-        wm, wr = merged.weights(u - 1), ref.weights(u - 1)
-        if wm is None or wr is None:
-            continue
-        slopes = [_slope(g, wm, wr) for g in (ref.grads(u), merged.grads(u)) if g is not None]
+        if seen is not None:
+            slopes = _sketched_slopes(merged, ref, u, seen)
+        else:
+            wm, wr = merged.weights(u - 1), ref.weights(u - 1)
+            if wm is None or wr is None:
+                continue
+            grads = (ref.grads(u), merged.grads(u))
+            slopes = [_slope(g, wm, wr) for g in grads if g is not None]
         finite = [slope for slope in slopes if math.isfinite(slope)]
         if finite:
             r.loss_allowed += factor * max(finite)
             widened.add(u)
     return frozenset(widened)
+
+
+def _sketched_slopes(merged: Run, ref: Run, u: int, seen: Sketching) -> list[float]:
+    """`_slope` for update u's gradients of the reference and the merged run, from sketches."""
+    wm, wr = summaries(merged, "weights", u - 1, seen), summaries(ref, "weights", u - 1, seen)
+    if wm is None or wr is None:
+        return []
+    grads = (summaries(run, "grads", u, seen) for run in (ref, merged))
+    return [_sketched_slope(g, wm, wr) for g in grads if g is not None]
+
+
+def _sketched_slope(grads: dict[str, Kept], wm: dict[str, Kept], wr: dict[str, Kept]) -> float:
+    """The upper bound of `_slope` where tensors are sketched: a tensor kept whole adds its
+    exact inner product, a sketched one the interval `inner_bounds` gives, within ±||g||·||d||
+    (Cauchy–Schwarz, the gradient's norm exact, the step's at its upper bound)."""
+    low = high = 0.0
+    for name, g in grads.items():
+        m, r = wm.get(name), wr.get(name)
+        if m is None or r is None:
+            continue
+        step = m.vector - r.vector
+        if g.exact and m.exact and r.exact:
+            exact = dot(np.asarray(g.vector, np.float64), step)
+            low, high = low + exact, high + exact
+            continue
+        below, above = inner_bounds(g.vector, step)
+        most = g.norm * estimate(step, False).high
+        low, high = low + max(below, -most), high + min(above, most)
+    return max(abs(low), abs(high))
 
 
 def _slope(grads: Tensors, wm: Tensors, wr: Tensors) -> float:

@@ -205,3 +205,15 @@ def estimate(delta: np.ndarray, exact: bool, n: int | None = None) -> Estimate:
     if n is not None and d.size:
         low = max(low, value / math.sqrt(-(-n // d.size)))
     return Estimate(value, low, math.sqrt(total + spread))
+
+
+def inner_bounds(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Bounds on <u, v> from sketches x = S(u), y = S(v) of two vectors of one size, through
+    <u, v> = (||u/a + v/b||² − ||u/a − v/b||²)·ab/4 with a = ||x||, b = ||y|| (any constants
+    serve; these keep both sums of one scale) and `estimate`'s bounds on each norm."""
+    a, b = math.sqrt(dot(x, x)), math.sqrt(dot(y, y))
+    if not (a and b and math.isfinite(a) and math.isfinite(b)):
+        return (0.0, 0.0) if math.isfinite(a + b) else (-math.inf, math.inf)
+    plus, minus = estimate(x / a + y / b, False), estimate(x / a - y / b, False)
+    scale = a * b / 4.0
+    return (plus.low**2 - minus.high**2) * scale, (plus.high**2 - minus.low**2) * scale
