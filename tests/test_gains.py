@@ -186,7 +186,7 @@ def test_a_sketched_update_says_what_it_needs(tmp_path, monkeypatch):
     result = _judged(tmp_path, extra=weights, grad_extra=grads)
     sketched = SimpleNamespace(grads=lambda u: None, weights=lambda u: None)
     (note,) = follow_gain_divergence(result.results, sketched, sketched, 4.0)
-    assert note.startswith("update 1: weights alone failed") and "snapshot_every" in note
+    assert note.startswith("update 1: weights alone failed") and "--record full --updates 2" in note
     assert not result.results[1].ok and result.results[0].ok
 
 

@@ -83,7 +83,7 @@ def test_a_kink_at_a_sketched_update_says_what_it_needs(runs):  # noqa: F811
         assert not result.results[6].ok and result.results[5].ok
         assert len(notes) == said  # a jump too large to be followed is no kink to explain
         assert not said or notes[0].startswith("update 6: gradients failed")
-        assert not said or "snapshot_every" in notes[0]
+        assert not said or "--record full --updates 7" in notes[0]
 
 
 def _rows_at(updates, rows=(3,), size: float = 1e-3):

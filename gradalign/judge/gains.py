@@ -43,16 +43,20 @@ from .kinks import fewest_holding, first_failing
 from .metrics import TensorDiff
 from .noise import carry
 from .results import UpdateResult
+from .views import full_rerun
 
 GAIN_SHARE = 0.9  # the elements hold at least this share of the tensor's squared error ...
 GAIN_ELEMENTS = 2  # ... and are at most this many (and at most 10% of the tensor's elements)
 GAIN_SLACK = 2.0  # momentum's bias correction spreads an early error over ~2.6 gains
-_UNREADABLE = (
-    "update {u}: weights alone failed while the loss and every gradient stayed within noise, as "
-    "when one element's optimizer gain turns gradient noise into its step; telling that from a "
-    "bug needs full weights and gradients in both runs at every update up to it (a sketched run "
-    "keeps them at its snapshot updates only: snapshot_every; a golden file, summaries)"
-)
+
+
+def _unreadable(u: int) -> str:
+    return (
+        f"update {u}: weights alone failed while the loss and every gradient stayed within "
+        "noise, as when one element's optimizer gain turns gradient noise into its step; "
+        "telling that from a bug needs full weights and gradients in both runs at every update "
+        f"up to it ({full_rerun(u)})"
+    )
 
 
 def follow_gain_divergence(
@@ -70,7 +74,7 @@ def follow_gain_divergence(
     wm, wr = merged.weights(at.update), ref.weights(at.update)
     gm, gr = merged.grads(at.update), ref.grads(at.update)
     if wm is None or wr is None or gm is None or gr is None:
-        return [_UNREADABLE.format(u=at.update)]
+        return [_unreadable(at.update)]
     elements = {}
     for d in moved:
         if any(d.name not in tensors for tensors in (wm, wr, gm, gr)):
@@ -81,7 +85,7 @@ def follow_gain_divergence(
         elements[d.name] = found
     bounds = _bounds(results, merged, ref, elements)
     if bounds is None:
-        return [_UNREADABLE.format(u=at.update)]
+        return [_unreadable(at.update)]
     widened = _widened(at.weights, bounds[first])
     if not all(d.ok for d in widened if d.name in elements):
         return []

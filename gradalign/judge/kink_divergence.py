@@ -71,6 +71,7 @@ from .kinks import (
 )
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
+from .views import full_rerun
 
 
 def follow_kink_divergence(
@@ -97,8 +98,8 @@ def follow_kink_divergence(
         return [
             f"update {u}: gradients failed while the loss and every earlier update stayed within "
             "noise, as when an activation crosses its kink in one run alone; telling a kink "
-            "from a bug needs that update's full weights and gradients in both runs (a sketched "
-            "run keeps them at its snapshot updates only: snapshot_every)"
+            "from a bug needs that update's full weights and gradients in both runs "
+            f"({full_rerun(u)})"
         ]
     many = [d for d in failing if many_rows(gm[d.name])]
     worst = max(many, key=lambda d: d.ratio) if many else None

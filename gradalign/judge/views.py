@@ -134,3 +134,16 @@ def norm_of(run: Run, kind: str, update: int, width: Sketching | None) -> float 
         )
     kept = summaries(run, kind, update, width)
     return None if kept is None else math.sqrt(sum(k.norm**2 for k in kept.values()))
+
+
+def full_rerun(update: int) -> str:
+    """What to do where a diagnosis needs full weights and gradients up to `update` and a
+    sketched run kept them at its snapshot updates only: the training is deterministic, so the
+    first updates recorded again in full tell (a golden file keeps summaries only)."""
+    n = update + 1
+    return (
+        f"a sketched run keeps them at its snapshot updates only: record the first {n} "
+        f"update(s) of both runs again in full (`--record full --updates {n}`, or "
+        f'`Recorder(..., record="full")` for {n} updates) and compare those; a golden file '
+        "keeps summaries only"
+    )
