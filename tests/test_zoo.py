@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from gradalign.judge import noise
+from gradalign.judge import kink_evidence, noise
 from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
 from tests.conftest import ROOT
@@ -563,16 +563,37 @@ def test_sketched_tensors_carry_the_first_steps_drift(
         assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale"
 
 
-def test_a_sketched_kink_names_the_full_rerun_that_tells_and_it_passes(tmp_path):
-    """Zoo run 205 (an encoder under AdamW, K=4) crosses a kink at update 1. Sketched, nothing
-    tells it from a bug (a sketch mixes the rows that hold it): it fails, its note naming the
-    rerun that would tell, the first 2 updates recorded in full. That rerun passes, the kink
-    named."""
-    sketched = _one_thread_runs(tmp_path / "sketched", "encoder", "adamw-wd", 4, 205, sketch=True)
-    c = _compare(sketched)
+SKETCHED_KINKS = [
+    ("encoder", "adamw-wd", 4, 205, 1, 1),  # layer 1's feed-forward, then its weight's row at 4
+    ("convtext", "adam-eps6", 2, 62, 4, 5),  # the convolution's row 44, the embedding upstream
+]
+
+
+@pytest.mark.parametrize("model, optimizer, k, seed, width, update", SKETCHED_KINKS)
+def test_a_sketched_kink_is_told_from_a_bug_by_the_gradients_unit_sums(
+    tmp_path, monkeypatch, model, optimizer, k, seed, width, update
+):
+    """Zoo run 205 (an encoder under AdamW, K=4) and run 62 at width 4 (a convolution over
+    tokens under Adam, K=2) cross a kink at update 1 and 5, and pass recorded in full. Sketched,
+    a count sketch mixes the rows that hold it: without the gradients' row and column sums
+    (runs/unit_sums.py) both fail, the note naming the rerun that would tell (the first u+1
+    updates in full, which passes); with them, both pass, the kink followed."""
+    sketched = _one_thread_runs(
+        tmp_path / "sketched", model, optimizer, k, seed, sketch=True, width=width
+    )
+    with monkeypatch.context() as m:
+        m.setattr(kink_evidence, "unit_sums_of", lambda *a: None)
+        c = _compare(sketched)
     if c.verdict == "pass":  # the numpy tests hold the logic on any machine
-        pytest.skip("this machine's rounding took another path here (no kink at update 1)")
-    assert any("--record full --updates 2" in note for note in c.notes), c.notes
-    full = _one_thread_runs(tmp_path / "full", "encoder", "adamw-wd", 4, 205, updates=2)
+        pytest.skip(f"this machine's rounding took another path here (no kink at {update})")
+    assert any(f"--record full --updates {update + 1}" in note for note in c.notes), c.notes
+    c = _compare(sketched)
+    assert c.verdict == "pass", [(r.update, r.ok) for r in c.results]
+    assert any(f"update {update}: " in n and "crossed its kink" in n for n in c.notes), c.notes
+    if seed != 62:
+        return
+    full = _one_thread_runs(
+        tmp_path / "full", model, optimizer, k, seed, updates=update + 1, width=width
+    )
     c = _compare(full)
     assert c.verdict == "pass" and any("crossed its kink" in note for note in c.notes), c.notes

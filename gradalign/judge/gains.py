@@ -39,7 +39,8 @@ import dataclasses
 import numpy as np
 
 from ..runs.model import Run
-from .kinks import fewest_holding, first_failing
+from .kink_evidence import fewest_holding
+from .kinks import first_failing
 from .metrics import TensorDiff
 from .noise import carry
 from .results import UpdateResult

@@ -31,17 +31,17 @@ def honest_differences(
         if not (base.full_weights and merged.full_weights):
             return []
         explained = explain_loss_by_weights(results, merged, base, factor, seen=seen)
-        notes = excuse_isolated_jumps(results, merged, base, factor)
-        notes += follow_kink_divergence(results, merged, base, factor)
+        notes = excuse_isolated_jumps(results, merged, base, factor, seen)
+        notes += follow_kink_divergence(results, merged, base, factor, seen)
         explain_loss_by_weights(results, merged, base, factor, explained, seen)
         return notes
     pool_noise(results, factor)
     carry_rounding(results)
     carry_admitted_excess(results, factor)
     explained = explain_loss_by_weights(results, merged, reference, factor, seen=seen)
-    notes = excuse_isolated_jumps(results, merged, reference, factor)
-    notes += excuse_jumps_like_the_baselines(results, base, merged, reference, factor)
-    notes += follow_kink_divergence(results, merged, reference, factor)
+    notes = excuse_isolated_jumps(results, merged, reference, factor, seen)
+    notes += excuse_jumps_like_the_baselines(results, base, merged, reference, factor, seen)
+    notes += follow_kink_divergence(results, merged, reference, factor, seen)
     notes += follow_gain_divergence(results, merged, reference, factor)
     explain_loss_by_weights(results, merged, reference, factor, explained, seen)
     return notes

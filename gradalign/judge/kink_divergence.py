@@ -44,8 +44,9 @@ trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
 An accumulation bug is not localized: it fails the update it starts at in every tensor its
 windows touch (loss scaling, a lost micro-batch, a gradient not cleared differ by shares of 1/K
 and more), and one that starts after a kink must still exceed factor·J_g in most of the
-model's gradients. The signature needs the update's full weights and gradients; where a run kept
-sketches there, a failure that could be a kink stays a failure and a note says what would tell
+model's gradients. Where a run kept sketches, the shares are estimated from them and the units
+from the gradients' unit sums (judge/kink_evidence.py); where it kept no unit sums for the
+kinked tensor, a failure that could be a kink stays a failure and a note says what would tell
 them apart.
 """
 
@@ -54,32 +55,20 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
-
-from ..runs.model import Run, Tensors
-from .kinks import (
-    JUMP_SHARE,
-    KINK_UNITS,
-    excuse,
-    first_failing,
-    many_rows,
-    most_pass,
-    row_share,
-    share,
-    stepped,
-    whole_model_moved,
-)
+from ..runs.model import Run
+from .kink_evidence import JUMP_SHARE, KINK_UNITS, Sketched, Whole, apart, many_rows
+from .kinks import excuse, first_failing, most_pass, stepped, whole_model_moved
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
-from .views import full_rerun
+from .views import Sketching, full_rerun
 
 
 def follow_kink_divergence(
-    results: list[UpdateResult], merged: Run, ref: Run, factor: float
+    results: list[UpdateResult], merged: Run, ref: Run, factor: float, seen: Sketching | None = None
 ) -> list[str]:
     """Widen the updates from a kink on by the kink's own size (module docstring); a note if
     the first failing update is one. `ref`: the reference, or the baseline where there is
-    none."""
+    none; `seen`: the runs are seen through sketches."""
     first = first_failing(results)
     if first is None:
         return []
@@ -90,9 +79,10 @@ def follow_kink_divergence(
     if at.problems or not at.loss_ok or not failing or not stepped(at, prior, factor):
         return []
     u = at.update
-    gm, gr, wm, wr = merged.grads(u), ref.grads(u), merged.weights(u), ref.weights(u)
-    before = ref.weights(u - 1) if u > 0 else ref.init_weights()
-    if gm is None or gr is None or wm is None or wr is None or before is None:
+    grads = apart(merged, ref, "grads", u, seen)
+    many = [] if grads is None else [d for d in failing if many_rows(grads.shape(d.name))]
+    worst = max(many, key=_jump(grads)) if many else None
+    if grads is None or (worst is not None and not grads.readable(worst.name)):
         if factor * max(d.rel_l2 for d in failing) >= 1 or whole_model_moved(at):
             return []  # too large to be followed anyway, or not a kink's few rows
         return [
@@ -101,47 +91,51 @@ def follow_kink_divergence(
             "from a bug needs that update's full weights and gradients in both runs "
             f"({full_rerun(u)})"
         ]
-    many = [d for d in failing if many_rows(gm[d.name])]
-    worst = max(many, key=lambda d: d.ratio) if many else None
-    rows = None if worst is None else row_share(gm[worst.name], gr[worst.name], KINK_UNITS)
-    jumped = f"jumped to {worst.ratio:.3g}x its allowed error" if worst is not None else ""
+    units = None if worst is None else grads.units(worst.name, KINK_UNITS)
+    rows = None if units is None else len(units[1])
+    jumped = "" if worst is None else f"jumped to {worst.ratio:.3g}x its allowed error"
+    if worst is not None and isinstance(grads, Sketched) and worst.noise:
+        jumped = f"jumped to {worst.error / worst.noise:.3g}x its noise"
     later = ""  # where the kink passed: the update its step failed
-    left = wm, wr  # the weights the first failing update left
+    left = u  # the update whose weights failed, as a share of the distance moved since the kink
     if rows is None:  # no kink: the step of one crossed the update before, which passed?
-        found = _kink_before(results, first, merged, ref, factor)
+        found = _kink_before(results, first, merged, ref, factor, seen)
         if found is None:
             return []
         first, failing, worst, rows = found
         failed_at, at = u, results[first]
         u = at.update
-        gm, gr, wr = merged.grads(u), ref.grads(u), ref.weights(u)
-        before = ref.weights(u - 1) if u > 0 else ref.init_weights()
-        if gm is None or gr is None or wr is None or before is None:
+        grads = apart(merged, ref, "grads", u, seen)
+        if grads is None:
             return []
         jumped = f"jumped to {worst.error / worst.noise:.3g}x its noise (within what was allowed)"
         later = f", its step failing the weights at update {failed_at}"
-    j_grads = max(share(gm[d.name], gr[d.name], 0.0) for d in failing)
+    since = u - 1 if u > 0 else -1  # the weights the kink's step started from
+    weights = apart(merged, ref, "weights", left, seen, since)
+    if weights is None:
+        return []
+    j_grads = max(grads.share(d.name) for d in failing)
     if factor * j_grads >= 1:  # a gradient allowed to differ by all of itself is not checked
         return []
     # a gradient off by a share of itself steps off by about that share
-    shares = [share(left[0][d.name], left[1][d.name], before[d.name]) for d in moved]
+    shares = [weights.share(d.name) for d in moved]
     j_weights = max([j_grads, *shares])
     if not (math.isfinite(j_grads) and math.isfinite(j_weights)):
         return []
-    since = f"update {u - 1}" if u else "the start"
+    start = f"update {u - 1}" if u else "the start"
     notes = [
         f"update {u}: the gradient of {worst.name} {jumped}, {JUMP_SHARE:.0%} of it in {rows} "
         f"row(s) or column(s){later}, the loss and every earlier update within noise: an "
         "activation crossed its kink in one run and not the other, and the runs follow "
         f"neighbouring trajectories from there. From update {u} on, each gradient may also "
         f"differ by {factor:g} x {j_grads:.3g} of its norm and each weight by {factor:g} x "
-        f"{j_weights:.3g} of how far it moved since {since} (the kink's size at that update)"
+        f"{j_weights:.3g} of how far it moved since {start} (the kink's size at that update)"
     ]
     parted = []  # updates whose failures the parted runs explain
     for r in results[first:]:  # the kink's own update read above
-        g_ref = gr if r is at else ref.grads(r.update)
-        w_ref = wr if r is at else ref.weights(r.update)
-        later = None if r is at or g_ref is None else _later_kink(r, merged, g_ref, j_grads)
+        g_now = grads if r is at else apart(merged, ref, "grads", r.update, seen)
+        w_now = apart(merged, ref, "weights", r.update, seen, since)
+        later = None if r is at or g_now is None else _later_kink(g_now, j_grads)
         if later is not None and factor * later[1] < 1:
             j_grads, j_weights = later[1], max(j_weights, later[1])  # a share steps a share
             notes.append(
@@ -149,19 +143,35 @@ def follow_kink_divergence(
                 f"{j_grads:.3g} of its norm off, {JUMP_SHARE:.0%} of it in {later[2]} row(s) or "
                 f"column(s). From update {r.update} on, each gradient may also differ by "
                 f"{factor:g} x {j_grads:.3g} of its norm and each weight by {factor:g} x "
-                f"{j_weights:.3g} of how far it moved since {since}"
+                f"{j_weights:.3g} of how far it moved since {start}"
             )
-        if g_ref is not None:
-            r.grads[:] = _widened(r.grads, factor * j_grads, g_ref, None)
-        if w_ref is not None:
-            r.weights[:] = _widened(r.weights, factor * j_weights, w_ref, before)
+        if g_now is not None:
+            r.grads[:] = _widened(r.grads, factor * j_grads, g_now)
+        if w_now is not None:
+            r.weights[:] = _widened(r.weights, factor * j_weights, w_now)
         if _confined(r):
             parted.append(r)
     return notes + _excuse_parted(parted)
 
 
+def _jump(grads: Whole | Sketched | None):
+    """How far a failing gradient jumped, to pick the kink's tensor: over what was allowed, or
+    where the runs were seen through sketches, over its noise (a sketched tensor's allowance
+    holds the estimator's bound, widest for an error in few rows: model zoo run 62 at width 4,
+    a convolution's row 125x its noise floor, was allowed 0.4 of its error, and the embedding
+    upstream of it stood furthest over what was allowed)."""
+    if isinstance(grads, Sketched):
+        return lambda d: d.error / d.noise if d.noise else math.inf
+    return lambda d: d.ratio
+
+
 def _kink_before(
-    results: list[UpdateResult], first: int, merged: Run, ref: Run, factor: float
+    results: list[UpdateResult],
+    first: int,
+    merged: Run,
+    ref: Run,
+    factor: float,
+    seen: Sketching | None,
 ) -> tuple[int, list[TensorDiff], TensorDiff, int] | None:
     """A kink crossed at the update before the first failing one, which passed by what was
     allowed there (a drift carried), its step failing the weights after it: that update's
@@ -172,16 +182,16 @@ def _kink_before(
     if first == 0 or all(d.ok for d in results[first].weights):
         return None
     kink = results[first - 1]
-    gm, gr = merged.grads(kink.update), ref.grads(kink.update)
-    if gm is None or gr is None:
+    grads = apart(merged, ref, "grads", kink.update, seen)
+    if grads is None:
         return None
-    over = [d for d in kink.grads if d.noise and d.error > factor * d.noise and d.name in gm]
-    many = [d for d in over if many_rows(gm[d.name])]
+    over = [d for d in kink.grads if d.noise and d.error > factor * d.noise and d.name in grads]
+    many = [d for d in over if many_rows(grads.shape(d.name))]
     if not many:
         return None
     worst = max(many, key=lambda d: d.error / d.noise)
-    rows = row_share(gm[worst.name], gr[worst.name], KINK_UNITS)
-    return None if rows is None else (first - 1, over, worst, rows)
+    units = grads.units(worst.name, KINK_UNITS)
+    return None if units is None else (first - 1, over, worst, len(units[1]))
 
 
 def _confined(r: UpdateResult) -> bool:
@@ -221,39 +231,27 @@ def _excuse_parted(parted: list[UpdateResult]) -> list[str]:
     ]
 
 
-def _later_kink(
-    r: UpdateResult, merged: Run, g_ref: Tensors, followed: float
-) -> tuple[str, float, int] | None:
+def _later_kink(grads: Whole | Sketched, followed: float) -> tuple[str, float, int] | None:
     """A kink crossed at a later update of a followed divergence: the gradient (of a tensor of
     many rows) furthest off as a share of its norm, by more than the size followed so far, that
     error in a few rows or columns. A run whose trajectories parted at one kink crosses more, each a
     jump of its own (model zoo run 753, a Transformer encoder under Adam, K=8: 0.57% at update
     4, then 1.66% in one other row at update 6, and update 9 off by 2.3% in two rows failed at
     1.006x): the size followed is raised to it from there on. A bug is not in a few rows."""
-    gm = merged.grads(r.update)
-    if gm is None:
-        return None
-    shares = {
-        name: share(gm[name], g_ref[name], 0.0)
-        for name in gm.keys() & g_ref.keys()
-        if many_rows(g_ref[name])
-    }
+    shares = {name: grads.share(name) for name in grads.names() if many_rows(grads.shape(name))}
     worst = max(shares, key=lambda name: (shares[name], name), default=None)
     if worst is None or not shares[worst] > followed:
         return None
-    rows = row_share(gm[worst], g_ref[worst], KINK_UNITS)
-    return None if rows is None else (worst, shares[worst], rows)
+    units = grads.units(worst, KINK_UNITS)
+    return None if units is None else (worst, shares[worst], len(units[1]))
 
 
-def _widened(
-    diffs: list[TensorDiff], extra: float, ref: Tensors, before: Tensors | None
-) -> list[TensorDiff]:
-    """Each diff with extra·||ref|| (or extra·||ref − before||) added to what it allows."""
+def _widened(diffs: list[TensorDiff], extra: float, pair: Whole | Sketched) -> list[TensorDiff]:
+    """Each diff with extra·||ref|| (or extra·||ref − before||, `pair.scale`) added to what it
+    allows."""
     out = []
     for d in diffs:
-        if d.name in ref and (before is None or d.name in before):
-            r = np.asarray(ref[d.name], dtype=np.float64)
-            scale = np.linalg.norm(r if before is None else r - before[d.name])
-            d = dataclasses.replace(d, allowed=d.allowed + extra * float(scale))
+        if pair.scalable(d.name):
+            d = dataclasses.replace(d, allowed=d.allowed + extra * pair.scale(d.name))
         out.append(d)
     return out

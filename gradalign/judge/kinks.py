@@ -59,23 +59,29 @@ import math
 
 import numpy as np
 
-from ..runs.model import Run, Tensors
-from .metrics import TensorDiff, _safe_div
+from ..runs.model import Run
+from .kink_evidence import (
+    JUMP_OWN_SHARE,
+    Sketched,
+    Whole,
+    apart,
+    many_rows,
+)
+from .metrics import TensorDiff
 from .results import UpdateResult
+from .views import Sketching
 
-JUMP_SHARE = 0.9  # a kink's jump holds this share of its error ...
-JUMP_ROWS = 0.01  # ... in at most this share of the tensor's rows (at least one row)
-KINK_UNITS = 2  # a divergence followed from a kink crossed at most this many units
 JUMP_OUTLIER = 10.0  # a baseline's gradient error this many times its median is a jump ...
-JUMP_OWN_ROWS = 8  # ... if at most this many rows hold JUMP_SHARE of it ...
-JUMP_OWN_SHARE = 0.25  # ... and at most this share of the rows
+JUMP_OWN_ROWS = 8  # ... if at most this many rows hold JUMP_SHARE of it (and JUMP_OWN_SHARE)
+Pair = Whole | Sketched
 
 
 def excuse_isolated_jumps(
-    results: list[UpdateResult], merged: Run, ref: Run, factor: float
+    results: list[UpdateResult], merged: Run, ref: Run, factor: float, seen: Sketching | None = None
 ) -> list[str]:
     """Mark localized gradient jumps as excused, isolated ones or those whose step left the
-    weights in their noise (module docstring); return a note for each."""
+    weights in their noise (module docstring); return a note for each. `seen`: the runs are
+    seen through sketches (judge/kink_evidence.py reads them)."""
     notes, crossed, isolated = [], set(), 0  # the units (tensor, axis, index) jumps were in
     parted: list[UpdateResult] = []  # quiet updates after a jump, failing in a part of the model
     for i, r in enumerate(results):
@@ -84,20 +90,20 @@ def excuse_isolated_jumps(
         quiet = not stepped(r, results[i - 1] if i else None, factor)
         if not (quiet or _neighbours_pass(results, r.update)):
             continue
-        gm, gr = merged.grads(r.update), ref.grads(r.update)
-        if gm is None or gr is None:
+        grads = apart(merged, ref, "grads", r.update, seen)
+        if grads is None:
             continue
         failing = [d for d in r.grads if not d.ok]
-        found = {d.name: kink_units(gm[d.name], gr[d.name]) for d in failing}
+        found = {d.name: grads.units(d.name) for d in failing}
         kinked = {name: units for name, units in found.items() if units is not None}
         echoes = [name for name in found if name not in kinked]
-        if not kinked or (echoes and not _echoes(echoes, kinked, gm, gr)):
-            if quiet and notes and not whole_model_moved(r) and _quietly_parted(r, gm, gr, factor):
+        if not kinked or (echoes and not _echoes(echoes, kinked, grads)):
+            if quiet and notes and not whole_model_moved(r) and _quietly_parted(r, grads, factor):
                 parted.append(r)
             continue
         # one sample's share of one unit among many, not a gradient off by all of itself (as a
         # kink followed) nor the model's gradient scaled or turned as a whole
-        if quiet and not _a_units_share(r, kinked, gm, gr, factor):
+        if quiet and not _a_units_share(r, kinked, grads, factor):
             if not _neighbours_pass(results, r.update):
                 continue
             quiet = False
@@ -140,24 +146,24 @@ def excuse_isolated_jumps(
     return notes
 
 
-def _a_units_share(r: UpdateResult, kinked: dict, gm: Tensors, gr: Tensors, factor: float) -> bool:
+def _a_units_share(r: UpdateResult, kinked: dict, grads: Pair, factor: float) -> bool:
     """Whether a quiet jump looks like one sample's share of a unit: some kinked tensor of many
     rows (in a tensor of one row, a 0-d scale or a bias, any error sits in "one unit"), each off
     by less than 1/factor of itself, and the model's gradient not scaled or turned as a whole
     (a loss 1.02 times too large, recorded apart from the step, is no kink)."""
-    if not any(many_rows(gm[name]) for name in kinked) or whole_model_moved(r):
+    if not any(many_rows(grads.shape(name)) for name in kinked) or whole_model_moved(r):
         return False
-    return factor * max(share(gm[name], gr[name], 0.0) for name in kinked) < 1
+    return factor * max(grads.share(name) for name in kinked) < 1
 
 
-def _quietly_parted(r: UpdateResult, gm: Tensors, gr: Tensors, factor: float) -> bool:
+def _quietly_parted(r: UpdateResult, grads: Pair, factor: float) -> bool:
     """Whether update `r`'s failing gradients, spread, are what kinks crossed before leave: each
     off by less than 1/factor of itself, the model's passing gradients at least as many
     elements. Model zoo run 2002 at width 4 (an encoder under Adam, 40 updates): after quiet
     jumps of units of layer 0 at updates 24 and 25, its feed-forward gradient stood 0.4% to 2%
     off at updates 26 and 36, spread over its rows, with every weight within its noise."""
     failing = [d for d in r.grads if not d.ok]
-    return all(factor * share(gm[d.name], gr[d.name], 0.0) < 1 for d in failing) and most_pass(r)
+    return all(factor * grads.share(d.name) < 1 for d in failing) and most_pass(r)
 
 
 def most_pass(r: UpdateResult) -> bool:
@@ -168,7 +174,12 @@ def most_pass(r: UpdateResult) -> bool:
 
 
 def excuse_jumps_like_the_baselines(
-    results: list[UpdateResult], base: Run, merged: Run, ref: Run, factor: float
+    results: list[UpdateResult],
+    base: Run,
+    merged: Run,
+    ref: Run,
+    factor: float,
+    seen: Sketching | None = None,
 ) -> list[str]:
     """Excuse gradient jumps the baseline makes against the reference too (module docstring):
     at most `factor` times as many as the baseline's, in the tensors it jumped in, each held in
@@ -177,20 +188,19 @@ def excuse_jumps_like_the_baselines(
     candidates = [r for r in results if _gradients_alone_failed(r)]
     if not candidates:
         return []
-    own = _baseline_jumps(results, base, ref)
+    own = _baseline_jumps(results, base, ref, seen)
     seen = sorted(set().union(*(updates for updates, _ in own.values())))
     if not own or len(candidates) > factor * len(seen):
         return []
     rows_seen = {name: rows for name, (_, rows) in own.items()}
     excused = []
     for r in candidates:
-        gm, gr = merged.grads(r.update), ref.grads(r.update)
-        if gm is None or gr is None:
+        grads = apart(merged, ref, "grads", r.update, seen)
+        if grads is None:
             return []
         failing = [d for d in r.grads if not d.ok]
         if not all(
-            d.name in rows_seen
-            and row_share(gm[d.name], gr[d.name], rows_seen[d.name], JUMP_OWN_SHARE)
+            d.name in rows_seen and grads.units(d.name, rows_seen[d.name], JUMP_OWN_SHARE)
             for d in failing
         ):
             return []
@@ -208,7 +218,7 @@ def excuse_jumps_like_the_baselines(
     ]
 
 
-def _echoes(echoes: list[str], kinked: dict, gm: Tensors, gr: Tensors) -> bool:
+def _echoes(echoes: list[str], kinked: dict, grads: Pair) -> bool:
     """Whether the failing tensors `echoes`, their errors spread, are what a kink in `kinked`
     sends upstream: some kinked tensor holds its error in a few of many rows, and each echo is
     off by a smaller share of itself than the furthest kinked one. A unit flipped for one
@@ -216,17 +226,10 @@ def _echoes(echoes: list[str], kinked: dict, gm: Tensors, gr: Tensors) -> bool:
     encoder (192 units a layer) one unit of layer 0's feed-forward, 3.5e-4 of linear1's
     gradient off in one row, put the attention and the embedding 1.7e-4 off, beyond their
     noise. A bug moves every tensor by like shares, spread in all of them."""
-    if not any(many_rows(gm[name]) for name in kinked):
+    if not any(many_rows(grads.shape(name)) for name in kinked):
         return False
-    furthest = max(share(gm[name], gr[name], 0.0) for name in kinked)
-    return all(share(gm[name], gr[name], 0.0) < furthest for name in echoes)
-
-
-def share(merged: np.ndarray, ref: np.ndarray, before: np.ndarray | float) -> float:
-    """||merged − ref|| / ||ref − before||: an error as a share of the reference's size."""
-    r = np.asarray(ref, dtype=np.float64)
-    error = float(np.linalg.norm(np.asarray(merged, dtype=np.float64) - r))
-    return _safe_div(error, float(np.linalg.norm(r - before)))
+    furthest = max(grads.share(name) for name in kinked)
+    return all(grads.share(name) < furthest for name in echoes)
 
 
 def stepped(at: UpdateResult, prior: UpdateResult | None, factor: float) -> bool:
@@ -277,7 +280,7 @@ def excuse(r: UpdateResult, names: set[str], reason: str) -> None:
 
 
 def _baseline_jumps(
-    results: list[UpdateResult], base: Run, ref: Run
+    results: list[UpdateResult], base: Run, ref: Run, seen: Sketching | None
 ) -> dict[str, tuple[set[int], int]]:
     """Per gradient tensor, where the baseline's own error against the reference jumped (over
     JUMP_OUTLIER times its median over the run) and held JUMP_SHARE in few rows: those updates,
@@ -293,13 +296,13 @@ def _baseline_jumps(
         for u, noise in points:
             if typical <= 0 or noise <= JUMP_OUTLIER * typical:
                 continue
-            gb, gr = base.grads(u), ref.grads(u)
-            if gb is None or gr is None or name not in gb or name not in gr:
+            grads = apart(base, ref, "grads", u, seen)
+            if grads is None or name not in grads:
                 continue
-            rows = row_share(gb[name], gr[name], JUMP_OWN_ROWS, JUMP_OWN_SHARE)
-            if rows is not None:
+            units = grads.units(name, JUMP_OWN_ROWS, JUMP_OWN_SHARE)
+            if units is not None:
                 updates, most = found.get(name, (set(), 0))
-                found[name] = (updates | {u}, max(most, rows))
+                found[name] = (updates | {u}, max(most, len(units[1])))
     return found
 
 
@@ -310,64 +313,6 @@ def _neighbours_pass(results: list[UpdateResult], update: int) -> bool:
     61x its noise and failed update 5's weights; excused, the divergence went unfollowed)."""
     near = [r for r in results if abs(r.update - update) == 1]
     return all(all(d.ok for d in (*r.grads, *r.weights)) for r in near)
-
-
-def many_rows(tensor: np.ndarray) -> bool:
-    """Whether a kink's few rows are evidence in this tensor: its error in a few rows of a
-    tensor of many (in a tensor of one row, a 0-d temperature or a bias, it always is: a wrong
-    loss scale showed as a kink there)."""
-    return _rows(tensor) * JUMP_OWN_SHARE >= KINK_UNITS
-
-
-def _rows(tensor: np.ndarray) -> int:
-    """The rows `row_share` counts: the first axis, or each element of a 1-D tensor."""
-    return int(tensor.shape[0]) if np.ndim(tensor) > 1 else int(np.size(tensor))
-
-
-def row_share(
-    merged: np.ndarray, ref: np.ndarray, most: int | None = None, of_rows: float = JUMP_ROWS
-) -> int | None:
-    """How many units hold JUMP_SHARE of the error, if they are at most `of_rows` of the units
-    (at least one) and at most `most` (`kink_units`)."""
-    found = kink_units(merged, ref, most, of_rows)
-    return None if found is None else len(found[1])
-
-
-def kink_units(
-    merged: np.ndarray, ref: np.ndarray, most: int | None = None, of_rows: float = JUMP_ROWS
-) -> tuple[int, frozenset[int]] | None:
-    """The fewest units that hold JUMP_SHARE of the error, as (axis, indices), if they are at
-    most `of_rows` of the units (at least one) and at most `most`: rows (axis 0, the units a
-    weight feeds, its bias's elements), or for a weight of two or more axes its columns (axis
-    1: the units feeding it), the fewer. A unit at its kink changes its own row and the next
-    layer's column: a ReLU unit switched on by a pre-activation that is the residue of a
-    cancelling sum (a mostly dead net) put a whole jump of 17.6x into one column of the output
-    weight, and nowhere else."""
-    err = np.asarray(merged, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
-    squared = err.reshape(err.shape[0], -1) ** 2 if err.ndim > 1 else err.reshape(-1, 1) ** 2
-    energies = [squared.sum(axis=1)]
-    if err.ndim > 1:
-        energies.append((err.reshape(err.shape[0], err.shape[1], -1) ** 2).sum(axis=(0, 2)))
-    units = []
-    for axis, energy in enumerate(energies):
-        limit = max(1, int(of_rows * energy.shape[0]))
-        limit = limit if most is None else min(limit, most)
-        found = fewest_holding(energy, JUMP_SHARE, limit)
-        if found is not None:
-            units.append((len(found), axis, frozenset(found.tolist())))
-    return min(units, key=lambda u: (u[0], u[1]))[1:] if units else None
-
-
-def fewest_holding(energy: np.ndarray, share: float, most: int) -> np.ndarray | None:
-    """The indices of the fewest entries of `energy` (squared errors of rows or elements) that
-    hold `share` of its sum, if they are at most `most`; None if more, or if the sum is 0 or not
-    finite."""
-    total = float(energy.sum())
-    if not np.isfinite(total) or total <= 0:
-        return None
-    order = np.argsort(energy, kind="stable")[::-1]
-    needed = int(np.searchsorted(np.cumsum(energy[order]), share * total)) + 1
-    return order[:needed] if needed <= most else None
 
 
 def first_failing(results: list[UpdateResult]) -> int | None:

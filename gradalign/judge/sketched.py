@@ -251,8 +251,9 @@ def sketch_note(results: list[UpdateResult]) -> list[str]:
     return [
         f"sketched: the weights and gradients of {shown} were judged from sketches (the runs "
         "were recorded with --record sketch): their errors and noise are estimates, whose bound "
-        "is added to what is allowed; their max abs and max rel diffs and the isolated-jump "
-        "excuse need element values, kept only at the snapshot updates, and are not judged; "
+        "is added to what is allowed; their max abs and max rel diffs need element values, "
+        "kept only at the snapshot updates, and are not judged; a kink crossed in one run is "
+        "told from a bug by the gradients' row and column sums (each unit's error estimated); "
         "their noise-dominated drift is measured where the baseline and the reference kept "
         "full files at an update and the one before it (the first update, at least) and "
         "carried, and what their gradient noise explains of the baseline's distance from the "

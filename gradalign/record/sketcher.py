@@ -13,6 +13,7 @@ results arrive whether there was one. Either way the results land in
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 
@@ -22,8 +23,10 @@ import torch
 from ..runs.background import BackgroundWriter
 from ..runs.layout import sketch_file
 from ..runs.sketches import WHOLE_1D, WIDTH, Summary, kept_whole, summarize
+from ..runs.unit_sums import GROUPS, has_units, unit_sums
 from .facts import fingerprint
 
+_NOTHING = np.zeros(0)  # a written summary's sketch: its file holds it
 _BLOCK = 1 << 24  # elements per device block (its float64 copy and its infinities' codes)
 # splitmix64's constants as int64 (torch has no uint64 arithmetic; int64 wraps the same way)
 _GOLDEN, _M1, _M2 = (
@@ -108,10 +111,12 @@ class Sketcher:
         def job() -> None:
             if ready is not None:
                 ready()
-            found = {
-                n: summarize(a, self.declared[n], self.width, self.whole(n, a.size))
-                for n, a in arrays.items()
-            }
+            found = {}
+            for n, a in arrays.items():
+                summary = summarize(a, self.declared[n], self.width, self.whole(n, a.size))
+                if self.with_units(kind, n, a.size):
+                    summary = dataclasses.replace(summary, units=unit_sums(a, self.shapes[n]))
+                found[n] = summary
             self._store(kind, update, found)
 
         self.files.run(job, sum(a.nbytes for a in arrays.values()), release)
@@ -120,25 +125,43 @@ class Sketcher:
         """Summarize live device tensors on the device; the results follow asynchronously."""
         with torch.no_grad():
             parts = [self._on_device(t, self.whole(n, t.numel())) for n, t in tensors.items()]
+            units = [
+                self._device_units(t, self.shapes[n])
+                if self.with_units(kind, n, t.numel())
+                else None
+                for n, t in tensors.items()
+            ]
             floats = torch.cat(
-                [torch.cat([s, q.reshape(1), h, c.reshape(1)]) for s, q, _, h, c in parts]
+                [
+                    torch.cat([s, q.reshape(1), h, c.reshape(1), *([] if u is None else [u])])
+                    for (s, q, _, h, c), u in zip(parts, units, strict=True)
+                ]
             ).to("cpu", non_blocking=True)
             prints = torch.stack([p[2] for p in parts]).to("cpu", non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        sizes = [(p[0].numel(), p[3].numel()) for p in parts]
+        kept = [u is not None for u in units]
+        sizes = [(p[0].numel(), p[3].numel(), k) for p, k in zip(parts, kept, strict=True)]
         names = list(tensors)
 
         def job() -> None:
             event.synchronize()
             values, fps = floats.numpy(), prints.numpy()
             found, at = {}, 0
-            for p, (name, (size, held)) in enumerate(zip(names, sizes, strict=True)):
+            for p, (name, (size, held, kept)) in enumerate(zip(names, sizes, strict=True)):
                 sketch, sumsq = values[at : at + size].copy(), float(values[at + size])
                 at += size + 1
                 marks, count = values[at : at + held].copy(), values[at + held]
                 at += held + 1
-                found[name] = Summary(sketch, sumsq, int(fps[p]), marks if count else None)
+                summary = Summary(sketch, sumsq, int(fps[p]), marks if count else None)
+                if kept:
+                    rows_n, columns_n = self.shapes[name][:2]
+                    rows = values[at : at + rows_n * GROUPS].reshape(rows_n, GROUPS).copy()
+                    at += rows_n * GROUPS
+                    columns = values[at : at + columns_n * GROUPS].reshape(columns_n, GROUPS)
+                    at += columns_n * GROUPS
+                    summary = dataclasses.replace(summary, units=(rows, columns.copy()))
+                found[name] = summary
             self._store(kind, update, found)
 
         self.files.run(job)
@@ -146,6 +169,55 @@ class Sketcher:
     def whole(self, name: str, size: int) -> bool:
         """Whether the tensor `name` (of `size` elements) is kept whole."""
         return kept_whole(self.shapes.get(name, (size,)), self.width, self.whole_1d)
+
+    def with_units(self, kind: str, name: str, size: int) -> bool:
+        """Whether a summary keeps unit sums: a sketched gradient of two axes or more (the
+        judge reads them to tell a kink from a bug: runs/unit_sums.py)."""
+        shape = self.shapes.get(name)
+        return (
+            kind == "grads"
+            and shape is not None
+            and has_units(shape)
+            and not self.whole(name, size)
+        )
+
+    def _device_units(self, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """`runs.unit_sums.unit_sums` by torch, on the device, in blocks of rows: the row sums
+        and then the column sums, flattened (float64)."""
+        x = tensor.detach().reshape(-1)
+        n = x.numel()
+        rows_n, columns_n = int(shape[0]), int(shape[1])
+        per_row = n // rows_n
+        inner = per_row // columns_n
+        table = self._signs(n, x.device)
+        rows = torch.zeros(rows_n, GROUPS, dtype=torch.float64, device=x.device)
+        columns = torch.zeros(GROUPS, columns_n, dtype=torch.float64, device=x.device)
+        grouped = per_row - per_row % GROUPS
+        step = max(1, _BLOCK // per_row)
+        for first in range(0, rows_n, step):
+            count = min(step, rows_n - first)
+            start = first * per_row
+            low = start - start % 8  # the packed signs start at whole bytes
+            signs = unpacked_signs(table, low, start - low + count * per_row)[start - low :]
+            signed = x[start : start + count * per_row].to(torch.float64) * signs
+            signed = signed.view(count, per_row)
+            held = rows[first : first + count]
+            held += signed[:, :grouped].reshape(count, -1, GROUPS).sum(1)
+            held[:, : per_row - grouped] += signed[:, grouped:]
+            by_column = signed.view(count, columns_n, inner).sum(2)
+            for t in range(GROUPS):
+                columns[t] += by_column[(t - first) % GROUPS :: GROUPS].sum(0)
+            del signed, signs, by_column
+        return torch.cat([rows.reshape(-1), columns.t().reshape(-1)])
+
+    def _signs(self, n: int, device: torch.device) -> torch.Tensor:
+        """The packed signs of a tensor of n elements on `device`, made once per size."""
+        key = (n, str(device))
+        table = self._device_signs.get(key)
+        if table is None:
+            table = packed_signs(n, device)
+            self._device_signs[key] = table
+        return table
 
     def _on_device(
         self, tensor: torch.Tensor, whole: bool
@@ -158,11 +230,7 @@ class Sketcher:
         if whole:
             exact = x.double()
             return exact, exact.dot(exact), fingerprint(tensor), none.new_zeros(0), none
-        key = (n, str(x.device))
-        table = self._device_signs.get(key)
-        if table is None:
-            table = packed_signs(n, x.device)
-            self._device_signs[key] = table
+        table = self._signs(n, x.device)
         sums = torch.zeros(width, dtype=torch.float64, device=x.device)
         held = torch.zeros(width, dtype=torch.float64, device=x.device)
         sumsq, count = none.clone(), none.clone()
@@ -198,8 +266,16 @@ class Sketcher:
                 tensors[f"{kind}/{name}"] = summary.sketch
                 if summary.held is not None:
                     tensors[f"held/{kind}/{name}"] = summary.held
+                if summary.units is not None:
+                    tensors[f"rows/{kind}/{name}"] = summary.units[0]
+                    tensors[f"columns/{kind}/{name}"] = summary.units[1]
             norms = [np.sqrt(found[n].sumsq) if n in found else 0.0 for n in self.names]
             tensors[f"norms/{kind}"] = np.asarray(norms, dtype=np.float64)
+            with self._lock:  # only the fingerprints are read again (the series)
+                self.results[(kind, update)] = {
+                    name: Summary(_NOTHING, 0.0, summary.fingerprint)
+                    for name, summary in found.items()
+                }
         self.files.write_tensors(sketch_file(update), tensors)
 
     def fingerprints(self, kind: str, update: int | None) -> np.ndarray | None:

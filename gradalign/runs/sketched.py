@@ -7,6 +7,9 @@ from ..errors import BadInput, shown
 from .layout import sketch_file
 from .model import Run, Tensors
 from .store import Store
+from .unit_sums import GROUPS, has_units
+
+UNIT_AXES = {"rows": 0, "columns": 1}  # unit sums' keys (runs/unit_sums.py) and their axis
 
 
 def attach_sketches(run: Run, manifest: dict, store: Store) -> None:
@@ -28,19 +31,35 @@ def attach_sketches(run: Run, manifest: dict, store: Store) -> None:
         isinstance(u, int) and not isinstance(u, bool) and 0 <= u < run.updates for u in snapshots
     ):
         raise BadInput(f"{run.source}: manifest field 'sketch' needs its snapshot updates")
-    names = {t.name for t in run.tensors}
+    shapes = {t.name: tuple(t.shape) for t in run.tensors}
 
     def load(update: int | None) -> Tensors | None:
         relpath = sketch_file(update)
         if relpath not in store.checksums:
             return None
         found = store.read_all(relpath)
-        for key in found:
+        for key, values in found.items():
             kind, _, name = key.removeprefix("held/").partition("/")
-            if kind in ("weights", "grads") and name not in names:
+            if kind in ("weights", "grads") and name not in shapes:
                 raise BadInput(f"{run.source}: {relpath} sketches an unknown tensor {name!r}")
+            if kind in UNIT_AXES:
+                _check_unit_sums(run.source, relpath, key, values.shape, shapes)
         return found
 
     run.record, run.sketch_width, run.sketch_whole_1d = "sketch", width, whole_1d
     run.snapshots = frozenset(snapshots)
     run.load_sketches = load
+
+
+def _check_unit_sums(
+    source: str, relpath: str, key: str, shape: tuple[int, ...], shapes: dict
+) -> None:
+    """A gradient's unit sums must be of a known tensor of two axes or more, shaped [units, G]."""
+    axis_name, _, rest = key.partition("/")
+    kind, _, name = rest.partition("/")
+    tensor = shapes.get(name)
+    if kind != "grads" or tensor is None or not has_units(tensor):
+        raise BadInput(f"{source}: {relpath} holds {key!r}, which no gradient of two axes has")
+    expected = (tensor[UNIT_AXES[axis_name]], GROUPS)
+    if tuple(shape) != expected:
+        raise BadInput(f"{source}: {relpath}: {key!r} is shaped {tuple(shape)}, not {expected}")

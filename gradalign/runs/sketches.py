@@ -50,6 +50,8 @@ class Summary:
     sumsq: float  # ||x||², float64 (of the finite elements where `held` is kept)
     fingerprint: int
     held: np.ndarray | None = None  # a sketched tensor's infinities, float64 [width]; None: none
+    # a sketched gradient's row and column sums (runs/unit_sums.py); None: not kept
+    units: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def kept_whole(shape: tuple[int, ...], width: int, whole_1d: int = 0) -> bool:
