@@ -566,6 +566,7 @@ def test_sketched_tensors_carry_the_first_steps_drift(
 SKETCHED_KINKS = [
     ("encoder", "adamw-wd", 4, 205, 1, 1),  # layer 1's feed-forward, then its weight's row at 4
     ("convtext", "adam-eps6", 2, 62, 4, 5),  # the convolution's row 44, the embedding upstream
+    ("encoder", "adagrad", 2, 107, 4, 6),  # reads the baseline's own jumps too (was a traceback)
 ]
 
 
@@ -573,8 +574,9 @@ SKETCHED_KINKS = [
 def test_a_sketched_kink_is_told_from_a_bug_by_the_gradients_unit_sums(
     tmp_path, monkeypatch, model, optimizer, k, seed, width, update
 ):
-    """Zoo run 205 (an encoder under AdamW, K=4) and run 62 at width 4 (a convolution over
-    tokens under Adam, K=2) cross a kink at update 1 and 5, and pass recorded in full. Sketched,
+    """Zoo run 205 (an encoder under AdamW, K=4), run 62 at width 4 (a convolution over tokens
+    under Adam, K=2) and run 107 at width 4 (an encoder under Adagrad, K=2) cross a kink at
+    update 1, 5 and 6, and pass recorded in full. Sketched,
     a count sketch mixes the rows that hold it: without the gradients' row and column sums
     (runs/unit_sums.py) both fail, the note naming the rerun that would tell (the first u+1
     updates in full, which passes); with them, both pass, the kink followed."""

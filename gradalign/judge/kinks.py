@@ -189,8 +189,8 @@ def excuse_jumps_like_the_baselines(
     if not candidates:
         return []
     own = _baseline_jumps(results, base, ref, seen)
-    seen = sorted(set().union(*(updates for updates, _ in own.values())))
-    if not own or len(candidates) > factor * len(seen):
+    jumped_at = sorted(set().union(*(updates for updates, _ in own.values())))
+    if not own or len(candidates) > factor * len(jumped_at):
         return []
     rows_seen = {name: rows for name, (_, rows) in own.items()}
     excused = []
@@ -212,8 +212,8 @@ def excuse_jumps_like_the_baselines(
     return [
         f"updates {at}: the gradients of {', '.join(tensors)} jumped out of noise in a few "
         "rows while the weights stayed within noise, as the baseline's own "
-        f"gradients jumped against the reference at update(s) {', '.join(map(str, seen))} (an "
-        "activation or a max crossing its kink in one run and not the other, as the same "
+        f"gradients jumped against the reference at update(s) {', '.join(map(str, jumped_at))} "
+        "(an activation or a max crossing its kink in one run and not the other, as the same "
         f"rows show): not counted as failures (at most {factor:g}x the baseline's number)"
     ]
 
