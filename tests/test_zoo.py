@@ -564,24 +564,27 @@ def test_sketched_tensors_carry_the_first_steps_drift(
 
 
 SKETCHED_KINKS = [
-    ("encoder", "adamw-wd", 4, 205, 1, 1),  # layer 1's feed-forward, then its weight's row at 4
-    ("convtext", "adam-eps6", 2, 62, 4, 5),  # the convolution's row 44, the embedding upstream
-    ("encoder", "adagrad", 2, 107, 4, 6),  # reads the baseline's own jumps too (was a traceback)
+    ("encoder", "adamw-wd", 4, 205, 1, 1, 10),  # layer 1's feed-forward, then a row at update 4
+    ("convtext", "adam-eps6", 2, 62, 4, 5, 10),  # the convolution's row 44, the embedding upstream
+    ("encoder", "adagrad", 2, 107, 4, 6, 10),  # reads the baseline's own jumps (was a traceback)
+    # a GPT's feed-forward row 120 holding 92.7% (seen at 75%), 131x its noise, passed sketched
+    # (the estimator's bound) while its biases failed
+    ("gpt", "adam-1e-3", 8, 415, 4, 1, 3),
 ]
 
 
-@pytest.mark.parametrize("model, optimizer, k, seed, width, update", SKETCHED_KINKS)
+@pytest.mark.parametrize("model, optimizer, k, seed, width, update, updates", SKETCHED_KINKS)
 def test_a_sketched_kink_is_told_from_a_bug_by_the_gradients_unit_sums(
-    tmp_path, monkeypatch, model, optimizer, k, seed, width, update
+    tmp_path, monkeypatch, model, optimizer, k, seed, width, update, updates
 ):
-    """Zoo run 205 (an encoder under AdamW, K=4), run 62 at width 4 (a convolution over tokens
-    under Adam, K=2) and run 107 at width 4 (an encoder under Adagrad, K=2) cross a kink at
-    update 1, 5 and 6, and pass recorded in full. Sketched,
+    """Zoo run 205 (an encoder under AdamW, K=4), and at width 4 runs 62 (a convolution over
+    tokens under Adam, K=2), 107 (an encoder under Adagrad, K=2) and 415 (a GPT under Adam, K=8)
+    cross a kink at update 1, 5, 6 and 1, and pass recorded in full. Sketched,
     a count sketch mixes the rows that hold it: without the gradients' row and column sums
     (runs/unit_sums.py) both fail, the note naming the rerun that would tell (the first u+1
     updates in full, which passes); with them, both pass, the kink followed."""
     sketched = _one_thread_runs(
-        tmp_path / "sketched", model, optimizer, k, seed, sketch=True, width=width
+        tmp_path / "sketched", model, optimizer, k, seed, sketch=True, width=width, updates=updates
     )
     with monkeypatch.context() as m:
         m.setattr(kink_evidence, "unit_sums_of", lambda *a: None)
@@ -599,3 +602,14 @@ def test_a_sketched_kink_is_told_from_a_bug_by_the_gradients_unit_sums(
     )
     c = _compare(full)
     assert c.verdict == "pass" and any("crossed its kink" in note for note in c.notes), c.notes
+
+
+def test_a_sketched_high_gain_element_of_a_tensor_kept_whole_is_followed(tmp_path, monkeypatch):
+    """Zoo run 180 at width 4 (an encoder under Adam with eps 1e-6, K=4): element 31 of a
+    LayerNorm's bias stepped 1.57x what was allowed at update 1 through the optimizer's gain
+    there, and is followed recorded in full. Sketched, the bias is kept whole (1-D), its values
+    in every sketch file: followed the same way (it failed, its note naming a full rerun)."""
+    root = _one_thread_runs(
+        tmp_path, "encoder", "adam-eps6", 4, 180, sketch=True, width=4, updates=3
+    )
+    _followed(root, monkeypatch, "follow_gain_divergence", 1, "update 1: enc.layers.1.norm1.bias")

@@ -26,8 +26,10 @@ sums), and a note says so. The elements feed every later forward, so from the ne
 every tensor may also differ by as many times its noise as the followed tensor did, at most
 16 (`noise.carry`: model zoo run 6035, a LayerNorm MLP under Adagrad, followed a bias element at
 9.3x its noise, and the next update's output-layer gradient stood 5.8x its own). If that does
-not make the first failing update pass, nothing is widened. Where a run kept sketches instead
-of the tensors this needs, the failure stays and a note says what would tell it from a bug.
+not make the first failing update pass, nothing is widened. Where a run kept sketches, the
+tensors kept whole (a LayerNorm's bias, at most the manifest's `whole_1d` elements) are read as
+in a full run; where it kept sketches of the tensors this needs, the failure stays and a note
+says what would tell it from a bug.
 An accumulation bug moves the gradients (which fail) or every element a window touches, not
 one or two elements of one tensor through gradients that passed.
 """
@@ -44,7 +46,7 @@ from .kinks import first_failing
 from .metrics import TensorDiff
 from .noise import carry
 from .results import UpdateResult
-from .views import full_rerun
+from .views import Sketching, exact, full_rerun
 
 GAIN_SHARE = 0.9  # the elements hold at least this share of the tensor's squared error ...
 GAIN_ELEMENTS = 2  # ... and are at most this many (and at most 10% of the tensor's elements)
@@ -61,10 +63,11 @@ def _unreadable(u: int) -> str:
 
 
 def follow_gain_divergence(
-    results: list[UpdateResult], merged: Run, ref: Run, factor: float
+    results: list[UpdateResult], merged: Run, ref: Run, factor: float, seen: Sketching | None = None
 ) -> list[str]:
     """Widen the updates from a high-gain element's divergence on (module docstring); a note if
-    the first failing update is one."""
+    the first failing update is one. `seen`: the runs are seen through sketches, whose tensors
+    kept whole are read as in full runs."""
     first = first_failing(results)
     if first is None:
         return []
@@ -72,19 +75,21 @@ def follow_gain_divergence(
     moved = [d for d in at.weights if not d.ok]
     if at.problems or not at.loss_ok or not moved or not all(d.ok for d in at.grads):
         return []
-    wm, wr = merged.weights(at.update), ref.weights(at.update)
-    gm, gr = merged.grads(at.update), ref.grads(at.update)
+    wm, wr = exact(merged, "weights", at.update, seen), exact(ref, "weights", at.update, seen)
+    gm, gr = exact(merged, "grads", at.update, seen), exact(ref, "grads", at.update, seen)
     if wm is None or wr is None or gm is None or gr is None:
         return [_unreadable(at.update)]
     elements = {}
     for d in moved:
-        if any(d.name not in tensors for tensors in (wm, wr, gm, gr)):
+        if d.name not in wm or d.name not in wr:
+            return [_unreadable(at.update)]  # sketched
+        if d.name not in gm or d.name not in gr:
             return []  # a buffer, or a tensor without a gradient: no optimizer gain moved it
         found = _top_elements(wm[d.name], wr[d.name])
         if found is None:
             return []
         elements[d.name] = found
-    bounds = _bounds(results, merged, ref, elements)
+    bounds = _bounds(results, merged, ref, elements, seen)
     if bounds is None:
         return [_unreadable(at.update)]
     widened = _widened(at.weights, bounds[first])
@@ -124,11 +129,12 @@ def _bounds(
     merged: Run,
     ref: Run,
     elements: dict[str, tuple[int, ...]],
+    seen: Sketching | None,
 ) -> list[dict[str, float]] | None:
     """Per judged update, per tensor: GAIN_SLACK·||Γ·Σ|g_m − g_ref|||| over its elements. None
-    where a run lacks an update's full gradients or the reference its weights."""
-    before = ref.init_weights()
-    if before is None:
+    where a run lacks an update's gradients of those tensors or the reference its weights."""
+    before = exact(ref, "weights", None, seen)
+    if before is None or any(name not in before for name in elements):
         return None
     idx = {name: np.asarray(found) for name, found in elements.items()}
     prev = {name: _pick(before, name, i) for name, i in idx.items()}
@@ -137,8 +143,11 @@ def _bounds(
     errors = {name: np.zeros(len(i)) for name, i in idx.items()}
     out = []
     for n, r in enumerate(results):
-        gm, gr, wr = merged.grads(r.update), ref.grads(r.update), ref.weights(r.update)
+        gm, gr = exact(merged, "grads", r.update, seen), exact(ref, "grads", r.update, seen)
+        wr = exact(ref, "weights", r.update, seen)
         if gm is None or gr is None or wr is None:
+            return None
+        if any(name not in t for t in (gm, gr, wr) for name in elements):
             return None
         row = {}
         for name, i in idx.items():

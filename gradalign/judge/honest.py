@@ -42,6 +42,6 @@ def honest_differences(
     notes = excuse_isolated_jumps(results, merged, reference, factor, seen)
     notes += excuse_jumps_like_the_baselines(results, base, merged, reference, factor, seen)
     notes += follow_kink_divergence(results, merged, reference, factor, seen)
-    notes += follow_gain_divergence(results, merged, reference, factor)
+    notes += follow_gain_divergence(results, merged, reference, factor, seen)
     explain_loss_by_weights(results, merged, reference, factor, explained, seen)
     return notes

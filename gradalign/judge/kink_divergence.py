@@ -56,7 +56,7 @@ import dataclasses
 import math
 
 from ..runs.model import Run
-from .kink_evidence import JUMP_SHARE, KINK_UNITS, Sketched, Whole, apart, many_rows
+from .kink_evidence import KINK_UNITS, Sketched, Whole, apart, many_rows
 from .kinks import excuse, first_failing, most_pass, stepped, whole_model_moved
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
@@ -80,8 +80,7 @@ def follow_kink_divergence(
         return []
     u = at.update
     grads = apart(merged, ref, "grads", u, seen)
-    many = [] if grads is None else [d for d in failing if many_rows(grads.shape(d.name))]
-    worst = max(many, key=_jump(grads)) if many else None
+    worst = None if grads is None else _kinked(at, grads, factor)
     if grads is None or (worst is not None and not grads.readable(worst.name)):
         if factor * max(d.rel_l2 for d in failing) >= 1 or whole_model_moved(at):
             return []  # too large to be followed anyway, or not a kink's few rows
@@ -114,7 +113,7 @@ def follow_kink_divergence(
     weights = apart(merged, ref, "weights", left, seen, since)
     if weights is None:
         return []
-    j_grads = max(grads.share(d.name) for d in failing)
+    j_grads = max(grads.share(d.name) for d in {d.name: d for d in [*failing, worst]}.values())
     if factor * j_grads >= 1:  # a gradient allowed to differ by all of itself is not checked
         return []
     # a gradient off by a share of itself steps off by about that share
@@ -124,8 +123,8 @@ def follow_kink_divergence(
         return []
     start = f"update {u - 1}" if u else "the start"
     notes = [
-        f"update {u}: the gradient of {worst.name} {jumped}, {JUMP_SHARE:.0%} of it in {rows} "
-        f"row(s) or column(s){later}, the loss and every earlier update within noise: an "
+        f"update {u}: the gradient of {worst.name} {jumped}, {grads.holding(worst.name)} in "
+        f"{rows} row(s) or column(s){later}, the loss and every earlier update within noise: an "
         "activation crossed its kink in one run and not the other, and the runs follow "
         f"neighbouring trajectories from there. From update {u} on, each gradient may also "
         f"differ by {factor:g} x {j_grads:.3g} of its norm and each weight by {factor:g} x "
@@ -140,8 +139,8 @@ def follow_kink_divergence(
             j_grads, j_weights = later[1], max(j_weights, later[1])  # a share steps a share
             notes.append(
                 f"update {r.update}: another kink crossed, the gradient of {later[0]} "
-                f"{j_grads:.3g} of its norm off, {JUMP_SHARE:.0%} of it in {later[2]} row(s) or "
-                f"column(s). From update {r.update} on, each gradient may also differ by "
+                f"{j_grads:.3g} of its norm off, {g_now.holding(later[0])} in {later[2]} row(s) "
+                f"or column(s). From update {r.update} on, each gradient may also differ by "
                 f"{factor:g} x {j_grads:.3g} of its norm and each weight by {factor:g} x "
                 f"{j_weights:.3g} of how far it moved since {start}"
             )
@@ -154,15 +153,20 @@ def follow_kink_divergence(
     return notes + _excuse_parted(parted)
 
 
-def _jump(grads: Whole | Sketched | None):
-    """How far a failing gradient jumped, to pick the kink's tensor: over what was allowed, or
-    where the runs were seen through sketches, over its noise (a sketched tensor's allowance
-    holds the estimator's bound, widest for an error in few rows: model zoo run 62 at width 4,
-    a convolution's row 125x its noise floor, was allowed 0.4 of its error, and the embedding
-    upstream of it stood furthest over what was allowed)."""
+def _kinked(at: UpdateResult, grads: Whole | Sketched, factor: float) -> TensorDiff | None:
+    """The gradient a kink at update `at` would have jumped in (of many rows): the failing one
+    furthest over what was allowed; where the runs were seen through sketches, the one furthest
+    over its noise among those over `factor` times it, failing or not. A sketched tensor's
+    allowance holds the estimator's bound, widest for an error in few rows: model zoo run 62 at
+    width 4 (a convolution's row 3.1e4x its noise, allowed 0.4 of its error, the embedding
+    upstream of it furthest over what was allowed), and run 415 at width 4 over 40 updates (a
+    GPT's feed-forward weight 131x its noise in one column passed, its biases failed)."""
     if isinstance(grads, Sketched):
-        return lambda d: d.error / d.noise if d.noise else math.inf
-    return lambda d: d.ratio
+        over = [d for d in at.grads if d.noise and d.error > factor * d.noise and d.name in grads]
+        many = [d for d in over if many_rows(grads.shape(d.name))]
+        return max(many, key=lambda d: d.error / d.noise, default=None)
+    many = [d for d in at.grads if not d.ok and many_rows(grads.shape(d.name))]
+    return max(many, key=lambda d: d.ratio, default=None)
 
 
 def _kink_before(

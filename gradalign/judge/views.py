@@ -112,12 +112,14 @@ def vectors(run: Run, kind: str, update: int | None, width: Sketching | None) ->
     return None if kept is None else {name: k.vector for name, k in kept.items()}
 
 
-def exact(run: Run, kind: str, update: int, width: Sketching | None) -> Tensors | None:
-    """The tensors whose element values are known: all (full), or those kept whole."""
-    if width is None:
-        return run.grads(update) if kind == "grads" else run.weights(update)
-    full = run.grads(update) if kind == "grads" else run.weights(update)
-    if full is not None and run.record == "full":
+def exact(run: Run, kind: str, update: int | None, width: Sketching | None) -> Tensors | None:
+    """The tensors whose element values are known: all (full), or those kept whole (`update`
+    None: the initial weights)."""
+    if kind == "grads":
+        full = run.grads(update) if update is not None else None
+    else:
+        full = run.init_weights() if update is None else run.weights(update)
+    if width is None or (full is not None and run.record == "full"):
         return full
     kept = summaries(run, kind, update, width)
     return None if kept is None else {n: k.vector for n, k in kept.items() if k.exact}
