@@ -113,7 +113,8 @@ def follow_kink_divergence(
     weights = apart(merged, ref, "weights", left, seen, since)
     if weights is None:
         return []
-    j_grads = max(grads.share(d.name) for d in {d.name: d for d in [*failing, worst]}.values())
+    jumped_in = {d.name for d in failing} | {worst.name}  # the kink's own may pass, sketched
+    j_grads = max(grads.share(name) for name in jumped_in)
     if factor * j_grads >= 1:  # a gradient allowed to differ by all of itself is not checked
         return []
     # a gradient off by a share of itself steps off by about that share
