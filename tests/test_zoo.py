@@ -471,6 +471,30 @@ def test_a_kink_that_passed_is_followed_from_where_its_step_failed(tmp_path):
     assert row["codes"][:1] == ["loss-scale"] and row["first"] >= 8, row
 
 
+def test_a_kink_that_passed_and_failed_its_own_updates_weights_is_followed(tmp_path):
+    """An encoder eight times as wide under RMSprop, K=8, seed 378, 6 updates: at update 2 one
+    unit's gradient stood 49x its noise, within what was allowed (0.21: its noise pooled from
+    the updates around), and the weights of that same update failed, no gradient with them. The
+    kink is found at that update and followed; a bug from update 2 on still fails by its own
+    code."""
+    row = _one_thread_judge(
+        tmp_path / "clean", "encoder", "rmsprop", 8, 378, None, width=8, updates=6
+    )
+    assert row["verdict"] == "pass", row
+    row = _one_thread_judge(
+        tmp_path / "bug",
+        "encoder",
+        "rmsprop",
+        8,
+        378,
+        "no-loss-scale",
+        width=8,
+        updates=6,
+        bug_from=2,
+    )
+    assert row["codes"][:1] == ["loss-scale"] and row["first"] >= 2, row
+
+
 def test_a_unit_hovering_at_its_kink_is_not_a_false_alarm(tmp_path):
     """A Transformer encoder eight times as wide under Adam, K=2, seed 1252: unit 191 of layer
     1's feed-forward flips for some input at update 4 (as linear2's column) and again at

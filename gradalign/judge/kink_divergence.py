@@ -12,10 +12,11 @@ trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
   update before, passing by what a drift allows (`kinks.stepped`; model zoo run 7155, an encoder
   under Adam, K=4, 100 updates: the kink's row stepped 14.9x its noise at update 83 and no
   weight failed until kinks crossed at updates 89 to 93 had failed the gradients). Else it is
-  an isolated jump or none. Or the kink passed, by what a drift carried there, and the first
-  failure is its step: the weights fail at the update after one whose gradient furthest over
-  its noise (factor times at least) holds its error in a few units (`_kink_before`); followed
-  from that update.
+  an isolated jump or none. Or the kink passed, by what a drift carried or the noise pooled
+  from the updates around allowed there, and the first failure is its step: the weights fail,
+  with no gradient, at the update whose gradient furthest over its noise (factor times at
+  least) holds its error in a few units, or at the update after one (`_kink_before`); followed
+  from the kink's update.
 - **Its size**, as a share of the reference: J_g, the failing gradients' largest
   ||g_m − g_ref|| / ||g_ref||, and J_w, the larger of J_g (a gradient off by a share of itself
   steps off by about that share) and the failing weights' largest
@@ -76,12 +77,12 @@ def follow_kink_divergence(
     failing = [d for d in at.grads if not d.ok]
     moved = [d for d in at.weights if not d.ok]
     prior = results[first - 1] if first else None
-    if at.problems or not at.loss_ok or not failing or not stepped(at, prior, factor):
+    if at.problems or not at.loss_ok or not (failing or moved) or not stepped(at, prior, factor):
         return []
     u = at.update
     grads = apart(merged, ref, "grads", u, seen)
     worst = None if grads is None else _kinked(at, grads, factor)
-    if grads is None or (worst is not None and not grads.readable(worst.name)):
+    if failing and (grads is None or (worst is not None and not grads.readable(worst.name))):
         if factor * max(d.rel_l2 for d in failing) >= 1 or whole_model_moved(at):
             return []  # too large to be followed anyway, or not a kink's few rows
         return [
@@ -90,14 +91,14 @@ def follow_kink_divergence(
             "from a bug needs that update's full weights and gradients in both runs "
             f"({full_rerun(u)})"
         ]
-    units = None if worst is None else grads.units(worst.name, KINK_UNITS)
+    units = None if worst is None or grads is None else grads.units(worst.name, KINK_UNITS)
     rows = None if units is None else len(units[1])
     jumped = "" if worst is None else f"jumped to {worst.ratio:.3g}x its allowed error"
     if worst is not None and isinstance(grads, Sketched) and worst.noise:
         jumped = f"jumped to {worst.error / worst.noise:.3g}x its noise"
     later = ""  # where the kink passed: the update its step failed
     left = u  # the update whose weights failed, as a share of the distance moved since the kink
-    if rows is None:  # no kink: the step of one crossed the update before, which passed?
+    if rows is None:  # no kink failed: did one pass, here or just before, and its step fail?
         found = _kink_before(results, first, merged, ref, factor, seen)
         if found is None:
             return []
@@ -178,25 +179,34 @@ def _kink_before(
     factor: float,
     seen: Sketching | None,
 ) -> tuple[int, list[TensorDiff], TensorDiff, int] | None:
-    """A kink crossed at the update before the first failing one, which passed by what was
-    allowed there (a drift carried), its step failing the weights after it: that update's
-    index, its gradients over `factor` times their noise, the worst of them (by error over
-    noise, of many rows: the kink's, its error in at most KINK_UNITS units), and those units'
-    count. Model zoo run 245 at width 4 (an encoder under RMSprop): one unit's gradient 393x
-    its noise at update 7 passed, and the weights failed at update 8."""
-    if first == 0 or all(d.ok for d in results[first].weights):
+    """A kink crossed at the first failing update, where no gradient failed, or at the update
+    before it, whose gradient passed by what was allowed there (a drift carried, or noise pooled
+    from the updates around), its step failing the weights: that update's index, its gradients
+    over `factor` times their noise, the worst of them (by error over noise, of many rows: the
+    kink's, its error in at most KINK_UNITS units), and those units' count. Model zoo run 245
+    at width 4 (an encoder under RMSprop): one unit's gradient 393x its noise at update 7
+    passed, and the weights failed at update 8; run 378 at width 8 (an encoder under RMSprop,
+    K=8): a unit's gradient 49x its noise at update 2 passed (0.21 of what was allowed) and
+    the weights of that update failed."""
+    if all(d.ok for d in results[first].weights):
         return None
-    kink = results[first - 1]
-    grads = apart(merged, ref, "grads", kink.update, seen)
-    if grads is None:
-        return None
-    over = [d for d in kink.grads if d.noise and d.error > factor * d.noise and d.name in grads]
-    many = [d for d in over if many_rows(grads.shape(d.name))]
-    if not many:
-        return None
-    worst = max(many, key=lambda d: d.error / d.noise)
-    units = grads.units(worst.name, KINK_UNITS)
-    return None if units is None else (first - 1, over, worst, len(units[1]))
+    here = [first] if all(d.ok for d in results[first].grads) else []
+    for k in [*here, first - 1]:
+        if k < 0:
+            continue
+        kink = results[k]
+        grads = apart(merged, ref, "grads", kink.update, seen)
+        if grads is None:
+            continue
+        over = [d for d in kink.grads if d.noise and d.error > factor * d.noise and d.name in grads]
+        many = [d for d in over if many_rows(grads.shape(d.name))]
+        if not many:
+            continue
+        worst = max(many, key=lambda d: d.error / d.noise)
+        units = grads.units(worst.name, KINK_UNITS)
+        if units is not None:
+            return k, over, worst, len(units[1])
+    return None
 
 
 def _confined(r: UpdateResult) -> bool:
