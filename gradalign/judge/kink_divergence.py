@@ -57,7 +57,7 @@ import dataclasses
 import math
 
 from ..runs.model import Run
-from .kink_evidence import KINK_UNITS, Sketched, Whole, apart, many_rows
+from .kink_evidence import KINK_UNITS, Pair, Sketched, apart, many_rows
 from .kinks import excuse, first_failing, most_pass, stepped, whole_model_moved
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
@@ -155,7 +155,7 @@ def follow_kink_divergence(
     return notes + _excuse_parted(parted)
 
 
-def _kinked(at: UpdateResult, grads: Whole | Sketched, factor: float) -> TensorDiff | None:
+def _kinked(at: UpdateResult, grads: Pair, factor: float) -> TensorDiff | None:
     """The gradient a kink at update `at` would have jumped in (of many rows): the failing one
     furthest over what was allowed; where the runs were seen through sketches, the one furthest
     over its noise among those over `factor` times it, failing or not. A sketched tensor's
@@ -246,7 +246,7 @@ def _excuse_parted(parted: list[UpdateResult]) -> list[str]:
     ]
 
 
-def _later_kink(grads: Whole | Sketched, followed: float) -> tuple[str, float, int] | None:
+def _later_kink(grads: Pair, followed: float) -> tuple[str, float, int] | None:
     """A kink crossed at a later update of a followed divergence: the gradient (of a tensor of
     many rows) furthest off as a share of its norm, by more than the size followed so far, that
     error in a few rows or columns. A run whose trajectories parted at one kink crosses more, each a
@@ -261,7 +261,7 @@ def _later_kink(grads: Whole | Sketched, followed: float) -> tuple[str, float, i
     return None if units is None else (worst, shares[worst], len(units[1]))
 
 
-def _widened(diffs: list[TensorDiff], extra: float, pair: Whole | Sketched) -> list[TensorDiff]:
+def _widened(diffs: list[TensorDiff], extra: float, pair: Pair) -> list[TensorDiff]:
     """Each diff with extra·||ref|| (or extra·||ref − before||, `pair.scale`) added to what it
     allows."""
     out = []

@@ -14,6 +14,7 @@ tensor without unit sums (a run recorded before them, a weight) has no units to 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -36,17 +37,30 @@ KINK_UNITS = 2  # a divergence followed from a kink crossed at most this many un
 Units = tuple[int, frozenset[int]]  # (axis, indices): rows (0) or columns (1)
 
 
-class Whole:
-    """Two runs' tensors of one kind at one update, both read in full."""
+class _Pair:
+    """Two runs' tensors of one kind at one update (`first`, `second`), and where shares are of
+    the distance moved, the second run's at an earlier update (`before`): mappings by name."""
 
-    def __init__(self, first: Tensors, second: Tensors, before: Tensors | None = None) -> None:
-        self.first, self.second, self.before = first, second, before
+    first: Mapping
+    second: Mapping
+    before: Mapping | None
 
     def __contains__(self, name: str) -> bool:
         return name in self.first and name in self.second
 
     def names(self) -> set[str]:
         return self.first.keys() & self.second.keys()
+
+    def scalable(self, name: str) -> bool:
+        """Whether `scale` can answer for this tensor."""
+        return name in self.second and (self.before is None or name in self.before)
+
+
+class Whole(_Pair):
+    """Two runs' tensors of one kind at one update, both read in full."""
+
+    def __init__(self, first: Tensors, second: Tensors, before: Tensors | None = None) -> None:
+        self.first, self.second, self.before = first, second, before
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(np.shape(self.second[name]))
@@ -56,10 +70,6 @@ class Whole:
         second = np.asarray(self.second[name], dtype=np.float64)
         error = float(np.linalg.norm(np.asarray(self.first[name], dtype=np.float64) - second))
         return _safe_div(error, self.scale(name))
-
-    def scalable(self, name: str) -> bool:
-        """Whether `scale` can answer for this tensor."""
-        return name in self.second and (self.before is None or name in self.before)
 
     def scale(self, name: str) -> float:
         """||second − before||: the second run's tensor, or how far it moved since `before`."""
@@ -78,7 +88,7 @@ class Whole:
         return f"{JUMP_SHARE:.0%} of it"
 
 
-class Sketched:
+class Sketched(_Pair):
     """Two runs' tensors of one kind at one update as sketches (judge/views.py), with their
     gradients' unit sums where kept; the runs themselves are read only for the unit sums, and
     only for the tensors asked about."""
@@ -98,12 +108,6 @@ class Sketched:
         self._sums: dict[str, tuple | None] = {}
         self._files: list[Tensors | None] | None = None  # each run's sketch file, read once
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.first and name in self.second
-
-    def names(self) -> set[str]:
-        return self.first.keys() & self.second.keys()
-
     def shape(self, name: str) -> tuple[int, ...]:
         return self.shapes.get(name, self.second[name].vector.shape)
 
@@ -111,9 +115,6 @@ class Sketched:
         """||first − second|| / ||second − before||, the norms of differences estimated."""
         first, second = self.first[name], self.second[name]
         return _safe_div(self._distance(first, second), self.scale(name))
-
-    def scalable(self, name: str) -> bool:
-        return name in self.second and (self.before is None or name in self.before)
 
     def scale(self, name: str) -> float:
         """||second − before||: the exact norm, or the distance moved estimated."""
@@ -170,6 +171,9 @@ class Sketched:
         return self._sums[name]
 
 
+Pair = Whole | Sketched  # what `apart` gives
+
+
 def unit_sums_of(
     run: Run,
     kind: str,
@@ -203,7 +207,7 @@ def apart(
     update: int,
     seen: Sketching | None,
     since: int | None = None,
-) -> Whole | Sketched | None:
+) -> Pair | None:
     """Two runs' gradients ("grads") or weights at `update`, as the kink diagnoses read them;
     `since`: for weights, the second run's at that update (-1: its initial weights) is what
     each share is of the distance moved from. None where a run kept neither files nor

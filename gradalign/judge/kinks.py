@@ -60,20 +60,13 @@ import math
 import numpy as np
 
 from ..runs.model import Run
-from .kink_evidence import (
-    JUMP_OWN_SHARE,
-    Sketched,
-    Whole,
-    apart,
-    many_rows,
-)
+from .kink_evidence import JUMP_OWN_SHARE, Pair, apart, many_rows
 from .metrics import TensorDiff
 from .results import UpdateResult
 from .views import Sketching
 
 JUMP_OUTLIER = 10.0  # a baseline's gradient error this many times its median is a jump ...
 JUMP_OWN_ROWS = 8  # ... if at most this many rows hold JUMP_SHARE of it (and JUMP_OWN_SHARE)
-Pair = Whole | Sketched
 
 
 def excuse_isolated_jumps(
