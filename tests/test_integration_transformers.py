@@ -283,3 +283,62 @@ def test_a_model_ignoring_num_items_in_batch_names_the_scale_and_the_reweighting
     codes = [d.code for d in result.diagnosis]
     assert result.verdict == "fail" and codes == ["loss-scale", "token-normalization"], codes
     assert "num_items_in_batch" in result.diagnosis[0].fix
+
+
+def _masked_lm_pair(tmp_path, fixed: bool) -> None:
+    """k1 and k4 of a tiny stock BertForMaskedLM (4 updates), its collator masking 30% of each
+    batch's tokens by draws made per batch, as a masked-LM collator does: the micro-batches of
+    k4 draw other masks than k1's batches. `fixed`: k4's Trainer divides each micro-batch's
+    loss by K itself (`model_accepts_loss_kwargs = False`)."""
+    import tempfile
+
+    from transformers import BertConfig, BertForMaskedLM, Trainer
+
+    from gradalign.record.integrations.transformers import attach
+
+    def masking(rows):
+        batch = hf.collate(rows)
+        ids, real = batch["input_ids"], batch["attention_mask"].bool()
+        masked = (torch.rand(ids.shape) < 0.3) & real
+        labels = ids.masked_fill(~masked, -100)
+        return {**batch, "input_ids": ids.masked_fill(masked, 3), "labels": labels}
+
+    config = BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    for k in (1, 4):
+        torch.manual_seed(0)
+        with tempfile.TemporaryDirectory() as scratch:
+            trainer = Trainer(
+                model=BertForMaskedLM(config),
+                args=quiet_args(scratch, hf.BATCH // k, k, 4, remove_unused_columns=False),
+                train_dataset=hf.token_rows(hf.BATCH * 4),
+                data_collator=masking,
+            )
+            if fixed and k > 1:
+                trainer.model_accepts_loss_kwargs = False
+            attach(trainer, tmp_path / f"k{k}")
+            trainer.train()
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_masks_drawn_per_batch_do_not_hide_a_model_ignoring_num_items_in_batch(tmp_path, fixed):
+    """Masked-LM masks drawn per batch (other samples: `data-order`) beside a stock model that
+    takes **kwargs, so the Trainer hands it num_items_in_batch and does not divide by K, and
+    whose loss ignores it (BertForMaskedLM under the pinned transformers: each micro-batch's
+    mean, K times too large). The other masks turn the gradient, so its shape named nothing
+    and `data-order` stood alone, its fix naming the masking only; the gradient's size and the
+    losses still say K (`loss-scale`, the Trainer's fix). Divided by K, `data-order` alone."""
+    _masked_lm_pair(tmp_path, fixed)
+    result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
+    codes = [d.code for d in result.diagnosis]
+    assert result.verdict == "fail" and codes[0] == "data-order", codes
+    if fixed:
+        assert codes == ["data-order"], codes
+        return
+    assert codes == ["data-order", "loss-scale"], codes
+    scaled = result.diagnosis[1]
+    assert scaled.evidence["expected_ratio"] == 4, scaled.evidence
+    assert abs(scaled.evidence["window_loss_ratio"] / 4 - 1) <= 0.05, scaled.evidence
+    assert "num_items_in_batch" in scaled.fix

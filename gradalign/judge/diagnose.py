@@ -4,7 +4,8 @@ Each signature reads only what both runs recorded: bookkeeping (weight digests i
 optimizer step counts, learning rates), sample digests, the model's structure facts, losses and
 the accumulated gradients. Bookkeeping, data and structure signatures are decisive and may
 co-occur; the gradient-shape signatures (loss scale, token normalization, clipping, zero_grad)
-are tried only when none of those explains the run. When nothing fits, the diagnosis says
+are tried only when none of those explains the run (beside other samples, `data-order`, a wrong
+scale is still read from the gradient's size). When nothing fits, the diagnosis says
 "unexplained" with the evidence.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 
 from . import signatures as sig
 from .below_noise import scaled_within_tolerance
+from .checks import sample_mismatches
 from .distributed import listed
 from .hints import unexplained_hints
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
@@ -86,6 +88,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         found = [d for d in found if d.code not in BATCH_SIZE_FOLLOWS]
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
     found = _before_other_samples(c, found) + found
+    found += _scale_beside_other_samples(c, found)
     at_start = any(not d.ok for d in c.results[0].grads)  # from the same weights
     beside = BESIDE_SHAPES | (BEFORE_ANY_STEP if at_start else set())
     if not found or {d.code for d in found} <= beside:  # the loop's own bug first
@@ -168,6 +171,17 @@ def _before_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnos
     if r is None or r.update >= later.evidence["first_update"]:
         return []
     return _gradient_shape(c, r, beside=False)
+
+
+def _scale_beside_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
+    """A wrong loss scale read by the gradient's size over the windows where `data-order` names
+    other samples (their turn hides it from the gradient's shape), unless a scale is named."""
+    if not any(d.code == "data-order" for d in found) or any(d.code == "loss-scale" for d in found):
+        return []
+    bad = sample_mismatches(c.baseline, c.merged)
+    windows = [int(i) for i in bad] if bad is not None else [r.update for r in c.results]
+    scaled = sig.scale_beside_other_samples(c, windows)
+    return [scaled] if scaled is not None else []
 
 
 def _explained_draws(d: Diagnosis, shape: list[Diagnosis]) -> bool:

@@ -80,7 +80,7 @@ def window_of(c: Comparison, scale: float) -> int:
     return k if k > 1 or c.merged.kind != "log" else whole_ratio(scale)
 
 
-_SCALE_ONCE = (
+SCALE_ONCE = (
     "scale each micro-batch's loss by its share of the window (1/K, or its items over "
     "the window's items), once"
 )
@@ -111,7 +111,7 @@ def scale_before_clip(c: Comparison) -> Diagnosis | None:
         "clip that engaged in both runs hid it from the step; where the norm falls below the "
         "clip threshold, the merged run will step that many times too far",
         {"update": i, "pre_clip_ratio": finite(ratio), "expected_ratio": expected},
-        _SCALE_ONCE,
+        SCALE_ONCE,
     )
 
 
@@ -143,7 +143,7 @@ def hidden_scale(c: Comparison, seen: str, evidence: dict) -> Diagnosis | None:
             f"({window_scale(window_of(c, expected), expected)}); where the norm falls below the "
             "clip threshold, the merged run will step that many times too far",
             {"update": i, "pre_clip_ratio": finite(ratio), "expected_ratio": expected, **evidence},
-            _SCALE_ONCE,
+            SCALE_ONCE,
         )
     return None
 

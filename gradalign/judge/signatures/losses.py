@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ..results import FAIL, Comparison, Diagnosis
-from .clipping import scale_behind_clip, scale_of, window_of
+from .clipping import SCALE_ONCE, scale_behind_clip, scale_of, window_of
 from .common import finite, whole_ratio, window
 
 
@@ -111,8 +111,7 @@ def _scaled_norms(c: Comparison, q: float, evidence: dict) -> Diagnosis | None:
         "scaled, not only its print (a model that ignores the num_items_in_batch it is given, "
         "or a loss not divided by K)",
         evidence,
-        "scale each micro-batch's loss by its share of the window (1/K, or its items over the "
-        "window's items), once; a transformers model must take num_items_in_batch (**kwargs in "
+        SCALE_ONCE + "; a transformers model must take num_items_in_batch (**kwargs in "
         "its forward) or set model_accepts_loss_kwargs = False",
     )
 
