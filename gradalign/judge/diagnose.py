@@ -11,6 +11,7 @@ scale is still read from the gradient's size). When nothing fits, the diagnosis 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -23,6 +24,7 @@ from .results import FAIL, Comparison, Diagnosis, UpdateResult
 from .signatures import distributed as ranked
 from .signatures import failing, finite
 from .signatures.batch_size import FOLLOWS as BATCH_SIZE_FOLLOWS
+from .signatures.common import window, window_scale
 from .signatures.trainer import for_framework
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
@@ -174,14 +176,34 @@ def _before_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnos
 
 
 def _scale_beside_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
-    """A wrong loss scale read by the gradient's size over the windows where `data-order` names
-    other samples (their turn hides it from the gradient's shape), unless a scale is named."""
-    if not any(d.code == "data-order" for d in found) or any(d.code == "loss-scale" for d in found):
+    """Where `data-order` names other samples (their turn hides a scale from the gradient's
+    shape) and no scale is named: `loss-scale` beside it where the gradient's size and the
+    window losses both say one (signatures/paired.py); where the size alone does, `data-order`
+    says it, for a second look once the samples agree. Changes `found` in place; returns what
+    to add."""
+    order = next((i for i, d in enumerate(found) if d.code == "data-order"), None)
+    if order is None or any(d.code == "loss-scale" for d in found):
         return []
     bad = sample_mismatches(c.baseline, c.merged)
     windows = [int(i) for i in bad] if bad is not None else [r.update for r in c.results]
-    scaled = sig.scale_beside_other_samples(c, windows)
-    return [scaled] if scaled is not None else []
+    seen = sig.size_beside_other_samples(c, windows)
+    if seen is None:
+        return []
+    scaled = sig.scale_beside_other_samples(c, seen)
+    if scaled is not None:
+        return [scaled]
+    d, near = found[order], window_scale(window(c), seen.scale)
+    found[order] = dataclasses.replace(
+        d,
+        message=d.message
+        + f"; over those windows the gradient's norm is {seen.size:.4g} times the baseline's "
+        f"(the median, each {seen.low:.3g} to {seen.high:.3g}), near {near}"
+        ", where samples of the same kind leave it about as large: once the samples agree, see "
+        "whether the loss is scaled by the wrong factor too (samples of another scale move it "
+        "as well)",
+        evidence={**d.evidence, "gradient_size_ratio": seen.size, "near_ratio": seen.scale},
+    )
+    return []
 
 
 def _explained_draws(d: Diagnosis, shape: list[Diagnosis]) -> bool:

@@ -46,7 +46,12 @@ from .items import batch_targets
 from .learning_rate import lr_scaled, lr_schedule
 from .losses import loss_averaging
 from .optimizer import optimizer_settings
-from .paired import scale_beside_other_samples, scale_under_reweighting, with_loss_scale
+from .paired import (
+    scale_beside_other_samples,
+    scale_under_reweighting,
+    size_beside_other_samples,
+    with_loss_scale,
+)
 from .skips import overflow_carried, scaler_skips, step_skipped
 from .thresholds import clip_threshold
 
@@ -86,6 +91,7 @@ __all__ = [
     "scale_under_reweighting",
     "scaler_per_micro",
     "scaler_skips",
+    "size_beside_other_samples",
     "step_in_window",
     "step_skipped",
     "token_normalization",

@@ -5,6 +5,7 @@ read what remains (`with_loss_scale`)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -204,20 +205,35 @@ OTHER_SAMPLES_WINDOWS = 3  # windows with other samples a scale is read over, at
 OTHER_SAMPLES_SIZE = math.log(1.25)  # how far the gradients' median size may stand from it
 
 
-def scale_beside_other_samples(c: Comparison, windows: list[int]) -> Diagnosis | None:
-    """A wrong loss scale beside other samples (`data-order`, at `windows`): the other samples
-    turn the gradient, so its fit says nothing, but samples of the same kind leave its size
-    about as it was. Read over at least OTHER_SAMPLES_WINDOWS such windows: the scale is K, 1/K
-    or K+1 that the window losses' median ratio is (within 5%: the loss recorded is the one
-    backpropagated), or, where the losses stand within 10% of the baseline's (the samples are
-    of the same kind), the one nearest the gradients' size; named where the merged gradient's
-    norm over the baseline's (before clipping, where both recorded it) has its median within
-    25% of that scale and every window's is nearer it than 1. Other samples of the same kind
-    moved a window's size by up to 31% and its loss by up to 7% (the selftest's data-order
-    fault, the loops of the tests named below at the right scale). A masked-LM
-    collator draws its masks per batch beside a Trainer whose model ignored num_items_in_batch
-    (K=4): the norms before clipping 3.9 to 5.7 times the baseline's, the losses 3.97 to 4.04
-    times (tests/test_integration_transformers.py; tests/test_data_order_scale.py)."""
+@dataclass(frozen=True)
+class SizeBesideOtherSamples:
+    """The merged gradient's size over the baseline's where other samples turned it: the median
+    over `windows` windows from window `first`, their range, the scale (K, 1/K or K+1) it is
+    near, and the window losses' median ratio over the first OTHER_SAMPLES_WINDOWS windows,
+    where it is within 10% of that scale too (else None: the runs' losses part later, as a wrong
+    scale steps them apart)."""
+
+    size: float
+    low: float
+    high: float
+    windows: int
+    first: int  # the first window with other samples
+    scale: float
+    losses: float | None
+
+
+def size_beside_other_samples(c: Comparison, windows: list[int]) -> SizeBesideOtherSamples | None:
+    """Over at least OTHER_SAMPLES_WINDOWS windows with other samples (`data-order`): the merged
+    gradient's norm over the baseline's (before clipping, where both runs recorded it), where its
+    median stands within 25% of K, 1/K or K+1 and every window's is nearer that scale than 1:
+    the scale the window losses say (their median ratio over the first OTHER_SAMPLES_WINDOWS
+    windows within 10% of it: the loss recorded is the one backpropagated), else the nearest.
+    Other samples turn the gradient, so its fit says nothing, but samples of the same kind
+    leave its size about as it was: at the right scale they moved a window's size by up to 31%
+    (the selftest's data-order fault, the loops of tests/test_data_order_scale.py, masks drawn
+    per batch under the Trainer). The size alone cannot tell a wrong scale from samples of
+    another scale: inputs 2.5 times as large at K=2 gave 1.83 times, their losses 1.03 times
+    (`scale_beside_other_samples` names a scale only where the losses say it too)."""
     k = window(c)
     sizes = [s for s in (_norm_ratio(c, i) for i in windows) if s is not None and s > 0]
     if k < 2 or len(sizes) < OTHER_SAMPLES_WINDOWS:
@@ -225,34 +241,56 @@ def scale_beside_other_samples(c: Comparison, windows: list[int]) -> Diagnosis |
     size, scales = float(np.median(sizes)), (k, 1 / k, k + 1)
     mine, base = c.merged.window_losses(), c.baseline.window_losses()
     n = min(len(mine), len(base))
-    losses = [float(mine[i] / base[i]) for i in windows if i < n and base[i]]
+    losses = [
+        float(mine[i] / base[i]) for i in windows[:OTHER_SAMPLES_WINDOWS] if i < n and base[i]
+    ]
     losses = [q for q in losses if math.isfinite(q) and q > 0]
     loss = float(np.median(losses)) if losses else math.nan
-    scale = next((v for v in scales if abs(loss / v - 1) <= 0.05), None)
-    carried = scale is not None
-    if scale is None and abs(loss - 1) <= 0.10:
-        scale = min(scales, key=lambda v: _apart(size, v))
-    if scale is None or _apart(size, scale) > OTHER_SAMPLES_SIZE:
+    carried = next((v for v in scales if abs(loss / v - 1) <= 0.10), None)
+    scale = carried if carried is not None else min(scales, key=lambda v: _apart(size, v))
+    if _apart(size, scale) > OTHER_SAMPLES_SIZE:
         return None
     if any(_apart(s, scale) >= _apart(s, 1) for s in sizes):
         return None
-    evidence = {
-        "update": int(windows[0]),
-        "size_ratio": size,
-        "expected_ratio": scale,
-        "windows": len(sizes),
-    }
-    seen = ""
-    if carried:
-        evidence["window_loss_ratio"] = loss
-        seen = f"; the window losses are {loss:.4g} times the baseline's (the median)"
+    return SizeBesideOtherSamples(
+        size,
+        min(sizes),
+        max(sizes),
+        len(sizes),
+        int(windows[0]),
+        scale,
+        loss if carried is not None else None,
+    )
+
+
+def scale_beside_other_samples(c: Comparison, seen: SizeBesideOtherSamples) -> Diagnosis | None:
+    """`loss-scale` beside other samples, where the gradient's size and the window losses both
+    say the scale: the loss recorded is the one backpropagated (as the integrations read it), so
+    a wrong scale shows in both, while samples of the same kind left the losses within 7% and
+    samples of another scale that moved the size near K left them within 5% (the tests named
+    below). A masked-LM collator draws its masks per batch beside a Trainer whose model ignored
+    num_items_in_batch (K=4): norms before clipping 3.3 to 5.7 times the baseline's, the losses
+    3.93 to 4.08 times (tests/test_integration_transformers.py, tests/test_data_order_scale.py).
+    Where the losses do not carry it, the size is said in `data-order`'s message only
+    (diagnose.py)."""
+    if seen.losses is None:
+        return None
+    k = window(c)
     return Diagnosis(
         "loss-scale",
-        f"beside the other samples, the accumulated gradient's norm is {size:.4g} times the "
-        f"baseline's ({window_scale(k, scale)}; the median over the {len(sizes)} windows that "
-        f"saw other samples, each {min(sizes):.3g} to {max(sizes):.3g}), where samples of the "
-        f"same kind leave it about as large{seen}: the loss is scaled by the wrong factor too",
-        evidence,
+        f"beside the other samples, the accumulated gradient's norm is {seen.size:.4g} times the "
+        f"baseline's ({window_scale(k, seen.scale)}; the median over the {seen.windows} windows "
+        f"that saw other samples, each {seen.low:.3g} to {seen.high:.3g}) and the window losses "
+        f"{seen.losses:.4g} times (the median of the first {OTHER_SAMPLES_WINDOWS}), where samples "
+        "of the same kind leave both about "
+        "as they were: the loss is scaled by the wrong factor too",
+        {
+            "update": seen.first,
+            "size_ratio": seen.size,
+            "expected_ratio": seen.scale,
+            "windows": seen.windows,
+            "window_loss_ratio": seen.losses,
+        },
         SCALE_ONCE,
     )
 
