@@ -34,7 +34,8 @@ def _record(out, k: int, shape: str, swapped: bool = False, bug: str | None = No
     else:
         groups = [{"params": head + body if swapped else body + head, "lr": 3e-3}]
     decay = 0.2 if bug and "weight-decay" in bug else 0.05
-    opt = torch.optim.AdamW(groups, lr=3e-3, weight_decay=decay)
+    lr = 3e-3 * (k if bug and "lr-times-k" in bug else 1)
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=decay)
     schedule = None
     if shape == "one cycle":  # cycles beta1 with the lr; the bug sizes it in micro-batches
         steps = UPDATES * k if bug == "sized-in-batches" else UPDATES
@@ -108,13 +109,20 @@ def test_other_optimizer_settings_are_named(tmp_path, bug, setting, tensors):
     assert setting in found.message and found.evidence["differences"][0]["tensors"] == tensors
 
 
-def test_a_loss_scale_beside_other_optimizer_settings_is_named_first(tmp_path):
+@pytest.mark.parametrize(
+    ("setting", "code"), [("weight-decay", "optimizer-settings"), ("lr-times-k", "lr-scaled")]
+)
+def test_a_loss_scale_beside_other_optimizer_settings_is_named_first(tmp_path, setting, code):
     """The gradient fails at update 0, from the same weights: no setting of the step explains
-    it, so its shape is read too."""
+    it, so its shape is read too. The learning rate K times the baseline's beside the loss not
+    divided by K was `lr-scaled` alone."""
     base = _record(tmp_path / "base", 1, "decay groups")
-    merged = _record(tmp_path / "merged", 4, "decay groups", bug="weight-decay+no-loss-scale")
+    merged = _record(tmp_path / "merged", 4, "decay groups", bug=f"{setting}+no-loss-scale")
     codes = [d.code for d in compare(base, merged, reference="none").diagnosis]
-    assert codes[:2] == ["loss-scale", "optimizer-settings"], codes
+    assert codes[:2] == ["loss-scale", code], codes
+    alone = _record(tmp_path / "alone", 4, "decay groups", bug=setting)
+    codes = [d.code for d in compare(base, alone, reference="none").diagnosis]
+    assert codes == [code], codes
 
 
 def test_a_gradient_from_weights_the_steps_parted_is_no_loss_scale(tmp_path):

@@ -41,7 +41,9 @@ def _schedule(kind: str, opt: torch.optim.Optimizer):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
 
 
-def paced_loop(out, k: int, kind: str, per_micro: bool = False, float64: bool = False):
+def paced_loop(
+    out, k: int, kind: str, per_micro: bool = False, float64: bool = False, divide: bool = True
+):
     torch.manual_seed(0)
     model = Adapted()
     g = torch.Generator().manual_seed(1)
@@ -59,7 +61,7 @@ def paced_loop(out, k: int, kind: str, per_micro: bool = False, float64: bool = 
             for j in range(k):
                 rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k).backward()
+                (loss / k if divide else loss).backward()
                 rec.micro(loss, batch=(x[rows], y[rows]))
                 if per_micro and j < k - 1:
                     sched.step()
@@ -80,6 +82,16 @@ def test_a_scheduler_stepped_per_micro_step_is_named_alone_at_its_pace(tmp_path,
     errors = [d for d in c.diagnosis if d.severity == "error"]
     assert [d.code for d in errors] == ["lr-schedule"], [(d.code, d.message) for d in errors]
     assert errors[0].evidence["schedule_steps_per_update"] == K
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
+def test_a_loss_not_divided_beside_the_scheduler_is_named_first(tmp_path):
+    """The gradient fails at update 0, from the same weights, where no learning rate acts: its
+    shape is read beside the schedule (was `lr-schedule` alone)."""
+    base = paced_loop(tmp_path / "base", 1, "warmup")
+    bug = paced_loop(tmp_path / "bug", K, "warmup", per_micro=True, divide=False)
+    codes = [d.code for d in compare(base, bug).diagnosis if d.severity == "error"]
+    assert codes == ["loss-scale", "lr-schedule"], codes
 
 
 def test_of_paces_that_fit_alike_the_likely_one_is_said():

@@ -56,8 +56,11 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
 # an accumulation bug in the loop shows beside them as it does alone, and is named first.
 BESIDE_SHAPES = {"batchnorm", "cross-sample-loss", "dropout-rng"}
 # Settings the optimizer steps with: no gradient computed from the same weights (update 0's)
-# can follow from them, so a gradient that fails there is another cause, read by its shape.
-BEFORE_ANY_STEP = {"optimizer-settings"}
+# can follow from them, so a gradient that fails there is another cause, read by its shape
+# (the learning rate K times the baseline's, or a scheduler stepped per micro-step, beside a
+# loss not divided by K was named alone: tests/test_optimizer_order.py,
+# tests/test_schedule_pace.py).
+BEFORE_ANY_STEP = {"optimizer-settings", "lr-scaled", "lr-schedule"}
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_accum_dtype,
     sig.grad_not_cleared,
