@@ -38,12 +38,21 @@ def _schedule(kind: str, opt: torch.optim.Optimizer):
         return torch.optim.lr_scheduler.CyclicLR(
             opt, base_lr=0.01, max_lr=0.1, step_size_up=3, cycle_momentum=True
         )
+    if kind == "halving":  # halves every 2 steps: per micro-step, no pace fits 8 updates
+        return torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
 
 
 def paced_loop(
-    out, k: int, kind: str, per_micro: bool = False, float64: bool = False, divide: bool = True
+    out,
+    k: int,
+    kind: str,
+    per_micro: bool | str = False,
+    float64: bool = False,
+    divide: bool = True,
 ):
+    """`per_micro`: the scheduler also steps after each micro-step but the window's last;
+    "all": after every micro-step, and not after the update."""
     torch.manual_seed(0)
     model = Adapted()
     g = torch.Generator().manual_seed(1)
@@ -63,10 +72,11 @@ def paced_loop(
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
                 (loss / k if divide else loss).backward()
                 rec.micro(loss, batch=(x[rows], y[rows]))
-                if per_micro and j < k - 1:
+                if per_micro == "all" or (per_micro and j < k - 1):
                     sched.step()
             opt.step()
-            sched.step()
+            if per_micro != "all":
+                sched.step()
             rec.update()
             opt.zero_grad()
     return read_run_dir(out)
@@ -85,13 +95,21 @@ def test_a_scheduler_stepped_per_micro_step_is_named_alone_at_its_pace(tmp_path,
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of:UserWarning")
-def test_a_loss_not_divided_beside_the_scheduler_is_named_first(tmp_path):
+@pytest.mark.parametrize(("kind", "per_micro"), [("warmup", True), ("halving", "all")])
+def test_a_loss_not_divided_beside_the_scheduler_is_named_first(tmp_path, kind, per_micro):
     """The gradient fails at update 0, from the same weights, where no learning rate acts: its
-    shape is read beside the schedule (was `lr-schedule` alone)."""
-    base = paced_loop(tmp_path / "base", 1, "warmup")
-    bug = paced_loop(tmp_path / "bug", K, "warmup", per_micro=True, divide=False)
+    shape is read beside the schedule (the warmup was `lr-schedule` alone). A schedule whose
+    pace no run this short shows (halving every 2 steps, 4 steps per update: update 0 steps at
+    the baseline's update 4 or 5, update 1 past the run's 8) was not named at all: an lr
+    differing where a gradient had failed was taken for a scheduler fed the diverged loss,
+    which at update 0 none can be."""
+    base = paced_loop(tmp_path / "base", 1, kind)
+    bug = paced_loop(tmp_path / "bug", K, kind, per_micro=per_micro, divide=False)
     codes = [d.code for d in compare(base, bug).diagnosis if d.severity == "error"]
     assert codes == ["loss-scale", "lr-schedule"], codes
+    alone = paced_loop(tmp_path / "alone", K, kind, per_micro=per_micro)
+    codes = [d.code for d in compare(base, alone).diagnosis if d.severity == "error"]
+    assert codes == ["lr-schedule"], codes
 
 
 def test_of_paces_that_fit_alike_the_likely_one_is_said():
