@@ -15,7 +15,7 @@ from gradalign.judge.signatures.clipping import scale_before_clip
 from gradalign.runs.portable import write_run
 from gradalign.runs.reader import read_run_dir
 
-UPDATES, BATCH, MAX_NORM = 5, 32, 0.3  # the baseline's norms are 0.43-0.58: the clip engages
+UPDATES, BATCH, MAX_NORM, K = 5, 32, 0.3, 4  # the baseline's norms are 0.43-0.58: the clip engages
 
 
 def _split_clip(model: nn.Module, max_norm: float) -> torch.Tensor:
@@ -61,7 +61,7 @@ def clip_loop(
                 (loss if bug == "no-loss-scale" else loss / k).backward()
                 rec.micro(loss, batch=(x[rows], y[rows]))
                 if bug == "clip-every-micro":
-                    clip(model, MAX_NORM)
+                    clip(model, max_norm)
             if bug not in ("clip-every-micro", "no-clip"):
                 clip(model, max_norm / k if bug == "clip-over-k" else max_norm)
             if bug == "divided-after-clip":  # a hook dividing the gradient by K once more
@@ -268,3 +268,19 @@ def test_a_trainer_runs_loss_scale_fix_is_said_for_the_trainer(tmp_path):
     assert c.diagnosis[0].code == "loss-scale" and "backward()" not in fix
     assert "compute_loss_func" in fix and "num_items_in_batch" in fix
     assert "trainer.model_accepts_loss_kwargs = False" in fix
+
+
+@pytest.mark.parametrize("bug", [None, "clip-every-micro"])
+def test_a_clip_in_the_merged_run_only_is_named(tmp_path, bug):
+    """The baseline never clips (its Recorder saw no clip call); the merged run clips once per
+    update, or at every micro-step at a max_norm its window's last clip reaches: `clip-
+    threshold`, the merged clip's calls said (the same in a loop of its own was `loss-scale`,
+    0.094 times, or `cross-sample-loss`). Neither run clipping passes."""
+    unclipped = clip_loop(tmp_path / "base", 1, bug="no-clip")
+    assert unclipped.clip_calls is None and unclipped.micro_grad_writes is not None
+    c = compare(unclipped, clip_loop(tmp_path / "merged", K, bug=bug, max_norm=0.05))
+    assert c.diagnosis[0].code == "clip-threshold", [(d.code, d.message) for d in c.diagnosis]
+    calls = {"merged": 1 if bug is None else K, "baseline": 0}
+    assert c.diagnosis[0].evidence["clip_calls"] == calls
+    neither = compare(unclipped, clip_loop(tmp_path / "neither", K, bug="no-clip"))
+    assert neither.verdict == "pass", [(d.code, d.message) for d in neither.diagnosis]

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from ...runs.model import Run
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import clip_state
 from .common import finite, grad_norm, noise_share, window
@@ -20,6 +23,8 @@ def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
     if pre_b is not None and pre_m is None:
         return _not_clipped(c, r)
+    if pre_b is None and pre_m is not None:
+        return _clipped_only_merged(c, r)
     if pre_b is None or pre_m is None:
         return None
     i = r.update
@@ -101,6 +106,62 @@ def _not_clipped(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         "micro-batch, with the baseline's max_norm (torch.nn.utils.clip_grad_norm_, or the "
         "framework's gradient_clip_val / max_grad_norm)",
     )
+
+
+def _clipped_only_merged(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The merged run clipped and the baseline, whose Recorder saw no clip call in that window,
+    did not: the merged clip engaged, and either its norm before clipping is the baseline's
+    stepped norm (to the gradient's noise: one clip of the same gradient), or it clipped more
+    than once in the window (partial sums) to a norm the baseline's stepped gradient does not
+    have (a clip the Recorder did not see would have brought it there). A plain loop clipping at
+    0.05 in the merged run only, once per window or at every micro-step, was `loss-scale`
+    (0.094 times) or `cross-sample-loss` (tests/test_clip_api.py)."""
+    i = r.update
+    calls_b, calls_m = _clip_calls(c.baseline), c.merged.clip_calls
+    if calls_b is None or calls_m is None or int(calls_b[i]) != 0 or int(calls_m[i]) < 1:
+        return None
+    clipped_m, post_m = clip_state(c, c.merged, i)
+    base = grad_norm(c, c.baseline, i)
+    if not clipped_m or not post_m or not base:
+        return None
+    tol = max(1e-4, noise_share(c, r))
+    before = float(c.merged.grad_norm_pre_clip[i])
+    calls = int(calls_m[i])
+    if math.isclose(before, base, rel_tol=tol):
+        how = f"from norm {before:.4g}, the baseline's unclipped norm, to {post_m:.4g}"
+    elif calls > 1 and not math.isclose(post_m, base, rel_tol=tol):
+        how = (
+            f"{calls} times inside the window, partial sums, last from norm {before:.4g} to "
+            f"{post_m:.4g}, where the baseline stepped with norm {base:.4g}"
+        )
+    else:
+        return None
+    return Diagnosis(
+        "clip-threshold",
+        f"at update {i} the merged run clipped its gradient {how}, and the baseline did not clip "
+        "(its Recorder saw no clip call in that window): the runs clip differently",
+        {
+            "update": i,
+            "clip_calls": {"merged": calls, "baseline": 0},
+            "norm_before_clip": {"merged": finite(before)},
+            "norm_after_clip": {"merged": finite(post_m), "baseline": finite(base)},
+        },
+        "clip both runs alike, or neither: once per update, after the window's last "
+        "micro-batch, with the same max_norm (a clip the baseline makes by a function imported "
+        "by name before its Recorder opened is not seen: pass its norm to "
+        "grads(pre_clip_norm=...))",
+    )
+
+
+def _clip_calls(run: Run) -> np.ndarray | None:
+    """A run's clip calls per window: its series, or none at all where a Recorder that watches
+    clips wrote none (it writes the series once it saw a call; its `micro/grad_writes` says it
+    watched); None where the writer did not say (another writer, a log)."""
+    if run.clip_calls is not None:
+        return run.clip_calls
+    if run.micro_grad_writes is not None:
+        return np.zeros(run.updates, dtype=np.int64)
+    return None
 
 
 def _clip_by_another_norm(
