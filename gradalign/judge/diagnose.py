@@ -93,7 +93,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         found = [d for d in found if d.code not in BATCH_SIZE_FOLLOWS]
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
     found = _before_other_samples(c, found) + found
-    found += _scale_beside_other_samples(c, found)
+    found = _scale_beside_other_samples(c, found)
     at_start = any(not d.ok for d in c.results[0].grads)  # from the same weights
     beside = BESIDE_SHAPES | (BEFORE_ANY_STEP if at_start else set())
     if not found or {d.code for d in found} <= beside:  # the loop's own bug first
@@ -179,24 +179,23 @@ def _before_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnos
 
 
 def _scale_beside_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
-    """Where `data-order` names other samples (their turn hides a scale from the gradient's
-    shape) and no scale is named: `loss-scale` beside it where the gradient's size and the
-    window losses both say one (signatures/paired.py); where the size alone does, `data-order`
-    says it, for a second look once the samples agree. Changes `found` in place; returns what
-    to add."""
+    """`found`, where `data-order` names other samples (their turn hides a scale from the
+    gradient's shape) and no scale is named: with `loss-scale` beside it where the gradient's
+    size and the window losses both say one (signatures/paired.py); where the size alone does,
+    with `data-order` saying it, for a second look once the samples agree."""
     order = next((i for i, d in enumerate(found) if d.code == "data-order"), None)
     if order is None or any(d.code == "loss-scale" for d in found):
-        return []
+        return found
     bad = sample_mismatches(c.baseline, c.merged)
     windows = [int(i) for i in bad] if bad is not None else [r.update for r in c.results]
     seen = sig.size_beside_other_samples(c, windows)
     if seen is None:
-        return []
+        return found
     scaled = sig.scale_beside_other_samples(c, seen)
     if scaled is not None:
-        return [scaled]
+        return [*found, scaled]
     d, near = found[order], window_scale(window(c), seen.scale)
-    found[order] = dataclasses.replace(
+    said = dataclasses.replace(
         d,
         message=d.message
         + f"; over those windows the gradient's norm is {seen.size:.4g} times the baseline's "
@@ -206,7 +205,7 @@ def _scale_beside_other_samples(c: Comparison, found: list[Diagnosis]) -> list[D
         "as well)",
         evidence={**d.evidence, "gradient_size_ratio": seen.size, "near_ratio": seen.scale},
     )
-    return []
+    return [*found[:order], said, *found[order + 1 :]]
 
 
 def _explained_draws(d: Diagnosis, shape: list[Diagnosis]) -> bool:

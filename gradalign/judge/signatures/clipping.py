@@ -249,6 +249,17 @@ def _clip_value_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
 
 
+def clip_calls(run: Run) -> np.ndarray | None:
+    """A run's clip calls per window: its series, or none at all where a Recorder that watches
+    clips wrote none (it writes the series once it saw a call; its `micro/grad_writes` says it
+    watched); None where the writer did not say (another writer, a log)."""
+    if run.clip_calls is not None:
+        return run.clip_calls
+    if run.micro_grad_writes is not None:
+        return np.zeros(run.updates, dtype=np.int64)
+    return None
+
+
 def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """Without clip counts (other writers, older runs): the baseline clipped at the failing
     update and the merged norm before its last clip differs. Tried after the other shapes,
@@ -260,7 +271,7 @@ def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     if pre_b is not None and pre_m is not None and math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4):
         return None  # the merged run saw the same norm before its clip: clipping is fine
     found = _clip_per_micro(c, r)
-    if found is not None and c.merged.micro_grad_writes is not None and pre_m is None:
+    if found is not None and clip_calls(c.merged) is not None and pre_m is None:
         return _clipped_unseen(found, c.baseline.grad_norm_pre_clip[i])
     return found
 

@@ -65,7 +65,7 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) 
     if also is not None:
         evidence["also_near"] = also
         near += f"; {window_scale(k, also)} reads about as near"
-    losses = _loss_ratio(c, r)
+    losses = _loss_ratio(c, r.update)
     seen = ""
     if losses is not None and abs(losses / expected - 1) <= 0.05:
         evidence["window_loss_ratio"] = losses
@@ -100,7 +100,7 @@ def _reweighted(
     size = r.grad_ratio * undo
     if not size > 0 or not math.isfinite(size):
         return None, None, None
-    across, losses = math.tan(math.acos(cosine)), _loss_ratio(c, r)
+    across, losses = math.tan(math.acos(cosine)), _loss_ratio(c, r.update)
     if losses is not None and not any(_apart(losses, v) < _apart(losses, 1) for v in scales):
         losses = None  # nearer no scale: recorded before the loss was scaled, or otherwise
 
@@ -131,12 +131,12 @@ def _apart(x: float, v: float) -> float:
     return abs(math.log(x / v))
 
 
-def _loss_ratio(c: Comparison, r: UpdateResult) -> float | None:
+def _loss_ratio(c: Comparison, update: int) -> float | None:
     """The merged window loss over the baseline's at the update, where both have one sign."""
     mine, base = c.merged.window_losses(), c.baseline.window_losses()
-    if r.update >= min(len(mine), len(base)) or not base[r.update]:
+    if update >= min(len(mine), len(base)) or not base[update]:
         return None
-    ratio = finite(float(mine[r.update] / base[r.update]))
+    ratio = finite(float(mine[update] / base[update]))
     return ratio if ratio is not None and ratio > 0 else None  # a ratio of sizes, or none
 
 
@@ -186,7 +186,7 @@ def scale_under_reweighting(c: Comparison) -> Diagnosis | None:
     r = failing(c)
     if r is None or not c.results:
         return None
-    ratios = [_loss_ratio(c, c.results[0]), _loss_ratio(c, r)]
+    ratios = [_loss_ratio(c, c.results[0].update), _loss_ratio(c, r.update)]
     if any(q is None for q in ratios):
         return None
     k = window(c)
@@ -239,12 +239,7 @@ def size_beside_other_samples(c: Comparison, windows: list[int]) -> SizeBesideOt
     if k < 2 or len(sizes) < OTHER_SAMPLES_WINDOWS:
         return None
     size, scales = float(np.median(sizes)), (k, 1 / k, k + 1)
-    mine, base = c.merged.window_losses(), c.baseline.window_losses()
-    n = min(len(mine), len(base))
-    losses = [
-        float(mine[i] / base[i]) for i in windows[:OTHER_SAMPLES_WINDOWS] if i < n and base[i]
-    ]
-    losses = [q for q in losses if math.isfinite(q) and q > 0]
+    losses = [q for q in (_loss_ratio(c, i) for i in windows[:OTHER_SAMPLES_WINDOWS]) if q]
     loss = float(np.median(losses)) if losses else math.nan
     carried = next((v for v in scales if abs(loss / v - 1) <= 0.10), None)
     scale = carried if carried is not None else min(scales, key=lambda v: _apart(size, v))
@@ -282,8 +277,8 @@ def scale_beside_other_samples(c: Comparison, seen: SizeBesideOtherSamples) -> D
         f"baseline's ({window_scale(k, seen.scale)}; the median over the {seen.windows} windows "
         f"that saw other samples, each {seen.low:.3g} to {seen.high:.3g}) and the window losses "
         f"{seen.losses:.4g} times (the median of the first {OTHER_SAMPLES_WINDOWS}), where samples "
-        "of the same kind leave both about "
-        "as they were: the loss is scaled by the wrong factor too",
+        "of the same kind leave both about as they were: the loss is scaled by the wrong factor "
+        "too",
         {
             "update": seen.first,
             "size_ratio": seen.size,

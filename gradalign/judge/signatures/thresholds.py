@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from ...runs.model import Run
 from ..results import Comparison, Diagnosis, UpdateResult
-from .clipping import clip_state
+from .clipping import clip_calls, clip_state
 from .common import finite, grad_norm, noise_share, window
 
 
@@ -117,7 +114,7 @@ def _clipped_only_merged(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     0.05 in the merged run only, once per window or at every micro-step, was `loss-scale`
     (0.094 times) or `cross-sample-loss` (tests/test_clip_api.py)."""
     i = r.update
-    calls_b, calls_m = _clip_calls(c.baseline), c.merged.clip_calls
+    calls_b, calls_m = clip_calls(c.baseline), c.merged.clip_calls
     if calls_b is None or calls_m is None or int(calls_b[i]) != 0 or int(calls_m[i]) < 1:
         return None
     clipped_m, post_m = clip_state(c, c.merged, i)
@@ -151,17 +148,6 @@ def _clipped_only_merged(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         "by name before its Recorder opened is not seen: pass its norm to "
         "grads(pre_clip_norm=...))",
     )
-
-
-def _clip_calls(run: Run) -> np.ndarray | None:
-    """A run's clip calls per window: its series, or none at all where a Recorder that watches
-    clips wrote none (it writes the series once it saw a call; its `micro/grad_writes` says it
-    watched); None where the writer did not say (another writer, a log)."""
-    if run.clip_calls is not None:
-        return run.clip_calls
-    if run.micro_grad_writes is not None:
-        return np.zeros(run.updates, dtype=np.int64)
-    return None
 
 
 def _clip_by_another_norm(
