@@ -8,6 +8,7 @@ import importlib.util
 import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -73,9 +74,11 @@ def readme_commands(heading: str) -> list[tuple[list[str], str]]:
 
 def run_readme(heading: str, cwd: Path) -> dict[str, tuple[str, list[str], float]]:
     """Run the README's commands for `heading` as written, in `cwd` (for the repository's root,
-    whose scripts they run): `python SCRIPT ARGS` in-process, `gradalign compare BASE MERGED`
-    (whose comment, `pass` or a diagnosis code, must be what it gets); `pip install` lines are
-    left to the test command. Returns judged() of each comparison, by the merged run's path."""
+    whose scripts they run): `python SCRIPT ARGS` in-process, `python -m torch.distributed.run
+    ...` as a process of its own, `gradalign compare BASE MERGED` (whose comment, `pass` or a
+    diagnosis code, must be what it gets); `pip install` lines are left to the test command.
+    Returns judged() of each comparison, by the merged run's path (and baseline's, where one
+    merged run is compared with two)."""
     from gradalign.cli import main as cli
 
     results = {}
@@ -83,7 +86,12 @@ def run_readme(heading: str, cwd: Path) -> dict[str, tuple[str, list[str], float
     os.chdir(cwd)
     try:
         for argv, comment in readme_commands(heading):
-            if argv[0] == "python":
+            if argv[:3] == ["python", "-m", "torch.distributed.run"]:
+                script = README.parent / argv[-2]  # the example, then its runs' directory
+                launch = [sys.executable, *argv[1:-2], str(script), argv[-1]]
+                done = subprocess.run(launch, capture_output=True, text=True, timeout=600)
+                assert done.returncode == 0, done.stderr[-3000:]
+            elif argv[0] == "python":
                 script = Path(argv[1])
                 module = example(script.stem) if script.parent.name == "frameworks" else None
                 (module or _load(README.parent / script)).main(argv[2:])
@@ -96,7 +104,7 @@ def run_readme(heading: str, cwd: Path) -> dict[str, tuple[str, list[str], float
                     assert (done.value.code or 0, verdict, codes) == (0, "pass", []), argv
                 else:
                     assert (done.value.code, codes[:1]) == (1, [expected]), (argv, codes)
-                results[argv[3]] = (verdict, codes, worst)
+                results[argv[3]] = results[f"{argv[2]} {argv[3]}"] = (verdict, codes, worst)
             else:
                 assert argv[:2] in (["pip", "install"], [".venv/bin/pip", "install"]), argv
     finally:

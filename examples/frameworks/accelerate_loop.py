@@ -22,9 +22,9 @@ from pathlib import Path
 
 import tiny_data
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.state import AcceleratorState
-from tiny_data import collate, tiny_gpt2, token_rows
+from tiny_data import collate, processes, tiny_gpt2, token_rows
 from torch.utils.data import DataLoader
 
 from gradalign.record.integrations.accelerate import record
@@ -49,20 +49,28 @@ def train(
     mixed_precision: str = "no",
     device: str = "cpu",
     split: str | None = None,
+    split_batches: bool = True,
 ) -> Path:
     """Record one loop of UPDATES updates at batch BATCH, as K micro-batches, into `out`
     (`mixed_precision`: accelerate's, e.g. "bf16"; a float64 reference takes "no"; `device`:
-    "cpu", or "cuda" for accelerate's own choice of GPU)."""
+    "cpu", or "cuda" for accelerate's own choice of GPU). Under torchrun each of W processes
+    reads its share of every micro-batch (`split_batches`), or micro-batches of BATCH / (K x W)
+    of its own (not split: accelerate then steps the scheduler W times per update)."""
     # accelerate keeps one state per process; these runs differ in mixed precision
     AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(
-        gradient_accumulation_steps=k, cpu=device == "cpu", mixed_precision=mixed_precision
+        gradient_accumulation_steps=k,
+        cpu=device == "cpu",
+        mixed_precision=mixed_precision,
+        dataloader_config=DataLoaderConfiguration(split_batches=split_batches),
     )
     rows = token_rows(BATCH * UPDATES, padded=padded)
     model = float64_reference(tiny_gpt2()) if dtype == torch.float64 else tiny_gpt2()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.5, total_iters=UPDATES)
-    loader = DataLoader(rows, batch_size=BATCH // k, collate_fn=collate)
+    loader = DataLoader(
+        rows, batch_size=BATCH // k // (1 if split_batches else processes()), collate_fn=collate
+    )
     counts = [int((b["labels"][:, 1:] != -100).sum()) for b in loader]  # items per micro-batch
     if bug == "scheduler-per-batch":
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -73,11 +81,13 @@ def train(
     with record(accelerator, model, optimizer, out, items="causal-lm", reference=reference) as rec:
         for step, batch in enumerate(loader):
             with accelerator.accumulate(model):
-                if tokens:
+                if tokens:  # the window's items on every process (split batches)
                     window = sum(counts[step - step % k : step - step % k + k])
                     loss = model(**batch, num_items_in_batch=window).loss  # sum / window
-                    rec.record_loss(loss_sum=loss * window, items=counts[step])
-                    loss = loss * k  # accelerate divides by K
+                    mine = int((batch["labels"][:, 1:] != -100).sum())
+                    rec.record_loss(loss_sum=loss * window, items=mine)
+                    # accelerate divides by K, DistributedDataParallel averages the processes
+                    loss = loss * k * accelerator.num_processes
                 elif split == "forward":  # two chunks forwarded, their token-weighted mean
                     half = len(batch["input_ids"]) // 2
                     chunks = [{n: v[:half] for n, v in batch.items()}]

@@ -23,8 +23,8 @@ from typing import Any
 import lightning as L
 import tiny_data
 import torch
-from tiny_data import TinyGRULM, collate_pairs, token_loss_sum, token_rows
-from torch.utils.data import DataLoader
+from tiny_data import TinyGRULM, collate_pairs, processes, token_loss_sum, token_rows
+from torch.utils.data import DataLoader, DistributedSampler
 
 from gradalign.record.integrations.lightning import GradalignCallback, record_loss
 
@@ -93,11 +93,18 @@ def train(
     reference: str | None = None,
     device: str = "cpu",
     halves: bool = False,
+    sampler: bool = False,
 ) -> Path:
     """Record one fit of UPDATES updates at batch BATCH, as K micro-batches, into `out`
-    (`halves`: manual optimization backpropagates each batch's loss in two halves)."""
+    (`halves`: manual optimization backpropagates each batch's loss in two halves). Under
+    torchrun each of W processes reads micro-batches of BATCH / (K x W), in the order of the
+    DistributedSampler Lightning gives it (it shuffles); `sampler`: in one process, read in
+    that order too (that sampler for one replica)."""
     rows = token_rows(BATCH * UPDATES, padded=padded)
-    loader = DataLoader(rows, batch_size=BATCH // k, collate_fn=collate_pairs)
+    order = DistributedSampler(rows, num_replicas=1, rank=0, seed=0) if sampler else None
+    loader = DataLoader(
+        rows, batch_size=BATCH // (k * processes()), collate_fn=collate_pairs, sampler=order
+    )
     window_tokens = [
         int((collate_pairs(rows[i : i + BATCH])[1] != -100).sum())
         for i in range(0, len(rows), BATCH)
@@ -113,7 +120,8 @@ def train(
         precision=precision,
         callbacks=[recorder],
         accelerator="gpu" if device == "cuda" else "cpu",
-        devices=1,
+        devices=processes(),
+        strategy="ddp" if processes() > 1 else "auto",
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

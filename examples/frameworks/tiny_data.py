@@ -7,6 +7,7 @@ micro-batches are padded to different lengths and hold different numbers of real
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,11 @@ import torch
 from torch import nn
 
 VOCAB, PAD_ID, MAX_LENGTH = 64, 0, 24
+
+
+def processes() -> int:
+    """How many processes train together: torchrun's WORLD_SIZE, else 1."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def token_rows(samples: int, *, padded: bool = True, seed: int = 0) -> list[dict[str, list[int]]]:

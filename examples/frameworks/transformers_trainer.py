@@ -19,7 +19,7 @@ from typing import Any
 
 import tiny_data
 import torch
-from tiny_data import collate, tiny_gpt2, tiny_llama, token_rows
+from tiny_data import collate, processes, tiny_gpt2, tiny_llama, token_rows
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from gradalign.record.integrations.transformers import attach
@@ -57,14 +57,17 @@ def train(
     model: str = "gpt2",
     device: str = "cpu",
     bf16: bool = False,
+    local_tokens: bool = False,
 ) -> Path:
     """Record one Trainer run of UPDATES updates at batch BATCH, as K micro-batches, into out
-    (`device`: "cpu", or "cuda" for the Trainer's own choice of GPU; `bf16`: mixed precision)."""
+    (`device`: "cpu", or "cuda" for the Trainer's own choice of GPU; `bf16`: mixed precision).
+    Under torchrun each of W processes reads micro-batches of BATCH / (K x W); `local_tokens`:
+    each counts num_items_in_batch over its own micro-batches alone."""
     build = MODELS[model]
     with tempfile.TemporaryDirectory() as scratch:
         args = TrainingArguments(
             output_dir=scratch,
-            per_device_train_batch_size=BATCH // k,
+            per_device_train_batch_size=BATCH // (k * processes()),
             gradient_accumulation_steps=k,
             max_steps=UPDATES,
             learning_rate=1e-2,
@@ -77,6 +80,8 @@ def train(
             save_strategy="no",
             logging_strategy="no",
             disable_tqdm=True,
+            ddp_backend="gloo" if device == "cpu" and processes() > 1 else None,
+            average_tokens_across_devices=not local_tokens,
         )
         trainer = (DividesByK if bug == "double-scale" else Trainer)(
             model=float64_reference(build()) if dtype == torch.float64 else build(),

@@ -143,9 +143,12 @@ def scheduler_per_rank(c: Comparison) -> Diagnosis | None:
             "merged_lr": finite(float(c.merged.lr[i])),
             "baseline_lr": finite(float(c.baseline.lr[i])),
         },
-        "step the scheduler once per optimizer step on each rank, not once per rank (accelerate: "
-        "prepare the scheduler with split_batches, or build it for the number of updates, not "
-        "updates x processes)",
+        "step the scheduler once per optimizer step on each rank, not once per rank (accelerate "
+        "steps a prepared scheduler once per process unless the batches are split: "
+        "`Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))`, whose "
+        "loader then holds the batch of all processes (accelerate 1.15 ignores `split_batches=` "
+        "given to Accelerator itself); or `step_scheduler_with_optimizer=False` and step it "
+        "yourself; or build the schedule for updates x processes)",
     )
 
 

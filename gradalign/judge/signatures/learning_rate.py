@@ -273,6 +273,15 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
             )
         if m == window(c):
             message += ", i.e. the scheduler stepped once per micro-step"
+            if m == c.merged.world_size:  # scheduler-per-rank's pace too: not told apart
+                message += (
+                    f", or once per rank (W = K = {m}: accelerate steps a prepared scheduler "
+                    "once per process)"
+                )
+                fix += (
+                    "; or, if it stepped once per rank, split the batches: "
+                    "`Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))`"
+                )
             if offset:
                 message += f", {offset} of them before the window's optimizer step"
     else:

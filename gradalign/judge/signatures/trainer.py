@@ -1,6 +1,7 @@
 """Fixes said the way a framework's user applies them: a run recorded through the transformers
 Trainer integration (its config says `framework: transformers`) never calls backward() itself,
-so a wrong loss scale is fixed in what the Trainer is given, not in a training loop."""
+so a wrong loss scale is fixed in what the Trainer is given, not in a training loop; a
+Lightning fit on several processes shuffles with a sampler the loop never built."""
 
 from __future__ import annotations
 
@@ -33,16 +34,47 @@ _OTHER = (
 )
 
 
+_TRAINER_RANKS = (
+    "leave `TrainingArguments(average_tokens_across_devices=True)` (the default): the Trainer "
+    "then counts num_items_in_batch over every rank and multiplies the loss by the number of "
+    "processes, as DistributedDataParallel averages them"
+)
+_TRAINER_MEAN = (
+    "; and the loss must take num_items_in_batch (here each micro-batch's mean was divided by "
+    "K): give Trainer(...) a `compute_loss_func(outputs, labels, num_items_in_batch)` that "
+    "returns the micro-batch's summed loss divided by num_items_in_batch"
+)
+_LIGHTNING_SAMPLER = (
+    "; on several processes Lightning replaces a training loader's sampler with a "
+    "DistributedSampler that shuffles (seed: `seed_everything`'s, else 0; set_epoch at every "
+    "epoch), whatever the loader had: give the one-process baseline the same sampler "
+    "(`DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=S)`, so window i "
+    "holds baseline batch i), or "
+    "pass your own DistributedSampler to both runs with `Trainer(use_distributed_sampler=False)`"
+)
+
+
 def for_framework(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
-    """The diagnoses, with `loss-scale`'s fix said for a Trainer user where the merged run was
-    recorded through the transformers Trainer integration."""
-    if c.merged.config.get("framework") != "transformers":
-        return found
-    return [_trainer_fix(c, d) if d.code == "loss-scale" else d for d in found]
+    """The diagnoses, with their fixes said for the framework that recorded the merged run: a
+    Trainer user's `loss-scale` and `dp-token-normalization`, a Lightning fit's `data-order` on
+    several processes."""
+    framework = c.merged.config.get("framework")
+    if framework == "transformers":
+        return [_trainer_fix(c, d) for d in found]
+    if framework == "lightning" and c.merged.world_size > 1:
+        return [_with_fix(d, _LIGHTNING_SAMPLER) if d.code == "data-order" else d for d in found]
+    return found
+
+
+def _with_fix(d: Diagnosis, more: str) -> Diagnosis:
+    return dataclasses.replace(d, fix=(d.fix or "") + more)
 
 
 def _trainer_fix(c: Comparison, d: Diagnosis) -> Diagnosis:
-    if "scaled_tensors" in d.evidence:
+    if d.code == "dp-token-normalization":
+        mean = c.merged.config.get("loss_normalized_by") == "micro-batch mean / K"
+        return dataclasses.replace(d, fix=_TRAINER_RANKS + (_TRAINER_MEAN if mean else ""))
+    if d.code != "loss-scale" or "scaled_tensors" in d.evidence:
         return d  # one term of a model's own loss scaled alone: the model's loss, not the Trainer
     k, expected = window(c), d.evidence.get("expected_ratio")
     fix = (

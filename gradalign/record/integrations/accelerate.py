@@ -77,11 +77,6 @@ class AccelerateRecording:
                 f"record() needs an accelerate.Accelerator, got {type(accelerator).__name__}"
             )
         batches.check_items_rule(items)
-        if accelerator.num_processes > 1:
-            raise BadInput(
-                f"gradalign records a single-process accelerate run ({accelerator.num_processes} "
-                "processes here): record the baseline and merged runs on one device"
-            )
         if not isinstance(model, torch.nn.Module):
             raise BadInput(
                 f"record() needs the model (a torch.nn.Module), got {type(model).__name__}"
@@ -110,7 +105,7 @@ class AccelerateRecording:
         self._stepped = False  # the optimizer stepped after the open window's last micro-step
         self.recorder = Recorder(
             out_dir,
-            self.model,
+            model,  # as prepared: on several processes, its DistributedDataParallel
             optimizer,
             accum_steps=k,
             config={**_run_config(accelerator, self.model, optimizer, k), **config},

@@ -91,11 +91,6 @@ class GradalignCallback(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.recorder is not None:
             raise BadInput("a GradalignCallback records one fit(); give each run its own")
-        if trainer.world_size > 1:
-            raise BadInput(
-                f"gradalign records a single-process Lightning run (world size "
-                f"{trainer.world_size}): record the baseline and merged runs on one device"
-            )
         if len(trainer.optimizers) != 1:
             raise BadInput(
                 f"GradalignCallback records one optimizer, this fit has "

@@ -63,10 +63,10 @@ class GradalignCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.recorder is not None or self.finished:
             raise BadInput("gradalign records one trainer.train() per attach(); attach again")
-        if args.world_size > 1 or args.n_gpu > 1:
+        if args.n_gpu > 1:
             raise BadInput(
-                f"gradalign records a single-process Trainer run (world size {args.world_size}, "
-                f"{args.n_gpu} GPUs here): record the baseline and merged runs on one device"
+                f"gradalign records one process per GPU, this Trainer drives {args.n_gpu} GPUs "
+                "from one (torch.nn.DataParallel): launch it with torchrun, one process per GPU"
             )
         model = self.trainer.model
         self.recorder = Recorder(
@@ -123,7 +123,9 @@ class GradalignCallback(TrainerCallback):
         self._trainer_counts.add(window)
         self._window_items += items
         self._micro += 1
-        total = loss.detach().double() * window  # the Trainer divided the summed loss by it
+        # the Trainer divided the summed loss by it, and times the ranks where it counted
+        # the items of all of them (DistributedDataParallel averages the ranks' gradients)
+        total = loss.detach().double() * window / _ranks_counted(trainer)
         record_micro(self.recorder, MicroLoss(loss_sum=total, items=items), inputs, None, self.pad)
 
     def abort(self) -> None:
@@ -134,6 +136,8 @@ class GradalignCallback(TrainerCallback):
     def _check_items(self, update: int) -> None:
         """Our items must add up to the Trainer's `num_items_in_batch`, or the losses are wrong."""
         counted, trainer_count = self._window_items, self._trainer_items
+        if trainer_count is not None and _ranks_counted(self.trainer) > 1:
+            counted = _all_ranks(self.trainer, counted)  # the Trainer's count is of all ranks
         counts, micro = sorted(self._trainer_counts), self._micro
         self._window_items, self._trainer_items = 0.0, None
         self._trainer_counts, self._micro = set(), 0
@@ -199,6 +203,25 @@ def _aborting_on_error(train: Any, callback: GradalignCallback) -> Any:
             raise
 
     return guarded
+
+
+def _ranks_counted(trainer: Trainer) -> int:
+    """The ranks whose items the Trainer's `num_items_in_batch` counts (1 where it counts this
+    rank's alone): its `compute_loss` multiplies the loss by them, as DistributedDataParallel
+    averages the ranks' gradients (a compute_loss of the loop's own that does not is a loss
+    scaled by 1/W, backpropagated and recorded alike)."""
+    args = trainer.args
+    if args.world_size <= 1 or not args.average_tokens_across_devices:
+        return 1
+    ranks = trainer.accelerator.num_processes
+    config = getattr(trainer.accelerator, "parallelism_config", None)
+    return ranks // config.tp_size if config is not None else ranks
+
+
+def _all_ranks(trainer: Trainer, count: float) -> float:
+    """`count` summed over the ranks, as the Trainer sums `num_items_in_batch`."""
+    mine = torch.tensor(count, dtype=torch.float64, device=trainer.args.device)
+    return float(trainer.accelerator.gather(mine).sum())
 
 
 def _own_items(trainer: Trainer, inputs: Any) -> float | None:

@@ -1,0 +1,67 @@
+"""The three framework examples on several processes, against their one-process baselines.
+
+    python examples/frameworks/on_ranks.py runs/ranks    # one process: the baselines (K=1)
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        examples/frameworks/on_ranks.py runs/ranks       # W processes: the merged runs
+
+In one process it records each framework's baseline (batch 16, K=1) and its float64 rerun.
+Under torchrun (W processes, gloo on the CPU) it records the merged runs, W x K micro-batches
+of 16 / (W x K) per update, all in one launch: for each framework a clean run and the mistake
+that framework makes easy on several processes. The runs go to OUT/acc, OUT/acc-pad, OUT/hf and
+OUT/pl, each merged run named `wWkK[-VARIANT]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import accelerate_loop
+import lightning_fit
+import torch
+import transformers_trainer
+from tiny_data import processes
+
+K = 2
+
+
+def baselines(out: Path) -> None:
+    """Each framework's baseline and float64 rerun; Lightning's also in the loader's own order."""
+    for name, padded in (("acc", False), ("acc-pad", True)):
+        accelerate_loop.train(out / name / "k1-fp64", 1, padded=padded, dtype=torch.float64)
+        accelerate_loop.train(out / name / "k1", 1, padded=padded, reference="../k1-fp64")
+    transformers_trainer.train(out / "hf" / "k1-fp64", 1, dtype=torch.float64)
+    transformers_trainer.train(out / "hf" / "k1", 1, reference="../k1-fp64")
+    pl = out / "pl"
+    lightning_fit.train(pl / "k1-fp64", 1, padded=False, precision="64-true", sampler=True)
+    lightning_fit.train(pl / "k1", 1, padded=False, reference="../k1-fp64", sampler=True)
+    lightning_fit.train(pl / "k1-sequential", 1, padded=False)  # the loader's own order
+
+
+def merged(out: Path) -> None:
+    """The merged runs of every framework, on this launch's W processes."""
+    w = processes()
+    name = f"w{w}k{K}"
+    accelerate_loop.train(out / "acc" / name, K, padded=False)
+    # micro-batches of their own on each process: accelerate steps the scheduler W times,
+    # which at W = K is also the pace of a scheduler stepped once per micro-step
+    for k in (K, 4):
+        accelerate_loop.train(
+            out / "acc" / f"w{w}k{k}-unsplit", k, padded=False, split_batches=False
+        )
+    accelerate_loop.train(out / "acc-pad" / name, K)  # each micro-batch's mean, divided by K
+    accelerate_loop.train(out / "acc-pad" / f"{name}-tokens", K, tokens=True)
+    transformers_trainer.train(out / "hf" / name, K)
+    transformers_trainer.train(out / "hf" / f"{name}-local-tokens", K, local_tokens=True)
+    lightning_fit.train(out / "pl" / name, K, padded=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="directory for the runs")
+    ns = parser.parse_args(argv)
+    (merged if processes() > 1 else baselines)(ns.out)
+
+
+if __name__ == "__main__":
+    main()
