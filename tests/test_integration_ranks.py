@@ -22,10 +22,13 @@ def readme(tmp_path_factory):
     return cwd / "runs" / "ranks", run_readme("On several processes", cwd)
 
 
-@pytest.mark.parametrize("merged", ["acc/w2k2", "acc-pad/w2k2-tokens", "hf/w2k2", "pl/w2k2"])
+@pytest.mark.parametrize(
+    "merged",
+    ["acc/w2k2", "acc-pad/w2k2-tokens", "acc-shuffled/w2k2-seedable", "hf/w2k2", "pl/w2k2"],
+)
 def test_clean_runs_on_two_processes_pass_well_within_their_noise(readme, merged):
     runs, results = readme
-    base = merged.split("/")[0] + "/k1"
+    base = merged.split("/")[0] + ("/k1-seedable" if "seedable" in merged else "/k1")
     verdict, codes, worst = results[f"runs/ranks/{base} runs/ranks/{merged}"]
     assert (verdict, codes) == ("pass", [])
     assert worst < 0.6
@@ -46,6 +49,7 @@ def test_the_mistakes_each_framework_makes_easy_on_processes_are_named_with_thei
             "average_tokens_across_devices=True",
         ),
         "pl/k1-sequential pl/w2k2": ("data-order", "use_distributed_sampler=False"),
+        "acc-shuffled/k1 acc-shuffled/w2k2": ("data-order", "use_seedable_sampler=True"),
     }
     for pair, (code, fix) in expected.items():
         base, merged = pair.split()

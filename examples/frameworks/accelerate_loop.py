@@ -50,26 +50,34 @@ def train(
     device: str = "cpu",
     split: str | None = None,
     split_batches: bool = True,
+    shuffle: bool = False,
+    seedable: bool = False,
 ) -> Path:
     """Record one loop of UPDATES updates at batch BATCH, as K micro-batches, into `out`
     (`mixed_precision`: accelerate's, e.g. "bf16"; a float64 reference takes "no"; `device`:
     "cpu", or "cuda" for accelerate's own choice of GPU). Under torchrun each of W processes
     reads its share of every micro-batch (`split_batches`), or micro-batches of BATCH / (K x W)
-    of its own (not split: accelerate then steps the scheduler W times per update)."""
+    of its own (not split: accelerate then steps the scheduler W times per update). `shuffle`:
+    a shuffled loader, ordered by accelerate's seedable sampler where `seedable`."""
     # accelerate keeps one state per process; these runs differ in mixed precision
     AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(
         gradient_accumulation_steps=k,
         cpu=device == "cpu",
         mixed_precision=mixed_precision,
-        dataloader_config=DataLoaderConfiguration(split_batches=split_batches),
+        dataloader_config=DataLoaderConfiguration(
+            split_batches=split_batches, use_seedable_sampler=seedable
+        ),
     )
     rows = token_rows(BATCH * UPDATES, padded=padded)
     model = float64_reference(tiny_gpt2()) if dtype == torch.float64 else tiny_gpt2()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.5, total_iters=UPDATES)
     loader = DataLoader(
-        rows, batch_size=BATCH // k // (1 if split_batches else processes()), collate_fn=collate
+        rows,
+        batch_size=BATCH // k // (1 if split_batches else processes()),
+        collate_fn=collate,
+        shuffle=shuffle,
     )
     counts = [int((b["labels"][:, 1:] != -100).sum()) for b in loader]  # items per micro-batch
     if bug == "scheduler-per-batch":

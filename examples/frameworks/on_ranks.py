@@ -7,8 +7,8 @@
 In one process it records each framework's baseline (batch 16, K=1) and its float64 rerun.
 Under torchrun (W processes, gloo on the CPU) it records the merged runs, W x K micro-batches
 of 16 / (W x K) per update, all in one launch: for each framework a clean run and the mistake
-that framework makes easy on several processes. The runs go to OUT/acc, OUT/acc-pad, OUT/hf and
-OUT/pl, each merged run named `wWkK[-VARIANT]`.
+that framework makes easy on several processes. The runs go to OUT/acc, OUT/acc-pad,
+OUT/acc-shuffled, OUT/hf and OUT/pl, each merged run named `wWkK[-VARIANT]`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ def baselines(out: Path) -> None:
     for name, padded in (("acc", False), ("acc-pad", True)):
         accelerate_loop.train(out / name / "k1-fp64", 1, padded=padded, dtype=torch.float64)
         accelerate_loop.train(out / name / "k1", 1, padded=padded, reference="../k1-fp64")
+    for name, seedable in (("k1", False), ("k1-seedable", True)):  # shuffled loaders
+        shuffled = {"padded": False, "shuffle": True, "seedable": seedable}
+        fp64 = f"{name}-fp64"
+        accelerate_loop.train(out / "acc-shuffled" / fp64, 1, dtype=torch.float64, **shuffled)
+        accelerate_loop.train(out / "acc-shuffled" / name, 1, reference=f"../{fp64}", **shuffled)
     transformers_trainer.train(out / "hf" / "k1-fp64", 1, dtype=torch.float64)
     transformers_trainer.train(out / "hf" / "k1", 1, reference="../k1-fp64")
     pl = out / "pl"
@@ -51,6 +56,9 @@ def merged(out: Path) -> None:
         )
     accelerate_loop.train(out / "acc-pad" / name, K)  # each micro-batch's mean, divided by K
     accelerate_loop.train(out / "acc-pad" / f"{name}-tokens", K, tokens=True)
+    for suffix, seedable in (("", False), ("-seedable", True)):  # one process orders otherwise
+        shuffled = {"padded": False, "shuffle": True, "seedable": seedable}
+        accelerate_loop.train(out / "acc-shuffled" / f"{name}{suffix}", K, **shuffled)
     transformers_trainer.train(out / "hf" / name, K)
     transformers_trainer.train(out / "hf" / f"{name}-local-tokens", K, local_tokens=True)
     lightning_fit.train(out / "pl" / name, K, padded=False)

@@ -25,7 +25,7 @@ from .signatures import distributed as ranked
 from .signatures import failing, finite
 from .signatures.batch_size import FOLLOWS as BATCH_SIZE_FOLLOWS
 from .signatures.common import window, window_scale
-from .signatures.trainer import for_framework
+from .signatures.framework_fixes import for_framework
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.batch_size,

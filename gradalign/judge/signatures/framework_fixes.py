@@ -1,7 +1,8 @@
 """Fixes said the way a framework's user applies them: a run recorded through the transformers
 Trainer integration (its config says `framework: transformers`) never calls backward() itself,
-so a wrong loss scale is fixed in what the Trainer is given, not in a training loop; a
-Lightning fit on several processes shuffles with a sampler the loop never built."""
+so a wrong loss scale is fixed in what the Trainer is given, not in a training loop; on several
+processes, Lightning shuffles with a sampler the loop never built, and accelerate draws a
+shuffled loader's order otherwise than one process does."""
 
 from __future__ import annotations
 
@@ -54,15 +55,26 @@ _LIGHTNING_SAMPLER = (
 )
 
 
+_ACCELERATE_SAMPLER = (
+    "; on several processes accelerate orders a shuffled loader (`shuffle=True`) otherwise "
+    "than one process does: give both runs "
+    "`Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))` and "
+    "the same seed (`accelerate.utils.set_seed`), whose order is the same in any number of "
+    "processes"
+)
+_SAMPLERS = {"lightning": _LIGHTNING_SAMPLER, "accelerate": _ACCELERATE_SAMPLER}
+
+
 def for_framework(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
     """The diagnoses, with their fixes said for the framework that recorded the merged run: a
-    Trainer user's `loss-scale` and `dp-token-normalization`, a Lightning fit's `data-order` on
-    several processes."""
+    Trainer user's `loss-scale` and `dp-token-normalization`, `data-order` on several processes
+    of Lightning or accelerate."""
     framework = c.merged.config.get("framework")
     if framework == "transformers":
         return [_trainer_fix(c, d) for d in found]
-    if framework == "lightning" and c.merged.world_size > 1:
-        return [_with_fix(d, _LIGHTNING_SAMPLER) if d.code == "data-order" else d for d in found]
+    if framework in _SAMPLERS and c.merged.world_size > 1:
+        more = _SAMPLERS[framework]
+        return [_with_fix(d, more) if d.code == "data-order" else d for d in found]
     return found
 
 
