@@ -93,7 +93,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         found = [d for d in found if d.code not in BATCH_SIZE_FOLLOWS]
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
     found = _before_other_samples(c, found) + found
-    found = _scale_beside_other_samples(c, found)
+    found = _beside_other_samples(c, found)
     at_start = any(not d.ok for d in c.results[0].grads)  # from the same weights
     beside = BESIDE_SHAPES | (BEFORE_ANY_STEP if at_start else set())
     if not found or {d.code for d in found} <= beside:  # the loop's own bug first
@@ -178,16 +178,24 @@ def _before_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnos
     return _gradient_shape(c, r, beside=False)
 
 
-def _scale_beside_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
-    """`found`, where `data-order` names other samples (their turn hides a scale from the
-    gradient's shape) and no scale is named: with `loss-scale` beside it where the gradient's
-    size and the window losses both say one (signatures/paired.py); where the size alone does,
-    with `data-order` saying it, for a second look once the samples agree."""
+def _beside_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
+    """`found`, where `data-order` names other samples (their turn hides a bug from the
+    gradient's shape): with `zero-grad-in-window` beside it where the Recorder counted
+    zero_grad() calls inside those windows and the gradient is smaller in every one; else,
+    where no scale is named, with `loss-scale` beside it where the gradient's size and the
+    window losses both say one (signatures/paired.py); where the size alone does, with
+    `data-order` saying it, for a second look once the samples agree."""
     order = next((i for i, d in enumerate(found) if d.code == "data-order"), None)
-    if order is None or any(d.code == "loss-scale" for d in found):
+    if order is None:
         return found
     bad = sample_mismatches(c.baseline, c.merged)
     windows = [int(i) for i in bad] if bad is not None else [r.update for r in c.results]
+    codes = {d.code for d in found}
+    cleared = sig.zero_grad_beside_other_samples(c, windows)
+    if cleared is not None and cleared.code not in codes:
+        return [*found, cleared]  # a size cleared to the last micro-batches' share, no scale
+    if "loss-scale" in codes:
+        return found
     seen = sig.size_beside_other_samples(c, windows)
     if seen is None:
         return found

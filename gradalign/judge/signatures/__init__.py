@@ -51,6 +51,7 @@ from .paired import (
     scale_under_reweighting,
     size_beside_other_samples,
     with_loss_scale,
+    zero_grad_beside_other_samples,
 )
 from .skips import overflow_carried, scaler_skips, step_skipped
 from .thresholds import clip_threshold
@@ -100,6 +101,7 @@ __all__ = [
     "weights_decayed",
     "window_bookkeeping",
     "with_loss_scale",
+    "zero_grad_beside_other_samples",
     "zero_grad_counted",
     "zero_grad_in_window",
 ]

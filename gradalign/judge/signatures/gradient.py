@@ -364,7 +364,7 @@ def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
             "grad_cosine": finite(r.grad_cosine),
             **ranks,
         },
-        _ZERO_GRAD_FIX,
+        ZERO_GRAD_FIX,
     )
 
 
@@ -390,11 +390,11 @@ def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         f"(about 1/K = {1 / k:.3g}) and points elsewhere (cosine {cosine:.4f}): only the last "
         f"micro-batch's gradient survived, the earlier ones were cleared inside the window{how}",
         {"update": r.update, "grad_ratio": finite(ratio), "grad_cosine": finite(cosine), "K": k},
-        _ZERO_GRAD_FIX,
+        ZERO_GRAD_FIX,
     )
 
 
-_ZERO_GRAD_FIX = (
+ZERO_GRAD_FIX = (
     "call optimizer.zero_grad() once per update, after optimizer.step(), never inside the "
     "micro-batch loop"
 )
