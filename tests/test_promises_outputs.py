@@ -1,0 +1,240 @@
+"""What gradalign promises about the files it writes: nothing lost, no input touched.
+
+Each test is a defect once reproduced by hand (a careless or hostile use), kept as a promise:
+- outputs never touch inputs, and a refusal comes before any training;
+- a report lands where it is asked for, whole: into a pipe or through a link without replacing
+  it, never beside an earlier report of another verdict, never half a set when interrupted;
+- a reference named by a run and gone is said, one still there but unreadable is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from . import file_promises
+from .conftest import ROOT, one_line_error
+from .file_promises import digest
+
+verified = file_promises.verified  # the fixture, shared
+
+
+# -- outputs never touch inputs ------------------------------------------------------------------
+
+
+def test_merged_against_a_baseline_never_writes_over_it(cli, verified):
+    before = digest(verified)
+    base = verified / "baseline"
+    result = cli("merged", "--against", base, "--out", base)
+    one_line_error(result, "would overwrite the input", "baseline")
+    assert "--accum-steps 1" not in result.err  # the old, misleading message
+    one_line_error(cli("merged", "--against", base, "--out", verified / "baseline-fp64"))
+    assert digest(verified) == before
+
+
+def test_run_grad_script_refuses_its_own_baseline_as_output(verified):
+    before = digest(verified)
+    base = verified / "baseline"
+    done = subprocess.run(
+        ["sh", str(ROOT / "run_grad.sh"), str(base), "--out", str(base)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "would overwrite the input" in done.stderr and "Traceback" not in done.stderr
+    assert digest(verified) == before
+
+
+@pytest.mark.parametrize("target", ["baseline/manifest.json", "merged", "baseline-fp64/x.json"])
+def test_a_json_report_never_lands_on_or_inside_an_input(cli, verified, target):
+    before = digest(verified)
+    result = cli("compare", verified / "baseline", verified / "merged", "--json", verified / target)
+    one_line_error(result)
+    assert digest(verified) == before
+
+
+def test_a_json_report_never_overwrites_an_input_log(cli, tmp_path):
+    logs = tmp_path / "logs"
+    shutil.copytree(ROOT / "fixtures" / "paddle", logs)
+    before = digest(logs)
+    result = cli(
+        "compare", logs / "run.log", logs / "run_grad.log", "-k", "4", "--json", logs / "run.log"
+    )
+    one_line_error(result, "run.log")
+    assert digest(logs) == before
+
+
+def test_a_refused_compare_leaves_no_earlier_report_behind(cli, small_runs, tmp_path):
+    """A CI workspace that keeps files: the JUnit file of an earlier passing compare showed a
+    pass for a run refused later (exit 2). The refusal removes the reports it was asked to
+    write, and says so; files that are no report are never touched."""
+    out = tmp_path / "reports"
+    reports = ["--json", out / "r.json", "--junit", out / "r.xml", "--markdown", out / "r.md"]
+    passed = cli("compare", small_runs["baseline"], small_runs["merged"], *reports)
+    assert passed.code == 0 and {p.name for p in out.iterdir()} == {"r.json", "r.xml", "r.md"}
+    (out / "notes.json").write_text('{"verdict": "mine"}')  # a user's file, not a report
+    refused = cli(
+        "compare",
+        small_runs["baseline"],
+        tmp_path / "absent",
+        *reports,
+        "--html",
+        out / "notes.json",
+    )
+    one_line_error(refused, "absent", "removed the earlier reports")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.json"]
+
+
+def test_a_refused_compare_keeps_files_others_wrote_at_its_paths(
+    cli, small_runs, tmp_path, monkeypatch
+):
+    """The job's step summary, which began with an earlier gate's report and holds another
+    step's lines after it, was deleted whole; a user's own loss.png in the plot folder was
+    deleted as a plot. Only what this tool wrote, by its own marks, is removed."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    summary, plots = tmp_path / "summary.md", tmp_path / "plots"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    summary.write_text("")
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    passed = cli("compare", base, merged, "--markdown", summary, "--plot", plots)
+    assert passed.code == 0 and "gradalign: PASS" in summary.read_text()
+    with summary.open("a") as handle:
+        handle.write("## another tool's step\n")
+    figure = pyplot.figure()
+    figure.savefig(plots / "loss.png")  # the user's, over the tool's
+    pyplot.close(figure)
+    kept = {p: p.read_bytes() for p in (summary, plots / "loss.png")}
+    refused = cli("compare", base, tmp_path / "absent", "--markdown", summary, "--plot", plots)
+    one_line_error(refused, "absent", "removed the earlier reports")
+    assert {p: p.read_bytes() for p in kept} == kept
+    assert sorted(p.name for p in plots.iterdir()) == ["loss.png"]
+
+
+def test_a_report_to_dev_stdout_appends_to_the_log_behind_it(small_runs, tmp_path):
+    """`--json /dev/stdout >> ci.log`: the log was renamed over (its earlier lines lost, the
+    shell writing on into the unlinked file); the report goes in at the descriptor's place."""
+    log = tmp_path / "ci.log"
+    log.write_text("an earlier step's line\n")
+    command = [sys.executable, "-m", "gradalign", "compare", *small_runs.values()]
+    with log.open("a") as out:
+        done = subprocess.run([*command, "--json", "/dev/stdout"], stdout=out, cwd=tmp_path)
+    assert done.returncode == 0
+    text = log.read_text()
+    assert text.startswith("an earlier step's line\n") and '"verdict": "pass"' in text
+
+
+def test_a_report_to_stdout_is_all_stdout_carries(small_runs, tmp_path):
+    """`--json /dev/stdout | jq`: the table was printed into the same stream, before the JSON,
+    and no JSON reader could parse it; the table goes to stderr instead."""
+    command = [sys.executable, "-m", "gradalign", "compare", *small_runs.values()]
+    done = subprocess.run(
+        [*command, "--json", "/dev/stdout"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verdict"] == "pass"
+    assert "verdict: PASS" in done.stderr
+    alone = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert "verdict: PASS" in alone.stdout  # without a report there, the table stays on stdout
+
+
+def test_verify_checks_its_report_path_before_training(cli, tmp_path):
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    started = time.monotonic()
+    one_line_error(cli("verify", "--out", tmp_path / "v", "--json", folder), "is a directory")
+    one_line_error(cli("verify", "--out", tmp_path / "v", "--json", tmp_path / "v/baseline/r.json"))
+    assert time.monotonic() - started < 10
+    assert not (tmp_path / "v").exists()
+    assert not list(tmp_path.glob("*.tmp")) and not list(folder.iterdir())
+
+
+def test_merged_against_a_k4_run_fails_before_training(cli, verified, tmp_path):
+    result = cli("merged", "--against", verified / "merged", "--out", tmp_path / "m")
+    one_line_error(result, "K=4", "K=1 baseline")
+    assert not (tmp_path / "m").exists()
+
+
+# -- reports are written whole, where asked -------------------------------------------------------
+
+
+def test_reports_into_pipes_and_through_links_are_written_not_replaced(cli, small_runs, tmp_path):
+    """A report path that is not a regular file (a pipe, /dev/stdout, /dev/null) is written into;
+    a symbolic link to a file stays a link to the report. Replacing /dev/null as root would
+    break the machine."""
+    import threading
+
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "real.json")
+    result = cli("compare", base, merged, "--json", fifo, "--junit", link)
+    reader.join(timeout=30)
+    assert result.code == 0, result.err
+    assert fifo.is_fifo() and json.loads(got[0])["verdict"] == "pass"
+    assert link.is_symlink() and (tmp_path / "real.json").read_text().startswith("<?xml")
+    assert not list(tmp_path.glob(".gradalign-*.tmp"))
+
+
+def test_two_reports_on_one_file_and_overlong_names_are_refused_before_work(
+    cli, small_runs, tmp_path
+):
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    same = cli("compare", base, merged, "--json", tmp_path / "r", "--junit", tmp_path / "r")
+    one_line_error(same, "are the same file")
+    long = cli(
+        "compare", base, merged, "--json", tmp_path / "a.json", "--junit", tmp_path / ("x" * 260)
+    )
+    one_line_error(long, "longer than 255 bytes")
+    assert not (tmp_path / "a.json").exists()  # refused before any report was written
+
+
+def test_ctrl_c_while_reports_are_written_leaves_the_whole_set(
+    cli, small_runs, tmp_path, monkeypatch
+):
+    """An interrupt between two report files is held until all are written, then exits 130:
+    CI never finds a passing JUnit file beside a missing HTML one."""
+    from gradalign.report import junit
+
+    real = junit.write_junit
+
+    def interrupted(comparison, path):
+        real(comparison, path)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(junit, "write_junit", interrupted)
+    names = {"--json": "r.json", "--junit": "r.xml", "--markdown": "r.md", "--html": "r.html"}
+    args = [a for option, name in names.items() for a in (option, tmp_path / name)]
+    result = cli("compare", small_runs["baseline"], small_runs["merged"], *args)
+    assert result.code == 130, result.err
+    assert all((tmp_path / name).is_file() for name in names.values())
+
+
+# -- a reference: gone is said, unreadable is refused ---------------------------------------------
+
+
+def test_a_named_reference_that_is_missing_is_a_note_and_a_corrupt_one_is_refused(cli, verified):
+    """Gone, the reference leaves the fixed tolerances (a note says so); still there but
+    unreadable, it is an error: a gate must not quietly judge by weaker bounds."""
+    base, merged, ref = verified / "baseline", verified / "merged", verified / "baseline-fp64"
+    (ref / "manifest.json").write_text("{not json")
+    one_line_error(cli("compare", base, merged), "baseline-fp64", "manifest")
+    shutil.rmtree(ref)
+    gone = cli("compare", base, merged)
+    assert gone.code == 0 and "which is missing" in gone.out

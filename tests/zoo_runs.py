@@ -1,0 +1,82 @@
+"""bench/model_zoo.py's loops, recorded and judged for the tests of zoo runs
+(tests/test_zoo_kinks.py, tests/test_zoo_noise.py, tests/test_zoo_sketched.py): the float64
+reference, the baseline and the merged run of one zoo model, on one thread as the bench, and
+whether a rule of the judge is what passes a run (`_followed`)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from gradalign.judge.compare import compare
+from gradalign.runs.reader import read_run_dir
+from tests.conftest import ROOT
+
+_spec = importlib.util.spec_from_file_location("model_zoo", ROOT / "bench" / "model_zoo.py")
+zoo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(zoo)
+
+
+def _runs(root, model: str, optimizer: str, k: int, seed: int, **merged_options):
+    """The float64 reference, the baseline (K=1) and the merged run (K=k), judged; `updates`,
+    `width` and `sketch` (among the options) for all three."""
+    shared = ("updates", "width", "sketch")
+    length = {o: merged_options[o] for o in shared if o in merged_options}
+    zoo.record(root / "ref", model, optimizer, 1, seed, float64=True, **length)
+    zoo.record(root / "base", model, optimizer, 1, seed, reference="../ref", **length)
+    zoo.record(root / "merged", model, optimizer, k, seed, **merged_options)
+    return root
+
+
+def _compare(root, streaming: bool = False):
+    base, merged = read_run_dir(root / "base"), read_run_dir(root / "merged")
+    return compare(base, merged, reference=read_run_dir(base.reference), streaming=streaming)
+
+
+def _one_thread_runs(root, *args, **options):
+    """`_runs` on one thread, as the bench: which kink a run crosses, and where a gain turns
+    gradient noise into a weight's step, depend on the order of the sums."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _runs(root, *args, **options)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _followed(
+    root,
+    monkeypatch,
+    follow: str,
+    update: int,
+    note: str = "",
+    without=lambda *a: [],
+    judges: tuple[bool, ...] = (False, True),
+) -> None:
+    """Without the judge's `follow` (a name in judge/honest.py, or a dotted path; replaced by
+    `without`) the run first fails at `update` (else this machine's rounding took another path:
+    skipped, the numpy tests hold the logic on any machine); with it, both judges (`judges`:
+    streaming or not) pass it, with a note starting `note`."""
+    target = follow if "." in follow else f"gradalign.judge.honest.{follow}"
+    with monkeypatch.context() as m:
+        m.setattr(target, without)
+        c = _compare(root)
+    first = next((r.update for r in c.results if not r.ok), None)
+    if first != update:
+        pytest.skip(f"this machine's rounding took another path here (first failure: {first})")
+    for streaming in judges:
+        c = _compare(root, streaming)
+        assert c.verdict == "pass", (streaming, [d.code for d in c.diagnosis])
+        assert not note or any(n.startswith(note) for n in c.notes), c.notes
+
+
+def _one_thread_judge(root, *args, **options) -> dict:
+    """`zoo.judge` on one thread, as the bench."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return zoo.judge(root, *args, **options)
+    finally:
+        torch.set_num_threads(threads)
