@@ -52,13 +52,15 @@ def train(
     split_batches: bool = True,
     shuffle: bool = False,
     seedable: bool = False,
+    samples: int = BATCH * UPDATES,
 ) -> Path:
     """Record one loop of UPDATES updates at batch BATCH, as K micro-batches, into `out`
     (`mixed_precision`: accelerate's, e.g. "bf16"; a float64 reference takes "no"; `device`:
     "cpu", or "cuda" for accelerate's own choice of GPU). Under torchrun each of W processes
     reads its share of every micro-batch (`split_batches`), or micro-batches of BATCH / (K x W)
     of its own (not split: accelerate then steps the scheduler W times per update). `shuffle`:
-    a shuffled loader, ordered by accelerate's seedable sampler where `seedable`."""
+    a shuffled loader, ordered by accelerate's seedable sampler where `seedable`; `samples`: the
+    data's length (one that does not fill the last batch ends in a short window)."""
     # accelerate keeps one state per process; these runs differ in mixed precision
     AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(
@@ -69,7 +71,7 @@ def train(
             split_batches=split_batches, use_seedable_sampler=seedable
         ),
     )
-    rows = token_rows(BATCH * UPDATES, padded=padded)
+    rows = token_rows(samples, padded=padded)
     model = float64_reference(tiny_gpt2()) if dtype == torch.float64 else tiny_gpt2()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.5, total_iters=UPDATES)

@@ -8,7 +8,7 @@ In one process it records each framework's baseline (batch 16, K=1) and its floa
 Under torchrun (W processes, gloo on the CPU) it records the merged runs, W x K micro-batches
 of 16 / (W x K) per update, all in one launch: for each framework a clean run and the mistake
 that framework makes easy on several processes. The runs go to OUT/acc, OUT/acc-pad,
-OUT/acc-shuffled, OUT/hf and OUT/pl, each merged run named `wWkK[-VARIANT]`.
+OUT/acc-shuffled, OUT/acc-tail, OUT/hf and OUT/pl, each merged run named `wWkK[-VARIANT]`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import transformers_trainer
 from tiny_data import processes
 
 K = 2
+# data that ends inside the last batch of B (a window of 10 rows there)
+TAIL = {"padded": False, "samples": accelerate_loop.BATCH * accelerate_loop.UPDATES - 6}
 
 
 def baselines(out: Path) -> None:
@@ -35,6 +37,8 @@ def baselines(out: Path) -> None:
         fp64 = f"{name}-fp64"
         accelerate_loop.train(out / "acc-shuffled" / fp64, 1, dtype=torch.float64, **shuffled)
         accelerate_loop.train(out / "acc-shuffled" / name, 1, reference=f"../{fp64}", **shuffled)
+    accelerate_loop.train(out / "acc-tail" / "k1-fp64", 1, dtype=torch.float64, **TAIL)
+    accelerate_loop.train(out / "acc-tail" / "k1", 1, reference="../k1-fp64", **TAIL)
     transformers_trainer.train(out / "hf" / "k1-fp64", 1, dtype=torch.float64)
     transformers_trainer.train(out / "hf" / "k1", 1, reference="../k1-fp64")
     pl = out / "pl"
@@ -59,6 +63,8 @@ def merged(out: Path) -> None:
     for suffix, seedable in (("", False), ("-seedable", True)):  # one process orders otherwise
         shuffled = {"padded": False, "shuffle": True, "seedable": seedable}
         accelerate_loop.train(out / "acc-shuffled" / f"{name}{suffix}", K, **shuffled)
+    # accelerate fills the last batch of every process with rows from the data's start
+    accelerate_loop.train(out / "acc-tail" / name, K, **TAIL)
     transformers_trainer.train(out / "hf" / name, K)
     transformers_trainer.train(out / "hf" / f"{name}-local-tokens", K, local_tokens=True)
     lightning_fit.train(out / "pl" / name, K, padded=False)

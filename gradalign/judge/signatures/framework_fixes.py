@@ -62,6 +62,12 @@ _ACCELERATE_SAMPLER = (
     "the same seed (`accelerate.utils.set_seed`), whose order is the same in any number of "
     "processes"
 )
+_ACCELERATE_EVEN = (
+    "; only the last window holds other samples: where the data does not fill the last batch "
+    "of every process, accelerate's `even_batches` (the default) fills it with samples from "
+    "the data's start; give the data a length that is a multiple of the batch of B (drop its "
+    "tail in both runs)"
+)
 _SAMPLERS = {"lightning": _LIGHTNING_SAMPLER, "accelerate": _ACCELERATE_SAMPLER}
 
 
@@ -73,9 +79,18 @@ def for_framework(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
     if framework == "transformers":
         return [_trainer_fix(c, d) for d in found]
     if framework in _SAMPLERS and c.merged.world_size > 1:
-        more = _SAMPLERS[framework]
-        return [_with_fix(d, more) if d.code == "data-order" else d for d in found]
+        return [
+            _with_fix(d, _sampler_fix(c, d, framework)) if d.code == "data-order" else d
+            for d in found
+        ]
     return found
+
+
+def _sampler_fix(c: Comparison, d: Diagnosis, framework: str) -> str:
+    """What the framework's sampler on several processes does that fits `data-order`: where only
+    the last window holds other samples, accelerate's even batches; else the order."""
+    last = d.evidence.get("first_update") == c.updates - 1
+    return _ACCELERATE_EVEN if framework == "accelerate" and last else _SAMPLERS[framework]
 
 
 def _with_fix(d: Diagnosis, more: str) -> Diagnosis:
