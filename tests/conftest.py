@@ -129,3 +129,19 @@ def small_runs(tmp_path_factory) -> dict[str, Path]:
 def small_copy(small_runs, tmp_path) -> dict[str, Path]:
     """Private copies of the small runs, free to damage."""
     return {name: Path(shutil.copytree(path, tmp_path / name)) for name, path in small_runs.items()}
+
+
+@pytest.fixture(scope="session")
+def small(tmp_path_factory) -> dict[str, Path]:
+    """The golden tests' runs (tests/test_golden_*.py): a small baseline with its float64
+    reference, merged runs (clean and with bugs) and the baseline's golden file, recorded once."""
+    from gradalign import api
+
+    root = tmp_path_factory.mktemp("golden")
+    api.record_baseline(SMALL, root / "baseline")
+    runs = {"baseline": root / "baseline", "root": root}
+    runs["merged"] = api.record_merged(SMALL, root / "merged")
+    for fault in ("no-loss-scale", "step-every-micro", "data-order"):
+        runs[fault] = api.record_merged(SMALL, root / fault, fault=fault)
+    runs["golden"] = api.golden_write(root / "baseline", root / "golden")
+    return runs

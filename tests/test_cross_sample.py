@@ -1,7 +1,7 @@
 """`cross-sample-loss` (judge/signatures/decisive.py): from identical weights over the same
 samples, update 0 already differs, and nothing that names itself does (BatchNorm, dropout, other
 samples, losses recorded scaled): part of the loss is computed over each micro-batch as a whole.
-Runs written with numpy (tests/test_noise_model.py's least squares, SGD), each micro-batch's
+Runs written with numpy (tests/least_squares.py, SGD), each micro-batch's
 sample digest recorded so the samples are known to be the same."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from gradalign import api
 from gradalign.runs.portable import write_run
-from tests.test_noise_model import UPDATES, train
+from tests.least_squares import UPDATES, train
 
 K = 4
 

@@ -1,6 +1,8 @@
-"""Golden files: a small JSON file stands in for the baseline run directory in CI. It passes what
-compare passes, fails a known bug with its code, refuses another environment (exit 2), refuses
-NaN/Inf, says what it cannot check, proposes a candidate on failure and `--update` accepts it."""
+"""Golden files: a small JSON file stands in for the baseline run directory in CI. It is written
+per environment and deterministically; `golden check` passes what compare passes, fails a known
+bug with its code, says what it cannot check, proposes a candidate on failure and `--update`
+accepts it (one update at a time, never a float64 run beside float32 goldens); the committed
+default golden holds."""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import pytest
 from gradalign import api
 from gradalign.api_golden import golden_config
 from gradalign.config import TrainConfig
-from gradalign.errors import BadInput
 from gradalign.judge.compare import compare
 from gradalign.runs import golden as fmt
 from gradalign.runs.reader import read_run_dir
@@ -25,20 +26,6 @@ DEFAULT_GOLDEN = FIXTURES / "golden"
 
 def _key(run: Path) -> str:
     return fmt.environment_key(read_run_dir(run).environment)
-
-
-@pytest.fixture(scope="module")
-def small(tmp_path_factory) -> dict[str, Path]:
-    """A small baseline with its float64 reference, merged runs (clean and with bugs), and the
-    baseline's golden file."""
-    root = tmp_path_factory.mktemp("golden")
-    api.record_baseline(SMALL, root / "baseline")
-    runs = {"baseline": root / "baseline", "root": root}
-    runs["merged"] = api.record_merged(SMALL, root / "merged")
-    for fault in ("no-loss-scale", "step-every-micro", "data-order"):
-        runs[fault] = api.record_merged(SMALL, root / fault, fault=fault)
-    runs["golden"] = api.golden_write(root / "baseline", root / "golden")
-    return runs
 
 
 def test_a_golden_is_written_per_environment_and_deterministically(small, tmp_path):
@@ -197,128 +184,6 @@ def test_update_of_the_first_golden_says_no_report_was_written(cli, small, tmp_p
     assert not junit.exists()
 
 
-def _elsewhere(small: dict, path: Path, **environment: str) -> Path:
-    """The small golden as if recorded in another environment."""
-    data = json.loads(small["golden"].read_text())
-    data["environment"].update(environment)
-    data["environment_key"] = fmt.environment_key(data["environment"])
-    path.write_text(fmt.dumps(data))
-    return path
-
-
-def test_another_environment_is_refused(cli, small, tmp_path):
-    other = _elsewhere(small, tmp_path / "other.json", torch="1.13.1")
-    result = cli("golden", "check", other, small["merged"])
-    assert result.code == 2 and "no golden for this environment" in result.err
-    (tmp_path / "dir").mkdir()
-    shutil.copy(other, tmp_path / "dir" / other.name)
-    result = cli("golden", "check", tmp_path / "dir", small["merged"])
-    assert result.code == 2 and "no golden for this environment" in result.err
-    assert "torch1.13" in result.err  # says which environments the directory holds
-
-
-def test_a_hand_edited_environment_key_is_refused(cli, small, tmp_path):
-    data = json.loads(small["golden"].read_text())
-    data["environment_key"] = data["environment_key"].replace("-ws1-", "-ws2-")
-    edited = tmp_path / "edited.json"
-    edited.write_text(fmt.dumps(data))
-    result = cli("golden", "check", edited, small["merged"])
-    assert result.code == 2 and "does not match its environment" in result.err
-
-
-@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "1e999"])
-def test_non_finite_numbers_in_a_golden_are_refused(cli, small, tmp_path, bad):
-    data = json.loads(small["golden"].read_text())
-    noise = data["per_update"][1]["weights"]["0.weight"]["noise"]
-    text = small["golden"].read_text().replace(repr(noise), bad, 1)
-    assert bad in text
-    broken = tmp_path / "broken.json"
-    broken.write_text(text)
-    result = cli("golden", "check", broken, small["merged"])
-    assert result.code == 2 and "finite" in result.err, result.err
-
-
-def test_a_golden_of_a_diverged_run_is_refused(tmp_path):
-    import torch
-
-    import gradalign
-
-    model = torch.nn.Linear(3, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with gradalign.Recorder(tmp_path / "nan", model, opt) as rec:
-        (model(torch.ones(2, 3)).sum() * float("nan")).backward()
-        rec.micro(torch.tensor(float("nan")))
-        opt.step()
-        rec.update()
-    with pytest.raises(BadInput, match="finite"):
-        api.golden_write(tmp_path / "nan", tmp_path / "g.json")
-    assert not (tmp_path / "g.json").exists()
-
-
-def test_merged_against_a_golden_trains_and_judges(cli, small, tmp_path):
-    golden_dir = small["golden"].parent
-    out = tmp_path / "m"
-    result = cli("merged", "--against", golden_dir, "-k", "4", "--out", out)
-    assert result.code == 0, result.out + result.err
-    assert "lower bounds" in result.out
-    bug = ("--fault", "no-loss-scale")
-    result = cli("merged", "--against", golden_dir, "--out", tmp_path / "b", *bug)
-    assert result.code == 1 and "loss-scale" in result.out
-
-
-def test_merged_against_a_golden_of_another_environment_trains_nothing(cli, small, tmp_path):
-    other = _elsewhere(small, tmp_path / "f64.json", dtype="float64")
-    result = cli("merged", "--against", other, "--out", tmp_path / "m")
-    assert result.code == 2 and "no golden for this environment" in result.err
-    assert not (tmp_path / "m").exists()
-
-
-@pytest.mark.parametrize("against", ["golden", "baseline"])
-def test_merged_against_with_other_updates_trains_nothing(cli, small, tmp_path, against):
-    """`merged --against X --updates 3` trained the whole run, then refused it: "runs of
-    different lengths"."""
-    result = cli("merged", "--against", small[against], "--updates", "3", "--out", tmp_path / "m")
-    one_line_error(result, "--updates 3:", "holds 4 updates", "leave --updates out")
-    assert not (tmp_path / "m").exists()
-
-
-def test_merged_against_a_run_no_built_in_trainer_recorded_is_refused(cli, tmp_path):
-    """A baseline (or its golden) written by the numpy writer has no training config to rerun:
-    `merged --against` its golden was an internal error (KeyError 'updates', exit 3), against
-    the run a refusal of an `--updates` never given."""
-    import numpy as np
-
-    from gradalign.runs.portable import write_run
-
-    weights = [{"w": np.full(3, 1.0 - 0.1 * i, dtype=np.float32)} for i in range(3)]
-    write_run(
-        tmp_path / "base",
-        accum_steps=1,
-        micro_losses=[1.0, 0.9],
-        init_weights=weights[0],
-        update_weights=weights[1:],
-    )
-    assert cli("golden", "write", tmp_path / "base", "--out", tmp_path / "g.json").code == 0
-    for against in (tmp_path / "g.json", tmp_path / "base"):
-        result = cli("merged", "--against", against, "-k", "2", "--out", tmp_path / "m")
-        one_line_error(result, "not recorded by gradalign's built-in trainer", "gradalign compare")
-        assert not (tmp_path / "m").exists()
-
-
-def test_a_golden_given_to_compare_says_what_judges_against_it(cli, small):
-    """`compare GOLDEN RUN` was refused as neither a run nor a training log, naming log formats."""
-    result = cli("compare", small["golden"], small["merged"])
-    one_line_error(result, "a golden file, not a run", "gradalign golden check")
-
-
-def test_a_broken_golden_for_this_environment_is_named(cli, small, tmp_path):
-    folder = tmp_path / "goldens"
-    folder.mkdir()
-    (folder / small["golden"].name).write_text("{not json")
-    result = cli("golden", "check", folder, small["merged"])
-    assert result.code == 2 and small["golden"].name in result.err
-
-
 def test_the_committed_default_golden(cli, tmp_path):
     """fixtures/golden holds the built-in default's golden (fixtures/golden/README.md): under
     100 kB; the default merged run passes it, a missing loss scale fails with loss-scale. On
@@ -349,87 +214,6 @@ def test_compare_still_judges_a_golden_run_pair_directly(small):
     )
 
 
-def _mutations() -> dict:
-    """Hand edits and merges gone wrong: each must be one line and exit 2, never a crash."""
-
-    def set_path(data: dict, path: list, value) -> None:
-        for key in path[:-1]:
-            data = data[key]
-        data[path[-1]] = value
-
-    cases = {
-        "no tensors": (["tensors"], []),
-        "shape missing": (["tensors", 0, "shape"], None),
-        "lr a string": (["series", "lr"], ["0.1"] * 4),
-        "loss too short": (["series", "window_loss"], [1.0]),
-        "unknown series": (["series", "surprise"], [1, 2, 3, 4]),
-        "samples not hex": (["series", "window_samples"], ["zz"] * 4),
-        "fingerprints": (["init_fingerprints"], ["0"]),
-        "sketch length": (["per_update", 0, "weights", "0.weight", "sketch"], [1.0]),
-        "no norm": (["per_update", 1, "grads", "0.bias", "norm"], "big"),
-        "no noise": (["per_update", 2, "weights", "0.bias", "noise"], None),
-        "updates zero": (["updates"], 0),
-        "world size": (["environment", "world_size"], "x" * 10_000),
-        "huge key": (["environment_key"], "k" * 100_000),
-        "per_update": (["per_update"], {}),
-        "source null": (["source"], None),
-        "source a string": (["source"], "x"),
-        "reference dtype unknown": (["reference_dtype"], "float128"),
-        # these three were exit 3 ("internal error") or passed: a golden is data from a repository
-        "a dtype of a list": (["tensors", 0, "dtype"], [[1]]),
-        "a noise beyond int64": (["per_update", 0, "weights", "0.bias", "noise"], 2**70),
-        "a negative norm": (["per_update", 1, "grads", "0.bias", "norm"], -1.0),
-        # accepted where a run manifest refuses them: true equals 1, the key reads str() of these
-        "version true": (["format_version"], True),
-        "dtype an object": (["environment", "dtype"], {}),
-        "device a list": (["environment", "device"], []),
-    }
-    return {
-        name: (lambda d, p=path, v=value: set_path(d, p, v))
-        for name, (path, value) in cases.items()
-    }
-
-
-@pytest.mark.parametrize("mutation", sorted(_mutations()))
-def test_a_malformed_golden_is_one_line_and_exit_2(cli, small, tmp_path, mutation):
-    data = json.loads(small["golden"].read_text())
-    _mutations()[mutation](data)
-    broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps(data))
-    result = cli("golden", "check", broken, small["merged"])
-    assert result.code == 2, (result.code, result.err)
-    assert result.err.startswith("error: ") and result.err.count("\n") == 1
-    assert "Traceback" not in result.err and len(result.err) < 600
-
-
-@pytest.mark.parametrize(
-    ("path", "value"),
-    [
-        (["recorded_accum_steps"], None),
-        (["recorded_accum_steps"], 0),
-        (["recorded_accum_steps"], "4"),
-        (["per_update", 2, "update"], 7),
-        (["per_update", 2, "update"], None),
-        (["per_update", 1, "update"], True),  # True == 1, yet not an update's index
-    ],
-    ids=repr,
-)
-def test_a_golden_with_wrong_bookkeeping_fields_is_refused(cli, small, tmp_path, path, value):
-    """`recorded_accum_steps` (K of the run it was written from) and `per_update[i].update` (i)
-    are always written so; a golden that says otherwise was edited or merged wrong: one line,
-    exit 2, naming the field."""
-    data = json.loads(small["golden"].read_text())
-    target = data
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = value
-    broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps(data))
-    field = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path).lstrip(".")
-    result = cli("golden", "check", broken, small["merged"])
-    one_line_error(result, f"golden field '{field}'")
-
-
 def test_update_refuses_a_float64_run_beside_float32_goldens(cli, small, tmp_path):
     """A float64 run (a baseline's -fp64 reference) has its own environment key: `--update` wrote
     it as a new golden beside the float32 one, not over it, and the directory then recorded two
@@ -447,74 +231,6 @@ def test_update_refuses_a_float64_run_beside_float32_goldens(cli, small, tmp_pat
     apart.mkdir()
     assert cli("golden", "check", apart, reference, "--update").code == 0
     assert fmt.load(apart / f"{_key(reference)}.json")["reference_dtype"] is None
-
-
-def _scaled(data: dict, path: list, factor: float | None, value: float | None = None) -> None:
-    target = data
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = value if factor is None else target[path[-1]] * factor
-
-
-@pytest.mark.parametrize(
-    ("path", "factor", "value", "field"),
-    [
-        # a norm is judged only without a reference; with one it must still be one the
-        # tensor could have (once 1e21 and 0 passed `golden check` unseen)
-        (["per_update", 0, "grads", "0.weight", "norm"], None, 1e21, "norm"),
-        (["per_update", 0, "grads", "0.weight", "norm"], None, 0.0, "norm"),
-        (["per_update", 1, "weights", "0.weight", "reference", "norm"], 1.001, None, "norm"),
-        (["per_update", 1, "weights", "2.bias", "reference", "norm"], None, 0.0, "norm"),
-        # the noise widens every allowed bound: more than the build accepts is refused
-        (["per_update", 2, "weights", "2.bias", "noise"], 1e6, None, "noise"),
-        (["per_update", 0, "grads", "2.weight", "noise"], 1e6, None, "noise"),
-    ],
-    ids=repr,
-)
-def test_a_golden_whose_numbers_cannot_be_one_tensor_is_refused(
-    cli, small, tmp_path, path, factor, value, field
-):
-    data = json.loads(small["golden"].read_text())
-    _scaled(data, path, factor, value)
-    broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps(data))
-    result = cli("golden", "check", broken, small["merged"])
-    one_line_error(result, str(broken), field, "golden write")
-
-
-def test_a_golden_of_another_sketch_size_is_refused(cli, small, tmp_path):
-    """The judge projects the run onto SKETCH_SIZE directions: a golden that keeps another
-    number (its sketches cut to match) was an internal error, a matmul of mismatched sizes."""
-    data = json.loads(small["golden"].read_text())
-    data["sketch_size"] = 1
-
-    def cut(item: dict) -> None:
-        item["sketch"] = item["sketch"][:1]
-        if "reference" in item:
-            cut(item["reference"])
-
-    for entry in data["per_update"]:
-        for kind in ("weights", "grads"):
-            for item in entry[kind].values():
-                cut(item)
-    broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps(data))
-    result = cli("golden", "check", broken, small["no-loss-scale"])
-    one_line_error(result, "golden field 'sketch_size' must be 8")
-
-
-def test_a_golden_whose_numbers_overflow_the_judge_is_refused(cli, small, tmp_path):
-    """A norm, its reference's and the noise all 1.7e308 were consistent (their sums overflowed
-    to inf, and so did every slack), and noise_factor x noise was inf: that tensor's check could
-    not fail (a clean run passed; this bug is still caught by its losses). Summaries are bounded
-    by 1e300, so that the judge's arithmetic stays finite."""
-    data = json.loads(small["golden"].read_text())
-    item = data["per_update"][1]["weights"]["0.weight"]
-    item["norm"] = item["reference"]["norm"] = item["noise"] = 1.7e308
-    broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps(data))
-    result = cli("golden", "check", broken, small["no-loss-scale"])
-    one_line_error(result, "per_update[1].weights", "from 0 to 1e+300")
 
 
 def test_goldens_of_two_precisions_share_a_folder(cli, small, tmp_path):

@@ -1,0 +1,193 @@
+"""Golden files that cannot be trusted are refused, one line and exit 2, never a crash or a
+pass: NaN/Inf in it or in the run it would be written from, hand edits and merges gone wrong,
+wrong bookkeeping fields, numbers no one tensor could have, another sketch size, numbers that
+would overflow the judge."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gradalign import api
+from gradalign.errors import BadInput
+
+from .conftest import one_line_error
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_numbers_in_a_golden_are_refused(cli, small, tmp_path, bad):
+    data = json.loads(small["golden"].read_text())
+    noise = data["per_update"][1]["weights"]["0.weight"]["noise"]
+    text = small["golden"].read_text().replace(repr(noise), bad, 1)
+    assert bad in text
+    broken = tmp_path / "broken.json"
+    broken.write_text(text)
+    result = cli("golden", "check", broken, small["merged"])
+    assert result.code == 2 and "finite" in result.err, result.err
+
+
+def test_a_golden_of_a_diverged_run_is_refused(tmp_path):
+    import torch
+
+    import gradalign
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gradalign.Recorder(tmp_path / "nan", model, opt) as rec:
+        (model(torch.ones(2, 3)).sum() * float("nan")).backward()
+        rec.micro(torch.tensor(float("nan")))
+        opt.step()
+        rec.update()
+    with pytest.raises(BadInput, match="finite"):
+        api.golden_write(tmp_path / "nan", tmp_path / "g.json")
+    assert not (tmp_path / "g.json").exists()
+
+
+def _mutations() -> dict:
+    """Hand edits and merges gone wrong: each must be one line and exit 2, never a crash."""
+
+    def set_path(data: dict, path: list, value) -> None:
+        for key in path[:-1]:
+            data = data[key]
+        data[path[-1]] = value
+
+    cases = {
+        "no tensors": (["tensors"], []),
+        "shape missing": (["tensors", 0, "shape"], None),
+        "lr a string": (["series", "lr"], ["0.1"] * 4),
+        "loss too short": (["series", "window_loss"], [1.0]),
+        "unknown series": (["series", "surprise"], [1, 2, 3, 4]),
+        "samples not hex": (["series", "window_samples"], ["zz"] * 4),
+        "fingerprints": (["init_fingerprints"], ["0"]),
+        "sketch length": (["per_update", 0, "weights", "0.weight", "sketch"], [1.0]),
+        "no norm": (["per_update", 1, "grads", "0.bias", "norm"], "big"),
+        "no noise": (["per_update", 2, "weights", "0.bias", "noise"], None),
+        "updates zero": (["updates"], 0),
+        "world size": (["environment", "world_size"], "x" * 10_000),
+        "huge key": (["environment_key"], "k" * 100_000),
+        "per_update": (["per_update"], {}),
+        "source null": (["source"], None),
+        "source a string": (["source"], "x"),
+        "reference dtype unknown": (["reference_dtype"], "float128"),
+        # these three were exit 3 ("internal error") or passed: a golden is data from a repository
+        "a dtype of a list": (["tensors", 0, "dtype"], [[1]]),
+        "a noise beyond int64": (["per_update", 0, "weights", "0.bias", "noise"], 2**70),
+        "a negative norm": (["per_update", 1, "grads", "0.bias", "norm"], -1.0),
+        # accepted where a run manifest refuses them: true equals 1, the key reads str() of these
+        "version true": (["format_version"], True),
+        "dtype an object": (["environment", "dtype"], {}),
+        "device a list": (["environment", "device"], []),
+    }
+    return {
+        name: (lambda d, p=path, v=value: set_path(d, p, v))
+        for name, (path, value) in cases.items()
+    }
+
+
+@pytest.mark.parametrize("mutation", sorted(_mutations()))
+def test_a_malformed_golden_is_one_line_and_exit_2(cli, small, tmp_path, mutation):
+    data = json.loads(small["golden"].read_text())
+    _mutations()[mutation](data)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    result = cli("golden", "check", broken, small["merged"])
+    assert result.code == 2, (result.code, result.err)
+    assert result.err.startswith("error: ") and result.err.count("\n") == 1
+    assert "Traceback" not in result.err and len(result.err) < 600
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (["recorded_accum_steps"], None),
+        (["recorded_accum_steps"], 0),
+        (["recorded_accum_steps"], "4"),
+        (["per_update", 2, "update"], 7),
+        (["per_update", 2, "update"], None),
+        (["per_update", 1, "update"], True),  # True == 1, yet not an update's index
+    ],
+    ids=repr,
+)
+def test_a_golden_with_wrong_bookkeeping_fields_is_refused(cli, small, tmp_path, path, value):
+    """`recorded_accum_steps` (K of the run it was written from) and `per_update[i].update` (i)
+    are always written so; a golden that says otherwise was edited or merged wrong: one line,
+    exit 2, naming the field."""
+    data = json.loads(small["golden"].read_text())
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    field = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path).lstrip(".")
+    result = cli("golden", "check", broken, small["merged"])
+    one_line_error(result, f"golden field '{field}'")
+
+
+def _scaled(data: dict, path: list, factor: float | None, value: float | None = None) -> None:
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value if factor is None else target[path[-1]] * factor
+
+
+@pytest.mark.parametrize(
+    ("path", "factor", "value", "field"),
+    [
+        # a norm is judged only without a reference; with one it must still be one the
+        # tensor could have (once 1e21 and 0 passed `golden check` unseen)
+        (["per_update", 0, "grads", "0.weight", "norm"], None, 1e21, "norm"),
+        (["per_update", 0, "grads", "0.weight", "norm"], None, 0.0, "norm"),
+        (["per_update", 1, "weights", "0.weight", "reference", "norm"], 1.001, None, "norm"),
+        (["per_update", 1, "weights", "2.bias", "reference", "norm"], None, 0.0, "norm"),
+        # the noise widens every allowed bound: more than the build accepts is refused
+        (["per_update", 2, "weights", "2.bias", "noise"], 1e6, None, "noise"),
+        (["per_update", 0, "grads", "2.weight", "noise"], 1e6, None, "noise"),
+    ],
+    ids=repr,
+)
+def test_a_golden_whose_numbers_cannot_be_one_tensor_is_refused(
+    cli, small, tmp_path, path, factor, value, field
+):
+    data = json.loads(small["golden"].read_text())
+    _scaled(data, path, factor, value)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    result = cli("golden", "check", broken, small["merged"])
+    one_line_error(result, str(broken), field, "golden write")
+
+
+def test_a_golden_of_another_sketch_size_is_refused(cli, small, tmp_path):
+    """The judge projects the run onto SKETCH_SIZE directions: a golden that keeps another
+    number (its sketches cut to match) was an internal error, a matmul of mismatched sizes."""
+    data = json.loads(small["golden"].read_text())
+    data["sketch_size"] = 1
+
+    def cut(item: dict) -> None:
+        item["sketch"] = item["sketch"][:1]
+        if "reference" in item:
+            cut(item["reference"])
+
+    for entry in data["per_update"]:
+        for kind in ("weights", "grads"):
+            for item in entry[kind].values():
+                cut(item)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    result = cli("golden", "check", broken, small["no-loss-scale"])
+    one_line_error(result, "golden field 'sketch_size' must be 8")
+
+
+def test_a_golden_whose_numbers_overflow_the_judge_is_refused(cli, small, tmp_path):
+    """A norm, its reference's and the noise all 1.7e308 were consistent (their sums overflowed
+    to inf, and so did every slack), and noise_factor x noise was inf: that tensor's check could
+    not fail (a clean run passed; this bug is still caught by its losses). Summaries are bounded
+    by 1e300, so that the judge's arithmetic stays finite."""
+    data = json.loads(small["golden"].read_text())
+    item = data["per_update"][1]["weights"]["0.weight"]
+    item["norm"] = item["reference"]["norm"] = item["noise"] = 1.7e308
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    result = cli("golden", "check", broken, small["no-loss-scale"])
+    one_line_error(result, "per_update[1].weights", "from 0 to 1e+300")
