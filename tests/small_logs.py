@@ -1,5 +1,6 @@
 """The small log the tests of logs printed in other ways print (tests/test_log_printed_lines.py,
-tests/test_log_compared.py): four steps, each its loss and the same 2x3 grid, written to a file
+tests/test_log_compared.py, and LOSSES and write for tests/test_log_records.py and
+tests/test_log_keyed_lines.py): four steps, each its loss and the same 2x3 grid, written to a file
 and checked as read back."""
 
 from __future__ import annotations
