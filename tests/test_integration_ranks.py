@@ -51,6 +51,7 @@ def test_the_mistakes_each_framework_makes_easy_on_processes_are_named_with_thei
         "pl/k1-sequential pl/w2k2": ("data-order", "use_distributed_sampler=False"),
         "acc-shuffled/k1 acc-shuffled/w2k2": ("data-order", "use_seedable_sampler=True"),
         "acc-tail/k1 acc-tail/w2k2": ("data-order", "even_batches"),
+        "hf-tail/k1 hf-tail/w2k2": ("data-order", "dataloader_drop_last=True"),
     }
     for pair, (code, fix) in expected.items():
         base, merged = pair.split()

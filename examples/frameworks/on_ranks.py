@@ -8,7 +8,8 @@ In one process it records each framework's baseline (batch 16, K=1) and its floa
 Under torchrun (W processes, gloo on the CPU) it records the merged runs, W x K micro-batches
 of 16 / (W x K) per update, all in one launch: for each framework a clean run and the mistake
 that framework makes easy on several processes. The runs go to OUT/acc, OUT/acc-pad,
-OUT/acc-shuffled, OUT/acc-tail, OUT/hf and OUT/pl, each merged run named `wWkK[-VARIANT]`.
+OUT/acc-shuffled, OUT/acc-tail, OUT/hf, OUT/hf-tail and OUT/pl, each merged run named
+`wWkK[-VARIANT]`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def baselines(out: Path) -> None:
     accelerate_loop.train(out / "acc-tail" / "k1", 1, reference="../k1-fp64", **TAIL)
     transformers_trainer.train(out / "hf" / "k1-fp64", 1, dtype=torch.float64)
     transformers_trainer.train(out / "hf" / "k1", 1, reference="../k1-fp64")
+    short = {"samples": TAIL["samples"]}
+    transformers_trainer.train(out / "hf-tail" / "k1-fp64", 1, dtype=torch.float64, **short)
+    transformers_trainer.train(out / "hf-tail" / "k1", 1, reference="../k1-fp64", **short)
     pl = out / "pl"
     lightning_fit.train(pl / "k1-fp64", 1, padded=False, precision="64-true", sampler=True)
     lightning_fit.train(pl / "k1", 1, padded=False, reference="../k1-fp64", sampler=True)
@@ -67,6 +71,7 @@ def merged(out: Path) -> None:
     accelerate_loop.train(out / "acc-tail" / name, K, **TAIL)
     transformers_trainer.train(out / "hf" / name, K)
     transformers_trainer.train(out / "hf" / f"{name}-local-tokens", K, local_tokens=True)
+    transformers_trainer.train(out / "hf-tail" / name, K, samples=TAIL["samples"])
     lightning_fit.train(out / "pl" / name, K, padded=False)
 
 

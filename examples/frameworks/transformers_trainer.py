@@ -58,11 +58,13 @@ def train(
     device: str = "cpu",
     bf16: bool = False,
     local_tokens: bool = False,
+    samples: int = BATCH * UPDATES,
 ) -> Path:
     """Record one Trainer run of UPDATES updates at batch BATCH, as K micro-batches, into out
     (`device`: "cpu", or "cuda" for the Trainer's own choice of GPU; `bf16`: mixed precision).
     Under torchrun each of W processes reads micro-batches of BATCH / (K x W); `local_tokens`:
-    each counts num_items_in_batch over its own micro-batches alone."""
+    each counts num_items_in_batch over its own micro-batches alone; `samples`: the data's
+    length (one that does not fill the last batch ends in a short window)."""
     build = MODELS[model]
     with tempfile.TemporaryDirectory() as scratch:
         args = TrainingArguments(
@@ -86,7 +88,7 @@ def train(
         trainer = (DividesByK if bug == "double-scale" else Trainer)(
             model=float64_reference(build()) if dtype == torch.float64 else build(),
             args=args,
-            train_dataset=token_rows(BATCH * UPDATES),
+            train_dataset=token_rows(samples),
             data_collator=collate,
             callbacks=[SchedulerPerBatch()] if bug == "scheduler-per-batch" else None,
         )

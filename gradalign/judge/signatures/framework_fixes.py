@@ -62,35 +62,45 @@ _ACCELERATE_SAMPLER = (
     "the same seed (`accelerate.utils.set_seed`), whose order is the same in any number of "
     "processes"
 )
-_ACCELERATE_EVEN = (
-    "; only the last window holds other samples: where the data does not fill the last batch "
-    "of every process, accelerate's `even_batches` (the default) fills it with samples from "
-    "the data's start; give the data a length that is a multiple of the batch of B (drop its "
-    "tail in both runs)"
-)
 _SAMPLERS = {"lightning": _LIGHTNING_SAMPLER, "accelerate": _ACCELERATE_SAMPLER}
+# who fills the last batch of every process from the data's start, and how its tail is dropped
+_FILLS = {
+    "accelerate": ("accelerate's `even_batches` (the default)", ""),
+    "transformers": (
+        "the Trainer's loader (accelerate's `even_batches`)",
+        ": `TrainingArguments(dataloader_drop_last=True)`",
+    ),
+    "lightning": ("the DistributedSampler Lightning adds (its padding)", ""),
+}
 
 
 def for_framework(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
     """The diagnoses, with their fixes said for the framework that recorded the merged run: a
-    Trainer user's `loss-scale` and `dp-token-normalization`, `data-order` on several processes
-    of Lightning or accelerate."""
+    Trainer user's `loss-scale` and `dp-token-normalization`, `data-order` on several
+    processes."""
     framework = c.merged.config.get("framework")
     if framework == "transformers":
-        return [_trainer_fix(c, d) for d in found]
-    if framework in _SAMPLERS and c.merged.world_size > 1:
-        return [
-            _with_fix(d, _sampler_fix(c, d, framework)) if d.code == "data-order" else d
-            for d in found
-        ]
+        found = [_trainer_fix(c, d) for d in found]
+    if framework in _FILLS and c.merged.world_size > 1:
+        found = [_sampler_fix(c, d, framework) if d.code == "data-order" else d for d in found]
     return found
 
 
-def _sampler_fix(c: Comparison, d: Diagnosis, framework: str) -> str:
+def _sampler_fix(c: Comparison, d: Diagnosis, framework: str) -> Diagnosis:
     """What the framework's sampler on several processes does that fits `data-order`: where only
-    the last window holds other samples, accelerate's even batches; else the order."""
-    last = d.evidence.get("first_update") == c.updates - 1
-    return _ACCELERATE_EVEN if framework == "accelerate" and last else _SAMPLERS[framework]
+    the last window holds other samples, the last batch filled from the data's start (measured
+    with accelerate and the Trainer: tests/test_integration_ranks.py); else the order it reads
+    (Lightning's shuffling sampler, accelerate's shuffled loader)."""
+    if d.evidence.get("first_update") == c.updates - 1:
+        who, drop = _FILLS[framework]
+        return _with_fix(
+            d,
+            "; only the last window holds other samples: where the data does not fill the last "
+            f"batch of every process, {who} fills it with samples from the data's start; give "
+            "the data a length that is a multiple of the batch of B, or drop its tail in both "
+            f"runs{drop}",
+        )
+    return _with_fix(d, _SAMPLERS[framework]) if framework in _SAMPLERS else d
 
 
 def _with_fix(d: Diagnosis, more: str) -> Diagnosis:
