@@ -88,8 +88,9 @@ def for_framework(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
 
 def _sampler_fix(c: Comparison, d: Diagnosis, framework: str) -> Diagnosis:
     """What the framework's sampler on several processes does that fits `data-order`: where only
-    the last window holds other samples, the last batch filled from the data's start (measured
-    with accelerate and the Trainer: tests/test_integration_ranks.py); else the order it reads
+    the last window holds other samples, the last batch filled from the data's start (accelerate
+    and the Trainer: tests/test_integration_ranks.py; Lightning's sampler, padding 91 rows to 92
+    on 2 processes: a throw-away run, not kept); else the order it reads
     (Lightning's shuffling sampler, accelerate's shuffled loader)."""
     if d.evidence.get("first_update") == c.updates - 1:
         who, drop = _FILLS[framework]
