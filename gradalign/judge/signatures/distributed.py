@@ -21,7 +21,7 @@ from .common import (
     window,
 )
 from .decisive import update0_gap
-from .learning_rate import lined_up_lrs, schedule_offset
+from .learning_rate import SPLIT_BATCHES, lined_up_lrs, schedule_offset
 
 FIRST = ("window-bookkeeping", "step-in-window")  # causes that explain diverging replicas
 SUBSUMED = {"scheduler-per-rank": "lr-schedule", "dp-sampler": "data-order"}
@@ -145,10 +145,10 @@ def scheduler_per_rank(c: Comparison) -> Diagnosis | None:
         },
         "step the scheduler once per optimizer step on each rank, not once per rank (accelerate "
         "steps a prepared scheduler once per process unless the batches are split: "
-        "`Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))`, whose "
-        "loader then holds the batch of all processes (accelerate 1.15 ignores `split_batches=` "
-        "given to Accelerator itself); or `step_scheduler_with_optimizer=False` and step it "
-        "yourself; or build the schedule for updates x processes)",
+        f"{SPLIT_BATCHES}, whose loader then holds the batch of all processes (accelerate "
+        "1.15 ignores `split_batches=` given to Accelerator itself); or "
+        "`step_scheduler_with_optimizer=False` and step it yourself; or build the schedule "
+        "for updates x processes)",
     )
 
 

@@ -21,6 +21,10 @@ from .common import finite, window
 SCALE_MATCH = 1e-6  # relative: a constant lr ratio, allowing float32 rounding of each lr
 
 
+# accelerate's batches split over the processes, whose scheduler then steps once per update
+SPLIT_BATCHES = "`Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))`"
+
+
 def lined_up_lrs(c: Comparison) -> tuple[np.ndarray, np.ndarray]:
     """Both runs' lr over the updates that line up (runs whose windows stop lining up differ
     in length), of the first param group whose lr differs there (`differing_group`)."""
@@ -278,10 +282,7 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
                     f", or once per rank (W = K = {m}: accelerate steps a prepared scheduler "
                     "once per process)"
                 )
-                fix += (
-                    "; or, if it stepped once per rank, split the batches: "
-                    "`Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))`"
-                )
+                fix += f"; or, if it stepped once per rank, split the batches: {SPLIT_BATCHES}"
             if offset:
                 message += f", {offset} of them before the window's optimizer step"
     else:

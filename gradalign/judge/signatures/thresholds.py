@@ -128,8 +128,9 @@ def _clipped_only_merged(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         how = f"from norm {before:.4g}, the baseline's unclipped norm, to {post_m:.4g}"
     elif calls > 1 and not math.isclose(post_m, base, rel_tol=tol):
         how = (
-            f"{calls} times inside the window, partial sums, last from norm {before:.4g} to "
-            f"{post_m:.4g}, where the baseline stepped with norm {base:.4g}"
+            f"{calls} times inside the window, partial sums (the first from norm "
+            f"{before:.4g}), and stepped with norm {post_m:.4g}, where the baseline stepped "
+            f"with norm {base:.4g}"
         )
     else:
         return None
