@@ -155,3 +155,29 @@ def test_other_initial_weights_broadcast_before_the_first_step_are_no_divergence
     assert broadcast.agree and broadcast.synced == [1]
     diverged = rank_facts(_ranks(init_1=9, after_1=3))
     assert not diverged.agree and diverged.init == {1: ["w"]}
+
+
+def test_the_launcher_is_named_by_its_environment_or_the_framework_that_started_the_ranks(
+    monkeypatch,
+):
+    """torchrun and gradalign by their variables (before anything else), a framework that says
+    it launched the ranks next, then Slurm's srun and MPI launchers, else 'unknown'."""
+    from gradalign.record import distributed
+    from gradalign.record.distributed import launched_by, launcher
+
+    for name, _ in distributed._LAUNCHER_VARIABLES + distributed._JOB_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert launcher() == "unknown"
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert launcher() == "slurm"
+    with launched_by("lightning (spawn)"):
+        assert launcher() == "lightning (spawn)"
+        with launched_by(None):
+            assert launcher() == "slurm"
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+        assert launcher() == "torchrun"
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert launcher() == "slurm"
+    monkeypatch.delenv("SLURM_PROCID")
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert launcher() == "mpirun"

@@ -338,3 +338,28 @@ def test_zero_grad_through_self_optimizers_is_counted(tmp_path):
             rec.update()
             wrapper.zero_grad()
     assert read_run_dir(tmp_path / "run").zero_grads_inside.tolist() == [0, 1]
+
+
+def test_the_run_names_lightning_where_lightning_started_the_processes():
+    """Lightning's own launchers (`strategy="ddp"` restarts the script per rank, `"ddp_spawn"`
+    spawns) are named in the manifest; none where the processes came from outside (torchrun,
+    srun: Lightning has no launcher then) or one process trains."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+    from lightning.pytorch.strategies.launchers.subprocess_script import (
+        _SubprocessScriptLauncher,
+    )
+
+    from gradalign.record.integrations.lightning import lightning_launcher
+
+    def trainer(launcher, world_size=2):
+        return SimpleNamespace(strategy=SimpleNamespace(launcher=launcher), world_size=world_size)
+
+    script = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    assert lightning_launcher(trainer(script)) == "lightning"
+    spawned = _MultiProcessingLauncher(strategy=None, start_method="spawn")
+    assert lightning_launcher(trainer(spawned)) == "lightning (spawn)"
+    assert lightning_launcher(trainer(None)) is None
+    assert lightning_launcher(trainer(script, world_size=1)) is None

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,45 @@ from .facts import RecorderError
 _SIDE_GROUPS: list[tuple[Any, Any]] = []  # (default group, its gloo twin), made once per group
 
 
+_LAUNCHED_BY: ContextVar[str | None] = ContextVar("gradalign_launched_by", default=None)
+
+# Launchers known by the variables they set in every rank's environment, in this order: torchrun
+# run inside a Slurm or MPI job is named torchrun.
+_LAUNCHER_VARIABLES = (
+    ("GRADALIGN_LAUNCHER", "gradalign"),
+    ("TORCHELASTIC_RUN_ID", "torchrun"),
+)
+_JOB_VARIABLES = (
+    ("SLURM_PROCID", "slurm"),
+    ("OMPI_COMM_WORLD_RANK", "mpirun"),
+    ("PMIX_RANK", "mpirun"),
+    ("PMI_RANK", "mpirun"),
+)
+
+
+@contextmanager
+def launched_by(name: str | None) -> Iterator[None]:
+    """Name the launcher for Recorders opened inside (a framework integration that knows it
+    started the ranks itself, as Lightning's `strategy="ddp"` does); None names none."""
+    token = _LAUNCHED_BY.set(name)
+    try:
+        yield
+    finally:
+        _LAUNCHED_BY.reset(token)
+
+
 def launcher() -> str:
-    """Who started the ranks: gradalign's own launcher, torchrun, or something else."""
-    if os.environ.get("GRADALIGN_LAUNCHER"):
-        return "gradalign"
-    if os.environ.get("TORCHELASTIC_RUN_ID"):
-        return "torchrun"
+    """Who started the ranks: gradalign's own launcher or torchrun (by their environment), a
+    framework that said so (`launched_by`), Slurm's srun or an MPI launcher (by theirs), else
+    'unknown'."""
+    for variable, name in _LAUNCHER_VARIABLES:
+        if os.environ.get(variable):
+            return name
+    if said := _LAUNCHED_BY.get():
+        return said
+    for variable, name in _JOB_VARIABLES:
+        if os.environ.get(variable):
+            return name
     return "unknown"
 
 

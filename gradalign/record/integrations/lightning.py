@@ -35,6 +35,7 @@ except ImportError:  # the older package name
 
 from ...errors import BadInput, shown
 from .. import checks, watched
+from ..distributed import launched_by
 from ..recorder import Recorder
 from . import batches
 from .micro_loss import MicroLoss, record_micro, summed
@@ -121,14 +122,15 @@ class GradalignCallback(pl.Callback):
             )
         if not self._automatic:  # the batch's micro-step before the step it makes
             self._stop_step = watched.before_step(optimizer, self._on_step)
-        self.recorder = Recorder(
-            self.out_dir,
-            pl_module,
-            optimizer,
-            accum_steps=self._k,
-            config={**_run_config(trainer, pl_module, optimizer, self._k), **self.extra_config},
-            reference=self.reference,
-        )
+        with launched_by(lightning_launcher(trainer)):
+            self.recorder = Recorder(
+                self.out_dir,
+                pl_module,
+                optimizer,
+                accum_steps=self._k,
+                config={**_run_config(trainer, pl_module, optimizer, self._k), **self.extra_config},
+                reference=self.reference,
+            )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._unwatch()
@@ -273,3 +275,15 @@ def _first_k(trainer: pl.Trainer) -> int:
             "GradientAccumulationScheduler callback"
         )
     return k
+
+
+def lightning_launcher(trainer: pl.Trainer) -> str | None:
+    """The launcher Lightning started this run's processes with, for the run's manifest:
+    'lightning' (`strategy="ddp"` from a script: the script started again per rank) or
+    'lightning (spawn)' (`"ddp_spawn"`; fork, forkserver alike); None where the processes were
+    started outside Lightning (torchrun, srun) or Lightning runs one."""
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if launcher is None or trainer.world_size < 2:
+        return None
+    method = getattr(launcher, "_start_method", None)
+    return f"lightning ({method})" if isinstance(method, str) else "lightning"
