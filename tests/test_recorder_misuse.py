@@ -324,3 +324,20 @@ def test_items_or_batch_given_on_some_ranks_only_is_refused_at_close():
     assert said is not None and "items= on rank(s) 1 and not on the others" in said
     said = _mismatch([part(0, **{"micro/data": np.ones(4)}), part(1)])
     assert said is not None and "batch= on rank(s) 0" in said
+
+
+def test_ranks_that_recorded_other_numbers_of_micro_steps_are_refused_saying_why():
+    """Ranks whose loaders gave them unequal numbers of batches record the same updates in other
+    numbers of micro-steps (accelerate's even_batches=False: 12 and 11 micro-steps in 6 updates
+    on 2 processes); the refusal says so. Other numbers of updates are refused plainly."""
+    from gradalign.record.distributed import _mismatch
+
+    def part(rank: int, micro: int, updates: int) -> dict:
+        series = {"micro/loss": np.ones(micro), "update/state": np.ones((updates, 1))}
+        return {"info": {"rank": rank}, "series": series}
+
+    said = _mismatch([part(0, 12, 6), part(1, 11, 6)])
+    assert said is not None and said.startswith("rank 1 recorded 11 micro-steps and 6 updates")
+    assert "unequal numbers of batches" in said and "even_batches=False" in said
+    said = _mismatch([part(0, 12, 6), part(1, 10, 5)])
+    assert said is not None and "unequal" not in said

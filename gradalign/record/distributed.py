@@ -300,10 +300,11 @@ def _mismatch(parts: list[dict[str, Any]]) -> str | None:
     first = counts[0]
     for rank, count in sorted(counts.items()):
         if count != first:
-            return (
+            said = (
                 f"rank {rank} recorded {count[0]} micro-steps and {count[1]} updates, rank 0 "
                 f"{first[0]} and {first[1]}: every rank must record the same steps"
             )
+            return said + (_UNEVEN if count[1] == first[1] else "")
     for key, given in _GIVEN.items():
         have = sorted(part["info"]["rank"] for part in parts if key in part["series"])
         if have and len(have) < len(parts):
@@ -313,6 +314,12 @@ def _mismatch(parts: list[dict[str, Any]]) -> str | None:
             )
     return None
 
+
+_UNEVEN = (
+    " (the same updates in other numbers of micro-steps: the loader gave the ranks unequal "
+    "numbers of batches, as accelerate's even_batches=False or a sampler that neither pads "
+    "nor drops the rest does; give every rank the same number)"
+)
 
 # What a rank's micro() was given, by the series it keeps: the ranks' series are combined
 # micro-step by micro-step, so one rank's cannot stand for all.
