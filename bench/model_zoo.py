@@ -50,14 +50,11 @@ row. Exits 0 either way: a measurement, not a test.
 from __future__ import annotations
 
 import argparse
-import functools
-import inspect
 import json
 import math
 import random
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -68,222 +65,15 @@ from gradalign import api
 from gradalign.errors import BadInput
 
 try:
-    from zoo_hf import HF_LANGUAGE_MODELS, HF_MODELS
-except ImportError:  # run as a module of the repository (tests): bench.zoo_hf
-    from bench.zoo_hf import HF_LANGUAGE_MODELS, HF_MODELS
+    from zoo_hf import HF_LANGUAGE_MODELS
+    from zoo_models import CLASSES, MODELS, MORE_MODELS, NOT_EQUIVALENT, SEQ, VOCAB, build
+    from zoo_optimizers import MORE_OPTIMIZERS, OPTIMIZERS
+except ImportError:  # run as a module of the repository (tests): bench.zoo_hf, ...
+    from bench.zoo_hf import HF_LANGUAGE_MODELS
+    from bench.zoo_models import CLASSES, MODELS, MORE_MODELS, NOT_EQUIVALENT, SEQ, VOCAB, build
+    from bench.zoo_optimizers import MORE_OPTIMIZERS, OPTIMIZERS
 
-VOCAB, SEQ, CLASSES, BATCH, UPDATES = 32, 12, 6, 48, 10
-
-
-class TinyGPT(nn.Module):
-    def __init__(self, d: int = 24, layers: int = 2, heads: int = 4) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, d)
-        self.pos = nn.Parameter(torch.randn(SEQ, d) * 0.02)
-        self.blocks = nn.ModuleList(
-            nn.ModuleDict(
-                {
-                    "ln1": nn.LayerNorm(d),
-                    "attn": nn.MultiheadAttention(d, heads, batch_first=True),
-                    "ln2": nn.LayerNorm(d),
-                    "mlp": nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)),
-                }
-            )
-            for _ in range(layers)
-        )
-        self.lnf = nn.LayerNorm(d)
-        self.head = nn.Linear(d, VOCAB, bias=False)
-        self.head.weight = self.emb.weight
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.emb(x) + self.pos[: x.shape[1]]
-        mask = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool), 1)
-        for b in self.blocks:
-            a = b["ln1"](h)
-            h = h + b["attn"](a, a, a, attn_mask=mask, need_weights=False)[0]
-            h = h + b["mlp"](b["ln2"](h))
-        return self.head(self.lnf(h))
-
-
-class Encoder(nn.Module):
-    def __init__(self, d: int = 24) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, d)
-        layer = nn.TransformerEncoderLayer(d, 4, 2 * d, dropout=0.0, batch_first=True)
-        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.out = nn.Linear(d, CLASSES)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.enc(self.emb(x)).mean(1))
-
-
-class Recurrent(nn.Module):
-    def __init__(self, d: int = 20) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, d)
-        self.rnn = nn.GRU(d, d, batch_first=True)
-        self.out = nn.Linear(d, CLASSES)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.rnn(self.emb(x))[0][:, -1])
-
-
-class ConvText(nn.Module):
-    def __init__(self, d: int = 16) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, d)
-        self.conv = nn.Conv1d(d, 2 * d, 3, padding=1)
-        self.out = nn.Linear(2 * d, CLASSES)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.relu(self.conv(self.emb(x).transpose(1, 2))).amax(2))
-
-
-class NormedMLP(nn.Module):
-    def __init__(self, d: int = 64) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(SEQ, d), nn.LayerNorm(d), nn.SiLU(), nn.Linear(d, d), nn.LayerNorm(d),
-            nn.SiLU(), nn.Linear(d, CLASSES),
-        )  # fmt: skip
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.to(self.net[0].weight.dtype) / VOCAB)
-
-
-class MixtureText(nn.Module):
-    """A mixture of experts: each position is routed to the top 2 of 4 GELU experts by a
-    softmax router, weighted by its gates, then averaged. `balance`: the weight of a
-    Switch-style load-balancing loss, E·Σ_e f_e·P_e over the positions of the batch each
-    forward sees (f_e its share routed to expert e, P_e the mean router probability), which
-    the loop adds to the loss (`extra_loss`); 0: none."""
-
-    def __init__(self, d: int = 24, experts: int = 4, balance: float = 0.0) -> None:
-        super().__init__()
-        self.balance = balance
-        self.extra_loss: torch.Tensor | float = 0.0
-        self.emb = nn.Embedding(VOCAB, d)
-        self.router = nn.Linear(d, experts)
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
-            for _ in range(experts)
-        )
-        self.out = nn.Linear(d, CLASSES)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.emb(x)
-        probs = self.router(h).softmax(-1)
-        gates, chosen = probs.topk(2, dim=-1)
-        routed = torch.zeros(*h.shape[:-1], len(self.experts), dtype=gates.dtype)
-        routed = routed.scatter(-1, chosen, gates)
-        if self.balance:
-            share = (routed > 0).to(h.dtype).mean((0, 1))
-            self.extra_loss = self.balance * len(self.experts) * (share * probs.mean((0, 1))).sum()
-        mixed = sum(routed[..., e : e + 1] * expert(h) for e, expert in enumerate(self.experts))
-        return self.out((h + mixed).mean(1))
-
-
-class ResNetGrid(nn.Module):
-    """A small residual CNN: the 12 tokens' embeddings laid out as a 3x4 image of d channels,
-    two residual blocks of 3x3 convolutions with GroupNorm and ReLU, global average pooling."""
-
-    def __init__(self, d: int = 16, blocks: int = 2) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, d)
-        self.blocks = nn.ModuleList(nn.Sequential(*self._block(d)) for _ in range(blocks))
-        self.out = nn.Linear(d, CLASSES)
-
-    @staticmethod
-    def _block(d: int) -> list[nn.Module]:
-        conv = [nn.Conv2d(d, d, 3, padding=1, bias=False) for _ in range(2)]
-        return [conv[0], nn.GroupNorm(4, d), nn.ReLU(), conv[1], nn.GroupNorm(4, d)]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.emb(x).transpose(1, 2).reshape(x.shape[0], -1, 3, SEQ // 3)
-        for block in self.blocks:
-            h = torch.relu(h + block(h))
-        return self.out(h.mean((2, 3)))
-
-
-class LSTMText(nn.Module):
-    """Two stacked LSTM layers over the embeddings, the last step's state classified."""
-
-    def __init__(self, d: int = 20) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, d)
-        self.rnn = nn.LSTM(d, d, num_layers=2, batch_first=True)
-        self.out = nn.Linear(d, CLASSES)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.rnn(self.emb(x))[0][:, -1])
-
-
-MODELS: dict[str, Callable[[], nn.Module]] = {
-    "gpt": TinyGPT, "encoder": Encoder, "gru": Recurrent, "convtext": ConvText, "lnmlp": NormedMLP,
-}  # fmt: skip
-# Models outside the default grid (`--models` picks any of both), so the runs the README names
-# keep their draws.
-MORE_MODELS: dict[str, Callable[[], nn.Module]] = {
-    "moe": MixtureText,
-    "moe-balance": functools.partial(MixtureText, balance=0.01),
-    "resnet": ResNetGrid,
-    "lstm": LSTMText,
-    **HF_MODELS,  # transformers models built from configs (bench/zoo_hf.py)
-}
-# Models whose accumulation is not the large batch's training, and the code that must name it:
-# the load-balancing loss is computed over each forward's batch, B/K positions in the merged run.
-NOT_EQUIVALENT = {"moe-balance": "cross-sample-loss"}
-Opt = Callable[..., torch.optim.Optimizer]
-OPTIMIZERS: dict[str, Opt] = {
-    "adam-1e-2": lambda p: torch.optim.Adam(p, lr=1e-2),
-    "adam-1e-3": lambda p: torch.optim.Adam(p, lr=1e-3),
-    "adamw-wd": lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=0.1),
-    "adam-eps6": lambda p: torch.optim.Adam(p, lr=1e-2, eps=1e-6),
-    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=1e-3),
-    "adagrad": lambda p: torch.optim.Adagrad(p, lr=1e-2),
-    "sgd-mom": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
-    "nadam": lambda p: torch.optim.NAdam(p, lr=3e-3),
-    "radam": lambda p: torch.optim.RAdam(p, lr=3e-3),
-    "adamax": lambda p: torch.optim.Adamax(p, lr=1e-2),
-}
-
-
-class MuonAdamW:
-    """torch's Muon for the 2-D weights and AdamW for the rest, as Muon is used (it takes
-    matrices only): two optimizers the loop steps together. The Recorder watches Muon (found
-    as `.optimizer`); the schedule, when asked for, moves Muon's learning rate."""
-
-    def __init__(self, params) -> None:
-        params = list(params)
-        self.optimizer = torch.optim.Muon([p for p in params if p.dim() == 2], lr=2e-2)
-        self.rest = torch.optim.AdamW([p for p in params if p.dim() != 2], lr=3e-3)
-
-    def step(self) -> None:
-        self.optimizer.step()
-        self.rest.step()
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad()
-        self.rest.zero_grad()
-
-
-# Optimizers outside the default grid (`--optimizers` picks any of both), so the runs the README
-# names keep their draws.
-MORE_OPTIMIZERS: dict[str, Opt] = {
-    "adafactor": lambda p: torch.optim.Adafactor(p, lr=1e-2),
-    # eps[0] set: left None, torch fills it with the weights' dtype's epsilon, and a float64
-    # rerun is another training (refused, README "The noise floor")
-    "adafactor-eps": lambda p: torch.optim.Adafactor(
-        p, lr=1e-2, eps=(torch.finfo(torch.float32).eps, 1e-3)
-    ),
-    "rprop": lambda p: torch.optim.Rprop(p, lr=1e-3),
-    "adadelta": lambda p: torch.optim.Adadelta(p, lr=1.0),
-    "asgd": lambda p: torch.optim.ASGD(p, lr=1e-2),
-    "sgd-nesterov-wd": lambda p: torch.optim.SGD(
-        p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2
-    ),
-    "muon-adamw": MuonAdamW,
-}
+BATCH, UPDATES = 48, 10
 
 
 BUGS = {  # a bug the merged loop may carry -> the code that must name it
@@ -292,15 +82,6 @@ BUGS = {  # a bug the merged loop may carry -> the code that must name it
     "step-every-micro": "step-in-window",
     "no-zero-grad": "grad-not-cleared",
 }
-
-
-def build(model: str, width: int = 1) -> nn.Module:
-    """The family's model, its width `d` (and the widths that follow it) `width` times its
-    default."""
-    make = {**MODELS, **MORE_MODELS}[model]
-    if width == 1:
-        return make()
-    return make(d=width * inspect.signature(make).parameters["d"].default)
 
 
 def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) -> None:

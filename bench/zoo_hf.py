@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-VOCAB, SEQ, CLASSES = 32, 12, 6  # the zoo's (bench/model_zoo.py)
+VOCAB, SEQ, CLASSES = 32, 12, 6  # the zoo's (bench/zoo_models.py)
 
 
 class HFModel(nn.Module):
