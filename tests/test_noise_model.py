@@ -289,3 +289,39 @@ def test_one_updates_loss_error_does_not_widen_every_updates_allowance(tmp_path)
     allowed = [r.loss_allowed / abs(r.base_loss) for r in result.results]
     assert allowed[5] > 1e-3
     assert max(a for u, a in enumerate(allowed) if u != 5) < 1e-4, allowed
+
+
+@pytest.mark.parametrize("broken", ["loss", "gradient"])
+def test_a_reference_gone_non_finite_is_refused_saying_so(tmp_path, broken):
+    """A float64 rerun whose loss (or first gradient) is NaN where the baseline's is finite (a
+    mask filled with the dtype's extreme value, as a transformers model's sliding window was in
+    float64) was refused as "inf away" from the baseline, with a hint about random draws."""
+    from gradalign.errors import BadInput
+
+    rng = np.random.default_rng(0)
+    start = {"w": rng.normal(size=(4, 3)).astype(np.float32)}
+    grad = {"w": rng.normal(size=(4, 3))}
+
+    def run(dtype, k=1, nan=False):
+        bad = nan and broken == "gradient"
+        return {
+            "init_weights": {"w": start["w"].astype(dtype)},
+            "update_weights": [
+                {"w": (start["w"] - 0.1 * (u + 1) * grad["w"]).astype(dtype)}
+                for u in range(UPDATES)
+            ],
+            "grads": [
+                {"w": (np.full((4, 3), np.nan) if bad and u == 0 else grad["w"]).astype(dtype)}
+                for u in range(UPDATES)
+            ],
+            "micro_losses": [np.nan if nan and broken == "loss" else 1.0] * (UPDATES * k),
+        }
+
+    write_run(tmp_path / "ref", accum_steps=1, **run(np.float64, nan=True))
+    base = write_run(tmp_path / "base", accum_steps=1, reference="../ref", **run(np.float32))
+    merged = write_run(tmp_path / "merged", accum_steps=4, **run(np.float32, k=4))
+    said = "not finite where the baseline is: " + (
+        "its loss at update 0 is nan" if broken == "loss" else "its gradient of w at update 0"
+    )
+    with pytest.raises(BadInput, match=said):
+        api.compare(base, merged)

@@ -208,9 +208,33 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
                 f"transform them in {working} and cast the result)"
             )
     check_same_steps(base, ref, where)
+    _check_finite_losses(base, ref, where)
     bound = reference_bound(base, merged, where)
     check_first_gradients(base, ref, bound)
     return bound
+
+
+def _not_finite(where: str, what: str) -> BadInput:
+    return BadInput(
+        f"{where} is not finite where the baseline is: {what}; a rerun that overflows or "
+        "divides by zero where the baseline does not gives no noise floor (look for a mask or "
+        "constant filled with its dtype's extreme value), so rerun it, or judge with "
+        "--reference none"
+    )
+
+
+def _check_finite_losses(base: Run, ref: Run, where: str) -> None:
+    """Refuse a reference whose window losses are not finite where the baseline's are."""
+    lb, lr = base.window_losses(), ref.window_losses()
+    n = min(len(lb), len(lr))
+    bad = np.flatnonzero(np.isfinite(lb[:n]) & ~np.isfinite(lr[:n]))
+    if bad.size:
+        u = int(bad[0])
+        raise _not_finite(
+            where,
+            f"its loss at update {u} is {lr[u]:g} against the baseline's {lb[u]:.6g} "
+            f"({bad.size} of {n} updates)",
+        )
 
 
 def check_same_steps(base: Run, ref: Run, where: str) -> None:
@@ -263,7 +287,8 @@ def check_first_gradients(base: Run, ref: Run, bound: ReferenceBound) -> None:
     precision differs) stand farther from the baseline's, over the whole model, than `bound.rtol`
     of their size. The weights' check cannot see that: noise allowances grow with the very
     disagreement, and a reference with a wrong loss scale would widen every noise floor. One
-    tensor at a time; skipped where a gradient is not finite or was not recorded."""
+    tensor at a time; skipped where the baseline's gradient is not finite or either run's was
+    not recorded; refused where only the reference's is not finite."""
     gb, gr = base.grads(0), ref.grads(0)
     if gb is None or gr is None:
         return
@@ -275,8 +300,10 @@ def check_first_gradients(base: Run, ref: Run, bound: ReferenceBound) -> None:
         for first in range(0, b.size, _SLICE):  # float64 a slice at a time
             bs = b[first : first + _SLICE].astype(np.float64)
             rs = r[first : first + _SLICE].astype(np.float64)
-            if not (np.isfinite(bs).all() and np.isfinite(rs).all()):
-                return
+            if not np.isfinite(bs).all():
+                return  # a baseline gone non-finite fails on its own
+            if not np.isfinite(rs).all():
+                raise _not_finite(bound.where, f"its gradient of {name} at update 0 is not")
             bs -= rs
             apart, size = apart + dot(bs, bs), size + dot(rs, rs)
     if apart > (bound.rtol + bound.epsilon) ** 2 * size:

@@ -20,10 +20,13 @@ __all__ = ["float64_reference"]
 
 
 def float64_reference(model: Any) -> Any:
-    """`model` cast to float64, its loss computed in float64 (causal and masked LMs)."""
+    """`model` cast to float64, its loss computed in float64 (causal and masked LMs), its
+    mixture of experts (if any) computed by the eager loop: grouped_mm, transformers' default,
+    takes no float64."""
     from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
 
     model = model.to(torch.float64)
+    _eager_experts(model)
     loss = getattr(model, "loss_function", None)
     if loss is ForCausalLMLoss:
         model.loss_function = causal_lm_loss
@@ -78,3 +81,14 @@ def _cross_entropy(
     if items is not None:
         loss = loss / (items.to(loss.device) if torch.is_tensor(items) else items)
     return loss
+
+
+def _eager_experts(model: Any) -> None:
+    """Experts run by transformers' eager implementation, where the model's is another (the
+    same sums, one expert at a time; `grouped_mm` refuses float64 matrices)."""
+    config = getattr(model, "config", None)
+    chosen = getattr(config, "_experts_implementation", None)
+    if chosen in (None, "eager") or not hasattr(model, "set_experts_implementation"):
+        return
+    model.set_experts_implementation("eager")
+
