@@ -4,6 +4,8 @@ clipping, with or without a reference."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -62,7 +64,11 @@ def clip_loop(
                 rec.micro(loss, batch=(x[rows], y[rows]))
                 if bug == "clip-every-micro":
                     clip(model, max_norm)
-            if bug not in ("clip-every-micro", "no-clip"):
+                if bug in ("read-every-micro", "read-only-every-micro"):  # a norm logged
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf)
+            if bug == "read-only":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf)
+            elif bug not in ("clip-every-micro", "no-clip", "read-only-every-micro"):
                 clip(model, max_norm / k if bug == "clip-over-k" else max_norm)
             if bug == "divided-after-clip":  # a hook dividing the gradient by K once more
                 for p in model.parameters():
@@ -284,3 +290,40 @@ def test_a_clip_in_the_merged_run_only_is_named(tmp_path, bug):
     assert c.diagnosis[0].evidence["clip_calls"] == calls
     neither = compare(unclipped, clip_loop(tmp_path / "neither", K, bug="no-clip"))
     assert neither.verdict == "pass", [(d.code, d.message) for d in neither.diagnosis]
+
+
+def test_a_clip_inside_the_window_that_never_engages_is_named(tmp_path):
+    """max_norm 10 against norms of 0.4-0.6, clipped after every backward: this run trained
+    alike, but the first window whose partial sum reaches max_norm clips otherwise. The counts
+    name it (it was `unexplained`, by the first clip's norm of a partial sum, 0.34 times the
+    baseline's: that norm is no longer compared with the baseline's whole one)."""
+    base = clip_loop(tmp_path / "base", 1, max_norm=10.0)
+    merged = clip_loop(tmp_path / "merged", 4, bug="clip-every-micro", max_norm=10.0)
+    c = compare(base, merged)
+    assert all(d.ok for r in c.results for d in (*r.weights, *r.grads))
+    checks = {k.name: k for k in c.checks}
+    assert checks["clip calls per window"].status == "fail"
+    assert checks["norms before clipping"].status == "not checked"
+    found = c.diagnosis[0]
+    assert c.verdict == "fail" and found.code == "clip-per-micro", [
+        (d.code, d.message) for d in c.diagnosis
+    ]
+    assert "No clip engaged in this run" in found.message
+    assert found.evidence["clip_calls"] == {"merged": K, "baseline": 1}
+
+
+def test_a_norm_read_at_an_infinite_max_norm_is_no_clip(tmp_path, base):
+    """`clip_grad_norm_(params, inf)` after every backward logs the norm and clips nothing: not
+    counted as a clip, so a loop that clips once per update beside it passes; where nothing
+    clips, the window's norm is its last read, after the last backward (the baseline's)."""
+    merged = clip_loop(tmp_path / "merged", K, bug="read-every-micro")
+    assert list(merged.clip_calls) == [1] * UPDATES
+    c = compare(base, merged)
+    assert c.verdict == "pass", [(k.name, k.detail) for k in c.checks]
+    read = clip_loop(tmp_path / "read", 1, bug="read-only")
+    reads = clip_loop(tmp_path / "reads", K, bug="read-only-every-micro")
+    assert read.clip_calls is None and reads.clip_calls is None
+    np.testing.assert_allclose(reads.grad_norm_pre_clip, read.grad_norm_pre_clip, rtol=1e-5)
+    c = compare(read, reads)
+    assert c.verdict == "pass", [(k.name, k.detail) for k in c.checks]
+    assert next(k for k in c.checks if k.name == "norms before clipping").status == "pass"

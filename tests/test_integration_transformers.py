@@ -102,6 +102,26 @@ def test_the_float64_reference_keeps_the_loss_in_float64():
     assert loss.dtype == torch.float64  # transformers' own loss would round it to float32
 
 
+def test_the_float64_reference_of_a_mixture_of_experts_runs_its_experts_eagerly():
+    """transformers' default experts implementation (grouped_mm) refuses float64 matrices: the
+    float64 rerun of a Mixtral failed in its first forward."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from gradalign.record.integrations.transformers_float64 import float64_reference
+
+    config = MixtralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    model = MixtralForCausalLM(config)
+    assert model.config._experts_implementation == "grouped_mm"
+    model = float64_reference(model)
+    batch = hf.collate(hf.token_rows(4))
+    loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+    loss.backward()
+    assert loss.dtype == torch.float64 and model.config._experts_implementation == "eager"
+
+
 def test_attach_refuses_what_is_not_a_trainer(tmp_path):
     from gradalign.record.integrations.transformers import attach
 
@@ -188,9 +208,10 @@ def test_an_iterable_datasets_epoch_ending_inside_a_window_is_named(tmp_path):
     assert not (tmp_path / "k4").exists()
 
 
-def _padded_pair(tmp_path, trainer_class=None, model=None, **extra) -> None:
-    """k1 and k4 of a tiny GPT-2 Trainer over padded rows (2 updates), `extra` given to the
-    Trainer; `trainer_class` a subclass of the Trainer, `model` one that builds the model."""
+def _padded_pair(tmp_path, trainer_class=None, model=None, padded=True, **extra) -> None:
+    """k1 and k4 of a tiny GPT-2 Trainer over padded rows (2 updates; `padded=False`: rows of
+    one length), `extra` given to the Trainer; `trainer_class` a subclass of the Trainer,
+    `model` one that builds the model."""
     import tempfile
 
     from transformers import Trainer
@@ -202,7 +223,7 @@ def _padded_pair(tmp_path, trainer_class=None, model=None, **extra) -> None:
             trainer = (trainer_class or Trainer)(
                 model=(model or hf.tiny_gpt2)(),
                 args=quiet_args(scratch, hf.BATCH // k, k, 2),
-                train_dataset=hf.token_rows(hf.BATCH * 2),
+                train_dataset=hf.token_rows(hf.BATCH * 2, padded=padded),
                 data_collator=hf.collate,
                 **extra,
             )
@@ -283,6 +304,16 @@ def test_a_model_ignoring_num_items_in_batch_names_the_scale_and_the_reweighting
     codes = [d.code for d in result.diagnosis]
     assert result.verdict == "fail" and codes == ["loss-scale", "token-normalization"], codes
     assert "num_items_in_batch" in result.diagnosis[0].fix
+
+
+def test_a_model_ignoring_num_items_in_batch_on_rows_of_one_length_is_the_scale_alone(tmp_path):
+    """The same model on rows of one length: the scale alone, K times, whose gradient at update
+    0 points where the baseline's does, so the harmless draw is no `dropout-rng` beside it (it
+    was, as for stock BART on such rows)."""
+    _padded_pair(tmp_path, model=_mean_only_gpt2, padded=False)
+    result = compare(tmp_path / "k1", tmp_path / "k4", reference="none")
+    codes = [d.code for d in result.diagnosis]
+    assert result.verdict == "fail" and codes == ["loss-scale"], codes
 
 
 def _masked_lm_pair(tmp_path, fixed: bool) -> None:

@@ -98,6 +98,9 @@ def record(out, k: int, shape: str, bug: str | None = None, float64: bool = Fals
                 if bug == "grad-none-per-micro":  # cleared by hand, not by zero_grad()
                     for p in params:
                         p.grad = None
+                if bug == "head-cleared-per-micro":  # as a second optimizer's zero_grad() does
+                    for p in params[-2:]:
+                        p.grad = None
                 (loss / k * scale).backward()
                 rec.micro(loss.detach(), batch=(x[part], y[part]))
                 if bug == "step-every-micro" and j < k - 1:
@@ -285,3 +288,20 @@ def test_gradients_cleared_by_hand_inside_the_window_are_named(tmp_path):
         (d.code, d.message) for d in c.diagnosis
     ]
     assert "by hand" in c.diagnosis[0].message
+
+
+def test_gradients_of_one_part_cleared_inside_the_window_are_named(tmp_path):
+    """The head's gradients cleared before each backward (by hand here; a second optimizer's
+    zero_grad() over the head does the same, unwatched), the rest accumulated: the gradient as
+    a whole stays near the baseline's, the head's tensors at about 1/K. It was named
+    `cross-sample-loss`; the clean loop passes (it is `test_a_missing_loss_scale...`'s base)."""
+    base = record(tmp_path / "base", 1, "mlp")
+    bug = record(tmp_path / "bug", 4, "mlp", bug="head-cleared-per-micro")
+    c = compare(base, bug, reference="none")
+    found = c.diagnosis[0]
+    assert c.verdict == "fail" and found.code == "zero-grad-in-window", [
+        (d.code, d.message) for d in c.diagnosis
+    ]
+    assert found.evidence["cleared_tensors"] == ["2.weight", "2.bias"]
+    assert "a second optimizer's" in found.message
+    assert compare(base, record(tmp_path / "clean", 4, "mlp"), reference="none").verdict == "pass"

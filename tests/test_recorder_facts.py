@@ -180,13 +180,15 @@ def epoch_loop(
     over_k=False,
     float64=False,
     told=None,
+    micro_rows=None,
 ):
     """One epoch of `rows` samples in batches of `batch` (the last one short), each normalized
     by its own row count, as the frameworks close an epoch: K micro-batches of batch/K rows,
     fewer in the last window. `last_micro_drops`: the last window loses its last micro-batch;
     `repeat`: its last micro-batch repeats a sample (a sampler padding the data); `over_k`:
     each micro-batch's mean divided by K, right in full windows only; `told`: the accum_steps
-    the Recorder is given (default K)."""
+    the Recorder is given (default K); `micro_rows`: each window's rows per micro-batch (its
+    windows then vary, as a token budget makes them)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     if float64:
@@ -197,8 +199,9 @@ def epoch_loop(
     x = x.double() if float64 else x
     size = batch // k
     with gradalign.Recorder(out, model, opt, accum_steps=told or k) as rec:
-        for start in range(0, rows, batch):
+        for window, start in enumerate(range(0, rows, batch)):
             stop = min(start + batch, rows)
+            size = micro_rows[window] if micro_rows else size
             micros = list(range(start, stop, size))
             if last_micro_drops and stop == rows:
                 micros = micros[:-1]
@@ -228,6 +231,18 @@ def test_a_recorder_told_another_k_than_the_loop_says_so(tmp_path, told):
     bookkeeping = next(c for c in result.checks if c.name == "window bookkeeping")
     assert f"every window held 4 micro-steps, not the K={told}" in bookkeeping.detail
     assert "accum_steps=4" in bookkeeping.detail and "end of the data" not in bookkeeping.detail
+
+
+def test_windows_that_vary_holding_their_baseline_batches_pass_and_are_said_to_vary(tmp_path):
+    """Windows of 4, 2, 8, 2, 8 and 4 micro-batches (a token budget's), each its baseline batch:
+    the same training; the check said the data ended in each of them, and listed three."""
+    epoch_loop(tmp_path / "b", 1, rows=96)
+    merged = epoch_loop(tmp_path / "m", 4, rows=96, micro_rows=[4, 8, 2, 8, 2, 4])
+    assert list(merged.sizes) == [4, 2, 8, 2, 8, 4]
+    result = api.compare(tmp_path / "b", tmp_path / "m", reference="none")
+    assert result.verdict == "pass", [(c.name, c.detail) for c in result.checks]
+    bookkeeping = next(c for c in result.checks if c.name == "window bookkeeping")
+    assert "window(s) 1 (2), 2 (8), 3 (2) and 1 more (windows that vary" in bookkeeping.detail
 
 
 def test_a_short_last_window_holding_the_baseline_batch_is_the_end_of_the_data(tmp_path):

@@ -66,6 +66,7 @@ def _holding(name: str, tensor: torch.Tensor, kind: str = "buffer") -> torch.nn.
         ),
         (dict(model=_holding("u", torch.zeros(2, dtype=torch.uint16))), "buffer u is uint16"),
         (dict(optimizer="other"), "updates none of the model's parameters"),
+        (dict(optimizer="both"), "got list of optimizers: give the Recorder one of them"),
         (dict(config=[1, 2]), "config must be a dict"),
         (dict(config="lr=0.1"), "config must be a dict"),
         (dict(config={"model": torch.nn.Linear(1, 1)}), r"config\['model'\] must be a JSON"),
@@ -89,6 +90,8 @@ def test_a_wrong_recorder_argument_is_one_sentence_before_anything_is_written(
     model, optimizer = _model()
     if change.get("optimizer") == "other":  # another model's optimizer
         change["optimizer"] = torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1)
+    if change.get("optimizer") == "both":  # two optimizers, as a list
+        change["optimizer"] = [optimizer, torch.optim.Adam(model.parameters())]
     args = {"out_dir": tmp_path / "run", "model": model, "optimizer": optimizer, **change}
     with pytest.raises(RecorderError, match=said), Recorder(**args) as rec:
         _step(rec, model, optimizer)

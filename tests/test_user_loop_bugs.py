@@ -167,12 +167,19 @@ def test_a_clip_by_value_inside_the_window_is_counted_and_named(tmp_path):
     assert found.evidence["elements_at_clip_value"]["baseline"] > 0
 
 
-def test_a_clip_by_value_that_never_engages_changes_nothing_and_passes(tmp_path):
-    """Clipping each partial sum at a value no element reaches is harmless: it passes."""
+def test_a_clip_by_value_that_never_engages_is_named_all_the_same(tmp_path):
+    """Clipping each partial sum at a value no element reaches changed nothing in this run, but
+    clips partial sums as soon as an element reaches it: named by the counts, saying none
+    engaged (it passed until the clip calls per window were checked)."""
     base = user_loop(tmp_path / "b", 1, clip_value=10.0)
     merged = user_loop(tmp_path / "m", 4, bug="clip-value-every-micro", clip_value=10.0)
     assert list(merged.clip_calls) == [5] * 5
-    assert compare(base, merged).verdict == "pass"
+    c = compare(base, merged)
+    assert all(d.ok for r in c.results for d in (*r.weights, *r.grads))
+    found = c.diagnosis[0]
+    assert c.verdict == "fail" and found.code == "clip-per-micro"
+    assert "clip_grad_value_ 5 times in window 0" in found.message
+    assert "No clip engaged" in found.message
 
 
 def test_a_loss_scale_a_clip_hides_is_named_alone(tmp_path):

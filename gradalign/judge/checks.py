@@ -7,7 +7,7 @@ import numpy as np
 from ..runs.model import Run
 from ..runs.summaries import SKETCH_SIZE
 from .bookkeeping import bad_alike
-from .clip_norms import pre_clip_check
+from .clip_norms import clip_calls_check, pre_clip_check
 from .distributed import listed
 from .metrics import TensorDiff
 from .replicas import replicas_comparable
@@ -78,6 +78,9 @@ def build_checks(
     clipped = base.grad_norm_pre_clip is not None and merged.grad_norm_pre_clip is not None
     if clipped:
         checks.append(pre_clip_check(base, merged, results, grad_rtol, calibrated))
+    clips = clip_calls_check(base, merged, results)
+    if clips is not None:
+        checks.append(clips)
     return checks
 
 
@@ -136,12 +139,19 @@ def _bookkeeping_check(base: Run, merged: Run, judged: int) -> Check:
         )
     if ends:
         shown = ", ".join(f"{i} ({int(merged.sizes[i])})" for i in ends[:3])
+        if len(ends) > 3:
+            shown += f" and {len(ends) - 3} more"
+        why = (
+            "at the end of the data"
+            if not inner
+            else "(windows that vary, as a token budget makes them, or the data's end)"
+        )
         return Check(
             name,
             PASS,
             f"every window ended with update() and held K micro-steps, except window(s) {shown} "
-            "at the end of the data, lined up with the baseline's batch of that update (the "
-            "samples check judges what they hold)",
+            f"{why}, each lined up with the baseline's batch of its update (the samples check "
+            "judges what they hold)",
         )
     return Check(name, PASS, "every window held K micro-steps and ended with update()")
 

@@ -10,6 +10,38 @@ from ..runs.model import Run
 from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
 
 PRE_CLIP = "grad_norm_pre_clip"  # the problem key of a norm before clipping that differs
+CLIPS = "clip calls per window"
+
+
+def clipped_inside(base: Run, merged: Run, updates: list[int]) -> list[int]:
+    """Of `updates`, the windows in which the merged run clipped more often than the baseline's
+    update, which clipped (the Recorder's counts, `update/clip_calls`): it clipped partial sums
+    inside the window, and its norm before clipping is its first clip's, of a partial sum."""
+    calls, once = merged.clip_calls, base.clip_calls
+    if calls is None or once is None:
+        return []
+    n = min(len(calls), len(once))
+    return [i for i in updates if i < n and once[i] >= 1 and calls[i] > once[i]]
+
+
+def clip_calls_check(base: Run, merged: Run, results: list[UpdateResult]) -> Check | None:
+    """The clip calls per window against the baseline's per update, where both runs counted
+    clips: a clip inside the window fails here whether or not it engaged in this run (it clips
+    a partial sum as soon as that reaches the threshold; `signatures.clipping` names it)."""
+    if base.clip_calls is None or merged.clip_calls is None:
+        return None
+    updates = [r.update for r in results]
+    inside = clipped_inside(base, merged, updates)
+    if not inside:
+        return Check(CLIPS, PASS, "no window clipped more often than the baseline's update")
+    i = inside[0]
+    return Check(
+        CLIPS,
+        FAIL,
+        f"{len(inside)}/{len(updates)} windows clipped more often than the baseline's update; "
+        f"first, window {i}: {int(merged.clip_calls[i])} calls against "
+        f"{int(base.clip_calls[i])}",
+    )
 
 
 def pre_clip_check(
@@ -24,14 +56,23 @@ def pre_clip_check(
     scale the loss had (a loss not divided by K): only these norms keep it, against a reference
     as without one."""
     name = "norms before clipping"
+    partial = set(clipped_inside(base, merged, [r.update for r in results]))
     gaps = (
-        pre_clip_gap(base, merged, r, grad_rtol if calibrated else None)
+        None
+        if r.update in partial
+        else pre_clip_gap(base, merged, r, grad_rtol if calibrated else None)
         or printed_gap(base, merged, r, grad_rtol)
         for r in results
     )
     judged = [(r, gap) for r, gap in zip(results, gaps, strict=True) if gap is not None]
     if not judged:
-        return Check(name, NOT_CHECKED, "no update with a judged gradient to compare them by")
+        why = "no update with a judged gradient to compare them by"
+        if partial:
+            why = (
+                f"not compared: the merged run clipped inside {len(partial)} window(s) ({CLIPS}), "
+                "where its norm is a partial sum's; no other update had a judged gradient"
+            )
+        return Check(name, NOT_CHECKED, why)
     bad = [(r, gap) for r, gap in judged if not gap[2] <= gap[3]]
     for r, (m, b, _, share) in bad:
         text = (

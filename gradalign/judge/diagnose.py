@@ -34,6 +34,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.step_skipped,
     sig.weights_changed_in_window,
     sig.scaler_per_micro,
+    sig.clip_per_micro_unengaged,  # counted inside the windows, engaged nowhere
     sig.scaler_skips,
     sig.overflow_carried,
     sig.micro_batch_missing,
@@ -104,7 +105,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
             shape += [d for d in _last_resort(c) if d.code != shape[0].code]
         elif shape and forward is not None:
             shape.append(forward)
-        found = shape + [d for d in found if not _explained_draws(d, shape)]
+        found = shape + [d for d in found if not _explained_draws(c, d, shape)]
     if not found:
         found = _last_resort(c)
     if diverged is not None:
@@ -216,17 +217,21 @@ def _beside_other_samples(c: Comparison, found: list[Diagnosis]) -> list[Diagnos
     return [*found[:order], said, *found[order + 1 :]]
 
 
-def _explained_draws(d: Diagnosis, shape: list[Diagnosis]) -> bool:
+def _explained_draws(c: Comparison, d: Diagnosis, shape: list[Diagnosis]) -> bool:
     """A `dropout-rng` read from draws alone (no dropout layer) whose evidence the gradient's
-    shape explains: a wrong loss scale the window losses show, beside the reweighting of the
-    micro-batches that turns the gradient (a harmless draw, as LayerDrop's at layerdrop=0)."""
+    shape explains (a harmless draw, as LayerDrop's at layerdrop=0, which BART's layers make
+    whatever its rate): a wrong loss scale the window losses show, beside the reweighting of
+    the micro-batches that turns the gradient; or a wrong loss scale alone where the gradient
+    at update 0 points where the baseline's does, to within the gradient tolerance (draws that
+    reached the forward turn it: other masks, other noise)."""
+    if d.code != "dropout-rng" or d.evidence.get("draws_each_micro_step") is not True:
+        return False
     codes = [s.code for s in shape]
-    return (
-        d.code == "dropout-rng"
-        and d.evidence.get("draws_each_micro_step") is True
-        and codes[:2] == ["loss-scale", "token-normalization"]
-        and "window_loss_ratio" in shape[0].evidence
-    )
+    if codes[:2] == ["loss-scale", "token-normalization"]:
+        return "window_loss_ratio" in shape[0].evidence
+    cosine = finite(c.results[0].grad_cosine)
+    turned = c.tolerances.grad_rtol**2 / 2  # 1 - cos of a difference of grad_rtol, at most
+    return codes == ["loss-scale"] and cosine is not None and 1 - cosine <= turned
 
 
 def _grad_excess(r: UpdateResult) -> float:

@@ -13,6 +13,7 @@ functions by name before recording began is not seen; it can pass the norm itsel
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,10 +26,24 @@ import torch.nn.utils.clip_grad
 
 @dataclass(frozen=True)
 class Clip:
-    """One clipping call: by norm (`total`, the norm before it) or by value (`value`)."""
+    """One clipping call: by norm (`total`, the norm before it) or by value (`value`);
+    `reads_only`: its threshold is infinite (`clip_grad_norm_(params, inf)`, which logs the
+    norm), so it clips nothing."""
 
     total: torch.Tensor | None = None
     value: float | None = None
+    reads_only: bool = False
+
+
+def _infinite(limit: Any) -> bool:
+    """A threshold that clips nothing; a tensor's is read only where it is on the CPU (no
+    host sync)."""
+    if isinstance(limit, torch.Tensor):
+        return limit.device.type == "cpu" and limit.numel() == 1 and bool(limit.isinf())
+    try:
+        return math.isinf(float(limit))
+    except (TypeError, ValueError):
+        return False
 
 
 Listener = Callable[[list[torch.Tensor], Clip], None]
@@ -76,7 +91,8 @@ def _patched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             params = _params(parameters)
             total, outer = _outer(original, params, *args, **kwargs)
             if outer:
-                _tell(params, Clip(total=total))
+                limit = args[0] if args else kwargs.get("max_norm")
+                _tell(params, Clip(total=total, reads_only=_infinite(limit)))
             return total
 
         return clip_grad_norm_
@@ -90,7 +106,8 @@ def _patched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             params = _params(parameters)
             result, outer = _outer(original, params, max_norm, total_norm, *args, **kwargs)
             if outer:  # the norm it was given is the norm before it: kept on device, no sync
-                _tell(params, Clip(total=torch.as_tensor(total_norm)))
+                total = torch.as_tensor(total_norm)
+                _tell(params, Clip(total=total, reads_only=_infinite(max_norm)))
             return result
 
         return clip_grads_with_norm_
@@ -100,7 +117,8 @@ def _patched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         params = _params(parameters)
         result, outer = _outer(original, params, clip_value, *args, **kwargs)
         if outer:
-            _tell(params, Clip(value=float(clip_value)))
+            value = float(clip_value)
+            _tell(params, Clip(value=value, reads_only=math.isinf(value)))
         return result
 
     return clip_grad_value_

@@ -307,7 +307,7 @@ class Recorder:
     def _on_clip(self, params: list[torch.Tensor], clip: clipping.Clip) -> None:
         recorded = frozenset(id(p) for p in params if id(p) in self._param_ids)
         if recorded:
-            self._windows.clipped(clip.value, clip.total, recorded)
+            self._windows.clipped(clip.value, clip.total, recorded, clip.reads_only)
 
     def _unhook(self) -> None:
         for hook in self._hooks:

@@ -29,9 +29,18 @@ def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
         optimizer = optimizer.optimizer  # type: ignore[attr-defined]
         seen += 1
     if not isinstance(optimizer, torch.optim.Optimizer):
+        several = isinstance(optimizer, (list, tuple)) and all(
+            isinstance(o, torch.optim.Optimizer) for o in optimizer
+        )
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer (or wrap one as .optimizer), got "
             f"{type(optimizer).__name__}"
+            + (
+                " of optimizers: give the Recorder one of them, the one whose steps stand "
+                "for all (its zero_grad() calls are the ones counted)"
+                if several and optimizer
+                else ""
+            )
         )
     return optimizer
 
@@ -148,6 +157,8 @@ class Window:
     pre_clip_norm: torch.Tensor | None = None
     clipped_sets: list[frozenset[int]] = field(default_factory=list)  # each norm clip's params
     clipped_norms: list[torch.Tensor] = field(default_factory=list)  # and its norm before it
+    # norms read at an infinite threshold before any clip: the latest per parameter set
+    read_norms: dict[frozenset[int], torch.Tensor] = field(default_factory=dict)
     unscales: int = 0  # GradScaler.unscale_() calls (when a scaler is watched)
     scaler_updates: int = 0  # GradScaler.update() calls
     clip_calls: int = 0  # clip_grad_norm_ and clip_grad_value_ calls on the model's parameters
@@ -204,7 +215,11 @@ class Windows:
         self.open = Window()
 
     def clipped(
-        self, value: float | None, total: torch.Tensor | None, params: frozenset[int]
+        self,
+        value: float | None,
+        total: torch.Tensor | None,
+        params: frozenset[int],
+        reads_only: bool = False,
     ) -> None:
         """A clip_grad_norm_ (`total`: the norm before it) or clip_grad_value_ (`value`) call on
         the model's parameters (`params`: their ids); one before the watched GradScaler's
@@ -212,8 +227,16 @@ class Windows:
         where the loop did not). The window's norm before clipping is that of every parameter a
         norm clip reached before any other clip did: a later call on parameters clipped already
         (a `clip_grad_norm_(params, inf)` that logs the norm) sees the clipped gradient, and
-        clips of disjoint parts (an encoder's, a head's) add up in any order."""
+        clips of disjoint parts (an encoder's, a head's) add up in any order. A call at an
+        infinite threshold (`reads_only`: a norm logged) clips nothing and is not counted; in
+        a window no clip reaches, the latest such read of each part is its norm (one after the
+        last backward reads the whole gradient, one per micro-step a partial sum too)."""
         w = self.open
+        if reads_only:  # the latest read before any clip: after the window's last backward
+            if total is not None and w.grads_calls == 0 and not w.clipped_sets:
+                w.read_norms[params] = device_scalar(total)
+                w.pre_clip_norm = _combined(list(w.read_norms.values()))
+            return
         w.clip_calls += 1
         enabled = self.scaler is not None and bool(getattr(self.scaler, "is_enabled", bool)())
         if enabled and w.unscales == 0:
@@ -225,13 +248,7 @@ class Windows:
                 return
             w.clipped_sets.append(params)
             w.clipped_norms.append(device_scalar(total))
-            norms = w.clipped_norms
-            at = norms[0].device
-            w.pre_clip_norm = (
-                norms[0]
-                if len(norms) == 1
-                else torch.stack([n.to(at) for n in norms]).square().sum().sqrt()
-            )
+            w.pre_clip_norm = _combined(w.clipped_norms)
 
     def zero_grad(self) -> None:
         """A zero_grad() call: inside the window when it falls between two of its micro-steps,
@@ -290,3 +307,10 @@ class Windows:
             norms = torch.stack([n.to(self.pre_clip[0].device) for n in self.pre_clip])
             out["update/grad_norm_pre_clip"] = norms.to("cpu", torch.float64).numpy()
         return out
+
+
+def _combined(norms: list[torch.Tensor]) -> torch.Tensor:
+    """The norm of disjoint parts' gradients from theirs, on the first one's device."""
+    if len(norms) == 1:
+        return norms[0]
+    return torch.stack([n.to(norms[0].device) for n in norms]).square().sum().sqrt()

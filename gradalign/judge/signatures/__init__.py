@@ -18,6 +18,7 @@ from .clipping import (
     clip_before_unscale,
     clip_per_micro,
     clip_per_micro_counted,
+    clip_per_micro_unengaged,
     scale_before_clip,
 )
 from .common import failing, finite, first_gradient_failure
@@ -39,8 +40,6 @@ from .gradient import (
     loss_scale,
     loss_term_scale,
     token_normalization,
-    zero_grad_counted,
-    zero_grad_in_window,
 )
 from .items import batch_targets
 from .learning_rate import lr_scaled, lr_schedule
@@ -55,6 +54,7 @@ from .paired import (
 )
 from .skips import overflow_carried, scaler_skips, step_skipped
 from .thresholds import clip_threshold
+from .zero_grad import zero_grad_counted, zero_grad_in_window
 
 __all__ = [
     "batch_size",
@@ -65,6 +65,7 @@ __all__ = [
     "clip_before_unscale",
     "clip_per_micro",
     "clip_per_micro_counted",
+    "clip_per_micro_unengaged",
     "clip_threshold",
     "cross_sample_gradient",
     "cross_sample_loss",

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ...runs.model import Run, Tensors
-from ..clip_norms import PRE_CLIP
+from ..clip_norms import PRE_CLIP, clipped_inside
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import (
     exact_of,
@@ -206,6 +206,41 @@ def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     return found
 
 
+def clip_per_micro_unengaged(c: Comparison) -> Diagnosis | None:
+    """The Recorder counted more clip calls in the merged run's windows than in the baseline's
+    updates, and every weight and gradient agrees: the clips inside the windows engaged nowhere
+    in this run (a norm below max_norm, no element beyond clip_value), yet they clip partial
+    sums, and the first window whose partial sum reaches the threshold trains otherwise."""
+    if any(not d.ok for r in c.results for d in (*r.weights, *r.grads)):
+        return None  # a clip that engaged: clip_per_micro_counted reads it by the gradient
+    updates = [r.update for r in c.results]
+    inside = clipped_inside(c.baseline, c.merged, updates)
+    if not inside:
+        return None
+    i = inside[0]
+    calls, once = int(c.merged.clip_calls[i]), int(c.baseline.clip_calls[i])
+    values = c.merged.clip_value
+    by_value = values is not None and i < len(values) and math.isfinite(values[i])
+    called = "clip_grad_value_" if by_value else "clip_grad_norm_"
+    where, ranks = on_ranks(c, "update/clip_calls", i, above=once)
+    return Diagnosis(
+        "clip-per-micro",
+        f"the merged run called {called} {calls} times{where} in window {i} against the "
+        f"baseline's {once} per update ({len(inside)} of {len(updates)} windows): it clips "
+        "partial sums inside the window. No clip engaged in this run (its weights and gradients "
+        "agree with the baseline's), but the first window whose partial sum reaches the clip "
+        "threshold will step with another gradient than the baseline's",
+        {
+            "first_window": i,
+            "windows": len(inside),
+            "clip_calls": {"merged": calls, "baseline": once},
+            "engaged": False,
+            **ranks,
+        },
+        _ONCE,
+    )
+
+
 def _at_value(grads: Tensors, value: float) -> int:
     """Elements of a gradient that sit at ±the clip value."""
     at = 0
@@ -297,6 +332,8 @@ def _clipped_unseen(found: Diagnosis, before: float) -> Diagnosis:
 
 
 def _clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The merged norm is said as recorded: the first clip's in the window where a Recorder saw
+    the clips (a partial sum's), the loop's own where it reported one, or the source's."""
     pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
     if pre_b is None:
         return None
@@ -317,11 +354,9 @@ def _clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     evidence["earlier_unclipped_updates_that_agree"] = len(unclipped)
     seen = ""
     if pre_m is not None:  # on W ranks, rank 0's own norm before its first clip in the window
-        before = (
-            "clipping (rank 0's, before its first clip)"
-            if c.merged.world_size > 1
-            else "its final clip"
-        )
+        before = "clipping, as recorded,"
+        if c.merged.world_size > 1:
+            before = "clipping (rank 0's, before its first clip in the window)"
         seen = f"; the merged run's norm before {before} was {pre_m[i]:.4g}"
     return Diagnosis(
         "clip-per-micro",

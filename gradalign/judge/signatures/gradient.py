@@ -21,15 +21,13 @@ from .common import (
     lossy_hooks,
     noise_share,
     normalized_by_window,
-    on_ranks,
     pure_scale,
     relative_error,
-    same_direction,
     same_direction_at,
     scaled_error,
     window,
 )
-from .decisive import draws, same_start_shown
+from .decisive import same_start_shown
 
 
 def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Diagnosis | None:
@@ -333,68 +331,3 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
 def _count(n: float) -> str:
     """An item count as given: whole, or a weight (float items) to 4 digits."""
     return str(int(n)) if n == int(n) else f"{n:.4g}"
-
-
-def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """The Recorder saw zero_grad() inside the failing update's window, between two of its
-    micro-steps, where it discards the gradient accumulated so far."""
-    counts = c.merged.zero_grads_inside
-    if counts is None or not counts[r.update]:
-        return None
-    if r.grad_ratio is not None and r.grad_ratio >= 1.5:
-        # Clearing leaves the last micro-batches' share, which projects on the baseline's
-        # gradient by at most about 1 (all of it, where those dominate): a gradient half as
-        # large again was not cleared away, the loop kept it elsewhere first (its own buffers).
-        return None
-    i, calls = r.update, int(counts[r.update])
-    windows = int(np.count_nonzero(counts))
-    ratio = f"{r.grad_ratio:.3g}" if finite(r.grad_ratio) is not None else "not finite"
-    where, ranks = on_ranks(c, "update/zero_grads_inside", i)
-    return Diagnosis(
-        "zero-grad-in-window",
-        f"zero_grad() was called {calls} time(s){where} inside window {i}, between its "
-        "micro-steps "
-        f"({windows} window(s) so), and the accumulated gradient is {ratio} times the "
-        "baseline's: what was cleared inside the window, and not kept elsewhere first, is lost",
-        {
-            "update": i,
-            "zero_grad_calls_inside_window": calls,
-            "windows_with_calls": windows,
-            "grad_ratio": finite(r.grad_ratio),
-            "grad_cosine": finite(r.grad_cosine),
-            **ranks,
-        },
-        ZERO_GRAD_FIX,
-    )
-
-
-def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """A gradient about 1/K of the baseline's (nearer it than 1), pointing elsewhere; where the
-    Recorder counted no zero_grad() in the window, cleared by hand, unless random numbers drawn
-    at every micro-step turn it (NEFTune's embedding noise: `dropout-rng`)."""
-    counts = c.merged.zero_grads_inside
-    if counts is not None and counts[r.update]:
-        return None  # zero_grad_counted's
-    if counts is not None and draws(c):
-        return None  # none seen, and random numbers drawn per micro-step turn it: dropout-rng's
-    ratio, cosine, k = r.grad_ratio, r.grad_cosine, window(c)
-    if ratio is None or cosine is None or k < 2:
-        return None
-    if not (0.5 <= ratio * k <= 2.0 and ratio < k**-0.5 and 0 < cosine < same_direction(c, r)):
-        return None
-    how = " (by hand: `p.grad = None`, `.zero_()` or `p.grad = g`; no zero_grad() was seen)"
-    how = how if counts is not None else ""
-    return Diagnosis(
-        "zero-grad-in-window",
-        f"at update {r.update} the accumulated gradient is {ratio:.3g} times the baseline's "
-        f"(about 1/K = {1 / k:.3g}) and points elsewhere (cosine {cosine:.4f}): only the last "
-        f"micro-batch's gradient survived, the earlier ones were cleared inside the window{how}",
-        {"update": r.update, "grad_ratio": finite(ratio), "grad_cosine": finite(cosine), "K": k},
-        ZERO_GRAD_FIX,
-    )
-
-
-ZERO_GRAD_FIX = (
-    "call optimizer.zero_grad() once per update, after optimizer.step(), never inside the "
-    "micro-batch loop"
-)

@@ -12,7 +12,8 @@ import numpy as np
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import SCALE_ONCE, clip_state, pre_clip_ratio, unclipped
 from .common import failing, finite, grad_norm, noise_share, scaled_error, window, window_scale
-from .gradient import ZERO_GRAD_FIX, token_normalization
+from .gradient import token_normalization
+from .zero_grad import ZERO_GRAD_FIX
 
 
 def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) -> list[Diagnosis]:

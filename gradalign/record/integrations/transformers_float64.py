@@ -91,4 +91,3 @@ def _eager_experts(model: Any) -> None:
     if chosen in (None, "eager") or not hasattr(model, "set_experts_implementation"):
         return
     model.set_experts_implementation("eager")
-
