@@ -314,7 +314,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         "token-normalization",
         f"at update {r.update} the micro-batches hold {', '.join(_count(n) for n in counts)} "
         f"{unit}, yet {how}: {unit} are weighted up to {imbalance:.1%} wrong, and the gradient "
-        f"is {error:.3g} off (relative L2{off}, cosine {r.grad_cosine:.6f})",
+        f"is {error:.3g} off (relative L2{off}, cosine {r.grad_cosine:.6f}){_own_loss(c)}",
         {
             "update": r.update,
             "items_per_micro_batch": [int(n) if n == int(n) else float(n) for n in counts],
@@ -325,6 +325,20 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         "normalize by the window's item count: count the items of all K micro-batches first, "
         "then backpropagate each micro-batch's summed loss divided by that total "
         "(loss_norm: items; the fix of transformers PR #34191)",
+    )
+
+
+def _own_loss(c: Comparison) -> str:
+    """What a Trainer run with a compute_loss of the loop's own leaves open: the Trainer gave it
+    num_items_in_batch, and the run cannot say whether it divided by it."""
+    if c.merged.config.get("loss_normalized_by") != "a compute_loss of its own":
+        return ""
+    return (
+        "; that is read from the gradient alone: the Trainer ran a compute_loss of the loop's own, "
+        "given num_items_in_batch, and where it divides by that count (super().compute_loss "
+        "does) the micro-batches were weighted right and the gap is another cause's, such as a "
+        "term of the loss over each micro-batch as a whole (a router's load-balancing loss: "
+        "cross-sample-loss)"
     )
 
 
