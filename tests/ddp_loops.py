@@ -48,6 +48,10 @@ VARIANTS = {
     "clip-hand-sqrtw": {"clip": "hand", "report": True},
     "clip-hand-sqrtw-silent": {"clip": "hand"},
     "clip-hand-per-tensor": {"clip": "hand-per-tensor"},  # each tensor by its own norm
+    # no_sync() at every micro-step, each rank clipping its own gradient before the loop
+    # averages the ranks' by hand: a clip of each rank's share
+    "clip-before-reduce": {"clip": "local", "reduce_by_hand": True},
+    "sum-hook": {"hook": "sum", "k": 4},  # a comm hook that sums without dividing by W (W != K)
     # against baseline-buffer: W=2 x K=1, a running mean of each rank's own B/W input rows
     "buffer-k1": {"buffer": True, "k": 1},
 }
@@ -130,8 +134,19 @@ def step(model: nn.Module, opt: torch.optim.Optimizer, scaler, clip: str, rec=No
     if clip == "hand-per-tensor":
         for p in model.parameters():
             p.grad.mul_(torch.clamp(CLIP / (p.grad.norm() + 1e-6), max=1.0))
+    if clip == "local":  # this rank's own gradient, then the ranks' mean by hand
+        nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
     scaler.step(opt)
     scaler.update()
+
+
+def sum_hook(state, bucket):
+    """A comm hook of the loop's own that all-reduces (sums) and forgets to divide by W."""
+    future = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return future.then(lambda done: done.value()[0])
 
 
 def register_hook(ddp: nn.parallel.DistributedDataParallel, hook: str | None) -> None:
@@ -140,6 +155,8 @@ def register_hook(ddp: nn.parallel.DistributedDataParallel, hook: str | None) ->
 
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "sum":
+        ddp.register_comm_hook(None, sum_hook)
     elif hook == "powersgd":
         state = power.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
         ddp.register_comm_hook(state, power.powerSGD_hook)
@@ -163,7 +180,8 @@ def merged(out: Path, variant: dict) -> None:
                 sizes = per_micro[micro]
                 first = update * B + micro * (B // k) + sum(sizes[:rank])
                 rows = slice(first, first + sizes[rank])
-                with ddp.no_sync() if micro < k - 1 else nullcontext():
+                by_hand = variant.get("reduce_by_hand")
+                with ddp.no_sync() if micro < k - 1 or by_hand else nullcontext():
                     forward = ddp.module if rank in variant.get("around", ()) else ddp
                     out_ = forward(x[rows])
                     total = nn.functional.cross_entropy(out_, y[rows], reduction="sum")

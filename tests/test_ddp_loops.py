@@ -206,6 +206,27 @@ def test_a_clip_before_unscale_is_named(loops):
     assert inside[0].code == "clip-per-micro", inside[0].message
 
 
+def test_a_clip_on_each_rank_before_the_reduce_is_named_by_the_ranks_norms(loops):
+    """Each rank clipped its own gradient, then the loop averaged the ranks' by hand: the ranks
+    step as replicas, but their norms before clipping differ (after an all-reduce every rank
+    holds the same bits). It was `cross-sample-loss` (K=2, 4) or `loss-scale` (K=1), with fixes
+    about batch losses and 1/K."""
+    found = errors(judged(loops, "clip-before-reduce"))[0]
+    assert found.code == "clip-per-micro", found.message
+    assert "the ranks clipped before their gradients were reduced" in found.message
+    norms = found.evidence["pre_clip_norms"]
+    assert len(norms) == 2 and norms[0] != norms[1]
+    assert judged(loops, "clip-scaler").verdict == PASS  # one norm on every rank: no such claim
+
+
+def test_a_comm_hook_that_sums_is_named_with_the_hook(loops):
+    """W=2, K=4: the gradient twice the baseline's, and the hook the Recorder saw on the DDP
+    wrapper named beside the causes the ratio leaves open."""
+    found = errors(judged(loops, "sum-hook"))[0]
+    assert found.code == "dp-loss-reduction", found.message
+    assert "(DDP ran " in found.message and "sum_hook" in found.message
+
+
 def test_a_bug_on_rank_1_only_is_named_from_rank_1s_counts(loops):
     """zero_grad() inside the window, or a clip of the partial sums, on rank 1 alone: the run's
     own series are rank 0's, so the counts that name them must come from rank 1's series file.

@@ -256,6 +256,7 @@ RANK_KEYS = (
     "update/lr",
     "update/optimizer_steps",
     "update/state_step",
+    "update/grad_norm_pre_clip",
     *COUNTS,  # its own bookkeeping counts: a bug on one rank alone is judged from them
 )
 

@@ -39,6 +39,8 @@ PER_UPDATE = {
     "update/lr": np.float64,
     "update/optimizer_steps": np.int64,
     "update/state_step": np.int64,
+    "update/grad_norm_pre_clip": np.float64,  # its own norm before clipping: a clip before the
+    # all-reduce sees each rank's share (ranks/rankR/ only where the run clipped by norm)
 }
 # What each rank counts of its own loop, absent where it counted nothing (as in the run's series,
 # which holds rank 0's): the run's count is the largest over its ranks (`rank_counts`), so that a
@@ -76,6 +78,7 @@ class RankSeries:
     lr: np.ndarray | None = None  # float64 [N]
     optimizer_steps: np.ndarray | None = None  # int64 [N]
     state_step: np.ndarray | None = None  # int64 [N]
+    grad_norm_pre_clip: np.ndarray | None = None  # float64 [N], its own norm before clipping
     counts: dict[str, np.ndarray] = field(default_factory=dict)  # its own COUNTS, where recorded
 
 
@@ -207,6 +210,7 @@ def _rank(index: int, s: dict[str, np.ndarray]) -> RankSeries:
         lr=s.get("update/lr"),
         optimizer_steps=s.get("update/optimizer_steps"),
         state_step=s.get("update/state_step"),
+        grad_norm_pre_clip=s.get("update/grad_norm_pre_clip"),
         counts={key: s[key] for key in COUNTS if key in s},
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..checks import sample_mismatches
+from ..clip_norms import clipped_inside
 from ..distributed import RankFacts, counts_per_rank, listed
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import (
@@ -182,6 +183,37 @@ def dp_sampler(c: Comparison) -> Diagnosis | None:
     )
 
 
+def clip_before_reduce(c: Comparison) -> Diagnosis | None:
+    """Ranks that held the same replica yet saw other norms before clipping: the all-reduce
+    hands every rank the same gradient bits, so a clip after it sees one norm on all; each
+    rank clipped its own share (a partial sum of the window's gradient) before the reduce."""
+    facts, ranks = _facts(c), c.merged.ranks
+    norms = [r.grad_norm_pre_clip for r in ranks]
+    if facts is None or not facts.agree or len(ranks) < 2 or any(n is None for n in norms):
+        return None  # no norms per rank, or replicas that parted (replicas-diverged's)
+    table = np.stack(norms)  # [W, N]
+    low, high = table.min(axis=0), table.max(axis=0)
+    apart = np.flatnonzero(np.isfinite(low) & (high > low * (1 + 1e-6)))
+    if not apart.size:
+        return None
+    u = int(apart[0])
+    if clipped_inside(c.baseline, c.merged, [u]):
+        return None  # clipped inside the window too: its first clip's norm is a partial sum's
+    # (clip_per_micro_counted names it, on the ranks that did)
+    seen = ", ".join(f"rank {r} {table[r, u]:.4g}" for r in range(len(ranks)))
+    return Diagnosis(
+        "clip-per-micro",
+        f"the ranks clipped before their gradients were reduced: at update {u} their norms "
+        f"before clipping were {seen} ({apart.size} of {table.shape[1]} updates), while they "
+        "stepped as replicas; after the all-reduce every rank holds the same gradient and sees "
+        "one norm, so each clipped its own share, a partial sum of the window's gradient",
+        {"update": u, "pre_clip_norms": [finite(float(v)) for v in table[:, u]]},
+        "clip once per update after the gradients are reduced over the ranks: under DDP after "
+        "the window's last backward (outside no_sync), just before optimizer.step(); a hand "
+        "all-reduce goes before the clip",
+    )
+
+
 def dp_batchnorm(c: Comparison) -> Diagnosis | None:
     """BatchNorm statistics per rank: running statistics differ across the ranks."""
     facts = _facts(c)
@@ -218,6 +250,8 @@ def dp_loss_reduction(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         (world, "summed over the ranks", "summed them without dividing by W"),
         (1 / world, "divided by W", "divided them by W once more"),
     )
+    ran = lossy_hooks(c)  # a hook of the loop's own the Recorder saw on the DDP wrapper
+    seen = f" (DDP ran {listed(ran, 2)})" if ran else ""
     for expected, how, hook in hooks:
         if abs(ratio / expected - 1) <= RATIO_MATCH:
             return Diagnosis(
@@ -225,7 +259,7 @@ def dp_loss_reduction(c: Comparison, r: UpdateResult) -> Diagnosis | None:
                 f"at update {r.update} the gradient is {ratio:.6g} times the baseline's with "
                 f"cosine {cosine:.8f}, and W={world}: each rank's loss was {how} on top of "
                 f"the mean over the ranks (DDP's own, or an all_reduce by hand and its "
-                f"division by W), or a comm hook {hook}",
+                f"division by W), or a comm hook {hook}{seen}",
                 {
                     "update": r.update,
                     "grad_ratio": finite(ratio),
@@ -333,7 +367,7 @@ def dp_comm_hook(c: Comparison) -> Diagnosis | None:
     )
 
 
-DECISIVE = [replicas_diverged, scheduler_per_rank, dp_sampler, dp_batchnorm]
+DECISIVE = [replicas_diverged, scheduler_per_rank, dp_sampler, clip_before_reduce, dp_batchnorm]
 GRADIENT_SHAPE = [dp_loss_reduction, dp_token_normalization]
 
 
