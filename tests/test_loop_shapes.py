@@ -103,6 +103,8 @@ def record(out, k: int, shape: str, bug: str | None = None, float64: bool = Fals
                         p.grad = None
                 (loss / k * scale).backward()
                 rec.micro(loss.detach(), batch=(x[part], y[part]))
+                if bug == "zero-grad-after-each-backward":  # the last one too, before step()
+                    opt.zero_grad()
                 if bug == "step-every-micro" and j < k - 1:
                     opt.step()
                 if shape == "buffered":
@@ -305,3 +307,17 @@ def test_gradients_of_one_part_cleared_inside_the_window_are_named(tmp_path):
     assert found.evidence["cleared_tensors"] == ["2.weight", "2.bias"]
     assert "a second optimizer's" in found.message
     assert compare(base, record(tmp_path / "clean", 4, "mlp"), reference="none").verdict == "pass"
+
+
+def test_gradients_cleared_after_every_backward_are_named(tmp_path):
+    """zero_grad() after each backward, the window's last before step() too: the optimizer steps
+    with a gradient of norm 0, whose cosine with the baseline's, 0, was taken for one not known,
+    so no gradient shape was read and the run was named `cross-sample-loss`."""
+    base = record(tmp_path / "base", 1, "mlp")
+    bug = record(tmp_path / "bug", 4, "mlp", bug="zero-grad-after-each-backward")
+    c = compare(base, bug, reference="none")
+    found = c.diagnosis[0]
+    assert c.verdict == "fail" and found.code == "zero-grad-in-window", [
+        (d.code, d.message) for d in c.diagnosis
+    ]
+    assert found.evidence["zero_grad_calls_inside_window"] == 3

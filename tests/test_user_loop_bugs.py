@@ -244,3 +244,20 @@ def test_a_loss_scale_clip_grad_value_turned_is_read_below_the_clip_value(tmp_pa
     (found,) = [d for d in c.diagnosis if d.severity == "error"][:1]
     assert found.code == "loss-scale" and "below the clip value" in found.message
     assert found.evidence["below_clip_value"] is True
+
+
+@pytest.mark.parametrize("clipping", ["baseline", "merged"])
+def test_a_clip_by_value_in_one_run_only_is_named_clip_threshold(tmp_path, clipping):
+    """One run clips by value at 0.01 once per update, the other not at all: the elements at
+    the clip value in one and beyond it in the other say so. They were `cross-sample-loss`
+    (the baseline alone) and `zero-grad-in-window` (the merged run alone)."""
+    base = user_loop(tmp_path / "b", 1, clip_value=0.01 if clipping == "baseline" else None)
+    merged = user_loop(tmp_path / "m", 4, clip_value=0.01 if clipping == "merged" else None)
+    c = compare(base, merged)
+    found = c.diagnosis[0]
+    assert c.verdict == "fail" and found.code == "clip-threshold", [
+        (d.code, d.message) for d in c.diagnosis
+    ]
+    assert found.evidence["clip_value"] == {clipping: 0.01}
+    assert found.evidence["elements_at_clip_value"] > 0
+    assert found.evidence["elements_beyond_clip_value"] > 0

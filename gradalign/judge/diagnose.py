@@ -242,7 +242,7 @@ def _gradient_shape(c: Comparison, r: UpdateResult | None, beside: bool) -> list
     """The accumulation bug the shape of the gradient at update r names: at most one. `beside`:
     a cause named already turns every gradient a little, so a wrong scale may turn too."""
     # a gradient shape is read only from finite numbers: no "inf times" claims
-    if r is None or finite(r.grad_ratio) is None or not finite(r.grad_cosine):
+    if r is None or finite(r.grad_ratio) is None or finite(r.grad_cosine) is None:
         return []
     order = [*ranked.GRADIENT_SHAPE, *GRADIENT_SHAPE]
     if beside:  # right after the scale read as it is, before one term's scale is tried

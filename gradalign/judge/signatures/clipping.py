@@ -241,7 +241,7 @@ def clip_per_micro_unengaged(c: Comparison) -> Diagnosis | None:
     )
 
 
-def _at_value(grads: Tensors, value: float) -> int:
+def at_value(grads: Tensors, value: float) -> int:
     """Elements of a gradient that sit at ±the clip value."""
     at = 0
     for g in grads.values():
@@ -261,7 +261,7 @@ def _clip_value_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     value = float(values[i])
     # element values are known for every tensor of a full run, for small ones of a sketched run
     known = {run: exact_of(c, getattr(c, run), "grads", i) or {} for run in ("baseline", "merged")}
-    at = {run: _at_value(grads, value) if grads else None for run, grads in known.items()}
+    at = {run: at_value(grads, value) if grads else None for run, grads in known.items()}
     params = sum(t.kind == "param" for t in c.merged.tensors)
     complete = all(len(grads) == params for grads in known.values())
     if complete and not any(at.values()):

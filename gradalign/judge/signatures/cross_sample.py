@@ -38,7 +38,7 @@ def cross_sample_loss(c: Comparison) -> Diagnosis | None:
         c,
         f"the merged window's loss is {first.merged_loss:.8g} and the baseline's "
         f"{first.base_loss:.8g} ({first.loss_diff:.3g} apart, "
-        f"{first.loss_diff / first.loss_allowed:.3g} times what noise allows",
+        f"{first.loss_diff / first.loss_allowed:.3g} times what noise allows)",
     )
 
 
@@ -172,7 +172,7 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
         evidence["grad_by_frequency"] = counted
     return Diagnosis(
         "cross-sample-loss",
-        f"at update 0, from identical weights over the same samples, {seen}{turned}): "
+        f"at update 0, from identical weights over the same samples, {seen}{turned}: "
         + _by_frequency(counted)
         + (
             f"the gradients of the forwards' {rows} do not add up to the gradient of B. Part "

@@ -47,9 +47,11 @@ def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Di
     short = [
         (
             n / k,
-            f"divided by K={k} in a window of {n} micro-step(s) (the end of the data)",
+            f"divided by K={k} in a window of {n} micro-step(s) (the end of the data, or of "
+            "a limit on the batches)",
             "divide each micro-batch's loss by its own window's micro-batches or weight it by "
-            "its share of the window's items (Lightning, accelerate: drop_last=True in both)",
+            "its share of the window's items (Lightning, accelerate: drop_last=True in both; "
+            "a limit on the batches, as Lightning's limit_train_batches, a multiple of K)",
         )
     ]
     variants = [

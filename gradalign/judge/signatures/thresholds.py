@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..results import Comparison, Diagnosis, UpdateResult
-from .clipping import clip_calls, clip_state
-from .common import finite, grad_norm, noise_share, window
+from .clipping import at_value, clip_calls, clip_state
+from .common import exact_of, finite, grad_norm, noise_share, window
 
 
 def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """Both runs had the same norm before clipping, yet stepped with gradients of other norms:
     the merged run clipped at another max_norm (one scaled with K), or did not clip at all.
     Or both clipped by value, at values recorded apart."""
-    by_value = _clip_value_differs(c, r)
+    by_value = _clip_value_differs(c, r) or _value_clip_in_one_run(c, r)
     if by_value is not None:
         return by_value
     pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
@@ -224,4 +226,52 @@ def _clip_value_differs(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         {"update": i, "clip_value": {"merged": value_m, "baseline": value_b}},
         "clip the accumulated gradient once per update with the baseline's clip_value: it is "
         "the same sum at any K, so clip_value must not be scaled with K",
+    )
+
+
+def _value_clip_in_one_run(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """One run clipped by value at the failing update, the other's Recorder saw no clip call
+    there (it watched), and the elements say so: some of the clipping run's gradient sit at
+    ±clip_value, some of the other's stand beyond it (it did not clip them). A Lightning Trainer
+    that forgot `gradient_clip_val` under `gradient_clip_algorithm="value"` was
+    `cross-sample-loss`; the merged run alone clipping, `zero-grad-in-window`."""
+    i = r.update
+    for clipping, other in (("baseline", "merged"), ("merged", "baseline")):
+        values = getattr(c, clipping).clip_value
+        calls = clip_calls(getattr(c, other))
+        if values is None or not math.isfinite(values[i]) or calls is None or calls[i]:
+            continue
+        value = float(values[i])
+        grads = {run: exact_of(c, getattr(c, run), "grads", i) for run in (clipping, other)}
+        if not all(grads.values()):
+            return None  # elements not known (sketched): not told
+        at, beyond = at_value(grads[clipping], value), _beyond(grads[other], value)
+        if not (at and beyond):
+            return None
+        named = {"baseline": "baseline", "merged": "merged run"}
+        return Diagnosis(
+            "clip-threshold",
+            f"at update {i} the {named[clipping]} clipped its gradient by value at {value:.4g} "
+            f"({at} elements at ±{value:.4g}) and the {named[other]} did not clip (its Recorder "
+            f"saw no clip call in that window; {beyond} elements of its gradient stand beyond "
+            f"±{value:.4g}): the runs clip differently",
+            {
+                "update": i,
+                "clip_value": {clipping: value},
+                "clip_calls": {other: 0},
+                "elements_at_clip_value": at,
+                "elements_beyond_clip_value": beyond,
+            },
+            "clip both runs alike, or neither: once per update, after the window's last "
+            "micro-batch, with the same clip_value (torch.nn.utils.clip_grad_value_, or the "
+            "framework's gradient_clip_val with gradient_clip_algorithm='value')",
+        )
+    return None
+
+
+def _beyond(grads, value: float) -> int:
+    """Elements of a gradient beyond ±value (a clip by value would have cut them)."""
+    return sum(
+        int(np.count_nonzero(np.abs(np.asarray(g)) > np.asarray(value, dtype=np.asarray(g).dtype)))
+        for g in grads.values()
     )
