@@ -23,6 +23,7 @@ import torch
 
 from ..runs.ranks import COUNTS
 from .facts import RecorderError
+from .wrappers import innermost
 
 _SIDE_GROUPS: list[tuple[Any, Any]] = []  # (default group, its gloo twin), made once per group
 
@@ -70,17 +71,11 @@ def launcher() -> str:
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside DistributedDataParallel and torch.compile's wrapper, in any nesting
-    (its names carry no `module.` or `_orig_mod.` prefix, so a compiled run and a plain one
-    name their tensors alike; the wrapper holds the same parameters)."""
-    parallel = torch.nn.parallel.DistributedDataParallel
-    while True:
-        if isinstance(model, parallel):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = model._orig_mod
-        else:
-            return model
+    """The module inside DistributedDataParallel, torch.compile's and Lightning Fabric's
+    wrappers, in any nesting (record/wrappers.py): its names carry no wrapper's prefix, so a
+    compiled run and a plain one name their tensors alike; the wrapper holds the same
+    parameters."""
+    return innermost(model)
 
 
 _SHARDS = {  # DTensors (fully_shard, tensor parallel) are read whole (record/sharded.py)

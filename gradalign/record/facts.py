@@ -12,6 +12,7 @@ from ..runs.digests import bitsum, wrap
 from ..runs.model import working_dtype
 from . import samples
 from .sharded import whole
+from .wrappers import data_parallel
 
 _BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 # torch sums int32 bits in int64 through an int64 copy of its input: fingerprints are summed a
@@ -172,10 +173,9 @@ def model_facts(
 def comm_hooks(wrapper: Any) -> list[str]:
     """The names of the comm hooks registered on a DistributedDataParallel wrapper (its
     `register_comm_hook` list; a partial by its function's name), in registration order."""
-    while isinstance(getattr(wrapper, "_orig_mod", None), torch.nn.Module):
-        wrapper = wrapper._orig_mod  # torch.compile's wrapper around DistributedDataParallel
+    wrapper = data_parallel(wrapper)  # inside torch.compile's or Fabric's wrapper too
     hooks = getattr(wrapper, "_comm_hooks", None)
-    if not isinstance(wrapper, torch.nn.parallel.DistributedDataParallel) or not hooks:
+    if wrapper is None or not hooks:
         return []
     names = []
     for hook, _state in hooks:

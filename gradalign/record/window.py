@@ -19,6 +19,7 @@ from . import watched
 from .draws import Draws
 from .facts import device_scalar
 from .optimizer_settings import group_places
+from .wrappers import chain, data_parallel
 
 
 def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
@@ -94,27 +95,22 @@ def watch_scaler(scaler: Any, windows: Windows) -> Callable[[], None]:
 
 
 def watch_loop(windows: Windows, optimizer: Any, model: Any, wrapper: Any) -> Callable[[], None]:
-    """Count into the open window the optimizer's and the model's zero_grad() calls (one
-    between two of its micro-steps discards the gradient accumulated so far; the base classes
-    are watched, so every optimizer and module class is seen) and, where `wrapper` holds the
-    model in DistributedDataParallel, the training forwards that went around it."""
+    """Count into the open window the optimizer's and the model's zero_grad() calls, the
+    model's wrappers' too (DDP's, Fabric's: one between two of its micro-steps discards the
+    gradient accumulated so far; the base classes are watched, so every optimizer and module
+    class is seen) and, where `wrapper` holds the model in DistributedDataParallel, the
+    training forwards that went around it."""
+    modules = [m for m in chain(wrapper) if isinstance(m, torch.nn.Module)]
     stops = [
         watched.watch(torch.optim.Optimizer, "zero_grad", optimizer, windows.zero_grad),
-        watched.watch(torch.nn.Module, "zero_grad", model, windows.zero_grad),
+        *(watched.watch(torch.nn.Module, "zero_grad", m, windows.zero_grad) for m in modules),
     ]
-    ddp = _data_parallel(wrapper)
+    if model not in modules:
+        stops.append(watched.watch(torch.nn.Module, "zero_grad", model, windows.zero_grad))
+    ddp = data_parallel(wrapper)
     if ddp is not None and ddp is not model:
         stops.append(_watch_forwards(windows, ddp, model))
     return _together(stops)
-
-
-def _data_parallel(wrapper: Any) -> torch.nn.Module | None:
-    """The DistributedDataParallel in `wrapper`'s chain of wrappers (torch.compile's), if any."""
-    for _ in range(8):
-        if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
-            return wrapper
-        wrapper = getattr(wrapper, "_orig_mod", None)
-    return None
 
 
 def _watch_forwards(
