@@ -23,7 +23,6 @@ import torch
 
 from ..runs.ranks import COUNTS
 from .facts import RecorderError
-from .wrappers import innermost
 
 _SIDE_GROUPS: list[tuple[Any, Any]] = []  # (default group, its gloo twin), made once per group
 
@@ -68,14 +67,6 @@ def launcher() -> str:
         if os.environ.get(variable):
             return name
     return "unknown"
-
-
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside DistributedDataParallel, torch.compile's and Lightning Fabric's
-    wrappers, in any nesting (record/wrappers.py): its names carry no wrapper's prefix, so a
-    compiled run and a plain one name their tensors alike; the wrapper holds the same
-    parameters."""
-    return innermost(model)
 
 
 _SHARDS = {  # DTensors (fully_shard, tensor parallel) are read whole (record/sharded.py)

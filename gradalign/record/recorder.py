@@ -35,7 +35,7 @@ from ..runs.writer import RunWriter
 from . import checks, clipping, optimizer_settings, samples
 from .capture import MODES, Capture
 from .device import environment, watch_autocast
-from .distributed import close_ranks, join, rank_info, refuse_sharded, settle, unwrap_model
+from .distributed import close_ranks, join, rank_info, refuse_sharded, settle
 from .facts import (
     RecorderError,
     device_scalar,
@@ -56,6 +56,7 @@ from .window import (
     watch_loop,
     watch_scaler,
 )
+from .wrappers import innermost
 
 __all__ = ["Recorder", "RecorderError"]
 
@@ -114,7 +115,7 @@ class Recorder:
             self._optimizer = unwrap_optimizer(optimizer)
         except TypeError as exc:
             raise RecorderError(str(exc)) from None
-        self._model = model = unwrap_model(wrapper := model)
+        self._model = model = innermost(wrapper := model)  # DDP's, compile's, Fabric's
         refuse_sharded(model)
         self._named = named_tensors(model)
         refuse_unstorable(self._named)

@@ -100,13 +100,11 @@ def watch_loop(windows: Windows, optimizer: Any, model: Any, wrapper: Any) -> Ca
     gradient accumulated so far; the base classes are watched, so every optimizer and module
     class is seen) and, where `wrapper` holds the model in DistributedDataParallel, the
     training forwards that went around it."""
-    modules = [m for m in chain(wrapper) if isinstance(m, torch.nn.Module)]
+    modules = chain(wrapper)  # the model last: it is what the wrappers hold
     stops = [
         watched.watch(torch.optim.Optimizer, "zero_grad", optimizer, windows.zero_grad),
         *(watched.watch(torch.nn.Module, "zero_grad", m, windows.zero_grad) for m in modules),
     ]
-    if model not in modules:
-        stops.append(watched.watch(torch.nn.Module, "zero_grad", model, windows.zero_grad))
     ddp = data_parallel(wrapper)
     if ddp is not None and ddp is not model:
         stops.append(_watch_forwards(windows, ddp, model))
