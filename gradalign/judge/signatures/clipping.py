@@ -241,12 +241,14 @@ def clip_per_micro_unengaged(c: Comparison) -> Diagnosis | None:
     )
 
 
-def at_value(grads: Tensors, value: float) -> int:
-    """Elements of a gradient that sit at ±the clip value."""
+def at_value(grads: Tensors, value: float, beyond: bool = False) -> int:
+    """Elements of a gradient that sit at ±the clip value (a clip by value leaves none past
+    it); `beyond`: those past it, which a clip by value would have cut."""
     at = 0
     for g in grads.values():
         g = np.asarray(g)
-        at += int(np.count_nonzero(np.abs(g) >= np.asarray(value, dtype=g.dtype)))
+        limit = np.asarray(value, dtype=g.dtype)
+        at += int(np.count_nonzero(np.abs(g) > limit if beyond else np.abs(g) >= limit))
     return at
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import at_value, clip_calls, clip_state
 from .common import exact_of, finite, grad_norm, noise_share, window
@@ -245,7 +243,7 @@ def _value_clip_in_one_run(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         grads = {run: exact_of(c, getattr(c, run), "grads", i) for run in (clipping, other)}
         if not all(grads.values()):
             return None  # elements not known (sketched): not told
-        at, beyond = at_value(grads[clipping], value), _beyond(grads[other], value)
+        at, beyond = at_value(grads[clipping], value), at_value(grads[other], value, True)
         if not (at and beyond):
             return None
         named = {"baseline": "baseline", "merged": "merged run"}
@@ -267,11 +265,3 @@ def _value_clip_in_one_run(c: Comparison, r: UpdateResult) -> Diagnosis | None:
             "framework's gradient_clip_val with gradient_clip_algorithm='value')",
         )
     return None
-
-
-def _beyond(grads, value: float) -> int:
-    """Elements of a gradient beyond ±value (a clip by value would have cut them)."""
-    return sum(
-        int(np.count_nonzero(np.abs(np.asarray(g)) > np.asarray(value, dtype=np.asarray(g).dtype)))
-        for g in grads.values()
-    )
