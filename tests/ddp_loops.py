@@ -19,6 +19,7 @@ from torch import nn
 import gradalign
 
 B, K, UPDATES, LR = 16, 2, 4, 0.3
+WIDE = 1e3  # a max_norm no gradient here reaches
 # each variant of the merged run: what the loop does differently from `clean`
 VARIANTS = {
     "clean": {},
@@ -51,6 +52,11 @@ VARIANTS = {
     # no_sync() at every micro-step, each rank clipping its own gradient before the loop
     # averages the ranks' by hand: a clip of each rank's share
     "clip-before-reduce": {"clip": "local", "reduce_by_hand": True},
+    # the same at a threshold no rank's share reaches (against the baseline, which clips
+    # nothing): nothing engaged
+    "wide-clip-before-reduce": {"clip": "local", "reduce_by_hand": True, "max_norm": WIDE},
+    # each rank's norm only logged (an infinite max_norm) before the hand reduce: no clip
+    "norm-logged-before-reduce": {"log_local": True, "reduce_by_hand": True},
     "sum-hook": {"hook": "sum", "k": 4},  # a comm hook that sums without dividing by W (W != K)
     # against baseline-buffer: W=2 x K=1, a running mean of each rank's own B/W input rows
     "buffer-k1": {"buffer": True, "k": 1},
@@ -112,8 +118,15 @@ def baseline(
             opt.zero_grad()
 
 
-def step(model: nn.Module, opt: torch.optim.Optimizer, scaler, clip: str, rec=None) -> None:
-    """The optimizer step; with a GradScaler, clipped at CLIP after (or, the bug, before)
+def step(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    scaler,
+    clip: str,
+    rec=None,
+    max_norm: float = CLIP,
+) -> None:
+    """The optimizer step; with a GradScaler, clipped at `max_norm` after (or, the bug, before)
     unscale_(), or by hand (the norm handed to `rec.grads`, where given)."""
     if not scaler:
         opt.step()
@@ -122,7 +135,7 @@ def step(model: nn.Module, opt: torch.optim.Optimizer, scaler, clip: str, rec=No
         nn.utils.clip_grad_norm_(model.parameters(), CLIP)
     scaler.unscale_(opt)
     if clip == "after":
-        nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     if clip == "hand":
         squares = sum(p.grad.pow(2).sum() for p in model.parameters())
         dist.all_reduce(squares)  # the bug: DDP's gradients are the ranks' mean already
@@ -135,12 +148,17 @@ def step(model: nn.Module, opt: torch.optim.Optimizer, scaler, clip: str, rec=No
         for p in model.parameters():
             p.grad.mul_(torch.clamp(CLIP / (p.grad.norm() + 1e-6), max=1.0))
     if clip == "local":  # this rank's own gradient, then the ranks' mean by hand
-        nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= dist.get_world_size()
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        mean_by_hand(model)
     scaler.step(opt)
     scaler.update()
+
+
+def mean_by_hand(model: nn.Module) -> None:
+    """The ranks' mean gradient, all-reduced by the loop itself."""
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
 
 
 def sum_hook(state, bucket):
@@ -201,8 +219,12 @@ def merged(out: Path, variant: dict) -> None:
                 rec.micro(recorded, batch=(x[rows], y[rows]), **items)
                 if variant.get("zero_grad") and micro < k - 1 and buggy:
                     opt.zero_grad()  # the gradient accumulated so far is lost
+            if variant.get("log_local"):  # this rank's norm logged, then the mean by hand
+                nn.utils.clip_grad_norm_(ddp.parameters(), float("inf"))
+                mean_by_hand(ddp)
             clips = rank in variant.get("clip_ranks", range(world))
-            step(ddp, opt, scaler, clip if clips else "", rec if variant.get("report") else None)
+            report = rec if variant.get("report") else None
+            step(ddp, opt, scaler, clip if clips else "", report, variant.get("max_norm", CLIP))
             rec.update()
             opt.zero_grad()
 

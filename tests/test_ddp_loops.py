@@ -219,6 +219,26 @@ def test_a_clip_on_each_rank_before_the_reduce_is_named_by_the_ranks_norms(loops
     assert judged(loops, "clip-scaler").verdict == PASS  # one norm on every rank: no such claim
 
 
+def test_a_clip_before_the_reduce_that_engaged_nowhere_fails_on_the_ranks_norms(loops):
+    """The same loop at a max_norm no rank's share reached, against a baseline that clips
+    nothing: every weight and gradient agrees, yet the first share that reaches it clips alone.
+    It passed; the check of the ranks' norms fails it, and clip-per-micro says nothing engaged.
+    A norm only logged on each rank before the reduce (an infinite max_norm) clips nothing: no
+    such check, a pass."""
+    c = judged(loops, "wide-clip-before-reduce")
+    check = next(k for k in c.checks if k.name == "one norm before clipping on every rank")
+    assert check.status == FAIL and "4/4 updates clipped by other norms" in check.detail
+    assert all(k.status != FAIL for k in c.checks if k is not check), c.checks
+    found = errors(c)[0]
+    assert found.code == "clip-per-micro" and found.evidence["engaged"] is False, found.message
+    assert "No clip engaged in this run" in found.message
+    logged = judged(loops, "norm-logged-before-reduce")
+    assert logged.verdict == PASS, [k for k in logged.checks if k.status == FAIL]
+    assert "one norm before clipping on every rank" not in [k.name for k in logged.checks]
+    clean = next(k for k in judged(loops, "clip-scaler").checks if k.name.startswith("one norm"))
+    assert clean.status == PASS and "the 2 ranks clipped by one norm" in clean.detail
+
+
 def test_a_comm_hook_that_sums_is_named_with_the_hook(loops):
     """W=2, K=4: the gradient twice the baseline's, and the hook the Recorder saw on the DDP
     wrapper named beside the causes the ratio leaves open."""

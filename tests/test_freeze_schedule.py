@@ -1,7 +1,10 @@
 """A layer frozen for the first updates and then trained (`requires_grad_(True)`): unfrozen at
 the same update in both runs it passes; unfrozen at a count of micro-steps (update 1 instead of
 3 at K=4), or never in the merged run, it is named `lr-schedule` with the tensors and the update
-each run trained them from (was `unexplained`)."""
+each run trained them from (was `unexplained`). A layer trained and then frozen
+(`requires_grad_(False)`) at a count of micro-steps, inside a window: the same code, from the
+micro-step its gradient was last written (was `zero-grad-in-window`, "cleared inside the
+window")."""
 
 from __future__ import annotations
 
@@ -13,13 +16,14 @@ import gradalign
 from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
 
-UPDATES, BATCH, UNFREEZE = 5, 32, 3
+UPDATES, BATCH, UNFREEZE, FREEZE = 5, 32, 3, 2
 
 
-def freeze_loop(out, k: int, unfreeze_at: str = "update", float64: bool = False):
+def freeze_loop(out, k: int, unfreeze_at: str = "update", float64: bool = False, freeze=False):
     """An MLP whose first layer trains from update UNFREEZE on, counted in updates, in
     micro-steps after the first window (`micro`: from micro-step UNFREEZE + 1, update 1 at K=4)
-    or `never`."""
+    or `never`; with `freeze`, trains until FREEZE, counted alike (`micro`: until micro-step
+    FREEZE + 1, inside window 0 at K=4)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 24), nn.Tanh(), nn.Linear(24, 3))
     g = torch.Generator().manual_seed(1)
@@ -34,7 +38,7 @@ def freeze_loop(out, k: int, unfreeze_at: str = "update", float64: bool = False)
             for j in range(k):
                 count = {"update": u, "micro": micro - 1, "never": -1}[unfreeze_at]
                 for p in model[0].parameters():
-                    p.requires_grad_(count >= UNFREEZE)
+                    p.requires_grad_(0 <= count < FREEZE if freeze else count >= UNFREEZE)
                 rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
                 (loss / k).backward()
@@ -53,6 +57,11 @@ def runs(tmp_path_factory):
         "base": freeze_loop(root / "base", 1),
         "ref": freeze_loop(root / "ref", 1, float64=True),
         **{at: freeze_loop(root / at, 4, at) for at in ("update", "micro", "never")},
+        "freeze-base": freeze_loop(root / "freeze-base", 1, freeze=True),
+        **{
+            f"freeze-{at}": freeze_loop(root / f"freeze-{at}", 4, at, freeze=True)
+            for at in ("update", "micro")
+        },
     }
 
 
@@ -73,3 +82,13 @@ def test_unfrozen_at_another_update_is_named(runs, reference, at, merged_from):
     assert first.evidence["baseline_from"] == UNFREEZE
     assert first.evidence["merged_from"] == merged_from
     assert "unfrozen (requires_grad)" in first.message
+
+
+def test_frozen_inside_a_window_is_named_from_its_last_written_micro_step(runs):
+    assert compare(runs["freeze-base"], runs["freeze-update"]).verdict == "pass"
+    c = compare(runs["freeze-base"], runs["freeze-micro"])
+    first = c.diagnosis[0]
+    assert first.code == "lr-schedule", [(d.code, d.message) for d in c.diagnosis]
+    assert first.evidence["tensors"] == ["0.weight", "0.bias"]
+    assert first.evidence["first_update"] == 0 and first.evidence["last_written_micro_step"] == 2
+    assert "frozen (requires_grad_(False)) inside the window" in first.message

@@ -192,3 +192,49 @@ def test_two_printers_still_tell_a_broken_run(cli, tmp_path):
 def test_two_printers_of_other_numbers_are_stillrefused_pair(cli, tmp_path):
     means = [sum(LOSSES[: i + 1]) / (i + 1) for i in range(len(LOSSES))]  # a running mean
     refused_pair(cli, tmp_path, _two_printers(LOSSES, means), "2 printers", "other losses")
+
+
+def _composer(losses: list[float], split: str = "train") -> list[str]:
+    """Composer's FileLogger: one metric per line, `[metric][batch=N]: <name>: <value>`, the
+    step's loss as `loss/train/total` (the sum of its parts), the lr on a line of its own."""
+    lines = []
+    for i, v in enumerate(losses):
+        lines += [
+            f"[metric][batch={i}]: time/batch: {i}",
+            f"[metric][batch={i}]: loss/{split}/total: {v:.4f}",
+            f"[metric][batch={i}]: lr-DecoupledSGDW/group0: 0.1000",
+        ]
+    return lines
+
+
+def test_composers_loss_train_total_is_the_steps_loss(tmp_path):
+    """`loss/train/total` is Composer's only name for the step's loss: it was refused as "a
+    total beside its parts" where no part was printed. An evaluation's `loss/val/total` is no
+    training loss."""
+    run = read_log(write_log(tmp_path, "composer.log", _composer(LOSSES)))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES, abs=5e-5)
+    with pytest.raises(BadInput, match="no step line"):
+        read_log(write_log(tmp_path, "val.log", _composer(LOSSES, "val")))
+
+
+def _tf_guide(losses: list[float], per_epoch: int = 4) -> list[str]:
+    """The TensorFlow guide's custom training loop: the loss named before its step, the step
+    counted from 0 in each epoch, after a line announcing the epoch."""
+    lines = []
+    for i, v in enumerate(losses):
+        if i % per_epoch == 0:
+            lines.append(f"Start of epoch {i // per_epoch}")
+        lines.append(f"Training loss (for one batch) at step {i % per_epoch}: {v:.4f}")
+        lines.append(f"Seen so far: {(i % per_epoch + 1) * 32} samples")
+    return lines
+
+
+def test_a_loss_named_before_its_step_is_read(tmp_path):
+    """`Training loss (for one batch) at step 3: 2.29` was refused as no step line; its steps
+    restart after `Start of epoch 1`, as after `Epoch 2/10`. A validation loss so printed is
+    no training loss."""
+    run = read_log(write_log(tmp_path, "tf.log", _tf_guide(LOSSES)))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES, abs=5e-5)
+    val = [line.replace("Training", "Validation") for line in _tf_guide(LOSSES)]
+    with pytest.raises(BadInput, match="no step line"):
+        read_log(write_log(tmp_path, "val.log", val))

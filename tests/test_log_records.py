@@ -30,6 +30,9 @@ from .small_logs import LOSSES, write
         ("train_loss_step", 1),  # Lightning's on_step value
         ("lm loss", 2),
         ("nll_loss", 2),
+        ("loss/train/total", 1),  # Composer's step loss, the sum of its parts
+        ("loss/train/ce", 2),
+        ("loss/val/total", None),
         *((n, None) for n in ("eval_loss", "val_loss", "valid_loss", "aux_loss", "avg_loss")),
         *((n, None) for n in ("running_loss", "loss_scale", "train_loss_epoch", "lossy", "acc")),
     ],
@@ -241,6 +244,30 @@ def test_a_trainer_logs_grad_norm_is_read_and_judged(tmp_path):
     c = api.compare(base, hidden, accum_steps=1)  # only the norm shows it
     norms = next(check for check in c.checks if check.name == "norms before clipping")
     assert c.verdict == "fail" and norms.status == "fail", norms.detail
+
+
+def test_printed_norms_say_a_scale_only_where_the_first_losses_allow_one(tmp_path):
+    """One line per update (-k 1), each a window's mean loss and its gradient's norm. A loop
+    that stepped at every micro-step (the loss divided by K) printed norms 0.48x and an update-0
+    loss 1% below: it was `loss-scale` (K=2), whose fix breaks a correct scale; update 0's
+    losses come from the same weights, so only a scaled print or none leaves them so. A loss
+    not divided by K (norms 4x, the first losses alike, the later ones apart) was said to
+    leave "the losses, weights and clipped gradients" agreeing, behind a clip: a log prints
+    no weights, and its losses part."""
+    from gradalign import api
+
+    base = _trainer_log(tmp_path / "base.log", TRAINER_LOSSES, TRAINER_NORMS)
+    stepped = [v * (0.99 if i == 0 else 0.9) for i, v in enumerate(TRAINER_LOSSES)]
+    inside = _trainer_log(tmp_path / "s.log", stepped, [n * 0.48 for n in TRAINER_NORMS])
+    c = api.compare(base, inside, accum_steps=1)
+    assert c.verdict == "fail" and "loss-scale" not in [d.code for d in c.diagnosis]
+    assert "an optimizer step inside the window" in c.diagnosis[0].message
+    apart = [v * (1 if i == 0 else 0.95) for i, v in enumerate(TRAINER_LOSSES)]
+    scaled = _trainer_log(tmp_path / "k.log", apart, [n * 4 for n in TRAINER_NORMS])
+    found = api.compare(base, scaled, accum_steps=1).diagnosis[0]
+    assert found.code == "loss-scale" and "(K = 4)" in found.message, found.message
+    assert "the losses part from update 1" in found.message
+    assert "weights and clipped gradients agree" not in found.message
 
 
 def test_a_tensorboard_json_export_is_read_as_its_csv_export_whatever_its_size(tmp_path):

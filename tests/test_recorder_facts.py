@@ -13,7 +13,6 @@ from torch import nn
 
 import gradalign
 from gradalign import api
-from gradalign.record.facts import data_digest
 from gradalign.runs.reader import read_run_dir
 
 
@@ -31,7 +30,7 @@ class Wrapper:
 
 
 def loop(out, k, *, wrap=False, groups=False, closure=False, micro_calls=None, updates=4,
-         forget_update=False, loss_sum=False, lr_in_closure=False):  # fmt: skip
+         forget_update=False, loss_sum=False, lr_in_closure=False, flush=None):  # fmt: skip
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     params = list(model.parameters())
@@ -66,7 +65,12 @@ def loop(out, k, *, wrap=False, groups=False, closure=False, micro_calls=None, u
             handle.step(step_closure) if closure else handle.step()
             if not (forget_update and u == 1):
                 rec.update()
-            handle.zero_grad()
+            if flush is None:
+                handle.zero_grad()
+            else:  # gradients zeroed (Adam steps on zeros all the same), or None
+                opt.zero_grad(set_to_none=flush == "none")
+        if flush is not None:  # "the remainder" stepped where none is left
+            handle.step()
     return read_run_dir(out)
 
 
@@ -136,26 +140,6 @@ def test_a_summed_loss_with_its_items_is_the_mean(tmp_path):
     by_sum, by_mean = loop(tmp_path / "s", 2, loss_sum=True), loop(tmp_path / "m", 2)
     np.testing.assert_allclose(by_sum.micro_loss, by_mean.micro_loss, rtol=1e-12)
     assert list(by_sum.micro_items) == [8.0] * 8
-
-
-def test_padding_never_changes_a_sample_digest():
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(1, 50, (4, 9), generator=g)
-    lengths = torch.tensor([9, 4, 6, 2])
-    mask = torch.arange(9).view(1, -1) < lengths.view(-1, 1)
-    labels = tokens.masked_fill(~mask, -100)
-    whole = data_digest({"input_ids": tokens * mask, "labels": labels}, mask=mask)
-    halves = 0
-    for rows in (slice(0, 2), slice(2, 4)):
-        width = int(lengths[rows].max())  # dynamic padding: each micro-batch to its own length
-        part = {"input_ids": (tokens * mask)[rows, :width], "labels": labels[rows, :width]}
-        halves += data_digest(part, mask=mask[rows, :width])
-    assert halves == whole
-    by_pad = data_digest({"input_ids": tokens * mask, "labels": labels}, pad=(0, -100))
-    assert by_pad == sum(
-        data_digest({"input_ids": (tokens * mask)[r], "labels": labels[r]}, pad=(0, -100))
-        for r in (slice(0, 2), slice(2, 4))
-    )
 
 
 def test_irregular_windows_are_recorded_and_judged(tmp_path):
@@ -284,6 +268,24 @@ def test_a_forgotten_update_is_recorded_and_judged(tmp_path):
     assert [d.code for d in result.diagnosis][:1] == ["window-bookkeeping"]
 
 
+def test_a_step_after_the_last_update_is_judged(tmp_path):
+    """An optimizer step after the last update() (a loop that "flushes" a last partial window
+    where none is left) moves the weights the run ends with, which no snapshot holds: it passed
+    as within noise. The Recorder counts it where it wrote the weights, and the judge names it;
+    a step on no gradient (all None) writes nothing and is no fact."""
+    base = tmp_path / "b"
+    loop(base, 1)
+    flushed = loop(tmp_path / "m", 2, flush="zeros")
+    assert flushed.unclosed_steps == 1 and flushed.unclosed_micro_steps == 0
+    result = api.compare(base, tmp_path / "m")
+    found = result.diagnosis[0]
+    assert found.code == "window-bookkeeping" and found.evidence["unclosed_steps"] == 1
+    assert "stepped its optimizer 1 time(s) after its last update()" in found.message
+    assert "only where micro-batches remain" in found.fix
+    assert loop(tmp_path / "n", 2, flush="none").unclosed_steps == 0
+    assert api.compare(base, tmp_path / "n").verdict == "pass"
+
+
 def test_a_clean_loop_has_no_bookkeeping_facts(tmp_path):
     run = loop(tmp_path / "m", 2)
     assert run.window_sizes is None and run.unclosed_micro_steps == 0 and run.grads_calls is None
@@ -299,21 +301,6 @@ def test_runs_of_different_lengths_with_a_schedule_are_judged_not_crashed(tmp_pa
     result = api.compare(tmp_path / "b", tmp_path / "m")
     assert result.verdict == "fail"
     assert [d.code for d in result.diagnosis][:1] == ["window-bookkeeping"]
-
-
-def test_a_micro_batch_of_padding_alone_is_recorded(tmp_path):
-    model = nn.Linear(3, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with gradalign.Recorder(tmp_path / "r", model, opt, accum_steps=2) as rec:
-        loss = model(torch.ones(2, 3)).sum()
-        loss.backward()
-        rec.micro(loss_sum=loss, items=2)
-        rec.micro(loss_sum=torch.tensor(0.0), items=0)  # every label was padding
-        opt.step()
-        rec.update()
-    run = read_run_dir(tmp_path / "r")
-    assert list(run.micro_items) == [2.0, 0.0]
-    assert run.window_losses()[0] == pytest.approx(float(loss.detach()) / 2)
 
 
 def uneven_loop(out, k, *, per_micro_mean=False, float64=False):

@@ -13,7 +13,7 @@ from torch import nn
 
 import gradalign
 from gradalign.judge.compare import compare
-from gradalign.judge.signatures.learning_rate import schedule_offset
+from gradalign.judge.signatures.learning_rate import _beyond_baseline, schedule_offset
 from gradalign.runs.reader import read_run_dir
 
 UPDATES, BATCH, K = 8, 32, 4
@@ -137,7 +137,7 @@ def _reference_offset(base, merged, likely=()):
             break
         for c in range(-1 if m == 1 else 0, 2 * m + 1):
             ts = [t for t in range(n) if 0 <= m * t + c < n]
-            if (m, c) == (1, 0) or len(ts) < 2:
+            if (m, c) == (1, 0) or len(ts) < (2 if m == 1 or m in likely else 3):
                 continue
             explains = any(not same(float(merged[t]), float(base[t])) for t in ts)
             if explains and all(same(float(merged[t]), float(base[m * t + c])) for t in ts):
@@ -184,3 +184,18 @@ def test_the_pace_search_grows_with_the_updates_not_their_cube():
     assert schedule_offset(base, base / 4) is None
     assert schedule_offset(base, base[np.minimum(256 * t + 1, t.size - 1)], (256,)) == (256, 1)
     assert time.process_time() - start < 10  # 0.1 s here
+
+
+def test_a_pace_fit_by_two_lrs_alone_is_not_claimed():
+    """ReduceLROnPlateau (patience 0) stepped on every micro-batch's loss at K=4: its lrs are
+    powers of two, and two of them matched the baseline's at 5·t + 3, which the message
+    claimed as the schedule's pace. A pace other than 1 and K needs three updates; the
+    message says the merged lr left the range the baseline held."""
+    base = 0.1 * 0.5 ** np.array([0, 0, 1, 2, 3, 4, 4, 5, 6, 7, 8, 9], dtype=np.float64)
+    merged = 0.1 * 0.5 ** np.array([2, 6, 10, 14, 18, 22, 23, 23, 23, 23, 23, 23.0])
+    assert schedule_offset(base, merged, (4,)) is None
+    said = _beyond_baseline(base, merged, evidence := {})
+    assert evidence == {"first_update_beyond_baseline": 2}
+    assert "below the lowest the baseline ever held" in said and "ReduceLROnPlateau" in said
+    faster = 0.1 * 0.5 ** (np.arange(12) * 4 // 3)  # a halving every 3 steps, stepped 4 per update
+    assert schedule_offset(0.1 * 0.5 ** (np.arange(12) // 3), faster, (4,)) == (4, 0)

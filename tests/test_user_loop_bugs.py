@@ -261,3 +261,13 @@ def test_a_clip_by_value_in_one_run_only_is_named_clip_threshold(tmp_path, clipp
     assert found.evidence["clip_value"] == {clipping: 0.01}
     assert found.evidence["elements_at_clip_value"] > 0
     assert found.evidence["elements_beyond_clip_value"] > 0
+
+
+def test_a_gradient_k_times_too_small_names_a_summed_loss_too(tmp_path):
+    """1/K times the baseline's gradient: a mean loss divided by K twice, or a summed loss
+    (reduction='sum', the baseline's batch sum) divided by K at all. It said "divided by K=4
+    twice" with the fix "divide by K once", which a loop that divided its summed loss once
+    cannot follow."""
+    found = judged(tmp_path, "double-loss-scale").diagnosis[0]
+    assert found.code == "loss-scale" and "divided by K=4 once too often" in found.message
+    assert "a summed loss (reduction='sum'" in found.fix and "K once" in found.fix

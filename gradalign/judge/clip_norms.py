@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..runs.model import Run
 from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
 
 PRE_CLIP = "grad_norm_pre_clip"  # the problem key of a norm before clipping that differs
 CLIPS = "clip calls per window"
+RANK_NORMS = "one norm before clipping on every rank"
 
 
 def clipped_inside(base: Run, merged: Run, updates: list[int]) -> list[int]:
@@ -41,6 +44,45 @@ def clip_calls_check(base: Run, merged: Run, results: list[UpdateResult]) -> Che
         f"{len(inside)}/{len(updates)} windows clipped more often than the baseline's update; "
         f"first, window {i}: {int(merged.clip_calls[i])} calls against "
         f"{int(base.clip_calls[i])}",
+    )
+
+
+def ranks_apart(base: Run, merged: Run) -> tuple[list[int], np.ndarray] | None:
+    """The updates at which the merged run's ranks clipped (a call at a finite threshold,
+    `update/clip_calls`) with norms before clipping that differ, and those norms ([W, N]; None
+    where a rank kept none). An all-reduce hands every rank the same gradient bits, so a clip
+    after it sees one norm on all ranks: each rank that saw another clipped its own share before
+    the reduce. A norm only logged (an infinite max_norm) clips nothing and is not counted, nor
+    is a window clipped inside (its norm is a partial sum's: `clip_calls_check` judges it)."""
+    norms, calls = [r.grad_norm_pre_clip for r in merged.ranks], merged.clip_calls
+    if len(norms) < 2 or calls is None or any(n is None for n in norms):
+        return None
+    table = np.stack(norms)  # [W, N]
+    low, high = table.min(axis=0), table.max(axis=0)
+    apart = np.isfinite(low) & (high > low * (1 + 1e-6)) & (calls[: table.shape[1]] >= 1)
+    updates = [int(u) for u in np.flatnonzero(apart)]
+    inside = set(clipped_inside(base, merged, updates))
+    return [u for u in updates if u not in inside], table
+
+
+def rank_norms_check(base: Run, merged: Run, replicas: bool) -> Check | None:
+    """Ranks that step as replicas (`replicas`) clip after their gradients are reduced, each
+    seeing one norm; each rank's own norm before clipping is compared (None: one process, or
+    no rank kept its norms). A clip before the reduce fails here whether or not it engaged in
+    this run: it clips a rank's share as soon as that reaches the threshold."""
+    found = ranks_apart(base, merged)
+    if found is None or not replicas:
+        return None
+    updates, table = found
+    if not updates:
+        return Check(RANK_NORMS, PASS, f"the {table.shape[0]} ranks clipped by one norm")
+    u = updates[0]
+    seen = ", ".join(f"rank {r} {table[r, u]:.6g}" for r in range(table.shape[0]))
+    return Check(
+        RANK_NORMS,
+        FAIL,
+        f"{len(updates)}/{table.shape[1]} updates clipped by other norms on the ranks; first, "
+        f"update {u}: {seen}",
     )
 
 

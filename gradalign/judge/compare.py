@@ -18,6 +18,7 @@ from .apart import judge_apart
 from .below_noise import shape_below_noise
 from .bookkeeping import bookkeeping_judge, unjudged_losses
 from .checks import build_checks
+from .clip_norms import rank_norms_check
 from .compatible import (
     ReferenceBound,
     check_compatible,
@@ -133,6 +134,8 @@ def _judge(
     checks = build_checks(base, merged, results, changes, calibrated, disagreements, tol.grad_rtol)
     if ranks is not None:
         checks.insert(1, rank_check(merged, ranks))
+        clipped = rank_norms_check(base, merged, ranks.agree)
+        checks += [clipped] if clipped is not None else []
     comparison = Comparison(
         base,
         merged,

@@ -41,6 +41,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.lr_scaled,
     sig.lr_schedule,
     sig.trained_from_another_update,
+    sig.frozen_inside_window,  # frozen at a count of micro-steps
     sig.optimizer_settings,
     sig.weights_decayed,  # after the settings: another weight_decay there is named there
     sig.scale_before_clip,  # a scale only the norms before clipping kept

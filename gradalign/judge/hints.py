@@ -14,9 +14,14 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
     said, fixes = [], []
     logs = c.merged.kind == "log" or c.baseline.kind == "log"
     if r is not None and r.update == 0 and not r.loss_ok:
+        # a log of one line per update prints the window's mean: its steps are unknown
+        whole = c.merged.kind == "log" and c.merged.accum_steps <= c.baseline.accum_steps
         said.append(
             "update 0's loss is computed before any step, from the initial weights, so this "
             "gap is not in training but in what each loop computed or printed"
+            if not whole
+            else "update 0's losses come from the same initial weights, so this gap is in what "
+            "each loop computed or printed"
         )
         if logs:
             said[-1] += (
@@ -25,6 +30,12 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
                 "batches of unequal sizes averaged without their counts, other samples or "
                 "another seed, or another loss reduction"
             )
+            if whole:
+                said[-1] += (
+                    "; or in an optimizer step inside the window, where a line prints the whole "
+                    "window's mean (its later micro-batches then ran on weights already "
+                    "stepped; such a log does not say how often the loop stepped)"
+                )
             fixes.append(
                 "print each micro-batch's own loss, not a smoothed one, from both loops seeded "
                 "alike on the same data; where micro-batches differ in size, print each one's "

@@ -86,6 +86,12 @@ def problems(run: Run, role: str, base: Run | None = None) -> list[str]:
             f"{role} has {run.unclosed_micro_steps} micro-step(s) after its last update():"
             f"{never or ' the last window never ended'}"
         )
+    if run.unclosed_steps:
+        found.append(
+            f"{role} stepped its optimizer {run.unclosed_steps} time(s) after its last "
+            "update(), with no micro-step after it: the weights it ended with were never "
+            "recorded (a last partial window stepped where there was none?)"
+        )
     return found
 
 
@@ -99,4 +105,4 @@ def judged_updates(base: Run, merged: Run) -> int:
 
 
 def has_problems(run: Run) -> bool:
-    return bool(run.irregular_windows.size or run.unclosed_micro_steps)
+    return bool(run.irregular_windows.size or run.unclosed_micro_steps or run.unclosed_steps)

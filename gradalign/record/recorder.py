@@ -390,9 +390,11 @@ class Recorder:
             or optimizer_settings.settings(self._optimizer, self._places),
             **self._capture.manifest(),
         }
-        unclosed = self._windows.open.micro_steps
-        if unclosed:
-            manifest["unclosed_micro_steps"] = unclosed
+        unclosed = self._windows.open
+        if unclosed.micro_steps:
+            manifest["unclosed_micro_steps"] = unclosed.micro_steps
+        elif unclosed.steps and self._capture.states.written():  # steps after the last update()
+            manifest["unclosed_steps"] = unclosed.steps  # that moved weights never recorded
         if self._grad_dtypes:
             manifest["grad_dtype"] = "+".join(sorted(self._grad_dtypes))
         if self.reference is not None:

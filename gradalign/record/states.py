@@ -57,6 +57,12 @@ class WeightStates:
         self.known = [(stamp(t), key, 0) for t in self.tensors]
         self.stepped.clear()  # the copy holds whatever those steps wrote
 
+    def written(self) -> bool:
+        """Whether a tensor was written since the last snapshot, as its stamp shows (before any
+        row: a row takes the stamps it saw). A step that wrote nothing (every gradient None)
+        moves no stamp; a fused kernel that writes without moving the counter is not seen."""
+        return any(stamp(t) != known[0] for t, known in zip(self.tensors, self.known, strict=True))
+
     def step_taken(self, optimizer: torch.optim.Optimizer) -> None:
         """`optimizer` stepped: its parameters may have changed with their stamps unmoved.
 

@@ -47,13 +47,15 @@ def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer:
 
 
 def group_lrs(optimizer: torch.optim.Optimizer, places: dict[int, int]) -> dict[int, float]:
-    """Every param group's learning rate (a tensor lr is read as a number), keyed by the group's
-    place in the model (`optimizer_settings.group_places`): a group added later keeps its column,
-    whether it sits before the others in the model or after."""
+    """Every param group's learning rate (a tensor lr is read as a number; None, as an
+    optimizer that computes its own from the step count keeps it, as NaN: unknown, as a skipped
+    step's), keyed by the group's place in the model (`optimizer_settings.group_places`): a group
+    added later keeps its column, whether it sits before the others in the model or after."""
     groups, last = optimizer.param_groups, len(places)
     found = {}
     for place, i in group_places(optimizer, places):
-        found[place if place < last else last + i] = float(groups[i]["lr"])
+        lr = groups[i].get("lr")
+        found[place if place < last else last + i] = math.nan if lr is None else float(lr)
     return found
 
 

@@ -195,6 +195,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         bypassed_forwards=optional("update/bypassed_forwards", updates),
         window_sizes=sizes,
         unclosed_micro_steps=unclosed,
+        unclosed_steps=manifest.get("unclosed_steps", 0),
         grads_calls=optional("update/grads_calls", updates),
         full_weights=True,
         init_state=series.get("init/state"),

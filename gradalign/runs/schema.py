@@ -39,7 +39,7 @@ def check_manifest(manifest: dict, where: str) -> None:
         raise bad("updates", f"must be an integer >= 0, got {shown(n)}")
     if k * n > MAX_MICRO_STEPS:
         raise bad("updates", f"times accum_steps is {k * n} micro-steps, beyond any real run")
-    for field in ("micro_steps", "unclosed_micro_steps"):
+    for field in ("micro_steps", "unclosed_micro_steps", "unclosed_steps"):
         if field in manifest and (not _is_int(manifest[field]) or manifest[field] < 0):
             raise bad(field, "must be an integer >= 0")
     files = manifest.get("files")

@@ -34,7 +34,7 @@ from .decisive import (
     step_in_window,
     window_bookkeeping,
 )
-from .frozen import trained_from_another_update
+from .frozen import frozen_inside_window, trained_from_another_update
 from .gradient import (
     grad_accum_dtype,
     loss_scale,
@@ -74,6 +74,7 @@ __all__ = [
     "failing",
     "finite",
     "first_gradient_failure",
+    "frozen_inside_window",
     "grad_accum_dtype",
     "grad_not_cleared",
     "loss_averaging",

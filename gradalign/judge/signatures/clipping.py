@@ -103,13 +103,33 @@ def scale_before_clip(c: Comparison) -> Diagnosis | None:
     expected = scale_of(c, ratio) if math.isfinite(ratio) else None
     if expected is None:
         return None
+    said = (
+        f"at update {i} the merged gradient's norm before clipping is {ratio:.4g} times the "
+        f"baseline's ({window_scale(window_of(c, expected), expected)})"
+    )
+    if r.weights or r.grads:
+        how = (
+            " while the losses, weights and clipped gradients agree: the loss the gradient "
+            "comes from was scaled, and a clip that engaged in both runs hid it from the step; "
+            "where the norm falls below the clip threshold, the merged run will step that many "
+            "times too far"
+        )
+    else:  # a log: its losses alone, no tensor says whether a clip hid the scale
+        later = next((u.update for u in c.results if u.update > i and not u.loss_ok), None)
+        how = (
+            " while that update's losses agree: the loss the gradient comes from was scaled "
+            "(its print was not)"
+            + (
+                f"; the losses part from update {later}, as a step that many times too far "
+                "(or a clip that engaged in both runs and hid it) would make them"
+                if later is not None
+                else "; the later losses agree too: a clip that engaged in both runs, or an "
+                "optimizer that steps alike on a scaled gradient (Adam's), hid it from the step"
+            )
+        )
     return Diagnosis(
         "loss-scale",
-        f"at update {i} the merged gradient's norm before clipping is {ratio:.4g} times the "
-        f"baseline's ({window_scale(window_of(c, expected), expected)}) while the losses, "
-        "weights and clipped gradients agree: the loss the gradient comes from was scaled, and a "
-        "clip that engaged in both runs hid it from the step; where the norm falls below the "
-        "clip threshold, the merged run will step that many times too far",
+        said + how,
         {"update": i, "pre_clip_ratio": finite(ratio), "expected_ratio": expected},
         SCALE_ONCE,
     )

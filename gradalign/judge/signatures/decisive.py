@@ -375,10 +375,16 @@ def window_bookkeeping(c: Comparison) -> Diagnosis | None:
             "merged_updates": c.merged.updates,
             "baseline_updates": c.baseline.updates,
             "unclosed_micro_steps": c.merged.unclosed_micro_steps,
+            "unclosed_steps": c.merged.unclosed_steps,
             "updates_judged": len(c.results),
         },
         "step the optimizer (and call Recorder.update()) exactly once after every K micro-"
         "batches: count micro-steps with `(micro + 1) % K == 0`, handle a last partial window "
         "explicitly (drop it, as the baseline's drop_last does), and end every window with "
-        "update()",
+        "update()"
+        + (
+            "; step a last partial window only where micro-batches remain in it"
+            if c.merged.unclosed_steps or c.baseline.unclosed_steps
+            else ""
+        ),
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..checks import sample_mismatches
-from ..clip_norms import clipped_inside
+from ..clip_norms import ranks_apart
 from ..distributed import RankFacts, counts_per_rank, listed
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import (
@@ -184,30 +184,34 @@ def dp_sampler(c: Comparison) -> Diagnosis | None:
 
 
 def clip_before_reduce(c: Comparison) -> Diagnosis | None:
-    """Ranks that held the same replica yet saw other norms before clipping: the all-reduce
-    hands every rank the same gradient bits, so a clip after it sees one norm on all; each
-    rank clipped its own share (a partial sum of the window's gradient) before the reduce."""
-    facts, ranks = _facts(c), c.merged.ranks
-    norms = [r.grad_norm_pre_clip for r in ranks]
-    if facts is None or not facts.agree or len(ranks) < 2 or any(n is None for n in norms):
+    """Ranks that held the same replica yet clipped by other norms: the all-reduce hands every
+    rank the same gradient bits, so a clip after it sees one norm on all; each rank clipped its
+    own share (a partial sum of the window's gradient) before the reduce (`ranks_apart`)."""
+    facts = _facts(c)
+    found = ranks_apart(c.baseline, c.merged)
+    if facts is None or not facts.agree or found is None or not found[0]:
         return None  # no norms per rank, or replicas that parted (replicas-diverged's)
-    table = np.stack(norms)  # [W, N]
-    low, high = table.min(axis=0), table.max(axis=0)
-    apart = np.flatnonzero(np.isfinite(low) & (high > low * (1 + 1e-6)))
-    if not apart.size:
-        return None
-    u = int(apart[0])
-    if clipped_inside(c.baseline, c.merged, [u]):
-        return None  # clipped inside the window too: its first clip's norm is a partial sum's
-    # (clip_per_micro_counted names it, on the ranks that did)
-    seen = ", ".join(f"rank {r} {table[r, u]:.4g}" for r in range(len(ranks)))
+    (u, *_), table = found
+    seen = ", ".join(f"rank {r} {table[r, u]:.4g}" for r in range(table.shape[0]))
+    engaged = any(not d.ok for r in c.results for d in (*r.weights, *r.grads))
+    latent = (
+        ""
+        if engaged
+        else ". No clip engaged in this run (its weights and gradients agree with the "
+        "baseline's), but the first update at which a rank's share reaches the threshold will "
+        "step with another gradient than the baseline's"
+    )
     return Diagnosis(
         "clip-per-micro",
         f"the ranks clipped before their gradients were reduced: at update {u} their norms "
-        f"before clipping were {seen} ({apart.size} of {table.shape[1]} updates), while they "
+        f"before clipping were {seen} ({len(found[0])} of {table.shape[1]} updates), while they "
         "stepped as replicas; after the all-reduce every rank holds the same gradient and sees "
-        "one norm, so each clipped its own share, a partial sum of the window's gradient",
-        {"update": u, "pre_clip_norms": [finite(float(v)) for v in table[:, u]]},
+        f"one norm, so each clipped its own share, a partial sum of the window's gradient{latent}",
+        {
+            "update": u,
+            "pre_clip_norms": [finite(float(v)) for v in table[:, u]],
+            "engaged": engaged,
+        },
         "clip once per update after the gradients are reduced over the ranks: under DDP after "
         "the window's last backward (outside no_sync), just before optimizer.step(); a hand "
         "all-reduce goes before the clip",

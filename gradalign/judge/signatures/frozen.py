@@ -6,9 +6,11 @@ still agree, so nothing else fails there but those tensors' own weights, which o
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..metrics import TensorDiff
 from ..results import Comparison, Diagnosis
-from .common import failing
+from .common import failing, window
 
 _SHOWN = 3
 
@@ -65,4 +67,55 @@ def trained_from_another_update(c: Comparison) -> Diagnosis | None:
         },
         "unfreeze them (or add their param group) at the same update in both runs: count "
         "optimizer steps, not micro-batches",
+    )
+
+
+def _written(column: np.ndarray, m: int) -> bool:
+    """Whether a parameter's `.grad` was written at micro-step m (`micro/grad_writes`: its
+    counter moved, and it holds a gradient)."""
+    return bool(column[m] != 0 and (m == 0 or column[m] != column[m - 1]))
+
+
+def frozen_inside_window(c: Comparison) -> Diagnosis | None:
+    """Tensors frozen inside a window: at the first failing update only they fail, and in the
+    merged run their `.grad` was last written at a micro-step before the window's last and
+    never after (`micro/grad_writes`), while every other parameter's was written at the
+    window's last micro-step: `requires_grad_(False)` at a count of micro-steps. A tensor that
+    only some micro-batches reach (an expert no token chose) is written again later."""
+    r, run = failing(c), c.merged
+    states = run.micro_grad_writes
+    if r is None or states is None or window(c) < 2 or not r.loss_ok:
+        return None
+    columns = {t.name: p for p, t in enumerate(run.tensors) if t.kind == "param"}
+    names = [d.name for d in r.grads if not d.ok and d.name in columns]
+    if not names or {d.name for d in (*r.grads, *r.weights) if not d.ok} - set(names):
+        return None  # the step moved only them: every other tensor still agrees
+    w = run.window(r.update)
+    last = {}
+    for name in names:
+        column = states[:, columns[name]]
+        written = [m for m in w if _written(column, m)]
+        later = any(_written(column, m) for m in range(w.stop, len(column)))
+        if not written or written[-1] == w.stop - 1 or later:
+            return None
+        last[name] = written[-1] - w.start
+    others = [p for name, p in columns.items() if name not in last]
+    if not others or not all(_written(states[:, p], w.stop - 1) for p in others):
+        return None  # the window's last micro-batch reached nothing: micro-batch-missing's
+    k, position = window(c), max(last.values())
+    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    return Diagnosis(
+        "lr-schedule",
+        f"{', '.join(names[:_SHOWN])}{more} stopped getting gradients inside window "
+        f"{r.update} of the merged run: their .grad was last written at micro-step {position} "
+        f"(of {k}, from 0) and never after, while the baseline's were computed at update "
+        f"{r.update}: they were frozen (requires_grad_(False)) inside the window, as at a count "
+        "of micro-steps instead of updates, and the window stepped with part of their gradient",
+        {
+            "first_update": r.update,
+            "tensors": names,
+            "last_written_micro_step": position,
+        },
+        "freeze them (or drop their param group) between two windows, at the same update in "
+        "both runs: count optimizer steps, not micro-batches",
     )

@@ -57,7 +57,13 @@ def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Di
     variants = [
         *(short if n != k else []),
         (k, f"not divided by K={k}", "divide each micro-batch's loss by K before backward()"),
-        (1 / k, f"divided by K={k} twice", "divide each micro-batch's loss by K once"),
+        (
+            1 / k,
+            f"divided by K={k} once too often (twice, a mean loss; or at all, a summed loss, "
+            "which the window's sum needs undivided)",
+            "divide each micro-batch's mean loss by K once; a summed loss (reduction='sum', as "
+            "the baseline's batch sum) is backpropagated undivided",
+        ),
         (
             k + 1,
             "accumulated as `loss += loss / K` (K+1 times the right gradient)",

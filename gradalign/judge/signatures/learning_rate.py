@@ -74,8 +74,10 @@ def schedule_offset(
     base_lr: np.ndarray, merged_lr: np.ndarray, likely: tuple[int, ...] = ()
 ) -> tuple[int, int] | None:
     """The pace m and offset c with merged lr[t] == baseline lr[m·t + c] wherever the baseline
-    reaches m·t + c, at two updates at least (m = 1, c = 0 is the same schedule), one of them
-    an update where the two differ (a constant stretch of the baseline's fits any pace); c = −1
+    reaches m·t + c, at two updates at least (three for a pace other than 1 and the likely
+    ones: two lrs of a step schedule fit a pace by chance; m = 1, c = 0 is the same schedule),
+    one of them an update where the two differ (a constant stretch of the baseline's fits any
+    pace); c = −1
     (one update behind) at the same pace only. Where several paces fit (a warmup that levels
     off fits 2·t + 3 as well as 4·t + 3), the first of `likely` that fits (K, the micro-steps
     per update), else the slowest. Paces up to MAX_PACE are tried, and the likely ones and one
@@ -97,8 +99,10 @@ def schedule_offset(
                 continue
             first, stop = (-c + m - 1) // m, (n - c + m - 1) // m  # 0 <= m·t + c < n
             first, stop = max(first, 0), min(stop, n)
-            if stop - first < 2 or differs[stop] == differs[first]:
-                continue  # fewer than two updates, or none where the two lrs differ
+            least = 2 if m == 1 or m in likely else 3  # a pace less likely (K+1, any other)
+            if stop - first < least or differs[stop] == differs[first]:
+                continue  # too few updates (two lrs of a step schedule fit by chance), or none
+                # where the two lrs differ
             ts = np.arange(first, stop)
             if bool(same(merged[ts], base[m * ts + c]).all()):
                 if not likely:
@@ -289,5 +293,29 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
         message = (
             f"the learning rates{group_named(group)} differ from update {i} on ({shown_m} in "
             f"merged, {shown_b} in baseline)"
-        )
+        ) + _beyond_baseline(base_lr, merged_lr, evidence)
     return Diagnosis("lr-schedule", message, evidence, fix)
+
+
+def _beyond_baseline(base_lr: np.ndarray, merged_lr: np.ndarray, evidence: dict) -> str:
+    """Where no pace fits: the first update whose merged lr lies outside every lr the baseline
+    held (below its lowest, above its highest), said, as a schedule that advanced faster (a
+    scheduler stepped per micro-step, or fed each micro-batch's loss) leaves it."""
+    base = np.asarray(base_lr, dtype=np.float64)
+    merged = np.asarray(merged_lr, dtype=np.float64)
+    if not np.isfinite(base).any():
+        return ""
+    low, high = np.nanmin(base), np.nanmax(base)
+    with np.errstate(invalid="ignore"):
+        outside = np.flatnonzero((merged < low * (1 - 1e-6)) | (merged > high * (1 + 1e-6)))
+    if not outside.size:
+        return ""
+    j = int(outside[0])
+    evidence["first_update_beyond_baseline"] = j
+    side = "below the lowest" if merged[j] < low else "above the highest"
+    return (
+        f"; from update {j} the merged lr ({merged[j]:.4g}) is {side} the baseline ever held "
+        f"({low if merged[j] < low else high:.4g}): its schedule moved faster than the "
+        "baseline's, as a scheduler stepped at every micro-step, or one fed each micro-batch's "
+        "loss (ReduceLROnPlateau), does; no fixed pace fits it"
+    )

@@ -102,6 +102,11 @@ def _scaled_norms(c: Comparison, q: float, evidence: dict) -> Diagnosis | None:
     scale = scale_of(c, ratio) if math.isfinite(ratio) and ratio > 0 else None
     if scale is None or scale == 1:  # read with -k 1, a ratio near 1 says no K
         return None
+    first = c.results[0] if c.results and c.results[0].update == 0 else None
+    if first is None or (not first.loss_ok and not _scaled_alike(first, ratio)):
+        return None  # both runs' first losses come from the same weights: only a print
+        # scaled as the gradient (or not at all) leaves them so; a step inside the window
+        # moves them by other amounts (a norm 0.48x, the losses 0.99x: not a scale)
     k = window_of(c, scale)
     evidence.update(norm_ratio=finite(ratio), K=k)
     return Diagnosis(
@@ -114,6 +119,13 @@ def _scaled_norms(c: Comparison, q: float, evidence: dict) -> Diagnosis | None:
         SCALE_ONCE + "; a transformers model must take num_items_in_batch (**kwargs in "
         "its forward) or set model_accepts_loss_kwargs = False",
     )
+
+
+def _scaled_alike(r, ratio: float) -> bool:
+    """Whether an update's window losses stand `ratio` apart (within 5%): the loss the
+    gradient comes from, printed as it was scaled."""
+    q = r.merged_loss / r.base_loss if r.base_loss else math.nan
+    return math.isfinite(q) and abs(q / ratio - 1) <= 0.05
 
 
 SCATTERED = 0.5  # relative spread of the ratios one micro-batch's loss (not a mean) shows

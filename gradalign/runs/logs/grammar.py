@@ -65,12 +65,20 @@ _KEYED_INDEX = re.compile(  # `step 3`, `step: 3`, `Step[3/48]`, `batch_id: 3`, 
 )
 _LOSS_VALUE = r"\s*[:=]?\s*(?P<loss>\[*[^\s,;|\[\]]+\]*)"  # `: [2.3]`, `=2.3` before `|` or `;`
 _KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_loss=2.3`, NeMo's
-    # `reduced_train_loss: 2.3` (of the names joined by `_`, only a training loss's: `ce_loss` no)
-    r"(?<![\w.])(?:(?:[A-Za-z][A-Za-z\d]*_)*train(?:ing)?[\s_])?loss\b(?:\s+is)?" + _LOSS_VALUE,
+    # `reduced_train_loss: 2.3` (of the names joined by `_`, only a training loss's: `ce_loss` no),
+    # Composer's `loss/train/total: 2.3` (the step's loss, the sum of its `loss/train/<part>`s)
+    r"(?<![\w.])(?:(?:[A-Za-z][A-Za-z\d]*_)*train(?:ing)?[\s_])?loss(?:/train/total)?\b"
+    r"(?:\s+is)?" + _LOSS_VALUE,
     re.IGNORECASE,
 )
 _JOINED_LOSS = re.compile(  # any loss named by words joined with `_` (GPT-NeoX's `lm_loss: 2.3`)
     r"(?<![\w.])[A-Za-z][A-Za-z\d]*(?:_[A-Za-z\d]+)*_loss\b" + _LOSS_VALUE, re.IGNORECASE
+)
+_LOSS_AT_STEP = re.compile(  # the TensorFlow guide's custom loop: `Training loss (for one
+    # batch) at step 3: 2.29`, the loss named before the step, its value after it
+    r"(?<![\w.])(?P<name>(?:[A-Za-z]\w*[\s_])?loss)(?:\s*\([^()]*\))?\s+at\s+"
+    r"(?P<key>step|iter(?:ation)?|batch)\s+(?P<step>\d+)\s*[:=]\s*(?=[-+.\[\d])",
+    re.IGNORECASE,
 )
 _KEYED_LR = re.compile(  # `lr: 0.001`, `lr=[0.0001]`, `learning_rate: 5e-05`, `learning rate: 1E-4`
     # PaddleClas's `lr(LinearWarmup): 0.1` (the schedule's name in parentheses, as `Epoch(train)`)
@@ -85,8 +93,11 @@ _KEYED_NORM = re.compile(  # `grad_norm: 1.2` (torchtitan, MMEngine), Megatron's
 _LEAD_INDEX = re.compile(  # CLU's text writer (Flax's examples): `[3] learning_rate=0.1, loss=2.3`
     r"^\s*\[\s*(?P<index>\d+)\s*\](?=\s)"
 )
-_EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Epoch 2]`
-    r"^\s*\[?\s*epoch\s*[:=#]?\s*(?P<epoch>\d+)\s*(?:/\s*\d+)?\s*\]?\s*$", re.IGNORECASE
+_EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Epoch 2]`, the
+    # TensorFlow guide's `Start of epoch 2`
+    r"^\s*(?:(?:start(?:ing)?|begin(?:ning)?)\s+(?:of\s+)?)?\[?\s*epoch\s*[:=#]?\s*"
+    r"(?P<epoch>\d+)\s*(?:/\s*\d+)?\s*\]?\s*$",
+    re.IGNORECASE,
 )
 _EPOCH = re.compile(  # `epoch 0`, `Epoch: 1`, `epoch 001:`, mmengine's `Epoch(train) [1]`; a
     # number a label gives just before the step's counter, as timm's `Train: 1 [  50/100 (50%)]`
@@ -213,9 +224,14 @@ def _keyed_step_line(text: str) -> StepLine | None:
     first training loss, in any order among other fields; where no step key, a counter before
     the loss (`Iter(train) [ 3/20]`, `[0/60000 (0%)]`, `3 / 20`), else a bracketed number that
     starts the line (CLU's `[3] loss=2.3`), is the step. None if the line
-    holds no such pair, or is a framework, warning, evaluation or progress-bar line."""
+    holds no such pair, or is a framework, warning, evaluation or progress-bar line. A loss
+    named before its step (`Training loss (for one batch) at step 3: 2.29`) is read alike."""
     if _NOT_TRAINING.search(text):
         return None
+    at_step = _LOSS_AT_STEP.search(text) if "at" in text else None
+    if at_step is not None:  # read as `step 3, training loss: 2.29`
+        fields = f"{at_step['key']} {at_step['step']}, {at_step['name']}: "
+        text = text[: at_step.start()] + fields + text[at_step.end() :]
     keyed = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
     found = [(m, v) for m in _KEYED_LOSS.finditer(text) if (v := whole_or_number(m["loss"]))]
     if not found:  # a loss named by joined words is read where it is the line's only loss

@@ -6,7 +6,8 @@ records (`records`): which names are a step, the training loss, the learning rat
     loss       `loss` plainly; else a training loss (`train_loss`, `train/loss`, `train_loss_step`);
                else the first other named loss (`lm loss`, `nll_loss`); never another quantity's
                (`val`, `eval`, `aux`, `running`, `avg`, `kl`, ... before `loss`, `loss_scale`,
-               `loss_epoch`); a named loss beside a `total` one and no plain `loss` is refused
+               `loss_epoch`); a named loss beside a `total` one and no plain `loss` is refused;
+               Composer's `loss/train/total` (its parts `loss/train/<part>`) a training loss
     lr         lr, learning_rate, `learning rate`, `train/learning_rate`, `lr-<Optimizer>`
                (Lightning's LearningRateMonitor: `lr-SGD`, `lr-AdamW/pg1`)
     skips      Megatron-LM's `number of skipped iterations: N` on a keyed line (`skips.py`)
@@ -145,6 +146,13 @@ def loss_rank(name: str) -> int | None:
     words = [w for w in _WORDS.split(name.strip().lower()) if w]
     if len(words) > 1 and words[-1] == "step":
         words = words[:-1]  # Lightning's `train_loss_step` (`_epoch` is an epoch's mean)
+    if len(words) > 1 and words[0] == "loss" and words[1] in TRAINING:
+        # `loss/<split>/<name>` (Composer's): `loss/train/total` is the step's loss, the sum of
+        # its named parts, each `loss/train/<part>`
+        rest = words[2:]
+        if rest in ([], ["total"]):
+            return 1
+        return None if any(w in OTHER_LOSSES for w in rest) else 2
     if not words or words[-1] != "loss":
         return None
     before = words[:-1]

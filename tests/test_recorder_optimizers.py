@@ -1,0 +1,43 @@
+"""Optimizers whose param groups hold what the Recorder reads in other forms than torch's own
+(an lr of None), recorded without touching the loop's own step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import gradalign
+from gradalign import api
+from gradalign.runs.reader import read_run_dir
+
+
+def test_an_optimizer_that_keeps_no_lr_is_recorded(tmp_path):
+    """transformers' Adafactor in its documented relative-step mode keeps `lr=None` in its
+    param group and computes the lr from its step count: reading it raised a TypeError inside
+    the loop's own optimizer.step(), killing the training. It is recorded as unknown (NaN, as a
+    skipped step's), and a clean pair passes."""
+    adafactor = pytest.importorskip("transformers.optimization").Adafactor
+
+    def relative(out, k):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        opt = adafactor(model.parameters(), lr=None, relative_step=True, warmup_init=True)
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(48, 6, generator=g), torch.randint(0, 3, (48,), generator=g)
+        with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
+            for rows in torch.arange(48).split(16 // k):
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss / k).backward()
+                rec.micro(loss, batch=(x[rows], y[rows]))
+                if (rows[-1] + 1) % 16 == 0:  # the window's last micro-batch
+                    opt.step()
+                    rec.update()
+                    opt.zero_grad()
+        return read_run_dir(out)
+
+    base = relative(tmp_path / "b", 1)
+    assert np.isnan(base.lr).all() and base.updates == 3
+    relative(tmp_path / "m", 2)
+    assert api.compare(tmp_path / "b", tmp_path / "m").verdict == "pass"
