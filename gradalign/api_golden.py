@@ -62,9 +62,11 @@ def _reference(run: Any, reference: PathLike | None, strict: bool) -> Any:
 
 
 def _target(out: PathLike | None, key: str) -> Path:
-    """`out` as a file when it ends in .json, else `<out>/<key>.json` (default `golden/`)."""
+    """`out` as a file when it ends in .json or is a file already (written over only where it
+    is a golden: `_refuse_to_replace`), else `<out>/<key>.json` (default `golden/`)."""
     out_path = Path("golden" if out is None else out)
-    return out_path if out_path.suffix == ".json" else out_path / f"{key}.json"
+    is_file = out_path.suffix == ".json" or (out_path.exists() and not out_path.is_dir())
+    return out_path if is_file else out_path / f"{key}.json"
 
 
 def _write(run: Any, reference: Any, target: Path, inputs: Sequence[Path]) -> Path:

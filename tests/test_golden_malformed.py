@@ -78,6 +78,9 @@ def _mutations() -> dict:
         "version true": (["format_version"], True),
         "dtype an object": (["environment", "dtype"], {}),
         "device a list": (["environment", "device"], []),
+        # read as int64 and judged "identical": 1.9 steps became 1
+        "steps not whole": (["series", "optimizer_steps"], [1.9, 1, 1, 1]),
+        "steps negative": (["series", "optimizer_steps"], [-1, 1, 1, 1]),
     }
     return {
         name: (lambda d, p=path, v=value: set_path(d, p, v))

@@ -238,3 +238,12 @@ def test_a_loss_named_before_its_step_is_read(tmp_path):
     val = [line.replace("Training", "Validation") for line in _tf_guide(LOSSES)]
     with pytest.raises(BadInput, match="no step line"):
         read_log(write_log(tmp_path, "val.log", val))
+
+
+def test_a_bracketed_epoch_and_step_before_the_loss_is_read(tmp_path):
+    """PyTorch's CIFAR tutorial (and DeepSpeed's copy of it) prints `[1,     3] loss: 2.297`,
+    the epoch and the step within it from 1, every step where its interval is 1: it was
+    refused as a loss beside no step number."""
+    lines = [f"[{1 + i // 4}, {1 + i % 4:5d}] loss: {v:.3f}" for i, v in enumerate(LOSSES)]
+    run = read_log(write_log(tmp_path, "cifar.log", lines))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES, abs=5e-4)

@@ -262,6 +262,7 @@ def test_printed_norms_say_a_scale_only_where_the_first_losses_allow_one(tmp_pat
     c = api.compare(base, inside, accum_steps=1)
     assert c.verdict == "fail" and "loss-scale" not in [d.code for d in c.diagnosis]
     assert "an optimizer step inside the window" in c.diagnosis[0].message
+    assert "one micro-batch's loss, not the window's mean (nanoGPT" in c.diagnosis[0].message
     apart = [v * (1 if i == 0 else 0.95) for i, v in enumerate(TRAINER_LOSSES)]
     scaled = _trainer_log(tmp_path / "k.log", apart, [n * 4 for n in TRAINER_NORMS])
     found = api.compare(base, scaled, accum_steps=1).diagnosis[0]

@@ -135,6 +135,8 @@ def _named(arg: str, named: dict[str, Path]) -> str:
         ["golden", "write", "BASE", "--out", "MERGED", "--reference", "none"],
         ["golden", "check", "BASE/manifest.json", "MERGED", "--update"],
         ["golden", "check", "OTHER/package.json", "MERGED", "--update"],
+        # a file not named .json: it said `other: holds no golden file`
+        ["golden", "write", "BASE", "--out", "OTHER/notes", "--reference", "none"],
     ],
     ids=" ".join,
 )
@@ -147,11 +149,13 @@ def test_a_golden_is_never_written_over_a_run_or_a_file_that_is_no_golden(
     other = tmp_path / "other"
     other.mkdir()
     (other / "package.json").write_text('{"name": "mine"}\n')
+    (other / "notes").write_text("mine\n")
     named = {"BASE": small_copy["baseline"], "MERGED": small_copy["merged"], "OTHER": other}
     given = [_named(arg, named) for arg in args]
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     result = cli(*given)
-    one_line_error(result)
+    said = ["exists and is not a golden file"] if "OTHER/notes" in args else []
+    one_line_error(result, *said)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
@@ -184,6 +188,16 @@ def test_a_report_never_lands_on_the_config_or_golden_file_it_reads(
     before = {p: p.read_bytes() for p in (config, golden)}
     one_line_error(cli(*args), "would be written over or inside the input")
     assert {p: p.read_bytes() for p in (config, golden)} == before
+
+
+def test_a_report_at_the_folder_verify_writes_its_runs_in_is_refused_before_training(cli, tmp_path):
+    """`verify --out D --json D`: D, still absent, was let through, the three runs recorded,
+    and only then refused as a directory; it is refused before any work, as `--json
+    D/baseline` was."""
+    out = tmp_path / "v"
+    result = cli("verify", "--updates", "1", "--reference", "none", "--out", out, "--json", out)
+    one_line_error(result, f"report {out} is the folder the run {out / 'baseline'} is to be")
+    assert not out.exists() and "baseline:" not in result.err
 
 
 def test_a_first_update_into_a_new_directory_makes_a_directory(cli, small_runs, tmp_path):

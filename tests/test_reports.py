@@ -5,6 +5,7 @@ before any work, and the exit code stays the gate."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import subprocess
@@ -248,6 +249,18 @@ def test_report_paths_are_checked_before_any_work(cli, tmp_path, small_runs):
     assert not (tmp_path / "v").exists()
     result = cli("merged", "--out", tmp_path / "m", "--markdown", tmp_path / "m.md")
     assert result.code == 2 and "--against" in result.err
+
+
+def test_fonts_matplotlib_lacks_are_not_logged(small_runs, caplog):
+    """A font cache built by another matplotlib makes every plot log `findfont: Font family
+    [...] not found` (21 lines beside a one-line error); a family no machine has does the
+    same. The font manager's logger is held at ERROR while the plots draw."""
+    matplotlib = pytest.importorskip("matplotlib")
+    comparison = api.compare(small_runs["baseline"], small_runs["merged"])
+    family = matplotlib.rc_context({"font.family": ["NoSuchFamily"]})
+    with family, caplog.at_level(logging.WARNING):
+        assert all(png.startswith(b"\x89PNG") for png in render_pngs(comparison).values())
+    assert not [r for r in caplog.records if r.name.startswith("matplotlib")], caplog.text
 
 
 def test_the_html_report_is_self_contained(tmp_path, small_runs):

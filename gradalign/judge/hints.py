@@ -32,15 +32,19 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
             )
             if whole:
                 said[-1] += (
-                    "; or in an optimizer step inside the window, where a line prints the whole "
-                    "window's mean (its later micro-batches then ran on weights already "
-                    "stepped; such a log does not say how often the loop stepped)"
+                    "; or each merged line prints one micro-batch's loss, not the window's mean "
+                    "(nanoGPT prints its window's last, `loss.item() * gradient_accumulation_"
+                    "steps`), which scatters about the baseline's batch mean; or an optimizer "
+                    "step inside the window, where a line prints the whole window's mean (its "
+                    "later micro-batches then ran on weights already stepped; such a log does "
+                    "not say how often the loop stepped)"
                 )
             fixes.append(
                 "print each micro-batch's own loss, not a smoothed one, from both loops seeded "
                 "alike on the same data; where micro-batches differ in size, print each one's "
                 "count on its line (`bsz 7`, `num_items: 120`): the window mean is then "
                 "weighted by it"
+                + ("; a loop printing one line per update prints its window's mean" * whole)
             )
     smoothed = _smoothed(c) if logs and r is not None and not r.loss_ok else None
     if smoothed:

@@ -13,6 +13,7 @@ PNG files carry no timestamp or version: the same comparison gives the same byte
 from __future__ import annotations
 
 import io
+import logging
 import math
 import warnings
 from pathlib import Path
@@ -236,10 +237,21 @@ def png(fig: Any) -> bytes:
 def render_pngs(c: Comparison) -> dict[str, bytes]:
     """The plots as PNG bytes. A tensor name in a script the default font lacks (编码器.权重) is
     drawn as boxes: matplotlib's warning of each missing glyph is dropped, which filled a CI log
-    and, where warnings are errors (PYTHONWARNINGS=error), ended a failing check in exit 3."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
-        return {name: png(fig) for name, fig in figures(c).items()}
+    and, where warnings are errors (PYTHONWARNINGS=error), ended a failing check in exit 3.
+    matplotlib's font lookup logs each family it lacks (`findfont: Font family [...] not
+    found`: 21 lines under a font cache another matplotlib built), which broke the one-line
+    error of a report that then failed: its logger is held at ERROR while the plots draw."""
+    fonts = logging.getLogger("matplotlib.font_manager")
+    level = fonts.level
+    fonts.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=r"Glyph \d+ .*missing from", category=UserWarning
+            )
+            return {name: png(fig) for name, fig in figures(c).items()}
+    finally:
+        fonts.setLevel(level)
 
 
 def plot_paths(directory: Path) -> list[Path]:

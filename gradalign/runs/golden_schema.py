@@ -23,6 +23,7 @@ NUMERIC_SERIES = (
     "loss_scale",
     "grad_norm_pre_clip",
 )
+COUNTS = {"optimizer_steps": 0, "state_step": -1}  # whole numbers, and the least each may be
 
 
 def _number(value: Any) -> bool:
@@ -140,6 +141,11 @@ def _check_series(series: dict, n: int, bad) -> None:
             ok = isinstance(values, list) and len(values) == n
             if not ok or not all(isinstance(v, str) and HEX16.match(v) for v in values):
                 raise bad("series.window_samples", f"must be {n} strings of 16 hex digits")
+        elif key in COUNTS:  # read as int64: 1.9 steps was read as 1 and judged identical
+            least = COUNTS[key]
+            ok = isinstance(values, list) and len(values) == n
+            if not ok or not all(_count(v) and least <= v < 2**63 for v in values):
+                raise bad(f"series.{key}", f"must be a list of {n} whole numbers >= {least}")
         elif key in NUMERIC_SERIES:
             if not _numbers(values, n) or not all(abs(v) <= LARGEST for v in values):
                 raise bad(f"series.{key}", f"must be a list of {n} numbers within +-{LARGEST:g}")

@@ -56,4 +56,10 @@ def check_outputs(
                     f"report {report} would be written over or inside the input {given}; "
                     "write it elsewhere"
                 )
+        for given, run in outs:  # `verify --out D --json D`: D is to hold the runs
+            if _inside(run, target):
+                raise BadInput(
+                    f"report {report} is the folder the run {given} is to be written in; give "
+                    "the report a file name of its own"
+                )
         ensure_parent_writable(target, f"report {report}")

@@ -141,10 +141,10 @@ def printed_slack(c: Comparison) -> np.ndarray:
     return slack
 
 
-def _explained_by_schedule(base_lr: np.ndarray, merged_lr: np.ndarray) -> bool:
+def _explained_by_schedule(base_lr: np.ndarray, merged_lr: np.ndarray, k: int) -> bool:
     """A schedule stepped at another pace explains the lrs (a hyperbolic schedule stepped per
     micro-step is also a constant multiple of the baseline's: the pace is the likelier bug)."""
-    found = schedule_offset(base_lr, merged_lr)
+    found = schedule_offset(base_lr, merged_lr, (k,))
     return found is not None and found[0] > 1
 
 
@@ -163,7 +163,7 @@ def lr_scaled(c: Comparison) -> Diagnosis | None:
     if not _lr_differs(c):
         return None
     group, base_lr, merged_lr = differing_group(c)
-    if _explained_by_schedule(base_lr, merged_lr):
+    if _explained_by_schedule(base_lr, merged_lr, window(c)):
         return None
     slack = printed_slack(c)
     q = lr_ratio(base_lr, merged_lr, slack)
@@ -216,7 +216,7 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
         return None
     group, base_lr, merged_lr = differing_group(c)
     scaled = lr_ratio(base_lr, merged_lr, printed_slack(c))
-    if scaled and not _explained_by_schedule(base_lr, merged_lr):
+    if scaled and not _explained_by_schedule(base_lr, merged_lr, window(c)):
         return None  # lr-scaled's
     i = bad[0]
     evidence: dict = {

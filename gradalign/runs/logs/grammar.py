@@ -93,6 +93,10 @@ _KEYED_NORM = re.compile(  # `grad_norm: 1.2` (torchtitan, MMEngine), Megatron's
 _LEAD_INDEX = re.compile(  # CLU's text writer (Flax's examples): `[3] learning_rate=0.1, loss=2.3`
     r"^\s*\[\s*(?P<index>\d+)\s*\](?=\s)"
 )
+_LEAD_PAIR = re.compile(  # PyTorch's CIFAR tutorial (and DeepSpeed's): `[1,  2000] loss: 2.187`,
+    # the epoch and the step within it
+    r"^\s*\[\s*(?P<epoch>\d+)\s*,\s*(?P<index>\d+)\s*\](?=\s)"
+)
 _EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Epoch 2]`, the
     # TensorFlow guide's `Start of epoch 2`
     r"^\s*(?:(?:start(?:ing)?|begin(?:ning)?)\s+(?:of\s+)?)?\[?\s*epoch\s*[:=#]?\s*"
@@ -225,13 +229,17 @@ def _keyed_step_line(text: str) -> StepLine | None:
     the loss (`Iter(train) [ 3/20]`, `[0/60000 (0%)]`, `3 / 20`), else a bracketed number that
     starts the line (CLU's `[3] loss=2.3`), is the step. None if the line
     holds no such pair, or is a framework, warning, evaluation or progress-bar line. A loss
-    named before its step (`Training loss (for one batch) at step 3: 2.29`) is read alike."""
+    named before its step (`Training loss (for one batch) at step 3: 2.29`), or after a bracketed
+    epoch and step (`[1,  2000] loss: 2.187`), is read alike."""
     if _NOT_TRAINING.search(text):
         return None
     at_step = _LOSS_AT_STEP.search(text) if "at" in text else None
     if at_step is not None:  # read as `step 3, training loss: 2.29`
         fields = f"{at_step['key']} {at_step['step']}, {at_step['name']}: "
         text = text[: at_step.start()] + fields + text[at_step.end() :]
+    pair = _LEAD_PAIR.match(text)
+    if pair is not None:  # read as `epoch 1, step 2000, loss: 2.187`
+        text = f"epoch {pair['epoch']}, step {pair['index']}," + text[pair.end() :]
     keyed = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
     found = [(m, v) for m in _KEYED_LOSS.finditer(text) if (v := whole_or_number(m["loss"]))]
     if not found:  # a loss named by joined words is read where it is the line's only loss
