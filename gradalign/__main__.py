@@ -15,16 +15,23 @@ import signal
 import sys
 import threading
 
-from .errors import INTERRUPTED_EARLY, INTERRUPTED_LATE
+from .errors import INTERRUPTED_EARLY, INTERRUPTED_LATE, Terminated
 
 
 def run() -> None:
-    """Import the command line and run it; interrupted while importing: exit 130, one line."""
+    """Import the command line and run it; interrupted while importing: exit 130 (143 for
+    SIGTERM, which killed the process without a word there), one line."""
+    default = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    if default:  # until the command installs its own (errors.sigterm_as_interrupt)
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         from .cli import main
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as exc:
         print(INTERRUPTED_EARLY, file=sys.stderr)
-        sys.exit(130)
+        sys.exit(143 if isinstance(exc, Terminated) else 130)
+    finally:
+        if default:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         main()
     except SystemExit as exc:
@@ -34,6 +41,10 @@ def run() -> None:
         print(INTERRUPTED_LATE, file=sys.stderr)
         _end(130)
         sys.exit(130)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def _end(code: object) -> None:

@@ -116,6 +116,30 @@ def test_ctrl_c_while_the_command_line_imports_is_exit_130_not_a_traceback(monke
     assert capsys.readouterr().err == "interrupted: nothing was written\n"
 
 
+_TERMINATED_IMPORT = """
+import importlib.abc, os, signal, sys, time
+class Terminated(importlib.abc.MetaPathFinder):  # SIGTERM while gradalign.cli imports
+    def find_spec(self, name, path=None, target=None):
+        if name == "gradalign.cli":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs here
+sys.meta_path.insert(0, Terminated())
+from gradalign.__main__ import run
+sys.argv = ["gradalign", "version"]
+run()
+"""
+
+
+def test_sigterm_while_the_command_line_imports_is_exit_143_with_its_line():
+    """SIGTERM in the first half second (imports) killed the process without a word; the
+    command's own handler comes later. Until then one is in place (a process of its own: the
+    default action would end this one)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _TERMINATED_IMPORT], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (143, "interrupted: nothing was written\n")
+
+
 def test_ctrl_c_while_the_help_printer_imports_is_exit_130_not_a_traceback(monkeypatch, capsys):
     """main() imports typer's help printer (rich.markdown, markdown_it) before any command
     runs, outside the command's own guard: a Ctrl-C 0.3 to 0.45 s after start was a traceback."""
