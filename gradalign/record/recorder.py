@@ -390,11 +390,7 @@ class Recorder:
             or optimizer_settings.settings(self._optimizer, self._places),
             **self._capture.manifest(),
         }
-        unclosed = self._windows.open
-        if unclosed.micro_steps:
-            manifest["unclosed_micro_steps"] = unclosed.micro_steps
-        elif unclosed.steps and self._capture.states.written():  # steps after the last update()
-            manifest["unclosed_steps"] = unclosed.steps  # that moved weights never recorded
+        manifest.update(self._windows.unclosed(self._capture.states.written))
         if self._grad_dtypes:
             manifest["grad_dtype"] = "+".join(sorted(self._grad_dtypes))
         if self.reference is not None:

@@ -262,6 +262,15 @@ class Windows:
         w.micro_steps += 1
         self.draws.micro()
 
+    def unclosed(self, written: Callable[[], bool]) -> dict[str, int]:
+        """What came after the last update(), for the manifest: micro-steps (the last window
+        never ended), or else optimizer steps that moved the weights (`written`), which no
+        snapshot holds (a step on no gradient writes nothing)."""
+        w = self.open
+        if w.micro_steps:
+            return {"unclosed_micro_steps": w.micro_steps}
+        return {"unclosed_steps": w.steps} if w.steps and written() else {}
+
     def series(self, accum_steps: int) -> dict[str, np.ndarray]:
         """The per-update series for the run's series file (only what was recorded)."""
         out: dict[str, np.ndarray] = {
