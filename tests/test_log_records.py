@@ -284,3 +284,16 @@ def test_a_tensorboard_json_export_is_read_as_its_csv_export_whatever_its_size(t
         assert any("TensorBoard export (CSV or JSON" in note for note in run.notes)
     for other in ("[[1, 2], [3, 4]]", "[[1.5, 0.5, 2.3]]", "[[1, true, 2.3]]", "[[1, 0, 2.3]"):
         assert not looks_like_log(write(tmp_path, other + "\n"))
+
+
+def test_a_step_printed_before_a_record_numbers_it(tmp_path):
+    """`step 3: {'train_loss': 2.29}`: the record holds no step field, and the step before it
+    was ignored: records were numbered by position (with a note), so a log that printed its
+    steps twice from some step on was read as a longer run."""
+    lines = [f"step {i}: {{'train_loss': {v}}}" for i, v in enumerate(TRAINER_LOSSES)]
+    run = read_log(write(tmp_path, "\n".join(lines) + "\n", "steps.log"))
+    assert run.micro_loss.tolist() == pytest.approx(TRAINER_LOSSES)
+    assert not [n for n in run.notes if "print no step number" in n], run.notes
+    again = lines + lines[3:]  # steps 3 to 5 printed again: refused, no longer read as 9 steps
+    with pytest.raises(BadInput, match="step 3"):
+        read_log(write(tmp_path, "\n".join(again) + "\n", "again.log"))

@@ -116,3 +116,40 @@ def test_a_gradient_turned_to_about_1_over_k_beside_draws_is_not_a_cleared_windo
     c = judge(base, dataclasses.replace(merged, load_grads=turned))
     codes = [d.code for d in c.diagnosis]
     assert codes[0] == "dropout-rng" and "zero-grad-in-window" not in codes, codes
+
+
+def _dropout_run(out, k: int, train: bool = True, float64: bool = False, reference=None):
+    """An MLP with dropout, trained (or, the bug, left in eval() mode: its dropout draws
+    nothing)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 3))
+    model = model.double() if float64 else model
+    model.train(train)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(UPDATES * B, 8, generator=g)
+    y = torch.randint(0, 3, (UPDATES * B,), generator=g)
+    x = x.double() if float64 else x
+    n = B // k
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+        for update in range(UPDATES):
+            for micro in range(k):
+                rows = slice(update * B + micro * n, update * B + (micro + 1) * n)
+                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss / k).backward()
+                rec.micro(loss.detach(), batch=x[rows])
+            opt.step()
+            rec.update()
+            opt.zero_grad()
+
+
+def test_a_run_whose_dropout_drew_nothing_is_said_to_be_in_eval_mode(tmp_path):
+    """The merged run left in eval() mode: its dropout drew no mask. It was `dropout-rng`, "the
+    two runs drew different random masks", with a fix about reseeding; the merged run drew
+    none (`micro/draws` absent, the baseline's at every micro-step)."""
+    _dropout_run(tmp_path / "ref", 1, float64=True)
+    _dropout_run(tmp_path / "base", 1, reference="../ref")
+    _dropout_run(tmp_path / "eval", K, train=False)
+    found = compare(tmp_path / "base", tmp_path / "eval").diagnosis[0]
+    assert found.code == "dropout-rng" and found.evidence["drew_nothing"] == "merged"
+    assert "the merged run drew none" in found.message and "model.train()" in found.fix

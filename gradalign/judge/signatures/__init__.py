@@ -28,7 +28,6 @@ from .decisive import (
     batchnorm,
     card_loss,
     data_order,
-    dropout_rng,
     non_finite,
     replica_divergence,
     step_in_window,
@@ -52,6 +51,7 @@ from .paired import (
     with_loss_scale,
     zero_grad_beside_other_samples,
 )
+from .random_draws import dropout_rng
 from .skips import overflow_carried, scaler_skips, step_skipped
 from .thresholds import clip_threshold
 from .zero_grad import zero_grad_counted, zero_grad_in_window

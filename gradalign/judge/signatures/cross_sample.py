@@ -185,7 +185,10 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
         "loss), an in-batch contrastive loss, a normalization or penalty over the batch, a "
         "class-weighted loss under reduction='mean' (divided by each micro-batch's own sum of "
         "weights: divide the summed loss by the window's, and give Recorder.micro that sum as "
-        "items=)" + tokens + unseen,
+        "items=), a weight computed from the batch (BCE's pos_weight from its labels), a loss "
+        "weight stepped per micro-batch (a KL or distillation coefficient counted in "
+        "micro-steps), or random numbers drawn per micro-batch from a torch.Generator of the "
+        "loop's own, which the Recorder does not watch (B/K draws are not B's)" + tokens + unseen,
         evidence,
         ("set scale_grad_by_freq=False on those embeddings; otherwise: " if counted else "")
         + "compute such a term over the whole window: accumulate its statistics over the K "

@@ -252,48 +252,6 @@ def draws(c: Comparison) -> bool:
     return c.baseline.draws_each_micro_step() or c.merged.draws_each_micro_step()
 
 
-def dropout_rng(c: Comparison) -> Diagnosis | None:
-    layers = c.baseline.model_facts.get("dropout") or c.merged.model_facts.get("dropout")
-    drawn = draws(c)
-    if not layers and not drawn:
-        return None
-    evidence, differs = update0_gap(c)
-    if not differs or c.results[0].loss_ok:  # other masks give another loss at once
-        return None
-    other = sample_mismatches(c.baseline, c.merged)
-    if other is not None and other.size:  # other samples: data-order's, not "identical samples"
-        return None
-    if layers:
-        evidence["dropout_layers"] = list(layers)
-        what, drew = f"the model has dropout ({', '.join(layers)})", "random masks"
-    else:
-        evidence["draws_each_micro_step"] = True
-        what = (
-            "the loop draws random numbers at every micro-step (torch's default generator "
-            "advanced between micro-steps: noise in the forward, such as a VAE's or a diffusion "
-            "model's; no dropout layer)"
-        )
-        drew = (
-            "random numbers: one draw for a batch of B is not K draws for B/K (torch's CPU "
-            "randn fills them otherwise unless each holds a multiple of 16 numbers)"
-        )
-    cosine = evidence.get("update_0_grad_cosine")
-    shape = f", gradient cosine {cosine:.4f} at update 0" if cosine is not None else ""
-    return Diagnosis(
-        "dropout-rng",
-        f"{what} and the runs differ from update 0, with identical weights and samples (loss "
-        f"differs by {c.results[0].loss_diff:.3g}{shape}): the two runs drew different {drew}",
-        evidence,
-        "draw the same masks in both runs: do not reseed or consume the generator per "
-        "micro-step; with several random ops per forward, use batch-invariant randomness (a "
-        "mask seeded by sample, layer and update); or verify with dropout disabled to isolate it"
-        if layers
-        else "draw the same numbers in both runs: the noise for the whole batch of B once per "
-        "update, sliced per micro-batch, or from a generator seeded by sample and update; or "
-        "verify with the noise fixed to isolate it",
-    )
-
-
 def _first_non_finite(run: Run) -> int | None:
     """The first update at which a run's losses stop being finite (None: they never do)."""
     bad = run.non_finite_losses()

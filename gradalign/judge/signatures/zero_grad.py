@@ -54,12 +54,16 @@ def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
 def zero_grad_in_window(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """A gradient about 1/K of the baseline's (nearer it than 1), pointing elsewhere; where the
     Recorder counted no zero_grad() in the window, cleared by hand, unless random numbers drawn
-    at every micro-step turn it (NEFTune's embedding noise: `dropout-rng`)."""
+    at every micro-step turn it (NEFTune's embedding noise: `dropout-rng`), or the window's loss
+    differs where the weights entering it agree (clearing gradients changes no forward)."""
     counts = c.merged.zero_grads_inside
     if counts is not None and counts[r.update]:
         return None  # zero_grad_counted's
     if counts is not None and draws(c):
         return None  # none seen, and random numbers drawn per micro-step turn it: dropout-rng's
+    if not r.loss_ok and all(d.ok for q in c.results[: r.update] for d in q.weights):
+        return None  # the window's loss differs from weights that agree: the forward computed
+        # otherwise (a loss over the micro-batch, InfoNCE's), which no clearing of gradients does
     ratio, cosine, k = r.grad_ratio, r.grad_cosine, window(c)
     if ratio is None or cosine is None or k < 2:
         return None

@@ -29,10 +29,20 @@ import re
 from ...errors import BadInput
 from .grammar import Printed, StepLine, number
 from .lines import SCALARS_HEADER
-from .names import choose_loss, is_lr_field, is_norm_field, is_size_field, is_step_field
+from .names import (
+    LINE_STEP_KEY,
+    choose_loss,
+    is_lr_field,
+    is_norm_field,
+    is_size_field,
+    is_step_field,
+    whole,
+)
 
 MAX_RECORD = 1 << 16  # a longer line is no record: literal_eval's cost grows with its input
 _NAME = re.compile(r"[A-Za-z_][\w .()/\-]*")
+# a step the text before a record names (`step 3: {'train_loss': 2.29}`), where the record has none
+_PREFIX_STEP = re.compile(rf"(?<![\w.])(?:{LINE_STEP_KEY})\s*[:=#]?\s*(?P<index>\d+)", re.I)
 _INTEGER = re.compile(r"[-+]?\d+")
 _TENSORBOARD = tuple(SCALARS_HEADER.lower().split(","))  # `Wall time,Step,Value`
 _SPECIAL = re.compile(r"(?<![\w'\"])(-?(?:nan|inf))(?![\w'\"])")  # `'grad_norm': nan,`
@@ -160,7 +170,8 @@ class Records:
             fields = _mapping(text[text.index("{") :])
             if fields is not None:
                 self.header = None
-                return self._record(fields)
+                named = _PREFIX_STEP.search(text[: text.index("{")])
+                return self._record(fields, None if named is None else whole(named["index"]))
             if self.loss_key is not None and re.search(
                 rf"['\"]{re.escape(self.loss_key)}['\"]\s*:", text
             ):
@@ -199,7 +210,8 @@ class Records:
         self.header, self.delimiter, self.loss_key = names, delimiter, loss
         return NOT_A_STEP
 
-    def _record(self, fields: dict) -> Read:
+    def _record(self, fields: dict, prefixed: int | None = None) -> Read:
+        """A record's step; `prefixed`: the step the text before it names, where it has none."""
         fields = {str(name): value for name, value in fields.items()}
         printed = {name: p for name, value in fields.items() if (p := _printed(value)) is not None}
         names = list(printed)
@@ -217,7 +229,7 @@ class Records:
         norm = next((printed[n] for n in names if is_norm_field(n)), None)
         epoch = next((_integer(v) for n, v in fields.items() if str(n).lower() == "epoch"), None)
         size = next((_integer(fields[n]) for n in names if is_size_field(n)), None)
-        index = indices[0] if indices else None
+        index = indices[0] if indices else prefixed
         if index is None:
             self._by_epoch(epoch)
         if index is None and _UNNUMBERED not in self.notes:

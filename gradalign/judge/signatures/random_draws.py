@@ -1,0 +1,91 @@
+"""Random numbers the runs drew: `micro/draws` (record/draws.py) says whether torch's default
+generators advanced at each micro-step; dropout layers or noise drawn per micro-step make B/K
+micro-batches draw otherwise than B (`dropout-rng`), and a run whose dropout drew nothing ran in
+eval() mode."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..checks import sample_mismatches
+from ..results import Comparison, Diagnosis
+from .decisive import draws, update0_gap
+
+
+def dropout_rng(c: Comparison) -> Diagnosis | None:
+    layers = c.baseline.model_facts.get("dropout") or c.merged.model_facts.get("dropout")
+    drawn = draws(c)
+    if not layers and not drawn:
+        return None
+    evidence, differs = update0_gap(c)
+    if not differs or c.results[0].loss_ok:  # other masks give another loss at once
+        return None
+    other = sample_mismatches(c.baseline, c.merged)
+    if other is not None and other.size:  # other samples: data-order's, not "identical samples"
+        return None
+    silent = _drew_alone(c) if layers else None
+    if silent is not None:  # one run's dropout drew nothing: it ran in eval() mode
+        evidence.update(dropout_layers=list(layers), drew_nothing=silent)
+        other = "baseline" if silent == "merged" else "merged"
+        return Diagnosis(
+            "dropout-rng",
+            f"the model has dropout ({', '.join(layers)}); the {other} run drew random numbers "
+            f"at its micro-steps and the {silent} run drew none: its dropout was inactive (the "
+            "model in eval() mode, or p=0), so the runs differ from update 0 with identical "
+            f"weights and samples (loss differs by {c.results[0].loss_diff:.3g})",
+            evidence,
+            "train both runs in the same mode: call model.train() before the training loop, and "
+            "again after any evaluation inside it",
+        )
+    if layers:
+        evidence["dropout_layers"] = list(layers)
+        what, drew = f"the model has dropout ({', '.join(layers)})", "random masks"
+    else:
+        evidence["draws_each_micro_step"] = True
+        what = (
+            "the loop draws random numbers at every micro-step (torch's default generator "
+            "advanced between micro-steps: noise in the forward, such as a VAE's or a diffusion "
+            "model's; no dropout layer)"
+        )
+        drew = (
+            "random numbers: one draw for a batch of B is not K draws for B/K (torch's CPU "
+            "randn fills them otherwise unless each holds a multiple of 16 numbers)"
+        )
+    cosine = evidence.get("update_0_grad_cosine")
+    shape = f", gradient cosine {cosine:.4f} at update 0" if cosine is not None else ""
+    return Diagnosis(
+        "dropout-rng",
+        f"{what} and the runs differ from update 0, with identical weights and samples (loss "
+        f"differs by {c.results[0].loss_diff:.3g}{shape}): the two runs drew different {drew}",
+        evidence,
+        "draw the same masks in both runs: do not reseed or consume the generator per "
+        "micro-step; with several random ops per forward, use batch-invariant randomness (a "
+        "mask seeded by sample, layer and update); or verify with dropout disabled to isolate it"
+        if layers
+        else "draw the same numbers in both runs: the noise for the whole batch of B once per "
+        "update, sliced per micro-batch, or from a generator seeded by sample and update; or "
+        "verify with the noise fixed to isolate it",
+    )
+
+
+def _drew_alone(c: Comparison) -> str | None:
+    """The run ("baseline" or "merged") that drew no random numbers at any micro-step where the
+    other drew at most of its own (`micro/draws`); None where both drew or neither is known."""
+    b, m = _draws(c.baseline), _draws(c.merged)
+    if b is None or m is None or len(b) < 2 or len(m) < 2:
+        return None
+    if not b[1:].any() and c.merged.draws_each_micro_step():
+        return "baseline"
+    if not m[1:].any() and c.baseline.draws_each_micro_step():
+        return "merged"
+    return None
+
+
+def _draws(run) -> np.ndarray | None:
+    """A run's `micro/draws`; zeros where the Recorder kept none (it writes them only where a
+    micro-step drew), known by its other per-micro-step series; None for another source."""
+    if run.micro_draws is not None:
+        return np.asarray(run.micro_draws)
+    if run.micro_grad_writes is not None:
+        return np.zeros(len(run.micro_loss), dtype=np.int64)
+    return None
