@@ -118,9 +118,11 @@ def test_a_gradient_turned_to_about_1_over_k_beside_draws_is_not_a_cleared_windo
     assert codes[0] == "dropout-rng" and "zero-grad-in-window" not in codes, codes
 
 
-def _dropout_run(out, k: int, train: bool = True, float64: bool = False, reference=None):
+def _dropout_run(
+    out, k: int, train: bool = True, float64: bool = False, reference=None, eval_from=None
+):
     """An MLP with dropout, trained (or, the bug, left in eval() mode: its dropout draws
-    nothing)."""
+    nothing; from update `eval_from`, as after an evaluation)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 3))
     model = model.double() if float64 else model
@@ -133,6 +135,8 @@ def _dropout_run(out, k: int, train: bool = True, float64: bool = False, referen
     n = B // k
     with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
         for update in range(UPDATES):
+            if update == eval_from:
+                model.eval()  # an evaluation that forgot model.train() after it
             for micro in range(k):
                 rows = slice(update * B + micro * n, update * B + (micro + 1) * n)
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
@@ -153,3 +157,10 @@ def test_a_run_whose_dropout_drew_nothing_is_said_to_be_in_eval_mode(tmp_path):
     found = compare(tmp_path / "base", tmp_path / "eval").diagnosis[0]
     assert found.code == "dropout-rng" and found.evidence["drew_nothing"] == "merged"
     assert "the merged run drew none" in found.message and "model.train()" in found.fix
+    # left in eval() from update 2: it was `unexplained`
+    _dropout_run(tmp_path / "late", K, eval_from=2)
+    late = compare(tmp_path / "base", tmp_path / "late").diagnosis[0]
+    assert late.code == "dropout-rng" and late.evidence["drew_nothing_from"] == 2, late.message
+    assert "from update 2 the merged run drew no random numbers" in late.message
+    _dropout_run(tmp_path / "clean", K)
+    assert compare(tmp_path / "base", tmp_path / "clean").verdict == "pass"

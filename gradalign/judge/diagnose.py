@@ -51,6 +51,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.batch_targets,
     sig.batchnorm,
     sig.dropout_rng,
+    sig.dropout_stopped,  # eval() mode left on from some update
     sig.loss_averaging,
     sig.cross_sample_loss,
 ]

@@ -51,7 +51,7 @@ from .paired import (
     with_loss_scale,
     zero_grad_beside_other_samples,
 )
-from .random_draws import dropout_rng
+from .random_draws import dropout_rng, dropout_stopped
 from .skips import overflow_carried, scaler_skips, step_skipped
 from .thresholds import clip_threshold
 from .zero_grad import zero_grad_counted, zero_grad_in_window
@@ -71,6 +71,7 @@ __all__ = [
     "cross_sample_loss",
     "data_order",
     "dropout_rng",
+    "dropout_stopped",
     "failing",
     "finite",
     "first_gradient_failure",

@@ -89,3 +89,36 @@ def _draws(run) -> np.ndarray | None:
     if run.micro_grad_writes is not None:
         return np.zeros(len(run.micro_loss), dtype=np.int64)
     return None
+
+
+def dropout_stopped(c: Comparison) -> Diagnosis | None:
+    """From some update on, one run's dropout drew nothing while the other's drew at most of
+    its micro-steps, and the runs part there: the model left in eval() mode after an
+    evaluation inside the loop (`micro/draws`, per update)."""
+    layers = c.baseline.model_facts.get("dropout") or c.merged.model_facts.get("dropout")
+    first = next((r.update for r in c.results if not r.ok), None)
+    if not layers or first is None or not first:
+        return None  # at update 0 dropout_rng reads it
+    per = {}
+    for name, run in (("baseline", c.baseline), ("merged", c.merged)):
+        found = _draws(run)
+        if found is None or len(found) != int(run.sizes.sum()):
+            return None
+        per[name] = np.asarray(run.window_totals(found) > 0)[: len(c.results)]
+    for silent, other in (("merged", "baseline"), ("baseline", "merged")):
+        quiet = np.flatnonzero(per[other] & ~per[silent])
+        if not quiet.size or not per[silent][: quiet[0]].all():
+            continue  # it drew at every update before (it trained), then stopped
+        u = int(quiet[0])
+        if per[silent][u:].any() or not per[other][u:].all() or first < u:
+            continue
+        return Diagnosis(
+            "dropout-rng",
+            f"the model has dropout ({', '.join(layers)}); from update {u} the {silent} run drew "
+            f"no random numbers while the {other} run drew at every update: its dropout was "
+            f"inactive from there (the model left in eval() mode after an evaluation inside the "
+            f"loop), and the runs part from update {first}",
+            {"first_update": u, "drew_nothing_from": u, "run": silent, "dropout_layers": layers},
+            "call model.train() after any evaluation inside the training loop, in both runs",
+        )
+    return None
