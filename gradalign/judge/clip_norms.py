@@ -70,8 +70,8 @@ def rank_norms_check(base: Run, merged: Run, replicas: bool) -> Check | None:
     seeing one norm; each rank's own norm before clipping is compared (None: one process, or
     no rank kept its norms). A clip before the reduce fails here whether or not it engaged in
     this run: it clips a rank's share as soon as that reaches the threshold."""
-    found = ranks_apart(base, merged)
-    if found is None or not replicas:
+    found = ranks_apart(base, merged) if replicas else None
+    if found is None:
         return None
     updates, table = found
     if not updates:

@@ -20,16 +20,16 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
     evidence, differs = update0_gap(c)
     if not differs or c.results[0].loss_ok:  # other masks give another loss at once
         return None
-    other = sample_mismatches(c.baseline, c.merged)
-    if other is not None and other.size:  # other samples: data-order's, not "identical samples"
+    mismatched = sample_mismatches(c.baseline, c.merged)
+    if mismatched is not None and mismatched.size:  # other samples: data-order's
         return None
     silent = _drew_alone(c) if layers else None
     if silent is not None:  # one run's dropout drew nothing: it ran in eval() mode
         evidence.update(dropout_layers=list(layers), drew_nothing=silent)
-        other = "baseline" if silent == "merged" else "merged"
+        active = "baseline" if silent == "merged" else "merged"
         return Diagnosis(
             "dropout-rng",
-            f"the model has dropout ({', '.join(layers)}); the {other} run drew random numbers "
+            f"the model has dropout ({', '.join(layers)}); the {active} run drew random numbers "
             f"at its micro-steps and the {silent} run drew none: its dropout was inactive (the "
             "model in eval() mode, or p=0), so the runs differ from update 0 with identical "
             f"weights and samples (loss differs by {c.results[0].loss_diff:.3g})",
