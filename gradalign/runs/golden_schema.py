@@ -18,8 +18,6 @@ NUMERIC_SERIES = (
     "reference_window_loss",
     "window_items",
     "lr",
-    "optimizer_steps",
-    "state_step",
     "loss_scale",
     "grad_norm_pre_clip",
 )

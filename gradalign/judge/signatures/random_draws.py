@@ -9,11 +9,17 @@ import numpy as np
 
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
+from .common import failing
 from .decisive import draws, update0_gap
 
 
+def _dropout_layers(c: Comparison) -> list[str] | None:
+    """The dropout layers either run's model has (its facts), if any."""
+    return c.baseline.model_facts.get("dropout") or c.merged.model_facts.get("dropout")
+
+
 def dropout_rng(c: Comparison) -> Diagnosis | None:
-    layers = c.baseline.model_facts.get("dropout") or c.merged.model_facts.get("dropout")
+    layers = _dropout_layers(c)
     drawn = draws(c)
     if not layers and not drawn:
         return None
@@ -95,10 +101,10 @@ def dropout_stopped(c: Comparison) -> Diagnosis | None:
     """From some update on, one run's dropout drew nothing while the other's drew at most of
     its micro-steps, and the runs part there: the model left in eval() mode after an
     evaluation inside the loop (`micro/draws`, per update)."""
-    layers = c.baseline.model_facts.get("dropout") or c.merged.model_facts.get("dropout")
-    first = next((r.update for r in c.results if not r.ok), None)
-    if not layers or first is None or not first:
+    layers, r = _dropout_layers(c), failing(c)
+    if not layers or r is None or not r.update:
         return None  # at update 0 dropout_rng reads it
+    first = r.update
     per = {}
     for name, run in (("baseline", c.baseline), ("merged", c.merged)):
         found = _draws(run)
