@@ -162,8 +162,10 @@ def _kinked(at: UpdateResult, grads: Pair, factor: float) -> TensorDiff | None:
     allowance holds the estimator's bound, widest for an error in few rows: model zoo run 62 at
     width 4 (a convolution's row 3.1e4x its noise, allowed 0.4 of its error, the embedding
     upstream of it furthest over what was allowed), and run 415 at width 4 over 40 updates (a
-    GPT's feed-forward weight 131x its noise in one column passed, its biases failed)."""
-    if isinstance(grads, Sketched):
+    GPT's feed-forward weight 131x its noise in one column passed, its biases failed).
+    Without a reference no gradient has a noise: the failing one furthest over what was
+    allowed, sketched or not."""
+    if isinstance(grads, Sketched) and any(d.noise for d in at.grads):
         over = [d for d in at.grads if d.noise and d.error > factor * d.noise and d.name in grads]
         many = [d for d in over if many_rows(grads.shape(d.name))]
         return max(many, key=lambda d: d.error / d.noise, default=None)

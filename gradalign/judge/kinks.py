@@ -118,9 +118,10 @@ def excuse_isolated_jumps(
             if quiet
             else "the updates around it and the weights stayed within noise"
         )
+        floor = "noise floor" if worst.noise else "allowed error"  # judged by tolerances
         notes.append(
             f"update {r.update}: the gradient of {', '.join(kinked)} jumped to "
-            f"{worst.ratio:.3g}x its noise floor in {rows} row(s) or column(s) of "
+            f"{worst.ratio:.3g}x its {floor} in {rows} row(s) or column(s) of "
             f"{worst.name}{upstream}, while {around} and the loss within noise: an activation "
             "crossed its kink in one run and not the other (the baseline shows such jumps "
             "against the reference too); not counted as a failure"
@@ -161,8 +162,10 @@ def _quietly_parted(r: UpdateResult, grads: Pair, factor: float) -> bool:
 
 def most_pass(r: UpdateResult) -> bool:
     """Whether update `r`'s passing gradients hold at least as many elements as its failing
-    ones: runs parted at kinks differ in a part of the model, a bug moves most of it."""
-    passing = sum(d.size or 0 for d in r.grads if d.ok)
+    ones: runs parted at kinks differ in a part of the model, a bug moves most of it. A sketched
+    gradient that passed only by its estimator's bound counts for neither (a gradient 1.5 times
+    itself from update 6 on passed a sketched MLP as its biases' parted runs)."""
+    passing = sum(d.size or 0 for d in r.grads if d.clearly_ok)
     return passing >= sum(d.size or 0 for d in r.grads if not d.ok)
 
 

@@ -50,6 +50,8 @@ class TensorDiff:
     norm: float | None = dataclasses.field(default=None, compare=False)
     size: int | None = dataclasses.field(default=None, compare=False)
     rounded: bool = False  # a gradient that passes only by the rounding floor (judge/rounding.py)
+    # sketched: the part of `allowed` that is the estimator's bound (judge/sketched.py)
+    slack: float = dataclasses.field(default=0.0, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -57,6 +59,12 @@ class TensorDiff:
         # (finite values near 1e200 square past float64's range: one run's w against -w passed)
         within = self.error <= self.allowed and self.error < math.inf
         return bool(within) or self.excused is not None
+
+    @property
+    def clearly_ok(self) -> bool:
+        """Within what is allowed without the estimator's bound: a sketched tensor that passes
+        only by that bound is no evidence that it passed (judge/kinks.py `most_pass`)."""
+        return self.excused is not None or bool(self.error <= self.allowed - self.slack)
 
     @property
     def ratio(self) -> float:

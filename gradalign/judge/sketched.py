@@ -11,12 +11,15 @@ direction that never fails what the exact judgement passes:
     error = E(m − ref)
     allowed = factor·E⁺(b − ref) + floor·||ref|| + (E − E⁻)(m − ref)
 
-(E⁺, E⁻: the upper and lower bounds). Such a tensor's judgement is marked `sketched`; its max
-abs and max rel diffs are unknown (NaN), and its drift allowance (the drift needs element
-values) is what judge/sketch_drift.py measured against the reference at the updates with full
-files, carried through the sketched ones; 0 without a reference. The reference is refused
-only when the lower bound of the baseline's distance from it exceeds the upper bound of what is
-allowed (its noise estimated from the sketches between snapshots: judge/sketch_drift.py).
+(E⁺, E⁻: the upper and lower bounds; the part of `allowed` that is the estimator's bound is
+the judgement's `slack`: a tensor that passes only by it is no evidence of a pass). Such a
+tensor's judgement is marked `sketched`; its max abs and max rel diffs are unknown (NaN), and
+its drift allowance (the drift needs element values) is what judge/sketch_drift.py measured at
+the updates with full files and estimated between them: against the reference, or without one
+against the merged run, where the tensor's error then counts only beyond it. The reference is
+refused only when the lower bound of the baseline's distance from it exceeds the upper bound
+of what is allowed (its noise estimated from the sketches between snapshots:
+judge/sketch_drift.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ..runs.model import Run
 from ..runs.sketches import Estimate, estimate
 from .compatible import check_reference_weights, stray
 from .distributed import listed
-from .drift import Drift, stored_bits, widened
+from .drift import Drift, beyond_drift, stored_bits, widened
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
 from .results import UpdateResult
@@ -60,9 +63,11 @@ class SketchJudge:
         # the tensors kept whole at every update (at most the width): against the reference,
         # or else the merged run where its gradients passed (drift.Drift)
         self.drift = Drift(starts, stored_bits(self.base), self.ref is None)
-        # the sketched tensors' drift, from the full files of the snapshot updates
-        stored = self.ref is not None and self.base.store is not None and self.ref.store
-        self.sketch_drift = SketchDrift(self.base, self.ref) if stored else None
+        # the sketched tensors' drift, from the full files of the snapshot updates: against
+        # the reference, or else the merged run where its gradients passed
+        other = self.ref if self.ref is not None else self.merged
+        stored = self.base.store is not None and other.store is not None
+        self.sketch_drift = SketchDrift(self.base, other, self.ref is None) if stored else None
         self.previous: tuple[dict[str, Kept], dict[str, Kept]] | None = None  # wb, wr
 
     def close(self) -> None:
@@ -102,6 +107,8 @@ class SketchJudge:
         elif self.ref is None and ex["wb"] is not None and ex["wm"] is not None:
             passed = {d.name for d in grads if d.ok}
             self.drift.advance(ex["gb"], ex["gm"], ex["wb"], ex["wm"], passed=passed)
+            if self.sketch_drift is not None:
+                self._sketch_drift(i, (gb, gm), (wb, wm), passed)  # type: ignore[arg-type]
         if wb is not None and wr is not None and self.bound is not None:
             check_reference_weights(i, ex["wb"], ex["wr"], self.starts, self.bound, walked)
             self._check_sketched_reference(i, wb, wr)
@@ -114,14 +121,22 @@ class SketchJudge:
                     )
                 elif self.sketch_drift is not None and wr is not None:
                     d = widened(d, self.sketch_drift.allowance(info.name), tol.noise_factor)
+                elif self.sketch_drift is not None:
+                    drift = self.sketch_drift.allowance(info.name)
+                    d = beyond_drift(d, max(0.0, d.error - drift), drift)
                 result.weights.append(d)
         result.grads.extend(grads)
 
-    def _sketch_drift(self, i: int, grads: tuple, weights: tuple) -> None:
-        """The sketched tensors' drift: measured where full files allow, else estimated."""
+    def _sketch_drift(
+        self, i: int, grads: tuple, weights: tuple, passed: set[str] | None = None
+    ) -> None:
+        """The sketched tensors' drift (against the merged run: those whose gradients
+        `passed`): measured where full files allow, else estimated."""
         assert self.sketch_drift is not None
         wb, wr = weights
-        names = [n for n, k in wb.items() if not k.exact and n in wr]
+        names = [
+            n for n, k in wb.items() if not k.exact and n in wr and (passed is None or n in passed)
+        ]
         before = self.previous or (self.start, self.start)
         measured = self.sketch_drift.advance(i, names)
         if not measured and all(g is not None for g in grads):
@@ -192,6 +207,7 @@ class SketchJudge:
             sketched=True,
             norm=kb.norm,
             size=n,
+            slack=gap.value - gap.low,
         )
         if kr is None:
             return d
@@ -199,9 +215,15 @@ class SketchJudge:
             return dataclasses.replace(d, error=math.inf, allowed=0.0, noise=nan)
         error = estimate(km.vector - kr.vector, False, n)
         noise = estimate(kb.vector - kr.vector, False)
-        allowed = tol.noise_factor * noise.high + self.floor * kr.norm + (error.value - error.low)
+        slack = tol.noise_factor * (noise.high - noise.value) + error.value - error.low
+        allowed = tol.noise_factor * noise.value + self.floor * kr.norm + slack
         return dataclasses.replace(
-            d, error=error.value, allowed=allowed, noise=noise.value, rounding=self.floor * kr.norm
+            d,
+            error=error.value,
+            allowed=allowed,
+            noise=noise.value,
+            rounding=self.floor * kr.norm,
+            slack=slack,
         )
 
     def _check_sketched_reference(self, i: int, wb: dict, wr: dict) -> None:
@@ -254,9 +276,10 @@ def sketch_note(results: list[UpdateResult]) -> list[str]:
         "is added to what is allowed; their max abs and max rel diffs need element values, "
         "kept only at the snapshot updates, and are not judged; a kink crossed in one run is "
         "told from a bug by the gradients' row and column sums (each unit's error estimated); "
-        "their noise-dominated drift is measured where the baseline and the reference kept "
-        "full files at an update and the one before it (the first update, at least) and "
-        "carried, and what their gradient noise explains of the baseline's distance from the "
+        "their noise-dominated drift is measured where the baseline and the reference (without "
+        "one, the merged run) kept full files at an update and the one before it (the first "
+        "update, at least), and grows elsewhere by the share of both runs' steps it took "
+        "there; what their gradient noise explains of the baseline's distance from the "
         "reference is estimated from the sketches elsewhere; tensors kept whole (at most the "
         "sketch width, or 1-D up to the runs' whole_1d) are judged exactly"
     ]

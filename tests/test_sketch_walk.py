@@ -1,0 +1,97 @@
+"""Sketch mode: a sketched tensor whose gradient is rounding noise in part walks on between the
+snapshots (judge/sketch_drift.py, `walked`), with a reference and without one.
+
+A convolution over an input channel that is constant in space, followed by an instance norm
+(GroupNorm with one channel a group), has no true gradient in that channel's weights: the norm
+removes each output channel's spatial mean, which is all that channel contributes. Their
+float32 gradients are rounding noise, their float64 ones far smaller noise, and AdamW steps
+each such element by about its learning rate at every update, a different way in each run.
+Recorded in full both runs pass; sketched, the drift of those elements was measured at the
+first update alone, and the float64 reference was refused at update 2 ("not a rerun") and,
+without it, the clean run failed `unexplained` (the sketch hunt's case 8).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from gradalign import Recorder, api
+
+UPDATES = 8
+BATCH = 16
+
+
+class _ConstantChannelNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)  # 216 elements: sketched at width 31
+        self.norm = torch.nn.GroupNorm(8, 8)
+        self.head = torch.nn.Linear(8 * 6 * 6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.norm(self.conv(x))).flatten(1))
+
+
+def _run(out, k: int, record: str, dtype=torch.float32, bug: bool = False, **recorder) -> None:
+    """UPDATES windows of BATCH images (channel 0 constant in space), AdamW, K micro-batches;
+    `bug`: each micro-batch's loss is not divided by K."""
+    torch.manual_seed(0)
+    model = _ConstantChannelNet().to(dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(UPDATES * BATCH, 3, 8, 8, generator=generator)
+    x[:, 0] = torch.randn(UPDATES * BATCH, 1, 1, generator=generator)
+    y = torch.randint(0, 5, (UPDATES * BATCH,), generator=generator)
+    x = x.to(dtype)
+    options = {"record": record, **({"sketch_width": 31} if record == "sketch" else {})}
+    with Recorder(out, model, optimizer, k, updates=UPDATES, **options, **recorder) as rec:
+        for update in range(UPDATES):
+            for rows in torch.arange(update * BATCH, (update + 1) * BATCH).chunk(k):
+                loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
+                (loss if bug else loss / k).backward()
+                rec.micro(loss, batch=(x[rows], y[rows]))
+            optimizer.step()
+            rec.update()
+            optimizer.zero_grad()
+
+
+@pytest.fixture(scope="module", params=["sketch", "full"])
+def runs(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    _run(root / "ref", 1, request.param, torch.float64)
+    _run(root / "base", 1, request.param, reference="../ref")
+    _run(root / "clean", 4, request.param)
+    _run(root / "bug", 4, request.param, bug=True)
+    return request.param, root
+
+
+@pytest.mark.parametrize("reference", [True, False])
+def test_noise_elements_walking_between_snapshots_pass_and_a_bug_still_fails(runs, reference):
+    record, root = runs
+    options = {} if reference else {"reference": "none"}
+    clean = api.compare(root / "base", root / "clean", **options)
+    assert clean.verdict == "pass", [(d.code, d.message[:200]) for d in clean.diagnosis]
+    sketched = {d.name for r in clean.results for d in r.weights if d.sketched}
+    assert sketched == ({"conv.weight", "head.weight"} if record == "sketch" else set())
+    bug = api.compare(root / "base", root / "bug", **options)
+    assert bug.verdict == "fail" and bug.diagnosis[0].code == "loss-scale"
+
+
+def test_the_walk_widens_by_the_share_the_first_update_measured(runs):
+    """The conv's noise-dominated third takes a large share of both runs' steps at the first
+    update, the head's gradient none: the conv's allowance grows at every sketched update,
+    the head's stays what the first update measured."""
+    record, root = runs
+    if record != "sketch":
+        pytest.skip("the walk is sketch mode's")
+    clean = api.compare(root / "base", root / "clean")
+    drift = {
+        name: [next(d.drift or 0.0 for d in r.weights if d.name == name) for r in clean.results]
+        for name in ("conv.weight", "head.weight")
+    }
+    conv = drift["conv.weight"]
+    assert conv[0] > 0 and all(b > a for a, b in itertools.pairwise(conv))
+    assert max(drift["head.weight"]) < 0.01 * conv[-1]
