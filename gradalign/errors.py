@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 INTERRUPTED_EARLY = "interrupted: nothing was written"  # a Ctrl-C before any command ran
-INTERRUPTED_LATE = "interrupted: no partial run was left in place"  # a command's Ctrl-C
+INTERRUPTED_LATE = "interrupted: nothing half-written was left in place"  # a command's Ctrl-C
 
 
 class BadInput(Exception):

@@ -343,3 +343,14 @@ def test_reference_whose_weights_stray_is_refused(sgd_runs):
             sgd_runs["merged"],
             reference=dataclasses.replace(ref, load_weights=load),
         )
+
+
+@pytest.mark.parametrize(
+    "ratio, said", [(1.00002, "1.00002"), (0.99998, "0.99998"), (1.0, "1"), (0.25, "0.25")]
+)
+def test_a_ratio_near_one_is_said_with_the_digits_that_tell_it_from_one(ratio, said):
+    """loss-averaging said "the merged window losses are 1 times the baseline's" of losses
+    that differed (the ratio at 4 digits)."""
+    from gradalign.judge.signatures.common import times
+
+    assert times(ratio) == said

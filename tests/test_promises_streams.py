@@ -178,7 +178,7 @@ run()
     ("body", "code", "err"),
     [
         ("sys.exit(1)", 1, ""),  # the verdict stands
-        ("raise KeyboardInterrupt", 130, "interrupted: no partial run was left in place\n"),
+        ("raise KeyboardInterrupt", 130, "interrupted: nothing half-written was left in place\n"),
     ],
     ids=["settled", "on-the-way-out"],
 )

@@ -54,7 +54,7 @@ def test_an_interrupted_verify_keeps_the_earlier_set_intact(cli, verified, monke
     monkeypatch.setattr(api_recording, "train_into", interrupted)
     result = cli("verify", *SMALL_ARGS, "--optimizer", "adam", "--out", verified)
     assert result.code == 130
-    assert "no partial run was left in place" in result.err
+    assert "nothing half-written was left in place" in result.err
     assert digest(verified) == before
     assert not [p.name for p in verified.iterdir() if p.name.startswith(".")]
     assert api.compare(verified / "baseline", verified / "merged").verdict == "pass"
@@ -77,7 +77,7 @@ def test_sigterm_cleans_up_as_ctrl_c_does(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
-    assert "interrupted: no partial run was left in place" in err and "Traceback" not in err
+    assert "interrupted: nothing half-written was left in place" in err and "Traceback" not in err
     assert not [p.name for p in out.iterdir()] if out.exists() else True
 
 

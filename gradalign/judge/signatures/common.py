@@ -30,6 +30,15 @@ def whole_ratio(ratio: float) -> int:
     return round(ratio) if ratio >= 1 else round(1 / ratio)
 
 
+def times(ratio: float) -> str:
+    """A ratio with the digits that tell it from 1: "1.00002 times", never "1 times" for losses
+    that differ."""
+    text = f"{ratio:.4g}"
+    if text == "1" and ratio != 1 and math.isfinite(ratio):
+        text = f"{ratio:.{2 - math.floor(math.log10(abs(ratio - 1)))}g}"
+    return text
+
+
 def window_scale(k: int, scale: float) -> str:
     """One of K, 1/K or K+1 (a wrong loss scale's ratios) said as the window's scale it is, with
     its value: `K = 4`."""

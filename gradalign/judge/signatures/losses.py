@@ -10,7 +10,7 @@ import numpy as np
 
 from ..results import FAIL, Comparison, Diagnosis
 from .clipping import SCALE_ONCE, scale_behind_clip, scale_of, window_of
-from .common import finite, whole_ratio, window
+from .common import finite, times, whole_ratio, window
 
 
 def loss_averaging(c: Comparison) -> Diagnosis | None:
@@ -83,7 +83,7 @@ def _averaged_otherwise(c: Comparison, q: float, evidence: dict) -> tuple[str, s
     if rounded and math.isfinite(q) and abs(q - 1) <= 0.01:
         return None  # 16-bit losses within 1% without a reference: rounding, as likely
     return (
-        f"the merged window losses are {q:.4g} times the baseline's (median over the failing "
+        f"the merged window losses are {times(q)} times the baseline's (median over the failing "
         "updates): the losses recorded are not the mean losses the gradients came from",
         "record each micro-batch's own unscaled mean loss (the one backpropagated, before "
         "dividing it by K), with its item count where micro-batches differ in size",
