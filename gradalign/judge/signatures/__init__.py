@@ -5,6 +5,7 @@ data, model structure) and `gradient` (the shape of the first failing gradient).
 is one function in one of them, listed in `judge.diagnose`.
 """
 
+from .accum_dtype import grad_accum_dtype
 from .accumulation import (
     grad_not_cleared,
     micro_batch_missing,
@@ -34,12 +35,7 @@ from .decisive import (
     window_bookkeeping,
 )
 from .frozen import frozen_inside_window, trained_from_another_update
-from .gradient import (
-    grad_accum_dtype,
-    loss_scale,
-    loss_term_scale,
-    token_normalization,
-)
+from .gradient import loss_scale, loss_term_scale, token_normalization
 from .items import batch_targets
 from .learning_rate import lr_scaled, lr_schedule
 from .losses import loss_averaging

@@ -10,7 +10,6 @@ import numpy as np
 from ..distributed import listed
 from ..metrics import fit_ratio
 from ..results import Comparison, Diagnosis, UpdateResult
-from ..tolerances import held_exactly
 from .clipping import clip_state, pre_clip_ratio
 from .common import (
     RATIO_MATCH,
@@ -18,11 +17,9 @@ from .common import (
     finite,
     grads_of,
     losses_given,
-    lossy_hooks,
     noise_share,
     normalized_by_window,
     pure_scale,
-    relative_error,
     same_direction_at,
     scaled_error,
     window,
@@ -215,76 +212,6 @@ def loss_term_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         "is a mean over the micro-batch by 1/K, a term that is a sum over its samples by 1 (the "
         "window's sum is the baseline's), or every term as its share of the window's items",
     )
-
-
-def _representable_share(grads: dict[str, np.ndarray], narrow: str) -> float:
-    """The share of nonzero gradient values that `narrow` (float16 or bfloat16) holds exactly."""
-    total = exact = 0
-    for g in grads.values():
-        values = np.asarray(g, dtype=np.float32).ravel()
-        values = values[values != 0]
-        exact += int(np.count_nonzero(held_exactly(values, narrow)))
-        total += values.size
-    return exact / total if total else 0.0
-
-
-def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """Gradients accumulated in a 16-bit buffer: every merged gradient value fits that format
-    exactly (its last mantissa bits are zero) while the baseline's do not."""
-    gb = exact_of(c, c.baseline, "grads", r.update)
-    gm = exact_of(c, c.merged, "grads", r.update)
-    if not gb or not gm:
-        return None
-    # bfloat16 first: its numbers inside float16's range are float16 numbers too
-    for name in ("bfloat16", "float16"):
-        merged_share = _representable_share(gm, name)
-        base_share = _representable_share(gb, name)
-        if merged_share == 1.0 and base_share < 0.5:
-            error = relative_error(gb, gm)
-            ranks = c.merged.world_size > 1
-            how = f"accumulated or all-reduced in {name}" if ranks else f"accumulated in {name}"
-            fix = (
-                "accumulate gradients in float32 (keep .grad, or a float32 master copy, in "
-                "float32 under mixed precision) and cast only the weights to 16 bits"
-            )
-            if ranks:
-                fix += (
-                    "; on several ranks, all-reduce them in float32 too (no fp16/bf16 "
-                    "compression hook on DDP)"
-                )
-            hooks = lossy_hooks(c)
-            if hooks:  # the Recorder saw the hook on the DDP wrapper: say it first
-                how = (
-                    f"all-reduced in {name}: DDP ran the comm hook {', '.join(hooks)} "
-                    "(reduced-precision gradient communication, a deliberate approximation "
-                    "of the large batch's float32 mean)"
-                )
-                fix = (
-                    f"to check the accumulation, drop the compression hook ({', '.join(hooks)}) "
-                    "or register DDP's allreduce_hook instead; with it the run is another "
-                    "training than the large batch's, by the rounding of every all-reduced "
-                    "gradient"
-                )
-            return Diagnosis(
-                "grad-accum-dtype",
-                f"at update {r.update} every merged gradient value is exactly a {name} number "
-                f"(baseline: {base_share:.1%} of them), and the gradient is {error:.3g} off "
-                f"(relative L2): the micro-batch gradients were {how}",
-                {
-                    "update": r.update,
-                    "accumulation_dtype": name,
-                    "merged_share_exact": merged_share,
-                    "baseline_share_exact": base_share,
-                    "grad_rel_l2": finite(error),
-                    "comm_hooks": hooks,
-                    "recorded_grad_dtype": {
-                        "merged": c.merged.grad_dtype,
-                        "baseline": c.baseline.grad_dtype,
-                    },
-                },
-                fix,
-            )
-    return None
 
 
 def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> Diagnosis | None:

@@ -169,7 +169,10 @@ def _clip_by_another_norm(
     if not (clipped_b and clipped_m and post_b and pre_b) or r.grad_cosine is None:
         return None
     rho, stepped = float(pre_m / pre_b), float(post_m / post_b)
-    if not math.isclose(rho * stepped, 1.0, rel_tol=max(2 * tol, 1e-3)):
+    near = max(2 * tol, 1e-3)
+    if math.isclose(rho, 1.0, rel_tol=near):  # the same norm: ρ·(1/ρ) = 1 says nothing
+        return None
+    if not math.isclose(rho * stepped, 1.0, rel_tol=near):
         return None
     world = c.merged.world_size
     sqrt_w = (

@@ -1,0 +1,141 @@
+"""Gradients accumulated in a 16-bit buffer (`grad-accum-dtype`): the merged gradient's values
+are 16-bit numbers where the baseline's are float32 ones.
+
+Read two ways. Where nothing scaled the sum after it (`_representable_share`), every merged value
+is exactly a bfloat16 (float16) number. Where one factor per tensor scaled it after (a norm clip
+that engaged, a division by the window's item count), each value is fl(c·q) for a 16-bit q: its
+float32 mantissa is a function of q's alone, so a tensor holds at most 2^7 (2^10) distinct
+mantissas, where float32 sums of many terms hold about as many as values (`_mantissas`; a clip
+at 0.1 over a bfloat16 sum was named `clip-threshold`, its norm "0.9998 times the baseline's").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...runs.model import Tensors
+from ..results import Comparison, Diagnosis, UpdateResult
+from ..tolerances import held_exactly
+from .common import exact_of, finite, lossy_hooks, relative_error
+
+STORED_BITS = {"bfloat16": 7, "float16": 10}  # bfloat16 first: its numbers are float16 numbers
+SAMPLE = 1 << 16  # nonzero values per tensor whose mantissas are counted
+EVIDENT = 8  # a tensor is read where it holds this many times as many values as mantissas allowed
+
+
+def _representable_share(grads: Tensors, narrow: str) -> float:
+    """The share of nonzero gradient values that `narrow` (float16 or bfloat16) holds exactly."""
+    total = exact = 0
+    for g in grads.values():
+        values = np.asarray(g, dtype=np.float32).ravel()
+        values = values[values != 0]
+        exact += int(np.count_nonzero(held_exactly(values, narrow)))
+        total += values.size
+    return exact / total if total else 0.0
+
+
+def _mantissas(grads: Tensors, bits: int) -> dict[str, int]:
+    """Per tensor with at least EVIDENT·2^bits nonzero finite values (of its first SAMPLE), how
+    many distinct float32 mantissas they hold."""
+    counts = {}
+    for name, g in grads.items():
+        values = np.asarray(g, dtype=np.float32).ravel()
+        values = values[(values != 0) & np.isfinite(values)][:SAMPLE]
+        if values.size >= EVIDENT << bits:
+            counts[name] = int(np.unique(values.view(np.uint32) & np.uint32(0x7FFFFF)).size)
+    return counts
+
+
+def _scaled_narrow(gb: Tensors, gm: Tensors, bits: int) -> tuple[int, dict[str, int]] | None:
+    """Where every readable merged tensor holds at most 2^bits mantissas and some the baseline
+    holds more in: the merged tensors' largest count, and the baseline's counts above 2^bits."""
+    merged, base = _mantissas(gm, bits), _mantissas(gb, bits)
+    if not merged or max(merged.values()) > 1 << bits:
+        return None
+    wide = {name: n for name, n in base.items() if name in merged and n > 1 << bits}
+    return (max(merged.values()), wide) if wide else None
+
+
+def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """Gradients accumulated in a 16-bit buffer: every merged gradient value fits that format
+    exactly (its last mantissa bits are zero), or each tensor's values are such numbers times
+    one scale, while the baseline's are not (module docstring)."""
+    gb = exact_of(c, c.baseline, "grads", r.update)
+    gm = exact_of(c, c.merged, "grads", r.update)
+    if not gb or not gm:
+        return None
+    for name, bits in STORED_BITS.items():
+        merged_share = _representable_share(gm, name)
+        base_share = _representable_share(gb, name)
+        evidence: dict = {"merged_share_exact": merged_share, "baseline_share_exact": base_share}
+        if merged_share == 1.0 and base_share < 0.5:
+            seen = (
+                f"every merged gradient value is exactly a {name} number (baseline: "
+                f"{base_share:.1%} of them)"
+            )
+        elif (scaled := _scaled_narrow(gb, gm, bits)) is not None:
+            most, wide = scaled
+            evidence |= {"merged_mantissas_max": most, "baseline_mantissas": wide}
+            seen = (
+                f"each merged gradient tensor's values are {name} numbers times one factor "
+                f"(each tensor holds at most {most} distinct float32 mantissas, {name} has "
+                f"{1 << bits}; the baseline's {_largest(wide)}), as a clip or a division after "
+                f"the sum leaves a {name} sum"
+            )
+        else:
+            continue
+        return _diagnosis(c, r, name, seen, evidence, relative_error(gb, gm))
+    return None
+
+
+def _largest(wide: dict[str, int]) -> str:
+    """The baseline's tensor with the most mantissas, said."""
+    name = max(wide, key=wide.__getitem__)
+    others = f" and {len(wide) - 1} more" if len(wide) > 1 else ""
+    return f"{name} holds {wide[name]}{others}"
+
+
+def _diagnosis(
+    c: Comparison, r: UpdateResult, name: str, seen: str, evidence: dict, error: float | None
+) -> Diagnosis:
+    ranks = c.merged.world_size > 1
+    how = f"accumulated or all-reduced in {name}" if ranks else f"accumulated in {name}"
+    fix = (
+        "accumulate gradients in float32 (keep .grad, or a float32 master copy, in "
+        "float32 under mixed precision) and cast only the weights to 16 bits"
+    )
+    if ranks:
+        fix += (
+            "; on several ranks, all-reduce them in float32 too (no fp16/bf16 "
+            "compression hook on DDP)"
+        )
+    hooks = lossy_hooks(c)
+    if hooks:  # the Recorder saw the hook on the DDP wrapper: say it first
+        how = (
+            f"all-reduced in {name}: DDP ran the comm hook {', '.join(hooks)} "
+            "(reduced-precision gradient communication, a deliberate approximation "
+            "of the large batch's float32 mean)"
+        )
+        fix = (
+            f"to check the accumulation, drop the compression hook ({', '.join(hooks)}) "
+            "or register DDP's allreduce_hook instead; with it the run is another "
+            "training than the large batch's, by the rounding of every all-reduced "
+            "gradient"
+        )
+    off = f", and the gradient is {error:.3g} off (relative L2)" if error is not None else ""
+    return Diagnosis(
+        "grad-accum-dtype",
+        f"at update {r.update} {seen}{off}: the micro-batch gradients were {how}",
+        {
+            "update": r.update,
+            "accumulation_dtype": name,
+            **evidence,
+            "grad_rel_l2": finite(error),
+            "comm_hooks": hooks,
+            "recorded_grad_dtype": {
+                "merged": c.merged.grad_dtype,
+                "baseline": c.baseline.grad_dtype,
+            },
+        },
+        fix,
+    )
