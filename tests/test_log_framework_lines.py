@@ -217,6 +217,31 @@ def test_composers_loss_train_total_is_the_steps_loss(tmp_path):
         read_log(write_log(tmp_path, "val.log", _composer(LOSSES, "val")))
 
 
+def _composer_console(losses: list[float], per_epoch: int = 4, indent: str = "\t ") -> list[str]:
+    """Composer's ConsoleLogger: a header `[epoch=E][batch=B/N]:` (the batch counted in its
+    epoch), then one indented `Train <name>: <value>` line per metric; an evaluation's progress
+    lines between epochs."""
+    lines = ["*" * 30, "Config:", "node_name: unknown", "*" * 30]
+    for i, v in enumerate(losses):
+        epoch, batch = divmod(i, per_epoch)
+        lines.append(f"[epoch={epoch + 1}][batch={batch + 1}/{per_epoch}]:")
+        for name, value in (("time/batch", i), ("loss/train/total", f"{v:.4f}")):
+            lines.append(f"{indent}Train {name}: {value}")
+        if batch == per_epoch - 1:
+            lines += ["[Eval batch=1/1] Eval on eval data:", f"{indent}Eval metrics/eval/Acc: 0.5"]
+    return lines
+
+
+def test_composers_console_logger_is_read_one_record_per_header(tmp_path):
+    """The ConsoleLogger prints a record's fields one per line under its header: refused as "a
+    step and a loss never on one line"; read now as the header's record, across epochs. Lines
+    that are not indented under a header stay lines of their own."""
+    run = read_log(write_log(tmp_path, "console.log", _composer_console(LOSSES)))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES, abs=5e-5)
+    with pytest.raises(BadInput, match="not a training log"):
+        read_log(write_log(tmp_path, "flat.log", _composer_console(LOSSES, indent="")))
+
+
 def _tf_guide(losses: list[float], per_epoch: int = 4) -> list[str]:
     """The TensorFlow guide's custom training loop: the loss named before its step, the step
     counted from 0 in each epoch, after a line announcing the epoch."""

@@ -93,9 +93,32 @@ def rank_tag(line: str) -> str | None:
 
 
 def readable(lines: list[str]) -> list[str]:
-    """A log's lines as the grammar reads them: each `clean`, and Tensor prints joined
-    (`join_tensors`); line numbers stay."""
-    return join_tensors([clean(line) for line in lines])
+    """A log's lines as the grammar reads them: each `clean`, Tensor prints joined
+    (`join_tensors`) and records of one field per line joined (`join_fields`); line numbers
+    stay."""
+    return join_fields(lines, join_tensors([clean(line) for line in lines]))
+
+
+_HEADER = re.compile(r"(?:\[[^\[\]:]+\])+:")  # `[epoch=1][batch=3/16]:`, a record's head
+_FIELD = re.compile(r"[^\s:,][^:,]*:\s*[^\s:,]+")  # `Train loss/train/total: 2.2974`
+
+
+def join_fields(raw: list[str], lines: list[str]) -> list[str]:
+    """Clean lines with each record printed one field per line under a header (Composer's
+    ConsoleLogger: `[epoch=1][batch=3/16]:`, then indented `Train loss/train/total: 2.29`
+    lines) read as one line: the header, then its fields separated by commas. Only indented
+    lines of one `name: value` each are fields; the lines moved up become empty."""
+    out = list(lines)
+    for at, line in enumerate(out):
+        if not line.endswith(":") or not _HEADER.fullmatch(line):
+            continue
+        end = at + 1
+        while end < len(out) and raw[end][:1] in (" ", "\t") and _FIELD.fullmatch(out[end]):
+            end += 1
+        if end > at + 1:
+            out[at] = f"{line} {', '.join(out[at + 1 : end])}"
+            out[at + 1 : end] = [""] * (end - at - 1)
+    return out
 
 
 def join_tensors(lines: list[str]) -> list[str]:

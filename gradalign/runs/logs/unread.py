@@ -71,8 +71,9 @@ def unread_fields(texts: list[str]) -> str | None:
     if not together:
         return (
             f"its lines print {_named(names)} and a step (`{step}`), never on one line (a table "
-            "of one field per line, as Composer's ConsoleLogger prints: its FileLogger's lines, "
-            "`[metric][batch=3]: loss/train/total: 2.29`, are read)"
+            "of one field per line is read where its fields are indented under a header line "
+            "that holds the step, as Composer's ConsoleLogger prints them: `[batch=3/16]:`, "
+            "then `\\t Train loss/train/total: 2.29`)"
         )
     return (
         f"its lines print {_named(names)} beside a step (`{step}`), none of which the reader "
