@@ -107,11 +107,13 @@ class SketchJudge:
         elif self.ref is None and ex["wb"] is not None and ex["wm"] is not None:
             passed = {d.name for d in grads if d.ok}
             self.drift.advance(ex["gb"], ex["gm"], ex["wb"], ex["wm"], passed=passed)
-            if self.sketch_drift is not None:
-                self._sketch_drift(i, (gb, gm), (wb, wm), passed)  # type: ignore[arg-type]
+            if self.sketch_drift is not None:  # a gradient that passed by the bound alone
+                clearly = {d.name for d in grads if d.clearly_ok}  # is no gradient that passed
+                self._sketch_drift(i, (gb, gm), (wb, wm), clearly)  # type: ignore[arg-type]
         if wb is not None and wr is not None and self.bound is not None:
             check_reference_weights(i, ex["wb"], ex["wr"], self.starts, self.bound, walked)
             self._check_sketched_reference(i, wb, wr)
+        unclear = {d.name for d in grads if not d.clearly_ok}
         if wb is not None and wm is not None:
             for info in self.base.tensors:
                 d = self._judge(info.name, wb, wm, wr, tol.weight_rtol, start=True)
@@ -121,7 +123,9 @@ class SketchJudge:
                     )
                 elif self.sketch_drift is not None and wr is not None:
                     d = widened(d, self.sketch_drift.allowance(info.name), tol.noise_factor)
-                elif self.sketch_drift is not None:
+                elif self.sketch_drift is not None and info.name not in unclear:
+                    # the drift lives in some elements and a bug may in others: a tensor
+                    # whose gradient did not clearly pass here is judged without it
                     drift = self.sketch_drift.allowance(info.name)
                     d = beyond_drift(d, max(0.0, d.error - drift), drift)
                 result.weights.append(d)
