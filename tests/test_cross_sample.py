@@ -116,6 +116,10 @@ def test_a_gradient_alone_differing_at_update_0_is_read_last(tmp_path):
     assert "do not add up to the gradient of B" in message and "is not its share" not in message
     assert "an all-reduce at each and the division by W at the last only" in message
     assert "retain_graph=True" in message
+    # the loss agrees: a term the loop scaled itself (an input-gradient penalty added in full at
+    # each micro-step) comes before the terms over a micro-batch, which move the loss too
+    assert message.index("a penalty added in full") < message.index("mixture of experts")
+    assert c.diagnosis[0].fix.startswith("a term the loop adds itself")
     alone = api.compare(tmp_path / "base", tmp_path / "merged", reference="none")
     assert _codes(alone)[0] == "cross-sample-loss"
     coarse = _runs(tmp_path / "bf16", spike=_spread(range(1), 3e-1), compute_dtype="bfloat16")

@@ -65,7 +65,7 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
     )
     clipped = c.merged.clip_value is not None and bool(np.isfinite(c.merged.clip_value).any())
     unseen = (
-        "; or a term of the loss the gradient comes from, not the one recorded, was scaled "
+        "a term of the loss the gradient comes from, not the one recorded, was scaled "
         "otherwise at some micro-steps (a penalty added in full at each of the K, a second loss "
         "backpropagated at only some, noise added per micro-step rather than per window, a "
         "running total backpropagated again at each micro-step with retain_graph=True, which "
@@ -175,8 +175,8 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
         f"at update 0, from identical weights over the same samples, {seen}{turned}: "
         + _by_frequency(counted)
         + (
-            f"the gradients of the forwards' {rows} do not add up to the gradient of B. Part "
-            "of the loss may be computed over the micro-batch as a whole"
+            f"the gradients of the forwards' {rows} do not add up to the gradient of B: "
+            f"{unseen}; or part of the loss is computed over the micro-batch as a whole"
             if unseen
             else f"the loss of a forward's {rows} is not its share of the loss of B. Part of "
             "it is computed over the micro-batch as a whole"
@@ -188,19 +188,19 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
         "items=), a weight computed from the batch (BCE's pos_weight from its labels), a loss "
         "weight stepped per micro-batch (a KL or distillation coefficient counted in "
         "micro-steps), or random numbers drawn per micro-batch from a torch.Generator of the "
-        "loop's own, which the Recorder does not watch (B/K draws are not B's)" + tokens + unseen,
+        "loop's own, which the Recorder does not watch (B/K draws are not B's)" + tokens,
         evidence,
         ("set scale_grad_by_freq=False on those embeddings; otherwise: " if counted else "")
+        + (
+            "a term the loop adds itself: give it its share of the window (1/K) at every "
+            "micro-step, or add it once per window; a term over the micro-batch as a whole: "
+            if unseen
+            else ""
+        )
         + "compute such a term over the whole window: accumulate its statistics over the K "
         f"micro-steps{ranks} (the experts' token counts and router probabilities) and add it "
         "once per window, or make it a sum of per-sample terms; an in-batch contrastive loss "
-        "needs the whole batch's embeddings (cache them across micro-batches, as GradCache does)"
-        + (
-            "; a term the loop adds itself: give it its share of the window (1/K) at every "
-            "micro-step, or add it once per window"
-            if unseen
-            else ""
-        ),
+        "needs the whole batch's embeddings (cache them across micro-batches, as GradCache does)",
     )
 
 
