@@ -61,10 +61,16 @@ class TensorDiff:
         return bool(within) or self.excused is not None
 
     @property
+    def unbounded(self) -> float:
+        """What is allowed without a sketch estimator's bound (`slack`): that bound is the
+        estimate's uncertainty, not what the runs may differ by."""
+        return self.allowed - self.slack
+
+    @property
     def clearly_ok(self) -> bool:
         """Within what is allowed without the estimator's bound: a sketched tensor that passes
         only by that bound is no evidence that it passed (judge/kinks.py `most_pass`)."""
-        return self.excused is not None or bool(self.error <= self.allowed - self.slack)
+        return self.excused is not None or bool(self.error <= self.unbounded)
 
     @property
     def ratio(self) -> float:

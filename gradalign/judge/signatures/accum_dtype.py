@@ -34,25 +34,40 @@ def _representable_share(grads: Tensors, narrow: str) -> float:
     return exact / total if total else 0.0
 
 
-def _mantissas(grads: Tensors, bits: int) -> dict[str, int]:
-    """Per tensor with at least EVIDENT·2^bits nonzero finite values (of its first SAMPLE), how
-    many distinct float32 mantissas they hold."""
+def _counts(grads: Tensors) -> dict[str, tuple[int, int]]:
+    """Per tensor: how many distinct float32 mantissas its first SAMPLE nonzero finite values
+    hold, and how many values those are."""
     counts = {}
     for name, g in grads.items():
         values = np.asarray(g, dtype=np.float32).ravel()
         values = values[(values != 0) & np.isfinite(values)][:SAMPLE]
-        if values.size >= EVIDENT << bits:
-            counts[name] = int(np.unique(values.view(np.uint32) & np.uint32(0x7FFFFF)).size)
+        mantissas = np.unique(values.view(np.uint32) & np.uint32(0x7FFFFF))
+        counts[name] = (int(mantissas.size), int(values.size))
     return counts
 
 
-def _scaled_narrow(gb: Tensors, gm: Tensors, bits: int) -> tuple[int, dict[str, int]] | None:
-    """Where every readable merged tensor holds at most 2^bits mantissas and some the baseline
-    holds more in: the merged tensors' largest count, and the baseline's counts above 2^bits."""
-    merged, base = _mantissas(gm, bits), _mantissas(gb, bits)
+def _readable(counts: dict[str, tuple[int, int]], bits: int) -> dict[str, int]:
+    """The mantissa counts of the tensors with at least EVIDENT·2^bits values (`_counts`)."""
+    return {name: n for name, (n, size) in counts.items() if size >= EVIDENT << bits}
+
+
+def _mantissas(grads: Tensors, bits: int) -> dict[str, int]:
+    """Per tensor with at least EVIDENT·2^bits nonzero finite values (of its first SAMPLE), how
+    many distinct float32 mantissas they hold."""
+    return _readable(_counts(grads), bits)
+
+
+def _scaled_narrow(
+    gb: Tensors, merged_counts: dict[str, tuple[int, int]], bits: int
+) -> tuple[int, dict[str, int]] | None:
+    """Where every readable merged tensor (`_counts` of the merged gradients) holds at most
+    2^bits mantissas and some the baseline holds more in: the merged tensors' largest count,
+    and the baseline's counts above 2^bits. The baseline is read only where the merged run is."""
+    merged = _readable(merged_counts, bits)
     if not merged or max(merged.values()) > 1 << bits:
         return None
-    wide = {name: n for name, n in base.items() if name in merged and n > 1 << bits}
+    base = _mantissas({name: g for name, g in gb.items() if name in merged}, bits)
+    wide = {name: n for name, n in base.items() if n > 1 << bits}
     return (max(merged.values()), wide) if wide else None
 
 
@@ -64,6 +79,7 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     gm = exact_of(c, c.merged, "grads", r.update)
     if not gb or not gm:
         return None
+    merged_counts = _counts(gm)  # once for both formats
     for name, bits in STORED_BITS.items():
         merged_share = _representable_share(gm, name)
         base_share = _representable_share(gb, name)
@@ -73,7 +89,7 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
                 f"every merged gradient value is exactly a {name} number (baseline: "
                 f"{base_share:.1%} of them)"
             )
-        elif (scaled := _scaled_narrow(gb, gm, bits)) is not None:
+        elif (scaled := _scaled_narrow(gb, merged_counts, bits)) is not None:
             most, wide = scaled
             evidence |= {"merged_mantissas_max": most, "baseline_mantissas": wide}
             seen = (

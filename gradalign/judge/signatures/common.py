@@ -125,7 +125,7 @@ def noise_share(c: Comparison, r: UpdateResult) -> float:
     if r.grads and all(d.noise is not None and math.isfinite(d.noise) for d in r.grads):
         noise = math.sqrt(math.fsum(d.noise**2 for d in r.grads))  # type: ignore[operator]
         return c.tolerances.noise_factor * noise / norm
-    allowed = math.sqrt(math.fsum(a**2 for a in _unbounded(r) if math.isfinite(a)))
+    allowed = math.sqrt(math.fsum(d.unbounded**2 for d in r.grads if math.isfinite(d.unbounded)))
     return allowed / norm
 
 
@@ -139,17 +139,11 @@ CLEAR_OF_ALLOWED = 3.0  # a scale matching no known ratio stands this far beyond
 
 def allowed_share(c: Comparison, r: UpdateResult) -> float:
     """What the gradient check allowed at an update, over the whole model, as a share of the
-    baseline's gradient (inf where it allowed anything)."""
+    baseline's gradient (inf where it allowed anything), without a sketch estimator's bound
+    (a gradient 1.05 times the baseline's was no scale beside it at sketch width 31)."""
     norm = grad_norm(c, c.baseline, r.update)
-    allowed = math.sqrt(math.fsum(a**2 for a in _unbounded(r)))
+    allowed = math.sqrt(math.fsum(d.unbounded**2 for d in r.grads))
     return allowed / norm if norm else math.inf
-
-
-def _unbounded(r: UpdateResult) -> list[float]:
-    """Each gradient's allowed error without a sketch estimator's bound (`TensorDiff.slack`):
-    that bound is the estimate's uncertainty, not what the runs may differ by (a gradient 1.05
-    times the baseline's was no scale beside it at sketch width 31)."""
-    return [d.allowed - d.slack for d in r.grads]
 
 
 def pure_scale(c: Comparison, r: UpdateResult, ratio: float, cosine: float) -> bool:
