@@ -98,6 +98,14 @@ def test_an_unwritable_output_is_refused_before_training(cli, tmp_path):
     one_line_error(cli("verify", "--out", target), "cannot write")
 
 
+@pytest.mark.skipif(not Path("/proc/version").is_file(), reason="no /proc here")
+def test_a_report_in_a_folder_that_takes_no_files_says_so_not_that_it_is_missing(cli, small_runs):
+    # /proc exists, yet creating a file in it answers ENOENT: not a "no such file" message
+    result = cli("compare", small_runs["baseline"], small_runs["merged"], "--json", "/proc/version")
+    one_line_error(result, "cannot write in /proc", "takes no new files")
+    assert "No such file" not in result.err
+
+
 def test_an_output_under_a_regular_file_is_refused(cli, tmp_path):
     (tmp_path / "afile").write_text("x")
     one_line_error(cli("verify", "--out", tmp_path / "afile" / "v"), "is a file")

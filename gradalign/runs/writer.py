@@ -105,7 +105,9 @@ def probe_writable(directory: Path, for_path: Path | str) -> None:
         os.close(fd)
         os.unlink(name)
     except OSError as exc:
-        raise BadInput(f"{for_path}: cannot write in {directory} ({exc.strerror})") from None
+        # an existing directory that answers "no such file" takes no new files (/proc, /sys)
+        why = "it takes no new files" if exc.errno == errno.ENOENT else exc.strerror
+        raise BadInput(f"{for_path}: cannot write in {directory} ({why})") from None
 
 
 # -- swapping a complete run into place ----------------------------------------------------------
