@@ -242,6 +242,46 @@ def test_composers_console_logger_is_read_one_record_per_header(tmp_path):
         read_log(write_log(tmp_path, "flat.log", _composer_console(LOSSES, indent="")))
 
 
+def _olmo(losses: list[float], core: bool = True, z_loss: bool = False) -> list[str]:
+    """OLMo's console: a logger's prefix and a header `[step=S/N,epoch=E,eta=..]` (OLMo-core) or
+    `[step=S/N]` (OLMo), then one indented `name=value` line per metric (thousands grouped by
+    commas); OLMo names the loss `train/CrossEntropyLoss`, OLMo-core `train/CE loss`."""
+    lines = []
+    for i, v in enumerate(losses, start=1):
+        prefix = "2026-11-29 10:00:00.000\tnode-07:0\tolmo.train:967\tINFO\t"
+        if core:
+            lines.append(f"{prefix}[step={i}/{len(losses)},epoch=0,eta=1h2m]")
+            names = ["train/CE loss", "train/PPL", "throughput/total tokens"]
+        else:
+            lines.append(f"{prefix}[step={i}/739328]")
+            names = ["train/CrossEntropyLoss", "train/Perplexity", "throughput/total_tokens"]
+        values = [f"{v:.4f}", f"{10 * v:.2f}", f"{4096 * i:,d}"]
+        if z_loss:
+            names, values = (
+                [*names, "train/ZLoss" if not core else "train/Z loss"],
+                [*values, "0.1"],
+            )
+        lines += [f"    {name}={value}" for name, value in zip(names, values, strict=True)]
+        lines.append("    optim/LR (group 0)=1.0E-03" if core else "    optim/learning_rate=0.001")
+    return lines
+
+
+@pytest.mark.parametrize("core", [True, False])
+def test_olmos_records_of_one_field_per_line_are_read(tmp_path, core):
+    """OLMo prints each step's metrics one `name=value` per indented line under a bracketed
+    header without a colon, after its logger's prefix: refused as "a loss and a step never on
+    one line" (a step and a loss, whatever its name); read now, a loss named in CamelCase
+    (`train/CrossEntropyLoss`) too. A z-loss beside it is another quantity; lines not
+    indented stay lines of their own."""
+    run = read_log(write_log(tmp_path, "olmo.log", _olmo(LOSSES, core)))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES, abs=5e-5)
+    run = read_log(write_log(tmp_path, "olmo_z.log", _olmo(LOSSES, core, z_loss=True)))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES, abs=5e-5)
+    flat = [line.lstrip() for line in _olmo(LOSSES, core)]
+    with pytest.raises(BadInput, match="not a training log"):
+        read_log(write_log(tmp_path, "flat.log", flat))
+
+
 def _tf_guide(losses: list[float], per_epoch: int = 4) -> list[str]:
     """The TensorFlow guide's custom training loop: the loss named before its step, the step
     counted from 0 in each epoch, after a line announcing the epoch."""

@@ -33,6 +33,9 @@ from .small_logs import LOSSES, write
         ("loss/train/total", 1),  # Composer's step loss, the sum of its parts
         ("loss/train/ce", 2),
         ("loss/val/total", None),
+        ("train/CrossEntropyLoss", 2),  # OLMo's: words split at capitals
+        ("trainLoss", 1),
+        *((n, None) for n in ("valLoss", "train/ZLoss", "lossScale", "TotalLoss")),
         *((n, None) for n in ("eval_loss", "val_loss", "valid_loss", "aux_loss", "avg_loss")),
         *((n, None) for n in ("running_loss", "loss_scale", "train_loss_epoch", "lossy", "acc")),
     ],

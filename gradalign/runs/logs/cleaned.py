@@ -99,24 +99,37 @@ def readable(lines: list[str]) -> list[str]:
     return join_fields(lines, join_tensors([clean(line) for line in lines]))
 
 
-_HEADER = re.compile(r"(?:\[[^\[\]:]+\])+:")  # `[epoch=1][batch=3/16]:`, a record's head
-_FIELD = re.compile(r"[^\s:,][^:,]*:\s*[^\s:,]+")  # `Train loss/train/total: 2.2974`
+# a record's head: bracketed fields ending the line, `:` after them or not (Composer's
+# `[epoch=1][batch=3/16]:`, OLMo's `[step=3/100,epoch=0]` after its logger's prefix)
+_HEADER = re.compile(r"(?:\[[^\[\]:]*=[^\[\]:]*\]|\[[^\[\]:]+\](?=.*:$))+:?$")
+# one field: `Train loss/train/total: 2.2974`, `train/CE loss=2.29`, `throughput/TPS=1,234`
+_FIELD = re.compile(
+    r"(?P<name>[^\s:,=][^:,=]*?)\s*(?P<sep>[:=])\s*(?P<value>[^\s:,=]+|\d{1,3}(?:,\d{3})+)"
+)
 
 
 def join_fields(raw: list[str], lines: list[str]) -> list[str]:
-    """Clean lines with each record printed one field per line under a header (Composer's
-    ConsoleLogger: `[epoch=1][batch=3/16]:`, then indented `Train loss/train/total: 2.29`
-    lines) read as one line: the header, then its fields separated by commas. Only indented
-    lines of one `name: value` each are fields; the lines moved up become empty."""
+    """Clean lines with each record printed one field per line under a header read as one line:
+    the header, then its fields separated by commas. The header is the bracketed fields that
+    end a line (Composer's ConsoleLogger: `[epoch=1][batch=3/16]:`, then indented `Train
+    loss/train/total: 2.29` lines; OLMo's: `[step=3/100,epoch=0]`, then indented
+    `train/CrossEntropyLoss=2.29` lines); only indented lines of one `name: value` or
+    `name=value` each are its fields (a value's thousands separators dropped: `1,234`). The
+    lines moved up become empty."""
     out = list(lines)
     for at, line in enumerate(out):
-        if not line.endswith(":") or not _HEADER.fullmatch(line):
+        if not line.endswith(("]", ":")) or not _HEADER.search(line):
             continue
-        end = at + 1
-        while end < len(out) and raw[end][:1] in (" ", "\t") and _FIELD.fullmatch(out[end]):
+        end, fields = at + 1, []
+        while end < len(out) and raw[end][:1] in (" ", "\t"):
+            field = _FIELD.fullmatch(out[end])
+            if field is None:
+                break
+            value = field["value"].replace(",", "")
+            fields.append(f"{field['name']}{field['sep']} {value}")
             end += 1
-        if end > at + 1:
-            out[at] = f"{line} {', '.join(out[at + 1 : end])}"
+        if fields:
+            out[at] = f"{line} {', '.join(fields)}"
             out[at + 1 : end] = [""] * (end - at - 1)
     return out
 

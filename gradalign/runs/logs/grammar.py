@@ -74,6 +74,9 @@ _KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_l
 _JOINED_LOSS = re.compile(  # any loss named by words joined with `_` (GPT-NeoX's `lm_loss: 2.3`)
     r"(?<![\w.])[A-Za-z][A-Za-z\d]*(?:_[A-Za-z\d]+)*_loss\b" + _LOSS_VALUE, re.IGNORECASE
 )
+_CAMEL_LOSS = re.compile(  # a loss named in CamelCase (OLMo's `train/CrossEntropyLoss=2.3`)
+    r"(?<![\w.])(?:\w+/)*[A-Za-z][A-Za-z\d]*[a-z\d]Loss\b" + _LOSS_VALUE
+)
 _LOSS_AT_STEP = re.compile(  # the TensorFlow guide's custom loop: `Training loss (for one
     # batch) at step 3: 2.29`, the loss named before the step, its value after it
     r"(?<![\w.])(?P<name>(?:[A-Za-z]\w*[\s_])?loss)(?:\s*\([^()]*\))?\s+at\s+"
@@ -243,7 +246,8 @@ def _keyed_step_line(text: str) -> StepLine | None:
     keyed = sorted(_KEYED_INDEX.finditer(text), key=lambda m: "global" not in m["key"].lower())
     found = [(m, v) for m in _KEYED_LOSS.finditer(text) if (v := whole_or_number(m["loss"]))]
     if not found:  # a loss named by joined words is read where it is the line's only loss
-        joined = [(m, v) for m in _JOINED_LOSS.finditer(text) if (v := whole_or_number(m["loss"]))]
+        named = (m for p in (_JOINED_LOSS, _CAMEL_LOSS) for m in p.finditer(text))
+        joined = [(m, v) for m in named if (v := whole_or_number(m["loss"]))]
         found = joined if len(joined) == 1 else []
     names = [_loss_name(text, m) for m, _ in found]  # `loss scale: 65536` holds no number: gone
     try:

@@ -4,7 +4,8 @@ records (`records`): which names are a step, the training loss, the learning rat
     step       step, global_step, micro_step, iter, iteration, batch_id, batch_idx, num_updates
                (`Step`, `trainer/global_step` and `_step` alike)
     loss       `loss` plainly; else a training loss (`train_loss`, `train/loss`, `train_loss_step`);
-               else the first other named loss (`lm loss`, `nll_loss`); never another quantity's
+               else the first other named loss (`lm loss`, `nll_loss`, OLMo's
+               `train/CrossEntropyLoss`: words split at capitals); never another quantity's
                (`val`, `eval`, `aux`, `running`, `avg`, `kl`, ... before `loss`, `loss_scale`,
                `loss_epoch`); a named loss beside a `total` one and no plain `loss` is refused;
                Composer's `loss/train/total` (its parts `loss/train/<part>`) a training loss
@@ -75,6 +76,15 @@ _KEYED_SIZE = re.compile(
 )
 _RUN_SO_FAR = {"consumed", "total", "seen", "cumulative", "global", "trained", "processed"}
 _WORDS = re.compile(r"[\s_/.\-]+")
+_CAMEL = re.compile(r"(?<=[a-z\d])(?=[A-Z])")  # `CrossEntropyLoss`, `trainLoss`: words too
+
+
+def _words(name: str) -> list[str]:
+    """A field name's words, lower case: split at separators and where a capital follows a
+    lower-case letter or a digit (`train/CrossEntropyLoss` -> train, cross, entropy, loss)."""
+    return [w for w in _WORDS.split(_CAMEL.sub(" ", name.strip()).lower()) if w]
+
+
 _SKIPPED = re.compile(  # Megatron-LM's count since its last line (`nan iterations` among them)
     r"(?<![\w.])number\s+of\s+skipped\s+iterations\s*[:=]?\s*(?P<count>\d+)(?![\w.])",
     re.IGNORECASE,
@@ -143,7 +153,7 @@ def loss_rank(name: str) -> int | None:
     loss (`train_loss`, `train/loss`, `train_loss_step`), 2 for another named loss whose words
     name no other quantity (`lm loss`, `nll_loss`); None for any other field (`eval_loss`,
     `aux_loss`, `loss_scale`, `train_loss_epoch`)."""
-    words = [w for w in _WORDS.split(name.strip().lower()) if w]
+    words = _words(name)
     if len(words) > 1 and words[-1] == "step":
         words = words[:-1]  # Lightning's `train_loss_step` (`_epoch` is an epoch's mean)
     if len(words) > 1 and words[0] == "loss" and words[1] in TRAINING:
@@ -172,7 +182,7 @@ def choose_loss(names: list[str]) -> int | None:
     if not ranked:
         return None
     rank, at = min(ranked)
-    totals = [name for name in names if "total" in _WORDS.split(name.strip().lower())]
+    totals = [name for name in names if "total" in _words(name)]
     if rank == 2 and totals:
         raise BadInput(
             f"the loss fields {totals[0]!r} and {names[at]!r}, none plainly named 'loss': which "

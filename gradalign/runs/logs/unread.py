@@ -72,8 +72,9 @@ def unread_fields(texts: list[str]) -> str | None:
         return (
             f"its lines print {_named(names)} and a step (`{step}`), never on one line (a table "
             "of one field per line is read where its fields are indented under a header line "
-            "that holds the step, as Composer's ConsoleLogger prints them: `[batch=3/16]:`, "
-            "then `\\t Train loss/train/total: 2.29`)"
+            "that holds the step, as Composer's ConsoleLogger prints them (`[batch=3/16]:`, "
+            "then `\\t Train loss/train/total: 2.29`) and OLMo's (`[step=3/100,epoch=0]`, then "
+            "`    train/CE loss=2.29`))"
         )
     return (
         f"its lines print {_named(names)} beside a step (`{step}`), none of which the reader "
