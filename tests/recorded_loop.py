@@ -27,10 +27,14 @@ def train(
     before_micro: Callable[[int, int], None] | None = None,
     after_step: Callable[[int], None] | None = None,
     set_to_none: bool = True,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    record_scaled: bool = False,
 ) -> None:
     """`forward(rows, update)`: the logits (default `model(rows)`), whose cross-entropy is the
     loss; `scale` multiplies it before backward (a wrong loss scale); `before_micro(update,
-    micro)` and `after_step(update)` run inside the loop. The samples are digested in float32,
+    micro)` and `after_step(update)` run inside the loop; `loss_fn(logits, targets)` replaces
+    the cross-entropy; `record_scaled` records the loss times `scale` (the one backpropagated,
+    as the framework integrations read it back). The samples are digested in float32,
     so a float64 rerun on the widened rows sees the same ones."""
     n, updates = batch // k, x.shape[0] // batch
     with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
@@ -40,9 +44,10 @@ def train(
                     before_micro(u, j)
                 rows = slice(u * batch + j * n, u * batch + (j + 1) * n)
                 logits = model(x[rows]) if forward is None else forward(x[rows], u)
-                loss = nn.functional.cross_entropy(logits, y[rows])
+                loss = (loss_fn or nn.functional.cross_entropy)(logits, y[rows])
                 (loss * scale / k).backward()
-                rec.micro(loss.detach(), batch=(x[rows].float(), y[rows]))
+                recorded = loss * scale if record_scaled else loss
+                rec.micro(recorded.detach(), batch=(x[rows].float(), y[rows]))
             opt.step()
             if after_step is not None:
                 after_step(u)

@@ -103,6 +103,8 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         # buffers the forward writes (spectral norm's) turn every gradient a little, as BatchNorm
         forward = sig.buffers_in_forward(c) if not found else None
         shape, later = _shape(c, bool(found) or forward is not None)
+        if found and not shape:  # a scale beyond 5% of K, beside a change the loss shows
+            shape = [d for d in (sig.scale_beside_unseen_change(c),) if d is not None]
         if later and not found:  # the first failing update is left to the last resort
             shape += [d for d in _last_resort(c) if d.code != shape[0].code]
         elif shape and forward is not None:
@@ -124,6 +126,7 @@ def _last_resort(c: Comparison) -> list[Diagnosis]:
         *_recorded_causes(c),
         sig.scale_under_reweighting(c),
         _scale_beside_a_term(c),
+        sig.scale_beside_unseen_change(c),
         sig.cross_sample_gradient(c),
     )
     return [d for d in last if d is not None][:1]

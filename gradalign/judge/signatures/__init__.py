@@ -42,6 +42,7 @@ from .losses import loss_averaging
 from .optimizer import optimizer_settings
 from .paired import (
     scale_beside_other_samples,
+    scale_beside_unseen_change,
     scale_under_reweighting,
     size_beside_other_samples,
     with_loss_scale,
@@ -88,6 +89,7 @@ __all__ = [
     "rows_differ",
     "scale_before_clip",
     "scale_beside_other_samples",
+    "scale_beside_unseen_change",
     "scale_under_reweighting",
     "scaler_per_micro",
     "scaler_skips",

@@ -12,6 +12,7 @@ import numpy as np
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import SCALE_ONCE, clip_state, pre_clip_ratio, unclipped
 from .common import failing, finite, grad_norm, noise_share, scaled_error, window, window_scale
+from .decisive import same_start_shown
 from .gradient import token_normalization
 from .zero_grad import ZERO_GRAD_FIX
 
@@ -200,6 +201,49 @@ def scale_under_reweighting(c: Comparison) -> Diagnosis | None:
         "counted, reweights the micro-batches",
     )
     return found[0] if found and found[0].code == "loss-scale" else None
+
+
+def scale_beside_unseen_change(c: Comparison) -> Diagnosis | None:
+    """The last resort's reading of a wrong scale beside a second change of the gradient: at
+    update 0, from identical weights, the gradient's fitted size nearer K, 1/K or K+1 than any
+    other and than 1 (within 2x of it) where no signature read it within 5%, and either the
+    window losses stand that scale apart (within 5%: the loss backpropagated, recorded so) or
+    they agree within 5% and the gradient kept its direction (cosine >= 0.99: the losses were
+    recorded before the scale). A loss term dropped or weighted otherwise (label smoothing,
+    which near a uniform prediction scales the gradient and barely moves the loss) moved the
+    gradient by the rest."""
+    r, k = c.results[0] if c.results else None, window(c)
+    if r is None or r.update != 0 or all(d.ok for d in r.grads) or not same_start_shown(c):
+        return None
+    q, size = _loss_ratio(c, 0), (r.grad_ratio or 0.0) * unclipped(c, r)
+    if q is None or not size > 0 or not math.isfinite(size):
+        return None
+    scales = (k, 1 / k, k + 1)
+    scale = min((*scales, 1.0), key=lambda v: _apart(size, v))
+    if scale == 1.0 or _apart(size, scale) > math.log(2):
+        return None
+    kept = r.grad_cosine is not None and r.grad_cosine >= 0.99
+    if abs(q / scale - 1) <= 0.05:
+        losses = f"the window losses are {q:.4g} times the baseline's, as the loss backpropagated"
+    elif abs(q - 1) <= 0.05 and kept:
+        losses = (
+            f"its direction kept (cosine {r.grad_cosine:.6g}) while the window losses stand "
+            f"{q:.4g} times apart, recorded before the scale"
+        )
+    else:
+        return None
+    return Diagnosis(
+        "loss-scale",
+        f"at update 0, from identical weights, the accumulated gradient is {size:.4g} times the "
+        f"baseline's, nearer {window_scale(k, scale)} than any other scale, and {losses}: the "
+        "loss is scaled by the wrong factor, and a second change moved the gradient "
+        f"{size / scale:.4g}x further (a term of the loss dropped or weighted otherwise, such as "
+        "label smoothing: near a uniform prediction it scales the gradient and barely moves "
+        "the loss)",
+        {"update": 0, "grad_ratio": finite(size), "window_loss_ratio": q, "expected_ratio": scale},
+        SCALE_ONCE + ", and compute the same loss in both runs (its terms and their weights); "
+        "then compare again: what remains is the second change",
+    )
 
 
 OTHER_SAMPLES_WINDOWS = 3  # windows with other samples a scale is read over, at least
