@@ -20,6 +20,7 @@ BUGS = {  # the bug a user's loop may have -> the diagnosis code the judge must 
     "loss-plus-scaled": "loss-scale",
     "zero-grad-every-micro": "zero-grad-in-window",
     "step-every-micro": "step-in-window",
+    "step-every-micro-budget": "step-in-window",  # was window-bookkeeping, the early end first
     "scheduler-every-micro": "lr-schedule",
     "clip-every-micro": "clip-per-micro",
     "clip-value-every-micro": "clip-per-micro",
@@ -214,6 +215,19 @@ def test_user_loop_stepping_inside_the_window_fails(tmp_path):
     assert checks["optimizer steps"].status == "fail"
     assert "4 optimizer step(s) in merged, 1 in baseline" in checks["optimizer steps"].detail
     assert result.first_divergence["update"] == 0
+
+
+def test_a_step_budget_spent_inside_the_windows_is_named_as_the_steps_not_the_early_end(
+    tmp_path,
+):
+    """A loop stepping at every micro-step that stops at a count of optimizer steps (Lightning's
+    max_steps under manual optimization) ends inside its second window: the windows' early end
+    was named first (`window-bookkeeping`), its cause second; now the steps alone, saying so."""
+    result = judged(tmp_path, "step-every-micro-budget")
+    codes = [d.code for d in result.diagnosis if d.severity == "error"]
+    assert codes == ["step-in-window"], [(d.code, d.message) for d in result.diagnosis]
+    message = result.diagnosis[0].message
+    assert "ended after 1 update(s) against the baseline's 5" in message and "max_steps" in message
 
 
 @pytest.mark.parametrize("bug", ["zero-grad-every-micro", "no-loss-scale"])

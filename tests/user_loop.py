@@ -59,6 +59,8 @@ def user_loop(
     window_loss = 0.0
     order = torch.randperm(updates * k, generator=torch.Generator().manual_seed(1))
     net = model if wrap is None else wrap(model)
+    # a budget of optimizer steps (max_steps) the loop stops at, spent by steps inside windows
+    budget, taken = (updates if bug == "step-every-micro-budget" else None), 0
     with gradalign.Recorder(
         out, net, opt, accum_steps=k, config={"user": True}, scaler=scaler
     ) as rec:
@@ -112,10 +114,15 @@ def user_loop(
                     nn.utils.clip_grad_norm_(model.parameters(), clip)
                 if bug == "clip-value-every-micro":
                     nn.utils.clip_grad_value_(model.parameters(), clip_value)
-                if bug == "step-every-micro" and j < k - 1:
+                if bug in ("step-every-micro", "step-every-micro-budget") and j < k - 1:
                     opt.step()
+                    taken += 1
+                    if taken == budget:
+                        break
                 if bug == "scheduler-every-micro" and j < k - 1:
                     sched.step()
+            if taken == budget:
+                break  # the budget spent inside the window: it never ends
             if scaler is not None and bug != "scaler-every-micro":
                 scaler.unscale_(opt)
             norm = nn.utils.clip_grad_norm_(model.parameters(), clip) if clip else None
@@ -128,6 +135,7 @@ def user_loop(
                 scaler.update()
             else:
                 opt.step()
+            taken += 1
             if schedule:
                 sched.step()
             if plateau:
@@ -137,4 +145,6 @@ def user_loop(
                 rec.update()
             if bug != "no-zero-grad":
                 opt.zero_grad()
+            if taken == budget:
+                break
     return read_run_dir(out)

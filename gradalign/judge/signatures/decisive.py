@@ -49,6 +49,18 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
         }
         if per_update != int(c.baseline.optimizer_steps.max()):
             parts.append(f"the merged run called optimizer.step() {per_update} times per update")
+    if _ended_by_inner_steps(c):
+        merged = c.merged
+        evidence["merged_updates"], evidence["unclosed_micro_steps"] = (
+            merged.updates,
+            merged.unclosed_micro_steps,
+        )
+        parts.append(
+            f"it ended after {merged.updates} update(s) against the baseline's "
+            f"{c.baseline.updates}, {merged.unclosed_micro_steps} micro-step(s) after its last "
+            "update(): a run that stops at a count of optimizer steps (max_steps) ends early "
+            "when it steps inside its windows"
+        )
     return Diagnosis(
         "step-in-window",
         "the optimizer stepped before the accumulation window ended: " + "; ".join(parts),
@@ -318,10 +330,25 @@ def non_finite(c: Comparison) -> Diagnosis | None:
     )
 
 
+def _ended_by_inner_steps(c: Comparison) -> bool:
+    """Whether the merged run's only bookkeeping fault is an early end that its steps inside
+    the windows explain: more optimizer steps per update than the baseline's, windows of K
+    micro-steps, fewer updates and a last window never closed (a budget of optimizer steps, as
+    Lightning's or the Trainer's max_steps, spent K times as fast)."""
+    merged, base = c.merged, c.baseline
+    if merged.optimizer_steps is None or base.optimizer_steps is None or not merged.updates:
+        return False
+    more = int(merged.optimizer_steps.max()) > int(base.optimizer_steps.max())
+    clean = not problems(base, "baseline") and not merged.irregular_windows.size
+    early = merged.updates < base.updates and merged.unclosed_micro_steps > 0
+    return more and clean and early and not merged.unclosed_steps
+
+
 def window_bookkeeping(c: Comparison) -> Diagnosis | None:
-    """Windows that did not hold K micro-steps, or a last window update() never closed."""
+    """Windows that did not hold K micro-steps, or a last window update() never closed (not
+    where steps inside the windows ended the run early: step-in-window says so)."""
     found = problems(c.baseline, "baseline") + problems(c.merged, "merged", c.baseline)
-    if not found:
+    if not found or _ended_by_inner_steps(c):
         return None
     sizes = c.merged.sizes
     return Diagnosis(
