@@ -38,7 +38,7 @@ def _record(out, k: int, shape: str, swapped: bool = False, bug: str | None = No
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=decay)
     schedule = None
     if shape == "one cycle":  # cycles beta1 with the lr; the bug sizes it in micro-batches
-        steps = UPDATES * k if bug == "sized-in-batches" else UPDATES
+        steps = UPDATES * k if bug in ("sized-in-batches", "stepped-per-micro") else UPDATES
         schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps + 1)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(UPDATES * BATCH, 6, generator=g), torch.randint(0, 3, (UPDATES * BATCH,))
@@ -54,6 +54,8 @@ def _record(out, k: int, shape: str, swapped: bool = False, bug: str | None = No
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
                 (loss if bug and "no-loss-scale" in bug else loss / k).backward()
                 rec.micro(loss.detach(), batch=(x[rows], y[rows]))
+                if schedule is not None and bug == "stepped-per-micro" and j < k - 1:
+                    schedule.step()  # before the window's first step: beta1 cycled already
             if shape == "clips":  # the body's and the head's own clips, in either order
                 for part in (head, body) if swapped else (body, head):
                     nn.utils.clip_grad_norm_(part, 0.05)
@@ -157,12 +159,15 @@ def test_a_gradient_from_weights_the_steps_parted_is_no_loss_scale(tmp_path):
     assert result.verdict == "fail" and "loss-scale" not in codes, codes
 
 
-def test_settings_a_schedule_moves_are_the_first_steps(tmp_path):
+@pytest.mark.parametrize("bug", ["sized-in-batches", "stepped-per-micro"])
+def test_settings_a_schedule_moves_are_the_first_steps(tmp_path, bug):
     """The manifest's optimizer settings were read when the Recorder closed: a schedule sized in
     micro-batches had moved OneCycle's beta1 elsewhere by then, and `optimizer-settings` ("the
-    optimizers were given other settings") stood beside the right `lr-schedule`."""
+    optimizers were given other settings") stood beside the right `lr-schedule`. Stepped at each
+    micro-step too, it had cycled beta1 before the first step: the betas moved with the lr,
+    not at the baseline's schedule at another pace, yet where `lr-schedule` names it."""
     base = _record(tmp_path / "base", 1, "one cycle")
-    merged = _record(tmp_path / "merged", 4, "one cycle", bug="sized-in-batches")
+    merged = _record(tmp_path / "merged", 4, "one cycle", bug=bug)
     c = compare(base, merged, reference="none")
     codes = [d.code for d in c.diagnosis]
     assert c.verdict == "fail" and codes[0] == "lr-schedule", codes

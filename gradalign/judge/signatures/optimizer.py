@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..distributed import listed
 from ..results import Comparison, Diagnosis
 from .common import window
-from .learning_rate import lined_up_lrs, schedule_offset
+from .learning_rate import lined_up_lrs, lr_schedule, schedule_offset
 
 CYCLED = {"momentum", "betas"}  # what a schedule cycles beside the lr (CyclicLR, OneCycleLR)
 
@@ -33,8 +33,8 @@ def optimizer_settings(c: Comparison) -> Diagnosis | None:
         for key in sorted(set(b) & set(m)):
             if b[key] != m[key]:
                 differ.setdefault((key, repr(b[key]), repr(m[key])), []).append(name)
-    if not differ or ({key for key, _, _ in differ} <= CYCLED and _lr_paced(c)):
-        return None  # the momentum a schedule cycled, stepped at another pace (`lr-schedule`)
+    if not differ or ({key for key, _, _ in differ} <= CYCLED and _lr_stepped_otherwise(c)):
+        return None  # the momentum a schedule cycled, stepped otherwise (`lr-schedule`)
     shown = [
         f"{key} {vb} in the baseline, {vm} in the merged run ({listed(tensors, 3)})"
         for (key, vb, vm), tensors in differ.items()
@@ -55,10 +55,11 @@ def optimizer_settings(c: Comparison) -> Diagnosis | None:
     )
 
 
-def _lr_paced(c: Comparison) -> bool:
+def _lr_stepped_otherwise(c: Comparison) -> bool:
     """Whether the merged lr is the baseline's schedule at another pace or offset (the lrs
-    `lr_schedule` reads)."""
+    `lr_schedule` reads), or `lr-schedule` names its schedule stepped otherwise (a OneCycleLR
+    sized for micro-steps and stepped at each: its momentum cycled before the first step)."""
     base, merged = lined_up_lrs(c)
     if base is None or merged is None:
         return False
-    return schedule_offset(base, merged, (window(c),)) is not None
+    return schedule_offset(base, merged, (window(c),)) is not None or lr_schedule(c) is not None
