@@ -213,7 +213,11 @@ def update0_gap(c: Comparison) -> tuple[dict, bool]:
 
 
 def batchnorm(c: Comparison) -> Diagnosis | None:
-    layers = _batch_statistics(c.baseline) or _batch_statistics(c.merged)
+    """BatchNorm that normalized with batch statistics in either run: each micro-batch's own in
+    the merged run; or in one run only, the other's held fixed as in eval mode (the runs put it
+    in different modes)."""
+    base_layers, merged_layers = _batch_statistics(c.baseline), _batch_statistics(c.merged)
+    layers = base_layers or merged_layers
     if not layers:
         return None
     evidence, differs = update0_gap(c)
@@ -229,6 +233,8 @@ def batchnorm(c: Comparison) -> Diagnosis | None:
     if not differs and not stats:
         return None
     evidence["batchnorm_layers"] = list(layers)
+    if bool(base_layers) != bool(merged_layers):
+        return _modes_apart("merged" if merged_layers else "baseline", layers, evidence, c)
     return Diagnosis(
         "batchnorm",
         f"the model has BatchNorm ({', '.join(layers)}): each micro-batch of B/K is normalized "
@@ -239,6 +245,22 @@ def batchnorm(c: Comparison) -> Diagnosis | None:
         "use GroupNorm or LayerNorm (no batch statistics), or keep BatchNorm in eval mode with "
         "fixed statistics, or accumulate the statistics over the whole window (SyncBatchNorm-"
         "style) before normalizing",
+    )
+
+
+def _modes_apart(moved: str, layers: list[str], evidence: dict, c: Comparison) -> Diagnosis:
+    """BatchNorm in train mode in one run (`moved`) and in eval mode in the other."""
+    other = "baseline" if moved == "merged" else "merged"
+    evidence["batch_statistics_in"] = moved
+    return Diagnosis(
+        "batchnorm",
+        f"the {moved} run's BatchNorm layers ({', '.join(layers)}) normalized with batch "
+        "statistics (their running statistics moved through update 0) where the "
+        f"{other} run's kept the statistics they started with, as in eval mode: the runs put "
+        f"BatchNorm in different modes (loss at update 0 differs by {c.results[0].loss_diff:.3g})",
+        evidence,
+        "put BatchNorm in the same mode in both runs: call .eval() on the layers meant to keep "
+        "fixed statistics (a frozen backbone's) after every model.train(), in both loops",
     )
 
 
