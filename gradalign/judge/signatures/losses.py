@@ -38,7 +38,7 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
         )
         fix = "record each micro-batch's own unscaled loss (before dividing it by K)"
     else:
-        found = _averaged_otherwise(c, q, evidence)
+        found = _averaged_otherwise(c, q, evidence, ratios)
         if found is None:
             return None
         how, fix = found
@@ -50,12 +50,15 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
     )
 
 
-def _averaged_otherwise(c: Comparison, q: float, evidence: dict) -> tuple[str, str] | None:
+def _averaged_otherwise(
+    c: Comparison, q: float, evidence: dict, ratios: list[float]
+) -> tuple[str, str] | None:
     """Why only the losses differ, where the ratio is not 1/K: a loss summed (or divided) over
-    W ranks before it was recorded, micro-batches of unequal sizes averaged equally, or else
-    recorded losses that are not the ones backpropagated; None where 16-bit losses judged
-    without a reference stand within 1% of each other (rounding no fixed tolerance foresaw is
-    as likely as a loss averaged otherwise)."""
+    W ranks before it was recorded, micro-batches of unequal sizes averaged equally, means
+    weighted otherwise (class weights, tokens) averaged equally (ratios near 1 that vary by
+    update), or else recorded losses that are not the ones backpropagated; None where 16-bit
+    losses judged without a reference stand within 1% of each other (rounding no fixed
+    tolerance foresaw is as likely as a loss averaged otherwise)."""
     world = c.merged.world_size
     found = world > 1 and math.isfinite(q)
     for scale, what in ((world, "summed over"), (1 / world, "divided by the number of")):
@@ -82,6 +85,18 @@ def _averaged_otherwise(c: Comparison, q: float, evidence: dict) -> tuple[str, s
     rounded = c.reference is None and c.dtype in ("float16", "bfloat16")
     if rounded and math.isfinite(q) and abs(q - 1) <= 0.01:
         return None  # 16-bit losses within 1% without a reference: rounding, as likely
+    varies = bool(ratios) and (max(ratios) - min(ratios)) > 1e-4 * abs(q)  # not one scale
+    if math.isfinite(q) and abs(q - 1) <= 0.05 and varies and c.merged.micro_items is None:
+        return (
+            f"the merged window losses are {times(q)} times the baseline's (median over the "
+            "failing updates), near 1: each micro-batch's loss is likely a mean weighted "
+            "otherwise than by its samples (class weights, a count of tokens or of valid "
+            "targets), and the window's plain mean of such means is not the batch's",
+            "give each micro-batch's total weight with its mean loss, `micro(loss, items=w)` "
+            "(its sum of class weights, tokens or valid targets), so the window mean is "
+            "weighted as the batch's; or record each micro-batch's own unscaled mean loss, the "
+            "one backpropagated",
+        )
     return (
         f"the merged window losses are {times(q)} times the baseline's (median over the failing "
         "updates): the losses recorded are not the mean losses the gradients came from",
