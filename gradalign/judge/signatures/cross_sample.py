@@ -64,7 +64,7 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
         "log), and the gradient differs"
     )
     clipped = c.merged.clip_value is not None and bool(np.isfinite(c.merged.clip_value).any())
-    unseen = (
+    unseen = _left_out(first.grad_ratio, first.grad_cosine, window(c)) + (
         "a term of the loss the gradient comes from, not the one recorded, was scaled "
         "otherwise at some micro-steps (a penalty added in full at each of the K, a second loss "
         "backpropagated at only some, noise added per micro-step rather than per window, a "
@@ -94,6 +94,25 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
         f"{loss} (of {worst.name}, {worst.ratio:.3g} times what noise allows), and no "
         "accumulation bug's shape fits it",
         unseen,
+    )
+
+
+def _left_out(ratio: float | None, cosine: float | None, k: int) -> str:
+    """Where the gradient's fitted ratio stands within half a micro-batch's share of some m/K
+    (0 < m < K) and its direction turned: K−m micro-batches' gradients may be missing from the
+    window's (each one's projection on the batch's gradient is about its share, 1/K, give or
+    take its own noise), first in the list (their losses recorded, their backward never
+    reaching the accumulated gradient, which the Recorder counts only where it is `.grad`)."""
+    if ratio is None or cosine is None or not math.isfinite(ratio) or cosine > 0.999 or k < 2:
+        return ""
+    m = round(ratio * k)
+    if not 0 < m < k or abs(ratio * k - m) > 0.5:
+        return ""
+    return (
+        f"{k - m} of the K={k} micro-batches' gradients left out of the window's (the fitted "
+        f"ratio {ratio:.3g} is about {m}/K): a micro-batch whose loss was computed and recorded "
+        "but whose backward never reached the accumulated gradient, as where a loop adds its "
+        "own buffers of torch.autograd.grad and sets .grad once per window; or "
     )
 
 
