@@ -49,6 +49,12 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
         }
         if per_update != int(c.baseline.optimizer_steps.max()):
             parts.append(f"the merged run called optimizer.step() {per_update} times per update")
+            if steps and windows and steps[0].update < windows[0].update:
+                evidence["first_update_with_extra_steps"] = steps[0].update
+                parts[-1] += (
+                    f" from update {steps[0].update}, whose extra steps left the weights as they "
+                    "were (a learning rate of 0 there, as at a warmup's first step)"
+                )
     if _ended_by_inner_steps(c):
         merged = c.merged
         evidence["merged_updates"], evidence["unclosed_micro_steps"] = (
