@@ -93,6 +93,19 @@ def test_user_loop_bug_is_named(tmp_path, bug):
     assert codes[:1] == [BUGS[bug]], [(d.code, d.message) for d in result.diagnosis]
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_loss_scale_under_adam_says_why_the_steps_still_differ(tmp_path, optimizer):
+    """A loop's author may leave the loss undivided "because Adam divides the scale out": it
+    does, but for eps (and a clip threshold, an L2 decay in the gradient): said under Adam's
+    family only."""
+    result = judged(tmp_path, "no-loss-scale", optimizer=optimizer)
+    first = result.diagnosis[0]
+    assert first.code == "loss-scale"
+    said = "AdamW divides a gradient's scale out of its step except for eps" in first.message
+    assert said == (optimizer == "adamw"), first.message
+    assert "weighs 0.25 times as much" in first.message or optimizer == "sgd"
+
+
 def test_losses_recorded_off_by_a_ratio_not_k_are_loss_averaging_alone(tmp_path):
     """The same training, its losses recorded 1.003 times as large: weights and gradients
     agree, so no training difference is named beside `loss-averaging` (`cross-sample-loss`

@@ -101,7 +101,7 @@ def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Di
                     "loss-scale",
                     f"the micro-batch losses were {how}: at update {r.update} the accumulated "
                     f"gradient{when} is {size:.6g} times the baseline's{stepped} cosine "
-                    f"{cosine:.8f}" + (")" if when else "") + alike,
+                    f"{cosine:.8f}" + (")" if when else "") + alike + _adaptive(c, expected),
                     evidence,
                     fix,
                 )
@@ -280,3 +280,17 @@ def _own_loss(c: Comparison) -> str:
 def _count(n: float) -> str:
     """An item count as given: whole, or a weight (float items) to 4 digits."""
     return str(int(n)) if n == int(n) else f"{n:.4g}"
+
+
+def _adaptive(c: Comparison, scale: float) -> str:
+    """Where the merged optimizer is of Adam's family: why its steps still differ (a loop
+    whose author expects Adam to divide the scale out, as it does up to eps)."""
+    kind = str((c.merged.optimizer_settings or {}).get("type", ""))
+    if "adam" not in kind.lower() or scale == 1:
+        return ""
+    return (
+        f"; {kind} divides a gradient's scale out of its step except for eps, which then "
+        f"weighs {1 / scale:.4g} times as much beside the gradient, so the weights move nearly "
+        "alike, yet not as the same training: a clip threshold, an L2 weight_decay added to "
+        "the gradient and eps do not scale with the loss"
+    )
