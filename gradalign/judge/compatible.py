@@ -11,9 +11,9 @@ import numpy as np
 from ..errors import BadInput
 from ..runs.model import Run, Tensors
 from ..runs.sketches import dot
-from .distributed import listed
 from .lengths import length_hint
 from .metrics import diff
+from .rerun import check_finite_losses, check_same_optimizer, check_same_steps, not_finite
 from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
 from .window_sizes import has_problems
 
@@ -208,63 +208,11 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
                 f"transform them in {working} and cast the result)"
             )
     check_same_steps(base, ref, where)
-    _check_finite_losses(base, ref, where)
+    check_same_optimizer(base, ref, where)
+    check_finite_losses(base, ref, where)
     bound = reference_bound(base, merged, where)
     check_first_gradients(base, ref, bound)
     return bound
-
-
-def _not_finite(where: str, what: str) -> BadInput:
-    return BadInput(
-        f"{where} is not finite where the baseline is: {what}; a rerun that overflows or "
-        "divides by zero where the baseline does not gives no noise floor (look for a mask or "
-        "constant filled with its dtype's extreme value), so rerun it, or judge with "
-        "--reference none"
-    )
-
-
-def _check_finite_losses(base: Run, ref: Run, where: str) -> None:
-    """Refuse a reference whose window losses are not finite where the baseline's are."""
-    lb, lr = base.window_losses(), ref.window_losses()
-    n = min(len(lb), len(lr))
-    bad = np.flatnonzero(np.isfinite(lb[:n]) & ~np.isfinite(lr[:n]))
-    if bad.size:
-        u = int(bad[0])
-        raise _not_finite(
-            where,
-            f"its loss at update {u} is {lr[u]:g} against the baseline's {lb[u]:.6g} "
-            f"({bad.size} of {n} updates)",
-        )
-
-
-def check_same_steps(base: Run, ref: Run, where: str) -> None:
-    """Refuse a reference that stepped its optimizer where the baseline did not, or the other
-    way. A GradScaler skips the step of a window whose scaled gradients overflow (commonly the
-    first updates, while its scale comes down); a float64 rerun never overflows, so it must be
-    told which updates to skip (`Recorder(..., skip_updates=...)`, record/skips.py)."""
-    sb, sr = base.optimizer_steps, ref.optimizer_steps
-    if sb is None or sr is None:
-        return
-    n = min(len(sb), len(sr))
-    apart = np.flatnonzero(sb[:n] != sr[:n])
-    if not apart.size:
-        return
-    u = int(apart[0])
-    if sb[u] == 0:
-        scale = base.loss_scale[u] if base.loss_scale is not None else math.nan
-        at = f" at loss scale {scale:g}" if math.isfinite(scale) else ""
-        skipped = listed([str(int(i)) for i in np.flatnonzero(sb[:n] == 0)], 6)
-        raise BadInput(
-            f"{where} stepped at update {u}, where the baseline skipped its optimizer step (a "
-            f"GradScaler skips a window whose scaled gradients overflow{at}; the baseline "
-            f"skipped updates {skipped}): a float64 rerun never overflows, so it must skip them "
-            "too: record it with gradalign.Recorder(..., skip_updates=gradalign.skipped_updates"
-            "(BASELINE)), or judge with --reference none"
-        )
-    raise BadInput(
-        f"{where} made {int(sr[u])} optimizer step(s) at update {u}, the baseline {int(sb[u])}: a "
-        "reference must step where the baseline stepped"
-    )
 
 
 def reference_bound(base: Run, merged: Run, where: str) -> ReferenceBound:
@@ -303,7 +251,7 @@ def check_first_gradients(base: Run, ref: Run, bound: ReferenceBound) -> None:
             if not np.isfinite(bs).all():
                 return  # a baseline gone non-finite fails on its own
             if not np.isfinite(rs).all():
-                raise _not_finite(bound.where, f"its gradient of {name} at update 0 is not")
+                raise not_finite(bound.where, f"its gradient of {name} at update 0 is not")
             bs -= rs
             apart, size = apart + dot(bs, bs), size + dot(rs, rs)
     if apart > (bound.rtol + bound.epsilon) ** 2 * size:

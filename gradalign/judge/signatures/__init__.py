@@ -14,6 +14,7 @@ from .accumulation import (
     weights_changed_in_window,
 )
 from .batch_size import batch_size
+from .batchnorm import batchnorm
 from .buffers import buffers_in_forward
 from .clipping import (
     clip_before_unscale,
@@ -26,7 +27,6 @@ from .common import failing, finite, first_gradient_failure
 from .cross_sample import cross_sample_gradient, cross_sample_loss, rows_differ
 from .decay import weights_decayed
 from .decisive import (
-    batchnorm,
     card_loss,
     data_order,
     non_finite,

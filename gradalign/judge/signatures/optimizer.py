@@ -6,15 +6,11 @@ from __future__ import annotations
 
 from ..distributed import listed
 from ..results import Comparison, Diagnosis
+from ..settings_apart import settings_apart
 from .common import window
 from .learning_rate import lined_up_lrs, lr_schedule, schedule_offset
 
 CYCLED = {"momentum", "betas"}  # what a schedule cycles beside the lr (CyclicLR, OneCycleLR)
-
-
-def _per_tensor(settings: dict) -> list[dict | None]:
-    groups = settings["groups"]
-    return [groups[g] if g >= 0 else None for g in settings["tensor_groups"]]
 
 
 def optimizer_settings(c: Comparison) -> Diagnosis | None:
@@ -25,14 +21,7 @@ def optimizer_settings(c: Comparison) -> Diagnosis | None:
     base, merged = c.baseline.optimizer_settings, c.merged.optimizer_settings
     if not base or not merged:
         return None
-    names = [t.name for t in c.baseline.tensors]
-    differ: dict[tuple[str, str, str], list[str]] = {}
-    for name, b, m in zip(names, _per_tensor(base), _per_tensor(merged), strict=True):
-        if b is None or m is None:
-            continue
-        for key in sorted(set(b) & set(m)):
-            if b[key] != m[key]:
-                differ.setdefault((key, repr(b[key]), repr(m[key])), []).append(name)
+    differ = settings_apart(base, merged, [t.name for t in c.baseline.tensors])
     if not differ or ({key for key, _, _ in differ} <= CYCLED and _lr_stepped_otherwise(c)):
         return None  # the momentum a schedule cycled, stepped otherwise (`lr-schedule`)
     shown = [
