@@ -86,8 +86,9 @@ class SketchJudge:
             for key, v in (("gb", gb), ("gm", gm), ("gr", gr), ("wb", wb), ("wm", wm), ("wr", wr))
         }
         grads = []
-        if gb is not None and gm is not None:
-            names = [t.name for t in self.base.tensors if t.name in gb and t.name in gm]
+        both = gb is not None and gm is not None  # a skipped update holds no gradient
+        names = [t.name for t in self.base.tensors if both and t.name in gb and t.name in gm]
+        if names:
             atol, floor16 = tol.weight_atol, 0.0
             if self.ref is None:  # the fixed tolerance, with the rounding floor (exact norms)
                 sumsq = sum(gb[n].norm ** 2 for n in names)
