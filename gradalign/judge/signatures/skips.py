@@ -18,7 +18,8 @@ from ...runs.model import Run
 from ..distributed import listed
 from ..results import Comparison, Diagnosis
 from .accumulation import inner_steps, scaler_per_micro
-from .clipping import hidden_scale
+from .clipping import SCALE_ONCE, hidden_scale
+from .common import window, window_scale
 
 _SHOWN = 6  # skipped updates listed per run
 
@@ -50,13 +51,14 @@ def skips_apart(c: Comparison) -> list[int]:
 
 
 def _unscaled(c: Comparison, apart: list[int]) -> list[int]:
-    """The updates of `apart` where the merged run skipped at a loss scale no higher than the one
-    its baseline stepped at: each merged micro-batch's gradient is about 1/K of the baseline's,
-    so the scale cannot explain that overflow."""
+    """The first update of `apart`, where the merged run skipped at a loss scale no higher than
+    the one its baseline stepped at: each merged micro-batch's gradient is about 1/K of the
+    baseline's, so the scale cannot explain that overflow. Later ones say nothing: the runs
+    trained apart from the first on, their gradients no longer the same."""
     n = len(c.results)
     merged_skipped = scaler_skipped(c.merged, n)
     found = []
-    for u in apart:
+    for u in apart[:1]:
         sm, sb = _scale(c.merged, u), _scale(c.baseline, u)
         if merged_skipped[u] and (sm is None or sb is None or sm <= sb):
             found.append(u)
@@ -77,7 +79,7 @@ def scaler_skips(c: Comparison) -> Diagnosis | None:
             f"the merged run's GradScaler overflowed at update {u}, at a loss scale its baseline "
             "stepped at"
         )
-        return hidden_scale(c, seen, {"overflowed_at_update": u})
+        return hidden_scale(c, seen, {"overflowed_at_update": u}) or _scaled_after(c, u, seen)
     n = len(c.results)
     u = apart[0]
     skipped = {name: [int(i) for i in np.flatnonzero(scaler_skipped(r, n))] for name, r in _runs(c)}
@@ -122,6 +124,42 @@ def scaler_skips(c: Comparison) -> Diagnosis | None:
             f"--initial-loss-scale S{seen}), so that both step at every update, and log them again"
         )
     return Diagnosis("scaler-skips", message, evidence, fix)
+
+
+NEAR_SCALE = math.log(1.25)  # the runs part at the overflow: a scale is read within 25%
+
+
+def _scaled_after(c: Comparison, u: int, seen: str) -> Diagnosis | None:
+    """`loss-scale` where no clip hid the scale: at the first later update both runs stepped,
+    the merged gradient is nearer K, 1/K or K+1 times the baseline's than 1 and within 25% of
+    it (the runs trained apart from the overflow on, so no closer reading is due)."""
+    n, k = len(c.results), window(c)
+    skipped = [scaler_skipped(r, n) for _, r in _runs(c)]
+    for r in c.results[u + 1 :]:
+        if any(s is None or s[r.update] for s in skipped) or not r.grads:
+            continue
+        ratio = r.grad_ratio
+        if ratio is None or not math.isfinite(ratio) or ratio <= 0:
+            return None
+        near = min((k, 1 / k, k + 1, 1.0), key=lambda v: abs(math.log(ratio / v)))
+        if near == 1.0 or abs(math.log(ratio / near)) > NEAR_SCALE:
+            return None
+        return Diagnosis(
+            "loss-scale",
+            f"{seen}: its scaled backward overflowed where the baseline's, of a gradient K "
+            f"times each micro-batch's, did not, and at update {r.update}, the first both "
+            f"stepped after it, the merged gradient is {ratio:.4g} times the baseline's (near "
+            f"{window_scale(k, near)}; the runs trained apart from update {u}): the loss is "
+            "scaled by the wrong factor",
+            {
+                "overflowed_at_update": u,
+                "update": r.update,
+                "grad_ratio": ratio,
+                "expected_ratio": near,
+            },
+            SCALE_ONCE,
+        )
+    return None
 
 
 def _stepped_inside(c: Comparison) -> bool:
