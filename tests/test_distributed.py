@@ -143,6 +143,13 @@ def test_each_scenario_is_judged_as_expected(dp_runs, setup, k, fault, code):
             assert "all-reduced" in first.message and "compression hook" in first.fix
 
 
+def test_per_rank_batchnorm_at_k_1_is_not_also_told_as_micro_batch_statistics(dp_runs):
+    """At K=1 each rank normalizes its B/W rows once per update: `dp-batchnorm` says so, and
+    `batchnorm` beside it ("each micro-batch of B/K ... updated K times per update") was wrong."""
+    comparison = judged(dp_runs, FAULT_SETUP.get("dp-batchnorm", "sgd"), 1, "dp-batchnorm")
+    assert errors(comparison) == ["dp-batchnorm"], [d.message for d in comparison.diagnosis]
+
+
 def test_clean_runs_name_no_data_parallel_cause(dp_runs):
     """Every clean data-parallel run is within its noise; the BatchNorm one at K=4 fails only
     for its micro-batch statistics (batchnorm), never for per-rank ones (dp-batchnorm)."""

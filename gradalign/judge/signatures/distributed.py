@@ -385,6 +385,8 @@ def with_ranks(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
     ranked = [d for d in (signature(c) for signature in DECISIVE) if d is not None]
     codes = {d.code for d in ranked}
     dropped = {general for specific, general in SUBSUMED.items() if specific in codes}
+    if "dp-batchnorm" in codes and window(c) == 1:  # no micro-batches: the ranks' rows alone
+        dropped.add("batchnorm")
     first = [d for d in found if d.code in FIRST]
     rest = [d for d in found if d.code not in FIRST and d.code not in dropped]
     return [*first, *ranked, *rest]
