@@ -60,6 +60,9 @@ VARIANTS = {
     "sum-hook": {"hook": "sum", "k": 4},  # a comm hook that sums without dividing by W (W != K)
     # against baseline-buffer: W=2 x K=1, a running mean of each rank's own B/W input rows
     "buffer-k1": {"buffer": True, "k": 1},
+    # the last window's last row on rank 1 is the data's first, as a DistributedSampler with
+    # drop_last=False pads data that does not fill the ranks
+    "padded-last": {"padded": True},
 }
 CLIP = 0.2
 # without DDP: gradients reduced to rank 0, which steps and broadcasts its weights; `steps`
@@ -198,6 +201,8 @@ def merged(out: Path, variant: dict) -> None:
                 sizes = per_micro[micro]
                 first = update * B + micro * (B // k) + sum(sizes[:rank])
                 rows = slice(first, first + sizes[rank])
+                if variant.get("padded") and (update, micro, rank) == (UPDATES - 1, k - 1, 1):
+                    rows = [*range(first, first + sizes[rank] - 1), 0]  # type: ignore[assignment]
                 by_hand = variant.get("reduce_by_hand")
                 with ddp.no_sync() if micro < k - 1 or by_hand else nullcontext():
                     forward = ddp.module if rank in variant.get("around", ()) else ddp

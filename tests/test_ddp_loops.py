@@ -267,6 +267,17 @@ def test_a_bug_on_rank_1_only_is_named_from_rank_1s_counts(loops):
     assert "ranks" not in both.evidence and "on rank" not in both.message
 
 
+def test_a_last_window_padded_from_the_datas_start_names_the_sampler(loops):
+    """Only the last window holds another sample (the data's first, where a DistributedSampler
+    with drop_last=False pads): `data-order`, whose fix said only "the same drop_last"; it names
+    the sampler's padding, as for the frameworks' samplers."""
+    c = api.compare(loops / "baseline", loops / "padded-last")
+    first = c.diagnosis[0]
+    assert first.code == "data-order", [(d.code, d.message) for d in c.diagnosis]
+    assert first.evidence["first_update"] == 3
+    assert "DistributedSampler with drop_last=False" in first.fix and "multiple" in first.fix
+
+
 def test_a_forward_around_ddp_is_named(loops):
     """`ddp.module(x)`: DDP never all-reduced those gradients, and the ranks part. The message
     blamed DDP's sync flag or no_sync() around the last micro-step."""

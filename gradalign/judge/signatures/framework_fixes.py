@@ -71,6 +71,12 @@ _FILLS = {
         ": `TrainingArguments(dataloader_drop_last=True)`",
     ),
     "lightning": ("the DistributedSampler Lightning adds (its padding)", ""),
+    # a loop of its own on several processes (torch.distributed)
+    None: (
+        "a DistributedSampler with drop_last=False (it pads the data to a multiple of the "
+        "ranks with samples from its start)",
+        ": DistributedSampler(..., drop_last=True), and the DataLoader's drop_last=True",
+    ),
 }
 
 
