@@ -39,6 +39,7 @@ from .rounding import marked, rounding_floors, rounding_in_both, rounding_notes
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
+from .undeclared import undeclared_note
 from .unstable import unstable_note
 from .vacuous import unmoved_note, unrecorded_note, untrained_note, vacuous_notes
 from .views import sketch_width
@@ -153,6 +154,7 @@ def _judge(
             *vacuous_notes(results, tol),
             *(untrained_note(base, merged) or unmoved_note(results)),
             *unrecorded_note(base, merged),
+            *undeclared_note(base, merged),
             *unstable_note(results, calibrated),
         ],
         _first_divergence(results),

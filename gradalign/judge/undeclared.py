@@ -1,0 +1,51 @@
+"""A 16-bit computation the runs did not declare: float32 runs whose recorded gradients at
+update 0 all fit in bfloat16 (or float16), as a loop that keeps float32 master weights and
+computes in a 16-bit model copy records them. Judged as float32, they get float32's
+tolerances and references (a float64 rerun computes otherwise): say so, with the declaration."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..runs.model import Run
+
+SAMPLE = 4096  # nonzero values read per tensor
+EVIDENT = 1024  # nonzero values over the whole gradient, at least, before anything is said
+_FLOAT16_MAX = 65504.0
+
+
+def sixteen_bit_exact(run: Run) -> str | None:
+    """'bfloat16' or 'float16' where every nonzero finite value of the run's gradient at update
+    0 (its first SAMPLE per tensor, EVIDENT at least) is exact in that type; else None."""
+    if run.compute_dtype != "float32" or run.record != "full" or not run.has_grads:
+        return None
+    grads = (run.grads(0) if run.updates else None) or {}
+    values = []
+    for name in grads:  # one tensor read at a time (a file's are read when looked up)
+        v = np.asarray(grads[name], dtype=np.float32).ravel()
+        values.append(np.array(v[(v != 0) & np.isfinite(v)][:SAMPLE]))  # a copy: v goes
+    if sum(v.size for v in values) < EVIDENT:
+        return None
+    bits = np.concatenate([v.view(np.uint32) for v in values])
+    if not (bits & np.uint32(0xFFFF)).any():
+        return "bfloat16"
+    wide = np.concatenate(values)
+    if not (bits & np.uint32(0x1FFF)).any() and (np.abs(wide) <= _FLOAT16_MAX).all():
+        return "float16"
+    return None
+
+
+def undeclared_note(base: Run, merged: Run) -> list[str]:
+    """The note where the baseline's gradient is exact in a 16-bit type while both runs declare
+    float32 (`sixteen_bit_exact`; the merged run may sum its micro-batches' 16-bit gradients in
+    float32, which leaves them inexact)."""
+    kind = sixteen_bit_exact(base)
+    if kind is None or merged.compute_dtype != "float32":
+        return []
+    return [
+        f"every gradient value the baseline recorded at update 0 is {kind}-exact, though the "
+        f"runs declare float32: the loop computed in {kind} (a {kind} model copy beside "
+        "float32 master weights?), judged here with float32's tolerances; record both runs "
+        f'with Recorder(..., compute_dtype="{kind}"), and judge them with --reference none or '
+        "a reference recorded as the README's mixed-precision section says"
+    ]
