@@ -170,6 +170,13 @@ def _judge(
     return comparison
 
 
+# printed weights: the roundings two trainings summing in other orders take apart, a random walk
+# of about one spacing per update at most, allowed twice over (units of eps times the weight);
+# Adam's noise-dominated elements may walk further (1 of 30 hunted Adam pairs, 1.08x at update
+# 84), which only gradients tell (recorded runs: judge/drift.py)
+WALK = 2.0
+
+
 class _Judge:
     """Per-update loss and tensor judgements, with or without a reference."""
 
@@ -190,8 +197,9 @@ class _Judge:
         was rounded to where it was computed (autocast's dtype; default `epsilon`)."""
         self.base, self.merged, self.ref, self.tol = base, merged, ref, tol
         self.bound = bound
-        self.floor = tol.noise_floor * epsilon
+        self.floor, self.epsilon = tol.noise_floor * epsilon, epsilon
         self.starts = starts
+        self.first_printed: Tensors = {}  # the baseline's first printed weights, per tensor
         full = base.full_weights and merged.full_weights  # elements line up (no printed arrays)
         drifts = whole and starts is not None and (ref is not None or full)
         self.drift = Drift(starts, stored_bits(base), ref is None) if drifts else None
@@ -268,8 +276,10 @@ class _Judge:
         qr = self.ref.weight_quantum(i) if self.ref is not None else None
         slack = _print_slack(self.base.weight_quantum(i), qm)
         rounding = _print_slack(qm, qr)
+        printed = not self.base.full_weights
         for info in self.base.tensors:
             start = self.starts.get(info.name) if self.starts is not None else None
+            first = self.first_printed.setdefault(info.name, wb[info.name]) if printed else None
             d = diff(
                 info.name,
                 wb[info.name],
@@ -277,9 +287,11 @@ class _Judge:
                 rtol=tol.weight_rtol,
                 atol=tol.weight_atol,
                 start=start,
-                elementwise=not self.base.full_weights,
+                elementwise=printed,
                 slack=slack.get(info.name),
                 floor=self.floor,
+                printed_start=first,
+                walk=WALK * math.sqrt(i + 1) * self.epsilon if printed else 0.0,
             )
             d = self._calibrated(d, wb, wm, wr, start)
             if d.noise is not None and info.name in rounding:  # printed: rounding allowed

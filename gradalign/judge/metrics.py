@@ -139,6 +139,8 @@ def diff(
     elementwise: bool = False,
     slack: np.ndarray | None = None,
     floor: float = 0.0,
+    printed_start: np.ndarray | None = None,
+    walk: float = 0.0,
 ) -> TensorDiff:
     """Compare one tensor.
 
@@ -146,8 +148,11 @@ def diff(
     training moved it: ||m - b|| <= rtol * ||b - start|| + atol * sqrt(n). With `elementwise`
     (printed values, no history) each element must hold |m - b| <= atol + slack, `slack` being
     the elements' print resolutions; the worst element (by its share of what it is allowed) is
-    the error reported. Otherwise the scale is ||b||. `floor`: a weight's rounding, in units of
-    its norm (`fixed_allowed`).
+    the error reported, each also allowed `walk` times its own size (the roundings that two
+    trainings summing in other orders take apart, update by update: a few spacings of a weight
+    after tens of updates). `printed_start`: the baseline's first printed values, from which the
+    distance moved is reported (`moved`). Otherwise the scale is ||b||. `floor`: a weight's
+    rounding, in units of its norm (`fixed_allowed`).
     """
     b = np.asarray(base, dtype=np.float64).ravel()
     m = np.asarray(merged, dtype=np.float64).ravel()
@@ -169,6 +174,7 @@ def diff(
     moved = None
     if elementwise:
         allowed_each = atol + (0.0 if slack is None else np.asarray(slack, np.float64).ravel())
+        allowed_each = allowed_each + walk * abs_b
         allowed_each = np.broadcast_to(allowed_each, abs_d.shape)
         if abs_d.size == 0:
             error, allowed = 0.0, float(atol)
@@ -177,6 +183,8 @@ def diff(
             share = np.divide(abs_d, allowed_each, out=fallback, where=allowed_each > 0)
             worst = int(share.argmax())
             error, allowed = float(abs_d[worst]), float(allowed_each[worst])
+        if printed_start is not None:
+            moved = float(np.linalg.norm(b - np.asarray(printed_start, np.float64).ravel()))
     else:
         if start is not None:
             moved = float(np.linalg.norm(b - np.asarray(start, dtype=np.float64).ravel()))

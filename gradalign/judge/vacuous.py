@@ -42,7 +42,7 @@ def vacuous_notes(results: list[UpdateResult], tol: Tolerances) -> list[str]:
 def unmoved_note(results: list[UpdateResult]) -> list[str]:
     """A warning where no recorded weight of the baseline moved at any update, though its
     optimizer stepped (no floating-point weight, weights written as integers, an lr of 0)."""
-    weights = [d for r in results for d in r.weights]
+    weights = [d for r in results for d in r.weights if d.moved is not None]  # known: recorded
     if not weights or any(d.moved for d in weights):
         return []
     return [
