@@ -390,3 +390,19 @@ def test_a_run_gone_non_finite_is_judged_without_numpy_warnings(tmp_path):
     )
     assert done.returncode == 1, done.stderr
     assert "Warning" not in done.stderr and "gradalign/judge" not in done.stderr, done.stderr
+
+
+def test_two_reports_into_one_stream_are_refused_and_into_dev_null_are_not(small_runs, tmp_path):
+    """`--json /dev/stdout --junit /dev/stdout`: the JSON and the XML came out glued together,
+    readable as neither; two reports into one file were refused already."""
+    twice = subprocess.run(
+        _compare(small_runs, "--json", "/dev/stdout", "--junit", "/dev/stdout"),
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert twice.returncode == 2 and "one stream" in twice.stderr, twice.stderr
+    assert "Traceback" not in twice.stderr
+    nulls = _compare(small_runs, "--json", os.devnull, "--junit", os.devnull)
+    assert subprocess.run(nulls, capture_output=True, env=ENV, timeout=120).returncode == 0

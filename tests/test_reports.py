@@ -350,3 +350,15 @@ def test_plots_of_names_the_font_cannot_draw_raise_no_warning(tmp_path):
         warnings.simplefilter("error")
         images = render_pngs(c)
     assert set(images) == {"loss.png", "error.png", "heatmap.png"}
+
+
+def test_junit_text_holds_no_character_xml_forbids():
+    """A run path holding U+FFFE made a JUnit file no XML parser reads: C0 controls were
+    replaced, U+FFFE and U+FFFF were not."""
+    from gradalign.report.junit import _clean
+
+    text = "run\ufffe/\uffff/\x01/tab\tok"
+    safe = _clean(text)
+    assert "\ufffe" not in safe and "\uffff" not in safe
+    assert "\x01" not in safe and "\t" in safe
+    ET.fromstring(f"<a>{safe}</a>")

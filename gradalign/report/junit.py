@@ -15,7 +15,9 @@ from ..judge.results import FAIL, NOT_CHECKED, Check, Comparison
 from .output import write_text_atomic
 from .summary import diagnosis_lines, failures_of, headline
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")  # not allowed in XML 1.0
+# not allowed in XML 1.0: C0 controls but tab and line ends, U+FFFE and U+FFFF (a lone surrogate,
+# a name's undecodable byte, is written as its escape: output.printable)
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 MAX_FAILURES_LISTED = 10
 
 

@@ -33,10 +33,12 @@ def check_outputs(
                     f"output {shown} would overwrite the input {given}; choose another output"
                 )
     seen: dict[Path, os.PathLike[str] | str] = {}
+    streams: dict[tuple[int, int], os.PathLike[str] | str] = {}
     for report in reports:
         if len(os.fsencode(Path(report).name)) > NAME_MAX:
             raise BadInput(f"report {report}: the file name is longer than {NAME_MAX} bytes")
         if is_stream(report):  # /dev/stdout, a pipe, /dev/null: written into as it is
+            _one_report_per_stream(report, streams)
             continue
         target = resolved(report)
         if Path(report).is_dir():
@@ -63,3 +65,21 @@ def check_outputs(
                     "the report a file name of its own"
                 )
         ensure_parent_writable(target, f"report {report}")
+
+
+def _one_report_per_stream(report: os.PathLike[str] | str, streams: dict) -> None:
+    """Refuse a second report into a stream another report writes (`--json /dev/stdout --junit
+    /dev/stdout`: the two glued together parse as neither); /dev/null takes any number."""
+    try:
+        info = os.stat(report)
+        if os.path.samefile(report, os.devnull):
+            return
+    except OSError:
+        return  # the writer says what is wrong with it
+    key = (info.st_dev, info.st_ino)
+    if key in streams:
+        raise BadInput(
+            f"reports {streams[key]} and {report} would both be written into one stream, where "
+            "they run together; give one of them a file"
+        )
+    streams[key] = report
