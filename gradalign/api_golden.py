@@ -235,7 +235,11 @@ def _check(
         outcome.written = _accept(merged, reference, golden_file, key)
         comparison.notes.append(f"accepted {run} as the golden: wrote {outcome.written}{lost}")
     elif comparison.verdict == FAIL and candidate is not None:
-        outcome.candidate = _write(merged, reference, candidate, [run_path])
+        try:
+            outcome.candidate = _write(merged, reference, candidate, [run_path])
+        except BadInput as exc:  # a run that diverged holds no golden: the verdict stands
+            comparison.notes.append(f"no candidate golden written: {exc}")
+            return outcome
         comparison.notes.append(
             f"to accept this run as the golden: {accept} (or copy the candidate {candidate} "
             f"over {golden_file}){lost}"

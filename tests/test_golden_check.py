@@ -281,3 +281,27 @@ def test_updates_of_one_golden_wait_for_each_other(small, tmp_path):
         assert fmt.load(golden)["source"]["run"] == small["baseline"].name
     assert job.wait(timeout=120) == 0
     assert fmt.load(golden)["source"]["run"] == small["merged"].name
+
+
+def test_a_run_that_diverged_fails_its_golden_check_with_every_report(cli, small, tmp_path):
+    """A merged run whose loss went NaN failed `compare` (exit 1, `non-finite`), yet `golden
+    check` answered bad input (exit 2, "a golden must hold finite numbers"), writing no report:
+    the candidate golden it proposes cannot be written, and the check's verdict stands."""
+    diverged = api.record_merged(SMALL.replace(lr=1e30), tmp_path / "diverged")
+    golden = Path(shutil.copy(small["golden"], tmp_path / "g.json"))
+    reports = tmp_path / "reports"
+    result = cli(
+        "golden",
+        "check",
+        golden,
+        diverged,
+        "--json",
+        reports / "r.json",
+        "--junit",
+        reports / "r.xml",
+    )
+    assert result.code == 1, result.err
+    data = json.loads((reports / "r.json").read_text())
+    assert any(note.startswith("no candidate golden written") for note in data["notes"])
+    assert (reports / "r.xml").read_text().startswith("<?xml")
+    assert not (reports / "g.candidate.json").exists()
