@@ -344,3 +344,12 @@ def test_ranks_that_recorded_other_numbers_of_micro_steps_are_refused_saying_why
     assert "unequal numbers of batches" in said and "even_batches=False" in said
     said = _mismatch([part(0, 12, 6), part(1, 10, 5)])
     assert said is not None and "unequal" not in said
+
+
+def test_a_reference_given_as_a_path_is_taken_as_out_dir_is(tmp_path):
+    """`Recorder(..., reference=Path("../ref"))` was refused ("must be a non-empty string, got
+    PosixPath") where out_dir takes a Path; the manifest names it as given."""
+    model, optimizer = _model()
+    with Recorder(tmp_path / "run", model, optimizer, reference=Path("../ref")) as rec:
+        _step(rec, model, optimizer)
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["reference"] == "../ref"

@@ -73,7 +73,7 @@ class Recorder:
         config: dict[str, Any] | None = None,
         *,
         fault: str | None = None,
-        reference: str | None = None,
+        reference: str | os.PathLike[str] | None = None,
         compute_dtype: str | None = None,
         capture_grads: bool = True,
         scaler: Any = None,
@@ -101,6 +101,8 @@ class Recorder:
         the run spans (default: all); `rank`: this process's rank in the run, if not its own.
         `skip_updates`: updates whose optimizer step is skipped, as a GradScaler skips it on
         overflow (for a float64 reference: `gradalign.skipped_updates(BASE)`; record/skips.py)."""
+        if isinstance(reference, os.PathLike):  # a Path, as out_dir may be
+            reference = os.fspath(reference)
         texts = {"fault": fault, "reference": reference, "compute_dtype": compute_dtype}
         self.config = checks.check_arguments(
             out_dir, model, accum_steps, config, texts, record, MODES, snapshot_every,
