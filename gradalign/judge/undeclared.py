@@ -17,7 +17,9 @@ _FLOAT16_MAX = 65504.0
 def sixteen_bit_exact(run: Run) -> str | None:
     """'bfloat16' or 'float16' where every nonzero finite value of the run's gradient at update
     0 (its first SAMPLE per tensor, EVIDENT at least) is exact in that type; else None."""
-    if run.compute_dtype != "float32" or run.record != "full" or not run.has_grads:
+    if getattr(run, "compute_dtype", None) != "float32" or getattr(run, "record", "") != "full":
+        return None
+    if not run.has_grads:
         return None
     grads = (run.grads(0) if run.updates else None) or {}
     values = []
