@@ -53,3 +53,13 @@ def train(
                 after_step(u)
             opt.zero_grad(set_to_none=set_to_none)
             rec.update()
+
+
+def classifier(rows: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A 12-16-3 tanh classifier (seeded 0) and `rows` samples of 12 features in 3 classes
+    (seeded 5): the small model of the tests that write their loop around it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(rows, 12, generator=g)
+    return model, x, torch.randint(0, 3, (rows,), generator=g)

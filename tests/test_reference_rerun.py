@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from gradalign.errors import BadInput
 from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
 
-from .recorded_loop import train
+from .recorded_loop import classifier, train
 
 BATCH, K = 32, 4
 
 
 def loop(out, k: int, float64: bool = False, optimizer: str = "sgd", reference=None):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(4 * BATCH, 12, generator=g)
-    y = torch.randint(0, 3, (4 * BATCH,), generator=g)
+    model, x, y = classifier(4 * BATCH)
     if float64:
         model, x = model.double(), x.double()
     opt = {

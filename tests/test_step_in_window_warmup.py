@@ -6,22 +6,17 @@ the extra steps began at update 0 and left the weights as they were."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
 
-from .recorded_loop import train
+from .recorded_loop import classifier, train
 
 BATCH, K = 32, 4
 
 
 def loop(out, k: int, step_inside: bool = False):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(4 * BATCH, 12, generator=g)
-    y = torch.randint(0, 3, (4 * BATCH,), generator=g)
+    model, x, y = classifier(4 * BATCH)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: 0.0 if u == 0 else 1.0)
 

@@ -14,15 +14,13 @@ import gradalign
 from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
 
+from .recorded_loop import classifier
+
 BATCH, K, UPDATES = 32, 4, 4
 
 
 def loop(out, k: int, items: bool = True):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(UPDATES * BATCH, 12, generator=g)
-    y = torch.randint(0, 3, (UPDATES * BATCH,), generator=g)
+    model, x, y = classifier(UPDATES * BATCH)
     weight = torch.tensor([0.2, 1.0, 3.0])
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     n = BATCH // k
