@@ -15,7 +15,7 @@ from .lengths import length_hint
 from .metrics import diff
 from .rerun import check_finite_losses, check_same_optimizer, check_same_steps, not_finite
 from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
-from .undeclared import sixteen_bit_exact
+from .undeclared import sixteen_bit_exact, undeclared
 from .window_sizes import has_problems
 
 # Config keys a float64 reference may legitimately change: its precision, K and device.
@@ -270,12 +270,7 @@ def _rerun_hint(base: Run) -> str:
     dtype."""
     kind = sixteen_bit_exact(base)
     if kind is not None:
-        return (
-            f" (every gradient value the baseline recorded at update 0 is {kind}-exact, though "
-            f"it declares float32: it computed in {kind}, which a float64 rerun does not; record "
-            f'both runs with Recorder(..., compute_dtype="{kind}") and judge with --reference '
-            "none, or record the reference as the README's mixed-precision section says)"
-        )
+        return f" ({undeclared(kind, 'which a float64 rerun does not compute')})"
     unset = _dtype_epsilon(base.optimizer_settings or {})
     if unset:
         return (

@@ -44,10 +44,16 @@ def undeclared_note(base: Run, merged: Run) -> list[str]:
     kind = sixteen_bit_exact(base)
     if kind is None or merged.compute_dtype != "float32":
         return []
-    return [
+    return [undeclared(kind, "judged here with float32's tolerances")]
+
+
+def undeclared(kind: str, so: str) -> str:
+    """What a baseline `sixteen_bit_exact` in `kind` says, `so` what follows from it here (the
+    report's note; a float64 reference's refusal)."""
+    return (
         f"every gradient value the baseline recorded at update 0 is {kind}-exact, though the "
         f"runs declare float32: the loop computed in {kind} (a {kind} model copy beside "
-        "float32 master weights?), judged here with float32's tolerances; record both runs "
-        f'with Recorder(..., compute_dtype="{kind}"), and judge them with --reference none or '
-        "a reference recorded as the README's mixed-precision section says"
-    ]
+        f"float32 master weights?), {so}; record both runs with "
+        f'Recorder(..., compute_dtype="{kind}"), and judge them with --reference none or a '
+        "reference recorded as the README's mixed-precision section says"
+    )

@@ -11,9 +11,7 @@ from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
 from ..window_sizes import problems
 from .accumulation import inner_steps
-from .common import (
-    finite,
-)
+from .common import finite
 from .skips import skips_apart, steps_skipped
 
 CARD_RATIO_MATCH = 1e-4  # relative: a float32 mean of cards' means against the baseline's mean
