@@ -34,12 +34,17 @@ def assert_aligned(
     `reference`: a float64 rerun of the baseline to calibrate by (default: the one the baseline's
     manifest names; "none" for the fixed tolerances). `tolerances`: overrides by name
     (`noise_factor=8`, `weight_rtol=1e-3`...). Unreadable or incomparable runs raise
-    `gradalign.errors.BadInput`, which is not a verdict."""
+    `gradalign.errors.BadInput`, which is not a verdict; its one-line message shows without
+    gradalign's own frames, as the command's does."""
     __tracebackhide__ = True  # pytest: show the message, not this frame
     from .api import compare
+    from .errors import BadInput
     from .report.assertion import assertion_message
 
-    comparison = compare(baseline, merged, reference=reference, tolerances=tolerances)
+    try:
+        comparison = compare(baseline, merged, reference=reference, tolerances=tolerances)
+    except BadInput as refused:
+        raise refused.with_traceback(None) from None
     if comparison.verdict == FAIL:
         raise AssertionError(assertion_message(comparison))
     return comparison

@@ -305,3 +305,35 @@ def test_a_run_that_diverged_fails_its_golden_check_with_every_report(cli, small
     assert any(note.startswith("no candidate golden written") for note in data["notes"])
     assert (reports / "r.xml").read_text().startswith("<?xml")
     assert not (reports / "g.candidate.json").exists()
+
+
+def test_a_golden_keeps_the_optimizer_settings_its_check_names(small, tmp_path):
+    """A golden keeps the optimizer's settings as the manifest has them: a merged run given
+    another momentum fails `optimizer-settings` as `compare` names it (without them the golden
+    check could only say `unexplained`), and the config note shows a setting left to its
+    default as unset, not as None."""
+    other = SMALL.replace(accum_steps=4, momentum=0.9)
+    run = api.record_merged(other, tmp_path / "momentum")
+    kept = fmt.load(small["golden"])["optimizer"]
+    assert kept == read_run_dir(small["baseline"]).optimizer_settings
+    comparison = api.golden_check(small["golden"], run).comparison
+    direct = api.compare(small["baseline"], run)
+    assert comparison.verdict == direct.verdict == "fail"
+    assert comparison.diagnosis[0].code == direct.diagnosis[0].code == "optimizer-settings"
+    assert "momentum 0.0 in the baseline, 0.9 in the merged run" in comparison.diagnosis[0].message
+    assert "the run's config differs from the golden's: momentum 0.9 (golden: 0.0)" in " ".join(
+        comparison.notes
+    )
+    assert SMALL.lr is None
+    lr_run = api.record_merged(SMALL.replace(accum_steps=4, lr=0.2), tmp_path / "lr")
+    notes = " ".join(api.golden_check(small["golden"], lr_run).comparison.notes)
+    assert "lr 0.2 (golden: unset)" in notes, notes
+
+
+def test_a_golden_with_malformed_optimizer_settings_is_refused(cli, small, tmp_path):
+    data = json.loads(Path(small["golden"]).read_text())
+    data["optimizer"]["tensor_groups"] = data["optimizer"]["tensor_groups"][:-1]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    result = cli("golden", "check", bad, small["merged"])
+    one_line_error(result, "golden field 'optimizer.tensor_groups' must hold one group index")

@@ -5,9 +5,11 @@ capped table)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
+import gradalign
 from gradalign.api import compare
 from gradalign.config import TrainConfig
 from gradalign.errors import BadInput
@@ -66,6 +68,17 @@ def test_tolerances_are_passed_by_name(small_runs):
         )
     with pytest.raises(BadInput, match="unknown tolerance"):
         assert_aligned(small_runs["baseline"], small_runs["merged"], weight_rtoll=1.0)
+
+
+def test_a_refusal_shows_its_message_without_gradalign_frames(tmp_path, small_runs):
+    """A test that gives a missing run reads one line, as the command prints it, not a
+    traceback through the judge (pytest hides the frame of `assert_aligned` itself)."""
+    with pytest.raises(BadInput, match="no such") as info:
+        assert_aligned(small_runs["baseline"], tmp_path / "never-recorded")
+    package = Path(gradalign.__file__).parent
+    inside = [e.path for e in info.traceback if Path(e.path).is_relative_to(package)]
+    assert inside == [package / "testing.py"], inside
+    assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
 @pytest.fixture(scope="module")

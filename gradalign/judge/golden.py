@@ -67,6 +67,7 @@ def build(run: Run, reference: Run | None) -> dict[str, Any]:
         "environment": run.environment,
         "config": run.config,
         "model": run.model_facts,
+        "optimizer": run.optimizer_settings,
         "tensors": [
             {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "kind": t.kind}
             for t in run.tensors
@@ -217,10 +218,17 @@ def judge(
     )
     if changed:
         shown = ", ".join(
-            f"{k} {merged.config[k]!r} (golden {golden['config'][k]!r})" for k in changed[:5]
+            f"{k} {_setting(merged.config[k])} (golden: {_setting(golden['config'][k])})"
+            for k in changed[:5]
         )
         comparison.notes.append(f"the run's config differs from the golden's: {shown}")
     return comparison
+
+
+def _setting(value: Any) -> str:
+    """A config value in the note; None is a setting left to its default (the built-in
+    trainer's lr of its optimizer), not a value."""
+    return "unset" if value is None else repr(value)
 
 
 _SLACK = 1e-6  # float64 rounding of norms and sketches summed over millions of elements

@@ -183,6 +183,7 @@ def as_runs(data: dict[str, Any], source: str) -> tuple[Run, Run | None]:
         config=data["config"],
         environment=data["environment"],
         model_facts=data.get("model") or {},
+        optimizer_settings=data.get("optimizer"),
         grad_dtype=data.get("grad_dtype"),
     )
     ref_loss = data["series"].get("reference_window_loss")

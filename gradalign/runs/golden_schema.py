@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from ..errors import BadInput, shown
-from .schema import MAX_MICRO_STEPS, _check_tensors
+from .schema import MAX_MICRO_STEPS, _check_tensors, check_optimizer
 from .summaries import SKETCH_SIZE
 
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -93,6 +93,7 @@ def check_golden(data: dict, where: str) -> None:
         and all(isinstance(model.get(k, []), list) for k in ("batchnorm", "dropout"))
     ):
         raise bad("model", "must be {batchnorm: [names], dropout: [names]}")
+    check_optimizer(data.get("optimizer"), len(data["tensors"]), bad)
     _check_series(data["series"], n, bad)
     names = [t["name"] for t in data["tensors"]]
     prints = data.get("init_fingerprints")

@@ -72,7 +72,7 @@ def check_manifest(manifest: dict, where: str) -> None:
         raise bad("reference", "must be a path relative to the run")
     if reference is not None and _CONTROL.search(reference):  # printed in notes and reports
         raise bad("reference", f"holds control characters: {shown(reference)}")
-    _check_optimizer(manifest.get("optimizer"), len(manifest["tensors"]), bad)
+    check_optimizer(manifest.get("optimizer"), len(manifest["tensors"]), bad)
     model = manifest.get("model")
     if model is not None:
         ok = isinstance(model, dict) and all(
@@ -123,9 +123,9 @@ def _check_tensors(tensors: Any, bad) -> None:
             raise bad(f"{entry}.kind", f"must be 'param' or 'buffer', got {shown(t.get('kind'))}")
 
 
-def _check_optimizer(optimizer: Any, tensors: int, bad) -> None:
+def check_optimizer(optimizer: Any, tensors: int, bad) -> None:
     """`{"type": str, "groups": [objects], "tensor_groups": [one group index per tensor, -1
-    for none]}`, or absent."""
+    for none]}`, or absent (a manifest's and a golden file's)."""
     if optimizer is None:
         return
     what = "{type, groups: [settings], tensor_groups: [a group index per tensor]}"
