@@ -124,7 +124,10 @@ def merged(
     out: Annotated[Path, typer.Option("--out", "-o", help="run directory")] = Path("runs/merged"),
     against: Annotated[
         Path | None,
-        typer.Option(help="a baseline run: reuse its config, then compare against it"),
+        typer.Option(
+            help="a baseline run directory, or a golden file (or a folder of them, the one for "
+            "this environment is chosen): reuse its config, then judge against it"
+        ),
     ] = None,
     fault: FaultOpt = None,
     trust_run_code: Annotated[
@@ -257,7 +260,13 @@ app.add_typer(golden_app, name="golden")
 
 @golden_app.command("write")
 def golden_write(
-    run: Annotated[Path, typer.Argument(help="a recorded baseline run directory")],
+    run: Annotated[
+        Path,
+        typer.Argument(
+            help="a recorded run directory with full snapshots (a baseline, or a merged run "
+            "accepted as the golden), from the built-in trainer or a Recorder"
+        ),
+    ],
     out: Annotated[
         Path | None,
         typer.Option(
@@ -268,7 +277,10 @@ def golden_write(
     ] = None,
     reference: Annotated[
         str | None,
-        typer.Option(help="its float64 rerun (default: the one its manifest names); none"),
+        typer.Option(
+            help="its float64 rerun, kept as the noise floor (default: the one its manifest "
+            "names); none for the fixed tolerances"
+        ),
     ] = None,
 ) -> None:
     """Keep a recorded baseline and its noise as a small, reviewable golden file (default
