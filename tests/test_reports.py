@@ -362,3 +362,25 @@ def test_junit_text_holds_no_character_xml_forbids():
     assert "\ufffe" not in safe and "\uffff" not in safe
     assert "\x01" not in safe and "\t" in safe
     ET.fromstring(f"<a>{safe}</a>")
+
+
+def test_the_terminal_tables_worst_tensor_is_a_gradient_where_one_is_worst():
+    """An update whose gradient fails while its weights pass (Adam steps a K-times gradient
+    nearly as it steps the right one) shows that gradient, marked, as its worst tensor: the
+    weight it showed before read as passing beside a FAIL."""
+    from gradalign.judge.metrics import TensorDiff
+    from gradalign.judge.results import UpdateResult
+    from gradalign.report.table import _update_row
+
+    def diff(name: str, error: float) -> TensorDiff:
+        return TensorDiff(name, error, 0.0, 0.0, 1.0, error, 1.0, noise=0.5)
+
+    row = UpdateResult(0, 2.0, 2.0, 0.0, 0.0, 1e-6)
+    row.weights, row.grads = [diff("w", 0.2), diff("b", 0.1)], [diff("w", 3.0), diff("b", 0.3)]
+    cells = _update_row(row, calibrated=True)
+    assert cells[4] == "w (grad)" and cells[-3] == "3x" and "FAIL" in cells[-1], cells
+    row.grads = [diff("w", 0.05), diff("b", float("nan"))]
+    cells = _update_row(row, calibrated=True)
+    assert cells[4] == "b (grad)", cells  # NaN is the worst of all
+    row.grads = [diff("w", 0.05)]
+    assert _update_row(row, calibrated=False)[4] == "w"  # a weight, unmarked

@@ -42,8 +42,13 @@ class UpdateResult:
         return self.loss_ok and tensors_ok and not self.problems
 
     @property
-    def worst(self) -> TensorDiff | None:
-        return max(self.weights, key=lambda t: t.ratio, default=None)
+    def worst(self) -> tuple[TensorDiff, str] | None:
+        """The tensor judged worst (err/allowed, NaN worst of all), weights and gradients
+        alike, with its kind ("weights" or "gradient"); None where neither was judged."""
+        judged = [(d, "weights") for d in self.weights] + [(d, "gradient") for d in self.grads]
+        return max(
+            judged, key=lambda e: math.inf if math.isnan(e[0].ratio) else e[0].ratio, default=None
+        )
 
 
 @dataclass

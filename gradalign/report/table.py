@@ -23,7 +23,8 @@ def _max_abs(worst: TensorDiff | None) -> str:
 
 
 def _update_row(r: UpdateResult, calibrated: bool) -> list[str]:
-    worst = r.worst
+    worst, kind = r.worst or (None, "")
+    name = "-" if worst is None else worst.name + (" (grad)" if kind == "gradient" else "")
     status = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
     problems = "; ".join(text for _, text in r.problems)
     noise: list[str] = []
@@ -41,7 +42,7 @@ def _update_row(r: UpdateResult, calibrated: bool) -> list[str]:
         f"{r.base_loss:.8g}" if judged else "-",
         f"{r.merged_loss:.8g}" if judged else "-",
         num(r.loss_diff) if judged else "-",
-        worst.name if worst else "-",
+        name,
         _max_abs(worst),
         *noise,
         f"{worst.ratio:.2g}x" if worst else "-",
