@@ -170,3 +170,35 @@ def test_a_norm_on_keyed_step_lines_is_read_as_a_records(tmp_path, form):
     scaled = log("scaled", [n * 4 for n in TRAINER_NORMS])
     c = api.compare(base, scaled, accum_steps=k)
     assert c.verdict == "fail" and c.diagnosis[0].code == "loss-scale", c.diagnosis[0].message
+
+
+def test_losses_alone_that_part_after_the_first_step_say_what_would_name_it(tmp_path):
+    """Logs of losses alone that agree at update 0 (the initial weights) and part from update 1
+    (a merge that summed its gradients, under SGD): `unexplained`, saying that the steps
+    differed, that losses cannot tell a K-times gradient from another lr (the printed ones
+    agree), and what to print; the same logs with the gradient's norm are `loss-scale`."""
+    from gradalign import api
+
+    line = "loss: {loss:.8f}, learning_rate: 0.1, global_step: {u}{norm}"
+    parted = [TRAINER_LOSSES[0]] + [v - 0.3 for v in TRAINER_LOSSES[1:]]
+
+    def log(name: str, losses: list[float], norms: list[float] | None = None) -> Path:
+        rows = [
+            line.format(u=u + 1, loss=v, norm="" if norms is None else f", grad_norm: {norms[u]}")
+            for u, v in enumerate(losses)
+        ]
+        return write(tmp_path, "\n".join(rows) + "\n", f"{name}.log")
+
+    c = api.compare(log("base", TRAINER_LOSSES), log("sum", parted), accum_steps=1)
+    (d,) = c.diagnosis
+    assert d.code == "unexplained", d.message
+    assert "agree at update 0, before any step, and part at update 1" in d.message
+    assert "the printed learning rates agree; a gradient K times too large" in d.message
+    assert d.fix.startswith("print each update's gradient norm before clipping")
+    early = [TRAINER_LOSSES[0] + 0.2, *TRAINER_LOSSES[1:]]  # apart before any step: not this
+    c = api.compare(log("base", TRAINER_LOSSES), log("early", early), accum_steps=1)
+    assert "losses alone cannot say" not in c.diagnosis[0].message
+    base = log("base", TRAINER_LOSSES, TRAINER_NORMS)
+    normed = [4 * TRAINER_NORMS[0]] + [3 * n for n in TRAINER_NORMS[1:]]
+    c = api.compare(base, log("sum", parted, normed), accum_steps=1)
+    assert c.diagnosis[0].code == "loss-scale", c.diagnosis[0].message

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runs.logs.smooth import LAG1_MAX, difference_lag1
-from .results import Comparison, UpdateResult
+from .results import NOT_CHECKED, PASS, Comparison, UpdateResult
 
 
 def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str], list[str]]:
@@ -46,6 +46,14 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
                 "weighted by it"
                 + ("; a loop printing one line per update prints its window's mean" * whole)
             )
+    parted = _parted_after_a_step(c, r) if logs else None
+    if parted:
+        said.append(parted)
+        fixes.append(
+            "print each update's gradient norm before clipping in both logs (`grad_norm: ...`, "
+            "as transformers' and PaddleNLP's trainers do): a K-times gradient is then named "
+            "`loss-scale`; or record both loops with gradalign.Recorder, which names the cause"
+        )
     smoothed = _smoothed(c) if logs and r is not None and not r.loss_ok else None
     if smoothed:
         said.append(smoothed)
@@ -59,6 +67,24 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
             "trains otherwise than the baseline"
         )
     return said, fixes
+
+
+def _parted_after_a_step(c: Comparison, r: UpdateResult | None) -> str | None:
+    """A clause where logs of losses alone (no gradient, weight or norm printed) agree at
+    update 0, before any step, and part later: the steps differed, and losses cannot say how."""
+    status = {check.name.split(" (")[0]: check.status for check in c.checks}
+    tensors = ("weights", "gradients", "norms before clipping")
+    alone = all(status.get(name, NOT_CHECKED) == NOT_CHECKED for name in tensors)
+    if not alone or r is None or r.update < 1 or r.loss_ok or not c.results[0].loss_ok:
+        return None
+    lr = "the printed learning rates agree; " if status.get("learning rate") == PASS else ""
+    return (
+        f"the losses agree at update 0, before any step, and part at update {r.update}: the "
+        f"steps differed, and losses alone cannot say how ({lr}a gradient K times too large, "
+        "from micro-batch losses not divided by K or gradients summed over the window, moves "
+        "the weights as an lr K times larger does; so do another optimizer setting, a "
+        "clip, or other samples from this update on)"
+    )
 
 
 def _smoothed(c: Comparison) -> str | None:
