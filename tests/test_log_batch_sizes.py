@@ -70,14 +70,18 @@ def test_micro_losses_divided_by_k_fail_and_the_message_names_the_unequal_sizes(
     assert "differ in size (8, 8, 7, 7)" in c.diagnosis[0].message
 
 
-def test_a_loss_apart_at_update_0_is_said_not_to_be_training(tmp_path):
-    """Without counts the window mean is unweighted: apart before any step."""
+def test_a_loss_apart_at_update_0_is_said_to_be_printed_otherwise_or_a_step(tmp_path):
+    """Without counts the window mean is unweighted: apart at update 0. A log of micro-steps
+    shows no step, so the message does not rule out one inside the window (it said the gap was
+    not in training, where a loop stepping at every micro-batch made it)."""
     base, merged = _log(tmp_path, "base", "bare"), _log(tmp_path, "weighted", "bare")
     c = api.compare(base, merged, accum_steps=K)
     assert c.verdict == FAIL and c.first_divergence["update"] == 0
     d = c.diagnosis[0]
     assert d.code == "unexplained"
-    assert "before any step" in d.message and "smoothed loss" in d.message
+    assert "from the initial weights unless the merged loop stepped inside" in d.message
+    assert "an optimizer stepped at every micro-batch" in d.message
+    assert "not in training" not in d.message and "smoothed loss" in d.message
     assert "`bsz 7`" in d.fix
 
 

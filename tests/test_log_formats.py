@@ -172,7 +172,7 @@ def _update_step_each_micro(rows):  # a loop printing its optimizer-step count p
     return [f"step {r['i'] * N // len(rows)}, loss: {_fmt(r, '.6f')}" for r in rows]
 
 
-def _lightning_accumulated(rows):  # metrics.csv under accumulate_grad_batches: step repeats
+def _step_logged_per_micro(rows):  # a logger called per micro-batch with step=global_step
     lines = [f"{r['ep']},{r['lr']!r},{r['i'] * N // len(rows)},{r['loss']!r}," for r in rows]
     return ["epoch,lr-SGD,step,train_loss,val_loss", *lines]
 
@@ -208,7 +208,7 @@ FORMATS = {
     "torch tensor": (_torch_tensor, 1, "micro", False),
     "global step beside micro step": (_global_and_micro, 1, "micro", True),
     "update's step at each micro-step": (_update_step_each_micro, 1, "micro", False),
-    "lightning metrics.csv, accumulated": (_lightning_accumulated, 1, "micro", True),
+    "a table's step logged at each micro-step": (_step_logged_per_micro, 1, "micro", True),
     "grouped by thousands": (_thousands, 1, "micro", True),
 }
 
@@ -311,3 +311,34 @@ def test_an_lr_k_times_too_large_printed_to_few_digits_is_lr_scaled(cli, tmp_pat
     assert _judge(cli, tmp_path, base, log("clean", runs["clean"], 1), K) == (0, [])
     code, errors = _judge(cli, tmp_path, base, log("lr", runs["clean"], K), K)
     assert code == 1 and errors[:1] == ["lr-scaled"], errors
+
+
+def test_lightnings_metrics_csv_of_an_accumulated_run_says_it_holds_last_micro_batches(
+    cli, tmp_path, runs
+):
+    """Lightning 2.6.6 under accumulate_grad_batches (automatic optimization) writes a row per
+    optimizer step, its on_step loss the window's last micro-batch's (its logger skips the
+    batches it accumulates). Given -k K, its rows were refused with "give it -k 1"; with -k 1
+    the right run failed at update 0 naming nanoGPT's print among five causes. Both now say
+    that this file cannot show the window's loss, and what to record instead."""
+
+    def csv(name: str, losses: list[float]) -> Path:
+        rows = [f"0,{u},{v!r}" for u, v in enumerate(losses)]
+        path = tmp_path / f"{name}.csv"
+        path.write_text("\n".join(["epoch,step,train_loss", *rows]) + "\n", encoding="utf-8")
+        return path
+
+    base = csv("k1", runs["base"][0])
+    last = csv("k4", runs["clean"][0][K - 1 :: K])  # each window's last micro-batch's loss
+    said = "Lightning's metrics.csv under accumulate_grad_batches holds one row per optimizer step"
+    one_line_error(cli("compare", base, last, "-k", str(K)), said, "last micro-batch's")
+    code, errors = _judge(cli, tmp_path, base, last, 1)
+    assert (code, errors) == (1, ["unexplained"])
+    message = json.loads((tmp_path / "r.json").read_text())["diagnosis"][0]["message"]
+    assert f"if the merged run accumulated, {said}" in message and "GradalignCallback" in message
+    other = tmp_path / "k4.log"  # the same rows printed otherwise: no writer named
+    other.write_text(
+        "".join(f"step {u}, loss {v!r}\n" for u, v in enumerate(runs["clean"][0][K - 1 :: K]))
+    )
+    result = cli("compare", base, other, "-k", str(K))
+    assert result.code == 2 and "give it -k 1" in result.err and "Lightning" not in result.err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..runs.logs.records import LIGHTNING_CSV, LIGHTNING_LAST_MICRO
 from ..runs.logs.smooth import LAG1_MAX, difference_lag1
 from .results import NOT_CHECKED, PASS, Comparison, UpdateResult
 
@@ -13,17 +14,31 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
     """Clauses for the message and for the fix (each possibly empty)."""
     said, fixes = [], []
     logs = c.merged.kind == "log" or c.baseline.kind == "log"
+    # a log of one line per update prints the window's mean: its steps are unknown
+    whole = c.merged.kind == "log" and c.merged.accum_steps <= c.baseline.accum_steps
+    lightning = whole and c.merged.config.get("written_by") == LIGHTNING_CSV
+    if lightning and r is not None and not r.loss_ok:
+        said.append(f"if the merged run accumulated, {LIGHTNING_LAST_MICRO}")
     if r is not None and r.update == 0 and not r.loss_ok:
-        # a log of one line per update prints the window's mean: its steps are unknown
-        whole = c.merged.kind == "log" and c.merged.accum_steps <= c.baseline.accum_steps
-        said.append(
-            "update 0's loss is computed before any step, from the initial weights, so this "
-            "gap is not in training but in what each loop computed or printed"
-            if not whole
-            else "update 0's losses come from the same initial weights, so this gap is in what "
-            "each loop computed or printed"
-        )
-        if logs:
+        if whole:
+            said.append(
+                "update 0's losses come from the same initial weights, so this gap is in what "
+                "each loop computed or printed"
+            )
+        elif c.merged.kind == "log":  # a log shows no step: one inside the window is unseen
+            said.append(
+                "update 0's losses come from the initial weights unless the merged loop "
+                "stepped inside the window, so this gap is in what each loop computed or "
+                "printed, or in such a step (an optimizer stepped at every micro-batch: the "
+                "micro-batches after it ran on weights already stepped; a log of losses does "
+                "not show the steps)"
+            )
+        else:
+            said.append(
+                "update 0's loss is computed before any step, from the initial weights, so "
+                "this gap is not in training but in what each loop computed or printed"
+            )
+        if logs and not lightning:
             said[-1] += (
                 ": a smoothed loss (an exponential moving average, or a running mean over a "
                 "window of steps, which the merged loop advances K times per update), micro-"
@@ -46,7 +61,7 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
                 "weighted by it"
                 + ("; a loop printing one line per update prints its window's mean" * whole)
             )
-    parted = _parted_after_a_step(c, r) if logs else None
+    parted = _parted_after_a_step(c, r) if logs and not lightning else None
     if parted:
         said.append(parted)
         fixes.append(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..runs.logs.records import LIGHTNING_CSV, LIGHTNING_LAST_MICRO
 from ..runs.model import Run
 
 
@@ -54,6 +55,8 @@ def length_hint(base: Run, other: Run, other_name: str = "merged") -> str:
         )
     if other.kind != "log" or other.accum_steps < 2 or lines != base.updates:
         return _stopped_early(base, other, other_name)
+    if other.config.get("written_by") == LIGHTNING_CSV:
+        return f" (its {lines} rows are as many as the baseline's updates: {LIGHTNING_LAST_MICRO})"
     return (
         f" (its log holds {lines} step lines, as many as the baseline's updates: if it prints "
         "one line per update, not one per micro-step, give it -k 1)"

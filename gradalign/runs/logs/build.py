@@ -148,6 +148,8 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
         config={"ignored_lines": log.noise, "lines_per_step": times},
         notes=_notes(log, micro),
     )
+    if log.written_by is not None:
+        run.config["written_by"] = log.written_by
     if smoothed is not None:
         run.config["smoothed"] = smoothed.kind
         run.notes.append(

@@ -74,6 +74,7 @@ class _Pass(RepeatedSteps):
             if text:
                 self._line(index, text)
         self.log.notes += self.records.notes
+        self.log.written_by = self.records.written_by
         if self.log.steps:  # the last step's lines (the only step's: they set the count)
             self._printed_times(len(self.lines) - 1)
         if self.summaries:

@@ -96,6 +96,7 @@ class ParsedLog:
     stride: int = 1  # what a counter advances by a step (`[64/60000]`: samples)
     notes: list[str] = field(default_factory=list)  # how the log was read, where it says
     verbatim: bool = True  # every step printed again is a copy of its first line, to the byte
+    written_by: str | None = None  # a writer its form names (records.LIGHTNING_CSV), if any
 
     @property
     def precision(self) -> int:

@@ -52,6 +52,20 @@ _JSON = json.JSONDecoder(parse_float=str, parse_int=str)  # numbers kept as prin
 _DIGITS = 40  # the longest integer read as a step (int64 holds 19 digits)
 
 
+# Lightning's CSVLogger (metrics.csv): comma-separated, `epoch` and `step` beside what was logged.
+# Under accumulate_grad_batches it writes a row per optimizer step only, holding each on_step
+# value of the window's last micro-batch (its logger skips the batches it accumulates).
+LIGHTNING_CSV = "lightning-csv"
+_LIGHTNING_COLUMNS = {"epoch", "step"}
+LIGHTNING_LAST_MICRO = (
+    "Lightning's metrics.csv under accumulate_grad_batches holds one row per optimizer step, "
+    "each logged value its window's last micro-batch's (Lightning's logger skips the batches it "
+    "accumulates), not the window's mean: it cannot show whether the merged run trains as the "
+    "baseline; record both runs with gradalign's Lightning callback (GradalignCallback), or "
+    "print each batch's loss from training_step and compare those logs"
+)
+
+
 class NotAStep:
     """A record (or a table's header) that is not a step: noise."""
 
@@ -147,6 +161,7 @@ class Records:
         self.loss_key: str | None = None
         self.notes: list[str] = []
         self.epochs: list[int | None] = []  # the first two unnumbered records' epochs
+        self.written_by: str | None = None  # LIGHTNING_CSV where its table is that logger's
 
     def _by_epoch(self, epoch: int | None) -> None:
         """Refuse records without a step whose first two name epochs e and e+1: one record per
@@ -208,6 +223,8 @@ class Records:
         if loss is None or (delimiter is None and not any(is_step_field(n) for n in names)):
             return None
         self.header, self.delimiter, self.loss_key = names, delimiter, loss
+        if delimiter == "," and _LIGHTNING_COLUMNS <= set(names):
+            self.written_by = LIGHTNING_CSV
         return NOT_A_STEP
 
     def _record(self, fields: dict, prefixed: int | None = None) -> Read:
