@@ -223,7 +223,7 @@ class Records:
         if loss is None or (delimiter is None and not any(is_step_field(n) for n in names)):
             return None
         self.header, self.delimiter, self.loss_key = names, delimiter, loss
-        if delimiter == "," and _LIGHTNING_COLUMNS <= set(names):
+        if delimiter == "," and set(names) >= _LIGHTNING_COLUMNS:
             self.written_by = LIGHTNING_CSV
         return NOT_A_STEP
 
