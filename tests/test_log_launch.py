@@ -101,3 +101,20 @@ def test_a_card_log_of_a_run_on_more_devices_is_noted(cli, tmp_path, devices):
     out = " ".join(cli("compare", base, cards[0], cards[2], "-k", "1").out.split())
     assert f"missing: {cards[1]})" in out
     assert "says the run used" not in cli("compare", base, *cards, "-k", "1").out
+
+
+def test_a_failure_of_a_run_missing_card_logs_names_them_first(tmp_path):
+    """Card 0's log alone, its launcher saying the run used 2 devices, fails at update 0 (its
+    loss is card 0's share, not the run's): the diagnosis named smoothing and seeds and left
+    the missing log to a note; it now says it first, and its fix leads with giving every log."""
+    from gradalign import api
+
+    base = write(tmp_path, "".join(f"step {i} loss {v}\n" for i, v in enumerate(LOSSES)), "b.log")
+    card = write(tmp_path, _card([v + 0.05 for v in LOSSES], "devices: 0,1"), "workerlog.0")
+    (d,) = api.compare(base, card, accum_steps=1).diagnosis
+    assert d.code == "unexplained"
+    assert "; the merged logs are not the whole run, which comes first: " in d.message
+    assert f"(missing: {tmp_path / 'workerlog.1'})" in d.message
+    assert d.fix.startswith("give every card's log, card 0 first")
+    plain = write(tmp_path, "".join(f"step {i} loss {v + 0.05}\n" for i, v in enumerate(LOSSES)))
+    assert "not the whole run" not in api.compare(base, plain, accum_steps=1).diagnosis[0].message

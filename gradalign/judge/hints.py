@@ -17,6 +17,9 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
     # a log of one line per update prints the window's mean: its steps are unknown
     whole = c.merged.kind == "log" and c.merged.accum_steps <= c.baseline.accum_steps
     lightning = whole and c.merged.config.get("written_by") == LIGHTNING_CSV
+    missing = c.merged.config.get("missing_cards") if c.merged.kind == "log" else None
+    if missing and r is not None and not r.loss_ok:
+        said.append(f"the merged logs are not the whole run, which comes first: {missing}")
     if lightning and r is not None and not r.loss_ok:
         said.append(f"if the merged run accumulated, {LIGHTNING_LAST_MICRO}")
     if r is not None and r.update == 0 and not r.loss_ok:
@@ -81,6 +84,8 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
             "micro loss by K instead of weighting it by its share of the batch's samples "
             "trains otherwise than the baseline"
         )
+    if missing and r is not None and not r.loss_ok:
+        fixes.insert(0, "give every card's log, card 0 first, then judge again")
     return said, fixes
 
 

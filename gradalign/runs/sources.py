@@ -156,8 +156,7 @@ def open_merged(paths: Sequence[Path], accum_steps: int | None, card_loss: str |
         if card_loss is not None:
             raise BadInput("--card-loss combines several card logs; only one merged source given")
         run = open_run(paths[0], accum_steps, "merged")
-        note = None if run.kind != "log" else missing_cards(paths)
-        return run if note is None else dataclasses.replace(run, notes=[*run.notes, note])
+        return _with_missing_cards(run, None if run.kind != "log" else missing_cards(paths))
     if len({resolved(p) for p in paths}) != len(paths):
         raise BadInput("a card log is given twice; give each card's log once")
     for path in paths:
@@ -173,8 +172,16 @@ def open_merged(paths: Sequence[Path], accum_steps: int | None, card_loss: str |
     run = read_card_logs(
         list(paths), 1 if accum_steps is None else accum_steps, card_loss or "mean"
     )
-    note = missing_cards(paths)
-    return run if note is None else dataclasses.replace(run, notes=[*run.notes, note])
+    return _with_missing_cards(run, missing_cards(paths))
+
+
+def _with_missing_cards(run: Run, note: str | None) -> Run:
+    """`run` with the note that its cards' logs are not all given, kept in its config too: a
+    failure's diagnosis names it first (judge/hints.py)."""
+    if note is None:
+        return run
+    config = {**run.config, "missing_cards": note}
+    return dataclasses.replace(run, notes=[*run.notes, note], config=config)
 
 
 def open_reference(option: str | None, base: Run) -> tuple[Run | None, str | None]:
