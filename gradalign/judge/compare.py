@@ -151,7 +151,7 @@ def _judge(
             *_written_note(written, base),
             *jumps,
             *sketch_note(results),
-            *vacuous_notes(results, tol),
+            *vacuous_notes(results, tol, judge.resolution, judge.base_loss),
             *(untrained_note(base, merged) or unmoved_note(results)),
             *unrecorded_note(base, merged),
             *undeclared_note(base, merged),

@@ -16,10 +16,17 @@ from .results import UpdateResult
 from .tolerances import Tolerances
 
 
-def vacuous_notes(results: list[UpdateResult], tol: Tolerances) -> list[str]:
+def vacuous_notes(
+    results: list[UpdateResult],
+    tol: Tolerances,
+    resolution: np.ndarray | None = None,
+    window_losses: np.ndarray | None = None,
+) -> list[str]:
     """A warning per check whose allowed error was, at every update, at least the quantity
-    itself: the baseline loss (a merged loss of 0 passes), or the distance training moved each
-    weight (a merged run that never moved passes)."""
+    itself: the baseline loss (a merged loss of 0 passes), the distance training moved each
+    weight (a merged run that never moved passes), each gradient's size (a merged gradient of 0
+    passes); and a note where printed losses were known only coarsely (`resolution`: per
+    update, the window losses' printed resolution, beside the baseline's `window_losses`)."""
     notes = []
     losses = [r for r in results if math.isfinite(r.base_loss) and r.base_loss != 0]
     if losses and all(r.loss_allowed >= abs(r.base_loss) for r in losses):
@@ -36,7 +43,43 @@ def vacuous_notes(results: list[UpdateResult], tol: Tolerances) -> list[str]:
             "least the distance training moved it, so a merged run that did not train would "
             f"pass (weight_atol {tol.weight_atol:g}, weight_rtol {tol.weight_rtol:g})"
         )
+    grads = [d for r in results for d in r.grads if d.norm and math.isfinite(d.norm)]
+    least = min((d.allowed / d.norm for d in grads), default=0.0)
+    if least >= _BLIND:
+        notes.append(
+            "warning: the gradient check could not see a gradient a quarter off: every "
+            f"gradient was allowed an error of at least {least:.2g} times its own size (the "
+            f"gradients are tiny beside weight_atol {tol.weight_atol:g} per element, as where "
+            "a loss is scaled far down), so a merged run that left out micro-batches would pass "
+            "it, and the weights' noise-dominated elements are judged by those gradients; judge "
+            "against a float64 rerun of the baseline (--reference), whose noise scales with "
+            "the data"
+        )
+    if resolution is not None and window_losses is not None:
+        notes += coarse_losses_note(resolution, window_losses)
     return notes
+
+
+def coarse_losses_note(resolution: np.ndarray, losses: np.ndarray) -> list[str]:
+    """A note where a log printed its losses so coarsely that the loss check saw only their
+    printed digits: about 1e-5 of the loss or more (float32 rounds at 6e-8). A pass then says
+    the losses agree to that, not to float32's rounding."""
+    known = np.isfinite(resolution) & np.isfinite(losses) & (losses != 0)
+    if not known.any():
+        return []
+    q = float(np.median(resolution[known]))
+    if q < _COARSE * float(np.median(np.abs(losses[known]))):
+        return []
+    return [
+        "the logs print their losses coarsely: the two runs' window losses may differ by up to "
+        f"about {q:.2g} by their printed digits alone, so the losses were judged only to that "
+        "and a smaller difference could not be seen; print more digits (`{loss:.8g}`, or repr) "
+        "to judge them to float32's rounding"
+    ]
+
+
+_BLIND = 0.25  # the least allowed error over a gradient's size that could not see K=4's share
+_COARSE = 1e-5  # a window's printed resolution over its loss from which the note is given
 
 
 def unmoved_note(results: list[UpdateResult]) -> list[str]:

@@ -1,0 +1,55 @@
+"""Checks that pass without being able to see what they check, said in the report: a gradient
+check whose absolute floor dwarfs gradients of a loss scaled far down (a merged run whose
+gradients are half the baseline's passed it, and the weights judged by those gradients passed
+too), and losses a log printed to so few digits that a 1% lr change passed as float32 noise."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gradalign import api
+
+from .recorded_loop import classifier, train
+from .small_logs import write
+
+
+def _record(out, k: int, tiny: float, scale: float = 1.0) -> None:
+    model, x, y = classifier(32 * 6)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-16)
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return tiny * nn.functional.cross_entropy(logits, targets)
+
+    train(out, model, opt, x, y, k, batch=32, loss_fn=loss_fn, scale=scale)
+
+
+def _warned(c) -> bool:
+    return any("the gradient check could not see a gradient a quarter off" in n for n in c.notes)
+
+
+def test_gradients_too_small_for_the_fixed_floor_are_said_blind(tmp_path):
+    torch.set_num_threads(1)
+    _record(tmp_path / "k1", 1, 1e-8)
+    _record(tmp_path / "half", 4, 1e-8, scale=0.5)  # every gradient half the baseline's
+    c = api.compare(tmp_path / "k1", tmp_path / "half", reference="none")
+    assert _warned(c), c.notes
+    _record(tmp_path / "big1", 1, 1.0)
+    _record(tmp_path / "big4", 4, 1.0)
+    c = api.compare(tmp_path / "big1", tmp_path / "big4", reference="none")
+    assert c.verdict == "pass" and not _warned(c), c.notes
+
+
+def test_losses_printed_to_few_digits_are_said_judged_to_them(tmp_path):
+    losses = [2.0 - 0.01 * i + 0.003 * (-1) ** i for i in range(12)]
+
+    def log(name: str, spec: str, shift: float = 0.0) -> object:
+        text = "".join(f"step {i} loss {format(v + shift, spec)}\n" for i, v in enumerate(losses))
+        return write(tmp_path, text, f"{name}.log")
+
+    coarse = api.compare(log("b2", ".2f"), log("m2", ".2f", 0.004), accum_steps=1)
+    assert coarse.verdict == "pass"
+    said = [n for n in coarse.notes if n.startswith("the logs print their losses coarsely")]
+    assert said and "differ by up to about 0.02 by their printed digits" in said[0], coarse.notes
+    fine = api.compare(log("b8", ".8f"), log("m8", ".8f"), accum_steps=1)
+    assert not any("coarsely" in n for n in fine.notes), fine.notes
