@@ -161,6 +161,7 @@ def compare(
     from .judge.compare import compare as judge
     from .runs.outputs import check_outputs
     from .runs.sources import (
+        check_log_counters,
         check_log_updates,
         check_smoothing,
         open_merged,
@@ -193,6 +194,7 @@ def compare(
     merged_run = open_merged(sources, accum_steps, card_loss)
     base_run, merged_run = check_smoothing(base_run, merged_run)
     check_log_updates(base_run, merged_run)
+    check_log_counters(base_run, merged_run)
     if accum_steps is None:
         _hint_k(base_run.updates, merged_run.micro_steps, merged_run.kind, merged_run.source)
     ref_run, note = open_reference(None if reference is None else str(reference), base_run)

@@ -22,6 +22,7 @@ from .logs import (
     unread_in,
 )
 from .logs.lines import SNIFF_BYTES
+from .logs.names import EVERY_STEP_ADVICE
 from .logs.smooth import STEP_LOSS_ADVICE
 from .logs.unread import BARS
 from .model import Run
@@ -223,6 +224,24 @@ def check_smoothing(base: Run, merged: Run) -> tuple[Run, Run]:
         f"{seen.source}: its losses were read as a {kinds[0] or kinds[1]} and recovered, "
         f"{unseen.source}'s do not show one (too few steps or too little noise to tell): both "
         f"logs must print the same loss; {STEP_LOSS_ADVICE}"
+    )
+
+
+def check_log_counters(base: Run, merged: Run) -> None:
+    """Counters striding by s a line (`[ 20/600]`) are read as samples, as the PyTorch examples
+    count them; but samples of the same data count to the same total in both runs. Totals
+    apart (600 and 2400: the merged run's K times as many micro-steps) count iterations, so a
+    stride prints every s-th one, not each step (PaddleDetection's default log_iter: 20): the
+    windows would pair unrelated lines. Refused."""
+    counters = [run.config.get("counter") if run.kind == "log" else None for run in (base, merged)]
+    if None in counters or counters[0]["total"] == counters[1]["total"]:
+        return
+    shown = " and ".join(f"{c['stride']} out of {c['total']}" for c in counters)
+    raise BadInput(
+        f"{merged.source}: the logs' step counters advance by {shown} a line: counters of "
+        "samples of the same data would count to the same total, so these count iterations, "
+        "and each log prints only every so many (its losses one iteration's, or a mean or "
+        f"median over those since its last line); {EVERY_STEP_ADVICE}"
     )
 
 

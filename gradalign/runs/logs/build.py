@@ -148,6 +148,8 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
         config={"ignored_lines": log.noise, "lines_per_step": times},
         notes=_notes(log, micro),
     )
+    if log.stride > 1 and log.counter_total is not None:
+        run.config["counter"] = {"stride": log.stride, "total": log.counter_total}
     if log.written_by is not None:
         run.config["written_by"] = log.written_by
     if smoothed is not None:

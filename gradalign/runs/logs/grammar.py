@@ -207,6 +207,7 @@ class StepLine:
     scale: float | None = None  # the loss scale the line prints
     grad_norm: Printed | None = None  # the gradient's total norm a record prints (`grad_norm`)
     size: int | None = None  # the count its loss is a mean over (`bsz 8`, `num_items`)
+    total: int | None = None  # a counter's total (`[ 20/600]`: 600)
 
 
 def step_line(text: str) -> StepLine | None:
@@ -270,13 +271,15 @@ def _keyed_step_line(text: str) -> StepLine | None:
                 "with a decimal point (the C locale's numbers)"
             )
     indices = [whole(m["index"]) for m in keyed]
+    total = None
     if not indices:
         counter = _counter(text[: named[0].start()])
         lead = _LEAD_INDEX.match(text) if counter is None else None
         if counter is None and lead is None:
             return None
-        indices = [counter if lead is None else whole(lead["index"])]
-    return _step_line(text, indices, not keyed, named)
+        indices = [counter[0] if lead is None else whole(lead["index"])]
+        total = None if counter is None else counter[1]
+    return _step_line(text, indices, not keyed, named, total)
 
 
 def _loss_name(text: str, found: re.Match) -> str:
@@ -297,19 +300,23 @@ def step_keys(text: str) -> list[str]:
     return [m["key"].lower() for m in _KEYED_INDEX.finditer(text)]
 
 
-def _counter(text: str) -> int | None:
+def _counter(text: str) -> tuple[int, int] | None:
     """The first counter within its total (`[ 3/20]` before a bare `3/20`), not an epoch's
-    (`Epoch [2/10]`); None if the line holds none."""
+    (`Epoch [2/10]`), and that total; None if the line holds none."""
     for pattern in _COUNTERS:
         for match in pattern.finditer(text):
             index, total = whole(match["index"]), whole(match["total"])
             if index <= total and not _EPOCH_BEFORE.search(text[: match.start()]):
-                return index
+                return index, total
     return None
 
 
 def _step_line(
-    text: str, indices: list[int], counter: bool, named: tuple = (None, None)
+    text: str,
+    indices: list[int],
+    counter: bool,
+    named: tuple = (None, None),
+    total: int | None = None,
 ) -> StepLine:
     found, loss = named  # the loss field and its value; none on a skipped iteration's line
     epoch = _EPOCH.search(text)
@@ -328,6 +335,7 @@ def _step_line(
         loss_scale(text),
         next((norm for norm in norms if norm is not None), None),
         batch_size(text),
+        total,
     )
 
 

@@ -315,7 +315,7 @@ class _Pass(RepeatedSteps):
         value = step.index if self.key is None else self._keyed(step)
         if step.counter:
             if len(log.losses) == 1 and log.first_index == 0 and value > 1 == log.stride:
-                log.stride = value
+                log.stride, log.counter_total = value, step.total
                 log.notes.append(
                     f"the step counter advances by {value} a line, read as samples (as the "
                     f"PyTorch examples print), each line one step; if it counts iterations, the "

@@ -94,6 +94,7 @@ class ParsedLog:
     printed_times: int | None = None  # lines each step before it was printed on
     rank: str | None = None  # the process a launcher tagged the step lines with
     stride: int = 1  # what a counter advances by a step (`[64/60000]`: samples)
+    counter_total: int | None = None  # the total a striding counter counts to (`[20/600]`: 600)
     notes: list[str] = field(default_factory=list)  # how the log was read, where it says
     verbatim: bool = True  # every step printed again is a copy of its first line, to the byte
     written_by: str | None = None  # a writer its form names (records.LIGHTNING_CSV), if any
