@@ -208,6 +208,15 @@ def test_a_compiled_model_is_recorded_under_its_own_names(tmp_path):
     assert c.verdict == "pass", [d.message for d in c.diagnosis]
 
 
+def test_a_data_parallel_model_is_recorded_under_its_own_names(tmp_path):
+    """nn.DataParallel wraps the model under `module.` as DDP does (on CPU it calls the module
+    itself): its run was refused beside a plain one as "runs of different models"."""
+    wrapped = user_loop(tmp_path / "base", 1, wrap=nn.DataParallel)
+    assert [t.name for t in wrapped.tensors] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    c = compare(wrapped, user_loop(tmp_path / "merged", 4))
+    assert c.verdict == "pass", [d.message for d in c.diagnosis]
+
+
 def test_a_compiled_model_is_compiled_once_and_its_autocast_is_seen(tmp_path):
     """The hooks that watch the first forward for its compute dtype went after the first
     micro-step, and torch.compile guards a graph by its modules' hooks: the recorded model was

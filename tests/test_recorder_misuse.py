@@ -353,3 +353,26 @@ def test_a_reference_given_as_a_path_is_taken_as_out_dir_is(tmp_path):
     with Recorder(tmp_path / "run", model, optimizer, reference=Path("../ref")) as rec:
         _step(rec, model, optimizer)
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["reference"] == "../ref"
+
+
+@pytest.mark.parametrize("layer", ["linear", "batchnorm"])
+def test_a_lazy_module_not_yet_initialized_is_refused_in_a_sentence(tmp_path, layer):
+    """Lazy layers shape their tensors at the first forward: before it the Recorder raised
+    torch's own error pointing at load_state_dict. One sentence, nothing written; after one
+    forward the same model records."""
+    lazy = torch.nn.LazyLinear(3) if layer == "linear" else torch.nn.LazyBatchNorm1d()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), lazy)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RecorderError, match="lazy module not yet initialized .* run one forward"):
+        Recorder(tmp_path / "run", model, opt, accum_steps=1)
+    assert not (tmp_path / "run").exists()
+    model(torch.randn(2, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recorder(tmp_path / "run", model, opt, accum_steps=1) as rec:
+        x = torch.randn(3, 4)
+        loss = model(x).square().mean()
+        loss.backward()
+        rec.micro(loss, batch=x)
+        opt.step()
+        rec.update()
+    assert (tmp_path / "run" / "manifest.json").exists()

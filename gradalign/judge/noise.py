@@ -96,6 +96,8 @@ def pool_noise(results: list[UpdateResult], factor: float) -> None:
                 pooled = float(np.sqrt(np.mean(near**2)))
                 if d.size is not None and d.size < FEW:
                     pooled *= few_draws(d.size * near.size)
+                    if kind == "weights":  # a walk of carried errors: its widest so far
+                        pooled = max(pooled, float(noise[: k + 1].max()))
                 pooled = max(pooled, alike[u].get(d.name, 0.0))
                 if pooled > d.noise:
                     extra = factor * (pooled - d.noise)
@@ -214,11 +216,20 @@ def carry_admitted_excess(results: list[UpdateResult], factor: float) -> None:
     to 6e-6 of its norm off, where the baseline's, its noise, stood below 3e-7 (sub-ulp)."""
     carried, spread = 1.0, 0.0
     for r in results:
-        admitted = [d for d in r.weights if d.drift and d.noise and d.ok and d.error > d.noise]
+        admitted = [d for d in r.weights if d.noise and d.ok and _admitted(d, factor)]
         explained = carry(r, carried, factor, spread)
         if not r.problems and all(d.ok for d in (*r.weights, *r.grads)):  # the loss moves none
             carried = max([carried, *explained, *(d.error / d.noise for d in admitted)])
             spread = max(spread, _spread(r.weights, admitted))
+
+
+def _admitted(d: TensorDiff, factor: float) -> bool:
+    """Whether the noise model let weights stand further from the reference than the baseline's
+    measured noise: a drift allowance with any excess, or a small tensor's walk (`pool_noise`:
+    its widest noise so far) beyond what the factor alone allows on its noise now."""
+    if d.drift:
+        return d.error > d.noise
+    return d.size is not None and d.size < FEW and d.error > factor * d.noise
 
 
 def _spread(weights: list[TensorDiff], drifted: list[TensorDiff]) -> float:

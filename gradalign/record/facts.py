@@ -195,13 +195,25 @@ def dtype_name(tensor: torch.Tensor) -> str:
 
 
 def named_tensors(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, str, tuple[int, ...]]]:
-    """Parameters, then buffers (BatchNorm statistics and counters), in model order."""
+    """Parameters, then buffers (BatchNorm statistics and counters), in model order. A lazy
+    module's parameter not yet shaped (`nn.LazyLinear` before its first forward) is refused:
+    the Recorder snapshots the weights training starts from."""
     named: dict[str, tuple[torch.Tensor, str, tuple[int, ...]]] = {}
     for name, param in model.named_parameters():
-        named[name] = (param, "param", tuple(param.shape))
+        named[name] = (_shaped(name, param), "param", tuple(param.shape))
     for name, buffer in model.named_buffers():
-        named[name] = (buffer, "buffer", tuple(buffer.shape))
+        named[name] = (_shaped(name, buffer), "buffer", tuple(buffer.shape))
     return named
+
+
+def _shaped(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    if torch.nn.parameter.is_lazy(tensor):
+        raise RecorderError(
+            f"{name} belongs to a lazy module not yet initialized (its shape comes with the "
+            "first forward): run one forward (model(example)) before creating the Recorder, or "
+            "give the layer its input size"
+        )
+    return tensor
 
 
 def working_torch_dtype(

@@ -1,5 +1,5 @@
 """The wrappers a training loop may hand the Recorder around its model, peeled one at a time:
-DistributedDataParallel (`.module`), torch.compile's (`._orig_mod`) and Lightning Fabric's
+DistributedDataParallel and DataParallel (`.module`), torch.compile's (`._orig_mod`) and Lightning Fabric's
 `_FabricModule` (`._forward_module`, which holds the strategy's wrapper, DDP's under
 `strategy="ddp"`), in any nesting. Each wraps the same parameters."""
 
@@ -24,7 +24,7 @@ def chain(model: Any) -> Iterator[Any]:
 
 
 def _inner(model: Any) -> torch.nn.Module | None:
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel | torch.nn.DataParallel):
         return model.module
     for attribute in ("_orig_mod", "_forward_module"):  # torch.compile's, Fabric's
         inner = getattr(model, attribute, None)
