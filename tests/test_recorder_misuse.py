@@ -363,7 +363,7 @@ def test_a_lazy_module_not_yet_initialized_is_refused_in_a_sentence(tmp_path, la
     lazy = torch.nn.LazyLinear(3) if layer == "linear" else torch.nn.LazyBatchNorm1d()
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), lazy)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(RecorderError, match="lazy module not yet initialized .* run one forward"):
+    with pytest.raises(RecorderError, match=r"lazy module not yet initialized .* run one forward"):
         Recorder(tmp_path / "run", model, opt, accum_steps=1)
     assert not (tmp_path / "run").exists()
     model(torch.randn(2, 4))

@@ -1,7 +1,7 @@
 """The wrappers a training loop may hand the Recorder around its model, peeled one at a time:
-DistributedDataParallel and DataParallel (`.module`), torch.compile's (`._orig_mod`) and Lightning Fabric's
-`_FabricModule` (`._forward_module`, which holds the strategy's wrapper, DDP's under
-`strategy="ddp"`), in any nesting. Each wraps the same parameters."""
+DistributedDataParallel and DataParallel (`.module`), torch.compile's (`._orig_mod`) and
+Lightning Fabric's `_FabricModule` (`._forward_module`, which holds the strategy's wrapper,
+DDP's under `strategy="ddp"`), in any nesting. Each wraps the same parameters."""
 
 from __future__ import annotations
 
