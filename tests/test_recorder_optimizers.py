@@ -41,3 +41,25 @@ def test_an_optimizer_that_keeps_no_lr_is_recorded(tmp_path):
     assert np.isnan(base.lr).all() and base.updates == 3
     relative(tmp_path / "m", 2)
     assert api.compare(tmp_path / "b", tmp_path / "m").verdict == "pass"
+
+
+@pytest.mark.parametrize(("optimizer", "identical"), [("rprop", True), ("sgd", False)])
+def test_a_loss_scale_an_optimizer_ignores_says_the_weights_are_identical(
+    tmp_path, optimizer, identical
+):
+    """Rprop steps by the gradient's sign: micro-batch losses not divided by K leave its weights
+    bit-identical. Still `loss-scale` (the gradient is wrong, as a clip or another optimizer
+    would show), now saying the weights are the same; under SGD they are not, and it says none."""
+    from .recorded_loop import classifier, train
+
+    def record(out, k: int, scale: float) -> None:
+        model, x, y = classifier(16 * 4)
+        make = torch.optim.Rprop if optimizer == "rprop" else torch.optim.SGD
+        opt = make(model.parameters(), lr=0.01)
+        train(out, model, opt, x, y, k, batch=16, scale=scale)
+
+    record(tmp_path / "k1", 1, 1.0)
+    record(tmp_path / "k4", 4, 4.0)  # each micro-batch's loss times K / K: not divided
+    (first, *_) = api.compare(tmp_path / "k1", tmp_path / "k4", reference="none").diagnosis
+    assert first.code == "loss-scale", first.message
+    assert ("the weights are identical at every update" in first.message) is identical

@@ -286,6 +286,15 @@ def _adaptive(c: Comparison, scale: float) -> str:
     """Where the merged optimizer is of Adam's family: why its steps still differ (a loop
     whose author expects Adam to divide the scale out, as it does up to eps)."""
     kind = str((c.merged.optimizer_settings or {}).get("type", ""))
+    weights = [d for r in c.results for d in r.weights]
+    if scale != 1 and weights and all(d.max_abs == 0 for d in weights):
+        return (
+            f"; the weights are identical at every update: {kind or 'the optimizer'} ignores "
+            "a gradient's scale (it steps by its sign, as Rprop and Lion do), so here the scale "
+            "changed nothing, yet the gradient handed to it is not the training's: a clip "
+            "threshold, an L2 weight_decay added to the gradient, or another optimizer would "
+            "train otherwise"
+        )
     if "adam" not in kind.lower() or scale == 1:
         return ""
     return (
