@@ -19,8 +19,11 @@ from typer.exceptions import Abort, TyperException
 from . import __version__, api, api_golden, errors
 from .cli_options import (
     AccumOpt,
+    AgainstOpt,
     ConfigOpt,
     FaultOpt,
+    GoldenReferenceOpt,
+    GoldenRunArg,
     JsonOpt,
     NprocOpt,
     ReferenceOpt,
@@ -122,13 +125,7 @@ def merged(
     nproc: NprocOpt = None,
     config: ConfigOpt = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="run directory")] = Path("runs/merged"),
-    against: Annotated[
-        Path | None,
-        typer.Option(
-            help="a baseline run directory, or a golden file (or a folder of them, the one for "
-            "this environment is chosen): reuse its config, then judge against it"
-        ),
-    ] = None,
+    against: AgainstOpt = None,
     fault: FaultOpt = None,
     trust_run_code: Annotated[
         bool,
@@ -260,13 +257,7 @@ app.add_typer(golden_app, name="golden")
 
 @golden_app.command("write")
 def golden_write(
-    run: Annotated[
-        Path,
-        typer.Argument(
-            help="a recorded run directory with full snapshots (a baseline, or a merged run "
-            "accepted as the golden), from the built-in trainer or a Recorder"
-        ),
-    ],
+    run: GoldenRunArg,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -275,13 +266,7 @@ def golden_write(
             help="a .json file, or a directory for <environment key>.json (default golden/)",
         ),
     ] = None,
-    reference: Annotated[
-        str | None,
-        typer.Option(
-            help="its float64 rerun, kept as the noise floor (default: the one its manifest "
-            "names); none for the fixed tolerances"
-        ),
-    ] = None,
+    reference: GoldenReferenceOpt = None,
 ) -> None:
     """Keep a recorded baseline and its noise as a small, reviewable golden file (default
     golden/<environment key>.json)."""

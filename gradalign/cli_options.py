@@ -30,6 +30,27 @@ FaultOpt = Annotated[
         + escape(f"[{' | '.join(FAULTS)}]"),
     ),
 ]
+AgainstOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="a baseline run directory, or a golden file (or a folder of them, the one for "
+        "this environment is chosen): reuse its config, then judge against it"
+    ),
+]
+GoldenRunArg = Annotated[
+    Path,
+    typer.Argument(
+        help="a recorded run directory with full snapshots (a baseline, or a merged run "
+        "accepted as the golden), from the built-in trainer or a Recorder"
+    ),
+]
+GoldenReferenceOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="its float64 rerun, kept as the noise floor (default: the one its manifest "
+        "names); none for the fixed tolerances"
+    ),
+]
 ReferenceOpt = Annotated[
     str,
     typer.Option(

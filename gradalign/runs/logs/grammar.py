@@ -312,11 +312,7 @@ def _counter(text: str) -> tuple[int, int] | None:
 
 
 def _step_line(
-    text: str,
-    indices: list[int],
-    counter: bool,
-    named: tuple = (None, None),
-    total: int | None = None,
+    text: str, indices: list[int], counter: bool, named: tuple = (None, None), total=None
 ) -> StepLine:
     found, loss = named  # the loss field and its value; none on a skipped iteration's line
     epoch = _EPOCH.search(text)
