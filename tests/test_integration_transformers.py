@@ -255,6 +255,52 @@ def test_a_term_a_trainer_normalized_by_its_window_never_was_is_no_token_normali
     assert result.verdict == "fail" and codes[0] == "cross-sample-loss", codes
 
 
+def test_a_compute_loss_func_returning_each_mean_is_no_loss_over_the_micro_batch(tmp_path):
+    """A compute_loss_func that ignores num_items_in_batch and returns each micro-batch's mean:
+    the Trainer divides it by nothing (K times the gradient, micro-batches weighted alike). Its
+    loss is read back as normalized by the window's items, about K times the baseline's: that
+    gap was named `cross-sample-loss` too (16.65 against 3.82 beside a gradient 4.27 times the
+    baseline's), a loss over each micro-batch that nothing computed."""
+    import tempfile
+
+    from transformers import Trainer
+
+    from gradalign.record.integrations.transformers import attach
+    from gradalign.record.integrations.transformers_float64 import float64_reference
+
+    def summed(outputs, labels, num_items_in_batch=None):  # right: over the window's items
+        logits, targets = outputs.logits[:, :-1], labels[:, 1:]
+        flat, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+        return torch.nn.functional.cross_entropy(flat, targets, reduction="sum") / (
+            num_items_in_batch
+        )
+
+    def mean(outputs, labels, num_items_in_batch=None):  # the bug: num_items_in_batch ignored
+        logits, targets = outputs.logits[:, :-1], labels[:, 1:]
+        flat = logits.reshape(-1, logits.shape[-1])
+        return torch.nn.functional.cross_entropy(flat, targets.reshape(-1), ignore_index=-100)
+
+    for name, k, func, model in [
+        ("k1", 1, summed, hf.tiny_gpt2),
+        ("k1-fp64", 1, summed, lambda: float64_reference(hf.tiny_gpt2())),
+        ("k4", 4, mean, hf.tiny_gpt2),
+    ]:
+        with tempfile.TemporaryDirectory() as scratch:
+            trainer = Trainer(
+                model=model(),
+                args=quiet_args(scratch, hf.BATCH // k, k, hf.UPDATES, seed=0),
+                train_dataset=hf.token_rows(hf.BATCH * hf.UPDATES),
+                data_collator=hf.collate,
+                compute_loss_func=func,
+            )
+            attach(trainer, tmp_path / name)
+            trainer.train()
+    for reference in ("none", tmp_path / "k1-fp64"):
+        result = compare(tmp_path / "k1", tmp_path / "k4", reference=reference)
+        codes = [d.code for d in result.diagnosis]
+        assert codes[0] == "loss-scale" and "cross-sample-loss" not in codes, (reference, codes)
+
+
 def test_a_compute_loss_of_its_own_that_divides_each_mean_by_k_is_token_normalization(tmp_path):
     """A Trainer subclass whose compute_loss returns the model's mean divided by K, ignoring
     the num_items_in_batch it is given: the run said the Trainer normalized by the window's

@@ -179,8 +179,7 @@ def _step_logged_per_micro(rows):  # a logger called per micro-batch with step=g
 
 def _thousands(rows):  # `{:,}`: a counter of samples and a loss grouped (`1,386.294`)
     return [  # samples of the same data: one total in every log (logs/ check_log_counters)
-        f"[{r['i'] * 1000:,}/{1000 * 1000:,}]  loss: {r['loss'] * 1000:,.3f}  "
-        f"lr: {r['lr']:.4e}"
+        f"[{r['i'] * 1000:,}/{1000 * 1000:,}]  loss: {r['loss'] * 1000:,.3f}  lr: {r['lr']:.4e}"
         for r in rows
     ]
 

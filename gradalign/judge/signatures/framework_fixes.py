@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..results import Comparison, Diagnosis
-from .common import window
+from .common import normalized_by_window, window
 
 _NOT_DIVIDED = (
     "the Trainer divides a micro-batch's loss by K only where the model does not take "
@@ -86,10 +86,33 @@ def for_framework(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
     processes."""
     framework = c.merged.config.get("framework")
     if framework == "transformers":
-        found = [_trainer_fix(c, d) for d in found]
+        found = [_trainer_fix(c, d) for d in _read_back_scaled(c, found)]
     if framework in _FILLS and c.merged.world_size > 1:
         found = [_sampler_fix(c, d, framework) if d.code == "data-order" else d for d in found]
     return found
+
+
+def _read_back_scaled(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
+    """Without `cross-sample-loss` where its loss gap is the scale `loss-scale` names: a loss the
+    Trainer was told is normalized by the window's items (num_items_in_batch) is read back times
+    that count, so a compute_loss_func that returned each micro-batch's mean instead recorded
+    window losses about K times the baseline's, with the gradient: no loss over each micro-batch
+    as a whole (16.65 against 3.82 beside a gradient 4.27 times the baseline's)."""
+    codes = [d.code for d in found]
+    if "loss-scale" not in codes or "cross-sample-loss" not in codes:
+        return found
+    scale = found[codes.index("loss-scale")].evidence.get("size_ratio")
+    scale = scale or found[codes.index("loss-scale")].evidence.get("grad_ratio")
+    gap = found[codes.index("cross-sample-loss")].evidence
+    base, merged = gap.get("baseline_loss"), gap.get("merged_loss")
+    if not (normalized_by_window(c.merged) and scale and base and merged):
+        return found
+    if abs(merged / base / scale - 1) > _READ_BACK:
+        return found
+    return [d for d in found if d.code != "cross-sample-loss"]
+
+
+_READ_BACK = 0.25  # the loss gap within this share of the gradient's scale: the same scale
 
 
 def _sampler_fix(c: Comparison, d: Diagnosis, framework: str) -> Diagnosis:
