@@ -257,6 +257,8 @@ def test_a_short_last_window_holding_the_baseline_batch_is_the_end_of_the_data(t
     scaled = api.compare(tmp_path / "b", tmp_path / "k", reference=tmp_path / "r").diagnosis
     assert [d.code for d in scaled][:1] == ["loss-scale"]
     assert "in a window of 3 micro-step(s)" in scaled[0].message
+    # drop_last=True drops a tail shorter than each loader's batch: the merged loader keeps rows
+    assert "the merged loader's B/K keeps rows the baseline's drops" in scaled[0].fix
 
 
 def test_a_forgotten_update_is_recorded_and_judged(tmp_path):

@@ -47,8 +47,10 @@ def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Di
             f"divided by K={k} in a window of {n} micro-step(s) (the end of the data, or of "
             "a limit on the batches)",
             "divide each micro-batch's loss by its own window's micro-batches or weight it by "
-            "its share of the window's items (Lightning, accelerate: drop_last=True in both; "
-            "a limit on the batches, as Lightning's limit_train_batches, a multiple of K)",
+            "its share of the window's items; or give both runs data of a multiple of the batch "
+            "of B (drop_last=True drops only a tail shorter than each loader's own batch: the "
+            "merged loader's B/K keeps rows the baseline's drops) and a limit on the batches, "
+            "as Lightning's limit_train_batches, a multiple of K",
         )
     ]
     variants = [
