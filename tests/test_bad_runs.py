@@ -166,6 +166,14 @@ def test_runs_of_different_lengths(cli, tmp_path, small_runs):
         "3",
         "the merged run stopped early? its run ended after update 2; both hold updates 0 to 2",
     )
+    result = cli("compare", small_runs["baseline"], other)
+    assert "cut the longer log" not in result.err  # two run directories: no log to cut
+    longer = train(SMALL.replace(updates=SMALL.updates * SMALL.accum_steps), tmp_path / "long")
+    one_line_error(  # max_steps counted in micro-steps: K times as many updates
+        cli("compare", small_runs["baseline"], longer),
+        f"the merged run holds K={SMALL.accum_steps} times the baseline's updates",
+        "max_steps=N*K",
+    )
 
 
 def test_runs_from_different_initial_weights(cli, tmp_path, small_runs):

@@ -53,7 +53,14 @@ def length_hint(base: Run, other: Run, other_name: str = "merged") -> str:
             f" (its log holds {lines} step lines, {ratio} times the baseline's updates: if it "
             f"prints one line per micro-step, read it with -k {other.accum_steps * ratio})"
         )
-    if other.kind != "log" or other.accum_steps < 2 or lines != base.updates:
+    k = other.accum_steps
+    if other.kind != "log" and k > 1 and other.updates == base.updates * k:
+        return (
+            f" (the {other_name} run holds K={k} times the baseline's updates: a limit on its "
+            "steps counted in micro-steps, as max_steps=N*K, runs K times as long; give both "
+            "runs the same number of updates)"
+        )
+    if other.kind != "log" or k < 2 or lines != base.updates:
         return _stopped_early(base, other, other_name)
     if other.config.get("written_by") == LIGHTNING_CSV:
         return f" (its {lines} rows are as many as the baseline's updates: {LIGHTNING_LAST_MICRO})"
@@ -71,10 +78,11 @@ def _stopped_early(base: Run, other: Run, other_name: str) -> str:
     if not shorter.updates:
         return ""
     what = "its log was cut, or its run" if shorter.kind == "log" else "its run"
+    cut = ", or cut the longer log to those updates," if "log" in (base.kind, other.kind) else ""
     return (
         f" (the {name} stopped early? {what} ended after update {shorter.updates - 1}; both hold "
-        f"updates 0 to {shorter.updates - 1}: record the runs to the same length, or cut the "
-        "longer log to those updates, to judge them)"
+        f"updates 0 to {shorter.updates - 1}: record the runs to the same length{cut} to judge "
+        "them)"
     )
 
 
