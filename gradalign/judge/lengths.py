@@ -21,6 +21,13 @@ def length_hint(base: Run, other: Run, other_name: str = "merged") -> str:
             f" (its log prints each step on {times} lines, read as {times} micro-steps each: if "
             f"{times} processes print into one log, give one log per card)"
         )
+    k = other.accum_steps
+    if other.kind != "log" and k > 1 and other.updates == base.updates * k:
+        return (
+            f" (the {other_name} run holds K={k} times the baseline's updates: a limit on its "
+            "steps counted in micro-steps, as max_steps=N*K, runs K times as long; give both "
+            "runs the same number of updates)"
+        )
     if base.micro_samples is not None and other.micro_samples is not None:
         read = int(base.micro_samples.sum()), int(other.micro_samples.sum())
         mine, theirs = base.window_sums(base.micro_samples), other.window_sums(other.micro_samples)
@@ -53,14 +60,7 @@ def length_hint(base: Run, other: Run, other_name: str = "merged") -> str:
             f" (its log holds {lines} step lines, {ratio} times the baseline's updates: if it "
             f"prints one line per micro-step, read it with -k {other.accum_steps * ratio})"
         )
-    k = other.accum_steps
-    if other.kind != "log" and k > 1 and other.updates == base.updates * k:
-        return (
-            f" (the {other_name} run holds K={k} times the baseline's updates: a limit on its "
-            "steps counted in micro-steps, as max_steps=N*K, runs K times as long; give both "
-            "runs the same number of updates)"
-        )
-    if other.kind != "log" or k < 2 or lines != base.updates:
+    if other.kind != "log" or other.accum_steps < 2 or lines != base.updates:
         return _stopped_early(base, other, other_name)
     if other.config.get("written_by") == LIGHTNING_CSV:
         return f" (its {lines} rows are as many as the baseline's updates: {LIGHTNING_LAST_MICRO})"
