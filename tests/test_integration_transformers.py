@@ -20,9 +20,11 @@ hf = example("transformers_trainer")
 
 
 def quiet_args(scratch: str, rows: int, k: int, steps: int, **options):
-    """TrainingArguments on the CPU at lr 1e-2 that write no logs, checkpoints or bars."""
+    """TrainingArguments on the CPU at lr 1e-2 that write no logs, checkpoints or bars (unless
+    `options` say otherwise)."""
     from transformers import TrainingArguments
 
+    quiet = {"save_strategy": "no", "logging_strategy": "no", "disable_tqdm": True}
     return TrainingArguments(
         output_dir=scratch,
         per_device_train_batch_size=rows,
@@ -31,10 +33,7 @@ def quiet_args(scratch: str, rows: int, k: int, steps: int, **options):
         learning_rate=1e-2,
         use_cpu=True,
         report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        **options,
+        **{**quiet, **options},
     )
 
 
@@ -421,3 +420,35 @@ def test_masks_drawn_per_batch_do_not_hide_a_model_ignoring_num_items_in_batch(t
     assert scaled.evidence["expected_ratio"] == 4, scaled.evidence
     assert abs(scaled.evidence["window_loss_ratio"] / 4 - 1) <= 0.05, scaled.evidence
     assert "num_items_in_batch" in scaled.fix
+
+
+def test_a_run_resumed_from_a_checkpoint_is_refused_beside_one_from_its_start(tmp_path, cli):
+    """A merged Trainer resumed from its own checkpoint at step 3 recorded its updates 3 to 5
+    as 0 to 2: refused as "the merged run stopped early? both hold updates 0 to 2", which was
+    false. Its start is recorded, and runs that began at other updates are refused saying so."""
+    import tempfile
+
+    from transformers import Trainer
+
+    from gradalign.record.integrations.transformers import attach
+
+    data = hf.token_rows(hf.BATCH * 6)
+
+    def trainer(scratch: str, k: int, save: bool = False) -> Trainer:
+        options = {"save_strategy": "steps", "save_steps": 3} if save else {}
+        args = quiet_args(scratch, hf.BATCH // k, k, 6, seed=0, **options)
+        return Trainer(model=hf.tiny_gpt2(), args=args, train_dataset=data, data_collator=hf.collate)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        base = trainer(scratch, 1)
+        attach(base, tmp_path / "k1")
+        base.train()
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer(scratch, 4, save=True).train()
+        resumed = trainer(scratch, 4)
+        attach(resumed, tmp_path / "k4")
+        resumed.train(resume_from_checkpoint=f"{scratch}/checkpoint-3")
+    assert read_run_dir(tmp_path / "k4").config["resumed_at_update"] == 3
+    result = cli("compare", tmp_path / "k1", tmp_path / "k4")
+    assert result.code == 2 and "began at other updates" in result.err, result.err
+    assert "the merged at update 3" in result.err and "stopped early" not in result.err

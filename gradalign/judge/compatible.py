@@ -58,6 +58,17 @@ def check_compatible(
 
     Returns the baseline's initial weights when the sources recorded them.
     """
+    starts = [int(run.config.get("resumed_at_update", 0) or 0) for run in (base, other)]
+    if starts[0] != starts[1]:
+        shown = " and ".join(
+            f"the {name} at update {s}" if s else f"the {name} from its start"
+            for name, s in (("baseline", starts[0]), (other_name, starts[1]))
+        )
+        raise BadInput(
+            f"{what} that began at other updates: {shown} (a run resumed from a checkpoint "
+            "records from there): their updates are not the same ones; resume both from the "
+            "same checkpoint, or neither"
+        )
     bookkeeping = has_problems(base) or has_problems(other)  # judged, not refused
     if base.updates != other.updates and not bookkeeping:
         raise BadInput(

@@ -69,12 +69,15 @@ class GradalignCallback(TrainerCallback):
                 "from one (torch.nn.DataParallel): launch it with torchrun, one process per GPU"
             )
         model = self.trainer.model
+        config = {**run_config(args, model), **self.extra_config}
+        if state.global_step:  # resumed from a checkpoint: its updates are not from 0
+            config["resumed_at_update"] = int(state.global_step)
         self.recorder = Recorder(
             self.out_dir,
             model,
             self.trainer.optimizer,
             accum_steps=args.gradient_accumulation_steps,
-            config={**run_config(args, model), **self.extra_config},
+            config=config,
             reference=self.reference,
         )
 
