@@ -437,7 +437,8 @@ def test_a_run_resumed_from_a_checkpoint_is_refused_beside_one_from_its_start(tm
     def trainer(scratch: str, k: int, save: bool = False) -> Trainer:
         options = {"save_strategy": "steps", "save_steps": 3} if save else {}
         args = quiet_args(scratch, hf.BATCH // k, k, 6, seed=0, **options)
-        return Trainer(model=hf.tiny_gpt2(), args=args, train_dataset=data, data_collator=hf.collate)
+        model = hf.tiny_gpt2()
+        return Trainer(model=model, args=args, train_dataset=data, data_collator=hf.collate)
 
     with tempfile.TemporaryDirectory() as scratch:
         base = trainer(scratch, 1)
