@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", type=Path, help="directory for the runs")
     ns = parser.parse_args(argv)
     (merged if processes() > 1 else baselines)(ns.out)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # the frameworks leave their process group open: gloo's threads, still holding work at
+        # the interpreter's exit, aborted a launch once after every run was written
+        # ("terminate called without an active exception", exit -6; pytorch issue 190489)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
