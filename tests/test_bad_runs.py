@@ -272,3 +272,16 @@ def test_a_baseline_reached_through_a_link_keeps_its_reference(cli, tmp_path):
     direct_json = json.loads((tmp_path / "direct.json").read_text())
     linked_json = json.loads((tmp_path / "linked.json").read_text())
     assert direct_json["reference"] and linked_json["reference"] == direct_json["reference"]
+
+
+@pytest.mark.parametrize(("value", "refused"), [(3, True), ("3", False), (True, False)])
+def test_a_run_resumed_at_another_update_is_refused(cli, small_copy, value, refused):
+    """A config's `resumed_at_update` (a Trainer resumed from a checkpoint) that differs from
+    the baseline's is refused; one that is no count (a user's own config key) is ignored,
+    never an internal error."""
+    _edit_manifest(small_copy["merged"], lambda m: m["config"].update(resumed_at_update=value))
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    if refused:
+        one_line_error(result, "began at other updates", "the merged at update 3")
+    else:
+        assert result.code == 0, result.err

@@ -51,6 +51,13 @@ def _first_difference(
     )
 
 
+def _resumed_at(run: Run) -> int:
+    """The update a run resumed from a checkpoint began at (its config's `resumed_at_update`,
+    the transformers integration's), 0 for one from its start (or a value that is no count)."""
+    value = run.config.get("resumed_at_update")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def check_compatible(
     base: Run, other: Run, what: str = "runs", other_name: str = "merged"
 ) -> Tensors | None:
@@ -58,7 +65,7 @@ def check_compatible(
 
     Returns the baseline's initial weights when the sources recorded them.
     """
-    starts = [int(run.config.get("resumed_at_update", 0) or 0) for run in (base, other)]
+    starts = [_resumed_at(run) for run in (base, other)]
     if starts[0] != starts[1]:
         shown = " and ".join(
             f"the {name} at update {s}" if s else f"the {name} from its start"

@@ -24,7 +24,8 @@ def vacuous_notes(
 ) -> list[str]:
     """A warning per check whose allowed error was, at every update, at least the quantity
     itself: the baseline loss (a merged loss of 0 passes), the distance training moved each
-    weight (a merged run that never moved passes), each gradient's size (a merged gradient of 0
+    weight (a merged run that never moved passes); a warning where the fixed tolerances allowed
+    every gradient a quarter of its size or more (a merged run leaving micro-batches out
     passes); and a note where printed losses were known only coarsely (`resolution`: per
     update, the window losses' printed resolution, beside the baseline's `window_losses`)."""
     notes = []
@@ -43,7 +44,9 @@ def vacuous_notes(
             "least the distance training moved it, so a merged run that did not train would "
             f"pass (weight_atol {tol.weight_atol:g}, weight_rtol {tol.weight_rtol:g})"
         )
-    grads = [d for r in results for d in r.grads if d.norm and math.isfinite(d.norm)]
+    grads = [  # by the fixed tolerances (no reference's noise): their floor is weight_atol's
+        d for r in results for d in r.grads if d.noise is None and d.norm and math.isfinite(d.norm)
+    ]
     least = min((d.allowed / d.norm for d in grads), default=0.0)
     if least >= _BLIND:
         notes.append(
