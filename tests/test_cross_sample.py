@@ -81,6 +81,8 @@ def test_a_loss_over_each_micro_batch_is_named_at_update_0(tmp_path):
     (found, *_) = c.diagnosis
     assert "update 0" in found.message and "load-balancing" in found.message
     assert "items=" in found.message  # no item counts recorded: a per-token mean reads alike
+    # forward-side couplings too (an expert capacity per micro-batch, a carried recurrent state)
+    assert "a forward that couples its rows (an expert capacity" in found.message
     assert found.evidence["K"] == K and found.fix and "once per" in found.fix
 
 

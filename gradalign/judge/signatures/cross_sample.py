@@ -206,8 +206,11 @@ def _cross_sample(c: Comparison, seen: str, unseen: str = "") -> Diagnosis:
         "weights: divide the summed loss by the window's, and give Recorder.micro that sum as "
         "items=), a weight computed from the batch (BCE's pos_weight from its labels), a loss "
         "weight stepped per micro-batch (a KL or distillation coefficient counted in "
-        "micro-steps), or random numbers drawn per micro-batch from a torch.Generator of the "
-        "loop's own, which the Recorder does not watch (B/K draws are not B's)" + tokens,
+        "micro-steps), random numbers drawn per micro-batch from a torch.Generator of the "
+        "loop's own, which the Recorder does not watch (B/K draws are not B's); or a forward "
+        "that couples its rows (an expert capacity counted per micro-batch drops other "
+        "tokens, a recurrent state carried from one batch to the next meets other rows), or a "
+        "gradient hook on a parameter that clips or rescales each micro-batch's share" + tokens,
         evidence,
         ("set scale_grad_by_freq=False on those embeddings; otherwise: " if counted else "")
         + (
