@@ -62,8 +62,12 @@ def length_hint(base: Run, other: Run, other_name: str = "merged") -> str:
         )
     if other.kind != "log" or other.accum_steps < 2 or lines != base.updates:
         return _stopped_early(base, other, other_name)
-    if other.config.get("written_by") == LIGHTNING_CSV:
-        return f" (its {lines} rows are as many as the baseline's updates: {LIGHTNING_LAST_MICRO})"
+    if other.config.get("written_by") == LIGHTNING_CSV:  # epoch and step columns: most likely
+        return (
+            f" (its {lines} rows are as many as the baseline's updates: {LIGHTNING_LAST_MICRO}; "
+            "a table another writer printed with one row per update, each the window's mean, "
+            "is read with -k 1)"
+        )
     return (
         f" (its log holds {lines} step lines, as many as the baseline's updates: if it prints "
         "one line per update, not one per micro-step, give it -k 1)"
