@@ -72,6 +72,9 @@ def readme_commands(heading: str) -> list[tuple[list[str], str]]:
     return commands
 
 
+TEARDOWN_ABORT = "terminate called without an active exception"  # pytorch issue 190489
+
+
 def run_readme(heading: str, cwd: Path) -> dict[str, tuple[str, list[str], float]]:
     """Run the README's commands for `heading` as written, in `cwd` (for the repository's root,
     whose scripts they run): `python SCRIPT ARGS` in-process, `python -m torch.distributed.run
@@ -90,6 +93,12 @@ def run_readme(heading: str, cwd: Path) -> dict[str, tuple[str, list[str], float
                 script = README.parent / argv[-2]  # the example, then its runs' directory
                 launch = [sys.executable, *argv[1:-2], str(script), argv[-1]]
                 done = subprocess.run(launch, capture_output=True, text=True, timeout=600)
+                if done.returncode != 0 and TEARDOWN_ABORT in done.stderr:
+                    # gloo's threads aborting a process's exit in torch, after its work: 2 of 5
+                    # fresh-clone CI runs, 2 of 17 runs of tests/test_integration_ranks.py alone,
+                    # none of 12 launches by hand. Launched once more (its runs replaced whole);
+                    # any other failure, or this one twice, still fails
+                    done = subprocess.run(launch, capture_output=True, text=True, timeout=600)
                 assert done.returncode == 0, done.stderr[-3000:]
             elif argv[0] == "python":
                 script = Path(argv[1])
