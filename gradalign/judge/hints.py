@@ -17,12 +17,13 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
     # a log of one line per update prints the window's mean: its steps are unknown
     whole = c.merged.kind == "log" and c.merged.accum_steps <= c.baseline.accum_steps
     lightning = whole and c.merged.config.get("written_by") == LIGHTNING_CSV
-    missing = c.merged.config.get("missing_cards") if c.merged.kind == "log" else None
-    if missing and r is not None and not r.loss_ok:
+    failing = r is not None and not r.loss_ok  # the loss failed at the first failing update
+    missing = c.merged.config.get("missing_cards") if c.merged.kind == "log" and failing else None
+    if missing:
         said.append(f"the merged logs are not the whole run, which comes first: {missing}")
-    if lightning and r is not None and not r.loss_ok:
+    if lightning and failing:
         said.append(f"if the merged run accumulated, {LIGHTNING_LAST_MICRO}")
-    if r is not None and r.update == 0 and not r.loss_ok:
+    if failing and r.update == 0:
         if whole:
             said.append(
                 "update 0's losses come from the same initial weights, so this gap is in what "
@@ -72,7 +73,7 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
             "as transformers' and PaddleNLP's trainers do): a K-times gradient is then named "
             "`loss-scale`; or record both loops with gradalign.Recorder, which names the cause"
         )
-    smoothed = _smoothed(c) if logs and r is not None and not r.loss_ok else None
+    smoothed = _smoothed(c) if logs and failing else None
     if smoothed:
         said.append(smoothed)
         if not fixes:
@@ -84,7 +85,7 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
             "micro loss by K instead of weighting it by its share of the batch's samples "
             "trains otherwise than the baseline"
         )
-    if missing and r is not None and not r.loss_ok:
+    if missing:
         fixes.insert(0, "give every card's log, card 0 first, then judge again")
     return said, fixes
 

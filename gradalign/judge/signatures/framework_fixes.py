@@ -98,12 +98,11 @@ def _read_back_scaled(c: Comparison, found: list[Diagnosis]) -> list[Diagnosis]:
     that count, so a compute_loss_func that returned each micro-batch's mean instead recorded
     window losses about K times the baseline's, with the gradient: no loss over each micro-batch
     as a whole (16.65 against 3.82 beside a gradient 4.27 times the baseline's)."""
-    codes = [d.code for d in found]
-    if "loss-scale" not in codes or "cross-sample-loss" not in codes:
+    named = {d.code: d.evidence for d in found}
+    if "loss-scale" not in named or "cross-sample-loss" not in named:
         return found
-    scale = found[codes.index("loss-scale")].evidence.get("size_ratio")
-    scale = scale or found[codes.index("loss-scale")].evidence.get("grad_ratio")
-    gap = found[codes.index("cross-sample-loss")].evidence
+    scale = named["loss-scale"].get("size_ratio") or named["loss-scale"].get("grad_ratio")
+    gap = named["cross-sample-loss"]
     base, merged = gap.get("baseline_loss"), gap.get("merged_loss")
     if not (normalized_by_window(c.merged) and scale and base and merged):
         return found

@@ -103,7 +103,7 @@ def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Di
                     "loss-scale",
                     f"the micro-batch losses were {how}: at update {r.update} the accumulated "
                     f"gradient{when} is {size:.6g} times the baseline's{stepped} cosine "
-                    f"{cosine:.8f}" + (")" if when else "") + alike + _adaptive(c, expected),
+                    f"{cosine:.8f}" + (")" if when else "") + alike + _optimizer_note(c, expected),
                     evidence,
                     fix,
                 )
@@ -284,9 +284,10 @@ def _count(n: float) -> str:
     return str(int(n)) if n == int(n) else f"{n:.4g}"
 
 
-def _adaptive(c: Comparison, scale: float) -> str:
-    """Where the merged optimizer is of Adam's family: why its steps still differ (a loop
-    whose author expects Adam to divide the scale out, as it does up to eps)."""
+def _optimizer_note(c: Comparison, scale: float) -> str:
+    """What the merged optimizer made of the scale: nothing where every weight stayed identical
+    (it steps by the gradient's sign); where it is of Adam's family, why its steps still differ
+    (a loop whose author expects Adam to divide the scale out, as it does up to eps)."""
     kind = str((c.merged.optimizer_settings or {}).get("type", ""))
     weights = [d for r in c.results for d in r.weights]
     if scale != 1 and weights and all(d.max_abs == 0 for d in weights):
