@@ -110,6 +110,7 @@ CASES: list[Case | LogCase] = [
     Case("adamw", "loss-plus-scaled"),
     Case("sgd-momentum", "zero-grad-every-micro"),
     Case("adam", "step-every-micro"),
+    Case("adamw", "count-every-micro"),
     Case("sgd+cosine+clip", "scheduler-every-micro"),
     Case("sgd+cosine+clip", "clip-every-micro"),
     Case("adamw+cosine+clip", "clip-every-micro"),

@@ -42,7 +42,13 @@ def train(dtype, *, k: int = 1, spike=None, feed: bool = False) -> dict:
         grads.append({"w": recorded})
         w = (w - LR * (recorded if feed else g)).astype(dtype)
         snaps.append({"w": w.copy()})
-    return {"init_weights": init, "update_weights": snaps, "grads": grads, "micro_losses": losses}
+    return {
+        "init_weights": init,
+        "update_weights": snaps,
+        "grads": grads,
+        "micro_losses": losses,
+        "optimizer_steps": [1] * UPDATES,  # one step per update, never inside a window
+    }
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.batch_size,
     sig.window_bookkeeping,
     sig.step_in_window,
+    sig.step_count,  # the optimizer's own counter, step() as often
     sig.step_skipped,
     sig.weights_changed_in_window,
     sig.scaler_per_micro,

@@ -73,7 +73,9 @@ def follow_gain_divergence(
         return []
     at = results[first]
     moved = [d for d in at.weights if not d.ok]
-    if at.problems or not at.loss_ok or not moved or not all(d.ok for d in at.grads):
+    if at.problems or not at.loss_ok or not moved or not at.grads:
+        return []  # no gradient recorded: nothing tells a gain from a bug
+    if not all(d.ok for d in at.grads):
         return []
     wm, wr = exact(merged, "weights", at.update, seen), exact(ref, "weights", at.update, seen)
     gm, gr = exact(merged, "grads", at.update, seen), exact(ref, "grads", at.update, seen)

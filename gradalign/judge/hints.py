@@ -8,6 +8,7 @@ import numpy as np
 from ..runs.logs.records import LIGHTNING_CSV, LIGHTNING_LAST_MICRO
 from ..runs.logs.smooth import LAG1_MAX, difference_lag1
 from .results import NOT_CHECKED, PASS, Comparison, UpdateResult
+from .signatures.decisive import steps_seen
 
 
 def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str], list[str]]:
@@ -29,13 +30,18 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
                 "update 0's losses come from the same initial weights, so this gap is in what "
                 "each loop computed or printed"
             )
-        elif c.merged.kind == "log":  # a log shows no step: one inside the window is unseen
+        elif c.merged.kind == "log" or not steps_seen(c):  # a step inside is unseen
+            unseen = (
+                "a log of losses does not show the steps"
+                if c.merged.kind == "log"
+                else "these runs record neither the weights at each micro-step (`micro/state`) "
+                "nor their optimizer steps (`update/optimizer_steps`)"
+            )
             said.append(
                 "update 0's losses come from the initial weights unless the merged loop "
                 "stepped inside the window, so this gap is in what each loop computed or "
                 "printed, or in such a step (an optimizer stepped at every micro-batch: the "
-                "micro-batches after it ran on weights already stepped; a log of losses does "
-                "not show the steps)"
+                f"micro-batches after it ran on weights already stepped; {unseen})"
             )
         else:
             said.append(
@@ -87,7 +93,27 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
         )
     if missing:
         fixes.insert(0, "give every card's log, card 0 first, then judge again")
+    unrecorded = _unrecorded(c) if not logs else []
+    if unrecorded:
+        fixes.append(
+            f"record what these runs lack and the judge reads to name a cause: "
+            f"{', '.join(unrecorded)} (docs/FORMAT.md)"
+        )
     return said, fixes
+
+
+_READ = (  # a run directory's optional fields that most diagnoses read, as FORMAT.md names them
+    ("gradients (`grads/`)", lambda run: run.load_grads is not None),
+    ("the learning rate (`update/lr`)", lambda run: run.lr is not None),
+    ("optimizer steps (`update/optimizer_steps`)", lambda run: run.optimizer_steps is not None),
+    ("the weights at each micro-step (`micro/state`)", lambda run: run.micro_state is not None),
+    ("sample digests (`micro/data`)", lambda run: run.micro_data is not None),
+)
+
+
+def _unrecorded(c: Comparison) -> list[str]:
+    """The fields of `_READ` that either run lacks."""
+    return [name for name, has in _READ if not (has(c.baseline) and has(c.merged))]
 
 
 def _parted_after_a_step(c: Comparison, r: UpdateResult | None) -> str | None:

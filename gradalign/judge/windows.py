@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ..runs.model import Run
@@ -125,3 +127,18 @@ def _window_start(run: Run, update: int) -> np.ndarray | None:
     if run.update_state_known is not None and not run.update_state_known[update - 1]:
         return None
     return run.update_state[update - 1]
+
+
+def changes_in_window(run: Run, update: int, exempt: frozenset[str] = frozenset()) -> int:
+    """How many times the parameters changed inside window `update`: between its start and its
+    first known row, and between consecutive known rows (changes between two rows apart count
+    once). One optimizer step makes one such change at most."""
+    if run.micro_state is None:
+        return 0
+    known = _known(run)
+    params = np.array([t.kind == "param" and t.name not in exempt for t in run.tensors])
+    rows = [run.micro_state[m] for m in run.window(update) if known[m]]
+    start = _window_start(run, update)
+    if start is not None:
+        rows.insert(0, start)
+    return sum(bool(((b != a) & params).any()) for a, b in itertools.pairwise(rows))

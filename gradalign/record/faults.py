@@ -35,6 +35,7 @@ class Fault:
     scale: Callable[[torch.Tensor, int], torch.Tensor] = _as_is
     zero_grad_each_micro: bool = False
     step_each_micro: bool = False
+    count_each_micro: bool = False  # the optimizer's own step count advanced per micro-step
     scheduler_each_micro: bool = False
     clip_each_micro: bool = False
     clip_over_k: bool = False  # clip_grad_norm_(max_norm / K) on the accumulated gradient
@@ -123,6 +124,13 @@ FAULTS: dict[str, Fault] = {
             "optimizer.step() after every micro-step",
             "step-in-window",
             step_each_micro=True,
+        ),
+        Fault(
+            "count-every-micro",
+            "the optimizer's own step count (Adam's t) advanced at every micro-step; step() once",
+            "step-count",
+            count_each_micro=True,
+            needs=lambda c: None if c.optimizer != "sgd" else "needs Adam or AdamW (--optimizer)",
         ),
         Fault(
             "scheduler-every-micro",

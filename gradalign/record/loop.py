@@ -95,6 +95,9 @@ def run_loop(
             t.scaler.update()
         else:
             optimizer.step()
+        if fault.count_each_micro:  # Adam's t counted per micro-step, as a hand-written merge may
+            for state in optimizer.state.values():
+                state["step"] += k - 1
         for _ in range(parallel.scheduler_steps(fault.scheduler_steps(k))):  # once
             t.scheduler.step()
         if not (fault.forget_update and update == 1):

@@ -128,15 +128,14 @@ def write_run(
     def state(weights):
         return np.array([fingerprint(weights[name]) for name in names], dtype=np.int64)
 
-    starts = [init_weights, *update_weights[:-1]]  # the weights each window starts from
-    if micro_state is None:
-        micro_state = [state(starts[m // k]) for m in range(n * k)]
     series = {
         "micro/loss": _series(micro_losses, n * k, np.float64, "micro_losses"),
-        "micro/state": _series(micro_state, n * k, np.int64, "micro_state").reshape(n * k, p),
         "init/state": state(init_weights),
         "update/state": np.array([state(w) for w in update_weights], np.int64).reshape(n, p),
     }
+    if micro_state is not None:
+        rows = _series(micro_state, n * k, np.int64, "micro_state")
+        series["micro/state"] = rows.reshape(n * k, p)
     if lr is not None:
         narrow = np.asarray(lr).dtype in (np.float32, np.float16)
         series["update/lr"] = _series(lr, n, np.asarray(lr).dtype if narrow else np.float64, "lr")

@@ -197,9 +197,16 @@ class CheckedFile:
     def _compare(self, name: str, total: int) -> None:
         expected = self.prints[name] if self.prints is not None else 0
         if (total - expected) % 2**64:
+            stored, declared = str(self.file.stored_dtype(name)), self.declared.get(name)
+            other = (
+                f"; or its writer took the fingerprint of the stored {stored} values, not of "
+                f"the {declared} ones the manifest declares (docs/FORMAT.md, Fingerprints)"
+                if declared is not None and declared != stored
+                else ""
+            )
             raise BadInput(
                 f"{self.where} fails its checksum (tensor {name} does not match its recorded "
-                "fingerprint: truncated or altered)"
+                f"fingerprint: truncated or altered{other})"
             )
 
 

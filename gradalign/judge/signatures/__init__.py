@@ -31,6 +31,7 @@ from .decisive import (
     data_order,
     non_finite,
     replica_divergence,
+    step_count,
     step_in_window,
     window_bookkeeping,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "scaler_per_micro",
     "scaler_skips",
     "size_beside_other_samples",
+    "step_count",
     "step_in_window",
     "step_skipped",
     "token_normalization",

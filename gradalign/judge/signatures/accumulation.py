@@ -15,6 +15,7 @@ import numpy as np
 
 from ...runs.model import Run, Tensors
 from ..results import Comparison, Diagnosis, UpdateResult
+from ..windows import changes_in_window, written_in_forward
 from .common import finite, grad_norm, grads_of, noise_share, on_ranks, weights_of, window
 
 EXPLAINED = 0.95  # a relation must explain this share of the gradient error (1 - residual share)
@@ -227,19 +228,46 @@ def inner_steps(run: Run) -> int | None:
     return total
 
 
+def not_the_optimizer(c: Comparison) -> bool:
+    """Whether the merged run's optimizer is known not to have stepped inside its windows: it
+    recorded no step between micro-steps; or, where it did not record them, it took as many
+    steps per update as the baseline and some window's weights changed more often than those
+    steps could change them (a decay per micro-step, not one misplaced step)."""
+    inner = inner_steps(c.merged)
+    if inner is not None:
+        return inner == 0
+    steps = c.merged.optimizer_steps
+    if steps is None or c.baseline.optimizer_steps is None or _steps_differ(c):
+        return False
+    exempt = written_in_forward(c.baseline)
+    return any(
+        changes_in_window(c.merged, r.update, exempt) > int(steps[r.update])
+        for r in c.results
+        if any(k == "window" for k, _ in r.problems)
+    )
+
+
 def weights_changed_in_window(c: Comparison) -> Diagnosis | None:
     """The weights changed inside a window, yet the optimizer stepped only between windows: an
     EMA or weight average copied in, a manual edit, a decay applied per micro-step."""
     windows = [r for r in c.results if any(k == "window" for k, _ in r.problems)]
-    if not windows or inner_steps(c.merged) != 0 or _steps_differ(c):
+    if not windows or _steps_differ(c) or not not_the_optimizer(c):
         return None
     first = windows[0]
     text = next(t for k, t in first.problems if k == "window").rsplit(": ", 1)[0]
+    if inner_steps(c.merged) is None:  # steps between micro-steps not recorded: their count
+        changes = changes_in_window(c.merged, first.update, written_in_forward(c.baseline))
+        steps = int(c.merged.optimizer_steps[first.update])  # type: ignore[index]
+        stepped = (
+            f"; they changed {changes} times inside that window, more often than its {steps} "
+            "optimizer step(s) per update (as many as the baseline's) could change them"
+        )
+    else:
+        stepped = ", yet no optimizer step happened inside any window"
     return Diagnosis(
         "weights-changed-in-window",
-        f"at update {first.update} {text}, yet no optimizer step happened inside any window "
-        f"({len(windows)} window(s) changed): something other than the optimizer wrote to the "
-        "weights between micro-steps",
+        f"at update {first.update} {text}{stepped} ({len(windows)} window(s) changed): "
+        "something other than the optimizer wrote to the weights between micro-steps",
         {"first_window": first.update, "windows_with_weight_changes": len(windows)},
         "change the weights only at the end of a window, after optimizer.step(): apply EMA or "
         "weight averaging (into a copy), decays and manual edits once per update",

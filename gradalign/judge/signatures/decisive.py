@@ -10,8 +10,9 @@ from ..bookkeeping import bad_alike
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
 from ..window_sizes import problems
-from .accumulation import inner_steps
-from .common import finite
+from ..windows import observable_windows
+from .accumulation import inner_steps, not_the_optimizer
+from .common import finite, window
 from .skips import skips_apart, steps_skipped
 
 CARD_RATIO_MATCH = 1e-4  # relative: a float32 mean of cards' means against the baseline's mean
@@ -24,8 +25,10 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
     ]
     if not windows and not steps:
         return None
-    if not steps and inner_steps(c.merged) == 0:
+    if not steps and not_the_optimizer(c):
         return None  # no step inside any window: weights-changed-in-window says what it was
+    if not windows and counter_only(c):
+        return None  # step() as often as the baseline's: step-count says what it was
     if not windows and steps_skipped(c):
         return None  # fewer steps, never inside a window: step-skipped's
     apart = skips_apart(c)
@@ -52,6 +55,13 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
                     f" from update {steps[0].update}, whose extra steps left the weights as they "
                     "were (a learning rate of 0 there, as at a warmup's first step)"
                 )
+    if not parts and steps:  # only the optimizer's own counter: stepped, or counted, more
+        text = next(t for k, t in steps[0].problems if k in ("optimizer_steps", "state_step"))
+        parts.append(
+            f"at update {steps[0].update} the {text}: it stepped more often, or its step counter "
+            "advanced at every micro-step (its step() calls per update, `update/optimizer_steps`, "
+            "tell the two apart)"
+        )
     if _ended_by_inner_steps(c):
         merged = c.merged
         evidence["merged_updates"], evidence["unclosed_micro_steps"] = (
@@ -70,6 +80,53 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
         evidence,
         "call optimizer.step() and optimizer.zero_grad() only after the K-th micro-batch of "
         "each window, e.g. `if (micro + 1) % K == 0:`",
+    )
+
+
+def counter_only(c: Comparison) -> bool:
+    """The optimizer's own step counter differs from the baseline's while step() ran as often
+    and never inside a window: recorded per update, or shown by weights that never changed
+    inside an observable window."""
+    problems = {k for r in c.results for k, _ in r.problems}
+    if "state_step" not in problems or problems & {"optimizer_steps", "window"}:
+        return False
+    if c.merged.optimizer_steps is not None and c.baseline.optimizer_steps is not None:
+        return True
+    return observable_windows(c.merged) > 0
+
+
+def step_count(c: Comparison) -> Diagnosis | None:
+    """A step counter advanced per micro-step: Adam's t (a framework's beta-power accumulators)
+    counted in every micro-step of a hand-written merge while the step itself ran once per
+    window, so the bias correction weighs every step otherwise."""
+    if not counter_only(c):
+        return None
+    counted = [r for r in c.results if any(k == "state_step" for k, _ in r.problems)]
+    first, last = counted[0].update, counted[-1].update
+    state_m, state_b = c.merged.state_step, c.baseline.state_step
+    assert state_m is not None and state_b is not None  # a state_step problem reads both
+    qm, qb, k = int(state_m[last]), int(state_b[last]), window(c)
+    how = (
+        f"{k} times the baseline's (K={k}): it counted micro-steps, not updates"
+        if qb > 0 and qm == k * qb
+        else "it advanced otherwise than the updates"
+    )
+    return Diagnosis(
+        "step-count",
+        f"the optimizer's own step count (the t of Adam's bias correction) was {qm} after update "
+        f"{last} against the baseline's {qb}, {how}, while step() ran as often as the "
+        "baseline's and never inside a window: Adam's bias correction (1 - beta^t) then weighs "
+        "its steps otherwise",
+        {
+            "first_update": first,
+            "merged_state_step": qm,
+            "baseline_state_step": qb,
+            "at_update": last,
+            "updates_differing": len(counted),
+        },
+        "advance the optimizer's step count once per window, with the step that applies the "
+        "merged gradient: in a hand-written or framework gradient merge, Adam's t and its "
+        "beta1^t, beta2^t power accumulators belong to the update, not to each micro-batch",
     )
 
 
@@ -143,10 +200,20 @@ _STEPPED = ("window", "optimizer_steps", "state_step", "replicas")
 
 def same_start_shown(c: Comparison) -> bool:
     """Whether the runs provably computed update 0 from identical weights: both recorded their
-    initial weights (compared before judging) and nothing stepped inside window 0. A log shows
-    neither, so a loss gap at update 0 says nothing about its samples."""
-    recorded = c.baseline.load_init_weights is not None and c.merged.load_init_weights is not None
-    return recorded and not any(key in _STEPPED for key, _ in c.results[0].problems)
+    initial weights (compared before judging) and nothing stepped inside window 0, as the
+    merged run's weights at each micro-step or its steps show (a run without them may have). A
+    log shows neither, so a loss gap at update 0 says nothing about its samples."""
+    if c.baseline.load_init_weights is None or c.merged.load_init_weights is None:
+        return False
+    return steps_seen(c) and not any(key in _STEPPED for key, _ in c.results[0].problems)
+
+
+def steps_seen(c: Comparison) -> bool:
+    """Whether a step inside the merged run's windows would show: it recorded its weights at
+    each micro-step, its steps between micro-steps, or both runs their steps per update."""
+    base, merged = c.baseline, c.merged
+    counted = base.optimizer_steps is not None and merged.optimizer_steps is not None
+    return merged.micro_state is not None or merged.micro_step_counts is not None or counted
 
 
 def card_loss(c: Comparison) -> Diagnosis | None:
