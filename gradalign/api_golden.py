@@ -73,6 +73,8 @@ def _write(run: Any, reference: Any, target: Path, inputs: Sequence[Path]) -> Pa
     from .judge.golden import build
     from .report.output import write_text_atomic
 
+    if run.updates < 1:  # a golden file keeps at least one update (its reader refuses fewer)
+        raise BadInput(f"{run.source}: holds no updates, so there is nothing to keep as a golden")
     data = build(run, reference)
     data["source"] = {role: _named(path) for role, path in data["source"].items()}
     check_outputs([], inputs, [target])

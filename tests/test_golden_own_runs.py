@@ -24,3 +24,14 @@ def test_a_float64_run_is_refused_beside_float32_goldens_without_a_dtype_in_its_
     with pytest.raises(BadInput, match="dtype 'float64' \\(goldens 'float32'\\)"):
         api.golden_write(tmp_path / "ref", folder)
     assert api.golden_write(tmp_path / "ref", tmp_path / "apart").exists()  # a folder of its own
+
+
+def test_a_run_of_no_updates_is_no_golden(tmp_path):
+    """A run that holds no update was kept as a golden file its own reader then refused."""
+    weights = {"w": np.ones((4, 3), np.float32)}
+    write_run(
+        tmp_path / "b0", accum_steps=1, micro_losses=[], init_weights=weights, update_weights=[]
+    )
+    with pytest.raises(BadInput, match="holds no updates, so there is nothing to keep"):
+        api.golden_write(tmp_path / "b0", tmp_path / "g.json")
+    assert not (tmp_path / "g.json").exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gradalign import api
-from gradalign.runs import runset
+from gradalign.runs import runset, set_journal
 from gradalign.runs import writer as run_writer
 from gradalign.runs.locks import RunLock
 from gradalign.runs.reader import read_run_dir
@@ -163,8 +163,8 @@ def die_at(step: int) -> None:
         (os, "replace"),
         (shutil, "rmtree"),
         (Path, "unlink"),
-        (runset, "_exchange"),
-        (runset, "_write_atomic"),
+        (set_journal, "_exchange"),
+        (set_journal, "_write_atomic"),
     ]:
         wrap(owner, attr)
 
@@ -200,7 +200,7 @@ def test_a_set_killed_at_any_step_of_its_commit_is_old_or_new_whole(
     if exchange and run_writer._renameat2 is None:
         pytest.skip("no renameat2 here")
     if not exchange:
-        monkeypatch.setattr(runset, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(set_journal, "_exchange", lambda a, b: False)
     old = tuple(f"old-{n}" if n in earlier else None for n in SPLIT)
     new = tuple(f"new-{n}" for n in SPLIT)
 
@@ -296,3 +296,84 @@ def test_a_writer_clears_only_the_areas_gradalign_marked(tmp_path):
     record_fake_set(parent, ("merged",), "new")
     assert sorted(p.name for p in parent.iterdir()) == [".set-999998", "merged"]
     assert (users / "new" / "merged" / "data.bin").stat().st_size == 100
+
+
+# -- a commit refused (not killed) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("halfway", [False, True], ids=["before-b", "halfway-through-b"])
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
+def test_a_commit_a_rename_refuses_is_undone_and_left_to_nobody(
+    tmp_path, monkeypatch, exchange, halfway
+):
+    """A rename refused in the second member (before it moved anything, or after its first
+    move) puts every earlier run back and removes the journal and the area: the command fails,
+    and no later command rolls its runs in (it left them for whoever came next, even a
+    `compare`, which then judged a run it was told was never written)."""
+    names = ("a", "b", "c")
+    record_fake_set(tmp_path, names, "old")
+    if not exchange:
+        monkeypatch.setattr(set_journal, "_exchange", lambda a, b: False)
+    place, rename, calls, fired = set_journal._place, os.rename, [], []
+
+    def refused_in_b(parent, area, name, identity):
+        calls.append(name)
+        if name == "b" and not halfway:
+            raise PermissionError(13, "Permission denied")
+        place(parent, area, name, identity)
+
+    def second_move_of_b(src, dst):  # exchange: the earlier b into old/; else: the new b in
+        second = Path(dst).parts[-2:] == ("old", "b") if exchange else Path(dst) == tmp_path / "b"
+        if second and calls[-1:] == ["b"] and not fired:  # once: the undo's renames work
+            fired.append(dst)
+            raise PermissionError(13, "Permission denied")
+        rename(src, dst)
+
+    monkeypatch.setattr(set_journal, "_place", refused_in_b)
+    runs = runset.RunSet(tmp_path, list(names))
+    for name in names:
+        fake_run(runs.path(name), f"new-{name}")
+    if halfway:
+        monkeypatch.setattr(os, "rename", second_move_of_b)
+    with pytest.raises(api.BadInput) as refused:
+        runs.commit()
+    monkeypatch.setattr(os, "rename", rename)
+    assert calls == ["a", "b"] and len(fired) == halfway
+    assert "could not put the new run(s) in place (Permission denied)" in str(refused.value)
+    assert "the earlier runs stay as they were" in str(refused.value)
+    assert fake_state(tmp_path, names) == ("old-a", "old-b", "old-c")
+    assert sorted(p.name for p in tmp_path.iterdir()) == list(names)  # no journal, no area
+    monkeypatch.setattr(set_journal, "_place", place)
+    runset.recover_commits(tmp_path)
+    assert fake_state(tmp_path, names) == ("old-a", "old-b", "old-c")
+
+
+def test_a_run_directory_this_user_cannot_write_is_refused_before_work():
+    """Replacing a run moves its directory aside and deletes it, which needs writing in it: a
+    read-only earlier run is refused up front (it failed at the swap, leaving a journal)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="gradalign-readonly-"))  # reachable by nobody
+    fake_run(tmp_path / "m", "old")
+    os.chmod(tmp_path, 0o777)
+    os.chmod(tmp_path / "m", 0o555)
+    code = (
+        "import sys; from gradalign.runs.writer import ensure_writable\n"
+        "from gradalign.errors import BadInput\n"
+        "try: ensure_writable(sys.argv[1])\n"
+        "except BadInput as e: print(e); sys.exit(2)\n"
+    )
+    command = [sys.executable, "-c", code, str(tmp_path / "m")]
+    if os.geteuid() == 0:  # root writes anywhere: ask as nobody
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv")
+        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    finally:
+        os.chmod(tmp_path / "m", 0o755)
+        shutil.rmtree(tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{tmp_path / 'm'}: cannot write in {tmp_path / 'm'}" in done.stdout

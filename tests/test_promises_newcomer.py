@@ -65,8 +65,12 @@ def test_help_lists_the_choices_and_the_fault_names(cli):
 
 
 def test_bare_gradalign_prints_help_and_version_and_h_work(cli):
-    bare = cli()
-    assert bare.code == 0 and "Usage" in bare.out and "error" not in bare.err
+    """Bare `gradalign` (or `gradalign golden`) prints help and exits 2: a CI step whose command
+    went missing (`gradalign $EMPTY`) must not pass the gate with 0, the code for aligned."""
+    for args in ([], ["golden"], ["--debug"]):
+        bare = cli(*args)
+        assert bare.code == 2 and "Usage" in bare.out, args
+        assert bare.err.strip() == "error: no command given: the help above lists them", args
     assert cli("--version").out.strip().startswith("gradalign ")
     assert "Usage" in cli("compare", "-h").out
 

@@ -89,8 +89,9 @@ def test_a_refused_compare_leaves_no_earlier_report_behind(cli, small_runs, tmp_
         "--html",
         out / "notes.json",
     )
-    one_line_error(refused, "absent", "removed the earlier reports")
+    one_line_error(refused, "notes.json: exists and is not a gradalign report", "removed the")
     assert sorted(p.name for p in out.iterdir()) == ["notes.json"]
+    assert (out / "notes.json").read_text() == '{"verdict": "mine"}'
 
 
 def test_a_refused_compare_keeps_files_others_wrote_at_its_paths(
@@ -98,7 +99,8 @@ def test_a_refused_compare_keeps_files_others_wrote_at_its_paths(
 ):
     """The job's step summary, which began with an earlier gate's report and holds another
     step's lines after it, was deleted whole; a user's own loss.png in the plot folder was
-    deleted as a plot. Only what this tool wrote, by its own marks, is removed."""
+    deleted as a plot (it is now refused before any work: a report replaces only an earlier
+    report). Only what this tool wrote, by its own marks, is removed."""
     pytest.importorskip("matplotlib")
     import matplotlib
 
@@ -118,9 +120,29 @@ def test_a_refused_compare_keeps_files_others_wrote_at_its_paths(
     pyplot.close(figure)
     kept = {p: p.read_bytes() for p in (summary, plots / "loss.png")}
     refused = cli("compare", base, tmp_path / "absent", "--markdown", summary, "--plot", plots)
-    one_line_error(refused, "absent", "removed the earlier reports")
+    one_line_error(refused, "loss.png: exists and is not a gradalign report", "removed the earl")
     assert {p: p.read_bytes() for p in kept} == kept
     assert sorted(p.name for p in plots.iterdir()) == ["loss.png"]
+
+
+@pytest.mark.parametrize("option", ["--json", "--junit", "--markdown", "--html"])
+def test_a_report_never_replaces_a_file_that_is_not_a_report(cli, small_runs, tmp_path, option):
+    """`--json g.json` replaced a golden file, `--junit nets.py` a source file, as `-o` would
+    not: a report replaces an earlier report (or an empty file), nothing else, also through a
+    link."""
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    mine = tmp_path / "mine.txt"
+    mine.write_text('{"golden": "a user\'s file"}\n')
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    for target in (mine, link):
+        one_line_error(cli("compare", base, merged, option, target), "is not a gradalign report")
+        assert mine.read_text() == '{"golden": "a user\'s file"}\n'
+    report, empty = tmp_path / "report", tmp_path / "empty"
+    empty.write_text("")
+    for target in (report, report, empty):  # written, then replaced; an empty file taken
+        assert cli("compare", base, merged, option, target).code == 0
+        assert target.stat().st_size > 0
 
 
 def test_a_report_to_dev_stdout_appends_to_the_log_behind_it(small_runs, tmp_path):

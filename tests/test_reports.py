@@ -263,6 +263,34 @@ def test_fonts_matplotlib_lacks_are_not_logged(small_runs, caplog):
     assert not [r for r in caplog.records if r.name.startswith("matplotlib")], caplog.text
 
 
+def test_a_config_folder_matplotlib_cannot_make_says_nothing_on_stderr(tmp_path, small_runs):
+    """Where matplotlib cannot make its config folder it logs two warnings as it imports
+    ("mkdir -p failed", "created a temporary cache directory") above gradalign's one line."""
+    pytest.importorskip("matplotlib")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    env = {**os.environ, "MPLCONFIGDIR": str(blocker / "mpl")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gradalign",
+            "compare",
+            small_runs["baseline"],
+            small_runs["merged"],
+            "--plot",
+            tmp_path / "plots",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "atplotlib" not in done.stderr and "mkdir" not in done.stderr, done.stderr
+    assert (tmp_path / "plots" / "loss.png").exists()
+
+
 def test_the_html_report_is_self_contained(tmp_path, small_runs):
     comparison = api.compare(small_runs["baseline"], small_runs["merged"])
     html = to_html(comparison, render_pngs(comparison), {})

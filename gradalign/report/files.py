@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -36,12 +37,23 @@ class ReportFiles:
         """What can be refused before any work: a report on or inside a file the command reads
         (`read`: a config, a golden file; the runs are checked where they are opened), a step
         summary that cannot be appended to, plots without matplotlib."""
-        from .github import check_step_summary
+        from ..errors import BadInput
+        from ..paths import is_stream
+        from .github import check_step_summary, is_step_summary
 
         if read:
             from ..runs.outputs import check_outputs
 
             check_outputs([], read, self.paths())
+        for path in self.paths():  # a report replaces an earlier report, not a user's file
+            if is_stream(path) or is_step_summary(path, os.environ):
+                continue  # written into, or appended to
+            real = Path(os.path.realpath(path))  # a link is written through
+            if _occupied(real) and not _a_report(real):
+                raise BadInput(
+                    f"report {path}: exists and is not a gradalign report; refusing to "
+                    "overwrite it (move it, or choose another path)"
+                )
         check_step_summary(os.environ)
         if self.plot is not None:
             from .plots import require_matplotlib
@@ -54,12 +66,12 @@ _ASKED: list[ReportFiles] = []  # this process's checked report sets (`requested
 
 def requested(reports: dict | None, read: Sequence[Path | None] = ()) -> ReportFiles:
     """The report files asked for, refused before any work where they would land on a file the
-    command reads (`read`: a config, a golden file) or plots need matplotlib; once checked,
-    remembered, so that a command that ends in error removes what they hold of an earlier run
-    (`remove_stale`)."""
+    command reads (`read`: a config, a golden file) or on a file that is no report, or plots
+    need matplotlib; remembered, so that a command that ends in error (this refusal too)
+    removes what they hold of an earlier run (`remove_stale`)."""
     files = ReportFiles(**(reports or {}))
+    _ASKED.append(files)  # a refusal of one path removes the earlier reports at the others
     files.check([path for path in read if path is not None])
-    _ASKED.append(files)
     return files
 
 
@@ -102,6 +114,16 @@ _SIGNS = (  # how each report begins: JUnit, Markdown, HTML, a plot
 )
 
 
+def _occupied(path: Path) -> bool:
+    """Whether a file with content stands at `path` (a directory there is refused where the
+    report is written)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size > 0
+
+
 def _a_report(path: Path) -> bool:
     """Whether `path` is a regular file this tool wrote as a report, by its own marks (a JSON
     report's verdict and checks; the others' first lines): a path that names a file of another
@@ -110,10 +132,12 @@ def _a_report(path: Path) -> bool:
         if path.is_symlink() or not path.is_file():
             return False
         with path.open("rb") as handle:  # a JSON report whole, another's first lines
-            head = handle.read() if path.suffix == ".json" else handle.read(4096)
+            head = handle.read(4096)
+            if head.startswith(b"{"):
+                head += handle.read()
     except OSError:
         return False
-    if path.suffix == ".json":
+    if head.startswith(b"{"):
         try:
             data = json.loads(head)
         except ValueError:

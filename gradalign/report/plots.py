@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,12 @@ _MAX_HEATMAP_ROWS = 60
 
 
 def require_matplotlib() -> None:
-    """Plots need the optional extra; say so in one line before any work."""
+    """Plots need the optional extra; say so in one line before any work. Matplotlib's own
+    warnings as it imports (a config folder it cannot write, so it made a temporary one) are
+    kept off stderr, which holds gradalign's one line, unless its logger was set otherwise."""
+    log = logging.getLogger("matplotlib")
+    if log.level == logging.NOTSET and "matplotlib" not in sys.modules:
+        log.setLevel(logging.ERROR)
     try:
         import matplotlib  # noqa: F401
     except ImportError:

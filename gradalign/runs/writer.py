@@ -83,6 +83,7 @@ def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
                 f"{', ...' if len(foreign) > 3 else ''}); refusing to replace it: move them "
                 "or choose another output"
             )
+        probe_writable(path, path)  # a directory is moved aside, then deleted, by writing in it
     ensure_parent_writable(path, str(path))
     return path
 
