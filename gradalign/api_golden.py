@@ -21,7 +21,7 @@ from .errors import BadInput
 from .feedback import Feedback, Silent
 from .judge.results import FAIL, Comparison
 from .paths import is_stream, resolved
-from .runs.golden import CANDIDATE, dumps, environment_key, find, load, looks_golden
+from .runs.golden import CANDIDATE, dumps, environment_key, find, load, looks_golden, not_a_run
 from .runs.layout import is_run_dir
 from .runs.locks import RunLock
 from .runs.outputs import check_outputs
@@ -73,8 +73,6 @@ def _write(run: Any, reference: Any, target: Path, inputs: Sequence[Path]) -> Pa
     from .judge.golden import build
     from .report.output import write_text_atomic
 
-    if run.updates < 1:  # a golden file keeps at least one update (its reader refuses fewer)
-        raise BadInput(f"{run.source}: holds no updates, so there is nothing to keep as a golden")
     data = build(run, reference)
     data["source"] = {role: _named(path) for role, path in data["source"].items()}
     check_outputs([], inputs, [target])
@@ -365,6 +363,7 @@ def golden_config(golden: PathLike | Sequence[Path]) -> dict[str, Any]:
                 raise
     where = golden if path is not None else files[0].parent
     if not configs:
+        not_a_run(Path(where))
         raise BadInput(f"{where}: holds no golden file")
     varying = {k for k in ENVIRONMENT if len({repr(c.get(k)) for c in configs}) > 1}
     kept = [{k: v for k, v in c.items() if k not in varying | {"accum_steps"}} for c in configs]

@@ -232,7 +232,7 @@ def verify(
     tolerances: dict | None = None,
     reports: dict | None = None,
 ) -> None:
-    """Baseline, merged and compare in one command (built-in default mirrors the seed)."""
+    """Baseline, merged and compare in one command (the built-in MLP by default)."""
     files = _report_files(reports, config)
     comparison = api.verify(
         api.as_config(config, with_k(overrides, accum_steps, nproc)),
@@ -281,7 +281,12 @@ def golden_check(
     golden: Annotated[Path, typer.Argument(help="a golden file, or a directory of them")],
     run: Annotated[Path, typer.Argument(help="the run directory to judge")],
     update: Annotated[
-        bool, typer.Option("--update", help="accept the run as the golden afterwards")
+        bool,
+        typer.Option(
+            "--update",
+            help="accept the run as the golden afterwards: exit 0 once written, whatever the "
+            "verdict",
+        ),
     ] = False,
     tolerances: dict | None = None,
     reports: dict | None = None,

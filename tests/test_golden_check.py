@@ -337,3 +337,23 @@ def test_a_golden_with_malformed_optimizer_settings_is_refused(cli, small, tmp_p
     bad.write_text(json.dumps(data))
     result = cli("golden", "check", bad, small["merged"])
     one_line_error(result, "golden field 'optimizer.tensor_groups' must hold one group index")
+
+
+def test_a_run_directory_is_named_where_a_golden_is_expected(cli, small, tmp_path):
+    """`golden write b --out b` and `golden check b m` with the run b: the run's manifest.json
+    was read as a golden candidate ('b: holds no golden file'; 'record one here', in a run)."""
+    base, merged = small["baseline"], small["merged"]
+    for args in (
+        ("write", base, "--out", base),
+        ("check", base, merged),
+        ("check", base, merged, "--update"),
+    ):
+        one_line_error(cli("golden", *args), f"{base}: a run directory, not a golden file")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    refused = cli("golden", "check", broken, merged)
+    one_line_error(refused, "not a valid golden file")
+    assert "NaN" not in refused.err  # said only where the file holds one
+    broken.write_text('{"format": NaN}')
+    one_line_error(cli("golden", "check", broken, merged), "NaN and Inf are refused")
+    assert "whatever the verdict" in cli("golden", "check", "--help").out

@@ -37,6 +37,8 @@ def build(run: Run, reference: Run | None) -> dict[str, Any]:
     the same training). Refuses runs without full weights and any non-finite number."""
     if run.kind != "run-dir" or not run.full_weights:
         raise BadInput(f"{run.source}: a golden file is made from a recorded run directory")
+    if run.updates < 1:  # a golden file keeps at least one update (its reader refuses fewer)
+        raise BadInput(f"{run.source}: holds no updates, so there is nothing to keep as a golden")
     bound = check_reference(run, run, reference) if reference is not None else None
     init, ref_init = run.init_weights() or {}, reference.init_weights() if reference else None
     per_update, names = [], [t.name for t in run.tensors]

@@ -161,9 +161,17 @@ def outside_parameters(
     return {"tensors": len(outside), "elements": sum(p.numel() for p in outside)}
 
 
-def check_unchanged(model: torch.nn.Module, named: dict[str, tuple[torch.Tensor, str, tuple]]):
-    """The model's parameters are still the tensors the Recorder watches, of the same shapes: one
-    replaced, added or resized during the run would be recorded as it was, not as it trains."""
+def check_unchanged(
+    model: torch.nn.Module,
+    named: dict[str, tuple[torch.Tensor, str, tuple]],
+    dtypes: dict[str, torch.dtype],
+) -> dict[str, torch.Tensor]:
+    """The model's parameters are still the tensors the Recorder watches, of the same shapes and
+    dtypes: one replaced, added, resized or cast (`model.half()` keeps the objects) during the
+    run would be recorded as it was, not as it trains. Returns the buffers the model assigned
+    anew with the same shape and dtype (`self.count = self.count + 1`), recorded from now on;
+    a buffer resized (a cache grown for longer sequences), added or removed is left as it was
+    watched: buffers are the model's own state, not training's."""
     params = {name: (t, shape) for name, (t, kind, shape) in named.items() if kind == "param"}
     now = dict(model.named_parameters())
     for name, param in now.items():
@@ -174,11 +182,13 @@ def check_unchanged(model: torch.nn.Module, named: dict[str, tuple[torch.Tensor,
             what = "was replaced by a new tensor"
         elif tuple(param.shape) != before[1]:
             what = f"changed shape from {tuple(before[1])} to {tuple(param.shape)}"
+        elif param.dtype != dtypes[name]:
+            what = f"changed dtype from {dtypes[name]} to {param.dtype}"
         else:
             continue
         raise RecorderError(
             f"parameter {name} {what} during the run: change the model before creating the "
-            "Recorder (it records the parameters it was given)"
+            "Recorder (it records the parameters it was given, as they were)"
         )
     gone = [name for name in params if name not in now]
     if gone:
@@ -186,6 +196,14 @@ def check_unchanged(model: torch.nn.Module, named: dict[str, tuple[torch.Tensor,
             f"parameter {gone[0]} was removed from the model during the run: change the model "
             "before creating the Recorder (it records the parameters it was given)"
         )
+    renewed = {}
+    for name, buffer in model.named_buffers():
+        watched = named.get(name)
+        if watched is None or watched[1] != "buffer" or watched[0] is buffer:
+            continue
+        if tuple(buffer.shape) == watched[2] and buffer.dtype == dtypes[name]:
+            renewed[name] = buffer
+    return renewed
 
 
 def count_of_items(items: Any, what: str = "micro(items)") -> float:

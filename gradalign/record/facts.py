@@ -82,6 +82,12 @@ def sample_digest(batch: Any, pad: Any = None, mask: torch.Tensor | None = None)
     keep_mask = None if mask is None else _mask(mask)
     pads = _pads(pad)
     tensors = _tensors(batch)
+    sparse = next((t for t in tensors if t.layout != torch.strided), None)
+    if sparse is not None:
+        raise RecorderError(
+            f"batch= holds a {sparse.layout} tensor of shape {tuple(sparse.shape)}, whose samples "
+            "are not digested: give its dense form (.to_dense()) or leave it out of batch="
+        )
     if keep_mask is not None and not any(
         t.shape[: keep_mask.dim()] == keep_mask.shape for t in tensors
     ):
@@ -286,3 +292,17 @@ def micro_mean(
         raise RecorderError("micro(loss_sum=...) needs items, the item count (>= 0)")
     total = device_scalar(loss_sum, "micro(loss_sum=...)")
     return total / items if items else device_scalar(0.0)
+
+
+def optimizer_state_step(optimizer: Any) -> int:
+    """The optimizer's own step counter (Adam's `state["step"]`): the largest over its
+    parameters (one it began to step late, unfrozen mid-run, counts fewer, wherever the
+    optimizer lists it), or -1 if it keeps none. One host read per device."""
+    steps = [s.get("step") for s in optimizer.state.values() if isinstance(s, dict)]
+    numbers = [float(s) for s in steps if s is not None and not torch.is_tensor(s)]
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for s in steps:
+        if torch.is_tensor(s):
+            by_device.setdefault(s.device, []).append(s.detach().reshape(()).float())
+    numbers += [float(torch.stack(t).max()) for t in by_device.values()]
+    return int(max(numbers)) if numbers else -1

@@ -43,6 +43,7 @@ from .facts import (
     micro_mean,
     model_facts,
     named_tensors,
+    optimizer_state_step,
     refuse_unstorable,
     sample_count,
     working_torch_dtype,
@@ -121,6 +122,7 @@ class Recorder:
         refuse_sharded(model)
         self._named = named_tensors(model)
         refuse_unstorable(self._named)
+        self._dtypes = {name: t.dtype for name, (t, _, _) in self._named.items()}
         outside = checks.check_parameters(self._optimizer, self._named)
         self._ranks = join(distributed, group, rank)
         self._model_facts = model_facts(model, wrapper, outside)
@@ -237,10 +239,12 @@ class Recorder:
         `scaler.update()`), if the loop scales its loss."""
         self._check_open()
         scale = checks.loss_scale_of(loss_scale)
-        checks.check_unchanged(self._model, self._named)
+        for name, tensor in checks.check_unchanged(self._model, self._named, self._dtypes).items():
+            self._named[name] = (tensor, "buffer", self._named[name][2])  # assigned anew
+            self._capture.tensors[name] = tensor
         update = self._windows.closed
         self._capture.weights(update)
-        self._windows.close(self._optimizer_state_step(), scale)
+        self._windows.close(optimizer_state_step(self._optimizer), scale)
 
     def close(self) -> Path | None:
         """Finish the run and move it into place. Returns its path (None if already closed)."""
@@ -261,6 +265,9 @@ class Recorder:
                 self._writer.abort()  # stops the writer thread; a finished run stays
         try:
             return self._writer.finish(self._manifest(), self._series)
+        except BadInput as exc:  # the run could not be put in place: said as the Recorder's
+            self._writer.abort()
+            raise RecorderError(str(exc)) from None
         except BaseException:
             self._writer.abort()
             raise
@@ -332,19 +339,6 @@ class Recorder:
         )
         self._capture.grads(update)
         self._windows.open.grads_written = True
-
-    def _optimizer_state_step(self) -> int:
-        """The optimizer's own step counter (Adam's `state["step"]`): the largest over its
-        parameters (one it began to step late, unfrozen mid-run, counts fewer, wherever the
-        optimizer lists it), or -1 if it keeps none. One host read per device."""
-        steps = [s.get("step") for s in self._optimizer.state.values() if isinstance(s, dict)]
-        numbers = [float(s) for s in steps if s is not None and not torch.is_tensor(s)]
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
-        for s in steps:
-            if torch.is_tensor(s):
-                by_device.setdefault(s.device, []).append(s.detach().reshape(()).float())
-        numbers += [float(torch.stack(t).max()) for t in by_device.values()]
-        return int(max(numbers)) if numbers else -1
 
     def _settle(self, error: BaseException | None) -> None:
         """Under torch.distributed, every rank learns whether the run could be started."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import BadInput
 from . import writer as files
 from .digests import bitsum
 from .model import Tensors
@@ -68,7 +69,7 @@ class BackgroundWriter:
             if ready is not None:
                 ready()
             if writer is not None:
-                digest = files._write_atomic(writer.staging / relpath, parts(tensors))
+                digest = _written(writer, relpath, tensors)
             prints = (
                 {name: bitsum(tensors[name], dtype) for name, dtype in declared.items()}
                 if declared is not None
@@ -88,7 +89,7 @@ class BackgroundWriter:
         ranks' series)."""
         if self.writer is None:
             return
-        digest = files._write_atomic(self.writer.staging / relpath, parts(tensors))
+        digest = _written(self.writer, relpath, tensors)
         with self._lock:
             self.writer.checksums[relpath] = digest
 
@@ -121,3 +122,15 @@ class BackgroundWriter:
         self.spool.abort()
         if self.writer is not None:
             self.writer.abort()
+
+
+def _written(writer: files.RunWriter, relpath: str, tensors: Tensors) -> str:
+    """Write one tensor file of the run; its checksum. A write the system refuses (a full disk,
+    a file-size limit, a folder removed) is said with the run and the file, in one line."""
+    try:
+        return files._write_atomic(writer.staging / relpath, parts(tensors))
+    except OSError as exc:
+        raise BadInput(
+            f"{writer.final}: cannot write {relpath} ({exc.strerror or exc}); the run is "
+            "dropped, and what stood there stays"
+        ) from None

@@ -24,6 +24,7 @@ from ..errors import BadInput, shown
 from ..paths import is_stream
 from . import jsonfile
 from .golden_schema import check_golden
+from .layout import is_run_dir
 from .model import Run, TensorInfo
 
 FORMAT, VERSION = "gradalign-golden", 1
@@ -109,9 +110,8 @@ def load(path: Path) -> dict[str, Any]:
     except jsonfile.DuplicateKey as exc:  # a merge gone wrong: which value counts is a guess
         raise BadInput(f"{path}: not a valid golden file: {exc}; keep one") from None
     except ValueError as exc:  # JSONDecodeError, NaN, Infinity
-        raise BadInput(
-            f"{path}: not a valid golden file ({exc}); NaN and Inf are refused"
-        ) from None
+        why = "; NaN and Inf are refused" if re.search(r"NaN|Infinity", str(exc)) else ""
+        raise BadInput(f"{path}: not a valid golden file ({exc}){why}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BadInput(f'{path}: not a gradalign golden file (no "format": "{FORMAT}")')
     version = data.get("format_version")
@@ -202,10 +202,17 @@ def as_runs(data: dict[str, Any], source: str) -> tuple[Run, Run | None]:
     return run, reference
 
 
+def not_a_run(path: Path) -> None:
+    """Refuse a run directory given where a golden file (or a folder of them) is expected."""
+    if is_run_dir(path):
+        raise BadInput(f"{path}: a run directory, not a golden file or a folder of them")
+
+
 def find(path: Path, key: str) -> tuple[Path, dict[str, Any]]:
     """The golden for environment `key`: `path` itself, or in a directory `<key>.json` or any
     golden file whose key matches. Another environment is refused, never judged."""
     hint = "record one here: `gradalign baseline ...` then `gradalign golden write BASELINE`"
+    not_a_run(path)
     if path.is_dir():
         others = [p for p in sorted(path.glob("*.json")) if not p.name.endswith(CANDIDATE)]
         candidates = [path / f"{key}.json", *others]

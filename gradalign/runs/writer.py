@@ -173,6 +173,12 @@ class RunWriter:
     """Writes one run directory: data files first, then the manifest, then the swap into place."""
 
     def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+        here = Path.cwd()
+        if os.fspath(out_dir) == "" or here.is_relative_to(os.path.abspath(out_dir)):
+            raise BadInput(
+                f"{os.fspath(out_dir)!r}: the working directory (or one above it) is no place "
+                "for a run: name a folder for it"
+            )
         self.final = ensure_writable(out_dir)
         self.made = missing_dirs(self.final.parent)
         self.lock = RunLock(self.final).acquire()
@@ -203,7 +209,16 @@ class RunWriter:
             body["files"] = dict(sorted(self.checksums.items()))
             text = json.dumps(body, indent=2, sort_keys=True, allow_nan=False) + "\n"
             _write_atomic(self.staging / MANIFEST, text.encode(), durable=True)
-            ensure_writable(self.final)  # nobody put their own files there meanwhile
+            self._check_staged()
+            try:
+                ensure_writable(self.final)  # nobody put their own files there meanwhile
+            except BadInput as exc:  # a complete run is not thrown away for a stray file
+                aside = self.final.with_name(f"{self.final.name}.gradalign-{os.getpid()}")
+                try:
+                    os.rename(self.staging, aside)
+                except OSError:
+                    raise exc from None
+                raise BadInput(f"{exc}; the recorded run was kept at {aside}") from None
             with deferred_interrupts():
                 swap_into_place(self.staging, self.final)
         except BaseException:
@@ -211,6 +226,18 @@ class RunWriter:
             raise
         self.lock.release()
         return self.final
+
+    def _check_staged(self) -> None:
+        """Every file the manifest lists is where it was written: a staging folder removed
+        while the run was recorded (a cleanup job, a tmp reaper) is made again by the next
+        write, and the run swapped in would lack the files written before."""
+        missing = [rel for rel in self.checksums if not (self.staging / rel).is_file()]
+        if missing:
+            raise BadInput(
+                f"{self.final}: {len(missing)} of the run's files vanished while it was recorded "
+                f"(first {missing[0]}: was {self.staging} removed?); nothing was put in place, "
+                "and what stood there stays"
+            )
 
     def abort(self) -> None:
         """Drop the staged files; whatever stood at the final path stays untouched."""
