@@ -130,6 +130,7 @@ def merged(
     trust_run_code: Annotated[
         bool,
         typer.Option(
+            "--trust-run-code",
             help="with --against: import the model/data/loss code the baseline's manifest names "
             "(otherwise name it again with --model/--data/--loss)"
         ),

@@ -75,7 +75,7 @@ class TrainConfig:
     scheduler: str = _opt("lr schedule, stepped once per update", SCHEDULERS, default="constant")
     warmup_updates: int = _opt("linear warmup updates before the schedule", default=0)
     clip_norm: float | None = _opt("clip the merged gradient to this total norm", default=None)
-    hidden: int = _opt("hidden width of the MLP (the CNNs: hidden/8 channels)", default=256)
+    hidden: int = _opt("MLP hidden width (the CNNs: hidden/16, hidden/8 channels)", default=256)
     dropout: float = _opt("dropout probability of mlp-dropout and tiny-lm", default=0.1)
     data: str | None = _opt(
         "your own data, module:factory(samples, seed) -> (inputs, targets)", default=None

@@ -75,6 +75,20 @@ def test_bare_gradalign_prints_help_and_version_and_h_work(cli):
     assert "Usage" in cli("compare", "-h").out
 
 
+@pytest.mark.parametrize("command", ["baseline", "merged", "compare", "verify", "selftest"])
+def test_help_at_80_columns_cuts_no_word(command):
+    """`merged --help` at 80 columns cut a fault's name (`edit-weights-every-mic…`): the option
+    column was widened by `--trust-run-code / --no-trust-run-code`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gradalign", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert done.returncode == 0 and "…" not in done.stdout, done.stdout
+
+
 def test_the_table_never_cuts_a_number(tmp_path):
     old = ROOT / "fixtures" / "runs" / "v0.1.0"
     done = subprocess.run(
