@@ -132,7 +132,7 @@ def merged(
         typer.Option(
             "--trust-run-code",
             help="with --against: import the model/data/loss code the baseline's manifest names "
-            "(otherwise name it again with --model/--data/--loss)"
+            "(otherwise name it again with --model/--data/--loss)",
         ),
     ] = False,
     overrides: dict | None = None,
