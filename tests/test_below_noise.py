@@ -63,4 +63,5 @@ def test_a_penalty_counted_k_times_under_the_noise_floor_is_named(tmp_path, seed
     first = bug.diagnosis[0]
     assert first.code == "penalty-not-scaled" and first.evidence["below_noise_floor"]
     assert first.evidence["implied_l2"] == pytest.approx(L2, rel=0.05)
+    assert "written as c·‖w‖²" in first.message and "written as λ/2·‖w‖²" in first.message
     assert bug.first_divergence["update"] == 0

@@ -112,17 +112,18 @@ def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         return None
     k = window(c)
     a = max(coefficients)
+    c2 = a / (2 * (k - 1)) if k > 1 else a  # the extra K-1 penalties' gradient: 2·c·(K-1)·w
     return Diagnosis(
         "penalty-not-scaled",
         f"at update {r.update} the merged gradient exceeds the baseline's by {a:.4g} times the "
         f"weights ({share:.1%} of the difference explained): a weight penalty was added to "
         f"each of the K={k} micro losses in full, i.e. counted K times; its coefficient is "
-        f"about {a / (2 * (k - 1)) if k > 1 else a:.4g}",
+        f"about {c2:.4g} written as c·‖w‖² (λ = {2 * c2:.4g} written as λ/2·‖w‖²)",
         {
             "update": r.update,
             "gradient_minus_baseline_over_weights": {n: finite(v) for n, v in fitted.items()},
             "explained_share": share,
-            "implied_l2": finite(a / (2 * (k - 1))) if k > 1 else None,
+            "implied_l2": finite(c2) if k > 1 else None,
         },
         "add the penalty once per window: divide it by K in each micro loss (or add it to the "
         "accumulated gradient once, or use the optimizer's weight_decay)",

@@ -294,7 +294,8 @@ def _clip_value_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         "clip-per-micro",
         f"the gradients differ first at update {i}, in a window where the merged run clipped "
         f"by value (clip_value {value:.4g}) more often than the baseline{seen}: clipping was "
-        "applied to partial sums inside the window, not once to the merged gradient",
+        "applied inside the window (to partial sums, or to each micro-batch's gradient), not "
+        "once to the merged gradient",
         {
             "update": i,
             "clip_value": value,
@@ -383,8 +384,9 @@ def _clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     return Diagnosis(
         "clip-per-micro",
         f"the gradients differ first at update {i}, where clipping engaged (baseline norm "
-        f"{pre_b[i]:.4g} clipped to {post_b:.4g}){seen}: clipping was applied to partial sums "
-        "inside the window, not once to the merged gradient",
+        f"{pre_b[i]:.4g} clipped to {post_b:.4g}){seen}: clipping was applied inside the window "
+        "(to partial sums, or to each micro-batch's gradient before it was added), not once to "
+        "the merged gradient",
         evidence,
         _ONCE,
     )
