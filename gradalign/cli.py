@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     forget_asked()  # reports asked for by an earlier command of this process are not this one's
     ready_streams(err_console, INTERRUPTED)
-    _debug["on"] = _debug["on"] or "--debug" in args
+    _debug["on"] = debug_wanted(os.environ) or "--debug" in args  # per command, not sticky
     args = [a for a in args if a != "--debug"]  # accepted before or after the command
     try:
         with sigterm_as_interrupt():

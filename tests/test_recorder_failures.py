@@ -85,7 +85,7 @@ def test_a_staging_folder_removed_while_recording_puts_nothing_in_place(tmp_path
             rec._writer.drain()  # the files written so far are on disk
             shutil.rmtree(rec._writer.writer.staging)
 
-    with pytest.raises(RecorderError, match="of the run's files vanished while it was recorded"):
+    with pytest.raises(BadInput, match="of the run's files vanished while it was recorded"):
         record(tmp_path / "run", updates=4, during=remove_staging)
     assert sorted(p.relative_to(earlier) for p in earlier.rglob("*")) == before
     assert read_run_dir(earlier).updates == 3
@@ -131,7 +131,7 @@ def test_a_file_dropped_at_the_run_path_keeps_the_run_beside_it(tmp_path):
             (tmp_path / "run").mkdir()
             (tmp_path / "run" / "train_log.csv").write_text("step,loss\n")
 
-    with pytest.raises(RecorderError, match="the recorded run was kept at") as refused:
+    with pytest.raises(BadInput, match="the recorded run was kept at") as refused:
         record(tmp_path / "run", during=log_there)
     kept = Path(str(refused.value).rsplit(" kept at ", 1)[1])
     assert read_run_dir(kept).updates == 3

@@ -265,9 +265,6 @@ class Recorder:
                 self._writer.abort()  # stops the writer thread; a finished run stays
         try:
             return self._writer.finish(self._manifest(), self._series)
-        except BadInput as exc:  # the run could not be put in place: said as the Recorder's
-            self._writer.abort()
-            raise RecorderError(str(exc)) from None
         except BaseException:
             self._writer.abort()
             raise
