@@ -93,7 +93,8 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
         )
     if missing:
         fixes.insert(0, "give every card's log, card 0 first, then judge again")
-    unrecorded = _unrecorded(c) if not logs else []
+    run_dirs = c.baseline.kind == c.merged.kind == "run-dir"  # not a log's, not a golden's
+    unrecorded = _unrecorded(c) if run_dirs else []
     if unrecorded:
         fixes.append(
             f"record what these runs lack and the judge reads to name a cause: "
