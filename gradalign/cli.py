@@ -348,10 +348,8 @@ def main(argv: list[str] | None = None) -> None:
         with sigterm_as_interrupt():
             code = refuse_empty_paths(app)(args=args, prog_name="gradalign", standalone_mode=False)
     except TyperException as exc:  # usage errors: unknown option, bad value, missing argument
-        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `gradalign` (or a group): help,
-            context = getattr(exc, "ctx", None)  # and exit 2: a gate given no command fails
-            out_console.print(context.get_help() if context else "", markup=False)
-            _fail("no command given: the help above lists them", BAD_INPUT)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `gradalign` (or a group): typer
+            _fail("no command given: the help above lists them", BAD_INPUT)  # printed the help
         _fail(exc.format_message(), getattr(exc, "exit_code", BAD_INPUT) or BAD_INPUT)
     except BadInput as exc:
         _fail(str(exc), BAD_INPUT)
