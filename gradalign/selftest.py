@@ -212,6 +212,7 @@ def run_selftest(
     `reports`: files the caller writes afterwards, checked before any training; `device`: where
     every case trains (cpu, cuda or auto); `record`: "sketch" records every run with sketches
     (the verdicts and codes must not change)."""
+    from .report.files import check_replaceable
     from .runs.outputs import check_outputs
     from .runs.writer import ensure_parent_writable
     from .selftest_ranks import run_ranked
@@ -221,6 +222,7 @@ def run_selftest(
 
     resolve_device(TrainConfig().replace(device=device).device)  # refused before any training
     check_outputs([out], [], reports or [])
+    check_replaceable(reports or [])  # an earlier selftest's JSON, or nothing of the user's
     ensure_parent_writable(out / "case", str(out))  # every case writes below it
     if record not in RECORD_MODES:
         raise BadInput(f"--record must be one of {', '.join(RECORD_MODES)}, got {record!r}")

@@ -348,9 +348,12 @@ def test_a_commit_a_rename_refuses_is_undone_and_left_to_nobody(
     assert fake_state(tmp_path, names) == ("old-a", "old-b", "old-c")
 
 
-def test_a_run_directory_this_user_cannot_write_is_refused_before_work():
-    """Replacing a run moves its directory aside and deletes it, which needs writing in it: a
-    read-only earlier run is refused up front (it failed at the swap, leaving a journal)."""
+@pytest.mark.parametrize("folder", ["", "weights"])
+def test_a_run_directory_this_user_cannot_write_is_refused_before_work(folder):
+    """Replacing a run moves its directory aside and deletes it, which needs writing in it and
+    in each folder inside: a read-only earlier run (or one of its folders) is refused up front
+    (the first failed at the swap, leaving a journal; the second left the replaced run's data
+    and the journal behind for good)."""
     import subprocess
     import sys
     import tempfile
@@ -358,7 +361,8 @@ def test_a_run_directory_this_user_cannot_write_is_refused_before_work():
     tmp_path = Path(tempfile.mkdtemp(prefix="gradalign-readonly-"))  # reachable by nobody
     fake_run(tmp_path / "m", "old")
     os.chmod(tmp_path, 0o777)
-    os.chmod(tmp_path / "m", 0o555)
+    os.chmod(tmp_path / "m", 0o777 if folder else 0o555)
+    os.chmod(tmp_path / "m" / folder, 0o555)
     code = (
         "import sys; from gradalign.runs.writer import ensure_writable\n"
         "from gradalign.errors import BadInput\n"
@@ -374,6 +378,40 @@ def test_a_run_directory_this_user_cannot_write_is_refused_before_work():
         done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     finally:
         os.chmod(tmp_path / "m", 0o755)
+        os.chmod(tmp_path / "m" / folder, 0o755)
         shutil.rmtree(tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert f"{tmp_path / 'm'}: cannot write in {tmp_path / 'm'}" in done.stdout
+    where = (tmp_path / "m" / folder).as_posix().rstrip("/")
+    assert f"{tmp_path / 'm'}: cannot write in {where} " in done.stdout
+
+
+def test_a_path_taken_while_a_set_recorded_keeps_the_new_runs_together(tmp_path):
+    """A file dropped at a member's path while the set recorded: the commit refused to replace
+    it (right) and threw the complete runs away (not): they are kept side by side."""
+    runs = runset.RunSet(tmp_path, ["a", "b"])
+    for name in ("a", "b"):
+        fake_run(runs.path(name), f"new-{name}")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "mine.txt").write_text("mine")
+    with pytest.raises(api.BadInput, match="the recorded runs were kept in") as refused:
+        runs.commit()
+    kept = Path(str(refused.value).rsplit(" kept in ", 1)[1])
+    assert fake_state(kept, ("a", "b")) == ("new-a", "new-b")
+    assert (tmp_path / "b" / "mine.txt").read_text() == "mine"
+    assert not list(tmp_path.glob(".set-*")) and not list(tmp_path.glob(".gradalign-commit-*"))
+
+
+def test_the_working_directory_is_no_place_for_a_run(cli, tmp_path, monkeypatch):
+    """`merged -o .` in an empty folder moved the working directory aside and deleted it."""
+    here = tmp_path / "proj"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for out in (".", str(tmp_path)):
+        one_line_error(cli("merged", *SMALL_ARGS, "-o", out), "the working directory")
+    assert here.is_dir() and not list(here.iterdir())
+
+
+def test_a_write_probe_a_kill_left_is_not_the_users_file(tmp_path):
+    fake_run(tmp_path / "m", "old")
+    (tmp_path / "m" / ".gradalign-probe-x1y2").write_text("")
+    assert run_writer.foreign_entries(tmp_path / "m") == []

@@ -260,3 +260,56 @@ def test_a_named_reference_that_is_missing_is_a_note_and_a_corrupt_one_is_refuse
     shutil.rmtree(ref)
     gone = cli("compare", base, merged)
     assert gone.code == 0 and "which is missing" in gone.out
+
+
+def test_reports_of_other_kinds_never_land_on_the_step_summary_or_a_look_alike(
+    cli, small_runs, tmp_path, monkeypatch
+):
+    """`--json $GITHUB_STEP_SUMMARY` replaced the job's summary (only the Markdown report is
+    appended to it); a user's `# Notes on gradalign: PASS criteria` and a JSON of their own with
+    `verdict`/`checks`/`diagnosis` keys were taken for reports and replaced."""
+    base, merged = small_runs["baseline"], small_runs["merged"]
+    summary = tmp_path / "summary.md"
+    summary.write_text("## an earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    for option in ("--json", "--junit", "--html"):
+        one_line_error(cli("compare", base, merged, option, summary), "is not a gradalign report")
+    assert summary.read_text() == "## an earlier step\n"
+    assert cli("compare", base, merged, "--markdown", summary).code == 0
+    assert summary.read_text().startswith("## an earlier step\n") and "gradalign: PASS" in (
+        summary.read_text()
+    )
+    notes, triage = tmp_path / "notes.md", tmp_path / "triage.json"
+    notes.write_text("# Notes on gradalign: PASS criteria\n\nmine\n")
+    triage.write_text('{"verdict": "mine", "checks": [], "diagnosis": []}')
+    one_line_error(cli("compare", base, merged, "--markdown", notes), "not a gradalign report")
+    one_line_error(cli("compare", base, merged, "--json", triage), "not a gradalign report")
+    assert notes.read_text().endswith("mine\n") and triage.read_text().startswith('{"verdict"')
+
+
+def test_an_earlier_report_behind_a_link_is_removed_on_a_refusal(cli, small_runs, tmp_path):
+    """A report written through a link stayed after a refused command (the cleanup skipped
+    links), showing the earlier run's pass."""
+    (tmp_path / "ci").mkdir()
+    link = tmp_path / "junit.xml"
+    link.symlink_to(tmp_path / "ci" / "last.xml")
+    assert cli("compare", small_runs["baseline"], small_runs["merged"], "--junit", link).code == 0
+    assert (tmp_path / "ci" / "last.xml").exists()
+    refused = cli("compare", small_runs["baseline"], tmp_path / "absent", "--junit", link)
+    one_line_error(refused, "absent", "removed the earlier report")
+    assert not (tmp_path / "ci" / "last.xml").exists()
+
+
+def test_selftest_json_never_replaces_a_users_file(cli, tmp_path):
+    """`selftest --json` went around the report checks and replaced any file."""
+    precious = tmp_path / "precious.json"
+    precious.write_text('{"format": "gradalign-golden", "mine": true}')
+    started = time.monotonic()
+    one_line_error(cli("selftest", "-o", tmp_path / "st", "--json", precious), "not a gradalign")
+    assert time.monotonic() - started < 30  # refused before any case ran
+    assert precious.read_text() == '{"format": "gradalign-golden", "mine": true}'
+    earlier = tmp_path / "s.json"  # an earlier selftest's own report is replaced, as a rerun does
+    earlier.write_text(json.dumps({"ok": True, "cases": [{"setup": "sgd", "fault": None}]}))
+    from gradalign.report.files import check_replaceable
+
+    check_replaceable([earlier])

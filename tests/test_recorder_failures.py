@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -55,9 +56,20 @@ def record(out: Path, updates: int = 3, during=None, batch=None) -> Path | None:
     return rec.close()
 
 
-def test_a_buffer_assigned_anew_is_recorded_as_it_is_now(tmp_path):
-    """The Recorder kept the tensor the buffer held at its start: every snapshot said 0."""
+def test_a_buffer_assigned_anew_is_recorded_as_it_is_now(tmp_path, monkeypatch):
+    """The Recorder kept the tensor the buffer held at its start: every snapshot said 0. One
+    assigned from a graph (a grad_fn) is recorded by its values, with no warning from torch."""
     run = read_run_dir(record(tmp_path / "run"))
+    assert [float(run.weights(i)["seen"][0]) for i in range(3)] == [1.0, 2.0, 3.0]
+
+    def forward(self, x):
+        self.seen = self.seen + 1 + 0 * self.linear.weight.sum()  # carries a grad_fn
+        return self.linear(x)
+
+    monkeypatch.setattr(Counting, "forward", forward)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = read_run_dir(record(tmp_path / "graph"))
     assert [float(run.weights(i)["seen"][0]) for i in range(3)] == [1.0, 2.0, 3.0]
 
 

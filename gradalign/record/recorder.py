@@ -240,7 +240,8 @@ class Recorder:
         self._check_open()
         scale = checks.loss_scale_of(loss_scale)
         for name, tensor in checks.check_unchanged(self._model, self._named, self._dtypes).items():
-            self._named[name] = (tensor, "buffer", self._named[name][2])  # assigned anew
+            tensor = tensor.detach()  # assigned anew, perhaps from a graph: its values
+            self._named[name] = (tensor, "buffer", self._named[name][2])
             self._capture.tensors[name] = tensor
         update = self._windows.closed
         self._capture.weights(update)

@@ -37,28 +37,38 @@ class ReportFiles:
         """What can be refused before any work: a report on or inside a file the command reads
         (`read`: a config, a golden file; the runs are checked where they are opened), a step
         summary that cannot be appended to, plots without matplotlib."""
-        from ..errors import BadInput
-        from ..paths import is_stream
-        from .github import check_step_summary, is_step_summary
+        from .github import check_step_summary
 
         if read:
             from ..runs.outputs import check_outputs
 
             check_outputs([], read, self.paths())
-        for path in self.paths():  # a report replaces an earlier report, not a user's file
-            if is_stream(path) or is_step_summary(path, os.environ):
-                continue  # written into, or appended to
-            real = Path(os.path.realpath(path))  # a link is written through
-            if _occupied(real) and not _a_report(real):
-                raise BadInput(
-                    f"report {path}: exists and is not a gradalign report; refusing to "
-                    "overwrite it (move it, or choose another path)"
-                )
+        check_replaceable(self.paths(), appended=self.markdown)
         check_step_summary(os.environ)
         if self.plot is not None:
             from .plots import require_matplotlib
 
             require_matplotlib()
+
+
+def check_replaceable(paths: Sequence[Path], appended: Path | None = None) -> None:
+    """A report replaces an earlier report of this tool (or an empty file), nothing else: a
+    file with content that is no gradalign report is refused (BadInput), through links too.
+    Streams are written into; `appended` (the Markdown report) may be the job's step summary,
+    which it is appended to."""
+    from ..errors import BadInput
+    from ..paths import is_stream
+    from .github import is_step_summary
+
+    for path in paths:
+        if is_stream(path) or (path == appended and is_step_summary(path, os.environ)):
+            continue
+        real = Path(os.path.realpath(path))  # a link is written through
+        if _occupied(real) and not _a_report(real):
+            raise BadInput(
+                f"report {path}: exists and is not a gradalign report; refusing to overwrite "
+                "it (move it, or choose another path)"
+            )
 
 
 _ASKED: list[ReportFiles] = []  # this process's checked report sets (`requested`)
@@ -89,9 +99,10 @@ def remove_stale() -> str:
     removed = []
     for files in _ASKED:
         for path in files.paths():  # the job's step summary holds other steps' too: kept
-            if _a_report(path) and not is_step_summary(path, os.environ):
+            real = Path(os.path.realpath(path))  # a link was written through: its file
+            if _a_report(real) and not is_step_summary(path, os.environ):
                 try:
-                    path.unlink()
+                    real.unlink()
                 except OSError:
                     continue
                 removed.append(path)
@@ -108,7 +119,7 @@ def remove_stale() -> str:
 
 _SIGNS = (  # how each report begins: JUnit, Markdown, HTML, a plot
     re.compile(rb'^<\?xml[^\n]*\n<testsuites name="gradalign"'),
-    re.compile(rb"^#+ [^\n]{0,16}gradalign: (PASS|FAIL)"),
+    re.compile("^### (?:\u2705|\u274c|\u26a0\ufe0f) gradalign: [A-Z ]{4,11}\n\n".encode()),
     re.compile(rb"^<!DOCTYPE html>.{0,400}<title>gradalign: (PASS|FAIL)</title>", re.S),
     re.compile(rb"^\x89PNG\r\n\x1a\n.{0,64}tEXtSoftware\x00gradalign", re.S),  # `plots.png`
 )
@@ -142,8 +153,21 @@ def _a_report(path: Path) -> bool:
             data = json.loads(head)
         except ValueError:
             return False
-        return isinstance(data, dict) and {"verdict", "checks", "diagnosis"} <= set(data)
+        if not isinstance(data, dict):
+            return False
+        ours = {"gradalign", "verdict", "checks", "diagnosis"} <= set(data)
+        return ours or _selftest_json(data)
     return any(sign.match(head) for sign in _SIGNS)
+
+
+def _selftest_json(data: dict) -> bool:
+    """`gradalign selftest --json`'s report: `ok` and its cases, each a setup and a fault."""
+    cases = data.get("cases")
+    return (
+        set(data) == {"ok", "cases"}
+        and isinstance(cases, list)
+        and all(isinstance(c, dict) and {"setup", "fault"} <= set(c) for c in cases)
+    )
 
 
 def _writers() -> dict[str, Callable[[Comparison, Path], object]]:

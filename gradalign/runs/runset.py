@@ -81,6 +81,15 @@ class RunSet:
             for name in self.names:
                 ensure_writable(self.parent / name)
             members = {name: _identity(self.path(name)) for name in self.names}
+        except BadInput as exc:  # a path taken meanwhile: the complete runs are not thrown away
+            kept = self.parent / f"gradalign-kept-{os.getpid()}"
+            try:
+                os.rename(self.area / _NEW, kept)  # together: their links to each other hold
+            except OSError:
+                self.abort()
+                raise exc from None
+            self.abort()
+            raise BadInput(f"{exc}; the recorded runs were kept in {kept}") from None
         except BaseException:
             self.abort()
             raise

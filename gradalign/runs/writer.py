@@ -48,6 +48,9 @@ def _write_atomic(path: Path, data: bytes | Sequence[memoryview], durable: bool 
     return digest or ""
 
 
+_PROBE = ".gradalign-probe-"  # a file made and removed to learn whether a folder takes files
+
+
 def foreign_entries(path: Path) -> list[str]:
     """Files in an existing run directory that the run does not list (the user's own)."""
     try:
@@ -58,6 +61,8 @@ def foreign_entries(path: Path) -> list[str]:
     found = []
     for entry in sorted(path.rglob("*")):
         rel = entry.relative_to(path).as_posix()
+        if entry.name.startswith(_PROBE):
+            continue  # a write probe a kill left behind: gradalign's own, never the user's
         if entry.is_dir() and not entry.is_symlink():
             if not any(k.startswith(rel + "/") for k in known):
                 found.append(rel + "/")
@@ -71,6 +76,11 @@ def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
     something other than a gradalign run (or an empty directory), a run holding the user's own
     files, a path under a regular file, or a directory this user cannot write."""
     path = Path(out_dir)
+    if os.fspath(out_dir) == "" or _holds_cwd(path):
+        raise BadInput(  # replacing it would move the working directory away, and delete it
+            f"{os.fspath(out_dir)!r}: the working directory (or one above it) is no place for a "
+            "run: name a folder for it"
+        )
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise BadInput(f"{path} exists and is not a gradalign run; refusing to overwrite it")
     if path.is_dir() and any(path.iterdir()):
@@ -83,9 +93,18 @@ def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
                 f"{', ...' if len(foreign) > 3 else ''}); refusing to replace it: move them "
                 "or choose another output"
             )
-        probe_writable(path, path)  # a directory is moved aside, then deleted, by writing in it
+        for folder in (path, *(p for p in path.rglob("*") if p.is_dir() and not p.is_symlink())):
+            probe_writable(folder, path)  # moved aside, then deleted: each folder written in
     ensure_parent_writable(path, str(path))
     return path
+
+
+def _holds_cwd(path: Path) -> bool:
+    """Whether `path` is the working directory or a folder above it."""
+    try:
+        return Path.cwd().is_relative_to(os.path.abspath(path))
+    except OSError:  # the working directory is gone: nothing holds it
+        return False
 
 
 def ensure_parent_writable(path: Path, label: str) -> None:
@@ -102,7 +121,7 @@ def probe_writable(directory: Path, for_path: Path | str) -> None:
     """Create and remove a file in `directory`: permission bits do not tell (root ignores them,
     a read-only file system does not show in them)."""
     try:
-        fd, name = tempfile.mkstemp(prefix=".gradalign-probe-", dir=directory)
+        fd, name = tempfile.mkstemp(prefix=_PROBE, dir=directory)
         os.close(fd)
         os.unlink(name)
     except OSError as exc:
@@ -173,12 +192,6 @@ class RunWriter:
     """Writes one run directory: data files first, then the manifest, then the swap into place."""
 
     def __init__(self, out_dir: str | os.PathLike[str]) -> None:
-        here = Path.cwd()
-        if os.fspath(out_dir) == "" or here.is_relative_to(os.path.abspath(out_dir)):
-            raise BadInput(
-                f"{os.fspath(out_dir)!r}: the working directory (or one above it) is no place "
-                "for a run: name a folder for it"
-            )
         self.final = ensure_writable(out_dir)
         self.made = missing_dirs(self.final.parent)
         self.lock = RunLock(self.final).acquire()
