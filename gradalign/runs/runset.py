@@ -33,6 +33,7 @@ from .writer import (
     clear_stale,
     deferred_interrupts,
     ensure_writable,
+    kept_aside,
     missing_dirs,
     remove_if_empty,
 )
@@ -82,14 +83,10 @@ class RunSet:
                 ensure_writable(self.parent / name)
             members = {name: _identity(self.path(name)) for name in self.names}
         except BadInput as exc:  # a path taken meanwhile: the complete runs are not thrown away
-            kept = self.parent / f"gradalign-kept-{os.getpid()}"
-            try:
-                os.rename(self.area / _NEW, kept)  # together: their links to each other hold
-            except OSError:
-                self.abort()
-                raise exc from None
+            kept = self.parent / f"gradalign-kept-{os.getpid()}"  # together: their links hold
+            refusal = kept_aside(exc, self.area / _NEW, kept, "the recorded runs were kept in")
             self.abort()
-            raise BadInput(f"{exc}; the recorded runs were kept in {kept}") from None
+            raise refusal from None
         except BaseException:
             self.abort()
             raise

@@ -99,6 +99,16 @@ def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
     return path
 
 
+def kept_aside(refusal: BadInput, staged: Path, aside: Path, said: str) -> BadInput:
+    """`refusal` of a final path, the complete runs at `staged` moved to `aside` and `said` so
+    with it; the refusal as it was where they cannot be moved (they are dropped then)."""
+    try:
+        os.rename(staged, aside)
+    except OSError:
+        return refusal
+    return BadInput(f"{refusal}; {said} {aside}")
+
+
 def _holds_cwd(path: Path) -> bool:
     """Whether `path` is the working directory or a folder above it."""
     try:
@@ -227,11 +237,7 @@ class RunWriter:
                 ensure_writable(self.final)  # nobody put their own files there meanwhile
             except BadInput as exc:  # a complete run is not thrown away for a stray file
                 aside = self.final.with_name(f"{self.final.name}.gradalign-{os.getpid()}")
-                try:
-                    os.rename(self.staging, aside)
-                except OSError:
-                    raise exc from None
-                raise BadInput(f"{exc}; the recorded run was kept at {aside}") from None
+                raise kept_aside(exc, self.staging, aside, "the recorded run was kept at") from None
             with deferred_interrupts():
                 swap_into_place(self.staging, self.final)
         except BaseException:
