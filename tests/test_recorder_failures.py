@@ -148,3 +148,44 @@ def test_a_file_dropped_at_the_run_path_keeps_the_run_beside_it(tmp_path):
     kept = Path(str(refused.value).rsplit(" kept at ", 1)[1])
     assert read_run_dir(kept).updates == 3
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["train_log.csv"]
+
+
+def test_a_recorder_dropped_unclosed_lets_go_of_the_loop(tmp_path):
+    """A Recorder dropped without close() (an exception in a notebook, a rebinding) kept its
+    hooks on the optimizer and torch's clip function patched, so it lived on and went on
+    writing every later step into a run nobody would close. Now it is discarded: hooks gone, no
+    staged files or lock left, and a ResourceWarning says so."""
+    import gc
+
+    from gradalign.record import clipping
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = tmp_path / "runs" / "dropped"
+    out.parent.mkdir()
+    rec = Recorder(out, model, optimizer, 1)
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    loss.backward()
+    rec.micro(loss)
+    optimizer.step()
+    rec.update()
+    with pytest.warns(ResourceWarning, match="dropped without close"):
+        del rec
+        gc.collect()
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+    assert not clipping._listeners
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # no recorder hears it
+    optimizer.step()
+    assert list(out.parent.iterdir()) == []
+    again = Recorder(out, model, optimizer, 1)  # the path is free again
+    again.abort()
+
+
+def test_a_closed_recorder_is_not_warned_about(tmp_path):
+    import gc
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        assert record(tmp_path / "run", updates=1) is not None
+        gc.collect()

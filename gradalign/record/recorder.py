@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from ..runs.background import BackgroundWriter
 from ..runs.sketches import WIDTH
 from ..runs.writer import RunWriter
 from . import checks, clipping, optimizer_settings, samples
+from .attached import Attached, discard_when_dropped, weakly
 from .capture import MODES, Capture
 from .device import environment, watch_autocast
 from .distributed import close_ranks, join, rank_info, refuse_sharded, settle
@@ -145,18 +147,25 @@ class Recorder:
         self._closed = False
         # Whatever can fail comes before the run's directory is staged; after it, a failure
         # removes the staging directory again: an error never leaves a partial run behind.
-        self._hooks = [
-            self._optimizer.register_step_pre_hook(self._before_step),
-            self._optimizer.register_step_post_hook(self._after_step),
+        # The hooks hold this recorder weakly: one dropped unclosed is discarded (attached.py).
+        self._attached = attached = Attached()
+        attached.handles += [
+            self._optimizer.register_step_pre_hook(weakly(self._before_step)),
+            self._optimizer.register_step_post_hook(weakly(self._after_step)),
         ]
         self._settle_autocast = watch_autocast(model, self._env, first.device.type)
-        self._stop_clip = clipping.listen(self._on_clip)
-        self._stop_watching = watch_loop(self._windows, self._optimizer, model, wrapper)
-        self._stop_scaler = watch_scaler(scaler, self._windows) if scaler is not None else None
-        self._stop_skips = skip_steps(self._optimizer, skipped, lambda: self._windows.closed)
+        windows = self._windows
+        attached.stops += [
+            partial(self._settle_autocast, final=True),
+            clipping.listen(weakly(self._on_clip)),
+            watch_loop(windows, self._optimizer, model, wrapper),
+            watch_scaler(scaler, windows) if scaler is not None else (lambda: None),
+            skip_steps(self._optimizer, skipped, lambda: windows.closed),
+        ]
         try:  # a rank that does not write the run keeps its fingerprints all the same
             writes = self._ranks is None or self._ranks.writes
             self._writer = BackgroundWriter(RunWriter(out_dir) if writes else None)
+            self._dropped = discard_when_dropped(self, attached, self._writer, str(out_dir))
         except BaseException as exc:
             self._unhook()
             self._settle(exc)
@@ -167,7 +176,7 @@ class Recorder:
             self._capture = Capture(
                 self._named, self._writer, record, snapshot_every, updates, sketch_width
             )
-            self._hooks.append(self._capture.step_hook)  # removed by _unhook()
+            attached.handles.append(self._capture.step_hook)
             self._capture.weights(None)
         except BaseException as exc:
             self.abort()
@@ -318,15 +327,9 @@ class Recorder:
             self._windows.clipped(clip.value, clip.total, recorded, clip.reads_only)
 
     def _unhook(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
-        self._settle_autocast(final=True)
-        self._stop_clip()
-        self._stop_watching()
-        if self._stop_scaler is not None:
-            self._stop_scaler()
-        self._stop_skips()
+        if getattr(self, "_dropped", None) is not None:
+            self._dropped.detach()  # closed or aborted: not dropped
+        self._attached.detach()
 
     # -- internals --------------------------------------------------------------------------------
 
