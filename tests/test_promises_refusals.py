@@ -111,6 +111,20 @@ def test_an_output_under_a_regular_file_is_refused(cli, tmp_path):
     one_line_error(cli("verify", "--out", tmp_path / "afile" / "v"), "is a file")
 
 
+def test_an_output_inside_a_recorded_run_is_refused(cli, small_copy, monkeypatch):
+    """`baseline -o b/sub` wrote a run inside the run b, which replacing b would delete; and
+    `verify -o b` its three runs there. Both are refused before work; `b/../c` is not inside."""
+    base = small_copy["baseline"]
+    before = sorted(p.name for p in base.iterdir())
+    monkeypatch.chdir(base.parent)
+    one_line_error(cli("baseline", "--out", "baseline/sub/x"), "inside the run baseline")
+    one_line_error(cli("verify", "--out", base), f"inside the run {base}")
+    assert sorted(p.name for p in base.iterdir()) == before
+    from gradalign.runs.writer import ensure_writable
+
+    assert ensure_writable("baseline/../elsewhere") == Path("baseline/../elsewhere")
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -81,6 +81,9 @@ def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
             f"{os.fspath(out_dir)!r}: the working directory (or one above it) is no place for a "
             "run: name a folder for it"
         )
+    holder = _run_holding(path)
+    if holder is not None:  # replacing that run would delete this one with it
+        raise BadInput(f"{path} lies inside the run {holder}: choose a folder outside it")
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise BadInput(f"{path} exists and is not a gradalign run; refusing to overwrite it")
     if path.is_dir() and any(path.iterdir()):
@@ -107,6 +110,21 @@ def kept_aside(refusal: BadInput, staged: Path, aside: Path, said: str) -> BadIn
     except OSError:
         return refusal
     return BadInput(f"{refusal}; {said} {aside}")
+
+
+def _run_holding(path: Path) -> Path | None:
+    """The recorded run that `path` lies inside, if any: said relative where `path` is."""
+    try:
+        cwd = Path.cwd()
+    except OSError:  # the working directory is gone: only an absolute path has parents to see
+        cwd = None
+    if cwd is None and not path.is_absolute():
+        return None
+    for folder in Path(os.path.normpath(cwd / path if cwd else path)).parents:
+        if (folder / MANIFEST).is_file() and is_run_dir(folder):
+            inside = cwd is not None and not path.is_absolute() and folder.is_relative_to(cwd)
+            return folder.relative_to(cwd) if inside else folder
+    return None
 
 
 def _holds_cwd(path: Path) -> bool:
