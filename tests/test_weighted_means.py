@@ -63,3 +63,25 @@ def test_weighted_means_without_their_weights_are_told_to_give_them(runs):
     first = c.diagnosis[0]
     assert first.code == "loss-averaging", [(d.code, d.message) for d in c.diagnosis]
     assert "weighted otherwise" in first.message and "items=w" in first.fix
+
+
+@pytest.mark.parametrize("items", [False, True])
+def test_window_means_of_losses_near_the_largest_float_stay_finite(tmp_path, items):
+    """Four micro losses of 1e308 summed to inf, so the window's mean of them failed "finite
+    losses" against a baseline whose loss was the same 1e308; the mean is finite now, plain
+    and weighted, and an infinite micro loss still makes its window's infinite."""
+    import dataclasses
+
+    import numpy as np
+
+    run = runs_by_k(tmp_path, items)
+    huge = dataclasses.replace(run, micro_loss=np.full_like(run.micro_loss, 1e308))
+    assert np.all(huge.window_losses() == 1e308)
+    one_inf = huge.micro_loss.copy()
+    one_inf[5] = np.inf
+    losses = dataclasses.replace(run, micro_loss=one_inf).window_losses()
+    assert np.isinf(losses[1]) and np.all(losses[[0, 2, 3]] == 1e308)
+
+
+def runs_by_k(root, items: bool):
+    return loop(root / "merged", K, items=items)

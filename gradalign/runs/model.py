@@ -254,15 +254,26 @@ class Run:
 
     def window_losses(self) -> np.ndarray:
         """Loss per update: each window's mean micro loss, weighted by items if recorded, else
-        by the micro-batches' sample counts if recorded (a mean over unequal micro-batches)."""
+        by the micro-batches' sample counts if recorded (a mean over unequal micro-batches).
+        A mean whose sum overflows (losses near 1e308) is taken again over the losses scaled
+        down by an exact power of two: it is finite wherever every loss of its window is."""
+        with np.errstate(over="ignore"):
+            losses = self._window_means(self.micro_loss)
+        if np.isinf(losses).any():
+            scale = 2.0**64
+            again = self._window_means(self.micro_loss / scale) * scale
+            losses = np.where(np.isinf(losses) & np.isfinite(again), again, losses)
+        return losses
+
+    def _window_means(self, micro_loss: np.ndarray) -> np.ndarray:
         sizes = np.maximum(self.sizes, 1)
-        losses = self._sum(self.micro_loss) / sizes
+        losses = self._sum(micro_loss) / sizes
         weights = self.micro_items if self.micro_items is not None else self.micro_samples
         if weights is None:
             return losses
         weights = np.asarray(weights, dtype=np.float64)
         totals = self._sum(weights)
         # a micro-batch of no items weighs nothing, whatever its mean (NaN: a mean over none)
-        weighted = self._sum(np.where(weights > 0, self.micro_loss * weights, 0.0))
+        weighted = self._sum(np.where(weights > 0, micro_loss * weights, 0.0))
         safe = np.where(totals > 0, totals, 1.0)
         return np.where(totals > 0, weighted / safe, losses)
