@@ -71,6 +71,11 @@ class Capture:
         # a process-wide hook, made last so no failure here can leak it; the Recorder removes it
         self.step_hook = watch_steps(self.states)
 
+    def renew(self, name: str, tensor: torch.Tensor) -> None:
+        """A buffer the model assigned anew: recorded from now on as `tensor`."""
+        self.tensors[name] = tensor
+        self.states.renew(self.names.index(name), tensor)
+
     def snapshot_at(self, update: int) -> bool:
         """Whether `update` gets full weight and gradient files."""
         if self.mode == "full" or update == 0:

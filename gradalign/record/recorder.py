@@ -251,7 +251,7 @@ class Recorder:
         for name, tensor in checks.check_unchanged(self._model, self._named, self._dtypes).items():
             tensor = tensor.detach()  # assigned anew, perhaps from a graph: its values
             self._named[name] = (tensor, "buffer", self._named[name][2])
-            self._capture.tensors[name] = tensor
+            self._capture.renew(name, tensor)
         update = self._windows.closed
         self._capture.weights(update)
         self._windows.close(optimizer_state_step(self._optimizer), scale)

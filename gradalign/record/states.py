@@ -52,6 +52,12 @@ class WeightStates:
         self.columns = {id(t): p for p, t in enumerate(tensors)}  # the tensors are kept alive
         self.stepped: dict[int, torch.optim.Optimizer] = {}  # since the last snapshot or row
 
+    def renew(self, column: int, tensor: torch.Tensor) -> None:
+        """Column `column` is held by `tensor` now (a buffer assigned anew), before a snapshot."""
+        self.columns.pop(id(self.tensors[column]), None)
+        self.tensors[column] = tensor
+        self.columns[id(tensor)] = column
+
     def snapped(self, key: int) -> None:
         """The tensors were just copied for snapshot `key` (-1: initial weights, i: update i)."""
         self.known = [(stamp(t), key, 0) for t in self.tensors]
