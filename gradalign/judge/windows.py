@@ -25,7 +25,7 @@ def inside_window_changes(run: Run, exempt: frozenset[str] = frozenset()) -> dic
     if run.micro_state is None or run.accum_steps == 1:
         return {}
     known = _known(run)
-    params = np.array([t.kind == "param" and t.name not in exempt for t in run.tensors])
+    params = _watched(run, exempt)
     names = [t.name for t in run.tensors]
     found: dict[int, list[str]] = {}
     for i in range(run.updates):
@@ -129,6 +129,11 @@ def _window_start(run: Run, update: int) -> np.ndarray | None:
     return run.update_state[update - 1]
 
 
+def _watched(run: Run, exempt: frozenset[str]) -> np.ndarray:
+    """bool [P]: the tensors whose changes inside a window are steps (parameters not exempt)."""
+    return np.array([t.kind == "param" and t.name not in exempt for t in run.tensors])
+
+
 def changes_in_window(run: Run, update: int, exempt: frozenset[str] = frozenset()) -> int:
     """How many times the parameters changed inside window `update`: between its start and its
     first known row, and between consecutive known rows (changes between two rows apart count
@@ -136,7 +141,7 @@ def changes_in_window(run: Run, update: int, exempt: frozenset[str] = frozenset(
     if run.micro_state is None:
         return 0
     known = _known(run)
-    params = np.array([t.kind == "param" and t.name not in exempt for t in run.tensors])
+    params = _watched(run, exempt)
     rows = [run.micro_state[m] for m in run.window(update) if known[m]]
     start = _window_start(run, update)
     if start is not None:

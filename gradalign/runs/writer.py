@@ -53,22 +53,28 @@ _PROBE = ".gradalign-probe-"  # a file made and removed to learn whether a folde
 
 def foreign_entries(path: Path) -> list[str]:
     """Files in an existing run directory that the run does not list (the user's own)."""
+    return _entries(path)[0]
+
+
+def _entries(path: Path) -> tuple[list[str], list[Path]]:
+    """An existing run directory's entries the run does not list, and its folders (one walk)."""
     try:
         listed = json.loads((path / MANIFEST).read_text()).get("files", {})
     except (OSError, ValueError, RecursionError):
         listed = {}
     known = {MANIFEST, *(listed if isinstance(listed, dict) else {})}
-    found = []
+    found, folders = [], [path]
     for entry in sorted(path.rglob("*")):
         rel = entry.relative_to(path).as_posix()
         if entry.name.startswith(_PROBE):
             continue  # a write probe a kill left behind: gradalign's own, never the user's
         if entry.is_dir() and not entry.is_symlink():
+            folders.append(entry)
             if not any(k.startswith(rel + "/") for k in known):
                 found.append(rel + "/")
         elif rel not in known:
             found.append(rel)
-    return found
+    return found, folders
 
 
 def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
@@ -89,14 +95,14 @@ def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
     if path.is_dir() and any(path.iterdir()):
         if not is_run_dir(path):
             raise BadInput(f"{path} exists and is not a gradalign run; refusing to overwrite it")
-        foreign = foreign_entries(path)
+        foreign, folders = _entries(path)
         if foreign:
             raise BadInput(
                 f"{path} holds files that are not the run's ({', '.join(foreign[:3])}"
                 f"{', ...' if len(foreign) > 3 else ''}); refusing to replace it: move them "
                 "or choose another output"
             )
-        for folder in (path, *(p for p in path.rglob("*") if p.is_dir() and not p.is_symlink())):
+        for folder in folders:
             probe_writable(folder, path)  # moved aside, then deleted: each folder written in
     ensure_parent_writable(path, str(path))
     return path
