@@ -7,7 +7,11 @@ trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
 
 - **The kink.** The first update that fails has the kink's signature: no bookkeeping problem,
   the loss and every earlier update within noise, the worst gradient's error in at most
-  `KINK_UNITS` rows and `JUMP_ROWS` of its rows, and the step taken with it left the rounding:
+  `KINK_UNITS` rows and `JUMP_ROWS` of its rows, the rest of that gradient within factor times
+  what its check allows (a unit crossing its kink leaves the others at rounding; a bug whose
+  error sits where the gradient's energy sits, one column of a first layer fed an unnormalized
+  input feature, one embedding row of a padding token, is as concentrated and off all over
+  the rest: `tests/test_kink_lookalikes.py`), and the step taken with it left the rounding:
   some weight failed, or stood over factor times its noise and factor times further than the
   update before, passing by what a drift allows (`kinks.stepped`; model zoo run 7155, an encoder
   under Adam, K=4, 100 updates: the kink's row stepped 14.9x its noise at update 83 and no
@@ -91,7 +95,10 @@ def follow_kink_divergence(
             "from a bug needs that update's full weights and gradients in both runs "
             f"({full_rerun(u)})"
         ]
-    units = None if worst is None or grads is None else grads.units(worst.name, KINK_UNITS)
+    rest = math.inf if worst is None else factor * worst.allowed
+    units = (
+        None if worst is None or grads is None else grads.units(worst.name, KINK_UNITS, rest=rest)
+    )
     rows = None if units is None else len(units[1])
     jumped = "" if worst is None else f"jumped to {worst.ratio:.3g}x its allowed error"
     if worst is not None and isinstance(grads, Sketched) and worst.noise:
@@ -205,7 +212,7 @@ def _kink_before(
         if not many:
             continue
         worst = max(many, key=lambda d: d.error / d.noise)
-        units = grads.units(worst.name, KINK_UNITS)
+        units = grads.units(worst.name, KINK_UNITS, rest=factor * worst.allowed)
         if units is not None:
             return k, over, worst, len(units[1])
     return None

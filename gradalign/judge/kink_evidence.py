@@ -76,8 +76,10 @@ class Whole(_Pair):
         second = np.asarray(self.second[name], dtype=np.float64)
         return float(np.linalg.norm(second if self.before is None else second - self.before[name]))
 
-    def units(self, name: str, most: int | None = None, of_rows: float = JUMP_ROWS) -> Units | None:
-        return kink_units(self.first[name], self.second[name], most, of_rows)
+    def units(
+        self, name: str, most: int | None = None, of_rows: float = JUMP_ROWS, rest: float = math.inf
+    ) -> Units | None:
+        return kink_units(self.first[name], self.second[name], most, of_rows, rest)
 
     def readable(self, name: str) -> bool:
         """Whether `units` can answer for this tensor."""
@@ -128,19 +130,21 @@ class Sketched(_Pair):
         """||a − b||, estimated from their sketches (exact where both are whole)."""
         return estimate(a.vector - b.vector, a.exact and b.exact).value
 
-    def units(self, name: str, most: int | None = None, of_rows: float = JUMP_ROWS) -> Units | None:
+    def units(
+        self, name: str, most: int | None = None, of_rows: float = JUMP_ROWS, rest: float = math.inf
+    ) -> Units | None:
         first, second = self.first[name], self.second[name]
         shape = self.shape(name)
         if first.exact and second.exact:
             return kink_units(
-                first.vector.reshape(shape), second.vector.reshape(shape), most, of_rows
+                first.vector.reshape(shape), second.vector.reshape(shape), most, of_rows, rest
             )
         found = self._unit_sums(name)
         if found is None:
             return None
         (rows_a, columns_a), (rows_b, columns_b) = found
         energies = unit_energies(rows_a - rows_b, columns_a - columns_b)
-        return units_holding(energies, most, of_rows, ESTIMATED_SHARE)
+        return units_holding(energies, most, of_rows, ESTIMATED_SHARE, rest)
 
     def holding(self, name: str) -> str:
         """What `units` found its units holding, for a note."""
@@ -235,7 +239,11 @@ def apart(
 
 
 def kink_units(
-    merged: np.ndarray, ref: np.ndarray, most: int | None = None, of_rows: float = JUMP_ROWS
+    merged: np.ndarray,
+    ref: np.ndarray,
+    most: int | None = None,
+    of_rows: float = JUMP_ROWS,
+    rest: float = math.inf,
 ) -> Units | None:
     """The fewest units that hold JUMP_SHARE of the error, as (axis, indices), if they are at
     most `of_rows` of the units (at least one) and at most `most`: rows (axis 0, the units a
@@ -243,13 +251,13 @@ def kink_units(
     1: the units feeding it), the fewer. A unit at its kink changes its own row and the next
     layer's column: a ReLU unit switched on by a pre-activation that is the residue of a
     cancelling sum (a mostly dead net) put a whole jump of 17.6x into one column of the output
-    weight, and nowhere else."""
+    weight, and nowhere else. `rest`: the most error the other units may hold (a norm)."""
     err = np.asarray(merged, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
     squared = err.reshape(err.shape[0], -1) ** 2 if err.ndim > 1 else err.reshape(-1, 1) ** 2
     energies = [squared.sum(axis=1)]
     if err.ndim > 1:
         energies.append((err.reshape(err.shape[0], err.shape[1], -1) ** 2).sum(axis=(0, 2)))
-    return units_holding(energies, most, of_rows)
+    return units_holding(energies, most, of_rows, JUMP_SHARE, rest)
 
 
 def units_holding(
@@ -257,17 +265,30 @@ def units_holding(
     most: int | None,
     of_rows: float,
     share: float = JUMP_SHARE,
+    rest: float = math.inf,
 ) -> Units | None:
     """Of the rows' (and the columns') error energies, the fewest units holding `share` of it
-    (`kink_units`)."""
+    (`kink_units`), the others holding an error of norm at most `rest`."""
     units = []
     for axis, energy in enumerate(energies):
         limit = max(1, int(of_rows * energy.shape[0]))
         limit = limit if most is None else min(limit, most)
         found = fewest_holding(energy, share, limit)
+        if found is not None and not _rest_within(energy, found, rest):
+            found = None
         if found is not None:
             units.append((len(found), axis, frozenset(found.tolist())))
     return min(units, key=lambda u: (u[0], u[1]))[1:] if units else None
+
+
+def _rest_within(error: np.ndarray, units: np.ndarray, rest: float) -> bool:
+    """Whether the units other than `units` hold an error of norm at most `rest` (their
+    energies summed: estimated ones too, whose sum over many units is close)."""
+    if math.isinf(rest):
+        return True
+    inside = np.zeros(error.shape[0], dtype=bool)
+    inside[units] = True
+    return math.sqrt(float(error[~inside].sum())) <= rest
 
 
 def fewest_holding(energy: np.ndarray, share: float, most: int) -> np.ndarray | None:

@@ -10,12 +10,12 @@ the unit follows. The baseline crosses kinks
 against the reference too (measured: 2 in 300 updates of the default SGD run).
 
 - **An isolated jump** (`excuse_isolated_jumps`): a gradient failure at a single update whose
-  error sits in a few rows, with the neighbouring updates, the weights and the loss all within
-  noise, is reported as a note, not a failure: `1 + updates // 100` such updates, and past
-  them each further one in units (rows or columns) no jump excused before was held in. A wide
-  model crosses kinks often (an encoder with 96 ReLU units a layer, Adamax, K=4: one unit at
-  updates 7 and 9 of 10, each another); a unit whose error comes back, each time stepped
-  with, is an error that stays.
+  error sits in a few rows, the rest of its tensor within factor times what is allowed, with the
+  neighbouring updates, the weights and the loss all within noise, is reported as a note, not a
+  failure: `1 + updates // 100` such updates, and past them each further one in units (rows or
+  columns) no jump excused before was held in. A wide model crosses kinks often (an encoder with
+  96 ReLU units a layer, Adamax, K=4: one unit at updates 7 and 9 of 10, each another); a unit
+  whose error comes back, each time stepped with, is an error that stays.
 - **A quiet jump**: the same failure where its step left every weight within its noise (not
   `stepped`: no weight over factor times its noise and factor times further than the update
   before), at any update, in a row or not, the same unit or another: the training stays the
@@ -87,7 +87,7 @@ def excuse_isolated_jumps(
         if grads is None:
             continue
         failing = [d for d in r.grads if not d.ok]
-        found = {d.name: grads.units(d.name) for d in failing}
+        found = {d.name: grads.units(d.name, rest=factor * d.allowed) for d in failing}
         kinked = {name: units for name, units in found.items() if units is not None}
         echoes = [name for name in found if name not in kinked]
         if not kinked or (echoes and not _echoes(echoes, kinked, grads)):
