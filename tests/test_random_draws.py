@@ -119,10 +119,18 @@ def test_a_gradient_turned_to_about_1_over_k_beside_draws_is_not_a_cleared_windo
 
 
 def _dropout_run(
-    out, k: int, train: bool = True, float64: bool = False, reference=None, eval_from=None
+    out,
+    k: int,
+    train: bool = True,
+    float64: bool = False,
+    reference=None,
+    eval_from=None,
+    bug: str | None = None,
 ):
     """An MLP with dropout, trained (or, the bug, left in eval() mode: its dropout draws
-    nothing; from update `eval_from`, as after an evaluation)."""
+    nothing; from update `eval_from`, as after an evaluation). `bug`: "loss-given-over-k" (the
+    loss given to micro() divided by K), "own-statistics" (each micro-batch's inputs
+    standardized by its own mean and deviation)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 3))
     model = model.double() if float64 else model
@@ -139,12 +147,39 @@ def _dropout_run(
                 model.eval()  # an evaluation that forgot model.train() after it
             for micro in range(k):
                 rows = slice(update * B + micro * n, update * B + (micro + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
+                inputs = x[rows]
+                if bug == "own-statistics":  # over the forward's rows: B, or B/K merged
+                    inputs = (inputs - inputs.mean(0)) / inputs.std(0)
+                loss = nn.functional.cross_entropy(model(inputs), y[rows])
                 (loss / k).backward()
-                rec.micro(loss.detach(), batch=x[rows])
+                given = loss / k if bug == "loss-given-over-k" and k > 1 else loss
+                rec.micro(given.detach(), batch=x[rows])
             opt.step()
             rec.update()
             opt.zero_grad()
+
+
+@pytest.mark.parametrize(
+    "bug, code",
+    [
+        ("loss-given-over-k", "loss-averaging"),
+        ("own-statistics", "cross-sample-loss"),
+        (None, None),
+    ],
+)
+def test_dropout_that_never_ran_is_not_named(tmp_path, bug, code):
+    """Every run in eval() mode, as one disables dropout to verify: no mask was drawn in either
+    run (`micro/draws`), yet any failure at update 0 was `dropout-rng`, "the two runs drew
+    different random masks", named before the bug (helper hunt F2)."""
+    _dropout_run(tmp_path / "ref", 1, train=False, float64=True, bug=bug)
+    _dropout_run(tmp_path / "base", 1, train=False, reference="../ref", bug=bug)
+    _dropout_run(tmp_path / "merged", K, train=False, bug=bug)
+    c = compare(tmp_path / "base", tmp_path / "merged")
+    codes = [d.code for d in c.diagnosis]
+    if code is None:
+        assert c.verdict == "pass", codes
+    else:
+        assert c.verdict == "fail" and codes[0] == code and "dropout-rng" not in codes, codes
 
 
 def test_a_run_whose_dropout_drew_nothing_is_said_to_be_in_eval_mode(tmp_path):

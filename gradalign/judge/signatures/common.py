@@ -191,3 +191,23 @@ def losses_given(run: Run) -> bool:
     not read back from the loss it backpropagated (a framework integration's: `framework` in
     its config), which carries the loop's normalization, right or wrong."""
     return "framework" not in run.config
+
+
+def micro_draws(run: Run) -> np.ndarray | None:
+    """A run's `micro/draws`; zeros where the Recorder kept none (it writes them only where a
+    micro-step drew), known by its other per-micro-step series; None for another source."""
+    if run.micro_draws is not None:
+        return np.asarray(run.micro_draws)
+    if run.micro_grad_writes is not None:
+        return np.zeros(len(run.micro_loss), dtype=np.int64)
+    return None
+
+
+def dropout_ran(c: Comparison) -> bool:
+    """Whether the model has dropout layers that may have drawn masks: not where both runs are
+    known to have drawn no random number after their first micro-step (the model in eval()
+    mode, as one disables dropout to verify)."""
+    if not (c.baseline.model_facts.get("dropout") or c.merged.model_facts.get("dropout")):
+        return False
+    found = micro_draws(c.baseline), micro_draws(c.merged)
+    return not all(d is not None and not d[1:].any() for d in found)

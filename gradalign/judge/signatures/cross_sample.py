@@ -14,7 +14,7 @@ from ..checks import row_mismatches, sample_mismatches
 from ..clip_norms import PRE_CLIP
 from ..results import PASS, Comparison, Diagnosis, UpdateResult
 from .buffers import buffers_in_forward
-from .common import finite, losses_given, normalized_by_window, window
+from .common import dropout_ran, finite, losses_given, normalized_by_window, window
 from .decisive import draws, same_start_shown, update0_gap
 from .items import batch_targets
 
@@ -131,7 +131,7 @@ def _cross_sample_start(c: Comparison) -> tuple[UpdateResult | None, int]:
     pieces = k * c.merged.world_size  # forwards per update
     if first is None or _other_problems(first) or pieces < 2 or not same_start_shown(c):
         return None, k
-    if facts.get("batchnorm") or facts.get("dropout") or draws(c):
+    if facts.get("batchnorm") or dropout_ran(c) or draws(c):
         return None, k  # other random numbers in the merged run: dropout-rng's
     if buffers_in_forward(c) is not None:  # state the forward wrote (spectral norm's vectors)
         return None, k  # made each micro-step's forward another function: buffers-in-forward's

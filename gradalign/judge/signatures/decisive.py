@@ -12,7 +12,7 @@ from ..results import Comparison, Diagnosis
 from ..window_sizes import problems
 from ..windows import observable_windows
 from .accumulation import inner_steps, not_the_optimizer
-from .common import finite, window
+from .common import dropout_ran, finite, window
 from .skips import skips_apart, steps_skipped
 
 CARD_RATIO_MATCH = 1e-4  # relative: a float32 mean of cards' means against the baseline's mean
@@ -152,7 +152,7 @@ def data_order(c: Comparison) -> Diagnosis | None:
     else:
         first = c.results[0]
         facts = {**c.baseline.model_facts, **c.merged.model_facts}
-        if first.loss_ok or facts.get("batchnorm") or facts.get("dropout") or draws(c):
+        if first.loss_ok or facts.get("batchnorm") or dropout_ran(c) or draws(c):
             return None
         if not same_start_shown(c):
             return None

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
-from .common import failing
+from .common import dropout_ran, failing, micro_draws
 from .decisive import draws, update0_gap
 
 
@@ -21,7 +21,7 @@ def _dropout_layers(c: Comparison) -> list[str] | None:
 def dropout_rng(c: Comparison) -> Diagnosis | None:
     layers = _dropout_layers(c)
     drawn = draws(c)
-    if not layers and not drawn:
+    if not drawn and not dropout_ran(c):  # no dropout, or its layers drew no mask (eval())
         return None
     evidence, differs = update0_gap(c)
     if not differs or c.results[0].loss_ok:  # other masks give another loss at once
@@ -77,23 +77,13 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
 def _drew_alone(c: Comparison) -> str | None:
     """The run ("baseline" or "merged") that drew no random numbers at any micro-step where the
     other drew at most of its own (`micro/draws`); None where both drew or neither is known."""
-    b, m = _draws(c.baseline), _draws(c.merged)
+    b, m = micro_draws(c.baseline), micro_draws(c.merged)
     if b is None or m is None or len(b) < 2 or len(m) < 2:
         return None
     if not b[1:].any() and c.merged.draws_each_micro_step():
         return "baseline"
     if not m[1:].any() and c.baseline.draws_each_micro_step():
         return "merged"
-    return None
-
-
-def _draws(run) -> np.ndarray | None:
-    """A run's `micro/draws`; zeros where the Recorder kept none (it writes them only where a
-    micro-step drew), known by its other per-micro-step series; None for another source."""
-    if run.micro_draws is not None:
-        return np.asarray(run.micro_draws)
-    if run.micro_grad_writes is not None:
-        return np.zeros(len(run.micro_loss), dtype=np.int64)
     return None
 
 
@@ -107,7 +97,7 @@ def dropout_stopped(c: Comparison) -> Diagnosis | None:
     first = r.update
     per = {}
     for name, run in (("baseline", c.baseline), ("merged", c.merged)):
-        found = _draws(run)
+        found = micro_draws(run)
         if found is None or len(found) != int(run.sizes.sum()):
             return None
         per[name] = np.asarray(run.window_totals(found) > 0)[: len(c.results)]
