@@ -8,19 +8,19 @@ trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
 - **The kink.** The first update that fails has the kink's signature: no bookkeeping problem,
   the loss and every earlier update within noise, the worst gradient's error in at most
   `KINK_UNITS` rows and `JUMP_ROWS` of its rows, the rest of that gradient within factor times
-  what its check allows (a unit crossing its kink leaves the others at rounding; a bug whose
-  error sits where the gradient's energy sits, one column of a first layer fed an unnormalized
-  input feature, one embedding row of a padding token, is as concentrated and off all over
-  the rest: `tests/test_kink_lookalikes.py`), and the step taken with it left the rounding:
-  some weight failed, or stood over factor times its noise and factor times further than the
-  update before, passing by what a drift allows (`kinks.stepped`; model zoo run 7155, an encoder
-  under Adam, K=4, 100 updates: the kink's row stepped 14.9x its noise at update 83 and no
-  weight failed until kinks crossed at updates 89 to 93 had failed the gradients). Else it is
-  an isolated jump or none. Or the kink passed, by what a drift carried or the noise pooled
-  from the updates around allowed there, and the first failure is its step: the weights fail,
-  with no gradient, at the update whose gradient furthest over its noise (factor times at
-  least) holds its error in a few units, or at the update after one (`_kink_before`); followed
-  from the kink's update.
+  what its check allows without a sketch estimator's bound, which grows with the error (a unit
+  crossing its kink leaves the others at rounding; a bug whose error sits where the gradient's
+  energy sits, one column of a first layer fed an unnormalized input feature, one embedding row
+  of a padding token, is as concentrated and off all over the rest:
+  `tests/test_kink_lookalikes.py`), and the step taken with it left the rounding: some weight
+  failed, or stood over factor times its noise and factor times further than the update before,
+  passing by what a drift allows (`kinks.stepped`; model zoo run 7155, an encoder under Adam,
+  K=4, 100 updates: the kink's row stepped 14.9x its noise at update 83 and no weight failed
+  until kinks crossed at updates 89 to 93 had failed the gradients). Else it is an isolated jump
+  or none. Or the kink passed, by what a drift carried or the noise pooled from the updates
+  around allowed there, and the first failure is its step: the weights fail, with no gradient,
+  at the update whose gradient furthest over its noise (factor times at least) holds its error
+  in a few units, or at the update after one (`_kink_before`); followed from the kink's update.
 - **Its size**, as a share of the reference: J_g, the failing gradients' largest
   ||g_m − g_ref|| / ||g_ref||, and J_w, the larger of J_g (a gradient off by a share of itself
   steps off by about that share) and the failing weights' largest
@@ -95,7 +95,7 @@ def follow_kink_divergence(
             "from a bug needs that update's full weights and gradients in both runs "
             f"({full_rerun(u)})"
         ]
-    rest = math.inf if worst is None else factor * worst.allowed
+    rest = math.inf if worst is None else factor * worst.unbounded
     units = (
         None if worst is None or grads is None else grads.units(worst.name, KINK_UNITS, rest=rest)
     )
@@ -212,7 +212,7 @@ def _kink_before(
         if not many:
             continue
         worst = max(many, key=lambda d: d.error / d.noise)
-        units = grads.units(worst.name, KINK_UNITS, rest=factor * worst.allowed)
+        units = grads.units(worst.name, KINK_UNITS, rest=factor * worst.unbounded)
         if units is not None:
             return k, over, worst, len(units[1])
     return None

@@ -87,7 +87,7 @@ def excuse_isolated_jumps(
         if grads is None:
             continue
         failing = [d for d in r.grads if not d.ok]
-        found = {d.name: grads.units(d.name, rest=factor * d.allowed) for d in failing}
+        found = {d.name: grads.units(d.name, rest=factor * d.unbounded) for d in failing}
         kinked = {name: units for name, units in found.items() if units is not None}
         echoes = [name for name in found if name not in kinked]
         if not kinked or (echoes and not _echoes(echoes, kinked, grads)):
