@@ -111,8 +111,9 @@ def _left_out(ratio: float | None, cosine: float | None, k: int) -> str:
     return (
         f"{k - m} of the K={k} micro-batches' gradients left out of the window's (the fitted "
         f"ratio {ratio:.3g} is about {m}/K): a micro-batch whose loss was computed and recorded "
-        "but whose backward never reached the accumulated gradient, as where a loop adds its "
-        "own buffers of torch.autograd.grad and sets .grad once per window; or "
+        "but whose backward never reached the accumulated gradient, or reached it weighted 0 "
+        "(a weight or mask of 0 on its loss), as where a loop adds its own buffers of "
+        "torch.autograd.grad and sets .grad once per window; or "
     )
 
 
