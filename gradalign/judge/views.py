@@ -122,7 +122,10 @@ def exact(run: Run, kind: str, update: int | None, width: Sketching | None) -> T
     if width is None or (full is not None and run.record == "full"):
         return full
     kept = summaries(run, kind, update, width)
-    return None if kept is None else {n: k.vector for n, k in kept.items() if k.exact}
+    if kept is None:
+        return None
+    shapes = {t.name: tuple(t.shape) for t in run.tensors}  # kept whole, flattened: as shaped
+    return {n: k.vector.reshape(shapes[n]) for n, k in kept.items() if k.exact}
 
 
 def norm_of(run: Run, kind: str, update: int, width: Sketching | None) -> float | None:

@@ -60,9 +60,10 @@ def norm(tensors: dict[str, np.ndarray]) -> float:
 
 
 def relative_error(base: dict[str, np.ndarray], merged: dict[str, np.ndarray]) -> float | None:
-    """||merged - base|| / ||base|| over all tensors together."""
-    size = norm(base)
-    gap = norm({n: merged[n].astype(np.float64) - base[n] for n in base})
+    """||merged - base|| / ||base|| over the tensors both hold (a sketched run holds some)."""
+    both = [n for n in base if n in merged]
+    size = norm({n: base[n] for n in both})
+    gap = norm({n: merged[n].astype(np.float64) - base[n] for n in both})
     return gap / size if size > 0 else None
 
 
@@ -94,8 +95,10 @@ def weights_of(c: Comparison, run: Run, update: int | None) -> Tensors | None:
 
 
 def exact_of(c: Comparison, run: Run, kind: str, update: int) -> Tensors | None:
-    """The tensors of an update whose element values are known (all, for full runs)."""
-    return exact(run, kind, update, width(c))
+    """The tensors of an update whose element values are known: all where the run kept full
+    files there (a full run; a sketched one at its snapshot updates), else those kept whole."""
+    full = run.grads(update) if kind == "grads" else run.weights(update)
+    return full if full is not None else exact(run, kind, update, width(c))
 
 
 def grad_norm(c: Comparison, run: Run, update: int) -> float | None:
