@@ -303,6 +303,19 @@ def fewest_holding(energy: np.ndarray, share: float, most: int) -> np.ndarray | 
     return order[:needed] if needed <= most else None
 
 
+def counted_per_batch(*runs: Run) -> frozenset[str]:
+    """The tensors of embeddings that divide each row's gradient by its index's count in the
+    batch (`model.grad_by_frequency`): a micro-batch counts its own indices, so their rows part
+    from the batch's by what each micro-batch held, in as few rows as a kink's. No kink there."""
+    layers = {layer for run in runs for layer in run.model_facts.get("grad_by_frequency") or []}
+    return frozenset(
+        t.name
+        for run in runs
+        for t in run.tensors
+        if any(t.name.startswith(f"{layer}.") for layer in layers)
+    )
+
+
 def many_rows(shape: tuple[int, ...]) -> bool:
     """Whether a kink's few rows are evidence in a tensor of this shape: its error in a few rows
     of a tensor of many (in a tensor of one row, a 0-d temperature or a bias, it always is: a
