@@ -312,6 +312,7 @@ def test_without_a_reference_a_key_bias_under_adam_is_judged_by_its_gradients(tm
     beyond = {d.name for r in result.results for d in r.weights if d.drift and d.drift > d.allowed}
     assert beyond == {"k.bias"}  # where the drift let an element stand beyond the tolerance
     assert "k.bias were judged by their gradients alone" in result.diagnosis[0].message
+    assert "unseen there without a float64 reference" in result.diagnosis[0].message
 
 
 class _FusedBiasAttention(_KeyBiasAttention):

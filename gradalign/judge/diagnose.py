@@ -373,16 +373,16 @@ def _why_it_passes(c: Comparison) -> list[Diagnosis]:
             "no reference run was given, so the noise floor itself was not measured"
         )
         evidence = {"worst_err_over_tol": worst}
-        # named where it mattered: the drift let an element stand beyond what the tolerance
-        # alone allows the whole tensor (every element carries a share ρ of its steps)
+        # named where the drift let an element stand beyond what the tolerance alone allows
         dominated = sorted(
             {d.name for r in c.results for d in r.weights if d.drift and d.drift > d.allowed}
         )
         if dominated:
             message += (
                 "; where both runs' gradients were rounding noise (they disagreed by more than "
-                "either's size), an adaptive optimizer steps the weights where the noise points: "
-                f"those elements of {listed(dominated, 3)} were judged by their gradients alone"
+                "either's size), the weights step where it points: those elements of "
+                f"{listed(dominated, 3)} were judged by their gradients alone (a bias within "
+                "their tolerance builds up unseen there without a float64 reference)"
             )
             evidence["noise_dominated_weights"] = dominated
     found = [Diagnosis("within-noise", message, evidence, None, "info")]
