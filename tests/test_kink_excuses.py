@@ -211,11 +211,10 @@ def test_a_kinks_echo_upstream_is_excused_with_it(two_module_runs, name, kink, e
 class _Grads:
     """A run that answers `grads(update)` alone, of a model with no batch-counting layer."""
 
-    model_facts: dict = {}
-    tensors: list = []
-
     def __init__(self, grads: dict) -> None:
         self._grads = grads
+        self.model_facts: dict = {}
+        self.tensors: list = []
 
     def grads(self, update: int):
         return self._grads.get(update)

@@ -119,7 +119,11 @@ def test_an_output_inside_a_recorded_run_is_refused(cli, small_copy, monkeypatch
     monkeypatch.chdir(base.parent)
     one_line_error(cli("baseline", "--out", "baseline/sub/x"), "inside the run baseline")
     one_line_error(cli("verify", "--out", base), f"inside the run {base}")
+    (base.parent / "link").symlink_to(base / "weights")  # inside through a link, and link/..
+    one_line_error(cli("baseline", "--out", "link/new"), "inside the run baseline")
+    one_line_error(cli("baseline", "--out", "link/../x"), "inside the run baseline")
     assert sorted(p.name for p in base.iterdir()) == before
+    assert sorted(p.name for p in (base / "weights").iterdir() if not p.is_file()) == []
     from gradalign.runs.writer import ensure_writable
 
     assert ensure_writable("baseline/../elsewhere") == Path("baseline/../elsewhere")

@@ -119,16 +119,17 @@ def kept_aside(refusal: BadInput, staged: Path, aside: Path, said: str) -> BadIn
 
 
 def _run_holding(path: Path) -> Path | None:
-    """The recorded run that `path` lies inside, if any: said relative where `path` is."""
+    """The recorded run that `path` lies inside, if any, on disk: through links and `..` as
+    the system resolves them (a link into a run, `link/..` standing for the run); said relative
+    to the working directory where `path` is relative and lies below it."""
     try:
-        cwd = Path.cwd()
-    except OSError:  # the working directory is gone: only an absolute path has parents to see
-        cwd = None
-    if cwd is None and not path.is_absolute():
+        real = Path(os.path.realpath(path))
+        cwd = None if path.is_absolute() else Path(os.path.realpath(Path.cwd()))
+    except OSError:  # the working directory is gone: nothing relative to resolve
         return None
-    for folder in Path(os.path.normpath(cwd / path if cwd else path)).parents:
+    for folder in real.parents:
         if (folder / MANIFEST).is_file() and is_run_dir(folder):
-            inside = cwd is not None and not path.is_absolute() and folder.is_relative_to(cwd)
+            inside = cwd is not None and folder.is_relative_to(cwd)
             return folder.relative_to(cwd) if inside else folder
     return None
 
