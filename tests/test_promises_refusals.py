@@ -111,6 +111,25 @@ def test_an_output_under_a_regular_file_is_refused(cli, tmp_path):
     one_line_error(cli("verify", "--out", tmp_path / "afile" / "v"), "is a file")
 
 
+def test_an_output_the_recorder_refuses_is_bad_input_not_an_internal_error(
+    cli, tmp_path, monkeypatch
+):
+    """The built-in trainer's Recorder turns a refused output into a RecorderError (its API's
+    word for misuse); the CLI said it as an internal error, exit 3 (a link's `..` once reached
+    it). The built-in loop calls the Recorder rightly: its output is the input refused."""
+    from gradalign.errors import BadInput
+    from gradalign.record import recorder
+
+    def refused(out_dir):
+        raise BadInput(f"{out_dir}: cannot write in {out_dir} (it takes no new files)")
+
+    monkeypatch.setattr(recorder, "RunWriter", refused)
+    result = cli("baseline", *SMALL_ARGS, "--out", tmp_path / "b")
+    assert result.code == 2 and "Traceback" not in result.err, (result.code, result.err)
+    last = result.err.strip().splitlines()[-1]  # after the settings the run would train with
+    assert last.startswith("error: ") and "takes no new files" in last, result.err
+
+
 def test_an_output_inside_a_recorded_run_is_refused(cli, small_copy, monkeypatch):
     """`baseline -o b/sub` wrote a run inside the run b, which replacing b would delete; and
     `verify -o b` its three runs there. Both are refused before work; `b/../c` is not inside."""

@@ -12,6 +12,7 @@ import torch
 from ..config import TrainConfig
 from ..errors import BadInput
 from .dp_faults import LOCAL_ITEMS
+from .facts import RecorderError
 from .faults import NONE, Fault
 from .recorder import Recorder
 from .trainer import Progress, Training, compute_dtype, setup
@@ -160,22 +161,26 @@ def train(
     if config.nproc > 1:
         _data_parallel(t, fault)
     fault_name = None if fault is NONE else fault.name
-    with Recorder(
-        out_dir,
-        t.model,
-        t.optimizer,
-        config.accum_steps,
-        config.to_dict(),
-        fault=fault_name,
-        reference=reference,
-        compute_dtype=compute_dtype(config),
-        scaler=t.scaler,
-        record=config.record,
-        snapshot_every=config.snapshot_every,
-        updates=config.updates,
-        distributed=config.nproc > 1,
-        skip_updates=skip_updates,
-    ) as rec:
+    try:  # the built-in loop calls it rightly: only its output can be refused (exit 2)
+        rec = Recorder(
+            out_dir,
+            t.model,
+            t.optimizer,
+            config.accum_steps,
+            config.to_dict(),
+            fault=fault_name,
+            reference=reference,
+            compute_dtype=compute_dtype(config),
+            scaler=t.scaler,
+            record=config.record,
+            snapshot_every=config.snapshot_every,
+            updates=config.updates,
+            distributed=config.nproc > 1,
+            skip_updates=skip_updates,
+        )
+    except RecorderError as exc:
+        raise BadInput(str(exc)) from None
+    with rec:
         run_loop(t, rec, progress, fault)
     return Path(out_dir)
 
