@@ -129,3 +129,40 @@ def test_units_whose_tensor_is_off_elsewhere_too_are_no_kink():
         assert units_holding(energies, None, 0.01, ESTIMATED_SHARE) is not None
         found = units_holding(energies, None, 0.01, ESTIMATED_SHARE, rest=rest)
         assert (found is not None) == kink
+
+
+def test_a_first_conv_of_one_input_channel_localizes_no_kink(tmp_path):
+    """A conv weight of shape (16, 1, 3, 3) has one column: any error is all in it, with no
+    rest to bound, so a penalty counted at each of K micro-steps read as a kink at update 0
+    and passed without a reference (helper hunt F3). An axis of few units is no evidence."""
+    d, batch, updates, l2 = 16, 48, 30, 1e-3
+
+    def loop(out, k: int, counted_k_times: bool = False):
+        torch.manual_seed(710)
+        net = nn.Sequential(
+            nn.Unflatten(1, (1, 4, 4)), nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 16, 2, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(16, 10),
+        )  # fmt: skip
+        opt = torch.optim.AdamW(net.parameters(), 3e-3, weight_decay=0.1)
+        g = torch.Generator().manual_seed(1710)
+        x = torch.randn(batch * updates, d, generator=g)
+        y = (x @ torch.randn(d, 10, generator=g)).argmax(1)
+        with gradalign.Recorder(out, net, opt, accum_steps=k) as rec:
+            for u in range(updates):
+                for j in range(k):
+                    rows = slice(u * batch + j * batch // k, u * batch + (j + 1) * batch // k)
+                    loss = nn.functional.cross_entropy(net(x[rows]), y[rows])
+                    penalty = l2 * sum((q**2).sum() for q in net.parameters())
+                    share = loss / k + penalty if counted_k_times else (loss + penalty) / k
+                    share.backward()
+                    rec.micro((loss + penalty).detach(), batch=(x[rows], y[rows]))
+                opt.step()
+                rec.update()
+                opt.zero_grad()
+        return read_run_dir(out)
+
+    base = loop(tmp_path / "base", 1)
+    c = compare(base, loop(tmp_path / "bug", 2, counted_k_times=True))
+    assert c.verdict == "fail" and c.diagnosis[0].code == "penalty-not-scaled", c.notes
+    assert compare(base, loop(tmp_path / "right", 2)).verdict == "pass"
