@@ -271,8 +271,8 @@ def units_holding(
     (`kink_units`), the others holding an error of norm at most `rest`."""
     units = []
     for axis, energy in enumerate(energies):
-        if axis and energy.shape[0] * JUMP_OWN_SHARE < KINK_UNITS:
-            continue  # few columns (a first conv of one input channel): any error is in them
+        if axis and energy.shape[0] < 2:
+            continue  # one column (a first conv of one input channel): any error is all in it
         limit = max(1, int(of_rows * energy.shape[0]))
         limit = limit if most is None else min(limit, most)
         found = fewest_holding(energy, share, limit)
