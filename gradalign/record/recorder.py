@@ -162,6 +162,7 @@ class Recorder:
             watch_scaler(scaler, windows) if scaler is not None else (lambda: None),
             skip_steps(self._optimizer, skipped, lambda: windows.closed),
         ]
+        self._dropped = None  # the finalizer, once there is a run to discard
         try:  # a rank that does not write the run keeps its fingerprints all the same
             writes = self._ranks is None or self._ranks.writes
             self._writer = BackgroundWriter(RunWriter(out_dir) if writes else None)
@@ -327,7 +328,7 @@ class Recorder:
             self._windows.clipped(clip.value, clip.total, recorded, clip.reads_only)
 
     def _unhook(self) -> None:
-        if getattr(self, "_dropped", None) is not None:
+        if self._dropped is not None:
             self._dropped.detach()  # closed or aborted: not dropped
         self._attached.detach()
 
