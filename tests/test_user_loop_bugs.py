@@ -30,6 +30,7 @@ BUGS = {  # the bug a user's loop may have -> the diagnosis code the judge must 
     "bf16-accum": "grad-accum-dtype",
     "no-zero-grad": "grad-not-cleared",
     "penalty-every-micro": "penalty-not-scaled",
+    "penalty-over-k-twice": "penalty-not-scaled",  # counted too little: was cross-sample-loss
     "scaler-every-micro": "scaler-per-micro",
     "skip-last-backward": "micro-batch-missing",
     "edit-weights-every-micro": "weights-changed-in-window",
@@ -53,6 +54,7 @@ def setup_for(bug: str | None) -> dict:
         "double-loss-scale-logged": {"clip": 0.02, "fp16": True},
         "dropout-reseed": {"dropout": 0.2},
         "penalty-every-micro": {"penalty": 1e-3},
+        "penalty-over-k-twice": {"penalty": 1e-3},
         "scaler-every-micro": {"fp16": True, "optimizer": "adamw"},
     }.get(bug or "", {})
 

@@ -87,7 +87,7 @@ def user_loop(
                     "loss-plus-scaled": loss + loss / k,
                 }.get(bug or "", loss / k)
                 if penalty:  # an L2 penalty in the loss: its share 1/K per micro-batch
-                    share = 1 if bug == "penalty-every-micro" else k
+                    share = {"penalty-every-micro": 1, "penalty-over-k-twice": k * k}.get(bug, k)
                     scaled = (
                         scaled + penalty * sum(p.pow(2).sum() for p in model.parameters()) / share
                     )

@@ -108,9 +108,11 @@ def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
     share, fitted = per_tensor_fit(pairs)
     coefficients = [a for a in fitted.values() if abs(a) > 0]
-    if share < EXPLAINED or not coefficients or max(coefficients) <= 0:
+    if share < EXPLAINED or not coefficients:
         return None
     k = window(c)
+    if max(coefficients) <= 0:  # short of the baseline's in every tensor: counted too little
+        return _penalty_short(r, k, -min(coefficients), share, fitted)
     a = max(coefficients)
     c2 = a / (2 * (k - 1)) if k > 1 else a  # the extra K-1 penalties' gradient: 2·c·(K-1)·w
     return Diagnosis(
@@ -127,6 +129,29 @@ def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         },
         "add the penalty once per window: divide it by K in each micro loss (or add it to the "
         "accumulated gradient once, or use the optimizer's weight_decay)",
+    )
+
+
+def _penalty_short(
+    r: UpdateResult, k: int, a: float, share: float, fitted: dict[str, float]
+) -> Diagnosis:
+    """`penalty_not_scaled` where the merged gradient falls short by a multiple of the weights:
+    the penalty divided by K twice (inside each micro loss, then with it), or left out of some
+    micro-steps."""
+    return Diagnosis(
+        "penalty-not-scaled",
+        f"at update {r.update} the merged gradient falls short of the baseline's by {a:.4g} "
+        f"times the weights ({share:.1%} of the difference explained): a weight penalty was "
+        f"counted less than once per window across the K={k} micro losses, divided by K twice "
+        "(inside each micro loss and again with it) or added at some micro-steps only",
+        {
+            "update": r.update,
+            "gradient_minus_baseline_over_weights": {n: finite(v) for n, v in fitted.items()},
+            "explained_share": share,
+            "implied_l2": None,
+        },
+        "add the penalty once per window: divide it by K once in each micro loss (or add it to "
+        "the accumulated gradient once, or use the optimizer's weight_decay)",
     )
 
 
