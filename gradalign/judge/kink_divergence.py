@@ -61,7 +61,7 @@ import dataclasses
 import math
 
 from ..runs.model import Run
-from .kink_evidence import KINK_UNITS, Pair, Sketched, apart, counted_per_batch, many_rows
+from .kink_evidence import KINK_UNITS, Pair, Sketched, apart, many_rows
 from .kinks import excuse, first_failing, most_pass, stepped, whole_model_moved
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
@@ -86,8 +86,8 @@ def follow_kink_divergence(
     u = at.update
     grads = apart(merged, ref, "grads", u, seen)
     worst = None if grads is None else _kinked(at, grads, factor)
-    if worst is not None and worst.name in counted_per_batch(merged, ref):
-        return []
+    if worst is not None and grads is not None and worst.name in grads.counted:
+        return []  # no kink in it, nor anywhere else followed from it
     if failing and (grads is None or (worst is not None and not grads.readable(worst.name))):
         if factor * max(d.rel_l2 for d in failing) >= 1 or whole_model_moved(at):
             return []  # too large to be followed anyway, or not a kink's few rows

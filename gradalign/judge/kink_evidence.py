@@ -44,6 +44,17 @@ class _Pair:
     first: Mapping
     second: Mapping
     before: Mapping | None
+    counted: frozenset[str] = frozenset()  # tensors no kink is read in (`counted_per_batch`)
+
+    def units(
+        self, name: str, most: int | None = None, of_rows: float = JUMP_ROWS, rest: float = math.inf
+    ) -> Units | None:
+        """The fewest units holding a kink's share of the tensor's error (`units_holding`), the
+        rest within `rest`; None where there are none, or no kink is read in the tensor."""
+        return None if name in self.counted else self._units(name, most, of_rows, rest)
+
+    def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
+        raise NotImplementedError
 
     def __contains__(self, name: str) -> bool:
         return name in self.first and name in self.second
@@ -76,9 +87,7 @@ class Whole(_Pair):
         second = np.asarray(self.second[name], dtype=np.float64)
         return float(np.linalg.norm(second if self.before is None else second - self.before[name]))
 
-    def units(
-        self, name: str, most: int | None = None, of_rows: float = JUMP_ROWS, rest: float = math.inf
-    ) -> Units | None:
+    def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
         return kink_units(self.first[name], self.second[name], most, of_rows, rest)
 
     def readable(self, name: str) -> bool:
@@ -130,9 +139,7 @@ class Sketched(_Pair):
         """||a − b||, estimated from their sketches (exact where both are whole)."""
         return estimate(a.vector - b.vector, a.exact and b.exact).value
 
-    def units(
-        self, name: str, most: int | None = None, of_rows: float = JUMP_ROWS, rest: float = math.inf
-    ) -> Units | None:
+    def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
         first, second = self.first[name], self.second[name]
         shape = self.shape(name)
         if first.exact and second.exact:
@@ -223,19 +230,19 @@ def apart(
     before_whole = None
     if since is not None:
         before_whole = second.init_weights() if since < 0 else second.weights(since)
+    pair: Pair | None = None
     if all(t is not None for t in whole) and (since is None or before_whole is not None):
-        return Whole(whole[0], whole[1], before_whole)
-    if seen is None:
-        return None
-    kept = summaries(first, kind, update, seen), summaries(second, kind, update, seen)
-    before = None
-    if since is not None:
-        before = summaries(second, "weights", None if since < 0 else since, seen)
-        if before is None:
-            return None
-    if kept[0] is None or kept[1] is None:
-        return None
-    return Sketched((first, second), kind, update, (kept[0], kept[1]), before)
+        pair = Whole(whole[0], whole[1], before_whole)
+    elif seen is not None:
+        kept = summaries(first, kind, update, seen), summaries(second, kind, update, seen)
+        before = None
+        if since is not None:
+            before = summaries(second, "weights", None if since < 0 else since, seen)
+        if kept[0] is not None and kept[1] is not None and (since is None or before is not None):
+            pair = Sketched((first, second), kind, update, (kept[0], kept[1]), before)
+    if pair is not None:
+        pair.counted = counted_per_batch(first, second)
+    return pair
 
 
 def kink_units(
@@ -310,6 +317,8 @@ def counted_per_batch(*runs: Run) -> frozenset[str]:
     batch (`model.grad_by_frequency`): a micro-batch counts its own indices, so their rows part
     from the batch's by what each micro-batch held, in as few rows as a kink's. No kink there."""
     layers = {layer for run in runs for layer in run.model_facts.get("grad_by_frequency") or []}
+    if not layers:
+        return frozenset()
     return frozenset(
         t.name
         for run in runs

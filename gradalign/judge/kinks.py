@@ -60,7 +60,7 @@ import math
 import numpy as np
 
 from ..runs.model import Run
-from .kink_evidence import JUMP_OWN_SHARE, Pair, apart, counted_per_batch, many_rows
+from .kink_evidence import JUMP_OWN_SHARE, Pair, apart, many_rows
 from .metrics import TensorDiff
 from .results import UpdateResult
 from .views import Sketching
@@ -77,7 +77,6 @@ def excuse_isolated_jumps(
     seen through sketches (judge/kink_evidence.py reads them)."""
     notes, crossed, isolated = [], set(), 0  # the units (tensor, axis, index) jumps were in
     parted: list[UpdateResult] = []  # quiet updates after a jump, failing in a part of the model
-    counted = counted_per_batch(merged, ref)
     for i, r in enumerate(results):
         if not (_gradients_alone_failed(r) and r.loss_ok):
             continue
@@ -88,10 +87,7 @@ def excuse_isolated_jumps(
         if grads is None:
             continue
         failing = [d for d in r.grads if not d.ok]
-        found = {
-            d.name: None if d.name in counted else grads.units(d.name, rest=factor * d.unbounded)
-            for d in failing
-        }
+        found = {d.name: grads.units(d.name, rest=factor * d.unbounded) for d in failing}
         kinked = {name: units for name, units in found.items() if units is not None}
         echoes = [name for name in found if name not in kinked]
         if not kinked or (echoes and not _echoes(echoes, kinked, grads)):
