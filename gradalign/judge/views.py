@@ -112,14 +112,17 @@ def vectors(run: Run, kind: str, update: int | None, width: Sketching | None) ->
     return None if kept is None else {name: k.vector for name, k in kept.items()}
 
 
-def exact(run: Run, kind: str, update: int | None, width: Sketching | None) -> Tensors | None:
+def exact(
+    run: Run, kind: str, update: int | None, width: Sketching | None, files: bool = False
+) -> Tensors | None:
     """The tensors whose element values are known: all (full), or those kept whole (`update`
-    None: the initial weights)."""
+    None: the initial weights); with `files`, all wherever a sketched run kept its full files
+    (its snapshot updates) too."""
     if kind == "grads":
         full = run.grads(update) if update is not None else None
     else:
         full = run.init_weights() if update is None else run.weights(update)
-    if width is None or (full is not None and run.record == "full"):
+    if width is None or (full is not None and (files or run.record == "full")):
         return full
     kept = summaries(run, kind, update, width)
     if kept is None:

@@ -97,8 +97,7 @@ def weights_of(c: Comparison, run: Run, update: int | None) -> Tensors | None:
 def exact_of(c: Comparison, run: Run, kind: str, update: int) -> Tensors | None:
     """The tensors of an update whose element values are known: all where the run kept full
     files there (a full run; a sketched one at its snapshot updates), else those kept whole."""
-    full = run.grads(update) if kind == "grads" else run.weights(update)
-    return full if full is not None else exact(run, kind, update, width(c))
+    return exact(run, kind, update, width(c), files=True)
 
 
 def grad_norm(c: Comparison, run: Run, update: int) -> float | None:
