@@ -29,15 +29,18 @@ def train(
     set_to_none: bool = True,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     record_scaled: bool = False,
+    recording: dict | None = None,
 ) -> None:
     """`forward(rows, update)`: the logits (default `model(rows)`), whose cross-entropy is the
     loss; `scale` multiplies it before backward (a wrong loss scale); `before_micro(update,
     micro)` and `after_step(update)` run inside the loop; `loss_fn(logits, targets)` replaces
     the cross-entropy; `record_scaled` records the loss times `scale` (the one backpropagated,
-    as the framework integrations read it back). The samples are digested in float32,
-    so a float64 rerun on the widened rows sees the same ones."""
+    as the framework integrations read it back); `recording`: further Recorder arguments
+    (`record="sketch"`, `updates=`). The samples are digested in float32, so a float64 rerun
+    on the widened rows sees the same ones."""
     n, updates = batch // k, x.shape[0] // batch
-    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference) as rec:
+    extra = recording or {}
+    with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference, **extra) as rec:
         for u in range(updates):
             for j in range(k):
                 if before_micro is not None:
