@@ -10,7 +10,8 @@ the unit follows. The baseline crosses kinks
 against the reference too (measured: 2 in 300 updates of the default SGD run).
 
 - **An isolated jump** (`excuse_isolated_jumps`): a gradient failure at a single update whose
-  error sits in a few rows, the rest of its tensor within factor times what is allowed, with the
+  error sits in a few rows, the rest of its tensor within factor times what is allowed (or, the
+  kink's echo behind a norm, off by 1/ECHO of the units' share of themselves), with the
   neighbouring updates, the weights and the loss all within noise, is reported as a note, not a
   failure: `1 + updates // 100` such updates, and past them each further one in units (rows or
   columns) no jump excused before was held in. A wide model crosses kinks often (an encoder with
