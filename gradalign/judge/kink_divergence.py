@@ -239,55 +239,45 @@ def _kink_before(
     at width 4 (an encoder under RMSprop): one unit's gradient 393x its noise at update 7
     passed, and the weights failed at update 8; run 378 at width 8 (an encoder under RMSprop,
     K=8): a unit's gradient 49x its noise at update 2 passed (0.21 of what was allowed) and
-    the weights of that update failed."""
+    the weights of that update failed.
+
+    Further back, within REACH updates, the latest jump excused as isolated (its gradients so
+    excused, the worst by what was allowed), if its few units hold it: a momentum carries a
+    jump's gradient into the steps after it, and the weights it moves may fail only updates
+    later (model zoo run 65023 at width 4, an encoder under Adam at lr 1e-3, K=2, 60 updates,
+    no reference: a unit of layer 1 jumped 23.9x at update 44, its weights 0.70x, 0.99x and
+    then 1.25x what was allowed at updates 45 to 47)."""
     if all(d.ok for d in results[first].weights):
         return None
     here = [first] if all(d.ok for d in results[first].grads) else []
-    for k in [*here, first - 1]:
+    back = range(first - 2, max(first - 2 - REACH, -1), -1)
+    for k in [*here, first - 1, *back]:
+        near = k >= first - 1
         if k < 0:
             continue
-        kink = results[k]
-        grads = apart(merged, ref, "grads", kink.update, seen)
+        if near:
+            jumped = [d for d in results[k].grads if d.noise and d.error > factor * d.noise]
+        else:
+            jumped = [d for d in results[k].grads if d.excused == "isolated jump"]
+        grads = apart(merged, ref, "grads", results[k].update, seen) if jumped else None
         if grads is None:
-            continue
-        over = [d for d in kink.grads if d.noise and d.error > factor * d.noise and d.name in grads]
-        many = [d for d in over if many_rows(grads.shape(d.name))]
-        if not many:
-            continue
-        worst = max(many, key=lambda d: d.error / d.noise)
-        units = grads.units(worst.name, KINK_UNITS, rest=factor * worst.unbounded)
-        if units is not None:
-            return k, over, worst, len(units[1])
-    return _jump_before(results, first, merged, ref, factor, seen)
-
-
-def _jump_before(
-    results: list[UpdateResult],
-    first: int,
-    merged: Run,
-    ref: Run,
-    factor: float,
-    seen: Sketching | None,
-) -> tuple[int, list[TensorDiff], TensorDiff, int] | None:
-    """`_kink_before` further back: the latest update of the REACH before the one before the
-    first failing one whose jump was excused as isolated, if its few units hold it. A momentum
-    carries a jump's gradient into the steps after it, and the weights it moves may fail only
-    updates later: model zoo run 65023 at width 4 (an encoder under Adam at lr 1e-3, K=2, 60
-    updates, no reference), a unit of layer 1 jumped 23.9x at update 44, its weights 0.70x,
-    0.99x and then 1.25x what was allowed at updates 45 to 47."""
-    for k in range(first - 2, max(first - 2 - REACH, -1), -1):
-        jumped = [d for d in results[k].grads if d.excused == "isolated jump"]
-        if not jumped:
-            continue
-        grads = apart(merged, ref, "grads", results[k].update, seen)
-        if grads is None:
+            if near or not jumped:
+                continue
             return None
-        many = [d for d in jumped if d.name in grads and many_rows(grads.shape(d.name))]
-        worst = max(many, key=lambda d: d.ratio, default=None)
-        if worst is None:
-            return None
-        units = grads.units(worst.name, KINK_UNITS, rest=factor * worst.unbounded)
-        return None if units is None else (k, jumped, worst, len(units[1]))
+        jumped = [d for d in jumped if d.name in grads]
+        many = [d for d in jumped if many_rows(grads.shape(d.name))]
+        worst = max(
+            many, key=(lambda d: d.error / d.noise) if near else (lambda d: d.ratio), default=None
+        )
+        units = (
+            None
+            if worst is None
+            else grads.units(worst.name, KINK_UNITS, rest=factor * worst.unbounded)
+        )
+        if worst is not None and units is not None:
+            return k, jumped, worst, len(units[1])
+        if not near:
+            return None  # the latest jump is not a kink's
     return None
 
 
