@@ -68,7 +68,7 @@ import dataclasses
 import math
 
 from ..runs.model import Run
-from .kink_evidence import KINK_UNITS, Pair, Sketched, apart, many_rows
+from .kink_evidence import Pair, Sketched, apart, many_units
 from .kinks import excuse, first_failing, most_pass, stepped, whole_model_moved
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
@@ -108,9 +108,7 @@ def follow_kink_divergence(
             f"({full_rerun(u)})"
         ]
     rest = math.inf if worst is None else factor * worst.unbounded
-    units = (
-        None if worst is None or grads is None else grads.units(worst.name, KINK_UNITS, rest=rest)
-    )
+    units = None if worst is None or grads is None else grads.kinked_units(worst.name, rest=rest)
     rows = None if units is None else len(units[1])
     jumped = "" if worst is None else f"jumped to {worst.ratio:.3g}x its allowed error"
     if worst is not None and isinstance(grads, Sketched) and worst.noise:
@@ -210,17 +208,17 @@ def _kinked(at: UpdateResult, grads: Pair, factor: float) -> TensorDiff | None:
     convolution's row 91x its noise, the one before its GroupNorm 104x, spread)."""
     if isinstance(grads, Sketched) and any(d.noise for d in at.grads):
         over = [d for d in at.grads if d.noise and d.error > factor * d.noise and d.name in grads]
-        many = [d for d in over if many_rows(grads.shape(d.name))]
+        many = [d for d in over if many_units(grads.shape(d.name))]
         return max(
             _held(many, grads, factor) or many, key=lambda d: d.error / d.noise, default=None
         )
-    many = [d for d in at.grads if not d.ok and many_rows(grads.shape(d.name))]
+    many = [d for d in at.grads if not d.ok and many_units(grads.shape(d.name))]
     return max(_held(many, grads, factor) or many, key=lambda d: d.ratio, default=None)
 
 
 def _held(diffs: list[TensorDiff], grads: Pair, factor: float) -> list[TensorDiff]:
     """Those of `diffs` whose error a kink's few units hold, the rest within what is allowed."""
-    return [d for d in diffs if grads.units(d.name, KINK_UNITS, rest=factor * d.unbounded)]
+    return [d for d in diffs if grads.kinked_units(d.name, rest=factor * d.unbounded)]
 
 
 def _kink_before(
@@ -265,14 +263,12 @@ def _kink_before(
                 continue
             return None
         jumped = [d for d in jumped if d.name in grads]
-        many = [d for d in jumped if many_rows(grads.shape(d.name))]
+        many = [d for d in jumped if many_units(grads.shape(d.name))]
         worst = max(
             many, key=(lambda d: d.error / d.noise) if near else (lambda d: d.ratio), default=None
         )
         units = (
-            None
-            if worst is None
-            else grads.units(worst.name, KINK_UNITS, rest=factor * worst.unbounded)
+            None if worst is None else grads.kinked_units(worst.name, rest=factor * worst.unbounded)
         )
         if worst is not None and units is not None:
             return k, jumped, worst, len(units[1])
@@ -328,16 +324,17 @@ def _excuse_parted(parted: list[UpdateResult], factor: float, raised: float) -> 
 
 def _later_kink(grads: Pair, followed: float) -> tuple[str, float, int] | None:
     """A kink crossed at a later update of a followed divergence: the gradient (of a tensor of
-    many rows) furthest off as a share of its norm, by more than the size followed so far, that
-    error in a few rows or columns. A run whose trajectories parted at one kink crosses more, each a
-    jump of its own (model zoo run 753, a Transformer encoder under Adam, K=8: 0.57% at update
-    4, then 1.66% in one other row at update 6, and update 9 off by 2.3% in two rows failed at
-    1.006x): the size followed is raised to it from there on. A bug is not in a few rows."""
-    shares = {name: grads.share(name) for name in grads.names() if many_rows(grads.shape(name))}
+    many rows or columns) furthest off as a share of its norm, by more than the size followed so
+    far, that error in a few rows or columns. A run whose trajectories parted at one kink
+    crosses more, each a jump of its own (model zoo run 753, a Transformer encoder under Adam,
+    K=8: 0.57% at update 4, then 1.66% in one other row at update 6, and update 9 off by 2.3% in
+    two rows failed at 1.006x): the size followed is raised to it from there on. A bug is not in
+    a few rows."""
+    shares = {name: grads.share(name) for name in grads.names() if many_units(grads.shape(name))}
     worst = max(shares, key=lambda name: (shares[name], name), default=None)
     if worst is None or not shares[worst] > followed:
         return None
-    units = grads.units(worst, KINK_UNITS)
+    units = grads.kinked_units(worst)
     return None if units is None else (worst, shares[worst], len(units[1]))
 
 

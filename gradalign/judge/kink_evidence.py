@@ -64,6 +64,15 @@ class _Pair:
     def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
         raise NotImplementedError
 
+    def kinked_units(self, name: str, rest: float = math.inf) -> Units | None:
+        """`units` as a followed kink reads them, at most KINK_UNITS: rows of a tensor of many
+        rows, or columns of one of many columns (`localizes`)."""
+        found = self.units(name, KINK_UNITS, rest=rest)
+        return found if found is not None and localizes(self.shape(name), found[0]) else None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        raise NotImplementedError
+
     def __contains__(self, name: str) -> bool:
         return name in self.first and name in self.second
 
@@ -368,6 +377,24 @@ def many_rows(shape: tuple[int, ...]) -> bool:
     of a tensor of many (in a tensor of one row, a 0-d temperature or a bias, it always is: a
     wrong loss scale showed as a kink there)."""
     return rows_of(shape) * JUMP_OWN_SHARE >= KINK_UNITS
+
+
+def many_units(shape: tuple[int, ...]) -> bool:
+    """Whether a kink's few units can be evidence in a tensor of this shape: many rows, or many
+    columns (a classifier's weight of few classes: the kinked unit is its column; model zoo run
+    66003, a convolutional text model at width 4 under SGD with momentum, no reference: one
+    channel's column of the 4-class output weight held its error two updates after a kink)."""
+    return many_rows(shape) or _many_columns(shape)
+
+
+def localizes(shape: tuple[int, ...], axis: int) -> bool:
+    """Whether units on this axis (0: rows, 1: columns) are a kink's in a tensor of this shape:
+    any in one of many rows, columns alone in one of few rows and many columns."""
+    return many_rows(shape) or (axis == 1 and _many_columns(shape))
+
+
+def _many_columns(shape: tuple[int, ...]) -> bool:
+    return len(shape) > 1 and int(shape[1]) * JUMP_OWN_SHARE >= KINK_UNITS
 
 
 def rows_of(shape: tuple[int, ...]) -> int:
