@@ -5,24 +5,24 @@ Under an adaptive optimizer or momentum, the steps taken with the jumped gradien
 unit's weights by a share of a step, and from then on the two runs follow neighbouring
 trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
 
-- **The kink.** The first update that fails has the kink's signature: no bookkeeping problem,
-  the loss and every earlier update within noise, the worst gradient's error in at most
-  `KINK_UNITS` rows and `JUMP_ROWS` of its rows, the rest of that gradient within factor times
-  what its check allows without a sketch estimator's bound, which grows with the error, or off
-  by at most 1/ECHO of the share of themselves the units are off by (a unit crossing its kink
-  leaves the others at rounding, or, behind a norm, at a far smaller share of themselves; a bug
-  whose error sits where the gradient's energy sits, one column of a first layer fed an
-  unnormalized input feature, one embedding row of a padding token, is as concentrated and
-  about as far off all over the rest: `tests/test_kink_lookalikes.py`), and the step taken with
-  it left the rounding: some weight
+- **The kink.** The first update that fails has the kink's signature: no bookkeeping problem, the
+  loss and every earlier update within noise, the worst gradient's error in at most `KINK_UNITS`
+  rows and `JUMP_ROWS` of its rows, the rest of that gradient within factor times what its check
+  allows without a sketch estimator's bound, which grows with the error, or off by at most 1/ECHO
+  of the share of themselves the units are off by (a unit crossing its kink leaves the others at
+  rounding, or, behind a norm, at a far smaller share of themselves; a bug whose error sits where
+  the gradient's energy sits, one column of a first layer fed an unnormalized input feature, one
+  embedding row of a padding token, is as concentrated and about as far off all over the rest:
+  `tests/test_kink_lookalikes.py`), and the step taken with it left the rounding: some weight
   failed, or stood over factor times its noise and factor times further than the update before,
-  passing by what a drift allows (`kinks.stepped`; model zoo run 7155, an encoder under Adam,
-  K=4, 100 updates: the kink's row stepped 14.9x its noise at update 83 and no weight failed
-  until kinks crossed at updates 89 to 93 had failed the gradients). Else it is an isolated jump
-  or none. Or the kink passed, by what a drift carried or the noise pooled from the updates
-  around allowed there, and the first failure is its step: the weights fail, with no gradient,
-  at the update whose gradient furthest over its noise (factor times at least) holds its error
-  in a few units, or at the update after one (`_kink_before`); followed from the kink's update.
+  passing by what a drift allows (`kinks.stepped`; model zoo run 7155, an encoder under Adam, K=4,
+  100 updates: the kink's row stepped 14.9x its noise at update 83 and no weight failed until
+  kinks crossed at updates 89 to 93 had failed the gradients). Else it is an isolated jump or
+  none. Or the kink passed, by what a drift carried or the noise pooled from the updates around
+  allowed there, and the first failure is its step: the weights fail, with no gradient, at the
+  update whose gradient furthest over its noise (factor times at least) holds its error in a few
+  units, or at the update after one, or up to REACH updates after a jump excused as isolated
+  (`_kink_before`); followed from the kink's update.
 - **Its size**, as a share of the reference: J_g, the failing gradients' largest
   ||g_m − g_ref|| / ||g_ref||, and J_w, the larger of J_g (a gradient off by a share of itself
   steps off by about that share) and the failing weights' largest
@@ -264,8 +264,10 @@ def _kink_before(
             return None
         jumped = [d for d in jumped if d.name in grads]
         many = [d for d in jumped if many_units(grads.shape(d.name))]
-        worst = max(
-            many, key=(lambda d: d.error / d.noise) if near else (lambda d: d.ratio), default=None
+        worst = max(  # of those whose units hold their error, where any do (`_kinked`)
+            _held(many, grads, factor) or many,
+            key=(lambda d: d.error / d.noise) if near else (lambda d: d.ratio),
+            default=None,
         )
         units = (
             None if worst is None else grads.kinked_units(worst.name, rest=factor * worst.unbounded)
