@@ -18,7 +18,7 @@ from torch import nn  # noqa: E402
 
 import gradalign  # noqa: E402
 from gradalign.judge.compare import compare  # noqa: E402
-from gradalign.judge.kink_evidence import ESTIMATED_SHARE, kink_units, units_holding  # noqa: E402
+from gradalign.judge.kink_shape import ESTIMATED_SHARE, kink_units, units_holding  # noqa: E402
 from gradalign.runs.reader import read_run_dir  # noqa: E402
 from gradalign.runs.unit_sums import unit_energies, unit_sums  # noqa: E402
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradalign.judge.kink_evidence import ESTIMATED_SHARE, kink_units, units_holding
+from gradalign.judge.kink_shape import ESTIMATED_SHARE, kink_units, units_holding
 from gradalign.record import sketcher as sketcher_module
 from gradalign.record.sketcher import Sketcher
 from gradalign.runs import unit_sums as unit_sums_module

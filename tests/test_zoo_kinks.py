@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gradalign.judge.compare import compare
-from gradalign.judge.kink_evidence import localizes, many_units
+from gradalign.judge.kink_shape import localizes, many_units
 from gradalign.runs.reader import read_run_dir
 
 from .zoo_runs import _compare, _followed, _one_thread_judge, _one_thread_runs, _runs, zoo

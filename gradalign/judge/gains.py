@@ -41,7 +41,7 @@ import dataclasses
 import numpy as np
 
 from ..runs.model import Run
-from .kink_evidence import fewest_holding
+from .kink_shape import fewest_holding
 from .kinks import first_failing
 from .metrics import TensorDiff
 from .noise import carry

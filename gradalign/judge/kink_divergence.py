@@ -68,7 +68,8 @@ import dataclasses
 import math
 
 from ..runs.model import Run
-from .kink_evidence import Pair, Sketched, apart, many_units
+from .kink_evidence import Pair, Sketched, apart
+from .kink_shape import many_units
 from .kinks import excuse, first_failing, most_pass, stepped, whole_model_moved
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult

@@ -61,7 +61,8 @@ import math
 import numpy as np
 
 from ..runs.model import Run
-from .kink_evidence import JUMP_OWN_SHARE, Pair, apart, many_rows
+from .kink_evidence import Pair, apart
+from .kink_shape import JUMP_OWN_SHARE, many_rows
 from .metrics import TensorDiff
 from .results import UpdateResult
 from .views import Sketching

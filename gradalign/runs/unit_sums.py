@@ -13,7 +13,7 @@ and Σ_t (rows_a − rows_b)[i, t]² estimates row i's error energy ||a_i − b_
 count sketch of width G per row): an error spread over the rows cannot gather in a few of them,
 and one a single row holds shows there (its estimate is its energy times a chi-square of G
 degrees of freedom over G, not of one: with G = 8 a row holding 90% of the energy is seen
-holding the 75% the judge asks of an estimate in 95% of draws, judge/kink_evidence.py; with one
+holding the 75% the judge asks of an estimate in 95% of draws, judge/kink_shape.py; with one
 group per row and a 90% rule, a row holding 99% went unseen in 79 of 300 simulated draws).
 Summed in float64; the products σ·x are exact.
 """

@@ -1,0 +1,153 @@
+"""Where a kink's error sits: the fewest units (rows or columns) of a tensor that hold it, the
+rest of the tensor bounded, and the shapes in which a few units are evidence of a kink at all
+(judge/kink_evidence.py reads the tensors; judge/kinks.py and judge/kink_divergence.py judge)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+JUMP_SHARE = 0.9  # a kink's jump holds this share of its error ...
+# ... in the energies unit sums estimate, this share: each unit's estimate is its energy times a
+# chi-square of 8 degrees of freedom over 8, so a unit holding 90% is seen holding 75% in 95% of
+# draws (99.99% at 99%), one holding half the error in 0.2% (arithmetic, the rest's energy taken
+# as known; `tests/test_unit_sums.py` draws it)
+ESTIMATED_SHARE = 0.75
+JUMP_ROWS = 0.01  # ... in at most this share of the tensor's rows (at least one row)
+JUMP_OWN_SHARE = 0.25  # a baseline's own jump holds it in at most this share of the rows
+KINK_UNITS = 2  # a divergence followed from a kink crossed at most this many units
+# Where the rest of a kinked gradient is off by more than its check allows, it may still be the
+# kink's echo: a norm between the weight and the kink (a conv, GroupNorm, ReLU) hands each unit of
+# the group a share of the kinked unit's change. The units are then off by a far larger share of
+# themselves than the rest is (80x in a ResNet's conv under GroupNorm, model zoo run 52030; 5e4x
+# in the norm's bias), where a bug whose error sits where the gradient's energy sits is off by
+# about the same share all over (0.36x to 4.6x: the lookalikes of tests/test_kink_lookalikes.py,
+# three seeds each, at updates 0 and 1). The units must be off this many times the rest's share.
+ECHO = 16
+
+Units = tuple[int, frozenset[int]]  # (axis, indices): rows (0) or columns (1)
+
+
+def kink_units(
+    merged: np.ndarray,
+    ref: np.ndarray,
+    most: int | None = None,
+    of_rows: float = JUMP_ROWS,
+    rest: float = math.inf,
+) -> Units | None:
+    """The fewest units that hold JUMP_SHARE of the error, as (axis, indices), if they are at
+    most `of_rows` of the units (at least one) and at most `most`: rows (axis 0, the units a
+    weight feeds, its bias's elements), or for a weight of two or more axes its columns (axis
+    1: the units feeding it), the fewer. A unit at its kink changes its own row and the next
+    layer's column: a ReLU unit switched on by a pre-activation that is the residue of a
+    cancelling sum (a mostly dead net) put a whole jump of 17.6x into one column of the output
+    weight, and nowhere else. `rest`: the most error the other units may hold (a norm)."""
+    second = np.asarray(ref, dtype=np.float64)
+    err = np.asarray(merged, dtype=np.float64) - second
+    return units_holding(_energies(err), most, of_rows, JUMP_SHARE, rest, _energies(second))
+
+
+def _energies(values: np.ndarray) -> list[np.ndarray]:
+    """Each row's squared norm, and for two axes or more each column's."""
+    squared = (
+        values.reshape(values.shape[0], -1) ** 2 if values.ndim > 1 else values.reshape(-1, 1) ** 2
+    )
+    energies = [squared.sum(axis=1)]
+    if values.ndim > 1:
+        energies.append(
+            (values.reshape(values.shape[0], values.shape[1], -1) ** 2).sum(axis=(0, 2))
+        )
+    return energies
+
+
+def units_holding(
+    energies: list[np.ndarray] | tuple[np.ndarray, ...],
+    most: int | None,
+    of_rows: float,
+    share: float = JUMP_SHARE,
+    rest: float = math.inf,
+    own: list[np.ndarray] | tuple[np.ndarray, ...] | None = None,
+) -> Units | None:
+    """Of the rows' (and the columns') error energies, the fewest units holding `share` of it
+    (`kink_units`), the others holding an error of norm at most `rest`, or, given the second
+    run's own energies (`own`), off by at most 1/ECHO of the share of themselves the units are
+    off by (a kink's echo)."""
+    units = []
+    for axis, energy in enumerate(energies):
+        if axis and energy.shape[0] < 2:
+            continue  # one column (a first conv of one input channel): any error is all in it
+        limit = max(1, int(of_rows * energy.shape[0]))
+        limit = limit if most is None else min(limit, most)
+        found = fewest_holding(energy, share, limit)
+        if found is not None and not _rest_within(
+            energy, found, rest, None if own is None else own[axis]
+        ):
+            found = None
+        if found is not None:
+            units.append((len(found), axis, frozenset(found.tolist())))
+    return min(units, key=lambda u: (u[0], u[1]))[1:] if units else None
+
+
+def _rest_within(
+    error: np.ndarray, units: np.ndarray, rest: float, own: np.ndarray | None = None
+) -> bool:
+    """Whether the units other than `units` hold an error of norm at most `rest`, or (`own`:
+    the second run's energies of the same units) one at most 1/ECHO of the share of
+    themselves `units` are off by (energies summed: estimated ones too, whose sum over many
+    units is close)."""
+    if math.isinf(rest):
+        return True
+    inside = np.zeros(error.shape[0], dtype=bool)
+    inside[units] = True
+    off = float(error[~inside].sum())
+    if math.sqrt(off) <= rest:
+        return True
+    if own is None:
+        return False
+    # (off / own_rest) · ECHO² <= error_units / own_units, squared shares, without a division
+    return off * ECHO**2 * float(own[inside].sum()) <= float(error[inside].sum()) * float(
+        own[~inside].sum()
+    )
+
+
+def fewest_holding(energy: np.ndarray, share: float, most: int) -> np.ndarray | None:
+    """The indices of the fewest entries of `energy` (squared errors of rows or elements) that
+    hold `share` of its sum, if they are at most `most`; None if more, or if the sum is 0 or not
+    finite."""
+    total = float(energy.sum())
+    if not np.isfinite(total) or total <= 0:
+        return None
+    order = np.argsort(energy, kind="stable")[::-1]
+    needed = int(np.searchsorted(np.cumsum(energy[order]), share * total)) + 1
+    return order[:needed] if needed <= most else None
+
+
+def many_rows(shape: tuple[int, ...]) -> bool:
+    """Whether a kink's few rows are evidence in a tensor of this shape: its error in a few rows
+    of a tensor of many (in a tensor of one row, a 0-d temperature or a bias, it always is: a
+    wrong loss scale showed as a kink there)."""
+    return rows_of(shape) * JUMP_OWN_SHARE >= KINK_UNITS
+
+
+def many_units(shape: tuple[int, ...]) -> bool:
+    """Whether a kink's few units can be evidence in a tensor of this shape: many rows, or many
+    columns (a classifier's weight of few classes: the kinked unit is its column; model zoo run
+    66003, a convolutional text model at width 4 under SGD with momentum, no reference: one
+    channel's column of the 4-class output weight held its error two updates after a kink)."""
+    return many_rows(shape) or _many_columns(shape)
+
+
+def localizes(shape: tuple[int, ...], axis: int) -> bool:
+    """Whether units on this axis (0: rows, 1: columns) are a kink's in a tensor of this shape:
+    any in one of many rows, columns alone in one of few rows and many columns."""
+    return many_rows(shape) or (axis == 1 and _many_columns(shape))
+
+
+def _many_columns(shape: tuple[int, ...]) -> bool:
+    return len(shape) > 1 and int(shape[1]) * JUMP_OWN_SHARE >= KINK_UNITS
+
+
+def rows_of(shape: tuple[int, ...]) -> int:
+    """The rows `kink_units` counts: the first axis, or each element of a 1-D tensor."""
+    return int(shape[0]) if len(shape) > 1 else math.prod(shape)
