@@ -239,7 +239,7 @@ def test_runs_that_part_further_after_a_kink_are_followed_as_they_part(tmp_path,
     lost micro-batch from update 6 on is still named. One thread."""
     root = _one_thread_runs(tmp_path / "clean", "resnet", "adagrad", 4, 60020, width=4)
     with monkeypatch.context() as held:
-        held.setattr("gradalign.judge.kink_divergence._parted_share", lambda *a: 0.0, raising=False)
+        held.setattr("gradalign.judge.kink_divergence._parted_share", lambda *a: 0.0)
         if _compare(root).verdict == "pass":
             pytest.skip("this machine's rounding took another path here (no parting)")
     base, merged = read_run_dir(root / "base"), read_run_dir(root / "merged")
@@ -264,7 +264,7 @@ def test_a_sketched_kink_behind_a_norm_is_read_where_its_units_hold_it(tmp_path,
     the kink is followed and the run passes. One thread."""
     root = _one_thread_runs(tmp_path, "resnet", "adamw-wd", 8, 63012, width=4, sketch=True)
     with monkeypatch.context() as held:
-        held.setattr("gradalign.judge.kink_divergence._held", lambda *a: [], raising=False)
+        held.setattr("gradalign.judge.kink_divergence._held", lambda *a: [])
         if _compare(root).verdict == "pass":
             pytest.skip("this machine's rounding took another path here (no kink)")
     c = _compare(root)
@@ -281,7 +281,7 @@ def test_a_jumps_step_that_fails_the_weights_updates_later_is_followed(tmp_path,
     root = _one_thread_runs(tmp_path, "encoder", "adam-1e-3", 2, 65023, width=4, updates=60)
     base, merged = read_run_dir(root / "base"), read_run_dir(root / "merged")
     with monkeypatch.context() as held:
-        held.setattr("gradalign.judge.kink_divergence._jump_before", lambda *a: None, raising=False)
+        held.setattr("gradalign.judge.kink_divergence.REACH", 0)
         if compare(base, merged, reference=None).verdict == "pass":
             pytest.skip("this machine's rounding took another path here (no late failure)")
     c = compare(base, merged, reference=None)
