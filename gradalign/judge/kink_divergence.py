@@ -66,10 +66,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 from ..runs.model import Run
 from .kink_evidence import Pair, Sketched, apart
-from .kink_shape import many_units
+from .kink_shape import Units, many_units
 from .kinks import excuse, first_failing, most_pass, stepped, whole_model_moved
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
@@ -96,7 +97,7 @@ def follow_kink_divergence(
         return []
     u = at.update
     grads = apart(merged, ref, "grads", u, seen)
-    worst = None if grads is None else _kinked(at, grads, factor)
+    worst, units = (None, None) if grads is None else _kinked(at, grads, factor)
     if worst is not None and grads is not None and worst.name in grads.counted:
         return []  # no kink in it, nor anywhere else followed from it
     if failing and (grads is None or (worst is not None and not grads.readable(worst.name))):
@@ -108,8 +109,6 @@ def follow_kink_divergence(
             "from a bug needs that update's full weights and gradients in both runs "
             f"({full_rerun(u)})"
         ]
-    rest = math.inf if worst is None else factor * worst.unbounded
-    units = None if worst is None or grads is None else grads.kinked_units(worst.name, rest=rest)
     rows = None if units is None else len(units[1])
     jumped = "" if worst is None else f"jumped to {worst.ratio:.3g}x its allowed error"
     if worst is not None and isinstance(grads, Sketched) and worst.noise:
@@ -192,8 +191,9 @@ def _parted_share(r: UpdateResult, grads: Pair | None) -> float:
     return max((s for s in shares if math.isfinite(s)), default=0.0)
 
 
-def _kinked(at: UpdateResult, grads: Pair, factor: float) -> TensorDiff | None:
-    """The gradient a kink at update `at` would have jumped in (of many rows): the failing one
+def _kinked(at: UpdateResult, grads: Pair, factor: float) -> tuple[TensorDiff | None, Units | None]:
+    """The gradient a kink at update `at` would have jumped in (of many rows), with the units
+    that hold its error (None where none do): the failing one
     furthest over what was allowed; where the runs were seen through sketches, the one furthest
     over its noise among those over `factor` times it, failing or not. A sketched tensor's
     allowance holds the estimator's bound, widest for an error in few rows: model zoo run 62 at
@@ -210,16 +210,24 @@ def _kinked(at: UpdateResult, grads: Pair, factor: float) -> TensorDiff | None:
     if isinstance(grads, Sketched) and any(d.noise for d in at.grads):
         over = [d for d in at.grads if d.noise and d.error > factor * d.noise and d.name in grads]
         many = [d for d in over if many_units(grads.shape(d.name))]
-        return max(
-            _held(many, grads, factor) or many, key=lambda d: d.error / d.noise, default=None
-        )
+        return _kink_in(many, grads, factor, lambda d: d.error / d.noise)
     many = [d for d in at.grads if not d.ok and many_units(grads.shape(d.name))]
-    return max(_held(many, grads, factor) or many, key=lambda d: d.ratio, default=None)
+    return _kink_in(many, grads, factor, lambda d: d.ratio)
 
 
-def _held(diffs: list[TensorDiff], grads: Pair, factor: float) -> list[TensorDiff]:
-    """Those of `diffs` whose error a kink's few units hold, the rest within what is allowed."""
-    return [d for d in diffs if grads.kinked_units(d.name, rest=factor * d.unbounded)]
+def _kink_in(
+    diffs: list[TensorDiff], grads: Pair, factor: float, key: Callable[[TensorDiff], float]
+) -> tuple[TensorDiff | None, Units | None]:
+    """Of `diffs`, the furthest by `key` of those whose error a kink's few units hold (the rest
+    within what is allowed), with those units; where none do, the furthest of all, and None."""
+    held = []
+    for d in diffs:
+        units = grads.kinked_units(d.name, rest=factor * d.unbounded)
+        if units is not None:
+            held.append((d, units))
+    if held:
+        return max(held, key=lambda pair: key(pair[0]))
+    return max(diffs, key=key, default=None), None
 
 
 def _kink_before(
@@ -265,13 +273,8 @@ def _kink_before(
             return None
         jumped = [d for d in jumped if d.name in grads]
         many = [d for d in jumped if many_units(grads.shape(d.name))]
-        worst = max(  # of those whose units hold their error, where any do (`_kinked`)
-            _held(many, grads, factor) or many,
-            key=(lambda d: d.error / d.noise) if near else (lambda d: d.ratio),
-            default=None,
-        )
-        units = (
-            None if worst is None else grads.kinked_units(worst.name, rest=factor * worst.unbounded)
+        worst, units = _kink_in(  # as `_kinked` reads it
+            many, grads, factor, (lambda d: d.error / d.noise) if near else (lambda d: d.ratio)
         )
         if worst is not None and units is not None:
             return k, jumped, worst, len(units[1])
