@@ -5,10 +5,10 @@ in any dtype they differ only by the order of the sums. From the first update wh
 came out of the previous one differently, each run evaluates its gradient at its own weights.
 In a 16-bit compute dtype that rounds every activation otherwise (and flips the ReLUs and
 max-pools that sit within a rounding), so two correct runs' gradients differ by far more than
-at update 0: measured on `bench/model_zoo.py --autocast --reference-none` (README, "Fixed
-tolerances"). Those updates are judged by `grad_rtol_apart` (never below `grad_rtol`), and
-their losses by `loss_rtol_apart`; a bug in the accumulation shows at update 0, judged by
-`grad_rtol`, and in the weights.
+at update 0: measured on `bench/model_zoo.py --autocast --reference-none` (docs/NOISE.md,
+"Without a reference"). Those updates are judged by `grad_rtol_apart` (never below
+`grad_rtol`), and their losses by `loss_rtol_apart`; a bug in the accumulation shows at
+update 0, judged by `grad_rtol`, and in the weights.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ DEFAULTS: dict[str, Tolerances] = {
     # From update 1 on the runs' weights differ and each gradient is rounded otherwise:
     # `bench/model_zoo.py --autocast [float16] --reference-none` (150 clean runs of 5 families
     # and 10 optimizers) erred there by up to 0.118 (float16) and 0.209 (bfloat16) of the norm,
-    # against 0.0019 and 0.0186 from the same weights (README, "Fixed tolerances").
+    # against 0.0019 and 0.0186 from the same weights (docs/NOISE.md, "Without a reference").
     "float16": Tolerances(
         loss_atol=1e-5,
         loss_rtol=1e-4,
