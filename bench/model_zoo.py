@@ -20,14 +20,15 @@ optimizers, the Recorder watching Muon).
                                         [--bug NAME] [--bug-from 0] [--updates 10]
                                         [--autocast [float16]]
                                         [--clip 1.0] [--schedule] [--reference-none]
-                                        [--width 1]
+                                        [--width 1] [--penalty 1e-3]
                                         [--jsonl rows.jsonl]
 
 `--autocast` runs each forward under CPU autocast (bfloat16, or float16 with a GradScaler);
 `--width W` makes every model W times as wide (its `d`, and the widths that follow it; the
 GPT's and the encoder's 4 heads stay 4). `--clip` clips the accumulated gradient's norm
 before each step; `--schedule` warms the learning rate up over 2 updates and then decays it
-on a cosine (a LambdaLR stepped once per update).
+on a cosine (a LambdaLR stepped once per update). `--penalty λ` adds λ·Σw² over every
+parameter to each micro-batch's loss (an L2 penalty, as loops that write weight decay so do).
 
 `--bug` injects one bug into every merged run (no loss scaling, zero_grad or step every
 micro-step, gradients never cleared); then every run must fail, named first by that bug's code.
@@ -94,7 +95,8 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     skip_updates=[...] (the Recorder's: a float64 reference skips the baseline's skipped steps),
     compute_dtype="bfloat16" (the Recorder's: the dtype the run declares it computed in, as an
     optimizer computing its step in 16 bits, Muon, makes it), sketch=True (the Recorder's
-    `record="sketch"`: full files at the first and last update, sketches between)."""
+    `record="sketch"`: full files at the first and last update, sketches between), penalty=λ
+    (λ·Σw² over every parameter added to each micro-batch's loss)."""
     updates = options.get("updates", UPDATES)
     autocast = None if options.get("float64") else options.get("autocast")
     dtype = getattr(torch, autocast or "float32")
@@ -132,6 +134,8 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
                     logits, target = logits.reshape(-1, VOCAB), target.reshape(-1)
                 loss = nn.functional.cross_entropy(logits, target)
                 loss = loss + getattr(net, "extra_loss", 0.0)
+                if options.get("penalty"):  # an L2 penalty in the loss, λ·Σw² (--penalty λ)
+                    loss = loss + options["penalty"] * sum((p**2).sum() for p in net.parameters())
                 share = loss if bug == "no-loss-scale" else loss / k
                 (share if scaler is None else scaler.scale(share)).backward()
                 logged = loss.detach() * options.get("logged_scale", 1.0)
@@ -173,9 +177,10 @@ def judge(
     bug_from: int = 0,
     width: int = 1,
     sketch: bool = False,
+    penalty: float = 0.0,
 ) -> dict:
     loop = {"updates": updates, "clip": clip, "schedule": schedule, "width": width,
-            "sketch": sketch}  # fmt: skip
+            "sketch": sketch, "penalty": penalty}  # fmt: skip
     both = {**loop, "autocast": autocast, "compute_dtype": compute_dtype}
     record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
@@ -220,6 +225,9 @@ def main() -> int:
         "--width", type=int, default=1, help="every model this many times as wide (default 1)"
     )
     parser.add_argument("--clip", type=float, default=None, help="clip the gradient's norm")
+    parser.add_argument(
+        "--penalty", type=float, default=0.0, help="add λ·Σw² (this λ) to every micro loss"
+    )
     parser.add_argument("--schedule", action="store_true", help="warmup and cosine decay")
     parser.add_argument(
         "--reference-none", action="store_true", help="judge by the fixed tolerances alone"
@@ -250,7 +258,8 @@ def main() -> int:
             loop = {"autocast": args.autocast, "clip": args.clip, "schedule": args.schedule,
                     "reference": not args.reference_none,
                     "compute_dtype": args.compute_dtype, "bug_from": args.bug_from,
-                    "width": args.width, "sketch": args.record == "sketch"}  # fmt: skip
+                    "width": args.width, "sketch": args.record == "sketch",
+                    "penalty": args.penalty}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             expected = BUGS[args.bug] if args.bug is not None else NOT_EQUIVALENT.get(model)
             if expected is None and row["verdict"] != "pass":

@@ -27,7 +27,7 @@ from .compatible import (
     check_same_precision,
 )
 from .diagnose import diagnose
-from .distributed import check_baseline_ranks, listed, rank_check, rank_facts, rank_problems
+from .distributed import check_baseline_ranks, rank_check, rank_facts, rank_problems
 from .drift import Drift, stored_bits
 from .honest import honest_differences
 from .inputs import Inputs
@@ -36,6 +36,7 @@ from .noise import pooled_loss_noise
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .rounding import marked, rounding_floors, rounding_in_both, rounding_notes
+from .run_notes import run_notes, written_note
 from .sketched import SketchJudge, sketch_note
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
@@ -43,10 +44,10 @@ from .undeclared import undeclared_note
 from .unstable import unstable_note
 from .vacuous import unmoved_note, unrecorded_note, untrained_note, vacuous_notes
 from .views import sketch_width
+from .weight_term import failing, full_weights, net_of_weights, netted_notes
 from .window_sizes import judged_updates
 from .windows import inside_window_changes, written_in_forward
 
-EPS32 = float(np.finfo(np.float32).eps)
 __all__ = ["FAIL", "NOT_CHECKED", "PASS", "Check", "Comparison", "UpdateResult", "compare"]
 # Judges the tensors of one update into its result; made from the tolerances and the noise floor
 # (floor·eps). The default reads both runs' tensors; a golden file judges from its summaries.
@@ -128,7 +129,7 @@ def _judge(
         if on_update is not None:
             on_update(i)
     jumps = judge_apart(results, tol, base, merged) if reference is None else []
-    jumps += rounding_notes(results)
+    jumps += rounding_notes(results) + netted_notes(results)
     seen = judge_tensors.width if isinstance(judge_tensors, SketchJudge) else None
     jumps += honest_differences(results, base, merged, reference, tol.noise_factor, seen)
     calibrated = reference is not None
@@ -147,8 +148,8 @@ def _judge(
         [
             *base.notes,
             *merged.notes,
-            *_notes(base, merged, judge.merged_loss),
-            *_written_note(written, base),
+            *run_notes(base, merged, judge.merged_loss),
+            *written_note(written, base),
             *jumps,
             *sketch_note(results),
             *vacuous_notes(results, tol, judge.resolution, judge.base_loss),
@@ -258,6 +259,9 @@ class _Judge:
             result.grad_ratio, result.grad_cosine = fit_ratio(
                 [gb[n] for n in names], [gm[n] for n in names]
             )
+        if self.ref is None and i > 0 and failing(grads) and full_weights(self.base, self.merged):
+            entered = self.base.weights(i - 1), self.merged.weights(i - 1)
+            grads = net_of_weights(grads, gb, gm, *entered)  # judge/weight_term.py
         if self.drift is not None and wb is not None:
             if wr is not None:
                 self.drift.advance(gb, gr, wb, wr, first=i == 0)
@@ -321,59 +325,6 @@ def _print_slack(*quanta: Tensors | None) -> dict[str, np.ndarray]:
     if not known:
         return {}
     return {name: sum(q[name] for q in known if name in q) for name in known[0]}
-
-
-def _notes(base: Run, merged: Run, merged_loss: np.ndarray) -> list[str]:
-    notes: list[str] = []
-    printed = merged.printed_window_loss
-    if printed is not None:
-        own = merged.printed_window_quantum
-        own = np.zeros_like(printed) if own is None else np.nan_to_num(own)
-        # the script's own mean is a float32 sum, printed: its rounding and both print resolutions
-        rounding = (merged.accum_steps + 2) * EPS32 * np.abs(merged_loss)
-        slack = own + merged.window_loss_quantum() + rounding
-        gaps = np.abs(printed - merged_loss)
-        for i in np.flatnonzero(np.isfinite(printed) & ~(gaps <= slack)):
-            notes.append(
-                f"update {int(i)}: the log's printed window mean {printed[i]:.8g} "
-                f"disagrees with the mean of its micro losses {merged_loss[i]:.8g}; "
-                "the computed mean is used"
-            )
-    if _identical(base, merged):
-        notes.append(
-            "the two runs are bit-identical (losses and weight fingerprints): a run compared "
-            "with a copy of itself passes by construction; check that the merged run is the one "
-            "you meant"
-        )
-    return notes
-
-
-def _written_note(written: frozenset[str], base: Run) -> list[str]:
-    if not written:
-        return []
-    names = listed(sorted(written), 3)
-    steps = base.optimizer_steps
-    unseen = (
-        "; the optimizer given to the Recorder never stepped, yet the weights changed: give it "
-        "the one that steps them (with one optimizer per parameter stepped in a backward hook, "
-        "any one of them)"
-        if steps is not None and len(steps) and not steps.any()
-        else ""
-    )
-    return [
-        f"the baseline's own forward or backward writes {names} (e.g. an Embedding with "
-        "max_norm): their changes inside the merged run's windows are not taken for optimizer "
-        f"steps{unseen}"
-    ]
-
-
-def _identical(base: Run, merged: Run) -> bool:
-    if base.accum_steps != merged.accum_steps or base.update_state is None:
-        return False
-    same_states = merged.update_state is not None and np.array_equal(
-        base.update_state, merged.update_state
-    )
-    return same_states and np.array_equal(base.micro_loss, merged.micro_loss, equal_nan=True)
 
 
 def _first_divergence(results: list[UpdateResult]) -> dict | None:

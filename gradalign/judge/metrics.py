@@ -52,6 +52,9 @@ class TensorDiff:
     rounded: bool = False  # a gradient that passes only by the rounding floor (judge/rounding.py)
     # sketched: the part of `allowed` that is the estimator's bound (judge/sketched.py)
     slack: float = dataclasses.field(default=0.0, compare=False)
+    # without a reference: the c of a gradient that passes only net of c·Δw, a term
+    # proportional to the weights the runs entered with (judge/weight_term.py)
+    netted: float = dataclasses.field(default=0.0, compare=False)
 
     @property
     def ok(self) -> bool:

@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from ..runs.model import Run
-from ..runs.sketches import Estimate, estimate
+from ..runs.sketches import Estimate, dot, estimate
 from .compatible import check_reference_weights, stray
 from .distributed import listed
 from .drift import Drift, beyond_drift, stored_bits, widened
@@ -40,6 +40,7 @@ from .results import UpdateResult
 from .rounding import floors, marked, rounding_in_both
 from .sketch_drift import SketchDrift
 from .views import Kept, Sketching, summaries
+from .weight_term import Sums, coefficient, failing, netted
 
 
 def _exact(kept: dict[str, Kept] | None, shapes: dict) -> dict[str, np.ndarray] | None:
@@ -69,6 +70,7 @@ class SketchJudge:
         stored = self.base.store is not None and other.store is not None
         self.sketch_drift = SketchDrift(self.base, other, self.ref is None) if stored else None
         self.previous: tuple[dict[str, Kept], dict[str, Kept]] | None = None  # wb, wr
+        self.entered: tuple[dict[str, Kept], dict[str, Kept]] | None = None  # wb, wm before
 
     def close(self) -> None:
         if self.sketch_drift is not None:
@@ -99,6 +101,9 @@ class SketchJudge:
             result.grad_ratio, result.grad_cosine = fit_ratio(
                 [gb[n].vector for n in names], [gm[n].vector for n in names]
             )
+        if self.ref is None and i > 0 and failing(grads) and self.entered is not None:
+            grads = self._net_of_weights(grads, gb, gm)  # type: ignore[arg-type]
+        self.entered = (wb, wm) if wb is not None and wm is not None else None
         walked = None
         if ex["wb"] is not None and ex["wr"] is not None:
             self.drift.advance(ex["gb"], ex["gr"], ex["wb"], ex["wr"], first=i == 0)
@@ -131,6 +136,39 @@ class SketchJudge:
                     d = beyond_drift(d, max(0.0, d.error - drift), drift)
                 result.weights.append(d)
         result.grads.extend(grads)
+
+    def _net_of_weights(
+        self, grads: list[TensorDiff], gb: dict[str, Kept], gm: dict[str, Kept]
+    ) -> list[TensorDiff]:
+        """The failing gradients judged again net of c·Δw (judge/weight_term.py), c fitted over
+        the tensors kept whole exactly and the sketched ones from their sketches (which
+        subtract, and whose inner products estimate the tensors' without bias); a sketched
+        residual is estimated with its own bound."""
+        assert self.entered is not None
+        pb, pm = self.entered
+        wide = lambda k: np.asarray(k.vector, dtype=np.float64)  # noqa: E731
+        deltas = {
+            d.name: (wide(gm[d.name]) - wide(gb[d.name]), wide(pm[d.name]) - wide(pb[d.name]))
+            for d in grads
+            if d.name in pb and d.name in pm and pb[d.name].exact == gb[d.name].exact
+        }
+        sums = {n: Sums(dot(g, g), dot(g, w), dot(w, w)) for n, (g, w) in deltas.items()}
+        c = coefficient(sums.values())
+        judged = []
+        for d in grads:
+            if d.ok or d.name not in deltas or not c:
+                judged.append(d)
+                continue
+            if not d.sketched:
+                judged.append(netted(d, sums[d.name].residual(c), c))
+                continue
+            g, w = deltas[d.name]
+            gap = estimate(g - c * w, False, self.sizes[d.name])
+            slack = gap.value - gap.low
+            net = dataclasses.replace(d, allowed=d.allowed - d.slack + slack, slack=slack)
+            net = netted(net, gap.value, c)
+            judged.append(net if net.ok else d)
+        return judged
 
     def _sketch_drift(
         self, i: int, grads: tuple, weights: tuple, passed: set[str] | None = None

@@ -37,6 +37,7 @@ from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div, fixed_allowed, quiet
 from .results import UpdateResult
 from .rounding import floors, marked, rounding_in_both
+from .weight_term import Sums, coefficient, failing, netted, sums_of
 
 CHUNK = 1 << 17  # elements per slice
 
@@ -126,6 +127,7 @@ class StreamJudge:
                 self.grad_atol, self.floor16 = self._rounding_floors(files.gb, grads)
             judged = self.pool.map(quiet(lambda n: self._tensor(n, files, judged_grads)), names)
             found = dict(zip(names, judged, strict=True))
+            self._net_of_weights(found, files, grads)
             self._follow(found, files, judged_grads)
             order = files.wb.file.names() if files.wb is not None else []
         finally:
@@ -139,6 +141,24 @@ class StreamJudge:
             bb, mm, bm = (math.fsum(found[n].fit[k] for n in grads) for k in range(3))
             cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
             result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
+
+    def _net_of_weights(self, found: dict[str, _Outcome], files: _Files, grads: list[str]):
+        """Without a reference: the failing gradients judged again net of c·Δw, and the tensors
+        whose gradient passes so judged again with it (their drift counts where it passed;
+        judge/weight_term.py)."""
+        pb, pm = files.pb, files.pm
+        if self.ref is not None or files.first or pb is None or pm is None:
+            return
+        if not failing(found[n].grad for n in grads if found[n].grad is not None):
+            return
+        names = [n for n in grads if n in pb.file.entries and n in pm.file.entries]
+        read = self.pool.map(quiet(lambda n: _entered(files, n)), names)
+        sums = dict(zip(names, read, strict=True))
+        c = coefficient(sums.values())
+        for name, s in sums.items():
+            d = found[name].grad
+            if d is not None and not d.ok and netted(d, s.residual(c), c).ok:
+                found[name] = self._tensor(name, files, set(grads), netting=(c, s))
 
     def _follow(self, found: dict[str, _Outcome], files: _Files, grads: set[str]) -> None:
         """Judge again the tensors without a gradient of their own, with the drift of the
@@ -195,10 +215,16 @@ class StreamJudge:
         return files
 
     def _tensor(
-        self, name: str, f: _Files, grads: set[str], follow: list[str] | None = None
+        self,
+        name: str,
+        f: _Files,
+        grads: set[str],
+        follow: list[str] | None = None,
+        netting: tuple[float, Sums] | None = None,
     ) -> _Outcome:
         """One tensor's judgement at this update; `follow`: the tensors whose drift it may
-        share, having none of its own (`_follow`)."""
+        share, having none of its own (`_follow`); `netting`: the c and sums its gradient is
+        judged net of (`_net_of_weights`)."""
         out = _Outcome()
         tol = self.tol
         has = lambda c: c is not None and name in c.file.entries  # noqa: E731
@@ -217,6 +243,8 @@ class StreamJudge:
                 d = rounding_in_both(marked(d, tol.weight_atol, self.grad_atol), self.floor16)
                 if has(f.gr):
                     d = gpair.calibrate(d, tol.noise_factor, self.floor)
+                if netting is not None:
+                    d = netted(d, netting[1].residual(netting[0]), netting[0])
                 out.grad, out.fit = d, (gpair.bb, gpair.mm, gpair.bm)
         if not referenced:  # the merged run's steps count where its gradients passed
             widen = widen and out.grad is not None and out.grad.ok
@@ -323,6 +351,23 @@ class StreamJudge:
             error, allowed = math.inf, 0.0
         rounding = bound.rounding(name, update) * math.sqrt(pair.rr)
         return None if error <= allowed + rounding + allowance else error
+
+
+def _entered(f: _Files, name: str) -> Sums:
+    """A tensor's `Sums` of its gradients at this update and the weights the runs entered it
+    with (all read before in this update or the one before it: checked)."""
+    files = [c for c in (f.gb, f.gm, f.pb, f.pm) if c is not None]
+    streams = [c.stream(name, checked=True) for c in files]
+    total, done, count = Sums(0.0, 0.0, 0.0), 0, streams[0].count
+    while True:
+        parts = [widen64(s.read(CHUNK)) for s in streams]
+        total = total + sums_of(*parts)
+        done += parts[0].size
+        if done >= count:
+            break
+    for stream in streams:
+        stream.finish()
+    return total
 
 
 def _sweep(files: list[CheckedFile | None], name: str) -> Pair:
