@@ -65,3 +65,25 @@ def test_a_penalty_counted_k_times_under_the_noise_floor_is_named(tmp_path, seed
     assert first.evidence["implied_l2"] == pytest.approx(L2, rel=0.05)
     assert "written as c·‖w‖²" in first.message and "written as λ/2·‖w‖²" in first.message
     assert bug.first_divergence["update"] == 0
+
+
+def test_without_a_reference_a_penalty_counted_k_times_within_the_tolerance_is_named(tmp_path):
+    """The built-in MLP with λ = 1e-6 counted K times moves the gradient 3.9e-5 of itself, within
+    grad_rtol (1e-4): it passed without a reference. Exactly a multiple of the weights (99.6% of
+    the difference explained), it fails by that shape; the clean pair, 1.5e-7 apart, passes."""
+    from gradalign import api
+    from gradalign.config import TrainConfig
+    from gradalign.judge.below_noise import FIXED_CHECK
+
+    config = TrainConfig(hidden=32, updates=3, batch_size=32, accum_steps=K, l2_penalty=1e-6)
+    base = api.record_baseline(config, tmp_path / "base", reference="none")
+    clean = compare(base, api.record_merged(config, tmp_path / "merged"), reference="none")
+    assert clean.verdict == "pass", [c for c in clean.checks if c.status == "fail"]
+    merged = api.record_merged(config, tmp_path / "bug", fault="penalty-every-micro")
+    bug = compare(base, merged, reference="none")
+    assert bug.verdict == "fail"
+    assert bug.diagnosis[0].code == "penalty-not-scaled"
+    assert bug.diagnosis[0].evidence["implied_l2"] == pytest.approx(1e-6, rel=0.05)
+    failed = [c for c in bug.checks if c.status == "fail"]
+    assert [c.name for c in failed] == [FIXED_CHECK]
+    assert all(d.ok for r in bug.results for d in r.grads)  # within grad_rtol everywhere
