@@ -44,7 +44,7 @@ from .undeclared import undeclared_note
 from .unstable import unstable_note
 from .vacuous import unmoved_note, unrecorded_note, untrained_note, vacuous_notes
 from .views import sketch_width
-from .weight_term import failing, full_weights, net_of_weights, netted_notes
+from .weight_term import failing, net_of_weights, netted_notes
 from .window_sizes import judged_updates
 from .windows import inside_window_changes, written_in_forward
 
@@ -201,8 +201,9 @@ class _Judge:
         self.floor, self.epsilon = tol.noise_floor * epsilon, epsilon
         self.starts = starts
         self.first_printed: Tensors = {}  # the baseline's first printed weights, per tensor
-        full = base.full_weights and merged.full_weights  # elements line up (no printed arrays)
-        drifts = whole and starts is not None and (ref is not None or full)
+        # elements line up (no printed arrays): drift, and the net of a penalty's term
+        self.full = base.full_weights and merged.full_weights
+        drifts = whole and starts is not None and (ref is not None or self.full)
         self.drift = Drift(starts, stored_bits(base), ref is None) if drifts else None
         n = judged_updates(base, merged)  # runs whose windows stop lining up are cut there
         self.base_loss, self.merged_loss = base.window_losses()[:n], merged.window_losses()[:n]
@@ -259,7 +260,7 @@ class _Judge:
             result.grad_ratio, result.grad_cosine = fit_ratio(
                 [gb[n] for n in names], [gm[n] for n in names]
             )
-        if self.ref is None and i > 0 and failing(grads) and full_weights(self.base, self.merged):
+        if self.ref is None and i > 0 and failing(grads) and self.full:
             entered = self.base.weights(i - 1), self.merged.weights(i - 1)
             grads = net_of_weights(grads, gb, gm, *entered)  # judge/weight_term.py
         if self.drift is not None and wb is not None:

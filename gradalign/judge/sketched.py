@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from ..runs.model import Run
-from ..runs.sketches import Estimate, dot, estimate
+from ..runs.sketches import Estimate, estimate
 from .compatible import check_reference_weights, stray
 from .distributed import listed
 from .drift import Drift, beyond_drift, stored_bits, widened
@@ -152,7 +152,7 @@ class SketchJudge:
             for d in grads
             if d.name in pb and d.name in pm and pb[d.name].exact == gb[d.name].exact
         }
-        sums = {n: Sums(dot(g, g), dot(g, w), dot(w, w)) for n, (g, w) in deltas.items()}
+        sums = {n: Sums.of(g, w) for n, (g, w) in deltas.items()}
         c = coefficient(sums.values())
         judged = []
         for d in grads:

@@ -357,6 +357,7 @@ def _entered(f: _Files, name: str) -> Sums:
     """A tensor's `Sums` of its gradients at this update and the weights the runs entered it
     with (all read before in this update or the one before it: checked)."""
     files = [c for c in (f.gb, f.gm, f.pb, f.pm) if c is not None]
+    assert len(files) == 4, "both runs' gradients and the weights they entered with"
     streams = [c.stream(name, checked=True) for c in files]
     total, done, count = Sums(0.0, 0.0, 0.0), 0, streams[0].count
     while True:

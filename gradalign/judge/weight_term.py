@@ -15,9 +15,8 @@ the whole model, fitted by least squares: c = Σ⟨Δg, Δw⟩ / Σ‖Δw‖² (
 at every update), where that term explains at least `EXPLAINED` of the gradients' squared
 difference over the model (98.4% to 99.97% there, at updates 2 to 39 of 40; a ResNet without a
 penalty whose runs parted at kinks, zoo run 52030 at update 26, fitted c = 1.1e-3 explaining
-0.00%: none). A tensor that passes only so
-is marked (`netted`: its c) and a note names it.
-A bug moves the gradients along its own shape (K times the gradient, another batch's gradient,
+0.00%: none). A tensor that passes only so is marked (`netted`: its c) and a note names it. A
+bug moves the gradients along its own shape (K times the gradient, another batch's gradient,
 one carried over, a penalty counted K times: ∝ w), which the direction of the weights'
 difference does not hold, and it shows first at the update it starts, which the runs enter with
 the same weights or weights apart by noise alone.
@@ -31,7 +30,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..runs.model import Run, Tensors
+from ..runs.model import Tensors
 from ..runs.sketches import dot
 from .distributed import listed
 from .metrics import TensorDiff
@@ -49,6 +48,11 @@ class Sums:
     dw: float
     ww: float
 
+    @classmethod
+    def of(cls, dg: np.ndarray, dw: np.ndarray) -> Sums:
+        """The sums of aligned float64 differences Δg and Δw."""
+        return cls(dot(dg, dg), dot(dg, dw), dot(dw, dw))
+
     def __add__(self, other: Sums) -> Sums:
         return Sums(self.dd + other.dd, self.dw + other.dw, self.ww + other.ww)
 
@@ -59,8 +63,7 @@ class Sums:
 
 def sums_of(gb: np.ndarray, gm: np.ndarray, pb: np.ndarray, pm: np.ndarray) -> Sums:
     """`Sums` of aligned float64 slices (or whole flattened tensors)."""
-    dg, dw = np.subtract(gm, gb), np.subtract(pm, pb)
-    return Sums(dot(dg, dg), dot(dg, dw), dot(dw, dw))
+    return Sums.of(np.subtract(gm, gb), np.subtract(pm, pb))
 
 
 def whole_sums(gb, gm, pb, pm) -> Sums:
@@ -105,11 +108,6 @@ def net_of_weights(
     }
     c = coefficient(sums.values())
     return [d if d.name not in sums else netted(d, sums[d.name].residual(c), c) for d in grads]
-
-
-def full_weights(*runs: Run) -> bool:
-    """Whether every run recorded whole weights (not printed arrays), element for element."""
-    return all(r.full_weights for r in runs)
 
 
 def failing(diffs: Iterable[TensorDiff]) -> bool:
