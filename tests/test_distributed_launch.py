@@ -157,7 +157,8 @@ def test_verify_on_two_ranks_at_the_default_size(cli, tmp_path):
     report = tmp_path / "r.json"
     result = cli("verify", "--nproc", "2", "-k", "2", "-o", tmp_path / "v", "--json", report)
     assert result.code == 0, result.out
-    assert "(K=1, B=128) vs" in result.out and "(W=2 x K=2, B=128), 12 updates" in result.out
+    text = " ".join(result.out.split())  # the header wraps where the temporary folder's name ends
+    assert "(K=1, B=128) vs" in text and "(W=2 x K=2, B=128), 12 updates" in text
     data = json.loads(report.read_text())
     assert data["reference"].endswith("baseline-fp64") and data["accum_steps"] == 2
     assert data["merged_ranks"]["world_size"] == 2 and data["merged_ranks"]["replicas_agree"]

@@ -16,12 +16,17 @@ from gradalign import api
 from .recorded_loop import train
 
 UPDATES, BATCH, K = 32, 16, 4
+# The run it was seen in drew its data with seed 5. Where the walk goes depends on the
+# machine's rounding (its CPU's kernels), so the clean runs are recorded on several draws of the
+# data: each must pass, and some must walk beyond the factor on their noise, or nothing here
+# would test the rule.
+DATA_SEEDS = range(5, 18)
 
 
-def _record(out, k: int, dtype: torch.dtype, lr: float = 0.2) -> None:
+def _record(out, k: int, dtype: torch.dtype, data_seed: int, lr: float = 0.2) -> None:
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2)).to(dtype)
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(data_seed)
     x = torch.randn(BATCH * 400, 6, generator=g)  # the data of the 400-update run it was seen in
     y = torch.randint(0, 2, (BATCH * 400,), generator=g)
     rows = BATCH * UPDATES
@@ -33,20 +38,25 @@ def _record(out, k: int, dtype: torch.dtype, lr: float = 0.2) -> None:
 def runs(tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("walks")
-    _record(root / "base", 1, torch.float32)
-    _record(root / "ref", 1, torch.float64)
-    _record(root / "merged", K, torch.float32)
-    _record(root / "lr", K, torch.float32, lr=0.2 * 1.01)
+    for seed in DATA_SEEDS:
+        _record(root / f"base{seed}", 1, torch.float32, seed)
+        _record(root / f"ref{seed}", 1, torch.float64, seed)
+        _record(root / f"merged{seed}", K, torch.float32, seed)
+    _record(root / "lr", K, torch.float32, DATA_SEEDS[0], lr=0.2 * 1.01)
     return root
 
 
 def test_a_two_element_bias_walking_further_than_its_baseline_passes(runs):
-    c = api.compare(runs / "base", runs / "merged", reference=runs / "ref")
-    assert c.verdict == "pass", [(d.code, d.message) for d in c.diagnosis]
-    bias = [d for r in c.results for d in r.weights if d.name == "2.bias"]
-    assert max(d.error / d.noise for d in bias) > 4  # beyond the factor on its noise there
+    walks = []
+    for seed in DATA_SEEDS:
+        c = api.compare(runs / f"base{seed}", runs / f"merged{seed}", reference=runs / f"ref{seed}")
+        assert c.verdict == "pass", (seed, [(d.code, d.message) for d in c.diagnosis])
+        bias = [d for r in c.results for d in r.weights if d.name == "2.bias"]
+        walks.append(max(d.error / d.noise for d in bias))
+    assert sum(w > 4 for w in walks) >= 2, walks  # beyond the factor on its noise there
 
 
 def test_a_one_percent_larger_lr_still_fails(runs):
-    c = api.compare(runs / "base", runs / "lr", reference=runs / "ref")
+    seed = DATA_SEEDS[0]
+    c = api.compare(runs / f"base{seed}", runs / "lr", reference=runs / f"ref{seed}")
     assert c.verdict == "fail"
