@@ -14,7 +14,15 @@ from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
 
 from .frameworks import require
-from .zoo_runs import _compare, _followed, _one_thread_judge, _one_thread_runs, _runs, zoo
+from .zoo_runs import (
+    _compare,
+    _followed,
+    _followed_on_one_of,
+    _one_thread_judge,
+    _one_thread_runs,
+    _runs,
+    zoo,
+)
 
 
 def test_a_loss_the_weights_explain_is_not_a_false_alarm(tmp_path, monkeypatch):
@@ -86,19 +94,26 @@ def test_a_high_gain_element_is_followed_not_failed(tmp_path, monkeypatch):
     other way at update 0) moved it 10x its noise, and updates 1 to 7 failed as `unexplained`.
     Both judges follow it at the bound the merged run's own gradient errors set through the
     reference's gain there (judge/gains.py); without that it fails again. One thread. The carry
-    of update 0's drifted difference (2.9x its noise) now passes it too, so it is off here."""
-    root = _one_thread_runs(tmp_path, "gpt", "adam-eps6", 4, 3016)
+    of update 0's drifted difference (2.9x its noise) now passes it too, so it is off here.
+    Seeds 3116 and 3194 (of 400 searched; biases at update 0) show it on a machine whose kernels
+    rounded 3016 otherwise."""
     monkeypatch.setattr("gradalign.judge.honest.carry_admitted_excess", lambda *a: None)
-    _followed(root, monkeypatch, "follow_gain_divergence", 1, "update 1: blocks.1.ln2.bias element")
+    seen = [
+        (("gpt", "adam-eps6", 4, 3016), 1, "update 1: blocks.1.ln2.bias element"),
+        (("gpt", "adam-eps6", 4, 3116), 0, "update 0: blocks.0.mlp.0.bias element 77"),
+        (("gpt", "adam-eps6", 4, 3194), 0, "update 0: blocks.1.ln1.bias element 4"),
+    ]
+    _followed_on_one_of(tmp_path, monkeypatch, seen, "follow_gain_divergence")
 
 
 def test_a_first_step_difference_within_the_factor_is_carried(tmp_path, monkeypatch):
     """A LayerNorm MLP under Adam with eps 1e-6, K=8, seed 6203: the first step's spread let the
     output weight's element near eps stand 3.13x the tensor's noise (within the factor of 4),
     and at update 1 the output bias's gradient stood 7.24x its noise: the run failed as
-    `unexplained` while the carry counted only from 4x. It passes with the excess carried."""
-    root = _one_thread_runs(tmp_path, "lnmlp", "adam-eps6", 8, 6203)
-    _followed(root, monkeypatch, "carry_admitted_excess", 1)
+    `unexplained` while the carry counted only from 4x. It passes with the excess carried.
+    Seed 6958 (of 700 searched) shows it on a machine whose kernels rounded 6203 otherwise."""
+    seen = [(("lnmlp", "adam-eps6", 8, seed), 1, "") for seed in (6203, 6958)]
+    _followed_on_one_of(tmp_path, monkeypatch, seen, "carry_admitted_excess")
 
 
 def test_a_drifted_weights_effect_on_the_next_gradients_is_carried(tmp_path, monkeypatch):
