@@ -28,6 +28,7 @@ from .cli_options import (
     NprocOpt,
     ReferenceOpt,
     SelftestDeviceOpt,
+    SelftestKeepOpt,
     SelftestOutOpt,
     SelftestRecordOpt,
     VerifyFilesOpt,
@@ -316,15 +317,16 @@ def selftest(
     json: JsonOpt = None,
     record: SelftestRecordOpt = "full",
     device: SelftestDeviceOpt = "cpu",
+    keep_runs: SelftestKeepOpt = False,
 ) -> None:
     """Prove the gate: clean setups must pass, every known bug must fail with its own code."""
     from .selftest import render_selftest, run_selftest, write_selftest_json
 
     reports = [json] if json is not None else []
-    outcome = run_selftest(out, err_console, reports=reports, device=device, record=record)
+    options = {"device": device, "record": record, "keep_runs": keep_runs}
+    outcome = run_selftest(out, err_console, reports=reports, **options)
     render_selftest(outcome, table_console(reports, out_console, err_console))
-    if json is not None:
-        write_selftest_json(outcome, json)
+    write_selftest_json(outcome, json)
     raise typer.Exit(0 if all(case.ok for case in outcome) else 1)
 
 

@@ -68,6 +68,14 @@ VerifyFilesOpt = Annotated[
     ),
 ]
 SelftestOutOpt = Annotated[Path, typer.Option("--out", "-o", help="directory for the runs")]
+SelftestKeepOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep-runs",
+        help="keep every case's runs (by default only those of the cases that did not go as "
+        "expected stay, with their baselines)",
+    ),
+]
 SelftestDeviceOpt = Annotated[
     str, typer.Option("--device", help="where every case trains: cpu, cuda or auto")
 ]

@@ -76,6 +76,16 @@ class Case:
         setup["record"] = self.record
         return TrainConfig().replace(**setup, **k)
 
+    @property
+    def folder(self) -> str:
+        """Where its setup's runs go, below the selftest's folder."""
+        return self.setup.replace("+", "_")
+
+    @property
+    def merged_run(self) -> str:
+        shape = f"w{self.nproc}k{self.config.accum_steps}-" if self.nproc > 1 else ""
+        return f"merged-{shape}{self.fault or 'clean'}"
+
 
 @dataclass(frozen=True)
 class LogCase:
@@ -90,6 +100,9 @@ class LogCase:
     fault: None = None
     also: tuple[str, ...] = ()
     nproc: int = 1  # logs are read, not trained
+
+    folder = "logs"  # all log cases read the logs written there once
+    merged_run = None
 
     @property
     def name(self) -> str:
@@ -207,15 +220,18 @@ def run_selftest(
     reports: list[Path] | None = None,
     device: str = "cpu",
     record: str = "full",
+    keep_runs: bool = False,
 ) -> list[Outcome]:
     """Train and judge every case; baselines and references are shared between cases.
     `reports`: files the caller writes afterwards, checked before any training; `device`: where
     every case trains (cpu, cuda or auto); `record`: "sketch" records every run with sketches
-    (the verdicts and codes must not change)."""
+    (the verdicts and codes must not change); `keep_runs`: keep the runs of the cases that went
+    as expected too (by default they are removed as each is judged: ~2 GB in all)."""
     from .report.files import check_replaceable
     from .runs.outputs import check_outputs
-    from .runs.writer import ensure_parent_writable
+    from .runs.writer import ensure_parent_writable, missing_dirs
     from .selftest_ranks import run_ranked
+    from .selftest_runs import RunsKept
 
     api.require_torch()
     from .record.device import resolve_device
@@ -227,12 +243,14 @@ def run_selftest(
     if record not in RECORD_MODES:
         raise BadInput(f"--record must be one of {', '.join(RECORD_MODES)}, got {record!r}")
     cases = cases or CASES
+    made = missing_dirs(out)
     outcomes, recorded, logs = [], set(), None
     cases = [replace(c, device=device, record=record) if isinstance(c, Case) else c for c in cases]
+    tidy = RunsKept(out, keep_runs, cases)
     for case in (c for c in cases if c.nproc == 1):
         try:
             if isinstance(case, LogCase):
-                logs = logs or _write_logs(out / "logs")
+                logs = logs or tidy.logs_written(_write_logs(out / "logs"))
                 comparison = api.compare(
                     logs / case.base,
                     [logs / name for name in case.merged],
@@ -242,17 +260,19 @@ def run_selftest(
             else:
                 comparison = _run_case(case, out, recorded)
         except BadInput as exc:  # a case the gate could not judge is wrong; the others still run
-            outcomes.append(Outcome(case, ERROR, [], message=str(exc)))
+            outcomes.append(tidy.judged(Outcome(case, ERROR, [], message=str(exc))))
             log.print(f"selftest: {case.name}: error: {exc}", markup=False)
             continue
-        outcomes.append(judge_case(case, comparison, log))
+        outcomes.append(tidy.judged(judge_case(case, comparison, log)))
     ranked = [c for c in cases if isinstance(c, Case) and c.nproc > 1]
-    return outcomes + (run_ranked(ranked, out, log, recorded) if ranked else [])
+    outcomes += run_ranked(ranked, out, log, recorded, tidy) if ranked else []
+    tidy.finish(made, log)
+    return outcomes
 
 
 def baseline_of(case: Case, out: Path, recorded: set[str]) -> Path:
     """The case's baseline (with its float64 reference), recorded once per setup."""
-    base = out / case.setup.replace("+", "_") / "baseline"
+    base = out / case.folder / "baseline"
     if case.setup not in recorded:
         recorded.add(case.setup)
         api.record_baseline(case.config, base, checked=True)
@@ -277,16 +297,15 @@ def judge_case(case: Case | LogCase, comparison: Any, log: Console) -> Outcome:
 
 def _run_case(case: Case, out: Path, recorded: set[str]):
     base = baseline_of(case, out, recorded)
-    merged = base.parent / f"merged-{case.fault or 'clean'}"
+    merged = base.parent / case.merged_run
     api.record_merged(case.config, merged, fault=case.fault, checked=True)
     return api.compare(base, merged)
 
 
-def _write_logs(folder: Path) -> Path:
+def _write_logs(folder: Path) -> list[Path]:
     from .runs.logs.simulate import write_all
 
-    write_all(folder)
-    return folder
+    return write_all(folder)
 
 
 def render_selftest(outcomes: list[Outcome], console: Console) -> None:
@@ -313,8 +332,12 @@ def render_selftest(outcomes: list[Outcome], console: Console) -> None:
     )
 
 
-def write_selftest_json(outcomes: list[Outcome], path: Path) -> None:
+def write_selftest_json(outcomes: list[Outcome], path: Path | None) -> None:
+    """The outcomes as JSON at `path` (None: none asked for)."""
     from .report.output import write_text_atomic
+
+    if path is None:
+        return
 
     cases = [
         {

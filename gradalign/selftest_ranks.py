@@ -12,6 +12,7 @@ from rich.console import Console
 from . import api
 from .errors import BadInput
 from .selftest import Case, Outcome, baseline_of, judge_case
+from .selftest_runs import RunsKept
 
 
 def ranks_unavailable(case: Case) -> str | None:
@@ -25,7 +26,9 @@ def ranks_unavailable(case: Case) -> str | None:
     return None
 
 
-def run_ranked(cases: list[Case], out: Path, log: Console, recorded: set[str]) -> list[Outcome]:
+def run_ranked(
+    cases: list[Case], out: Path, log: Console, recorded: set[str], tidy: RunsKept
+) -> list[Outcome]:
     """Record the cases' baselines (one process), their merged runs (one launch), judge each."""
     reasons = {case: ranks_unavailable(case) for case in cases}
     runnable = [case for case in cases if reasons[case] is None]
@@ -34,14 +37,13 @@ def run_ranked(cases: list[Case], out: Path, log: Console, recorded: set[str]) -
             log.print(f"selftest: {case.name}: skipped ({reasons[case]})", markup=False)
     bases = {case: baseline_of(case, out, recorded) for case in runnable}
 
-    def merged(case: Case) -> Path:
-        k = case.config.accum_steps
-        return bases[case].parent / f"merged-w{case.nproc}k{k}-{case.fault or 'clean'}"
-
-    api.record_merged_runs([(case.config, merged(case), case.fault) for case in runnable])
+    merged = {case: bases[case].parent / case.merged_run for case in runnable}
+    api.record_merged_runs([(case.config, merged[case], case.fault) for case in runnable])
     outcomes = {
-        case: judge_case(case, api.compare(bases[case], merged(case)), log) for case in runnable
+        case: tidy.judged(judge_case(case, api.compare(bases[case], merged[case]), log))
+        for case in runnable
     }
-    return [
-        outcomes.get(case) or Outcome(case, "skipped", [], skipped=reasons[case]) for case in cases
-    ]
+    for case in cases:
+        if reasons[case] is not None:
+            outcomes[case] = tidy.judged(Outcome(case, "skipped", [], skipped=reasons[case]))
+    return [outcomes[case] for case in cases]

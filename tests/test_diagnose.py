@@ -196,6 +196,7 @@ def test_selftest_passes_and_prints_its_table(cli, tmp_path):
     clean = [c for c in data["cases"] if c["expected_verdict"] == "pass" and not c["skipped"]]
     assert all(c["verdict"] == "pass" and c["codes"] == [] for c in clean)
     assert "all cases as expected" in result.out
+    assert not (tmp_path / "runs").exists()  # every case went as expected: no run is kept
 
 
 def test_selftest_table_marks_a_wrong_case():

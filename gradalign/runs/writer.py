@@ -212,6 +212,19 @@ def clear_stale(final: Path) -> None:
         shutil.rmtree(left, ignore_errors=True)
 
 
+def discard_run(final: Path) -> None:
+    """Remove the run (or file) at `final`: moved aside in one rename first (`.NAME.partial-PID`,
+    which the next write there clears), so an interrupt leaves the run whole or gone, never half."""
+    if not final.exists():
+        return
+    aside = final.parent / f".{final.name}.partial-{os.getpid()}"
+    os.rename(final, aside)
+    if aside.is_dir():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        aside.unlink()
+
+
 def _siblings(final: Path, infix: str) -> list[Path]:
     """`.NAME{infix}*` beside `final`, sorted (a directory scan: a glob compiles a pattern per
     name)."""
