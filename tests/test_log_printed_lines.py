@@ -271,3 +271,23 @@ def test_a_shorter_last_line_is_read_where_the_widths_vary(tmp_path):
     run = read_log(write(tmp_path, text))
     assert run.micro_loss.tolist() == losses
     assert not any("no line end" in note for note in run.notes)
+
+
+def test_a_summarized_paddle_print_formats_only_the_elements_it_shows(monkeypatch):
+    """Above 1000 elements Paddle prints three items at each edge of every axis: the simulated
+    print formats those alone (formatting every element, three simulated logs took 50 s)."""
+    from gradalign.runs.logs import simulate
+
+    calls = []
+    real = simulate._paddle_item
+    monkeypatch.setattr(simulate, "_paddle_item", lambda *a: calls.append(a) or real(*a))
+    text = paddle_str(np.arange(2000, dtype=np.float32) / 8)
+    assert text.splitlines()[1:] == [
+        "       [0.          , 0.12500000  , 0.25000000  , ..., 249.62500000,",
+        "        249.75000000, 249.87500000])",
+    ]
+    assert len(calls) == 12  # 6 shown, measured for the width, then formatted
+    calls.clear()
+    grid = paddle_str((np.arange(1600, dtype=np.float32) - 800).reshape(40, 40) / 4)
+    assert grid.count("...") == 7 and len(calls) == 2 * 36  # 6 rows x 6 items
+    assert "[ 190.        ,  190.25000000,  190.50000000, ...," in grid

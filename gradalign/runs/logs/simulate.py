@@ -328,11 +328,13 @@ def _paddle_format(value: np.ndarray, summary: bool, indent: int, width: int, si
     if value.ndim == 0:
         return _paddle_item(value.item(), width, signed)
     cut = summary and len(value) > 2 * PADDLE_EDGE
+    shown = _edges(list(value), cut, [None])  # only what is printed gets formatted
     if value.ndim == 1:
-        items = _edges([_paddle_item(v, width, signed) for v in value], cut, ["..."])
+        items = ["..." if v is None else _paddle_item(v, width, signed) for v in shown]
         per_line = max(1, (PADDLE_WIDTH - indent) // (width + 2))
         lines = [", ".join(items[i : i + per_line]) for i in range(0, len(items), per_line)]
         return "[" + (",\n" + " " * (indent + 1)).join(lines) + "]"
-    rows = [_paddle_format(r, summary, indent + 1, width, signed) for r in value]
-    rows = _edges(rows, cut, ["..."])
+    rows = [
+        "..." if r is None else _paddle_format(r, summary, indent + 1, width, signed) for r in shown
+    ]
     return "[" + ("," + "\n" * (value.ndim - 1) + " " * (indent + 1)).join(rows) + "]"
