@@ -250,7 +250,7 @@ def run_selftest(
     for case in (c for c in cases if c.nproc == 1):
         try:
             if isinstance(case, LogCase):
-                logs = logs or tidy.logs_written(_write_logs(out / "logs"))
+                logs = logs or tidy.logs_written(_write_logs(out / LogCase.folder))
                 comparison = api.compare(
                     logs / case.base,
                     [logs / name for name in case.merged],

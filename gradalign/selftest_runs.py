@@ -28,8 +28,9 @@ class RunsKept:
         self.otherwise = 0
 
     def logs_written(self, files: list[Path]) -> Path:
+        """Note the simulated logs written (removed with their folder); their folder."""
         self.logs = files
-        return self.out / "logs"
+        return files[0].parent
 
     def judged(self, outcome: Outcome) -> Outcome:
         """Note the outcome; remove what went as expected and no case left needs."""
@@ -53,7 +54,7 @@ class RunsKept:
         from .record.trainer import reference_path
         from .runs.writer import discard_run, remove_if_empty
 
-        ours = self.logs if folder.name == "logs" else [folder / "baseline"]
+        ours = [p for p in self.logs if p.parent == folder] or [folder / "baseline"]
         for path in ours + [reference_path(p) for p in ours if p.name == "baseline"]:
             discard_run(path)  # each whole or gone; nothing else in the folder is touched
         remove_if_empty([folder])

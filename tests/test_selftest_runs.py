@@ -70,3 +70,18 @@ def test_a_folder_of_the_users_beside_the_runs_is_not_touched(tmp_path, short_se
     selftest.run_selftest(out, Console(quiet=True), CASES[2:])
     assert mine.read_text() == "mine"
     assert sorted(p.name for p in (out / "adam").iterdir()) == ["notes.txt"]
+
+
+def test_a_run_being_written_is_not_discarded_from_under_its_writer(tmp_path):
+    from gradalign.errors import BadInput
+    from gradalign.runs.locks import RunLock
+    from gradalign.runs.writer import discard_run
+
+    run = tmp_path / "merged-clean"
+    run.mkdir()
+    (run / "manifest.json").write_text("{}")
+    with RunLock(run), pytest.raises(BadInput, match="being written"):
+        discard_run(run)
+    assert (run / "manifest.json").exists()
+    discard_run(run)  # its writer done: removed, and nothing left beside it
+    assert list(tmp_path.iterdir()) == []

@@ -214,11 +214,14 @@ def clear_stale(final: Path) -> None:
 
 def discard_run(final: Path) -> None:
     """Remove the run (or file) at `final`: moved aside in one rename first (`.NAME.partial-PID`,
-    which the next write there clears), so an interrupt leaves the run whole or gone, never half."""
+    which the next write there clears), so an interrupt leaves the run whole or gone, never half.
+    Its lock is held for the rename, as every writer of that path holds it: a run another process
+    is writing there is refused (BadInput), not taken from under it."""
     if not final.exists():
         return
     aside = final.parent / f".{final.name}.partial-{os.getpid()}"
-    os.rename(final, aside)
+    with RunLock(final):
+        os.rename(final, aside)
     if aside.is_dir():
         shutil.rmtree(aside, ignore_errors=True)
     else:
