@@ -16,14 +16,13 @@ import typer
 from rich.markup import escape
 from typer.exceptions import Abort, TyperException
 
-from . import __version__, api, api_golden, errors
+from . import __version__, api, cli_render, errors
+from .cli_golden import golden_app
 from .cli_options import (
     AccumOpt,
     AgainstOpt,
     ConfigOpt,
     FaultOpt,
-    GoldenReferenceOpt,
-    GoldenRunArg,
     JsonOpt,
     NprocOpt,
     ReferenceOpt,
@@ -38,9 +37,10 @@ from .cli_options import (
     training_options,
     with_k,
 )
+from .cli_render import err_console, feedback, out_console, report_files, verdict
 from .config import tolerances_from_yaml
 from .errors import DISK_ERRORS, BadInput, Terminated, debug_wanted, sigterm_as_interrupt
-from .report.terminal import console, last_word, ready_streams, table_console
+from .report.terminal import last_word, ready_streams, table_console
 
 BAD_INPUT, INTERNAL, INTERRUPTED, TERMINATED = 2, 3, 130, 143
 app = typer.Typer(
@@ -52,11 +52,6 @@ app = typer.Typer(
     "Exit 0 aligned, 1 not aligned, 2 bad input, 3 internal error, 130 interrupted, "
     "143 terminated.",
 )
-
-
-out_console = console()
-err_console = console(stderr=True)
-_debug = {"on": debug_wanted(os.environ)}
 
 
 def _show_version(value: bool) -> None:
@@ -77,32 +72,7 @@ def _root(
         bool, typer.Option("--debug", help="show the traceback of an internal error")
     ] = False,
 ) -> None:
-    _debug["on"] = _debug["on"] or debug
-
-
-def _feedback():
-    from .report.progress import RichFeedback
-
-    return RichFeedback(err_console)
-
-
-def _report_files(reports: dict | None, *read: Path | None):
-    """The report files asked for, checked before any work (`report.files.requested`)."""
-    from .report.files import requested
-
-    return requested(reports, read)
-
-
-def _verdict(comparison, files) -> int:
-    """Render a comparison, write its reports, and turn its verdict into the exit code."""
-    from .judge.results import FAIL
-    from .report.files import write_reports
-    from .report.table import render
-
-    render(comparison, table_console(files.paths(), out_console, err_console))
-    for line in write_reports(comparison, files):
-        err_console.print(line, markup=False, emoji=False, soft_wrap=True)
-    return 1 if comparison.verdict == FAIL else 0
+    cli_render.debug["on"] = cli_render.debug["on"] or debug
 
 
 @app.command()
@@ -115,7 +85,7 @@ def baseline(
 ) -> None:
     """Train at batch B for N updates (K=1) and record the run (and its float64 reference)."""
     cfg = api.as_config(config, overrides)
-    api.record_baseline(cfg, out, reference=reference, feedback=_feedback())
+    api.record_baseline(cfg, out, reference=reference, feedback=feedback())
 
 
 @app.command()
@@ -141,11 +111,11 @@ def merged(
 ) -> None:
     """Train at micro-batch B/K for N*K micro-steps, stepping every K; record the run."""
     overrides = with_k(overrides, accum_steps, nproc)
-    files = _report_files(reports, config)
+    files = report_files(reports, config)
     if against is None:
         if files.paths():
             raise BadInput("report options need --against: a merged run alone is not judged")
-        api.record_merged(api.as_config(config, overrides), out, fault=fault, feedback=_feedback())
+        api.record_merged(api.as_config(config, overrides), out, fault=fault, feedback=feedback())
         return
     comparison = api.merged_against(
         against,
@@ -155,9 +125,9 @@ def merged(
         fault=fault,
         trust_run_code=trust_run_code,
         reports=files.paths(),
-        feedback=_feedback(),
+        feedback=feedback(),
     )
-    raise typer.Exit(_verdict(comparison, files))
+    raise typer.Exit(verdict(comparison, files))
 
 
 @app.command("compare")
@@ -201,7 +171,7 @@ def compare_cmd(
     reports: dict | None = None,
 ) -> None:
     """Judge a merged run against its baseline; exit 0 aligned, 1 not aligned, 2 bad input."""
-    files = _report_files(reports, config)
+    files = report_files(reports, config)
     comparison = api.compare(
         baseline,
         merged,
@@ -211,10 +181,10 @@ def compare_cmd(
         baseline_accum_steps=baseline_accum_steps,
         card_loss=card_loss,
         reports=files.paths(),
-        feedback=_feedback(),
+        feedback=feedback(),
         verify_files=verify_files,
     )
-    raise typer.Exit(_verdict(comparison, files))
+    raise typer.Exit(verdict(comparison, files))
 
 
 @app.command()
@@ -235,7 +205,7 @@ def verify(
     reports: dict | None = None,
 ) -> None:
     """Baseline, merged and compare in one command (the built-in MLP by default)."""
-    files = _report_files(reports, config)
+    files = report_files(reports, config)
     comparison = api.verify(
         api.as_config(config, with_k(overrides, accum_steps, nproc)),
         out,
@@ -243,72 +213,12 @@ def verify(
         reference=reference,
         tolerances={**tolerances_from_yaml(config), **(tolerances or {})},
         reports=files.paths(),
-        feedback=_feedback(),
+        feedback=feedback(),
     )
-    raise typer.Exit(_verdict(comparison, files))
+    raise typer.Exit(verdict(comparison, files))
 
 
-golden_app = typer.Typer(
-    no_args_is_help=True,
-    help="Golden files: a recorded baseline kept as a small JSON file in the repository, and "
-    "runs judged against it (exit 0 aligned, 1 not aligned, 2 bad input or no golden for this "
-    "environment).",
-)
 app.add_typer(golden_app, name="golden")
-
-
-@golden_app.command("write")
-def golden_write(
-    run: GoldenRunArg,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            "-o",
-            help="a .json file, or a directory for <environment key>.json (default golden/)",
-        ),
-    ] = None,
-    reference: GoldenReferenceOpt = None,
-) -> None:
-    """Keep a recorded baseline and its noise as a small, reviewable golden file (default
-    golden/<environment key>.json)."""
-    path = api.golden_write(run, out, reference=reference)
-    out_console.print(f"golden: {path} ({path.stat().st_size / 1024:.1f} kB)", markup=False)
-
-
-@golden_app.command("check")
-@report_options
-@tolerance_options
-def golden_check(
-    golden: Annotated[Path, typer.Argument(help="a golden file, or a directory of them")],
-    run: Annotated[Path, typer.Argument(help="the run directory to judge")],
-    update: Annotated[
-        bool,
-        typer.Option(
-            "--update",
-            help="accept the run as the golden afterwards: exit 0 once written, whatever the "
-            "verdict",
-        ),
-    ] = False,
-    tolerances: dict | None = None,
-    reports: dict | None = None,
-) -> None:
-    """Judge a run against the golden for its environment; --update accepts it as the golden."""
-    files = _report_files(reports, golden)
-    outcome = api.golden_check(
-        golden,
-        run,
-        tolerances=tolerances,
-        update=update,
-        reports=files.paths(),
-        feedback=_feedback(),
-    )
-    if outcome.comparison is None:
-        for line in api_golden.first_golden_lines(run, outcome.written, files.paths()):
-            out_console.print(line, markup=False)
-        raise typer.Exit(0)
-    code = _verdict(outcome.comparison, files)
-    raise typer.Exit(0 if outcome.written else code)
 
 
 @app.command()
@@ -344,7 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     forget_asked()  # reports asked for by an earlier command of this process are not this one's
     ready_streams(err_console, INTERRUPTED)
-    _debug["on"] = debug_wanted(os.environ) or "--debug" in args  # per command, not sticky
+    cli_render.debug["on"] = (
+        debug_wanted(os.environ) or "--debug" in args
+    )  # per command, not sticky
     args = [a for a in args if a != "--debug"]  # accepted before or after the command
     try:
         with sigterm_as_interrupt():
@@ -362,13 +274,13 @@ def main(argv: list[str] | None = None) -> None:
     except MemoryError:
         _fail("out of memory: the run is too large for this machine; reduce it", BAD_INPUT)
     except OSError as exc:
-        if exc.errno not in DISK_ERRORS or _debug["on"]:
+        if exc.errno not in DISK_ERRORS or cli_render.debug["on"]:
             _internal(exc)
         name = str(exc.filename or "")  # a path of thousands of characters, cut
         where = f" ({name if len(name) <= 200 else name[:197] + '...'})" if name else ""
         _fail(f"cannot write or read{where}: {exc.strerror}", BAD_INPUT)
     except RecursionError as exc:
-        if _debug["on"]:
+        if cli_render.debug["on"]:
             raise
         _fail(f"input nested too deeply to read ({exc})", BAD_INPUT)
     except Exception as exc:  # an interrupt Python wrapped in another exception is one still
@@ -382,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _internal(exc: BaseException) -> None:
-    if _debug["on"]:
+    if cli_render.debug["on"]:
         raise exc
     text = " ".join(str(exc).split())[:300]
     _fail(

@@ -1,0 +1,74 @@
+"""`gradalign golden write` and `gradalign golden check`: a recorded baseline kept as a small
+JSON file in the repository, and runs judged against it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from . import api, api_golden
+from .cli_options import GoldenReferenceOpt, GoldenRunArg, report_options, tolerance_options
+from .cli_render import feedback, out_console, report_files, verdict
+
+golden_app = typer.Typer(
+    no_args_is_help=True,
+    help="Golden files: a recorded baseline kept as a small JSON file in the repository, and "
+    "runs judged against it (exit 0 aligned, 1 not aligned, 2 bad input or no golden for this "
+    "environment).",
+)
+
+
+@golden_app.command("write")
+def golden_write(
+    run: GoldenRunArg,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="a .json file, or a directory for <environment key>.json (default golden/)",
+        ),
+    ] = None,
+    reference: GoldenReferenceOpt = None,
+) -> None:
+    """Keep a recorded baseline and its noise as a small, reviewable golden file (default
+    golden/<environment key>.json)."""
+    path = api.golden_write(run, out, reference=reference)
+    out_console.print(f"golden: {path} ({path.stat().st_size / 1024:.1f} kB)", markup=False)
+
+
+@golden_app.command("check")
+@report_options
+@tolerance_options
+def golden_check(
+    golden: Annotated[Path, typer.Argument(help="a golden file, or a directory of them")],
+    run: Annotated[Path, typer.Argument(help="the run directory to judge")],
+    update: Annotated[
+        bool,
+        typer.Option(
+            "--update",
+            help="accept the run as the golden afterwards: exit 0 once written, whatever the "
+            "verdict",
+        ),
+    ] = False,
+    tolerances: dict | None = None,
+    reports: dict | None = None,
+) -> None:
+    """Judge a run against the golden for its environment; --update accepts it as the golden."""
+    files = report_files(reports, golden)
+    outcome = api.golden_check(
+        golden,
+        run,
+        tolerances=tolerances,
+        update=update,
+        reports=files.paths(),
+        feedback=feedback(),
+    )
+    if outcome.comparison is None:
+        for line in api_golden.first_golden_lines(run, outcome.written, files.paths()):
+            out_console.print(line, markup=False)
+        raise typer.Exit(0)
+    code = verdict(outcome.comparison, files)
+    raise typer.Exit(0 if outcome.written else code)
