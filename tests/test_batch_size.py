@@ -86,3 +86,24 @@ def test_a_leading_size_that_is_not_the_rows_names_the_other_bug(tmp_path):
     assert c.verdict == "fail"
     assert c.diagnosis[0].code == "loss-scale", [(d.code, d.message) for d in c.diagnosis]
     assert "batch-size" not in [d.code for d in c.diagnosis]
+
+
+def test_a_log_of_one_line_per_update_read_with_k_is_told_both_ways(cli, tmp_path):
+    """A log whose lines count the whole batch, as many lines as the baseline's updates, read
+    with -k 4: one line per update read per micro-step, or micro-batches of the whole batch
+    printed per micro-step; the counts cannot tell which, so both are said, -k 1 first."""
+
+    def log(path, losses):
+        lines = [
+            f"train_inner | epoch 001: {i + 1:6d} / 16 loss={value:.3f}, bsz=64, "
+            f"num_updates={i + 1}, lr=0.1"
+            for i, value in enumerate(losses)
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    losses = [3.3 - 0.05 * i for i in range(16)]
+    base, merged = log(tmp_path / "base.log", losses), log(tmp_path / "merged.log", losses)
+    assert cli("compare", base, merged, "-k", "1").code == 0
+    result = cli("compare", base, merged, "-k", "4")
+    one_line_error(result, "give it -k 1", "not divided by K=4")

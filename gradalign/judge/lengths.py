@@ -37,6 +37,16 @@ def length_hint(base: Run, other: Run, other_name: str = "merged") -> str:
         if other.accum_steps > 1 and theirs.size and mine.size:
             micro = int(other.micro_samples[0])  # over its ranks, as the windows' sums
             if micro == mine[0] and theirs[0] == other.accum_steps * mine[0]:
+                k = other.accum_steps
+                if other.kind == "log" and other.updates * k == base.updates:
+                    return (  # the same counts as a log of one line per update read with -k K
+                        f" (its log holds {base.updates} step lines of {micro} rows each, as "
+                        "many as the baseline's updates and as large: if it prints one line "
+                        f"per update, not one per micro-step, give it -k 1; if it prints each "
+                        f"micro-step, each micro-batch holds the baseline's whole batch: the "
+                        f"batch per micro-step was not divided by K={k}; give each micro-step "
+                        "the batch / K)"
+                    )
                 return (
                     f" (each micro-batch of the {other_name} run holds {micro} rows, the "
                     f"baseline's whole batch: the batch per micro-step was not divided by "
