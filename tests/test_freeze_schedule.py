@@ -22,8 +22,8 @@ UPDATES, BATCH, UNFREEZE, FREEZE = 5, 32, 3, 2
 def freeze_loop(out, k: int, unfreeze_at: str = "update", float64: bool = False, freeze=False):
     """An MLP whose first layer trains from update UNFREEZE on, counted in updates, in
     micro-steps after the first window (`micro`: from micro-step UNFREEZE + 1, update 1 at K=4)
-    or `never`; with `freeze`, trains until FREEZE, counted alike (`micro`: until micro-step
-    FREEZE + 1, inside window 0 at K=4)."""
+    or `never` (or from the first, `always`); with `freeze`, trains until FREEZE, counted alike
+    (`micro`: until micro-step FREEZE + 1, inside window 0 at K=4)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 24), nn.Tanh(), nn.Linear(24, 3))
     g = torch.Generator().manual_seed(1)
@@ -36,7 +36,9 @@ def freeze_loop(out, k: int, unfreeze_at: str = "update", float64: bool = False,
     with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
         for u in range(UPDATES):
             for j in range(k):
-                count = {"update": u, "micro": micro - 1, "never": -1}[unfreeze_at]
+                count = {"update": u, "micro": micro - 1, "never": -1, "always": UNFREEZE}[
+                    unfreeze_at
+                ]
                 for p in model[0].parameters():
                     p.requires_grad_(0 <= count < FREEZE if freeze else count >= UNFREEZE)
                 rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
@@ -92,3 +94,24 @@ def test_frozen_inside_a_window_is_named_from_its_last_written_micro_step(runs):
     assert first.evidence["tensors"] == ["0.weight", "0.bias"]
     assert first.evidence["first_update"] == 0 and first.evidence["last_written_micro_step"] == 2
     assert "frozen (requires_grad_(False)) inside the window" in first.message
+
+
+@pytest.mark.parametrize("reference", [True, False])
+def test_a_layer_frozen_in_one_run_only_is_named_from_the_first_update(tmp_path, reference):
+    """Frozen throughout the baseline and trained from update 0 in the merged run (its
+    `requires_grad_(False)` forgotten): the first update fails in those tensors alone, exactly
+    zero in one run; named `lr-schedule`, frozen in one run only (was `cross-sample-loss`)."""
+    base = freeze_loop(tmp_path / "base", 1, "never")
+    merged = freeze_loop(tmp_path / "merged", 4, "always")
+    ref = freeze_loop(tmp_path / "ref", 1, "never", float64=True) if reference else None
+    c = compare(base, merged, reference=ref)
+    assert c.verdict == "fail"
+    first = c.diagnosis[0]
+    assert first.code == "lr-schedule", [(d.code, d.message) for d in c.diagnosis]
+    assert first.evidence["first_update"] == 0
+    assert (first.evidence["baseline_from"], first.evidence["merged_from"]) == (None, 0)
+    assert set(first.evidence["tensors"]) == {"0.weight", "0.bias"}
+    assert "in one run only" in first.message
+    assert (
+        compare(base, freeze_loop(tmp_path / "same", 4, "never"), reference=ref).verdict == "pass"
+    )

@@ -41,30 +41,46 @@ def _from(update: int | None) -> str:
 
 def trained_from_another_update(c: Comparison) -> Diagnosis | None:
     r = failing(c)
-    if r is None or not r.update or not r.loss_ok:
+    if r is None or not r.loss_ok:
         return None
     apart = [d for d in r.grads if not d.ok and (z := _zero(d)) is not None and z[0] != z[1]]
     names = [d.name for d in apart]
     if not apart or any(not d.ok and d.name not in names for d in (*r.grads, *r.weights)):
         return None  # the step moved only them: every other tensor still agrees
     earlier = {d.name: _zero(d) for e in c.results[: r.update] for d in e.grads if d.name in names}
-    if any(zero != (True, True) for zero in earlier.values()) or len(earlier) < len(names):
+    if any(zero != (True, True) for zero in earlier.values()) or len(earlier) < len(names) * (
+        r.update > 0
+    ):
         return None  # trained before in either run: not a tensor unfrozen here
     base_from = _trained_from(c, names[0], 0)
     merged_from = _trained_from(c, names[0], 1)
     more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    evidence = {
+        "first_update": r.update,
+        "tensors": names,
+        "baseline_from": base_from,
+        "merged_from": merged_from,
+    }
+    got = (
+        f"{', '.join(names[:_SHOWN])}{more} get a gradient {_from(merged_from)} in the merged "
+        f"run and {_from(base_from)} in the baseline"
+    )
+    if not r.update and None in (base_from, merged_from):  # one run never trains them
+        return Diagnosis(
+            "lr-schedule",
+            f"{got}: one run trains them and the other never does, every other tensor "
+            "agreeing: they are frozen (requires_grad_(False), or no loss term reaches them) in "
+            "one run only",
+            evidence,
+            "freeze the same tensors in both runs (requires_grad, param groups), with the same "
+            "loss terms",
+        )
     return Diagnosis(
         "lr-schedule",
-        f"{', '.join(names[:_SHOWN])}{more} get a gradient {_from(merged_from)} in the merged "
-        f"run and {_from(base_from)} in the baseline, zero in both before: they were unfrozen "
+        f"{got}{', zero in both before' if r.update else ''}: they were unfrozen "
         "(requires_grad) at another point of the training, as at a count of micro-steps instead "
         "of updates",
-        {
-            "first_update": r.update,
-            "tensors": names,
-            "baseline_from": base_from,
-            "merged_from": merged_from,
-        },
+        evidence,
         "unfreeze them (or add their param group) at the same update in both runs: count "
         "optimizer steps, not micro-batches",
     )
