@@ -48,6 +48,17 @@ def test_a_line_per_epoch_at_its_end_is_refused_saying_so(cli, tmp_path):
     refused_pair(cli, tmp_path, lines, "the first step is 20 of 20: a line per epoch")
 
 
+def test_a_logger_interval_longer_than_the_epoch_is_refused_with_its_options(cli, tmp_path):
+    """MMEngine at its default interval of 10 over epochs of 8 iterations prints each epoch's
+    last one, its loss a window mean: refused naming the logger's options, not Keras's alone."""
+    lines = [
+        f"05/10 10:00:08 - mmengine - INFO - Epoch(train) [{epoch + 1}][8/8]  lr: 6.3779e-02  "
+        f"eta: 0:00:01  time: 0.0123  data_time: 0.0012  memory: 123  loss: {v:.4f}"
+        for epoch, v in enumerate(LOSSES[:3])
+    ]
+    refused_pair(cli, tmp_path, lines, "the first step is 8 of 8", "interval=1 and window_size=1")
+
+
 def test_a_loss_named_with_a_qualifier_is_named_in_the_refusal(cli, tmp_path):
     """litgpt prints `loss train:`, a running mean over the window's iterations: not read,
     and the refusal names the field it saw."""

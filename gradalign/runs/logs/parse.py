@@ -178,8 +178,11 @@ class _Pass(RepeatedSteps):
             if value not in (0, 1) and re.search(rf"(?<!\d){value}/{value}(?!\d)", line):
                 raise BadInput(
                     f"{self.where(index)}: the first step is {value} of {value}: a line per "
-                    "epoch, at its end (Keras's verbose=2), whose loss is the epoch's mean: "
-                    "print each step's loss (a callback's on_train_batch_end)"
+                    "epoch, at its end, whose loss is a mean over the epoch or its last steps "
+                    "(Keras's verbose=2; a logger whose interval is longer than the epoch, as "
+                    "MMEngine's): print each step's own loss (MMEngine: interval=1 and "
+                    "window_size=1; Keras's logs hold the epoch's running mean: print the batch's "
+                    "loss from your own train_step)"
                 )
             if value not in (0, 1):
                 raise BadInput(
