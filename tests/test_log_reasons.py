@@ -227,3 +227,15 @@ def test_counters_of_iterations_printed_every_20th_are_refused(cli, tmp_path):
     samples = [line.replace("/2400]", "/600]") for line in _every_20th(LOSSES, 2400)]
     alike = write_log(tmp_path, "alike.log", samples)
     assert cli("compare", base, alike, "-k", "4").code in (0, 1)
+
+
+def test_paddleseg_printed_every_ten_iterations_is_told_its_own_option(cli, tmp_path):
+    """PaddleSeg's train.py prints every --log_iters iterations (10 by default), each line's loss
+    a mean over them: refused, naming its option beside the other frameworks'."""
+    lines = [
+        f"2024-05-10 10:00:{i:02d} [INFO]\t[TRAIN] epoch: 1, iter: {10 * (i + 1)}/160, "
+        f"loss: {v:.4f}, lr: 0.010000, batch_cost: 0.1000, reader_cost: 0.01000, "
+        "ips: 640.0000 samples/sec | ETA 00:00:15"
+        for i, v in enumerate(LOSSES[:6])
+    ]
+    refused_pair(cli, tmp_path, lines, "the first step is 10", "PaddleSeg's --log_iters 1")

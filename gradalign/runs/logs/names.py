@@ -30,7 +30,8 @@ EVERY_STEP_ADVICE = (
     "print every step, e.g. Megatron's --log-interval 1, PaddleNLP's --logging_steps 1, the "
     "transformers Trainer's logging_steps=1, Lightning's log_every_n_steps=1, "
     "paddle.Model.fit(log_freq=1), MMEngine's LoggerHook(interval=1), timm's --log-interval 1, "
-    "PaddleDetection's log_iter: 1, PaddleOCR's Global.print_batch_step: 1"
+    "PaddleDetection's log_iter: 1, PaddleSeg's --log_iters 1, "
+    "PaddleOCR's Global.print_batch_step: 1"
 )
 
 MAX_DIGITS = 18  # a step, epoch or count printed with more digits is no training's
