@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from gradalign import cli as cli_module
+from gradalign import cli_render
 from gradalign.runs import writer as run_writer
 
 from .conftest import ROOT, one_line_error, rewrite_tensor_file
@@ -50,7 +51,7 @@ def test_an_internal_error_is_one_line_and_exit_3(cli, small_runs, monkeypatch):
     monkeypatch.setattr(judge, "compare", broken)
     result = cli("compare", small_runs["baseline"], small_runs["merged"])
     one_line_error(result, "internal error", "ValueError", "--debug", code=3)
-    monkeypatch.setattr(cli_module, "_debug", {"on": False})
+    monkeypatch.setattr(cli_render, "debug", {"on": False})
     with pytest.raises(ValueError):
         cli_module.main(
             ["--debug", "compare", str(small_runs["baseline"]), str(small_runs["merged"])]
