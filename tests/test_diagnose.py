@@ -102,6 +102,22 @@ def test_clean_runs_trigger_no_cause(sgd_runs):
     assert "no reference run" in plain.diagnosis[0].message
 
 
+def test_a_pass_far_from_the_reference_names_the_tensor_and_what_it_is_allowed(sgd_runs):
+    """The pass's summary may quote a ratio far above the table's "x noise" column (which shows
+    each update's worst tensor by err/tol): it names the tensor behind it and its err/tol."""
+    from gradalign.judge.diagnose import diagnose
+
+    result = compare(sgd_runs["base"], sgd_runs["merged"], reference=sgd_runs["ref"])
+    assert "update" not in result.diagnosis[0].message  # within the factor: nothing to point at
+    last = result.results[-1]
+    near = min(last.grads, key=lambda d: d.ratio)  # computed almost exactly by the baseline
+    last.grads[last.grads.index(near)] = dataclasses.replace(near, noise=near.error / 250)
+    message = diagnose(result)[0].message
+    assert "at most 2.5e+02x as far" in message
+    said = f"at {near.name} (grad) (update {last.update}), which stands at {near.ratio:.2g}x"
+    assert said in message, message
+
+
 def shifted(run, update_from: int, fraction: float, start):
     """The run with its weights moved by `fraction` of their displacement from update_from on."""
 

@@ -74,19 +74,21 @@ def test_a_clean_run_needs_no_excuse(runs):
 def test_pass_message_says_when_the_rounding_floor_allowed_more_than_the_factor(error, said):
     from types import SimpleNamespace as NS
 
-    from gradalign.judge.diagnose import _why_it_passes
+    from gradalign.judge.passing import why_it_passes
 
-    tensor = NS(ratio=0.5, error=error, noise=1.0, excused=None)
+    tensor = NS(name="w", ratio=0.5, error=error, noise=1.0, excused=None)
     c = NS(
-        results=[NS(weights=[tensor], grads=[])],
+        results=[NS(update=3, weights=[tensor], grads=[])],
         reference="ref",
         tolerances=NS(noise_factor=4.0),
         dtype="float32",
         merged=NS(model_facts={}),
     )
-    message = _why_it_passes(c)[0].message
-    assert f"{error:.2g}x as far" in message and "(allowed 4x" in message
-    assert ("one rounding of the tensor" in message) == said
+    message = why_it_passes(c)[0].message
+    assert f"{error:.2g}x as far" in message
+    assert ("(allowed 4x)" in message) != said
+    assert ("beyond 4x where the noise model says why: one rounding" in message) == said
+    assert ("at w (update 3), which stands at 0.5x what it is allowed" in message) == said
 
 
 @pytest.mark.parametrize("noisy", [False, True])

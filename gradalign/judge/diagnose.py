@@ -12,14 +12,13 @@ scale is still read from the gradient's size). When nothing fits, the diagnosis 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 
 from . import signatures as sig
 from .below_noise import scaled_within_tolerance
 from .checks import sample_mismatches
-from .distributed import listed
 from .hints import unexplained_hints
+from .passing import why_it_passes
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
 from .signatures import distributed as ranked
 from .signatures import failing, finite
@@ -84,7 +83,7 @@ GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
 def diagnose(c: Comparison) -> list[Diagnosis]:
     """Causes for a failing comparison (or an explanation of a passing one)."""
     if all(check.status != FAIL for check in c.checks):
-        return _why_it_passes(c)
+        return why_it_passes(c)
     if not c.results:  # no window could be judged: what the bookkeeping says, nothing else
         found = [d for d in (sig.window_bookkeeping(c), sig.step_in_window(c)) if d is not None]
         return found[:1] or [_unexplained(c)]
@@ -336,65 +335,3 @@ def _unexplained(c: Comparison) -> Diagnosis:
             "are the same and only the rounding differs; if they fail, the training differs"
         )
     return Diagnosis("unexplained", message, evidence, fix)
-
-
-def _why_it_passes(c: Comparison) -> list[Diagnosis]:
-    judged = [d for r in c.results for d in (*r.weights, *r.grads) if d.excused is None]
-    worst = max((d.ratio for d in judged), default=0.0)
-    if c.reference is not None:
-        noise = [d.error / d.noise for d in judged if d.noise]
-        factor, farthest = c.tolerances.noise_factor, max(noise, default=0.0)
-        floor = (
-            ", more where the noise model says why: one rounding of the tensor where the "
-            "baseline computed it almost exactly, a small tensor's noise measured on few "
-            "elements, the drift of noise-dominated elements, a kink crossed in one run or an "
-            "element's high optimizer gain (noted)"
-            if farthest > factor
-            else ""
-        )
-        message = (
-            f"every weight and gradient is within {worst:.2g}x its noise floor: the merged run "
-            f"is at most {farthest:.2g}x as far from the float64 reference as "
-            f"the {c.dtype} baseline is (allowed {factor:g}x{floor})"
-        )
-        if len(judged) < sum(len(r.weights) + len(r.grads) for r in c.results):
-            message += (
-                "; gradients excused as noted (a kink's jump, runs parted) are not counted here"
-            )
-        evidence = {
-            "worst_ratio_to_floor": worst,
-            "worst_error_over_noise": max(noise, default=0.0),
-        }
-    else:
-        losses = [r.loss_error / r.loss_allowed for r in c.results if r.loss_allowed > 0]
-        worst = max([worst, *[q for q in losses if math.isfinite(q)]])  # a log's losses too
-        message = (
-            f"every check is within the {c.dtype} tolerances (worst err/tol {worst:.2g}); "
-            "no reference run was given, so the noise floor itself was not measured"
-        )
-        evidence = {"worst_err_over_tol": worst}
-        # named where the drift let an element stand beyond what the tolerance alone allows
-        dominated = sorted(
-            {d.name for r in c.results for d in r.weights if d.drift and d.drift > d.allowed}
-        )
-        if dominated:
-            message += (
-                "; where both runs' gradients were rounding noise (they disagreed by more than "
-                "either's size), the weights step where it points: those elements of "
-                f"{listed(dominated, 3)} were judged by their gradients alone (a bias within "
-                "their tolerance builds up unseen there without a float64 reference)"
-            )
-            evidence["noise_dominated_weights"] = dominated
-    found = [Diagnosis("within-noise", message, evidence, None, "info")]
-    dropout = c.merged.model_facts.get("dropout")
-    if dropout:
-        found.append(
-            Diagnosis(
-                "cross-sample-layers",
-                f"the model has dropout ({', '.join(dropout)}) and both runs drew the same masks",
-                {"dropout_layers": list(dropout)},
-                None,
-                "info",
-            )
-        )
-    return found
