@@ -46,13 +46,17 @@ def _smoothed(losses: np.ndarray, per: int, kind: str) -> np.ndarray:
     return out
 
 
-def _clas(path: Path, losses: np.ndarray, lrs: list[float], k: int, kind: str) -> Path:
-    """PaddleClas's (kind running) or PaddleOCR's step lines, every step printed."""
+def _clas(
+    path: Path, losses: np.ndarray, lrs: list[float], k: int, kind: str, form: str = ""
+) -> Path:
+    """PaddleClas's (kind running, or form "ppcls") or PaddleOCR's step lines (form "ppocr"),
+    every step printed; kind "val": each step's own loss."""
     per = PER_EPOCH * k
     lines = []
-    for i, (v, lr) in enumerate(zip(_smoothed(losses, per, kind), lrs, strict=True)):
+    shown = losses if kind == "val" else _smoothed(losses, per, kind)
+    for i, (v, lr) in enumerate(zip(shown, lrs, strict=True)):
         ep, it = i // per + 1, i % per
-        if kind == "running":
+        if form == "ppcls" or (kind == "running" and form != "ppocr"):
             lines.append(
                 f"[2026/11/23 00:00:00] ppcls INFO: [Train][Epoch {ep}/{EPOCHS}][Iter: {it}/"
                 f"{per}]lr(LinearWarmup): {lr:.8f}, CELoss: {v:.5f}, loss: {v:.5f}, "
@@ -123,15 +127,55 @@ def test_a_window_smoothing_is_refused(cli, tmp_path, runs, kind, shown, merged)
 def test_a_weaker_running_mean_is_taken_where_its_pair_shows_one(cli, tmp_path):
     """Seed 3's baseline alone does not show a running mean clearly enough (its noise shrinks
     like t^-0.35); its merged log does, so the baseline is read again as one: the clean pair
-    passes, the lr bug still fails."""
-    base = _clas(tmp_path / "base.log", *_train(1, seed=3), 1, "running")
+    passes, the lr bug still fails. Lines of a form that does not say it prints a mean."""
+    base = _clas(tmp_path / "base.log", *_train(1, seed=3), 1, "running", "ppocr")
     assert "smoothed" not in read_log(base, 1).config
     assert read_log(base, 1, paired=True).config["smoothed"] == "running mean"
-    clean = _clas(tmp_path / "clean.log", *_train(K, seed=3), K, "running")
+    clean = _clas(tmp_path / "clean.log", *_train(K, seed=3), K, "running", "ppocr")
     assert cli("compare", base, clean, "-k", str(K)).code == 0
-    fast = _clas(tmp_path / "fast.log", *_train(K, fast=True, seed=3), K, "running")
+    fast = _clas(tmp_path / "fast.log", *_train(K, fast=True, seed=3), K, "running", "ppocr")
     result = cli("compare", base, fast, "-k", str(K))
     assert result.code == 1 and "lr-schedule" in result.out
+
+
+def _first(run: tuple[np.ndarray, list[float]], updates: int, k: int):
+    return run[0][: updates * k], run[1][: updates * k]
+
+
+@pytest.mark.parametrize("updates", [10, 30])
+def test_a_paddleclas_log_too_short_to_show_its_running_mean_is_read_as_one(
+    cli, tmp_path, runs, updates
+):
+    """PaddleClas's step lines print `AverageMeter.avg`: a log of fewer steps than show a
+    running mean in the numbers (10 and 30 updates, under `RUNNING_MIN`) is read as one by its
+    form, so the clean pair passes (read as printed it failed); the bugs still fail. The same
+    numbers in a form that says nothing of a mean are read as printed."""
+    base = _clas(tmp_path / "base.log", *_first(runs["base"], updates, 1), 1, "running")
+    clean = _clas(tmp_path / "clean.log", *_first(runs["clean"], updates, K), K, "running")
+    run = read_log(clean, K)
+    assert run.config["smoothed"] == "running mean"
+    assert "PaddleClas" in " ".join(run.notes)
+    result = cli("compare", base, clean, "-k", str(K))
+    assert result.code == 0, result.out + result.err
+    for bug, cause in (("loss x K", ""), ("lr per micro", "lr-schedule")):
+        merged = _first(runs[bug], updates, K)
+        bugged = _clas(tmp_path / "bug.log", *merged, K, "running")
+        result = cli("compare", base, bugged, "-k", str(K))
+        assert result.code == 1 and cause in result.out, result.out + result.err
+    other = _clas(tmp_path / "other.log", *_first(runs["base"], updates, 1), 1, "running", "ppocr")
+    assert "smoothed" not in read_log(other, 1).config
+
+
+def test_a_paddleclas_form_whose_numbers_are_step_losses_is_read_as_printed(cli, tmp_path, runs):
+    """A PaddleClas fork that prints each step's own loss (the meter's `.val`): its numbers, of
+    enough steps to tell, vary as step losses do, and they decide over the form."""
+    base = _clas(tmp_path / "base.log", *runs["base"], 1, "val", "ppcls")
+    clean = _clas(tmp_path / "clean.log", *runs["clean"], K, "val", "ppcls")
+    assert "[Train][Epoch 1/2][Iter: 0/480]" in clean.read_text()
+    assert "smoothed" not in read_log(clean, K).config
+    assert "smoothed" not in read_log(base, 1).config
+    result = cli("compare", base, clean, "-k", str(K))
+    assert result.code == 0, result.out + result.err
 
 
 def test_one_smoothed_log_against_one_as_printed_is_refused(cli, tmp_path, runs):

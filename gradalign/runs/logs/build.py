@@ -125,7 +125,7 @@ def build_run(log: ParsedLog, accum_steps: int, paired: bool = False) -> Run:
     quanta = numbers_quantum(log.losses, log.bracketed, loss_precision, log.loss_dtypes)
     printed = np.array([p.value for p in log.losses], dtype=np.float64)
     losses, quanta, smoothed = unsmooth(
-        printed, quanta, log.epoch_starts, k, str(path), log.stride, paired
+        printed, quanta, log.epoch_starts, k, str(path), log.stride, paired, log.running_mean
     )
     window = np.full(n, np.nan)
     window_quanta = np.full(n, np.nan)

@@ -34,6 +34,12 @@ _GLUED_WARNING = re.compile(r"(?<=\S)(?:[A-Za-z]:)?[/\\][^\s:]*\.py:\d+: \w*Warn
 
 
 _DETECTRON2 = re.compile(r"\biter: \d+\s+total_loss: ")  # CommonMetricPrinter's medians
+# PaddleClas's step line: its numbers are meters' `AverageMeter.avg`, reset at each epoch
+_PADDLECLAS = re.compile(r"\[Train\]\[Epoch \d+/\d+\]\[Iter: \d+/\d+\]")
+PADDLECLAS_MEANS = (
+    "PaddleClas's `[Train][Epoch e/E][Iter: i/n]` lines print each loss's `AverageMeter.avg`, "
+    "its mean over the epoch so far"
+)
 
 
 class _Pass(RepeatedSteps):
@@ -191,6 +197,8 @@ class _Pass(RepeatedSteps):
                     f"since the last: {EVERY_STEP_ADVICE})"
                 )
             log.first_index, log.rank = value, rank
+            if _PADDLECLAS.search(line):
+                log.running_mean = PADDLECLAS_MEANS
             if _DETECTRON2.search(line):
                 log.notes.append(
                     "its lines are detectron2's CommonMetricPrinter's, which prints each loss "

@@ -98,6 +98,7 @@ class ParsedLog:
     notes: list[str] = field(default_factory=list)  # how the log was read, where it says
     verbatim: bool = True  # every step printed again is a copy of its first line, to the byte
     written_by: str | None = None  # a writer its form names (records.LIGHTNING_CSV), if any
+    running_mean: str | None = None  # what says its form prints an epoch's running mean
 
     @property
     def precision(self) -> int:

@@ -27,6 +27,7 @@ Numpy-only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -70,10 +71,10 @@ def segments(count: int, starts: list[int]) -> list[tuple[int, int]]:
 
 
 def running_mean_slope(values: np.ndarray, quanta: np.ndarray, spans) -> tuple[float, int, float]:
-    """Slope of the noise's log-scale on log t within the epochs, how many steps showed it, and
-    t's span. The noise is read from second differences relative to the loss (a smooth trend
-    and a loss that shrinks with its noise leave it flat), as the median in each of a few log-t
-    bins (a steep start is one bin, not a fit's lever)."""
+    """Slope of the noise's log-scale on log t within the epochs (NaN: too few steps to show
+    it), how many steps showed it, and t's span. The noise is read from second differences
+    relative to the loss (a smooth trend and a loss that shrinks with its noise leave it flat),
+    as the median in each of a few log-t bins (a steep start is one bin, not a fit's lever)."""
     xs, ys = [], []
     for begin, end in spans:
         seg = values[begin:end]
@@ -86,12 +87,12 @@ def running_mean_slope(values: np.ndarray, quanta: np.ndarray, spans) -> tuple[f
     x, y = np.concatenate(xs or [np.zeros(0)]), np.concatenate(ys or [np.zeros(0)])
     span = float(np.exp(np.ptp(x))) if x.size else 1.0
     if x.size < RUNNING_MIN or span < MIN_SPAN:
-        return 0.0, int(x.size), span
+        return math.nan, int(x.size), span
     edges = np.linspace(x.min(), x.max(), BINS + 1)
     where = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, BINS - 1)
     bins = [b for b in range(BINS) if np.count_nonzero(where == b) >= MIN_BIN]
     if len(bins) < BINS - 2:
-        return 0.0, int(x.size), span
+        return math.nan, int(x.size), span
     bx = np.array([np.median(x[where == b]) for b in bins])
     by = np.array([np.median(y[where == b]) for b in bins])
     return float(np.polyfit(bx, by, 1)[0]), int(x.size), span
@@ -138,16 +139,34 @@ def _corr(a: np.ndarray, b: np.ndarray) -> float:
 
 @np.errstate(invalid="ignore", over="ignore")  # an inf loss's differences: nan, left out
 def detect(
-    values: np.ndarray, quanta: np.ndarray, starts: list[int], k: int, paired: bool = False
+    values: np.ndarray,
+    quanta: np.ndarray,
+    starts: list[int],
+    k: int,
+    paired: bool = False,
+    assumed: str | None = None,
 ) -> Signature | None:
     """The smoothing the printed losses show, if any (see the module's note). `paired`: the
     other log of the pair was found a running mean, so a weaker shrinking (`PAIRED_SLOPE`) with
-    the same confirmation is taken for one too."""
+    the same confirmation is taken for one too. `assumed`: what says the log's form prints an
+    epoch's running mean (`ParsedLog.running_mean`), taken unless its numbers vary as a step's
+    own loss does (noise that does not shrink, differences anti-correlated at lag 1)."""
     finite = np.isfinite(values)
     if finite.sum() <= MIN_DIFFS:
-        return None
+        return _assumed(assumed, f"{int(finite.sum())} steps are too few to see it in them")
     spans = segments(values.size, starts)
     slope, count, _ = running_mean_slope(values, quanta, spans)
+    step_like = slope > RUNNING_SLOPE and _printed_lag1(values, spans) <= LAG1_MAX
+    if assumed is not None and not step_like:
+        if math.isnan(slope):
+            seen = "too few to see it in them"
+        elif slope <= RUNNING_SLOPE:
+            seen = f"their noise shrinks like t^{slope:.2f}, as a running mean's does"
+        else:
+            seen = "their differences do not vary as a step's own loss does"
+        return _assumed(assumed, f"{count} steps: {seen}")
+    if math.isnan(slope):
+        return _window(values, quanta, k)
     shrinks = f"its noise shrinks like t^{slope:.2f} within each epoch over {count} steps"
     shrinking = slope <= (PAIRED_SLOPE if paired else RUNNING_SLOPE)
     if shrinking and _printed_lag1(values, spans) <= LAG1_MAX:
@@ -170,6 +189,11 @@ def detect(
     if window is not None or slope > RUNNING_SLOPE:
         return window
     return Signature("mean of a kind not undone", f"{shrinks}, but not as a running mean does")
+
+
+def _assumed(assumed: str | None, seen: str) -> Signature | None:
+    """The running mean a log's form prints, with what its numbers showed of it."""
+    return None if assumed is None else Signature("running mean", f"{assumed}; {seen}")
 
 
 def _window(values: np.ndarray, quanta: np.ndarray, k: int) -> Signature | None:
@@ -245,10 +269,12 @@ def unsmooth(
     where: str,
     stride: int,
     paired: bool = False,
+    assumed: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, Signature | None]:
     """The step losses a log's printed losses stand for: as printed, or recovered from an
-    epoch's running mean; a smoothing that cannot be undone is refused (BadInput)."""
-    found = detect(values, quanta, starts, k, paired)
+    epoch's running mean (`assumed`: see `detect`); a smoothing that cannot be undone is refused
+    (BadInput)."""
+    found = detect(values, quanta, starts, k, paired, assumed)
     if found is None:
         return values, quanta, None
     what = f"{where}: its losses look like a {found.kind} ({found.evidence}), not each step's own"
