@@ -59,6 +59,36 @@ def test_a_logger_interval_longer_than_the_epoch_is_refused_with_its_options(cli
     refused_pair(cli, tmp_path, lines, "the first step is 8 of 8", "interval=1 and window_size=1")
 
 
+def _ppdet(epochs: list[list[int]], total: int) -> list[str]:
+    """PaddleDetection's step lines: each epoch's printed iterations."""
+    values = iter(LOSSES)
+    return [
+        f"[05/10 10:00:01] ppdet.engine INFO: Epoch: [{e}] [{i:>2d}/{total}] learning_rate: "
+        f"0.100000 loss: {next(values):.6f} eta: 0:00:32 batch_cost: 0.1234 data_cost: 0.0012 "
+        "ips: 518.4447 images/s"
+        for e, printed in enumerate(epochs)
+        for i in printed
+    ]
+
+
+def test_epochs_shorter_than_the_logger_interval_are_refused(cli, tmp_path):
+    """PaddleDetection at its default log_iter of 20 over epochs of 8 iterations prints each
+    epoch's first only: read as consecutive steps they stood an epoch apart; refused naming
+    log_iter. Epochs of one step each, and epochs printed whole, are read."""
+    refused_pair(
+        cli,
+        tmp_path,
+        _ppdet([[0]] * 4, 8),
+        "epoch 0 printed only its first step ([0/8])",
+        "PaddleDetection's log_iter: 1",
+    )
+    for epochs, total in (([[0]] * 4, 1), ([[0, 1, 2]] * 3, 3)):
+        lines = _ppdet(epochs, total)
+        base, merged = write_log(tmp_path, "b.log", lines), write_log(tmp_path, "m.log", lines)
+        result = cli("compare", base, merged)
+        assert result.code == 0, result.out + result.err
+
+
 def test_a_loss_named_with_a_qualifier_is_named_in_the_refusal(cli, tmp_path):
     """litgpt prints `loss train:`, a running mean over the window's iterations: not read,
     and the refusal names the field it saw."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from ...errors import BadInput
 from .arrays import ArrayReader
 from .cleaned import half_dtype, rank_tag, readable
+from .first_step import first_step
 from .grammar import (
     StepLine,
     array_line,
@@ -26,20 +27,11 @@ from .names import EVERY_STEP_ADVICE
 from .parsed import UNPRINTED, Block, ParsedLog
 from .records import NotAStep, Records
 from .repeats import RepeatedSteps
-from .restarts import why_again
+from .restarts import first_only, why_again
 
 # a warning as Python's warnings module prints it (`/path/x.py:617: UserWarning: ...`), glued to
 # the end of another line's text
 _GLUED_WARNING = re.compile(r"(?<=\S)(?:[A-Za-z]:)?[/\\][^\s:]*\.py:\d+: \w*Warning: ")
-
-
-_DETECTRON2 = re.compile(r"\biter: \d+\s+total_loss: ")  # CommonMetricPrinter's medians
-# PaddleClas's step line: its numbers are meters' `AverageMeter.avg`, reset at each epoch
-_PADDLECLAS = re.compile(r"\[Train\]\[Epoch \d+/\d+\]\[Iter: \d+/\d+\]")
-PADDLECLAS_MEANS = (
-    "PaddleClas's `[Train][Epoch e/E][Iter: i/n]` lines print each loss's `AverageMeter.avg`, "
-    "its mean over the epoch so far"
-)
 
 
 class _Pass(RepeatedSteps):
@@ -172,40 +164,8 @@ class _Pass(RepeatedSteps):
         if not log.losses:
             value = next((v for v in (step.index, *step.others) if v in (0, 1)), step.index)
             value = value if self.key is None else self._keyed(step)
-            value = 0 if value is None else value  # records without a step field count from 0
-            line = self.lines[index]
-            if value > 1 and step.counter and _samples_after(line, value):
-                log.stride, value = value, 1
-                log.notes.append(
-                    f"the step counter starts at {log.stride} with the share of the epoch "
-                    "beside it (samples seen after each step, as open_clip prints): read as "
-                    f"steps of {log.stride} from step 1"
-                )
-            if value not in (0, 1) and re.search(rf"(?<!\d){value}/{value}(?!\d)", line):
-                raise BadInput(
-                    f"{self.where(index)}: the first step is {value} of {value}: a line per "
-                    "epoch, at its end, whose loss is a mean over the epoch or its last steps "
-                    "(Keras's verbose=2; a logger whose interval is longer than the epoch, as "
-                    "MMEngine's): print each step's own loss (MMEngine: interval=1 and "
-                    "window_size=1; Keras's logs hold the epoch's running mean: print the batch's "
-                    "loss from your own train_step)"
-                )
-            if value not in (0, 1):
-                raise BadInput(
-                    f"{self.where(index)}: the first step is {value}; expected 0 or 1 (a log "
-                    f"printed every {value} steps? Its lines are often means over the steps "
-                    f"since the last: {EVERY_STEP_ADVICE})"
-                )
+            value = first_step(log, self.lines[index], value, step.counter, self.where(index))
             log.first_index, log.rank = value, rank
-            if _PADDLECLAS.search(line):
-                log.running_mean = PADDLECLAS_MEANS
-            if _DETECTRON2.search(line):
-                log.notes.append(
-                    "its lines are detectron2's CommonMetricPrinter's, which prints each loss "
-                    "as its median over the last window_size iterations (20 by default): read "
-                    "as printed, a median tells a bug some updates late; build the printer with "
-                    "window_size=1 to print each iteration's own loss"
-                )
         if rank != log.rank:
             raise BadInput(
                 f"{self.where(index)}: step lines of processes {log.rank or 'untagged'} and "
@@ -223,6 +183,8 @@ class _Pass(RepeatedSteps):
             self._append(index, step)
             return
         if value == log.first_index != expected and _next_epoch(log.epoch, epoch):
+            if log.stride == 1:
+                first_only(self.where(index), log.epoch, log.first_index, expected, step.total)
             log.epoch_start, expected = len(log.losses), value  # the count restarts each epoch
         if value != expected:
             glued = self._glued_warning(index) if value > expected else None
@@ -349,12 +311,6 @@ class _Pass(RepeatedSteps):
         """The value of the step key this pass reads (the line's first where it holds fewer)."""
         values = (step.index, *step.others)
         return values[self.key] if self.key is not None and self.key < len(values) else values[0]
-
-
-def _samples_after(text: str, value: int) -> bool:
-    """Whether a line's counter is `[ value/total (p%)]`: a progress count of samples, which
-    open_clip prints after each step (from one batch, not 0)."""
-    return re.search(rf"\[\s*{value}/\s*\d+\s*\(\s*\d+(?:\.\d+)?%\)\s*\]", text) is not None
 
 
 def _arrow(text: str) -> bool:

@@ -1,9 +1,11 @@
 """What a step number out of order says: lines lost or printed every few steps (a step ahead of
-the one expected), a run resumed from a checkpoint, or a count that restarts (a step behind).
+the one expected), a run resumed from a checkpoint, a count that restarts (a step behind), or
+an epoch that printed only its first step.
 Numpy-free."""
 
 from __future__ import annotations
 
+from ...errors import BadInput
 from .names import EVERY_STEP_ADVICE
 
 
@@ -35,4 +37,19 @@ def why_again(value: int, expected: int, first: int) -> str:
     return (
         " again: the steps restart (two processes printing into one log, an evaluation loop, "
         "a run restarted from step 0, or a new epoch the step line does not name)"
+    )
+
+
+def first_only(where: str, epoch: int | None, first: int, expected: int, total: int | None) -> None:
+    """BadInput where an epoch printed only its first step and its counter holds more
+    (`Epoch: [0] [0/8]`, then `Epoch: [1] [0/8]`): the log prints every n-th iteration, n
+    longer than the epoch (PaddleDetection's log_iter, 20 by default); read as consecutive
+    steps, its lines would stand an epoch apart."""
+    if expected - first != 1 or total is None or total <= 1:
+        return
+    raise BadInput(
+        f"{where}: epoch {epoch} printed only its first step ([{first}/{total}]) before the "
+        f"next began: the log prints every n-th iteration, n longer than an epoch of {total}, "
+        "and its losses may be means or medians over the iterations since its last line; "
+        f"{EVERY_STEP_ADVICE}"
     )
