@@ -77,10 +77,12 @@ def test_runs_parted_by_many_kinks_may_differ_where_the_units_flip(tmp_path, mon
     (1.72x allowed), every other gradient and every weight within the divergence followed.
     The first 70 updates (the same draws) hold 5 such; the whole judge passes them with a note
     (the streaming one judges the same results: other tests hold that), and without it the run
-    fails from update 63. One thread."""
+    fails from update 63. One thread. On an AVX2 machine (torch's CPU capability) the runs part
+    there too, and only update 63 stands so: the note names the updates it excused."""
     root = _one_thread_runs(tmp_path, "encoder", "adam-eps6", 2, 7424, updates=70)
     excuse = "gradalign.judge.kink_divergence._excuse_parted"
-    _followed(root, monkeypatch, excuse, 63, "5 updates from 63 to 69", judges=(False,))
+    parted = r"(update 63|\d+ updates from 63 to \d+): the gradients of .* have parted at the kinks"
+    _followed(root, monkeypatch, excuse, 63, parted, judges=(False,))
 
 
 def test_without_a_reference_later_kinks_are_followed_too(tmp_path, monkeypatch):

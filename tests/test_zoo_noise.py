@@ -96,12 +96,15 @@ def test_a_high_gain_element_is_followed_not_failed(tmp_path, monkeypatch):
     reference's gain there (judge/gains.py); without that it fails again. One thread. The carry
     of update 0's drifted difference (2.9x its noise) now passes it too, so it is off here.
     Seeds 3116 and 3194 (of 400 searched; biases at update 0) show it on a machine whose kernels
-    rounded 3016 otherwise."""
+    rounded 3016 otherwise; on an AVX2 machine (torch's CPU capability) 3116 fails at update 0
+    as well, where the gain is in the position embedding's element 207: the note names the
+    update and the rule, the element is the machine's."""
     monkeypatch.setattr("gradalign.judge.honest.carry_admitted_excess", lambda *a: None)
+    gain = r"update {}: .*element .* stepped to .* the optimizer's gain there".format
     seen = [
-        (("gpt", "adam-eps6", 4, 3016), 1, "update 1: blocks.1.ln2.bias element"),
-        (("gpt", "adam-eps6", 4, 3116), 0, "update 0: blocks.0.mlp.0.bias element 77"),
-        (("gpt", "adam-eps6", 4, 3194), 0, "update 0: blocks.1.ln1.bias element 4"),
+        (("gpt", "adam-eps6", 4, 3016), 1, gain(1)),
+        (("gpt", "adam-eps6", 4, 3116), 0, gain(0)),
+        (("gpt", "adam-eps6", 4, 3194), 0, gain(0)),
     ]
     _followed_on_one_of(tmp_path, monkeypatch, seen, "follow_gain_divergence")
 

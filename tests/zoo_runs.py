@@ -6,6 +6,7 @@ whether a rule of the judge is what passes a run (`_followed`)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -58,7 +59,7 @@ def _followed(
     """Without the judge's `follow` (a name in judge/honest.py, or a dotted path; replaced by
     `without`) the run first fails at `update` (else this machine's rounding took another path:
     skipped, the numpy tests hold the logic on any machine); with it, both judges (`judges`:
-    streaming or not) pass it, with a note starting `note`."""
+    streaming or not) pass it, with a note `note` matches (`_passed`)."""
     first = _first_failure_without(root, monkeypatch, follow, without)
     if first != update:
         pytest.skip(f"this machine's rounding took another path here (first failure: {first})")
@@ -95,10 +96,12 @@ def _first_failure_without(root, monkeypatch, follow: str, without) -> int | Non
 
 
 def _passed(root, note: str, judges: tuple[bool, ...]) -> None:
+    """Each judge passes the run with a note that `note` (a regular expression) matches at its
+    start: the rule's words and the update, where a tensor or a count is the machine's."""
     for streaming in judges:
         c = _compare(root, streaming)
         assert c.verdict == "pass", (streaming, [d.code for d in c.diagnosis])
-        assert not note or any(n.startswith(note) for n in c.notes), c.notes
+        assert not note or any(re.match(note, n) for n in c.notes), c.notes
 
 
 def _one_thread_judge(root, *args, **options) -> dict:
