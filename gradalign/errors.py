@@ -25,6 +25,13 @@ def shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def stated_version(version: Any) -> str:
+    """How a file states its format version, for a refusal: it names none, or which."""
+    return (
+        "names no format_version" if version is None else f"gives format_version {shown(version)}"
+    )
+
+
 class Terminated(BaseException):
     """SIGTERM (a CI job cancelled, `timeout`, `docker stop`): cleaned up as Ctrl-C is, by every
     `except BaseException` that removes what it staged; not a KeyboardInterrupt, which typer

@@ -100,6 +100,15 @@ def test_a_malformed_golden_is_one_line_and_exit_2(cli, small, tmp_path, mutatio
     assert "Traceback" not in result.err and len(result.err) < 600
 
 
+def test_a_golden_without_a_format_version_says_so(cli, small, tmp_path):
+    data = json.loads(small["golden"].read_text())
+    del data["format_version"]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    result = cli("golden", "check", broken, small["merged"])
+    assert result.code == 2 and "the golden file names no format_version" in result.err
+
+
 @pytest.mark.parametrize(
     ("path", "value"),
     [

@@ -210,6 +210,24 @@ def test_wrongly_typed_manifest_fields_are_bad_input(cli, small_copy, change):
     one_line_error(cli("compare", small_copy["baseline"], small_copy["merged"]), "manifest")
 
 
+@pytest.mark.parametrize(
+    ("version", "said"),
+    [
+        (None, "names no format_version"),
+        (2, "gives format_version 2"),
+        ("1", "gives format_version '1'"),
+    ],
+)
+def test_a_manifest_says_which_format_version_it_gives(cli, small_copy, version, said):
+    """A missing version is said to be missing (it read 'format version None')."""
+    if version is None:
+        with_manifest(small_copy["baseline"], lambda m: m.pop("format_version"))
+    else:
+        with_manifest(small_copy["baseline"], lambda m: m.update(format_version=version))
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    one_line_error(result, f"manifest.json {said}; this gradalign reads 1")
+
+
 # -- nothing is accepted silently ----------------------------------------------------------------
 
 

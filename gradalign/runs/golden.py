@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadInput, shown
+from ..errors import BadInput, shown, stated_version
 from ..paths import is_stream
 from . import jsonfile
 from .golden_schema import check_golden
@@ -117,8 +117,7 @@ def load(path: Path) -> dict[str, Any]:
     version = data.get("format_version")
     if isinstance(version, bool) or version != VERSION:  # `true` equals 1 in Python
         raise BadInput(
-            f"{path}: golden format version {shown(data.get('format_version'))}; "
-            f"this gradalign reads {VERSION}"
+            f"{path}: the golden file {stated_version(version)}; this gradalign reads {VERSION}"
         )
     check_golden(data, str(path))
     bad = first_non_finite(data)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BadInput, shown
+from ..errors import BadInput, shown, stated_version
 from ..paths import is_stream
 from . import jsonfile
 from .checksums import declared as declared_checksum
@@ -50,7 +50,7 @@ def read_manifest(path: Path) -> dict:
     version = manifest.get("format_version")
     if type(version) is not int or version != FORMAT_VERSION:  # True == 1 in Python
         raise BadInput(
-            f"{path}: format version {shown(version)}; this gradalign reads {FORMAT_VERSION}"
+            f"{path}: {MANIFEST} {stated_version(version)}; this gradalign reads {FORMAT_VERSION}"
         )
     check_manifest(manifest, str(path))
     return manifest
