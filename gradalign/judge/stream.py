@@ -1,7 +1,8 @@
 """The tensors of run directories judged streamed: per update, each tensor is read in slices from
 every file that holds it (baseline, merged, reference, starting weights, previous update), and
 its judgement computed in one pass (judge/fused.py); tensors are judged in parallel threads
-(numpy releases the GIL inside each slice's arithmetic). Memory is a few slices per thread, the
+(numpy releases the GIL inside each slice's arithmetic), and the next update's gradient sweeps
+start behind this update's tensors (judge/update_files.py). Memory is a few slices per thread, the
 noise-dominated drift is kept in a scratch file per tensor (judge/drift.py), and every number
 equals what `compare._Judge.tensors` computes from whole tensors, up to the order of float64
 additions (tests/test_streaming.py).
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,9 +38,9 @@ from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div, fixed_allowed, quiet
 from .results import UpdateResult
 from .rounding import floors, marked, rounding_in_both
-from .weight_term import Sums, coefficient, failing, netted, sums_of
-
-CHUNK = 1 << 17  # elements per slice
+from .update_files import CHUNK, Sweep, UpdateFiles, entered
+from .weight_term import Sums, coefficient, failing, netted
+from .window_sizes import judged_updates
 
 
 def workers() -> int:
@@ -63,29 +64,6 @@ def _own_files(run: Run) -> bool:
 
 
 @dataclass
-class _Files:
-    """The files of one update: weights (b, m, r), gradients, start and previous weights."""
-
-    wb: CheckedFile | None = None
-    wm: CheckedFile | None = None
-    wr: CheckedFile | None = None
-    gb: CheckedFile | None = None
-    gm: CheckedFile | None = None
-    gr: CheckedFile | None = None
-    start: CheckedFile | None = None
-    pb: CheckedFile | None = None
-    pr: CheckedFile | None = None
-    pm: CheckedFile | None = None  # without a reference, the drift's other run is the merged
-    first: bool = False  # update 0: both runs stepped from the same weights
-    update: int = 0
-    opened: list[CheckedFile] = field(default_factory=list)
-
-    def close(self) -> None:
-        for f in self.opened:
-            f.close()
-
-
-@dataclass
 class _Outcome:
     weight: TensorDiff | None = None
     grad: TensorDiff | None = None
@@ -106,26 +84,28 @@ class StreamJudge:
         self.grad_atol = self.tol.weight_atol  # with the rounding floor, without a reference
         self.floor16 = 0.0  # 16-bit rounding in both runs (rounding.rounding_in_both)
         self.pool = ThreadPoolExecutor(workers(), thread_name_prefix="gradalign-judge")
+        self.names = [t.name for t in self.base.tensors]
+        self.next: UpdateFiles | None = None  # the next update's files, its sweeps started
+        self.updates = judged_updates(self.base, self.merged)  # compare._judge's
 
     def close(self) -> None:
-        self.pool.shutdown()
+        self.pool.shutdown(cancel_futures=True)  # sweeps started ahead of an update never judged
         self.drift.close()
+        if self.next is not None:
+            self.next.close()
 
     def __call__(self, result: UpdateResult) -> None:
         i = result.update
-        files = self._open(i)
+        files = self._take(i)
         try:
-            names = [t.name for t in self.base.tensors]
-            grads = (
-                [n for n in names if n in files.gb.file.entries and n in files.gm.file.entries]
-                if files.gb is not None and files.gm is not None
-                else []
-            )
+            names = self.names
+            grads = _graded(files, names)
             judged_grads = set(grads)  # looked up per tensor: a list made it quadratic
             self.grad_atol, self.floor16 = self.tol.weight_atol, 0.0
             if self.ref is None and grads:
                 self.grad_atol, self.floor16 = self._rounding_floors(files.gb, grads)
             judged = self.pool.map(quiet(lambda n: self._tensor(n, files, judged_grads)), names)
+            self._ahead(i + 1)  # queued behind this update's tensors
             found = dict(zip(names, judged, strict=True))
             self._net_of_weights(found, files, grads)
             self._follow(found, files, judged_grads)
@@ -142,7 +122,7 @@ class StreamJudge:
             cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
             result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
 
-    def _net_of_weights(self, found: dict[str, _Outcome], files: _Files, grads: list[str]):
+    def _net_of_weights(self, found: dict[str, _Outcome], files: UpdateFiles, grads: list[str]):
         """Without a reference: the failing gradients judged again net of c·Δw, and the tensors
         whose gradient passes so judged again with it (their drift counts where it passed;
         judge/weight_term.py)."""
@@ -152,7 +132,7 @@ class StreamJudge:
         if not failing(found[n].grad for n in grads if found[n].grad is not None):
             return
         names = [n for n in grads if n in pb.file.entries and n in pm.file.entries]
-        read = self.pool.map(quiet(lambda n: _entered(files, n)), names)
+        read = self.pool.map(quiet(lambda n: entered(files, n)), names)
         sums = dict(zip(names, read, strict=True))
         c = coefficient(sums.values())
         for name, s in sums.items():
@@ -160,7 +140,7 @@ class StreamJudge:
             if d is not None and not d.ok and netted(d, s.residual(c), c).ok:
                 found[name] = self._tensor(name, files, set(grads), netting=(c, s))
 
-    def _follow(self, found: dict[str, _Outcome], files: _Files, grads: set[str]) -> None:
+    def _follow(self, found: dict[str, _Outcome], files: UpdateFiles, grads: set[str]) -> None:
         """Judge again the tensors without a gradient of their own, with the drift of the
         tensors they follow (judge/followers.py), once every graded tensor's is known."""
         drift = self.drift
@@ -182,8 +162,31 @@ class StreamJudge:
             stream.finish()
         return floors(self.tol, self.dtype, sumsq, elements)
 
-    def _open(self, i: int) -> _Files:
-        files = _Files(first=i == 0, update=i)
+    def _take(self, i: int) -> UpdateFiles:
+        """Update i's files: those opened ahead, or opened now."""
+        ahead, self.next = self.next, None
+        if ahead is not None and ahead.update == i:
+            return ahead
+        if ahead is not None:
+            ahead.close()
+        return self._open(i)
+
+    def _ahead(self, i: int) -> None:
+        """Open update i's files and start its gradients' sweeps on the pool. Where that fails,
+        nothing is started: update i opens them again in its turn, and is refused there."""
+        if i >= self.updates:
+            return
+        try:
+            files = self._open(i)
+        except Exception:
+            return
+        referenced, grads = self.ref is not None, set(_graded(files, self.names))
+        wanted = {n: _gradients(files, n, grads, referenced)[1] for n in self.names}
+        files.ahead(self.pool, {n: w for n, w in wanted.items() if w is not None})
+        self.next = files
+
+    def _open(self, i: int) -> UpdateFiles:
+        files = UpdateFiles(first=i == 0, update=i)
 
         def get(run: Run | None, relpath: str, shapes: dict) -> CheckedFile | None:
             if run is None or relpath not in run.store.checksums:
@@ -217,7 +220,7 @@ class StreamJudge:
     def _tensor(
         self,
         name: str,
-        f: _Files,
+        f: UpdateFiles,
         grads: set[str],
         follow: list[str] | None = None,
         netting: tuple[float, Sums] | None = None,
@@ -228,16 +231,11 @@ class StreamJudge:
         out = _Outcome()
         tol = self.tol
         has = lambda c: c is not None and name in c.file.entries  # noqa: E731
-        # the drift's other run: the reference, or else the merged run (drift.Drift)
         referenced = self.ref is not None
-        other = f.wr if referenced else f.wm
-        drifts = f.wb is not None and other is not None
-        widen = drifts and has(f.gb) and (has(f.gr) if referenced else name in grads)
+        widen, swept = _gradients(f, name, grads, referenced)
         gpair = None
-        if name in grads or widen:
-            gpair = _sweep(
-                [f.gb, f.gm if name in grads else None, f.gr if has(f.gr) else None], name
-            )
+        if swept is not None:
+            gpair = f.swept(name, swept)
             if name in grads:
                 d = gpair.diff(name, tol.grad_rtol, self.grad_atol, start=False)
                 d = rounding_in_both(marked(d, tol.weight_atol, self.grad_atol), self.floor16)
@@ -288,7 +286,7 @@ class StreamJudge:
     def _weights(
         self,
         name: str,
-        f: _Files,
+        f: UpdateFiles,
         widen: bool,
         rms: float,
         undo: bool = False,
@@ -353,40 +351,26 @@ class StreamJudge:
         return None if error <= allowed + rounding + allowance else error
 
 
-def _entered(f: _Files, name: str) -> Sums:
-    """A tensor's `Sums` of its gradients at this update and the weights the runs entered it
-    with (all read before in this update or the one before it: checked)."""
-    files = [c for c in (f.gb, f.gm, f.pb, f.pm) if c is not None]
-    assert len(files) == 4, "both runs' gradients and the weights they entered with"
-    streams = [c.stream(name, checked=True) for c in files]
-    total, done, count = Sums(0.0, 0.0, 0.0), 0, streams[0].count
-    while True:
-        parts = [widen64(s.read(CHUNK)) for s in streams]
-        total = total + sums_of(*parts)
-        done += parts[0].size
-        if done >= count:
-            break
-    for stream in streams:
-        stream.finish()
-    return total
+def _graded(files: UpdateFiles, names: list[str]) -> list[str]:
+    """The tensors whose gradients both runs recorded at this update."""
+    if files.gb is None or files.gm is None:
+        return []
+    return [n for n in names if n in files.gb.file.entries and n in files.gm.file.entries]
 
 
-def _sweep(files: list[CheckedFile | None], name: str) -> Pair:
-    """One pass over a gradient: baseline, merged (or None) and reference (or None)."""
-    pair = Pair()
-    streams = [c.stream(name) if c is not None else None for c in files]
-    count = streams[0].count  # type: ignore[union-attr]
-    done = 0
-    while True:
-        b, m, r = (widen64(s.read(CHUNK)) if s is not None else None for s in streams)
-        pair.add(b, m, r)  # type: ignore[arg-type]
-        done += b.size  # type: ignore[union-attr]
-        if done >= count:
-            break
-    for stream in streams:
-        if stream is not None:
-            stream.finish()
-    return pair
+def _gradients(
+    f: UpdateFiles, name: str, grads: set[str], referenced: bool
+) -> tuple[bool, Sweep | None]:
+    """Whether a tensor's drift may widen at this update (the gradients that tell are there,
+    and the drift's other run: the reference, or else the merged run, drift.Drift), and the
+    gradient files its sweep reads (None: none is read)."""
+    has = lambda c: c is not None and name in c.file.entries  # noqa: E731
+    other = f.wr if referenced else f.wm
+    drifts = f.wb is not None and other is not None
+    widen = drifts and has(f.gb) and (has(f.gr) if referenced else name in grads)
+    if name not in grads and not widen:
+        return widen, None
+    return widen, [f.gb, f.gm if name in grads else None, f.gr if has(f.gr) else None]
 
 
 __all__ = ["StreamJudge", "np", "streamable"]

@@ -1,0 +1,98 @@
+"""The streamed judge starts the next update's gradient sweeps behind this update's tensors
+(judge/update_files.py): every number and message is the same as without, a file found wrong
+while swept ahead is refused at its own update with the same words, and one that cannot be
+opened ahead is opened again, and refused, in its turn."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from gradalign import api
+from gradalign.config import TrainConfig
+from gradalign.errors import BadInput
+from gradalign.judge import stream
+from gradalign.judge.compare import compare
+from gradalign.runs.reader import read_run_dir
+
+TINY = TrainConfig(hidden=32, updates=4, batch_size=16, accum_steps=4, optimizer="adamw")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ahead")
+    api.record_baseline(TINY, root / "baseline")
+    api.record_merged(TINY, root / "merged")
+    return root
+
+
+def _compare(root, ahead: bool, monkeypatch, seen: list | None = None):
+    base, merged = read_run_dir(root / "baseline"), read_run_dir(root / "merged")
+    with monkeypatch.context() as m:
+        if not ahead:
+            m.setattr(stream.StreamJudge, "_ahead", lambda self, i: None)
+        if seen is not None:
+            call = stream.StreamJudge.__call__
+
+            def watched(self, result):
+                call(self, result)
+                nxt = self.next
+                seen.append(None if nxt is None else (nxt.update, sorted(nxt.sweeps)))
+
+            m.setattr(stream.StreamJudge, "__call__", watched)
+        return compare(base, merged, reference=read_run_dir(base.reference), streaming=True)
+
+
+def test_the_next_updates_sweeps_start_ahead_and_change_nothing(runs, monkeypatch):
+    seen: list = []
+    ahead = _compare(runs, True, monkeypatch, seen)
+    plain = _compare(runs, False, monkeypatch)
+    grads = sorted(t.name for t in read_run_dir(runs / "baseline").tensors if t.kind == "param")
+    assert seen == [(u + 1, grads) for u in range(TINY.updates - 1)] + [None]
+    assert ahead.verdict == plain.verdict == "pass"
+    for a, b in zip(ahead.results, plain.results, strict=True):
+        assert [dataclasses.asdict(d) for d in a.weights + a.grads] == [
+            dataclasses.asdict(d) for d in b.weights + b.grads
+        ]
+        assert (a.grad_ratio, a.grad_cosine) == (b.grad_ratio, b.grad_cosine)
+    assert ahead.notes == plain.notes
+
+
+def _refusal(root, ahead: bool, monkeypatch) -> str:
+    with pytest.raises(BadInput) as caught:
+        _compare(root, ahead, monkeypatch)
+    return str(caught.value)
+
+
+def _altered(tmp_path, runs, update: int):
+    """A copy of the runs whose merged gradient at `update` has one value changed in place."""
+    import shutil
+
+    root = tmp_path / "altered"
+    shutil.copytree(runs, root)
+    file = root / "merged" / "grads" / f"update_{update:06d}.safetensors"
+    data = bytearray(file.read_bytes())
+    data[-4:] = np.float32(123.0).tobytes()
+    file.write_bytes(bytes(data))
+    return root
+
+
+def test_a_gradient_altered_at_a_later_update_is_refused_there_as_before(
+    tmp_path, runs, monkeypatch
+):
+    root = _altered(tmp_path, runs, 2)
+    message = _refusal(root, True, monkeypatch)
+    assert message == _refusal(root, False, monkeypatch)
+    assert "update_000002" in message and "fingerprint" in message
+
+
+def test_files_that_cannot_be_opened_ahead_are_refused_in_their_turn(tmp_path, runs, monkeypatch):
+    import shutil
+
+    root = tmp_path / "missing"
+    shutil.copytree(runs, root)
+    (root / "merged" / "weights" / "update_000002.safetensors").unlink()
+    message = _refusal(root, True, monkeypatch)
+    assert message == _refusal(root, False, monkeypatch)
