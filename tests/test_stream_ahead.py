@@ -96,3 +96,37 @@ def test_files_that_cannot_be_opened_ahead_are_refused_in_their_turn(tmp_path, r
     (root / "merged" / "weights" / "update_000002.safetensors").unlink()
     message = _refusal(root, True, monkeypatch)
     assert message == _refusal(root, False, monkeypatch)
+
+
+def test_an_updates_files_close_only_after_every_task_reading_them(runs, monkeypatch):
+    """Where one tensor's task raises, the update's files close once the others are done (they
+    read them; a file closed under a read may hand its number to the next one opened)."""
+    import threading
+    import time
+
+    from gradalign.judge import update_files
+
+    events, lock = [], threading.Lock()
+    tensor, close = stream.StreamJudge._tensor, update_files.UpdateFiles.close
+
+    def slow_or_refused(self, name, f, *args, **kwargs):
+        at = self.names.index(name)  # the second refused, those after it still reading
+        if f.update == 1 and at == 1:
+            raise BadInput("refused")
+        out = tensor(self, name, f, *args, **kwargs)
+        time.sleep(0.3 if f.update == 1 and at > 1 else 0.0)
+        with lock:
+            events.append(("done", f.update))
+        return out
+
+    def closing(self):
+        with lock:
+            events.append(("closed", self.update))
+        close(self)
+
+    monkeypatch.setattr(stream.StreamJudge, "_tensor", slow_or_refused)
+    monkeypatch.setattr(update_files.UpdateFiles, "close", closing)
+    with pytest.raises(BadInput, match="refused"):
+        _compare(runs, True, monkeypatch)
+    closed = events.index(("closed", 1))
+    assert ("done", 1) in events and ("done", 1) not in events[closed:], events

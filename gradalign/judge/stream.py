@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +40,7 @@ from .inputs import Inputs
 from .metrics import TensorDiff, _safe_div, fixed_allowed, quiet
 from .results import UpdateResult
 from .rounding import floors, marked, rounding_in_both
-from .update_files import CHUNK, Sweep, UpdateFiles, entered
+from .update_files import CHUNK, Sweep, UpdateFiles, entered, settled, stop
 from .weight_term import Sums, coefficient, failing, netted
 from .window_sizes import judged_updates
 
@@ -97,6 +99,7 @@ class StreamJudge:
     def __call__(self, result: UpdateResult) -> None:
         i = result.update
         files = self._take(i)
+        judged: list[Future] = []
         try:
             names = self.names
             grads = _graded(files, names)
@@ -104,13 +107,14 @@ class StreamJudge:
             self.grad_atol, self.floor16 = self.tol.weight_atol, 0.0
             if self.ref is None and grads:
                 self.grad_atol, self.floor16 = self._rounding_floors(files.gb, grads)
-            judged = self.pool.map(quiet(lambda n: self._tensor(n, files, judged_grads)), names)
+            judged = self._submit(lambda n: self._tensor(n, files, judged_grads), names)
             self._ahead(i + 1)  # queued behind this update's tensors
-            found = dict(zip(names, judged, strict=True))
+            found = dict(zip(names, settled(judged), strict=True))
             self._net_of_weights(found, files, grads)
             self._follow(found, files, judged_grads)
             order = files.wb.file.names() if files.wb is not None else []
         finally:
+            stop(judged)  # none reads the files any more (a Ctrl-C while the next opened)
             files.close()
         for name in order:  # the reference is refused at its first stray, in file order
             if name in found and found[name].strays is not None and self.bound is not None:
@@ -132,7 +136,7 @@ class StreamJudge:
         if not failing(found[n].grad for n in grads if found[n].grad is not None):
             return
         names = [n for n in grads if n in pb.file.entries and n in pm.file.entries]
-        read = self.pool.map(quiet(lambda n: entered(files, n)), names)
+        read = settled(self._submit(lambda n: entered(files, n), names))
         sums = dict(zip(names, read, strict=True))
         c = coefficient(sums.values())
         for name, s in sums.items():
@@ -161,6 +165,10 @@ class StreamJudge:
                 elements += part.size
             stream.finish()
         return floors(self.tol, self.dtype, sumsq, elements)
+
+    def _submit(self, task: Callable[[str], Any], names: list[str]) -> list[Future]:
+        """`task(name)` for each name, on the pool."""
+        return [self.pool.submit(quiet(task), n) for n in names]
 
     def _take(self, i: int) -> UpdateFiles:
         """Update i's files: those opened ahead, or opened now."""

@@ -56,10 +56,24 @@ class UpdateFiles:
 
     def close(self) -> None:
         """Close the files, once no sweep started ahead reads them any more."""
-        pending = [f for f in self.sweeps.values() if isinstance(f, Future) and not f.cancel()]
-        wait(pending)
+        stop([f for f in self.sweeps.values() if isinstance(f, Future)])
         for f in self.opened:
             f.close()
+
+
+def settled(tasks: list[Future]) -> list:
+    """The tasks' results in order. Where one raises (a file refused), the others are cancelled
+    or waited for first: they read the update's files, which are closed next."""
+    try:
+        return [t.result() for t in tasks]
+    except BaseException:
+        stop(tasks)
+        raise
+
+
+def stop(tasks: list[Future]) -> None:
+    """Cancel the tasks not yet started; wait for the others."""
+    wait([t for t in tasks if not t.cancel()])
 
 
 def sweep(files: Sweep, name: str) -> Pair:
