@@ -174,16 +174,12 @@ def first_step_spread(
     at = np.flatnonzero(use)  # the rest: 0, without their roundings' frexp and ldexp
     if not at.size:
         return out
-    bu, dgu = _flat(b)[at], _flat(dg)[at]
-    dw = np.abs(bu - _flat(r)[at])
-    rounding = _ulp(bu, bits) + STEP_ROUNDINGS * _ulp(bu - _flat(pb)[at], bits)
+    bu, dgu = np.ravel(b)[at], np.ravel(dg)[at]
+    dw = np.abs(bu - np.ravel(r)[at])
+    rounding = _ulp(bu, bits) + STEP_ROUNDINGS * _ulp(bu - np.ravel(pb)[at], bits)
     keep = dw > ABOVE_ROUNDING * rounding
     out.reshape(-1)[at[keep]] = dw[keep] * (rms / dgu[keep] - 1.0)
     return out
-
-
-def _flat(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x).reshape(-1)
 
 
 def _ulp(x: np.ndarray, bits: int) -> np.ndarray:

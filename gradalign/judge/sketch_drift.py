@@ -37,9 +37,8 @@ from ..runs.store import CheckedFile
 from .drift import TAU, graded, noise_steps, shared_rms, shared_steps, stored_bits
 from .drift_files import DriftFiles
 from .fused import widen64
+from .update_files import CHUNK  # the streamed judge's slices
 from .views import Kept
-
-CHUNK = 1 << 17  # elements per slice, as the streamed judge's
 
 
 class SketchDrift:
