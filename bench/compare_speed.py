@@ -8,7 +8,9 @@ repetition, on the warm page cache:
 - naive: a script that loads both runs' weight and gradient files with the safetensors package
   and takes each tensor's max abs diff (no reference, no noise floor, no diagnosis);
 - gradalign: `gradalign compare BASE MERGED` in a fresh process (start-up included), with its
-  peak RSS (the child's ru_maxrss), and once more with `--verify-files` (SHA-256 of every file).
+  peak RSS (the child's ru_maxrss), and once more with `--verify-files` (SHA-256 of every file);
+- default malloc: the same command line started without `gradalign.__main__`, so with glibc's
+  malloc thresholds as they come (gradalign/allocator.py), with both runs' page faults.
 
 Throughput is the bytes of the whole run set (baseline, merged, reference) over the wall time;
 the naive script reads only baseline and merged, its rate is over those bytes. Medians over the
@@ -49,6 +51,11 @@ for folder in ("weights", "grads"):
             worst = max(worst, float(np.abs(a[name].astype(np.float64) - b[name]).max()))
 print(worst)
 """
+
+
+DEFAULT_MALLOC = (
+    "import sys; from gradalign.cli import main; sys.argv[0] = 'gradalign'; sys.exit(main())"
+)
 
 
 def record(folder: Path, size: str, updates: int) -> None:
@@ -97,21 +104,22 @@ start = time.perf_counter()
 code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
 seconds = time.perf_counter() - start
 used = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(seconds, code, used.ru_maxrss * 1024, used.ru_utime + used.ru_stime)
+print(seconds, code, used.ru_maxrss * 1024, used.ru_utime + used.ru_stime, used.ru_minflt)
 """
 
 
-def child(args: list[str]) -> tuple[float, int, int, float]:
-    """Wall seconds, exit code, peak RSS (bytes) and CPU seconds of a child, measured by a small
+def child(args: list[str]) -> tuple[float, int, int, float, int]:
+    """Wall seconds, exit code, peak RSS (bytes), CPU seconds and page faults (minor) of a
+    child, measured by a small
     wrapper process: a child forked from this one (which trained the runs) would count this
     process's memory in its peak RSS, since Linux keeps the peak across exec."""
     done = subprocess.run(
         [sys.executable, "-c", WRAP, *args], capture_output=True, text=True, check=True
     )
-    seconds, code, peak, cpu = done.stdout.split()
+    seconds, code, peak, cpu, faults = done.stdout.split()
     if int(code) not in (0, 1):
         raise SystemExit(f"{' '.join(args)} failed with exit code {code}: {done.stderr}")
-    return float(seconds), int(code), int(peak), float(cpu)
+    return float(seconds), int(code), int(peak), float(cpu), int(faults)
 
 
 def largest_tensor(folder: Path) -> int:
@@ -139,8 +147,12 @@ def main() -> int:
         naive = [python, "-c", NAIVE, str(base), str(merged)]
         ours = [python, "-m", "gradalign", "compare", str(base), str(merged)]
         startup = [python, "-c", "import gradalign.cli"]
+        # the command line without `gradalign.__main__`, so with glibc's malloc as it comes
+        default_malloc = [python, "-c", DEFAULT_MALLOC, "compare", str(base), str(merged)]
         raw_read(everything)  # warm the page cache
-        times: dict[str, list[float]] = {k: [] for k in ("raw", "naive", "gradalign", "verify")}
+        kinds = ("raw", "naive", "gradalign", "verify", "default_malloc")
+        times: dict[str, list[float]] = {k: [] for k in kinds}
+        faults: dict[str, list[int]] = {"gradalign": [], "default_malloc": []}
         rss: list[int] = []
         cpu: list[float] = []
         codes = set()
@@ -148,10 +160,15 @@ def main() -> int:
         for _ in range(args.reps):
             times["raw"].append(raw_read(everything))
             times["naive"].append(child(naive)[0])
-            seconds, code, peak, used = child(ours)
+            seconds, code, peak, used, faulted = child(ours)
             cpu.append(used)
             times["gradalign"].append(seconds)
+            faults["gradalign"].append(faulted)
             rss.append(peak)
+            codes.add(code)
+            seconds, code, _, _, faulted = child(default_malloc)
+            times["default_malloc"].append(seconds)
+            faults["default_malloc"].append(faulted)
             codes.add(code)
             times["verify"].append(child([*ours, "--verify-files"])[0])
             start_up.append(child(startup)[0])
@@ -177,6 +194,8 @@ def main() -> int:
             "peak_rss_bytes": max(rss),
             "peak_rss_over_largest_tensor": max(rss) / largest,
             "startup_seconds": statistics.median(start_up),
+            "page_faults": {k: statistics.median(v) for k, v in faults.items()},
+            "default_malloc_over_gradalign": median["default_malloc"] / median["gradalign"],
             "verdict_exit_codes": sorted(codes),
             "times_s": times,
         }
@@ -190,6 +209,11 @@ def main() -> int:
         f"{figures['gradalign_share_of_raw']:.0%} of raw; "
         f"start-up {figures['startup_seconds']:.2f} s)\n"
         f"--verify-files  {g['gradalign_verify_files']:6.2f} GB/s  ({median['verify']:.2f} s)\n"
+        f"default malloc  {total / median['default_malloc'] / 1e9:6.2f} GB/s  "
+        f"({median['default_malloc']:.2f} s, "
+        f"{figures['default_malloc_over_gradalign']:.2f}x gradalign's time; page faults "
+        f"{figures['page_faults']['default_malloc']:.0f} against "
+        f"{figures['page_faults']['gradalign']:.0f})\n"
         f"gradalign CPU   {figures['gradalign_cpu_seconds']:.2f} s (user + sys, all threads) = "
         f"{figures['gradalign_gb_per_cpu_second']:.2f} GB per CPU-second\n"
         f"peak RSS {max(rss) / 2**20:.0f} MiB = {figures['peak_rss_over_largest_tensor']:.1f}x the "

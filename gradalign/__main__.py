@@ -15,12 +15,14 @@ import signal
 import sys
 import threading
 
+from .allocator import keep_freed_memory
 from .errors import INTERRUPTED_EARLY, INTERRUPTED_LATE, Terminated
 
 
 def run() -> None:
     """Import the command line and run it; interrupted while importing: exit 130 (143 for
     SIGTERM, which killed the process without a word there), one line."""
+    keep_freed_memory()  # the command's own process: judging churns ~1 MiB arrays
     default = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     if default:  # until the command installs its own (errors.sigterm_as_interrupt)
         signal.signal(signal.SIGTERM, _terminated)

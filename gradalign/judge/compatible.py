@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import BadInput
 from ..runs.model import Run, Tensors
 from ..runs.sketches import dot
+from ..runs.store import shape_of, slices
 from .lengths import length_hint
 from .metrics import diff
 from .rerun import check_finite_losses, check_same_optimizer, check_same_steps, not_finite
@@ -100,6 +101,8 @@ def check_compatible(
         declared = {t.name: t.dtype for t in base.tensors}
         params = {t.name for t in base.tensors if t.kind == "param"}  # a mask buffer holds -inf
         for name in init_b:
+            if _same_start(init_b, init_m, name, name in params):
+                continue  # else the whole tensors tell what is wrong
             for run_name, values in (("baseline", init_b[name]), (other_name, init_m[name])):
                 if name in params and values.dtype.kind == "f" and not np.isfinite(values).all():
                     raise BadInput(
@@ -122,6 +125,17 @@ def check_compatible(
                     f"initial weights differ (first in {name}, max abs diff {delta:.3g}){cause}"
                 )
     return init_b
+
+
+def _same_start(init_b: Tensors, init_m: Tensors, name: str, param: bool) -> bool:
+    """Whether a tensor's initial weights are the same in both runs, and finite where it is a
+    parameter; read a slice at a time (equal slices are finite in both or in neither)."""
+    if shape_of(init_b, name) != shape_of(init_m, name):
+        return False
+    for b, m in zip(slices(init_b, name), slices(init_m, name), strict=True):
+        if not np.array_equal(b, m) or (param and b.dtype.kind == "f" and not np.isfinite(b).all()):
+            return False
+    return True
 
 
 def check_same_precision(base: Run, merged: Run) -> None:
@@ -246,30 +260,28 @@ def reference_bound(base: Run, merged: Run, where: str) -> ReferenceBound:
     return ReferenceBound(where, rtol, tol.weight_atol, eps(dtype), _rerun_hint(base), lower)
 
 
-_SLICE = 1 << 17  # elements widened to float64 at a time
-
-
 def check_first_gradients(base: Run, ref: Run, bound: ReferenceBound) -> None:
     """Refuse a reference whose gradients at update 0 (the same weights and samples, only the
     precision differs) stand farther from the baseline's, over the whole model, than `bound.rtol`
     of their size. The weights' check cannot see that: noise allowances grow with the very
     disagreement, and a reference with a wrong loss scale would widen every noise floor. One
-    tensor at a time; skipped where the baseline's gradient is not finite or either run's was
-    not recorded; refused where only the reference's is not finite."""
+    tensor at a time, a slice at a time; skipped where the baseline's gradient is not finite or
+    either run's was not recorded; refused where only the reference's is not finite."""
     gb, gr = base.grads(0), ref.grads(0)
     if gb is None or gr is None:
         return
     apart = size = 0.0
     for name in [n for n in gb if n in gr]:
-        b, r = np.asarray(gb[name]).ravel(), np.asarray(gr[name]).ravel()
-        if b.shape != r.shape:
+        if math.prod(shape_of(gb, name)) != math.prod(shape_of(gr, name)):
             return
-        for first in range(0, b.size, _SLICE):  # float64 a slice at a time
-            bs = b[first : first + _SLICE].astype(np.float64)
-            rs = r[first : first + _SLICE].astype(np.float64)
-            if not np.isfinite(bs).all():
-                return  # a baseline gone non-finite fails on its own
-            if not np.isfinite(rs).all():
+        pairs = zip(slices(gb, name), slices(gr, name), strict=True)
+        for b, r in pairs:  # float64 a slice at a time
+            bs, rs = b.astype(np.float64), r.astype(np.float64)
+            if not (np.isfinite(bs).all() and np.isfinite(rs).all()):
+                for _ in pairs:  # both tensors read to their end: a file altered is refused first
+                    pass
+                if not np.isfinite(bs).all():
+                    return  # a baseline gone non-finite fails on its own
                 raise not_finite(bound.where, f"its gradient of {name} at update 0 is not")
             bs -= rs
             apart, size = apart + dot(bs, bs), size + dot(rs, rs)

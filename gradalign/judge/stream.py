@@ -89,6 +89,7 @@ class StreamJudge:
         self.names = [t.name for t in self.base.tensors]
         self.next: UpdateFiles | None = None  # the next update's files, its sweeps started
         self.updates = judged_updates(self.base, self.merged)  # compare._judge's
+        self._ahead(0)  # while the losses and the bookkeeping are judged
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)  # sweeps started ahead of an update never judged

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runs.model import Run
+from ..runs.store import slices
 
 SAMPLE = 4096  # nonzero values read per tensor
 EVIDENT = 1024  # nonzero values over the whole gradient, at least, before anything is said
@@ -23,9 +24,15 @@ def sixteen_bit_exact(run: Run) -> str | None:
         return None
     grads = (run.grads(0) if run.updates else None) or {}
     values = []
-    for name in grads:  # one tensor read at a time (a file's are read when looked up)
-        v = np.asarray(grads[name], dtype=np.float32).ravel()
-        values.append(np.array(v[(v != 0) & np.isfinite(v)][:SAMPLE]))  # a copy: v goes
+    for name in grads:  # a file's tensor read a slice at a time, until SAMPLE are found
+        found, wanted = [], SAMPLE
+        for part in slices(grads, name):
+            v = np.asarray(part, dtype=np.float32)
+            found.append(np.array(v[(v != 0) & np.isfinite(v)][:wanted]))  # a copy: v goes
+            wanted -= found[-1].size
+            if not wanted:
+                break
+        values.append(np.concatenate(found))
     if sum(v.size for v in values) < EVIDENT:
         return None
     bits = np.concatenate([v.view(np.uint32) for v in values])

@@ -262,6 +262,45 @@ class LazyTensors(Mapping[str, np.ndarray]):
     def __contains__(self, name: object) -> bool:
         return name in self.names
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.names[name]["shape"])
+
+    def slices(self, name: str, size: int) -> Iterator[np.ndarray]:
+        """One tensor read `size` elements at a time, checked after its last slice."""
+        if name not in self.names:
+            raise KeyError(name)
+        with self.store.open(self.relpath, self.layout) as checked:
+            self.layout = checked.file.layout
+            stream = checked.stream(name)
+            while True:
+                part = stream.read(size)
+                yield part
+                if stream.done >= stream.count:
+                    break
+            stream.finish()
+
+
+SLICE = 1 << 17  # elements a slice
+
+
+def shape_of(tensors: Mapping[str, np.ndarray], name: str) -> tuple[int, ...]:
+    """A tensor's shape, without reading a file's tensor."""
+    if isinstance(tensors, LazyTensors):
+        return tensors.shape(name)
+    return tuple(np.shape(tensors[name]))
+
+
+def slices(tensors: Mapping[str, np.ndarray], name: str, size: int = SLICE) -> Iterator[np.ndarray]:
+    """A tensor's values, flattened, `size` at a time (at least one slice, empty for an empty
+    tensor): read slice by slice from a run directory's file, its fingerprint checked after the
+    last; views of an array held in memory. A file's tensor never stands whole in memory."""
+    if isinstance(tensors, LazyTensors):
+        yield from tensors.slices(name, size)
+        return
+    flat = np.asarray(tensors[name]).ravel()
+    for first in range(0, max(flat.size, 1), size):
+        yield flat[first : first + size]
+
 
 def verify_files(store: Store, threads: int = 2) -> int:
     """Check every listed file's checksum against the manifest (the `--verify-files` pass), a
