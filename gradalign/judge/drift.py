@@ -167,19 +167,23 @@ def first_step_spread(
     mantissa bits): there the gain |b − r| / |gb − gr| is the optimizer's. 0 elsewhere."""
     dg = np.subtract(gb, gr)
     np.abs(dg, out=dg)
+    dw = np.subtract(b, r)
+    np.abs(dw, out=dw)
     use = np.equal(pb, pr)
     use &= dg > 0
     use &= dg < rms
-    out = np.zeros(np.shape(dg), np.result_type(b, r))
-    at = np.flatnonzero(use)  # the rest: 0, without their roundings' frexp and ldexp
-    if not at.size:
-        return out
-    bu, dgu = np.ravel(b)[at], np.ravel(dg)[at]
-    dw = np.abs(bu - np.ravel(r)[at])
-    rounding = _ulp(bu, bits) + STEP_ROUNDINGS * _ulp(bu - np.ravel(pb)[at], bits)
-    keep = dw > ABOVE_ROUNDING * rounding
-    out.reshape(-1)[at[keep]] = dw[keep] * (rms / dgu[keep] - 1.0)
-    return out
+    rounding = _ulp(np.subtract(b, pb), bits)
+    rounding *= STEP_ROUNDINGS
+    rounding += _ulp(b, bits)
+    rounding *= ABOVE_ROUNDING
+    use &= dw > rounding
+    # every element's gain, selected where used (a gather and scatter of the used ones cost
+    # several times these whole-array passes)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        gain = np.divide(rms, dg)
+        gain -= 1.0
+        gain *= dw
+    return np.where(use, gain, 0.0).astype(np.result_type(b, r), copy=False)
 
 
 def _ulp(x: np.ndarray, bits: int) -> np.ndarray:
