@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils import clip_grad_norm_ as clip_grad_norm_by_name  # before any Recorder
 
 import gradalign
 from gradalign.judge.compare import compare
@@ -32,19 +33,29 @@ def _legacy_clip(model: nn.Module, max_norm: float) -> torch.Tensor:
     return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
+def _clip_by_name(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """torch's own clip_grad_norm_, imported by name when this module was (no Recorder open)."""
+    return clip_grad_norm_by_name(model.parameters(), max_norm)
+
+
+CLIPS = {True: _split_clip, False: _legacy_clip, "by-name": _clip_by_name}
+
+
 def clip_loop(
     out,
     k: int,
     *,
     bug: str | None = None,
-    split: bool = True,
+    split: bool | str = True,
     float64: bool = False,
     max_norm: float = MAX_NORM,
     inputs: float = 1.0,
 ):
     """A hand-written loop that clips once per update at a max_norm that engages (unless
-    told another); `inputs` scales the inputs (and so the gradients' norms)."""
-    clip = _split_clip if split else _legacy_clip
+    told another), through the split API, `clip_grad_norm_` (`split=False`) or torch's
+    function imported by name (`split="by-name"`); `inputs` scales the inputs (and so the
+    gradients' norms)."""
+    clip = CLIPS[split]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 48), nn.GELU(), nn.Linear(48, 4))
     g = torch.Generator().manual_seed(1)
@@ -95,14 +106,26 @@ def test_a_clean_split_api_loop_is_recorded_and_passes(tmp_path, base):
     assert check.status == "pass"
 
 
+def test_a_clip_grad_norm_imported_by_name_is_seen_and_its_clean_loop_passes(tmp_path, base):
+    """`from torch.nn.utils import clip_grad_norm_` before the Recorder opened holds torch's
+    own function: it is seen through the private split clip it calls, with its norm."""
+    merged = clip_loop(tmp_path / "merged", 4, split="by-name")
+    assert list(merged.clip_calls) == [1] * UPDATES
+    assert merged.grad_norm_pre_clip is not None
+    assert np.allclose(merged.grad_norm_pre_clip, base.grad_norm_pre_clip, rtol=1e-4)
+    assert compare(base, merged).verdict == "pass"
+
+
+@pytest.mark.parametrize("split", [True, "by-name"])
 @pytest.mark.parametrize(
     ("bug", "expected", "calls"),
     [("clip-every-micro", "clip-per-micro", 4), ("clip-over-k", "clip-threshold", 1)],
 )
-def test_split_api_clipping_bugs_are_named(tmp_path, base, bug, expected, calls):
+def test_split_api_clipping_bugs_are_named(tmp_path, base, bug, expected, calls, split):
     """Were `cross-sample-loss` and `loss-scale` (with a wrong fix) while the split API went
-    unseen: no clip counts, no norm before clipping."""
-    merged = clip_loop(tmp_path / "merged", 4, bug=bug)
+    unseen: no clip counts, no norm before clipping; so were they with `clip_grad_norm_`
+    imported by name."""
+    merged = clip_loop(tmp_path / "merged", 4, bug=bug, split=split)
     assert list(merged.clip_calls) == [calls] * UPDATES
     c = compare(base, merged)
     assert c.verdict == "fail"

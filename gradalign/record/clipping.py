@@ -5,9 +5,14 @@ split API, after `get_total_norm`) and `clip_grad_value_` (as frameworks call th
 module attribute) report each call to every open Recorder whose model owns the clipped
 parameters: a norm clip with the total norm before it (computed, or given to the split API), a
 value clip with its clip value. A clip made inside another (torch's `clip_grad_norm_` may call
-`clip_grads_with_norm_`) is the outer one's and is not reported again. A loop that imported the
-functions by name before recording began is not seen; it can pass the norm itself with
-`Recorder.grads(pre_clip_norm=...)`.
+`clip_grads_with_norm_`) is the outer one's and is not reported again.
+
+A loop that imported `clip_grad_norm_` by name before recording began (`from torch.nn.utils
+import clip_grad_norm_`, the common import) holds torch's own function, which the patch of the
+module attribute cannot reach; that function clips through `_clip_grads_with_norm_` (torch >=
+2.6), looked up in its module at each call, which is patched too: its call is seen there, with
+the norm it is given. A `clip_grad_value_` (or, before torch 2.6, a `clip_grad_norm_`) imported
+by name is not seen; a loop can pass the norm itself with `Recorder.grads(pre_clip_norm=...)`.
 """
 
 from __future__ import annotations
@@ -50,15 +55,15 @@ Listener = Callable[[list[torch.Tensor], Clip], None]
 _listeners: list[Listener] = []
 _original: dict[tuple[Any, str], Any] = {}
 _NAMES = ("clip_grad_norm_", "clip_grads_with_norm_", "clip_grad_value_")
-# torch.nn.utils.clip_grad keeps the split clip as `_clip_grads_with_norm_` (torch >= 2.6), which
-# its own clip_grad_norm_ calls: only the public names are patched, and a depth guard keeps a
-# clip inside a clip (in a torch whose clip_grad_norm_ calls a public name) from counting twice.
+_SPLIT = "_clip_grads_with_norm_"  # torch.nn.utils.clip_grad's own, which clip_grad_norm_ calls
+# A depth guard keeps a clip inside a clip (clip_grad_norm_ calling the private or the public
+# split clip) from counting twice.
 _PATCHED = [
     (module, name)
     for module in (torch.nn.utils, torch.nn.utils.clip_grad)
     for name in _NAMES
     if hasattr(module, name)
-]
+] + ([(torch.nn.utils.clip_grad, _SPLIT)] if hasattr(torch.nn.utils.clip_grad, _SPLIT) else [])
 _inside = threading.local()
 
 
@@ -97,7 +102,7 @@ def _patched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
         return clip_grad_norm_
 
-    if name == "clip_grads_with_norm_":
+    if name in ("clip_grads_with_norm_", _SPLIT):
 
         @functools.wraps(original)
         def clip_grads_with_norm_(
