@@ -60,6 +60,21 @@ def test_the_next_updates_sweeps_start_ahead_and_change_nothing(runs, monkeypatc
     assert ahead.notes == plain.notes
 
 
+def test_update_0s_sweeps_start_when_the_judge_is_made(runs, monkeypatch):
+    """Before the losses and the bookkeeping are judged: the first update waits for none."""
+    made = []
+    init = stream.StreamJudge.__init__
+
+    def watched(self, inputs):
+        init(self, inputs)
+        made.append(None if self.next is None else (self.next.update, sorted(self.next.sweeps)))
+
+    monkeypatch.setattr(stream.StreamJudge, "__init__", watched)
+    _compare(runs, True, monkeypatch)
+    grads = sorted(t.name for t in read_run_dir(runs / "baseline").tensors if t.kind == "param")
+    assert made == [(0, grads)]
+
+
 def _refusal(root, ahead: bool, monkeypatch) -> str:
     with pytest.raises(BadInput) as caught:
         _compare(root, ahead, monkeypatch)
