@@ -12,7 +12,14 @@ python="${PYTHON:-python3}"
 stamp="$venv/.gradalign-stamp"
 want="$(cat "$root/pyproject.toml" "$root/constraints.txt" | sha256sum | cut -c1-16)"
 
+# The package's bytecode, written ahead: pip compiles what it installs, but not an editable
+# install's sources, and where PYTHONDONTWRITEBYTECODE is set (as in many containers) every
+# command compiled ~130 modules again at start-up (0.3 s; docs/PERFORMANCE.md, "Start-up").
+# Only changed files are compiled again; a file that does not compile is left to the import.
+compiled() { "$venv/bin/python" -m compileall -q "$root/gradalign" >/dev/null 2>&1 || true; }
+
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$venv/bin/gradalign" ]]; then
+  compiled
   return 0 2>/dev/null || exit 0
 fi
 
@@ -49,4 +56,5 @@ else
 fi
 log "installing gradalign and its test tools"
 "${pip[@]}" install -c "$constraints" -e "$root[test]"
+compiled
 echo "$want" > "$stamp"

@@ -95,3 +95,16 @@ def test_command_exit_benchmark_reports_both_ways_and_their_ratio():
     lines = done.stdout.splitlines()
     assert lines[0].startswith("entry point") and lines[1].startswith("Python's exit")
     assert float(lines[2].split()[1]) > 0
+
+
+def test_startup_benchmark_times_both_copies_of_the_package(tmp_path):
+    out = tmp_path / "startup.json"
+    done = _bench("startup.py", "--reps", "1", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    seconds = json.loads(out.read_text())["seconds"]
+    kinds = {"--help", "compare two logs"}
+    assert set(seconds) == {"python -c pass"} | {
+        f"{what}, {kind}" for what in kinds for kind in ("source", "compiled")
+    }
+    assert all(s > 0 for s in seconds.values())
+    assert "bytecode ahead saves" in done.stdout
