@@ -12,12 +12,12 @@ from __future__ import annotations
 from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
 
-from ..runs.store import CheckedFile
+from ..runs.store import SLICE, CheckedFile
 from .fused import Pair, widen64
 from .metrics import quiet
 from .weight_term import Sums, sums_of
 
-CHUNK = 1 << 17  # elements per slice
+CHUNK = SLICE  # elements per slice: the checks before the judge read as many (runs/store.py)
 
 Sweep = list[CheckedFile | None]  # baseline, merged (or None) and reference (or None) gradients
 

@@ -280,7 +280,7 @@ class LazyTensors(Mapping[str, np.ndarray]):
             stream.finish()
 
 
-SLICE = 1 << 17  # elements a slice
+SLICE = 1 << 17  # elements a slice (the streamed judge's too: judge/update_files.CHUNK)
 
 
 def shape_of(tensors: Mapping[str, np.ndarray], name: str) -> tuple[int, ...]:
