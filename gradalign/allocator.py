@@ -4,8 +4,8 @@ The judge reads runs a slice at a time: thousands of arrays of about 1 MiB a sec
 dropped, on several threads. By default glibc hands such blocks back to the kernel (each one
 mapped on its own while the adaptive mmap threshold is low; a thread's heap shrunk once its top
 is free) and every next array faults its pages in again, zeroed: a compare of the ~4 GB bench
-set took 535,000 page faults and about a third of its CPU time in the kernel, against 29,000
-with the thresholds fixed here (docs/PERFORMANCE.md, "Memory the judge frees"). The process
+set took 535,000 page faults, 17% of its CPU time (perf), against about 28,000 with the
+thresholds fixed here (docs/PERFORMANCE.md, "Memory the judge frees"). The process
 then holds what it used at its peak until it ends, as a command may. Only the command's own
 process is set (`__main__`); a program that calls `gradalign.compare` keeps its own settings
 (the same effect there: GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:
