@@ -110,9 +110,9 @@ print(seconds, code, used.ru_maxrss * 1024, used.ru_utime + used.ru_stime, used.
 
 def child(args: list[str]) -> tuple[float, int, int, float, int]:
     """Wall seconds, exit code, peak RSS (bytes), CPU seconds and page faults (minor) of a
-    child, measured by a small
-    wrapper process: a child forked from this one (which trained the runs) would count this
-    process's memory in its peak RSS, since Linux keeps the peak across exec."""
+    child, measured by a small wrapper process: a child forked from this one (which trained the
+    runs) would count this process's memory in its peak RSS, since Linux keeps the peak across
+    exec."""
     done = subprocess.run(
         [sys.executable, "-c", WRAP, *args], capture_output=True, text=True, check=True
     )

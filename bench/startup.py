@@ -22,13 +22,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from compare_speed import child  # noqa: E402  (wall seconds of a child, exit 0 or 1 only)
 
 # The copy's code first on sys.path; an editable install's finder would find the repository's.
 RUN = r"""
@@ -43,15 +44,6 @@ run()
 """
 
 
-def timed(args: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    done = subprocess.run(args, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"{' '.join(args)} failed ({done.returncode}): {done.stderr}")
-    return seconds
-
-
 def log(path: Path) -> Path:
     path.write_text("".join(f"step {i} loss {2.3 * 0.99**i:.6f}\n" for i in range(20)))
     return path
@@ -62,7 +54,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # the children's, through compare_speed.child
     with tempfile.TemporaryDirectory(prefix="gradalign-startup-") as scratch:
         tmp = Path(scratch)
         copies = {}
@@ -83,10 +75,10 @@ def main() -> int:
             jobs[f"compare two logs, {kind}"] = compare
         times: dict[str, list[float]] = {name: [] for name in jobs}
         for job in jobs.values():  # one uncounted round
-            timed(job, env)
+            child(job)
         for _ in range(args.reps):
             for name, job in jobs.items():
-                times[name].append(timed(job, env))
+                times[name].append(child(job)[0])
     median = {name: statistics.median(v) for name, v in times.items()}
     for name, seconds in median.items():
         print(f"{name:32s} {seconds:6.3f} s")
