@@ -31,6 +31,30 @@ def test_timm_epochs_are_read_from_the_number_before_the_counter(tmp_path):
     assert run.micro_loss.tolist() == pytest.approx(LOSSES)
 
 
+def test_timm_epochs_shorter_than_the_log_interval(tmp_path, cli):
+    """timm at --log-interval 50 over epochs of 8 updates prints `[0/8]` and `[7/8]` of each:
+    each line is one step, and the note says which lines those are (it said the counter
+    advanced by 7 a line, read as samples)."""
+    per_epoch, losses = 8, [2.3 * 0.97**i for i in range(32)]
+    printed = [v for i, v in enumerate(losses) if i % per_epoch in (0, per_epoch - 1)]
+    lines = [
+        line
+        for line in _timm(losses, per_epoch)
+        if "/8 " in line and (" 0/" in line or " 7/" in line)
+    ]
+    assert len(lines) == len(printed) == 8
+    run = read_log(write_log(tmp_path, "timm.log", lines))
+    assert run.micro_loss.tolist() == pytest.approx(printed, rel=1e-3)  # printed #.4g
+    assert any("the first and last of each epoch" in note for note in run.notes)
+    assert not any("advances by" in note for note in run.notes)
+    # a clean pair passes; a merged run off from its third printed line fails
+    base = write_log(tmp_path, "base.log", lines)
+    same = cli("compare", base, write_log(tmp_path, "same.log", lines))
+    assert same.code == 0, same.out
+    off = lines[:2] + [line.replace("Loss: ", "Loss: 9") for line in lines[2:]]
+    assert cli("compare", base, write_log(tmp_path, "off.log", off)).code == 1
+
+
 def test_a_restart_without_an_epoch_is_still_refused(tmp_path):
     lines = [line.replace("Train: 1 ", "Train ") for line in _timm(LOSSES)]
     with pytest.raises(BadInput, match="expected step 4, found step 0 again"):

@@ -289,12 +289,7 @@ class _Pass(RepeatedSteps):
         if step.counter:
             if len(log.losses) == 1 and log.first_index == 0 and value > 1 == log.stride:
                 log.stride, log.counter_total = value, step.total
-                log.notes.append(
-                    f"the step counter advances by {value} a line, read as samples (as the "
-                    f"PyTorch examples print), each line one step; if it counts iterations, the "
-                    f"log prints every {value}th and its losses may be means or medians over "
-                    "them (PaddleDetection's log_iter): print every iteration"
-                )
+                log.notes.append(_stride_note(value, step.total))
             if value % log.stride:
                 raise BadInput(
                     f"{self.where(index)}: the counter {value} is not a multiple of "
@@ -311,6 +306,25 @@ class _Pass(RepeatedSteps):
         """The value of the step key this pass reads (the line's first where it holds fewer)."""
         values = (step.index, *step.others)
         return values[self.key] if self.key is not None and self.key < len(values) else values[0]
+
+
+def _stride_note(value: int, total: int | None) -> str:
+    """How a counter whose second line reads `value` was read: a stride of samples, or, where
+    `value` is its total's last index, the first and last iteration of each epoch."""
+    if total is not None and value == total - 1:  # `[0/8]`, `[7/8]`, then the next epoch's 0
+        return (
+            f"the step counter went from 0 to {value}, the last of its {total}: the log prints "
+            "only some iterations (the first and last of each epoch, as timm does where "
+            "--log-interval exceeds an epoch), each line read as one step and judged against "
+            "the other log's line; the iterations between are not judged, and its losses may "
+            "be means over them: print every iteration (timm's --log-interval 1)"
+        )
+    return (
+        f"the step counter advances by {value} a line, read as samples (as the PyTorch "
+        f"examples print), each line one step; if it counts iterations, the log prints every "
+        f"{value}th and its losses may be means or medians over them (PaddleDetection's "
+        "log_iter): print every iteration"
+    )
 
 
 def _arrow(text: str) -> bool:
