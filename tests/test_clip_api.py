@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 from torch.nn.utils import clip_grad_norm_ as clip_grad_norm_by_name  # before any Recorder
+from torch.nn.utils import clip_grad_value_ as clip_grad_value_by_name
 
 import gradalign
 from gradalign.judge.compare import compare
@@ -19,6 +20,7 @@ from gradalign.runs.portable import write_run
 from gradalign.runs.reader import read_run_dir
 
 UPDATES, BATCH, MAX_NORM, K = 5, 32, 0.3, 4  # the baseline's norms are 0.43-0.58: the clip engages
+VALUE = 0.01  # a clip_value that engages: elements of the baseline's gradients stand above it
 
 
 def _split_clip(model: nn.Module, max_norm: float) -> torch.Tensor:
@@ -38,7 +40,22 @@ def _clip_by_name(model: nn.Module, max_norm: float) -> torch.Tensor:
     return clip_grad_norm_by_name(model.parameters(), max_norm)
 
 
-CLIPS = {True: _split_clip, False: _legacy_clip, "by-name": _clip_by_name}
+def _value_clip(model: nn.Module, value: float) -> None:
+    torch.nn.utils.clip_grad_value_(model.parameters(), value)
+
+
+def _value_clip_by_name(model: nn.Module, value: float) -> None:
+    """torch's own clip_grad_value_, imported by name when this module was (no Recorder open)."""
+    clip_grad_value_by_name(model.parameters(), value)
+
+
+CLIPS = {
+    True: _split_clip,
+    False: _legacy_clip,
+    "by-name": _clip_by_name,
+    "value": _value_clip,
+    "value-by-name": _value_clip_by_name,
+}
 
 
 def clip_loop(
@@ -53,8 +70,9 @@ def clip_loop(
 ):
     """A hand-written loop that clips once per update at a max_norm that engages (unless
     told another), through the split API, `clip_grad_norm_` (`split=False`) or torch's
-    function imported by name (`split="by-name"`); `inputs` scales the inputs (and so the
-    gradients' norms)."""
+    function imported by name (`split="by-name"`); or by value at `max_norm` through
+    `clip_grad_value_` (`split="value"`, `"value-by-name"`); `inputs` scales the inputs (and so
+    the gradients' norms)."""
     clip = CLIPS[split]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 48), nn.GELU(), nn.Linear(48, 4))
@@ -128,6 +146,38 @@ def test_split_api_clipping_bugs_are_named(tmp_path, base, bug, expected, calls,
     merged = clip_loop(tmp_path / "merged", 4, bug=bug, split=split)
     assert list(merged.clip_calls) == [calls] * UPDATES
     c = compare(base, merged)
+    assert c.verdict == "fail"
+    assert c.diagnosis[0].code == expected
+
+
+@pytest.fixture(scope="module")
+def value_base(tmp_path_factory):
+    return clip_loop(tmp_path_factory.mktemp("clip") / "base", 1, split="value", max_norm=VALUE)
+
+
+@pytest.mark.parametrize("split", ["value", "value-by-name"])
+def test_a_clip_grad_value_imported_by_name_is_seen_and_its_clean_loop_passes(
+    tmp_path, value_base, split
+):
+    """torch's own clip_grad_value_ (imported by name before the Recorder opened) is seen through
+    the grouping it calls, with its clip value, once a call, as the module attribute's is."""
+    merged = clip_loop(tmp_path / "merged", 4, split=split, max_norm=VALUE)
+    assert list(merged.clip_calls) == [1] * UPDATES
+    assert list(merged.clip_value) == [VALUE] * UPDATES
+    assert compare(value_base, merged).verdict == "pass"
+
+
+@pytest.mark.parametrize("split", ["value", "value-by-name"])
+@pytest.mark.parametrize(
+    ("bug", "expected", "calls"),
+    [("clip-every-micro", "clip-per-micro", 4), ("clip-over-k", "clip-threshold", 1)],
+)
+def test_value_clipping_bugs_are_named(tmp_path, value_base, bug, expected, calls, split):
+    """With clip_grad_value_ imported by name they were `cross-sample-loss` and `loss-scale` (a
+    term of the loss divided by K): no clip was seen."""
+    merged = clip_loop(tmp_path / "merged", 4, bug=bug, split=split, max_norm=VALUE)
+    assert list(merged.clip_calls) == [calls] * UPDATES
+    c = compare(value_base, merged)
     assert c.verdict == "fail"
     assert c.diagnosis[0].code == expected
 

@@ -11,14 +11,20 @@ A loop that imported `clip_grad_norm_` by name before recording began (`from tor
 import clip_grad_norm_`, the common import) holds torch's own function, which the patch of the
 module attribute cannot reach; that function clips through `_clip_grads_with_norm_` (torch >=
 2.6), looked up in its module at each call, which is patched too: its call is seen there, with
-the norm it is given. A `clip_grad_value_` (or, before torch 2.6, a `clip_grad_norm_`) imported
-by name is not seen; a loop can pass the norm itself with `Recorder.grads(pre_clip_norm=...)`.
+the norm it is given. torch's own `clip_grad_value_` groups the gradients it clamps with
+`_group_tensors_by_device_and_dtype`, also looked up in its module at each call: patched too, a
+call from `clip_grad_value_`'s own code (told by its frame) is that clip, seen with the
+`clip_value` of that frame and the gradients it groups. Before torch 2.6 a `clip_grad_norm_`
+imported by name is not seen; a loop can pass the norm itself with
+`Recorder.grads(pre_clip_norm=...)`.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,11 +39,12 @@ import torch.nn.utils.clip_grad
 class Clip:
     """One clipping call: by norm (`total`, the norm before it) or by value (`value`);
     `reads_only`: its threshold is infinite (`clip_grad_norm_(params, inf)`, which logs the
-    norm), so it clips nothing."""
+    norm), so it clips nothing; `of_grads`: the tensors told are the clipped gradients."""
 
     total: torch.Tensor | None = None
     value: float | None = None
     reads_only: bool = False
+    of_grads: bool = False  # told the gradients clipped, not their parameters (`_GROUP`)
 
 
 def _infinite(limit: Any) -> bool:
@@ -64,6 +71,16 @@ _PATCHED = [
     for name in _NAMES
     if hasattr(module, name)
 ] + ([(torch.nn.utils.clip_grad, _SPLIT)] if hasattr(torch.nn.utils.clip_grad, _SPLIT) else [])
+_GROUP = "_group_tensors_by_device_and_dtype"  # what torch's own clip_grad_value_ calls
+_VALUE_CODE = getattr(
+    inspect.unwrap(getattr(torch.nn.utils.clip_grad, "clip_grad_value_", None)), "__code__", None
+)
+if (
+    _VALUE_CODE is not None
+    and _VALUE_CODE.co_name == "clip_grad_value_"
+    and hasattr(torch.nn.utils.clip_grad, _GROUP)
+):
+    _PATCHED.append((torch.nn.utils.clip_grad, _GROUP))
 _inside = threading.local()
 
 
@@ -88,7 +105,25 @@ def _outer(
         _inside.depth = depth
 
 
+def _grouping(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`_group_tensors_by_device_and_dtype` telling a call from torch's own `clip_grad_value_`
+    (one imported by name) as its clip; any other caller's call passes as it is."""
+
+    @functools.wraps(original)
+    def grouped(tensorlistlist: Any, *args: Any, **kwargs: Any) -> Any:
+        caller = sys._getframe(1)
+        if caller.f_code is _VALUE_CODE and not getattr(_inside, "depth", 0):
+            value = float(caller.f_locals["clip_value"])
+            grads = [g for g in tensorlistlist[0] if g is not None]
+            _tell(grads, Clip(value=value, reads_only=math.isinf(value), of_grads=True))
+        return original(tensorlistlist, *args, **kwargs)
+
+    return grouped
+
+
 def _patched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    if name == _GROUP:
+        return _grouping(original)
     if name == "clip_grad_norm_":
 
         @functools.wraps(original)

@@ -322,8 +322,12 @@ class Recorder:
         self._steps_since_micro += 1
         window.lr = group_lrs(optimizer, self._places)
 
-    def _on_clip(self, params: list[torch.Tensor], clip: clipping.Clip) -> None:
-        recorded = frozenset(id(p) for p in params if id(p) in self._param_ids)
+    def _on_clip(self, tensors: list[torch.Tensor], clip: clipping.Clip) -> None:
+        if clip.of_grads:  # the clipped gradients: their parameters are the recorded ones
+            clipped = {id(g) for g in tensors}
+            params = [t for t, kind, _ in self._named.values() if kind == "param"]
+            tensors = [p for p in params if p.grad is not None and id(p.grad) in clipped]
+        recorded = frozenset(id(p) for p in tensors if id(p) in self._param_ids)
         if recorded:
             self._windows.clipped(clip.value, clip.total, recorded, clip.reads_only)
 
