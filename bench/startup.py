@@ -9,9 +9,12 @@ in each repetition, from a copy of the package (the repository's own is left as 
 - `python -c pass`: the interpreter alone;
 - `gradalign --help` and `gradalign compare` of two 20-line training logs (a job whose judging
   takes milliseconds), each from the copy without bytecode and from the copy compiled ahead,
-  with PYTHONDONTWRITEBYTECODE=1 in both.
+  with PYTHONDONTWRITEBYTECODE=1 in both;
+- with `--typer DIR`, both again from the compiled copy with another typer first on the path
+  (`pip install --no-deps --target DIR typer==0.29.2`: constraints.txt installs 0.28.0, and
+  0.29 coerces every parameter through pydantic).
 
-    .venv/bin/python bench/startup.py [--reps 7] [--json FILE]
+    .venv/bin/python bench/startup.py [--reps 7] [--json FILE] [--typer DIR]
 """
 
 from __future__ import annotations
@@ -32,12 +35,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 from compare_speed import child  # noqa: E402  (wall seconds of a child, exit 0 or 1 only)
 
 # The copy's code first on sys.path; an editable install's finder would find the repository's.
+# Several folders (os.pathsep between): another typer's, then the copy.
 RUN = r"""
-import sys
+import os, sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
-sys.path.insert(0, sys.argv.pop(1))
+paths = sys.argv.pop(1).split(os.pathsep)
+sys.path[0:0] = paths
 import gradalign
-assert gradalign.__file__.startswith(sys.path[0]), gradalign.__file__
+assert gradalign.__file__.startswith(paths[-1]), gradalign.__file__
+if len(paths) > 1:
+    import typer
+    assert typer.__file__.startswith(paths[0]), typer.__file__
 sys.argv[0] = "gradalign"
 from gradalign.__main__ import run
 run()
@@ -53,7 +61,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--typer", type=Path, default=None, help="a folder with another typer")
     args = parser.parse_args()
+    if args.typer is not None and not (args.typer / "typer" / "__init__.py").is_file():
+        parser.error(f"--typer {args.typer}: no typer package in it")
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # the children's, through compare_speed.child
     with tempfile.TemporaryDirectory(prefix="gradalign-startup-") as scratch:
         tmp = Path(scratch)
@@ -73,6 +84,10 @@ def main() -> int:
             jobs[f"--help, {kind}"] = [py, "-c", RUN, str(copy), "--help"]
             compare = [py, "-c", RUN, str(copy), "compare", str(a), str(b)]
             jobs[f"compare two logs, {kind}"] = compare
+        if args.typer is not None:
+            both = os.pathsep.join([str(args.typer.resolve()), str(copies["compiled"])])
+            jobs["--help, other typer"] = [py, "-c", RUN, both, "--help"]
+            jobs["compare two logs, other typer"] = [py, "-c", RUN, both, "compare", str(a), str(b)]
         times: dict[str, list[float]] = {name: [] for name in jobs}
         for job in jobs.values():  # one uncounted round
             child(job)
@@ -86,6 +101,9 @@ def main() -> int:
         saved = median[f"{what}, source"] - median[f"{what}, compiled"]
         ratio = median[f"{what}, source"] / median[f"{what}, compiled"]
         print(f"{what}: bytecode ahead saves {saved:.3f} s ({ratio:.2f}x without it)")
+        if args.typer is not None:
+            other = median[f"{what}, other typer"] / median[f"{what}, compiled"]
+            print(f"{what}: {other:.2f}x the time with the typer in {args.typer}")
     print(f"medians of {args.reps} reps, alternated")
     if args.json is not None:
         args.json.write_text(json.dumps({"reps": args.reps, "seconds": median, "times": times}))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -108,3 +110,20 @@ def test_startup_benchmark_times_both_copies_of_the_package(tmp_path):
     }
     assert all(s > 0 for s in seconds.values())
     assert "bytecode ahead saves" in done.stdout
+
+
+def test_startup_benchmark_times_another_typer(tmp_path):
+    """`--typer DIR` times the compiled copy with DIR's typer first on the path (the child
+    asserts it imported that one); a folder without typer is refused."""
+    import typer
+
+    other = tmp_path / "other"
+    shutil.copytree(Path(typer.__file__).parent, other / "typer")
+    out = tmp_path / "startup.json"
+    done = _bench("startup.py", "--reps", "1", "--json", str(out), "--typer", str(other))
+    assert done.returncode == 0, done.stderr
+    seconds = json.loads(out.read_text())["seconds"]
+    assert seconds["compare two logs, other typer"] > 0 and seconds["--help, other typer"] > 0
+    assert "x the time with the typer in" in done.stdout
+    refused = _bench("startup.py", "--reps", "1", "--typer", str(tmp_path))
+    assert refused.returncode == 2 and "no typer package" in refused.stderr
