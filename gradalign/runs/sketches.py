@@ -158,7 +158,9 @@ def dot(a: np.ndarray, b: np.ndarray) -> float:
     """a·b for 1-d float64 arrays of one size, on this thread: `np.vecdot` over rows of 8192
     elements, each too short for a threaded BLAS to split (OpenBLAS splits a dot above 10,000
     elements; on a busy machine such a split ran 70x slower, docs/PERFORMANCE.md), about 4x as
-    fast as `np.einsum` on 16K elements; the tail, and numpy before 2.0, take `np.einsum`."""
+    fast as `np.einsum` on 16K elements; the tail too, one row shorter than the others (2x as
+    fast as `np.einsum` on a small tensor's 64 elements: 1.9 against 4.0 µs a call). numpy
+    before 2.0 takes `np.einsum`."""
     n = a.size
     whole = n - n % _ROW if _VECDOT is not None else 0
     total = 0.0
@@ -167,7 +169,8 @@ def dot(a: np.ndarray, b: np.ndarray) -> float:
             rows = _VECDOT(a[:whole].reshape(-1, _ROW), b[:whole].reshape(-1, _ROW))
             total = float(np.add.reduce(rows))
         if whole < n:
-            total += float(np.einsum("i,i->", a[whole:], b[whole:]))
+            tail = (a[whole:], b[whole:])
+            total += float(_VECDOT(*tail) if _VECDOT is not None else np.einsum("i,i->", *tail))
     return total
 
 
