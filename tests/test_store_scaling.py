@@ -62,15 +62,16 @@ def _record(out: Path, n: int, k: int, not_divided: bool = False) -> Path:
 
 @pytest.fixture
 def parses(monkeypatch) -> list[str]:
-    """Every tensor-file header parsed from here on (its file's path)."""
+    """Every tensor-file header read to be validated from here on (its file's path); a header
+    of the same bytes as one validated before is then not parsed again (`_VALIDATED`)."""
     seen: list[str] = []
-    read_header = tensorfile.read_header
+    header_bytes = tensorfile.header_bytes
 
     def counted(handle, size: int, where: str):
         seen.append(where)
-        return read_header(handle, size, where)
+        return header_bytes(handle, size, where)
 
-    monkeypatch.setattr(tensorfile, "read_header", counted)
+    monkeypatch.setattr(tensorfile, "header_bytes", counted)
     return seen
 
 
@@ -137,3 +138,38 @@ def test_a_file_swapped_for_a_link_between_lookups_is_refused(tmp_path):
     file.symlink_to(outside)
     with pytest.raises(BadInput, match="leads outside the run directory"):
         grads[first]
+
+
+def _tensor_file(path: Path, values: dict[str, np.ndarray]) -> Path:
+    tensorfile.write_parts(path, tensorfile.parts(values), hashed=False)
+    return path
+
+
+def test_files_with_one_header_share_its_validation_and_a_changed_size_is_checked(
+    tmp_path, monkeypatch
+):
+    """Each update's files of a run hold the same tensors at the same offsets: a header of the
+    same bytes before as many data bytes is parsed once (the entries follow from those two).
+    The same header before fewer or more data bytes is validated afresh, and refused."""
+    parsed: list[str] = []
+    parse_header = tensorfile.parse_header
+    monkeypatch.setattr(
+        tensorfile,
+        "parse_header",
+        lambda raw, where: parsed.append(where) or parse_header(raw, where),
+    )
+    rng = np.random.default_rng(0)
+    shapes = {"a": (3, 5), "b": (7,), "c": (2, 2, 2)}
+    written = [{k: rng.random(s) for k, s in shapes.items()} for _ in range(3)]
+    files = [_tensor_file(tmp_path / f"{i}.safetensors", v) for i, v in enumerate(written)]
+    opened = []
+    for path, values in zip(files, written, strict=True):
+        with tensorfile.TensorFile(path) as f:
+            opened.append(f.entries)
+            assert f.read("b").tolist() == values["b"].tolist()  # each file's own data
+    assert len(parsed) <= 1 and opened[0] is opened[1] is opened[2]
+    data = files[0].read_bytes()
+    for cut in (data[:-8], data + b"\0" * 8):  # the header of a file of another size
+        files[1].write_bytes(cut)
+        with pytest.raises(BadInput, match="not a valid tensor file"):
+            tensorfile.TensorFile(files[1])

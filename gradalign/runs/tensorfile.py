@@ -15,6 +15,7 @@ import json
 import math
 import os
 import struct
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 
 from ..errors import BadInput
 from . import checksums
-from .tensors import DTYPES, read_header
+from .tensors import DTYPES, header_bytes, parse_header
 
 # The order the safetensors package lays tensors out in: by dtype (this rank), then by name.
 _RANK = {code: rank for rank, code in enumerate(["I64", "F64", "F32", "I32", "F16", "I16"])}
@@ -103,6 +104,26 @@ class Layout:
         return self.identity[0], self.identity[1]
 
 
+# Validated entries by (header bytes, data bytes), up to `_VALIDATED_BYTES` of headers in all,
+# then forgotten all at once. Threads share it: a lookup is one dict get; a miss adds under
+# the lock.
+_VALIDATED: dict[tuple[bytes, int], dict[str, dict]] = {}
+_VALIDATED_BYTES = 16 << 20
+_validated_lock = threading.Lock()
+_validated_bytes = 0
+
+
+def _remember(key: tuple[bytes, int], entries: dict[str, dict]) -> None:
+    global _validated_bytes
+    with _validated_lock:
+        if _validated_bytes + len(key[0]) > _VALIDATED_BYTES:
+            _VALIDATED.clear()
+            _validated_bytes = 0
+        if key not in _VALIDATED:
+            _validated_bytes += len(key[0])
+        _VALIDATED[key] = entries
+
+
 class TensorFile:
     """One tensor file opened for reading; every entry checked before any data is read.
 
@@ -127,10 +148,18 @@ class TensorFile:
             raise
 
     def _layout(self, info: os.stat_result) -> Layout:
-        """The header of the open file read and validated."""
+        """The header of the open file read and validated; a header of the same bytes before
+        the same number of data bytes as one validated already (each update's files of a run
+        hold the same tensors) shares its entries: they follow from those two alone."""
         with os.fdopen(os.dup(self.fd), "rb") as handle:
-            header, start = read_header(handle, info.st_size, self.where)
-        return Layout(identity(info), self._validated(header, info.st_size - start), start)
+            raw = header_bytes(handle, info.st_size, self.where)
+        start = 8 + len(raw)
+        key = (raw, info.st_size - start)
+        entries = _VALIDATED.get(key)
+        if entries is None:
+            entries = self._validated(parse_header(raw, self.where), info.st_size - start)
+            _remember(key, entries)
+        return Layout(identity(info), entries, start)
 
     def _validated(self, header: dict[str, dict], data_size: int) -> dict[str, dict]:
         """Entries in file order: contiguous from 0 to the file's end, bytes matching shapes."""

@@ -55,14 +55,28 @@ def encode(tensors: dict[str, np.ndarray]) -> bytes:
 
 def read_header(handle, size_on_disk: int, where: str) -> tuple[dict[str, dict], int]:
     """The header's tensor entries (metadata dropped) and where the data starts."""
+    raw = header_bytes(handle, size_on_disk, where)
+    return parse_header(raw, where), 8 + len(raw)
+
+
+def header_bytes(handle, size_on_disk: int, where: str) -> bytes:
+    """The header's bytes as stored (the 8-byte length before them checked and dropped)."""
     first = handle.read(8)
     if len(first) < 8:
         raise BadInput(f"{where}: not a tensor file (too short)")
     (size,) = struct.unpack("<Q", first)
     if size > min(MAX_HEADER, size_on_disk - 8):
         raise BadInput(f"{where}: not a tensor file (bad header length)")
+    raw = handle.read(size)
+    if len(raw) != size:
+        raise BadInput(f"{where}: not a tensor file (bad header length)")
+    return raw
+
+
+def parse_header(raw: bytes, where: str) -> dict[str, dict]:
+    """The tensor entries of a header's bytes (metadata dropped), each checked."""
     try:
-        header = jsonfile.loads(handle.read(size))
+        header = jsonfile.loads(raw)
     except jsonfile.DuplicateKey as exc:
         raise BadInput(f"{where}: tensor {exc.key!r} is named twice in the header") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -72,7 +86,7 @@ def read_header(handle, size_on_disk: int, where: str) -> tuple[dict[str, dict],
     header.pop(METADATA, None)
     for name, spec in header.items():
         _check_entry(name, spec, where)
-    return header, 8 + size
+    return header
 
 
 def _check_entry(name: str, spec: object, where: str) -> None:
