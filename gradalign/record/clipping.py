@@ -113,9 +113,10 @@ def _grouping(original: Callable[..., Any]) -> Callable[..., Any]:
     def grouped(tensorlistlist: Any, *args: Any, **kwargs: Any) -> Any:
         caller = sys._getframe(1)
         if caller.f_code is _VALUE_CODE and not getattr(_inside, "depth", 0):
-            value = float(caller.f_locals["clip_value"])
-            grads = [g for g in tensorlistlist[0] if g is not None]
-            _tell(grads, Clip(value=value, reads_only=math.isinf(value), of_grads=True))
+            value = caller.f_locals.get("clip_value")  # float(clip_value) by then
+            if isinstance(value, float) and isinstance(tensorlistlist, list) and tensorlistlist:
+                grads = [g for g in tensorlistlist[0] if isinstance(g, torch.Tensor)]
+                _tell(grads, Clip(value=value, reads_only=math.isinf(value), of_grads=True))
         return original(tensorlistlist, *args, **kwargs)
 
     return grouped
