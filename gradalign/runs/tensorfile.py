@@ -154,10 +154,10 @@ class TensorFile:
         with os.fdopen(os.dup(self.fd), "rb") as handle:
             raw = header_bytes(handle, info.st_size, self.where)
         start = 8 + len(raw)
-        key = (raw, info.st_size - start)
+        key = (raw, info.st_size - start)  # the header, and the data bytes it must describe
         entries = _VALIDATED.get(key)
         if entries is None:
-            entries = self._validated(parse_header(raw, self.where), info.st_size - start)
+            entries = self._validated(parse_header(raw, self.where), key[1])
             _remember(key, entries)
         return Layout(identity(info), entries, start)
 
