@@ -98,9 +98,8 @@ def digest(tensors: list[torch.Tensor], keeps: list[torch.Tensor | None]) -> Dig
         if not paired:
             data = sum(int(_np_total(a, k)) for a, k in zip(arrays, masks, strict=True))
             return Digest(wrap(data), None)
-        rows = [_np_rows(a, k) for a, k in zip(arrays, masks, strict=True)]
-        data = sum(int(r.sum(dtype=np.int64)) for r in rows)
-        return Digest(wrap(data), np_mixed_rows(rows))
+        rows = np.stack([_np_rows(a, k) for a, k in zip(arrays, masks, strict=True)])
+        return Digest(wrap(int(rows.sum(dtype=np.int64))), np_mixed_rows(rows))
     if not paired:  # a device's tensors: 0-d int64 tensors, read at the end
         totals = [_total(t, k) for t, k in zip(tensors, keeps, strict=True)]
         return Digest(torch.stack([v.to(totals[0].device) for v in totals]).sum(), None)
@@ -137,17 +136,28 @@ def _np_rows(values: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
     return values.reshape(values.shape[0], _row_size(values.shape)).sum(axis=1, dtype=np.int64)
 
 
-def np_mixed_rows(rows: list[np.ndarray]) -> int:
-    """`mixed_rows` by numpy, in uint64 (the same number)."""
-    with np.errstate(over="ignore"):
-        combined = np.zeros(rows[0].shape, dtype=np.uint64)
-        for index, sums in enumerate(rows):
-            combined += sums.astype(np.uint64) * np.uint64(tensor_weight(index))
-        z = combined + np.uint64(0x9E3779B97F4A7C15)
-        for shift, factor in ((30, _MIX[0]), (27, _MIX[1])):
-            z = (z ^ (z >> np.uint64(shift))) * np.uint64(factor)
-        z ^= z >> np.uint64(31)
-        return _signed(int(z.sum(dtype=np.uint64)))
+def np_mixed_rows(rows: np.ndarray) -> int:
+    """`mixed_rows` by numpy, in uint64 (the same number): `rows` holds one tensor's row sums
+    per line (int64, [tensors, rows]); every operation wraps, in place where it can."""
+    sums = rows.view(np.uint64)
+    z = _weights(sums.shape[0]) @ sums  # Σ_tensors weight_t · row sum, per row
+    z += np.uint64(0x9E3779B97F4A7C15)
+    for shift, factor in ((30, _MIX[0]), (27, _MIX[1])):
+        z ^= z >> np.uint64(shift)
+        z *= np.uint64(factor)
+    z ^= z >> np.uint64(31)
+    return _signed(int(z.sum(dtype=np.uint64)))
+
+
+_WEIGHTS: dict[int, np.ndarray] = {}
+
+
+def _weights(count: int) -> np.ndarray:
+    """The first `count` tensors' weights (`tensor_weight`) as uint64, made once per count."""
+    found = _WEIGHTS.get(count)
+    if found is None:
+        found = _WEIGHTS[count] = np.array([tensor_weight(i) for i in range(count)], np.uint64)
+    return found
 
 
 def series(digests: list[Digest]) -> dict[str, np.ndarray]:
