@@ -8,7 +8,9 @@ repetition, on the warm page cache:
 - naive: a script that loads both runs' weight and gradient files with the safetensors package
   and takes each tensor's max abs diff (no reference, no noise floor, no diagnosis);
 - gradalign: `gradalign compare BASE MERGED` in a fresh process (start-up included), with its
-  peak RSS (the child's ru_maxrss), and once more with `--verify-files` (SHA-256 of every file);
+  peak RSS (the largest of its processes, ru_maxrss) and the peak of the RSS of all its
+  processes summed (the judge forks for large runs: judge/owners.py), and once more with
+  `--verify-files` (XXH3-128 of every file);
 - default malloc: the same command line started without `gradalign.__main__`, so with glibc's
   malloc thresholds as they come (gradalign/allocator.py), with both runs' page faults.
 
@@ -99,27 +101,48 @@ def raw_read(paths: list[Path]) -> float:
 
 
 WRAP = r"""
-import resource, subprocess, sys, time
+import os, resource, subprocess, sys, time
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+def tree_rss(root):  # the resident bytes of a process and its descendants (shared pages twice)
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * PAGE
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                stack += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return total
+
 start = time.perf_counter()
-code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
+process = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+tree = 0
+while process.poll() is None:
+    tree = max(tree, tree_rss(process.pid))
+    time.sleep(0.02)
 seconds = time.perf_counter() - start
 used = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(seconds, code, used.ru_maxrss * 1024, used.ru_utime + used.ru_stime, used.ru_minflt)
+print(seconds, process.returncode, used.ru_maxrss * 1024, used.ru_utime + used.ru_stime,
+      used.ru_minflt, tree)
 """
 
 
-def child(args: list[str]) -> tuple[float, int, int, float, int]:
-    """Wall seconds, exit code, peak RSS (bytes), CPU seconds and page faults (minor) of a
-    child, measured by a small wrapper process: a child forked from this one (which trained the
-    runs) would count this process's memory in its peak RSS, since Linux keeps the peak across
-    exec."""
+def child(args: list[str]) -> tuple[float, int, int, float, int, int]:
+    """Wall seconds, exit code, peak RSS (bytes; of its largest process), CPU seconds and page
+    faults (minor) of a child and the processes it forks, and the peak of their RSS summed
+    (sampled every 20 ms; pages they share count once per process: an upper bound), measured by
+    a small wrapper process: a child forked from this one (which trained the runs) would count
+    this process's memory in its peak RSS, since Linux keeps the peak across exec."""
     done = subprocess.run(
         [sys.executable, "-c", WRAP, *args], capture_output=True, text=True, check=True
     )
-    seconds, code, peak, cpu, faults = done.stdout.split()
+    seconds, code, peak, cpu, faults, tree = done.stdout.split()
     if int(code) not in (0, 1):
         raise SystemExit(f"{' '.join(args)} failed with exit code {code}: {done.stderr}")
-    return float(seconds), int(code), int(peak), float(cpu), int(faults)
+    return float(seconds), int(code), int(peak), float(cpu), int(faults), int(tree)
 
 
 def largest_tensor(folder: Path) -> int:
@@ -154,19 +177,21 @@ def main() -> int:
         times: dict[str, list[float]] = {k: [] for k in kinds}
         faults: dict[str, list[int]] = {"gradalign": [], "default_malloc": []}
         rss: list[int] = []
+        tree_rss: list[int] = []
         cpu: list[float] = []
         codes = set()
         start_up = []
         for _ in range(args.reps):
             times["raw"].append(raw_read(everything))
             times["naive"].append(child(naive)[0])
-            seconds, code, peak, used, faulted = child(ours)
+            seconds, code, peak, used, faulted, tree = child(ours)
+            tree_rss.append(tree)
             cpu.append(used)
             times["gradalign"].append(seconds)
             faults["gradalign"].append(faulted)
             rss.append(peak)
             codes.add(code)
-            seconds, code, _, _, faulted = child(default_malloc)
+            seconds, code, _, _, faulted, _ = child(default_malloc)
             times["default_malloc"].append(seconds)
             faults["default_malloc"].append(faulted)
             codes.add(code)
@@ -193,6 +218,8 @@ def main() -> int:
             "gradalign_gb_per_cpu_second": total / statistics.median(cpu) / 1e9,
             "peak_rss_bytes": max(rss),
             "peak_rss_over_largest_tensor": max(rss) / largest,
+            "peak_rss_all_processes_bytes": max(tree_rss),
+            "peak_rss_all_processes_over_largest_tensor": max(tree_rss) / largest,
             "startup_seconds": statistics.median(start_up),
             "page_faults": {k: statistics.median(v) for k, v in faults.items()},
             "default_malloc_over_gradalign": median["default_malloc"] / median["gradalign"],
@@ -217,7 +244,9 @@ def main() -> int:
         f"gradalign CPU   {figures['gradalign_cpu_seconds']:.2f} s (user + sys, all threads) = "
         f"{figures['gradalign_gb_per_cpu_second']:.2f} GB per CPU-second\n"
         f"peak RSS {max(rss) / 2**20:.0f} MiB = {figures['peak_rss_over_largest_tensor']:.1f}x the "
-        "largest tensor"
+        f"largest tensor (its largest process); all its processes together "
+        f"{max(tree_rss) / 2**20:.0f} MiB = "
+        f"{figures['peak_rss_all_processes_over_largest_tensor']:.1f}x"
     )
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

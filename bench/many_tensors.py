@@ -111,7 +111,7 @@ def main() -> int:
                 folder = root / f"n{n}"
                 ours = [python, "-m", "gradalign", "compare"]
                 ours += ["--reference", "none"] if args.reference_none else []
-                seconds, code, _, used, _ = child(
+                seconds, code, _, used, _, _ = child(
                     [*ours, str(folder / "baseline"), str(folder / "merged")]
                 )
                 wall[n].append(seconds)

@@ -162,7 +162,7 @@ def test_without_a_reference_adams_noise_in_the_weights_is_judged_by_the_gradien
         assert alone.verdict == "pass", (streaming, [d.message for d in alone.diagnosis])
         assert "judged by their gradients alone" in alone.diagnosis[0].message
     with monkeypatch.context() as m:
-        for module in ("drift", "stream"):
+        for module in ("drift", "stream_tensor"):
             m.setattr(f"gradalign.judge.{module}.beyond_drift", lambda d, excess, drift: d)
         unjudged = compare(base, merged)
     assert [k.name for k in unjudged.checks if k.status == "fail"] == ["weights"]

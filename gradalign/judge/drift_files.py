@@ -1,6 +1,10 @@
 """The drift (judge/drift.py) by slice, for the streamed judge: 16 MiB of slices in memory, the
 rest in one sparse float64 scratch file per tensor, only changed slices read and written back,
-each slice's sum of squares kept: the allowance costs no pass over the file."""
+each slice's sum of squares kept: the allowance costs no pass over the file.
+
+Where the judge runs in several processes (judge/owners.py), each keeps its own tensors' drift;
+a tensor whose drift another process may follow (`published`) always lives in its file, and that
+process reads it through the file's path and slice sums (`facts`, `foreign`)."""
 
 from __future__ import annotations
 
@@ -21,11 +25,18 @@ class DriftFiles:
 
     HELD_BYTES = 16 << 20  # a file costs an open (0.1-0.6 ms): many small tensors stay in memory
 
-    def __init__(self) -> None:
-        self.folder: str | None = None
+    def __init__(self, folder: str | None = None, published: set[str] | None = None) -> None:
+        """`folder`: where the scratch files go (made on first use; default: a new temporary
+        folder, removed by `close`); `published`: tensors never held in memory."""
+        self.folder: str | None = folder
+        self.own_folder = folder is None
+        self.published = published or set()
+        self.foreign: dict[str, tuple[str, dict[int, float]]] = {}  # name: (path, slice sums)
+        self.foreign_fds: dict[str, int] = {}
         self.sums: dict[str, dict[int, float]] = {}
         self.explained: dict[str, float] = {}  # per tensor, as `Drift.explained`
         self.fds: dict[str, int] = {}
+        self.paths: dict[str, str] = {}
         self.held: dict[tuple[str, int], np.ndarray] = {}
         self.held_bytes = 0
         self.noisy: set[str] = set()  # as `Drift.noisy`
@@ -38,9 +49,10 @@ class DriftFiles:
             if fd is None:
                 if self.folder is None:
                     self.folder = tempfile.mkdtemp(prefix="gradalign-drift-")
+                os.makedirs(self.folder, exist_ok=True)
                 path = os.path.join(self.folder, f"{len(self.fds)}.f64")
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-                self.fds[name] = fd
+                self.fds[name], self.paths[name] = fd, path
             return fd
 
     def _hold(self, name: str, first: int, count: int) -> np.ndarray | None:
@@ -49,7 +61,7 @@ class DriftFiles:
         with self._lock:
             key = (name, first)
             held = self.held.get(key)
-            if held is not None or first in self.sums.get(name, {}):
+            if held is not None or first in self.sums.get(name, {}) or name in self.published:
                 return held
             if self.held_bytes + count * 8 > self.HELD_BYTES:
                 return None
@@ -78,10 +90,31 @@ class DriftFiles:
 
     def slice(self, name: str, first: int, count: int) -> np.ndarray | None:
         """drift[first : first + count] (None while it is all 0)."""
+        if name in self.foreign:
+            path, sums = self.foreign[name]
+            return (
+                self._read(self._foreign_fd(name, path), first, count) if sums.get(first) else None
+            )
         if not self.sums.get(name, {}).get(first):
             return None
         held = self.held.get((name, first))
         return held if held is not None else self._read(self.fds[name], first, count)
+
+    def _foreign_fd(self, name: str, path: str) -> int:
+        with self._lock:
+            fd = self.foreign_fds.get(name)
+            if fd is None:
+                fd = self.foreign_fds[name] = os.open(path, os.O_RDONLY)
+            return fd
+
+    def facts(self, names: list[str]) -> dict[str, tuple[bool, str | None, dict[int, float]]]:
+        """Per tensor named, what another process needs to follow its drift: whether it is
+        graded, its file's path (None where it has none) and its slices' sums."""
+        return {n: (n in self.graded, self.paths.get(n), dict(self.sums.get(n, {}))) for n in names}
+
+    def follow(self, facts: dict[str, tuple[str, dict[int, float]]]) -> None:
+        """Read these tensors of another process (name: path and slice sums) as they are now."""
+        self.foreign.update(facts)
 
     @staticmethod
     def _read(fd: int, first: int, count: int) -> np.ndarray:
@@ -90,8 +123,7 @@ class DriftFiles:
         return found
 
     def allowance(self, name: str) -> float:  # ||drift|| (0 while no element was dominated)
-        sums = self.sums.get(name)
-        return math.sqrt(math.fsum(sums.values())) if sums else 0.0
+        return allowance(self.sums.get(name))
 
     def explain(self, name: str, sumsq: float) -> None:
         """Take one update's Σ(TAU·ρ·step)² of a tensor (`noise_steps`, over its slices)."""
@@ -102,11 +134,17 @@ class DriftFiles:
         return self.allowance(name) + self.explained.get(name, 0.0)
 
     def close(self) -> None:
-        for fd in self.fds.values():
+        for fd in [*self.fds.values(), *self.foreign_fds.values()]:
             os.close(fd)
         self.fds.clear()
+        self.foreign_fds.clear()
         self.held.clear()
         self.held_bytes = 0
-        if self.folder is not None:
+        if self.folder is not None and self.own_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+
+
+def allowance(sums: dict[int, float] | None) -> float:
+    """||drift|| from a tensor's slice sums (0 while no element was dominated)."""
+    return math.sqrt(math.fsum(sums.values())) if sums else 0.0

@@ -12,6 +12,8 @@ from __future__ import annotations
 from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass, field
 
+from ..runs.layout import grads_file, weights_file
+from ..runs.model import Run
 from ..runs.store import SLICE, CheckedFile
 from .fused import Pair, widen64
 from .metrics import quiet
@@ -59,6 +61,55 @@ class UpdateFiles:
         stop([f for f in self.sweeps.values() if isinstance(f, Future)])
         for f in self.opened:
             f.close()
+
+
+def gradient_names(files: UpdateFiles, names: list[str]) -> list[str]:
+    """The tensors whose gradients both runs recorded at this update."""
+    if files.gb is None or files.gm is None:
+        return []
+    return [n for n in names if n in files.gb.file.entries and n in files.gm.file.entries]
+
+
+def open_update(
+    i: int,
+    base: Run,
+    merged: Run,
+    ref: Run | None,
+    shapes: dict[str, tuple],
+    params: dict[str, tuple],
+) -> UpdateFiles:
+    """Update i's files of the runs: weights (of every tensor, `shapes`), gradients (`params`),
+    the start and the weights entered with (the reference's, or else the merged run's)."""
+    files = UpdateFiles(first=i == 0, update=i)
+
+    def get(run: Run | None, relpath: str, shapes: dict) -> CheckedFile | None:
+        if run is None or relpath not in run.store.checksums:
+            return None
+        opened = run.store.checked(relpath, shapes)
+        files.opened.append(opened)
+        return opened
+
+    try:
+        files.wb = get(base, weights_file(i), shapes)
+        files.wm = get(merged, weights_file(i), shapes)
+        files.wr = get(ref, weights_file(i), shapes)
+        if base.has_grads:
+            files.gb = get(base, grads_file(i), params)
+        if merged.has_grads:
+            files.gm = get(merged, grads_file(i), params)
+        if ref is not None and ref.has_grads:
+            files.gr = get(ref, grads_file(i), params)
+        files.start = get(base, weights_file(None), shapes)
+        previous = None if i == 0 else i - 1
+        files.pb = get(base, weights_file(previous), shapes)
+        if ref is not None:
+            files.pr = get(ref if i else base, weights_file(previous), shapes)
+        elif merged.has_grads:
+            files.pm = get(merged if i else base, weights_file(previous), shapes)
+    except BaseException:
+        files.close()
+        raise
+    return files
 
 
 def settled(tasks: list[Future]) -> list:
