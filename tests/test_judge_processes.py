@@ -181,6 +181,15 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie: an orphan is reaped by whoever adopts it, which may take its time."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return _gone(pid)
+
+
 def test_children_are_reaped_and_their_files_removed(follow_runs, monkeypatch):
     pids, folders = _watched(monkeypatch)
     runs = follow_runs
@@ -288,3 +297,47 @@ def test_a_child_never_waits_for_a_stream_locked_as_it_forked(follow_runs):
         finally:
             process.kill()
     assert line.strip() == "pass"
+
+
+KILLED_PARENT = r"""
+import os, signal, sys
+from gradalign.judge import stream
+from gradalign.judge.compare import compare
+from gradalign.runs.reader import read_run_dir
+
+def killed(self, files, grads):
+    if self.owners is not None and files.update == 2:  # the parent, at update 2
+        print(self.folder, *self.owners.pids, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return judge(self, files, grads)
+
+judge, stream.StreamJudge._judge_own = stream.StreamJudge._judge_own, killed
+base = read_run_dir(sys.argv[1])
+compare(base, read_run_dir(sys.argv[2]), reference=read_run_dir(base.reference), streaming=True)
+"""
+
+
+def test_a_parent_killed_outright_leaves_no_child_and_no_file(follow_runs):
+    """SIGKILL runs none of the parent's cleanup: its children see their pipe end, remove the
+    judge's drift folder and exit."""
+    import subprocess
+    import time
+
+    root = follow_runs["root"]
+    env = {**os.environ, "GRADALIGN_PROCESSES": "3"}
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_PARENT, str(root / "base"), str(root / "merged")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -9, done.stderr
+    folder, *pids = done.stdout.split()
+    assert len(pids) == 2 and os.path.basename(folder).startswith("gradalign-drift-")
+    children = [int(pid) for pid in pids]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(map(_ended, children)):
+        time.sleep(0.05)
+    assert all(map(_ended, children))
+    assert not os.path.exists(folder)

@@ -8,7 +8,7 @@ a machine with the cores, and runs large enough to pay for a fork, the judge for
 starts any thread; each child serves requests from the parent over a pipe (pickled between
 this program's own processes, never read from a file), and is killed when the judge closes,
 whatever it was doing: it holds nothing that outlives it (its drift files lie in a folder the
-parent removes)."""
+parent removes, or, where the parent was killed outright, the children on their pipe's end)."""
 
 from __future__ import annotations
 

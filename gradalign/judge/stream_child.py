@@ -5,6 +5,7 @@ asked, it judges some of them again (net of a weight term, or following another'
 
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,7 +25,13 @@ class ChildSide:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="gradalign-judge")
         self.next = None
         self._ahead(0)
-        answer(conn, lambda name, args: getattr(self, name)(*args))
+        try:
+            answer(conn, lambda name, args: getattr(self, name)(*args))
+        finally:
+            # the parent kills its children before it closes their pipes: a pipe that ended
+            # means the parent died first (SIGKILL), and left the judge's drift folder behind
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
 
     def child_judge(self, i: int, grad_atol: float, floor16: float) -> tuple:
         """Update i's tensors of this child (`_judge_own`), with the parent's tolerances."""
