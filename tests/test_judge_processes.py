@@ -7,6 +7,7 @@ whatever ends the judge; a child that dies is an error, not a hang."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -341,3 +342,30 @@ def test_a_parent_killed_outright_leaves_no_child_and_no_file(follow_runs):
         time.sleep(0.05)
     assert all(map(_ended, children))
     assert not os.path.exists(folder)
+
+
+class _Finalized:
+    """Garbage in a reference cycle whose finalizer writes down the process it ran in."""
+
+    def __init__(self, folder) -> None:
+        self.folder, self.me = folder, self
+
+    def __del__(self) -> None:
+        (self.folder / str(os.getpid())).touch()
+
+
+def test_the_callers_garbage_is_never_finalized_in_a_child(follow_runs, monkeypatch, tmp_path):
+    """A caller's garbage not yet collected as the judge forks (a torch process group left by a
+    test, whose destructor aborted the child that collected it) is finalized in the caller's
+    process only."""
+    fork = owners.os.fork
+
+    def garbage_then_fork() -> int:
+        _Finalized(tmp_path)  # unreachable at once, and young: the next collection takes it
+        return fork()
+
+    monkeypatch.setattr(owners.os, "fork", garbage_then_fork)
+    runs = follow_runs
+    _judged(monkeypatch, 2, runs["base"], runs["merged"], runs["ref"])
+    gc.collect()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [str(os.getpid())]

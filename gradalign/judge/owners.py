@@ -13,6 +13,7 @@ parent removes, or, where the parent was killed outright, the children on their 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import signal
@@ -90,6 +91,10 @@ class Owners:
     def __init__(self, count: int, serve: Callable[[int, Connection], None]) -> None:
         self.pids: list[int] = []
         self.conns: list[Connection] = []
+        # no collection between a fork and the child's freeze (`_child`): garbage of the caller's
+        # (a torch process group, say) must never be finalized in a child
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             for k in range(1, count):
                 ours, theirs = Pipe()
@@ -97,13 +102,16 @@ class Owners:
                     warnings.simplefilter("ignore", DeprecationWarning)
                     pid = os.fork()
                 if pid == 0:
-                    _child(k, theirs, [ours, *self.conns], serve)
+                    _child(k, theirs, [ours, *self.conns], serve, collecting)
                 theirs.close()
                 self.pids.append(pid)
                 self.conns.append(ours)
         except BaseException:
             self.close()
             raise
+        finally:
+            if collecting:
+                gc.enable()
 
     def send(self, request: tuple[str, tuple]) -> None:
         """The same request to every child."""
@@ -141,12 +149,26 @@ class Owners:
         self.pids, self.conns = [], []
 
 
+_KEPT: list[Any] = []  # in a child: what the parent held that must not be finalized there
+
+
 def _child(
-    k: int, conn: Connection, inherited: list[Connection], serve: Callable[[int, Connection], None]
+    k: int,
+    conn: Connection,
+    inherited: list[Connection],
+    serve: Callable[[int, Connection], None],
+    collecting: bool,
 ) -> None:
-    """In the child: serve the parent, then leave without running the parent's exit code."""
+    """In the child: serve the parent, then leave without running the parent's exit code. Of
+    what the parent held, nothing is finalized here: the objects it tracked are frozen out of
+    collection (a torch object's destructor aborted a child, run by the collector), its streams
+    kept (their buffers would be flushed twice)."""
     code = 0
     try:
+        gc.freeze()
+        if collecting:
+            gc.enable()
+        _KEPT.extend((sys.stdout, sys.stderr))
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the command's handler: just end
         # the parent's streams may have been locked by another thread (a progress display) as
