@@ -369,3 +369,33 @@ def test_the_callers_garbage_is_never_finalized_in_a_child(follow_runs, monkeypa
     _judged(monkeypatch, 2, runs["base"], runs["merged"], runs["ref"])
     gc.collect()
     assert sorted(p.name for p in tmp_path.iterdir()) == [str(os.getpid())]
+
+
+def test_a_signal_handler_of_the_callers_never_runs_in_a_child(follow_runs, monkeypatch, tmp_path):
+    """A caller's handler (a checkpoint on SIGUSR1, as job schedulers send before a time limit)
+    runs in the caller only: a child ignores the signal and goes on judging."""
+    import signal
+    import time
+
+    def handler(number, frame) -> None:
+        (tmp_path / str(os.getpid())).touch()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    pids, _ = _watched(monkeypatch)
+    judge_own = stream.StreamJudge._judge_own
+
+    def signalled(self, files, grads):
+        if self.owners is not None and files.update == 1:  # the parent, at update 1
+            for pid in [*self.owners.pids, os.getpid()]:
+                os.kill(pid, signal.SIGUSR1)
+            time.sleep(0.2)
+        return judge_own(self, files, grads)
+
+    monkeypatch.setattr(stream.StreamJudge, "_judge_own", signalled)
+    try:
+        runs = follow_runs
+        judged = _judged(monkeypatch, 3, runs["base"], runs["merged"], runs["ref"])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert len(pids) == 2 and judged.verdict == "pass"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [str(os.getpid())]

@@ -162,13 +162,16 @@ def _child(
     """In the child: serve the parent, then leave without running the parent's exit code. Of
     what the parent held, nothing is finalized here: the objects it tracked are frozen out of
     collection (a torch object's destructor aborted a child, run by the collector), its streams
-    kept (their buffers would be flushed twice)."""
+    kept (their buffers would be flushed twice), and no handler of its signals runs here."""
     code = 0
     try:
         gc.freeze()
         if collecting:
             gc.enable()
         _KEPT.extend((sys.stdout, sys.stderr))
+        for number in signal.valid_signals():  # the caller's handlers (a checkpoint on
+            if callable(signal.getsignal(number)):  # SIGUSR1, say) are not the child's to run
+                signal.signal(number, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the command's handler: just end
         # the parent's streams may have been locked by another thread (a progress display) as
