@@ -161,8 +161,8 @@ def _child(
 ) -> None:
     """In the child: serve the parent, then leave without running the parent's exit code. Of
     what the parent held, nothing is finalized here: the objects it tracked are frozen out of
-    collection (a torch object's destructor aborted a child, run by the collector), its streams
-    kept (their buffers would be flushed twice), and no handler of its signals runs here."""
+    collection (a child that collected garbage the parent had left aborted in a destructor), its
+    streams are kept (their buffers would be flushed twice), and no handler of its signals runs."""
     code = 0
     try:
         gc.freeze()
