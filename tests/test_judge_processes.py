@@ -216,12 +216,50 @@ def test_an_interrupted_judge_leaves_no_child_and_no_file(follow_runs, monkeypat
     assert folders and not any(os.path.exists(folder) for folder in folders)
 
 
-def test_a_child_that_dies_is_an_error(follow_runs, monkeypatch):
+def test_a_child_that_dies_is_an_error_that_says_how(follow_runs, monkeypatch):
     pids, _ = _watched(monkeypatch)
     monkeypatch.setattr(stream.StreamJudge, "child_judge", lambda self, *args: os._exit(3))
-    with pytest.raises(RuntimeError, match=r"judge process .* ended unexpectedly"):
+    with pytest.raises(
+        RuntimeError, match=r"judge process .* ended unexpectedly with exit status 3"
+    ):
         _judged(monkeypatch, 2, follow_runs["base"], follow_runs["merged"], follow_runs["ref"])
     assert pids and all(_gone(pid) for pid in pids)
+
+
+def test_a_child_killed_by_a_signal_is_named_so(follow_runs, monkeypatch):
+    """The system's out-of-memory killer sends SIGKILL: the error names the signal."""
+    import signal
+
+    def killed(self, *args):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(stream.StreamJudge, "child_judge", killed)
+    with pytest.raises(RuntimeError, match=r"killed by SIGKILL \(out of memory\?\)"):
+        _judged(monkeypatch, 2, follow_runs["base"], follow_runs["merged"], follow_runs["ref"])
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_child_that_fails_before_its_first_request_sends_its_error(
+    follow_runs, monkeypatch, late
+):
+    """A child's error outside any request (its first files unreadable, say) reaches the parent
+    as that error, whether the parent's next request finds the child alive or gone (`late`)."""
+    import time
+
+    def failed(self, k, share, conn):
+        raise BadInput(f"{share[0]}: unreadable in process {k}")
+
+    monkeypatch.setattr(stream.StreamJudge, "_serve", failed)
+    if late:  # the child has ended before the parent sends it anything
+        send = owners.Owners.send_each
+
+        def after_a_while(self, requests):
+            time.sleep(0.5)
+            return send(self, requests)
+
+        monkeypatch.setattr(owners.Owners, "send_each", after_a_while)
+    with pytest.raises(BadInput, match=r"unreadable in process 1"):
+        _judged(monkeypatch, 2, follow_runs["base"], follow_runs["merged"], follow_runs["ref"])
 
 
 def test_a_system_that_cannot_fork_judges_in_one_process(follow_runs, monkeypatch):

@@ -115,13 +115,19 @@ class Owners:
 
     def send(self, request: tuple[str, tuple]) -> None:
         """The same request to every child."""
-        for conn in self.conns:
-            conn.send(request)
+        self.send_each([request] * len(self.conns))
 
     def send_each(self, requests: list[tuple[str, tuple]]) -> None:
         """Its own request to each child, in order."""
-        for conn, request in zip(self.conns, requests, strict=True):
-            conn.send(request)
+        for pid, conn, request in zip(self.pids, self.conns, requests, strict=True):
+            try:
+                conn.send(request)
+            except OSError:  # its end closed: it died, maybe with word of why
+                if conn.poll(0):
+                    status, value = conn.recv()
+                    if status == "error":
+                        raise value from None
+                raise _ended(pid) from None
 
     def replies(self) -> list[Any]:
         """Each child's reply to the last request, in order; a child's error raised here."""
@@ -130,7 +136,7 @@ class Owners:
             try:
                 status, value = conn.recv()
             except (EOFError, OSError):
-                raise RuntimeError(f"a judge process (pid {pid}) ended unexpectedly") from None
+                raise _ended(pid) from None
             if status == "error":
                 raise value
             found.append(value)
@@ -147,6 +153,19 @@ class Owners:
         for conn in self.conns:
             conn.close()
         self.pids, self.conns = [], []
+
+
+def _ended(pid: int) -> RuntimeError:
+    """The error for child `pid`, whose pipe ended: how it ended (it is reaped here)."""
+    how = "ended unexpectedly"
+    with contextlib.suppress(ChildProcessError):
+        done, status = os.waitpid(pid, 0)
+        if done and os.WIFSIGNALED(status):
+            name = signal.Signals(os.WTERMSIG(status)).name
+            how += f", killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+        elif done and os.WIFEXITED(status):
+            how += f" with exit status {os.WEXITSTATUS(status)}"
+    return RuntimeError(f"a judge process (pid {pid}) {how}")
 
 
 _KEPT: list[Any] = []  # in a child: what the parent held that must not be finalized there
@@ -181,8 +200,10 @@ def _child(
         for other in inherited:
             other.close()  # the parent's ends to other children: their EOF is the parent's
         serve(k, conn)
-    except BaseException:
+    except BaseException as exc:
         code = 1
+        with contextlib.suppress(BaseException):  # the parent raises it as this child's reply
+            conn.send(("error", portable(exc)))
     finally:
         os._exit(code)
 
