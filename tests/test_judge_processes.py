@@ -226,15 +226,27 @@ def test_a_child_that_dies_is_an_error_that_says_how(follow_runs, monkeypatch):
     assert pids and all(_gone(pid) for pid in pids)
 
 
-def test_a_child_killed_by_a_signal_is_named_so(follow_runs, monkeypatch):
-    """The system's out-of-memory killer sends SIGKILL: the error names the signal."""
+@pytest.mark.parametrize("name", ["SIGKILL", "SIGABRT"])
+def test_a_child_killed_by_a_signal_is_named_so(follow_runs, monkeypatch, name):
+    """The system's out-of-memory killer sends SIGKILL: the machine's limit, said with what to
+    do; any other signal (an abort) is a bug, named."""
     import signal
 
     def killed(self, *args):
-        os.kill(os.getpid(), signal.SIGKILL)
+        signal.signal(signal.SIGABRT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.Signals[name])
 
     monkeypatch.setattr(stream.StreamJudge, "child_judge", killed)
-    with pytest.raises(RuntimeError, match=r"killed by SIGKILL \(out of memory\?\)"):
+    expected = (
+        (
+            BadInput,
+            r"killed by SIGKILL, as the system does when it runs out of memory: .*"
+            r"GRADALIGN_PROCESSES=1",
+        )
+        if name == "SIGKILL"
+        else (RuntimeError, r"ended unexpectedly, killed by SIGABRT")
+    )
+    with pytest.raises(expected[0], match=expected[1]):
         _judged(monkeypatch, 2, follow_runs["base"], follow_runs["merged"], follow_runs["ref"])
 
 

@@ -24,6 +24,8 @@ from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..errors import BadInput
+
 # Elements an update of a run must hold for more processes to pay (docs/PERFORMANCE.md: an
 # 8-update GPT of 0.9M parameters took 0.79 s in two processes against 0.93 s in one; the
 # default MLP, 0.2M, 0.62 against 0.61 s)
@@ -155,14 +157,22 @@ class Owners:
         self.pids, self.conns = [], []
 
 
-def _ended(pid: int) -> RuntimeError:
-    """The error for child `pid`, whose pipe ended: how it ended (it is reaped here)."""
+def _ended(pid: int) -> Exception:
+    """The error for child `pid`, whose pipe ended: how it ended (it is reaped here). Killed by
+    SIGKILL, as the system kills a process when memory runs out, it is the machine's limit (the
+    command says so in one line, as of its own MemoryError); anything else is a bug."""
     how = "ended unexpectedly"
     with contextlib.suppress(ChildProcessError):
         done, status = os.waitpid(pid, 0)
         if done and os.WIFSIGNALED(status):
             name = signal.Signals(os.WTERMSIG(status)).name
-            how += f", killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+            if name == "SIGKILL":
+                return BadInput(
+                    f"a judge process (pid {pid}) was killed by SIGKILL, as the system does when "
+                    "it runs out of memory: free memory, or set GRADALIGN_PROCESSES=1 to judge in "
+                    "one process"
+                )
+            how += f", killed by {name}"
         elif done and os.WIFEXITED(status):
             how += f" with exit status {os.WEXITSTATUS(status)}"
     return RuntimeError(f"a judge process (pid {pid}) {how}")
