@@ -449,3 +449,33 @@ def test_a_signal_handler_of_the_callers_never_runs_in_a_child(follow_runs, monk
         signal.signal(signal.SIGUSR1, previous)
     assert len(pids) == 2 and judged.verdict == "pass"
     assert sorted(p.name for p in tmp_path.iterdir()) == [str(os.getpid())]
+
+
+def test_a_child_found_dead_is_never_signalled_again(follow_runs, monkeypatch):
+    """A child reaped as it was found dead frees its pid for any new process: closing the judge
+    signals only the children still its own."""
+    import time
+
+    pids, _ = _watched(monkeypatch)
+    killed: list[int] = []
+    kill = owners.os.kill
+
+    def recorded(pid: int, number: int) -> None:
+        killed.append(pid)
+        kill(pid, number)
+
+    def gone_early(self, k, share, conn):
+        os._exit(4)  # before any request, without a word
+
+    def after_a_while(self, requests):
+        time.sleep(0.5)  # both children have ended: the request meets a closed pipe
+        return send(self, requests)
+
+    send = owners.Owners.send_each
+    monkeypatch.setattr(stream.StreamJudge, "_serve", gone_early)
+    monkeypatch.setattr(owners.Owners, "send_each", after_a_while)
+    monkeypatch.setattr(owners.os, "kill", recorded)
+    with pytest.raises(RuntimeError, match=r"ended unexpectedly with exit status 4"):
+        _judged(monkeypatch, 3, follow_runs["base"], follow_runs["merged"], follow_runs["ref"])
+    assert len(pids) == 2 and pids[0] not in killed  # the first, found dead; the second killed
+    assert killed == [pids[1]]

@@ -93,6 +93,7 @@ class Owners:
     def __init__(self, count: int, serve: Callable[[int, Connection], None]) -> None:
         self.pids: list[int] = []
         self.conns: list[Connection] = []
+        self.reaped: set[int] = set()  # children reaped as they were found dead (`_ended`)
         # no collection between a fork and the child's freeze (`_child`): garbage of the caller's
         # (a torch process group, say) must never be finalized in a child
         collecting = gc.isenabled()
@@ -125,11 +126,11 @@ class Owners:
             try:
                 conn.send(request)
             except OSError:  # its end closed: it died, maybe with word of why
-                if conn.poll(0):
-                    status, value = conn.recv()
+                with contextlib.suppress(EOFError, OSError):
+                    status, value = conn.recv() if conn.poll(0) else ("", None)
                     if status == "error":
                         raise value from None
-                raise _ended(pid) from None
+                raise self._ended(pid) from None
 
     def replies(self) -> list[Any]:
         """Each child's reply to the last request, in order; a child's error raised here."""
@@ -138,7 +139,7 @@ class Owners:
             try:
                 status, value = conn.recv()
             except (EOFError, OSError):
-                raise _ended(pid) from None
+                raise self._ended(pid) from None
             if status == "error":
                 raise value
             found.append(value)
@@ -146,35 +147,43 @@ class Owners:
 
     def close(self) -> None:
         """Kill the children (nothing they hold outlives them) and reap them."""
-        for pid in self.pids:
+        living = [pid for pid in self.pids if pid not in self.reaped]  # a reaped pid may be reused
+        for pid in living:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        for pid in self.pids:
+        for pid in living:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         for conn in self.conns:
             conn.close()
         self.pids, self.conns = [], []
 
+    def _ended(self, pid: int) -> Exception:
+        """The error for child `pid`, whose pipe ended, reaped here (`_how`)."""
+        with contextlib.suppress(ChildProcessError):
+            done, status = os.waitpid(pid, 0)
+            if done:
+                self.reaped.add(pid)
+                return _how(pid, status)
+        return RuntimeError(f"a judge process (pid {pid}) ended unexpectedly")
 
-def _ended(pid: int) -> Exception:
-    """The error for child `pid`, whose pipe ended: how it ended (it is reaped here). Killed by
-    SIGKILL, as the system kills a process when memory runs out, it is the machine's limit (the
-    command says so in one line, as of its own MemoryError); anything else is a bug."""
+
+def _how(pid: int, status: int) -> Exception:
+    """How child `pid` ended, by its wait status. Killed by SIGKILL, as the system kills a
+    process when memory runs out, it is the machine's limit (the command says so in one line, as
+    of its own MemoryError); anything else is a bug."""
     how = "ended unexpectedly"
-    with contextlib.suppress(ChildProcessError):
-        done, status = os.waitpid(pid, 0)
-        if done and os.WIFSIGNALED(status):
-            name = signal.Signals(os.WTERMSIG(status)).name
-            if name == "SIGKILL":
-                return BadInput(
-                    f"a judge process (pid {pid}) was killed by SIGKILL, as the system does when "
-                    "it runs out of memory: free memory, or set GRADALIGN_PROCESSES=1 to judge in "
-                    "one process"
-                )
-            how += f", killed by {name}"
-        elif done and os.WIFEXITED(status):
-            how += f" with exit status {os.WEXITSTATUS(status)}"
+    if os.WIFSIGNALED(status):
+        name = signal.Signals(os.WTERMSIG(status)).name
+        if name == "SIGKILL":
+            return BadInput(
+                f"a judge process (pid {pid}) was killed by SIGKILL, as the system does when it "
+                "runs out of memory: free memory, or set GRADALIGN_PROCESSES=1 to judge in one "
+                "process"
+            )
+        how += f", killed by {name}"
+    elif os.WIFEXITED(status):
+        how += f" with exit status {os.WEXITSTATUS(status)}"
     return RuntimeError(f"a judge process (pid {pid}) {how}")
 
 
