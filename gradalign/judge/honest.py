@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..runs.model import Run
 from .gains import follow_gain_divergence
 from .kink_divergence import follow_kink_divergence
-from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines
+from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines, first_failing
 from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
 from .results import UpdateResult
 from .views import Sketching
@@ -25,8 +25,10 @@ def honest_differences(
 ) -> list[str]:
     """Widen or excuse, in place, what the noise model explains; the notes that say so. The
     losses the weights explain are read first (a loss failing just before a kink hid the kink)
-    and again once kinks are followed (more weights pass). `seen`: the runs are seen through
-    sketches (judge/views.py)."""
+    and again once kinks are followed (more weights pass). A kink's rules read the first
+    failing update: where none was followed and a gain then made that update pass, they read
+    the next (model zoo run 92045: a gain at update 0 hid a kink at update 3). `seen`: the runs
+    are seen through sketches (judge/views.py)."""
     if reference is None:
         if not (base.full_weights and merged.full_weights):
             return []
@@ -41,7 +43,11 @@ def honest_differences(
     explained = explain_loss_by_weights(results, merged, reference, factor, seen=seen)
     notes = excuse_isolated_jumps(results, merged, reference, factor, seen)
     notes += excuse_jumps_like_the_baselines(results, base, merged, reference, factor, seen)
-    notes += follow_kink_divergence(results, merged, reference, factor, seen)
-    notes += follow_gain_divergence(results, merged, reference, factor, seen)
+    kinks = follow_kink_divergence(results, merged, reference, factor, seen)
+    first = first_failing(results)
+    gains = follow_gain_divergence(results, merged, reference, factor, seen)
+    notes += kinks + gains
+    if gains and not kinks and first_failing(results) not in (first, None):
+        notes += follow_kink_divergence(results, merged, reference, factor, seen)
     explain_loss_by_weights(results, merged, reference, factor, explained, seen)
     return notes
