@@ -160,11 +160,10 @@ class Owners:
 
     def _ended(self, pid: int) -> Exception:
         """The error for child `pid`, whose pipe ended, reaped here (`_how`)."""
-        with contextlib.suppress(ChildProcessError):
-            done, status = os.waitpid(pid, 0)
-            if done:
-                self.reaped.add(pid)
-                return _how(pid, status)
+        with contextlib.suppress(ChildProcessError):  # (reaped already: nothing more to say)
+            _, status = os.waitpid(pid, 0)
+            self.reaped.add(pid)
+            return _how(pid, status)
         return RuntimeError(f"a judge process (pid {pid}) ended unexpectedly")
 
 
