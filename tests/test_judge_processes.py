@@ -11,8 +11,10 @@ import gc
 import json
 import math
 import os
+import signal
 import struct
 import sys
+import time
 
 import pytest
 
@@ -38,6 +40,17 @@ def _facts(c) -> str:
     ]
     codes = [d.code for d in c.diagnosis]
     return repr((c.verdict, c.first_divergence, codes, c.notes, results))
+
+
+def _requests_late(monkeypatch) -> None:
+    """Each request to the children sent half a second late (they may have ended by then)."""
+    send = owners.Owners.send_each
+
+    def after_a_while(self, requests):
+        time.sleep(0.5)
+        return send(self, requests)
+
+    monkeypatch.setattr(owners.Owners, "send_each", after_a_while)
 
 
 def _judged(monkeypatch, count: int, base, merged, reference=None):
@@ -230,7 +243,6 @@ def test_a_child_that_dies_is_an_error_that_says_how(follow_runs, monkeypatch):
 def test_a_child_killed_by_a_signal_is_named_so(follow_runs, monkeypatch, name):
     """The system's out-of-memory killer sends SIGKILL: the machine's limit, said with what to
     do; any other signal (an abort) is a bug, named."""
-    import signal
 
     def killed(self, *args):
         signal.signal(signal.SIGABRT, signal.SIG_DFL)
@@ -256,20 +268,13 @@ def test_a_child_that_fails_before_its_first_request_sends_its_error(
 ):
     """A child's error outside any request (its first files unreadable, say) reaches the parent
     as that error, whether the parent's next request finds the child alive or gone (`late`)."""
-    import time
 
     def failed(self, k, share, conn):
         raise BadInput(f"{share[0]}: unreadable in process {k}")
 
     monkeypatch.setattr(stream.StreamJudge, "_serve", failed)
     if late:  # the child has ended before the parent sends it anything
-        send = owners.Owners.send_each
-
-        def after_a_while(self, requests):
-            time.sleep(0.5)
-            return send(self, requests)
-
-        monkeypatch.setattr(owners.Owners, "send_each", after_a_while)
+        _requests_late(monkeypatch)
     with pytest.raises(BadInput, match=r"unreadable in process 1"):
         _judged(monkeypatch, 2, follow_runs["base"], follow_runs["merged"], follow_runs["ref"])
 
@@ -372,7 +377,6 @@ def test_a_parent_killed_outright_leaves_no_child_and_no_file(follow_runs):
     """SIGKILL runs none of the parent's cleanup: its children see their pipe end, remove the
     judge's drift folder and exit."""
     import subprocess
-    import time
 
     root = follow_runs["root"]
     env = {**os.environ, "GRADALIGN_PROCESSES": "3"}
@@ -424,8 +428,6 @@ def test_the_callers_garbage_is_never_finalized_in_a_child(follow_runs, monkeypa
 def test_a_signal_handler_of_the_callers_never_runs_in_a_child(follow_runs, monkeypatch, tmp_path):
     """A caller's handler (a checkpoint on SIGUSR1, as job schedulers send before a time limit)
     runs in the caller only: a child ignores the signal and goes on judging."""
-    import signal
-    import time
 
     def handler(number, frame) -> None:
         (tmp_path / str(os.getpid())).touch()
@@ -454,7 +456,6 @@ def test_a_signal_handler_of_the_callers_never_runs_in_a_child(follow_runs, monk
 def test_a_child_found_dead_is_never_signalled_again(follow_runs, monkeypatch):
     """A child reaped as it was found dead frees its pid for any new process: closing the judge
     signals only the children still its own."""
-    import time
 
     pids, _ = _watched(monkeypatch)
     killed: list[int] = []
@@ -467,13 +468,8 @@ def test_a_child_found_dead_is_never_signalled_again(follow_runs, monkeypatch):
     def gone_early(self, k, share, conn):
         os._exit(4)  # before any request, without a word
 
-    def after_a_while(self, requests):
-        time.sleep(0.5)  # both children have ended: the request meets a closed pipe
-        return send(self, requests)
-
-    send = owners.Owners.send_each
     monkeypatch.setattr(stream.StreamJudge, "_serve", gone_early)
-    monkeypatch.setattr(owners.Owners, "send_each", after_a_while)
+    _requests_late(monkeypatch)  # both children have ended: the request meets a closed pipe
     monkeypatch.setattr(owners.os, "kill", recorded)
     with pytest.raises(RuntimeError, match=r"ended unexpectedly with exit status 4"):
         _judged(monkeypatch, 3, follow_runs["base"], follow_runs["merged"], follow_runs["ref"])
