@@ -20,7 +20,7 @@ optimizers, the Recorder watching Muon).
                                         [--bug NAME] [--bug-from 0] [--updates 10]
                                         [--autocast [float16]]
                                         [--clip 1.0] [--schedule] [--reference-none]
-                                        [--width 1] [--penalty 1e-3]
+                                        [--width 1] [--penalty 1e-3] [--ks 2,4,8] [--uneven]
                                         [--jsonl rows.jsonl]
 
 `--autocast` runs each forward under CPU autocast (bfloat16, or float16 with a GradScaler);
@@ -29,6 +29,10 @@ GPT's and the encoder's 4 heads stay 4). `--clip` clips the accumulated gradient
 before each step; `--schedule` warms the learning rate up over 2 updates and then decays it
 on a cosine (a LambdaLR stepped once per update). `--penalty λ` adds λ·Σw² over every
 parameter to each micro-batch's loss (an L2 penalty, as loops that write weight decay so do).
+`--uneven` splits each window into K micro-batches of unequal sizes drawn anew per window (at
+least one sample each), each loss weighted by its share of the batch and recorded with its item
+count; `--ks` sets the grid's K values (any divisors of the batch of 48 without `--uneven`; 48
+makes micro-batches of one sample).
 
 `--bug` injects one bug into every merged run (no loss scaling, zero_grad or step every
 micro-step, gradients never cleared); then every run must fail, named first by that bug's code.
@@ -51,6 +55,7 @@ row. Exits 0 either way: a measurement, not a test.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -82,6 +87,7 @@ BUGS = {  # a bug the merged loop may carry -> the code that must name it
     "zero-grad-every-micro": "zero-grad-in-window",
     "step-every-micro": "step-in-window",
     "no-zero-grad": "grad-not-cleared",
+    "mean-over-k": "token-normalization",  # --uneven: each micro-batch's mean over K
 }
 
 
@@ -96,7 +102,9 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     compute_dtype="bfloat16" (the Recorder's: the dtype the run declares it computed in, as an
     optimizer computing its step in 16 bits, Muon, makes it), sketch=True (the Recorder's
     `record="sketch"`: full files at the first and last update, sketches between), penalty=λ
-    (λ·Σw² over every parameter added to each micro-batch's loss)."""
+    (λ·Σw² over every parameter added to each micro-batch's loss), uneven=True (micro-batches
+    of unequal sizes, `window_sizes`, each loss weighted by its share of the batch and recorded
+    with its item count)."""
     updates = options.get("updates", UPDATES)
     autocast = None if options.get("float64") else options.get("autocast")
     dtype = getattr(torch, autocast or "float32")
@@ -116,8 +124,8 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     x = torch.randint(0, VOCAB, (BATCH * updates, SEQ), generator=g)
     lm = model == "gpt" or model in HF_LANGUAGE_MODELS
     y = torch.roll(x, -1, 1) if lm else (x[:, 0] + x[:, 3]) % CLASSES
-    size = BATCH // k
     reference, bug_from = options.get("reference"), options.get("bug_from", 0)
+    uneven = options.get("uneven", False)
     with gradalign.Recorder(
         out, net, opt, accum_steps=k, reference=reference, scaler=scaler,
         skip_updates=options.get("skip_updates"), compute_dtype=options.get("compute_dtype"),
@@ -125,8 +133,10 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     ) as rec:  # fmt: skip
         for u in range(updates):
             bug = options.get("bug") if u >= bug_from else None
+            sizes = window_sizes(k, seed, u) if uneven else [BATCH // k] * k
             for j in range(k):
-                rows = slice(u * BATCH + j * size, u * BATCH + (j + 1) * size)
+                first = u * BATCH + sum(sizes[:j])
+                rows = slice(first, first + sizes[j])
                 with torch.autocast("cpu", dtype=dtype, enabled=autocast is not None):
                     logits = net(x[rows])
                 target = y[rows]
@@ -136,10 +146,13 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
                 loss = loss + getattr(net, "extra_loss", 0.0)
                 if options.get("penalty"):  # an L2 penalty in the loss, λ·Σw² (--penalty λ)
                     loss = loss + options["penalty"] * sum((p**2).sum() for p in net.parameters())
-                share = loss if bug == "no-loss-scale" else loss / k
+                weight = sizes[j] / BATCH if uneven else 1 / k  # the micro-batch's share
+                weight = 1 / k if bug == "mean-over-k" else weight
+                share = loss if bug == "no-loss-scale" else loss * weight
                 (share if scaler is None else scaler.scale(share)).backward()
                 logged = loss.detach() * options.get("logged_scale", 1.0)
-                rec.micro(logged, batch=(x[rows], y[rows]))
+                items = target.numel() if uneven else None
+                rec.micro(logged, batch=(x[rows], y[rows]), items=items)
                 if bug == "zero-grad-every-micro" and j < k - 1:
                     opt.zero_grad()
                 if bug == "step-every-micro" and j < k - 1:
@@ -161,6 +174,15 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
                 opt.zero_grad()
 
 
+def window_sizes(k: int, seed: int, update: int) -> list[int]:
+    """K micro-batch sizes summing to BATCH, each at least 1, drawn anew for every window (as
+    a loop that packs variable-length samples or splits a batch by a token budget has)."""
+    g = torch.Generator().manual_seed(9000 + 1000 * seed + update)
+    cuts = torch.randperm(BATCH - 1, generator=g)[: k - 1] + 1
+    edges = [0, *sorted(int(c) for c in cuts), BATCH]
+    return [b - a for a, b in itertools.pairwise(edges)]
+
+
 def judge(
     root: Path,
     model: str,
@@ -178,9 +200,10 @@ def judge(
     width: int = 1,
     sketch: bool = False,
     penalty: float = 0.0,
+    uneven: bool = False,
 ) -> dict:
     loop = {"updates": updates, "clip": clip, "schedule": schedule, "width": width,
-            "sketch": sketch, "penalty": penalty}  # fmt: skip
+            "sketch": sketch, "penalty": penalty, "uneven": uneven}  # fmt: skip
     both = {**loop, "autocast": autocast, "compute_dtype": compute_dtype}
     record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
@@ -238,6 +261,16 @@ def main() -> int:
         help="the baseline and merged runs declare this compute dtype (Muon's step is bfloat16)",
     )
     parser.add_argument(
+        "--uneven", action="store_true",
+        help="micro-batches of unequal sizes drawn per window, each loss weighted by its share",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ks",
+        default="2,4,8",
+        help=f"the grid's K values (default 2,4,8; each must divide the batch of {BATCH}, "
+        "any up to it with --uneven; 48 makes micro-batches of one sample)",
+    )
+    parser.add_argument(
         "--record", choices=["full", "sketch"], default="full",
         help="what every run records (sketch: full files at the first and last update only)",
     )  # fmt: skip
@@ -247,7 +280,12 @@ def main() -> int:
     unknown = set(optimizers) - set(OPTIMIZERS) - set(MORE_OPTIMIZERS)
     if unknown:
         parser.error(f"unknown optimizer(s): {', '.join(sorted(unknown))}")
-    grid = [(m, o, k) for m in models for o in optimizers for k in (2, 4, 8)]
+    if args.bug == "mean-over-k" and not args.uneven:
+        parser.error("--bug mean-over-k needs --uneven (with equal micro-batches it is right)")
+    ks = [int(k) for k in args.ks.split(",")]
+    if any(k < 1 or k > BATCH or (BATCH % k and not args.uneven) for k in ks):
+        parser.error(f"--ks: each K must divide the batch of {BATCH} (any K up to it: --uneven)")
+    grid = [(m, o, k) for m in models for o in optimizers for k in ks]
     random.Random(1234).shuffle(grid)
     alarms, worst, mildest, started = [], 0.0, math.inf, time.time()
     with tempfile.TemporaryDirectory() as scratch:
@@ -259,7 +297,7 @@ def main() -> int:
                     "reference": not args.reference_none,
                     "compute_dtype": args.compute_dtype, "bug_from": args.bug_from,
                     "width": args.width, "sketch": args.record == "sketch",
-                    "penalty": args.penalty}  # fmt: skip
+                    "penalty": args.penalty, "uneven": args.uneven}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             expected = BUGS[args.bug] if args.bug is not None else NOT_EQUIVALENT.get(model)
             if expected is None and row["verdict"] != "pass":

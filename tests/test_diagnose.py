@@ -153,6 +153,39 @@ def test_noise_floor_catches_what_the_fixed_tolerance_lets_pass(sgd_runs):
     assert worst.error / worst.noise > 10
 
 
+def _losses_scaled_from(run, update: int, factor: float):
+    """The run with every micro-step loss from `update` on `factor` times as large."""
+    loss = run.micro_loss.copy()
+    loss[update * run.accum_steps :] *= factor
+    return dataclasses.replace(run, micro_loss=loss)
+
+
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize(("loss_from", "followed"), [(3, True), (2, True), (1, False)])
+def test_losses_that_part_after_the_weights_keep_the_noise_hint(
+    sgd_runs, reference, loss_from, followed
+):
+    """Weights apart from update 2 (1e-3 of their displacement: beyond the fixed tolerance and
+    the run's noise), losses from `loss_from`: a loss parting at or after the weights follows
+    them, and `unexplained` still says what noise the judge may not have measured (a kink,
+    Adam's noise, a kernel chosen by shape) and how to tell; a loss parting before the weights
+    is no such case, and the hint is left out."""
+    base = sgd_runs["base"]
+    bad = shifted(sgd_runs["merged"], 2, 1e-3, base.init_weights())
+    c = compare(
+        base,
+        _losses_scaled_from(bad, loss_from, 1.01),
+        reference=sgd_runs["ref"] if reference else None,
+    )
+    assert errors(c) == ["unexplained"]
+    (unexplained,) = c.diagnosis
+    assert "failed: losses, weights" in unexplained.message
+    hint = "fixed tolerances, measured" if not reference else "the merged run's may differ"
+    assert (hint in unexplained.message) is followed
+    assert (f"the losses part only from update {loss_from}" in unexplained.message) is followed
+    assert (unexplained.fix is not None and "float64" in unexplained.fix) is followed
+
+
 def test_data_order_without_batch_digests_falls_back_to_update_0_loss(sgd_runs, tmp_path):
     config = sgd_runs["config"]
     merged = read_run_dir(train(config, tmp_path / "m", fault=FAULTS["data-order"]))

@@ -22,8 +22,8 @@ _spec.loader.exec_module(zoo)
 
 def _runs(root, model: str, optimizer: str, k: int, seed: int, **merged_options):
     """The float64 reference, the baseline (K=1) and the merged run (K=k), judged; `updates`,
-    `width` and `sketch` (among the options) for all three."""
-    shared = ("updates", "width", "sketch")
+    `width`, `sketch` and `uneven` (among the options) for all three."""
+    shared = ("updates", "width", "sketch", "uneven")
     length = {o: merged_options[o] for o in shared if o in merged_options}
     zoo.record(root / "ref", model, optimizer, 1, seed, float64=True, **length)
     zoo.record(root / "base", model, optimizer, 1, seed, reference="../ref", **length)

@@ -305,7 +305,10 @@ def _unexplained(c: Comparison) -> Diagnosis:
     said, fixes = unexplained_hints(c, r)
     message += "".join(f"; {clause}" for clause in said)
     fix = "; ".join(fixes) or None
-    if c.reference is None and failed and set(failed) <= {"weights", "gradients"}:
+    tensors_first = failed and _tensors_first(c, failed)
+    if tensors_first and "losses" in failed:
+        message += "; " + _losses_after(c)
+    if c.reference is None and tensors_first:
         message += (
             "; without a float64 reference the tensors are judged by fixed tolerances, measured "
             "on the built-in MLP, which a model's own noise can exceed: a ReLU-like kink "
@@ -322,7 +325,7 @@ def _unexplained(c: Comparison) -> Diagnosis:
             "`gradalign baseline` records one; for your own loop, record the baseline again "
             "with the model and data in float64 and pass it as --reference"
         )
-    if c.reference is not None and failed and set(failed) <= {"weights", "gradients"}:
+    if c.reference is not None and tensors_first:
         message += (
             f"; the reference measures the baseline's {c.dtype} rounding, and the merged "
             "run's may differ from it where a computation rounds otherwise at another "
@@ -335,3 +338,28 @@ def _unexplained(c: Comparison) -> Diagnosis:
             "are the same and only the rounding differs; if they fail, the training differs"
         )
     return Diagnosis("unexplained", message, evidence, fix)
+
+
+def _tensors_first(c: Comparison, failed: list[str]) -> bool:
+    """Whether only the weights and gradients failed, or the losses too but from an update at
+    or after the first whose weights or gradients failed: a loss computed with weights that
+    already part (a run's own noise carried forward) follows them, and says nothing more."""
+    if not set(failed) <= {"weights", "gradients", "losses"}:
+        return False
+    tensors = next((r.update for r in c.results if not _tensors_ok(r)), None)
+    losses = next((r.update for r in c.results if not r.loss_ok), None)
+    return tensors is not None and (losses is None or losses >= tensors)
+
+
+def _losses_after(c: Comparison) -> str:
+    """The clause saying the losses parted only where the weights or gradients had."""
+    tensors = next(r.update for r in c.results if not _tensors_ok(r))
+    losses = next(r.update for r in c.results if not r.loss_ok)
+    return (
+        f"the losses part only from update {losses}, the weights or gradients from update "
+        f"{tensors}: each loss is computed with the weights of the update before"
+    )
+
+
+def _tensors_ok(r: UpdateResult) -> bool:
+    return all(d.ok for d in (*r.weights, *r.grads))

@@ -10,7 +10,7 @@ import numpy as np
 from ..distributed import listed
 from ..metrics import fit_ratio
 from ..results import Comparison, Diagnosis, UpdateResult
-from .clipping import clip_state, pre_clip_ratio
+from .clipping import clip_state, pre_clip_ratio, unclipped
 from .common import (
     RATIO_MATCH,
     exact_of,
@@ -25,6 +25,7 @@ from .common import (
     window,
 )
 from .decisive import same_start_shown
+from .norms import norm_before_clip
 
 
 def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Diagnosis | None:
@@ -247,6 +248,13 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     if scale != 1.0:  # the scale beside it says how the means were scaled, not K
         how = f"each micro-batch's loss was its own mean, weighted alike whatever its {unit}"
         off = ", once the scale named beside it is divided out"
+    evidence: dict = {}
+    fitted = None if r.grad_ratio is None else r.grad_ratio * unclipped(c, r)
+    size = norm_before_clip(c, r) if scale == 1.0 else None  # both before clipping
+    other = _unsure_scale(size, k, fitted)
+    if other is not None:  # the fit says 1 and the norm another scale: the means were scaled so
+        how = f"each was weighted equally (its own mean, {other})"
+        evidence["norm_ratio"] = finite(size)
     return Diagnosis(
         "token-normalization",
         f"at update {r.update} the micro-batches hold {', '.join(_count(n) for n in counts)} "
@@ -258,10 +266,30 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
             "max_weight_error": imbalance,
             "grad_rel_l2": error,
             "grad_cosine": finite(r.grad_cosine),
+            **evidence,
         },
         "normalize by the window's item count: count the items of all K micro-batches first, "
         "then backpropagate each micro-batch's summed loss divided by that total "
         "(loss_norm: items; the fix of transformers PR #34191)",
+    )
+
+
+def _unsure_scale(norm: float | None, k: int, fitted: float | None) -> str | None:
+    """Where the gradient's norm over the baseline's is nearer K (or 1/K) than 1 while its fit
+    along the baseline's is nearer 1: the words for both readings of how the means were scaled.
+    A reweighting turned half away from the baseline's gradient shrinks the fit and grows the
+    norm, so neither settles it alone (`paired._reweighted` names a scale where both agree)."""
+    if norm is None or fitted is None or not (norm > 0 and fitted > 0) or k < 2:
+        return None
+    apart = {v: abs(math.log(norm / v)) for v in (1.0, k, 1 / k)}
+    nearest = min(apart, key=apart.__getitem__)
+    if nearest == 1.0 or abs(math.log(fitted)) >= abs(math.log(fitted / nearest)):
+        return None
+    how = "not divided by K" if nearest == k else "divided by K twice"
+    return (
+        f"divided by K, or {how}: the gradient's norm is {norm:.3g} times the baseline's, "
+        f"nearer {'K' if nearest == k else '1/K'}={nearest:.3g} than 1, while its fit along "
+        f"the baseline's, {fitted:.3g}, is nearer 1; the fix below is right either way"
     )
 
 

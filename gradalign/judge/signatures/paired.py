@@ -10,10 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..results import Comparison, Diagnosis, UpdateResult
-from .clipping import SCALE_ONCE, clip_state, pre_clip_ratio, unclipped
-from .common import failing, finite, grad_norm, noise_share, scaled_error, window, window_scale
+from .clipping import SCALE_ONCE, pre_clip_ratio, unclipped
+from .common import failing, finite, noise_share, scaled_error, window, window_scale
 from .decisive import same_start_shown
 from .gradient import token_normalization
+from .norms import norm_before_clip, norm_ratio, stepped_norm_ratio
 from .zero_grad import ZERO_GRAD_FIX
 
 
@@ -32,7 +33,7 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) 
     if ratio is None or not math.isfinite(ratio):
         return []
     scales = (k, 1 / k, k + 1)
-    found = _near(_sizes(c, r), scales)
+    found = _near(_sizes(c, r), scales, norm_before_clip(c, r))
     moved, also = False, None
     if found is not None:
         rest = token_normalization(c, r, scale=ratio)
@@ -89,12 +90,15 @@ def _reweighted(
     c: Comparison, r: UpdateResult, scales: tuple[float, ...]
 ) -> tuple[tuple[float, str, float] | None, Diagnosis | None, float | None]:
     """A scale that reweighted micro-batches (each its own mean over unequal item counts) moved
-    beyond 5%: merged = s·(g + d), d the reweighting's error, shifts the fitted size by d's share
-    along the baseline's gradient. Taken where the size (before clipping) is nearer that scale
-    than any other and than 1, and either it is off by no more than the gradient is turned
-    across (d's share across, tan of the angle) or the window losses are that scale apart
-    (within 5%); of those, the nearest by the size and the losses' ratio together (of two
-    about as near, the commoner bug, the other returned as well); and token normalization
+    beyond 5%: merged = s·(g + d), d the reweighting's error. d shifts the fitted size, s·(1 +
+    d's share along g), and the norm's, s·||g + d|| / ||g||, in ways of their own: a d turned
+    half away from g shrinks the fit towards 0 (a mean over K read as 1/K) and grows the norm.
+    Taken where the fitted size (before clipping) is nearer that scale than 1, and either the
+    window losses are that scale apart (within 5%), or the norm's size is not nearer 1 and
+    either the fit is off by no more than the gradient is turned across (d's share along g
+    within its share across, tan of the angle) or the fit and the norm are both nearest that
+    scale (d lying along g); of those, the nearest by the size and the losses' ratio together (of
+    two about as near, the commoner bug, the other returned as well); and token normalization
     explains what dividing that very scale out leaves."""
     cosine, undo = r.grad_cosine, unclipped(c, r)
     if r.grad_ratio is None or cosine is None or not 0 < cosine < 1:
@@ -102,15 +106,24 @@ def _reweighted(
     size = r.grad_ratio * undo
     if not size > 0 or not math.isfinite(size):
         return None, None, None
-    across, losses = math.tan(math.acos(cosine)), _loss_ratio(c, r.update)
+    losses, norm = _loss_ratio(c, r.update), norm_before_clip(c, r)
+    across = math.tan(math.acos(cosine))
     if losses is not None and not any(_apart(losses, v) < _apart(losses, 1) for v in scales):
         losses = None  # nearer no scale: recorded before the loss was scaled, or otherwise
+
+    def nearest_to(x: float, v: float) -> bool:
+        """x is nearer v than 1 and than any other scale."""
+        return all(_apart(x, v) < _apart(x, w) for w in (1, *scales) if w != v)
 
     def fits(v: float) -> bool:
         if _apart(size, v) >= _apart(size, 1):
             return False  # nearer no scale at all
-        by_losses = losses is not None and abs(losses / v - 1) <= 0.05
-        return by_losses or abs(size / v - 1) <= (size / v) * across
+        if losses is not None and abs(losses / v - 1) <= 0.05:
+            return True
+        if norm is not None and _apart(norm, 1) <= _apart(norm, v):
+            return False  # the norm reads no scale: a turn shrank the fit (to near 1/K)
+        turned = abs(size / v - 1) <= (size / v) * across  # d along g within d across
+        return turned or (norm is not None and nearest_to(size, v) and nearest_to(norm, v))
 
     def distance(v: float) -> float:  # the gradient's size and the losses' ratio together
         return _apart(size, v) + (_apart(losses, v) if losses is not None else 0.0)
@@ -149,12 +162,16 @@ def _remainder_within_noise(c: Comparison, r: UpdateResult, scale: float) -> boo
 
 
 def _near(
-    sizes: list[tuple[float, str]], expected: tuple[float, ...]
+    sizes: list[tuple[float, str]], expected: tuple[float, ...], norm: float | None = None
 ) -> tuple[float, str, float] | None:
-    """The first size within 5% of an expected ratio: (size, its words, that ratio)."""
+    """The first size within 5% of an expected ratio: (size, its words, that ratio); none
+    where the gradient's `norm` over the baseline's (before clipping) is nearer 1 than that
+    ratio: the fit of a gradient turned far from the baseline's shrinks towards 0, the norm
+    does not (each micro-batch's mean over K, the micro-batches of 1 to 35 samples, fitted
+    0.32 times the baseline's at cosine 0.27, nearly 1/3, its norm 1.19 times)."""
     for value, what in sizes:
         for v in expected:
-            if abs(value / v - 1) <= 0.05:
+            if abs(value / v - 1) <= 0.05 and not (norm and _apart(norm, 1) <= _apart(norm, v)):
                 return value, what, v
     return None
 
@@ -166,13 +183,9 @@ def _sizes(c: Comparison, r: UpdateResult) -> list[tuple[float, str]]:
     undo = unclipped(c, r)
     if sizes and undo != 1.0:  # a clip scaled a whole gradient: its fit before the clip
         sizes.append((sizes[0][0] * undo, _UNDONE))
-    (_, norm_b), (_, norm_m) = (clip_state(c, run, i) for run in (c.baseline, c.merged))
-    if norm_b is None:  # no norm before clipping recorded: clip_state read no gradient
-        norm_b = grad_norm(c, c.baseline, i)
-    if norm_m is None:
-        norm_m = grad_norm(c, c.merged, i)
-    if norm_m is not None and norm_b:
-        sizes.append((norm_m / norm_b, "'s norm"))
+    norm = stepped_norm_ratio(c, r)
+    if norm is not None:
+        sizes.append((norm, "'s norm"))
     before = pre_clip_ratio(c, i)
     if before is not None:
         sizes.append((before, "'s norm before clipping"))
@@ -280,7 +293,7 @@ def size_beside_other_samples(c: Comparison, windows: list[int]) -> SizeBesideOt
     another scale: inputs 2.5 times as large at K=2 gave 1.83 times, their losses 1.03 times
     (`scale_beside_other_samples` names a scale only where the losses say it too)."""
     k = window(c)
-    sizes = [s for s in (_norm_ratio(c, i) for i in windows) if s is not None and s > 0]
+    sizes = [s for s in (norm_ratio(c, i) for i in windows) if s is not None and s > 0]
     if k < 2 or len(sizes) < OTHER_SAMPLES_WINDOWS:
         return None
     size, scales = float(np.median(sizes)), (k, 1 / k, k + 1)
@@ -354,7 +367,7 @@ def zero_grad_beside_other_samples(c: Comparison, windows: list[int]) -> Diagnos
     if counts is None or window(c) < 2:
         return None
     called = [i for i in windows if i < len(counts) and counts[i]]
-    sizes = [s for s in (_norm_ratio(c, i) for i in called) if s is not None]
+    sizes = [s for s in (norm_ratio(c, i) for i in called) if s is not None]
     if len(sizes) < OTHER_SAMPLES_WINDOWS or len(sizes) < len(called):
         return None
     size = float(np.median(sizes))
@@ -376,13 +389,3 @@ def zero_grad_beside_other_samples(c: Comparison, windows: list[int]) -> Diagnos
         },
         ZERO_GRAD_FIX,
     )
-
-
-def _norm_ratio(c: Comparison, update: int) -> float | None:
-    """The merged gradient's norm over the baseline's at an update: before clipping where both
-    runs recorded it, else of the gradients stepped with."""
-    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
-    if pre_b is not None and pre_m is not None and update < min(len(pre_b), len(pre_m)):
-        return finite(float(pre_m[update] / pre_b[update])) if pre_b[update] else None
-    norm_b, norm_m = grad_norm(c, c.baseline, update), grad_norm(c, c.merged, update)
-    return finite(norm_m / norm_b) if norm_b and norm_m is not None else None

@@ -1,0 +1,85 @@
+"""Zoo loops whose windows split into micro-batches of unequal sizes, drawn anew per window
+(bench/model_zoo.py `--uneven`): each loss weighted by its share of the batch passes; each
+micro-batch's own mean divided by K fails, named `token-normalization`."""
+
+from __future__ import annotations
+
+import pytest
+
+from .zoo_runs import _compare, _one_thread_runs, zoo
+
+
+def test_window_sizes_are_unequal_sum_to_the_batch_and_change_per_window():
+    for k in (2, 3, 5, 16, 47, 48):
+        windows = [zoo.window_sizes(k, 7, u) for u in range(6)]
+        for sizes in windows:
+            assert len(sizes) == k and sum(sizes) == zoo.BATCH and min(sizes) >= 1
+        if k < zoo.BATCH:
+            assert len({tuple(s) for s in windows}) > 1, k  # drawn anew for each window
+    assert zoo.window_sizes(1, 7, 0) == [zoo.BATCH]
+
+
+@pytest.mark.parametrize(
+    ("model", "optimizer", "k"), [("encoder", "adamw-wd", 5), ("gpt", "sgd-mom", 3)]
+)
+def test_weighted_unequal_micro_batches_pass_and_a_mean_over_k_is_named(
+    tmp_path, model, optimizer, k
+):
+    clean = _compare(
+        _one_thread_runs(tmp_path / "clean", model, optimizer, k, 11, uneven=True, updates=6)
+    )
+    assert clean.verdict == "pass", [d.code for d in clean.diagnosis]
+    buggy = _compare(
+        _one_thread_runs(
+            tmp_path / "bug", model, optimizer, k, 11, uneven=True, updates=6, bug="mean-over-k"
+        )
+    )
+    assert buggy.verdict == "fail"
+    assert buggy.diagnosis[0].code == "token-normalization", [d.code for d in buggy.diagnosis]
+
+
+def _first_codes(root, model, optimizer, k, seed, bug, bug_from=3):
+    c = _compare(
+        _one_thread_runs(root, model, optimizer, k, seed, uneven=True, bug=bug, bug_from=bug_from)
+    )
+    assert c.verdict == "fail" and c.first_divergence["update"] == bug_from
+    return c.diagnosis
+
+
+def test_means_not_divided_by_k_over_unequal_micro_batches_are_a_scale_and_a_reweighting(
+    tmp_path,
+):
+    """Each micro-batch's mean backpropagated undivided, over 13, 22 and 13 samples (K=3, from
+    update 3): the gradient is 2.38 times the baseline's by its fit and 2.43 by its norm, both
+    nearest K; the reweighting turns it by more than its angle across says (its error lies
+    along the gradient), which once left it `unexplained`. Both causes are named."""
+    found = _first_codes(tmp_path, "lnmlp", "adamw-wd", 3, 121021, "no-loss-scale")
+    assert [d.code for d in found] == ["loss-scale", "token-normalization"], found
+    assert found[0].evidence["expected_ratio"] == 3
+
+
+@pytest.mark.parametrize(
+    ("model", "optimizer", "k", "seed", "bug_from"),
+    [("convtext", "sgd-mom", 8, 120910, 3), ("encoder", "adamw-wd", 3, 122056, 0)],
+)
+def test_a_mean_over_k_turned_far_from_the_gradient_is_no_scale(
+    tmp_path, model, optimizer, k, seed, bug_from
+):
+    """Each micro-batch's mean divided by K over micro-batches of 1 to 12 samples (K=8) or of
+    1, 12 and 35 (K=3): the reweighting turns the gradient to cosine 0.23 (0.27), which
+    shrinks its fit to 0.28 (0.319, within 5% of 1/K), while its norm stays 1.22 (1.19)
+    times the baseline's. Both were named a loss scale of 1/K beside the reweighting; the norm
+    says no scale, and the reweighting alone is named."""
+    found = _first_codes(tmp_path, model, optimizer, k, seed, "mean-over-k", bug_from)
+    assert [d.code for d in found] == ["token-normalization"], found
+    assert "divided by K twice" not in found[0].message
+
+
+def test_a_reweighting_whose_fit_and_norm_read_other_scales_says_both(tmp_path):
+    """Means not divided by K over 1 to 15 samples (K=8): the fit reads 2.08 (nearer 1), the
+    norm 6.93 (nearer K). The reweighting is named, and its message says the means were
+    divided by K or not at all, rather than claiming the first; the fix serves both."""
+    found = _first_codes(tmp_path, "lnmlp", "rmsprop", 8, 121009, "no-loss-scale")
+    assert found[0].code == "token-normalization", found
+    assert "or not divided by K" in found[0].message
+    assert found[0].evidence["norm_ratio"] > 4
