@@ -75,11 +75,22 @@ def test_a_mean_over_k_turned_far_from_the_gradient_is_no_scale(
     assert "divided by K twice" not in found[0].message
 
 
-def test_a_reweighting_whose_fit_and_norm_read_other_scales_says_both(tmp_path):
+@pytest.mark.parametrize(
+    ("model", "optimizer", "k", "seed", "bug_from", "fit"),
+    [
+        ("lnmlp", "rmsprop", 8, 121009, 3, "2.08, is nearer 1"),
+        ("encoder", "sgd-mom", 2, 122419, 0, "turned past a right angle"),
+    ],
+)
+def test_a_reweighting_whose_fit_and_norm_read_other_scales_says_both(
+    tmp_path, model, optimizer, k, seed, bug_from, fit
+):
     """Means not divided by K over 1 to 15 samples (K=8): the fit reads 2.08 (nearer 1), the
-    norm 6.93 (nearer K). The reweighting is named, and its message says the means were
-    divided by K or not at all, rather than claiming the first; the fix serves both."""
-    found = _first_codes(tmp_path, "lnmlp", "rmsprop", 8, 121009, "no-loss-scale")
+    norm 6.93 (nearer K); over 47 and 1 samples (K=2) the lone sample turns the gradient past a
+    right angle (cosine -0.14: no fit reads a size), its norm 8.46 times. The reweighting is
+    named, and its message says the means were divided by K or not at all, with both readings,
+    rather than claiming the first; the fix serves both."""
+    found = _first_codes(tmp_path, model, optimizer, k, seed, "no-loss-scale", bug_from)
     assert found[0].code == "token-normalization", found
-    assert "or not divided by K" in found[0].message
+    assert "or not divided by K" in found[0].message and fit in found[0].message
     assert found[0].evidence["norm_ratio"] > 4

@@ -276,20 +276,27 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
 
 def _unsure_scale(norm: float | None, k: int, fitted: float | None) -> str | None:
     """Where the gradient's norm over the baseline's is nearer K (or 1/K) than 1 while its fit
-    along the baseline's is nearer 1: the words for both readings of how the means were scaled.
+    along the baseline's is nearer 1 (or turned past a right angle, no size at all): the words
+    for both readings of how the means were scaled.
     A reweighting turned half away from the baseline's gradient shrinks the fit and grows the
     norm, so neither settles it alone (`paired._reweighted` names a scale where both agree)."""
-    if norm is None or fitted is None or not (norm > 0 and fitted > 0) or k < 2:
+    if norm is None or fitted is None or not norm > 0 or k < 2:
         return None
     apart = {v: abs(math.log(norm / v)) for v in (1.0, k, 1 / k)}
     nearest = min(apart, key=apart.__getitem__)
-    if nearest == 1.0 or abs(math.log(fitted)) >= abs(math.log(fitted / nearest)):
+    if nearest == 1.0 or (fitted > 0 and abs(math.log(fitted)) >= abs(math.log(fitted / nearest))):
         return None
+    fit = (
+        f"while its fit along the baseline's, {fitted:.3g}, is nearer 1"
+        if fitted > 0
+        else f"while it is turned past a right angle from the baseline's (fit {fitted:.3g}), "
+        "where no fit reads a size"
+    )
     how = "not divided by K" if nearest == k else "divided by K twice"
     return (
         f"divided by K, or {how}: the gradient's norm is {norm:.3g} times the baseline's, "
-        f"nearer {'K' if nearest == k else '1/K'}={nearest:.3g} than 1, while its fit along "
-        f"the baseline's, {fitted:.3g}, is nearer 1; the fix below is right either way"
+        f"nearer {'K' if nearest == k else '1/K'}={nearest:.3g} than 1, {fit}; the fix below "
+        "is right either way"
     )
 
 
