@@ -305,9 +305,18 @@ def _unexplained(c: Comparison) -> Diagnosis:
     said, fixes = unexplained_hints(c, r)
     message += "".join(f"; {clause}" for clause in said)
     fix = "; ".join(fixes) or None
-    tensors_first = failed and _tensors_first(c, failed)
-    if tensors_first and "losses" in failed:
-        message += "; " + _losses_after(c)
+    tensors, losses = _first_failures(c)
+    tensors_first = (
+        bool(failed)
+        and set(failed) <= {"weights", "gradients", "losses"}
+        and tensors is not None
+        and (losses is None or losses >= tensors)
+    )  # a loss computed with weights that already part follows them, and says nothing more
+    if tensors_first and "losses" in failed and losses is not None:
+        message += (
+            f"; the losses part only from update {losses}, the weights or gradients from "
+            f"update {tensors}: each loss is computed with the weights of the update before"
+        )
     if c.reference is None and tensors_first:
         message += (
             "; without a float64 reference the tensors are judged by fixed tolerances, measured "
@@ -340,25 +349,11 @@ def _unexplained(c: Comparison) -> Diagnosis:
     return Diagnosis("unexplained", message, evidence, fix)
 
 
-def _tensors_first(c: Comparison, failed: list[str]) -> bool:
-    """Whether only the weights and gradients failed, or the losses too but from an update at
-    or after the first whose weights or gradients failed: a loss computed with weights that
-    already part (a run's own noise carried forward) follows them, and says nothing more."""
-    if not set(failed) <= {"weights", "gradients", "losses"}:
-        return False
+def _first_failures(c: Comparison) -> tuple[int | None, int | None]:
+    """The first update whose weights or gradients failed, and the first whose loss did."""
     tensors = next((r.update for r in c.results if not _tensors_ok(r)), None)
     losses = next((r.update for r in c.results if not r.loss_ok), None)
-    return tensors is not None and (losses is None or losses >= tensors)
-
-
-def _losses_after(c: Comparison) -> str:
-    """The clause saying the losses parted only where the weights or gradients had."""
-    tensors = next(r.update for r in c.results if not _tensors_ok(r))
-    losses = next(r.update for r in c.results if not r.loss_ok)
-    return (
-        f"the losses part only from update {losses}, the weights or gradients from update "
-        f"{tensors}: each loss is computed with the weights of the update before"
-    )
+    return tensors, losses
 
 
 def _tensors_ok(r: UpdateResult) -> bool:

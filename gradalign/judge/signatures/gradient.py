@@ -25,7 +25,7 @@ from .common import (
     window,
 )
 from .decisive import same_start_shown
-from .norms import norm_before_clip
+from .norms import apart, norm_before_clip
 
 
 def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Diagnosis | None:
@@ -249,12 +249,12 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         how = f"each micro-batch's loss was its own mean, weighted alike whatever its {unit}"
         off = ", once the scale named beside it is divided out"
     evidence: dict = {}
-    fitted = None if r.grad_ratio is None else r.grad_ratio * unclipped(c, r)
-    size = norm_before_clip(c, r) if scale == 1.0 else None  # both before clipping
-    other = _unsure_scale(size, k, fitted)
-    if other is not None:  # the fit says 1 and the norm another scale: the means were scaled so
-        how = f"each was weighted equally (its own mean, {other})"
-        evidence["norm_ratio"] = finite(size)
+    size = norm_before_clip(c, r) if scale == 1.0 and r.grad_ratio is not None else None
+    if size is not None:  # the fit before clipping too: both read the same gradients
+        other = _unsure_scale(size, k, r.grad_ratio * unclipped(c, r))
+        if other is not None:  # the fit says 1 and the norm another scale: scaled so
+            how = f"each was weighted equally (its own mean, {other})"
+            evidence["norm_ratio"] = finite(size)
     return Diagnosis(
         "token-normalization",
         f"at update {r.update} the micro-batches hold {', '.join(_count(n) for n in counts)} "
@@ -274,17 +274,16 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     )
 
 
-def _unsure_scale(norm: float | None, k: int, fitted: float | None) -> str | None:
+def _unsure_scale(norm: float, k: int, fitted: float) -> str | None:
     """Where the gradient's norm over the baseline's is nearer K (or 1/K) than 1 while its fit
     along the baseline's is nearer 1 (or turned past a right angle, no size at all): the words
     for both readings of how the means were scaled.
     A reweighting turned half away from the baseline's gradient shrinks the fit and grows the
     norm, so neither settles it alone (`paired._reweighted` names a scale where both agree)."""
-    if norm is None or fitted is None or not norm > 0 or k < 2:
+    if not norm > 0 or k < 2:
         return None
-    apart = {v: abs(math.log(norm / v)) for v in (1.0, k, 1 / k)}
-    nearest = min(apart, key=apart.__getitem__)
-    if nearest == 1.0 or (fitted > 0 and abs(math.log(fitted)) >= abs(math.log(fitted / nearest))):
+    nearest = min((1.0, k, 1 / k), key=lambda v: apart(norm, v))
+    if nearest == 1.0 or (fitted > 0 and apart(fitted, 1) >= apart(fitted, nearest)):
         return None
     fit = (
         f"while its fit along the baseline's, {fitted:.3g}, is nearer 1"

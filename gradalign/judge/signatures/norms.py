@@ -5,6 +5,8 @@ the signatures that read a scale beside a reweighting read both."""
 
 from __future__ import annotations
 
+import math
+
 from ..results import Comparison, UpdateResult
 from .clipping import clip_state, unclipped
 from .common import finite, grad_norm
@@ -37,3 +39,8 @@ def norm_ratio(c: Comparison, update: int) -> float | None:
         return finite(float(pre_m[update] / pre_b[update])) if pre_b[update] else None
     norm_b, norm_m = grad_norm(c, c.baseline, update), grad_norm(c, c.merged, update)
     return finite(norm_m / norm_b) if norm_b and norm_m is not None else None
+
+
+def apart(x: float, v: float) -> float:
+    """How far x is from v, as a factor (log distance)."""
+    return abs(math.log(x / v))

@@ -14,7 +14,7 @@ from .clipping import SCALE_ONCE, pre_clip_ratio, unclipped
 from .common import failing, finite, noise_share, scaled_error, window, window_scale
 from .decisive import same_start_shown
 from .gradient import token_normalization
-from .norms import norm_before_clip, norm_ratio, stepped_norm_ratio
+from .norms import apart, norm_before_clip, norm_ratio, stepped_norm_ratio
 from .zero_grad import ZERO_GRAD_FIX
 
 
@@ -33,7 +33,8 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) 
     if ratio is None or not math.isfinite(ratio):
         return []
     scales = (k, 1 / k, k + 1)
-    found = _near(_sizes(c, r), scales, norm_before_clip(c, r))
+    norm = norm_before_clip(c, r)
+    found = _near(_sizes(c, r), scales, norm)
     moved, also = False, None
     if found is not None:
         rest = token_normalization(c, r, scale=ratio)
@@ -41,7 +42,7 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) 
         if rest is None and not alone and not turned:
             return []
     else:
-        found, rest, also = _reweighted(c, r, scales)
+        found, rest, also = _reweighted(c, r, scales, norm)
         alone, moved = False, True
         if found is None or rest is None:
             return []
@@ -87,7 +88,7 @@ _UNDONE = " before clipping (fitted, the recorded clip undone)"
 
 
 def _reweighted(
-    c: Comparison, r: UpdateResult, scales: tuple[float, ...]
+    c: Comparison, r: UpdateResult, scales: tuple[float, ...], norm: float | None
 ) -> tuple[tuple[float, str, float] | None, Diagnosis | None, float | None]:
     """A scale that reweighted micro-batches (each its own mean over unequal item counts) moved
     beyond 5%: merged = s·(g + d), d the reweighting's error. d shifts the fitted size, s·(1 +
@@ -99,34 +100,34 @@ def _reweighted(
     within its share across, tan of the angle) or the fit and the norm are both nearest that
     scale (d lying along g); of those, the nearest by the size and the losses' ratio together (of
     two about as near, the commoner bug, the other returned as well); and token normalization
-    explains what dividing that very scale out leaves."""
+    explains what dividing that very scale out leaves. `norm`: `norm_before_clip`'s."""
     cosine, undo = r.grad_cosine, unclipped(c, r)
     if r.grad_ratio is None or cosine is None or not 0 < cosine < 1:
         return None, None, None
     size = r.grad_ratio * undo
     if not size > 0 or not math.isfinite(size):
         return None, None, None
-    losses, norm = _loss_ratio(c, r.update), norm_before_clip(c, r)
+    losses = _loss_ratio(c, r.update)
     across = math.tan(math.acos(cosine))
-    if losses is not None and not any(_apart(losses, v) < _apart(losses, 1) for v in scales):
+    if losses is not None and not any(apart(losses, v) < apart(losses, 1) for v in scales):
         losses = None  # nearer no scale: recorded before the loss was scaled, or otherwise
 
     def nearest_to(x: float, v: float) -> bool:
         """x is nearer v than 1 and than any other scale."""
-        return all(_apart(x, v) < _apart(x, w) for w in (1, *scales) if w != v)
+        return all(apart(x, v) < apart(x, w) for w in (1, *scales) if w != v)
 
     def fits(v: float) -> bool:
-        if _apart(size, v) >= _apart(size, 1):
+        if apart(size, v) >= apart(size, 1):
             return False  # nearer no scale at all
         if losses is not None and abs(losses / v - 1) <= 0.05:
             return True
-        if norm is not None and _apart(norm, 1) <= _apart(norm, v):
+        if norm is not None and apart(norm, 1) <= apart(norm, v):
             return False  # the norm reads no scale: a turn shrank the fit (to near 1/K)
         turned = abs(size / v - 1) <= (size / v) * across  # d along g within d across
         return turned or (norm is not None and nearest_to(size, v) and nearest_to(norm, v))
 
     def distance(v: float) -> float:  # the gradient's size and the losses' ratio together
-        return _apart(size, v) + (_apart(losses, v) if losses is not None else 0.0)
+        return apart(size, v) + (apart(losses, v) if losses is not None else 0.0)
 
     fitting = sorted((v for v in scales if fits(v)), key=distance)
     if not fitting:
@@ -139,11 +140,6 @@ def _reweighted(
     if rest is None:
         return None, None, None
     return (size, _UNDONE if undo != 1.0 else "", nearest), rest, also
-
-
-def _apart(x: float, v: float) -> float:
-    """How far x is from v, as a factor (log distance)."""
-    return abs(math.log(x / v))
 
 
 def _loss_ratio(c: Comparison, update: int) -> float | None:
@@ -171,7 +167,7 @@ def _near(
     0.32 times the baseline's at cosine 0.27, nearly 1/3, its norm 1.19 times)."""
     for value, what in sizes:
         for v in expected:
-            if abs(value / v - 1) <= 0.05 and not (norm and _apart(norm, 1) <= _apart(norm, v)):
+            if abs(value / v - 1) <= 0.05 and not (norm and apart(norm, 1) <= apart(norm, v)):
                 return value, what, v
     return None
 
@@ -232,8 +228,8 @@ def scale_beside_unseen_change(c: Comparison) -> Diagnosis | None:
     if q is None or not size > 0 or not math.isfinite(size):
         return None
     scales = (k, 1 / k, k + 1)
-    scale = min((*scales, 1.0), key=lambda v: _apart(size, v))
-    if scale == 1.0 or _apart(size, scale) > math.log(2):
+    scale = min((*scales, 1.0), key=lambda v: apart(size, v))
+    if scale == 1.0 or apart(size, scale) > math.log(2):
         return None
     kept = r.grad_cosine is not None and r.grad_cosine >= 0.99
     if abs(q / scale - 1) <= 0.05:
@@ -300,10 +296,10 @@ def size_beside_other_samples(c: Comparison, windows: list[int]) -> SizeBesideOt
     losses = [q for q in (_loss_ratio(c, i) for i in windows[:OTHER_SAMPLES_WINDOWS]) if q]
     loss = float(np.median(losses)) if losses else math.nan
     carried = next((v for v in scales if abs(loss / v - 1) <= 0.10), None)
-    scale = carried if carried is not None else min(scales, key=lambda v: _apart(size, v))
-    if _apart(size, scale) > OTHER_SAMPLES_SIZE:
+    scale = carried if carried is not None else min(scales, key=lambda v: apart(size, v))
+    if apart(size, scale) > OTHER_SAMPLES_SIZE:
         return None
-    if any(_apart(s, scale) >= _apart(s, 1) for s in sizes):
+    if any(apart(s, scale) >= apart(s, 1) for s in sizes):
         return None
     return SizeBesideOtherSamples(
         size,

@@ -20,6 +20,7 @@ from ..results import Comparison, Diagnosis
 from .accumulation import inner_steps, scaler_per_micro
 from .clipping import SCALE_ONCE, hidden_scale
 from .common import window, window_scale
+from .norms import apart
 
 _SHOWN = 6  # skipped updates listed per run
 
@@ -141,8 +142,8 @@ def _scaled_after(c: Comparison, u: int, seen: str) -> Diagnosis | None:
         ratio = r.grad_ratio
         if ratio is None or not math.isfinite(ratio) or ratio <= 0:
             return None
-        near = min((k, 1 / k, k + 1, 1.0), key=lambda v: abs(math.log(ratio / v)))
-        if near == 1.0 or abs(math.log(ratio / near)) > NEAR_SCALE:
+        near = min((k, 1 / k, k + 1, 1.0), key=lambda v: apart(ratio, v))
+        if near == 1.0 or apart(ratio, near) > NEAR_SCALE:
             return None
         return Diagnosis(
             "loss-scale",
