@@ -24,10 +24,10 @@ def stepped_norm_ratio(c: Comparison, r: UpdateResult) -> float | None:
     return norm_m / norm_b if norm_m is not None and norm_b else None
 
 
-def norm_before_clip(c: Comparison, r: UpdateResult) -> float | None:
+def norm_before_clip(c: Comparison, r: UpdateResult, stepped: float | None = None) -> float | None:
     """The merged gradient's norm over the baseline's, before clipping (the stepped gradients'
-    norms, the recorded clips undone)."""
-    stepped = stepped_norm_ratio(c, r)
+    norms, the recorded clips undone); `stepped`: `stepped_norm_ratio`'s, where read already."""
+    stepped = stepped_norm_ratio(c, r) if stepped is None else stepped
     return None if stepped is None or not stepped > 0 else stepped * unclipped(c, r)
 
 

@@ -33,8 +33,9 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) 
     if ratio is None or not math.isfinite(ratio):
         return []
     scales = (k, 1 / k, k + 1)
-    norm = norm_before_clip(c, r)
-    found = _near(_sizes(c, r), scales, norm)
+    stepped = stepped_norm_ratio(c, r)
+    norm = norm_before_clip(c, r, stepped)
+    found = _near(_sizes(c, r, stepped), scales, norm)
     moved, also = False, None
     if found is not None:
         rest = token_normalization(c, r, scale=ratio)
@@ -172,16 +173,16 @@ def _near(
     return None
 
 
-def _sizes(c: Comparison, r: UpdateResult) -> list[tuple[float, str]]:
-    """The merged gradient's size over the baseline's, each way it can be read, with words."""
+def _sizes(c: Comparison, r: UpdateResult, stepped: float | None) -> list[tuple[float, str]]:
+    """The merged gradient's size over the baseline's, each way it can be read, with words;
+    `stepped`: `stepped_norm_ratio`'s."""
     i = r.update
     sizes = [(float(r.grad_ratio), "")] if r.grad_ratio is not None else []
     undo = unclipped(c, r)
     if sizes and undo != 1.0:  # a clip scaled a whole gradient: its fit before the clip
         sizes.append((sizes[0][0] * undo, _UNDONE))
-    norm = stepped_norm_ratio(c, r)
-    if norm is not None:
-        sizes.append((norm, "'s norm"))
+    if stepped is not None:
+        sizes.append((stepped, "'s norm"))
     before = pre_clip_ratio(c, i)
     if before is not None:
         sizes.append((before, "'s norm before clipping"))
