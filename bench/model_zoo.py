@@ -21,9 +21,10 @@ optimizers, the Recorder watching Muon).
                                         [--autocast [float16]]
                                         [--clip 1.0] [--schedule] [--reference-none]
                                         [--width 1] [--penalty 1e-3] [--ks 2,4,8] [--uneven]
+                                        [--device cuda] [--seconds S] [--strict]
                                         [--jsonl rows.jsonl]
 
-`--autocast` runs each forward under CPU autocast (bfloat16, or float16 with a GradScaler);
+`--autocast` runs each forward under autocast (bfloat16, or float16 with a GradScaler);
 `--width W` makes every model W times as wide (its `d`, and the widths that follow it; the
 GPT's and the encoder's 4 heads stay 4). `--clip` clips the accumulated gradient's norm
 before each step; `--schedule` warms the learning rate up over 2 updates and then decays it
@@ -47,9 +48,15 @@ own initialization (bench/zoo_hf.py; transformers installed): `hf-gpt2`, `hf-lla
 rotary, SwiGLU, grouped-query attention), `hf-gptneox` (parallel residual, partial rotary) as
 causal LMs, `hf-bert` as a sequence classifier.
 
+`--device cuda` puts the model, the data and the training on the GPU as a user's loop does:
+no determinism flags (cuDNN picks its algorithms and may use TF32 for convolutions, atomics
+add embedding gradients in any order); the float64 reference trains there too.
+
 Torch runs on one thread (which threads sum what changes the draws, not the verdicts' odds).
 A reference the judge refuses (exit 2) counts as a false alarm on a clean run, its message in the
-row. Exits 0 either way: a measurement, not a test.
+row. Exits 0 either way: a measurement, not a test; `--strict` exits 1 on any false alarm or
+bug not named first (a gate, as scripts/gpu_check.sh uses it). `--seconds S` starts no run after
+S seconds (the summary counts the runs made).
 """
 
 from __future__ import annotations
@@ -96,7 +103,7 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     recorded S times too large: a loss that is not the one backpropagated), bug=NAME (BUGS),
     bug_from=U (the bug from update U on; default 0),
     updates=N (default UPDATES), width=W (the model W times as wide, `build`),
-    autocast="bfloat16"|"float16" (the forward under CPU autocast,
+    autocast="bfloat16"|"float16" (the forward under autocast,
     float16 with a GradScaler; never for the float64 reference), clip=MAX_NORM, schedule=True,
     skip_updates=[...] (the Recorder's: a float64 reference skips the baseline's skipped steps),
     compute_dtype="bfloat16" (the Recorder's: the dtype the run declares it computed in, as an
@@ -104,15 +111,16 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     `record="sketch"`: full files at the first and last update, sketches between), penalty=λ
     (λ·Σw² over every parameter added to each micro-batch's loss), uneven=True (micro-batches
     of unequal sizes, `window_sizes`, each loss weighted by its share of the batch and recorded
-    with its item count)."""
+    with its item count), device="cuda" (the model, the data and the training there)."""
     updates = options.get("updates", UPDATES)
+    device = torch.device(options.get("device", "cpu"))
     autocast = None if options.get("float64") else options.get("autocast")
     dtype = getattr(torch, autocast or "float32")
     torch.manual_seed(seed)
     net = build(model, options.get("width", 1))
-    net = net.double() if options.get("float64") else net
+    net = (net.double() if options.get("float64") else net).to(device)
     opt = {**OPTIMIZERS, **MORE_OPTIMIZERS}[optimizer](net.parameters())
-    scaler = torch.amp.GradScaler("cpu") if autocast == "float16" else None
+    scaler = torch.amp.GradScaler(device.type) if autocast == "float16" else None
     if scaler is not None and not isinstance(opt, torch.optim.Optimizer):
         raise SystemExit(f"{optimizer}: two optimizers, no GradScaler here")
     warm, clip = 2, options.get("clip")
@@ -124,6 +132,7 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     x = torch.randint(0, VOCAB, (BATCH * updates, SEQ), generator=g)
     lm = model == "gpt" or model in HF_LANGUAGE_MODELS
     y = torch.roll(x, -1, 1) if lm else (x[:, 0] + x[:, 3]) % CLASSES
+    x, y = x.to(device), y.to(device)
     reference, bug_from = options.get("reference"), options.get("bug_from", 0)
     uneven = options.get("uneven", False)
     with gradalign.Recorder(
@@ -137,7 +146,7 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
             for j in range(k):
                 first = u * BATCH + sum(sizes[:j])
                 rows = slice(first, first + sizes[j])
-                with torch.autocast("cpu", dtype=dtype, enabled=autocast is not None):
+                with torch.autocast(device.type, dtype=dtype, enabled=autocast is not None):
                     logits = net(x[rows])
                 target = y[rows]
                 if lm:
@@ -201,9 +210,10 @@ def judge(
     sketch: bool = False,
     penalty: float = 0.0,
     uneven: bool = False,
+    device: str = "cpu",
 ) -> dict:
     loop = {"updates": updates, "clip": clip, "schedule": schedule, "width": width,
-            "sketch": sketch, "penalty": penalty, "uneven": uneven}  # fmt: skip
+            "sketch": sketch, "penalty": penalty, "uneven": uneven, "device": device}  # fmt: skip
     both = {**loop, "autocast": autocast, "compute_dtype": compute_dtype}
     record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
@@ -242,7 +252,7 @@ def main() -> int:
     parser.add_argument("--updates", type=int, default=UPDATES, help="updates per run")
     parser.add_argument(
         "--autocast", nargs="?", const="bfloat16", choices=["bfloat16", "float16"],
-        help="forward under CPU autocast (bfloat16 unless named; float16 adds a GradScaler)",
+        help="forward under autocast (bfloat16 unless named; float16 adds a GradScaler)",
     )  # fmt: skip
     parser.add_argument(
         "--width", type=int, default=1, help="every model this many times as wide (default 1)"
@@ -274,7 +284,15 @@ def main() -> int:
         "--record", choices=["full", "sketch"], default="full",
         help="what every run records (sketch: full files at the first and last update only)",
     )  # fmt: skip
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu",
+        help="train there (cuda: as a user's loop does, no determinism flags set)",
+    )  # fmt: skip
+    parser.add_argument("--seconds", type=float, default=math.inf, help="start no run after this")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on a false alarm or miss")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
     torch.set_num_threads(1)
     models, optimizers = args.models.split(","), args.optimizers.split(",")
     unknown = set(optimizers) - set(OPTIMIZERS) - set(MORE_OPTIMIZERS)
@@ -287,9 +305,12 @@ def main() -> int:
         parser.error(f"--ks: each K must divide the batch of {BATCH} (any K up to it: --uneven)")
     grid = [(m, o, k) for m in models for o in optimizers for k in ks]
     random.Random(1234).shuffle(grid)
-    alarms, worst, mildest, started = [], 0.0, math.inf, time.time()
+    alarms, worst, mildest, started, made = [], 0.0, math.inf, time.time(), 0
     with tempfile.TemporaryDirectory() as scratch:
         for i in range(args.start, args.start + args.runs):
+            if time.time() - started > args.seconds:
+                break
+            made += 1
             model, optimizer, k = grid[i % len(grid)]
             row = {"run": i, "model": model, "optimizer": optimizer, "k": k}
             where = Path(scratch) / f"run-{i}"
@@ -297,7 +318,8 @@ def main() -> int:
                     "reference": not args.reference_none,
                     "compute_dtype": args.compute_dtype, "bug_from": args.bug_from,
                     "width": args.width, "sketch": args.record == "sketch",
-                    "penalty": args.penalty, "uneven": args.uneven}  # fmt: skip
+                    "penalty": args.penalty, "uneven": args.uneven,
+                    "device": args.device}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             expected = BUGS[args.bug] if args.bug is not None else NOT_EQUIVALENT.get(model)
             if expected is None and row["verdict"] != "pass":
@@ -316,10 +338,10 @@ def main() -> int:
                     f.write(json.dumps(row) + "\n")
     seconds = time.time() - started
     if args.bug is None:
-        print(f"{args.runs} clean runs, {len(alarms)} false alarm(s), worst passing err/allowed "
+        print(f"{made} clean runs, {len(alarms)} false alarm(s), worst passing err/allowed "
               f"{worst:.3g}, {seconds:.0f} s")  # fmt: skip
     else:
-        print(f"{args.runs} runs with {args.bug}, {len(alarms)} not named {BUGS[args.bug]} "
+        print(f"{made} runs with {args.bug}, {len(alarms)} not named {BUGS[args.bug]} "
               f"first, mildest failing err/allowed {mildest:.3g}, {seconds:.0f} s")  # fmt: skip
     odd = [m for m in models if m in NOT_EQUIVALENT]
     if args.bug is None and odd:
@@ -328,7 +350,7 @@ def main() -> int:
               "that does not)")  # fmt: skip
     for row in alarms:
         print(f"  {'false alarm' if args.bug is None else 'not named'}: {row}")
-    return 0
+    return 1 if args.strict and (alarms or not made) else 0
 
 
 if __name__ == "__main__":

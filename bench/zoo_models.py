@@ -42,7 +42,7 @@ class TinyGPT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.emb(x) + self.pos[: x.shape[1]]
-        mask = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool), 1)
+        mask = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device), 1)
         for b in self.blocks:
             a = b["ln1"](h)
             h = h + b["attn"](a, a, a, attn_mask=mask, need_weights=False)[0]
@@ -119,7 +119,7 @@ class MixtureText(nn.Module):
         h = self.emb(x)
         probs = self.router(h).softmax(-1)
         gates, chosen = probs.topk(2, dim=-1)
-        routed = torch.zeros(*h.shape[:-1], len(self.experts), dtype=gates.dtype)
+        routed = torch.zeros(*h.shape[:-1], len(self.experts), dtype=gates.dtype, device=h.device)
         routed = routed.scatter(-1, chosen, gates)
         if self.balance:
             share = (routed > 0).to(h.dtype).mean((0, 1))

@@ -3,9 +3,9 @@
 # selftest on the GPU (full and sketch mode), the same command giving the same bits there,
 # verify at a larger size and in bf16, no host sync in the Recorder's per-step calls, a DDP and
 # an FSDP loop over nccl, and the framework examples (transformers, Lightning, accelerate, where
-# installed) trained on the GPU, float32 and bf16.
+# installed) trained on the GPU, float32 and bf16; and, asked for, the model zoo trained on the GPU.
 # Usage: sh scripts/gpu_check.sh [OUTDIR [PART...]]   PARTS: core (all but the frameworks),
-# frameworks; both by default. PYTHON=... picks the interpreter (default: .venv's python when
+# frameworks, zoo; core and frameworks by default. ZOO_SECONDS (default 200) bounds each zoo batch. PYTHON=... picks the interpreter (default: .venv's python when
 # there is one, else python3). Each step's exit code goes to OUTDIR/summary.txt.
 if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
 set -uo pipefail
@@ -37,7 +37,7 @@ if [[ $parts == *" core "* ]]; then
 # equal numpy's, and a sketched model with a -inf mask buffer trained there passes clean and
 # names a bug (GRADALIGN_TEST_CUDA=1 makes them fail, not skip, where CUDA is missing).
 step device-tests 0 env GRADALIGN_TEST_CUDA=1 "$py" -m pytest -q -p no:cacheprovider -k cuda \
-    tests/test_sketch_mode.py tests/test_infinite_buffers.py
+    tests/test_sketch_mode.py tests/test_infinite_buffers.py tests/test_unit_sums.py
 step selftest-cuda 0 ga selftest --device cuda -o "$out/selftest" --json "$out/selftest-cuda.json"
 step selftest-cuda-sketch 0 ga selftest --device cuda --record sketch -o "$out/selftest-sketch" \
     --json "$out/selftest-cuda-sketch.json"
@@ -106,5 +106,27 @@ if "$py" -c 'import accelerate, transformers' 2>/dev/null; then
     fw acc-tokens-bf16 0 accelerate_loop k4-tokens --tokens --bf16
     fw acc-double-scale 1 accelerate_loop k4-double-scale --data full --bug double-scale
 fi
+fi
+if [[ $parts == *" zoo "* ]]; then
+# The model zoo (bench/model_zoo.py) on the GPU as users' loops run there: no determinism flags
+# (cuDNN picks its kernels, TF32 in its convolutions, atomics add embedding gradients in any
+# order), the float64 reference trained there too. Every clean run must pass and every bug be
+# named first (--strict). Nine batches at once, one thread each, none started after ZOO_SECONDS.
+zoo() { # zoo NAME ARGS...: one batch on CUDA, its rows in OUTDIR/zoo-NAME.jsonl
+    local name=$1
+    shift
+    step "zoo-$name" 0 "$py" bench/model_zoo.py --device cuda --strict --runs 1000 \
+        --seconds "${ZOO_SECONDS:-200}" --jsonl "$out/zoo-$name.jsonl" "$@"
+}
+zoo clean --start 140000 &
+zoo families --start 141000 --models moe,resnet,lstm,hf-gpt2,hf-llama,hf-bert &
+zoo bf16 --start 142000 --autocast &
+zoo fp16 --start 143000 --autocast float16 &
+zoo wide --start 144000 --width 4 --updates 20 &
+zoo uneven --start 145000 --uneven --ks 3,5,8 &
+zoo sketch --start 146000 --record sketch &
+zoo no-loss-scale --start 147000 --bug no-loss-scale --bug-from 3 &
+zoo no-zero-grad --start 148000 --bug no-zero-grad --bug-from 2 &
+wait
 fi
 grep -c WRONG "$summary" >/dev/null && exit 1 || exit 0
