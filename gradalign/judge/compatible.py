@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import BadInput
-from ..runs.model import Run, Tensors
+from ..runs.model import PRECISION_ORDER, Run, Tensors
 from ..runs.sketches import dot
 from ..runs.store import shape_of, slices
 from .lengths import length_hint
 from .metrics import diff
 from .rerun import check_finite_losses, check_same_optimizer, check_same_steps, not_finite
-from .tolerances import PRECISION_ORDER, eps, for_dtype, least_precise
+from .tolerances import eps, for_dtype, least_precise
 from .undeclared import sixteen_bit_exact, undeclared
 from .window_sizes import has_problems
 
@@ -294,6 +294,22 @@ def check_first_gradients(base: Run, ref: Run, bound: ReferenceBound) -> None:
         )
 
 
+def _tf32_hint(base: Run) -> str:
+    """Where a float32 baseline on CUDA may have computed in TF32 that its manifest does not
+    list (recorded before `tf32` was, or by a loop whose layers the Recorder could not see)."""
+    env = base.environment
+    flags = [f for f in ("cudnn_allow_tf32", "matmul_allow_tf32") if env.get(f)]
+    if env.get("dtype") != "float32" or env.get("tf32") or not flags:
+        return ""
+    return (
+        f". The baseline ran on CUDA with {' and '.join(flags)}: on Ampere and later GPUs float32 "
+        "convolutions (and matmuls, where allowed) round their inputs to TF32's 10 bits, which a "
+        "float64 rerun does not; turn it off in both runs (torch.backends.cudnn.allow_tf32 = "
+        'False, torch.set_float32_matmul_precision("highest")), or record them with this '
+        "version, which lists it"
+    )
+
+
 def _rerun_hint(base: Run) -> str:
     """Why a float64 rerun may compute another function: an optimizer's epsilon taken from the
     dtype, dropout on CUDA drawing its masks per dtype, any random draw in the model's own
@@ -309,8 +325,9 @@ def _rerun_hint(base: Run) -> str:
             "set it in both runs, as torch.finfo(torch.float32).eps, or judge with --reference "
             "none)"
         )
+    on_cuda = str(base.environment.get("device", "")).startswith("cuda")
     dropout = base.model_facts.get("dropout") or []
-    if not dropout or not str(base.environment.get("device", "")).startswith("cuda"):
+    if not dropout or not on_cuda:
         return (
             " (a float64 rerun must compute the same function of the same samples: random "
             "numbers drawn in the model's dtype, such as torch.randn_like on a float64 tensor, "
@@ -319,7 +336,7 @@ def _rerun_hint(base: Run) -> str:
             "optimizer that computes its step in a 16-bit dtype whatever the weights' (torch's "
             "Muon orthogonalizes in bfloat16) leaves a float64 rerun no more precise than the "
             'baseline: record both runs with Recorder(..., compute_dtype="bfloat16") and judge '
-            "with --reference none)"
+            f"with --reference none{_tf32_hint(base) if on_cuda else ''})"
         )
     return (
         f" (the model's dropout ({', '.join(dropout)}) runs on CUDA, where a float64 rerun "

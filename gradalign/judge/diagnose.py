@@ -327,7 +327,7 @@ def _unexplained(c: Comparison) -> Diagnosis:
             "learning rate, in a direction the noise picks (judged by the gradients alone where "
             "both runs kept their gradients and those passed)"
         )
-        if c.dtype in ("float16", "bfloat16"):
+        if c.dtype in ("tf32", "float16", "bfloat16"):
             message += f", and {c.dtype} rounds each forward and backward far more coarsely"
         fix = (fix + "; " if fix else "") + (
             "judge against a float64 rerun of the baseline, which measures that noise: "

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadInput, shown
-from ..runs.model import PRECISION_ORDER
+from ..runs.model import COMPUTE_ORDER
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,10 @@ DEFAULTS: dict[str, Tolerances] = {
         loss_rtol_apart=8e-3,
     ),
 }
+# TF32 (float32 math on a GPU's tensor cores) rounds each product's inputs to float16's 10 bits
+# but keeps float32's range and its sums: float16's defaults, not measured on TF32 itself (a CPU
+# emulation of TF32 convolutions, tests/test_tf32.py, passes within them).
+DEFAULTS["tf32"] = DEFAULTS["float16"]
 NAMES = tuple(f.name for f in dataclasses.fields(Tolerances))
 
 
@@ -155,7 +159,13 @@ def check_tolerance(name: str, value: Any) -> None:
         )
 
 
-EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+EPS = {
+    "float64": 2.0**-52,
+    "float32": 2.0**-23,
+    "tf32": 2.0**-10,  # float32 math on tensor cores rounds its inputs to float16's mantissa
+    "float16": 2.0**-10,
+    "bfloat16": 2.0**-7,
+}
 
 
 def eps(dtype: str) -> float:
@@ -165,8 +175,8 @@ def eps(dtype: str) -> float:
 
 def least_precise(dtypes: list[str]) -> str:
     """The dtype whose defaults apply when runs mix dtypes."""
-    known = [d for d in dtypes if d in PRECISION_ORDER] or ["float32"]
-    return max(known, key=PRECISION_ORDER.index)
+    known = [d for d in dtypes if d in COMPUTE_ORDER] or ["float32"]
+    return max(known, key=COMPUTE_ORDER.index)
 
 
 def held_exactly(values: np.ndarray, dtype: str) -> np.ndarray:

@@ -112,8 +112,7 @@ class Recorder:
             updates, sketch_width, scaler,
         )  # fmt: skip
         skipped = checked_updates(skip_updates)
-        self.accum_steps = accum_steps
-        self.fault, self.reference = fault, reference
+        self.accum_steps, self.fault, self.reference = accum_steps, fault, reference
         self.capture_grads = capture_grads
         self.out_dir = Path(out_dir)
         try:
@@ -132,7 +131,8 @@ class Recorder:
         self._places = {id(t): at for at, (t, _, _) in enumerate(self._named.values())}
         self._settings: dict | None = None  # those the first step used (a schedule moves betas)
         first = next(iter(self._named.values()))[0]
-        self._env = environment(first.device, working_torch_dtype(self._named) or first.dtype)
+        dtype = working_torch_dtype(self._named) or first.dtype
+        self._env = environment(first.device, dtype, model)
         if compute_dtype is not None:
             self._env["compute_dtype"] = compute_dtype
         self._rank_info = rank_info(self._ranks, first.device, self._env)

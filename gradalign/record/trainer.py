@@ -119,7 +119,7 @@ def preflight(config: TrainConfig) -> tuple[dict, dict]:
             f"{text if len(text) <= 160 else text[:157] + '...'}"
         ) from None
     first = next(t.model.parameters())
-    return model_facts(t.model), environment(first.device, first.dtype)
+    return model_facts(t.model), environment(first.device, first.dtype, t.model)
 
 
 def reference_path(out_dir: str | os.PathLike[str]) -> Path:

@@ -22,6 +22,11 @@ Tensors = dict[str, np.ndarray]
 
 # the float dtypes a run may hold, most precise first (the judge ranks precisions by it)
 PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
+# the precisions a run may compute in, most precise first: float32 math on a GPU's tensor cores
+# (TF32) keeps float16's 10 mantissa bits and float32's range
+COMPUTE_ORDER = ("float64", "float32", "tf32", "float16", "bfloat16")
+# environment "tf32" (record/device.py, `tf32_uses`): where, and so in what, float32 math computed
+TENSOR_CORE_DTYPES = {"cudnn": "tf32", "cublas": "tf32", "cublas-bfloat16": "bfloat16"}
 
 
 def working_dtype(params: list[tuple[str, int]]) -> str | None:
@@ -171,11 +176,18 @@ class Run:
     def compute_dtype(self) -> str:
         """The precision the run computed in (autocast), else its parameter dtype; a parameter
         of a less precise dtype (a bfloat16 layer beside float32 ones) computes its layer in
-        it, and every gradient that flows through that layer carries its rounding."""
+        it, and every gradient that flows through that layer carries its rounding. float32
+        math a GPU ran on tensor cores (environment "tf32": cuDNN's convolutions by default)
+        computed in "tf32" (or bfloat16, where matmuls were allowed it)."""
         declared = self.environment.get("compute_dtype") or self.dtype
-        order = PRECISION_ORDER
+        order = COMPUTE_ORDER
         params = [t.dtype for t in self.tensors if t.kind == "param" and t.dtype in order]
-        return max([declared, *params], key=lambda d: order.index(d) if d in order else -1)
+        found = max([declared, *params], key=lambda d: order.index(d) if d in order else -1)
+        if found != "float32":
+            return found
+        uses = self.environment.get("tf32") or []
+        cores = [TENSOR_CORE_DTYPES.get(use, "tf32") for use in uses if isinstance(use, str)]
+        return max([found, *cores], key=order.index)
 
     @property
     def sizes(self) -> np.ndarray:

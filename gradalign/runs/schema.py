@@ -64,6 +64,9 @@ def check_manifest(manifest: dict, where: str) -> None:
     for key in ("dtype", "compute_dtype"):
         if environment.get(key) is not None and not isinstance(environment[key], str):
             raise bad(f"environment.{key}", "must be a string")
+    uses = environment.get("tf32")
+    if uses is not None and not _strings(uses):
+        raise bad("environment.tf32", "must be a list of strings (cudnn, cublas, cublas-bfloat16)")
     for field in ("fault", "grad_dtype"):
         if manifest.get(field) is not None and not isinstance(manifest[field], str):
             raise bad(field, "must be a string or null")

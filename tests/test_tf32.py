@@ -1,0 +1,161 @@
+"""TF32: float32 math a GPU ran on tensor cores (cuDNN's convolutions by default from Ampere on)
+rounds its inputs to float16's 10 mantissa bits. The Recorder lists where (`tf32_uses`), the
+run computes in "tf32", and the judge accepts a float64 reference within that rounding and
+applies its fixed tolerances. On the CPU the rounding is emulated: the convolution's inputs,
+weights and incoming gradients of a float32 run rounded to 10 bits, as on the GPU, where a zoo
+batch (`scripts/gpu_check.sh ... zoo`, H200) refused the reference of 11 of 25 wide
+convolutional runs (their gradients 1.1-1.6% from the float64 rerun's at update 0, more than
+the 1% a float32 run may stray)."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+from torch import nn
+
+import gradalign.record.device as device_module
+from gradalign.errors import BadInput
+from gradalign.judge.compare import compare
+from gradalign.judge.compatible import _tf32_hint
+from gradalign.record.device import tf32_uses
+from gradalign.runs.reader import read_run_dir
+from tests.conftest import one_line_error
+from tests.zoo_runs import _compare, zoo
+
+CUDA = torch.device("cuda")
+
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """`t` rounded to TF32 (10 mantissa bits, to nearest) where it is float32."""
+    if t.dtype != torch.float32:
+        return t
+    return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+class _Inputs(torch.autograd.Function):  # the forward's inputs rounded, gradients passed on
+    @staticmethod
+    def forward(ctx, x):
+        return _tf32(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _Gradients(torch.autograd.Function):  # the backward's incoming gradient rounded
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return _tf32(g)
+
+
+@pytest.fixture
+def tf32_convolutions(monkeypatch):
+    """float32 Conv1d computed as TF32 tensor cores do: inputs rounded, sums in float32."""
+    plain = nn.Conv1d._conv_forward
+
+    def rounded(self, x, weight, bias):
+        if x.dtype != torch.float32:
+            return plain(self, x, weight, bias)
+        return _Gradients.apply(plain(self, _Inputs.apply(x), _Inputs.apply(weight), bias))
+
+    monkeypatch.setattr(nn.Conv1d, "_conv_forward", rounded)
+
+
+@pytest.fixture
+def listed(monkeypatch):
+    """The Recorder lists cuDNN's TF32 for float32 runs, as on an Ampere GPU with a conv."""
+    monkeypatch.setattr(
+        device_module,
+        "tf32_uses",
+        lambda model, device, dtype: ["cudnn"] if dtype == torch.float32 else [],
+    )
+
+
+def _wide_conv_runs(root, **merged):
+    """bench/model_zoo.py's convolutional text model at width 4 (AdamW, K=8, 6 updates, seed
+    144002): the emulated TF32 moves its gradients 1.2% from the float64 rerun's at update 0."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        length = {"updates": 6, "width": 4}
+        zoo.record(root / "ref", "convtext", "adamw-wd", 1, 144002, float64=True, **length)
+        zoo.record(root / "base", "convtext", "adamw-wd", 1, 144002, reference="../ref", **length)
+        zoo.record(root / "merged", "convtext", "adamw-wd", 8, 144002, **length, **merged)
+    finally:
+        torch.set_num_threads(threads)
+    return root
+
+
+def test_unlisted_tf32_refuses_the_reference(tmp_path, tf32_convolutions):
+    """Without the Recorder's list the run is judged as float32, and the reference refused: the
+    emulation shows the GPU's failure."""
+    root = _wide_conv_runs(tmp_path)
+    assert read_run_dir(root / "base").compute_dtype == "float32"
+    with pytest.raises(BadInput, match="is not a rerun of the baseline's training"):
+        _compare(root)
+
+
+def test_listed_tf32_passes_clean_and_names_a_bug(tmp_path, tf32_convolutions, listed):
+    """Listed, the run computes in tf32: the reference is accepted and the clean merged run
+    passes, with the reference and with the fixed tolerances; a loss not divided by K from
+    update 3 on still fails, named `loss-scale`."""
+    root = _wide_conv_runs(tmp_path / "clean")
+    base = read_run_dir(root / "base")
+    assert base.environment["tf32"] == ["cudnn"] and base.compute_dtype == "tf32"
+    assert read_run_dir(root / "ref").compute_dtype == "float64"
+    c = _compare(root)
+    assert c.verdict == "pass" and c.dtype == "tf32", [d.code for d in c.diagnosis]
+    alone = compare(base, read_run_dir(root / "merged"))  # by the fixed tolerances
+    assert alone.verdict == "pass" and alone.tolerances.grad_rtol == 5e-2
+    bug = _wide_conv_runs(tmp_path / "bug", bug="no-loss-scale", bug_from=3)
+    c = _compare(bug)
+    assert c.verdict == "fail"
+    assert [d.code for d in c.diagnosis if d.severity == "error"][:1] == ["loss-scale"]
+
+
+def test_tf32_uses_follows_the_device_the_flags_and_the_layers(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    conv, linear = nn.Sequential(nn.Conv1d(2, 2, 3)), nn.Sequential(nn.Linear(2, 2))
+    precision = torch.get_float32_matmul_precision()
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert tf32_uses(conv, CUDA, torch.float32) == ["cudnn"]
+        assert tf32_uses(nn.GRU(2, 2), CUDA, torch.float32) == ["cudnn"]
+        assert tf32_uses(linear, CUDA, torch.float32) == []
+        assert tf32_uses(conv, torch.device("cpu"), torch.float32) == []
+        assert tf32_uses(conv, CUDA, torch.float64) == []
+        torch.set_float32_matmul_precision("high")
+        assert tf32_uses(linear, CUDA, torch.float32) == ["cublas"]
+        torch.set_float32_matmul_precision("medium")
+        assert tf32_uses(conv, CUDA, torch.float32) == ["cudnn", "cublas-bfloat16"]
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+        assert tf32_uses(conv, CUDA, torch.float32) == ["cublas-bfloat16"]
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+        assert tf32_uses(conv, CUDA, torch.float32) == []  # before Ampere: no TF32
+    finally:
+        torch.set_float32_matmul_precision(precision)
+
+
+def test_a_refusal_on_cuda_names_tf32_where_the_run_does_not_list_it():
+    env = {"device": "cuda:0", "dtype": "float32", "cudnn_allow_tf32": True}
+    run = types.SimpleNamespace(environment=env)
+    assert "cudnn_allow_tf32" in _tf32_hint(run) and "allow_tf32 = False" in _tf32_hint(run)
+    for other in ({"tf32": ["cudnn"]}, {"cudnn_allow_tf32": False}, {"dtype": "float64"}):
+        assert _tf32_hint(types.SimpleNamespace(environment={**env, **other})) == "", other
+
+
+def test_a_tf32_list_of_another_type_is_bad_input(cli, small_copy):
+    manifest_path = small_copy["baseline"] / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["environment"]["tf32"] = "cudnn"
+    manifest_path.write_text(json.dumps(manifest))
+    result = cli("compare", small_copy["baseline"], small_copy["merged"])
+    one_line_error(result, "environment.tf32")
