@@ -1,0 +1,42 @@
+"""bench/model_zoo.py as a gate (scripts/gpu_check.sh's zoo part): `--strict` exits 1 on a
+false alarm, on a bug not named first, and where no run was made; `--seconds` starts no run
+after its time; `--device cuda` without CUDA is refused."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from tests.zoo_runs import zoo
+
+
+def _zoo(monkeypatch, *args: str) -> int:
+    """The bench's main on these arguments (it sets one torch thread: restored after)."""
+    monkeypatch.setattr(sys, "argv", ["model_zoo.py", "--updates", "3", *args])
+    threads = torch.get_num_threads()
+    try:
+        return zoo.main()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_strict_fails_a_bug_that_never_began_and_passes_one_named(monkeypatch, capsys):
+    named = ["--runs", "1", "--strict", "--bug", "no-loss-scale"]
+    assert _zoo(monkeypatch, *named) == 0
+    assert _zoo(monkeypatch, *named, "--bug-from", "100") == 1  # the run passes: not named
+    assert _zoo(monkeypatch, "--runs", "1", "--bug", "no-loss-scale", "--bug-from", "100") == 0
+    assert "1 not named loss-scale first" in capsys.readouterr().out
+
+
+def test_strict_fails_where_seconds_left_no_run(monkeypatch, capsys):
+    assert _zoo(monkeypatch, "--runs", "3", "--seconds", "0", "--strict") == 1
+    assert "0 clean runs" in capsys.readouterr().out
+
+
+def test_cuda_is_refused_where_torch_sees_none(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exited:
+        _zoo(monkeypatch, "--runs", "1", "--device", "cuda")
+    assert exited.value.code == 2 and "torch sees no CUDA device" in capsys.readouterr().err
