@@ -21,7 +21,8 @@ optimizers, the Recorder watching Muon).
                                         [--autocast [float16]]
                                         [--clip 1.0] [--schedule] [--reference-none]
                                         [--width 1] [--penalty 1e-3] [--ks 2,4,8] [--uneven]
-                                        [--device cuda] [--seconds S] [--strict]
+                                        [--device cuda] [--emulate-tf32] [--seconds S]
+                                        [--strict]
                                         [--jsonl rows.jsonl]
 
 `--autocast` runs each forward under autocast (bfloat16, or float16 with a GradScaler);
@@ -48,6 +49,9 @@ own initialization (bench/zoo_hf.py; transformers installed): `hf-gpt2`, `hf-lla
 rotary, SwiGLU, grouped-query attention), `hf-gptneox` (parallel residual, partial rotary) as
 causal LMs, `hf-bert` as a sequence classifier.
 
+`--emulate-tf32` computes every float32 convolution from inputs rounded to TF32 (10 mantissa
+bits), as cuDNN does by default on Ampere and later GPUs (bench/zoo_tf32.py); with
+`--compute-dtype tf32` the runs declare it.
 `--device cuda` puts the model, the data and the training on the GPU as a user's loop does:
 no determinism flags (cuDNN picks its algorithms and may use TF32 for convolutions, atomics
 add embedding gradients in any order); the float64 reference trains there too.
@@ -81,10 +85,12 @@ try:
     from zoo_hf import HF_LANGUAGE_MODELS
     from zoo_models import CLASSES, MODELS, MORE_MODELS, NOT_EQUIVALENT, SEQ, VOCAB, build
     from zoo_optimizers import MORE_OPTIMIZERS, OPTIMIZERS
+    from zoo_tf32 import emulate_tf32_convolutions
 except ImportError:  # run as a module of the repository (tests): bench.zoo_hf, ...
     from bench.zoo_hf import HF_LANGUAGE_MODELS
     from bench.zoo_models import CLASSES, MODELS, MORE_MODELS, NOT_EQUIVALENT, SEQ, VOCAB, build
     from bench.zoo_optimizers import MORE_OPTIMIZERS, OPTIMIZERS
+    from bench.zoo_tf32 import emulate_tf32_convolutions
 
 BATCH, UPDATES = 48, 10
 
@@ -267,8 +273,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--compute-dtype",
-        choices=["bfloat16", "float16"],
-        help="the baseline and merged runs declare this compute dtype (Muon's step is bfloat16)",
+        choices=["bfloat16", "float16", "tf32"],
+        help="the baseline and merged runs declare this compute dtype (Muon's step is bfloat16; "
+        "tf32 with --emulate-tf32)",
     )
     parser.add_argument(
         "--uneven", action="store_true",
@@ -288,12 +295,18 @@ def main() -> int:
         "--device", choices=["cpu", "cuda"], default="cpu",
         help="train there (cuda: as a user's loop does, no determinism flags set)",
     )  # fmt: skip
+    parser.add_argument(
+        "--emulate-tf32", action="store_true",
+        help="float32 convolutions computed as a GPU's TF32 tensor cores do (bench/zoo_tf32.py)",
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=math.inf, help="start no run after this")
     parser.add_argument("--strict", action="store_true", help="exit 1 on a false alarm or miss")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
     torch.set_num_threads(1)
+    if args.emulate_tf32:
+        emulate_tf32_convolutions()
     models, optimizers = args.models.split(","), args.optimizers.split(",")
     unknown = set(optimizers) - set(OPTIMIZERS) - set(MORE_OPTIMIZERS)
     if unknown:

@@ -1,11 +1,11 @@
 """TF32: float32 math a GPU ran on tensor cores (cuDNN's convolutions by default from Ampere on)
 rounds its inputs to float16's 10 mantissa bits. The Recorder lists where (`tf32_uses`), the
 run computes in "tf32", and the judge accepts a float64 reference within that rounding and
-applies its fixed tolerances. On the CPU the rounding is emulated: the convolution's inputs,
-weights and incoming gradients of a float32 run rounded to 10 bits, as on the GPU, where a zoo
-batch (`scripts/gpu_check.sh ... zoo`, H200) refused the reference of 11 of 25 wide
-convolutional runs (their gradients 1.1-1.6% from the float64 rerun's at update 0, more than
-the 1% a float32 run may stray)."""
+applies float16's fixed tolerances without one. On the CPU the rounding is emulated
+(bench/zoo_tf32.py): a float32 convolution's inputs, weights and incoming gradients rounded to
+10 bits, as on the GPU, where a zoo batch (`scripts/gpu_check.sh ... zoo`, H200) refused the
+reference of 11 of 25 wide convolutional runs (their gradients 1.1-1.6% from the float64
+rerun's at update 0, more than the 1% a float32 run may stray)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import gradalign.record.device as device_module
+from bench.zoo_tf32 import CONVOLUTIONS, tf32_forward
 from gradalign.errors import BadInput
 from gradalign.judge.compare import compare
 from gradalign.judge.compatible import _tf32_hint
@@ -28,44 +29,11 @@ from tests.zoo_runs import _compare, zoo
 CUDA = torch.device("cuda")
 
 
-def _tf32(t: torch.Tensor) -> torch.Tensor:
-    """`t` rounded to TF32 (10 mantissa bits, to nearest) where it is float32."""
-    if t.dtype != torch.float32:
-        return t
-    return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
-
-
-class _Inputs(torch.autograd.Function):  # the forward's inputs rounded, gradients passed on
-    @staticmethod
-    def forward(ctx, x):
-        return _tf32(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
-
-
-class _Gradients(torch.autograd.Function):  # the backward's incoming gradient rounded
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return _tf32(g)
-
-
 @pytest.fixture
 def tf32_convolutions(monkeypatch):
-    """float32 Conv1d computed as TF32 tensor cores do: inputs rounded, sums in float32."""
-    plain = nn.Conv1d._conv_forward
-
-    def rounded(self, x, weight, bias):
-        if x.dtype != torch.float32:
-            return plain(self, x, weight, bias)
-        return _Gradients.apply(plain(self, _Inputs.apply(x), _Inputs.apply(weight), bias))
-
-    monkeypatch.setattr(nn.Conv1d, "_conv_forward", rounded)
+    """float32 convolutions computed as TF32 tensor cores do (bench/zoo_tf32.py)."""
+    for kind in CONVOLUTIONS:
+        monkeypatch.setattr(kind, "_conv_forward", tf32_forward(kind._conv_forward))
 
 
 @pytest.fixture
@@ -78,16 +46,17 @@ def listed(monkeypatch):
     )
 
 
-def _wide_conv_runs(root, **merged):
+def _wide_conv_runs(root, declared: str | None = None, **merged):
     """bench/model_zoo.py's convolutional text model at width 4 (AdamW, K=8, 6 updates, seed
     144002): the emulated TF32 moves its gradients 1.2% from the float64 rerun's at update 0."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         length = {"updates": 6, "width": 4}
+        both = {**length, "compute_dtype": declared}
         zoo.record(root / "ref", "convtext", "adamw-wd", 1, 144002, float64=True, **length)
-        zoo.record(root / "base", "convtext", "adamw-wd", 1, 144002, reference="../ref", **length)
-        zoo.record(root / "merged", "convtext", "adamw-wd", 8, 144002, **length, **merged)
+        zoo.record(root / "base", "convtext", "adamw-wd", 1, 144002, reference="../ref", **both)
+        zoo.record(root / "merged", "convtext", "adamw-wd", 8, 144002, **both, **merged)
     finally:
         torch.set_num_threads(threads)
     return root
@@ -118,6 +87,14 @@ def test_listed_tf32_passes_clean_and_names_a_bug(tmp_path, tf32_convolutions, l
     c = _compare(bug)
     assert c.verdict == "fail"
     assert [d.code for d in c.diagnosis if d.severity == "error"][:1] == ["loss-scale"]
+
+
+def test_a_loop_may_declare_tf32(tmp_path, tf32_convolutions):
+    """`Recorder(..., compute_dtype="tf32")`, for TF32 the Recorder cannot see (a functional
+    convolution): the same as listed."""
+    root = _wide_conv_runs(tmp_path, declared="tf32")
+    assert read_run_dir(root / "base").compute_dtype == "tf32"
+    assert _compare(root).verdict == "pass"
 
 
 def test_tf32_uses_follows_the_device_the_flags_and_the_layers(monkeypatch):

@@ -1,0 +1,63 @@
+"""TF32 convolutions emulated on the CPU (`bench/model_zoo.py --emulate-tf32`,
+tests/test_tf32.py): on an Ampere or later GPU, cuDNN computes a float32 convolution from its
+input, weight and (backward) incoming gradient rounded to TF32's 10 mantissa bits, summing in
+float32, unless `torch.backends.cudnn.allow_tf32` is off. Rounded here the same way, to
+nearest; float64 convolutions (the reference) are left alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def to_tf32(t: torch.Tensor) -> torch.Tensor:
+    """`t` rounded to 10 mantissa bits (to nearest) where it is float32, else `t`."""
+    if t.dtype != torch.float32:
+        return t
+    return ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+class _Inputs(torch.autograd.Function):
+    """The forward's inputs rounded; their gradients passed on as they come."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return to_tf32(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
+class _IncomingGradient(torch.autograd.Function):
+    """The output as it is; the gradient the backward receives for it rounded."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        return to_tf32(g)
+
+
+def tf32_forward(plain: Callable) -> Callable:
+    """A convolution's `_conv_forward` computing float32 as TF32 tensor cores do."""
+
+    def rounded(self, x, weight, bias):
+        if x.dtype != torch.float32:
+            return plain(self, x, weight, bias)
+        out = plain(self, _Inputs.apply(x), _Inputs.apply(weight), bias)
+        return _IncomingGradient.apply(out)
+
+    return rounded
+
+
+def emulate_tf32_convolutions() -> None:
+    """Every convolution in this process computes float32 as TF32 from now on."""
+    for kind in CONVOLUTIONS:
+        kind._conv_forward = tf32_forward(kind._conv_forward)
