@@ -16,12 +16,13 @@ import pytest
 import torch
 from torch import nn
 
+import gradalign
 import gradalign.record.device as device_module
 from bench.zoo_tf32 import CONVOLUTIONS, tf32_forward
 from gradalign.errors import BadInput
 from gradalign.judge.compare import compare
 from gradalign.judge.compatible import _tf32_hint
-from gradalign.record.device import tf32_uses
+from gradalign.record.tf32 import tf32_uses
 from gradalign.runs.reader import read_run_dir
 from tests.conftest import one_line_error
 from tests.zoo_runs import _compare, zoo
@@ -97,28 +98,54 @@ def test_a_loop_may_declare_tf32(tmp_path, tf32_convolutions):
     assert _compare(root).verdict == "pass"
 
 
-def test_tf32_uses_follows_the_device_the_flags_and_the_layers(monkeypatch):
+@pytest.fixture
+def precisions():
+    """torch's TF32 settings at their defaults, every level of the per-operator API put back
+    after the test."""
+    b = torch.backends
+    levels = [b, b.cuda.matmul, b.cudnn, b.cudnn.conv, b.cudnn.rnn, b.mkldnn]
+    levels += [b.mkldnn.matmul, b.mkldnn.conv]
+    saved = [level.fp32_precision for level in levels]
+    for level, value in zip(levels[:5], ["none", "none", "none", "tf32", "tf32"], strict=True):
+        level.fp32_precision = value  # torch's defaults (a test before may have set others)
+    yield b
+    for level, value in zip(levels, saved, strict=True):
+        level.fp32_precision = value
+
+
+def test_tf32_uses_follows_the_device_the_settings_and_the_layers(monkeypatch, precisions):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     conv, linear = nn.Sequential(nn.Conv1d(2, 2, 3)), nn.Sequential(nn.Linear(2, 2))
-    precision = torch.get_float32_matmul_precision()
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    try:
-        torch.set_float32_matmul_precision("highest")
-        assert tf32_uses(conv, CUDA, torch.float32) == ["cudnn"]
-        assert tf32_uses(nn.GRU(2, 2), CUDA, torch.float32) == ["cudnn"]
-        assert tf32_uses(linear, CUDA, torch.float32) == []
-        assert tf32_uses(conv, torch.device("cpu"), torch.float32) == []
-        assert tf32_uses(conv, CUDA, torch.float64) == []
-        torch.set_float32_matmul_precision("high")
-        assert tf32_uses(linear, CUDA, torch.float32) == ["cublas"]
-        torch.set_float32_matmul_precision("medium")
-        assert tf32_uses(conv, CUDA, torch.float32) == ["cudnn", "cublas-bfloat16"]
-        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-        assert tf32_uses(conv, CUDA, torch.float32) == ["cublas-bfloat16"]
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
-        assert tf32_uses(conv, CUDA, torch.float32) == []  # before Ampere: no TF32
-    finally:
-        torch.set_float32_matmul_precision(precision)
+    assert tf32_uses(conv, CUDA, torch.float32) == ["cudnn"]  # torch's defaults
+    assert tf32_uses(nn.GRU(2, 2), CUDA, torch.float32) == ["cudnn"]
+    assert tf32_uses(linear, CUDA, torch.float32) == []
+    assert tf32_uses(conv, torch.device("cpu"), torch.float32) == []
+    assert tf32_uses(conv, CUDA, torch.float64) == []
+    torch.set_float32_matmul_precision("high")
+    assert tf32_uses(linear, CUDA, torch.float32) == ["cublas"]
+    torch.set_float32_matmul_precision("highest")
+    assert tf32_uses(linear, CUDA, torch.float32) == []
+    precisions.cuda.matmul.fp32_precision = "tf32"  # the per-operator API, beside the defaults
+    precisions.cudnn.conv.fp32_precision = "ieee"
+    assert tf32_uses(conv, CUDA, torch.float32) == ["cublas"]
+    assert tf32_uses(nn.GRU(2, 2), CUDA, torch.float32) == ["cudnn", "cublas"]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    assert tf32_uses(conv, CUDA, torch.float32) == []  # before Ampere: no TF32
+
+
+def test_the_recorder_reads_torchs_per_operator_settings(tmp_path, precisions):
+    """A loop that set TF32 through torch's per-operator API: torch's legacy getters raise
+    then (they did inside Recorder(...)); the manifest says what was set."""
+    precisions.cuda.matmul.fp32_precision = "tf32"
+    with pytest.raises(RuntimeError):
+        _ = torch.backends.cuda.matmul.allow_tf32
+    model = nn.Linear(2, 2)
+    with gradalign.Recorder(tmp_path / "run", model, torch.optim.SGD(model.parameters())) as rec:
+        model(torch.ones(1, 2)).sum().backward()
+        rec.micro(torch.tensor(1.0))
+        rec.update()
+    env = read_run_dir(tmp_path / "run").environment
+    assert env["matmul_allow_tf32"] is True and env["cudnn_allow_tf32"] is True
 
 
 def test_a_refusal_on_cuda_names_tf32_where_the_run_does_not_list_it():

@@ -14,6 +14,7 @@ import torch
 
 from .. import __version__
 from ..errors import BadInput
+from .tf32 import fp32_precisions, tf32_uses
 
 
 def resolve_device(name: str) -> torch.device:
@@ -125,39 +126,12 @@ def _compiling() -> bool:
     return bool(check())
 
 
-TENSOR_CORES_ROUND_FLOAT32 = (8, 0)  # Ampere on: float32 math may round its inputs (TF32)
-
-
-def tf32_uses(model: torch.nn.Module | None, device: torch.device, dtype: torch.dtype) -> list[str]:
-    """Where this GPU may compute the model's float32 math from inputs rounded to TF32's 10
-    mantissa bits (or bfloat16's 7): "cudnn" where torch.backends.cudnn.allow_tf32 is on (its
-    default) and the model holds layers cuDNN computes (convolutions, RNNs); "cublas" where
-    matmuls may (torch.set_float32_matmul_precision("high"), or matmul.allow_tf32),
-    "cublas-bfloat16" where "medium" lets them use bfloat16. Empty off CUDA, before Ampere, and
-    for other dtypes. A float64 rerun computes none of it: the judge widens the reference's
-    sanity bound to that rounding."""
-    if device.type != "cuda" or dtype != torch.float32 or model is None:
-        return []
-    if torch.cuda.get_device_capability(device) < TENSOR_CORES_ROUND_FLOAT32:
-        return []
-    uses = []
-    cudnn_layers = (torch.nn.modules.conv._ConvNd, torch.nn.RNNBase)
-    cudnn = torch.backends.cudnn.enabled and torch.backends.cudnn.allow_tf32
-    if cudnn and any(isinstance(m, cudnn_layers) for m in model.modules()):
-        uses.append("cudnn")
-    precision = torch.get_float32_matmul_precision()
-    if precision == "medium":
-        uses.append("cublas-bfloat16")
-    elif precision == "high" or torch.backends.cuda.matmul.allow_tf32:
-        uses.append("cublas")
-    return uses
-
-
 def environment(
     device: torch.device, dtype: torch.dtype, model: torch.nn.Module | None = None
 ) -> dict[str, Any]:
     """Versions, device and the numerical settings that decide whether runs agree bit for bit
     (with `model`: where its float32 math may round to TF32, `tf32_uses`)."""
+    precisions = fp32_precisions()
     env: dict[str, Any] = {
         "gradalign": __version__,
         "python": platform.python_version(),
@@ -171,8 +145,8 @@ def environment(
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_allow_tf32": precisions["matmul"] != "ieee",
+        "cudnn_allow_tf32": precisions["conv"] != "ieee",
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
     }
     if device.type == "cuda":
