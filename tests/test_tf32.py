@@ -151,7 +151,7 @@ def test_the_recorder_reads_torchs_per_operator_settings(tmp_path, precisions):
 def test_a_refusal_on_cuda_names_tf32_where_the_run_does_not_list_it():
     env = {"device": "cuda:0", "dtype": "float32", "cudnn_allow_tf32": True}
     run = types.SimpleNamespace(environment=env)
-    assert "cudnn_allow_tf32" in _tf32_hint(run) and "allow_tf32 = False" in _tf32_hint(run)
+    assert "cudnn_allow_tf32" in _tf32_hint(run) and 'fp32_precision = "ieee"' in _tf32_hint(run)
     for other in ({"tf32": ["cudnn"]}, {"cudnn_allow_tf32": False}, {"dtype": "float64"}):
         assert _tf32_hint(types.SimpleNamespace(environment={**env, **other})) == "", other
 

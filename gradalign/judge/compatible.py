@@ -304,8 +304,9 @@ def _tf32_hint(base: Run) -> str:
     return (
         f". The baseline ran on CUDA with {' and '.join(flags)}: on Ampere and later GPUs float32 "
         "convolutions (and matmuls, where allowed) round their inputs to TF32's 10 bits, which a "
-        "float64 rerun does not; turn it off in both runs (torch.backends.cudnn.allow_tf32 = "
-        'False, torch.set_float32_matmul_precision("highest")), or record them with this '
+        "float64 rerun does not; turn it off in both runs (torch.backends.cudnn.conv."
+        'fp32_precision = "ieee" and torch.backends.cuda.matmul.fp32_precision = "ieee", or '
+        "before torch 2.9 torch.backends.cudnn.allow_tf32 = False), or record them with this "
         "version, which lists it"
     )
 

@@ -25,7 +25,7 @@ PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
 # the precisions a run may compute in, most precise first: float32 math on a GPU's tensor cores
 # (TF32) keeps float16's 10 mantissa bits and float32's range
 COMPUTE_ORDER = ("float64", "float32", "tf32", "float16", "bfloat16")
-# environment "tf32" (record/device.py, `tf32_uses`): where, and so in what, float32 math computed
+# environment "tf32" (record/tf32.py, `tf32_uses`): where, and so in what, float32 math computed
 TENSOR_CORE_DTYPES = {"cudnn": "tf32", "cublas": "tf32", "cublas-bfloat16": "bfloat16"}
 
 
