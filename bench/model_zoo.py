@@ -21,7 +21,7 @@ optimizers, the Recorder watching Muon).
                                         [--autocast [float16]]
                                         [--clip 1.0] [--schedule] [--reference-none]
                                         [--width 1] [--penalty 1e-3] [--ks 2,4,8] [--uneven]
-                                        [--device cuda] [--emulate-tf32] [--seconds S]
+                                        [--device cuda] [--emulate-tf32 [all]] [--seconds S]
                                         [--strict]
                                         [--jsonl rows.jsonl]
 
@@ -50,7 +50,8 @@ rotary, SwiGLU, grouped-query attention), `hf-gptneox` (parallel residual, parti
 causal LMs, `hf-bert` as a sequence classifier.
 
 `--emulate-tf32` computes every float32 convolution from inputs rounded to TF32 (10 mantissa
-bits), as cuDNN does by default on Ampere and later GPUs (bench/zoo_tf32.py); with
+bits), as cuDNN does by default on Ampere and later GPUs (bench/zoo_tf32.py); `--emulate-tf32
+all` every linear map too, as cuBLAS does under torch's float32 matmul precision "high"; with
 `--compute-dtype tf32` the runs declare it.
 `--device cuda` puts the model, the data and the training on the GPU as a user's loop does:
 no determinism flags (cuDNN picks its algorithms and may use TF32 for convolutions, atomics
@@ -85,12 +86,12 @@ try:
     from zoo_hf import HF_LANGUAGE_MODELS
     from zoo_models import CLASSES, MODELS, MORE_MODELS, NOT_EQUIVALENT, SEQ, VOCAB, build
     from zoo_optimizers import MORE_OPTIMIZERS, OPTIMIZERS
-    from zoo_tf32 import emulate_tf32_convolutions
+    from zoo_tf32 import emulate_tf32
 except ImportError:  # run as a module of the repository (tests): bench.zoo_hf, ...
     from bench.zoo_hf import HF_LANGUAGE_MODELS
     from bench.zoo_models import CLASSES, MODELS, MORE_MODELS, NOT_EQUIVALENT, SEQ, VOCAB, build
     from bench.zoo_optimizers import MORE_OPTIMIZERS, OPTIMIZERS
-    from bench.zoo_tf32 import emulate_tf32_convolutions
+    from bench.zoo_tf32 import emulate_tf32
 
 BATCH, UPDATES = 48, 10
 
@@ -296,8 +297,9 @@ def main() -> int:
         help="train there (cuda: as a user's loop does, no determinism flags set)",
     )  # fmt: skip
     parser.add_argument(
-        "--emulate-tf32", action="store_true",
-        help="float32 convolutions computed as a GPU's TF32 tensor cores do (bench/zoo_tf32.py)",
+        "--emulate-tf32", nargs="?", const="conv", choices=["conv", "all"],
+        help="float32 convolutions (all: and linear maps) computed as a GPU's TF32 tensor cores "
+        "do (bench/zoo_tf32.py)",
     )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=math.inf, help="start no run after this")
     parser.add_argument("--strict", action="store_true", help="exit 1 on a false alarm or miss")
@@ -306,7 +308,7 @@ def main() -> int:
         parser.error("--device cuda: torch sees no CUDA device")
     torch.set_num_threads(1)
     if args.emulate_tf32:
-        emulate_tf32_convolutions()
+        emulate_tf32(matmuls=args.emulate_tf32 == "all")
     models, optimizers = args.models.split(","), args.optimizers.split(",")
     unknown = set(optimizers) - set(OPTIMIZERS) - set(MORE_OPTIMIZERS)
     if unknown:

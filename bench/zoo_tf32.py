@@ -1,8 +1,11 @@
-"""TF32 convolutions emulated on the CPU (`bench/model_zoo.py --emulate-tf32`,
-tests/test_tf32.py): on an Ampere or later GPU, cuDNN computes a float32 convolution from its
-input, weight and (backward) incoming gradient rounded to TF32's 10 mantissa bits, summing in
-float32, unless `torch.backends.cudnn.allow_tf32` is off. Rounded here the same way, to
-nearest; float64 convolutions (the reference) are left alone."""
+"""TF32 emulated on the CPU (`bench/model_zoo.py --emulate-tf32`, tests/test_tf32.py): on an
+Ampere or later GPU, cuDNN computes a float32 convolution from its input, weight and (backward)
+incoming gradient rounded to TF32's 10 mantissa bits, summing in float32, unless its TF32
+setting is off; cuBLAS does the same for matmuls where torch's float32 matmul precision is
+"high" or "medium". Rounded here to nearest (the hardware may truncate: either errs by one unit
+of the 10th bit), in every convolution, and with `matmuls` in every `torch.nn.functional.linear`
+(linear layers and attention's projections; not attention's own products); float64 math (the
+reference) is left alone."""
 
 from __future__ import annotations
 
@@ -57,7 +60,21 @@ def tf32_forward(plain: Callable) -> Callable:
     return rounded
 
 
-def emulate_tf32_convolutions() -> None:
-    """Every convolution in this process computes float32 as TF32 from now on."""
+def tf32_linear(plain: Callable) -> Callable:
+    """`torch.nn.functional.linear` computing float32 as TF32 tensor cores do."""
+
+    def rounded(x, weight, bias=None):
+        if x.dtype != torch.float32:
+            return plain(x, weight, bias)
+        return _IncomingGradient.apply(plain(_Inputs.apply(x), _Inputs.apply(weight), bias))
+
+    return rounded
+
+
+def emulate_tf32(matmuls: bool = False) -> None:
+    """Every convolution in this process (and with `matmuls` every linear map) computes float32
+    as TF32 from now on."""
     for kind in CONVOLUTIONS:
         kind._conv_forward = tf32_forward(kind._conv_forward)
+    if matmuls:
+        nn.functional.linear = tf32_linear(nn.functional.linear)
