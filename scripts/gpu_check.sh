@@ -1,7 +1,8 @@
 #!/bin/sh
 # The CUDA checks, for a machine with a GPU: the suite's device tests on CUDA, the whole
 # selftest on the GPU (full and sketch mode), the same command giving the same bits there,
-# verify at a larger size and in bf16, no host sync in the Recorder's per-step calls, a DDP and
+# verify at a larger size and in bf16, no host sync in the Recorder's per-step calls, TF32 listed
+# where the loop allows it, a DDP and
 # an FSDP loop over nccl, and the framework examples (transformers, Lightning, accelerate, where
 # installed) trained on the GPU, float32 and bf16; and, asked for, the model zoo trained on the GPU.
 # Usage: sh scripts/gpu_check.sh [OUTDIR [PART...]]   PARTS: core (all but the frameworks),
@@ -53,6 +54,9 @@ step verify-lm-bf16 0 ga verify --device cuda --model tiny-lm --precision bf16 -
 # The Recorder's per-step calls never wait for the device (torch's sync debug mode), and a
 # Recorder that did would be caught.
 step no-host-sync 0 "$py" scripts/gpu_sync_check.py --size mlp-10m --json "$out/sync.json"
+# The Recorder lists where a conv loop's float32 math may run in TF32 (torch's per-operator
+# settings), and lists nothing once they are "ieee".
+step tf32-listed 0 "$py" scripts/gpu_tf32_check.py
 step no-host-sync-injected 1 "$py" scripts/gpu_sync_check.py --inject-sync
 step no-host-sync-hook-injected 1 "$py" scripts/gpu_sync_check.py --inject-hook-sync
 # A hand-written DDP loop under torchrun, one rank per GPU over nccl. With one GPU the loop with

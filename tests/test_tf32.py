@@ -9,7 +9,9 @@ rerun's at update 0, more than the 1% a float32 run may stray)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 import types
 
 import pytest
@@ -24,7 +26,7 @@ from gradalign.judge.compare import compare
 from gradalign.judge.compatible import _tf32_hint
 from gradalign.record.tf32 import tf32_uses
 from gradalign.runs.reader import read_run_dir
-from tests.conftest import one_line_error
+from tests.conftest import ROOT, one_line_error
 from tests.zoo_runs import _compare, zoo
 
 CUDA = torch.device("cuda")
@@ -163,3 +165,15 @@ def test_a_tf32_list_of_another_type_is_bad_input(cli, small_copy):
     manifest_path.write_text(json.dumps(manifest))
     result = cli("compare", small_copy["baseline"], small_copy["merged"])
     one_line_error(result, "environment.tf32")
+
+
+def test_the_gpu_check_script_runs_its_loop_on_the_cpu(monkeypatch, precisions, capsys):
+    """scripts/gpu_tf32_check.py (scripts/gpu_check.sh on a GPU): on the CPU nothing is listed."""
+    path = ROOT / "scripts" / "gpu_tf32_check.py"
+    spec = importlib.util.spec_from_file_location("tf32_check", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(sys, "argv", ["gpu_tf32_check.py", "--device", "cpu"])
+    assert script.main() == 0 and "as expected" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["gpu_tf32_check.py"])
+    assert script.main() == 2  # the suite hides CUDA
