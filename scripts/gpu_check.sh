@@ -2,8 +2,9 @@
 # The CUDA checks, for a machine with a GPU: the suite's device tests on CUDA, the whole
 # selftest on the GPU (full and sketch mode), the same command giving the same bits there,
 # verify at a larger size and in bf16, no host sync in the Recorder's per-step calls, TF32 listed
-# where the loop allows it, a DDP and an FSDP loop over nccl, and the framework examples (transformers, Lightning, accelerate, where
-# installed) trained on the GPU, float32 and bf16; and, asked for, the model zoo trained on the GPU.
+# where the loop allows it, a DDP and an FSDP loop over nccl, and the framework examples
+# (transformers, Lightning, accelerate, where installed) trained on the GPU, float32 and bf16;
+# and, asked for, the model zoo trained on the GPU.
 # Usage: sh scripts/gpu_check.sh [OUTDIR [PART...]]   PARTS: core (all but the frameworks),
 # frameworks, zoo; core and frameworks by default. ZOO_SECONDS (default 200) bounds each zoo batch. PYTHON=... picks the interpreter (default: .venv's python when
 # there is one, else python3). Each step's exit code goes to OUTDIR/summary.txt.
