@@ -6,8 +6,9 @@
 # (transformers, Lightning, accelerate, where installed) trained on the GPU, float32 and bf16;
 # and, asked for, the model zoo trained on the GPU.
 # Usage: sh scripts/gpu_check.sh [OUTDIR [PART...]]   PARTS: core (all but the frameworks),
-# frameworks, zoo; core and frameworks by default. ZOO_SECONDS (default 200) bounds each zoo batch. PYTHON=... picks the interpreter (default: .venv's python when
-# there is one, else python3). Each step's exit code goes to OUTDIR/summary.txt.
+# frameworks, zoo; core and frameworks by default. ZOO_SECONDS (default 200) bounds each zoo
+# batch. PYTHON=... picks the interpreter (default: .venv's python when there is one, else
+# python3). Each step's exit code goes to OUTDIR/summary.txt.
 if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
