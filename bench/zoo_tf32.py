@@ -10,6 +10,7 @@ reference) is left alone."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -48,27 +49,21 @@ class _IncomingGradient(torch.autograd.Function):
         return to_tf32(g)
 
 
+def _rounded_call(plain: Callable, x, weight, *rest):
+    """`plain(x, weight, *rest)` from float32 inputs rounded, its incoming gradient rounded."""
+    if x.dtype != torch.float32:
+        return plain(x, weight, *rest)
+    return _IncomingGradient.apply(plain(_Inputs.apply(x), _Inputs.apply(weight), *rest))
+
+
 def tf32_forward(plain: Callable) -> Callable:
     """A convolution's `_conv_forward` computing float32 as TF32 tensor cores do."""
-
-    def rounded(self, x, weight, bias):
-        if x.dtype != torch.float32:
-            return plain(self, x, weight, bias)
-        out = plain(self, _Inputs.apply(x), _Inputs.apply(weight), bias)
-        return _IncomingGradient.apply(out)
-
-    return rounded
+    return lambda self, x, weight, bias: _rounded_call(partial(plain, self), x, weight, bias)
 
 
 def tf32_linear(plain: Callable) -> Callable:
     """`torch.nn.functional.linear` computing float32 as TF32 tensor cores do."""
-
-    def rounded(x, weight, bias=None):
-        if x.dtype != torch.float32:
-            return plain(x, weight, bias)
-        return _IncomingGradient.apply(plain(_Inputs.apply(x), _Inputs.apply(weight), bias))
-
-    return rounded
+    return lambda x, weight, bias=None: _rounded_call(plain, x, weight, bias)
 
 
 def emulate_tf32(matmuls: bool = False) -> None:
