@@ -45,6 +45,13 @@ def test_a_hand_edited_environment_key_is_refused(cli, small, tmp_path):
     assert result.code == 2 and "does not match its environment" in result.err
 
 
+def test_a_golden_of_an_unknown_compute_dtype_is_refused(cli, small, tmp_path):
+    """`bf16` is no precision the judge knows: it was taken for none, float32's tolerances."""
+    other = _elsewhere(small, tmp_path / "bf16.json", compute_dtype="bf16")
+    result = cli("golden", "check", other, small["merged"])
+    one_line_error(result, "environment.compute_dtype", "bfloat16", "'bf16'")
+
+
 def test_merged_against_a_golden_trains_and_judges(cli, small, tmp_path):
     golden_dir = small["golden"].parent
     out = tmp_path / "m"

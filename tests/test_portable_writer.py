@@ -302,6 +302,7 @@ def test_a_refused_write_leaves_nothing_behind(tmp_path):
         {"micro_items": [-4.0]},
         {"micro_items": [float("nan")]},
         {"config": {"lr": float("nan")}},
+        {"compute_dtype": "bf16"},  # judged to float32's tolerances, had it been written
         {"grads": [{"w": object()}]},  # fails while writing
         {"init_weights": {"__metadata__": w["w"]}, "update_weights": [{"__metadata__": w["w"]}]},
     ]
@@ -310,6 +311,15 @@ def test_a_refused_write_leaves_nothing_behind(tmp_path):
             write_run(tmp_path / "run", **{**good, **change})
         assert list(tmp_path.iterdir()) == [], change
     assert write_run(tmp_path / "run", **good).is_dir()
+
+
+def test_the_writer_knows_the_compute_dtypes_the_judge_knows():
+    """portable.py stands alone (numpy only), so it keeps its own list of the precisions a run
+    may declare; it must be the judge's."""
+    from gradalign.runs import portable
+    from gradalign.runs.model import COMPUTE_ORDER
+
+    assert portable._COMPUTE == COMPUTE_ORDER
 
 
 def test_a_tensor_named_like_safetensors_metadata_is_refused_by_the_reader(tmp_path):

@@ -176,6 +176,8 @@ def test_deeply_nested_json_is_bad_input(cli, small_copy):
 WRONG_TYPES = {
     "environment as a string": lambda m: m.update(environment="cpu"),
     "environment.dtype as a number": lambda m: m["environment"].update(dtype=32),
+    # `bf16` was taken for no compute dtype at all: the run judged to float32's tolerances
+    "an unknown compute dtype": lambda m: m["environment"].update(compute_dtype="bf16"),
     "an integer tensor name": lambda m: m["tensors"][0].update(name=7),
     "a shape of strings": lambda m: m["tensors"][0].update(shape=["784"]),
     "a negative dimension": lambda m: m["tensors"][0].update(shape=[-1]),

@@ -75,6 +75,7 @@ def _holding(name: str, tensor: torch.Tensor, kind: str = "buffer") -> torch.nn.
         (dict(reference=object()), "reference must be a non-empty string"),
         (dict(fault=3), "fault must be a non-empty string"),
         (dict(compute_dtype=torch.float16), "compute_dtype must be a non-empty string"),
+        (dict(compute_dtype="fp16"), "compute_dtype must be one of float64, float32, tf32"),
         (dict(scaler="yes"), "scaler must be the loop's GradScaler"),
         (dict(snapshot_every=True), "snapshot_every must be an integer"),
         (dict(record="sketch", updates="3"), "updates must be a positive integer"),

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import shown
+from ..runs.schema import compute_dtype_error
 from .facts import RecorderError, sample_digest
 from .samples import Digest
 
@@ -55,6 +56,8 @@ def check_arguments(
     for name, value in texts.items():
         if value is not None and (not isinstance(value, str) or not value):
             raise RecorderError(f"{name} must be a non-empty string (or None), got {_kind(value)}")
+    if (why := compute_dtype_error(texts.get("compute_dtype"))) is not None:
+        raise RecorderError(f"compute_dtype {why}")
     if scaler is not None and not all(callable(getattr(scaler, m, None)) for m in _SCALER):
         raise RecorderError(
             f"scaler must be the loop's GradScaler (with unscale_() and update()), got "

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from ..errors import BadInput, shown
-from .schema import MAX_MICRO_STEPS, _check_tensors, check_optimizer
+from .schema import MAX_MICRO_STEPS, _check_tensors, check_optimizer, compute_dtype_error
 from .summaries import SKETCH_SIZE
 
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -69,6 +69,8 @@ def check_golden(data: dict, where: str) -> None:
         value = data["environment"].get(field)
         if value is not None and not isinstance(value, str):
             raise bad(f"environment.{field}", f"must be a string, got {shown(value)}")
+    if (why := compute_dtype_error(data["environment"].get("compute_dtype"))) is not None:
+        raise bad("environment.compute_dtype", why)
     world = data["environment"].get("world_size")
     if world is not None and not (isinstance(world, int) and not isinstance(world, bool)):
         raise bad("environment.world_size", f"must be an integer, got {shown(world)}")

@@ -26,6 +26,7 @@ _CODES = {
     "uint8": "U8",
     "bool": "BOOL",
 }
+_COMPUTE = ("float64", "float32", "tf32", "float16", "bfloat16")  # what a run may compute in
 _BITS = {8: np.int64, 4: np.int32, 2: np.int16, 1: np.int8}
 
 
@@ -116,6 +117,9 @@ def write_run(
     stage = final.parent / f".{final.name}.partial-{os.getpid()}"
     if isinstance(accum_steps, bool) or int(accum_steps) != accum_steps or accum_steps < 1:
         raise ValueError(f"accum_steps must be a whole number >= 1, got {accum_steps!r}")
+    if compute_dtype is not None and compute_dtype not in _COMPUTE:
+        known = ", ".join(_COMPUTE)
+        raise ValueError(f"compute_dtype must be one of {known}, got {compute_dtype!r}")
     k, n = int(accum_steps), len(update_weights)
     names = list(init_weights)
     if "__metadata__" in names:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import BadInput, shown
 from . import checksums
+from .model import COMPUTE_ORDER
 from .store import FINGERPRINTS
 
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -24,6 +25,14 @@ def _is_int(value: Any) -> bool:
 
 def _strings(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def compute_dtype_error(value: Any) -> str | None:
+    """Why `value` is no precision a run may declare it computed in (None: it is one). An
+    unknown name was taken for none at all, and a `bf16` run judged to float32's tolerances."""
+    if value is None or value in COMPUTE_ORDER:
+        return None
+    return f"must be one of {', '.join(COMPUTE_ORDER)} (torch's spelling), got {shown(value)}"
 
 
 def check_manifest(manifest: dict, where: str) -> None:
@@ -64,6 +73,8 @@ def check_manifest(manifest: dict, where: str) -> None:
     for key in ("dtype", "compute_dtype"):
         if environment.get(key) is not None and not isinstance(environment[key], str):
             raise bad(f"environment.{key}", "must be a string")
+    if (why := compute_dtype_error(environment.get("compute_dtype"))) is not None:
+        raise bad("environment.compute_dtype", why)
     uses = environment.get("tf32")
     if uses is not None and not _strings(uses):
         raise bad("environment.tf32", "must be a list of strings (cudnn, cublas, cublas-bfloat16)")
