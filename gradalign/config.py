@@ -189,7 +189,11 @@ def _coerce(name: str, value: Any, where: str) -> Any:
             raise BadInput(f"{where}: {name} must be module:attribute, got {shown(value)}")
         return value
     if choices and value not in choices:
-        raise BadInput(f"{where}: {name} must be one of {', '.join(choices)}; got {shown(value)}")
+        said = f"{where}: {name} must be one of {', '.join(choices)}; got {shown(value)}"
+        gpu = re.fullmatch(r"cuda:(\d+)", value) if name == "device" else None
+        if gpu:  # one GPU of several: the process sees the one it is given, as cuda
+            said += f" (for that GPU alone: CUDA_VISIBLE_DEVICES={gpu[1]} and device cuda)"
+        raise BadInput(said)
     return value
 
 

@@ -80,6 +80,8 @@ def test_a_compare_config_may_hold_the_training_keys(cli, small_runs, tmp_path):
         (["--weight-decay", "1e308"], ["weight_decay 1e+308 is beyond the largest float32"]),
         (["--amp-level", "O3", "--lr", "1e5"], ["lr 100000 is beyond the largest float16"]),
         (["--optimizer", "lamb"], ["optimizer must be one of"]),
+        (["--device", "cuda:3"], ["device must be one of", "CUDA_VISIBLE_DEVICES=3"]),
+        (["--device", "mps"], ["device must be one of cpu, cuda, auto; got 'mps'"]),
         (["--batch-size", "lots"], ["--batch-size", "valid int"]),  # "int" or "integer"
         (["--no-such-option"], ["--no-such-option"]),
         (["-c", "missing.yaml"], ["missing.yaml", "no such config file"]),
