@@ -39,7 +39,8 @@ if [[ $parts == *" core "* ]]; then
 # equal numpy's, and a sketched model with a -inf mask buffer trained there passes clean and
 # names a bug (GRADALIGN_TEST_CUDA=1 makes them fail, not skip, where CUDA is missing).
 step device-tests 0 env GRADALIGN_TEST_CUDA=1 "$py" -m pytest -q -p no:cacheprovider -k cuda \
-    tests/test_sketch_mode.py tests/test_infinite_buffers.py tests/test_unit_sums.py
+    tests/test_sketch_mode.py tests/test_infinite_buffers.py tests/test_unit_sums.py \
+    tests/test_sample_rows.py
 step selftest-cuda 0 ga selftest --device cuda -o "$out/selftest" --json "$out/selftest-cuda.json"
 step selftest-cuda-sketch 0 ga selftest --device cuda --record sketch -o "$out/selftest-sketch" \
     --json "$out/selftest-cuda-sketch.json"

@@ -150,7 +150,7 @@ def test_a_tensor_pad_is_read_as_its_values(tmp_path):
         rec.micro(1.0, batch=batch, pad=(0, -100))
         optimizer.step()
         rec.update()
-    assert rec._data[0] == rec._data[1]
+    assert rec._data.all[0] == rec._data.all[1]
 
 
 @pytest.mark.parametrize(

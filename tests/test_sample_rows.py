@@ -16,6 +16,8 @@ from gradalign.record import samples
 from gradalign.record.facts import sample_digest
 from gradalign.runs.digests import wrap
 
+from .devices import DEVICES
+
 UPDATES, B, K, T = 3, 8, 4, 6
 
 
@@ -34,20 +36,25 @@ def test_numpy_and_torch_digest_alike_and_add_up_over_micro_batches():
     parts = [sample_digest((x[i : i + n], y[i : i + n])) for i in range(0, B, n)]
     assert wrap(sum(p.data for p in parts)) == whole.data
     assert wrap(sum(p.pairs for p in parts)) == whole.pairs
-    # the device path (torch), run here on CPU tensors, gives numpy's numbers
-    rows = [samples.row_sums(t, None) for t in (x, y)]
-    assert int(samples.mixed_rows(rows)) == whole.pairs
-    assert int(torch.stack([r.sum() for r in rows]).sum()) == whole.data
+    # the device path (row sums by torch, mixed on the host), run here on CPU tensors
+    assert _device_path([x, y], [None, None]) == (whole.data, whole.pairs)
     masked = sample_digest((x, y), mask=mask)
     keep = mask.reshape(B, T, 1).expand(x.shape)
-    rows = [samples.row_sums(x, keep), samples.row_sums(y, None)]
-    assert int(samples.mixed_rows(rows)) == masked.pairs
+    assert _device_path([x, y], [keep, None]) == (masked.data, masked.pairs)
+
+
+def _device_path(tensors: list[torch.Tensor], keeps: list) -> tuple[int, int]:
+    found = samples.device_rows(tensors, keeps, torch.device("cpu"))
+    assert (found.data, found.pairs) == (None, None)  # nothing read on the training thread
+    samples.resolve([found])
+    return found.data, found.pairs
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_numpy_digest_equals_torch_on_any_rows_dtypes_and_masks(seed):
     """The numpy path (one stacked array, the tensors' weights as a vector, in-place wrapping
-    arithmetic) against torch's, tensor by tensor: 1 to 4 tensors of float32, float64,
+    arithmetic) against the device path's (torch's row sums in each tensor's own integer
+    type, mixed on the host): 1 to 4 tensors of float32, float64,
     bfloat16, int64 near the wrap and bool, 0 to 40 rows, with and without masks."""
     g = torch.Generator().manual_seed(seed)
     for _ in range(25):
@@ -68,9 +75,49 @@ def test_numpy_digest_equals_torch_on_any_rows_dtypes_and_masks(seed):
             masked = bool(torch.rand((), generator=g) < 0.5)
             keeps.append(torch.rand(shape, generator=g) > 0.3 if masked else None)
         found = samples.digest(tensors, keeps)
-        by_torch = [samples.row_sums(t, k) for t, k in zip(tensors, keeps, strict=True)]
-        assert found.pairs == int(samples.mixed_rows(by_torch))
-        assert found.data == int(torch.stack([r.sum() for r in by_torch]).sum())
+        assert _device_path(tensors, keeps) == (found.data, found.pairs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_devices_digests_go_to_the_host_a_window_at_a_time(device):
+    """On a device a micro-step keeps its batch's row sums there; each window's start for the
+    host at `send()` (one copy, no wait) and are mixed once landed: the series holds the CPU's
+    numbers, and no row sums stay on the device after their window."""
+    digests, expected = samples.Digests(), samples.Digests()
+    for window in range(3):
+        for micro in range(4):
+            x, y, mask = _batch(seed=10 * window + micro)
+            keep = mask.reshape(B, T, 1).expand(x.shape)
+            on = [x.to(device), y.to(device)], [keep.to(device), None]
+            digests.append(samples.digest(*on))
+            expected.append(samples.digest([x, y], [keep, None]))
+        digests.send()
+        assert not any(isinstance(d.rows, torch.Tensor) and d.rows.is_cuda for d in digests.all)
+    found, wanted = digests.series(), expected.series()
+    assert found.keys() == wanted.keys() == {"micro/data", "micro/pairs"}
+    for key in found:
+        assert found[key].tolist() == wanted[key].tolist(), key
+
+
+def test_a_device_micro_step_launches_a_kernel_a_tensor_and_one():
+    """The device path's work on the training thread: each tensor's row sums (float32 or
+    integer: one kernel, the widening inside the sum) and their stack; mixing the rows there
+    launched 25 kernels for two tensors (counted through torch's dispatcher, here on the CPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Kernels(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            if not any(free in name for free in ("detach", "view", "reshape", "alias")):
+                Kernels.count += 1
+            return func(*args, **(kwargs or {}))
+
+    x, y, _ = _batch()
+    with Kernels():
+        samples.device_rows([x, y], [None, None], torch.device("cpu"))
+    assert Kernels.count == 3
 
 
 def test_pairs_see_how_the_tensors_are_paired_and_data_does_not():
@@ -134,6 +181,7 @@ def test_a_micro_batch_of_no_rows_is_recorded(tmp_path):
     empty = (torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64))
     assert (sample_digest(empty, mask=None).data, sample_digest(empty, mask=None).pairs) == (0, 0)
     assert samples.row_sums(empty[0], None).shape == (0,)  # the device path too
+    assert _device_path(list(empty), [None, None]) == (0, 0)
     torch.manual_seed(0)
     model, x, y = nn.Linear(4, 2), torch.randn(3, 4), torch.randint(0, 2, (3,))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

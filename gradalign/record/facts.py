@@ -71,14 +71,15 @@ def data_digest(batch: Any, pad: Any = None, mask: torch.Tensor | None = None) -
     tuple of values such as `(0, -100)` for pad tokens and ignored labels), elements of integer
     tensors equal to it do not count.
     """
-    found = sample_digest(batch, pad, mask).data
-    return wrap(int(found))
+    found = sample_digest(batch, pad, mask)
+    samples.resolve([found])  # a device batch's row sums, read now
+    return wrap(int(found.data))
 
 
 def sample_digest(batch: Any, pad: Any = None, mask: torch.Tensor | None = None) -> samples.Digest:
     """`data_digest` and the row-wise `micro/pairs` digest (record/samples.py), as ints on the
-    CPU and 0-d int64 tensors on other devices (read later, so recording a micro-step needs no
-    host sync)."""
+    CPU; on other devices kept there (the row sums, or 0-d int64 tensors) and read later
+    (`samples.resolve`), so recording a micro-step needs no host sync."""
     keep_mask = None if mask is None else _mask(mask)
     pads = _pads(pad)
     tensors = _tensors(batch)

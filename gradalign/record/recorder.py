@@ -138,7 +138,7 @@ class Recorder:
         self._rank_info = rank_info(self._ranks, first.device, self._env)
         self._losses: list[torch.Tensor] = []
         self._items: list[float] = []
-        self._data: list[samples.Digest] = []
+        self._data = samples.Digests()
         self._micro_steps: list[int] = []  # optimizer steps since the previous micro()
         self._samples: list[int] = []  # rows of each micro-batch (from batch=)
         self._steps_since_micro = 0
@@ -253,9 +253,9 @@ class Recorder:
             tensor = tensor.detach()  # assigned anew, perhaps from a graph: its values
             self._named[name] = (tensor, "buffer", self._named[name][2])
             self._capture.renew(name, tensor)
-        update = self._windows.closed
-        self._capture.weights(update)
+        self._capture.weights(self._windows.closed)
         self._windows.close(optimizer_state_step(self._optimizer), scale)
+        self._data.send()  # a device's row sums on their way to the host
 
     def close(self) -> Path | None:
         """Finish the run and move it into place. Returns its path (None if already closed)."""
@@ -370,7 +370,7 @@ class Recorder:
         if self._items:
             series["micro/items"] = np.asarray(self._items, dtype=np.float64)
         if self._data:
-            series.update(samples.series(self._data))  # micro/data, micro/pairs
+            series.update(self._data.series())  # micro/data, micro/pairs
             series["micro/samples"] = np.asarray(self._samples, dtype=np.int64)
         series["micro/steps"] = np.asarray(self._micro_steps, dtype=np.int64)
         return series

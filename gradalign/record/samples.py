@@ -46,10 +46,29 @@ def _signed(value: int) -> int:
 @dataclass
 class Digest:
     """One micro-batch's digests: `data` (an int, or a 0-d int64 tensor on a device: no host
-    sync) and `pairs` (likewise; None where the tensors share no leading dimension)."""
+    sync) and `pairs` (likewise; None where the tensors share no leading dimension). On a
+    device a batch whose tensors share their rows keeps only its row sums (`rows`, [tensors,
+    rows] int64, `_InFlight` once on their way to the host): `resolve` makes both ints."""
 
-    data: int | torch.Tensor
+    data: int | torch.Tensor | None
     pairs: int | torch.Tensor | None
+    rows: torch.Tensor | _InFlight | None = None
+
+
+@dataclass
+class _InFlight:
+    """Row sums copied to the host without waiting (`held[at:at + size]`, shaped as `shape`):
+    readable once `landed` has happened."""
+
+    held: torch.Tensor
+    at: int
+    shape: tuple[int, int]
+    landed: torch.cuda.Event
+
+    def array(self) -> np.ndarray:
+        self.landed.synchronize()
+        size = self.shape[0] * self.shape[1]
+        return self.held[self.at : self.at + size].numpy().reshape(self.shape)
 
 
 def bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -62,28 +81,15 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def row_sums(tensor: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """Per row (the leading dimension), the sum of the kept elements' bits, int64 with wrap."""
-    values = bits(tensor)
+    """Per row (the leading dimension), the sum of the kept elements' bits, int64 with wrap:
+    the bits in their own integer type, widened by the sum as it reads them (one kernel for a
+    float32 or integer tensor without a mask, where `bits` would copy them to int64 first)."""
+    values = tensor.detach()
+    if values.dtype.is_floating_point:
+        values = values.float().view(torch.int32)
     if keep is not None:
-        values = torch.where(keep, values, torch.zeros((), dtype=torch.int64, device=values.device))
+        values = torch.where(keep, values, 0)
     return values.reshape(values.shape[0], _row_size(values.shape)).sum(dim=1, dtype=torch.int64)
-
-
-def mixed_rows(rows: list[torch.Tensor]) -> torch.Tensor:
-    """Σ_rows splitmix64(Σ_tensors weight_t · row sum), as a 0-d int64 tensor on their device
-    (two's complement wrap; right shifts made logical by masking)."""
-    combined = torch.zeros_like(rows[0])
-    for index, sums in enumerate(rows):
-        combined = combined + sums * _signed(tensor_weight(index))
-    z = combined + _signed(0x9E3779B97F4A7C15)
-    for shift, factor in ((30, _MIX[0]), (27, _MIX[1])):
-        z = (z ^ _logical_shift(z, shift)) * _signed(factor)
-    z = z ^ _logical_shift(z, 31)
-    return z.sum(dtype=torch.int64)
-
-
-def _logical_shift(z: torch.Tensor, shift: int) -> torch.Tensor:
-    return (z >> shift) & ((1 << (64 - shift)) - 1)
 
 
 def digest(tensors: list[torch.Tensor], keeps: list[torch.Tensor | None]) -> Digest:
@@ -104,9 +110,17 @@ def digest(tensors: list[torch.Tensor], keeps: list[torch.Tensor | None]) -> Dig
         totals = [_total(t, k) for t, k in zip(tensors, keeps, strict=True)]
         return Digest(torch.stack([v.to(totals[0].device) for v in totals]).sum(), None)
     device = next(t.device for t in tensors if t.device.type != "cpu")
+    return device_rows(tensors, keeps, device)
+
+
+def device_rows(
+    tensors: list[torch.Tensor], keeps: list[torch.Tensor | None], device: torch.device
+) -> Digest:
+    """A device batch whose tensors share their rows: its row sums alone, stacked on `device`
+    (two kernels a tensor and one; mixing them there took 25 for two tensors, each launched
+    from the training thread); `resolve` mixes them on the host, as the CPU's digest does."""
     rows = [row_sums(t, k).to(device) for t, k in zip(tensors, keeps, strict=True)]
-    data = torch.stack([r.sum(dtype=torch.int64) for r in rows]).sum()
-    return Digest(data, mixed_rows(rows))
+    return Digest(None, None, torch.stack(rows))
 
 
 def _total(tensor: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -137,8 +151,9 @@ def _np_rows(values: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
 
 
 def np_mixed_rows(rows: np.ndarray) -> int:
-    """`mixed_rows` by numpy, in uint64 (the same number): `rows` holds one tensor's row sums
-    per line (int64, [tensors, rows]); every operation wraps, in place where it can."""
+    """Σ_rows splitmix64(Σ_tensors weight_t · row sum), in uint64 (two's complement wrap, as
+    int64): `rows` holds one tensor's row sums per line (int64, [tensors, rows]); every
+    operation wraps, in place where it can (`rows` itself is left as it is)."""
     sums = rows.view(np.uint64)
     z = _weights(sums.shape[0]) @ sums  # Σ_tensors weight_t · row sum, per row
     z += np.uint64(0x9E3779B97F4A7C15)
@@ -160,9 +175,82 @@ def _weights(count: int) -> np.ndarray:
     return found
 
 
+class Digests:
+    """A run's digests in micro-step order. On a device, each window's row sums start for the
+    host at its `send()` (one copy into pinned memory, no wait: the run's device memory does
+    not grow with them), and those landed by a later `send()` are mixed, freeing their host
+    memory too; `series()` reads the rest."""
+
+    def __init__(self) -> None:
+        self.all: list[Digest] = []
+        self._unsent = 0  # the first digest `send` has not seen
+        self._unmixed = 0  # the first digest that may still be in flight
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def append(self, digest: Digest) -> None:
+        self.all.append(digest)
+
+    def send(self) -> None:
+        while self._unmixed < self._unsent:  # copies land in the order they were made
+            rows = self.all[self._unmixed].rows
+            if isinstance(rows, _InFlight):
+                if not rows.landed.query():
+                    break
+                _mix(self.all[self._unmixed], rows.array())
+            self._unmixed += 1
+        waiting: dict[torch.device, list[Digest]] = {}
+        for digest in self.all[self._unsent :]:
+            if isinstance(digest.rows, torch.Tensor) and digest.rows.is_cuda:
+                waiting.setdefault(digest.rows.device, []).append(digest)
+        self._unsent = len(self.all)
+        for device, these in waiting.items():  # one copy per device, on its current stream
+            rows = torch.cat([d.rows.reshape(-1) for d in these])  # type: ignore[union-attr]
+            held = rows.to("cpu", non_blocking=True)  # into pinned memory, no wait
+            landed = torch.cuda.Event()
+            landed.record(torch.cuda.current_stream(device))
+            at = 0
+            for digest in these:
+                shape = (digest.rows.shape[0], digest.rows.shape[1])  # type: ignore[union-attr]
+                digest.rows = _InFlight(held, at, shape, landed)
+                at += shape[0] * shape[1]
+
+    def series(self) -> dict[str, np.ndarray]:
+        return series(self.all)
+
+
+def resolve(digests: list[Digest]) -> None:
+    """Give every digest still holding row sums its `data` and `pairs` as ints: those on a
+    device fetched in one transfer, those on their way to the host once landed."""
+    on_device: dict[torch.device, list[Digest]] = {}
+    for digest in digests:
+        if isinstance(digest.rows, torch.Tensor):
+            on_device.setdefault(digest.rows.device, []).append(digest)
+    for these in on_device.values():
+        fetched = torch.cat([d.rows.reshape(-1) for d in these]).cpu().numpy()  # type: ignore[union-attr]
+        at = 0
+        for digest in these:
+            shape = digest.rows.shape  # type: ignore[union-attr]
+            size = shape[0] * shape[1]
+            _mix(digest, fetched[at : at + size].reshape(shape))
+            at += size
+    for digest in digests:
+        if isinstance(digest.rows, _InFlight):
+            _mix(digest, digest.rows.array())
+
+
+def _mix(digest: Digest, rows: np.ndarray) -> None:
+    """`data` and `pairs` from the row sums [tensors, rows], as `digest` computes them."""
+    digest.data = wrap(int(rows.sum(dtype=np.int64)))
+    digest.pairs = np_mixed_rows(rows)
+    digest.rows = None
+
+
 def series(digests: list[Digest]) -> dict[str, np.ndarray]:
     """`micro/data`, and `micro/pairs` where every micro-step has it; device values fetched in
     one transfer."""
+    resolve(digests)
     values = [d.data for d in digests] + [d.pairs for d in digests]
     device = [v for v in values if isinstance(v, torch.Tensor)]
     fetched = iter(torch.stack(device).cpu().tolist() if device else [])
