@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import BadInput
-from ..runs.model import PRECISION_ORDER, Run, Tensors
+from ..runs.model import PRECISION_ORDER, Run, Tensors, step_dtype
 from ..runs.sketches import dot
 from ..runs.store import shape_of, slices
 from .lengths import length_hint
@@ -221,6 +221,14 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     dtype = least_precise([base.dtype, merged.dtype])
     if PRECISION_ORDER.index(ref.dtype) >= PRECISION_ORDER.index(dtype):
         raise BadInput(f"{where} is {ref.dtype}: a reference must be more precise than {dtype}")
+    stepped = step_dtype(base.optimizer_settings) or step_dtype(ref.optimizer_settings)
+    if stepped is not None:  # its float64 rerun steps in that dtype as well
+        kind = (base.optimizer_settings or ref.optimizer_settings or {}).get("type")
+        raise BadInput(
+            f"{where} cannot be more precise than the baseline: its optimizer, {kind}, computes "
+            f"each step in {stepped} whatever the weights' dtype, in a float64 rerun too; judge "
+            f"with --reference none ({stepped}'s fixed tolerances)"
+        )
     check_compatible(base, ref, "baseline and reference", "reference")
     shared = (set(base.config) & set(ref.config)) - _REFERENCE_MAY_DIFFER
     changed = sorted(k for k in shared if base.config[k] != ref.config[k])
@@ -334,10 +342,10 @@ def _rerun_hint(base: Run) -> str:
             "numbers drawn in the model's dtype, such as torch.randn_like on a float64 tensor, "
             "come out other than the float32 draws, and a loss scaled otherwise shows the same "
             "way; draw such numbers in float32 and cast them, or judge with --reference none. An "
-            "optimizer that computes its step in a 16-bit dtype whatever the weights' (torch's "
-            "Muon orthogonalizes in bfloat16) leaves a float64 rerun no more precise than the "
-            'baseline: record both runs with Recorder(..., compute_dtype="bfloat16") and judge '
-            f"with --reference none{_tf32_hint(base) if on_cuda else ''})"
+            "optimizer that computes its step in a 16-bit dtype whatever the weights' (as Muon's "
+            "orthogonalization, known by its name, does in bfloat16) leaves a float64 rerun no "
+            "more precise than the baseline: record both runs with Recorder(..., compute_dtype="
+            f'"bfloat16") and judge with --reference none{_tf32_hint(base) if on_cuda else ""})'
         )
     return (
         f" (the model's dropout ({', '.join(dropout)}) runs on CUDA, where a float64 rerun "

@@ -27,6 +27,18 @@ PRECISION_ORDER = ("float64", "float32", "float16", "bfloat16")
 COMPUTE_ORDER = ("float64", "float32", "tf32", "float16", "bfloat16")
 # environment "tf32" (record/tf32.py, `tf32_uses`): where, and so in what, float32 math computed
 TENSOR_CORE_DTYPES = {"cudnn": "tf32", "cublas": "tf32", "cublas-bfloat16": "bfloat16"}
+# optimizers (by a part of their class's name) that compute each step in a 16-bit dtype whatever
+# the weights': Muon's Newton-Schulz orthogonalization runs in bfloat16 (torch.optim.Muon, and
+# the implementations it follows), so its float32 runs step with bfloat16's rounding
+STEP_DTYPES = {"Muon": "bfloat16"}
+
+
+def step_dtype(optimizer_settings: dict | None) -> str | None:
+    """The 16-bit dtype the recorded optimizer computes its steps in (`STEP_DTYPES`), or None."""
+    kind = (optimizer_settings or {}).get("type")
+    if not isinstance(kind, str):
+        return None
+    return next((dtype for part, dtype in STEP_DTYPES.items() if part in kind), None)
 
 
 def working_dtype(params: list[tuple[str, int]]) -> str | None:
@@ -178,11 +190,15 @@ class Run:
         of a less precise dtype (a bfloat16 layer beside float32 ones) computes its layer in
         it, and every gradient that flows through that layer carries its rounding. float32
         math a GPU ran on tensor cores (environment "tf32": cuDNN's convolutions by default)
-        computed in "tf32" (or bfloat16, where matmuls were allowed it)."""
+        computed in "tf32" (or bfloat16, where matmuls were allowed it). An optimizer that
+        steps in a 16-bit dtype (`step_dtype`: Muon) makes the run's steps that dtype's."""
         declared = self.environment.get("compute_dtype") or self.dtype
         order = COMPUTE_ORDER
         params = [t.dtype for t in self.tensors if t.kind == "param" and t.dtype in order]
-        found = max([declared, *params], key=lambda d: order.index(d) if d in order else -1)
+        stepped = [d for d in [step_dtype(self.optimizer_settings)] if d is not None]
+        found = max(
+            [declared, *params, *stepped], key=lambda d: order.index(d) if d in order else -1
+        )
         if found != "float32":
             return found
         uses = self.environment.get("tf32") or []
