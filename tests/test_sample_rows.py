@@ -99,10 +99,11 @@ def test_a_devices_digests_go_to_the_host_a_window_at_a_time(device):
         assert found[key].tolist() == wanted[key].tolist(), key
 
 
-def test_a_device_micro_step_launches_a_kernel_a_tensor_and_one():
+def test_a_device_micro_step_takes_an_operation_a_tensor_and_one():
     """The device path's work on the training thread: each tensor's row sums (float32 or
-    integer: one kernel, the widening inside the sum) and their stack; mixing the rows there
-    launched 25 kernels for two tensors (counted through torch's dispatcher, here on the CPU)."""
+    integer: one operation, the widening to int64 inside the sum) and their stack; mixing the
+    rows there took 25 operations for two tensors (counted through torch's dispatcher, here on
+    the CPU)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Kernels(TorchDispatchMode):

@@ -117,8 +117,9 @@ def device_rows(
     tensors: list[torch.Tensor], keeps: list[torch.Tensor | None], device: torch.device
 ) -> Digest:
     """A device batch whose tensors share their rows: its row sums alone, stacked on `device`
-    (two kernels a tensor and one; mixing them there took 25 for two tensors, each launched
-    from the training thread); `resolve` mixes them on the host, as the CPU's digest does."""
+    (an operation a tensor and one to stack them; mixing them there took 25 for two tensors,
+    each launched from the training thread); `resolve` mixes them on the host, as the CPU's
+    digest does."""
     rows = [row_sums(t, k).to(device) for t, k in zip(tensors, keeps, strict=True)]
     return Digest(None, None, torch.stack(rows))
 
