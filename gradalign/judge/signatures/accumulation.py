@@ -83,7 +83,7 @@ def grad_not_cleared(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     rest = np.linalg.norm(delta) * (1.0 - share) if c.reference is not None else np.inf
     within_noise = share >= MOSTLY and rest <= noise_share(c, r) * np.linalg.norm(base)
     if a <= 0 or (share < EXPLAINED and not within_noise):
-        return _clipped_carry(r, delta, carried, base)
+        return _clipped_carry(c, r, delta, carried, base)
     within = "" if share >= EXPLAINED else ", the rest within the noise"
     return Diagnosis(
         "grad-not-cleared",
@@ -99,7 +99,7 @@ _NOT_CLEARED_FIX = "call optimizer.zero_grad() once per update, right after opti
 
 
 def _clipped_carry(
-    r: UpdateResult, delta: np.ndarray, carried: np.ndarray, base: np.ndarray
+    c: Comparison, r: UpdateResult, delta: np.ndarray, carried: np.ndarray, base: np.ndarray
 ) -> Diagnosis | None:
     """`grad_not_cleared` where a clip scaled the gradients the runs stepped with: the merged
     one is c·(carried + g) and the baseline's c'·g, so the difference is a·carried + b·base
@@ -111,12 +111,15 @@ def _clipped_carry(
     a, b, share = _explained_by_two(delta, carried, base)
     if a <= 0 or share < EXPLAINED or alone >= EXPLAINED:
         return None
+    calls = [run.clip_calls for run in (c.baseline, c.merged) if run.clip_calls is not None]
+    clipped = any(r.update < len(n) and n[r.update] > 0 for n in calls)
+    scaled = "a clip scaled" if clipped else "no clip was recorded, yet the loop scaled"
     return Diagnosis(
         "grad-not-cleared",
         f"at update {r.update} the merged gradient is {1 + b:.4g} times the baseline's plus "
         f"{a:.4g} times the previous window's merged gradient ({share:.1%} of the difference "
-        "explained; a clip scaled each run's gradient by its own factor): gradients were "
-        "carried over from one window into the next",
+        f"explained; {scaled} each run's gradient by its own factor): gradients were carried "
+        "over from one window into the next",
         {
             "update": r.update,
             "carried_fraction": a,
