@@ -221,14 +221,15 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     dtype = least_precise([base.dtype, merged.dtype])
     if PRECISION_ORDER.index(ref.dtype) >= PRECISION_ORDER.index(dtype):
         raise BadInput(f"{where} is {ref.dtype}: a reference must be more precise than {dtype}")
-    stepped = step_dtype(base.optimizer_settings) or step_dtype(ref.optimizer_settings)
-    if stepped is not None:  # its float64 rerun steps in that dtype as well
-        kind = (base.optimizer_settings or ref.optimizer_settings or {}).get("type")
-        raise BadInput(
-            f"{where} cannot be more precise than the baseline: its optimizer, {kind}, computes "
-            f"each step in {stepped} whatever the weights' dtype, in a float64 rerun too; judge "
-            f"with --reference none ({stepped}'s fixed tolerances)"
-        )
+    for run in (base, ref):  # the optimizer named is the one that steps in 16 bits
+        stepped = step_dtype(run.optimizer_settings)
+        if stepped is not None:  # its float64 rerun steps in that dtype as well
+            kind = run.optimizer_settings["type"]  # type: ignore[index]
+            raise BadInput(
+                f"{where} cannot be more precise than the baseline: its optimizer, {kind}, "
+                f"computes each step in {stepped} whatever the weights' dtype, in a float64 "
+                f"rerun too; judge with --reference none ({stepped}'s fixed tolerances)"
+            )
     check_compatible(base, ref, "baseline and reference", "reference")
     shared = (set(base.config) & set(ref.config)) - _REFERENCE_MAY_DIFFER
     changed = sorted(k for k in shared if base.config[k] != ref.config[k])
