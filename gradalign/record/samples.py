@@ -57,16 +57,17 @@ class Digest:
 
 @dataclass
 class _InFlight:
-    """Row sums copied to the host without waiting (`held[at:at + size]`, shaped as `shape`):
-    readable once `landed` has happened."""
+    """Row sums copied to the host (`held[at:at + size]`, shaped as `shape`), readable once
+    `landed` has happened (None: the copy waited)."""
 
     held: torch.Tensor
     at: int
     shape: tuple[int, int]
-    landed: torch.cuda.Event
+    landed: torch.cuda.Event | None
 
     def array(self) -> np.ndarray:
-        self.landed.synchronize()
+        if self.landed is not None:
+            self.landed.synchronize()
         size = self.shape[0] * self.shape[1]
         return self.held[self.at : self.at + size].numpy().reshape(self.shape)
 
@@ -201,21 +202,10 @@ class Digests:
                     break
                 _mix(self.all[self._unmixed], rows.array())
             self._unmixed += 1
-        waiting: dict[torch.device, list[Digest]] = {}
-        for digest in self.all[self._unsent :]:
-            if isinstance(digest.rows, torch.Tensor) and digest.rows.is_cuda:
-                waiting.setdefault(digest.rows.device, []).append(digest)
+        waiting = _by_device(self.all[self._unsent :], cuda_only=True)
         self._unsent = len(self.all)
-        for device, these in waiting.items():  # one copy per device, on its current stream
-            rows = torch.cat([d.rows.reshape(-1) for d in these])  # type: ignore[union-attr]
-            held = rows.to("cpu", non_blocking=True)  # into pinned memory, no wait
-            landed = torch.cuda.Event()
-            landed.record(torch.cuda.current_stream(device))
-            at = 0
-            for digest in these:
-                shape = (digest.rows.shape[0], digest.rows.shape[1])  # type: ignore[union-attr]
-                digest.rows = _InFlight(held, at, shape, landed)
-                at += shape[0] * shape[1]
+        for these in waiting:
+            _to_host(these, wait=False)
 
     def series(self) -> dict[str, np.ndarray]:
         return series(self.all)
@@ -224,21 +214,38 @@ class Digests:
 def resolve(digests: list[Digest]) -> None:
     """Give every digest still holding row sums its `data` and `pairs` as ints: those on a
     device fetched in one transfer, those on their way to the host once landed."""
-    on_device: dict[torch.device, list[Digest]] = {}
-    for digest in digests:
-        if isinstance(digest.rows, torch.Tensor):
-            on_device.setdefault(digest.rows.device, []).append(digest)
-    for these in on_device.values():
-        fetched = torch.cat([d.rows.reshape(-1) for d in these]).cpu().numpy()  # type: ignore[union-attr]
-        at = 0
-        for digest in these:
-            shape = digest.rows.shape  # type: ignore[union-attr]
-            size = shape[0] * shape[1]
-            _mix(digest, fetched[at : at + size].reshape(shape))
-            at += size
+    for these in _by_device(digests, cuda_only=False):
+        _to_host(these, wait=True)
     for digest in digests:
         if isinstance(digest.rows, _InFlight):
             _mix(digest, digest.rows.array())
+
+
+def _by_device(digests: list[Digest], cuda_only: bool) -> list[list[Digest]]:
+    """The digests whose row sums are still a tensor (a CUDA one, with `cuda_only`), by device."""
+    found: dict[torch.device, list[Digest]] = {}
+    for digest in digests:
+        rows = digest.rows
+        if isinstance(rows, torch.Tensor) and (rows.is_cuda or not cuda_only):
+            found.setdefault(rows.device, []).append(digest)
+    return list(found.values())
+
+
+def _to_host(these: list[Digest], wait: bool) -> None:
+    """Copy the row sums `these` keep on one device to the host in one transfer and point each
+    digest at its part: waiting for it, or not (into pinned memory, an event recorded on the
+    device's current stream after the copy)."""
+    rows = torch.cat([d.rows.reshape(-1) for d in these])  # type: ignore[union-attr]
+    held = rows.to("cpu", non_blocking=not wait)
+    landed = None
+    if not wait:
+        landed = torch.cuda.Event()
+        landed.record(torch.cuda.current_stream(rows.device))
+    at = 0
+    for digest in these:
+        shape = (digest.rows.shape[0], digest.rows.shape[1])  # type: ignore[union-attr]
+        digest.rows = _InFlight(held, at, shape, landed)
+        at += shape[0] * shape[1]
 
 
 def _mix(digest: Digest, rows: np.ndarray) -> None:
