@@ -222,8 +222,7 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     if PRECISION_ORDER.index(ref.dtype) >= PRECISION_ORDER.index(dtype):
         raise BadInput(f"{where} is {ref.dtype}: a reference must be more precise than {dtype}")
     for run in (base, ref):  # the optimizer named is the one that steps in 16 bits
-        stepped = step_dtype(run.optimizer_settings)
-        if stepped is not None:  # its float64 rerun steps in that dtype as well
+        if (stepped := step_dtype(run.optimizer_settings)) is not None:  # in a float64 rerun too
             kind = run.optimizer_settings["type"]  # type: ignore[index]
             raise BadInput(
                 f"{where} cannot be more precise than the baseline: its optimizer, {kind}, "
