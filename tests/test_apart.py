@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from gradalign.judge.apart import judge_apart, parted
 from gradalign.judge.metrics import TensorDiff
@@ -90,3 +91,59 @@ def test_a_loss_entered_from_parted_weights_is_judged_by_loss_rtol_apart():
     float32 = [_loss(0, 3.0009, allowed), _loss(1, 3.0009, allowed)]
     assert judge_apart(float32, for_dtype("float32"), *_runs(None, None)) == []
     assert not float32[1].loss_ok
+
+
+def _sign_steps(noise: float, seed: int, extra=None) -> dict:
+    """A run of an optimizer that steps each element by lr·sign(g) (RMSprop's and Adam's first
+    steps): 4 updates of a 64x64 weight declared to compute in bfloat16. Its gradient is the
+    shared true one plus this run's draw of noise: 1e-3 of the gradient's RMS at update 0 (both
+    runs start from the same weights), `noise` of it later (the runs entered apart). `extra(u,
+    w)` alters the weights after update u (a bug in the step)."""
+    truth, own = np.random.default_rng(0), np.random.default_rng(seed)
+    w = truth.normal(size=(64, 64)).astype(np.float32)
+    init, snaps, grads = {"w": w.copy()}, [], []
+    for u in range(4):
+        g = truth.normal(size=w.shape) + own.normal(size=w.shape) * (noise if u else 1e-3)
+        w = (w - 1e-2 * np.sign(g)).astype(np.float32)
+        if extra is not None:
+            w = extra(u, w)
+        grads.append({"w": g.astype(np.float32)})
+        snaps.append({"w": w.copy()})
+    return {"init_weights": init, "update_weights": snaps, "grads": grads,
+            "micro_losses": [1.0] * 4, "optimizer_steps": [1] * 4}  # fmt: skip
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_the_drift_counts_where_a_gradient_passes_by_grad_rtol_apart(tmp_path, streaming):
+    """Gradients 20% apart after update 0 pass by grad_rtol_apart (0.3 in bfloat16), not by
+    grad_rtol (0.1); the elements whose sign the noise flipped step 2·lr apart. The drift counts
+    those steps where the gradient passes by the tolerance that judges it: counted at grad_rtol
+    alone, a clean run failed by its weights at update 1 (a GPT-NeoX under RMSprop and bfloat16
+    autocast without a reference, 1.55x). The allowance stays each element's: a quarter of the
+    elements stepped 30·lr further than their gradients' noise explains still fails."""
+    from gradalign.judge.compare import compare
+    from gradalign.runs.portable import write_run
+    from gradalign.runs.reader import read_run_dir
+
+    def judged(merged):
+        return compare(read_run_dir(base), read_run_dir(merged), streaming=streaming)
+
+    declared = {"compute_dtype": "bfloat16", "accum_steps": 1}
+    base = write_run(tmp_path / "base", **declared, **_sign_steps(0.2, 1))
+    clean = write_run(tmp_path / "clean", **declared, **_sign_steps(0.2, 2))
+    result = judged(clean)
+    assert result.verdict == "pass", [
+        (r.update, [w.ratio for w in r.weights]) for r in result.results
+    ]
+    assert any("pass by grad_rtol_apart 0.3" in note for note in result.notes)
+    assert max(r.grads[0].rel_l2 for r in result.results[1:]) > 0.1  # beyond grad_rtol
+
+    def pushed(u, w):  # a quarter of the elements stepped 30·lr further at update 2
+        if u == 2:
+            w[:16] -= 0.3
+        return w
+
+    bug = write_run(tmp_path / "bug", **declared, **_sign_steps(0.2, 2, pushed))
+    failed = judged(bug)
+    assert failed.verdict == "fail"
+    assert [r.update for r in failed.results if not all(w.ok for w in r.weights)][0] == 2

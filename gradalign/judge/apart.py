@@ -53,6 +53,26 @@ def judge_apart(results: list[UpdateResult], tol: Tolerances, base: Run, merged:
     return notes + ([_loss_note(losses, tol)] if losses else [])
 
 
+def passes(d: TensorDiff, tol: Tolerances, apart: bool, clearly: bool = False) -> bool:
+    """Whether a gradient passes by the tolerance `judge_apart` judges it by once every update
+    is in: grad_rtol, or grad_rtol_apart where the runs entered the update with weights apart
+    (`apart`; `entered_apart`). The drift (judge/drift.py) counts the merged run's steps where
+    its gradient passed: by grad_rtol alone, a bfloat16 gradient that passes by
+    grad_rtol_apart widened nothing, and its weights failed by the noise it passed with.
+    `clearly`: within what is allowed without a sketch estimator's bound."""
+    ok = d.clearly_ok if clearly else d.ok
+    if ok or not apart:
+        return ok
+    wide = _widened(d, max(tol.grad_rtol, tol.grad_rtol_apart) - tol.grad_rtol)
+    return wide.clearly_ok if clearly else wide.ok
+
+
+def entered_apart(before: UpdateResult | None, i: int, base: Run, merged: Run) -> bool:
+    """Whether the runs entered update `i` with weights apart: `before`, the update before it
+    as judged, `parted` (False at the first update, or without it)."""
+    return before is not None and before.update == i - 1 and parted(before, base, merged)
+
+
 def parted(result: UpdateResult, base: Run, merged: Run) -> bool:
     """Whether the two runs' weights after this update differ: by the weights' fingerprints
     where both runs recorded them (the same tensors in the same order: `check_compatible`),

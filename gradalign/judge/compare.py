@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..runs.model import Run, Tensors
-from .apart import judge_apart
+from .apart import entered_apart, judge_apart, passes
 from .below_noise import shape_below_noise
 from .bookkeeping import bookkeeping_judge, unjudged_losses
 from .checks import build_checks
@@ -201,6 +201,7 @@ class _Judge:
         self.floor, self.epsilon = tol.noise_floor * epsilon, epsilon
         self.starts = starts
         self.first_printed: Tensors = {}  # the baseline's first printed weights, per tensor
+        self.before: UpdateResult | None = None  # the update judged last (`entered_apart`)
         # elements line up (no printed arrays): drift, and the net of a penalty's term
         self.full = base.full_weights and merged.full_weights
         drifts = whole and starts is not None and (ref is not None or self.full)
@@ -267,13 +268,16 @@ class _Judge:
             if wr is not None:
                 self.drift.advance(gb, gr, wb, wr, first=i == 0)
             elif wm is not None:  # no reference: the merged run, where its gradients passed
-                self.drift.advance(gb, gm, wb, wm, passed={d.name for d in grads if d.ok})
+                apart = entered_apart(self.before, i, self.base, self.merged)
+                passed = {d.name for d in grads if passes(d, self.tol, apart)}
+                self.drift.advance(gb, gm, wb, wm, passed=passed)
         walked = self.drift.strayed if self.drift is not None else None
         if wb is not None and wr is not None and self.bound is not None:
             check_reference_weights(i, wb, wr, self.starts, self.bound, walked)
         if wb is not None and wm is not None:
             self._weights(result, wb, wm, wr)
         result.grads.extend(grads)
+        self.before = result
 
     def _weights(self, result: UpdateResult, wb: Tensors, wm: Tensors, wr: Tensors | None):
         i, tol = result.update, self.tol

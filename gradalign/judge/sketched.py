@@ -31,6 +31,7 @@ import numpy as np
 
 from ..runs.model import Run
 from ..runs.sketches import Estimate, estimate
+from .apart import entered_apart, passes
 from .compatible import check_reference_weights, stray
 from .distributed import listed
 from .drift import Drift, beyond_drift, stored_bits, widened
@@ -71,6 +72,7 @@ class SketchJudge:
         self.sketch_drift = SketchDrift(self.base, other, self.ref is None) if stored else None
         self.previous: tuple[dict[str, Kept], dict[str, Kept]] | None = None  # wb, wr
         self.entered: tuple[dict[str, Kept], dict[str, Kept]] | None = None  # wb, wm before
+        self.before: UpdateResult | None = None  # the update judged last (`entered_apart`)
 
     def close(self) -> None:
         if self.sketch_drift is not None:
@@ -81,6 +83,7 @@ class SketchJudge:
 
     def __call__(self, result: UpdateResult) -> None:
         i, tol = result.update, self.tol
+        apart = self.ref is None and entered_apart(self.before, i, self.base, self.merged)
         gb, gm, gr = (self._get(r, "grads", i) for r in (self.base, self.merged, self.ref))
         wb, wm, wr = (self._get(r, "weights", i) for r in (self.base, self.merged, self.ref))
         ex = {
@@ -111,15 +114,15 @@ class SketchJudge:
             if self.sketch_drift is not None:
                 self._sketch_drift(i, (gb, gr), (wb, wr))  # type: ignore[arg-type]
         elif self.ref is None and ex["wb"] is not None and ex["wm"] is not None:
-            passed = {d.name for d in grads if d.ok}
+            passed = {d.name for d in grads if passes(d, tol, apart)}
             self.drift.advance(ex["gb"], ex["gm"], ex["wb"], ex["wm"], passed=passed)
             if self.sketch_drift is not None:  # a gradient that passed by the bound alone
-                clearly = {d.name for d in grads if d.clearly_ok}  # is no gradient that passed
+                clearly = {d.name for d in grads if passes(d, tol, apart, clearly=True)}
                 self._sketch_drift(i, (gb, gm), (wb, wm), clearly)  # type: ignore[arg-type]
         if wb is not None and wr is not None and self.bound is not None:
             check_reference_weights(i, ex["wb"], ex["wr"], self.starts, self.bound, walked)
             self._check_sketched_reference(i, wb, wr)
-        unclear = {d.name for d in grads if not d.clearly_ok}
+        unclear = {d.name for d in grads if not passes(d, tol, apart, clearly=True)}
         if wb is not None and wm is not None:
             for info in self.base.tensors:
                 d = self._judge(info.name, wb, wm, wr, tol.weight_rtol, start=True)
@@ -136,6 +139,7 @@ class SketchJudge:
                     d = beyond_drift(d, max(0.0, d.error - drift), drift)
                 result.weights.append(d)
         result.grads.extend(grads)
+        self.before = result
 
     def _net_of_weights(
         self, grads: list[TensorDiff], gb: dict[str, Kept], gm: dict[str, Kept]

@@ -28,6 +28,7 @@ import numpy as np
 from ..runs.model import Run
 from ..runs.sketches import dot
 from ..runs.store import CheckedFile
+from .apart import entered_apart
 from .compatible import stray
 from .drift import stored_bits
 from .drift_files import DriftFiles, allowance
@@ -86,6 +87,8 @@ class StreamJudge(ChildSide, TensorSide):
         self.dtype = inputs.dtype
         self.grad_atol = self.tol.weight_atol  # with the rounding floor, without a reference
         self.floor16 = 0.0  # 16-bit rounding in both runs (rounding.rounding_in_both)
+        self.apart = False  # the runs entered this update with weights apart (apart.passes)
+        self.before: UpdateResult | None = None  # the update judged last
         self.names = [t.name for t in self.base.tensors]
         self.next: UpdateFiles | None = None  # the next update's files, its sweeps started
         self.current: UpdateFiles | None = None  # a child's files of the update judged now
@@ -139,11 +142,12 @@ class StreamJudge(ChildSide, TensorSide):
             grads = gradient_names(files, names)
             judged_grads = set(grads)  # looked up per tensor: a list made it quadratic
             self.grad_atol, self.floor16 = self.tol.weight_atol, 0.0
+            self.apart = self.ref is None and entered_apart(self.before, i, self.base, self.merged)
             if self.ref is None and grads:
                 self.grad_atol, self.floor16 = self._rounding_floors(files.gb, grads)
             owners = self.owners
             if owners is not None:
-                owners.send(("child_judge", (i, self.grad_atol, self.floor16)))
+                owners.send(("child_judge", (i, self.grad_atol, self.floor16, self.apart)))
             found, failure = self._judge_own(files, judged_grads)
             facts = [self.drift.facts(self.own)]
             if owners is not None:
@@ -169,6 +173,7 @@ class StreamJudge(ChildSide, TensorSide):
             bb, mm, bm = (math.fsum(found[n].fit[k] for n in grads) for k in range(3))
             cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
             result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
+        self.before = result
 
     def _judge_own(
         self, files: UpdateFiles, grads: set[str]

@@ -33,13 +33,14 @@ class ChildSide:
             if self.folder is not None:
                 shutil.rmtree(self.folder, ignore_errors=True)
 
-    def child_judge(self, i: int, grad_atol: float, floor16: float) -> tuple:
-        """Update i's tensors of this child (`_judge_own`), with the parent's tolerances."""
+    def child_judge(self, i: int, grad_atol: float, floor16: float, apart: bool) -> tuple:
+        """Update i's tensors of this child (`_judge_own`), with the parent's tolerances (and
+        whether the runs entered update i apart: `apart.passes`)."""
         if self.current is not None:
             self.current.close()
             self.current = None
         files = self.current = self._take(i)
-        self.grad_atol, self.floor16 = grad_atol, floor16
+        self.grad_atol, self.floor16, self.apart = grad_atol, floor16, apart
         self.current_grads = set(gradient_names(files, self.names))
         found, failure = self._judge_own(files, self.current_grads)
         if failure is not None:

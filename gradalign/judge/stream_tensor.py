@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from ..runs.sketches import dot
+from .apart import passes
 from .drift import beyond_drift, graded, noise_steps, shared_rms, shared_steps, widened
 from .followers import largest
 from .fused import Pair, widen64
@@ -56,7 +57,7 @@ class TensorSide:
                     d = netted(d, netting[1].residual(netting[0]), netting[0])
                 out.grad, out.fit = d, (gpair.bb, gpair.mm, gpair.bm)
         if not referenced:  # the merged run's steps count where its gradients passed
-            widen = widen and out.grad is not None and out.grad.ok
+            widen = widen and out.grad is not None and passes(out.grad, tol, self.apart)
         if f.wb is None:
             return out
         if widen and gpair:  # a tensor that never had a gradient drifts by none of its steps
