@@ -218,13 +218,15 @@ def judge(
     penalty: float = 0.0,
     uneven: bool = False,
     device: str = "cpu",
+    reference_dtype: str = "float64",
 ) -> dict:
     loop = {"updates": updates, "clip": clip, "schedule": schedule, "width": width,
             "sketch": sketch, "penalty": penalty, "uneven": uneven, "device": device}  # fmt: skip
     both = {**loop, "autocast": autocast, "compute_dtype": compute_dtype}
     record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
-    record(root / "ref", model, optimizer, 1, seed, float64=True, skip_updates=skips, **loop)
+    float64 = reference_dtype == "float64"  # else float32, without autocast
+    record(root / "ref", model, optimizer, 1, seed, float64=float64, skip_updates=skips, **loop)
     record(root / "merged", model, optimizer, k, seed, bug=bug, bug_from=bug_from, **both)
     try:
         c = api.compare(root / "base", root / "merged", reference=None if reference else "none")
@@ -272,6 +274,10 @@ def main() -> int:
     parser.add_argument(
         "--reference-none", action="store_true", help="judge by the fixed tolerances alone"
     )
+    parser.add_argument(
+        "--reference-dtype", choices=["float64", "float32"], default="float64",
+        help="the reference's dtype (float32: a rerun without autocast, for 16-bit runs)",
+    )  # fmt: skip
     parser.add_argument(
         "--compute-dtype",
         choices=["bfloat16", "float16", "tf32"],
@@ -334,7 +340,7 @@ def main() -> int:
                     "compute_dtype": args.compute_dtype, "bug_from": args.bug_from,
                     "width": args.width, "sketch": args.record == "sketch",
                     "penalty": args.penalty, "uneven": args.uneven,
-                    "device": args.device}  # fmt: skip
+                    "device": args.device, "reference_dtype": args.reference_dtype}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             expected = BUGS[args.bug] if args.bug is not None else NOT_EQUIVALENT.get(model)
             if expected is None and row["verdict"] != "pass":

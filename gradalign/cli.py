@@ -162,8 +162,9 @@ def compare_cmd(
     reference: Annotated[
         str | None,
         typer.Option(
-            help="a float64 rerun of the baseline to calibrate by (default: the one the "
-            "baseline's manifest names); none: use the fixed tolerances"
+            help="a more precise rerun of the baseline to calibrate by: float64 (or float32 "
+            "without autocast, for runs under it; default: the one the baseline's manifest "
+            "names); none: use the fixed tolerances"
         ),
     ] = None,
     verify_files: VerifyFilesOpt = False,

@@ -47,8 +47,8 @@ GoldenRunArg = Annotated[
 GoldenReferenceOpt = Annotated[
     str | None,
     typer.Option(
-        help="its float64 rerun, kept as the noise floor (default: the one its manifest "
-        "names); none for the fixed tolerances"
+        help="its more precise rerun (float64, or float32 without autocast), kept as the "
+        "noise floor (default: the one its manifest names); none for the fixed tolerances"
     ),
 ]
 ReferenceOpt = Annotated[

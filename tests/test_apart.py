@@ -146,4 +146,4 @@ def test_the_drift_counts_where_a_gradient_passes_by_grad_rtol_apart(tmp_path, s
     bug = write_run(tmp_path / "bug", **declared, **_sign_steps(0.2, 2, pushed))
     failed = judged(bug)
     assert failed.verdict == "fail"
-    assert [r.update for r in failed.results if not all(w.ok for w in r.weights)][0] == 2
+    assert next(r.update for r in failed.results if not all(w.ok for w in r.weights)) == 2

@@ -9,12 +9,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import BadInput
-from ..runs.model import PRECISION_ORDER, Run, Tensors, step_dtype
+from ..runs.model import PRECISION_ORDER, Run, Tensors
 from ..runs.sketches import dot
 from ..runs.store import shape_of, slices
 from .lengths import length_hint
 from .metrics import diff
-from .rerun import check_finite_losses, check_same_optimizer, check_same_steps, not_finite
+from .rerun import (
+    check_finite_losses,
+    check_more_precise,
+    check_same_optimizer,
+    check_same_steps,
+    not_finite,
+)
 from .tolerances import eps, for_dtype, least_precise
 from .undeclared import sixteen_bit_exact, undeclared
 from .window_sizes import has_problems
@@ -218,17 +224,7 @@ def check_reference(base: Run, merged: Run, ref: Run) -> ReferenceBound:
     update's weights).
     """
     where = f"reference {ref.source}"
-    dtype = least_precise([base.dtype, merged.dtype])
-    if PRECISION_ORDER.index(ref.dtype) >= PRECISION_ORDER.index(dtype):
-        raise BadInput(f"{where} is {ref.dtype}: a reference must be more precise than {dtype}")
-    for run in (base, ref):  # the optimizer named is the one that steps in 16 bits
-        if (stepped := step_dtype(run.optimizer_settings)) is not None:  # in a float64 rerun too
-            kind = run.optimizer_settings["type"]  # type: ignore[index]
-            raise BadInput(
-                f"{where} cannot be more precise than the baseline: its optimizer, {kind}, "
-                f"computes each step in {stepped} whatever the weights' dtype, in a float64 "
-                f"rerun too; judge with --reference none ({stepped}'s fixed tolerances)"
-            )
+    check_more_precise(base, merged, ref, where)
     check_compatible(base, ref, "baseline and reference", "reference")
     shared = (set(base.config) & set(ref.config)) - _REFERENCE_MAY_DIFFER
     changed = sorted(k for k in shared if base.config[k] != ref.config[k])

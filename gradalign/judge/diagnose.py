@@ -327,12 +327,14 @@ def _unexplained(c: Comparison) -> Diagnosis:
             "learning rate, in a direction the noise picks (judged by the gradients alone where "
             "both runs kept their gradients and those passed)"
         )
-        if c.dtype in ("tf32", "float16", "bfloat16"):
+        reduced = c.dtype in ("tf32", "float16", "bfloat16")
+        if reduced:
             message += f", and {c.dtype} rounds each forward and backward far more coarsely"
+        cheaper = " (or in float32 without autocast or TF32)" if reduced else ""
         fix = (fix + "; " if fix else "") + (
             "judge against a float64 rerun of the baseline, which measures that noise: "
             "`gradalign baseline` records one; for your own loop, record the baseline again "
-            "with the model and data in float64 and pass it as --reference"
+            f"with the model and data in float64{cheaper} and pass it as --reference"
         )
     if c.reference is not None and tensors_first:
         message += (

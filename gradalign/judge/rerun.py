@@ -9,9 +9,10 @@ import math
 import numpy as np
 
 from ..errors import BadInput
-from ..runs.model import Run
+from ..runs.model import COMPUTE_ORDER, Run, step_dtype
 from .distributed import listed
 from .settings_apart import other_kind, settings_apart
+from .tolerances import least_precise
 
 
 def check_same_optimizer(base: Run, ref: Run, where: str) -> None:
@@ -96,3 +97,45 @@ def check_same_steps(base: Run, ref: Run, where: str) -> None:
         f"{where} made {int(sr[u])} optimizer step(s) at update {u}, the baseline {int(sb[u])}: a "
         "reference must step where the baseline stepped"
     )
+
+
+def check_more_precise(base: Run, merged: Run, ref: Run, where: str) -> None:
+    """A reference computes its steps in full precision (not an optimizer that steps in 16 bits
+    whatever the weights' dtype: Muon) and is more precise than the runs: it stores its weights
+    more precisely (a float64 rerun of float32 runs), or as precisely and computes strictly more
+    precisely, in IEEE float32: for runs under 16-bit autocast or TF32, a float32 rerun without
+    them (its own rounding, 2^-24 of each value, stands far below the 2^-8 of bfloat16 the
+    baseline's distance from it measures)."""
+    for run in (base, ref):  # the optimizer named is the one that steps in 16 bits
+        if (stepped := step_dtype(run.optimizer_settings)) is not None:  # in a float64 rerun too
+            kind = run.optimizer_settings["type"]  # type: ignore[index]
+            raise BadInput(
+                f"{where} cannot be more precise than the baseline: its optimizer, {kind}, "
+                f"computes each step in {stepped} whatever the weights' dtype, in a float64 "
+                f"rerun too; judge with --reference none ({stepped}'s fixed tolerances)"
+            )
+    stored = least_precise([base.dtype, merged.dtype])
+    compute = least_precise([base.compute_dtype, merged.compute_dtype])
+    full = _rank("float32")  # float64 and float32: IEEE, no tensor cores
+    if _rank(ref.dtype) < _rank(stored):
+        return  # a float64 rerun of float32 runs (whatever compute dtype it copied from them)
+    if _rank(ref.dtype) == _rank(stored) and _rank(ref.compute_dtype) < min(
+        _rank(compute), full + 1
+    ):
+        return  # float32 without autocast, of float32 runs under it
+    reduced = _rank(compute) > full
+    rerun = "a float64 rerun" + (", or one in float32 without autocast or TF32" * reduced)
+    runs = stored if compute == stored else f"{stored}, computing in {compute}"
+    own = (
+        ref.dtype
+        if ref.compute_dtype == ref.dtype
+        else f"{ref.dtype} computing in {ref.compute_dtype}"
+    )
+    raise BadInput(
+        f"{where} is {own}: a reference must be more precise than the runs ({runs}): {rerun}"
+    )
+
+
+def _rank(dtype: str) -> int:
+    """A dtype's place in COMPUTE_ORDER, most precise first (one it does not know: last)."""
+    return COMPUTE_ORDER.index(dtype) if dtype in COMPUTE_ORDER else len(COMPUTE_ORDER)

@@ -195,7 +195,8 @@ def as_runs(data: dict[str, Any], source: str) -> tuple[Run, Run | None]:
         accum_steps=1,
         updates=data["updates"],
         micro_loss=np.asarray(ref_loss, dtype=np.float64),
-        tensors=tensors,
+        # a rerun in its own dtype: it computed in it (float64, or float32 without autocast)
+        tensors=[TensorInfo(t.name, t.shape, ref_dtype, t.kind) for t in tensors],
         environment={"dtype": ref_dtype},
     )
     return run, reference
