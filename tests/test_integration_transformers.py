@@ -93,6 +93,19 @@ def test_a_llama_trainer_run_counts_the_tokens_it_predicts(tmp_path):
     assert items.sum() == sum(len(r["input_ids"]) - 1 for r in rows)
 
 
+def test_a_float32_trainer_is_the_reference_of_bf16_trainer_runs(tmp_path):
+    """With `bf16=True` the runs compute in bfloat16; the same Trainer in float32 without it is
+    a reference of them (judge/rerun.py `check_more_precise`): used, the clean K=4 passes and
+    the pre-2024 Trainer is named."""
+    hf.train(tmp_path / "k1-fp32", 1)
+    base = hf.train(tmp_path / "k1", 1, bf16=True, reference="../k1-fp32")
+    assert read_run_dir(base).compute_dtype == "bfloat16"
+    clean = compare(base, hf.train(tmp_path / "k4", 4, bf16=True))
+    assert clean.verdict == "pass" and clean.reference is not None, clean.diagnosis
+    bug = compare(base, hf.train(tmp_path / "k4-bug", 4, bf16=True, bug="token-mean"))
+    assert (bug.verdict, bug.diagnosis[0].code) == ("fail", "token-normalization")
+
+
 def test_the_float64_reference_keeps_the_loss_in_float64():
     from gradalign.record.integrations.transformers_float64 import float64_reference
 
