@@ -120,6 +120,8 @@ def _judge(
     results = []
     for i in range(judged_updates(base, merged)):
         result = judge.loss(i)
+        if reference is None:  # the tensors' judges widen the drift by it (apart.passes)
+            result.entered_apart = entered_apart(results[-1] if results else None, i, base, merged)
         judge_tensors(result)
         bookkeeping(result)
         result.problems.extend(("window", text) for text in changes.get(i, []))
@@ -201,7 +203,6 @@ class _Judge:
         self.floor, self.epsilon = tol.noise_floor * epsilon, epsilon
         self.starts = starts
         self.first_printed: Tensors = {}  # the baseline's first printed weights, per tensor
-        self.before: UpdateResult | None = None  # the update judged last (`entered_apart`)
         # elements line up (no printed arrays): drift, and the net of a penalty's term
         self.full = base.full_weights and merged.full_weights
         drifts = whole and starts is not None and (ref is not None or self.full)
@@ -268,8 +269,7 @@ class _Judge:
             if wr is not None:
                 self.drift.advance(gb, gr, wb, wr, first=i == 0)
             elif wm is not None:  # no reference: the merged run, where its gradients passed
-                apart = entered_apart(self.before, i, self.base, self.merged)
-                passed = {d.name for d in grads if passes(d, self.tol, apart)}
+                passed = {d.name for d in grads if passes(d, self.tol, result.entered_apart)}
                 self.drift.advance(gb, gm, wb, wm, passed=passed)
         walked = self.drift.strayed if self.drift is not None else None
         if wb is not None and wr is not None and self.bound is not None:
@@ -277,7 +277,6 @@ class _Judge:
         if wb is not None and wm is not None:
             self._weights(result, wb, wm, wr)
         result.grads.extend(grads)
-        self.before = result
 
     def _weights(self, result: UpdateResult, wb: Tensors, wm: Tensors, wr: Tensors | None):
         i, tol = result.update, self.tol

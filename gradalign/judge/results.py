@@ -30,6 +30,8 @@ class UpdateResult:
     grad_cosine: float | None = None
     problems: list[tuple[str, str]] = field(default_factory=list)  # (check key, message)
     loss_judged: bool = True  # False: both runs skipped the update and a loss went unprinted
+    # without a reference: the runs entered this update with weights apart (apart.entered_apart)
+    entered_apart: bool = False
 
     @property
     def loss_ok(self) -> bool:

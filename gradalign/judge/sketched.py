@@ -31,7 +31,7 @@ import numpy as np
 
 from ..runs.model import Run
 from ..runs.sketches import Estimate, estimate
-from .apart import entered_apart, passes
+from .apart import passes
 from .compatible import check_reference_weights, stray
 from .distributed import listed
 from .drift import Drift, beyond_drift, stored_bits, widened
@@ -72,7 +72,6 @@ class SketchJudge:
         self.sketch_drift = SketchDrift(self.base, other, self.ref is None) if stored else None
         self.previous: tuple[dict[str, Kept], dict[str, Kept]] | None = None  # wb, wr
         self.entered: tuple[dict[str, Kept], dict[str, Kept]] | None = None  # wb, wm before
-        self.before: UpdateResult | None = None  # the update judged last (`entered_apart`)
 
     def close(self) -> None:
         if self.sketch_drift is not None:
@@ -83,7 +82,7 @@ class SketchJudge:
 
     def __call__(self, result: UpdateResult) -> None:
         i, tol = result.update, self.tol
-        apart = self.ref is None and entered_apart(self.before, i, self.base, self.merged)
+        apart = result.entered_apart
         gb, gm, gr = (self._get(r, "grads", i) for r in (self.base, self.merged, self.ref))
         wb, wm, wr = (self._get(r, "weights", i) for r in (self.base, self.merged, self.ref))
         ex = {
@@ -139,7 +138,6 @@ class SketchJudge:
                     d = beyond_drift(d, max(0.0, d.error - drift), drift)
                 result.weights.append(d)
         result.grads.extend(grads)
-        self.before = result
 
     def _net_of_weights(
         self, grads: list[TensorDiff], gb: dict[str, Kept], gm: dict[str, Kept]

@@ -28,7 +28,6 @@ import numpy as np
 from ..runs.model import Run
 from ..runs.sketches import dot
 from ..runs.store import CheckedFile
-from .apart import entered_apart
 from .compatible import stray
 from .drift import stored_bits
 from .drift_files import DriftFiles, allowance
@@ -87,8 +86,7 @@ class StreamJudge(ChildSide, TensorSide):
         self.dtype = inputs.dtype
         self.grad_atol = self.tol.weight_atol  # with the rounding floor, without a reference
         self.floor16 = 0.0  # 16-bit rounding in both runs (rounding.rounding_in_both)
-        self.apart = False  # the runs entered this update with weights apart (apart.passes)
-        self.before: UpdateResult | None = None  # the update judged last
+        self.apart = False  # the update judged now was entered apart (UpdateResult's)
         self.names = [t.name for t in self.base.tensors]
         self.next: UpdateFiles | None = None  # the next update's files, its sweeps started
         self.current: UpdateFiles | None = None  # a child's files of the update judged now
@@ -142,7 +140,7 @@ class StreamJudge(ChildSide, TensorSide):
             grads = gradient_names(files, names)
             judged_grads = set(grads)  # looked up per tensor: a list made it quadratic
             self.grad_atol, self.floor16 = self.tol.weight_atol, 0.0
-            self.apart = self.ref is None and entered_apart(self.before, i, self.base, self.merged)
+            self.apart = result.entered_apart
             if self.ref is None and grads:
                 self.grad_atol, self.floor16 = self._rounding_floors(files.gb, grads)
             owners = self.owners
@@ -173,7 +171,6 @@ class StreamJudge(ChildSide, TensorSide):
             bb, mm, bm = (math.fsum(found[n].fit[k] for n in grads) for k in range(3))
             cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
             result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
-        self.before = result
 
     def _judge_own(
         self, files: UpdateFiles, grads: set[str]
