@@ -37,7 +37,10 @@ count; `--ks` sets the grid's K values (any divisors of the batch of 48 without 
 makes micro-batches of one sample).
 
 `--bug` injects one bug into every merged run (no loss scaling, zero_grad or step every
-micro-step, gradients never cleared); then every run must fail, named first by that bug's code.
+micro-step, gradients never cleared, every learning rate times K, the scheduler stepped every
+micro-step, the last micro-batch not backpropagated, the weights decayed between micro-steps,
+the optimizer's step count advanced every micro-step, the micro-batches read shuffled); then
+every run must fail, named first by that bug's code (BUGS).
 `--bug-from U` injects it from update U on (a bug that starts late, after the runs may have
 parted at kinks).
 `--models` takes four more: `moe`, a mixture of experts (top 2 of 4, no balancing loss),
@@ -102,7 +105,16 @@ BUGS = {  # a bug the merged loop may carry -> the code that must name it
     "step-every-micro": "step-in-window",
     "no-zero-grad": "grad-not-cleared",
     "mean-over-k": "token-normalization",  # --uneven: each micro-batch's mean over K
+    "lr-times-k": "lr-scaled",  # every learning rate times K from the bug's update on
+    "scheduler-every-micro": "lr-schedule",  # --schedule: the scheduler stepped K times a window
+    "skip-last-backward": "micro-batch-missing",  # the last micro-batch forwarded, no backward
+    "edit-weights-every-micro": "weights-changed-in-window",  # w *= 1 - 1e-3 between micro-steps
+    "count-every-micro": "step-count",  # the optimizer's own step count advanced K times
+    "data-order": "data-order",  # the micro-batches read in a shuffled order from the bug on
 }
+# the optimizers whose step depends on their own step count (count-every-micro shows only there)
+STEP_COUNTED = {"adam-1e-2", "adam-1e-3", "adamw-wd", "adam-eps6", "nadam", "radam", "adamax",
+                "adafactor", "adafactor-eps"}  # fmt: skip
 
 
 def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) -> None:
@@ -139,9 +151,11 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     x = torch.randint(0, VOCAB, (BATCH * updates, SEQ), generator=g)
     lm = model == "gpt" or model in HF_LANGUAGE_MODELS
     y = torch.roll(x, -1, 1) if lm else (x[:, 0] + x[:, 3]) % CLASSES
-    x, y = x.to(device), y.to(device)
     reference, bug_from = options.get("reference"), options.get("bug_from", 0)
     uneven = options.get("uneven", False)
+    if options.get("bug") == "data-order":  # the micro-batches from the bug on, shuffled
+        x, y = shuffled_blocks(x, y, BATCH // k, bug_from * k, seed)
+    x, y = x.to(device), y.to(device)
     with gradalign.Recorder(
         out, net, opt, accum_steps=k, reference=reference, scaler=scaler,
         skip_updates=options.get("skip_updates"), compute_dtype=options.get("compute_dtype"),
@@ -149,6 +163,8 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     ) as rec:  # fmt: skip
         for u in range(updates):
             bug = options.get("bug") if u >= bug_from else None
+            if bug == "lr-times-k" and u == bug_from:
+                times_k(opt, sched, k)
             sizes = window_sizes(k, seed, u) if uneven else [BATCH // k] * k
             for j in range(k):
                 first = u * BATCH + sum(sizes[:j])
@@ -165,7 +181,8 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
                 weight = sizes[j] / BATCH if uneven else 1 / k  # the micro-batch's share
                 weight = 1 / k if bug == "mean-over-k" else weight
                 share = loss if bug == "no-loss-scale" else loss * weight
-                (share if scaler is None else scaler.scale(share)).backward()
+                if not (bug == "skip-last-backward" and j == k - 1):
+                    (share if scaler is None else scaler.scale(share)).backward()
                 logged = loss.detach() * options.get("logged_scale", 1.0)
                 items = target.numel() if uneven else None
                 rec.micro(logged, batch=(x[rows], y[rows]), items=items)
@@ -173,6 +190,10 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
                     opt.zero_grad()
                 if bug == "step-every-micro" and j < k - 1:
                     opt.step()
+                if bug == "edit-weights-every-micro" and j < k - 1:
+                    with torch.no_grad():
+                        for param in net.parameters():
+                            param.mul_(1 - 1e-3)
             if scaler is not None:
                 scaler.unscale_(opt)
             if clip is not None:
@@ -183,11 +204,32 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
             else:
                 scaler.step(opt)
                 scaler.update()
-            if sched:
+            if bug == "count-every-micro":
+                for state in getattr(opt, "optimizer", opt).state.values():
+                    state["step"] += k - 1
+            for _ in range(k if bug == "scheduler-every-micro" else int(bool(sched))):
                 sched.step()
             rec.update(loss_scale=scale)
             if bug != "no-zero-grad":
                 opt.zero_grad()
+
+
+def times_k(opt, sched, k: int) -> None:
+    """Every learning rate times K (a batch-size scaling rule misapplied), the schedule's too."""
+    for o in (getattr(opt, "optimizer", opt), getattr(opt, "rest", None)):
+        for group in [] if o is None else o.param_groups:
+            group["lr"] *= k
+    if sched:
+        sched.base_lrs = [lr * k for lr in sched.base_lrs]
+
+
+def shuffled_blocks(x, y, size: int, first: int, seed: int):
+    """The data's blocks of `size` rows from block `first` on in a seeded shuffled order."""
+    blocks = x.shape[0] // size
+    g = torch.Generator().manual_seed(7000 + seed)
+    order = torch.cat([torch.arange(first), first + torch.randperm(blocks - first, generator=g)])
+    rows = (order[:, None] * size + torch.arange(size)).reshape(-1)
+    return x[rows], y[rows]
 
 
 def window_sizes(k: int, seed: int, update: int) -> list[int]:
@@ -321,6 +363,13 @@ def main() -> int:
         parser.error(f"unknown optimizer(s): {', '.join(sorted(unknown))}")
     if args.bug == "mean-over-k" and not args.uneven:
         parser.error("--bug mean-over-k needs --uneven (with equal micro-batches it is right)")
+    if args.bug == "scheduler-every-micro" and not args.schedule:
+        parser.error("--bug scheduler-every-micro needs --schedule")
+    if args.bug == "data-order" and args.uneven:
+        parser.error("--bug data-order shuffles equal micro-batches: not with --uneven")
+    if args.bug == "count-every-micro" and set(optimizers) - STEP_COUNTED:
+        parser.error("--bug count-every-micro changes only optimizers whose step reads their "
+                     f"step count: {', '.join(sorted(STEP_COUNTED))}")  # fmt: skip
     ks = [int(k) for k in args.ks.split(",")]
     if any(k < 1 or k > BATCH or (BATCH % k and not args.uneven) for k in ks):
         parser.error(f"--ks: each K must divide the batch of {BATCH} (any K up to it: --uneven)")

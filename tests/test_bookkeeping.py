@@ -152,3 +152,38 @@ def test_logs_printing_the_lr_at_other_points_say_so(tmp_path):
     assert lr.evidence["schedule_offset"] == -1
     assert "print the lr at the same point of both loops" in lr.fix
     assert "different points of the loop" in lr.message
+
+
+@pytest.mark.parametrize(
+    ("late", "code"), [(4.0, "lr-scaled"), (2.0, "lr-scaled"), (0.65, "lr-schedule")]
+)
+def test_an_lr_rescaled_from_a_later_update_is_lr_scaled_at_a_scaling_rule(tmp_path, late, code):
+    """Equal learning rates for three updates, then the merged one `late` times the baseline's
+    (a rule applied when a run was resumed): K=4 and sqrt(K)=2 are scaling rules, named
+    `lr-scaled` from update 3; 0.65 is in no rule, a schedule's doing (`lr-schedule`)."""
+    w0, g = np.ones((3, 2), np.float32), np.full((3, 2), 0.5, np.float32)
+    base_lrs = [1e-2 * (1 - 0.1 * u) for u in range(6)]
+
+    def run(path, k: int, lrs: list[float]):
+        weights, w = [], w0
+        for lr in lrs:
+            w = w - np.float32(lr) * g
+            weights.append({"w": w})
+        return read_run_dir(
+            write_run(
+                path,
+                accum_steps=k,
+                micro_losses=[1.0] * (k * len(lrs)),
+                init_weights={"w": w0},
+                update_weights=weights,
+                grads=[{"w": g}] * len(lrs),
+                lr=lrs,
+            )
+        )
+
+    merged_lrs = [lr * (late if u >= 3 else 1.0) for u, lr in enumerate(base_lrs)]
+    c = compare(run(tmp_path / "b", 1, base_lrs), run(tmp_path / "m", 4, merged_lrs))
+    assert c.verdict == "fail" and c.diagnosis[0].code == code, c.diagnosis
+    if code == "lr-scaled":
+        assert c.diagnosis[0].evidence["first_update"] == 3
+        assert "from update 3 on" in c.diagnosis[0].message

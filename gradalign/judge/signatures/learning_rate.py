@@ -159,36 +159,69 @@ def _scaling_rule(q: float, k: int, slack: float = 0.0) -> bool:
     return any(abs(q / rule - 1) <= SCALE_MATCH + slack for rule in rules)
 
 
-def lr_scaled(c: Comparison) -> Diagnosis | None:
-    if not _lr_differs(c):
+def scaled_lr(c: Comparison) -> tuple[float, int] | None:
+    """(q, u): the merged lr is q times the baseline's at every update from u on and equal
+    before (u = 0: at every update), where no schedule's pace explains the two. From a later u
+    only at a batch-size scaling rule's q (K, sqrt(K) or their inverses) over two updates at
+    least: a ratio that appears late, in no rule, is a schedule's doing, read by lr-schedule."""
+    bad = _lr_differs(c)
+    if not bad:
         return None
-    group, base_lr, merged_lr = differing_group(c)
-    if _explained_by_schedule(base_lr, merged_lr, window(c)):
+    _, base_lr, merged_lr = differing_group(c)
+    k = window(c)
+    if _explained_by_schedule(base_lr, merged_lr, k):
         return None
     slack = printed_slack(c)
     q = lr_ratio(base_lr, merged_lr, slack)
-    if q is None:
+    most = SCALE_MATCH + float(slack.max(initial=0.0))
+    if q is not None:
+        if _compared(base_lr, merged_lr) < 2 and not _scaling_rule(q, k, most - SCALE_MATCH):
+            return None  # one update's ratio is no constant: a schedule's pace reads alike
+        return q, 0
+    first = bad[0]
+    if first == 0 or _compared(base_lr[first:], merged_lr[first:]) < 2:
         return None
-    k, most = window(c), SCALE_MATCH + float(slack.max(initial=0.0))
-    if _compared(base_lr, merged_lr) < 2 and not _scaling_rule(q, k, most - SCALE_MATCH):
-        return None  # one update's ratio is no constant: a schedule's pace reads alike
+    if not _equal(base_lr[:first], merged_lr[:first])(
+        *(np.asarray(x[:first], dtype=np.float64) for x in (base_lr, merged_lr))
+    ).all():
+        return None
+    q = lr_ratio(base_lr[first:], merged_lr[first:], slack[first:])
+    if q is None or not _scaling_rule(q, k, most - SCALE_MATCH):
+        return None
+    return q, first
+
+
+def lr_scaled(c: Comparison) -> Diagnosis | None:
+    found = scaled_lr(c)
+    if found is None:
+        return None
+    q, first = found
+    group, base_lr, merged_lr = differing_group(c)
+    k, most = window(c), SCALE_MATCH + float(printed_slack(c).max(initial=0.0))
     if abs(q / k - 1) <= most:
         q, which = float(k), f" = K={k}"
     elif abs(q * k - 1) <= most:
         q, which = 1 / k, f" = 1/K (K={k})"
     else:
         which = ""
+    when = "at every update" if first == 0 else f"from update {first} on (equal before it)"
+    cause = (
+        "the merged optimizer was given another lr (a batch-size scaling rule applied to "
+        "accumulation, which keeps the effective batch B)"
+        if first == 0
+        else "the lr was rescaled there (a batch-size scaling rule applied when the run was "
+        "resumed, or when K changed): accumulation keeps the effective batch B"
+    )
     return Diagnosis(
         "lr-scaled",
-        f"the merged learning rate{group_named(group)} is {q:.6g} times the baseline's at every "
-        f"update{which}: the "
-        "merged optimizer was given another lr (a batch-size scaling rule applied to "
-        "accumulation, which keeps the effective batch B)",
+        f"the merged learning rate{group_named(group)} is {q:.6g} times the baseline's {when}"
+        f"{which}: {cause}",
         {
             "lr_ratio": q,
             "K": k,
-            "merged_lr_0": finite(merged_lr[0]),
-            "baseline_lr_0": finite(base_lr[0]),
+            "first_update": first,
+            "merged_lr": finite(merged_lr[first]),
+            "baseline_lr": finite(base_lr[first]),
             **({"param_group": group} if group else {}),
         },
         "give the merged optimizer the baseline's learning rate: accumulation over K micro-"
@@ -214,10 +247,9 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
     bad = _lr_differs(c)
     if not bad:
         return None
-    group, base_lr, merged_lr = differing_group(c)
-    scaled = lr_ratio(base_lr, merged_lr, printed_slack(c))
-    if scaled and not _explained_by_schedule(base_lr, merged_lr, window(c)):
+    if scaled_lr(c) is not None:
         return None  # lr-scaled's
+    group, base_lr, merged_lr = differing_group(c)
     i = bad[0]
     evidence: dict = {
         "first_update": i,
