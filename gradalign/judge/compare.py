@@ -15,6 +15,7 @@ import numpy as np
 
 from ..runs.model import Run, Tensors
 from .apart import entered_apart, judge_apart, passes
+from .backprop import backprop_check, unbackpropagated
 from .below_noise import shape_below_noise
 from .bookkeeping import bookkeeping_judge, unjudged_losses
 from .checks import build_checks
@@ -113,6 +114,7 @@ def _judge(
     """Every update's losses, tensors and bookkeeping; then the checks and the diagnosis."""
     written = written_in_forward(base)
     changes = inside_window_changes(merged, written)
+    silent = unbackpropagated(merged)
     disagreements = replica_disagreements(merged)
     ranks = rank_facts(merged)  # a data-parallel run's ranks must be replicas, bit for bit
     rank_disagreements = rank_problems(merged, ranks)
@@ -125,6 +127,7 @@ def _judge(
         judge_tensors(result)
         bookkeeping(result)
         result.problems.extend(("window", text) for text in changes.get(i, []))
+        result.problems.extend(("backward", text) for text in silent.get(i, []))
         result.problems.extend(("replicas", text) for text in disagreements.get(i, []))
         result.problems.extend(("ranks", text) for text in rank_disagreements.get(i, []))
         results.append(result)
@@ -136,6 +139,7 @@ def _judge(
     jumps += honest_differences(results, base, merged, reference, tol.noise_factor, seen)
     calibrated = reference is not None
     checks = build_checks(base, merged, results, changes, calibrated, disagreements, tol.grad_rtol)
+    checks += backprop_check(silent)
     if ranks is not None:
         checks.insert(1, rank_check(merged, ranks))
         clipped = rank_norms_check(base, merged, ranks.agree)
