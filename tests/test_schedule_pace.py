@@ -13,7 +13,7 @@ from torch import nn
 
 import gradalign
 from gradalign.judge.compare import compare
-from gradalign.judge.signatures.learning_rate import _beyond_baseline, schedule_offset
+from gradalign.judge.signatures.learning_rate import _beyond_baseline, late_pace, schedule_offset
 from gradalign.runs.reader import read_run_dir
 
 UPDATES, BATCH, K = 8, 32, 4
@@ -199,3 +199,31 @@ def test_a_pace_fit_by_two_lrs_alone_is_not_claimed():
     assert "below the lowest the baseline ever held" in said and "ReduceLROnPlateau" in said
     faster = 0.1 * 0.5 ** (np.arange(12) * 4 // 3)  # a halving every 3 steps, stepped 4 per update
     assert schedule_offset(0.1 * 0.5 ** (np.arange(12) // 3), faster, (4,)) == (4, 0)
+
+
+def test_a_schedule_that_begins_to_advance_k_steps_partway_is_found_from_there():
+    """A cosine schedule stepped K=2 times per update from update 3 on (its scheduler.step()
+    moved into the micro-step loop there): no pace fits the whole run, as the lrs agree before
+    update 4. From update 4 the merged lr is the baseline's at 2·t − 3. A schedule that only
+    differs there by chance (a constant stretch, another lr) is no such pace."""
+    cosine = 0.5 * (1 + np.cos(np.pi * np.arange(10) / 10))
+    steps = [*range(4), *(2 * t - 3 for t in range(4, 10))]
+    merged = np.array([0.5 * (1 + np.cos(np.pi * s / 10)) for s in steps])
+    assert schedule_offset(cosine, merged, (2,)) is None
+    assert late_pace(cosine, merged, (2,)) == (2, -3, 4)
+    assert late_pace(cosine, merged, (4,)) is None  # not at another pace
+    assert late_pace(cosine, cosine * np.r_[np.ones(4), np.full(6, 0.7)], (2,)) is None
+
+
+def test_a_scheduler_stepped_per_micro_step_from_update_3_is_named_there(tmp_path):
+    """bench/model_zoo.py --bug scheduler-every-micro --bug-from 3 --autocast bfloat16 --clip
+    1.0 --schedule --reference-none, run 170216 (a residual CNN under Adagrad, K=2): a gradient
+    failed at 1.03x at update 4, where the lrs first differ, so the lr was read as following
+    the divergence (a scheduler on the loss) and the run was `unexplained`."""
+    from .zoo_runs import _one_thread_judge
+
+    row = _one_thread_judge(
+        tmp_path / "bug", "resnet", "adagrad", 2, 170216, "scheduler-every-micro", bug_from=3,
+        autocast="bfloat16", clip=1.0, schedule=True, reference=False,
+    )  # fmt: skip
+    assert row["codes"][:1] == ["lr-schedule"], row

@@ -111,6 +111,35 @@ def schedule_offset(
     return next((f for m in likely for f in fits if f[0] == m), fits[0] if fits else None)
 
 
+def late_pace(
+    base_lr: np.ndarray, merged_lr: np.ndarray, likely: tuple[int, ...]
+) -> tuple[int, int, int] | None:
+    """(m, c, d): the lrs agree before update d, and from d on merged lr[t] == baseline lr[m·t
+    + c] wherever the baseline reaches it, at two updates at least, for a likely pace m > 1
+    (K, W): a schedule that began to advance m steps per update partway through the run (a
+    scheduler.step() moved into the micro-step loop at some update, or one that steps per
+    micro-step once warmup ends). At d the merged schedule stands 1 to 2·m steps ahead."""
+    base = np.asarray(base_lr, dtype=np.float64)
+    merged = np.asarray(merged_lr, dtype=np.float64)
+    n = min(len(base), len(merged))
+    base, merged = base[:n], merged[:n]
+    same = _equal(np.asarray(base_lr)[:n], np.asarray(merged_lr)[:n])(merged, base)
+    differ = np.flatnonzero(~same)
+    if not differ.size or differ[0] == 0:
+        return None
+    d = int(differ[0])
+    for m in sorted(p for p in likely if p > 1):
+        for ahead in range(1, 2 * m + 1):
+            c = d + ahead - m * d  # m·d + c = d + ahead
+            ts = np.arange(d, n)
+            ts = ts[m * ts + c < n]
+            if ts.size >= 2 and bool(
+                _equal(base_lr, merged_lr)(merged[ts], base[m * ts + c]).all()
+            ):
+                return m, c, d
+    return None
+
+
 def lr_ratio(
     base_lr: np.ndarray, merged_lr: np.ndarray, slack: np.ndarray | None = None
 ) -> float | None:
@@ -272,6 +301,9 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
             "optimizer steps, not micro-batches",
         )
     found = schedule_offset(base_lr, merged_lr, (window(c),))
+    late = late_pace(base_lr, merged_lr, (window(c),)) if found is None else None
+    if late is not None:
+        found, i = late[:2], late[2]
     # a consequence: a scheduler fed the diverged loss (ReduceLROnPlateau); never at update 0,
     # which no loss fed to a scheduler can have moved yet (a plateau's first step only sets its
     # best): there the lr is a cause beside what failed (tests/test_schedule_pace.py)
@@ -295,10 +327,11 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
             if offset > 0
             else "ran one step behind"
         )
+        since = "" if late is None else f" from update {i} on (equal before it)"
         message = (
-            f"the learning-rate schedule{group_named(group)} {pace}: merged lr at update t "
-            "equals the baseline's at "
-            f"update {where} (update {i}: {shown_m} vs {shown_b})"
+            f"the learning-rate schedule{group_named(group)} {pace}{since}: merged lr at "
+            f"update t equals the baseline's at update {where} (update {i}: {shown_m} vs "
+            f"{shown_b})"
         )
         if m == 1 and abs(offset) == 1 and not c.merged.full_weights:
             fix = (
@@ -319,7 +352,7 @@ def lr_schedule(c: Comparison) -> Diagnosis | None:
                     "once per process)"
                 )
                 fix += f"; or, if it stepped once per rank, split the batches: {SPLIT_BATCHES}"
-            if offset:
+            if offset and late is None:
                 message += f", {offset} of them before the window's optimizer step"
     else:
         message = (
