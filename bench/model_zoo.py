@@ -39,8 +39,11 @@ makes micro-batches of one sample).
 `--bug` injects one bug into every merged run (no loss scaling, zero_grad or step every
 micro-step, gradients never cleared, every learning rate times K, the scheduler stepped every
 micro-step, the last micro-batch not backpropagated, the weights decayed between micro-steps,
-the optimizer's step count advanced every micro-step, the micro-batches read shuffled); then
-every run must fail, named first by that bug's code (BUGS).
+the optimizer's step count advanced every micro-step, the micro-batches read shuffled, a clip
+of every partial sum or at max_norm / K, the penalty not divided by K, the GradScaler unscaled
+and updated every micro-step, gradients summed in bfloat16, the loss recorded divided by K);
+then every run must fail, named first by that bug's code (bench/zoo_bugs.py, which says what
+each needs of the loop).
 `--bug-from U` injects it from update U on (a bug that starts late, after the runs may have
 parted at kinks).
 `--models` takes four more: `moe`, a mixture of experts (top 2 of 4, no balancing loss),
@@ -86,35 +89,19 @@ from gradalign import api
 from gradalign.errors import BadInput
 
 try:
+    from zoo_bugs import BUGS, round_grads, shuffled_blocks, times_k, unmet
     from zoo_hf import HF_LANGUAGE_MODELS
     from zoo_models import CLASSES, MODELS, MORE_MODELS, NOT_EQUIVALENT, SEQ, VOCAB, build
     from zoo_optimizers import MORE_OPTIMIZERS, OPTIMIZERS
     from zoo_tf32 import emulate_tf32
 except ImportError:  # run as a module of the repository (tests): bench.zoo_hf, ...
+    from bench.zoo_bugs import BUGS, round_grads, shuffled_blocks, times_k, unmet
     from bench.zoo_hf import HF_LANGUAGE_MODELS
     from bench.zoo_models import CLASSES, MODELS, MORE_MODELS, NOT_EQUIVALENT, SEQ, VOCAB, build
     from bench.zoo_optimizers import MORE_OPTIMIZERS, OPTIMIZERS
     from bench.zoo_tf32 import emulate_tf32
 
 BATCH, UPDATES = 48, 10
-
-
-BUGS = {  # a bug the merged loop may carry -> the code that must name it
-    "no-loss-scale": "loss-scale",
-    "zero-grad-every-micro": "zero-grad-in-window",
-    "step-every-micro": "step-in-window",
-    "no-zero-grad": "grad-not-cleared",
-    "mean-over-k": "token-normalization",  # --uneven: each micro-batch's mean over K
-    "lr-times-k": "lr-scaled",  # every learning rate times K from the bug's update on
-    "scheduler-every-micro": "lr-schedule",  # --schedule: the scheduler stepped K times a window
-    "skip-last-backward": "micro-batch-missing",  # the last micro-batch forwarded, no backward
-    "edit-weights-every-micro": "weights-changed-in-window",  # w *= 1 - 1e-3 between micro-steps
-    "count-every-micro": "step-count",  # the optimizer's own step count advanced K times
-    "data-order": "data-order",  # the micro-batches read in a shuffled order from the bug on
-}
-# the optimizers whose step depends on their own step count (count-every-micro shows only there)
-STEP_COUNTED = {"adam-1e-2", "adam-1e-3", "adamw-wd", "adam-eps6", "nadam", "radam", "adamax",
-                "adafactor", "adafactor-eps"}  # fmt: skip
 
 
 def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) -> None:
@@ -176,14 +163,26 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
                     logits, target = logits.reshape(-1, VOCAB), target.reshape(-1)
                 loss = nn.functional.cross_entropy(logits, target)
                 loss = loss + getattr(net, "extra_loss", 0.0)
-                if options.get("penalty"):  # an L2 penalty in the loss, λ·Σw² (--penalty λ)
-                    loss = loss + options["penalty"] * sum((p**2).sum() for p in net.parameters())
+                term = 0.0  # an L2 penalty in the loss, λ·Σw² (--penalty λ)
+                if options.get("penalty"):
+                    term = options["penalty"] * sum((p**2).sum() for p in net.parameters())
+                    loss = loss + term
                 weight = sizes[j] / BATCH if uneven else 1 / k  # the micro-batch's share
                 weight = 1 / k if bug == "mean-over-k" else weight
                 share = loss if bug == "no-loss-scale" else loss * weight
+                if bug == "penalty-every-micro":  # the penalty's whole, not its share
+                    share = share + term * (1 - weight)
                 if not (bug == "skip-last-backward" and j == k - 1):
                     (share if scaler is None else scaler.scale(share)).backward()
+                if bug == "bf16-accum":
+                    round_grads(net)
+                if bug == "clip-every-micro":
+                    nn.utils.clip_grad_norm_(net.parameters(), clip)
+                if bug == "scaler-every-micro" and j < k - 1:
+                    scaler.unscale_(opt)
+                    scaler.update()
                 logged = loss.detach() * options.get("logged_scale", 1.0)
+                logged = logged * weight if bug == "log-scaled-loss" else logged
                 items = target.numel() if uneven else None
                 rec.micro(logged, batch=(x[rows], y[rows]), items=items)
                 if bug == "zero-grad-every-micro" and j < k - 1:
@@ -197,7 +196,9 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
             if scaler is not None:
                 scaler.unscale_(opt)
             if clip is not None:
-                nn.utils.clip_grad_norm_(net.parameters(), clip)
+                nn.utils.clip_grad_norm_(
+                    net.parameters(), clip / k if bug == "clip-norm-over-k" else clip
+                )
             scale = None if scaler is None else scaler.get_scale()
             if scaler is None:
                 opt.step()
@@ -212,24 +213,6 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
             rec.update(loss_scale=scale)
             if bug != "no-zero-grad":
                 opt.zero_grad()
-
-
-def times_k(opt, sched, k: int) -> None:
-    """Every learning rate times K (a batch-size scaling rule misapplied), the schedule's too."""
-    for o in (getattr(opt, "optimizer", opt), getattr(opt, "rest", None)):
-        for group in [] if o is None else o.param_groups:
-            group["lr"] *= k
-    if sched:
-        sched.base_lrs = [lr * k for lr in sched.base_lrs]
-
-
-def shuffled_blocks(x, y, size: int, first: int, seed: int):
-    """The data's blocks of `size` rows from block `first` on in a seeded shuffled order."""
-    blocks = x.shape[0] // size
-    g = torch.Generator().manual_seed(7000 + seed)
-    order = torch.cat([torch.arange(first), first + torch.randperm(blocks - first, generator=g)])
-    rows = (order[:, None] * size + torch.arange(size)).reshape(-1)
-    return x[rows], y[rows]
 
 
 def window_sizes(k: int, seed: int, update: int) -> list[int]:
@@ -361,15 +344,8 @@ def main() -> int:
     unknown = set(optimizers) - set(OPTIMIZERS) - set(MORE_OPTIMIZERS)
     if unknown:
         parser.error(f"unknown optimizer(s): {', '.join(sorted(unknown))}")
-    if args.bug == "mean-over-k" and not args.uneven:
-        parser.error("--bug mean-over-k needs --uneven (with equal micro-batches it is right)")
-    if args.bug == "scheduler-every-micro" and not args.schedule:
-        parser.error("--bug scheduler-every-micro needs --schedule")
-    if args.bug == "data-order" and args.uneven:
-        parser.error("--bug data-order shuffles equal micro-batches: not with --uneven")
-    if args.bug == "count-every-micro" and set(optimizers) - STEP_COUNTED:
-        parser.error("--bug count-every-micro changes only optimizers whose step reads their "
-                     f"step count: {', '.join(sorted(STEP_COUNTED))}")  # fmt: skip
+    if unmet(args.bug, args):
+        parser.error(unmet(args.bug, args))
     ks = [int(k) for k in args.ks.split(",")]
     if any(k < 1 or k > BATCH or (BATCH % k and not args.uneven) for k in ks):
         parser.error(f"--ks: each K must divide the batch of {BATCH} (any K up to it: --uneven)")

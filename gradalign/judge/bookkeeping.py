@@ -96,6 +96,15 @@ def _judge(result: UpdateResult, base: Run, merged: Run, lrs: list) -> None:
             result.problems.append(
                 ("loss_scale", f"loss scale {cm:g} in merged, {cb:g} in baseline")
             )
+    if base.clip_max_norm is not None and merged.clip_max_norm is not None:
+        cb, cm = float(base.clip_max_norm[i]), float(merged.clip_max_norm[i])
+        if math.isfinite(cb) and math.isfinite(cm) and not same_scalar(cm, cb):
+            result.problems.append(
+                (
+                    "clip_max_norm",
+                    f"clip_grad_norm_ at max_norm {cm:g} in merged, {cb:g} in baseline",
+                )
+            )
     if base.state_step is not None and merged.state_step is not None:
         sb, sm = int(base.state_step[i]), int(merged.state_step[i])
         if sb != sm:

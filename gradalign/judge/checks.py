@@ -74,6 +74,8 @@ def build_checks(
             results,
         )
     )
+    if base.clip_max_norm is not None and merged.clip_max_norm is not None:  # both clipped
+        checks.append(_series_check("clip threshold", ("clip_max_norm",), base, merged, results))
     checks.append(_init_check(base, merged))
     clipped = base.grad_norm_pre_clip is not None and merged.grad_norm_pre_clip is not None
     if clipped:

@@ -35,6 +35,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.weights_changed_in_window,
     sig.scaler_per_micro,
     sig.clip_per_micro_unengaged,  # counted inside the windows, engaged nowhere
+    sig.clip_threshold_recorded,  # the max_norms the Recorder saw, engaged or not
     sig.scaler_skips,
     sig.overflow_carried,
     sig.micro_batch_missing,

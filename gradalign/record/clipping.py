@@ -44,6 +44,7 @@ class Clip:
     total: torch.Tensor | None = None
     value: float | None = None
     reads_only: bool = False
+    max_norm: float | None = None  # a norm clip's threshold, where read without a host sync
     of_grads: bool = False  # told the gradients clipped, not their parameters (`_GROUP`)
 
 
@@ -56,6 +57,17 @@ def _infinite(limit: Any) -> bool:
         return math.isinf(float(limit))
     except (TypeError, ValueError):
         return False
+
+
+def _threshold(limit: Any) -> float | None:
+    """A norm clip's max_norm as a float: a number's, a CPU scalar tensor's (no host sync for
+    one on a device: None)."""
+    if isinstance(limit, torch.Tensor):
+        return float(limit) if limit.device.type == "cpu" and limit.numel() == 1 else None
+    try:
+        return float(limit)
+    except (TypeError, ValueError):
+        return None
 
 
 Listener = Callable[[list[torch.Tensor], Clip], None]
@@ -133,7 +145,8 @@ def _patched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             total, outer = _outer(original, params, *args, **kwargs)
             if outer:
                 limit = args[0] if args else kwargs.get("max_norm")
-                _tell(params, Clip(total=total, reads_only=_infinite(limit)))
+                clip = Clip(total=total, reads_only=_infinite(limit), max_norm=_threshold(limit))
+                _tell(params, clip)
             return total
 
         return clip_grad_norm_
@@ -148,7 +161,8 @@ def _patched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             result, outer = _outer(original, params, max_norm, total_norm, *args, **kwargs)
             if outer:  # the norm it was given is the norm before it: kept on device, no sync
                 total = torch.as_tensor(total_norm)
-                _tell(params, Clip(total=total, reads_only=_infinite(max_norm)))
+                clip = Clip(total, reads_only=_infinite(max_norm), max_norm=_threshold(max_norm))
+                _tell(params, clip)
             return result
 
         return clip_grads_with_norm_

@@ -329,7 +329,7 @@ class Recorder:
             tensors = [p for p in params if p.grad is not None and id(p.grad) in clipped]
         recorded = frozenset(id(p) for p in tensors if id(p) in self._param_ids)
         if recorded:
-            self._windows.clipped(clip.value, clip.total, recorded, clip.reads_only)
+            self._windows.clipped(clip.value, clip.total, recorded, clip.reads_only, clip.max_norm)
 
     def _unhook(self) -> None:
         if self._dropped is not None:

@@ -159,6 +159,7 @@ class Window:
     scaler_updates: int = 0  # GradScaler.update() calls
     clip_calls: int = 0  # clip_grad_norm_ and clip_grad_value_ calls on the model's parameters
     clip_value: float = math.nan  # the last clip_grad_value_'s clip value
+    clip_max_norm: float = math.nan  # the last clip_grad_norm_'s max_norm
     clips_scaled: int = 0  # clip calls before the watched, enabled GradScaler's unscale_()
     zero_grads_inside: int = 0  # zero_grad() calls between two of its micro-steps
     zero_grads_after: int = 0  # since its last micro-step (inside if another micro-step comes)
@@ -181,6 +182,7 @@ class Windows:
     watched_scaler: bool = False
     clip_calls: list[int] = field(default_factory=list)
     clip_values: list[float] = field(default_factory=list)
+    clip_max_norms: list[float] = field(default_factory=list)
     clips_scaled: list[int] = field(default_factory=list)
     scaler: Any = None  # the watched GradScaler
     zero_grads_inside: list[int] = field(default_factory=list)
@@ -205,6 +207,7 @@ class Windows:
         self.scaler_calls.append((w.unscales, w.scaler_updates))
         self.clip_calls.append(w.clip_calls)
         self.clip_values.append(w.clip_value)
+        self.clip_max_norms.append(w.clip_max_norm)
         self.clips_scaled.append(w.clips_scaled)
         self.zero_grads_inside.append(w.zero_grads_inside)
         self.bypassed_forwards.append(max(0, w.forwards - w.wrapped_forwards))
@@ -216,6 +219,7 @@ class Windows:
         total: torch.Tensor | None,
         params: frozenset[int],
         reads_only: bool = False,
+        max_norm: float | None = None,
     ) -> None:
         """A clip_grad_norm_ (`total`: the norm before it) or clip_grad_value_ (`value`) call on
         the model's parameters (`params`: their ids); one before the watched GradScaler's
@@ -234,6 +238,8 @@ class Windows:
                 w.pre_clip_norm = _combined(list(w.read_norms.values()))
             return
         w.clip_calls += 1
+        if max_norm is not None:  # the threshold of a norm clip (`max_norm`)
+            w.clip_max_norm = max_norm
         enabled = self.scaler is not None and bool(getattr(self.scaler, "is_enabled", bool)())
         if enabled and w.unscales == 0:
             w.clips_scaled += 1
@@ -299,6 +305,8 @@ class Windows:
             out["update/clips_before_unscale"] = np.asarray(self.clips_scaled, dtype=np.int64)
         if not all(math.isnan(v) for v in self.clip_values):
             out["update/clip_value"] = np.asarray(self.clip_values, dtype=np.float64)
+        if not all(math.isnan(v) for v in self.clip_max_norms):
+            out["update/clip_max_norm"] = np.asarray(self.clip_max_norms, dtype=np.float64)
         if any(self.bypassed_forwards):
             out["update/bypassed_forwards"] = np.asarray(self.bypassed_forwards, dtype=np.int64)
         if self.zero_grads_seen:

@@ -128,6 +128,7 @@ _CHECK_KINDS = {  # which failing quantities belong to which named check
     "optimizer steps": ("optimizer_steps", "state_step", "loss_scale"),
     "no weight change inside a window": ("window",),
     "every micro-batch backpropagated": ("backward",),
+    "clip threshold": ("clip_max_norm",),
 }
 
 

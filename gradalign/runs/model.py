@@ -96,6 +96,7 @@ class Run:
     scaler_calls: np.ndarray | None = None  # int64 [N, 2], GradScaler unscale_/update calls
     clip_calls: np.ndarray | None = None  # int64 [N], clip_grad_norm_/_value_ calls in window i
     clip_value: np.ndarray | None = None  # float64 [N], clip_grad_value_'s value (NaN: none)
+    clip_max_norm: np.ndarray | None = None  # float64 [N], clip_grad_norm_'s max_norm (NaN: none)
     clips_before_unscale: np.ndarray | None = None  # int64 [N], clips of the scaled gradients
     zero_grads_inside: np.ndarray | None = None  # int64 [N], zero_grad() inside window i
     bypassed_forwards: np.ndarray | None = None  # int64 [N], forwards around DDP in window i

@@ -190,6 +190,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         scaler_calls=optional("update/scaler_calls", updates),
         clip_calls=optional("update/clip_calls", updates),
         clip_value=optional("update/clip_value", updates),
+        clip_max_norm=optional("update/clip_max_norm", updates),
         clips_before_unscale=optional("update/clips_before_unscale", updates),
         zero_grads_inside=optional("update/zero_grads_inside", updates),
         bypassed_forwards=optional("update/bypassed_forwards", updates),

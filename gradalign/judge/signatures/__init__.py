@@ -16,13 +16,8 @@ from .accumulation import (
 from .batch_size import batch_size
 from .batchnorm import batchnorm
 from .buffers import buffers_in_forward
-from .clipping import (
-    clip_before_unscale,
-    clip_per_micro,
-    clip_per_micro_counted,
-    clip_per_micro_unengaged,
-    scale_before_clip,
-)
+from .clip_counted import clip_per_micro_counted, clip_per_micro_unengaged
+from .clipping import clip_before_unscale, clip_per_micro, scale_before_clip
 from .common import failing, finite, first_gradient_failure
 from .cross_sample import cross_sample_gradient, cross_sample_loss, rows_differ
 from .decay import weights_decayed
@@ -51,7 +46,7 @@ from .paired import (
 )
 from .random_draws import dropout_rng, dropout_stopped
 from .skips import overflow_carried, scaler_skips, step_skipped
-from .thresholds import clip_threshold
+from .thresholds import clip_threshold, clip_threshold_recorded
 from .zero_grad import zero_grad_counted, zero_grad_in_window
 
 __all__ = [
@@ -65,6 +60,7 @@ __all__ = [
     "clip_per_micro_counted",
     "clip_per_micro_unengaged",
     "clip_threshold",
+    "clip_threshold_recorded",
     "cross_sample_gradient",
     "cross_sample_loss",
     "data_order",

@@ -1,6 +1,7 @@
 """Clipping signatures: a clip applied to partial sums inside the window (by norm or by value),
 a clip of the GradScaler's scaled gradients, a scale a clip hid; what a clip did to a run
-(`clip_state`). A clip at another threshold than the baseline's: thresholds.py."""
+(`clip_state`). A clip at another threshold than the baseline's: thresholds.py; clips the
+Recorder counted inside the windows: clip_counted.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import numpy as np
 
 from ...runs.model import Run, Tensors
-from ..clip_norms import PRE_CLIP, clipped_inside
+from ..clip_norms import PRE_CLIP
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import (
     exact_of,
@@ -22,7 +23,7 @@ from .common import (
     window_scale,
 )
 
-_ONCE = (
+CLIP_ONCE = (
     "clip once per update: after the K-th backward() (and after unscaling with a "
     "GradScaler), just before optimizer.step()"
 )
@@ -207,60 +208,6 @@ def clip_before_unscale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
 
 
-def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """The merged run clipped more often in the failing update's window than the baseline did
-    per update, and the clip engaged there: partial sums were clipped (by norm or by value)."""
-    counts = c.merged.clip_calls
-    if counts is None:
-        return None
-    i = r.update
-    once = 1 if c.baseline.clip_calls is None else int(c.baseline.clip_calls[i])
-    if int(counts[i]) <= max(once, 1):
-        return None
-    found = _clip_per_micro(c, r) or _clip_value_per_micro(c, r)
-    if found is not None:
-        where, ranks = on_ranks(c, "update/clip_calls", i, above=max(once, 1))
-        found.evidence.update(clip_calls={"merged": int(counts[i]), "baseline": once}, **ranks)
-        called = "clip_grad_value_" if "clip_value" in found.evidence else "clip_grad_norm_"
-        found.message += f" ({called} called {int(counts[i])} times{where} in window {i})"
-    return found
-
-
-def clip_per_micro_unengaged(c: Comparison) -> Diagnosis | None:
-    """The Recorder counted more clip calls in the merged run's windows than in the baseline's
-    updates, and every weight and gradient agrees: the clips inside the windows engaged nowhere
-    in this run (a norm below max_norm, no element beyond clip_value), yet they clip partial
-    sums, and the first window whose partial sum reaches the threshold trains otherwise."""
-    if any(not d.ok for r in c.results for d in (*r.weights, *r.grads)):
-        return None  # a clip that engaged: clip_per_micro_counted reads it by the gradient
-    updates = [r.update for r in c.results]
-    inside = clipped_inside(c.baseline, c.merged, updates)
-    if not inside:
-        return None
-    i = inside[0]
-    calls, once = int(c.merged.clip_calls[i]), int(c.baseline.clip_calls[i])
-    values = c.merged.clip_value
-    by_value = values is not None and i < len(values) and math.isfinite(values[i])
-    called = "clip_grad_value_" if by_value else "clip_grad_norm_"
-    where, ranks = on_ranks(c, "update/clip_calls", i, above=once)
-    return Diagnosis(
-        "clip-per-micro",
-        f"the merged run called {called} {calls} times{where} in window {i} against the "
-        f"baseline's {once} per update ({len(inside)} of {len(updates)} windows): it clips "
-        "partial sums inside the window. No clip engaged in this run (its weights and gradients "
-        "agree with the baseline's), but the first window whose partial sum reaches the clip "
-        "threshold will step with another gradient than the baseline's",
-        {
-            "first_window": i,
-            "windows": len(inside),
-            "clip_calls": {"merged": calls, "baseline": once},
-            "engaged": False,
-            **ranks,
-        },
-        _ONCE,
-    )
-
-
 def at_value(grads: Tensors, value: float, beyond: bool = False) -> int:
     """Elements of a gradient that sit at ±the clip value (a clip by value leaves none past
     it); `beyond`: those past it, which a clip by value would have cut."""
@@ -272,7 +219,7 @@ def at_value(grads: Tensors, value: float, beyond: bool = False) -> int:
     return at
 
 
-def _clip_value_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+def clip_value_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """The merged run clipped by value more than once in the window. Where the gradients'
     elements are known, some must sit at the clip value (in either run): a clip that never
     engaged changed nothing."""
@@ -303,7 +250,7 @@ def _clip_value_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
             "grad_ratio": finite(r.grad_ratio),
             "grad_cosine": finite(r.grad_cosine),
         },
-        _ONCE,
+        CLIP_ONCE,
     )
 
 
@@ -328,7 +275,7 @@ def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     i = r.update
     if pre_b is not None and pre_m is not None and math.isclose(pre_m[i], pre_b[i], rel_tol=1e-4):
         return None  # the merged run saw the same norm before its clip: clipping is fine
-    found = _clip_per_micro(c, r)
+    found = clip_per_micro_engaged(c, r)
     if found is not None and clip_calls(c.merged) is not None and pre_m is None:
         return _clipped_unseen(found, c.baseline.grad_norm_pre_clip[i])
     return found
@@ -354,7 +301,7 @@ def _clipped_unseen(found: Diagnosis, before: float) -> Diagnosis:
     )
 
 
-def _clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+def clip_per_micro_engaged(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """The merged norm is said as recorded: the first clip's in the window where a Recorder saw
     the clips (a partial sum's), the loop's own where it reported one, or the source's."""
     pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
@@ -388,5 +335,5 @@ def _clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         "(to partial sums, or to each micro-batch's gradient before it was added), not once to "
         "the merged gradient",
         evidence,
-        _ONCE,
+        CLIP_ONCE,
     )

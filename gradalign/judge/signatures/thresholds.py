@@ -268,3 +268,48 @@ def _value_clip_in_one_run(c: Comparison, r: UpdateResult) -> Diagnosis | None:
             "framework's gradient_clip_val with gradient_clip_algorithm='value')",
         )
     return None
+
+
+def clip_threshold_recorded(c: Comparison) -> Diagnosis | None:
+    """The Recorder saw both runs call clip_grad_norm_ at other max_norms (`update/clip_max_
+    norm`): named whether or not the clip engaged in this run, as the first update whose norm
+    reaches the lower threshold steps otherwise."""
+    bad = [r.update for r in c.results if any(k == "clip_max_norm" for k, _ in r.problems)]
+    if not bad:
+        return None
+    i = bad[0]
+    mb, mm = float(c.baseline.clip_max_norm[i]), float(c.merged.clip_max_norm[i])
+    k, ratio = window(c), mm / mb if mb else math.inf
+    rule = next((f" = {name}" for q, name in _rules(k) if math.isclose(ratio, q, rel_tol=1e-6)), "")
+    runs = (c.baseline, c.merged)
+    engaged = [r.update for r in c.results if any(clip_state(c, run, r.update)[0] for run in runs)]
+    if engaged:
+        seen = f"a clip engaged at update {engaged[0]} ({len(engaged)} update(s) clipped)"
+    else:
+        seen = (
+            "no clip engaged in this run (every norm before clipping stayed below both "
+            "thresholds), but the first update whose norm passes the lower one steps otherwise"
+        )
+    return Diagnosis(
+        "clip-threshold",
+        f"the merged run called clip_grad_norm_ at max_norm {mm:g} and the baseline at {mb:g} "
+        f"({ratio:.4g} times{rule}) from update {i} ({len(bad)} update(s)); {seen}",
+        {
+            "first_update": i,
+            "max_norm": {"merged": mm, "baseline": mb},
+            "ratio": finite(ratio),
+            "K": k,
+            "engaged_updates": len(engaged),
+        },
+        "clip the accumulated gradient once per update with the baseline's max_norm: it is the "
+        "same sum at any K, so max_norm must not be scaled with K",
+    )
+
+
+def _rules(k: int) -> list[tuple[float, str]]:
+    return [
+        (1 / k, "1/K"),
+        (float(k), "K"),
+        (1 / math.sqrt(k), "1/sqrt(K)"),
+        (math.sqrt(k), "sqrt(K)"),
+    ]

@@ -1,0 +1,93 @@
+"""Clips the Recorder counted inside the merged run's windows (`update/clip_calls`): partial
+sums clipped, read where the clip engaged and where it engaged nowhere in this run."""
+
+from __future__ import annotations
+
+import math
+
+from ..clip_norms import clipped_inside
+from ..results import Comparison, Diagnosis, UpdateResult
+from .clipping import CLIP_ONCE, clip_per_micro_engaged, clip_state, clip_value_per_micro
+from .common import finite, grad_norm, on_ranks
+
+
+def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The merged run clipped more often in the failing update's window than the baseline did
+    per update: partial sums were clipped (by norm or by value). Read by the clip's shape where
+    the baseline clipped there; where it did not, by the counts alone: a partial sum can be
+    longer than the window's whole (its micro-batches' gradients partly cancel), so clips of
+    partial sums engage where the baseline's clip of the whole did not."""
+    counts = c.merged.clip_calls
+    if counts is None:
+        return None
+    i = r.update
+    once = 1 if c.baseline.clip_calls is None else int(c.baseline.clip_calls[i])
+    if int(counts[i]) <= max(once, 1):
+        return None
+    found = clip_per_micro_engaged(c, r) or clip_value_per_micro(c, r) or _unclipped_whole(c, r)
+    if found is not None:
+        where, ranks = on_ranks(c, "update/clip_calls", i, above=max(once, 1))
+        found.evidence.update(clip_calls={"merged": int(counts[i]), "baseline": once}, **ranks)
+        called = "clip_grad_value_" if "clip_value" in found.evidence else "clip_grad_norm_"
+        found.message += f" ({called} called {int(counts[i])} times{where} in window {i})"
+    return found
+
+
+def _unclipped_whole(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The baseline called its clip at the failing update and its whole gradient did not
+    reach it, while the merged run clipped inside the window."""
+    calls = c.baseline.clip_calls
+    if calls is None or int(calls[r.update]) < 1:
+        return None  # the baseline does not clip there: a clip in one run, clip_threshold's
+    if c.baseline.clip_value is not None and math.isfinite(c.baseline.clip_value[r.update]):
+        return None  # by value: clip_value_per_micro's reading, or none
+    clipped, _ = clip_state(c, c.baseline, r.update)
+    if clipped:
+        return None  # the baseline clipped there: clip_per_micro_engaged's reading, or none
+    base = grad_norm(c, c.baseline, r.update)
+    shown = f" (its norm {base:.4g})" if base is not None else ""
+    return Diagnosis(
+        "clip-per-micro",
+        f"the gradients differ first at update {r.update}, where the baseline's accumulated "
+        f"gradient{shown} did not engage its clip, yet the merged run clipped inside the "
+        "window: a partial sum of the micro-batches' gradients can be longer than their whole "
+        "(they partly cancel), so a clip applied to partial sums engages where the baseline's "
+        "clip of the whole gradient did not",
+        {"update": r.update, "baseline_grad_norm": finite(base), "baseline_clipped": False},
+        CLIP_ONCE,
+    )
+
+
+def clip_per_micro_unengaged(c: Comparison) -> Diagnosis | None:
+    """The Recorder counted more clip calls in the merged run's windows than in the baseline's
+    updates, and every weight and gradient agrees: the clips inside the windows engaged nowhere
+    in this run (a norm below max_norm, no element beyond clip_value), yet they clip partial
+    sums, and the first window whose partial sum reaches the threshold trains otherwise."""
+    if any(not d.ok for r in c.results for d in (*r.weights, *r.grads)):
+        return None  # a clip that engaged: clip_per_micro_counted reads it by the gradient
+    updates = [r.update for r in c.results]
+    inside = clipped_inside(c.baseline, c.merged, updates)
+    if not inside:
+        return None
+    i = inside[0]
+    calls, once = int(c.merged.clip_calls[i]), int(c.baseline.clip_calls[i])
+    values = c.merged.clip_value
+    by_value = values is not None and i < len(values) and math.isfinite(values[i])
+    called = "clip_grad_value_" if by_value else "clip_grad_norm_"
+    where, ranks = on_ranks(c, "update/clip_calls", i, above=once)
+    return Diagnosis(
+        "clip-per-micro",
+        f"the merged run called {called} {calls} times{where} in window {i} against the "
+        f"baseline's {once} per update ({len(inside)} of {len(updates)} windows): it clips "
+        "partial sums inside the window. No clip engaged in this run (its weights and gradients "
+        "agree with the baseline's), but the first window whose partial sum reaches the clip "
+        "threshold will step with another gradient than the baseline's",
+        {
+            "first_window": i,
+            "windows": len(inside),
+            "clip_calls": {"merged": calls, "baseline": once},
+            "engaged": False,
+            **ranks,
+        },
+        CLIP_ONCE,
+    )
