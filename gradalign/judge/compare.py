@@ -32,6 +32,7 @@ from .distributed import check_baseline_ranks, rank_check, rank_facts, rank_prob
 from .drift import Drift, stored_bits
 from .honest import honest_differences
 from .inputs import Inputs
+from .loss_steps import window_step
 from .metrics import calibrate, diff, fit_ratio, noise_allowed, quiet
 from .noise import pooled_loss_noise
 from .replicas import replica_disagreements
@@ -219,6 +220,7 @@ class _Judge:
         self.dtype = compute
         # without a reference: a loss computed in a 16-bit dtype is known to its rounding there
         self.loss_rounding = loss_rounding([base.micro_loss, merged.micro_loss], compute)
+        self.loss_rounding = self.loss_rounding or window_step(merged, compute)
         self.loss_noise: np.ndarray | None = None
         if ref is not None:
             self.ref_loss = ref.window_losses()[:n]
