@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from .zoo_runs import _one_thread_judge
+from .test_zoo_gate import _zoo
+from .zoo_runs import _one_thread_judge, zoo
 
 BF16 = {"autocast": "bfloat16", "schedule": True}
 
@@ -43,3 +44,31 @@ def test_gradients_cleared_inside_the_window_are_not_read_as_carried(tmp_path):
         clip=1.0, reference=False, **BF16,
     )  # fmt: skip
     assert row["codes"][:1] == ["zero-grad-in-window"], row
+
+
+NEEDS = {  # what each bug needs of the zoo's loop (bench/zoo_bugs.py's `unmet`)
+    "mean-over-k": ["--uneven"],
+    "scheduler-every-micro": ["--schedule"],
+    "clip-every-micro": ["--clip", "1.0"],
+    "clip-norm-over-k": ["--clip", "1.0"],
+    "penalty-every-micro": ["--penalty", "1e-3"],
+    "scaler-every-micro": ["--autocast", "float16", "--models", "gpt,lnmlp,convtext"],
+    "count-every-micro": ["--optimizers", "adam-1e-2,adamw-wd,nadam"],
+}
+
+
+@pytest.mark.parametrize("bug", sorted(zoo.BUGS))
+def test_every_zoo_bug_is_named_first_on_two_runs(monkeypatch, capsys, bug):
+    """The bench's bugs are made as said: each fails two runs, named by its code first
+    (`--strict` exits 1 otherwise)."""
+    args = ["--runs", "2", "--start", "900", "--strict", "--bug", bug, *NEEDS.get(bug, [])]
+    assert _zoo(monkeypatch, *args) == 0, capsys.readouterr().out
+    assert f"2 runs with {bug}, 0 not named" in capsys.readouterr().out
+
+
+def test_a_bug_the_loop_cannot_show_is_refused(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exited:
+        _zoo(monkeypatch, "--runs", "1", "--bug", "clip-norm-over-k")
+    assert (
+        exited.value.code == 2 and "--bug clip-norm-over-k needs --clip" in capsys.readouterr().err
+    )
