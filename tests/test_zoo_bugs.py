@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from .frameworks import require
 from .test_zoo_gate import _zoo
 from .zoo_runs import _one_thread_judge, zoo
 
@@ -72,3 +73,21 @@ def test_a_bug_the_loop_cannot_show_is_refused(monkeypatch, capsys):
     assert (
         exited.value.code == 2 and "--bug clip-norm-over-k needs --clip" in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    ("bug", "code"), [("log-scaled-loss", "loss-averaging"), ("clip-every-micro", "clip-per-micro")]
+)
+def test_a_recorded_bug_is_named_where_a_sign_step_optimizer_moved_the_weights(tmp_path, bug, code):
+    """`--models hf-gpt2 --optimizers rprop --autocast bfloat16 --clip 1.0 --reference-none`,
+    run 175600 (K=4), whose clean run passes: with the losses recorded divided by K no loss
+    vouches for the weights' noise, and with partial sums clipped the gradients move within
+    their tolerance while Rprop's sign steps move the weights apart; both failed on the
+    weights and were `unexplained`. The losses at 1/K of the baseline's at every update, and
+    the Recorder's counted clips inside the windows, name them."""
+    require("transformers")
+    row = _one_thread_judge(
+        tmp_path / "bug", "hf-gpt2", "rprop", 4, 175600, bug, autocast="bfloat16", clip=1.0,
+        reference=False,
+    )  # fmt: skip
+    assert row["verdict"] == "fail" and row["codes"][:1] == [code], row

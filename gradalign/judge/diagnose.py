@@ -58,7 +58,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
 ]
 # Causes in the model or its loss that move every gradient a little, by the batch's size alone:
 # an accumulation bug in the loop shows beside them as it does alone, and is named first.
-BESIDE_SHAPES = {"batchnorm", "cross-sample-loss", "dropout-rng"}
+BESIDE_SHAPES = {"batchnorm", "cross-sample-loss", "dropout-rng", "loss-averaging"}
 # Settings the optimizer steps with: no gradient computed from the same weights (update 0's)
 # can follow from them, so a gradient that fails there is another cause, read by its shape
 # (the learning rate K times the baseline's, or a scheduler stepped per micro-step, beside a

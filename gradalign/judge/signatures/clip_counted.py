@@ -14,9 +14,7 @@ from .common import finite, grad_norm, on_ranks
 def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """The merged run clipped more often in the failing update's window than the baseline did
     per update: partial sums were clipped (by norm or by value). Read by the clip's shape where
-    the baseline clipped there; where it did not, by the counts alone: a partial sum can be
-    longer than the window's whole (its micro-batches' gradients partly cancel), so clips of
-    partial sums engage where the baseline's clip of the whole did not."""
+    it fits, else by the counts alone (`_unclipped_whole`)."""
     counts = c.merged.clip_calls
     if counts is None:
         return None
@@ -34,37 +32,44 @@ def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
 
 
 def _unclipped_whole(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """The baseline called its clip at the failing update and its whole gradient did not
-    reach it, while the merged run clipped inside the window."""
+    """The baseline called its clip by norm at the failing update and the merged run clipped
+    inside the window, where no clip's shape reads the gradients (`clip_per_micro_engaged`):
+    the whole did not reach the baseline's clip, or an optimizer that steps by signs (Rprop)
+    leaves no ratio to read. The calls alone are a bug; named by them."""
     calls = c.baseline.clip_calls
     if calls is None or int(calls[r.update]) < 1:
         return None  # the baseline does not clip there: a clip in one run, clip_threshold's
     if c.baseline.clip_value is not None and math.isfinite(c.baseline.clip_value[r.update]):
         return None  # by value: clip_value_per_micro's reading, or none
     clipped, _ = clip_state(c, c.baseline, r.update)
-    if clipped:
-        return None  # the baseline clipped there: clip_per_micro_engaged's reading, or none
     base = grad_norm(c, c.baseline, r.update)
     shown = f" (its norm {base:.4g})" if base is not None else ""
+    whole = (
+        "its clip engaged, yet no clip of partial sums reads the merged gradient's shape"
+        if clipped
+        else "it did not reach its clip: a partial sum of the micro-batches' gradients can be "
+        "longer than their whole (they partly cancel), so a clip of partial sums engages where "
+        "the baseline's clip of the whole gradient did not"
+    )
     return Diagnosis(
         "clip-per-micro",
-        f"the gradients differ first at update {r.update}, where the baseline's accumulated "
-        f"gradient{shown} did not engage its clip, yet the merged run clipped inside the "
-        "window: a partial sum of the micro-batches' gradients can be longer than their whole "
-        "(they partly cancel), so a clip applied to partial sums engages where the baseline's "
-        "clip of the whole gradient did not",
-        {"update": r.update, "baseline_grad_norm": finite(base), "baseline_clipped": False},
+        f"the gradients differ first at update {r.update}, where the merged run clipped inside "
+        f"the window and the baseline clipped its accumulated gradient{shown} once: {whole}",
+        {"update": r.update, "baseline_grad_norm": finite(base), "baseline_clipped": clipped},
         CLIP_ONCE,
     )
 
 
 def clip_per_micro_unengaged(c: Comparison) -> Diagnosis | None:
     """The Recorder counted more clip calls in the merged run's windows than in the baseline's
-    updates, and every weight and gradient agrees: the clips inside the windows engaged nowhere
-    in this run (a norm below max_norm, no element beyond clip_value), yet they clip partial
-    sums, and the first window whose partial sum reaches the threshold trains otherwise."""
-    if any(not d.ok for r in c.results for d in (*r.weights, *r.grads)):
+    updates, and every gradient agrees: the clips inside the windows engaged nowhere in this
+    run (a norm below max_norm, no element beyond clip_value), yet they clip partial sums, and
+    the first window whose partial sum reaches the threshold trains otherwise; or they moved
+    the gradients within their tolerance and the weights apart (an optimizer that steps by
+    signs, Rprop, turns a small change of a gradient into a whole step)."""
+    if any(not d.ok for r in c.results for d in r.grads):
         return None  # a clip that engaged: clip_per_micro_counted reads it by the gradient
+    weights_ok = all(d.ok for r in c.results for d in r.weights)
     updates = [r.update for r in c.results]
     inside = clipped_inside(c.baseline, c.merged, updates)
     if not inside:
@@ -79,15 +84,24 @@ def clip_per_micro_unengaged(c: Comparison) -> Diagnosis | None:
         "clip-per-micro",
         f"the merged run called {called} {calls} times{where} in window {i} against the "
         f"baseline's {once} per update ({len(inside)} of {len(updates)} windows): it clips "
-        "partial sums inside the window. No clip engaged in this run (its weights and gradients "
-        "agree with the baseline's), but the first window whose partial sum reaches the clip "
-        "threshold will step with another gradient than the baseline's",
+        f"partial sums inside the window. {_UNSEEN if weights_ok else _WEIGHTS_APART}",
         {
             "first_window": i,
             "windows": len(inside),
             "clip_calls": {"merged": calls, "baseline": once},
-            "engaged": False,
+            "engaged": not weights_ok,
             **ranks,
         },
         CLIP_ONCE,
     )
+
+
+_UNSEEN = (
+    "No clip engaged in this run (its weights and gradients agree with the baseline's), but the "
+    "first window whose partial sum reaches the clip threshold will step with another gradient "
+    "than the baseline's"
+)
+_WEIGHTS_APART = (
+    "The gradients agree within their tolerance and the weights do not: clips of partial sums "
+    "moved the gradients a little, and the steps followed"
+)

@@ -18,11 +18,13 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
     (or logged) differently."""
     status = {check.name: check.status for check in c.checks}
     tensors_fine = all(status.get(n) != FAIL for n in ("weights", "gradients"))
-    if status.get("losses") != FAIL or not tensors_fine:
+    if status.get("losses") != FAIL:
         return None
     ratios = [r.merged_loss / r.base_loss for r in c.results if r.base_loss and not r.loss_ok]
     q = float(np.median(ratios)) if ratios else math.nan
     k = window(c)
+    if not tensors_fine:
+        return _divided_beside(c, ratios, k)
     evidence = {"window_loss_ratio": finite(q), "K": k}
     if status.get("weights") is None:  # a log of losses alone (card logs: `card-loss`)
         if status.get("norms before clipping") == FAIL:  # the gradient's printed norm too
@@ -186,4 +188,29 @@ def _scaled_losses(q: float, k: int, ratios: list[float], evidence: dict) -> Dia
         "print each micro-batch's own loss, before any division by K, and let gradalign "
         "average the window; print the weights or gradients too, so the training itself is "
         "compared",
+    )
+
+
+def _divided_beside(c: Comparison, ratios: list[float], k: int) -> Diagnosis | None:
+    """The losses recorded divided by K (each merged window loss whose loss fails, times K,
+    within what the loss check allows of the baseline's; two at least) where the tensors fail
+    too: a logging bug
+    that holds whatever else differs (with the losses off, no loss tells a kink's or a noise
+    element's divergence from a bug, and the tensors are judged without that leave). Read
+    beside the gradient shapes (diagnose.BESIDE_SHAPES), so a bug in the gradients is named
+    first."""
+    off = [r for r in c.results if r.base_loss and math.isfinite(r.base_loss) and not r.loss_ok]
+    if k < 2 or len(off) < 2:
+        return None
+    if not all(abs(r.merged_loss * k - r.base_loss) <= r.loss_allowed for r in off):
+        return None
+    return Diagnosis(
+        "loss-averaging",
+        f"the merged window losses are 1/K (K={k}) of the baseline's at every update whose "
+        f"losses differ ({len(off)}, from update {off[0].update}): the loss recorded for each "
+        "micro-batch is the one already divided by K. The weights or gradients fail as well, "
+        "which this does not explain: with the losses off, the judge reads no loss to tell a "
+        "rounding divergence from a bug; fix the recorded loss and compare again",
+        {"window_loss_ratio": finite(float(np.median(ratios))), "K": k, "tensors_fail": True},
+        "record each micro-batch's own unscaled loss (before dividing it by K)",
     )
