@@ -14,7 +14,7 @@ from .common import finite, grad_norm, on_ranks
 def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """The merged run clipped more often in the failing update's window than the baseline did
     per update: partial sums were clipped (by norm or by value). Read by the clip's shape where
-    it fits, else by the counts alone (`_unclipped_whole`)."""
+    it fits, else by the counts alone (`_counted_alone`)."""
     counts = c.merged.clip_calls
     if counts is None:
         return None
@@ -22,7 +22,7 @@ def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     once = 1 if c.baseline.clip_calls is None else int(c.baseline.clip_calls[i])
     if int(counts[i]) <= max(once, 1):
         return None
-    found = clip_per_micro_engaged(c, r) or clip_value_per_micro(c, r) or _unclipped_whole(c, r)
+    found = clip_per_micro_engaged(c, r) or clip_value_per_micro(c, r) or _counted_alone(c, r)
     if found is not None:
         where, ranks = on_ranks(c, "update/clip_calls", i, above=max(once, 1))
         found.evidence.update(clip_calls={"merged": int(counts[i]), "baseline": once}, **ranks)
@@ -31,7 +31,7 @@ def clip_per_micro_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     return found
 
 
-def _unclipped_whole(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+def _counted_alone(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """The baseline called its clip by norm at the failing update and the merged run clipped
     inside the window, where no clip's shape reads the gradients (`clip_per_micro_engaged`):
     the whole did not reach the baseline's clip, or an optimizer that steps by signs (Rprop)
@@ -54,7 +54,8 @@ def _unclipped_whole(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     return Diagnosis(
         "clip-per-micro",
         f"the gradients differ first at update {r.update}, where the merged run clipped inside "
-        f"the window and the baseline clipped its accumulated gradient{shown} once: {whole}",
+        f"the window and the baseline called its clip once, on its accumulated gradient{shown}: "
+        f"{whole}",
         {"update": r.update, "baseline_grad_norm": finite(base), "baseline_clipped": clipped},
         CLIP_ONCE,
     )
