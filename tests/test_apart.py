@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from gradalign.judge.apart import judge_apart, parted
+from gradalign.judge.apart import entered_apart, judge_apart, parted
 from gradalign.judge.metrics import TensorDiff
 from gradalign.judge.results import UpdateResult
 from gradalign.judge.tolerances import for_dtype
@@ -36,10 +36,17 @@ def _runs(*states) -> tuple[SimpleNamespace, SimpleNamespace]:
     return made[0], made[1]
 
 
+def _judge_apart(results: list[UpdateResult], tol, base, merged) -> list[str]:
+    """`judge_apart` after each result was marked as compare's loop marks it."""
+    for before, result in zip([None, *results], results, strict=False):
+        result.entered_apart = entered_apart(before, result.update, base, merged)
+    return judge_apart(results, tol)
+
+
 def test_a_gradient_entered_from_parted_weights_is_judged_by_grad_rtol_apart():
     tol = for_dtype("bfloat16")
     results = [_result(0, 1e-6, 0.02), _result(1, 1e-6, 0.2), _result(2, 0.0, 0.35)]
-    notes = judge_apart(results, tol, *_runs(None, None))
+    notes = _judge_apart(results, tol, *_runs(None, None))
     assert [r.grads[0].ok for r in results] == [True, True, False]
     assert results[1].grads[0].allowed == 0.1 + (0.3 - 0.1) * 1.0
     (note,) = notes
@@ -51,7 +58,7 @@ def test_from_the_same_weights_grad_rtol_holds():
     step): update 1's gradients are judged by grad_rtol, and fail at 0.2 of their norm."""
     tol = for_dtype("bfloat16")
     results = [_result(0, 0.0, 0.02), _result(1, 1e-6, 0.2)]
-    assert judge_apart(results, tol, *_runs([[5], [6]], [[5], [7]])) == []
+    assert _judge_apart(results, tol, *_runs([[5], [6]], [[5], [7]])) == []
     assert not results[1].grads[0].ok
 
 
@@ -65,7 +72,7 @@ def test_fingerprints_decide_where_the_judged_weights_show_no_gap():
 
 def test_float32_keeps_one_gradient_tolerance():
     results = [_result(0, 1e-6, 0.0, 1e-4), _result(1, 1e-6, 2e-4, 1e-4)]
-    assert judge_apart(results, for_dtype("float32"), *_runs(None, None)) == []
+    assert _judge_apart(results, for_dtype("float32"), *_runs(None, None)) == []
     assert not results[1].grads[0].ok
 
 
@@ -84,12 +91,12 @@ def test_a_loss_entered_from_parted_weights_is_judged_by_loss_rtol_apart():
     tol = for_dtype("float16")
     allowed = tol.loss_atol + tol.loss_rtol * 3.0
     results = [_loss(0, 3.0009, allowed), _loss(1, 3.0009, allowed), _loss(2, 3.006, allowed)]
-    notes = judge_apart(results, tol, *_runs(None, None))
+    notes = _judge_apart(results, tol, *_runs(None, None))
     assert [r.loss_ok for r in results] == [False, True, False]
     (note,) = notes
     assert "the loss at update(s) 1 differed" in note and "loss_rtol_apart 0.001" in note
     float32 = [_loss(0, 3.0009, allowed), _loss(1, 3.0009, allowed)]
-    assert judge_apart(float32, for_dtype("float32"), *_runs(None, None)) == []
+    assert _judge_apart(float32, for_dtype("float32"), *_runs(None, None)) == []
     assert not float32[1].loss_ok
 
 

@@ -14,7 +14,6 @@ update 0, judged by `grad_rtol`, and in the weights.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 
 import numpy as np
@@ -26,21 +25,21 @@ from .results import UpdateResult
 from .tolerances import Tolerances
 
 
-def judge_apart(results: list[UpdateResult], tol: Tolerances, base: Run, merged: Run) -> list[str]:
+def judge_apart(results: list[UpdateResult], tol: Tolerances) -> list[str]:
     """Widen the gradient tolerance to `tol.grad_rtol_apart`, and the loss's to
-    `tol.loss_rtol_apart`, at every update entered with weights that differ (`parted`); a note
-    names what passes only by them."""
+    `tol.loss_rtol_apart`, at every update entered with weights that differ (each result's
+    `entered_apart`, set as the update was judged); a note names what passes only by them."""
     rtol = max(tol.grad_rtol, tol.grad_rtol_apart)
     loss_extra = max(tol.loss_rtol_apart - tol.loss_rtol, 0.0)
     if rtol <= tol.grad_rtol and not loss_extra:
         return []
     widened: list[tuple[int, str, float]] = []
     losses: list[tuple[int, float]] = []
-    for before, result in itertools.pairwise(results):
-        if not parted(before, base, merged):
+    for result in results:
+        if not result.entered_apart:
             continue
         for i, d in enumerate(result.grads):
-            wide = _widened(d, rtol - tol.grad_rtol)
+            wide = _widened(d, _apart_extra(tol))
             if wide.ok and not d.ok:
                 widened.append((result.update, d.name, d.rel_l2))
             result.grads[i] = wide
@@ -63,8 +62,13 @@ def passes(d: TensorDiff, tol: Tolerances, apart: bool, clearly: bool = False) -
     ok = d.clearly_ok if clearly else d.ok
     if ok or not apart:
         return ok
-    wide = _widened(d, max(tol.grad_rtol, tol.grad_rtol_apart) - tol.grad_rtol)
+    wide = _widened(d, _apart_extra(tol))
     return wide.clearly_ok if clearly else wide.ok
+
+
+def _apart_extra(tol: Tolerances) -> float:
+    """What grad_rtol_apart adds to grad_rtol (none where it is the smaller)."""
+    return max(tol.grad_rtol, tol.grad_rtol_apart) - tol.grad_rtol
 
 
 def entered_apart(before: UpdateResult | None, i: int, base: Run, merged: Run) -> bool:

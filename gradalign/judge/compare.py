@@ -134,7 +134,7 @@ def _judge(
         results.append(result)
         if on_update is not None:
             on_update(i)
-    jumps = judge_apart(results, tol, base, merged) if reference is None else []
+    jumps = judge_apart(results, tol) if reference is None else []
     jumps += rounding_notes(results) + netted_notes(results)
     seen = judge_tensors.width if isinstance(judge_tensors, SketchJudge) else None
     jumps += honest_differences(results, base, merged, reference, tol.noise_factor, seen)
@@ -219,8 +219,9 @@ class _Judge:
         compute = least_precise([base.compute_dtype, merged.compute_dtype])
         self.dtype = compute
         # without a reference: a loss computed in a 16-bit dtype is known to its rounding there
-        self.loss_rounding = loss_rounding([base.micro_loss, merged.micro_loss], compute)
-        self.loss_rounding = self.loss_rounding or window_step(merged, compute)
+        self.loss_rounding = loss_rounding(
+            [base.micro_loss, merged.micro_loss], compute
+        ) or window_step(merged, compute)
         self.loss_noise: np.ndarray | None = None
         if ref is not None:
             self.ref_loss = ref.window_losses()[:n]

@@ -213,3 +213,10 @@ def dropout_ran(c: Comparison) -> bool:
         return False
     found = micro_draws(c.baseline), micro_draws(c.merged)
     return not all(d is not None and not d[1:].any() for d in found)
+
+
+def scaling_rules(k: int) -> list[tuple[float, str]]:
+    """What a batch-size scaling rule multiplies a setting by for K, with its name: K or
+    sqrt(K), or their inverses (a learning rate, a clip threshold)."""
+    root = math.sqrt(k)
+    return [(1 / k, "1/K"), (float(k), "K"), (1 / root, "1/sqrt(K)"), (root, "sqrt(K)")]

@@ -4,8 +4,6 @@ precision each run recorded it in."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..bookkeeping import (
@@ -16,7 +14,7 @@ from ..bookkeeping import (
     recorded_dtype,
 )
 from ..results import Comparison, Diagnosis
-from .common import finite, window
+from .common import finite, scaling_rules, window
 
 SCALE_MATCH = 1e-6  # relative: a constant lr ratio, allowing float32 rounding of each lr
 
@@ -184,8 +182,7 @@ def _compared(base_lr: np.ndarray, merged_lr: np.ndarray) -> int:
 
 def _scaling_rule(q: float, k: int, slack: float = 0.0) -> bool:
     """Whether `q` is what a batch-size rule gives for K: K or sqrt(K), or their inverses."""
-    rules = (k, 1 / k, math.sqrt(k), 1 / math.sqrt(k))
-    return any(abs(q / rule - 1) <= SCALE_MATCH + slack for rule in rules)
+    return any(abs(q / rule - 1) <= SCALE_MATCH + slack for rule, _ in scaling_rules(k))
 
 
 def scaled_lr(c: Comparison) -> tuple[float, int] | None:

@@ -12,6 +12,8 @@ from ..results import FAIL, Comparison, Diagnosis
 from .clipping import SCALE_ONCE, scale_behind_clip, scale_of, window_of
 from .common import finite, times, whole_ratio, window
 
+_UNSCALED = "record each micro-batch's own unscaled loss (before dividing it by K)"
+
 
 def loss_averaging(c: Comparison) -> Diagnosis | None:
     """Only the losses disagree: the training is the same, the recorded losses are averaged
@@ -38,7 +40,7 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
             f"the merged window losses are {q:.4g} times the baseline's, about 1/K: the loss "
             "recorded for each micro-batch is the one already divided by K"
         )
-        fix = "record each micro-batch's own unscaled loss (before dividing it by K)"
+        fix = _UNSCALED
     else:
         found = _averaged_otherwise(c, q, evidence, ratios)
         if found is None:
@@ -212,5 +214,5 @@ def _divided_beside(c: Comparison, ratios: list[float], k: int) -> Diagnosis | N
         "which this does not explain: with the losses off, the judge reads no loss to tell a "
         "rounding divergence from a bug; fix the recorded loss and compare again",
         {"window_loss_ratio": finite(float(np.median(ratios))), "K": k, "tensors_fail": True},
-        "record each micro-batch's own unscaled loss (before dividing it by K)",
+        _UNSCALED,
     )

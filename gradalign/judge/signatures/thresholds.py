@@ -7,7 +7,12 @@ import math
 
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import at_value, clip_calls, clip_state
-from .common import exact_of, finite, grad_norm, noise_share, window
+from .common import exact_of, finite, grad_norm, noise_share, scaling_rules, window
+
+_SAME_MAX_NORM = (
+    "clip the accumulated gradient once per update with the baseline's max_norm: it is the same "
+    "sum at any K, so max_norm must not be scaled with K"
+)
 
 
 def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
@@ -56,8 +61,7 @@ def clip_threshold(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         f"{_clip_phrase('merged run', clipped_m, post_m)}"
         f"{scaled}: the merged run clips at another max_norm",
         evidence,
-        "clip the accumulated gradient once per update with the baseline's max_norm: it is the "
-        "same sum at any K, so max_norm must not be scaled with K",
+        _SAME_MAX_NORM,
     )
 
 
@@ -280,7 +284,9 @@ def clip_threshold_recorded(c: Comparison) -> Diagnosis | None:
     i = bad[0]
     mb, mm = float(c.baseline.clip_max_norm[i]), float(c.merged.clip_max_norm[i])
     k, ratio = window(c), mm / mb if mb else math.inf
-    rule = next((f" = {name}" for q, name in _rules(k) if math.isclose(ratio, q, rel_tol=1e-6)), "")
+    rule = next(
+        (f" = {name}" for q, name in scaling_rules(k) if math.isclose(ratio, q, rel_tol=1e-6)), ""
+    )
     runs = (c.baseline, c.merged)
     engaged = [r.update for r in c.results if any(clip_state(c, run, r.update)[0] for run in runs)]
     if engaged:
@@ -301,15 +307,5 @@ def clip_threshold_recorded(c: Comparison) -> Diagnosis | None:
             "K": k,
             "engaged_updates": len(engaged),
         },
-        "clip the accumulated gradient once per update with the baseline's max_norm: it is the "
-        "same sum at any K, so max_norm must not be scaled with K",
+        _SAME_MAX_NORM,
     )
-
-
-def _rules(k: int) -> list[tuple[float, str]]:
-    return [
-        (1 / k, "1/K"),
-        (float(k), "K"),
-        (1 / math.sqrt(k), "1/sqrt(K)"),
-        (math.sqrt(k), "sqrt(K)"),
-    ]
