@@ -12,7 +12,15 @@ from ..results import FAIL, Comparison, Diagnosis
 from .clipping import SCALE_ONCE, scale_behind_clip, scale_of, window_of
 from .common import finite, times, whole_ratio, window
 
-_UNSCALED = "record each micro-batch's own unscaled loss (before dividing it by K)"
+_UNSCALED = (
+    "record each micro-batch's own unscaled loss (before dividing it by K); a loss summed over "
+    'the micro-batch\'s items (reduction="sum") as `micro(loss_sum=loss, items=n)`'
+)
+# the two ways a window's losses come out 1/K of the baseline's while the training is the same
+_ONE_KTH = (
+    "the loss recorded for each micro-batch is the one already divided by K, or a sum over its "
+    'items (reduction="sum", as the baseline\'s over the whole batch) averaged as a mean'
+)
 
 
 def loss_averaging(c: Comparison) -> Diagnosis | None:
@@ -36,10 +44,7 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
     if hidden is not None:
         return hidden
     if math.isfinite(q) and abs(q * k - 1) <= 0.05:
-        how = (
-            f"the merged window losses are {q:.4g} times the baseline's, about 1/K: the loss "
-            "recorded for each micro-batch is the one already divided by K"
-        )
+        how = f"the merged window losses are {q:.4g} times the baseline's, about 1/K: " + _ONE_KTH
         fix = _UNSCALED
     else:
         found = _averaged_otherwise(c, q, evidence, ratios)
@@ -209,8 +214,8 @@ def _divided_beside(c: Comparison, ratios: list[float], k: int) -> Diagnosis | N
     return Diagnosis(
         "loss-averaging",
         f"the merged window losses are 1/K (K={k}) of the baseline's at every update whose "
-        f"losses differ ({len(off)}, from update {off[0].update}): the loss recorded for each "
-        "micro-batch is the one already divided by K. The weights or gradients fail as well, "
+        f"losses differ ({len(off)}, from update {off[0].update}): {_ONE_KTH}. The weights or "
+        "gradients fail as well, "
         "which this does not explain: with the losses off, the judge reads no loss to tell a "
         "rounding divergence from a bug; fix the recorded loss and compare again",
         {"window_loss_ratio": finite(float(np.median(ratios))), "K": k, "tensors_fail": True},
