@@ -45,8 +45,8 @@ def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Di
     short = [
         (
             n / k,
-            f"divided by K={k} in a window of {n} micro-step(s) (the end of the data, or of "
-            "a limit on the batches)",
+            f"divided by K={k} in a window of {n} micro-step(s) (the end of the data, a limit "
+            "on the batches, or a batch size that ramps up)",
             "divide each micro-batch's loss by its own window's micro-batches or weight it by "
             "its share of the window's items; or give both runs data of a multiple of the batch "
             "of B (drop_last=True drops only a tail shorter than each loader's own batch: the "
