@@ -63,6 +63,8 @@ VARIANTS = {
     # the last window's last row on rank 1 is the data's first, as a DistributedSampler with
     # drop_last=False pads data that does not fill the ranks
     "padded-last": {"padded": True},
+    # an epoch's leftover micro-step before update 2's window, its gradient cleared by zero_grad()
+    "leftover-cleared": {"leftover": 2},
 }
 CLIP = 0.2
 # without DDP: gradients reduced to rank 0, which steps and broadcasts its weights; `steps`
@@ -197,6 +199,12 @@ def merged(out: Path, variant: dict) -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if clip else None
     with gradalign.Recorder(out, ddp, opt, accum_steps=k, scaler=scaler) as rec:
         for update in range(UPDATES):
+            if variant.get("leftover") == update:  # backpropagated, recorded, then cleared
+                with ddp.no_sync():
+                    rows = slice(rank, B * UPDATES, 7)
+                    nn.functional.cross_entropy(ddp(x[rows]), y[rows]).backward()
+                rec.micro(torch.tensor(1.0), batch=(x[rows], y[rows]))
+                opt.zero_grad()
             for micro in range(k):
                 sizes = per_micro[micro]
                 first = update * B + micro * (B // k) + sum(sizes[:rank])

@@ -9,6 +9,10 @@ One kind of window of another size is training, not a bug: the end of the data, 
 frameworks close an epoch that does not fill K micro-batches (the baseline's last batch is short
 as well). Such a window lines up with the baseline's batch; what it holds is the samples
 check's to judge.
+Nor is a last partial window that never stepped (fewer than K micro-steps after the last
+update(), as many updates as the baseline's): the end of the data, which the baseline's loader
+dropped as a short batch; it trained nothing (`left_over`). Micro-steps whose gradient a
+zero_grad() cleared before their window's K are read out of the run (runs/discarded.py).
 """
 
 from __future__ import annotations
@@ -78,9 +82,9 @@ def problems(run: Run, role: str, base: Run | None = None) -> list[str]:
         i = int(odd[0])
         found.append(
             f"{role} window {i} holds {int(run.sizes[i])} micro-steps, not K={run.accum_steps} "
-            f"({odd.size} irregular window(s))"
+            f"({odd.size} irregular window(s)){carried_in(run, i)}"
         )
-    if run.unclosed_micro_steps:
+    if run.unclosed_micro_steps and not left_over(run, base):
         never = " update() was never called" if run.updates == 0 else ""
         found.append(
             f"{role} has {run.unclosed_micro_steps} micro-step(s) after its last update():"
@@ -93,6 +97,35 @@ def problems(run: Run, role: str, base: Run | None = None) -> list[str]:
             "recorded (a last partial window stepped where there was none?)"
         )
     return found
+
+
+CARRIED = "a partial window's gradient carried into the next"
+CARRIED_FIX = (
+    "; clear a partial window that did not step before the next window begins "
+    "(optimizer.zero_grad() at each epoch's start), or step on it"
+)
+
+
+def carried_in(run: Run, i: int) -> str:
+    """What a window holding more than K micro-steps, none cleared inside it, tells: the
+    micro-steps before its last K (a partial window at an epoch's end that never stepped)
+    added their gradient to its K (empty where that is not so, or not known)."""
+    extra = int(run.sizes[i]) - run.accum_steps
+    inside = run.zero_grads_inside
+    if extra <= 0 or inside is None or inside[i]:
+        return ""
+    return (
+        f": its first {extra} trained with it, no zero_grad() between them and the K after "
+        f"({CARRIED}, as from the end of an epoch?)"
+    )
+
+
+def left_over(run: Run, base: Run | None) -> bool:
+    """Whether the micro-steps after `run`'s last update() are the end of the data left
+    unstepped: fewer than K, no optimizer step after them, and as many updates as the baseline
+    (whose loader dropped the short batch they would have made): they trained nothing."""
+    short = 0 < run.unclosed_micro_steps < run.accum_steps and not run.unclosed_steps
+    return short and base is not None and base is not run and run.updates == base.updates
 
 
 def judged_updates(base: Run, merged: Run) -> int:

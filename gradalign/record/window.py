@@ -163,6 +163,7 @@ class Window:
     clips_scaled: int = 0  # clip calls before the watched, enabled GradScaler's unscale_()
     zero_grads_inside: int = 0  # zero_grad() calls between two of its micro-steps
     zero_grads_after: int = 0  # since its last micro-step (inside if another micro-step comes)
+    discarded: int = 0  # micro-steps before its last zero_grad() inside: their gradient cleared
     forwards: int = 0  # the model's forwards with gradients on (watched under DDP only)
     wrapped_forwards: int = 0  # of them, those DistributedDataParallel ran
 
@@ -186,6 +187,7 @@ class Windows:
     clips_scaled: list[int] = field(default_factory=list)
     scaler: Any = None  # the watched GradScaler
     zero_grads_inside: list[int] = field(default_factory=list)
+    discarded: list[int] = field(default_factory=list)
     bypassed_forwards: list[int] = field(default_factory=list)  # forwards around DDP
     zero_grads_seen: bool = False  # a zero_grad() call was seen: the counts above mean something
     draws: Draws = field(default_factory=Draws)  # random numbers drawn per micro-step
@@ -210,6 +212,7 @@ class Windows:
         self.clip_max_norms.append(w.clip_max_norm)
         self.clips_scaled.append(w.clips_scaled)
         self.zero_grads_inside.append(w.zero_grads_inside)
+        self.discarded.append(w.discarded)
         self.bypassed_forwards.append(max(0, w.forwards - w.wrapped_forwards))
         self.open = Window()
 
@@ -263,6 +266,8 @@ class Windows:
     def micro_step(self) -> None:
         """One more micro-step in the open window."""
         w = self.open
+        if w.zero_grads_after and not w.steps:  # cleared before this one, never stepped on
+            w.discarded = w.micro_steps
         w.zero_grads_inside += w.zero_grads_after
         w.zero_grads_after = 0
         w.micro_steps += 1
@@ -311,6 +316,8 @@ class Windows:
             out["update/bypassed_forwards"] = np.asarray(self.bypassed_forwards, dtype=np.int64)
         if self.zero_grads_seen:
             out["update/zero_grads_inside"] = np.asarray(self.zero_grads_inside, dtype=np.int64)
+        if any(self.discarded):
+            out["update/discarded_micro_steps"] = np.asarray(self.discarded, dtype=np.int64)
         if self.loss_scales and all(s is not None for s in self.loss_scales):
             out["update/loss_scale"] = np.asarray(self.loss_scales, dtype=np.float64)
         if any(step >= 0 for step in self.state_steps):

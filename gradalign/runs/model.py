@@ -103,6 +103,8 @@ class Run:
     window_sizes: np.ndarray | None = None  # int64 [N], micro-steps per window (None: K each)
     unclosed_micro_steps: int = 0  # micro-steps recorded after the last update()
     unclosed_steps: int = 0  # optimizer steps after the last update(), never recorded
+    # updates whose window began with discarded micro-steps that drew random numbers (discarded.py)
+    discarded_draws: tuple[int, ...] = ()
     grads_calls: np.ndarray | None = None  # int64 [N], Recorder.grads() calls in window i
     update_state: np.ndarray | None = None  # int64 [N, P]
     update_state_known: np.ndarray | None = None  # bool [N]; None: every row is known

@@ -13,6 +13,7 @@ from ..errors import BadInput, shown, stated_version
 from ..paths import is_stream
 from . import jsonfile
 from .checksums import declared as declared_checksum
+from .discarded import drop_discarded
 from .layout import FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, SERIES, grads_file, weights_file
 from .model import Run, TensorInfo, Tensors
 from .ranks import rank_counts, read_ranks
@@ -223,6 +224,13 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         ranks=ranks,
         distributed=distributed,
     )
+    discarded = optional("update/discarded_micro_steps", updates)
+    if discarded is not None and ((discarded < 0) | (discarded > run.sizes)).any():
+        raise BadInput(
+            f"{where}: series update/discarded_micro_steps holds a count below 0 or above "
+            "its window's micro-steps"
+        )
+    run = drop_discarded(run, discarded)
     store.loaders = (run.load_init_weights, run.load_weights, run.load_grads)
     attach_sketches(run, manifest, store)
     return run

@@ -26,7 +26,6 @@ from .decisive import (
     data_order,
     non_finite,
     replica_divergence,
-    step_count,
     step_in_window,
     window_bookkeeping,
 )
@@ -46,6 +45,7 @@ from .paired import (
 )
 from .random_draws import dropout_rng, dropout_stopped
 from .skips import overflow_carried, scaler_skips, step_skipped
+from .step_count import step_count
 from .thresholds import clip_threshold, clip_threshold_recorded
 from .zero_grad import zero_grad_counted, zero_grad_in_window
 

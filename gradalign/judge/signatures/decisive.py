@@ -9,11 +9,11 @@ from ...runs.model import Run
 from ..bookkeeping import bad_alike
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
-from ..window_sizes import problems
-from ..windows import observable_windows
+from ..window_sizes import CARRIED, CARRIED_FIX, problems
 from .accumulation import inner_steps, not_the_optimizer
-from .common import dropout_ran, finite, window
+from .common import dropout_ran, finite
 from .skips import skips_apart, steps_skipped
+from .step_count import counter_only
 
 CARD_RATIO_MATCH = 1e-4  # relative: a float32 mean of cards' means against the baseline's mean
 
@@ -80,53 +80,6 @@ def step_in_window(c: Comparison) -> Diagnosis | None:
         evidence,
         "call optimizer.step() and optimizer.zero_grad() only after the K-th micro-batch of "
         "each window, e.g. `if (micro + 1) % K == 0:`",
-    )
-
-
-def counter_only(c: Comparison) -> bool:
-    """The optimizer's own step counter differs from the baseline's while step() ran as often
-    and never inside a window: recorded per update, or shown by weights that never changed
-    inside an observable window."""
-    problems = {k for r in c.results for k, _ in r.problems}
-    if "state_step" not in problems or problems & {"optimizer_steps", "window"}:
-        return False
-    if c.merged.optimizer_steps is not None and c.baseline.optimizer_steps is not None:
-        return True
-    return observable_windows(c.merged) > 0
-
-
-def step_count(c: Comparison) -> Diagnosis | None:
-    """A step counter advanced per micro-step: Adam's t (a framework's beta-power accumulators)
-    counted in every micro-step of a hand-written merge while the step itself ran once per
-    window, so the bias correction weighs every step otherwise."""
-    if not counter_only(c):
-        return None
-    counted = [r for r in c.results if any(k == "state_step" for k, _ in r.problems)]
-    first, last = counted[0].update, counted[-1].update
-    state_m, state_b = c.merged.state_step, c.baseline.state_step
-    assert state_m is not None and state_b is not None  # a state_step problem reads both
-    qm, qb, k = int(state_m[last]), int(state_b[last]), window(c)
-    how = (
-        f"{k} times the baseline's (K={k}): it counted micro-steps, not updates"
-        if qb > 0 and qm == k * qb
-        else "it advanced otherwise than the updates"
-    )
-    return Diagnosis(
-        "step-count",
-        f"the optimizer's own step count (the t of Adam's bias correction) was {qm} after update "
-        f"{last} against the baseline's {qb}, {how}, while step() ran as often as the "
-        "baseline's and never inside a window: Adam's bias correction (1 - beta^t) then weighs "
-        "its steps otherwise",
-        {
-            "first_update": first,
-            "merged_state_step": qm,
-            "baseline_state_step": qb,
-            "at_update": last,
-            "updates_differing": len(counted),
-        },
-        "advance the optimizer's step count once per window, with the step that applies the "
-        "merged gradient: in a hand-written or framework gradient merge, Adam's t and its "
-        "beta1^t, beta2^t power accumulators belong to the update, not to each micro-batch",
     )
 
 
@@ -394,5 +347,6 @@ def window_bookkeeping(c: Comparison) -> Diagnosis | None:
             "; step a last partial window only where micro-batches remain in it"
             if c.merged.unclosed_steps or c.baseline.unclosed_steps
             else ""
-        ),
+        )
+        + (CARRIED_FIX if any(CARRIED in text for text in found) else ""),
     )

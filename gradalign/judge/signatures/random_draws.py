@@ -20,6 +20,9 @@ def _dropout_layers(c: Comparison) -> list[str] | None:
 
 def dropout_rng(c: Comparison) -> Diagnosis | None:
     layers = _dropout_layers(c)
+    leftover = _leftover_draws(c, layers)
+    if leftover is not None:
+        return leftover
     drawn = draws(c)
     if not drawn and not dropout_ran(c):  # no dropout, or its layers drew no mask (eval())
         return None
@@ -71,6 +74,29 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
         else "draw the same numbers in both runs: the noise for the whole batch of B once per "
         "update, sliced per micro-batch, or from a generator seeded by sample and update; or "
         "verify with the noise fixed to isolate it",
+    )
+
+
+def _leftover_draws(c: Comparison, layers: list[str] | None) -> Diagnosis | None:
+    """The runs part at the first window whose discarded micro-steps (an epoch's leftover,
+    cleared by zero_grad(): runs/discarded.py) drew random numbers the baseline never drew:
+    every random op after them draws from a shifted stream, so the masks differ from there."""
+    drew = sorted(set(c.merged.discarded_draws) - set(c.baseline.discarded_draws))
+    first = failing(c)
+    if not drew or first is None or first.update != drew[0]:  # they part there, or not by it
+        return None
+    what = f"dropout ({', '.join(layers)})" if layers else "random draws at every micro-step"
+    return Diagnosis(
+        "dropout-rng",
+        f"the runs agree before update {first.update} and part there: "
+        f"before window {drew[0]} the merged run forwarded micro-steps whose gradient "
+        "zero_grad() then cleared (an epoch's leftover micro-batch, left out of the judged run), "
+        f"and the model's {what} drew random numbers there that the baseline never drew: every "
+        "mask after them comes from a shifted stream",
+        {"first_update": first.update, "windows_after_drawn_leftovers": drew},
+        "do not forward the leftover micro-batches: give the micro-batch loader a length that "
+        "is a multiple of K (drop the tail, or stop at the last whole window); or forward them "
+        "inside torch.random.fork_rng() so they leave the generator as they found it",
     )
 
 
