@@ -27,9 +27,18 @@ from .recorded_loop import classifier
 BATCH, K, EPOCHS, SAMPLES = 32, 4, 3, 104  # 3 batches an epoch; 13 micro-batches of 8
 
 
-def loop(out, k: int, clear_each_epoch: bool, dropout: str | None = None) -> None:
+def loop(
+    out,
+    k: int,
+    clear_each_epoch: bool,
+    dropout: str | None = None,
+    by_hand: bool = False,
+    create_graph: bool = False,
+) -> None:
     """`dropout`: "drawn", a dropout layer whose leftover forward draws masks the baseline never
-    draws; "forked", the leftover forwarded inside torch.random.fork_rng()."""
+    draws; "forked", the leftover forwarded inside torch.random.fork_rng(). `by_hand`: the
+    epoch's clear is `p.grad = None` for every parameter (no zero_grad() call to see);
+    `create_graph`: each backward builds a graph of the gradient (a new `.grad` every time)."""
     model, x, y = classifier(SAMPLES)
     if dropout is not None:
         model.insert(2, nn.Dropout(0.1))
@@ -38,12 +47,15 @@ def loop(out, k: int, clear_each_epoch: bool, dropout: str | None = None) -> Non
     loader = DataLoader(TensorDataset(x, y), batch_size=BATCH // k, drop_last=True)
     with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
         for _ in range(EPOCHS):
-            if clear_each_epoch:
+            if clear_each_epoch and by_hand:
+                for p in model.parameters():
+                    p.grad = None
+            elif clear_each_epoch:
                 opt.zero_grad()
             for i, (xb, yb) in enumerate(loader):
                 with torch.random.fork_rng(enabled=dropout == "forked" and i >= whole):
                     loss = nn.functional.cross_entropy(model(xb), yb)
-                (loss / k).backward()
+                (loss / k).backward(create_graph=create_graph)
                 rec.micro(loss.detach(), batch=(xb, yb))
                 if (i + 1) % k == 0:
                     opt.step()
@@ -57,6 +69,9 @@ def runs(tmp_path_factory):
     loop(root / "base", 1, True)
     for clear in (True, False):
         loop(root / f"merged-{clear}", K, clear)
+    loop(root / "merged-by-hand", K, True, by_hand=True)
+    loop(root / "base-graph", 1, True, create_graph=True)
+    loop(root / "merged-graph", K, True, create_graph=True)
     loop(root / "base-dropout", 1, True, "drawn")
     for dropout in ("drawn", "forked"):
         loop(root / f"merged-{dropout}", K, True, dropout)
@@ -68,7 +83,19 @@ def test_leftovers_cleared_at_each_epoch_start_pass_with_a_note(runs):
     assert merged.window_sizes is None and merged.updates == 3 * EPOCHS
     c = compare(read_run_dir(runs / "base"), merged)
     assert c.verdict == "pass", [(d.code, d.message) for d in c.diagnosis]
-    assert any("cleared by zero_grad()" in note for note in c.notes), c.notes
+    assert any("had their gradient cleared" in note for note in c.notes), c.notes
+
+
+@pytest.mark.parametrize(("merged", "base"), [("by-hand", "base"), ("graph", "base-graph")])
+def test_leftovers_cleared_by_hand_or_under_create_graph_pass(runs, merged, base):
+    """`p.grad = None` by hand: the Recorder sees every gradient gone or another tensor at the
+    next micro-step (`GradWrites`; was `window-bookkeeping`, "carried into the next"). Under
+    create_graph=True every backward makes a new `.grad`, which is no clear."""
+    run = read_run_dir(runs / f"merged-{merged}")
+    assert run.window_sizes is None and run.updates == 3 * EPOCHS
+    c = compare(read_run_dir(runs / base), run)
+    assert c.verdict == "pass", [(d.code, d.message) for d in c.diagnosis]
+    assert any("had their gradient cleared" in note for note in c.notes), c.notes
 
 
 def test_leftovers_that_drew_dropout_masks_are_named_with_fork_rng(runs):

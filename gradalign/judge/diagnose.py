@@ -149,9 +149,9 @@ def _scale_beside_a_term(c: Comparison) -> Diagnosis | None:
 
 
 def _recorded_causes(c: Comparison) -> tuple[Diagnosis | None, ...]:
-    """Causes the run recorded: buffers its forward wrote, a comm hook, rows from another
-    micro-batch in its row digests."""
-    return sig.buffers_in_forward(c), ranked.dp_comm_hook(c), sig.rows_differ(c)
+    """Causes the run recorded: buffers its forward wrote, a comm hook, hooks on the
+    parameters' gradients, rows from another micro-batch in its row digests."""
+    return sig.buffers_in_forward(c), ranked.dp_comm_hook(c), sig.grad_hooks(c), sig.rows_differ(c)
 
 
 def _shape(c: Comparison, beside: bool) -> tuple[list[Diagnosis], bool]:

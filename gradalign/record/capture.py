@@ -98,10 +98,10 @@ class Capture:
         relpath = grads_file(update) if self.snapshot_at(update) else None
         self._take("grads", update, grads, relpath)
 
-    def micro(self) -> None:
+    def micro(self) -> bool:
+        """One micro-step's rows; whether its gradients were cleared by hand (`GradWrites`)."""
         self.states.row()
-        if not self.sharded:  # not written for a sharded model (series)
-            self.writes.row()
+        return not self.sharded and self.writes.row()  # a sharded model's writes: not written
 
     def _take(self, kind: str, update: int | None, tensors: dict, relpath: str | None) -> None:
         tensors = {n: None if t is None else whole(t) for n, t in tensors.items()}

@@ -172,6 +172,7 @@ def model_facts(
     hooks = comm_hooks(wrapper)
     if hooks:
         facts["comm_hooks"] = hooks
+    facts = with_grad_hooks(facts, model)
     if outside:
         facts["optimizer_outside_model"] = outside
     return facts
@@ -189,6 +190,23 @@ def comm_hooks(wrapper: Any) -> list[str]:
         function = getattr(hook, "func", hook)
         names.append(str(getattr(function, "__qualname__", type(function).__name__)))
     return names
+
+
+def with_grad_hooks(facts: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+    """`facts` with `grad_hooks`: the parameters that carry a hook on their gradient
+    (`register_hook`, `register_post_accumulate_grad_hook`), now or as `facts` found before (a
+    hook registered after the Recorder opened counts too). Each runs at every backward, on a
+    micro-batch's gradient in a merged run: one that is not linear in it (a clamp, a clip, a
+    normalization, noise) changes the window's sum."""
+    before = set(facts.get("grad_hooks", ()))
+    names = [
+        name
+        for name, param in model.named_parameters()
+        if name in before
+        or param._backward_hooks
+        or getattr(param, "_post_accumulate_grad_hooks", None)
+    ]
+    return {**facts, "grad_hooks": names} if names else facts
 
 
 def _drops(module: torch.nn.Module) -> bool:

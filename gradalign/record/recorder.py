@@ -33,7 +33,7 @@ from ..errors import BadInput
 from ..runs.background import BackgroundWriter
 from ..runs.sketches import WIDTH
 from ..runs.writer import RunWriter
-from . import checks, clipping, optimizer_settings, samples
+from . import checks, clipping, facts, optimizer_settings, samples
 from .attached import Attached, discard_when_dropped, weakly
 from .capture import MODES, Capture
 from .device import environment, watch_autocast
@@ -223,9 +223,9 @@ class Recorder:
         if digest is not None:
             self._data.append(digest)
             self._samples.append(sample_count(batch))
-        self._capture.micro()
+        cleared = self._capture.micro()
         self._settle_autocast()  # the first micro-step's forward showed the compute dtype
-        self._windows.micro_step()
+        self._windows.micro_step(cleared)
         self._micro_steps.append(self._steps_since_micro)
         self._steps_since_micro = 0
 
@@ -387,7 +387,7 @@ class Recorder:
             "config": checks.config_of(self.config),  # the loop may have added to it
             "environment": self._env,
             "fault": self.fault,
-            "model": self._model_facts,
+            "model": facts.with_grad_hooks(self._model_facts, self._model),
             "optimizer": self._settings
             or optimizer_settings.settings(self._optimizer, self._places),
             **self._capture.manifest(),

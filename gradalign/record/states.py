@@ -148,20 +148,30 @@ class GradWrites:
         self.counts = [0] * len(params)
         self.rows: list[list[int]] = []
 
-    def row(self) -> None:
+    def row(self) -> bool:
+        """One micro-step's row; whether every gradient held at the row before is gone or
+        another tensor now (a clear by hand, `p.grad = None`, that no zero_grad() call shows:
+        a backward accumulates into the tensor it finds, unless it builds a graph of the sum,
+        create_graph=True, whose new tensor requires grad)."""
         values = []
+        held = replaced = 0
         for p, param in enumerate(self.params):
             grad = None if param is None else param.grad
+            last = self.last[p]
+            held += last is not None
+            replaced += last is not None and (
+                grad is None or (last[0]() is not grad and not grad.requires_grad)
+            )
             if grad is None:
                 self.last[p] = None
                 values.append(0)
                 continue
-            last = self.last[p]
             if last is None or last[0]() is not grad or last[1] != grad._version:
                 self.counts[p] += 1
                 self.last[p] = (weakref.ref(grad), grad._version)
             values.append(self.counts[p])
         self.rows.append(values)
+        return 0 < held == replaced
 
     def array(self) -> np.ndarray:
         return np.asarray(self.rows, dtype=np.int64).reshape(len(self.rows), len(self.params))

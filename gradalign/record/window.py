@@ -263,11 +263,12 @@ class Windows:
         if self.open.micro_steps:
             self.open.zero_grads_after += 1
 
-    def micro_step(self) -> None:
-        """One more micro-step in the open window."""
+    def micro_step(self, cleared: bool = False) -> None:
+        """One more micro-step in the open window; `cleared`: every gradient held at the one
+        before was set to None or replaced since (by hand, where no zero_grad() call shows)."""
         w = self.open
-        if w.zero_grads_after and not w.steps:  # cleared before this one, never stepped on
-            w.discarded = w.micro_steps
+        if (w.zero_grads_after or (cleared and w.micro_steps)) and not w.steps:
+            w.discarded = w.micro_steps  # cleared before this one, never stepped on
         w.zero_grads_inside += w.zero_grads_after
         w.zero_grads_after = 0
         w.micro_steps += 1

@@ -2,17 +2,18 @@
 
 A loop that counts its windows by `(i + 1) % K` over a loader whose length is not a multiple of
 K forwards and backpropagates the epoch's leftover micro-batches, and a zero_grad() at the next
-epoch's start clears what they accumulated: the window that follows holds K + d micro-steps, d
-of them discarded, and trains on its last K alone, as the baseline (whose loader dropped the
-short batch) does. The Recorder counts, per window, the micro-steps before its last zero_grad()
-between two micro-steps, where no optimizer step came before it in the window
-(`update/discarded_micro_steps`). A window that holds exactly K micro-steps after them, at the
-weights the discarded ones saw (`micro/state`), is read as those K: the discarded ones leave
-every per-micro-step series (their losses, samples and fingerprints; each rank's too), and a
-note says so. Any other window is left as it was recorded: a zero_grad() after every
-micro-step (K − 1 discarded, one left) is a bug for the window check and `zero-grad-in-window`
-to name, and leftovers whose gradient was carried into the next window (no zero_grad()) hold
-K + d micro-steps that all trained.
+epoch's start (or a clear by hand, `p.grad = None`, which the Recorder sees at the next
+micro-step: record/states.py `GradWrites`) clears what they accumulated: the window that
+follows holds K + d micro-steps, d of them discarded, and trains on its last K alone, as the
+baseline (whose loader dropped the short batch) does. The Recorder counts, per window, the
+micro-steps before its last clear between two micro-steps, where no optimizer step came before
+it in the window (`update/discarded_micro_steps`). A window that holds exactly K micro-steps
+after them, at the weights the discarded ones saw (`micro/state`), is read as those K: the
+discarded ones leave every per-micro-step series (their losses, samples and fingerprints; each
+rank's too), and a note says so. Any other window is left as it was recorded: a zero_grad()
+after every micro-step (K − 1 discarded, one left) is a bug for the window check and
+`zero-grad-in-window` to name, and leftovers whose gradient was carried into the next window
+(no clear) hold K + d micro-steps that all trained.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def drop_discarded(run: Run, discarded: np.ndarray | None) -> Run:
     dropped = int(discarded[windows].sum())
     note = (
         f"{run.source}: {dropped} micro-step(s) at the start of {len(windows)} window(s) (first: "
-        f"update {windows[0]}) had their gradient cleared by zero_grad() before the window's "
-        f"K={k} micro-steps (a partial window at the end of the data, dropped): left out"
+        f"update {windows[0]}) had their gradient cleared (zero_grad(), or .grad set to None) "
+        f"before the window's K={k} micro-steps (a partial window at the end of the data, "
+        "dropped): left out"
     )
     return dataclasses.replace(run, **changes, notes=[*run.notes, note])
 

@@ -91,12 +91,12 @@ def check_manifest(manifest: dict, where: str) -> None:
     if model is not None:
         ok = isinstance(model, dict) and all(
             _strings(model.get(key, []))
-            for key in ("batchnorm", "dropout", "comm_hooks", "grad_by_frequency")
+            for key in ("batchnorm", "dropout", "comm_hooks", "grad_by_frequency", "grad_hooks")
         )
         if not ok:
             what = (
-                "{batchnorm: [names], dropout: [names]} (and comm_hooks, grad_by_frequency: "
-                "[names])"
+                "{batchnorm: [names], dropout: [names]} (and comm_hooks, grad_by_frequency, "
+                "grad_hooks: [names])"
             )
             raise bad("model", f"must be {what}")
 

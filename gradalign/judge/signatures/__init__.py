@@ -30,6 +30,7 @@ from .decisive import (
     window_bookkeeping,
 )
 from .frozen import frozen_inside_window, trained_from_another_update
+from .grad_hooks import grad_hooks
 from .gradient import loss_scale, loss_term_scale, token_normalization
 from .items import batch_targets
 from .learning_rate import lr_scaled, lr_schedule
@@ -71,6 +72,7 @@ __all__ = [
     "first_gradient_failure",
     "frozen_inside_window",
     "grad_accum_dtype",
+    "grad_hooks",
     "grad_not_cleared",
     "loss_averaging",
     "loss_scale",

@@ -79,8 +79,9 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
 
 def _leftover_draws(c: Comparison, layers: list[str] | None) -> Diagnosis | None:
     """The runs part at the first window whose discarded micro-steps (an epoch's leftover,
-    cleared by zero_grad(): runs/discarded.py) drew random numbers the baseline never drew:
-    every random op after them draws from a shifted stream, so the masks differ from there."""
+    cleared by zero_grad() or by hand: runs/discarded.py) drew random numbers the baseline
+    never drew: every random op after them draws from a shifted stream, so the masks differ
+    from there."""
     drew = sorted(set(c.merged.discarded_draws) - set(c.baseline.discarded_draws))
     first = failing(c)
     if not drew or first is None or first.update != drew[0]:  # they part there, or not by it
@@ -90,7 +91,7 @@ def _leftover_draws(c: Comparison, layers: list[str] | None) -> Diagnosis | None
         "dropout-rng",
         f"the runs agree before update {first.update} and part there: "
         f"before window {drew[0]} the merged run forwarded micro-steps whose gradient "
-        "zero_grad() then cleared (an epoch's leftover micro-batch, left out of the judged run), "
+        "was then cleared (an epoch's leftover micro-batch, left out of the judged run), "
         f"and the model's {what} drew random numbers there that the baseline never drew: every "
         "mask after them comes from a shifted stream",
         {"first_update": first.update, "windows_after_drawn_leftovers": drew},
