@@ -136,6 +136,7 @@ CASES: list[Case | LogCase] = [
     Case("fp16-adamw", "scaler-every-micro"),
     Case("sgd", "skip-last-backward"),
     Case("adam", "edit-weights-every-micro"),
+    Case("adam", "clamp-hook"),
     Case("sgd", "lr-times-k"),
     Case("sgd", "log-scaled-loss"),
     Case("sgd", "forget-update"),

@@ -18,7 +18,7 @@ class RunsKept:
     """What stays of the selftest's runs: by default only those of the cases that did not go as
     expected, with the baselines they were judged against, for a look at what went wrong. The
     rest go as soon as no case left needs them: a merged run once judged, a setup's baseline and
-    reference once its last case is (the disk holds a few setups at a time, not 70 cases)."""
+    reference once its last case is (the disk holds a few setups at a time, not 71 cases)."""
 
     def __init__(self, out: Path, keep: bool, cases: list[Case | LogCase]) -> None:
         self.out, self.keep = out, keep

@@ -13,7 +13,7 @@ SHORT = {"updates": 2}
 
 @pytest.fixture
 def short_setups(monkeypatch):
-    """Two setups of two updates each: the test records three cases, not the selftest's 70."""
+    """Two setups of two updates each: the test records three cases, not the selftest's 71."""
     setups = {"sgd": SHORT, "adam": {**SHORT, "optimizer": "adam"}}
     monkeypatch.setattr(selftest, "SETUPS", {**selftest.SETUPS, **setups})
 

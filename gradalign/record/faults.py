@@ -50,6 +50,7 @@ class Fault:
     lr_times_k: bool = False  # the merged optimizer built with lr·K
     record_scaled_loss: bool = False  # the recorded micro loss is the one divided by K
     forget_update: bool = False  # Recorder.update() not called after window 1
+    clamp_hook: bool = False  # a hook clamps every backward's gradient (each micro-batch's)
     dp: str | None = None  # a data-parallel deviation (dp_faults.py), read by record/parallel.py
     needs: Callable[[TrainConfig], str | None] = lambda config: None  # why it cannot show
 
@@ -215,6 +216,13 @@ FAULTS: dict[str, Fault] = {
             "window-bookkeeping",
             forget_update=True,
             needs=lambda c: None if c.updates >= 3 else "needs at least 3 updates",
+        ),
+        Fault(
+            "clamp-hook",
+            "a hook on every parameter (register_hook) clamps each backward's gradient to half "
+            "its largest magnitude: each micro-batch's gradient, not the window's",
+            "grad-hooks",
+            clamp_hook=True,
         ),
         Fault(
             "dropout-reseed",

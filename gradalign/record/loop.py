@@ -34,6 +34,9 @@ def run_loop(
         for group, lr in zip(optimizer.param_groups, t.scheduler.base_lrs, strict=True):
             group["lr"] = lr * t.scheduler.lr_lambdas[0](0)
     local_items = by_items and fault.dp == LOCAL_ITEMS
+    if fault.clamp_hook:
+        for param in model.parameters():
+            param.register_hook(_clamped)
     for update in range(config.updates):
         window_items = 0
         for micro in range(k):
@@ -107,6 +110,12 @@ def run_loop(
             optimizer.zero_grad(set_to_none=True)
         if progress is not None:
             progress(update)
+
+
+def _clamped(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient hook's clamp, to half the gradient's largest magnitude (`clamp-hook`)."""
+    bound = grad.abs().max() / 2
+    return grad.clamp(-bound, bound)
 
 
 def _squared_norm(model: torch.nn.Module) -> torch.Tensor:
