@@ -65,6 +65,8 @@ VARIANTS = {
     "padded-last": {"padded": True},
     # an epoch's leftover micro-step before update 2's window, its gradient cleared by zero_grad()
     "leftover-cleared": {"leftover": 2},
+    # the same, cleared by hand (`p.grad = None`), which no zero_grad() call shows
+    "leftover-by-hand": {"leftover": 2, "by_hand": True},
 }
 CLIP = 0.2
 # without DDP: gradients reduced to rank 0, which steps and broadcasts its weights; `steps`
@@ -204,7 +206,10 @@ def merged(out: Path, variant: dict) -> None:
                     rows = slice(rank, B * UPDATES, 7)
                     nn.functional.cross_entropy(ddp(x[rows]), y[rows]).backward()
                 rec.micro(torch.tensor(1.0), batch=(x[rows], y[rows]))
-                opt.zero_grad()
+                for p in ddp.parameters() if variant.get("by_hand") else ():
+                    p.grad = None
+                if not variant.get("by_hand"):
+                    opt.zero_grad()
             for micro in range(k):
                 sizes = per_micro[micro]
                 first = update * B + micro * (B // k) + sum(sizes[:rank])

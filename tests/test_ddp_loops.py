@@ -42,9 +42,11 @@ def loops(tmp_path_factory) -> Path:
     return out
 
 
-def test_a_leftover_cleared_before_a_window_is_left_out_on_every_rank(loops):
-    """runs/discarded.py drops the leftover from the run's series and each rank's."""
-    comparison = judged(loops, "leftover-cleared")
+@pytest.mark.parametrize("variant", ["leftover-cleared", "leftover-by-hand"])
+def test_a_leftover_cleared_before_a_window_is_left_out_on_every_rank(loops, variant):
+    """runs/discarded.py drops the leftover from the run's series and each rank's, cleared by
+    zero_grad() or by hand."""
+    comparison = judged(loops, variant)
     assert comparison.verdict == PASS, [c for c in comparison.checks if c.status == FAIL]
     assert any("had their gradient cleared" in note for note in comparison.notes)
 
