@@ -3,6 +3,8 @@ numpy copies, and the model's structure (its tensors, BatchNorm and dropout laye
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -46,18 +48,46 @@ def fingerprint(tensor: torch.Tensor) -> torch.Tensor:
     return total
 
 
+# leaves of a batch that are no samples' data: a text field, a count, an absent value
+_LEFT_OUT = (str, bytes, int, float, type(None))
+
+
 def _tensors(batch: Any) -> list[torch.Tensor]:
+    """A batch's tensors: a tensor, or a tuple, list, mapping or dataclass of them (nested), as
+    collate functions make them; strings, numbers and None beside them are left out. A batch
+    that holds some of those and no tensor is refused (its digest would check nothing)."""
+    found, left_out = _leaves(batch)
+    if left_out and not found:
+        raise RecorderError(
+            f"batch holds no tensor ({type(batch).__name__} of strings, numbers or None): give "
+            "its samples as tensors"
+        )
+    return found
+
+
+def _leaves(batch: Any) -> tuple[list[torch.Tensor], bool]:
+    """The tensors in `batch`, and whether leaves were left out (`_LEFT_OUT`)."""
     if isinstance(batch, torch.Tensor):
         if batch.is_meta:
             raise RecorderError("batch is on the meta device (it holds no data): give its samples")
-        return [batch]
-    if isinstance(batch, dict):
+        return [batch], False
+    if isinstance(batch, _LEFT_OUT):
+        return [], True
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        batch = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+    if isinstance(batch, Mapping):
         batch = list(batch.values())
-    if isinstance(batch, list | tuple):
-        return [t for item in batch for t in _tensors(item)]
-    raise RecorderError(
-        f"batch must be a tensor, or a tuple, list or dict of them; got {type(batch).__name__}"
-    )
+    if not isinstance(batch, list | tuple):
+        raise RecorderError(
+            "batch must be a tensor, or a tuple, list, dict or dataclass of them; got "
+            f"{type(batch).__name__}"
+        )
+    found, left_out = [], False
+    for item in batch:
+        tensors, skipped = _leaves(item)
+        found += tensors
+        left_out = left_out or skipped
+    return found, left_out
 
 
 def data_digest(batch: Any, pad: Any = None, mask: torch.Tensor | None = None) -> int:

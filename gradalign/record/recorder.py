@@ -201,8 +201,8 @@ class Recorder:
 
         Its loss: `loss`, its own unscaled mean, or `loss_sum` with `items` (the summed loss and
         its item count, which every framework can give). `items`: tokens or samples it holds
-        (the window loss becomes item-weighted). `batch`: its samples (a tensor or a
-        tuple/list/dict of tensors), of which only an order-free int64 digest is kept, so the
+        (the window loss becomes item-weighted). `batch`: its samples (tensors, or a tuple, list,
+        dict or dataclass of them), of which only an order-free int64 digest is kept, so the
         judge can check both runs saw the same samples; `pad` (values) or `mask` (e.g. the
         attention mask) leave padding out of that digest."""
         self._check_open()
