@@ -90,13 +90,35 @@ def problems(run: Run, role: str, base: Run | None = None) -> list[str]:
             f"{role} has {run.unclosed_micro_steps} micro-step(s) after its last update():"
             f"{never or ' the last window never ended'}"
         )
-    if run.unclosed_steps:
+    if run.unclosed_steps and update_first(run):
+        found.append(
+            f"{role} called update() before optimizer.step() in every window ({UPDATE_FIRST}): "
+            "each update's weights were recorded before its step, and the last step's never"
+        )
+    elif run.unclosed_steps:
         found.append(
             f"{role} stepped its optimizer {run.unclosed_steps} time(s) after its last "
             "update(), with no micro-step after it: the weights it ended with were never "
             "recorded (a last partial window stepped where there was none?)"
         )
     return found
+
+
+UPDATE_FIRST = (
+    "update 0 holds no optimizer step, each later window's step came before its first "
+    "micro-step, and one came after the last update()"
+)
+UPDATE_FIRST_FIX = "; call Recorder.update() after optimizer.step(), not before it"
+
+
+def update_first(run: Run) -> bool:
+    """Whether each window's step came after its update(): none in update 0, one in every
+    later window and before its first micro-step, one after the last update()."""
+    steps, counts = run.optimizer_steps, run.micro_step_counts
+    if run.unclosed_steps != 1 or steps is None or counts is None or run.updates < 2:
+        return False
+    firsts = counts[run.starts[1:]]
+    return bool(steps[0] == 0 and (steps[1:] == 1).all() and (firsts == 1).all())
 
 
 CARRIED = "a partial window's gradient carried into the next"

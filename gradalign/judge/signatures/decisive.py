@@ -9,7 +9,7 @@ from ...runs.model import Run
 from ..bookkeeping import bad_alike
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
-from ..window_sizes import CARRIED, CARRIED_FIX, problems
+from ..window_sizes import CARRIED, CARRIED_FIX, UPDATE_FIRST, UPDATE_FIRST_FIX, problems
 from .accumulation import inner_steps, not_the_optimizer
 from .common import dropout_ran, finite
 from .skips import skips_apart, steps_skipped
@@ -348,5 +348,6 @@ def window_bookkeeping(c: Comparison) -> Diagnosis | None:
             if c.merged.unclosed_steps or c.baseline.unclosed_steps
             else ""
         )
-        + (CARRIED_FIX if any(CARRIED in text for text in found) else ""),
+        + (CARRIED_FIX if any(CARRIED in text for text in found) else "")
+        + (UPDATE_FIRST_FIX if any(UPDATE_FIRST in text for text in found) else ""),
     )
