@@ -163,6 +163,7 @@ class Window:
     clips_scaled: int = 0  # clip calls before the watched, enabled GradScaler's unscale_()
     zero_grads_inside: int = 0  # zero_grad() calls between two of its micro-steps
     zero_grads_after: int = 0  # since its last micro-step (inside if another micro-step comes)
+    zero_grads_unstepped: int = 0  # of those, the ones before any optimizer step in the window
     discarded: int = 0  # micro-steps before its last zero_grad() inside: their gradient cleared
     forwards: int = 0  # the model's forwards with gradients on (watched under DDP only)
     wrapped_forwards: int = 0  # of them, those DistributedDataParallel ran
@@ -187,6 +188,7 @@ class Windows:
     clips_scaled: list[int] = field(default_factory=list)
     scaler: Any = None  # the watched GradScaler
     zero_grads_inside: list[int] = field(default_factory=list)
+    zero_grads_before_step: list[int] = field(default_factory=list)  # after the last micro-step
     discarded: list[int] = field(default_factory=list)
     bypassed_forwards: list[int] = field(default_factory=list)  # forwards around DDP
     zero_grads_seen: bool = False  # a zero_grad() call was seen: the counts above mean something
@@ -212,6 +214,7 @@ class Windows:
         self.clip_max_norms.append(w.clip_max_norm)
         self.clips_scaled.append(w.clips_scaled)
         self.zero_grads_inside.append(w.zero_grads_inside)
+        self.zero_grads_before_step.append(w.zero_grads_unstepped)
         self.discarded.append(w.discarded)
         self.bypassed_forwards.append(max(0, w.forwards - w.wrapped_forwards))
         self.open = Window()
@@ -262,6 +265,7 @@ class Windows:
         self.zero_grads_seen = True
         if self.open.micro_steps:
             self.open.zero_grads_after += 1
+            self.open.zero_grads_unstepped += not self.open.steps
 
     def micro_step(self, cleared: bool = False) -> None:
         """One more micro-step in the open window; `cleared`: every gradient held at the one
@@ -270,7 +274,7 @@ class Windows:
         if (w.zero_grads_after or (cleared and w.micro_steps)) and not w.steps:
             w.discarded = w.micro_steps  # cleared before this one, never stepped on
         w.zero_grads_inside += w.zero_grads_after
-        w.zero_grads_after = 0
+        w.zero_grads_after = w.zero_grads_unstepped = 0
         w.micro_steps += 1
         self.draws.micro()
 
@@ -317,6 +321,9 @@ class Windows:
             out["update/bypassed_forwards"] = np.asarray(self.bypassed_forwards, dtype=np.int64)
         if self.zero_grads_seen:
             out["update/zero_grads_inside"] = np.asarray(self.zero_grads_inside, dtype=np.int64)
+        if any(self.zero_grads_before_step):
+            before = np.asarray(self.zero_grads_before_step, dtype=np.int64)
+            out["update/zero_grads_before_step"] = before
         if any(self.discarded):
             out["update/discarded_micro_steps"] = np.asarray(self.discarded, dtype=np.int64)
         if self.loss_scales and all(s is not None for s in self.loss_scales):

@@ -99,6 +99,8 @@ class Run:
     clip_max_norm: np.ndarray | None = None  # float64 [N], clip_grad_norm_'s max_norm (NaN: none)
     clips_before_unscale: np.ndarray | None = None  # int64 [N], clips of the scaled gradients
     zero_grads_inside: np.ndarray | None = None  # int64 [N], zero_grad() inside window i
+    # int64 [N], zero_grad() after window i's last micro-step and before any step in it
+    zero_grads_before_step: np.ndarray | None = None
     bypassed_forwards: np.ndarray | None = None  # int64 [N], forwards around DDP in window i
     window_sizes: np.ndarray | None = None  # int64 [N], micro-steps per window (None: K each)
     unclosed_micro_steps: int = 0  # micro-steps recorded after the last update()

@@ -52,6 +52,7 @@ COUNTS = {
     "update/clip_calls": ((), np.int64),
     "update/clips_before_unscale": ((), np.int64),
     "update/zero_grads_inside": ((), np.int64),
+    "update/zero_grads_before_step": ((), np.int64),
     "update/bypassed_forwards": ((), np.int64),
     "update/clip_value": ((), np.float64),  # not a count: the first rank's that clipped by value
 }

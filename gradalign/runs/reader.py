@@ -194,6 +194,7 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
         clip_max_norm=optional("update/clip_max_norm", updates),
         clips_before_unscale=optional("update/clips_before_unscale", updates),
         zero_grads_inside=optional("update/zero_grads_inside", updates),
+        zero_grads_before_step=optional("update/zero_grads_before_step", updates),
         bypassed_forwards=optional("update/bypassed_forwards", updates),
         window_sizes=sizes,
         unclosed_micro_steps=unclosed,

@@ -293,20 +293,39 @@ def _empty_gradient(c: Comparison) -> Diagnosis | None:
         merged, base = grad_norm(c, c.merged, i), grad_norm(c, c.baseline, i)
         if merged != 0.0 or not base or (inside is not None and inside[i] > 0):
             continue
-        k = window(c)
+        k, cleared = window(c), _cleared_before_step(c.merged, i)
+        why = (
+            f"zero_grad() was called after the window's last micro-step and before "
+            f"optimizer.step(): it cleared the {k} micro-batches' gradient before the step"
+            if cleared
+            else f"none of the window's {k} micro-batches reached the parameters' .grad: their "
+            "backward ran with gradient sync off (FSDP's set_requires_gradient_sync(False), or "
+            "no_sync(), around the last micro-step too), or the gradients were dropped after "
+            "the last backward (set to None, or a loss detached before backward())"
+        )
         return Diagnosis(
             "micro-batch-missing",
             f"at update {i} the merged run stepped with a gradient of norm 0 in every parameter "
-            f"(the baseline's: {base:.4g}): none of the window's {k} micro-batches reached the "
-            "parameters' .grad: their backward ran with gradient sync off (FSDP's "
-            "set_requires_gradient_sync(False), or no_sync(), around the last micro-step too), "
-            "or the gradients were dropped after the last backward (set to None, or a loss "
-            "detached before backward())",
-            {"first_update": i, "merged_grad_norm": 0.0, "baseline_grad_norm": finite(base)},
-            "let the last micro-step's backward reduce the gradients (sync on from its forward), "
-            "and clear them only after optimizer.step()",
+            f"(the baseline's: {base:.4g}): {why}",
+            {
+                "first_update": i,
+                "merged_grad_norm": 0.0,
+                "baseline_grad_norm": finite(base),
+                **({"zero_grad_before_step": True} if cleared else {}),
+            },
+            "call zero_grad() after optimizer.step() (or before the window's first micro-step)"
+            if cleared
+            else "let the last micro-step's backward reduce the gradients (sync on from its "
+            "forward), and clear them only after optimizer.step()",
         )
     return None
+
+
+def _cleared_before_step(run: Run, i: int) -> bool:
+    """Whether window i's gradient was cleared after its last micro-step by a zero_grad() that
+    came before its optimizer step (one after a GradScaler's skipped step is not)."""
+    before, steps = run.zero_grads_before_step, run.optimizer_steps
+    return before is not None and steps is not None and bool(before[i] and steps[i])
 
 
 def inner_steps(run: Run) -> int | None:
