@@ -30,14 +30,17 @@ def train(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     record_scaled: bool = False,
     recording: dict | None = None,
+    window_end: Callable[[gradalign.Recorder, torch.optim.Optimizer, int], None] | None = None,
 ) -> None:
     """`forward(rows, update)`: the logits (default `model(rows)`), whose cross-entropy is the
     loss; `scale` multiplies it before backward (a wrong loss scale); `before_micro(update,
     micro)` and `after_step(update)` run inside the loop; `loss_fn(logits, targets)` replaces
     the cross-entropy; `record_scaled` records the loss times `scale` (the one backpropagated,
     as the framework integrations read it back); `recording`: further Recorder arguments
-    (`record="sketch"`, `updates=`). The samples are digested in float32, so a float64 rerun
-    on the widened rows sees the same ones."""
+    (`record="sketch"`, `updates=`); `window_end(rec, opt, update)`: what ends each window in
+    place of step, `after_step`, zero_grad and update() (a loop that orders them otherwise).
+    The samples are digested in float32, so a float64 rerun on the widened rows sees the same
+    ones."""
     n, updates = batch // k, x.shape[0] // batch
     extra = recording or {}
     with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference, **extra) as rec:
@@ -51,6 +54,9 @@ def train(
                 (loss * scale / k).backward()
                 recorded = loss * scale if record_scaled else loss
                 rec.micro(recorded.detach(), batch=(x[rows].float(), y[rows]))
+            if window_end is not None:
+                window_end(rec, opt, u)
+                continue
             opt.step()
             if after_step is not None:
                 after_step(u)

@@ -14,7 +14,7 @@ import gradalign
 from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
 
-from .recorded_loop import classifier
+from .recorded_loop import classifier, train
 
 BATCH, UPDATES = 16, 4
 
@@ -23,24 +23,20 @@ def loop(out, k: int, order: str) -> None:
     """`order`: "right" (step, then update()), "update-first", or "extra-step" (right, then one
     more step after the last update())."""
     model, x, y = classifier(BATCH * UPDATES)
+
+    def end(rec: gradalign.Recorder, opt: torch.optim.Optimizer, update: int) -> None:
+        if order == "update-first":
+            rec.update()
+        opt.step()
+        if order != "update-first":
+            rec.update()
+        opt.zero_grad()
+        if order == "extra-step" and update == UPDATES - 1:
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    n = BATCH // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-        for u in range(UPDATES):
-            for j in range(k):
-                rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k).backward()
-                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-            if order == "update-first":
-                rec.update()
-            opt.step()
-            if order != "update-first":
-                rec.update()
-            opt.zero_grad()
-        if order == "extra-step":
-            nn.functional.cross_entropy(model(x[:n]), y[:n]).backward()
-            opt.step()
+    train(out, model, opt, x, y, k, batch=BATCH, window_end=end)
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,13 @@ import dataclasses
 
 import pytest
 import torch
-from torch import nn
 
 import gradalign
 from gradalign.judge.compare import compare
 from gradalign.judge.signatures.accumulation import _cleared_before_step
 from gradalign.runs.reader import read_run_dir
 
-from .recorded_loop import classifier
+from .recorded_loop import classifier, train
 
 BATCH, K, UPDATES = 16, 4, 3
 
@@ -26,20 +25,17 @@ def loop(out, k: int, variant: str) -> None:
     """`variant`: "right"; "clear-first" (zero_grad(), then step()); "zero-loss" (each loss
     times 0: backward ran, every gradient is 0)."""
     model, x, y = classifier(BATCH * UPDATES)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    n = BATCH // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-        for u in range(UPDATES):
-            for j in range(k):
-                rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k * (0.0 if variant == "zero-loss" else 1.0)).backward()
-                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-            if variant == "clear-first":
-                opt.zero_grad()
-            opt.step()
+
+    def end(rec: gradalign.Recorder, opt: torch.optim.Optimizer, update: int) -> None:
+        if variant == "clear-first":
             opt.zero_grad()
-            rec.update()
+        opt.step()
+        opt.zero_grad()
+        rec.update()
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scale = 0.0 if variant == "zero-loss" else 1.0
+    train(out, model, opt, x, y, k, batch=BATCH, scale=scale, window_end=end)
 
 
 @pytest.fixture(scope="module")
