@@ -196,6 +196,11 @@ def test_a_merged_run_given_as_the_baseline_names_the_baseline_flag(cli, tmp_pat
     assert cli("compare", small_runs["merged"], other, "--baseline-accum-steps", "4").code == 0
 
 
+def test_runs_given_the_other_way_round_are_told_the_order(cli, small_runs):
+    result = cli("compare", small_runs["merged"], small_runs["baseline"])
+    one_line_error(result, "baseline was recorded with K=4", "the baseline comes first")
+
+
 def test_a_log_given_as_a_pipe_is_refused_as_one_without_waiting_for_a_writer(cli, tmp_path):
     """`compare <(cat a.log) <(cat b.log)`: the log was read twice from a pipe and refused as
     holding no step line; a FIFO without a writer blocked forever."""

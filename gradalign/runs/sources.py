@@ -134,7 +134,9 @@ def open_run(path: Path, accum_steps: int | None, role: str) -> Run:
                 raise BadInput(
                     f"{path}: the baseline was recorded with K={run.accum_steps}, and a "
                     f"baseline is taken as K={accum_steps} (--baseline-accum-steps); to judge "
-                    f"against this run, give --baseline-accum-steps {run.accum_steps}"
+                    f"against this run, give --baseline-accum-steps {run.accum_steps} (or, if "
+                    "the runs were given the other way round: the baseline comes first, then "
+                    "the merged run)"
                 )
             raise BadInput(
                 f"{path}: {role} run was recorded with K={run.accum_steps}, "
