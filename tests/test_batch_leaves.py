@@ -1,12 +1,13 @@
 """`micro(batch=...)` takes the batch as a collate function makes it: tensors in tuples, lists,
 mappings and dataclasses, nested, with strings, numbers and None beside them (a text field, a
-count), which the digest leaves out (a dict holding a list of strings, and a dataclass, were
-refused). A batch with no tensor in it is refused: its digest would check nothing."""
+count), which the digest leaves out (a dict holding a list of strings, a dataclass, and a
+mapping that is no dict, as a tokenizer's BatchEncoding, were refused). A batch with no tensor
+in it is refused: its digest would check nothing."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections import namedtuple
+from collections import UserDict, namedtuple
 
 import pytest
 import torch
@@ -39,8 +40,9 @@ Y = torch.arange(6)
         Graph(X, Y),
         Pair(X, Y),
         [X, {"labels": Y, "ids": ["a", "b", "c", "d", "e", "f"]}],
+        UserDict({"input_ids": X, "labels": Y}),  # as transformers' BatchEncoding, no dict
     ],
-    ids=["dict-with-strings", "dataclass", "namedtuple", "nested"],
+    ids=["dict-with-strings", "dataclass", "namedtuple", "nested", "mapping"],
 )
 def test_a_collated_batch_digests_as_its_tensors(batch):
     assert data_digest(batch) == data_digest((X, Y))
