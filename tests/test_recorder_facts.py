@@ -215,6 +215,19 @@ def test_a_recorder_told_another_k_than_the_loop_says_so(tmp_path, told):
     bookkeeping = next(c for c in result.checks if c.name == "window bookkeeping")
     assert f"every window held 4 micro-steps, not the K={told}" in bookkeeping.detail
     assert "accum_steps=4" in bookkeeping.detail and "end of the data" not in bookkeeping.detail
+    assert "once per window" not in bookkeeping.detail
+
+
+def test_micro_called_once_per_window_is_said_to_hide_the_windows(tmp_path):
+    """One micro() per window of K=4 (the window's batch): each window lines up with the
+    baseline's batch, so it passes, and the check says nothing could look inside a window."""
+    epoch_loop(tmp_path / "b", 1)
+    epoch_loop(tmp_path / "m", 1, told=4)
+    result = api.compare(tmp_path / "b", tmp_path / "m", reference="none")
+    assert result.verdict == "pass", [(c.name, c.detail) for c in result.checks]
+    bookkeeping = next(c for c in result.checks if c.name == "window bookkeeping")
+    assert "every window held 1 micro-steps, not the K=4" in bookkeeping.detail
+    assert "called micro() once per window" in bookkeeping.detail
 
 
 def test_windows_that_vary_holding_their_baseline_batches_pass_and_are_said_to_vary(tmp_path):

@@ -137,7 +137,13 @@ def _bookkeeping_check(base: Run, merged: Run, judged: int) -> Check:
             f"every window held {held} micro-steps, not the K={merged.accum_steps} the run "
             "states (accum_steps given to the Recorder), each lined up with the baseline's "
             f"batch of its update: the loop accumulates {held}; record it with "
-            f"accum_steps={held}",
+            f"accum_steps={held}"
+            + (
+                " (or it called micro() once per window, not after each micro-batch's "
+                "backward: then no check could look inside the windows)"
+                if held == 1
+                else ""
+            ),
         )
     if ends:
         shown = ", ".join(f"{i} ({int(merged.sizes[i])})" for i in ends[:3])
