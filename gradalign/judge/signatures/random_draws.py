@@ -54,7 +54,8 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
         what = (
             "the loop draws random numbers at every micro-step (torch's default generator "
             "advanced between micro-steps: noise in the forward, such as a VAE's or a diffusion "
-            "model's; no dropout layer)"
+            "model's, or an augmentation drawn per batch, such as mixup's or cutmix's mixing "
+            "weight and permutation; no dropout layer)"
         )
         drew = (
             "random numbers: one draw for a batch of B is not K draws for B/K (torch's CPU "
