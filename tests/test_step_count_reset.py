@@ -7,36 +7,31 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 import gradalign
 from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
 
-from .recorded_loop import classifier
+from .recorded_loop import classifier, train
 
 BATCH, K, UPDATES = 32, 4, 6
 
 
 def loop(out, k: int, bug: str | None = None):
     model, x, y = classifier(UPDATES * BATCH)
+
+    def end(rec: gradalign.Recorder, opt: torch.optim.Optimizer, update: int) -> None:
+        opt.step()
+        if bug == "count-every-micro":
+            for state in opt.state.values():
+                state["step"] += k - 1
+        rec.update()  # reads the step count, before a reset
+        opt.zero_grad()
+        if bug == "reset" and update >= 2:
+            opt.state.clear()
+
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    n = BATCH // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-        for u in range(UPDATES):
-            for j in range(k):
-                rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k).backward()
-                rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-            opt.step()
-            if bug == "count-every-micro":
-                for state in opt.state.values():
-                    state["step"] += k - 1
-            rec.update()
-            opt.zero_grad()
-            if bug == "reset" and u >= 2:
-                opt.state.clear()
+    train(out, model, opt, x, y, k, batch=BATCH, window_end=end)
     return read_run_dir(out)
 
 

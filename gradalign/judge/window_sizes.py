@@ -92,7 +92,7 @@ def problems(run: Run, role: str, base: Run | None = None) -> list[str]:
         )
     if run.unclosed_steps and update_first(run):
         found.append(
-            f"{role} called update() before optimizer.step() in every window ({UPDATE_FIRST}): "
+            f"{role} called update() before optimizer.step() in every window ({_UPDATE_FIRST}): "
             "each update's weights were recorded before its step, and the last step's never"
         )
     elif run.unclosed_steps:
@@ -104,7 +104,7 @@ def problems(run: Run, role: str, base: Run | None = None) -> list[str]:
     return found
 
 
-UPDATE_FIRST = (
+_UPDATE_FIRST = (
     "update 0 holds no optimizer step, each later window's step came before its first "
     "micro-step, and one came after the last update()"
 )

@@ -158,15 +158,14 @@ class GradWrites:
         for p, param in enumerate(self.params):
             grad = None if param is None else param.grad
             last = self.last[p]
+            same = last is not None and grad is not None and last[0]() is grad
             held += last is not None
-            replaced += last is not None and (
-                grad is None or (last[0]() is not grad and not grad.requires_grad)
-            )
+            replaced += last is not None and (grad is None or not (same or grad.requires_grad))
             if grad is None:
                 self.last[p] = None
                 values.append(0)
                 continue
-            if last is None or last[0]() is not grad or last[1] != grad._version:
+            if not same or last[1] != grad._version:
                 self.counts[p] += 1
                 self.last[p] = (weakref.ref(grad), grad._version)
             values.append(self.counts[p])

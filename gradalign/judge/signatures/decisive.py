@@ -9,7 +9,7 @@ from ...runs.model import Run
 from ..bookkeeping import bad_alike
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
-from ..window_sizes import CARRIED, CARRIED_FIX, UPDATE_FIRST, UPDATE_FIRST_FIX, problems
+from ..window_sizes import CARRIED, CARRIED_FIX, UPDATE_FIRST_FIX, problems, update_first
 from .accumulation import inner_steps, not_the_optimizer
 from .common import dropout_ran, finite
 from .skips import skips_apart, steps_skipped
@@ -327,6 +327,8 @@ def window_bookkeeping(c: Comparison) -> Diagnosis | None:
     if not found or _ended_by_inner_steps(c):
         return None
     sizes = c.merged.sizes
+    stepped = [run for run in (c.baseline, c.merged) if run.unclosed_steps]
+    ahead = [run for run in stepped if update_first(run)]  # update() before step()
     return Diagnosis(
         "window-bookkeeping",
         "the accumulation windows do not line up: " + "; ".join(found),
@@ -345,9 +347,9 @@ def window_bookkeeping(c: Comparison) -> Diagnosis | None:
         "update()"
         + (
             "; step a last partial window only where micro-batches remain in it"
-            if c.merged.unclosed_steps or c.baseline.unclosed_steps
+            if len(ahead) < len(stepped)
             else ""
         )
         + (CARRIED_FIX if any(CARRIED in text for text in found) else "")
-        + (UPDATE_FIRST_FIX if any(UPDATE_FIRST in text for text in found) else ""),
+        + (UPDATE_FIRST_FIX if ahead else ""),
     )
