@@ -13,6 +13,7 @@ from gradalign.errors import BadInput
 from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
 
+from .recorded_loop import classifier, train
 from .zoo_runs import zoo
 
 LOOP = ("convtext", "adam-1e-2")  # bfloat16 gradients part by 0.21 of their norm by update 7
@@ -96,3 +97,18 @@ def test_a_16_bit_failure_without_a_reference_names_the_float32_rerun(tmp_path):
         fixes[dtype] = c.diagnosis[0].fix
     assert "in float64 (or in float32 without autocast or TF32) and pass" in fixes["bfloat16"]
     assert "in float64 and pass it as --reference" in fixes["float32"]
+
+
+def test_float64_runs_are_told_to_judge_without_a_reference(tmp_path):
+    """Nothing computes more precisely than float64 runs: the refusal says to judge them
+    without a reference (it asked for a float64 rerun, which they already are)."""
+    for name, k in (("base", 1), ("ref", 1), ("merged", 4)):
+        model, x, y = classifier(64)
+        model, x = model.double(), x.double()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        train(tmp_path / name, model, opt, x, y, k, batch=16)
+    said = r"ref is float64: .* \(float64\): nothing is more precise than float64 runs: judge with"
+    with pytest.raises(BadInput, match=said):
+        _judged(tmp_path, "merged", "ref")
+    base, merged = (read_run_dir(tmp_path / n) for n in ("base", "merged"))
+    assert compare(base, merged).verdict == "pass"

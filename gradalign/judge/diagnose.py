@@ -17,6 +17,7 @@ from collections.abc import Callable
 from . import signatures as sig
 from .below_noise import scaled_within_tolerance
 from .checks import sample_mismatches
+from .coupled_steps import tensor_wide_scale
 from .hints import unexplained_hints
 from .passing import why_it_passes
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
@@ -319,6 +320,8 @@ def _unexplained(c: Comparison) -> Diagnosis:
             f"update {tensors}: each loss is computed with the weights of the update before"
         )
     if c.reference is None and tensors_first:
+        scaled = tensor_wide_scale(c)
+        message += f"; {scaled}" if scaled else ""
         message += (
             "; without a float64 reference the tensors are judged by fixed tolerances, measured "
             "on the built-in MLP, which a model's own noise can exceed: a ReLU-like kink "

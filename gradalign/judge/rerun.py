@@ -125,6 +125,8 @@ def check_more_precise(base: Run, merged: Run, ref: Run, where: str) -> None:
         return  # float32 without autocast, of float32 runs under it
     reduced = _rank(compute) > full
     rerun = "a float64 rerun" + (", or one in float32 without autocast or TF32" * reduced)
+    if _rank(stored) == _rank("float64") and not reduced:
+        rerun = "nothing is more precise than float64 runs: judge with --reference none"
     runs = stored if compute == stored else f"{stored}, computing in {compute}"
     own = (
         ref.dtype

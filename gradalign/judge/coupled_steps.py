@@ -1,0 +1,92 @@
+"""Without a reference: a tensor whose whole step the optimizer scaled by a norm that rounding
+noise moved.
+
+Some optimizers scale each tensor's step by a number computed over all its elements:
+Adafactor's update clipping (the update divided by its RMS over the tensor, transformers'
+`Adafactor`, as the Trainer's `optim="adafactor"` builds it), LAMB's and LARS's trust ratio.
+Where some of a tensor's elements have gradients that are rounding noise (an attention key
+bias: softmax ignores it, so its gradient is noise in both runs), their normalized updates
+are as large as the others' and differ between the runs, so that norm differs, and every
+other element's step differs from the baseline's by one common factor. Measured (transformers
+5.17.0, `optim="adafactor"`, a tiny GPT-2, batch 16 against 4 x 4): at update 2, the key bias's
+32 of c_attn.bias's 96 elements took 37% of its step, and the other 64 stepped 1.0085 times as
+far as the baseline's, what was left 4.8e-7 of the step. Both runs train the same and part by
+noise; without a reference nothing tells how far that noise grows from there (against a float64
+rerun the pair passes). `tensor_wide_scale` reads that shape at the first update whose weights
+fail, for the `unexplained` message.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .drift import TAU
+from .results import Comparison
+
+PURE_SCALE = 0.05  # what is left after the common factor, at most this share of the factor
+
+
+def tensor_wide_scale(c: Comparison) -> str | None:
+    """A clause for the `unexplained` message without a reference: where every weight tensor
+    that fails at the first failing update (its gradients passing) stepped by the baseline's
+    step times one factor outside its noise-dominated elements, and those elements hold at
+    least that factor's share of its step."""
+    if c.reference is not None:
+        return None
+    r = next((r for r in c.results if any(not d.ok for d in r.weights)), None)
+    if r is None or r.update == 0 or any(not d.ok for d in r.grads):
+        return None
+    failing = [d.name for d in r.weights if not d.ok]
+    i = r.update
+    runs = [(run.weights(i), run.weights(i - 1), run.grads(i)) for run in (c.baseline, c.merged)]
+    if any(part is None for both in runs for part in both):
+        return None
+    (wb, pb, gb), (wm, pm, gm) = runs
+    found = []
+    for name in failing:
+        if not all(name in t for t in (wb, pb, gb, wm, pm, gm)):
+            return None
+        reading = _scaled(
+            *(np.asarray(t[name], np.float64).ravel() for t in (gb, gm, wb, pb, wm, pm))
+        )
+        if reading is None:
+            return None
+        found.append((name, *reading))
+    name, dominated, size, share, factor, left = max(found, key=lambda f: abs(f[4] - 1.0))
+    more = f" (and {len(found) - 1} more tensors alike)" if len(found) > 1 else ""
+    return (
+        f"at update {i}, {name}{more}: its elements whose gradient is rounding noise "
+        f"({dominated} of {size}) took {share:.0%} of its step, and its other elements stepped "
+        f"{factor:.6g} times as far as the baseline's (what is left: {left:.2g} of the step): "
+        "the shape of an optimizer that scales each tensor's step by a norm over all its "
+        "elements (Adafactor's update clipping, LAMB's or LARS's trust ratio), which that noise "
+        "moved; both runs then train apart by rounding alone, which only a reference measures"
+    )
+
+
+def _scaled(
+    gb: np.ndarray, gm: np.ndarray, b: np.ndarray, pb: np.ndarray, m: np.ndarray, pm: np.ndarray
+) -> tuple[int, int, float, float, float] | None:
+    """(noise-dominated elements, elements, their share of the baseline's step energy, the
+    common factor of the others' steps, the residual's share of their step) where the tensor
+    shows the shape, else None. Dominated as `drift.shared_steps` reads it: neither gradient
+    above TAU times their difference (or the tensor's RMS difference)."""
+    diff = np.abs(gb - gm)
+    rms = float(np.sqrt(np.mean(diff**2))) if diff.size else 0.0
+    dominated = np.maximum(np.abs(gb), np.abs(gm)) <= TAU * np.maximum(diff, rms)
+    db, dm = b - pb, m - pm
+    total = float(np.dot(db, db))
+    rest = ~dominated
+    if not dominated.any() or not rest.any() or total == 0.0:
+        return None
+    dbr, dmr = db[rest], dm[rest]
+    base = float(np.dot(dbr, dbr))
+    if base == 0.0:
+        return None
+    factor = float(np.dot(dmr, dbr)) / base
+    left = float(np.linalg.norm(dmr - factor * dbr)) / np.sqrt(base)
+    share = float(np.dot(db[dominated], db[dominated])) / total
+    apart = abs(factor - 1.0)
+    if apart == 0.0 or left > PURE_SCALE * apart or apart > share:
+        return None
+    return int(dominated.sum()), int(dominated.size), share, factor, left

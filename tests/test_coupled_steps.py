@@ -1,0 +1,86 @@
+"""Without a reference, an optimizer that scales each tensor's step by a norm over all its
+elements (Adafactor's update clipping) carries the rounding noise of elements whose gradient
+is noise (an attention key bias) into the step of every other element: both runs train the
+same and part by a common factor on that tensor. The `unexplained` message names that shape
+(judge/coupled_steps.py); against a float64 rerun the pair passes. A bias edited by hand
+parts otherwise (not by one factor) and is not read so."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gradalign.judge.compare import compare
+from gradalign.runs.reader import read_run_dir
+
+from .recorded_loop import train
+
+BATCH, K, UPDATES = 32, 4, 8
+
+
+class Attention(nn.Module):
+    """One self-attention layer over 5 tokens of 8 features, then a 3-way head: softmax ignores
+    the key bias, so its gradient is rounding noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 3)
+        with torch.no_grad():
+            self.attn.in_proj_bias.normal_(0, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.attn(x, x, x, need_weights=False)[0].mean(1))
+
+
+def recorded(out, k: int, seed: int, dtype=torch.float32, edit: bool = False):
+    """Adafactor (torch's, eps1 small enough that a noise gradient's update is as large as any
+    other's, as transformers' Adafactor has it); `edit`: the merged loop nudges the biases by
+    hand after update 1's step (seed 1's runs part by noise from update 2)."""
+    torch.manual_seed(seed)
+    model = Attention().to(dtype)
+    g = torch.Generator().manual_seed(7 + seed)
+    x = torch.randn(BATCH * UPDATES, 5, 8, generator=g).to(dtype)
+    y = torch.randint(0, 3, (BATCH * UPDATES,), generator=g)
+    opt = torch.optim.Adafactor(model.parameters(), lr=1e-2, eps=(1e-15, 1e-3))
+    bias = model.attn.in_proj_bias
+
+    def nudged(update: int) -> None:
+        if edit and update == 1:
+            with torch.no_grad():
+                bias.add_(1e-4 * torch.randn(bias.shape, generator=g).to(dtype))
+
+    train(out, model, opt, x, y, k, batch=BATCH, after_step=nudged if k > 1 else None)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("coupled")
+    for seed in (0, 1):
+        recorded(root / f"base{seed}", 1, seed)
+        recorded(root / f"ref{seed}", 1, seed, torch.float64)
+        recorded(root / f"merged{seed}", K, seed)
+    recorded(root / "edited", K, 1, edit=True)
+    return root
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_step_scaled_by_noise_is_named_without_a_reference(runs, seed):
+    base, merged = read_run_dir(runs / f"base{seed}"), read_run_dir(runs / f"merged{seed}")
+    c = compare(base, merged, reference=None)
+    assert c.verdict == "fail"
+    d = c.diagnosis[0]
+    assert d.code == "unexplained"
+    assert "attn.in_proj_bias: its elements whose gradient is rounding noise (8 of 24)" in d.message
+    assert "times as far as the baseline's" in d.message
+    assert "Adafactor's update clipping" in d.message
+    judged = compare(base, merged, reference=read_run_dir(runs / f"ref{seed}"))
+    assert judged.verdict == "pass"
+
+
+def test_weights_edited_by_hand_are_not_read_as_a_scaled_step(runs):
+    c = compare(read_run_dir(runs / "base1"), read_run_dir(runs / "edited"))
+    assert c.verdict == "fail"
+    assert [d.name for d in c.results[1].weights if not d.ok] == ["attn.in_proj_bias"]
+    assert all("times as far as the baseline's" not in d.message for d in c.diagnosis)
