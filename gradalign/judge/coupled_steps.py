@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..runs.model import Run, Tensors
 from .drift import TAU
 from .results import Comparison
 
@@ -34,11 +35,11 @@ def tensor_wide_scale(c: Comparison) -> str | None:
     if c.reference is not None:
         return None
     r = next((r for r in c.results if any(not d.ok for d in r.weights)), None)
-    if r is None or r.update == 0 or any(not d.ok for d in r.grads):
+    if r is None or any(not d.ok for d in r.grads):
         return None
     failing = [d.name for d in r.weights if not d.ok]
     i = r.update
-    runs = [(run.weights(i), run.weights(i - 1), run.grads(i)) for run in (c.baseline, c.merged)]
+    runs = [(run.weights(i), _before(run, i), run.grads(i)) for run in (c.baseline, c.merged)]
     if any(part is None for both in runs for part in both):
         return None
     (wb, pb, gb), (wm, pm, gm) = runs
@@ -62,6 +63,11 @@ def tensor_wide_scale(c: Comparison) -> str | None:
         "elements (Adafactor's update clipping, LAMB's or LARS's trust ratio), which that noise "
         "moved; both runs then train apart by rounding alone, which only a reference measures"
     )
+
+
+def _before(run: Run, i: int) -> Tensors | None:
+    """The weights update i started from."""
+    return run.weights(i - 1) if i > 0 else run.init_weights()
 
 
 def _scaled(
