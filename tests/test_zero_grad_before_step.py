@@ -13,7 +13,7 @@ import torch
 
 import gradalign
 from gradalign.judge.compare import compare
-from gradalign.judge.signatures.accumulation import _cleared_before_step
+from gradalign.judge.signatures.window_steps import _cleared_before_step
 from gradalign.runs.reader import read_run_dir
 
 from .recorded_loop import classifier, train

@@ -6,13 +6,7 @@ is one function in one of them, listed in `judge.diagnose`.
 """
 
 from .accum_dtype import grad_accum_dtype
-from .accumulation import (
-    grad_not_cleared,
-    micro_batch_missing,
-    penalty_not_scaled,
-    scaler_per_micro,
-    weights_changed_in_window,
-)
+from .accumulation import grad_not_cleared, penalty_not_scaled
 from .batch_size import batch_size
 from .batchnorm import batchnorm
 from .buffers import buffers_in_forward
@@ -48,6 +42,7 @@ from .random_draws import dropout_rng, dropout_stopped
 from .skips import overflow_carried, scaler_skips, step_skipped
 from .step_count import step_count
 from .thresholds import clip_threshold, clip_threshold_recorded
+from .window_steps import micro_batch_missing, scaler_per_micro, weights_changed_in_window
 from .zero_grad import zero_grad_counted, zero_grad_in_window
 
 __all__ = [

@@ -10,10 +10,10 @@ from ..bookkeeping import bad_alike
 from ..checks import sample_mismatches
 from ..results import Comparison, Diagnosis
 from ..window_sizes import CARRIED, CARRIED_FIX, UPDATE_FIRST_FIX, problems, update_first
-from .accumulation import inner_steps, not_the_optimizer
 from .common import dropout_ran, finite
 from .skips import skips_apart, steps_skipped
 from .step_count import counter_only
+from .window_steps import inner_steps, not_the_optimizer
 
 CARD_RATIO_MATCH = 1e-4  # relative: a float32 mean of cards' means against the baseline's mean
 

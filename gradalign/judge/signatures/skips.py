@@ -17,10 +17,10 @@ import numpy as np
 from ...runs.model import Run
 from ..distributed import listed
 from ..results import Comparison, Diagnosis
-from .accumulation import inner_steps, scaler_per_micro
 from .clipping import SCALE_ONCE, hidden_scale
 from .common import window, window_scale
 from .norms import apart
+from .window_steps import inner_steps, scaler_per_micro
 
 _SHOWN = 6  # skipped updates listed per run
 
