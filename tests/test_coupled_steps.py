@@ -123,3 +123,31 @@ def test_a_trust_ratio_moved_by_noise_is_no_carried_gradient(runs):
     assert c.verdict == "fail"
     assert [d.code for d in c.diagnosis] == ["unexplained"]
     assert "at update 0, attn.in_proj_bias: its elements whose gradient" in c.diagnosis[0].message
+
+
+def test_against_a_reference_the_shape_is_read_from_the_reference_s_steps(tmp_path):
+    """transformers' Adafactor on the model zoo's GPT (run 180516, K=2): the merged run's
+    attention bias stepped 0.98 times as far as the reference's at update 1 (the baseline's
+    1.0003 times), and every gradient parted from update 2, far beyond the baseline's own
+    distance from the reference. The message names the shape against the reference; the merged
+    run recorded in float64 passes against it (the fix the message gives)."""
+    pytest.importorskip("transformers")
+    from .zoo_runs import _compare, _one_thread_runs, zoo
+
+    root = _one_thread_runs(tmp_path, "gpt", "hf-adafactor", 2, 180516)
+    c = _compare(root)
+    assert c.verdict == "fail"
+    d = c.diagnosis[0]
+    assert d.code == "unexplained"
+    said = "at update 1, blocks.0.attn.in_proj_bias: its elements whose gradient is rounding"
+    assert said in d.message
+    assert "times as far as the reference's" in d.message
+    assert "record the merged run in float64 as well" in (d.fix or "")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        zoo.record(root / "merged64", "gpt", "hf-adafactor", 2, 180516, float64=True)
+    finally:
+        torch.set_num_threads(threads)
+    base64 = read_run_dir(root / "ref")
+    assert compare(base64, read_run_dir(root / "merged64")).verdict == "pass"

@@ -341,6 +341,8 @@ def _unexplained(c: Comparison) -> Diagnosis:
             f"with the model and data in float64{cheaper} and pass it as --reference"
         )
     if c.reference is not None and tensors_first:
+        scaled = tensor_wide_scale(c)
+        message += f"; {scaled}" if scaled else ""
         message += (
             f"; the reference measures the baseline's {c.dtype} rounding, and the merged "
             "run's may differ from it where a computation rounds otherwise at another "
