@@ -11,8 +11,9 @@ a GRU, a convolutional text model (ReLU, max-pooling), an MLP with LayerNorm and
 Optimizers: Adam (lr 1e-2 and 1e-3, eps 1e-6), AdamW with weight decay, RMSprop, Adagrad, SGD
 with momentum, NAdam, RAdam, Adamax. K in 2, 4, 8; batch 48, 10 updates. `--optimizers` takes
 others too: Adafactor (eps[0] unset, or set: adafactor-eps), Rprop, Adadelta, ASGD, SGD with
-Nesterov momentum and weight decay, and Muon for the matrices with AdamW for the rest (two
-optimizers, the Recorder watching Muon).
+Nesterov momentum and weight decay, Muon for the matrices with AdamW for the rest (two
+optimizers, the Recorder watching Muon), and transformers' Adafactor as the Trainer's
+`optim="adafactor"` builds it (hf-adafactor; the transformers extra).
 
     .venv/bin/python bench/model_zoo.py [--runs 150] [--start 0] [--models gpt,encoder,...]
                                         [--optimizers adam-1e-2,...,muon-adamw]
