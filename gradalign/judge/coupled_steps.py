@@ -1,5 +1,5 @@
-"""Without a reference: a tensor whose whole step the optimizer scaled by a norm that rounding
-noise moved.
+"""A tensor whose whole step the optimizer scaled by a norm that rounding noise moved, read for
+the `unexplained` message with a reference and without one.
 
 Some optimizers scale each tensor's step by a number computed over all its elements:
 Adafactor's update clipping (the update divided by its RMS over the tensor, transformers'
@@ -13,7 +13,8 @@ other element's step differs from the baseline's by one common factor. Measured 
 far as the baseline's, what was left 4.8e-7 of the step. Both runs train the same and part by
 noise; without a reference nothing tells how far that noise grows from there (against a float64
 rerun the pair passes). `tensor_wide_scale` reads that shape at the first update whose weights
-fail, for the `unexplained` message.
+fail (with a reference, in the merged run's steps against the reference's). It reads whole
+tensors of a few updates, on the failing path only.
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ import numpy as np
 
 from ..runs.model import Run, Tensors
 from .drift import TAU
-from .results import Comparison
+from .results import Comparison, UpdateResult
 
 PURE_SCALE = 0.05  # what is left after the common factor, at most this share of the factor
+SHAPE = (
+    "the shape of an optimizer that scales each tensor's step by a norm over all its elements "
+    "(Adafactor's update clipping, LAMB's or LARS's trust ratio), which that noise moved"
+)
 
 
 def tensor_wide_scale(c: Comparison) -> str | None:
@@ -59,9 +64,7 @@ def tensor_wide_scale(c: Comparison) -> str | None:
         f"at update {i}, {name}{more}: its elements whose gradient is rounding noise "
         f"({dominated} of {size}) took {share:.0%} of its step, and its other elements stepped "
         f"{factor:.6g} times as far as the baseline's (what is left: {left:.2g} of the step): "
-        "the shape of an optimizer that scales each tensor's step by a norm over all its "
-        "elements (Adafactor's update clipping, LAMB's or LARS's trust ratio), which that noise "
-        "moved; both runs then train apart by rounding alone, which only a reference measures"
+        f"{SHAPE}; both runs then train apart by rounding alone, which only a reference measures"
     )
 
 
@@ -95,14 +98,12 @@ def _against_reference(c: Comparison) -> str | None:
         f"at update {i}, {name}: its elements whose gradient is rounding noise ({dominated} of "
         f"{size}) took {share:.0%} of the merged run's step, and its other elements stepped "
         f"{factor:.6g} times as far as the reference's (what is left: {left:.2g} of the step): "
-        "the shape of an optimizer that scales each tensor's step by a norm over all its "
-        "elements (Adafactor's update clipping, LAMB's or LARS's trust ratio), which that noise "
-        "moved; the runs then train apart by rounding alone, by more than the baseline's own "
+        f"{SHAPE}; the runs then train apart by rounding alone, by more than the baseline's own "
         "distance from the reference (one draw of that noise) shows"
     )
 
 
-def _tensors_ok(r) -> bool:
+def _tensors_ok(r: UpdateResult) -> bool:
     return all(d.ok for d in r.weights) and all(d.ok for d in r.grads)
 
 
@@ -117,8 +118,8 @@ def _scaled(
     """(noise-dominated elements, elements, their share of either run's step energy (the
     larger: a float64 reference steps them by almost nothing), the common factor of the
     others' steps, the residual's share of their step) where the tensor shows the shape, else
-    None. Dominated as `drift.shared_steps` reads it: neither gradient
-    above TAU times their difference (or the tensor's RMS difference)."""
+    None. Dominated as `drift.shared_steps` reads it: neither gradient above TAU times their
+    difference (or the tensor's RMS difference)."""
     diff = np.abs(gb - gm)
     rms = float(np.sqrt(np.mean(diff**2))) if diff.size else 0.0
     dominated = np.maximum(np.abs(gb), np.abs(gm)) <= TAU * np.maximum(diff, rms)

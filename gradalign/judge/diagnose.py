@@ -319,9 +319,9 @@ def _unexplained(c: Comparison) -> Diagnosis:
             f"; the losses part only from update {losses}, the weights or gradients from "
             f"update {tensors}: each loss is computed with the weights of the update before"
         )
+    if tensors_first and (scaled := tensor_wide_scale(c)):
+        message += f"; {scaled}"
     if c.reference is None and tensors_first:
-        scaled = tensor_wide_scale(c)
-        message += f"; {scaled}" if scaled else ""
         message += (
             "; without a float64 reference the tensors are judged by fixed tolerances, measured "
             "on the built-in MLP, which a model's own noise can exceed: a ReLU-like kink "
@@ -341,8 +341,6 @@ def _unexplained(c: Comparison) -> Diagnosis:
             f"with the model and data in float64{cheaper} and pass it as --reference"
         )
     if c.reference is not None and tensors_first:
-        scaled = tensor_wide_scale(c)
-        message += f"; {scaled}" if scaled else ""
         message += (
             f"; the reference measures the baseline's {c.dtype} rounding, and the merged "
             "run's may differ from it where a computation rounds otherwise at another "
