@@ -23,7 +23,7 @@ import numpy as np
 
 from ..runs.model import Run, Tensors
 from .drift import TAU
-from .results import Comparison, UpdateResult
+from .results import Comparison
 
 PURE_SCALE = 0.05  # what is left after the common factor, at most this share of the factor
 SHAPE = (
@@ -77,15 +77,18 @@ def _against_reference(c: Comparison) -> str | None:
     180516): the merged run's attention bias stepped 0.98 times as far as the reference's at
     update 1, the baseline's 1.0003 times, and every gradient parted from update 2."""
     assert c.reference is not None
-    first = next((r.update for r in c.results if not _tensors_ok(r)), None)
+    first = next((r.update for r in c.results if not r.tensors_ok), None)
     if first is None:
         return None
-    found = []
-    for i in range(max(0, first - 2), first + 1):
-        runs = [(run.weights(i), _before(run, i), run.grads(i)) for run in (c.reference, c.merged)]
-        if any(part is None for both in runs for part in both):
+    found, runs, start = [], (c.reference, c.merged), max(0, first - 2)
+    before = [_before(run, start) for run in runs]  # each update's weights read once
+    for i in range(start, first + 1):
+        after = [run.weights(i) for run in runs]
+        parts = [*after, *before, *(run.grads(i) for run in runs)]
+        before = after
+        if any(part is None for part in parts):
             continue
-        (wr, pr, gr), (wm, pm, gm) = runs
+        wr, wm, pr, pm, gr, gm = parts
         for name in (n for n in wm if all(n in t for t in (wr, pr, gr, pm, gm))):
             flat = (np.asarray(t[name], np.float64).ravel() for t in (gr, gm, wr, pr, wm, pm))
             reading = _scaled(*flat)
@@ -101,10 +104,6 @@ def _against_reference(c: Comparison) -> str | None:
         f"{SHAPE}; the runs then train apart by rounding alone, by more than the baseline's own "
         "distance from the reference (one draw of that noise) shows"
     )
-
-
-def _tensors_ok(r: UpdateResult) -> bool:
-    return all(d.ok for d in r.weights) and all(d.ok for d in r.grads)
 
 
 def _before(run: Run, i: int) -> Tensors | None:

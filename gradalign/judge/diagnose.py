@@ -357,10 +357,6 @@ def _unexplained(c: Comparison) -> Diagnosis:
 
 def _first_failures(c: Comparison) -> tuple[int | None, int | None]:
     """The first update whose weights or gradients failed, and the first whose loss did."""
-    tensors = next((r.update for r in c.results if not _tensors_ok(r)), None)
+    tensors = next((r.update for r in c.results if not r.tensors_ok), None)
     losses = next((r.update for r in c.results if not r.loss_ok), None)
     return tensors, losses
-
-
-def _tensors_ok(r: UpdateResult) -> bool:
-    return all(d.ok for d in (*r.weights, *r.grads))

@@ -39,9 +39,12 @@ class UpdateResult:
         return bool(self.loss_error <= self.loss_allowed and self.loss_error < math.inf)
 
     @property
+    def tensors_ok(self) -> bool:
+        return all(t.ok for t in self.weights) and all(t.ok for t in self.grads)
+
+    @property
     def ok(self) -> bool:
-        tensors_ok = all(t.ok for t in self.weights) and all(t.ok for t in self.grads)
-        return self.loss_ok and tensors_ok and not self.problems
+        return self.loss_ok and self.tensors_ok and not self.problems
 
     @property
     def worst(self) -> tuple[TensorDiff, str] | None:
