@@ -27,7 +27,7 @@ def _spread(gb, gr, rms, b, pb, r, pr, bits):
     return out
 
 
-def _noise_steps(gb, gr, rms, b, pb, r, pr, bits=None, carried=None):
+def _noise_steps(gb, gr, rms, b, pb, r, pr, bits=None, carried=None, idle_step=0.0):
     noise = TAU * np.maximum(np.abs(gb - gr), rms)
     size = np.abs(gr)
     dominated = size <= noise
@@ -39,9 +39,11 @@ def _noise_steps(gb, gr, rms, b, pb, r, pr, bits=None, carried=None):
         later = (carried > 0) & rest
         explained[later] = steps[later]
     out = np.where(dominated, steps, 0.0)
+    if idle_step > 0:  # dominated, stepped by neither run, on a gradient not 0
+        out[dominated & (steps == 0) & ((gb != 0) | (gr != 0))] = idle_step
     if bits is not None:
         out[rest] += _spread(gb, gr, rms, b, pb, r, pr, bits)[rest]
-    return out, float(np.sum(explained * explained))
+    return out, float(np.sum(explained * explained)), float(steps.max())
 
 
 def _shared_steps(gb, gm, rms, b, pb, m, pm):
@@ -71,6 +73,8 @@ def _runs(seed: int, n: int = 4096):
     pr = np.where(rng.random(n) < 0.9, pb, pb + 1e-3)  # most started from one weight
     b = pb - 1e-3 * gb * (rng.random(n) < 0.9)  # some not stepped at all
     r = pr - 1e-3 * gr + rng.standard_normal(n) * 1e-9 * (rng.random(n) < 0.5)
+    still = rng.random(n) < 0.05  # stepped by neither run (Rprop after a sign flip)
+    b[still], r[still] = pb[still], pr[still]
     carried = np.where(rng.random(n) < 0.3, rng.random(n), 0.0)
     return gb, gr, b, pb, r, pr, carried
 
@@ -78,15 +82,17 @@ def _runs(seed: int, n: int = 4096):
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("bits", [None, 7, 23, 52])
 @pytest.mark.parametrize("with_carried", [False, True])
-def test_noise_steps_equal_the_plain_formula_bit_for_bit(seed, bits, with_carried):
+@pytest.mark.parametrize("idle_step", [0.0, 3e-3])
+def test_noise_steps_equal_the_plain_formula_bit_for_bit(seed, bits, with_carried, idle_step):
     gb, gr, b, pb, r, pr, carried = _runs(seed)
     rms = float(np.sqrt(np.mean((gb - gr) ** 2)))
     for noise_rms in (rms, 0.0, rms * 1e6):
         before = carried if with_carried else None
-        got = drift.noise_steps(gb, gr, noise_rms, b, pb, r, pr, bits, before)
-        want = _noise_steps(gb, gr, noise_rms, b, pb, r, pr, bits, before)
+        got = drift.noise_steps(gb, gr, noise_rms, b, pb, r, pr, bits, before, idle_step)
+        want = _noise_steps(gb, gr, noise_rms, b, pb, r, pr, bits, before, idle_step)
         assert np.array_equal(got[0], want[0])
         assert got[1] == pytest.approx(want[1], rel=1e-12, abs=0.0)
+        assert got[2] == want[2]
 
 
 @pytest.mark.parametrize("seed", range(6))

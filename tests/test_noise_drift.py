@@ -234,8 +234,8 @@ def test_an_element_that_drifted_before_counts_its_whole_step_against_the_refere
     gr = np.array([1.0, 1.0, 1.0])
     gb = gr + 1e-3  # 0.1% noise: no element dominated
     prev, b, r = np.zeros(3), np.full(3, 0.5), np.full(3, 0.5)
-    steps, plain = noise_steps(gb, gr, 1e-3, b, prev, r, prev)
+    steps, plain, _ = noise_steps(gb, gr, 1e-3, b, prev, r, prev)
     assert not steps.any() and plain == pytest.approx(3 * (TAU * 1e-3 * 1.0) ** 2)
     carried = np.array([0.0, 0.2, 0.0])
-    steps, later = noise_steps(gb, gr, 1e-3, b, prev, r, prev, carried=carried)
+    steps, later, _ = noise_steps(gb, gr, 1e-3, b, prev, r, prev, carried=carried)
     assert not steps.any() and later == pytest.approx(2 * (TAU * 1e-3) ** 2 + 1.0**2)

@@ -36,14 +36,22 @@ def noise_steps(
     pr: np.ndarray,
     first_bits: int | None = None,
     carried: np.ndarray | None = None,
-) -> tuple[np.ndarray, float]:
+    idle_step: float = 0.0,
+) -> tuple[np.ndarray, float, float]:
     """For aligned float64 slices of the gradients (gb, gr), the weights after (b, r) and before
     (pb, pr) an update, and the tensor's RMS gradient noise: the steps |Δb| + |Δr| of the
     noise-dominated elements (`first_step_spread` elsewhere at the first update, whose
-    weights have `first_bits` stored mantissa bits; 0 elsewhere), and Σ(TAU·ρ·step)² over the
-    other elements, ρ = max(|gb − gr|, rms) / |gr| (below 1/TAU there); the whole step where
-    the element drifted before (`carried` > 0): its optimizer state stays apart (Rprop's step
-    sizes follow the signs seen; model zoo `hf-bert` run 967: one flip, 3.4% off 3 updates on)."""
+    weights have `first_bits` stored mantissa bits; 0 elsewhere), Σ(TAU·ρ·step)² over the
+    other elements, ρ = max(|gb − gr|, rms) / |gr| (below 1/TAU there), and the slice's largest
+    |Δb| + |Δr|. The whole step where the element drifted before (`carried` > 0): its optimizer
+    state stays apart (Rprop's step sizes follow the signs seen; model zoo `hf-bert` run 967:
+    one flip, 3.4% off 3 updates on). `idle_step` (the tensor's largest |Δb| + |Δr| at the
+    last update that stepped it) where neither run stepped a dominated element whose gradient
+    is not 0: an optimizer that decides by the gradient's sign whether to step at all (Rprop
+    stops an element whose sign flipped) left it where the noise chose, and another run,
+    whose noise drew the other sign, stepped it (model zoo run 181005, float16: a bias
+    gradient +2.6e-6 in the baseline and the reference, −1.9e-6 in the merged run, which
+    stepped 1.2 times the element's last step where they stood still)."""
     spread = (
         None if first_bits is None else first_step_spread(gb, gr, rms, b, pb, r, pr, first_bits)
     )
@@ -51,6 +59,7 @@ def noise_steps(
     size = np.abs(gr)
     dominated = np.less_equal(size, noise)
     steps = _both_steps(b, pb, r, pr)
+    largest = float(steps.max()) if steps.size else 0.0
     # Branch-free: a boolean index or a `where=` over a mask as mixed as this one ran 15x as
     # slow as a whole-array operation and made this function a quarter of a streamed compare.
     with np.errstate(divide="ignore", invalid="ignore"):  # inf and 0/0 only where dominated
@@ -61,10 +70,15 @@ def noise_steps(
     noise *= steps
     noise *= ~dominated
     np.multiply(steps, dominated, out=steps)
+    if idle_step > 0:  # dominated elements neither run stepped, on a gradient not 0
+        idle = np.equal(steps, 0.0)
+        idle &= dominated
+        idle &= np.not_equal(gb, 0.0) | np.not_equal(gr, 0.0)
+        steps += idle * idle_step
     if spread is not None:
         spread *= ~dominated
         steps += spread
-    return steps, dot(noise, noise)
+    return steps, dot(noise, noise), largest
 
 
 def shared_steps(
@@ -120,6 +134,13 @@ def shared_rms(
     if name in noisy:
         return math.inf
     return diff / math.sqrt(count)
+
+
+def stepped(largest_steps: dict[str, float], name: str, largest: float) -> None:
+    """Keep a tensor's largest |Δb| + |Δr| of this update where it stepped at all (an update a
+    GradScaler skipped, or at a learning rate of 0, keeps the one before)."""
+    if largest > 0 and math.isfinite(largest):
+        largest_steps[name] = largest
 
 
 def graded(seen: set[str], name: str, nonzero: bool) -> bool:
@@ -231,6 +252,7 @@ class Drift:
         self.noisy: set[str] = set()  # tensors whose gradient was noise as a whole (shared_rms)
         self.graded: set[str] = set()  # tensors with a gradient, now or before (`graded`)
         self.followed: dict[str, np.ndarray] = {}  # tensors without one (judge/followers.py)
+        self.stepped: dict[str, float] = {}  # per tensor, `noise_steps`' idle_step
 
     def advance(
         self,
@@ -279,11 +301,12 @@ class Drift:
         else:
             # one element's noise is one draw: the tensor's RMS noise bounds it from below
             rms = math.sqrt(float(np.mean(noise**2))) if noise.size else 0.0
-            steps, explained = noise_steps(
+            steps, explained, largest = noise_steps(
                 g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r, first_bits,
-                self.drift.get(name),
+                self.drift.get(name), self.stepped.get(name, 0.0),
             )  # fmt: skip
             self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(explained)
+            stepped(self.stepped, name, largest)
         if not steps.any():
             return
         # the merged run may step such an element as far as either run did, the other way

@@ -17,6 +17,7 @@ import threading
 import numpy as np
 
 from ..runs.sketches import dot
+from .drift import stepped
 
 
 class DriftFiles:
@@ -35,6 +36,7 @@ class DriftFiles:
         self.foreign_fds: dict[str, int] = {}
         self.sums: dict[str, dict[int, float]] = {}
         self.explained: dict[str, float] = {}  # per tensor, as `Drift.explained`
+        self.stepped: dict[str, float] = {}  # per tensor, as `Drift.stepped`
         self.fds: dict[str, int] = {}
         self.paths: dict[str, str] = {}
         self.held: dict[tuple[str, int], np.ndarray] = {}
@@ -125,9 +127,11 @@ class DriftFiles:
     def allowance(self, name: str) -> float:  # ||drift|| (0 while no element was dominated)
         return allowance(self.sums.get(name))
 
-    def explain(self, name: str, sumsq: float) -> None:
-        """Take one update's Σ(TAU·ρ·step)² of a tensor (`noise_steps`, over its slices)."""
+    def explain(self, name: str, sumsq: float, largest: float = 0.0) -> None:
+        """Take one update's Σ(TAU·ρ·step)² of a tensor and its largest step (`noise_steps`,
+        over its slices)."""
         self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(sumsq)
+        stepped(self.stepped, name, largest)
 
     def strayed(self, name: str) -> float:
         """How far the baseline may stray from the reference on its noise (as `Drift`)."""

@@ -151,14 +151,16 @@ class SketchDrift:
         bits = self.bits.get(name) if first else None
         again = [f.stream(name, checked=True) for f in (gb_file, gr_file, b_file, r_file)]
         again += [f.stream(name) for f in (pb_file, pr_file)]
-        start, explained, walked, moved_b, moved_r = 0, 0.0, 0.0, 0.0, 0.0
+        start, explained, walked, moved_b, moved_r, largest = 0, 0.0, 0.0, 0.0, 0.0, 0.0
         while start < count:
             gb, gr, b, r, pb, pr = (widen64(s.read(CHUNK)) for s in again)
             carried = self.files.slice(name, start, b.size)
             if self.against_merged:
                 steps, part = shared_steps(gb, gr, rms, b, pb, r, pr), 0.0
             else:
-                steps, part = noise_steps(gb, gr, rms, b, pb, r, pr, bits, carried)
+                idle = self.files.stepped.get(name, 0.0)
+                steps, part, top = noise_steps(gb, gr, rms, b, pb, r, pr, bits, carried, idle)
+                largest = max(largest, top)
             self.files.add(name, start, steps, carried)
             explained += part
             walked += dot(steps, steps)
@@ -167,7 +169,7 @@ class SketchDrift:
             start += b.size
         for stream in again:
             stream.finish()
-        self.files.explain(name, explained)
+        self.files.explain(name, explained, largest)
         moved = math.sqrt(moved_b) + math.sqrt(moved_r)
         self.shares[name] = min(1.0, math.sqrt(walked) / moved) if moved > 0 else 0.0
 

@@ -76,7 +76,7 @@ class TensorSide:
         if widen and not (noise_ok and finite):
             self._weights(name, f, widen, rms, undo=True)
         elif widen and referenced:
-            drift.explain(name, pair.extra["explained"])
+            drift.explain(name, pair.extra["explained"], pair.extra["largest"])
         allowance = drift.allowance(name)
         strayed = drift.strayed(name)
         if follow:
@@ -127,9 +127,11 @@ class TensorSide:
                 gb, gr, pb, pr = parts[4:]
                 bits = self.bits.get(name) if f.first else None
                 carried = self.drift.slice(name, first, b.size)
-                steps, explained = noise_steps(gb, gr, rms, b, pb, r, pr, bits, carried)
+                idle = self.drift.stepped.get(name, 0.0)
+                steps, explained, top = noise_steps(gb, gr, rms, b, pb, r, pr, bits, carried, idle)
                 self.drift.add(name, first, -steps if undo else steps, carried)
                 pair.extra["explained"] = pair.extra.get("explained", 0.0) + explained
+                pair.extra["largest"] = max(pair.extra.get("largest", 0.0), top)
             elif widen:
                 gb, gm, pb, pm = parts[4:]
                 steps = shared_steps(gb, gm, rms, b, pb, m, pm)
