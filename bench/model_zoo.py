@@ -347,6 +347,8 @@ def main() -> int:
         parser.error(f"unknown optimizer(s): {', '.join(sorted(unknown))}")
     if unmet(args.bug, args):
         parser.error(unmet(args.bug, args))
+    if args.autocast == "float16" and args.device == "cpu" and "lstm" in models:
+        parser.error("--autocast float16 on the CPU: oneDNN has no float16 LSTM; leave lstm out")
     ks = [int(k) for k in args.ks.split(",")]
     if any(k < 1 or k > BATCH or (BATCH % k and not args.uneven) for k in ks):
         parser.error(f"--ks: each K must divide the batch of {BATCH} (any K up to it: --uneven)")

@@ -13,7 +13,9 @@ first two elementwise, in judge/drift.py; the rest here; kinks and gains in thei
   the baseline and the reference stepped it, |Δb| + |Δref|, the other way: `drift.Drift` sums that
   per element into an allowance that widens the tensor's noise as sqrt(noise² + drift²). Under
   SGD such elements barely move (a step is lr times a tiny gradient), so little widens; a bug in
-  the merged run cannot widen it (it reads only the baseline and the reference).
+  the merged run cannot widen it (it reads only the baseline and the reference). Where neither
+  stepped such an element (Rprop stops one whose sign flipped), it may drift as far as the
+  tensor's elements stepped at the last update that stepped any (`noise_steps`' idle_step).
   The elements above that line carry noise too: a gradient off by a share ρ of itself moves the
   weight off by about ρ of its step, under SGD and (normalized by its own history) under Adam.
   The merged run's share of that is in the noise floor already (the baseline has the same kind);
