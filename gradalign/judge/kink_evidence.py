@@ -29,6 +29,7 @@ from .kink_shape import (
     Units,
     kink_units,
     localizes,
+    one_input,
     units_holding,
 )
 from .metrics import _safe_div
@@ -52,6 +53,14 @@ class _Pair:
         return None if name in self.counted else self._units(name, most, of_rows, rest)
 
     def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
+        raise NotImplementedError
+
+    def one_input(self, name: str, rest: float = math.inf) -> Units | None:
+        """The tensor's error as one input's share (`kink_shape.one_input`); None where it is
+        not, or no kink is read in the tensor."""
+        return None if name in self.counted else self._one_input(name, rest)
+
+    def _one_input(self, name: str, rest: float) -> Units | None:
         raise NotImplementedError
 
     def kinked_units(self, name: str, rest: float = math.inf) -> Units | None:
@@ -96,6 +105,9 @@ class Whole(_Pair):
 
     def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
         return kink_units(self.first[name], self.second[name], most, of_rows, rest)
+
+    def _one_input(self, name: str, rest: float) -> Units | None:
+        return one_input(self.first[name], self.second[name], rest)
 
     def readable(self, name: str) -> bool:
         """Whether `units` can answer for this tensor."""
@@ -160,6 +172,14 @@ class Sketched(_Pair):
         energies = unit_energies(rows_a - rows_b, columns_a - columns_b)
         own = unit_energies(rows_b, columns_b)
         return units_holding(energies, most, of_rows, ESTIMATED_SHARE, rest, own)
+
+    def _one_input(self, name: str, rest: float) -> Units | None:
+        """Read where both kept the tensor whole: a sketch keeps no rank."""
+        first, second = self.first[name], self.second[name]
+        if not (first.exact and second.exact):
+            return None
+        shape = self.shape(name)
+        return one_input(first.vector.reshape(shape), second.vector.reshape(shape), rest)
 
     def holding(self, name: str) -> str:
         """What `units` found its units holding, for a note."""

@@ -62,7 +62,7 @@ import numpy as np
 
 from ..runs.model import Run
 from .kink_evidence import Pair, apart
-from .kink_shape import JUMP_OWN_SHARE, many_rows
+from .kink_shape import JUMP_OWN_SHARE, JUMP_SHARE, ONE_INPUT, Units, many_rows
 from .metrics import TensorDiff
 from .results import UpdateResult
 from .views import Sketching
@@ -89,7 +89,7 @@ def excuse_isolated_jumps(
         if grads is None:
             continue
         failing = [d for d in r.grads if not d.ok]
-        found = {d.name: grads.units(d.name, rest=factor * d.unbounded) for d in failing}
+        found = {d.name: _jumped(grads, d.name, factor * d.unbounded) for d in failing}
         kinked = {name: units for name, units in found.items() if units is not None}
         echoes = [name for name in found if name not in kinked]
         if not kinked or (echoes and not _echoes(echoes, kinked, grads)):
@@ -109,7 +109,6 @@ def excuse_isolated_jumps(
         isolated += not quiet
         excuse(r, set(found), "isolated jump")
         worst = max((d for d in failing if d.name in kinked), key=lambda d: d.ratio)
-        rows = max(len(held) for _, held in kinked.values())
         upstream = (
             f" (and {', '.join(echoes)} upstream of it, each off by a smaller share of itself)"
             if echoes
@@ -121,12 +120,25 @@ def excuse_isolated_jumps(
             else "the updates around it and the weights stayed within noise"
         )
         floor = "noise floor" if worst.noise else "allowed error"  # judged by tolerances
+        if kinked[worst.name][0] == ONE_INPUT:
+            where = f"one input's share of {worst.name} (rank one: {JUMP_SHARE:.0%} of the error"
+            where += " in one outer product)"
+            cause = (
+                "a choice made per input (a token routed to another expert, an argmax, a tie) "
+                "went one way in one run and the other way in the other (the baseline makes "
+                "such choices apart from the reference too)"
+            )
+        else:
+            rows = max(len(held) for axis, held in kinked.values() if axis != ONE_INPUT)
+            where = f"{rows} row(s) or column(s) of {worst.name}"
+            cause = (
+                "an activation crossed its kink in one run and not the other (the baseline "
+                "shows such jumps against the reference too)"
+            )
         notes.append(
             f"update {r.update}: the gradient of {', '.join(kinked)} jumped to "
-            f"{worst.ratio:.3g}x its {floor} in {rows} row(s) or column(s) of "
-            f"{worst.name}{upstream}, while {around} and the loss within noise: an activation "
-            "crossed its kink in one run and not the other (the baseline shows such jumps "
-            "against the reference too); not counted as a failure"
+            f"{worst.ratio:.3g}x its {floor} in {where}{upstream}, while {around} and the loss "
+            f"within noise: {cause}; not counted as a failure"
         )
     for r in parted:
         excuse(r, {d.name for d in r.grads if not d.ok}, "parted")
@@ -140,6 +152,12 @@ def excuse_isolated_jumps(
             "failures"
         )
     return notes
+
+
+def _jumped(grads: Pair, name: str, rest: float) -> Units | None:
+    """Where a gradient's jump sits: a kink's few units, or one input's share (a rank-one error,
+    `kink_shape.one_input`); None where neither holds it with the rest within `rest`."""
+    return grads.units(name, rest=rest) or grads.one_input(name, rest=rest)
 
 
 def _a_units_share(r: UpdateResult, kinked: dict, grads: Pair, factor: float) -> bool:
