@@ -64,9 +64,11 @@ def one_input(merged: np.ndarray, ref: np.ndarray, rest: float = math.inf) -> Un
     from below (never more than the share it has)."""
     second = np.asarray(ref, dtype=np.float64)
     err = np.asarray(merged, dtype=np.float64) - second
-    if err.ndim < 2 or not (many_rows(err.shape) and _many_columns(err.shape)):
+    if err.ndim < 2:
         return None
     flat = err.reshape(err.shape[0], -1)
+    if min(flat.shape) * JUMP_OWN_SHARE < KINK_UNITS:  # few rows or few columns
+        return None
     total = float(np.einsum("ij,ij->", flat, flat))
     if not (math.isfinite(total) and total > 0):
         return None

@@ -1,0 +1,121 @@
+"""One input's share of a gradient gained or lost whole (judge/kink_shape.py `one_input`,
+judge/kinks.py): a choice made per input (a token routed to another expert, an argmax, a tie)
+that went one way in one run and the other way in the other leaves a rank-one error, spread over
+every row and column, at one update; it is excused as a kink's jump is, and a spread error, or a
+rank-one error stepped with at every update, is not. Runs written with numpy (linear least
+squares under SGD, gradalign.runs.portable), the recorded gradient altered as a flip would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradalign import api
+from gradalign.judge.kink_shape import ONE_INPUT, one_input
+from gradalign.runs.portable import write_run
+
+ROWS, COLS, UPDATES, LR, BATCH = 16, 12, 10, 0.05, 16
+
+
+def _train(dtype, k: int = 1, spike=None, feed: bool = False) -> dict:
+    """Least squares y ≈ x Wᵀ; `spike(update, grad)` alters the recorded gradient (and with
+    `feed` the one stepped with too)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(UPDATES * BATCH, COLS)).astype(np.float32).astype(dtype)
+    y = (x @ rng.normal(size=(COLS, ROWS)) * 0.1).astype(np.float32).astype(dtype)
+    w = (np.random.default_rng(1).normal(size=(ROWS, COLS)) * 0.1).astype(np.float32).astype(dtype)
+    init, snaps, grads, losses = {"w": w.copy()}, [], [], []
+    for u in range(UPDATES):
+        total = np.zeros_like(w)
+        for j in range(k):
+            rows = slice(u * BATCH + j * BATCH // k, u * BATCH + (j + 1) * BATCH // k)
+            err = x[rows] @ w.T - y[rows]
+            losses.append(float((err**2).mean()))
+            total += (2 * err.T @ x[rows] / err.size * ROWS).astype(dtype)
+        g = (total / k).astype(dtype)
+        recorded = spike(u, g.copy()) if spike else g
+        grads.append({"w": recorded})
+        w = (w - LR * (recorded if feed else g)).astype(dtype)
+        snaps.append({"w": w.copy()})
+    return {
+        "init_weights": init,
+        "update_weights": snaps,
+        "grads": grads,
+        "micro_losses": losses,
+        "optimizer_steps": [1] * UPDATES,
+    }
+
+
+def _outer(seed: int, size: float, g: np.ndarray) -> np.ndarray:
+    """An outer product of two random vectors, of norm `size` times the gradient's."""
+    rng = np.random.default_rng(seed)
+    term = np.outer(rng.normal(size=ROWS), rng.normal(size=COLS))
+    return term / np.linalg.norm(term) * size * np.linalg.norm(g)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("one-input")
+    write_run(root / "ref", accum_steps=1, **_train(np.float64))
+    base = write_run(root / "base", accum_steps=1, reference="../ref", **_train(np.float32))
+    return root, base
+
+
+def _merged(runs, name: str, spike, feed: bool = False):
+    root, base = runs
+    path = write_run(root / name, accum_steps=4, **_train(np.float32, 4, spike, feed))
+    return api.compare(base, path)
+
+
+def test_one_input_flipped_at_one_update_is_noted_not_failed(runs):
+    """The merged run's gradient at update 5 gained one input's share (1e-3 of the gradient,
+    far beyond its rounding), the weights and the loss within noise: noted, and it passes."""
+
+    def flip(u, g):
+        return g + _outer(3, 1e-3, g) if u == 5 else g
+
+    c = _merged(runs, "flip", flip)
+    assert c.verdict == "pass", [d.message for d in c.diagnosis]
+    assert any("one input's share of w" in n for n in c.notes), c.notes
+
+
+def test_an_error_spread_over_two_inputs_fails(runs):
+    """The same size in two outer products of equal weight (a spread error: no one input's
+    share, no kink's few rows) fails at update 5 (a mutation reading any error as one input's
+    passes it)."""
+
+    def spread(u, g):
+        return g + (_outer(3, 1e-3, g) + _outer(4, 1e-3, g)) / np.sqrt(2) if u == 5 else g
+
+    c = _merged(runs, "spread", spread)
+    assert c.verdict == "fail"
+    assert next(r.update for r in c.results if not r.ok) == 5
+
+
+def test_one_input_stepped_with_at_every_update_fails(runs):
+    """One input's share added at every update from 3 and stepped with (a loop that counts a
+    sample twice): the weights leave their noise and the jumps are not isolated; it fails."""
+
+    def twice(u, g):
+        return g + _outer(3, 2e-2, g) if u >= 3 else g
+
+    c = _merged(runs, "twice", twice, feed=True)
+    assert c.verdict == "fail"
+
+
+def test_one_input_reads_rank_one_errors_of_many_rows_and_columns():
+    """`one_input` on arrays: a rank-one error beside 1% noise is one input's; random noise,
+    a 1-D tensor, one of few columns, and a rest beyond the bound given are not."""
+    rng = np.random.default_rng(5)
+    ref = rng.normal(size=(32, 24))
+    term = np.outer(rng.normal(size=32), rng.normal(size=24))
+    noise = rng.normal(size=(32, 24)) * 0.01 * np.linalg.norm(term) / np.sqrt(32 * 24)
+    assert one_input(ref + term + noise, ref) == (ONE_INPUT, frozenset({0}))
+    assert one_input(ref + noise, ref) is None  # spread
+    assert one_input(ref[0] + term[0], ref[0]) is None  # 1-D: any error is "rank one"
+    assert one_input(ref[:, :4] + term[:, :4], ref[:, :4]) is None  # few columns
+    rest = float(np.linalg.norm(noise))
+    assert one_input(ref + term + noise, ref, rest=rest / 10) is None
+    conv = rng.normal(size=(16, 4, 3, 3))  # trailing axes flattened: 36 columns
+    flipped = conv + np.outer(rng.normal(size=16), rng.normal(size=36)).reshape(conv.shape)
+    assert one_input(flipped, conv) == (ONE_INPUT, frozenset({0}))
