@@ -352,6 +352,8 @@ def main() -> int:
     ks = [int(k) for k in args.ks.split(",")]
     if any(k < 1 or k > BATCH or (BATCH % k and not args.uneven) for k in ks):
         parser.error(f"--ks: each K must divide the batch of {BATCH} (any K up to it: --uneven)")
+    if args.bug == "mean-over-k" and BATCH in ks:
+        parser.error(f"--bug mean-over-k: K={BATCH} makes every micro-batch one sample, all equal")
     grid = [(m, o, k) for m in models for o in optimizers for k in ks]
     random.Random(1234).shuffle(grid)
     alarms, worst, mildest, started, made = [], 0.0, math.inf, time.time(), 0
