@@ -6,48 +6,63 @@ run with its recorded gradient altered, judged (`merged`), and the checks a comp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
 from gradalign import api
 from gradalign.runs.portable import write_run
 
-ROWS, COLS, UPDATES, LR = 40, 6, 12, 0.1
+
+@dataclass(frozen=True)
+class Shape:
+    """The weight's rows and columns, the updates and the learning rate (16 samples a batch)."""
+
+    rows: int = 40
+    cols: int = 6
+    updates: int = 12
+    lr: float = 0.1
 
 
-def data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+DEFAULT = Shape()
+ROWS, COLS, UPDATES, LR = DEFAULT.rows, DEFAULT.cols, DEFAULT.updates, DEFAULT.lr
+
+
+def data(seed: int = 0, shape: Shape = DEFAULT) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(UPDATES * 16, COLS))
-    return x, x @ rng.normal(size=(COLS, ROWS)) * 0.1
+    x = rng.normal(size=(shape.updates * 16, shape.cols))
+    return x, x @ rng.normal(size=(shape.cols, shape.rows)) * 0.1
 
 
-def train(dtype, *, k: int = 1, spike=None, feed: bool = False) -> dict:
+def train(dtype, *, k: int = 1, spike=None, feed: bool = False, shape: Shape = DEFAULT) -> dict:
     """Linear least squares, SGD. `spike(update, grad)` alters the recorded gradient only (an
     activation crossing its kink in one run changes one unit's gradient at one update), or with
     `feed` the gradient the step is taken with too."""
-    x, y = (v.astype(np.float32).astype(dtype) for v in data())
+    x, y = (v.astype(np.float32).astype(dtype) for v in data(shape=shape))
     # float32 initial weights for every run: the float64 reference starts from the same values
-    w = (np.random.default_rng(1).normal(size=(ROWS, COLS)) * 0.1).astype(np.float32).astype(dtype)
+    w = np.random.default_rng(1).normal(size=(shape.rows, shape.cols)) * 0.1
+    w = w.astype(np.float32).astype(dtype)
     init = {"w": w.copy()}
     snaps, grads, losses = [], [], []
-    for u in range(UPDATES):
+    for u in range(shape.updates):
         g_sum = np.zeros_like(w)
         for j in range(k):
             rows = slice(u * 16 + j * 16 // k, u * 16 + (j + 1) * 16 // k)
             err = x[rows] @ w.T - y[rows]
             losses.append(float((err**2).mean()))
-            g_sum += (2 * err.T @ x[rows] / err.size * ROWS).astype(dtype)
+            g_sum += (2 * err.T @ x[rows] / err.size * shape.rows).astype(dtype)
         g = (g_sum / k).astype(dtype)
         recorded = spike(u, g.copy()) if spike else g
         grads.append({"w": recorded})
-        w = (w - LR * (recorded if feed else g)).astype(dtype)
+        w = (w - shape.lr * (recorded if feed else g)).astype(dtype)
         snaps.append({"w": w.copy()})
     return {
         "init_weights": init,
         "update_weights": snaps,
         "grads": grads,
         "micro_losses": losses,
-        "optimizer_steps": [1] * UPDATES,  # one step per update, never inside a window
+        "optimizer_steps": [1] * shape.updates,  # one step per update, never inside a window
     }
 
 

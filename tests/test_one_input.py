@@ -3,7 +3,7 @@ judge/kinks.py): a choice made per input (a token routed to another expert, an a
 that went one way in one run and the other way in the other leaves a rank-one error, spread over
 every row and column, at one update; it is excused as a kink's jump is, and a spread error, or a
 rank-one error stepped with at every update, is not. Runs written with numpy (linear least
-squares under SGD, gradalign.runs.portable), the recorded gradient altered as a flip would."""
+squares under SGD, tests/least_squares.py), the recorded gradient altered as a flip would."""
 
 from __future__ import annotations
 
@@ -13,43 +13,19 @@ import pytest
 from gradalign import api
 from gradalign.judge.kink_shape import ONE_INPUT, one_input
 from gradalign.runs.portable import write_run
+from tests.least_squares import Shape, train
 
-ROWS, COLS, UPDATES, LR, BATCH = 16, 12, 10, 0.05, 16
+SHAPE = Shape(rows=16, cols=12, updates=10, lr=0.05)  # 12 columns: many, for a rank
 
 
 def _train(dtype, k: int = 1, spike=None, feed: bool = False) -> dict:
-    """Least squares y ≈ x Wᵀ; `spike(update, grad)` alters the recorded gradient (and with
-    `feed` the one stepped with too)."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(UPDATES * BATCH, COLS)).astype(np.float32).astype(dtype)
-    y = (x @ rng.normal(size=(COLS, ROWS)) * 0.1).astype(np.float32).astype(dtype)
-    w = (np.random.default_rng(1).normal(size=(ROWS, COLS)) * 0.1).astype(np.float32).astype(dtype)
-    init, snaps, grads, losses = {"w": w.copy()}, [], [], []
-    for u in range(UPDATES):
-        total = np.zeros_like(w)
-        for j in range(k):
-            rows = slice(u * BATCH + j * BATCH // k, u * BATCH + (j + 1) * BATCH // k)
-            err = x[rows] @ w.T - y[rows]
-            losses.append(float((err**2).mean()))
-            total += (2 * err.T @ x[rows] / err.size * ROWS).astype(dtype)
-        g = (total / k).astype(dtype)
-        recorded = spike(u, g.copy()) if spike else g
-        grads.append({"w": recorded})
-        w = (w - LR * (recorded if feed else g)).astype(dtype)
-        snaps.append({"w": w.copy()})
-    return {
-        "init_weights": init,
-        "update_weights": snaps,
-        "grads": grads,
-        "micro_losses": losses,
-        "optimizer_steps": [1] * UPDATES,
-    }
+    return train(dtype, k=k, spike=spike, feed=feed, shape=SHAPE)
 
 
 def _outer(seed: int, size: float, g: np.ndarray) -> np.ndarray:
     """An outer product of two random vectors, of norm `size` times the gradient's."""
     rng = np.random.default_rng(seed)
-    term = np.outer(rng.normal(size=ROWS), rng.normal(size=COLS))
+    term = np.outer(rng.normal(size=SHAPE.rows), rng.normal(size=SHAPE.cols))
     return term / np.linalg.norm(term) * size * np.linalg.norm(g)
 
 
