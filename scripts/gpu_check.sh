@@ -37,10 +37,11 @@ ga() { "$py" -m gradalign "$@"; }
 if [[ $parts == *" core "* ]]; then
 # The suite's device tests on CUDA: the sketches summarized on the GPU (infinities held apart)
 # equal numpy's, and a sketched model with a -inf mask buffer trained there passes clean and
-# names a bug (GRADALIGN_TEST_CUDA=1 makes them fail, not skip, where CUDA is missing).
+# names a bug, and a clip threshold given as a CUDA tensor is recorded (GRADALIGN_TEST_CUDA=1
+# makes them fail, not skip, where CUDA is missing).
 step device-tests 0 env GRADALIGN_TEST_CUDA=1 "$py" -m pytest -q -p no:cacheprovider -k cuda \
     tests/test_sketch_mode.py tests/test_infinite_buffers.py tests/test_unit_sums.py \
-    tests/test_sample_rows.py
+    tests/test_sample_rows.py tests/test_clip_thresholds.py
 step selftest-cuda 0 ga selftest --device cuda -o "$out/selftest" --json "$out/selftest-cuda.json"
 step selftest-cuda-sketch 0 ga selftest --device cuda --record sketch -o "$out/selftest-sketch" \
     --json "$out/selftest-cuda-sketch.json"

@@ -10,6 +10,7 @@ import pytest
 
 from gradalign.judge.compare import compare
 
+from .devices import DEVICES
 from .test_clip_api import UPDATES, K, clip_loop
 from .zoo_runs import _one_thread_judge
 
@@ -43,3 +44,34 @@ def test_partial_sums_clipped_where_the_whole_did_not_reach_the_clip_are_clip_pe
         tmp_path / "bug", "resnet", "rmsprop", 4, 173028, "clip-every-micro", clip=1.0
     )
     assert row["codes"][:1] == ["clip-per-micro"], row
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_threshold_given_as_a_tensor_is_recorded_on_any_device(tmp_path, device):
+    """`clip_grad_norm_(params, torch.tensor(0.5, device=...))`: the threshold is kept where it
+    lies (on a GPU, a float64 copy there, read once when the run is written: no host sync per
+    step) and recorded as on the CPU; a threshold of several elements is no number."""
+    import torch
+
+    import gradalign
+    from gradalign.record.clipping import _threshold
+    from gradalign.runs.reader import read_run_dir
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    limit = torch.tensor(0.5, device=device)
+    x = torch.randn(4 * 8, 6, device=device)
+    with gradalign.Recorder(tmp_path / "run", model, opt, accum_steps=2) as rec:
+        for u in range(4):
+            for j in range(2):
+                rows = slice(u * 8 + j * 4, u * 8 + (j + 1) * 4)
+                loss = model(x[rows]).pow(2).mean()
+                (loss / 2).backward()
+                rec.micro(loss, batch=x[rows])
+            torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
+            opt.step()
+            opt.zero_grad()
+            rec.update()
+    assert np.array_equal(read_run_dir(tmp_path / "run").clip_max_norm, np.full(4, 0.5))
+    assert _threshold(torch.ones(2, device=device)) is None

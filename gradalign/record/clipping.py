@@ -44,7 +44,7 @@ class Clip:
     total: torch.Tensor | None = None
     value: float | None = None
     reads_only: bool = False
-    max_norm: float | None = None  # a norm clip's threshold, where read without a host sync
+    max_norm: float | torch.Tensor | None = None  # a norm clip's threshold (`_threshold`)
     of_grads: bool = False  # told the gradients clipped, not their parameters (`_GROUP`)
 
 
@@ -59,11 +59,16 @@ def _infinite(limit: Any) -> bool:
         return False
 
 
-def _threshold(limit: Any) -> float | None:
-    """A norm clip's max_norm as a float: a number's, a CPU scalar tensor's (no host sync for
-    one on a device: None)."""
+def _threshold(limit: Any) -> float | torch.Tensor | None:
+    """A norm clip's max_norm: a number's or a CPU scalar tensor's as a float, a scalar tensor's
+    on a device as a float64 copy there (read once, when the run is written: no host sync per
+    step); None where it is no number."""
     if isinstance(limit, torch.Tensor):
-        return float(limit) if limit.device.type == "cpu" and limit.numel() == 1 else None
+        if limit.numel() != 1:
+            return None
+        if limit.device.type == "cpu":
+            return float(limit)
+        return limit.detach().reshape(()).to(torch.float64, copy=True)
     try:
         return float(limit)
     except (TypeError, ValueError):

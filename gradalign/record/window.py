@@ -159,7 +159,7 @@ class Window:
     scaler_updates: int = 0  # GradScaler.update() calls
     clip_calls: int = 0  # clip_grad_norm_ and clip_grad_value_ calls on the model's parameters
     clip_value: float = math.nan  # the last clip_grad_value_'s clip value
-    clip_max_norm: float = math.nan  # the last clip_grad_norm_'s max_norm
+    clip_max_norm: float | torch.Tensor = math.nan  # the last clip_grad_norm_'s max_norm
     clips_scaled: int = 0  # clip calls before the watched, enabled GradScaler's unscale_()
     zero_grads_inside: int = 0  # zero_grad() calls between two of its micro-steps
     zero_grads_after: int = 0  # since its last micro-step (inside if another micro-step comes)
@@ -184,7 +184,7 @@ class Windows:
     watched_scaler: bool = False
     clip_calls: list[int] = field(default_factory=list)
     clip_values: list[float] = field(default_factory=list)
-    clip_max_norms: list[float] = field(default_factory=list)
+    clip_max_norms: list[float | torch.Tensor] = field(default_factory=list)  # on its device
     clips_scaled: list[int] = field(default_factory=list)
     scaler: Any = None  # the watched GradScaler
     zero_grads_inside: list[int] = field(default_factory=list)
@@ -225,7 +225,7 @@ class Windows:
         total: torch.Tensor | None,
         params: frozenset[int],
         reads_only: bool = False,
-        max_norm: float | None = None,
+        max_norm: float | torch.Tensor | None = None,
     ) -> None:
         """A clip_grad_norm_ (`total`: the norm before it) or clip_grad_value_ (`value`) call on
         the model's parameters (`params`: their ids); one before the watched GradScaler's
@@ -315,8 +315,9 @@ class Windows:
             out["update/clips_before_unscale"] = np.asarray(self.clips_scaled, dtype=np.int64)
         if not all(math.isnan(v) for v in self.clip_values):
             out["update/clip_value"] = np.asarray(self.clip_values, dtype=np.float64)
-        if not all(math.isnan(v) for v in self.clip_max_norms):
-            out["update/clip_max_norm"] = np.asarray(self.clip_max_norms, dtype=np.float64)
+        max_norms = [float(v) for v in self.clip_max_norms]  # a device's read once, here
+        if not all(math.isnan(v) for v in max_norms):
+            out["update/clip_max_norm"] = np.asarray(max_norms, dtype=np.float64)
         if any(self.bypassed_forwards):
             out["update/bypassed_forwards"] = np.asarray(self.bypassed_forwards, dtype=np.int64)
         if self.zero_grads_seen:
