@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gradalign import api
-from gradalign.judge.kink_shape import ONE_INPUT, one_input
+from gradalign.judge.kink_shape import ONE_INPUT, WHOLE, one_input
 from gradalign.runs.portable import write_run
 from tests.least_squares import Shape, train
 
@@ -86,7 +86,7 @@ def test_one_input_reads_rank_one_errors_of_many_rows_and_columns():
     ref = rng.normal(size=(32, 24))
     term = np.outer(rng.normal(size=32), rng.normal(size=24))
     noise = rng.normal(size=(32, 24)) * 0.01 * np.linalg.norm(term) / np.sqrt(32 * 24)
-    assert one_input(ref + term + noise, ref) == (ONE_INPUT, frozenset({0}))
+    assert one_input(ref + term + noise, ref) == (ONE_INPUT, WHOLE)
     assert one_input(ref + noise, ref) is None  # spread
     assert one_input(ref[0] + term[0], ref[0]) is None  # 1-D: any error is "rank one"
     assert one_input(ref[:, :4] + term[:, :4], ref[:, :4]) is None  # few columns
@@ -94,4 +94,28 @@ def test_one_input_reads_rank_one_errors_of_many_rows_and_columns():
     assert one_input(ref + term + noise, ref, rest=rest / 10) is None
     conv = rng.normal(size=(16, 4, 3, 3))  # trailing axes flattened: 36 columns
     flipped = conv + np.outer(rng.normal(size=16), rng.normal(size=36)).reshape(conv.shape)
-    assert one_input(flipped, conv) == (ONE_INPUT, frozenset({0}))
+    assert one_input(flipped, conv) == (ONE_INPUT, WHOLE)
+
+
+def test_one_input_reads_fused_experts_slab_by_slab():
+    """Experts fused in one tensor (experts, out, in), as transformers' mixtures of experts hold
+    them: a token that left expert 1 for expert 3 leaves a rank-one error in each of those two
+    slabs (the flattened view, 4 rows, says nothing). Three slabs, or a slab of rank two, are
+    not one input's share."""
+    rng = np.random.default_rng(7)
+    ref = rng.normal(size=(4, 16, 12))
+
+    def token(scale: float = 1.0) -> np.ndarray:
+        return np.outer(rng.normal(size=16), rng.normal(size=12)) * scale
+
+    moved = ref.copy()
+    moved[1] -= token()
+    moved[3] += token()
+    assert one_input(moved, ref) == (ONE_INPUT, frozenset({1, 3}))
+    spread = ref.copy()
+    for e in (0, 1, 3):
+        spread[e] += token()
+    assert one_input(spread, ref) is None  # three experts: no one token's move
+    twice = ref.copy()
+    twice[2] += token() + token()  # two tokens in one expert: rank two
+    assert one_input(twice, ref) is None

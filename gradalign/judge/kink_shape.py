@@ -29,6 +29,8 @@ ECHO = 16
 Units = tuple[int, frozenset[int]]  # (axis, indices): rows (0) or columns (1)
 ONE_INPUT = 2  # the axis `one_input` names: one input's outer product, not rows or columns
 POWER_STEPS = 64  # power iterations of `one_input` at most (a rank-one error converges in 2)
+ONE_INPUT_SLABS = 2  # a token routed to another expert leaves one slab and joins another
+WHOLE = frozenset({-1})  # `one_input`'s units where the tensor is read whole, not by slabs
 
 
 def kink_units(
@@ -51,7 +53,7 @@ def kink_units(
 
 
 def one_input(merged: np.ndarray, ref: np.ndarray, rest: float = math.inf) -> Units | None:
-    """A rank-one error, `(ONE_INPUT, {0})`: JUMP_SHARE of the error's energy in one outer
+    """A rank-one error, `(ONE_INPUT, slabs)`: JUMP_SHARE of the error's energy in one outer
     product of a row vector by a column vector, the remainder's norm at most `rest`, in a
     tensor of many rows and many columns (its trailing axes flattened). A weight's gradient is
     Σ δ_s x_sᵀ over its inputs s: one input's share gained or lost whole is rank one, spread
@@ -59,33 +61,52 @@ def one_input(merged: np.ndarray, ref: np.ndarray, rest: float = math.inf) -> Un
     routed to another expert, an argmax, a tie) went one way in one run and the other way in
     the other: model zoo run 181940 (a mixture of experts, AdamW, bfloat16 autocast) failed its
     expert 2's first gradient at 42x its noise at update 6 alone, 99.9% of the error in one
-    outer product, the rest within noise; expert 3's, where the token went, 99.8%. The energy
-    of the first component is read by power iteration from the error's largest row, a bound
-    from below (never more than the share it has)."""
+    outer product, the rest within noise; expert 3's, where the token went, 99.8%. Experts
+    fused in one tensor of three axes or more (experts, out, in), as transformers' mixtures of
+    experts hold them, are read slab by slab too: a token routed elsewhere leaves one expert's
+    slab and joins another's, so at most ONE_INPUT_SLABS slabs (`slabs`, their indices; WHOLE
+    for the tensor read whole) hold JUMP_SHARE of the energy, each of them rank one. Each
+    rank-one energy is read by power iteration from the largest row, a bound from below (never
+    more than the share it has)."""
     second = np.asarray(ref, dtype=np.float64)
     err = np.asarray(merged, dtype=np.float64) - second
     if err.ndim < 2:
         return None
-    flat = err.reshape(err.shape[0], -1)
-    if min(flat.shape) * JUMP_OWN_SHARE < KINK_UNITS:  # few rows or few columns
-        return None
-    total = float(np.einsum("ij,ij->", flat, flat))
+    total = float(np.vdot(err, err))
     if not (math.isfinite(total) and total > 0):
         return None
-    v = flat[int(np.argmax(np.einsum("ij,ij->i", flat, flat)))]
+    flat = err.reshape(err.shape[0], -1)
+    found, held = (_rank_one(flat), WHOLE) if _many(flat) else (0.0, WHOLE)
+    if err.ndim > 2 and found < JUMP_SHARE * total and _many(err[0].reshape(err.shape[1], -1)):
+        slabs = err.reshape(err.shape[0], err.shape[1], -1)
+        few = fewest_holding(np.einsum("ijk,ijk->i", slabs, slabs), JUMP_SHARE, ONE_INPUT_SLABS)
+        if few is not None:
+            found, held = sum(_rank_one(slabs[i]) for i in few), frozenset(few.tolist())
+    if found < JUMP_SHARE * total or math.sqrt(max(total - found, 0.0)) > rest:
+        return None
+    return ONE_INPUT, held
+
+
+def _many(matrix: np.ndarray) -> bool:
+    """Whether a matrix has rows and columns enough for its rank to say anything."""
+    return min(matrix.shape) * JUMP_OWN_SHARE >= KINK_UNITS
+
+
+def _rank_one(matrix: np.ndarray) -> float:
+    """The energy of a matrix's first singular component (σ₁²), by power iteration from its
+    largest row: ||E v||² / ||v||², the Rayleigh quotient of EᵀE, rising to its largest
+    eigenvalue (a bound from below where it stops early)."""
+    v = matrix[int(np.argmax(np.einsum("ij,ij->i", matrix, matrix)))]
     top = 0.0
     for _ in range(POWER_STEPS):
-        u = flat @ v
-        # ||E v||² / ||v||²: the Rayleigh quotient of EᵀE, rising to its largest eigenvalue
+        u = matrix @ v
         found = float(u @ u) / float(v @ v)
         if found <= top * (1 + 1e-9):
             break
         top = found
-        v = flat.T @ u
+        v = matrix.T @ u
         v /= math.sqrt(float(v @ v))
-    if top < JUMP_SHARE * total or math.sqrt(max(total - top, 0.0)) > rest:
-        return None
-    return ONE_INPUT, frozenset({0})
+    return top
 
 
 def _energies(values: np.ndarray) -> list[np.ndarray]:

@@ -62,7 +62,7 @@ import numpy as np
 
 from ..runs.model import Run
 from .kink_evidence import Pair, apart
-from .kink_shape import JUMP_OWN_SHARE, JUMP_SHARE, ONE_INPUT, Units, many_rows
+from .kink_shape import JUMP_OWN_SHARE, JUMP_SHARE, ONE_INPUT, WHOLE, Units, many_rows
 from .metrics import TensorDiff
 from .results import UpdateResult
 from .views import Sketching
@@ -120,9 +120,14 @@ def excuse_isolated_jumps(
             else "the updates around it and the weights stayed within noise"
         )
         floor = "noise floor" if worst.noise else "allowed error"  # judged by tolerances
-        if kinked[worst.name][0] == ONE_INPUT:
+        axis, held = kinked[worst.name]
+        if axis == ONE_INPUT:
             where = f"one input's share of {worst.name} (rank one: {JUMP_SHARE:.0%} of the error"
-            where += " in one outer product)"
+            where += (
+                " in one outer product)"
+                if held == WHOLE
+                else f" in one outer product in each of slabs {sorted(held)} of its first axis)"
+            )
             cause = (
                 "a choice made per input (a token routed to another expert, an argmax, a tie) "
                 "went one way in one run and the other way in the other (the baseline makes "
