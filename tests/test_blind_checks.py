@@ -5,6 +5,7 @@ too), and losses a log printed to so few digits that a 1% lr change passed as fl
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -53,3 +54,41 @@ def test_losses_printed_to_few_digits_are_said_judged_to_them(tmp_path):
     assert said and "differ by up to about 0.02 by their printed digits" in said[0], coarse.notes
     fine = api.compare(log("b8", ".8f"), log("m8", ".8f"), accum_steps=1)
     assert not any("coarsely" in n for n in fine.notes), fine.notes
+
+
+def _widened(allowed_shares: list[float]) -> list:
+    """Results of one gradient of norm 1 judged against a reference, allowed these shares of
+    itself at updates 0, 1, ..."""
+    from gradalign.judge.metrics import TensorDiff
+    from gradalign.judge.results import UpdateResult
+
+    def grad(share: float) -> TensorDiff:
+        return TensorDiff("w", 0.0, 0.0, 0.01, 1.0, 0.01, share, noise=share / 4, norm=1.0)
+
+    return [
+        UpdateResult(u, 1.0, 1.0, 0.0, 0.0, 1e-3, grads=[grad(share)])
+        for u, share in enumerate(allowed_shares)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("shares", "start"),
+    [
+        ([0.05, 0.9, 4.0, 3.0], 1),  # widened from update 1 on (model zoo run 184515)
+        ([0.05, 0.3, 0.1, 3.0, 2.0], 3),  # blind again from update 3
+        ([0.05, 0.06, 0.07, 0.08], None),  # a noise floor that sees a quarter
+        ([0.05, 0.06, 0.07, 3.0], None),  # blind at the last update alone
+    ],
+)
+def test_a_noise_floor_widened_past_a_quarter_of_the_gradient_is_said(shares, start):
+    """Against a reference, where from some update on every gradient was allowed a quarter of
+    its own size or more (a 16-bit baseline's noise widened by the carry, at most 16 times),
+    the report warns from which update the gradient check was blind; a check that saw a
+    quarter at some later update, or went blind at the last update alone, says nothing."""
+    from gradalign.judge.vacuous import widened_blind_note
+
+    notes = widened_blind_note(_widened(shares))
+    if start is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and notes[0].startswith(f"warning: from update {start} on"), notes

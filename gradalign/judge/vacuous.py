@@ -58,9 +58,46 @@ def vacuous_notes(
             "against a float64 rerun of the baseline (--reference), whose noise scales with "
             "the data"
         )
+    notes += widened_blind_note(results)
     if resolution is not None and window_losses is not None:
         notes += coarse_losses_note(resolution, window_losses)
     return notes
+
+
+def widened_blind_note(results: list[UpdateResult]) -> list[str]:
+    """A warning where, against a reference, every gradient was allowed an error of at least
+    _BLIND of its own size at every update from some update on: a noise floor that wide (a
+    16-bit baseline's, widened where the drift let a weight stand far beyond its own noise:
+    `noise.carry_admitted_excess`, at most the factor squared) cannot see a loop's bug of that
+    size. Model zoo run 184515 (a ResNet under Adagrad, bfloat16 autocast, K=2): from update 1
+    every gradient was allowed 0.89 times its size or more, and micro-batches weighted alike
+    whatever their size, a gradient 39% off at update 2, passed."""
+    least = []  # per update: the least allowed error over size of its noise-judged gradients
+    for r in results:
+        ratios = [
+            d.allowed / d.norm
+            for d in r.grads
+            if d.noise is not None and d.norm and math.isfinite(d.norm) and math.isfinite(d.allowed)
+        ]
+        least.append((r.update, min(ratios) if ratios else None))
+    known = [(u, x) for u, x in least if x is not None]
+    start = None
+    for u, x in reversed(known):
+        if x < _BLIND:
+            break
+        start = u
+    if start is None or len(known) < 2 or start == known[-1][0]:
+        return []  # not blind, or blind at the last update alone
+    widest = min(x for u, x in known if u >= start)
+    return [
+        f"warning: from update {start} on the gradient check could not see a gradient a quarter "
+        f"off: every gradient was allowed an error of at least {widest:.2g} times its own size "
+        "(the baseline's noise against the reference, widened where the drift let weights "
+        "stand further from it than the baseline's own noise), so a bug of that size in the "
+        "merged run (micro-batches weighted alike whatever their size, a micro-batch left out "
+        "of K=4) would pass it; the three runs recorded at a higher precision (float32, "
+        "without 16-bit autocast, for a 16-bit run) are judged more closely"
+    ]
 
 
 def coarse_losses_note(resolution: np.ndarray, losses: np.ndarray) -> list[str]:
