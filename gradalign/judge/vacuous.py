@@ -74,8 +74,8 @@ def widened_blind_note(results: list[UpdateResult]) -> list[str]:
     whatever their size, a gradient 39% off at update 2, passed."""
     least = []  # per update: the least allowed error over size of its noise-judged gradients
     for r in results:
-        ratios = [
-            d.allowed / d.norm
+        ratios = [  # a sketch estimator's bound (`slack`) is not the noise floor's width
+            (d.allowed - d.slack) / d.norm
             for d in r.grads
             if d.noise is not None and d.norm and math.isfinite(d.norm) and math.isfinite(d.allowed)
         ]
@@ -88,10 +88,10 @@ def widened_blind_note(results: list[UpdateResult]) -> list[str]:
         start = u
     if start is None or len(known) < 2 or start == known[-1][0]:
         return []  # not blind, or blind at the last update alone
-    widest = min(x for u, x in known if u >= start)
+    share = min(x for u, x in known if u >= start)
     return [
         f"warning: from update {start} on the gradient check could not see a gradient a quarter "
-        f"off: every gradient was allowed an error of at least {widest:.2g} times its own size "
+        f"off: every gradient was allowed an error of at least {share:.2g} times its own size "
         "(the baseline's noise against the reference, widened where the drift let weights "
         "stand further from it than the baseline's own noise), so a bug of that size in the "
         "merged run (micro-batches weighted alike whatever their size, a micro-batch left out "
