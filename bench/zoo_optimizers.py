@@ -41,6 +41,16 @@ class MuonAdamW:
         self.rest.zero_grad()
 
 
+def hf_adafactor(params) -> torch.optim.Optimizer:
+    """transformers' Adafactor as the Trainer's `optim="adafactor"` builds it (a fixed lr, no
+    parameter scaling): it divides each tensor's update by its RMS over the tensor, and its
+    eps1 (1e-30) normalizes a gradient that is rounding noise (docs/NOISE.md, "Without a
+    reference"). Needs the transformers extra."""
+    from transformers.optimization import Adafactor
+
+    return Adafactor(params, lr=1e-2, scale_parameter=False, relative_step=False)
+
+
 # Optimizers outside the default grid (`--optimizers` picks any of both), so the runs the README
 # names keep their draws.
 MORE_OPTIMIZERS: dict[str, Opt] = {
@@ -57,15 +67,5 @@ MORE_OPTIMIZERS: dict[str, Opt] = {
         p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2
     ),
     "muon-adamw": MuonAdamW,
-    "hf-adafactor": lambda p: hf_adafactor(p),
+    "hf-adafactor": hf_adafactor,
 }
-
-
-def hf_adafactor(params) -> torch.optim.Optimizer:
-    """transformers' Adafactor as the Trainer's `optim="adafactor"` builds it (a fixed lr, no
-    parameter scaling): it divides each tensor's update by its RMS over the tensor, and its
-    eps1 (1e-30) normalizes a gradient that is rounding noise (docs/NOISE.md, "Without a
-    reference"). Needs the transformers extra."""
-    from transformers.optimization import Adafactor
-
-    return Adafactor(params, lr=1e-2, scale_parameter=False, relative_step=False)

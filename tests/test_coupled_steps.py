@@ -132,7 +132,7 @@ def test_against_a_reference_the_shape_is_read_from_the_reference_s_steps(tmp_pa
     distance from the reference. The message names the shape against the reference; the merged
     run recorded in float64 passes against it (the fix the message gives)."""
     pytest.importorskip("transformers")
-    from .zoo_runs import _compare, _one_thread_runs, zoo
+    from .zoo_runs import _compare, _one_thread_runs, one_thread, zoo
 
     root = _one_thread_runs(tmp_path, "gpt", "hf-adafactor", 2, 180516)
     c = _compare(root)
@@ -143,11 +143,7 @@ def test_against_a_reference_the_shape_is_read_from_the_reference_s_steps(tmp_pa
     assert said in d.message
     assert "times as far as the reference's" in d.message
     assert "record the merged run in float64 as well" in (d.fix or "")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         zoo.record(root / "merged64", "gpt", "hf-adafactor", 2, 180516, float64=True)
-    finally:
-        torch.set_num_threads(threads)
     base64 = read_run_dir(root / "ref")
     assert compare(base64, read_run_dir(root / "merged64")).verdict == "pass"

@@ -5,8 +5,10 @@ whether a rule of the judge is what passes a run (`_followed`)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -36,15 +38,22 @@ def _compare(root, streaming: bool = False):
     return compare(base, merged, reference=read_run_dir(base.reference), streaming=streaming)
 
 
-def _one_thread_runs(root, *args, **options):
-    """`_runs` on one thread, as the bench: which kink a run crosses, and where a gain turns
-    gradient noise into a weight's step, depend on the order of the sums."""
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread, as the bench, and back to the suite's own after."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _runs(root, *args, **options)
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+def _one_thread_runs(root, *args, **options):
+    """`_runs` on one thread, as the bench: which kink a run crosses, and where a gain turns
+    gradient noise into a weight's step, depend on the order of the sums."""
+    with one_thread():
+        return _runs(root, *args, **options)
 
 
 def _followed(
@@ -106,9 +115,5 @@ def _passed(root, note: str, judges: tuple[bool, ...]) -> None:
 
 def _one_thread_judge(root, *args, **options) -> dict:
     """`zoo.judge` on one thread, as the bench."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return zoo.judge(root, *args, **options)
-    finally:
-        torch.set_num_threads(threads)
