@@ -69,9 +69,16 @@ def train(dtype, *, k: int = 1, spike=None, feed: bool = False, shape: Shape = D
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("noise")
-    ref = write_run(root / "ref", accum_steps=1, **train(np.float64))
-    base = write_run(root / "base", accum_steps=1, reference="../ref", **train(np.float32))
+    ref, base = reference_and_baseline(root, train)
     return {"root": root, "base": base, "ref": ref}
+
+
+def reference_and_baseline(root, make) -> tuple:
+    """The float64 reference and the float32 baseline (K=1) of a numpy loop, written under
+    `root` (`ref`, `base`, which names the reference): `make(dtype)` gives a run's arrays."""
+    ref = write_run(root / "ref", accum_steps=1, **make(np.float64))
+    base = write_run(root / "base", accum_steps=1, reference="../ref", **make(np.float32))
+    return ref, base
 
 
 def merged(runs, name: str, spike, feed: bool = False) -> object:

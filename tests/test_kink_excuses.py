@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.least_squares import _failing
+from tests.least_squares import _failing, reference_and_baseline
 
 
 def _scalar_scaled_loop(out, k: int, divisor: float, float64: bool = False):
@@ -132,12 +132,8 @@ def _two_modules(dtype, k: int = 1, parted: bool = False, bug_from: int | None =
 
 @pytest.fixture(scope="module")
 def two_module_runs(tmp_path_factory):
-    from gradalign.runs.portable import write_run
-
     root = tmp_path_factory.mktemp("two-modules")
-    write_run(root / "ref", accum_steps=1, **_two_modules(np.float64))
-    base = write_run(root / "base", accum_steps=1, reference="../ref", **_two_modules(np.float32))
-    return root, base
+    return root, reference_and_baseline(root, _two_modules)[1]
 
 
 def _parted_run(two_module_runs, name: str, **options):

@@ -13,7 +13,7 @@ import pytest
 from gradalign import api
 from gradalign.judge.kink_shape import ONE_INPUT, WHOLE, one_input
 from gradalign.runs.portable import write_run
-from tests.least_squares import Shape, train
+from tests.least_squares import Shape, reference_and_baseline, train
 
 SHAPE = Shape(rows=16, cols=12, updates=10, lr=0.05)  # 12 columns: many, for a rank
 
@@ -32,9 +32,7 @@ def _outer(seed: int, size: float, g: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("one-input")
-    write_run(root / "ref", accum_steps=1, **_train(np.float64))
-    base = write_run(root / "base", accum_steps=1, reference="../ref", **_train(np.float32))
-    return root, base
+    return root, reference_and_baseline(root, _train)[1]
 
 
 def _merged(runs, name: str, spike, feed: bool = False):

@@ -8,6 +8,7 @@ import pytest
 
 from gradalign import api
 from gradalign.runs.portable import write_run
+from tests.least_squares import reference_and_baseline
 
 UPDATES, LR, BATCH = 6, 0.2, 16
 
@@ -43,8 +44,7 @@ def train(dtype, *, k: int = 1, scale=None) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("near_one")
-    write_run(root / "ref", accum_steps=1, **train(np.float64))
-    base = write_run(root / "base", accum_steps=1, reference="../ref", **train(np.float32))
+    base = reference_and_baseline(root, train)[1]
     clean = api.compare(base, write_run(root / "clean", accum_steps=4, **train(np.float32, k=4)))
     assert clean.verdict == "pass"
     return {"root": root, "base": base, "clean": clean}
