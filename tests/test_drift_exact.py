@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradalign.judge import drift
-from gradalign.judge.drift import ABOVE_ROUNDING, STEP_ROUNDINGS, TAU
+from gradalign.judge import drift, step_rules
+from gradalign.judge.drift import TAU
+from gradalign.judge.step_rules import ABOVE_ROUNDING, SIGN_TAU, STEP_ROUNDINGS
 
 
 def _ulp(x, bits):
@@ -27,10 +28,19 @@ def _spread(gb, gr, rms, b, pb, r, pr, bits):
     return out
 
 
-def _noise_steps(gb, gr, rms, b, pb, r, pr, bits=None, carried=None, idle_step=0.0):
+def _sign_decided(gb, gr, b, pb, r, pr, bits):
+    tolerance = ABOVE_ROUNDING * (_ulp(b, bits) + _ulp(r, bits))
+    step_b, step_r = np.abs(b - pb), np.abs(r - pr)
+    near = np.abs(gr) <= SIGN_TAU * np.abs(gb - gr)
+    return near & (step_b > tolerance) & (np.abs(step_b - step_r) <= tolerance)
+
+
+def _noise_steps(gb, gr, rms, b, pb, r, pr, bits=None, carried=None, idle_step=0.0, first=False):
     noise = TAU * np.maximum(np.abs(gb - gr), rms)
     size = np.abs(gr)
     dominated = size <= noise
+    if bits is not None and not first:
+        dominated |= _sign_decided(gb, gr, b, pb, r, pr, bits)
     steps = np.abs(b - pb) + np.abs(r - pr)
     explained = np.zeros_like(steps)
     rest = ~dominated
@@ -41,7 +51,7 @@ def _noise_steps(gb, gr, rms, b, pb, r, pr, bits=None, carried=None, idle_step=0
     out = np.where(dominated, steps, 0.0)
     if idle_step > 0:  # dominated, stepped by neither run, on a gradient not 0
         out[dominated & (steps == 0) & ((gb != 0) | (gr != 0))] = idle_step
-    if bits is not None:
+    if bits is not None and first:
         out[rest] += _spread(gb, gr, rms, b, pb, r, pr, bits)[rest]
     return out, float(np.sum(explained * explained)), float(steps.max())
 
@@ -75,6 +85,8 @@ def _runs(seed: int, n: int = 4096):
     r = pr - 1e-3 * gr + rng.standard_normal(n) * 1e-9 * (rng.random(n) < 0.5)
     still = rng.random(n) < 0.05  # stepped by neither run (Rprop after a sign flip)
     b[still], r[still] = pb[still], pr[still]
+    sign = rng.random(n) < 0.1  # stepped by the gradient's sign alone (Rprop, Lion)
+    b[sign], r[sign] = pb[sign] - 1e-3 * np.sign(gb[sign]), pr[sign] - 1e-3 * np.sign(gr[sign])
     carried = np.where(rng.random(n) < 0.3, rng.random(n), 0.0)
     return gb, gr, b, pb, r, pr, carried
 
@@ -83,13 +95,16 @@ def _runs(seed: int, n: int = 4096):
 @pytest.mark.parametrize("bits", [None, 7, 23, 52])
 @pytest.mark.parametrize("with_carried", [False, True])
 @pytest.mark.parametrize("idle_step", [0.0, 3e-3])
-def test_noise_steps_equal_the_plain_formula_bit_for_bit(seed, bits, with_carried, idle_step):
+@pytest.mark.parametrize("first", [False, True])
+def test_noise_steps_equal_the_plain_formula_bit_for_bit(
+    seed, bits, with_carried, idle_step, first
+):
     gb, gr, b, pb, r, pr, carried = _runs(seed)
     rms = float(np.sqrt(np.mean((gb - gr) ** 2)))
     for noise_rms in (rms, 0.0, rms * 1e6):
         before = carried if with_carried else None
-        got = drift.noise_steps(gb, gr, noise_rms, b, pb, r, pr, bits, before, idle_step)
-        want = _noise_steps(gb, gr, noise_rms, b, pb, r, pr, bits, before, idle_step)
+        args = (gb, gr, noise_rms, b, pb, r, pr, bits, before, idle_step, first)
+        got, want = drift.noise_steps(*args), _noise_steps(*args)
         assert np.array_equal(got[0], want[0])
         assert got[1] == pytest.approx(want[1], rel=1e-12, abs=0.0)
         assert got[2] == want[2]
@@ -110,7 +125,7 @@ def test_the_spacing_of_numbers_equals_frexp_and_ldexp_everywhere(bits):
     x = rng.standard_normal(20000) * 10.0 ** rng.integers(-320, 308, 20000)
     special = [0.0, -0.0, np.inf, -np.inf, np.nan, 5e-324, 2.2250738585072014e-308]
     x = np.concatenate([x, special, [1.7976931348623157e308, 1.0, -1.0, 2.0**-1000]])
-    got, want = drift._ulp(x, bits), _ulp(x, bits)
+    got, want = step_rules.ulp(x, bits), _ulp(x, bits)
     assert np.array_equal(got, want, equal_nan=True)
 
 
@@ -118,7 +133,7 @@ def test_the_first_step_spread_equals_the_plain_formula_on_a_2d_tensor():
     gb, gr, b, pb, r, pr, _ = _runs(7, n=64 * 64)
     rms = float(np.sqrt(np.mean((gb - gr) ** 2)))
     shaped = [x.reshape(64, 64) for x in (gb, gr, b, pb, r, pr)]
-    got = drift.first_step_spread(*shaped[:2], rms, *shaped[2:], 23)
+    got = step_rules.first_step_spread(*shaped[:2], rms, *shaped[2:], 23)
     want = _spread(*shaped[:2], rms, *shaped[2:], 23)
     assert got.shape == want.shape and np.array_equal(got, want)
     assert np.count_nonzero(want) > 10  # the spread is read somewhere: the test can fail

@@ -29,11 +29,14 @@ def _true_gradient(u: int) -> np.ndarray:
     return g
 
 
-def _rprop(dtype, k: int, seed: int | None, crossing: float, stops: bool = True) -> dict:
+def _rprop(
+    dtype, k: int, seed: int | None, crossing: float, stops: bool = True, stall: bool = False
+) -> dict:
     """Rprop (torch's defaults: etas 0.5 and 1.2, steps 1e-6 to 50, lr 1e-3) on the true
     gradient plus this run's noise (`seed`; None: the reference, none), element 0's gradient at
     the crossing set to `crossing`; `stops=False`: an optimizer that steps element 0 on there
-    whatever its sign did (a bug of the merged run's own)."""
+    whatever its sign did (a bug of the merged run's own); `stall`: one that leaves element 0
+    still there whatever its sign did."""
     rng = None if seed is None else np.random.default_rng(seed)
     w = np.zeros(N, dtype=dtype)
     step = np.full(N, 1e-3, dtype=dtype)
@@ -52,6 +55,8 @@ def _rprop(dtype, k: int, seed: int | None, crossing: float, stops: bool = True)
         stepped = np.where(sign < 0, 0, g).astype(dtype)  # a flipped element stops, forgets
         if u == CROSSING and not stops:
             stepped[0] = g[0]
+        if u == CROSSING and stall:
+            stepped[0] = 0
         w = (w - np.sign(stepped) * step).astype(dtype)
         prev = stepped
         grads.append({"w": g})
@@ -66,7 +71,7 @@ def _rprop(dtype, k: int, seed: int | None, crossing: float, stops: bool = True)
     }
 
 
-def _judged(root, crossings: tuple[float, float, float], stops: bool = True, streaming=False):
+def _judged(root, crossings: tuple[float, float, float], stops=True, streaming=False, stall=False):
     """The reference's, the baseline's and the merged run's gradient of element 0 at the
     crossing; the merged run's verdict."""
     ref, base, merged = crossings
@@ -75,7 +80,8 @@ def _judged(root, crossings: tuple[float, float, float], stops: bool = True, str
         write_run(
             root / "base", accum_steps=1, reference="../ref", **_rprop(np.float32, 1, 1, base)
         )
-        write_run(root / "merged", accum_steps=4, **_rprop(np.float32, 4, 2, merged, stops))
+        merged_run = _rprop(np.float32, 4, 2, merged, stops, stall)
+        write_run(root / "merged", accum_steps=4, **merged_run)
     base_run = read_run_dir(root / "base")
     return compare(base_run, read_run_dir(root / "merged"), reference=read_run_dir(root / "ref"),
                    streaming=streaming)  # fmt: skip
@@ -101,5 +107,29 @@ def test_a_step_where_the_gradient_flipped_above_its_noise_fails(tmp_path, strea
     fails there (a mutation granting the idle step to elements that are not noise-dominated
     passes it)."""
     c = _judged(tmp_path, (5e-4, 5e-4, 5e-4), stops=False, streaming=streaming)
+    assert c.verdict == "fail"
+    assert next(r.update for r in c.results if not r.ok) == CROSSING
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_stop_where_the_others_stepped_on_a_sign_near_its_noise_passes(tmp_path, streaming):
+    """Element 0's gradient at the crossing is −3e-5 in the reference and −2e-5 in the
+    baseline: 1.5 times its own noise (1e-5) by TAU's line, not noise-dominated, but within
+    SIGN_TAU times it, and both stepped it the same size (Rprop: the sign decides). The merged
+    run drew +5e-6 and stopped it (model zoo run 184813, a GRU's bias under Rprop in bfloat16).
+    Without `step_rules.sign_decided` this fails at the crossing (a mutation there fails here)."""
+    c = _judged(tmp_path, (-3e-5, -2e-5, 5e-6), streaming=streaming)
+    assert c.verdict == "pass", [(r.update, r.ok) for r in c.results]
+    b = read_run_dir(tmp_path / "base").load_weights(CROSSING)["w"][0]
+    m = read_run_dir(tmp_path / "merged").load_weights(CROSSING)["w"][0]
+    assert abs(m - b) > 1e-3  # the baseline stepped where the merged run stood still
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_stop_on_a_sign_far_above_its_noise_fails(tmp_path, streaming):
+    """The same stop where the gradient stands 30 times its own noise (−3e-4 and −2.9e-4) and
+    the merged run's drew the same sign: its optimizer left element 0 still anyway. It fails at
+    the crossing (a mutation reading every step of equal size as the sign's passes it)."""
+    c = _judged(tmp_path, (-3e-4, -2.9e-4, -2.95e-4), streaming=streaming, stall=True)
     assert c.verdict == "fail"
     assert next(r.update for r in c.results if not r.ok) == CROSSING

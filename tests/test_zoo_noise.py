@@ -316,3 +316,17 @@ def test_transformers_models_whose_reference_was_refused_pass_and_name_a_late_bu
         tmp_path / "bug", model, optimizer, k, seed, "no-loss-scale", bug_from=4
     )
     assert row["codes"][:1] == ["loss-scale"] and row["first"] == 4, row
+
+
+def test_a_bug_beside_a_drift_over_a_rounding_noise_is_named(tmp_path):
+    """A ResNet under Adagrad, K=2, bfloat16 autocast, seed 184515: Adagrad's first step is ±lr
+    in the baseline and the reference alike, so the output weight's noise at update 0 is below
+    one rounding, and the merged run's sign flip (0.020, drift-admitted) read 4.9e5 times it:
+    every later tensor was allowed 16 times its noise, and micro-batches weighted alike whatever
+    their size (39% off at update 2) passed. Carried by its module's distance instead, the bug
+    is named; the clean run passes."""
+    loop = {"autocast": "bfloat16", "uneven": True, "bug_from": 2}
+    bug = _one_thread_judge(tmp_path / "bug", "resnet", "adagrad", 2, 184515, "mean-over-k", **loop)
+    assert bug["verdict"] == "fail" and bug["codes"][:1] == ["token-normalization"], bug
+    clean = _one_thread_judge(tmp_path / "clean", "resnet", "adagrad", 2, 184515, None, **loop)
+    assert clean["verdict"] == "pass", clean

@@ -29,7 +29,7 @@ from .compatible import (
 )
 from .diagnose import diagnose
 from .distributed import check_baseline_ranks, rank_check, rank_facts, rank_problems
-from .drift import Drift, stored_bits
+from .drift import Drift
 from .honest import honest_differences
 from .inputs import Inputs
 from .loss_steps import window_step
@@ -40,6 +40,7 @@ from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .rounding import marked, rounding_floors, rounding_in_both, rounding_notes
 from .run_notes import run_notes, written_note
 from .sketched import SketchJudge, sketch_note
+from .step_rules import stored_bits
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
 from .undeclared import undeclared_note

@@ -3,9 +3,10 @@ element and update, how far an element whose gradient is rounding noise may have
 away from the other run, summed over the updates: `Drift` in memory for whole tensors,
 judge/drift_files.py's `DriftFiles` by slice for the streamed judge.
 
-Against a float64 reference, `noise_steps` (at the first update `first_step_spread`) read the
-baseline and the reference; the drift widens the tensor's noise (`widened`). Without one,
-`shared_steps` reads both runs, and each element's weights count beyond its drift alone.
+Against a float64 reference, `noise_steps` (with judge/step_rules.py's first step's spread and
+sign-decided steps) reads the baseline and the reference; the drift widens the tensor's noise
+(`widened`). Without one, `shared_steps` reads both runs, and each element's weights count
+beyond its drift alone.
 """
 
 from __future__ import annotations
@@ -15,15 +16,13 @@ import math
 
 import numpy as np
 
-from ..runs.model import Run, Tensors
+from ..runs.model import Tensors
 from ..runs.sketches import dot
 from .followers import followed
 from .metrics import TensorDiff
+from .step_rules import first_step_spread, sign_decided
 
 TAU = 2.0  # |g_ref| within TAU times the gradient noise (element's, or the tensor's RMS)
-MANTISSA = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}  # stored bits
-STEP_ROUNDINGS = 8  # a step computed in the run's dtype errs by up to this many of its units
-ABOVE_ROUNDING = 4  # a weight difference this many roundings wide is the gradient's
 
 
 def noise_steps(
@@ -34,14 +33,15 @@ def noise_steps(
     pb: np.ndarray,
     r: np.ndarray,
     pr: np.ndarray,
-    first_bits: int | None = None,
+    bits: int | None = None,
     carried: np.ndarray | None = None,
     idle_step: float = 0.0,
+    first: bool = False,
 ) -> tuple[np.ndarray, float, float]:
     """For aligned float64 slices of the gradients (gb, gr), the weights after (b, r) and before
     (pb, pr) an update, and the tensor's RMS gradient noise: the steps |Δb| + |Δr| of the
-    noise-dominated elements (`first_step_spread` elsewhere at the first update, whose
-    weights have `first_bits` stored mantissa bits; 0 elsewhere), Σ(TAU·ρ·step)² over the
+    noise-dominated elements (`first_step_spread` elsewhere at the `first` update; the weights
+    have `bits` stored mantissa bits; 0 elsewhere), Σ(TAU·ρ·step)² over the
     other elements, ρ = max(|gb − gr|, rms) / |gr| (below 1/TAU there), and the slice's largest
     |Δb| + |Δr|. The whole step where the element drifted before (`carried` > 0): its optimizer
     state stays apart (Rprop's step sizes follow the signs seen; model zoo `hf-bert` run 967:
@@ -51,13 +51,21 @@ def noise_steps(
     stops an element whose sign flipped) left it where the noise chose, and another run,
     whose noise drew the other sign, stepped it (model zoo run 181005, float16: a bias
     gradient +2.6e-6 in the baseline and the reference, −1.9e-6 in the merged run, which
-    stepped 1.2 times the element's last step where they stood still)."""
+    stepped 1.2 times the element's last step where they stood still). After the first
+    update, an element both runs stepped by the same size on gradients a share apart
+    (`sign_decided`: Rprop, Lion, a sign descent) counts as dominated where its gradient is
+    within SIGN_TAU times its own noise: its step is the sign's, all or nothing, and another
+    run's draw of that noise may flip it (model zoo run 184813, a GRU's bias under Rprop in
+    bfloat16: +5.1e-5 in the baseline, +7.9e-5 in the reference, −8.2e-6 in the merged run,
+    which Rprop stopped where both stepped)."""
     spread = (
-        None if first_bits is None else first_step_spread(gb, gr, rms, b, pb, r, pr, first_bits)
+        first_step_spread(gb, gr, rms, b, pb, r, pr, bits) if first and bits is not None else None
     )
     noise = _gradient_noise(gb, gr, rms)
     size = np.abs(gr)
     dominated = np.less_equal(size, noise)
+    if not first and bits is not None:
+        dominated |= sign_decided(gb, gr, b, pb, r, pr, bits)
     steps = _both_steps(b, pb, r, pr)
     largest = float(steps.max()) if steps.size else 0.0
     # Branch-free: a boolean index or a `where=` over a mask as mixed as this one ran 15x as
@@ -171,63 +179,6 @@ def _both_steps(a: np.ndarray, pa: np.ndarray, b: np.ndarray, pb: np.ndarray) ->
     return steps
 
 
-def first_step_spread(
-    gb: np.ndarray,
-    gr: np.ndarray,
-    rms: float,
-    b: np.ndarray,
-    pb: np.ndarray,
-    r: np.ndarray,
-    pr: np.ndarray,
-    bits: int,
-) -> np.ndarray:
-    """At the first update (pb == pr): per element, how much further than the baseline another
-    run may step on a gradient error of the tensor's RMS, |b − r|·(rms/|gb − gr| − 1), where
-    the baseline's error |gb − gr| was drawn below the RMS and its weight difference |b − r|
-    stands ABOVE_ROUNDING times above the rounding of its weight and step (in a dtype of `bits`
-    mantissa bits): there the gain |b − r| / |gb − gr| is the optimizer's. 0 elsewhere."""
-    dg = np.subtract(gb, gr)
-    np.abs(dg, out=dg)
-    dw = np.subtract(b, r)
-    np.abs(dw, out=dw)
-    use = np.equal(pb, pr)
-    use &= dg > 0
-    use &= dg < rms
-    rounding = _ulp(np.subtract(b, pb), bits)
-    rounding *= STEP_ROUNDINGS
-    rounding += _ulp(b, bits)
-    rounding *= ABOVE_ROUNDING
-    use &= dw > rounding
-    # every element's gain, selected where used (a gather and scatter of the used ones cost
-    # several times these whole-array passes)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        gain = np.divide(rms, dg)
-        gain -= 1.0
-        gain *= dw
-    return np.where(use, gain, 0.0).astype(np.result_type(b, r), copy=False)
-
-
-def _ulp(x: np.ndarray, bits: int) -> np.ndarray:
-    """The spacing of numbers of `bits` stored mantissa bits around each x (at 0: that of 1)."""
-    x = np.asarray(x, dtype=np.float64)
-    # 2^(e − 1023 − bits) for a normal x of biased exponent e, built from its bits; frexp and
-    # ldexp (a few times as slow) where that is no normal number, or x is 0, subnormal or not finite
-    biased = (x.view(np.int64) >> 52) & 0x7FF
-    biased -= bits
-    out = (biased << 52).view(np.float64)
-    irregular = (biased <= 0) | (biased >= 0x7FF - bits)
-    if irregular.any():
-        odd = x[irregular]
-        _, exponent = np.frexp(np.where(odd == 0, 1.0, odd))
-        out[irregular] = np.ldexp(1.0, exponent - 1 - bits)
-    return out
-
-
-def stored_bits(run: Run) -> dict[str, int]:
-    """Each recorded tensor's stored mantissa bits (where its dtype is a float dtype)."""
-    return {t.name: MANTISSA[t.dtype] for t in run.tensors if t.dtype in MANTISSA}
-
-
 class Drift:
     """Per tensor, how far noise-dominated elements may have drifted under adaptive steps, and
     how far the baseline's noise explains that it strayed from the reference elsewhere.
@@ -272,8 +223,7 @@ class Drift:
             b64, r64 = np.asarray(b, dtype=np.float64), np.asarray(wr[name], dtype=np.float64)
             counted = passed is None or name in passed
             if counted and gb is not None and gr is not None and name in gb and name in gr:
-                bits = self.bits.get(name) if first else None
-                self._widen(name, gb[name], gr[name], b64, r64, bits)
+                self._widen(name, gb[name], gr[name], b64, r64, self.bits.get(name), first)
             self.prev_b[name], self.prev_r[name] = b64, r64
         self.followed = followed(self.drift, self.graded, {n: np.shape(w) for n, w in wb.items()})
 
@@ -284,7 +234,8 @@ class Drift:
         gr: np.ndarray,
         b: np.ndarray,
         r: np.ndarray,
-        first_bits: int | None,
+        bits: int | None,
+        first: bool,
     ) -> None:
         g_ref = np.asarray(gr, dtype=np.float64).ravel()
         g_base = np.asarray(gb, dtype=np.float64).ravel()
@@ -302,8 +253,8 @@ class Drift:
             # one element's noise is one draw: the tensor's RMS noise bounds it from below
             rms = math.sqrt(float(np.mean(noise**2))) if noise.size else 0.0
             steps, explained, largest = noise_steps(
-                g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r, first_bits,
-                self.drift.get(name), self.stepped.get(name, 0.0),
+                g_base, g_ref, rms, b.ravel(), prev_b, r.ravel(), prev_r, bits,
+                self.drift.get(name), self.stepped.get(name, 0.0), first,
             )  # fmt: skip
             self.explained[name] = self.explained.get(name, 0.0) + math.sqrt(explained)
             stepped(self.stepped, name, largest)

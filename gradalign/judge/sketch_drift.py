@@ -34,9 +34,10 @@ from ..runs.layout import grads_file, weights_file
 from ..runs.model import Run
 from ..runs.sketches import dot, estimate
 from ..runs.store import CheckedFile
-from .drift import TAU, graded, noise_steps, shared_rms, shared_steps, stored_bits
+from .drift import TAU, graded, noise_steps, shared_rms, shared_steps
 from .drift_files import DriftFiles
 from .fused import widen64
+from .step_rules import stored_bits
 from .update_files import CHUNK  # the streamed judge's slices
 from .views import Kept
 
@@ -148,7 +149,7 @@ class SketchDrift:
             rms = shared_rms(*norms, count, self.files.noisy, name)
         else:
             rms = math.sqrt(spread / count)
-        bits = self.bits.get(name) if first else None
+        bits = self.bits.get(name)
         again = [f.stream(name, checked=True) for f in (gb_file, gr_file, b_file, r_file)]
         again += [f.stream(name) for f in (pb_file, pr_file)]
         start, explained, walked, moved_b, moved_r, largest = 0, 0.0, 0.0, 0.0, 0.0, 0.0
@@ -159,7 +160,9 @@ class SketchDrift:
                 steps, part = shared_steps(gb, gr, rms, b, pb, r, pr), 0.0
             else:
                 idle = self.files.stepped.get(name, 0.0)
-                steps, part, top = noise_steps(gb, gr, rms, b, pb, r, pr, bits, carried, idle)
+                steps, part, top = noise_steps(
+                    gb, gr, rms, b, pb, r, pr, bits, carried, idle, first
+                )
                 largest = max(largest, top)
             self.files.add(name, start, steps, carried)
             explained += part

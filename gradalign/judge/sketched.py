@@ -34,12 +34,13 @@ from ..runs.sketches import Estimate, estimate
 from .apart import passes
 from .compatible import check_reference_weights, stray
 from .distributed import listed
-from .drift import Drift, beyond_drift, stored_bits, widened
+from .drift import Drift, beyond_drift, widened
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
 from .results import UpdateResult
 from .rounding import floors, marked, rounding_in_both
 from .sketch_drift import SketchDrift
+from .step_rules import stored_bits
 from .views import Kept, Sketching, summaries
 from .weight_term import Sums, coefficient, failing, netted
 

@@ -29,7 +29,6 @@ from ..runs.model import Run
 from ..runs.sketches import dot
 from ..runs.store import CheckedFile
 from .compatible import stray
-from .drift import stored_bits
 from .drift_files import DriftFiles, allowance
 from .followers import sources
 from .fused import widen64
@@ -38,6 +37,7 @@ from .metrics import _safe_div, quiet
 from .owners import Owners, folder_of, foreign_facts, processes, published, shares
 from .results import UpdateResult
 from .rounding import floors
+from .step_rules import stored_bits
 from .stream_child import ChildSide
 from .stream_tensor import Outcome, TensorSide, gradient_files
 from .update_files import (

@@ -125,10 +125,12 @@ class TensorSide:
             drifted = None  # this slice's drift after this update (no reference)
             if widen and referenced:
                 gb, gr, pb, pr = parts[4:]
-                bits = self.bits.get(name) if f.first else None
+                bits = self.bits.get(name)
                 carried = self.drift.slice(name, first, b.size)
                 idle = self.drift.stepped.get(name, 0.0)
-                steps, explained, top = noise_steps(gb, gr, rms, b, pb, r, pr, bits, carried, idle)
+                steps, explained, top = noise_steps(
+                    gb, gr, rms, b, pb, r, pr, bits, carried, idle, f.first
+                )
                 self.drift.add(name, first, -steps if undo else steps, carried)
                 pair.extra["explained"] = pair.extra.get("explained", 0.0) + explained
                 pair.extra["largest"] = max(pair.extra.get("largest", 0.0), top)

@@ -1,0 +1,102 @@
+"""What two runs' steps show at each element, read against the rounding of the stored weights:
+how far the first step's gain lets another run step (`first_step_spread`), and a step decided
+by the gradient's sign (`sign_decided`). judge/drift.py's `noise_steps` reads both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..runs.model import Run
+
+SIGN_TAU = 4.0  # a sign-decided element's gradient within this many times its own noise
+MANTISSA = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}  # stored bits
+STEP_ROUNDINGS = 8  # a step computed in the run's dtype errs by up to this many of its units
+ABOVE_ROUNDING = 4  # a weight difference this many roundings wide is the gradient's
+
+
+def first_step_spread(
+    gb: np.ndarray,
+    gr: np.ndarray,
+    rms: float,
+    b: np.ndarray,
+    pb: np.ndarray,
+    r: np.ndarray,
+    pr: np.ndarray,
+    bits: int,
+) -> np.ndarray:
+    """At the first update (pb == pr): per element, how much further than the baseline another
+    run may step on a gradient error of the tensor's RMS, |b − r|·(rms/|gb − gr| − 1), where
+    the baseline's error |gb − gr| was drawn below the RMS and its weight difference |b − r|
+    stands ABOVE_ROUNDING times above the rounding of its weight and step (in a dtype of `bits`
+    mantissa bits): there the gain |b − r| / |gb − gr| is the optimizer's. 0 elsewhere."""
+    dg = np.subtract(gb, gr)
+    np.abs(dg, out=dg)
+    dw = np.subtract(b, r)
+    np.abs(dw, out=dw)
+    use = np.equal(pb, pr)
+    use &= dg > 0
+    use &= dg < rms
+    rounding = ulp(np.subtract(b, pb), bits)
+    rounding *= STEP_ROUNDINGS
+    rounding += ulp(b, bits)
+    rounding *= ABOVE_ROUNDING
+    use &= dw > rounding
+    # every element's gain, selected where used (a gather and scatter of the used ones cost
+    # several times these whole-array passes)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        gain = np.divide(rms, dg)
+        gain -= 1.0
+        gain *= dw
+    return np.where(use, gain, 0.0).astype(np.result_type(b, r), copy=False)
+
+
+def ulp(x: np.ndarray, bits: int) -> np.ndarray:
+    """The spacing of numbers of `bits` stored mantissa bits around each x (at 0: that of 1)."""
+    x = np.asarray(x, dtype=np.float64)
+    # 2^(e − 1023 − bits) for a normal x of biased exponent e, built from its bits; frexp and
+    # ldexp (a few times as slow) where that is no normal number, or x is 0, subnormal or not finite
+    biased = (x.view(np.int64) >> 52) & 0x7FF
+    biased -= bits
+    out = (biased << 52).view(np.float64)
+    irregular = (biased <= 0) | (biased >= 0x7FF - bits)
+    if irregular.any():
+        odd = x[irregular]
+        _, exponent = np.frexp(np.where(odd == 0, 1.0, odd))
+        out[irregular] = np.ldexp(1.0, exponent - 1 - bits)
+    return out
+
+
+def stored_bits(run: Run) -> dict[str, int]:
+    """Each recorded tensor's stored mantissa bits (where its dtype is a float dtype)."""
+    return {t.name: MANTISSA[t.dtype] for t in run.tensors if t.dtype in MANTISSA}
+
+
+def sign_decided(
+    gb: np.ndarray,
+    gr: np.ndarray,
+    b: np.ndarray,
+    pb: np.ndarray,
+    r: np.ndarray,
+    pr: np.ndarray,
+    bits: int,
+) -> np.ndarray:
+    """Per element, whether its gradient is within SIGN_TAU times its own noise,
+    |gr| <= SIGN_TAU·|gb − gr|, while both runs stepped it (beyond the rounding of the weights'
+    `bits` mantissa bits) by the same size to that rounding: a step decided by the gradient's
+    sign, which a gradient a quarter or more off its own size leaves unchanged. An optimizer
+    whose step follows the gradient's size (SGD, Adam after its first step) steps such an
+    element a visible share apart in the two runs."""
+    own = np.subtract(gb, gr)
+    np.abs(own, out=own)
+    own *= SIGN_TAU
+    decided = np.less_equal(np.abs(gr), own)
+    tolerance = ulp(b, bits)
+    tolerance += ulp(r, bits)
+    tolerance *= ABOVE_ROUNDING
+    step_b = np.abs(np.subtract(b, pb))
+    step_r = np.abs(np.subtract(r, pr))
+    decided &= step_b > tolerance
+    step_b -= step_r
+    decided &= np.abs(step_b, out=step_b) <= tolerance
+    return decided
