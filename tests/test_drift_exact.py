@@ -28,10 +28,12 @@ def _spread(gb, gr, rms, b, pb, r, pr, bits):
     return out
 
 
-def _sign_decided(gb, gr, b, pb, r, pr, bits):
+def _sign_decided(gb, gr, b, pb, r, pr, bits, carried):
     tolerance = ABOVE_ROUNDING * (_ulp(b, bits) + _ulp(r, bits))
     step_b, step_r = np.abs(b - pb), np.abs(r - pr)
     near = np.abs(gr) <= SIGN_TAU * np.abs(gb - gr)
+    if carried is not None:
+        near |= carried > 0
     return near & (step_b > tolerance) & (np.abs(step_b - step_r) <= tolerance)
 
 
@@ -40,7 +42,7 @@ def _noise_steps(gb, gr, rms, b, pb, r, pr, bits=None, carried=None, idle_step=0
     size = np.abs(gr)
     dominated = size <= noise
     if bits is not None and not first:
-        dominated |= _sign_decided(gb, gr, b, pb, r, pr, bits)
+        dominated |= _sign_decided(gb, gr, b, pb, r, pr, bits, carried)
     steps = np.abs(b - pb) + np.abs(r - pr)
     explained = np.zeros_like(steps)
     rest = ~dominated

@@ -54,8 +54,9 @@ def noise_steps(
     stepped 1.2 times the element's last step where they stood still). After the first
     update, an element both runs stepped by the same size on gradients a share apart
     (`sign_decided`: Rprop, Lion, a sign descent) counts as dominated where its gradient is
-    within SIGN_TAU times its own noise: its step is the sign's, all or nothing, and another
-    run's draw of that noise may flip it (model zoo run 184813, a GRU's bias under Rprop in
+    within SIGN_TAU times its own noise, or drifted before: its step is the sign's, all or
+    nothing, and another run's draw of that noise may flip it (or did, and its step size
+    stays apart) (model zoo run 184813, a GRU's bias under Rprop in
     bfloat16: +5.1e-5 in the baseline, +7.9e-5 in the reference, −8.2e-6 in the merged run,
     which Rprop stopped where both stepped)."""
     spread = (
@@ -65,7 +66,7 @@ def noise_steps(
     size = np.abs(gr)
     dominated = np.less_equal(size, noise)
     if not first and bits is not None:
-        dominated |= sign_decided(gb, gr, b, pb, r, pr, bits)
+        dominated |= sign_decided(gb, gr, b, pb, r, pr, bits, carried)
     steps = _both_steps(b, pb, r, pr)
     largest = float(steps.max()) if steps.size else 0.0
     # Branch-free: a boolean index or a `where=` over a mask as mixed as this one ran 15x as
