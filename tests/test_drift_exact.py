@@ -33,7 +33,9 @@ def _sign_decided(gb, gr, b, pb, r, pr, bits, carried):
     step_b, step_r = np.abs(b - pb), np.abs(r - pr)
     near = np.abs(gr) <= SIGN_TAU * np.abs(gb - gr)
     if carried is not None:
-        near |= carried > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shown = step_b * np.abs(gb - gr) / np.abs(gr) > tolerance
+        near |= (carried > 0) & shown
     return near & (step_b > tolerance) & (np.abs(step_b - step_r) <= tolerance)
 
 

@@ -348,3 +348,20 @@ def test_a_bug_behind_a_clip_and_a_scaler_is_named_not_the_skips(tmp_path, scale
         c = api.compare(base, merged, reference=reference)
         named = [(d.code, d.message) for d in c.diagnosis]
         assert [code for code, _ in named] == [expected], named
+
+
+def test_a_sketched_run_keeps_full_files_until_its_first_step(tmp_path):
+    """A GradScaler that skips updates 0-2 moves no weight there: the optimizer's first step
+    comes at update 3, and a sketched run keeps full files through it (an adaptive optimizer's
+    first step is where noise moves an element furthest, and the judge reads it element by
+    element; float16 zoo runs with sketches failed 12 of 150 where it came sketched). A run
+    that stepped at update 0 keeps the first alone (the loop does not tell the Recorder its
+    number of updates, so no last one is known)."""
+    base = loop(tmp_path / "k1", scale_init=2.0**21, record="sketch", updates=8)
+    skipped = gradalign.skipped_updates(base)
+    if skipped[:1] != [0]:
+        pytest.skip("this machine's float16 arithmetic overflows elsewhere")
+    first = next(u for u in range(8) if u not in skipped)
+    assert read_run_dir(base).snapshots == frozenset(range(first + 1))
+    plain = loop(tmp_path / "plain", record="sketch", updates=8)
+    assert read_run_dir(plain).snapshots == frozenset([0])

@@ -83,7 +83,10 @@ def sign_decided(
     carried: np.ndarray | None = None,
 ) -> np.ndarray:
     """Per element, whether its gradient is within SIGN_TAU times its own noise,
-    |gr| <= SIGN_TAU·|gb − gr|, or it drifted before (`carried` > 0), while both runs stepped it
+    |gr| <= SIGN_TAU·|gb − gr|, or it drifted before (`carried` > 0) and its gradients stand far
+    enough apart that a step following their size would differ beyond the rounding
+    (|Δb|·|gb − gr| / |gr| above it: under SGD in float32 the gradients agree to a few ulps and
+    the steps with them, which says nothing of a sign), while both runs stepped it
     (beyond the rounding of the weights' `bits` mantissa bits) by the same size to that
     rounding: a step decided by the gradient's sign, which a gradient a quarter or more off its
     own size leaves unchanged. An optimizer whose step follows the gradient's size (SGD, Adam
@@ -95,15 +98,21 @@ def sign_decided(
     0.0063 off by update 8 where its drift allowed 0.0048)."""
     own = np.subtract(gb, gr)
     np.abs(own, out=own)
-    own *= SIGN_TAU
-    decided = np.less_equal(np.abs(gr), own)
-    if carried is not None:
-        decided |= np.greater(carried, 0.0)
+    size = np.abs(gr)
     tolerance = ulp(b, bits)
     tolerance += ulp(r, bits)
     tolerance *= ABOVE_ROUNDING
     step_b = np.abs(np.subtract(b, pb))
     step_r = np.abs(np.subtract(r, pr))
+    if carried is not None:  # drifted before: where a step that follows the gradient's size
+        # would stand apart beyond the rounding, |Δb|·|gb − gr| / |gr| > tolerance
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shown = np.greater(step_b * own / size, tolerance)
+        shown &= np.greater(carried, 0.0)
+    own *= SIGN_TAU
+    decided = np.less_equal(size, own)
+    if carried is not None:
+        decided |= shown
     decided &= step_b > tolerance
     step_b -= step_r
     decided &= np.abs(step_b, out=step_b) <= tolerance

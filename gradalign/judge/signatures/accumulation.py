@@ -187,22 +187,31 @@ def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         return None
     # one number is a multiple of any other: no evidence
     names = [name for name in _params(c, gb) if np.size(start[name]) > 1]
-    pairs = ((name, flat64(gm[name]) - flat64(gb[name]), flat64(start[name])) for name in names)
-    share, fitted = per_tensor_fit(pairs)
+
+    def pairs() -> Iterable[tuple[str, np.ndarray, np.ndarray]]:
+        return ((n, flat64(gm[n]) - flat64(gb[n]), flat64(start[n])) for n in names)
+
+    share, fitted = per_tensor_fit(pairs())
     coefficients = [a for a in fitted.values() if abs(a) > 0]
     base = _vector(gb, names) if names else np.zeros(0)
-    if not coefficients or not _enough(c, r, _vector(gm, names) - base, base, share):
+    if not coefficients:
         return None
+    surest = None  # the coefficient read in units of the noise, where the fit needed them
+    if not _enough(c, r, _vector(gm, names) - base, base, share):
+        share, surest = _share_in_noise(r, pairs(), fitted)
+        if share < MOSTLY:
+            return None
     k = window(c)
     if max(coefficients) <= 0:  # short of the baseline's in every tensor: counted too little
         return _penalty_short(r, k, -min(coefficients), share, fitted)
-    a = max(coefficients)
+    a = max(coefficients) if surest is None else surest
+    measure = "" if surest is None else " in units of each gradient's noise"
     c2 = a / (2 * (k - 1)) if k > 1 else a  # the extra K-1 penalties' gradient: 2·c·(K-1)·w
     return Diagnosis(
         "penalty-not-scaled",
         f"at update {r.update} the merged gradient exceeds the baseline's by {a:.4g} times the "
-        f"weights ({share:.1%} of the difference explained{_within(share)}): a weight penalty "
-        f"was added to each of the K={k} micro losses in full, i.e. counted K times; its "
+        f"weights ({share:.1%} of the difference explained{measure}{_within(share)}): a weight "
+        f"penalty was added to each of the K={k} micro losses in full, i.e. counted K times; its "
         f"coefficient is about {c2:.4g} written as c·‖w‖² (λ = {2 * c2:.4g} written as λ/2·‖w‖²)",
         {
             "update": r.update,
@@ -213,6 +222,36 @@ def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         "add the penalty once per window: divide it by K in each micro loss (or add it to the "
         "accumulated gradient once, or use the optimizer's weight_decay)",
     )
+
+
+def _share_in_noise(
+    r: UpdateResult, pairs: Iterable[tuple[str, np.ndarray, np.ndarray]], fitted: dict[str, float]
+) -> tuple[float, float]:
+    """The share of the difference the fitted multiples explain, each tensor's measured in units
+    of its gradient's noise against the reference, where that leaves every gradient within what
+    its check allows (else 0: no reference, or a rest beyond a check), and the multiple read in
+    those units (each tensor's weighted by its basis's energy over its noise). Under bfloat16 a
+    penalty's share of a tensor whose weights are small beside its gradient's noise is lost in
+    it, and such tensors hold most of the difference's energy: model zoo run 184515 (a ResNet
+    under Adagrad, a penalty counted K times, K=2) had 29% of its difference explained
+    together, 83% in units of the noise, every tensor's rest within 0.9 times its noise."""
+    diffs = {d.name: d for d in r.grads}
+    residual, total, weighed, weights = 0.0, 0.0, 0.0, 0.0
+    for name, delta, basis in pairs:
+        d = diffs.get(name)
+        if d is None or not d.noise or not math.isfinite(d.noise):
+            return 0.0, 0.0
+        rest = float(np.linalg.norm(delta - fitted[name] * basis))
+        if rest > d.allowed:
+            return 0.0, 0.0
+        residual += (rest / d.noise) ** 2
+        total += float(delta @ delta) / d.noise**2
+        energy = float(basis @ basis) / d.noise**2
+        weighed += fitted[name] * energy
+        weights += energy
+    if total <= 0 or weights <= 0:
+        return 0.0, 0.0
+    return 1.0 - math.sqrt(residual / total), weighed / weights
 
 
 def _within(share: float) -> str:
