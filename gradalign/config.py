@@ -102,8 +102,9 @@ class TrainConfig:
     )
     record: str = _opt(
         "full: weights and gradients saved every update; sketch: per update a fixed-size sketch, "
-        "exact norms and fingerprints, full snapshots only at the first, every "
-        "--snapshot-every-th and the last update (for models too big to snapshot)",
+        "exact norms and fingerprints, full snapshots only at the first (and each until the "
+        "optimizer first steps), every --snapshot-every-th and the last update (for models too "
+        "big to snapshot)",
         RECORD_MODES,
         default="full",
     )

@@ -193,31 +193,21 @@ def carry_admitted_excess(results: list[UpdateResult], factor: float) -> None:
     """Let a difference the drift allowance admitted propagate to the updates after it.
 
     A weight the drift (the first step's gain, a noise-dominated walk) let the merged run set
-    further from the baseline than the baseline's own noise feeds every later forward, and so
-    the later gradients and weights of every tensor: the same dynamics that carry the
-    baseline's noise forward carry a larger start. c is the model's weights' distance from the
-    reference over the baseline's, all tensors together (`_model_excess`), read at an update
-    where a tensor with a drift allowance passed beyond its noise: every weight's difference
-    moves the forward, the baseline's noise in one tensor is no measure of it alone. One
-    tensor's own ratio read a LayerNorm bias element that Adamax's first step flipped (0.02,
-    against that bias's noise of 2.85e-5: 701) as if the whole model stood 701 times further
-    off (model zoo run 187142, bfloat16 autocast, where the model's weights together stood 1.07
-    times the baseline's distance), and an output weight's noise of one rounding (Adagrad's
-    first step is ±lr in both runs) read 4.9e5 (run 184515): every later tensor was allowed 16
-    times its noise, and a penalty counted K times (17 times its noise) and micro-batches
-    weighted alike whatever their size (39% off) passed. From the update after one that passed
-    with such a difference, every tensor's noise allowance is c times its noise, the factor on
-    top (c the largest so far, at most the factor squared: `carry`; an update counts when its
-    weights and gradients passed: a loss recorded wrongly moves no weight).
+    c times further from the baseline than the baseline's own noise feeds every later forward,
+    and so the later gradients and weights of every tensor: the same dynamics that carry the
+    baseline's noise forward carry c times as large a start. From the update after one that
+    passed with such a difference (a tensor with a drift allowance, c > 1), every tensor's
+    noise allowance is c times its noise, the factor on top (c the largest so far, at most the
+    factor squared: `carry`; an update counts when its weights and gradients passed: a loss
+    recorded wrongly moves no weight).
     The factor is the margin for one draw of the noise, so it is not spent on c: an Adam
-    element near eps left a LayerNorm MLP's output weight 3.13x its noise at update 0 (the
-    model's weights 1.35 times the baseline's distance), within the factor, and the next
-    update's output-bias gradient stood 7.24x its noise (model zoo run 6203). Only an update
-    with a drift admitted counts, measured before this pass widens anything, so a difference
-    this pass lets through never widens the next update (no ratchet), but for the share of a
-    gradient's excess that the drifted weights' distance explains (below). Attention under
-    Adam, seed 45: an in-projection element near eps stepped 19x the noise at update 0, its
-    weights and gradients then failed at 1.1x to 4.5x.
+    element near eps left a LayerNorm MLP's output weight 3.13x its noise at update 0, within
+    the factor, and the next update's output-bias gradient stood 7.24x its noise (model zoo run
+    6203). Only a tensor with a drift counts, measured before this pass widens anything, so a
+    difference this pass lets through never widens the next update (no ratchet), but for the
+    share of a gradient's excess that the drifted weights' distance explains (below). Attention
+    under Adam, seed 45: an in-projection element near eps stepped 19x the noise at update 0,
+    its weights and gradients then failed at 1.1x to 4.5x.
 
     c compares sizes, not directions. The baseline's weights strayed from the reference in
     some elements, and its next gradients show what that moved; the drift let the merged run
@@ -234,17 +224,20 @@ def carry_admitted_excess(results: list[UpdateResult], factor: float) -> None:
         admitted = [d for d in r.weights if d.noise and d.ok and _admitted(d, factor)]
         explained = carry(r, carried, factor, spread)
         if not r.problems and all(d.ok for d in (*r.weights, *r.grads)):  # the loss moves none
-            excess = _model_excess(r.weights) if admitted else 1.0
-            carried = max([carried, *explained, excess])
+            measured = [d for d in admitted if not _rounding_only(d)]
+            carried = max([carried, *explained, *(d.error / d.noise for d in measured)])
             spread = max(spread, _spread(r.weights, admitted))
 
 
-def _model_excess(weights: list[TensorDiff]) -> float:
-    """The model's weights' distance from the reference over the baseline's, all tensors
-    together: sqrt(Σ error²) / sqrt(Σ noise²) over the weights with a noise."""
-    judged = [d for d in weights if d.noise and math.isfinite(d.noise) and math.isfinite(d.error)]
-    noise = math.sqrt(math.fsum(d.noise**2 for d in judged))
-    return math.sqrt(math.fsum(d.error**2 for d in judged)) / noise if noise > 0 else 1.0
+def _rounding_only(d: TensorDiff) -> bool:
+    """Whether the baseline's noise in a weight is within one rounding of its stored values:
+    the baseline stepped as the reference did, to the ulp (Adagrad's and Adam's first step is
+    ±lr in both), so its noise says nothing of what the dynamics carry forward, and an error
+    measured against it is no scale of later noise (model zoo run 184515: 0.020 against a
+    noise of 4.1e-8 under bfloat16 autocast read 4.9e5, and every later tensor was allowed
+    16 times its noise, a bug 39% off passing). Such a tensor is carried by its module's
+    relative distance alone (`_spread`)."""
+    return d.rounding is not None and d.noise is not None and d.noise <= d.rounding
 
 
 def _admitted(d: TensorDiff, factor: float) -> bool:

@@ -94,7 +94,7 @@ class Recorder:
         the optimizer steps with (from a step hook). `scaler`: the loop's GradScaler, whose
         unscale_() and update() calls per window are counted (once each is right).
         `record`: "full" (weights and gradient files every update) or "sketch" (per update
-        a fixed-size sketch, exact norms and fingerprints; full files at the first update,
+        a fixed-size sketch, exact norms and fingerprints; full files until one that stepped,
         every `snapshot_every`-th and, given `updates` (N), the last). `sketch_width`: buckets
         per sketched tensor (a prime; wider sketches bound the estimates more tightly).
 
