@@ -224,20 +224,8 @@ def carry_admitted_excess(results: list[UpdateResult], factor: float) -> None:
         admitted = [d for d in r.weights if d.noise and d.ok and _admitted(d, factor)]
         explained = carry(r, carried, factor, spread)
         if not r.problems and all(d.ok for d in (*r.weights, *r.grads)):  # the loss moves none
-            measured = [d for d in admitted if not _rounding_only(d)]
-            carried = max([carried, *explained, *(d.error / d.noise for d in measured)])
+            carried = max([carried, *explained, *(d.error / d.noise for d in admitted)])
             spread = max(spread, _spread(r.weights, admitted))
-
-
-def _rounding_only(d: TensorDiff) -> bool:
-    """Whether the baseline's noise in a weight is within one rounding of its stored values:
-    the baseline stepped as the reference did, to the ulp (Adagrad's and Adam's first step is
-    ±lr in both), so its noise says nothing of what the dynamics carry forward, and an error
-    measured against it is no scale of later noise (model zoo run 184515: 0.020 against a
-    noise of 4.1e-8 under bfloat16 autocast read 4.9e5, and every later tensor was allowed
-    16 times its noise, a bug 39% off passing). Such a tensor is carried by its module's
-    relative distance alone (`_spread`)."""
-    return d.rounding is not None and d.noise is not None and d.noise <= d.rounding
 
 
 def _admitted(d: TensorDiff, factor: float) -> bool:
