@@ -54,11 +54,11 @@ def noise_steps(
     stepped 1.2 times the element's last step where they stood still). After the first
     update, an element both runs stepped by the same size on gradients a share apart
     (`sign_decided`: Rprop, Lion, a sign descent) counts as dominated where its gradient is
-    within SIGN_TAU times its own noise, or drifted before: its step is the sign's, all or
-    nothing, and another run's draw of that noise may flip it (or did, and its step size
-    stays apart) (model zoo run 184813, a GRU's bias under Rprop in
+    within SIGN_TAU times its own noise: its step is the sign's, all or nothing, and another
+    run's draw of that noise may flip it (model zoo run 184813, a GRU's bias under Rprop in
     bfloat16: +5.1e-5 in the baseline, +7.9e-5 in the reference, −8.2e-6 in the merged run,
-    which Rprop stopped where both stepped)."""
+    which Rprop stopped where both stepped); so does one that drifted before, whose step size
+    stays apart from then on (run 186787)."""
     spread = (
         first_step_spread(gb, gr, rms, b, pb, r, pr, bits) if first and bits is not None else None
     )
