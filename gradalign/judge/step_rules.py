@@ -73,16 +73,19 @@ def stored_bits(run: Run) -> dict[str, int]:
 
 
 def sign_decided(
-    gb: np.ndarray,
-    gr: np.ndarray,
+    own: np.ndarray,
+    size: np.ndarray,
     b: np.ndarray,
-    pb: np.ndarray,
+    step_b: np.ndarray,
     r: np.ndarray,
-    pr: np.ndarray,
+    step_r: np.ndarray,
     bits: int,
     carried: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Per element, whether its gradient is within SIGN_TAU times its own noise,
+    """From each element's own gradient noise `own` = |gb − gr| and size `size` = |gr|, the
+    weights after the update (b, r) and both runs' steps (`step_b` = |Δb|, `step_r` = |Δr|;
+    `noise_steps` has them all, read once, and none is written here): per element, whether its
+    gradient is within SIGN_TAU times its own noise,
     |gr| <= SIGN_TAU·|gb − gr|, or it drifted before (`carried` > 0) and its gradients stand far
     enough apart that a step following their size would differ beyond the rounding
     (|Δb|·|gb − gr| / |gr| above it: under SGD in float32 the gradients agree to a few ulps and
@@ -96,24 +99,16 @@ def sign_decided(
     from then on (1.2 times its size in one, half in the other; model zoo run 186787, a ResNet's
     output bias under Rprop in bfloat16: 1.88 times the baseline's step further at each update,
     0.0063 off by update 8 where its drift allowed 0.0048)."""
-    own = np.subtract(gb, gr)
-    np.abs(own, out=own)
-    size = np.abs(gr)
     tolerance = ulp(b, bits)
     tolerance += ulp(r, bits)
     tolerance *= ABOVE_ROUNDING
-    step_b = np.abs(np.subtract(b, pb))
-    step_r = np.abs(np.subtract(r, pr))
+    decided = np.less_equal(size, own * SIGN_TAU)
     if carried is not None:  # drifted before: where a step that follows the gradient's size
         # would stand apart beyond the rounding, |Δb|·|gb − gr| / |gr| > tolerance
         with np.errstate(divide="ignore", invalid="ignore"):
             shown = np.greater(step_b * own / size, tolerance)
         shown &= np.greater(carried, 0.0)
-    own *= SIGN_TAU
-    decided = np.less_equal(size, own)
-    if carried is not None:
         decided |= shown
     decided &= step_b > tolerance
-    step_b -= step_r
-    decided &= np.abs(step_b, out=step_b) <= tolerance
+    decided &= np.abs(step_b - step_r) <= tolerance
     return decided

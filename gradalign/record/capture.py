@@ -94,10 +94,10 @@ class Capture:
     def weights(self, update: int | None) -> None:
         """The weights after `update` (None: the initial weights), before anything changes them."""
         full = update is None or self.snapshot_at(update)
-        moved = update is not None and (bool(self.states.stepped) or self.states.written())
+        if not self.stepped and update is not None:  # read until a step is seen, then no more
+            self.stepped = bool(self.states.stepped) or self.states.written()
         self._take("weights", update, self.tensors, weights_file(update) if full else None)
         self.states.snapped(-1 if update is None else update)
-        self.stepped = self.stepped or moved
         if full and update is not None and update not in self.full_updates:
             self.full_updates.append(update)
 
