@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gradalign import api
-from gradalign.judge.kink_shape import ONE_INPUT, WHOLE, one_input
+from gradalign.judge.kink_shape import ONE_INPUT, WHOLE, along_input, one_input
 from gradalign.runs.portable import write_run
 from tests.least_squares import Shape, reference_and_baseline, train
 
@@ -117,3 +117,21 @@ def test_one_input_reads_fused_experts_slab_by_slab():
     twice = ref.copy()
     twice[2] += token() + token()  # two tokens in one expert: rank two
     assert one_input(twice, ref) is None
+
+
+def test_a_bias_along_its_weight_holds_the_same_input_s_share():
+    """`along_input`: one input's share is δ xᵀ in a weight and δ in its bias; a bias off along
+    the weight's error's rows (beside 1% noise) holds the same share, one off in another
+    direction, or of another length, does not. `one_input(few=True)` reads a router's 4 rows."""
+    rng = np.random.default_rng(11)
+    ref, own = rng.normal(size=(24, 12)), rng.normal(size=24)
+    delta, x = rng.normal(size=24), rng.normal(size=12)
+    noise = rng.normal(size=24) * 0.01 * np.linalg.norm(delta) / np.sqrt(24)
+    weight = (ref + np.outer(delta, x), ref)
+    assert along_input(weight, (own + 3 * delta + noise, own))
+    assert not along_input(weight, (own + rng.normal(size=24), own))
+    assert not along_input(weight, (own[:12] + delta[:12], own[:12]))
+    router = rng.normal(size=(4, 12))
+    flipped = router + np.outer(rng.normal(size=4), x)
+    assert one_input(flipped, router) is None  # 4 rows: too few for a rank alone
+    assert one_input(flipped, router, few=True) == (ONE_INPUT, WHOLE)

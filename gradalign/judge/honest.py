@@ -7,9 +7,10 @@ isolated kinks and their divergences are measured against the baseline."""
 from __future__ import annotations
 
 from ..runs.model import Run
+from .baseline_jumps import excuse_jumps_like_the_baselines
 from .gains import follow_gain_divergence
 from .kink_divergence import follow_kink_divergence
-from .kinks import excuse_isolated_jumps, excuse_jumps_like_the_baselines, first_failing
+from .kinks import excuse_isolated_jumps, first_failing
 from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
 from .results import UpdateResult
 from .views import Sketching

@@ -27,6 +27,7 @@ from .kink_shape import (
     JUMP_SHARE,
     KINK_UNITS,
     Units,
+    along_input,
     kink_units,
     localizes,
     one_input,
@@ -55,12 +56,20 @@ class _Pair:
     def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
         raise NotImplementedError
 
-    def one_input(self, name: str, rest: float = math.inf) -> Units | None:
-        """The tensor's error as one input's share (`kink_shape.one_input`); None where it is
-        not, or no kink is read in the tensor."""
-        return None if name in self.counted else self._one_input(name, rest)
+    def one_input(self, name: str, rest: float = math.inf, few: bool = False) -> Units | None:
+        """The tensor's error as one input's share (`kink_shape.one_input`, `few` as there);
+        None where it is not, where no kink is read in the tensor, or where either run did not
+        keep it whole (a sketch keeps no rank)."""
+        both = None if name in self.counted else self._whole(name)
+        return None if both is None else one_input(*both, rest, few)
 
-    def _one_input(self, name: str, rest: float) -> Units | None:
+    def along_input(self, bias: str, weight: str) -> bool:
+        """Whether the bias's error is the same inputs' share as its weight's rank-one error
+        (`kink_shape.along_input`); False where either is not read whole."""
+        pair, own = self._whole(weight), self._whole(bias)
+        return pair is not None and own is not None and along_input(pair, own)
+
+    def _whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         raise NotImplementedError
 
     def kinked_units(self, name: str, rest: float = math.inf) -> Units | None:
@@ -106,8 +115,8 @@ class Whole(_Pair):
     def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
         return kink_units(self.first[name], self.second[name], most, of_rows, rest)
 
-    def _one_input(self, name: str, rest: float) -> Units | None:
-        return one_input(self.first[name], self.second[name], rest)
+    def _whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        return (self.first[name], self.second[name]) if name in self else None
 
     def readable(self, name: str) -> bool:
         """Whether `units` can answer for this tensor."""
@@ -173,13 +182,15 @@ class Sketched(_Pair):
         own = unit_energies(rows_b, columns_b)
         return units_holding(energies, most, of_rows, ESTIMATED_SHARE, rest, own)
 
-    def _one_input(self, name: str, rest: float) -> Units | None:
-        """Read where both kept the tensor whole: a sketch keeps no rank."""
+    def _whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Both runs' tensor, where both kept it whole."""
+        if name not in self:
+            return None
         first, second = self.first[name], self.second[name]
         if not (first.exact and second.exact):
             return None
         shape = self.shape(name)
-        return one_input(first.vector.reshape(shape), second.vector.reshape(shape), rest)
+        return first.vector.reshape(shape), second.vector.reshape(shape)
 
     def holding(self, name: str) -> str:
         """What `units` found its units holding, for a note."""

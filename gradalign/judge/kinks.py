@@ -34,8 +34,11 @@ against the reference too (measured: 2 in 300 updates of the default SGD run).
   hold them) while its step left every weight within its noise, each failing gradient off by
   less than 1/factor of itself and the model's passing gradients at least as many elements:
   units that flipped before change the backward at more inputs (`_quietly_parted`; model zoo
-  run 2002 at width 4, 40 updates). A bug moves most of the gradients.
-- **Jumps the baseline makes too** (`excuse_jumps_like_the_baselines`): over a long run a
+  run 2002 at width 4, 40 updates). A bug moves most of the gradients. After a choice made per
+  input (a jump of one input's share), each failing gradient off by less than all of itself,
+  the whole turned by a cosine down to CHOICE_COSINE (judge/choices.py): a token's route
+  moves a token's share of the small sums an expert's and a router's gradients are.
+- **Jumps the baseline makes too** (judge/baseline_jumps.py): over a long run a
   model with many near-ties (a max over positions after a convolution) crosses kinks at many
   updates, some in a row. Where the baseline's own gradient jumped against the reference (its
   error over `JUMP_OUTLIER` times its median over the run, held in at most `JUMP_OWN_ROWS` rows
@@ -58,17 +61,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
-
 from ..runs.model import Run
+from .choices import CHOICES_PART, WHOLE_COSINE, anchors, limits, same_inputs
 from .kink_evidence import Pair, apart
-from .kink_shape import JUMP_OWN_SHARE, JUMP_SHARE, ONE_INPUT, WHOLE, Units, many_rows
+from .kink_shape import JUMP_SHARE, ONE_INPUT, WHOLE, Units, many_rows
 from .metrics import TensorDiff
 from .results import UpdateResult
 from .views import Sketching
 
-JUMP_OUTLIER = 10.0  # a baseline's gradient error this many times its median is a jump ...
-JUMP_OWN_ROWS = 8  # ... if at most this many rows hold JUMP_SHARE of it (and JUMP_OWN_SHARE)
+KINKS_PART = "units that flipped before change the backward at more inputs"
 
 
 def excuse_isolated_jumps(
@@ -77,13 +78,27 @@ def excuse_isolated_jumps(
     """Mark localized gradient jumps as excused, isolated ones or those whose step left the
     weights in their noise (module docstring); return a note for each. `seen`: the runs are
     seen through sketches (judge/kink_evidence.py reads them)."""
-    notes, crossed, isolated = [], set(), 0  # the units (tensor, axis, index) jumps were in
+    notes: list[tuple[int, str]] = []  # each jump's note, by its update
+    crossed, isolated = set(), 0  # the units (tensor, axis, index) jumps were in
     parted: list[UpdateResult] = []  # quiet updates after a jump, failing in a part of the model
-    for i, r in enumerate(results):
-        if not (_gradients_alone_failed(r) and r.loss_ok):
+    chose = False  # whether a jump excused so far was a choice made per input (one input's share)
+    order, retried = list(range(len(results))), set()
+
+    def later(i: int) -> None:
+        """Read update i once more after the rest: its neighbours may be excused jumps by then
+        (model zoo run 190345, a tiny mixture of experts under bfloat16, 20 updates: a token
+        routed otherwise at update 15, its step leaving the noise, then at 16 to 19, quiet)."""
+        if i not in retried:
+            retried.add(i)
+            order.append(i)
+
+    for i in order:
+        r = results[i]
+        if not (gradients_alone_failed(r) and r.loss_ok):
             continue
         quiet = not stepped(r, results[i - 1] if i else None, factor)
         if not (quiet or _neighbours_pass(results, r.update)):
+            later(i)
             continue
         grads = apart(merged, ref, "grads", r.update, seen)
         if grads is None:
@@ -91,15 +106,19 @@ def excuse_isolated_jumps(
         failing = [d for d in r.grads if not d.ok]
         found = {d.name: _jumped(grads, d.name, factor * d.unbounded) for d in failing}
         kinked = {name: units for name, units in found.items() if units is not None}
+        beside = {**anchors(r, grads, factor), **kinked}
+        joined = same_inputs([name for name in found if name not in kinked], beside, grads)
+        kinked.update(joined)
         echoes = [name for name in found if name not in kinked]
         if not kinked or (echoes and not _echoes(echoes, kinked, grads)):
-            if quiet and notes and not whole_model_moved(r) and _quietly_parted(r, grads, factor):
+            if quiet and notes and _quietly_parted(r, grads, factor, chose):
                 parted.append(r)
             continue
         # one sample's share of one unit among many, not a gradient off by all of itself (as a
         # kink followed) nor the model's gradient scaled or turned as a whole
-        if quiet and not _a_units_share(r, kinked, grads, factor):
+        if quiet and not _a_units_share(r, kinked, grads, factor, beside):
             if not _neighbours_pass(results, r.update):
+                later(i)
                 continue
             quiet = False
         units = {(name, axis, j) for name, (axis, held) in kinked.items() for j in held}
@@ -107,56 +126,70 @@ def excuse_isolated_jumps(
             continue  # past the first few stepped with, each jump in units of its own
         crossed |= units
         isolated += not quiet
+        chose = chose or any(axis == ONE_INPUT for axis, _ in kinked.values())
         excuse(r, set(found), "isolated jump")
-        worst = max((d for d in failing if d.name in kinked), key=lambda d: d.ratio)
-        upstream = (
-            f" (and {', '.join(echoes)} upstream of it, each off by a smaller share of itself)"
-            if echoes
-            else ""
-        )
-        around = (
-            "its step left every weight within its noise"
-            if quiet
-            else "the updates around it and the weights stayed within noise"
-        )
-        floor = "noise floor" if worst.noise else "allowed error"  # judged by tolerances
-        axis, held = kinked[worst.name]
-        if axis == ONE_INPUT:
-            where = f"one input's share of {worst.name} (rank one: {JUMP_SHARE:.0%} of the error"
-            where += (
-                " in one outer product)"
-                if held == WHOLE
-                else f" in one outer product in each of slabs {sorted(held)} of its first axis)"
-            )
-            cause = (
-                "a choice made per input (a token routed to another expert, an argmax, a tie) "
-                "went one way in one run and the other way in the other (the baseline makes "
-                "such choices apart from the reference too)"
-            )
-        else:
-            rows = max(len(held) for axis, held in kinked.values() if axis != ONE_INPUT)
-            where = f"{rows} row(s) or column(s) of {worst.name}"
-            cause = (
-                "an activation crossed its kink in one run and not the other (the baseline "
-                "shows such jumps against the reference too)"
-            )
-        notes.append(
-            f"update {r.update}: the gradient of {', '.join(kinked)} jumped to "
-            f"{worst.ratio:.3g}x its {floor} in {where}{upstream}, while {around} and the loss "
-            f"within noise: {cause}; not counted as a failure"
-        )
+        notes.append((r.update, _jump_note(r, kinked, joined, echoes, quiet)))
+    notes.sort(key=lambda pair: pair[0])
+    texts = [text for _, text in notes]
     for r in parted:
         excuse(r, {d.name for d in r.grads if not d.ok}, "parted")
     if parted:
         updates = ", ".join(str(r.update) for r in parted)
-        notes.append(
+        share, cause = ("all", CHOICES_PART) if chose else ("1/factor", KINKS_PART)
+        texts.append(
             f"update(s) {updates}: after the jumps above, gradients failed in a part of the model "
-            "(each off by less than 1/factor of itself, the model's other gradients, at least as "
+            f"(each off by less than {share} of itself, the model's other gradients, at least as "
             "many elements, within noise) while the step left every weight within its noise: "
-            "units that flipped before change the backward at more inputs; not counted as "
-            "failures"
+            f"{cause}; not counted as failures"
         )
-    return notes
+    return texts
+
+
+def _jump_note(r: UpdateResult, kinked: dict, joined: dict, echoes: list[str], quiet: bool) -> str:
+    """The note for a jump excused at update `r`: where it sat (`kinked`, of which `joined`
+    hold the same input's share as a weight beside them), its echoes upstream."""
+    failing = [d for d in r.grads if d.name in kinked]
+    worst = max([d for d in failing if d.name not in joined] or failing, key=lambda d: d.ratio)
+    upstream = (
+        f" (and {', '.join(echoes)} upstream of it, each off by a smaller share of itself)"
+        if echoes
+        else ""
+    )
+    around = (
+        "its step left every weight within its noise"
+        if quiet
+        else "the updates around it and the weights stayed within noise"
+    )
+    floor = "noise floor" if worst.noise else "allowed error"  # judged by tolerances
+    axis, held = kinked[worst.name]
+    if worst.name in joined:
+        where = f"one input's share of {worst.name} (as a weight beside it holds, rank one)"
+    elif axis == ONE_INPUT:
+        where = f"one input's share of {worst.name} (rank one: {JUMP_SHARE:.0%} of the error"
+        where += (
+            " in one outer product)"
+            if held == WHOLE
+            else f" in one outer product in each of slabs {sorted(held)} of its first axis)"
+        )
+    else:
+        rows = max(len(held) for axis, held in kinked.values() if axis != ONE_INPUT)
+        where = f"{rows} row(s) or column(s) of {worst.name}"
+    if axis == ONE_INPUT:
+        cause = (
+            "a choice made per input (a token routed to another expert, an argmax, a tie) "
+            "went one way in one run and the other way in the other (the baseline makes "
+            "such choices apart from the reference too)"
+        )
+    else:
+        cause = (
+            "an activation crossed its kink in one run and not the other (the baseline "
+            "shows such jumps against the reference too)"
+        )
+    return (
+        f"update {r.update}: the gradient of {', '.join(kinked)} jumped to "
+        f"{worst.ratio:.3g}x its {floor} in {where}{upstream}, while {around} and the loss "
+        f"within noise: {cause}; not counted as a failure"
+    )
 
 
 def _jumped(grads: Pair, name: str, rest: float) -> Units | None:
@@ -165,24 +198,47 @@ def _jumped(grads: Pair, name: str, rest: float) -> Units | None:
     return grads.units(name, rest=rest) or grads.one_input(name, rest=rest)
 
 
-def _a_units_share(r: UpdateResult, kinked: dict, grads: Pair, factor: float) -> bool:
+def _a_units_share(
+    r: UpdateResult, kinked: dict, grads: Pair, factor: float, beside: dict | None = None
+) -> bool:
     """Whether a quiet jump looks like one sample's share of a unit: some kinked tensor of many
     rows (in a tensor of one row, a 0-d scale or a bias, any error sits in "one unit"), each off
     by less than 1/factor of itself, and the model's gradient not scaled or turned as a whole
-    (a loss 1.02 times too large, recorded apart from the step, is no kink)."""
-    if not any(many_rows(grads.shape(name)) for name in kinked) or whole_model_moved(r):
+    (a loss 1.02 times too large, recorded apart from the step, is no kink). Where the jump is
+    a choice made per input (one input's share), as `choices.limits` reads one: model zoo run 189586
+    (a tiny mixture of experts under Adamax, bfloat16, K=4, 20 updates), a token moved from
+    expert 2 to expert 3 at update 18, each expert's gradient 36% to 46% off and rank one, the
+    model's gradient turned to a cosine of 0.9989, every weight within its noise."""
+    choice = any(axis == ONE_INPUT for axis, _ in kinked.values())
+    largest, cosine = limits(choice, factor)
+    evidence = {**(beside or {}), **kinked}  # and the weights beside a choice's jump
+    if not any(many_rows(grads.shape(name)) for name in evidence) or whole_model_moved(r, cosine):
         return False
-    return factor * max(grads.share(name) for name in kinked) < 1
+    return max(grads.share(name) for name in kinked) < largest
 
 
-def _quietly_parted(r: UpdateResult, grads: Pair, factor: float) -> bool:
+def _quietly_parted(r: UpdateResult, grads: Pair, factor: float, after_choice: bool) -> bool:
     """Whether update `r`'s failing gradients, spread, are what kinks crossed before leave: each
     off by less than 1/factor of itself, the model's passing gradients at least as many
-    elements. Model zoo run 2002 at width 4 (an encoder under Adam, 40 updates): after quiet
-    jumps of units of layer 0 at updates 24 and 25, its feed-forward gradient stood 0.4% to 2%
-    off at updates 26 and 36, spread over its rows, with every weight within its noise."""
+    elements, the model's gradient as a whole neither scaled nor turned (`whole_model_moved`).
+    Model zoo run 2002 at width 4 (an encoder under Adam, 40 updates): after quiet jumps of
+    units of layer 0 at updates 24 and 25, its feed-forward gradient stood 0.4% to 2% off at
+    updates 26 and 36, spread over its rows, with every weight within its noise.
+
+    After a choice made per input (`after_choice`: a jump excused as one input's share), each
+    off by less than all of itself, and the whole turned by a cosine down to CHOICE_COSINE: a
+    token's route moves a whole token's share of the experts it leaves and joins, and of the
+    router, which are small sums of many such shares. Model zoo runs 186399 and 186459 (a
+    tiny mixture of experts under bfloat16 autocast, RMSprop K=8 and Adam K=4): after a token
+    routed otherwise at update 3 (and 2), other tokens' routes flipped at update 7 (and 9),
+    every weight within its noise: expert 2's gradients 34% and 25% off, each 99.8% in two
+    outer products (two tokens), and the router's bias 51% off; the model's gradient turned
+    to a cosine of 0.9988 (and 0.9986), its scale within 0.4%."""
+    largest, cosine = limits(after_choice, factor)
+    if whole_model_moved(r, cosine):
+        return False
     failing = [d for d in r.grads if not d.ok]
-    return all(factor * grads.share(d.name) < 1 for d in failing) and most_pass(r)
+    return all(grads.share(d.name) < largest for d in failing) and most_pass(r)
 
 
 def most_pass(r: UpdateResult) -> bool:
@@ -192,52 +248,6 @@ def most_pass(r: UpdateResult) -> bool:
     itself from update 6 on passed a sketched MLP as its biases' parted runs)."""
     passing = sum(d.size or 0 for d in r.grads if d.clearly_ok)
     return passing >= sum(d.size or 0 for d in r.grads if not d.ok)
-
-
-def excuse_jumps_like_the_baselines(
-    results: list[UpdateResult],
-    base: Run,
-    merged: Run,
-    ref: Run,
-    factor: float,
-    seen: Sketching | None = None,
-) -> list[str]:
-    """Excuse gradient jumps the baseline makes against the reference too (module docstring):
-    at most `factor` times as many as the baseline's, in the tensors it jumped in, each held in
-    as few rows as its own jumps were. One note for all of them."""
-    # the loss is judged on its own: a jump at u moves the loss of u + 1
-    candidates = [r for r in results if _gradients_alone_failed(r)]
-    if not candidates:
-        return []
-    own = _baseline_jumps(results, base, ref, seen)
-    jumped_at = sorted(set().union(*(updates for updates, _ in own.values())))
-    if not own or len(candidates) > factor * len(jumped_at):
-        return []
-    rows_seen = {name: rows for name, (_, rows) in own.items()}
-    excused = []
-    for r in candidates:
-        grads = apart(merged, ref, "grads", r.update, seen)
-        if grads is None:
-            return []
-        failing = [d for d in r.grads if not d.ok]
-        if not all(
-            d.name in rows_seen
-            and grads.units(d.name, rows_seen[d.name], JUMP_OWN_SHARE, factor * d.unbounded)
-            for d in failing
-        ):
-            return []
-        excused.append((r, failing))
-    for r, failing in excused:
-        excuse(r, {d.name for d in failing}, "jump")
-    tensors = sorted({d.name for _, failing in excused for d in failing})
-    at = ", ".join(str(r.update) for r, _ in excused)
-    return [
-        f"updates {at}: the gradients of {', '.join(tensors)} jumped out of noise in a few "
-        "rows while the weights stayed within noise, as the baseline's own "
-        f"gradients jumped against the reference at update(s) {', '.join(map(str, jumped_at))} "
-        "(an activation or a max crossing its kink in one run and not the other, as the same "
-        f"rows show): not counted as failures (at most {factor:g}x the baseline's number)"
-    ]
 
 
 def _echoes(echoes: list[str], kinked: dict, grads: Pair) -> bool:
@@ -279,18 +289,19 @@ def _over_noise(d: TensorDiff) -> float | None:
     return d.error / d.noise if d.noise and math.isfinite(d.noise) else None
 
 
-def whole_model_moved(r: UpdateResult) -> bool:
+def whole_model_moved(r: UpdateResult, least_cosine: float = WHOLE_COSINE) -> bool:
     """Whether the model's gradient as a whole is scaled or turned (its least-squares ratio
-    more than 1% from 1, or its cosine below 0.999): a kink moves a few rows of a tensor, which
-    leave the whole nearly as it was. A golden's summaries carry no per-tensor share (NaN),
-    and a loss scaled K times was said to be as when an activation crosses its kink."""
+    more than 1% from 1, or its cosine below `least_cosine`): a kink moves a few rows of a
+    tensor, which leave the whole nearly as it was. A golden's summaries carry no per-tensor
+    share (NaN), and a loss scaled K times was said to be as when an activation crosses its
+    kink."""
     ratio, cosine = r.grad_ratio, r.grad_cosine
     if ratio is None or cosine is None or not (math.isfinite(ratio) and math.isfinite(cosine)):
         return False
-    return abs(ratio - 1) > 0.01 or cosine < 0.999
+    return abs(ratio - 1) > 0.01 or cosine < least_cosine
 
 
-def _gradients_alone_failed(r: UpdateResult) -> bool:
+def gradients_alone_failed(r: UpdateResult) -> bool:
     """Whether some gradient of update `r` failed while its weights passed and its bookkeeping
     held (what a kink crossed in one run leaves)."""
     return any(not d.ok for d in r.grads) and all(d.ok for d in r.weights) and not r.problems
@@ -299,33 +310,6 @@ def _gradients_alone_failed(r: UpdateResult) -> bool:
 def excuse(r: UpdateResult, names: set[str], reason: str) -> None:
     """Mark the gradients `names` of update `r` as excused, for `reason`."""
     r.grads[:] = [dataclasses.replace(d, excused=reason) if d.name in names else d for d in r.grads]
-
-
-def _baseline_jumps(
-    results: list[UpdateResult], base: Run, ref: Run, seen: Sketching | None
-) -> dict[str, tuple[set[int], int]]:
-    """Per gradient tensor, where the baseline's own error against the reference jumped (over
-    JUMP_OUTLIER times its median over the run) and held JUMP_SHARE in few rows: those updates,
-    and the most rows any of them needed."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for r in results:
-        for d in r.grads:
-            if d.noise is not None and math.isfinite(d.noise):
-                series.setdefault(d.name, []).append((r.update, d.noise))
-    found: dict[str, tuple[set[int], int]] = {}
-    for name, points in series.items():
-        typical = float(np.median([n for _, n in points]))
-        for u, noise in points:
-            if typical <= 0 or noise <= JUMP_OUTLIER * typical:
-                continue
-            grads = apart(base, ref, "grads", u, seen)
-            if grads is None or name not in grads:
-                continue
-            units = grads.units(name, JUMP_OWN_ROWS, JUMP_OWN_SHARE)
-            if units is not None:
-                updates, most = found.get(name, (set(), 0))
-                found[name] = (updates | {u}, max(most, len(units[1])))
-    return found
 
 
 def _neighbours_pass(results: list[UpdateResult], update: int) -> bool:
