@@ -74,14 +74,15 @@ def _train(dtype, k: int = 1, spike=None, feed: bool | set[int] = False) -> dict
     }
 
 
-def _choice(g: dict, along: bool = True) -> None:
+def _choice(g: dict, along: bool = True, same: bool = True) -> None:
     """One token's share moved whole: δ xᵀ in the expert's weight (1e-2 of its gradient) and
     δ in its bias (five times that share of the bias), δ_r xᵀ in the router's weight (three
     times) and δ_r in its bias (five times). `along=False`: each bias's error as large, in
-    another direction."""
+    another direction; `same=False`: the router's of another input, x'."""
     rng = np.random.default_rng(3)
-    x = rng.normal(size=COLS)
+    x, other = rng.normal(size=COLS), rng.normal(size=COLS)
     for module, weight_share in (("expert", 1e-2), ("router", 3e-2)):
+        x = x if same or module == "expert" else other
         weight, bias = g[f"{module}.weight"], g[f"{module}.bias"]
         delta = rng.normal(size=bias.shape)
         term = np.outer(delta, x)
@@ -100,10 +101,16 @@ def _spread(g: dict, share: float) -> None:
     head += (error / np.linalg.norm(error) * share * np.linalg.norm(head)).astype(head.dtype)
 
 
-def _spike(choice: bool = True, share: float = 0.5, scaled: bool = False, along: bool = True):
+def _spike(
+    choice: bool = True,
+    share: float = 0.5,
+    scaled: bool = False,
+    along: bool = True,
+    same: bool = True,
+):
     def spike(u: int, g: dict) -> dict:
         if choice and u == CHOICE:
-            _choice(g, along)
+            _choice(g, along, same)
         if u == PARTED and share:
             if scaled:
                 g["head.weight"] *= np.float32(1 + share)
@@ -142,9 +149,11 @@ def test_a_token_moved_whole_is_one_jump(base):
     assert "one input's share of" in note and "router.bias" in note, note
 
 
-def test_biases_off_another_way_are_no_token_s_share(base):
-    """The same, each bias's error in another direction than its weight's: it fails there."""
-    c = _compare(base, "choice-across", _spike(share=0, along=False))
+@pytest.mark.parametrize("along, same", [(False, True), (True, False)])
+def test_a_share_of_another_input_is_not_the_token_s(base, along, same):
+    """The same, each bias's error in another direction than its weight's, or the router's
+    weight one input's share of another input than the expert's: it fails there."""
+    c = _compare(base, f"choice-{along}-{same}", _spike(share=0, along=along, same=same))
     assert c.verdict == "fail"
     assert next(r.update for r in c.results if not r.ok) == CHOICE
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gradalign import api
-from gradalign.judge.kink_shape import ONE_INPUT, WHOLE, along_input, one_input
+from gradalign.judge.kink_shape import ONE_INPUT, WHOLE, along_input, one_input, same_input
 from gradalign.runs.portable import write_run
 from tests.least_squares import Shape, reference_and_baseline, train
 
@@ -135,3 +135,17 @@ def test_a_bias_along_its_weight_holds_the_same_input_s_share():
     flipped = router + np.outer(rng.normal(size=4), x)
     assert one_input(flipped, router) is None  # 4 rows: too few for a rank alone
     assert one_input(flipped, router, few=True) == (ONE_INPUT, WHOLE)
+
+
+def test_two_weights_reading_one_input_share_its_line():
+    """`same_input`: δ₁ xᵀ in an expert's weight and δ₂ xᵀ in a router's (4 rows), beside 1%
+    noise, are one input's; δ₂ x'ᵀ, or a weight of other columns, are not."""
+    rng = np.random.default_rng(13)
+    expert, router = rng.normal(size=(24, 12)), rng.normal(size=(4, 12))
+    x, other = rng.normal(size=12), rng.normal(size=12)
+    moved = (expert + np.outer(rng.normal(size=24), x), expert)
+    noise = rng.normal(size=(4, 12)) * 0.01
+    assert same_input(moved, (router + np.outer(rng.normal(size=4), x) + noise, router))
+    assert not same_input(moved, (router + np.outer(rng.normal(size=4), other), router))
+    wide = rng.normal(size=(4, 16))
+    assert not same_input(moved, (wide + np.outer(rng.normal(size=4), rng.normal(size=16)), wide))

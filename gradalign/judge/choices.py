@@ -24,15 +24,21 @@ CHOICES_PART = (
 def same_inputs(names: list[str], kinked: dict, grads: Pair) -> dict[str, Units]:
     """Of `names`, beside a jump whose weights hold one input's share (kinked so, whole), the
     tensors that hold the same: a weight of few rows or columns whose error is one input's share
-    too (a router's, one row per expert), and a bias whose error lies along a weight's of its
-    module (`Pair.along_input`: one input's share of a bias is that input's δ_s whole). Model
-    zoo runs 189608 and 189706 (a tiny mixture of experts under bfloat16): a token routed
+    too and of the same input as one of those (a router's, one row per expert, reading the
+    token the experts read: `Pair.same_input`), and a bias whose error lies along a weight's of
+    its module (`Pair.along_input`: one input's share of a bias is that input's δ_s whole).
+    Model zoo runs 189608 and 189706 (a tiny mixture of experts under bfloat16): a token routed
     otherwise at update 19 (and 12), the experts' weights 99.6% to 99.9% rank one, their biases
-    97% to 99.9% along them and up to 27% off, the router's weight 99% rank one and its bias
-    98% along it, 48% off."""
-    if not any(axis == ONE_INPUT and held == WHOLE for axis, held in kinked.values()):
+    97% to 99.9% along them and up to 27% off, the router's weight 99% rank one, its input the
+    experts' (0.996), and its bias 98% along it, 48% off."""
+    held = [name for name, units in kinked.items() if units == (ONE_INPUT, WHOLE)]
+    if not held:
         return {}
-    joined = {name: (ONE_INPUT, WHOLE) for name in names if grads.one_input(name, few=True)}
+    joined = {
+        name: (ONE_INPUT, WHOLE)
+        for name in names
+        if grads.one_input(name, few=True) and any(grads.same_input(name, w) for w in held)
+    }
     weights: dict[str, list[str]] = {}
     for name, (axis, held) in {**kinked, **joined}.items():
         if axis == ONE_INPUT and held == WHOLE:

@@ -31,6 +31,7 @@ from .kink_shape import (
     kink_units,
     localizes,
     one_input,
+    same_input,
     units_holding,
 )
 from .metrics import _safe_div
@@ -68,6 +69,12 @@ class _Pair:
         (`kink_shape.along_input`); False where either is not read whole."""
         pair, own = self._whole(weight), self._whole(bias)
         return pair is not None and own is not None and along_input(pair, own)
+
+    def same_input(self, name: str, other: str) -> bool:
+        """Whether two weights' rank-one errors are the same input's share
+        (`kink_shape.same_input`); False where either is not read whole."""
+        first, second = self._whole(name), self._whole(other)
+        return first is not None and second is not None and same_input(first, second)
 
     def _whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         raise NotImplementedError

@@ -102,21 +102,22 @@ def _rank_one(matrix: np.ndarray) -> float:
     return _first_component(matrix)[0]
 
 
-def _first_component(matrix: np.ndarray) -> tuple[float, np.ndarray]:
+def _first_component(matrix: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     """A matrix's first singular component by power iteration from its largest row: its energy
     ||E v||² / ||v||², the Rayleigh quotient of EᵀE, rising to its largest eigenvalue (a bound
-    from below where it stops early), and E v, along its first left singular vector."""
+    from below where it stops early), E v, along its first left singular vector, and v, along
+    its first right one."""
     v = matrix[int(np.argmax(np.einsum("ij,ij->i", matrix, matrix)))]
-    top, left = 0.0, matrix @ v
+    top, left, right = 0.0, matrix @ v, v
     for _ in range(POWER_STEPS):
         u = matrix @ v
         found = float(u @ u) / float(v @ v)
         if found <= top * (1 + 1e-9):
             break
-        top, left = found, u
+        top, left, right = found, u, v
         v = matrix.T @ u
         v /= math.sqrt(float(v @ v))
-    return top, left
+    return top, left, right
 
 
 def along_input(weight: tuple[np.ndarray, np.ndarray], bias: tuple[np.ndarray, np.ndarray]) -> bool:
@@ -131,11 +132,32 @@ def along_input(weight: tuple[np.ndarray, np.ndarray], bias: tuple[np.ndarray, n
     off = np.asarray(bias[0], dtype=np.float64) - np.asarray(bias[1], dtype=np.float64)
     if err.ndim != 2 or off.shape != err.shape[:1]:
         return False
-    total, left = float(off @ off), _first_component(err)[1]
-    scale = float(left @ left)
+    return _along(_first_component(err)[1], off)
+
+
+def same_input(first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Whether two weights' rank-one errors are the same input's share: δ₁ xᵀ and δ₂ xᵀ, their
+    first right singular vectors one line (JUMP_SHARE of the energy; trailing axes flattened,
+    as many columns in both). A token's embedding feeds a router and the experts' first layers:
+    model zoo runs 189608, 189706 and 190402 (a tiny mixture of experts under bfloat16), the
+    router's error along the experts' at 0.996 to 0.998. A classifier's few rows beside a
+    convolution are no such pair, whatever their ranks (run 189218, a ResNet under Adamax with
+    a micro-batch's weight wrong, `mean-over-k`: the output weight 99.5% rank one, 4 rows)."""
+    errors = [np.asarray(a, np.float64) - np.asarray(b, np.float64) for a, b in (first, second)]
+    if any(e.ndim < 2 for e in errors):
+        return False
+    flat = [e.reshape(e.shape[0], -1) for e in errors]
+    if flat[0].shape[1] != flat[1].shape[1]:
+        return False
+    return _along(_first_component(flat[0])[2], _first_component(flat[1])[2])
+
+
+def _along(line: np.ndarray, vector: np.ndarray) -> bool:
+    """Whether JUMP_SHARE of `vector`'s energy lies along `line`."""
+    total, scale = float(vector @ vector), float(line @ line)
     if not (math.isfinite(total) and total > 0 and math.isfinite(scale) and scale > 0):
         return False
-    return float(left @ off) ** 2 / scale >= JUMP_SHARE * total
+    return float(line @ vector) ** 2 / scale >= JUMP_SHARE * total
 
 
 def _energies(values: np.ndarray) -> list[np.ndarray]:

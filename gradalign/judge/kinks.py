@@ -110,7 +110,9 @@ def excuse_isolated_jumps(
         joined = same_inputs([name for name in found if name not in kinked], beside, grads)
         kinked.update(joined)
         echoes = [name for name in found if name not in kinked]
-        if not kinked or (echoes and not _echoes(echoes, kinked, grads)):
+        # echoes are measured against the jump's own weights (and those beside it), not the
+        # tensors joined to it: a bias's share of itself says nothing of what is upstream
+        if not kinked or (echoes and not _echoes(echoes, beside, grads)):
             if quiet and notes and _quietly_parted(r, grads, factor, chose):
                 parted.append(r)
             continue
