@@ -16,7 +16,9 @@ against the reference too (measured: 2 in 300 updates of the default SGD run).
   failure: `1 + updates // 100` such updates, and past them each further one in units (rows or
   columns) no jump excused before was held in. A wide model crosses kinks often (an encoder with
   96 ReLU units a layer, Adamax, K=4: one unit at updates 7 and 9 of 10, each another); a unit
-  whose error comes back, each time stepped with, is an error that stays.
+  whose error comes back, each time stepped with, is an error that stays. A neighbour that is
+  an excused jump counts as within noise: an update whose neighbour failed is read once more
+  after the rest.
 - **A quiet jump**: the same failure where its step left every weight within its noise (not
   `stepped`: no weight over factor times its noise and factor times further than the update
   before), at any update, in a row or not, the same unit or another: the training stays the
