@@ -202,44 +202,53 @@ def clean(base):
                        for d in getattr(r, kind)} for r in c.results}  # fmt: skip
 
 
-def _token(name: str, size: float, seed: int):
-    """A rank-one error (one input's share) of norm `size` in the weight `name`, and its δ."""
+def _token(name: str, size: float, seed: int, x: np.ndarray | None = None):
+    """A rank-one error (one input's share: `x`, else a random one) of norm `size` in the weight
+    `name`, and its δ."""
     rng = np.random.default_rng(seed)
-    rows, cols = (16 if name.startswith("expert") else 4), COLS
-    delta, x = rng.normal(size=rows), rng.normal(size=cols)
+    delta = rng.normal(size=16 if name.startswith("expert") else 4)
+    x = rng.normal(size=COLS) if x is None else x
     term = np.outer(delta, x)
     return term / np.linalg.norm(term) * size, delta
 
 
-def test_a_bias_beside_a_passing_weight_s_token_is_its_jump(base, clean):
-    """Only the expert's bias fails at update 3, along the expert's weight's error, which is one
-    input's share and passes at five times its noise (`choices.anchors`): one jump, noted (a
+@pytest.mark.parametrize("module", ["expert", "router"])
+def test_a_bias_beside_a_passing_weight_s_token_is_its_jump(base, clean, module):
+    """Only one bias fails at update 3, along its weight's error, which is one input's share and
+    passes at about five times its noise (`choices.anchors`): the expert's bias beside the
+    expert's weight; or the router's beside the router's weight (4 rows, too few for a rank
+    alone), of the same input as the expert's weight passing beside it. One jump, noted (a
     mutation reading no passing weight fails it). The same bias error in another direction
     fails."""
-    weight = clean[CHOICE][("expert.weight", "grads")]
-    bias = clean[CHOICE][("expert.bias", "grads")]
-    size = (FACTOR * weight.noise + weight.allowed) / 2  # over its noise, within what it may
-    assert size > FACTOR * weight.noise * 1.1 and size < weight.allowed * 0.9
+    weights = ("expert.weight", "router.weight") if module == "router" else ("expert.weight",)
+    sizes = {}
+    for name in weights:
+        weight = clean[CHOICE][(name, "grads")]
+        sizes[name] = (FACTOR * weight.noise + weight.allowed) / 2  # over its noise, passing
+        assert FACTOR * weight.noise * 1.1 < sizes[name] < weight.allowed * 0.9
+    bias = clean[CHOICE][(f"{module}.bias", "grads")]
 
     def spike(along: bool):
         def alter(u: int, g: dict) -> dict:
             if u == CHOICE:
-                term, delta = _token("expert.weight", size, 5)
-                g["expert.weight"] += term.astype(np.float32)
+                x = np.random.default_rng(5).normal(size=COLS)
+                for name in weights:
+                    term, delta = _token(name, sizes[name], 9 if name == "router.weight" else 5, x)
+                    g[name] += term.astype(np.float32)
                 off = delta if along else np.random.default_rng(6).normal(size=delta.shape)
-                g["expert.bias"] += (off / np.linalg.norm(off) * 4 * bias.allowed).astype(
+                g[f"{module}.bias"] += (off / np.linalg.norm(off) * 4 * bias.allowed).astype(
                     np.float32
                 )
             return g
 
         return alter
 
-    c = _compare(base, "bias-beside", spike(True))
+    c = _compare(base, f"bias-beside-{module}", spike(True))
     grads = {d.name: d for d in _at(c, CHOICE).grads}
-    assert grads["expert.weight"].error > FACTOR * grads["expert.weight"].noise
+    assert all(grads[name].error > FACTOR * grads[name].noise for name in weights)
     assert c.verdict == "pass", [d.message for d in c.diagnosis]
-    assert any(n.startswith(f"update {CHOICE}:") and "expert.bias" in n for n in c.notes)
-    c = _compare(base, "bias-across", spike(False))
+    assert any(n.startswith(f"update {CHOICE}:") and f"{module}.bias" in n for n in c.notes)
+    c = _compare(base, f"bias-across-{module}", spike(False))
     assert c.verdict == "fail"
     assert next(r.update for r in c.results if not r.ok) == CHOICE
 
