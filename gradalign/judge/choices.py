@@ -40,8 +40,8 @@ def same_inputs(names: list[str], kinked: dict, grads: Pair) -> dict[str, Units]
         if grads.one_input(name, few=True) and any(grads.same_input(name, w) for w in held)
     }
     weights: dict[str, list[str]] = {}
-    for name, (axis, held) in {**kinked, **joined}.items():
-        if axis == ONE_INPUT and held == WHOLE:
+    for name, units in {**kinked, **joined}.items():
+        if units == (ONE_INPUT, WHOLE):
             weights.setdefault(module_of(name), []).append(name)
     for name in names:
         if name not in joined and any(

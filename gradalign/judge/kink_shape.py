@@ -83,9 +83,9 @@ def one_input(
     found, held = (_rank_one(flat), WHOLE) if few or _many(flat) else (0.0, WHOLE)
     if err.ndim > 2 and found < JUMP_SHARE * total and _many(err[0].reshape(err.shape[1], -1)):
         slabs = err.reshape(err.shape[0], err.shape[1], -1)
-        few = fewest_holding(np.einsum("ijk,ijk->i", slabs, slabs), JUMP_SHARE, ONE_INPUT_SLABS)
-        if few is not None:
-            found, held = sum(_rank_one(slabs[i]) for i in few), frozenset(few.tolist())
+        most = fewest_holding(np.einsum("ijk,ijk->i", slabs, slabs), JUMP_SHARE, ONE_INPUT_SLABS)
+        if most is not None:  # the slabs holding most of the energy
+            found, held = sum(_rank_one(slabs[i]) for i in most), frozenset(most.tolist())
     if found < JUMP_SHARE * total or math.sqrt(max(total - found, 0.0)) > rest:
         return None
     return ONE_INPUT, held
