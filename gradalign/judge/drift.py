@@ -64,8 +64,7 @@ def noise_steps(
     )
     own = np.subtract(gb, gr)  # each element's own gradient noise, |gb − gr|
     np.abs(own, out=own)
-    noise = np.maximum(own, rms)  # TAU·max(|gb − gr|, rms), as `_gradient_noise` has it
-    noise *= TAU
+    noise = _noise_of(own, rms)  # `own` kept for `sign_decided`
     size = np.abs(gr)
     step_b = np.abs(np.subtract(b, pb))
     step_r = np.abs(np.subtract(r, pr))
@@ -168,10 +167,16 @@ def graded(seen: set[str], name: str, nonzero: bool) -> bool:
 
 
 def _gradient_noise(ga: np.ndarray, gb: np.ndarray, rms: float) -> np.ndarray:
-    """TAU·max(|ga − gb|, rms) per element (= max(TAU·x, TAU·rms) exactly)."""
+    """TAU·max(|ga − gb|, rms) per element, in one array (`_noise_of`)."""
     noise = np.subtract(ga, gb)
     np.abs(noise, out=noise)
-    np.maximum(noise, rms, out=noise)
+    return _noise_of(noise, rms, out=noise)
+
+
+def _noise_of(own: np.ndarray, rms: float, out: np.ndarray | None = None) -> np.ndarray:
+    """TAU·max(own, rms) per element (= max(TAU·x, TAU·rms) exactly), from each element's own
+    gradient noise |ga − gb|; into `out` where given, else a new array."""
+    noise = np.maximum(own, rms, out=out)
     noise *= TAU
     return noise
 
