@@ -124,11 +124,35 @@ def noise_share(c: Comparison, r: UpdateResult) -> float:
     norm = grad_norm(c, c.baseline, r.update)
     if not norm:
         return 0.0
-    if r.grads and all(d.noise is not None and math.isfinite(d.noise) for d in r.grads):
-        noise = math.sqrt(math.fsum(d.noise**2 for d in r.grads))  # type: ignore[operator]
-        return c.tolerances.noise_factor * noise / norm
+    own = own_noise(c, r)
+    if own is not None:
+        return c.tolerances.noise_factor * own
     allowed = math.sqrt(math.fsum(d.unbounded**2 for d in r.grads if math.isfinite(d.unbounded)))
     return allowed / norm
+
+
+def own_noise(c: Comparison, r: UpdateResult) -> float | None:
+    """The gradient's own noise at an update, over the whole model, as a share of the
+    baseline's gradient: ||noise|| / ||g_base|| (None without a reference, or no gradient)."""
+    norm = grad_norm(c, c.baseline, r.update)
+    if not norm or not r.grads:
+        return None
+    if not all(d.noise is not None and math.isfinite(d.noise) for d in r.grads):
+        return None
+    return math.sqrt(math.fsum(d.noise**2 for d in r.grads)) / norm  # type: ignore[operator]
+
+
+def failing_share(c: Comparison, r: UpdateResult) -> tuple[float, list[str]] | None:
+    """The relative L2 error of the gradients that failed at an update, over their own norm,
+    and their names: each stands beyond what it was allowed, so beyond its own noise, where the
+    whole model's noise may hide it (a 16-bit ResNet whose convolutions' noise is half their
+    gradient, beside an output bias off by a half). None where none failed (or was excused)."""
+    gb, gm = grads_of(c, c.baseline, r.update), grads_of(c, c.merged, r.update)
+    if gb is None or gm is None:
+        return None
+    names = [d.name for d in r.grads if not d.ok and d.name in gb and d.name in gm]
+    error = relative_error({n: gb[n] for n in names}, {n: gm[n] for n in names})
+    return None if error is None else (error, names)
 
 
 def same_direction(c: Comparison, r: UpdateResult) -> float:

@@ -14,11 +14,13 @@ from .clipping import clip_state, pre_clip_ratio, unclipped
 from .common import (
     RATIO_MATCH,
     exact_of,
+    failing_share,
     finite,
     grads_of,
     losses_given,
     noise_share,
     normalized_by_window,
+    own_noise,
     pure_scale,
     same_direction_at,
     scaled_error,
@@ -217,6 +219,11 @@ def loss_term_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
 
 
+# the whole gradient's error, in its own noise, beyond which a reweighting the noise hides is
+# read where the gradients failed: two runs' independent roundings part it by about √2
+TWO_DRAWS = 2.0
+
+
 def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> Diagnosis | None:
     """Each micro-batch's mean divided by K, with unequal item counts: a reweighting of the
     micro-batches by N / (K n_j), so the gradient error is bounded by the imbalance. `scale`
@@ -240,10 +247,18 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     error = scaled_error(c, r, scale)
     if error is None or not 0 < error <= 2 * imbalance:
         return None
+    where = ""
     if error <= noise_share(c, r):
         # a reweighting that moves the gradient no further than its own noise is not told
-        # from it (a clean padded run failing elsewhere), nor is what another cause leaves
-        return None
+        # from it (a clean padded run failing elsewhere), nor is what another cause leaves;
+        # unless the whole gradient stands beyond what two runs' roundings part it by (each
+        # draw one noise, √2 apart) and the gradients that failed lie within the bound
+        own = own_noise(c, r)
+        beyond = failing_share(c, r) if scale == 1.0 and own is not None else None
+        if beyond is None or error <= TWO_DRAWS * own or beyond[0] > 2 * imbalance:
+            return None
+        error, failed = beyond
+        where = f" where it failed ({listed(failed, 4)}; over the whole model within its noise)"
     how, off = "each was weighted equally (its mean divided by K)", ""
     if scale != 1.0:  # the scale beside it says how the means were scaled, not K
         how = f"each micro-batch's loss was its own mean, weighted alike whatever its {unit}"
@@ -259,7 +274,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         "token-normalization",
         f"at update {r.update} the micro-batches hold {', '.join(_count(n) for n in counts)} "
         f"{unit}, yet {how}: {unit} are weighted up to {imbalance:.1%} wrong, and the gradient "
-        f"is {error:.3g} off (relative L2{off}, cosine {r.grad_cosine:.6f}){_own_loss(c)}",
+        f"is {error:.3g} off{where} (relative L2{off}, cosine {r.grad_cosine:.6f}){_own_loss(c)}",
         {
             "update": r.update,
             "items_per_micro_batch": [int(n) if n == int(n) else float(n) for n in counts],
