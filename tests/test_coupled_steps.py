@@ -7,11 +7,13 @@ edited by hand parts otherwise (not by one factor) and is not read so."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from gradalign.judge.compare import compare
+from gradalign.judge.coupled_steps import _scaled
 from gradalign.runs.reader import read_run_dir
 
 from .recorded_loop import train
@@ -147,3 +149,25 @@ def test_against_a_reference_the_shape_is_read_from_the_reference_s_steps(tmp_pa
         zoo.record(root / "merged64", "gpt", "hf-adafactor", 2, 180516, float64=True)
     base64 = read_run_dir(root / "ref")
     assert compare(base64, read_run_dir(root / "merged64")).verdict == "pass"
+
+
+def test_a_factor_read_on_fewer_elements_than_it_can_be_checked_on_is_no_shape():
+    """A normalization's weight of 16 elements under bfloat16, 15 of them noise (RMSprop, model
+    zoo run 191028): one element's step fits any common factor exactly, so what is left is
+    nothing and the shape was named for an optimizer that scales no step by a tensor's norm.
+    The same noise beside 12 elements that all stepped 1.1 times as far is that shape."""
+    rng = np.random.default_rng(0)
+
+    def steps(signal: int) -> tuple[np.ndarray, ...]:
+        size = 15 + signal
+        gb = np.concatenate([rng.normal(0, 1e-6, 15), rng.normal(0, 1.0, signal)])
+        gm = gb + np.concatenate([rng.normal(0, 1e-5, 15), np.zeros(signal)])
+        pb = pm = np.zeros(size)
+        db = np.concatenate([rng.normal(0, 1.0, 15), rng.normal(0, 0.5, signal)])
+        dm = np.concatenate([rng.normal(0, 1.0, 15), 1.1 * db[15:]])
+        return gb, gm, db, pb, dm, pm
+
+    assert _scaled(*steps(1)) is None
+    reading = _scaled(*steps(12))
+    assert reading is not None and reading[:2] == (15, 27)
+    assert reading[3] == pytest.approx(1.1)
