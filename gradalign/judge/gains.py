@@ -53,12 +53,16 @@ GAIN_ELEMENTS = 2  # ... and are at most this many (and at most 10% of the tenso
 GAIN_SLACK = 2.0  # momentum's bias correction spreads an early error over ~2.6 gains
 
 
-def _unreadable(u: int) -> str:
+def _unreadable(u: int, results: list[UpdateResult]) -> str:
+    """The note where the elements' values are unknown: they are followed from the first
+    failing update `u` to the last that fails, so a full rerun must reach that one."""
+    last = max((r.update for r in results if not r.tensors_ok), default=u)
+    through = "up to it" if last == u else f"up to the last that fails, {last}"
     return (
         f"update {u}: weights alone failed while the loss and every gradient stayed within "
         "noise, as when one element's optimizer gain turns gradient noise into its step; "
         "telling that from a bug needs full weights and gradients in both runs at every update "
-        f"up to it ({full_rerun(u)})"
+        f"{through} ({full_rerun(last)})"
     )
 
 
@@ -80,11 +84,11 @@ def follow_gain_divergence(
     wm, wr = exact(merged, "weights", at.update, seen), exact(ref, "weights", at.update, seen)
     gm, gr = exact(merged, "grads", at.update, seen), exact(ref, "grads", at.update, seen)
     if wm is None or wr is None or gm is None or gr is None:
-        return [_unreadable(at.update)]
+        return [_unreadable(at.update, results)]
     elements = {}
     for d in moved:
         if d.name not in wm or d.name not in wr:
-            return [_unreadable(at.update)]  # sketched
+            return [_unreadable(at.update, results)]  # sketched
         if d.name not in gm or d.name not in gr:
             return []  # a buffer, or a tensor without a gradient: no optimizer gain moved it
         found = _top_elements(wm[d.name], wr[d.name])
@@ -93,7 +97,7 @@ def follow_gain_divergence(
         elements[d.name] = found
     bounds = _bounds(results, merged, ref, elements, seen)
     if bounds is None:
-        return [_unreadable(at.update)]
+        return [_unreadable(at.update, results)]
     widened = _widened(at.weights, bounds[first])
     if not all(d.ok for d in widened if d.name in elements):
         return []
