@@ -121,6 +121,7 @@ def test_a_mean_over_k_the_whole_model_s_noise_hides_is_named_where_it_failed(
         first = judged.diagnosis[0]
         assert first.code == "token-normalization", [d.code for d in judged.diagnosis]
         assert "where it failed (" in first.message and "out.bias" in first.message
+        assert "out.bias" in first.evidence["failed_tensors"]
     monkeypatch.setattr(gradient, "failing_share", lambda *a: None)
     assert _compare(tmp_path).diagnosis[0].code == "unexplained"
 

@@ -121,12 +121,12 @@ def noise_share(c: Comparison, r: UpdateResult) -> float:
     gradient, times the noise factor: factor·||noise|| / ||g_base||. The noise is the baseline's
     own distance from the reference, the same in full and sketch mode (what a sketch's estimate
     adds to the allowed error is not noise). Without a reference: what the check allows."""
-    norm = grad_norm(c, c.baseline, r.update)
-    if not norm:
-        return 0.0
     own = own_noise(c, r)
     if own is not None:
         return c.tolerances.noise_factor * own
+    norm = grad_norm(c, c.baseline, r.update)
+    if not norm:
+        return 0.0
     allowed = math.sqrt(math.fsum(d.unbounded**2 for d in r.grads if math.isfinite(d.unbounded)))
     return allowed / norm
 
@@ -134,10 +134,10 @@ def noise_share(c: Comparison, r: UpdateResult) -> float:
 def own_noise(c: Comparison, r: UpdateResult) -> float | None:
     """The gradient's own noise at an update, over the whole model, as a share of the
     baseline's gradient: ||noise|| / ||g_base|| (None without a reference, or no gradient)."""
-    norm = grad_norm(c, c.baseline, r.update)
-    if not norm or not r.grads:
+    if not r.grads or not all(d.noise is not None and math.isfinite(d.noise) for d in r.grads):
         return None
-    if not all(d.noise is not None and math.isfinite(d.noise) for d in r.grads):
+    norm = grad_norm(c, c.baseline, r.update)
+    if not norm:
         return None
     return math.sqrt(math.fsum(d.noise**2 for d in r.grads)) / norm  # type: ignore[operator]
 

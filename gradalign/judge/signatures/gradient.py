@@ -247,7 +247,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     error = scaled_error(c, r, scale)
     if error is None or not 0 < error <= 2 * imbalance:
         return None
-    where = ""
+    where, failing = "", {}
     if error <= noise_share(c, r):
         # a reweighting that moves the gradient no further than its own noise is not told
         # from it (a clean padded run failing elsewhere), nor is what another cause leaves;
@@ -259,6 +259,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
             return None
         error, failed = beyond
         where = f" where it failed ({listed(failed, 4)}; over the whole model within its noise)"
+        failing = {"failed_tensors": failed}
     how, off = "each was weighted equally (its mean divided by K)", ""
     if scale != 1.0:  # the scale beside it says how the means were scaled, not K
         how = f"each micro-batch's loss was its own mean, weighted alike whatever its {unit}"
@@ -281,6 +282,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
             "max_weight_error": imbalance,
             "grad_rel_l2": error,
             "grad_cosine": finite(r.grad_cosine),
+            **failing,
             **evidence,
         },
         "normalize by the window's item count: count the items of all K micro-batches first, "
