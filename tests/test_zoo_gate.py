@@ -40,3 +40,23 @@ def test_cuda_is_refused_where_torch_sees_none(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exited:
         _zoo(monkeypatch, "--runs", "1", "--device", "cuda")
     assert exited.value.code == 2 and "torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_a_passing_run_of_a_model_no_merged_run_reproduces_is_a_miss_not_a_false_alarm(
+    monkeypatch, capsys
+):
+    """A load-balancing loss over each forward's batch (`moe-balance`) must fail: where its run
+    passes (under bfloat16 its effect can sit below the noise) the bench counts a miss, apart
+    from the false alarms of the equivalent models, and leaves it out of the worst pass."""
+
+    def judge(root, model, *args, **loop) -> dict:
+        worst = 0.9 if model == "moe-balance" else 0.5
+        return {"verdict": "pass", "codes": [], "worst": worst, "first": None}
+
+    monkeypatch.setattr(zoo, "judge", judge)
+    runs = ["--models", "moe-balance,lnmlp", "--optimizers", "sgd-mom", "--ks", "2", "--runs", "2"]
+    assert _zoo(monkeypatch, *runs, "--strict") == 1
+    out = capsys.readouterr().out
+    assert "2 clean runs, 0 false alarm(s), worst passing err/allowed 0.5" in out
+    assert "1 run(s) of moe-balance not named cross-sample-loss first" in out
+    assert "  not named: {'run'" in out and "false alarm: {" not in out
