@@ -26,6 +26,7 @@ from .signatures import failing, finite
 from .signatures.batch_size import FOLLOWS as BATCH_SIZE_FOLLOWS
 from .signatures.common import window, window_scale
 from .signatures.framework_fixes import for_framework
+from .stepped_choice import stepped_choice
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.batch_size,
@@ -321,6 +322,8 @@ def _unexplained(c: Comparison) -> Diagnosis:
         )
     if tensors_first and (scaled := tensor_wide_scale(c)):
         message += f"; {scaled}"
+    if tensors_first and (parted := stepped_choice(c)):
+        message += f"; {parted}"
     if c.reference is None and tensors_first:
         message += (
             "; without a float64 reference the tensors are judged by fixed tolerances, measured "

@@ -1,0 +1,62 @@
+"""A choice made per input that went otherwise in one run and was stepped with at once, read for
+the `unexplained` message against a reference.
+
+A token routed to another expert (an argmax, a tie) moves its share of the experts it leaves
+and joins and of the router: each of those gradients is off by one input's share, rank one and
+of the same input (judge/choices.py reads it so). Where the step taken with that gradient left
+the rounding at once (a weight failed at the same update), the kink diagnoses do not excuse the
+jump, and where each gradient stands off by more than 1/factor of itself, a followed divergence
+would allow every later gradient as much and check nothing (judge/kink_divergence.py): the run
+fails. Model zoo runs 189658 (Adafactor) and 191929 (Adadelta at K=48, at its last update), a
+tiny mixture of experts under bfloat16: every failing gradient one input's share, the router's
+bias stepped out of its noise. What the message can say is where the runs parted and why it
+cannot follow them from there; a float64 rerun of the merged run routes as the reference does
+and tells the two apart. One input's share lost or weighted otherwise (a micro-batch of one
+sample) reads alike, which the message says too.
+"""
+
+from __future__ import annotations
+
+from .choices import anchors, same_inputs
+from .distributed import listed
+from .kink_evidence import apart
+from .kink_shape import ONE_INPUT
+from .kinks import _jumped
+from .results import Comparison
+from .views import sketch_width
+
+
+def stepped_choice(c: Comparison) -> str | None:
+    """A clause for the `unexplained` message: at the first failing update, against a
+    reference, every failing gradient holds one input's share (rank one, or beside a weight
+    holding one, failing or passing over its noise, the same input's: `choices.same_inputs`)
+    and some weight failed with it; None otherwise."""
+    if c.reference is None:
+        return None
+    r = next((r for r in c.results if not r.ok), None)
+    if r is None or r.problems:
+        return None
+    failing = [d for d in r.grads if not d.ok]
+    stepped = [d.name for d in r.weights if not d.ok]
+    if not failing or not stepped:
+        return None
+    factor = c.tolerances.noise_factor
+    grads = apart(c.merged, c.reference, "grads", r.update, sketch_width(c.merged, c.reference))
+    if grads is None:
+        return None
+    found = {d.name: _jumped(grads, d.name, factor * d.unbounded) for d in failing}
+    shares = {name: units for name, units in found.items() if units and units[0] == ONE_INPUT}
+    beside = {**anchors(r, grads, factor), **shares}  # passing weights of one input's share too
+    shares.update(same_inputs([name for name in found if name not in shares], beside, grads))
+    if not shares or set(found) - set(shares):
+        return None
+    held = sorted(name for name in beside if name not in found)
+    also = f", beside passing {listed(held, 2)} holding the same" if held else ""
+    return (
+        f"at update {r.update} every failing gradient holds one input's share "
+        f"({listed(sorted(shares), 4)}, each of the same input{also}), and the step taken with "
+        f"it failed {listed(stepped, 3)} at once: the shape of a choice made per input (a token "
+        "routed to another expert, an argmax) that went otherwise in one run, from where the "
+        "runs part by more than the reference follows, or of one input's share lost or "
+        "weighted otherwise (a micro-batch of one sample)"
+    )
