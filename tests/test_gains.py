@@ -176,7 +176,8 @@ def test_a_clean_run_needs_no_follow(tmp_path):
 
 def test_a_sketched_update_says_what_it_needs(tmp_path, monkeypatch):
     """Without the tensors (a sketched run) a high-gain element cannot be told from a bug: the
-    run still fails, and a note says what would tell them apart."""
+    run still fails, and a note says what would tell them apart: every update in full up to
+    the last that fails (the element is followed from the first to there)."""
     from types import SimpleNamespace
 
     from gradalign.judge.gains import follow_gain_divergence
@@ -186,7 +187,10 @@ def test_a_sketched_update_says_what_it_needs(tmp_path, monkeypatch):
     result = _judged(tmp_path, extra=weights, grad_extra=grads)
     sketched = SimpleNamespace(grads=lambda u: None, weights=lambda u: None)
     (note,) = follow_gain_divergence(result.results, sketched, sketched, 4.0)
-    assert note.startswith("update 1: weights alone failed") and "--record full --updates 2" in note
+    last = max(r.update for r in result.results if not r.tensors_ok)
+    assert last > 1 and note.startswith("update 1: weights alone failed")
+    assert f"up to the last that fails, {last}" in note
+    assert f"--record full --updates {last + 1}`" in note
     assert not result.results[1].ok and result.results[0].ok
 
 

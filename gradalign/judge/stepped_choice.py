@@ -22,23 +22,17 @@ from .distributed import listed
 from .kink_evidence import apart
 from .kink_shape import ONE_INPUT
 from .kinks import _jumped
-from .results import Comparison
+from .results import Comparison, UpdateResult
 from .views import sketch_width
 
 
-def stepped_choice(c: Comparison) -> str | None:
-    """A clause for the `unexplained` message: at the first failing update, against a
-    reference, every failing gradient holds one input's share (rank one, or beside a weight
-    holding one, failing or passing over its noise, the same input's: `choices.same_inputs`)
-    and some weight failed with it; None otherwise."""
-    if c.reference is None:
-        return None
-    r = next((r for r in c.results if not r.ok), None)
-    if r is None or r.problems:
-        return None
+def one_input_shares(c: Comparison, r: UpdateResult) -> tuple[list[str], list[str]] | None:
+    """Against a reference, where every failing gradient of update `r` holds one input's share
+    of one input (rank one, or beside a weight holding one, failing or passing over its noise,
+    the same input's: `choices.same_inputs`): those gradients, and the passing ones beside
+    them. None otherwise (no reference, no failing gradient, or one of another shape)."""
     failing = [d for d in r.grads if not d.ok]
-    stepped = [d.name for d in r.weights if not d.ok]
-    if not failing or not stepped:
+    if c.reference is None or not failing:
         return None
     factor = c.tolerances.noise_factor
     grads = apart(c.merged, c.reference, "grads", r.update, sketch_width(c.merged, c.reference))
@@ -50,11 +44,25 @@ def stepped_choice(c: Comparison) -> str | None:
     shares.update(same_inputs([name for name in found if name not in shares], beside, grads))
     if not shares or set(found) - set(shares):
         return None
-    held = sorted(name for name in beside if name not in found)
+    return sorted(shares), sorted(name for name in beside if name not in found)
+
+
+def stepped_choice(c: Comparison) -> str | None:
+    """A clause for the `unexplained` message: at the first failing update every failing
+    gradient holds one input's share (`one_input_shares`) and some weight failed with it;
+    None otherwise."""
+    r = next((r for r in c.results if not r.ok), None)
+    if r is None or r.problems:
+        return None
+    stepped = [d.name for d in r.weights if not d.ok]
+    read = one_input_shares(c, r) if stepped else None
+    if read is None:
+        return None
+    shares, held = read
     also = f", beside passing {listed(held, 2)} holding the same" if held else ""
     return (
         f"at update {r.update} every failing gradient holds one input's share "
-        f"({listed(sorted(shares), 4)}, each of the same input{also}), and the step taken with "
+        f"({listed(shares, 4)}, each of the same input{also}), and the step taken with "
         f"it failed {listed(stepped, 3)} at once: the shape of a choice made per input (a token "
         "routed to another expert, an argmax) that went otherwise in one run, from where the "
         "runs part by more than the reference follows, or of one input's share lost or "

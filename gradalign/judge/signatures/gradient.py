@@ -10,6 +10,7 @@ import numpy as np
 from ..distributed import listed
 from ..metrics import fit_ratio
 from ..results import Comparison, Diagnosis, UpdateResult
+from ..stepped_choice import one_input_shares
 from .clipping import clip_state, pre_clip_ratio, unclipped
 from .common import (
     RATIO_MATCH,
@@ -260,6 +261,8 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         error, failed = beyond
         where = f" where it failed ({listed(failed, 4)}; over the whole model within its noise)"
         failing = {"failed_tensors": failed}
+    if _one_input_alone(c, r):
+        return None
     how, off = "each was weighted equally (its mean divided by K)", ""
     if scale != 1.0:  # the scale beside it says how the means were scaled, not K
         how = f"each micro-batch's loss was its own mean, weighted alike whatever its {unit}"
@@ -289,6 +292,21 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         "then backpropagate each micro-batch's summed loss divided by that total "
         "(loss_norm: items; the fix of transformers PR #34191)",
     )
+
+
+def _one_input_alone(c: Comparison, r: UpdateResult) -> bool:
+    """Whether every failing gradient holds one input's share of one input while every
+    micro-batch of the window holds two samples or more: a reweighting moves a micro-batch's
+    samples' shares together, never one input's alone (a token routed to another expert in a
+    clean mixture of experts whose micro-batches differ in size, model zoo run 190506, was
+    named a reweighting). A micro-batch of one sample may be that input."""
+    rows = c.merged.micro_samples
+    if rows is None:
+        return False
+    w = c.merged.window(r.update)
+    if np.min(rows[w.start : w.stop]) < 2:
+        return False
+    return one_input_shares(c, r) is not None
 
 
 def _unsure_scale(norm: float, k: int, fitted: float) -> str | None:
