@@ -106,7 +106,7 @@ def excuse_isolated_jumps(
         if grads is None:
             continue
         failing = [d for d in r.grads if not d.ok]
-        found = {d.name: _jumped(grads, d.name, factor * d.unbounded) for d in failing}
+        found = {d.name: jumped(grads, d.name, factor * d.unbounded) for d in failing}
         kinked = {name: units for name, units in found.items() if units is not None}
         beside = {**anchors(r, grads, factor), **kinked}
         joined = same_inputs([name for name in found if name not in kinked], beside, grads)
@@ -196,7 +196,7 @@ def _jump_note(r: UpdateResult, kinked: dict, joined: dict, echoes: list[str], q
     )
 
 
-def _jumped(grads: Pair, name: str, rest: float) -> Units | None:
+def jumped(grads: Pair, name: str, rest: float) -> Units | None:
     """Where a gradient's jump sits: a kink's few units, or one input's share (a rank-one error,
     `kink_shape.one_input`); None where neither holds it with the rest within `rest`."""
     return grads.units(name, rest=rest) or grads.one_input(name, rest=rest)

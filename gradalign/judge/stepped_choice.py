@@ -21,7 +21,7 @@ from .choices import anchors, same_inputs
 from .distributed import listed
 from .kink_evidence import apart
 from .kink_shape import ONE_INPUT
-from .kinks import _jumped
+from .kinks import jumped
 from .results import Comparison, UpdateResult
 from .views import sketch_width
 
@@ -35,10 +35,11 @@ def one_input_shares(c: Comparison, r: UpdateResult) -> tuple[list[str], list[st
     if c.reference is None or not failing:
         return None
     factor = c.tolerances.noise_factor
-    grads = apart(c.merged, c.reference, "grads", r.update, sketch_width(c.merged, c.reference))
+    seen = sketch_width(c.baseline, c.merged, c.reference)  # as the comparison sees them
+    grads = apart(c.merged, c.reference, "grads", r.update, seen)
     if grads is None:
         return None
-    found = {d.name: _jumped(grads, d.name, factor * d.unbounded) for d in failing}
+    found = {d.name: jumped(grads, d.name, factor * d.unbounded) for d in failing}
     shares = {name: units for name, units in found.items() if units and units[0] == ONE_INPUT}
     beside = {**anchors(r, grads, factor), **shares}  # passing weights of one input's share too
     shares.update(same_inputs([name for name in found if name not in shares], beside, grads))
