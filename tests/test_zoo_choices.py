@@ -10,7 +10,7 @@ import pytest
 
 import gradalign
 from gradalign.judge.choices import WHOLE_COSINE
-from gradalign.judge.signatures import gradient
+from gradalign.judge.signatures import failing, gradient
 from gradalign.judge.stepped_choice import stepped_choice
 
 from .zoo_runs import _compare, _followed, one_thread, zoo
@@ -71,7 +71,7 @@ def test_a_choice_stepped_with_at_once_is_said_where_the_run_fails(tmp_path):
         )  # fmt: skip
     bug = _compare(root)
     assert bug.verdict == "fail" and bug.diagnosis[0].code == "grad-not-cleared"
-    assert stepped_choice(bug) is None
+    assert stepped_choice(bug, failing(bug)) is None
 
 
 def test_a_choice_beside_other_failures_is_not_said_to_hold_them_all(tmp_path):
@@ -87,7 +87,7 @@ def test_a_choice_beside_other_failures_is_not_said_to_hold_them_all(tmp_path):
     c = _compare(tmp_path)
     if c.verdict != "fail" or c.first_divergence["update"] != 2:
         pytest.skip(f"this machine's rounding took another path here ({c.first_divergence})")
-    assert stepped_choice(c) is None
+    assert stepped_choice(c, failing(c)) is None
 
 
 def test_one_input_s_share_over_micro_batches_of_many_samples_is_no_reweighting(

@@ -322,7 +322,7 @@ def _unexplained(c: Comparison) -> Diagnosis:
         )
     if tensors_first and (scaled := tensor_wide_scale(c)):
         message += f"; {scaled}"
-    if tensors_first and (parted := stepped_choice(c)):
+    if tensors_first and (parted := stepped_choice(c, r)):
         message += f"; {parted}"
     if c.reference is None and tensors_first:
         message += (

@@ -48,11 +48,10 @@ def one_input_shares(c: Comparison, r: UpdateResult) -> tuple[list[str], list[st
     return sorted(shares), sorted(name for name in beside if name not in found)
 
 
-def stepped_choice(c: Comparison) -> str | None:
-    """A clause for the `unexplained` message: at the first failing update every failing
+def stepped_choice(c: Comparison, r: UpdateResult | None) -> str | None:
+    """A clause for the `unexplained` message: at the first failing update `r` every failing
     gradient holds one input's share (`one_input_shares`) and some weight failed with it;
     None otherwise."""
-    r = next((r for r in c.results if not r.ok), None)
     if r is None or r.problems:
         return None
     stepped = [d.name for d in r.weights if not d.ok]

@@ -261,7 +261,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         error, failed = beyond
         where = f" where it failed ({listed(failed, 4)}; over the whole model within its noise)"
         failing = {"failed_tensors": failed}
-    if _one_input_alone(c, r):
+    if _one_input_alone(c, r, w):
         return None
     how, off = "each was weighted equally (its mean divided by K)", ""
     if scale != 1.0:  # the scale beside it says how the means were scaled, not K
@@ -294,16 +294,16 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
     )
 
 
-def _one_input_alone(c: Comparison, r: UpdateResult) -> bool:
+def _one_input_alone(c: Comparison, r: UpdateResult, w: range) -> bool:
     """Whether every failing gradient holds one input's share of one input while every
     micro-batch of the window holds two samples or more: a reweighting moves a micro-batch's
     samples' shares together, never one input's alone (a token routed to another expert in a
     clean mixture of experts whose micro-batches differ in size, model zoo run 190506, was
-    named a reweighting). A micro-batch of one sample may be that input."""
+    named a reweighting). A micro-batch of one sample may be that input. `w`: the window's
+    micro-steps."""
     rows = c.merged.micro_samples
     if rows is None:
         return False
-    w = c.merged.window(r.update)
     if np.min(rows[w.start : w.stop]) < 2:
         return False
     return one_input_shares(c, r) is not None
