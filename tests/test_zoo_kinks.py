@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from gradalign.judge import kink_divergence
+from gradalign.judge import below_noise, kink_divergence
 from gradalign.judge.compare import compare
 from gradalign.judge.kink_shape import localizes, many_units
 from gradalign.runs.reader import read_run_dir
@@ -365,6 +365,7 @@ def test_a_bug_is_not_read_as_a_kink_whose_rest_stands_in_noise_still_to_come(
     root = _one_thread_runs(tmp_path, "resnet", "adamax", 16, 194702, bug="bf16-accum", bug_from=2)
     with monkeypatch.context() as patched:
         patched.setattr(kink_divergence, "_rest_allowed", lambda d, factor: d.unbounded)
+        patched.setattr(below_noise, "narrow_sums", lambda c: None)  # its values read apart
         if _compare(root).verdict != "pass":
             pytest.skip("this machine's rounding took another path here")
     for streaming in (False, True):

@@ -23,6 +23,15 @@ passed there. Noise turns a gradient and leaves its size; a loss scaled by one o
 wrong scale makes (K, 1/K, K+1, n/K: `loss_scale`'s variants, to 1e-3) at a cosine beyond the
 noise (ALONG_OVER_ACROSS times what the noise turned the gradient by, measured across it) is
 that bug, whatever the tolerance: such an update fails by it (`scale_beyond_tolerance`).
+
+A float32 sum of many terms is a 16-bit number by chance about once in 2^16 values; a gradient
+summed in a bfloat16 (float16) buffer is one in every value. A passing comparison's merged
+gradient is read at every update where it was kept whole, a sample of each tensor first
+(`undeclared.sixteen_bit_kind`): where every sampled value is 16-bit and `grad_accum_dtype` reads
+the baseline's as wider, the run fails by it (`narrow_sums`), however small its rounding against
+what the runs may differ by. Model zoo run 195331 (a text CNN under RMSprop, K=8, 40 updates,
+float32), gradients summed in bfloat16 from update 8, after kinks the runs parted at: 0.3% off,
+within the divergence followed, it passed.
 """
 
 from __future__ import annotations
@@ -31,15 +40,18 @@ import math
 
 from .results import FAIL, Check, Comparison, Diagnosis
 from .rounding import ROUNDINGS
+from .signatures.accum_dtype import grad_accum_dtype
 from .signatures.accumulation import EXPLAINED, grad_not_cleared, penalty_not_scaled
-from .signatures.common import RATIO_MATCH, grads_of, relative_error, window
+from .signatures.common import RATIO_MATCH, exact_of, grads_of, relative_error, window
 from .signatures.gradient import loss_scale
 from .tolerances import eps
+from .undeclared import sixteen_bit_kind
 
 SHAPES = (penalty_not_scaled, grad_not_cleared)  # relations a fitted share must explain
 CHECK = "no bug's shape under the noise floor"
 FIXED_CHECK = "no bug's shape within the fixed tolerance"
 SCALE_CHECK = "no wrong loss scale within the tolerance"
+NARROW_CHECK = "no gradient summed in 16 bits"
 ALONG_OVER_ACROSS = 10.0  # a scale within the tolerance stands this far beyond the turn noise made
 MAX_ELEMENTS = 1 << 24  # a model read whole at two updates: past this, left to the noise floor
 
@@ -49,6 +61,9 @@ def shape_below_noise(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
     although a bug's relation explains its gradient difference; None otherwise."""
     if c.verdict == FAIL:
         return None
+    narrow = narrow_sums(c)
+    if narrow is not None:
+        return narrow
     elements = sum(math.prod(t.shape) for t in c.merged.tensors if t.kind == "param")
     if c.reference is None:
         scaled = scale_beyond_tolerance(c)
@@ -92,6 +107,26 @@ def _shaped(
             detail = f"at update {r.update}: {found.code} explains the gradient difference"
             where = {"update": r.update, "parameter": None, "in": "gradient"}
             return Check(check, FAIL, detail), found, where
+    return None
+
+
+def narrow_sums(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
+    """The first update whose merged gradient, kept whole, holds only 16-bit numbers where the
+    baseline's are wider (module docstring): the check, diagnosis and first divergence."""
+    for r in c.results:
+        merged = exact_of(c, c.merged, "grads", r.update)
+        if not merged or sixteen_bit_kind(merged) is None:
+            continue  # the sample first: the whole gradients only where it is all 16-bit
+        found = grad_accum_dtype(c, r)
+        if found is None:
+            continue
+        found.message += (
+            "; within what the runs may differ by here, but rounding leaves no float32 sum a "
+            "16-bit number"
+        )
+        detail = f"at update {r.update}: {found.code}"
+        where = {"update": r.update, "parameter": None, "in": "gradient"}
+        return Check(NARROW_CHECK, FAIL, detail), found, where
     return None
 
 

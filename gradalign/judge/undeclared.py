@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runs.model import Run
+from ..runs.model import Run, Tensors
 from ..runs.store import slices
 
 SAMPLE = 4096  # nonzero values read per tensor
@@ -22,11 +22,16 @@ def sixteen_bit_exact(run: Run) -> str | None:
         return None
     if not run.has_grads:
         return None
-    grads = (run.grads(0) if run.updates else None) or {}
+    return sixteen_bit_kind((run.grads(0) if run.updates else None) or {})
+
+
+def sixteen_bit_kind(grads: Tensors) -> str | None:
+    """'bfloat16' or 'float16' where every nonzero finite value of `grads` (the first SAMPLE of
+    each tensor, EVIDENT at least over them all) is exact in that type; else None."""
     values = []
     for name in grads:  # a file's tensor read a slice at a time, until SAMPLE are found
         found, wanted = [], SAMPLE
-        for part in slices(grads, name):
+        for part in slices(grads, name, SAMPLE):
             v = np.asarray(part, dtype=np.float32)
             found.append(np.array(v[(v != 0) & np.isfinite(v)][:wanted]))  # a copy: v goes
             wanted -= found[-1].size

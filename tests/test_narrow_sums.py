@@ -1,0 +1,85 @@
+"""A gradient summed in a 16-bit buffer, within what the runs may differ by: rounding leaves no
+float32 sum of many terms a 16-bit number, so where every value of the merged gradient is one
+and the baseline's are not, the run fails by `grad-accum-dtype` whatever its numbers
+(judge/below_noise.py `narrow_sums`). Least squares under SGD (tests/least_squares.py), wide
+enough to read, judged by fixed tolerances that let 0.3% through; and model zoo runs whose
+kinks parted them beyond that rounding."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gradalign import api
+from gradalign.judge import below_noise
+from gradalign.runs.portable import write_run
+from tests.least_squares import Shape, reference_and_baseline, train
+
+from .zoo_runs import _one_thread_judge
+
+WIDE = Shape(rows=200)  # 1,200 gradient values: enough to read (undeclared.EVIDENT)
+# judged by fixed tolerances that let 0.3% of a gradient and of a step through
+LOOSE = {"grad_rtol": 0.02, "weight_rtol": 0.02, "loss_rtol": 0.02}
+
+
+def _bfloat16_from(update: int):
+    def narrow(u, g):
+        return g.astype(ml_dtypes.bfloat16).astype(np.float32) if u >= update else g
+
+    return narrow
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("narrow")
+    ref, base = reference_and_baseline(root, lambda dtype: train(dtype, shape=WIDE))
+    return {"root": root, "base": base, "ref": ref}
+
+
+def _merged(wide, name: str, spike=None):
+    run = train(np.float32, k=4, spike=spike, feed=True, shape=WIDE)
+    path = write_run(wide["root"] / name, accum_steps=4, **run)
+    return api.compare(wide["base"], path, reference="none", tolerances=LOOSE)
+
+
+def test_a_gradient_summed_in_bfloat16_within_the_tolerance_fails_by_it(wide):
+    c = _merged(wide, "bf16-from-5", _bfloat16_from(5))
+    assert c.verdict == "fail" and c.diagnosis[0].code == "grad-accum-dtype", c.diagnosis
+    assert c.diagnosis[0].evidence["update"] == 5
+    assert all(r.ok for r in c.results)  # every number within what LOOSE allows
+    (check,) = [k for k in c.checks if k.name == below_noise.NARROW_CHECK]
+    assert check.status == "fail" and "at update 5" in check.detail
+
+
+def test_without_the_reading_it_passes(wide, monkeypatch):
+    monkeypatch.setattr(below_noise, "narrow_sums", lambda c: None)
+    assert _merged(wide, "bf16-unread", _bfloat16_from(5)).verdict == "pass"
+
+
+def test_a_clean_merged_run_and_a_sixteen_bit_baseline_are_not_read_so(wide, tmp_path):
+    assert _merged(wide, "clean").verdict == "pass"
+    # a baseline computed in bfloat16 (exact there) beside a merged run summing in float32:
+    # the merged values are wider, nothing to read
+    narrow = {**train(np.float32, shape=WIDE, spike=_bfloat16_from(0), feed=True)}
+    base = write_run(tmp_path / "base16", accum_steps=1, **narrow)
+    merged = write_run(tmp_path / "merged32", accum_steps=4, **train(np.float32, k=4, shape=WIDE))
+    c = api.compare(base, merged, reference="none", tolerances=LOOSE)
+    assert not any(k.name == below_noise.NARROW_CHECK for k in c.checks)
+
+
+@pytest.mark.parametrize(
+    ("seed", "model", "optimizer", "k", "bug_from"),
+    [(195331, "convtext", "rmsprop", 8, 8), (195346, "encoder", "adam-eps6", 2, 20)],
+)
+def test_gradients_summed_in_bfloat16_after_kinks_are_named(
+    tmp_path, seed, model, optimizer, k, bug_from
+):
+    """Model zoo runs 195331 and 195346 (float32, 40 updates) with gradients summed in bfloat16
+    from after their first kink: 0.3% off, within the divergence the kinks' size and the runs'
+    parting allow; the first passed (its parting followed), the second passed before that too.
+    Named now, at the update the bug starts."""
+    row = _one_thread_judge(
+        tmp_path, model, optimizer, k, seed, "bf16-accum", updates=40, bug_from=bug_from
+    )
+    assert row["verdict"] == "fail" and row["codes"][:1] == ["grad-accum-dtype"], row
