@@ -76,9 +76,9 @@ def test_gradients_summed_in_bfloat16_after_kinks_are_named(
     tmp_path, seed, model, optimizer, k, bug_from
 ):
     """Model zoo runs 195331 and 195346 (float32, 40 updates) with gradients summed in bfloat16
-    from after their first kink: 0.3% off, within the divergence the kinks' size and the runs'
-    parting allow; the first passed (its parting followed), the second passed before that too.
-    Named now, at the update the bug starts."""
+    from after their first kink, a few tenths of a percent off, within the divergence the kinks'
+    size and the runs' parting allow; the first passed (its parting followed), the second
+    passed before that too. Named now, at the update the bug starts."""
     row = _one_thread_judge(
         tmp_path, model, optimizer, k, seed, "bf16-accum", updates=40, bug_from=bug_from
     )

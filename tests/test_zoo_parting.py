@@ -42,8 +42,8 @@ def test_runs_parting_within_what_is_followed_raise_the_size_followed(tmp_path, 
 def test_bugs_that_start_after_the_parting_are_still_named(tmp_path):
     """The same loop with the learning rate times K, or the loss recorded divided by K, from
     update 24 on (the runs 3-4% apart there): named first, at update 24. (Gradients summed in
-    bfloat16 from there, 0.4% off, pass: below what the runs parted by, as below a kink's own
-    size; the module's docstring says so.)"""
+    bfloat16 from there pass these numbers, below what the runs parted by as below a kink's own
+    size; their 16-bit values name them: tests/test_narrow_sums.py.)"""
     for bug, code in (("lr-times-k", "lr-scaled"), ("log-scaled-loss", "loss-averaging")):
         row = _one_thread_judge(
             tmp_path / bug, "resnet", "adagrad", 4, 195403, bug, updates=40, bug_from=24

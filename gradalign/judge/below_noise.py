@@ -30,8 +30,8 @@ gradient is read at every update where it was kept whole, a sample of each tenso
 (`undeclared.sixteen_bit_kind`): where every sampled value is 16-bit and `grad_accum_dtype` reads
 the baseline's as wider, the run fails by it (`narrow_sums`), however small its rounding against
 what the runs may differ by. Model zoo run 195331 (a text CNN under RMSprop, K=8, 40 updates,
-float32), gradients summed in bfloat16 from update 8, after kinks the runs parted at: 0.3% off,
-within the divergence followed, it passed.
+float32), gradients summed in bfloat16 from update 8, after kinks the runs parted at: a few
+tenths of a percent off, within the divergence followed, it passed.
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
   notes it): model zoo run 195403 (a ResNet, Adagrad, K=4, 40 updates, float32), kinks at
   updates 18 and 20 (1.1%), 3.9% apart at update 25, 8.2% at 27, failed there at 1.8x and
   at 6x by update 39. A bug must stand beyond factor times what the runs parted by: gradients
-  summed in bfloat16 from update 24 of that run (0.4% off) pass, as within a kink's size.
+  summed in bfloat16 from update 24 of that run pass these numbers, as within a kink's size
+  (their values name them: judge/below_noise.py `narrow_sums`).
 
 An accumulation bug is not localized: it fails the update it starts at in every tensor its
 windows touch (loss scaling, a lost micro-batch, a gradient not cleared differ by shares of 1/K
