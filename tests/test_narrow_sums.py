@@ -52,6 +52,20 @@ def test_a_gradient_summed_in_bfloat16_within_the_tolerance_fails_by_it(wide):
     assert check.status == "fail" and "at update 5" in check.detail
 
 
+def test_a_bfloat16_sum_scaled_after_it_fails_by_it_too(wide):
+    """Each value a bfloat16 number times one factor (a clip that engaged after the sum): no
+    value is 16-bit, but the tensor holds at most 2^7 mantissas, where the baseline's hold
+    about as many as values."""
+
+    def scaled(u, g):
+        return _bfloat16_from(5)(u, g) * np.float32(0.9993) if u >= 5 else g
+
+    c = _merged(wide, "bf16-scaled-from-5", scaled)
+    assert c.verdict == "fail" and c.diagnosis[0].code == "grad-accum-dtype", c.diagnosis
+    assert c.diagnosis[0].evidence["update"] == 5
+    assert "times one factor" in c.diagnosis[0].message
+
+
 def test_without_the_reading_it_passes(wide, monkeypatch):
     monkeypatch.setattr(below_noise, "narrow_sums", lambda c: None)
     assert _merged(wide, "bf16-unread", _bfloat16_from(5)).verdict == "pass"

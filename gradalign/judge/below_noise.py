@@ -27,25 +27,30 @@ that bug, whatever the tolerance: such an update fails by it (`scale_beyond_tole
 A float32 sum of many terms is a 16-bit number by chance about once in 2^16 values; a gradient
 summed in a bfloat16 (float16) buffer is one in every value. A passing comparison's merged
 gradient is read at every update where it was kept whole, a sample of each tensor first
-(`undeclared.sixteen_bit_kind`): where every sampled value is 16-bit and `grad_accum_dtype` reads
-the baseline's as wider, the run fails by it (`narrow_sums`), however small its rounding against
-what the runs may differ by. Model zoo run 195331 (a text CNN under RMSprop, K=8, 40 updates,
-float32), gradients summed in bfloat16 from update 8, after kinks the runs parted at: a few
-tenths of a percent off, within the divergence followed, it passed.
+(`undeclared.sixteen_bit_kind`): where every sampled value is 16-bit, or each tensor sampled at
+1,024 values or more holds at most 2^7 float32 mantissas (bfloat16 numbers times one factor, as
+a clip that engaged after the sum leaves them: `accum_dtype.few_mantissas`), and
+`grad_accum_dtype` reads the baseline's as wider, the run fails by it (`narrow_sums`), however
+small its rounding against what the runs may differ by. Model zoo run 195331 (a text CNN under
+RMSprop, K=8, 40 updates, float32), gradients summed in bfloat16 from update 8, after kinks the
+runs parted at: a few tenths of a percent off, within the divergence followed, it passed.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from ..runs.model import Tensors
 from .results import FAIL, Check, Comparison, Diagnosis
 from .rounding import ROUNDINGS
-from .signatures.accum_dtype import grad_accum_dtype
+from .signatures.accum_dtype import few_mantissas, grad_accum_dtype, many_mantissas
 from .signatures.accumulation import EXPLAINED, grad_not_cleared, penalty_not_scaled
 from .signatures.common import RATIO_MATCH, exact_of, grads_of, relative_error, window
 from .signatures.gradient import loss_scale
 from .tolerances import eps
-from .undeclared import sixteen_bit_kind
+from .undeclared import sample_of, sixteen_bit_kind
 
 SHAPES = (penalty_not_scaled, grad_not_cleared)  # relations a fitted share must explain
 CHECK = "no bug's shape under the noise floor"
@@ -115,8 +120,9 @@ def narrow_sums(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
     baseline's are wider (module docstring): the check, diagnosis and first divergence."""
     for r in c.results:
         merged = exact_of(c, c.merged, "grads", r.update)
-        if not merged or sixteen_bit_kind(merged) is None:
-            continue  # the sample first: the whole gradients only where it is all 16-bit
+        values = _sample_unless_wide(merged) if merged else None
+        if not values or (sixteen_bit_kind(merged, values) is None and not few_mantissas(values)):
+            continue  # the sample first: the whole gradients only where it reads 16-bit
         found = grad_accum_dtype(c, r)
         if found is None:
             continue
@@ -128,6 +134,21 @@ def narrow_sums(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
         where = {"update": r.update, "parameter": None, "in": "gradient"}
         return Check(NARROW_CHECK, FAIL, detail), found, where
     return None
+
+
+def _sample_unless_wide(grads: Tensors) -> list[np.ndarray] | None:
+    """Each tensor's sample (`undeclared.sample_of`), or None from the first whose values no
+    16-bit type holds and whose mantissas no 16-bit sum times one factor leaves (a float32 sum
+    of many terms: a clean run's first tensor, read alone)."""
+    values = []
+    for name in grads:
+        v = sample_of(grads, name)
+        bits = v.view(np.uint32)
+        exact = not (bits & np.uint32(0xFFFF)).any() or not (bits & np.uint32(0x1FFF)).any()
+        if not exact and many_mantissas(v):
+            return None
+        values.append(v)
+    return values
 
 
 def scale_beyond_tolerance(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:

@@ -25,19 +25,28 @@ def sixteen_bit_exact(run: Run) -> str | None:
     return sixteen_bit_kind((run.grads(0) if run.updates else None) or {})
 
 
-def sixteen_bit_kind(grads: Tensors) -> str | None:
+def sampled(grads: Tensors) -> list[np.ndarray]:
+    """Per tensor of `grads`, its first SAMPLE nonzero finite values (`sample_of`)."""
+    return [sample_of(grads, name) for name in grads]
+
+
+def sample_of(grads: Tensors, name: str) -> np.ndarray:
+    """A tensor's first SAMPLE nonzero finite values (float32), read a slice at a time."""
+    found, wanted = [], SAMPLE
+    for part in slices(grads, name, SAMPLE):
+        v = np.asarray(part, dtype=np.float32)
+        found.append(np.array(v[(v != 0) & np.isfinite(v)][:wanted]))  # a copy: v goes
+        wanted -= found[-1].size
+        if not wanted:
+            break
+    return np.concatenate(found)
+
+
+def sixteen_bit_kind(grads: Tensors, values: list[np.ndarray] | None = None) -> str | None:
     """'bfloat16' or 'float16' where every nonzero finite value of `grads` (the first SAMPLE of
-    each tensor, EVIDENT at least over them all) is exact in that type; else None."""
-    values = []
-    for name in grads:  # a file's tensor read a slice at a time, until SAMPLE are found
-        found, wanted = [], SAMPLE
-        for part in slices(grads, name, SAMPLE):
-            v = np.asarray(part, dtype=np.float32)
-            found.append(np.array(v[(v != 0) & np.isfinite(v)][:wanted]))  # a copy: v goes
-            wanted -= found[-1].size
-            if not wanted:
-                break
-        values.append(np.concatenate(found))
+    each tensor, EVIDENT at least over them all; `values`, where `sampled` read them) is exact
+    in that type; else None."""
+    values = sampled(grads) if values is None else values
     if sum(v.size for v in values) < EVIDENT:
         return None
     bits = np.concatenate([v.view(np.uint32) for v in values])

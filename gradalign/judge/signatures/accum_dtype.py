@@ -41,9 +41,28 @@ def _counts(grads: Tensors) -> dict[str, tuple[int, int]]:
     for name, g in grads.items():
         values = np.asarray(g, dtype=np.float32).ravel()
         values = values[(values != 0) & np.isfinite(values)][:SAMPLE]
-        mantissas = np.unique(values.view(np.uint32) & np.uint32(0x7FFFFF))
-        counts[name] = (int(mantissas.size), int(values.size))
+        counts[name] = (_mantissa_count(values), int(values.size))
     return counts
+
+
+def _mantissa_count(values: np.ndarray) -> int:
+    """How many distinct float32 mantissas `values` (float32) hold."""
+    return int(np.unique(values.view(np.uint32) & np.uint32(0x7FFFFF)).size)
+
+
+def few_mantissas(values: list[np.ndarray], narrow: str = "bfloat16") -> bool:
+    """Whether each of `values` (a sample of each tensor's nonzero float32 values) that is
+    readable (EVIDENT·2^bits values at least; one at least) holds at most 2^bits distinct
+    mantissas: `narrow` numbers times one factor per tensor."""
+    readable = [v for v in values if v.size >= EVIDENT << STORED_BITS[narrow]]
+    return bool(readable) and not any(many_mantissas(v, narrow) for v in readable)
+
+
+def many_mantissas(values: np.ndarray, narrow: str = "bfloat16") -> bool:
+    """Whether a sample of one tensor's nonzero float32 values, readable (EVIDENT·2^bits values
+    at least), holds more than 2^bits distinct mantissas: no `narrow` sum times one factor."""
+    bits = STORED_BITS[narrow]
+    return values.size >= EVIDENT << bits and _mantissa_count(values) > 1 << bits
 
 
 def _readable(counts: dict[str, tuple[int, int]], bits: int) -> dict[str, int]:
