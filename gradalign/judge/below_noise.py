@@ -49,7 +49,7 @@ from .signatures.accum_dtype import few_mantissas, grad_accum_dtype, many_mantis
 from .signatures.accumulation import EXPLAINED, grad_not_cleared, penalty_not_scaled
 from .signatures.common import RATIO_MATCH, exact_of, grads_of, relative_error, window
 from .signatures.gradient import loss_scale
-from .tolerances import eps
+from .tolerances import eps, held_exactly
 from .undeclared import sample_of, sixteen_bit_kind
 
 SHAPES = (penalty_not_scaled, grad_not_cleared)  # relations a fitted share must explain
@@ -143,8 +143,7 @@ def _sample_unless_wide(grads: Tensors) -> list[np.ndarray] | None:
     values = []
     for name in grads:
         v = sample_of(grads, name)
-        bits = v.view(np.uint32)
-        exact = not (bits & np.uint32(0xFFFF)).any() or not (bits & np.uint32(0x1FFF)).any()
+        exact = any(held_exactly(v, narrow).all() for narrow in ("bfloat16", "float16"))
         if not exact and many_mantissas(v):
             return None
         values.append(v)
