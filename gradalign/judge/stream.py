@@ -168,7 +168,7 @@ class StreamJudge(ChildSide, TensorSide):
         result.weights.extend(o.weight for o in found.values() if o.weight is not None)
         result.grads.extend(found[n].grad for n in grads if found[n].grad is not None)
         if grads:
-            bb, mm, bm = (math.fsum(found[n].fit[k] for n in grads) for k in range(3))
+            bb, mm, bm = (_fit_sum([found[n].fit[k] for n in grads]) for k in range(3))
             cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
             result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
 
@@ -307,3 +307,12 @@ class StreamJudge(ChildSide, TensorSide):
 
 
 __all__ = ["StreamJudge", "np", "streamable"]
+
+
+def _fit_sum(terms: list[float]) -> float:
+    """The tensors' sums of the ratio fit added exactly where each is finite; where one is not
+    (a 16-bit gradient that overflowed), as the whole-tensor judge's dot product has it: inf,
+    or NaN for inf − inf (math.fsum raised there: model zoo run 202212, float16 autocast with
+    the step taken every micro-step)."""
+    return math.fsum(terms) if all(math.isfinite(t) for t in terms) else float(sum(terms))
+
