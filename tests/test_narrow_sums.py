@@ -16,7 +16,7 @@ from gradalign.judge import below_noise
 from gradalign.runs.portable import write_run
 from tests.least_squares import Shape, reference_and_baseline, train
 
-from .zoo_runs import _one_thread_judge
+from .zoo_runs import _compare, _one_thread_judge, one_thread, zoo
 
 WIDE = Shape(rows=200)  # 1,200 gradient values: enough to read (undeclared.EVIDENT)
 # judged by fixed tolerances that let 0.3% of a gradient and of a step through
@@ -97,3 +97,73 @@ def test_gradients_summed_in_bfloat16_after_kinks_are_named(
         tmp_path, model, optimizer, k, seed, "bf16-accum", updates=40, bug_from=bug_from
     )
     assert row["verdict"] == "fail" and row["codes"][:1] == ["grad-accum-dtype"], row
+
+
+def _sixteen_bit_baseline(tmp_path):
+    """A baseline whose every gradient value is a bfloat16 number (computed in bfloat16, as a
+    linear map's under autocast), declared float32."""
+    run = train(np.float32, shape=WIDE, spike=_bfloat16_from(0), feed=True)
+    return write_run(tmp_path / "base16", accum_steps=1, grad_dtype="float32", **run)
+
+
+def _summed(tmp_path, name: str, narrow, grad_dtype: str | None = "float32"):
+    run = train(np.float32, k=4, spike=narrow, feed=True, shape=WIDE)
+    return write_run(tmp_path / name, accum_steps=4, grad_dtype=grad_dtype, **run)
+
+
+def test_a_sum_of_sixteen_bit_gradients_kept_sixteen_bit_fails_beside_a_sixteen_bit_baseline(
+    tmp_path,
+):
+    """The baseline's values are bfloat16 numbers too: the merged run's, declared float32 and
+    summed over K=4, are bfloat16 numbers at update 5 and the next: named there (`_summed_narrow`).
+    Declared of no dtype, or 16-bit at update 5 alone (a window whose other micro-batches added
+    nothing), it is not read so; a merged run summing in float32 neither."""
+    base = _sixteen_bit_baseline(tmp_path)
+    c = api.compare(
+        base, _summed(tmp_path, "m", _bfloat16_from(5)), reference="none", tolerances=LOOSE
+    )
+    assert c.verdict == "fail" and c.diagnosis[0].code == "grad-accum-dtype", c.diagnosis
+    assert c.diagnosis[0].evidence["update"] == 5
+    assert c.diagnosis[0].evidence["summed_declared_float32"] is True
+    assert "sums K=4 micro-batches' 16-bit gradients in float32" in c.diagnosis[0].message
+
+    def once(u, g):
+        return _bfloat16_from(5)(u, g) if u == 5 else g
+
+    for merged in (
+        _summed(tmp_path, "undeclared", _bfloat16_from(5), grad_dtype=None),
+        _summed(tmp_path, "once", once),
+        _summed(tmp_path, "wide", None),
+    ):
+        c = api.compare(base, merged, reference="none", tolerances=LOOSE)
+        assert not any(d.code == "grad-accum-dtype" for d in c.diagnosis), (merged, c.diagnosis)
+
+
+@pytest.mark.parametrize(
+    ("seed", "model", "optimizer", "k", "reading"),
+    [
+        (201001, "encoder", "rprop", 2, "summed in float32 hold"),
+        (201002, "lnmlp", "sgd-mom", 4, "sums K=4"),
+    ],
+)
+def test_a_bfloat16_sum_under_bfloat16_autocast_is_named(
+    tmp_path, seed, model, optimizer, k, reading
+):
+    """Model zoo runs 201001 and 201002 (bfloat16 autocast, 20 updates, the sum rounded to
+    bfloat16 from update 6) passed within the noise: under autocast most of the baseline's values
+    are bfloat16 numbers too (a linear map's gradient). The encoder's LayerNorms and embedding,
+    summed in float32, hold the baseline's wide values; in the MLP every baseline value is a
+    bfloat16 number, and the merged run's sum over K=4 in float32 would seldom be one."""
+    loop = {"updates": 20, "autocast": "bfloat16"}
+    with one_thread():
+        zoo.record(tmp_path / "ref", model, optimizer, 1, seed, float64=True, updates=20)
+        zoo.record(tmp_path / "base", model, optimizer, 1, seed, reference="../ref", **loop)
+        zoo.record(
+            tmp_path / "merged", model, optimizer, k, seed, bug="bf16-accum", bug_from=6, **loop
+        )
+    c = _compare(tmp_path)
+    assert c.verdict == "fail" and c.diagnosis[0].code == "grad-accum-dtype", c.diagnosis
+    assert c.diagnosis[0].evidence["update"] == 6
+    assert reading in c.diagnosis[0].message, c.diagnosis[0].message
+    # the encoder by its wide tensors alone, the MLP by its sums
+    assert c.diagnosis[0].evidence["summed_declared_float32"] is (model == "lnmlp")

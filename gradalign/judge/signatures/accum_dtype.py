@@ -2,11 +2,21 @@
 are 16-bit numbers where the baseline's are float32 ones.
 
 Read two ways. Where nothing scaled the sum after it (`_representable_share`), every merged value
-is exactly a bfloat16 (float16) number. Where one factor per tensor scaled it after (a norm clip
-that engaged, a division by the window's item count), each value is fl(c·q) for a 16-bit q: its
-float32 mantissa is a function of q's alone, so a tensor holds at most 2^7 (2^10) distinct
-mantissas, where float32 sums of many terms hold about as many as values (`_mantissas`; a clip
-at 0.1 over a bfloat16 sum was named `clip-threshold`, its norm "0.9998 times the baseline's").
+is exactly a bfloat16 (float16) number, where most of the baseline's are not, or where its
+tensors computed in float32 hold WIDE_VALUES values that are not (`_wide_values`: under
+autocast a linear map's gradient is a bfloat16 number in both runs, and only a LayerNorm's, an
+embedding's, summed in float32, tell a 16-bit buffer; model zoo run 201001, an encoder under
+bfloat16 autocast with the sum rounded to bfloat16 from update 6, passed within the noise). And
+where the baseline's are all 16-bit numbers too (a LayerNorm computed in bfloat16 as well), the
+merged run's gradient, declared float32 and summed over more micro-batches or ranks than the
+baseline's, is one at two updates in a row (`_summed_narrow`): a float32 sum of two bfloat16
+numbers of one binade is one about once in two, of others more rarely (run 201002, an MLP with
+LayerNorm under bfloat16 autocast, passed so).
+Where one factor per tensor scaled it after (a norm clip that engaged, a division by the
+window's item count), each value is fl(c·q) for a 16-bit q: its float32 mantissa is a function
+of q's alone, so a tensor holds at most 2^7 (2^10) distinct mantissas, where float32 sums of
+many terms hold about as many as values (`_mantissas`; a clip at 0.1 over a bfloat16 sum was
+named `clip-threshold`, its norm "0.9998 times the baseline's").
 """
 
 from __future__ import annotations
@@ -16,11 +26,15 @@ import numpy as np
 from ...runs.model import Tensors
 from ..results import Comparison, Diagnosis, UpdateResult
 from ..tolerances import held_exactly
-from .common import exact_of, finite, lossy_hooks, relative_error
+from .common import exact_of, finite, lossy_hooks, relative_error, window
 
 STORED_BITS = {"bfloat16": 7, "float16": 10}  # bfloat16 first: its numbers are float16 numbers
 SAMPLE = 1 << 16  # nonzero values per tensor whose mantissas are counted
 EVIDENT = 8  # a tensor is read where it holds this many times as many values as mantissas allowed
+# values of the baseline's wide tensors (most of their values no 16-bit number) that must stand
+# exactly 16-bit in the merged run: a float32 sum of many terms is a bfloat16 number about once
+# in 2^16 values, a sum of two such numbers of one binade once in two; 2^-64 at the least
+WIDE_VALUES = 64
 
 
 def _representable_share(grads: Tensors, narrow: str) -> float:
@@ -32,6 +46,47 @@ def _representable_share(grads: Tensors, narrow: str) -> float:
         exact += int(np.count_nonzero(held_exactly(values, narrow)))
         total += values.size
     return exact / total if total else 0.0
+
+
+def _wide_values(grads: Tensors, narrow: str) -> int:
+    """How many nonzero values the tensors hold of which `narrow` holds fewer than half
+    exactly (the baseline's tensors computed in float32)."""
+    wide = 0
+    for g in grads.values():
+        values = np.asarray(g, dtype=np.float32).ravel()
+        values = values[values != 0]
+        if values.size and 2 * int(np.count_nonzero(held_exactly(values, narrow))) < values.size:
+            wide += values.size
+    return wide
+
+
+def _summed_narrow(c: Comparison, r: UpdateResult, gm: Tensors, narrow: str) -> bool:
+    """Whether the merged gradient at update `r` (`gm`, every value a `narrow` number) and at
+    the next update too holds WIDE_VALUES nonzero values at least, declared float32 or wider,
+    and sums more micro-batches or ranks than the baseline's: each value a float32 sum of
+    16-bit numbers that came out 16-bit. Two updates in a row: a window whose other micro-batches
+    added nothing (all padding) leaves one micro-batch's 16-bit gradient, once."""
+    more = window(c) > 1 or c.merged.world_size > c.baseline.world_size
+    if not more or c.merged.grad_dtype not in ("float32", "float64"):
+        return False
+    later = next((x for x in c.results if x.update > r.update), None)
+    after = exact_of(c, c.merged, "grads", later.update) if later is not None else None
+    return after is not None and all(
+        _nonzero(g) >= WIDE_VALUES and _representable_share(g, narrow) == 1.0 for g in (gm, after)
+    )
+
+
+def _terms(c: Comparison) -> str:
+    """What the merged gradient sums more of than the baseline's, said."""
+    k = window(c)
+    ranks = c.merged.world_size // max(1, c.baseline.world_size)
+    said = [f"K={k} micro-batches'"] if k > 1 else []
+    return " and ".join(said + ([f"{ranks} ranks'"] if ranks > 1 else []))
+
+
+def _nonzero(grads: Tensors) -> int:
+    """How many nonzero values the tensors hold."""
+    return sum(int(np.count_nonzero(np.asarray(g))) for g in grads.values())
 
 
 def _counts(grads: Tensors) -> dict[str, tuple[int, int]]:
@@ -103,10 +158,22 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         merged_share = _representable_share(gm, name)
         base_share = _representable_share(gb, name)
         evidence: dict = {"merged_share_exact": merged_share, "baseline_share_exact": base_share}
-        if merged_share == 1.0 and base_share < 0.5:
+        wide = _wide_values(gb, name) if merged_share == 1.0 and base_share >= 0.5 else 0
+        summed = wide < WIDE_VALUES and base_share >= 0.5 and _summed_narrow(c, r, gm, name)
+        if merged_share == 1.0 and (base_share < 0.5 or wide >= WIDE_VALUES or summed):
+            evidence["baseline_wide_values"] = wide or None
+            evidence["summed_declared_float32"] = summed
             seen = (
                 f"every merged gradient value is exactly a {name} number (baseline: "
-                f"{base_share:.1%} of them)"
+                f"{base_share:.1%} of them"
+                + (f"; its tensors summed in float32 hold {wide} values, none such" if wide else "")
+                + ")"
+                + (
+                    f", at this update and the next, though it sums {_terms(c)} 16-bit gradients "
+                    f"in {c.merged.grad_dtype}, whose sums are seldom {name} numbers"
+                    if summed
+                    else ""
+                )
             )
         elif (scaled := _scaled_narrow(gb, merged_counts, bits)) is not None:
             most, wide = scaled
