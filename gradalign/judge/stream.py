@@ -315,4 +315,3 @@ def _fit_sum(terms: list[float]) -> float:
     or NaN for inf − inf (math.fsum raised there: model zoo run 202212, float16 autocast with
     the step taken every micro-step)."""
     return math.fsum(terms) if all(math.isfinite(t) for t in terms) else float(sum(terms))
-
