@@ -306,12 +306,12 @@ class StreamJudge(ChildSide, TensorSide):
         return open_update(i, self.base, self.merged, self.ref, self.shapes, self.params)
 
 
-__all__ = ["StreamJudge", "np", "streamable"]
-
-
 def _fit_sum(terms: list[float]) -> float:
     """The tensors' sums of the ratio fit added exactly where each is finite; where one is not
     (a 16-bit gradient that overflowed), as the whole-tensor judge's dot product has it: inf,
-    or NaN for inf − inf (math.fsum raised there: model zoo run 202212, float16 autocast with
-    the step taken every micro-step)."""
+    or NaN for inf − inf (math.fsum raised there: model zoo run 202007, a GRU under Rprop,
+    float16 autocast, the step taken every micro-step)."""
     return math.fsum(terms) if all(math.isfinite(t) for t in terms) else float(sum(terms))
+
+
+__all__ = ["StreamJudge", "np", "streamable"]
