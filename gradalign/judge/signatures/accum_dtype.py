@@ -1,7 +1,7 @@
 """Gradients accumulated in a 16-bit buffer (`grad-accum-dtype`): the merged gradient's values
 are 16-bit numbers where the baseline's are float32 ones.
 
-Read two ways. Where nothing scaled the sum after it (`_representable_share`), every merged value
+Read two ways. Where nothing scaled the sum after it (`_exact_counts`), every merged value
 is exactly a bfloat16 (float16) number, where most of the baseline's are not, or where its
 tensors computed in float32 hold WIDE_VALUES values that are not (`_wide_values`: under
 autocast a linear map's gradient is a bfloat16 number in both runs, and only a LayerNorm's, an
@@ -37,43 +37,48 @@ EVIDENT = 8  # a tensor is read where it holds this many times as many values as
 WIDE_VALUES = 64
 
 
-def _representable_share(grads: Tensors, narrow: str) -> float:
-    """The share of nonzero gradient values that `narrow` (float16 or bfloat16) holds exactly."""
-    total = exact = 0
+def _exact_counts(grads: Tensors, narrow: str) -> list[tuple[int, int]]:
+    """Per tensor: how many of its nonzero values `narrow` (float16 or bfloat16) holds exactly,
+    and how many nonzero values it holds."""
+    counts = []
     for g in grads.values():
         values = np.asarray(g, dtype=np.float32).ravel()
         values = values[values != 0]
-        exact += int(np.count_nonzero(held_exactly(values, narrow)))
-        total += values.size
+        counts.append((int(np.count_nonzero(held_exactly(values, narrow))), int(values.size)))
+    return counts
+
+
+def _share(counts: list[tuple[int, int]]) -> float:
+    """The share of the nonzero values held exactly (`_exact_counts`)."""
+    exact, total = sum(e for e, _ in counts), sum(n for _, n in counts)
     return exact / total if total else 0.0
 
 
-def _wide_values(grads: Tensors, narrow: str) -> int:
-    """How many nonzero values the tensors hold of which `narrow` holds fewer than half
-    exactly (the baseline's tensors computed in float32)."""
-    wide = 0
-    for g in grads.values():
-        values = np.asarray(g, dtype=np.float32).ravel()
-        values = values[values != 0]
-        if values.size and 2 * int(np.count_nonzero(held_exactly(values, narrow))) < values.size:
-            wide += values.size
-    return wide
+def _wide_values(counts: list[tuple[int, int]]) -> int:
+    """How many nonzero values the tensors hold of which the 16-bit type holds fewer than half
+    exactly (`_exact_counts` of the baseline's: its tensors computed in float32)."""
+    return sum(n for e, n in counts if n and 2 * e < n)
 
 
-def _summed_narrow(c: Comparison, r: UpdateResult, gm: Tensors, narrow: str) -> bool:
-    """Whether the merged gradient at update `r` (`gm`, every value a `narrow` number) and at
-    the next update too holds WIDE_VALUES nonzero values at least, declared float32 or wider,
-    and sums more micro-batches or ranks than the baseline's: each value a float32 sum of
-    16-bit numbers that came out 16-bit. Two updates in a row: a window whose other micro-batches
-    added nothing (all padding) leaves one micro-batch's 16-bit gradient, once."""
+def _all_narrow(counts: list[tuple[int, int]]) -> bool:
+    """Whether every nonzero value is held exactly, WIDE_VALUES of them at least."""
+    return sum(n for _, n in counts) >= WIDE_VALUES and all(e == n for e, n in counts)
+
+
+def _summed_narrow(
+    c: Comparison, r: UpdateResult, merged: list[tuple[int, int]], narrow: str
+) -> bool:
+    """Whether the merged gradient at update `r` (`merged`: its `_exact_counts`) and at the
+    next update too is all `narrow` numbers (`_all_narrow`), declared float32 or wider, and
+    sums more micro-batches or ranks than the baseline's: each value a float32 sum of 16-bit
+    numbers that came out 16-bit. Two updates in a row: a window whose other micro-batches added
+    nothing (all padding) leaves one micro-batch's 16-bit gradient, once."""
     more = window(c) > 1 or c.merged.world_size > c.baseline.world_size
-    if not more or c.merged.grad_dtype not in ("float32", "float64"):
+    if not (more and c.merged.grad_dtype in ("float32", "float64") and _all_narrow(merged)):
         return False
     later = next((x for x in c.results if x.update > r.update), None)
     after = exact_of(c, c.merged, "grads", later.update) if later is not None else None
-    return after is not None and all(
-        _nonzero(g) >= WIDE_VALUES and _representable_share(g, narrow) == 1.0 for g in (gm, after)
-    )
+    return after is not None and _all_narrow(_exact_counts(after, narrow))
 
 
 def _terms(c: Comparison) -> str:
@@ -82,11 +87,6 @@ def _terms(c: Comparison) -> str:
     ranks = c.merged.world_size // max(1, c.baseline.world_size)
     said = [f"K={k} micro-batches'"] if k > 1 else []
     return " and ".join(said + ([f"{ranks} ranks'"] if ranks > 1 else []))
-
-
-def _nonzero(grads: Tensors) -> int:
-    """How many nonzero values the tensors hold."""
-    return sum(int(np.count_nonzero(np.asarray(g))) for g in grads.values())
 
 
 def _counts(grads: Tensors) -> dict[str, tuple[int, int]]:
@@ -155,11 +155,12 @@ def grad_accum_dtype(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         return None
     merged_counts = _counts(gm)  # once for both formats
     for name, bits in STORED_BITS.items():
-        merged_share = _representable_share(gm, name)
-        base_share = _representable_share(gb, name)
+        merged_exact, base_exact = _exact_counts(gm, name), _exact_counts(gb, name)
+        merged_share, base_share = _share(merged_exact), _share(base_exact)
         evidence: dict = {"merged_share_exact": merged_share, "baseline_share_exact": base_share}
-        wide = _wide_values(gb, name) if merged_share == 1.0 and base_share >= 0.5 else 0
-        summed = wide < WIDE_VALUES and base_share >= 0.5 and _summed_narrow(c, r, gm, name)
+        beside = merged_share == 1.0 and base_share >= 0.5  # a baseline mostly 16-bit too
+        wide = _wide_values(base_exact) if beside else 0
+        summed = beside and wide < WIDE_VALUES and _summed_narrow(c, r, merged_exact, name)
         if merged_share == 1.0 and (base_share < 0.5 or wide >= WIDE_VALUES or summed):
             evidence["baseline_wide_values"] = wide or None
             evidence["summed_declared_float32"] = summed
