@@ -6,6 +6,7 @@ were `cross-sample-loss`, "over the same samples")."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -13,12 +14,19 @@ from torch import nn
 import gradalign
 from gradalign.api import compare
 from gradalign.record import samples
-from gradalign.record.facts import sample_digest
+from gradalign.record.facts import sample_digest as _sample_digest
 from gradalign.runs.digests import wrap
 
 from .devices import DEVICES
 
 UPDATES, B, K, T = 3, 8, 4, 6
+
+
+def sample_digest(*args, **kwargs) -> samples.Digest:
+    """The digest with its numbers read (a CPU batch's row sums wait to be mixed with others')."""
+    found = _sample_digest(*args, **kwargs)
+    samples.resolve([found])
+    return found
 
 
 def _batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,7 +83,35 @@ def test_numpy_digest_equals_torch_on_any_rows_dtypes_and_masks(seed):
             masked = bool(torch.rand((), generator=g) < 0.5)
             keeps.append(torch.rand(shape, generator=g) > 0.3 if masked else None)
         found = samples.digest(tensors, keeps)
+        samples.resolve([found])
         assert _device_path(tensors, keeps) == (found.data, found.pairs)
+
+
+@pytest.mark.parametrize("mix_at", [1, 50, 1 << 16])
+def test_cpu_row_sums_mixed_together_equal_each_batch_mixed_alone(monkeypatch, mix_at):
+    """A CPU batch's row sums wait in the run's digests and are mixed with others' in one pass
+    (at `send()` once `_MIX_AT` values are held, or at `series()`): batches of other row counts
+    (none included) and tensor counts give the numbers each gives mixed alone."""
+    monkeypatch.setattr(samples, "_MIX_AT", mix_at)
+    g = torch.Generator().manual_seed(7)
+    digests, alone = samples.Digests(), []
+    for micro in range(30):
+        rows = [0, 1, 5, 17][micro % 4]
+        tensors = [torch.randn(rows, 3, generator=g), torch.randint(0, 9, (rows,), generator=g)]
+        tensors = tensors[: 1 + micro % 2] + ([torch.randn(rows, generator=g)] if micro % 3 else [])
+        keeps = [torch.rand(t.shape, generator=g) > 0.4 if micro % 5 else None for t in tensors]
+        digest = samples.digest(tensors, keeps)
+        assert isinstance(digest.rows, tuple) and digest.data is None  # nothing mixed yet
+        digests.append(digest)
+        stacked = np.stack(digest.rows)
+        alone.append((wrap(int(stacked.sum(dtype=np.int64))), samples.np_mixed_rows(stacked)))
+        if micro % 4 == 3:
+            digests.send()
+            held = sum(r.size for d in digests.all if isinstance(d.rows, tuple) for r in d.rows)
+            assert held < max(mix_at, 1)  # mixed once that many were held
+    found = digests.series()
+    assert found["micro/data"].tolist() == [a[0] for a in alone]
+    assert found["micro/pairs"].tolist() == [a[1] for a in alone]
 
 
 @pytest.mark.parametrize("device", DEVICES)

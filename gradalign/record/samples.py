@@ -48,11 +48,12 @@ class Digest:
     """One micro-batch's digests: `data` (an int, or a 0-d int64 tensor on a device: no host
     sync) and `pairs` (likewise; None where the tensors share no leading dimension). On a
     device a batch whose tensors share their rows keeps only its row sums (`rows`, [tensors,
-    rows] int64, `_InFlight` once on their way to the host): `resolve` makes both ints."""
+    rows] int64, `_InFlight` once on their way to the host); on the CPU likewise, one int64
+    array per tensor, mixed later with other batches' (`mix_host`): `resolve` makes both ints."""
 
     data: int | torch.Tensor | None
     pairs: int | torch.Tensor | None
-    rows: torch.Tensor | _InFlight | None = None
+    rows: torch.Tensor | _InFlight | tuple[np.ndarray, ...] | None = None
 
 
 @dataclass
@@ -105,8 +106,7 @@ def digest(tensors: list[torch.Tensor], keeps: list[torch.Tensor | None]) -> Dig
         if not paired:
             data = sum(int(_np_total(a, k)) for a, k in zip(arrays, masks, strict=True))
             return Digest(wrap(data), None)
-        rows = np.stack([_np_rows(a, k) for a, k in zip(arrays, masks, strict=True)])
-        return Digest(wrap(int(rows.sum(dtype=np.int64))), np_mixed_rows(rows))
+        return Digest(None, None, tuple(_np_rows(a, k) for a, k in zip(arrays, masks, strict=True)))
     if not paired:  # a device's tensors: 0-d int64 tensors, read at the end
         totals = [_total(t, k) for t, k in zip(tensors, keeps, strict=True)]
         return Digest(torch.stack([v.to(totals[0].device) for v in totals]).sum(), None)
@@ -154,8 +154,13 @@ def _np_rows(values: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
 
 def np_mixed_rows(rows: np.ndarray) -> int:
     """Σ_rows splitmix64(Σ_tensors weight_t · row sum), in uint64 (two's complement wrap, as
-    int64): `rows` holds one tensor's row sums per line (int64, [tensors, rows]); every
-    operation wraps, in place where it can (`rows` itself is left as it is)."""
+    int64): `rows` holds one tensor's row sums per line (int64, [tensors, rows])."""
+    return _signed(int(_mixed(rows).sum(dtype=np.uint64)))
+
+
+def _mixed(rows: np.ndarray) -> np.ndarray:
+    """Per row (a column of `rows`, int64 [tensors, rows]), splitmix64(Σ_tensors weight_t · row
+    sum) as uint64; every operation wraps, in place where it can (`rows` is left as it is)."""
     sums = rows.view(np.uint64)
     z = _weights(sums.shape[0]) @ sums  # Σ_tensors weight_t · row sum, per row
     z += np.uint64(0x9E3779B97F4A7C15)
@@ -163,10 +168,40 @@ def np_mixed_rows(rows: np.ndarray) -> int:
         z ^= z >> np.uint64(shift)
         z *= np.uint64(factor)
     z ^= z >> np.uint64(31)
-    return _signed(int(z.sum(dtype=np.uint64)))
+    return z
+
+
+def mix_host(digests: list[Digest]) -> None:
+    """Give each CPU batch's digest still holding its row sums its `data` and `pairs` as
+    `np_mixed_rows` would, the batches of one tensor count mixed in one pass over all their
+    rows (a dozen numpy calls per batch cost more than the row sums themselves at B=32)."""
+    groups: dict[int, list[Digest]] = {}
+    for digest in digests:
+        if isinstance(digest.rows, tuple):
+            groups.setdefault(len(digest.rows), []).append(digest)
+    for count, these in groups.items():
+        held = [d.rows for d in these]
+        lengths = np.array([r[0].shape[0] for r in held], dtype=np.int64)  # type: ignore[index]
+        rows = np.stack([np.concatenate([r[t] for r in held]) for t in range(count)])  # type: ignore[index]
+        data = _segment_sums(rows.sum(axis=0, dtype=np.int64), lengths)  # wraps, as one sum
+        pairs = _segment_sums(_mixed(rows), lengths)
+        for digest, total, mixed in zip(these, data.tolist(), pairs.tolist(), strict=True):
+            digest.data, digest.pairs, digest.rows = wrap(total), _signed(mixed), None
+
+
+def _segment_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The sums of consecutive runs of `values` of these lengths (0 for an empty one; reduceat
+    would give the next element), wrapping."""
+    out = np.zeros(len(lengths), dtype=values.dtype)
+    starts = np.cumsum(lengths) - lengths
+    filled = lengths > 0
+    if filled.any():
+        out[filled] = np.add.reduceat(values, starts[filled])
+    return out
 
 
 _WEIGHTS: dict[int, np.ndarray] = {}
+_MIX_AT = 1 << 16  # CPU row sums a run holds before `Digests.send` mixes them
 
 
 def _weights(count: int) -> np.ndarray:
@@ -181,18 +216,23 @@ class Digests:
     """A run's digests in micro-step order. On a device, each window's row sums start for the
     host at its `send()` (one copy into pinned memory, no wait: the run's device memory does
     not grow with them), and those landed by a later `send()` are mixed, freeing their host
-    memory too; `series()` reads the rest."""
+    memory too; `series()` reads the rest. On the CPU the row sums wait for `send()` to mix
+    them once they hold `_MIX_AT` values (so a long run's host memory does not grow either)."""
 
     def __init__(self) -> None:
         self.all: list[Digest] = []
         self._unsent = 0  # the first digest `send` has not seen
         self._unmixed = 0  # the first digest that may still be in flight
+        self._host = 0  # the first digest whose CPU row sums may be unmixed
+        self._held = 0  # CPU row sums held since then
 
     def __len__(self) -> int:
         return len(self.all)
 
     def append(self, digest: Digest) -> None:
         self.all.append(digest)
+        if isinstance(digest.rows, tuple):
+            self._held += sum(r.size for r in digest.rows)
 
     def send(self) -> None:
         while self._unmixed < self._unsent:  # copies land in the order they were made
@@ -202,6 +242,9 @@ class Digests:
                     break
                 _mix(self.all[self._unmixed], rows.array())
             self._unmixed += 1
+        if self._held >= _MIX_AT:
+            mix_host(self.all[self._host :])
+            self._host, self._held = len(self.all), 0
         waiting = _by_device(self.all[self._unsent :], cuda_only=True)
         self._unsent = len(self.all)
         for these in waiting:
@@ -213,12 +256,14 @@ class Digests:
 
 def resolve(digests: list[Digest]) -> None:
     """Give every digest still holding row sums its `data` and `pairs` as ints: those on a
-    device fetched in one transfer, those on their way to the host once landed."""
+    device fetched in one transfer, those on their way to the host once landed, those on the
+    CPU mixed together."""
     for these in _by_device(digests, cuda_only=False):
         _to_host(these, wait=True)
     for digest in digests:
         if isinstance(digest.rows, _InFlight):
             _mix(digest, digest.rows.array())
+    mix_host(digests)
 
 
 def _by_device(digests: list[Digest], cuda_only: bool) -> list[list[Digest]]:
