@@ -38,6 +38,29 @@ def test_recording_benchmark_runs_and_reports_a_ratio_two_floors_and_cpu(tmp_pat
     assert "training thread" in done.stdout
 
 
+def test_recording_benchmark_fixes_mallocs_thresholds_when_asked(tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["--updates", "1", "--batch-size", "8", "--accum-steps", "2", "--reps", "1"]
+    done = _bench("recording_overhead.py", *args, "--malloc", "keep", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["info"]["malloc"] == "keep"
+    assert "malloc thresholds fixed" in done.stdout
+
+
+def test_recorder_calls_benchmark_times_each_call_on_the_training_thread(tmp_path):
+    out = tmp_path / "calls.json"
+    args = ["--updates", "2", "--batch-size", "8", "--accum-steps", "2", "--reps", "1"]
+    done = _bench("recorder_calls.py", *args, "--json", str(out), "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    medians = json.loads(out.read_text())["medians"]
+    calls = ["Recorder(...)", "micro()", "grads()", "update()", "close()"]
+    assert all(medians[call]["cpu_ms"] > 0 for call in calls), medians
+    assert 0 < medians["of which the digest"]["cpu_ms"] <= medians["micro()"]["cpu_ms"]
+    total = sum(medians[call]["cpu_ms"] for call in calls)
+    assert abs(medians["all calls"]["cpu_ms"] - total) <= 1e-6 * total  # one repetition
+    assert [p.name for p in tmp_path.iterdir()] == ["calls.json"]  # its runs removed
+
+
 def test_sketch_memory_follows_the_block_not_the_tensor(tmp_path):
     """The device summary's temporaries (a float64 block, the fingerprint's int64 copy) are one
     block's, whatever the tensor's size: 2M elements in blocks of 64Ki take under 1 byte each."""
