@@ -100,10 +100,12 @@ def measure(
 ) -> dict[str, Any]:
     """Per run ("baseline", "merged") and variant: `reps` timings in seconds, warm-up excluded;
     beside each wall time, the CPU seconds of the training thread ("VARIANT:thread") and of the
-    whole process, every thread ("VARIANT:process"), and on CUDA the peak GPU memory allocated,
-    in MiB ("VARIANT:gpu")."""
+    whole process, every thread ("VARIANT:process"), on CUDA the peak GPU memory allocated, in
+    MiB ("VARIANT:gpu"), and on Linux the training thread's minor page faults
+    ("VARIANT:faults")."""
     variants = (*VARIANTS, FLOOR, WRITTEN) if floor else VARIANTS
-    keys = [f"{v}{part}" for v in variants for part in ("", ":thread", ":process", ":gpu")]
+    parts = ("", ":thread", ":process", ":gpu", ":faults")
+    keys = [f"{v}{part}" for v in variants for part in parts]
     keys.append("recorded:fixed")
     times: dict[str, dict[str, list[float]]] = {run: {k: [] for k in keys} for run in configs}
     counter = 0
@@ -124,27 +126,43 @@ def measure(
                 timings[WRITTEN] = _timed(lambda c=config, o=out: time_plain(c, size, str(o)))
                 shutil.rmtree(out)
             if rep >= 0:
-                for variant, (wall, thread, process, gpu) in timings.items():
+                for variant, (wall, thread, process, gpu, faults) in timings.items():
                     times[run][variant].append(wall)
                     times[run][f"{variant}:thread"].append(thread)
                     times[run][f"{variant}:process"].append(process)
                     if gpu is not None:
                         times[run][f"{variant}:gpu"].append(gpu)
+                    if faults is not None:
+                        times[run][f"{variant}:faults"].append(faults)
     return {run: {k: v for k, v in series.items() if v} for run, series in times.items()}
 
 
-def _timed(work: Any) -> tuple[float, float, float, float | None]:
+def _timed(work: Any) -> tuple[float, float, float, float | None, int | None]:
     """`work()`'s wall time (what it returns), the CPU seconds of this thread and of the whole
-    process while it ran, and on CUDA the peak GPU memory it allocated (MiB; else None)."""
+    process while it ran, on CUDA the peak GPU memory it allocated (MiB; else None), and the
+    minor page faults this thread took (None where the system does not count them per thread)."""
     gc.collect()
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    faults = _thread_faults()
     thread, process = time.thread_time(), time.process_time()
     wall = work()
+    spent = time.thread_time() - thread, time.process_time() - process
     gpu = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
-    return wall, time.thread_time() - thread, time.process_time() - process, gpu
+    after = _thread_faults()
+    return wall, *spent, gpu, None if faults is None or after is None else after - faults
+
+
+def _thread_faults() -> int | None:
+    """This thread's minor page faults so far (Linux), else None."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    except (ImportError, AttributeError, OSError):
+        return None
 
 
 def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
@@ -176,6 +194,7 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
         for key in series:
             if ":" in key:
                 variant, part = key.split(":")
-                unit = {"gpu": "peak_mib", "fixed": "median_s"}.get(part, "cpu_median_s")
+                units = {"gpu": "peak_mib", "fixed": "median_s", "faults": "median"}
+                unit = units.get(part, "cpu_median_s")
                 out[name][f"{variant}_{part}_{unit}"] = statistics.median(series[key])
     return out

@@ -186,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         f"all threads recorded {both['recorded_process_cpu_median_s'] * 1e3:.1f} ms "
         f"({both['recorded_process_cpu_median_s'] / thread_plain:.2f}x)"
     )
+    if "recorded_faults_median" in both:
+        print(
+            f"Page faults of the training thread, both runs (medians): "
+            f"{both['plain_faults_median']:,.0f} plain, {both['recorded_faults_median']:,.0f} "
+            "recorded"
+        )
     if "recorded_fixed_median_s" in both:
         fixed = both["recorded_fixed_median_s"]
         print(
