@@ -239,25 +239,37 @@ def test_which_localized_jumps_are_excused(jumps, weights_over, excused, size):
     times elsewhere): isolated jumps (1 + updates // 100 of them, and past those each further
     one in units of its own), and those whose step stayed in the noise, in a row or not, each
     off by less than 1/factor of the tensor."""
+    ref = np.random.default_rng(0).normal(size=(40, 6))
+    grads = {}
+    for u in range(12):
+        grads[u] = ref.copy()
+        if u in jumps:
+            grads[u][jumps[u]] += size
+    found, notes = _excused_jumps(ref, grads, set(jumps), weights_over)
+    assert found == excused
+    assert len(notes) == len(excused)
+
+
+def _excused_jumps(
+    ref: np.ndarray, grads: dict[int, np.ndarray], jumps: set[int], weights_over: dict
+) -> tuple[list[int], list[str]]:
+    """`excuse_isolated_jumps` on one tensor `w` whose reference gradient is `ref` at every
+    update and whose merged one is `grads[update]`: its gradient failing at `jumps` (2.0 against
+    an allowed 1.0, 0.5 elsewhere, noise 0.1), its weights `weights_over` times their noise
+    (1.1 times where not given); the excused updates, and the notes."""
     from gradalign.judge.kinks import excuse_isolated_jumps
     from gradalign.judge.metrics import TensorDiff
     from gradalign.judge.results import UpdateResult
 
-    ref = np.random.default_rng(0).normal(size=(40, 6))
-    grads, results = {}, []
-    for u in range(12):
-        g = ref.copy()
-        if u in jumps:
-            g[jumps[u]] += size
-        grads[u] = {"w": g}
+    results = []
+    for u in sorted(grads):
         over = weights_over.get(u, 1.1)
         weight = TensorDiff("w", 0, 0, 0, 1, over * 1e-6, 1.0, noise=1e-6)
         grad = TensorDiff("w", 0, 0, 0, 1, 2.0 if u in jumps else 0.5, 1.0, noise=0.1)
         results.append(UpdateResult(u, 1, 1, 0, 0, 1, weights=[weight], grads=[grad]))
-    reference = _Grads({u: {"w": ref} for u in grads})
-    notes = excuse_isolated_jumps(results, _Grads(grads), reference, 4.0)
-    assert [r.update for r in results if r.grads[0].excused] == excused
-    assert len(notes) == len(excused)
+    merged = _Grads({u: {"w": g} for u, g in grads.items()})
+    notes = excuse_isolated_jumps(results, merged, _Grads({u: {"w": ref} for u in grads}), 4.0)
+    return [r.update for r in results if r.grads[0].excused], notes
 
 
 @pytest.mark.parametrize("inputs, excused", [((1, 2), [3, 8]), ((1, None), [3])])
@@ -269,29 +281,18 @@ def test_a_choice_made_per_input_again_in_the_same_tensor_is_one_of_its_own(inpu
     other inputs than the one before; model zoo run 212069 failed at update 18 as `unexplained`).
     A kink in rows is held to its rows (above); a second jump that is no input's share (noise
     over every element, of full rank) still fails."""
-    from gradalign.judge.kinks import excuse_isolated_jumps
-    from gradalign.judge.metrics import TensorDiff
-    from gradalign.judge.results import UpdateResult
-
     rng = np.random.default_rng(1)
     ref = rng.normal(size=(48, 24))
     shares = {3: inputs[0], 8: inputs[1]}
-    grads, results = {}, []
+    grads = {}
     for u in range(12):
-        g = ref.copy()
-        if u in shares:
-            if shares[u] is None:
-                g += 0.1 * rng.normal(size=ref.shape)  # spread: no one input's share
-            else:
-                g += 0.1 * np.outer(rng.normal(size=48), rng.normal(size=24))
-        grads[u] = {"w": g}
-        over = 14.9 if u in shares else 1.1
-        weight = TensorDiff("w", 0, 0, 0, 1, over * 1e-6, 1.0, noise=1e-6)
-        grad = TensorDiff("w", 0, 0, 0, 1, 2.0 if u in shares else 0.5, 1.0, noise=0.1)
-        results.append(UpdateResult(u, 1, 1, 0, 0, 1, weights=[weight], grads=[grad]))
-    reference = _Grads({u: {"w": ref} for u in grads})
-    notes = excuse_isolated_jumps(results, _Grads(grads), reference, 4.0)
-    assert [r.update for r in results if r.grads[0].excused] == excused
+        grads[u] = ref.copy()
+        if shares.get(u, 0) is None:
+            grads[u] += 0.1 * rng.normal(size=ref.shape)  # spread: no one input's share
+        elif u in shares:
+            grads[u] += 0.1 * np.outer(rng.normal(size=48), rng.normal(size=24))
+    found, notes = _excused_jumps(ref, grads, set(shares), {u: 14.9 for u in shares})
+    assert found == excused
     assert len(notes) == len(excused)
     assert "one input's share" in notes[0]
 
