@@ -32,10 +32,10 @@ host sketch summarizes it), and a full one must also write those bytes: the two 
 floors under the recorded one.
 
 `--malloc keep` fixes glibc's mmap and trim thresholds for the process (both variants), as the
-`gradalign` command does for itself: with the adaptive thresholds as they come, a 10M-parameter
-loop of this process faults 80,000 to 340,000 pages back in per 12-update run whether it records
-or not (the heap trimmed and regrown around its 16 MiB gradients), and the variants, alternating
-in one process, inherit each other's heap.
+`gradalign` command does for itself: with the adaptive thresholds as they come, the 10M-parameter
+loop's training thread faulted 151,000 to 477,000 pages back in a repetition of both runs,
+recorded or not (docs/PERFORMANCE.md, "At `abbb816`": the heap trimmed and regrown around its
+16 MiB gradients), and the variants, alternating in one process, inherit each other's heap.
 """
 
 from __future__ import annotations
