@@ -106,3 +106,39 @@ def test_one_input_s_share_over_micro_batches_of_many_samples_is_no_reweighting(
     assert "at update 3 every failing gradient holds one input's share" in c.diagnosis[0].message
     monkeypatch.setattr(gradient, "_one_input_alone", lambda *a: False)
     assert _compare(root).diagnosis[0].code == "token-normalization"
+
+
+def _float16_runs(root, optimizer: str, k: int, seed: int, **loop):
+    """The baseline and the merged run under float16 autocast with a GradScaler, and the float64
+    reference skipping the updates the baseline's scaler skipped, as the bench records them."""
+    with one_thread():
+        both = {"autocast": "float16", **loop}
+        zoo.record(root / "base", "moe", optimizer, 1, seed, reference="../ref", **both)
+        skips = gradalign.skipped_updates(root / "base")
+        zoo.record(
+            root / "ref", "moe", optimizer, 1, seed, float64=True, skip_updates=skips, **loop
+        )
+        zoo.record(root / "merged", "moe", optimizer, k, seed, **both)
+    return root
+
+
+def test_a_sketched_token_s_route_is_read_from_the_grid_sums(tmp_path, monkeypatch):
+    """Model zoo run 214216 (Adam 1e-2, K=8, float16, recorded with sketches, 20 updates): at
+    update 11 a token routed otherwise; only expert 1's biases failed (kept whole), beside its
+    weights passing at 43 times their noise, sketched. A count sketch keeps no rank: read by
+    their grid sums (runs/grid_sums.py) the weights' errors are one input's share, the biases
+    along them, and the run passes; without the grid sums it fails at update 11."""
+    root = _float16_runs(tmp_path, "adam-1e-2", 8, 214216, updates=20, sketch=True)
+    _followed(
+        root, monkeypatch, "gradalign.judge.kink_evidence.Sketched._grids", 11,
+        r"update 11: .*one input's share", lambda *a: None,
+    )  # fmt: skip
+
+
+def test_a_gain_after_an_update_the_scaler_skipped_is_followed(tmp_path, monkeypatch):
+    """Model zoo run 214267 (Adam with eps 1e-6, K=4, float16): the GradScaler skipped update 0
+    in every run (no gradient kept), and at update 1 one element of expert 0's second bias
+    stepped the other way (its gradient near zero, Adam's step ±lr): its optimizer's gain, which
+    the bound once refused to read for the update without gradients."""
+    root = _float16_runs(tmp_path, "adam-eps6", 4, 214267, updates=20)
+    _followed(root, monkeypatch, "follow_gain_divergence", 1, r"update 1: experts\.0\.2\.bias")

@@ -138,28 +138,44 @@ def _bounds(
     seen: Sketching | None,
 ) -> list[dict[str, float]] | None:
     """Per judged update, per tensor: GAIN_SLACK·||Γ·Σ|g_m − g_ref|||| over its elements. None
-    where a run lacks an update's gradients of those tensors or the reference its weights."""
-    before = exact(ref, "weights", None, seen)
-    if before is None or any(name not in before for name in elements):
+    where a run lacks an update's gradients of those tensors or the reference its weights,
+    unless neither run's elements moved there: an update a loss scaler skipped keeps no
+    gradient (model zoo run 214267, a tiny mixture of experts under float16 autocast, Adam with
+    eps 1e-6: update 0 skipped at a scale of 65536, one bias element stepped the other way at
+    update 1)."""
+    before = exact(ref, "weights", None, seen), exact(merged, "weights", None, seen)
+    if any(b is None or any(name not in b for name in elements) for b in before):
         return None
     idx = {name: np.asarray(found) for name, found in elements.items()}
-    prev = {name: _pick(before, name, i) for name, i in idx.items()}
+    prev = {name: _pick(before[0], name, i) for name, i in idx.items()}
+    prev_merged = {name: _pick(before[1], name, i) for name, i in idx.items()}
     squares = {name: np.zeros(len(i)) for name, i in idx.items()}
     gain = {name: np.zeros(len(i)) for name, i in idx.items()}
     errors = {name: np.zeros(len(i)) for name, i in idx.items()}
-    out = []
-    for n, r in enumerate(results):
+    out: list[dict[str, float]] = []
+    read = 0  # updates whose gradients were read
+    for r in results:
         gm, gr = exact(merged, "grads", r.update, seen), exact(ref, "grads", r.update, seen)
-        wr = exact(ref, "weights", r.update, seen)
-        if gm is None or gr is None or wr is None:
+        wr, wm = exact(ref, "weights", r.update, seen), exact(merged, "weights", r.update, seen)
+        if wr is None or wm is None or any(name not in t for t in (wr, wm) for name in elements):
             return None
-        if any(name not in t for t in (gm, gr, wr) for name in elements):
-            return None
+        if gm is None or gr is None or any(name not in t for t in (gm, gr) for name in elements):
+            still = all(
+                np.array_equal(_pick(w, name, i), was[name])
+                for w, was in ((wr, prev), (wm, prev_merged))
+                for name, i in idx.items()
+            )
+            if not still:
+                return None
+            out.append(out[-1] if out else {name: 0.0 for name in idx})
+            continue
+        prev_merged = {name: _pick(wm, name, i) for name, i in idx.items()}
+        read += 1
         row = {}
         for name, i in idx.items():
             g, w = _pick(gr, name, i), _pick(wr, name, i)
             squares[name] += g * g
-            rms = np.sqrt(squares[name] / (n + 1))
+            rms = np.sqrt(squares[name] / read)
             step = np.abs(w - prev[name])
             np.maximum(gain[name], np.divide(step, rms, out=np.zeros_like(step), where=rms > 0),
                        out=gain[name])  # fmt: skip

@@ -6,9 +6,11 @@ Where both runs kept the update's full files the values are read (`Whole`). Wher
 sketches there (`--record sketch`), the same questions are answered from what it kept
 (`Sketched`): the error's norm estimated from sketch differences (runs/sketches.py), the
 second run's exact norm, and each row's and column's error energy estimated from the
-gradients' unit sums (runs/unit_sums.py); a tensor kept whole is read exactly. An estimate of
-the units is what it is: the rows it finds hold the error in the estimated energies, and a
-tensor without unit sums (a run recorded before them, a weight) has no units to find.
+gradients' unit sums (runs/unit_sums.py), and the error's rank from their grid sums
+(runs/grid_sums.py: one input's share stays one outer product there); a tensor kept whole is
+read exactly. An estimate of the units is what it is: the rows it finds hold the error in the
+estimated energies, and a tensor without unit sums (a run recorded before them, a weight) has
+no units to find, nor a rank without grid sums.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..runs.grid_sums import grid_sums, hashed_ones, hashed_rows
 from ..runs.model import Run, Tensors
 from ..runs.sketches import estimate
 from ..runs.unit_sums import has_units, unit_energies, unit_sums
@@ -59,25 +62,52 @@ class _Pair:
 
     def one_input(self, name: str, rest: float = math.inf, few: bool = False) -> Units | None:
         """The tensor's error as one input's share (`kink_shape.one_input`, `few` as there);
-        None where it is not, where no kink is read in the tensor, or where either run did not
-        keep it whole (a sketch keeps no rank)."""
-        both = None if name in self.counted else self._whole(name)
-        return None if both is None else one_input(*both, rest, few)
+        None where it is not, where no kink is read in the tensor, or where its rank cannot be
+        read (`_ranked`)."""
+        both = None if name in self.counted else self._ranked(name)
+        if both is None:
+            return None
+        return one_input(*both[0], rest, few, hashed_ones(self.shape(name)) if both[1] else None)
 
     def along_input(self, bias: str, weight: str) -> bool:
         """Whether the bias's error is the same inputs' share as its weight's rank-one error
-        (`kink_shape.along_input`); False where either is not read whole."""
-        pair, own = self._whole(weight), self._whole(bias)
-        return pair is not None and own is not None and along_input(pair, own)
+        (`kink_shape.along_input`); False where either cannot be read. Where the weight is read
+        by its grid sums, the bias is hashed as its rows are (`grid_sums.hashed_rows`)."""
+        own, pair = self._whole(bias), self._ranked(weight)
+        if own is None or pair is None or own[0].shape != self.shape(weight)[:1]:
+            return False
+        if pair[1]:  # a weight of two axes, as `kink_shape.along_input` reads one
+            if len(self.shape(weight)) != 2:
+                return False
+            own = (hashed_rows(own[0]), hashed_rows(own[1]))
+        return along_input(pair[0], own)
 
     def same_input(self, name: str, other: str) -> bool:
         """Whether two weights' rank-one errors are the same input's share
-        (`kink_shape.same_input`); False where either is not read whole."""
-        first, second = self._whole(name), self._whole(other)
-        return first is not None and second is not None and same_input(first, second)
+        (`kink_shape.same_input`); False where either cannot be read, or they have not as many
+        columns (trailing axes flattened)."""
+        columns = [math.prod(self.shape(n)[1:]) for n in (name, other)]
+        both = self._ranked(name, other)
+        return both is not None and columns[0] == columns[1] and same_input(*both[0])
+
+    def _ranked(self, *names: str) -> tuple | None:
+        """The tensors' pairs as their ranks are read: both runs' values, or where either kept
+        only a sketch, both runs' grid sums (each name's pair, one name: that pair), and whether
+        they are grids; None where any cannot be read."""
+        pairs = [self._whole(name) for name in names]
+        if all(pair is not None for pair in pairs):
+            return (pairs[0] if len(names) == 1 else pairs), False
+        grids = [self._grids(name) for name in names]
+        if any(grid is None for grid in grids):
+            return None
+        return (grids[0] if len(names) == 1 else grids), True
 
     def _whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         raise NotImplementedError
+
+    def _grids(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Both runs' grid sums of a tensor, where both kept them or its values."""
+        return None
 
     def kinked_units(self, name: str, rest: float = math.inf) -> Units | None:
         """`units` as a followed kink reads them, at most KINK_UNITS: rows of a tensor of many
@@ -151,7 +181,7 @@ class Sketched(_Pair):
         self.first, self.second = kept
         self.before = before
         self.shapes = {t.name: tuple(t.shape) for t in runs[1].tensors}
-        self._sums: dict[str, tuple | None] = {}
+        self._sums: dict[tuple[str, bool], tuple | None] = {}
         self._files: list[Tensors | None] | None = None  # each run's sketch file, read once
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -199,6 +229,10 @@ class Sketched(_Pair):
         shape = self.shape(name)
         return first.vector.reshape(shape), second.vector.reshape(shape)
 
+    def _grids(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Both runs' grid sums of a tensor (None where a run has none), read once."""
+        return self._kept_sums(name, grid=True)
+
     def holding(self, name: str) -> str:
         """What `units` found its units holding, for a note."""
         if self.first[name].exact and self.second[name].exact:
@@ -213,7 +247,12 @@ class Sketched(_Pair):
 
     def _unit_sums(self, name: str) -> tuple | None:
         """Both runs' unit sums of a tensor (None where a run has none), read once."""
-        if name not in self._sums:
+        return self._kept_sums(name, grid=False)
+
+    def _kept_sums(self, name: str, grid: bool) -> tuple | None:
+        """Both runs' unit sums of a tensor, or its grid sums (`grid`), read once; None where a
+        run has none."""
+        if (name, grid) not in self._sums:
             if self._files is None:
                 self._files = [
                     run.sketches(self.update) if run.record == "sketch" else None
@@ -221,11 +260,11 @@ class Sketched(_Pair):
                 ]
             shape = self.shape(name)
             found = [
-                unit_sums_of(run, self.kind, self.update, name, shape, kept)
+                unit_sums_of(run, self.kind, self.update, name, shape, kept, grid)
                 for run, kept in zip(self.runs, self._files, strict=True)
             ]
-            self._sums[name] = None if any(f is None for f in found) else tuple(found)
-        return self._sums[name]
+            self._sums[(name, grid)] = None if any(f is None for f in found) else tuple(found)
+        return self._sums[(name, grid)]
 
 
 Pair = Whole | Sketched  # what `apart` gives
@@ -238,23 +277,30 @@ def unit_sums_of(
     name: str,
     shape: tuple[int, ...],
     found: Tensors | None = None,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """A tensor's unit sums at an update: as recorded by a sketch-mode run (`found`: its
-    sketch file there, read once by the caller), or from its values where the run kept them
-    (full files, or a tensor kept whole in its sketch file)."""
+    grid: bool = False,
+) -> tuple[np.ndarray, np.ndarray] | np.ndarray | None:
+    """A tensor's unit sums at an update (its grid sums, `grid`): as recorded by a sketch-mode
+    run (`found`: its sketch file there, read once by the caller), or from its values where the
+    run kept them (full files, or a tensor kept whole in its sketch file)."""
     if kind != "grads" or not has_units(shape):
         return None
+    sums = grid_sums if grid else unit_sums
     if found is not None:
-        rows, columns = found.get(f"rows/{kind}/{name}"), found.get(f"columns/{kind}/{name}")
-        if rows is not None and columns is not None:
-            return np.asarray(rows), np.asarray(columns)
+        if grid:
+            kept = found.get(f"grid/{kind}/{name}")
+            if kept is not None:
+                return np.asarray(kept)
+        else:
+            rows, columns = found.get(f"rows/{kind}/{name}"), found.get(f"columns/{kind}/{name}")
+            if rows is not None and columns is not None:
+                return np.asarray(rows), np.asarray(columns)
         vector = found.get(f"{kind}/{name}")
         if vector is not None and vector.size == math.prod(shape):
-            return unit_sums(vector, shape)
+            return sums(vector, shape)
     full = run.grads(update)
     if full is None or name not in full:
         return None
-    return unit_sums(full[name], shape)
+    return sums(full[name], shape)
 
 
 def apart(

@@ -54,7 +54,11 @@ def kink_units(
 
 
 def one_input(
-    merged: np.ndarray, ref: np.ndarray, rest: float = math.inf, few: bool = False
+    merged: np.ndarray,
+    ref: np.ndarray,
+    rest: float = math.inf,
+    few: bool = False,
+    ones: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Units | None:
     """A rank-one error, `(ONE_INPUT, slabs)`: JUMP_SHARE of the error's energy in one outer
     product of a row vector by a column vector, the remainder's norm at most `rest`, in a
@@ -72,7 +76,11 @@ def one_input(
     rank-one energy is read by power iteration from the largest row, a bound from below (never
     more than the share it has). `few`: a matrix of few rows or columns read too, whole (a
     router's gradient, one row per expert, beside experts whose errors hold one input's share
-    already: judge/choices.py `same_inputs`)."""
+    already: judge/choices.py `same_inputs`). A uniform offset, JUMP_SHARE of the energy in the
+    outer product of the all-ones row and column (`ones`: those vectors as the arrays hold the
+    tensor's rows and columns, hashed in grid sums; None: the arrays are the tensor), is rank one
+    and no input's share: a term c·Σw in the loss adds c to every element of the gradient, at
+    every update (tests/test_sketch_walk.py, read from grid sums at width 31)."""
     second = np.asarray(ref, dtype=np.float64)
     err = np.asarray(merged, dtype=np.float64) - second
     if err.ndim < 2:
@@ -89,7 +97,19 @@ def one_input(
             found, held = sum(_rank_one(slabs[i]) for i in most), frozenset(most.tolist())
     if found < JUMP_SHARE * total or math.sqrt(max(total - found, 0.0)) > rest:
         return None
+    if held == WHOLE and _uniform(flat, ones) >= JUMP_SHARE * total:
+        return None
     return ONE_INPUT, held
+
+
+def _uniform(matrix: np.ndarray, ones: tuple[np.ndarray, np.ndarray] | None) -> float:
+    """The energy of a matrix's projection on the outer product of its all-ones row and column
+    (`ones`, as hashed; None: ones): a uniform offset's."""
+    rows, columns = (
+        ones if ones is not None else (np.ones(matrix.shape[0]), np.ones(matrix.shape[1]))
+    )
+    scale = float(rows @ rows) * float(columns @ columns)
+    return float(rows @ matrix @ columns) ** 2 / scale if scale > 0 else 0.0
 
 
 def _many(matrix: np.ndarray) -> bool:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..runs.background import BackgroundWriter
+from ..runs.grid_sums import COLUMNS, ROWS, grid_shape, grid_sums
 from ..runs.layout import sketch_file
 from ..runs.sketches import WHOLE_1D, WIDTH, Summary, kept_whole, summarize
 from ..runs.unit_sums import GROUPS, has_units, unit_sums
@@ -97,6 +98,7 @@ class Sketcher:
         self.results: dict[tuple[str, int | None], dict[str, Summary]] = {}
         self._lock = threading.Lock()
         self._device_signs: dict[tuple[int, str], torch.Tensor] = {}
+        self._grid_signs: dict[tuple[int, int, str], torch.Tensor] = {}
 
     def host(
         self,
@@ -115,7 +117,10 @@ class Sketcher:
             for n, a in arrays.items():
                 summary = summarize(a, self.declared[n], self.width, self.whole(n, a.size))
                 if self.with_units(kind, n, a.size):
-                    summary = dataclasses.replace(summary, units=unit_sums(a, self.shapes[n]))
+                    shape = self.shapes[n]
+                    summary = dataclasses.replace(
+                        summary, units=unit_sums(a, shape), grid=grid_sums(a, shape)
+                    )
                 found[n] = summary
             self._store(kind, update, found)
 
@@ -126,7 +131,12 @@ class Sketcher:
         with torch.no_grad():
             parts = [self._on_device(t, self.whole(n, t.numel())) for n, t in tensors.items()]
             units = [
-                self._device_units(t, self.shapes[n])
+                torch.cat(
+                    [
+                        self._device_units(t, self.shapes[n]),
+                        self._device_grid(t, self.shapes[n]).reshape(-1),
+                    ]
+                )
                 if self.with_units(kind, n, t.numel())
                 else None
                 for n, t in tensors.items()
@@ -160,7 +170,10 @@ class Sketcher:
                     at += rows_n * GROUPS
                     columns = values[at : at + columns_n * GROUPS].reshape(columns_n, GROUPS)
                     at += columns_n * GROUPS
-                    summary = dataclasses.replace(summary, units=(rows, columns.copy()))
+                    p, q = grid_shape(self.shapes[name])
+                    grid = values[at : at + p * q].reshape(p, q).copy()
+                    at += p * q
+                    summary = dataclasses.replace(summary, units=(rows, columns.copy()), grid=grid)
                 found[name] = summary
             self._store(kind, update, found)
 
@@ -209,6 +222,40 @@ class Sketcher:
                 columns[t] += by_column[(t - first) % GROUPS :: GROUPS].sum(0)
             del signed, signs, by_column
         return torch.cat([rows.reshape(-1), columns.t().reshape(-1)])
+
+    def _device_grid(self, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """`runs.grid_sums.grid_sums` by torch, on the device, in blocks of rows: [P, Q],
+        float64."""
+        rows_n = int(shape[0])
+        x = tensor.detach().reshape(rows_n, -1)
+        columns_n = x.shape[1]
+        p, q = grid_shape((rows_n, columns_n))
+        flip_columns = self._axis_signs(COLUMNS, columns_n, x.device)
+        flip_rows = self._axis_signs(ROWS, rows_n, x.device)
+        grid = torch.zeros(p, q, dtype=torch.float64, device=x.device)
+        grouped = columns_n - columns_n % q
+        step = max(1, _BLOCK // columns_n // p) * p  # whole rows, a multiple of P
+        for first in range(0, rows_n, step):
+            signed = x[first : first + step].to(torch.float64) * flip_columns
+            count = signed.shape[0]
+            folded = signed[:, :grouped].reshape(count, -1, q).sum(1)
+            folded[:, : columns_n - grouped] += signed[:, grouped:]
+            folded *= flip_rows[first : first + count, None]
+            whole = count - count % p
+            grid += folded[:whole].reshape(-1, p, q).sum(0)
+            grid[: count - whole] += folded[whole:]
+            del signed, folded
+        return grid
+
+    def _axis_signs(self, offset: int, count: int, device: torch.device) -> torch.Tensor:
+        """A grid's row or column signs (`runs.grid_sums`) as float64 ±1 on `device`, made once
+        per count."""
+        key = (offset, count, str(device))
+        signs = self._grid_signs.get(key)
+        if signs is None:
+            signs = 1.0 - 2.0 * negative_signs(offset, count, device).to(torch.float64)
+            self._grid_signs[key] = signs
+        return signs
 
     def _signs(self, n: int, device: torch.device) -> torch.Tensor:
         """The packed signs of a tensor of n elements on `device`, made once per size."""
@@ -269,6 +316,8 @@ class Sketcher:
                 if summary.units is not None:
                     tensors[f"rows/{kind}/{name}"] = summary.units[0]
                     tensors[f"columns/{kind}/{name}"] = summary.units[1]
+                if summary.grid is not None:
+                    tensors[f"grid/{kind}/{name}"] = summary.grid
             norms = [np.sqrt(found[n].sumsq) if n in found else 0.0 for n in self.names]
             tensors[f"norms/{kind}"] = np.asarray(norms, dtype=np.float64)
             with self._lock:  # only the fingerprints are read again (the series)

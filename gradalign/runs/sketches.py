@@ -52,6 +52,7 @@ class Summary:
     held: np.ndarray | None = None  # a sketched tensor's infinities, float64 [width]; None: none
     # a sketched gradient's row and column sums (runs/unit_sums.py); None: not kept
     units: tuple[np.ndarray, np.ndarray] | None = None
+    grid: np.ndarray | None = None  # and its grid sums (runs/grid_sums.py); None: not kept
 
 
 def kept_whole(shape: tuple[int, ...], width: int, whole_1d: int = 0) -> bool:

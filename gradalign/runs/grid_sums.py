@@ -1,0 +1,99 @@
+"""Grid sums: what a sketch-mode run keeps of a gradient so that the judge can read its error's
+rank (docs/FORMAT.md, "Sketches"), where unit sums (runs/unit_sums.py) keep each row's and
+column's energy and no rank.
+
+A tensor of shape (R, ...) of n elements is read as a matrix X of R rows and C = n / R columns
+(its trailing axes flattened, row-major), and kept as a P x Q grid, P = min(R, GRID) and
+Q = min(C, GRID):
+
+    grid[a, b] = Σ_{i mod P = a} Σ_{j mod Q = b} ρ(i)·γ(j)·X[i, j]
+
+with ρ(i) = σ(ROWS + i) and γ(j) = σ(COLUMNS + j), σ the sketch's splitmix64 sign
+(runs/sketches.py). That is grid = A X Bᵀ, A (P x R) and B (Q x C) each with one ±1 in every
+column, so:
+
+- a rank-one X = u vᵀ gives the rank-one grid (A u)(B v)ᵀ: one input's share of a weight's
+  gradient (δ xᵀ, a token routed to another expert) stays one outer product, where an error
+  spread over many ranks fills the grid (its first component about (√P + √Q)² / PQ of it, 12%
+  at 32 x 32);
+- two runs' grids subtract (the same signs): grid(a) − grid(b) = grid(a − b), and its squared
+  norm estimates ||a − b||² without bias (each bucket a count sketch whose row and column signs
+  are independent);
+- two tensors of as many columns share B: the same input's share in two weights (δ₁ xᵀ, δ₂ xᵀ)
+  gives grids along one right vector B x; and a bias's error δ, hashed by A (a tensor of shape
+  (R, 1)), lies along its weight's left vector A δ.
+
+Summed in float64; the products are exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .summaries import _signs
+
+GRID = 32  # rows and columns of a grid at most: 8 KiB of float64 a gradient
+ROWS, COLUMNS = 1 << 40, 1 << 41  # where the row and column signs start in σ's sequence
+BLOCK = 1 << 18  # elements per block (whole rows): a 2 MiB float64 buffer
+
+
+def grid_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """The grid's (P, Q) for a tensor of this shape (two axes or more, none empty)."""
+    rows = int(shape[0])
+    columns = math.prod(shape) // rows
+    return min(rows, GRID), min(columns, GRID)
+
+
+def row_signs(count: int) -> np.ndarray:
+    """ρ(0..count−1) as float64 ±1."""
+    return _signs(ROWS, count)
+
+
+def column_signs(count: int) -> np.ndarray:
+    """γ(0..count−1) as float64 ±1."""
+    return _signs(COLUMNS, count)
+
+
+def grid_sums(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The tensor's grid [P, Q] (module docstring), in blocks of whole rows of about `BLOCK`
+    elements, each signed into a reused float64 buffer (`np.einsum` sums the column groups)."""
+    rows_n = int(shape[0])
+    x = np.asarray(values).reshape(rows_n, -1)
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float64)
+    columns_n = x.shape[1]
+    p, q = grid_shape((rows_n, columns_n))
+    flip_columns, flip_rows = column_signs(columns_n), row_signs(rows_n)
+    grid = np.zeros((p, q))
+    grouped = columns_n - columns_n % q
+    step = max(1, BLOCK // columns_n // p) * p  # whole rows, a multiple of P
+    buffer = np.empty((min(step, rows_n), columns_n))
+    for first in range(0, rows_n, step):
+        part = x[first : first + step]
+        count = part.shape[0]
+        signed = buffer[:count]
+        np.multiply(part, flip_columns, out=signed)
+        folded = np.einsum("ijk->ik", signed[:, :grouped].reshape(count, -1, q))
+        folded[:, : columns_n - grouped] += signed[:, grouped:]
+        folded *= flip_rows[first : first + count, None]
+        whole = count - count % p
+        grid += folded[:whole].reshape(-1, p, q).sum(axis=0)
+        grid[: count - whole] += folded[whole:]
+    return grid
+
+
+def hashed_rows(vector: np.ndarray) -> np.ndarray:
+    """A vector of R elements (a bias's error) hashed as the grid hashes a weight's R rows:
+    A v, P values (up to one sign)."""
+    v = np.asarray(vector, dtype=np.float64).reshape(-1)
+    return grid_sums(v.reshape(-1, 1), (v.size, 1))[:, 0]
+
+
+def hashed_ones(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The all-ones row and column of a tensor of this shape as its grid holds them: A 1 and
+    B 1 (up to one sign each)."""
+    rows = int(shape[0])
+    columns = math.prod(shape) // rows
+    return hashed_rows(np.ones(rows)), grid_sums(np.ones((1, columns)), (1, columns))[0]
