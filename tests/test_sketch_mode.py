@@ -403,5 +403,8 @@ def test_a_reference_parting_at_a_sketched_update_is_refused_there(tmp_path, dec
     with pytest.raises(
         BadInput,
         match=r"not a rerun of the baseline.s training: at update 1 the baseline.s 0\.weight",
-    ):
+    ) as refused:
         api.compare(tmp_path / "base", tmp_path / "merged")
+    # the estimate was a sketch's: the message names the full rerun that reads each element
+    assert "estimated from the sketches" in str(refused.value)
+    assert "`--record full --updates 2`" in str(refused.value)
