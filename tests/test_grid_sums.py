@@ -141,3 +141,37 @@ def test_a_sketched_run_keeps_its_gradients_grid_sums_and_a_reader_checks_them(t
 
     rewrite_tensor_file(tmp_path / "merged", "sketches/update_000001.safetensors", narrower)
     one_line_error(cli("compare", tmp_path / "base", tmp_path / "merged"), "grid/grads/0.weight")
+
+
+class _Inline:
+    """A background writer that runs each job at once (Sketcher.device's results, read back)."""
+
+    def run(self, job, *args) -> None:
+        job()
+
+
+def test_the_device_summaries_carry_the_unit_and_grid_sums_to_the_host():
+    """Sketcher.device packs each tensor's sketch, norm, infinities, unit sums and grid sums into
+    one transfer and unpacks them on the host: run on CPU tensors, every part equals the host
+    path's (a gradient of two axes sketched, one of three, a bias kept whole)."""
+    from gradalign.runs.sketches import summarize
+    from gradalign.runs.unit_sums import unit_sums
+
+    shapes = {"w": (40, 36), "conv": (6, 5, 3, 3), "b": (40,)}
+    declared = dict.fromkeys(shapes, "float32")
+    sketcher = Sketcher(_Inline(), list(shapes), declared, 61, shapes)  # type: ignore[arg-type]
+    generator = torch.Generator().manual_seed(5)
+    tensors = {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()}
+    sketcher.device("grads", 0, tensors)
+    found = sketcher.results[("grads", 0)]
+    for name, tensor in tensors.items():
+        values = tensor.numpy()
+        host = summarize(values, "float32", 61, sketcher.whole(name, values.size))
+        assert np.allclose(found[name].sketch, host.sketch, atol=1e-9), name
+        if name == "b":
+            assert found[name].units is None and found[name].grid is None
+            continue
+        rows, columns = unit_sums(values, shapes[name])
+        assert np.allclose(found[name].units[0], rows, atol=1e-9), name
+        assert np.allclose(found[name].units[1], columns, atol=1e-9), name
+        assert np.allclose(found[name].grid, grid_sums(values, shapes[name]), atol=1e-9), name

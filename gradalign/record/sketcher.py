@@ -148,14 +148,17 @@ class Sketcher:
                 ]
             ).to("cpu", non_blocking=True)
             prints = torch.stack([p[2] for p in parts]).to("cpu", non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
+        event = None  # tensors on the CPU (the suite's check of this path) are there already
+        if any(t.is_cuda for t in tensors.values()):
+            event = torch.cuda.Event()
+            event.record()
         kept = [u is not None for u in units]
         sizes = [(p[0].numel(), p[3].numel(), k) for p, k in zip(parts, kept, strict=True)]
         names = list(tensors)
 
         def job() -> None:
-            event.synchronize()
+            if event is not None:
+                event.synchronize()
             values, fps = floats.numpy(), prints.numpy()
             found, at = {}, 0
             for p, (name, (size, held, kept)) in enumerate(zip(names, sizes, strict=True)):
@@ -170,9 +173,10 @@ class Sketcher:
                     at += rows_n * GROUPS
                     columns = values[at : at + columns_n * GROUPS].reshape(columns_n, GROUPS)
                     at += columns_n * GROUPS
-                    p, q = grid_shape(self.shapes[name])
-                    grid = values[at : at + p * q].reshape(p, q).copy()
-                    at += p * q
+                    grid_rows, grid_columns = grid_shape(self.shapes[name])
+                    cells = grid_rows * grid_columns
+                    grid = values[at : at + cells].reshape(grid_rows, grid_columns).copy()
+                    at += cells
                     summary = dataclasses.replace(summary, units=(rows, columns.copy()), grid=grid)
                 found[name] = summary
             self._store(kind, update, found)
