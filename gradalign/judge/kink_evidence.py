@@ -109,6 +109,10 @@ class _Pair:
         """Both runs' grid sums of a tensor, where both kept them or its values."""
         return None
 
+    def rank_read(self, name: str) -> str:
+        """How `one_input` read the tensor's rank, for a note: '' from its values."""
+        return "" if self._whole(name) is not None else ", read from its grid sums"
+
     def kinked_units(self, name: str, rest: float = math.inf) -> Units | None:
         """`units` as a followed kink reads them, at most KINK_UNITS: rows of a tensor of many
         rows, or columns of one of many columns (`localizes`)."""

@@ -132,7 +132,7 @@ def excuse_isolated_jumps(
         isolated += not quiet
         chose = chose or any(axis == ONE_INPUT for axis, _ in kinked.values())
         excuse(r, set(found), "isolated jump")
-        notes.append((r.update, _jump_note(r, kinked, joined, echoes, quiet)))
+        notes.append((r.update, _jump_note(r, kinked, joined, echoes, quiet, grads)))
     notes.sort(key=lambda pair: pair[0])
     texts = [text for _, text in notes]
     for r in parted:
@@ -163,9 +163,12 @@ def _units(kinked: dict) -> set[tuple[str, int, int]]:
     }
 
 
-def _jump_note(r: UpdateResult, kinked: dict, joined: dict, echoes: list[str], quiet: bool) -> str:
+def _jump_note(
+    r: UpdateResult, kinked: dict, joined: dict, echoes: list[str], quiet: bool, grads: Pair
+) -> str:
     """The note for a jump excused at update `r`: where it sat (`kinked`, of which `joined`
-    hold the same input's share as a weight beside them), its echoes upstream."""
+    hold the same input's share as a weight beside them), its echoes upstream; how `grads`
+    read its rank (a sketched tensor's, from its grid sums)."""
     failing = [d for d in r.grads if d.name in kinked]
     worst = max([d for d in failing if d.name not in joined] or failing, key=lambda d: d.ratio)
     upstream = (
@@ -185,10 +188,11 @@ def _jump_note(r: UpdateResult, kinked: dict, joined: dict, echoes: list[str], q
     elif axis == ONE_INPUT:
         where = f"one input's share of {worst.name} (rank one: {JUMP_SHARE:.0%} of the error"
         where += (
-            " in one outer product)"
+            " in one outer product"
             if held == WHOLE
-            else f" in one outer product in each of slabs {sorted(held)} of its first axis)"
+            else f" in one outer product in each of slabs {sorted(held)} of its first axis"
         )
+        where += f"{grads.rank_read(worst.name)})"
     else:
         rows = max(len(held) for axis, held in kinked.values() if axis != ONE_INPUT)
         where = f"{rows} row(s) or column(s) of {worst.name}"
