@@ -41,9 +41,10 @@ def _by_definition(x: np.ndarray) -> np.ndarray:
     return grid
 
 
-@pytest.mark.parametrize("block", [1 << 20, 24])
+@pytest.mark.parametrize("block", [1 << 20, 24, 1000])
 def test_grid_sums_are_the_signed_sums_of_each_bucket(monkeypatch, block):
-    """In one block, and in blocks of a few rows (a multiple of P, the last one short)."""
+    """In one block, and in blocks of a few rows starting at any row (a row's bucket follows
+    its index, not the block's), a row a block where a row holds more than the block."""
     monkeypatch.setattr(grid_module, "BLOCK", block)
     rng = np.random.default_rng(1)
     for shape in SHAPES:
@@ -57,7 +58,7 @@ def test_grid_sums_are_the_signed_sums_of_each_bucket(monkeypatch, block):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_device_grid_sums_equal_the_host_ones(monkeypatch, device, dtype):
     """Sketcher's torch path (a recording on CUDA), in blocks of a few rows."""
-    monkeypatch.setattr(sketcher_module, "_BLOCK", 128)
+    monkeypatch.setattr(sketcher_module, "_BLOCK", 150)
     sketcher = Sketcher(None, [], {}, 61)  # type: ignore[arg-type]
     for shape in SHAPES:
         x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))).to(dtype)

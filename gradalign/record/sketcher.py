@@ -238,17 +238,18 @@ class Sketcher:
         flip_rows = self._axis_signs(ROWS, rows_n, x.device)
         grid = torch.zeros(p, q, dtype=torch.float64, device=x.device)
         grouped = columns_n - columns_n % q
-        step = max(1, _BLOCK // columns_n // p) * p  # whole rows, a multiple of P
+        step = max(1, _BLOCK // columns_n)  # whole rows
         for first in range(0, rows_n, step):
             signed = x[first : first + step].to(torch.float64) * flip_columns
             count = signed.shape[0]
             folded = signed[:, :grouped].reshape(count, -1, q).sum(1)
             folded[:, : columns_n - grouped] += signed[:, grouped:]
             folded *= flip_rows[first : first + count, None]
-            whole = count - count % p
-            grid += folded[:whole].reshape(-1, p, q).sum(0)
-            grid[: count - whole] += folded[whole:]
-            del signed, folded
+            shift = first % p  # row first + r goes to bucket (first + r) mod P
+            laid = folded.new_zeros(-(-(shift + count) // p) * p, q)
+            laid[shift : shift + count] = folded
+            grid += laid.reshape(-1, p, q).sum(0)
+            del signed, folded, laid
         return grid
 
     def _axis_signs(self, offset: int, count: int, device: torch.device) -> torch.Tensor:

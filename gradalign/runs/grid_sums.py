@@ -68,7 +68,7 @@ def grid_sums(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     flip_columns, flip_rows = column_signs(columns_n), row_signs(rows_n)
     grid = np.zeros((p, q))
     grouped = columns_n - columns_n % q
-    step = max(1, BLOCK // columns_n // p) * p  # whole rows, a multiple of P
+    step = max(1, BLOCK // columns_n)  # whole rows
     buffer = np.empty((min(step, rows_n), columns_n))
     for first in range(0, rows_n, step):
         part = x[first : first + step]
@@ -78,9 +78,11 @@ def grid_sums(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         folded = np.einsum("ijk->ik", signed[:, :grouped].reshape(count, -1, q))
         folded[:, : columns_n - grouped] += signed[:, grouped:]
         folded *= flip_rows[first : first + count, None]
-        whole = count - count % p
-        grid += folded[:whole].reshape(-1, p, q).sum(axis=0)
-        grid[: count - whole] += folded[whole:]
+        # row first + r goes to bucket (first + r) mod P: the block laid from its bucket on
+        shift = first % p
+        laid = np.zeros((-(-(shift + count) // p) * p, q))
+        laid[shift : shift + count] = folded
+        grid += laid.reshape(-1, p, q).sum(axis=0)
     return grid
 
 
