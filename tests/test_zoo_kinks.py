@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from gradalign.judge import below_noise, kink_divergence
+from gradalign.judge import below_noise, divergence_start
 from gradalign.judge.compare import compare
 from gradalign.judge.kink_shape import localizes, many_units
 from gradalign.runs.reader import read_run_dir
@@ -278,7 +278,7 @@ def test_a_sketched_kink_behind_a_norm_is_read_where_its_units_hold_it(tmp_path,
     the kink is followed and the run passes. One thread."""
     root = _one_thread_runs(tmp_path, "resnet", "adamw-wd", 8, 63012, width=4, sketch=True)
     with monkeypatch.context() as held:
-        held.setattr("gradalign.judge.kink_divergence._kink_in", _worst_alone)
+        held.setattr("gradalign.judge.divergence_start._kink_in", _worst_alone)
         if _compare(root).verdict == "pass":
             pytest.skip("this machine's rounding took another path here (no kink)")
     c = _compare(root)
@@ -303,7 +303,7 @@ def test_a_jumps_step_that_fails_the_weights_updates_later_is_followed(tmp_path,
     root = _one_thread_runs(tmp_path, "encoder", "adam-1e-3", 2, 65023, width=4, updates=60)
     base, merged = read_run_dir(root / "base"), read_run_dir(root / "merged")
     with monkeypatch.context() as held:
-        held.setattr("gradalign.judge.kink_divergence.REACH", 0)
+        held.setattr("gradalign.judge.divergence_start.REACH", 0)
         if compare(base, merged, reference=None).verdict == "pass":
             pytest.skip("this machine's rounding took another path here (no late failure)")
     c = compare(base, merged, reference=None)
@@ -364,7 +364,7 @@ def test_a_bug_is_not_read_as_a_kink_whose_rest_stands_in_noise_still_to_come(
     (as before) it passes (else this machine's rounding took another path: skipped)."""
     root = _one_thread_runs(tmp_path, "resnet", "adamax", 16, 194702, bug="bf16-accum", bug_from=2)
     with monkeypatch.context() as patched:
-        patched.setattr(kink_divergence, "_rest_allowed", lambda d, factor: d.unbounded)
+        patched.setattr(divergence_start, "_rest_allowed", lambda d, factor: d.unbounded)
         patched.setattr(below_noise, "narrow_sums", lambda c: None)  # its values read apart
         if _compare(root).verdict != "pass":
             pytest.skip("this machine's rounding took another path here")

@@ -70,6 +70,25 @@ def anchors(r: UpdateResult, grads: Pair, factor: float) -> dict[str, Units]:
     return {**held, **same_inputs([name for name in near if name not in held], held, grads)}
 
 
+def every_one_input(
+    r: UpdateResult, grads: Pair, factor: float
+) -> tuple[dict[str, Units], list[str]] | None:
+    """Where every failing gradient of update `r` holds one input's share of one input (rank
+    one, or beside a weight holding one, failing or passing over its noise, the same input's:
+    `same_inputs`): those gradients with their units, and the passing ones beside them. None
+    otherwise (no failing gradient, or one of another shape)."""
+    failing = [d for d in r.grads if not d.ok]
+    if not failing:
+        return None
+    found = {d.name: grads.jumped(d.name, factor * d.unbounded) for d in failing}
+    shares = {name: units for name, units in found.items() if units and units[0] == ONE_INPUT}
+    beside = {**anchors(r, grads, factor), **shares}  # passing weights of one input's share too
+    shares.update(same_inputs([name for name in found if name not in shares], beside, grads))
+    if not shares or set(found) - set(shares):
+        return None
+    return shares, sorted(name for name in beside if name not in found)
+
+
 def limits(choice: bool, factor: float) -> tuple[float, float]:
     """The largest share of itself a gradient a quiet jump moved may stand off, and the least
     cosine the model's gradient may turn to: 1/factor and WHOLE_COSINE after kinks (a unit's

@@ -5,26 +5,38 @@ Under an adaptive optimizer or momentum, the steps taken with the jumped gradien
 unit's weights by a share of a step, and from then on the two runs follow neighbouring
 trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
 
-- **The kink.** The first update that fails has the kink's signature: no bookkeeping problem, the
-  loss and every earlier update within noise, the worst gradient's error in at most `KINK_UNITS`
-  rows and `JUMP_ROWS` of its rows, the rest of that gradient within factor times what its check
-  allows (without a sketch estimator's bound, which grows with the error, and at most factor
-  times its own noise there and one rounding, `_rest_allowed`: not noise pooled from a parting
-  still to come), or off by at most 1/ECHO of the share of themselves the units are off by (a
-  unit crossing its kink leaves the others at rounding, or, behind a norm, at a far smaller
-  share of themselves; a bug whose error sits where the gradient's energy sits, one column of a
-  first layer fed an unnormalized input feature, one embedding row of a padding token, is as
-  concentrated and about as far off all over the rest:
+- **The kink.** The first update that fails has the kink's signature: no bookkeeping problem,
+  the loss and every earlier update within noise, the worst gradient's error in at most
+  `KINK_UNITS` rows and `JUMP_ROWS` of its rows, the rest of that gradient within factor times
+  what its check allows (without a sketch estimator's bound, which grows with the error, and at
+  most factor times its own noise there and one rounding, `divergence_start._rest_allowed`: not
+  noise pooled from a parting still to come), or off by at most 1/ECHO of the share of
+  themselves the units are off by (a unit crossing its kink leaves the others at rounding, or,
+  behind a norm, at a far smaller share of themselves; a bug whose error sits where the
+  gradient's energy sits, one column of a first layer fed an unnormalized input feature, one
+  embedding row of a padding token, is as concentrated and about as far off all over the rest:
   `tests/test_kink_lookalikes.py`), and the step taken with it left the rounding: some weight
   failed, or stood over factor times its noise and factor times further than the update before,
-  passing by what a drift allows (`kinks.stepped`; model zoo run 7155, an encoder under Adam, K=4,
-  100 updates: the kink's row stepped 14.9x its noise at update 83 and no weight failed until
-  kinks crossed at updates 89 to 93 had failed the gradients). Else it is an isolated jump or
-  none. Or the kink passed, by what a drift carried or the noise pooled from the updates around
-  allowed there, and the first failure is its step: the weights fail, with no gradient, at the
-  update whose gradient furthest over its noise (factor times at least) holds its error in a few
-  units, or at the update after one, or up to REACH updates after a jump excused as isolated
-  (`_kink_before`); followed from the kink's update.
+  passing by what a drift allows (`kinks.stepped`; model zoo run 7155, an encoder under Adam,
+  K=4, 100 updates: the kink's row stepped 14.9x its noise at update 83 and no weight failed
+  until kinks crossed at updates 89 to 93 had failed the gradients). Else it is an isolated jump
+  or none. Or the kink passed, by what a drift carried or the noise pooled from the updates
+  around allowed there, and the first failure is its step: the weights fail, with no gradient,
+  at the update whose gradient furthest over its noise (factor times at least) holds its error
+  in a few units, or at the update after one, or up to REACH updates after a jump excused as
+  isolated (`divergence_start.kink_before`); followed from the kink's update.
+- **A choice made per input.** Or every failing gradient of the first failing update holds one
+  input's share (`choices.every_one_input`: a token routed to another expert, an argmax), the
+  model's gradient neither scaled nor turned beyond CHOICE_COSINE, and the step taken with it
+  left the rounding: the runs part there as at a kink, and are followed the same way at the
+  choice's size (`divergence_start.choice`). Model zoo runs 222212 and 222022 (a mixture of
+  experts at width 3 under float16 and width 2 under bfloat16, Adagrad K=8 and Adafactor K=2):
+  a token moved between two experts at update 8 (13), their gradients 12% to 14% (23%) off
+  and every weight's step out of its noise; followed at 0.14 (0.23), they pass, where they
+  failed `unexplained`. An expert's gradient is a small sum of tokens' shares, so a choice's
+  size is large: one of a quarter of its gradient or more (factor·J >= 1) is not followed,
+  and the run fails as before, the `unexplained` message saying where the runs parted
+  (judge/stepped_choice.py).
 - **Its size**, as a share of the reference: J_g, the failing gradients' largest
   ||g_m − g_ref|| / ||g_ref||, and J_w, the larger of J_g (a gradient off by a share of itself
   steps off by about that share) and the failing weights' largest
@@ -74,18 +86,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 
 from ..runs.model import Run
+from .divergence_start import choice, kink_before, kinked
 from .kink_evidence import Pair, Sketched, apart
-from .kink_shape import Units, many_units
+from .kink_shape import many_units
 from .kinks import excuse, first_failing, most_pass, stepped, whole_model_moved
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
 from .views import Sketching, full_rerun
-
-# updates a momentum of 0.9 (SGD's usual, Adam's beta1) carries a gradient in its steps: 1/(1 - 0.9)
-REACH = 10
 
 
 def follow_kink_divergence(
@@ -105,7 +114,7 @@ def follow_kink_divergence(
         return []
     u = at.update
     grads = apart(merged, ref, "grads", u, seen)
-    worst, units = (None, None) if grads is None else _kinked(at, grads, factor)
+    worst, units = (None, None) if grads is None else kinked(at, grads, factor)
     if worst is not None and grads is not None and worst.name in grads.counted:
         return []  # no kink in it, nor anywhere else followed from it
     if failing and (grads is None or (worst is not None and not grads.readable(worst.name))):
@@ -123,8 +132,12 @@ def follow_kink_divergence(
         jumped = f"jumped to {worst.error / worst.noise:.3g}x its noise"
     later = ""  # where the kink passed: the update its step failed
     left = u  # the update whose weights failed, as a share of the distance moved since the kink
-    if rows is None:  # no kink failed: did one pass, here or just before, and its step fail?
-        found = _kink_before(results, first, merged, ref, factor, seen)
+    chose = None if rows is not None or grads is None else choice(at, grads, factor)
+    if chose is not None:  # a choice made per input where no kink's few rows hold the jump
+        worst = chose
+        jumped = f"jumped to {worst.ratio:.3g}x its allowed error"
+    elif rows is None:  # no kink failed: did one pass, here or just before, and its step fail?
+        found = kink_before(results, first, merged, ref, factor, seen)
         if found is None:
             return []
         first, failing, worst, rows = found
@@ -155,13 +168,21 @@ def follow_kink_divergence(
     if not (math.isfinite(j_grads) and math.isfinite(j_weights)) or factor * j_weights >= 1:
         return []  # (a weight allowed to differ by all it moved is not checked either)
     start = f"update {u - 1}" if u else "the start"
+    where = f"{grads.holding(worst.name)} in {rows} row(s) or column(s)"
+    cause, what = "an activation crossed its kink in one run and not the other", "kink"
+    if chose is not None:
+        what = "choice"
+        where = f"one input's share (rank one{grads.rank_read(worst.name)})"
+        cause = (
+            "a choice made per input (a token routed to another expert, an argmax) went one "
+            "way in one run and the other way in the other"
+        )
     notes = [
-        f"update {u}: the gradient of {worst.name} {jumped}, {grads.holding(worst.name)} in "
-        f"{rows} row(s) or column(s){later}, the loss and every earlier update within noise: an "
-        "activation crossed its kink in one run and not the other, and the runs follow "
+        f"update {u}: the gradient of {worst.name} {jumped}, {where}{later}, the loss and every "
+        f"earlier update within noise: {cause}, and the runs follow "
         f"neighbouring trajectories from there. From update {u} on, each gradient may also "
         f"differ by {factor:g} x {j_grads:.3g} of its norm and each weight by {factor:g} x "
-        f"{j_weights:.3g} of how far it moved since {start} (the kink's size at that update)"
+        f"{j_weights:.3g} of how far it moved since {start} (the {what}'s size at that update)"
     ]
     parted = []  # updates whose failures the parted runs explain
     raised = 0.0  # the size followed, where they raised it
@@ -220,112 +241,6 @@ def _grown(grew: list[tuple[int, float]], factor: float, start: str) -> list[str
         f"the share it stood off and each weight as much of how far it moved since {start} (up "
         f"to {factor:g} x {largest:.3g}); a bug must stand beyond that"
     ]
-
-
-def _kinked(at: UpdateResult, grads: Pair, factor: float) -> tuple[TensorDiff | None, Units | None]:
-    """The gradient a kink at update `at` would have jumped in (of many rows), with the units
-    that hold its error (None where none do): the failing one
-    furthest over what was allowed; where the runs were seen through sketches, the one furthest
-    over its noise among those over `factor` times it, failing or not. A sketched tensor's
-    allowance holds the estimator's bound, widest for an error in few rows: model zoo run 62 at
-    width 4 (a convolution's row 3.1e4x its noise, allowed 0.4 of its error, the embedding
-    upstream of it furthest over what was allowed), and run 415 at width 4 over 40 updates (a
-    GPT's feed-forward weight 131x its noise in one column passed, its biases failed).
-    Without a reference no gradient has a noise: the failing one furthest over what was
-    allowed, sketched or not. Either way, of those whose error a kink's few units hold where
-    any does: the tensors upstream of a kink behind a norm may stand further over, spread (a
-    ResNet's ReLU after a block's sum crossed its kink: 95% of the embedding's error in one
-    row, the convolutions behind the block's GroupNorm further over the fixed tolerance, model
-    zoo run 60020 at width 4 under Adagrad; sketched, run 63012 under AdamW: the kinked
-    convolution's row 91x its noise, the one before its GroupNorm 104x, spread)."""
-    if isinstance(grads, Sketched) and any(d.noise for d in at.grads):
-        over = [d for d in at.grads if d.noise and d.error > factor * d.noise and d.name in grads]
-        many = [d for d in over if many_units(grads.shape(d.name))]
-        return _kink_in(many, grads, factor, lambda d: d.error / d.noise)
-    many = [d for d in at.grads if not d.ok and many_units(grads.shape(d.name))]
-    return _kink_in(many, grads, factor, lambda d: d.ratio)
-
-
-def _kink_in(
-    diffs: list[TensorDiff], grads: Pair, factor: float, key: Callable[[TensorDiff], float]
-) -> tuple[TensorDiff | None, Units | None]:
-    """Of `diffs`, the furthest by `key` of those whose error a kink's few units hold (the rest
-    within what is allowed), with those units; where none do, the furthest of all, and None."""
-    held = []
-    for d in diffs:
-        units = grads.kinked_units(d.name, rest=factor * _rest_allowed(d, factor))
-        if units is not None:
-            held.append((d, units))
-    if held:
-        return max(held, key=lambda pair: key(pair[0]))
-    return max(diffs, key=key, default=None), None
-
-
-def _rest_allowed(d: TensorDiff, factor: float) -> float:
-    """What the rest of a kinked gradient may stand off by, before the factor `_kink_in` gives
-    it: what its check allows, at most factor times its own noise at that update (and one
-    rounding of it): a kink leaves the rest at rounding. The noise pooled from the updates
-    around (noise.pool_noise) may hold a parting still to come: model zoo run 194702 (a ResNet
-    in float32, gradients summed in bfloat16 from update 2, 0.4% off, 10^4 times their noise;
-    its baseline parted from the reference at update 4) had a 16-element GroupNorm weight read
-    as kinked, the other 15 elements within an allowance pooled from update 4, and the
-    divergence followed from there passed the bug."""
-    if not d.noise:
-        return d.unbounded
-    return min(d.unbounded, factor * d.noise + (d.rounding or 0.0))
-
-
-def _kink_before(
-    results: list[UpdateResult],
-    first: int,
-    merged: Run,
-    ref: Run,
-    factor: float,
-    seen: Sketching | None,
-) -> tuple[int, list[TensorDiff], TensorDiff, int] | None:
-    """A kink crossed at the first failing update, where no gradient failed, or at the update
-    before it, whose gradient passed by what was allowed there (a drift carried, or noise pooled
-    from the updates around), its step failing the weights: that update's index, its gradients
-    over `factor` times their noise, the worst of them (by error over noise, of many rows: the
-    kink's, its error in at most KINK_UNITS units), and those units' count. Model zoo run 245
-    at width 4 (an encoder under RMSprop): one unit's gradient 393x its noise at update 7
-    passed, and the weights failed at update 8; run 378 at width 8 (an encoder under RMSprop,
-    K=8): a unit's gradient 49x its noise at update 2 passed (0.21 of what was allowed) and
-    the weights of that update failed.
-
-    Further back, within REACH updates, the latest jump excused as isolated (its gradients so
-    excused, the worst by what was allowed), if its few units hold it: a momentum carries a
-    jump's gradient into the steps after it, and the weights it moves may fail only updates
-    later (model zoo run 65023 at width 4, an encoder under Adam at lr 1e-3, K=2, 60 updates,
-    no reference: a unit of layer 1 jumped 23.9x at update 44, its weights 0.70x, 0.99x and
-    then 1.25x what was allowed at updates 45 to 47)."""
-    if all(d.ok for d in results[first].weights):
-        return None
-    here = [first] if all(d.ok for d in results[first].grads) else []
-    back = range(first - 2, max(first - 2 - REACH, -1), -1)
-    for k in [*here, first - 1, *back]:
-        near = k >= first - 1
-        if k < 0:
-            continue
-        if near:
-            jumped = [d for d in results[k].grads if d.noise and d.error > factor * d.noise]
-        else:
-            jumped = [d for d in results[k].grads if d.excused == "isolated jump"]
-        grads = apart(merged, ref, "grads", results[k].update, seen) if jumped else None
-        if grads is None:
-            if near or not jumped:
-                continue
-            return None
-        jumped = [d for d in jumped if d.name in grads]
-        many = [d for d in jumped if many_units(grads.shape(d.name))]
-        worst, units = _kink_in(  # as `_kinked` reads it
-            many, grads, factor, (lambda d: d.error / d.noise) if near else (lambda d: d.ratio)
-        )
-        if worst is not None and units is not None:
-            return k, jumped, worst, len(units[1])
-        if not near:
-            return None  # the latest jump is not a kink's
-    return None
 
 
 def _confined(r: UpdateResult) -> bool:

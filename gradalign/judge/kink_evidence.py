@@ -60,6 +60,11 @@ class _Pair:
     def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
         raise NotImplementedError
 
+    def jumped(self, name: str, rest: float) -> Units | None:
+        """Where a gradient's jump sits: a kink's few units, or one input's share (a rank-one
+        error, `one_input`); None where neither holds it with the rest within `rest`."""
+        return self.units(name, rest=rest) or self.one_input(name, rest=rest)
+
     def one_input(self, name: str, rest: float = math.inf, few: bool = False) -> Units | None:
         """The tensor's error as one input's share (`kink_shape.one_input`, `few` as there);
         None where it is not, where no kink is read in the tensor, or where its rank cannot be

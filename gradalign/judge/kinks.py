@@ -66,7 +66,7 @@ import math
 from ..runs.model import Run
 from .choices import CHOICES_PART, WHOLE_COSINE, anchors, limits, same_inputs
 from .kink_evidence import Pair, apart
-from .kink_shape import JUMP_SHARE, ONE_INPUT, WHOLE, Units, many_rows
+from .kink_shape import JUMP_SHARE, ONE_INPUT, WHOLE, many_rows
 from .metrics import TensorDiff
 from .results import UpdateResult
 from .views import Sketching
@@ -106,7 +106,7 @@ def excuse_isolated_jumps(
         if grads is None:
             continue
         failing = [d for d in r.grads if not d.ok]
-        found = {d.name: jumped(grads, d.name, factor * d.unbounded) for d in failing}
+        found = {d.name: grads.jumped(d.name, factor * d.unbounded) for d in failing}
         kinked = {name: units for name, units in found.items() if units is not None}
         beside = {**anchors(r, grads, factor), **kinked}
         joined = same_inputs([name for name in found if name not in kinked], beside, grads)
@@ -212,12 +212,6 @@ def _jump_note(
         f"{worst.ratio:.3g}x its {floor} in {where}{upstream}, while {around} and the loss "
         f"within noise: {cause}; not counted as a failure"
     )
-
-
-def jumped(grads: Pair, name: str, rest: float) -> Units | None:
-    """Where a gradient's jump sits: a kink's few units, or one input's share (a rank-one error,
-    `kink_shape.one_input`); None where neither holds it with the rest within `rest`."""
-    return grads.units(name, rest=rest) or grads.one_input(name, rest=rest)
 
 
 def _a_units_share(

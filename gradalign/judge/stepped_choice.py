@@ -17,11 +17,9 @@ sample) reads alike, which the message says too.
 
 from __future__ import annotations
 
-from .choices import anchors, same_inputs
+from .choices import every_one_input
 from .distributed import listed
 from .kink_evidence import apart
-from .kink_shape import ONE_INPUT
-from .kinks import jumped
 from .results import Comparison, UpdateResult
 from .views import sketch_width
 
@@ -31,21 +29,12 @@ def one_input_shares(c: Comparison, r: UpdateResult) -> tuple[list[str], list[st
     of one input (rank one, or beside a weight holding one, failing or passing over its noise,
     the same input's: `choices.same_inputs`): those gradients, and the passing ones beside
     them. None otherwise (no reference, no failing gradient, or one of another shape)."""
-    failing = [d for d in r.grads if not d.ok]
-    if c.reference is None or not failing:
+    if c.reference is None or all(d.ok for d in r.grads):
         return None
-    factor = c.tolerances.noise_factor
     seen = sketch_width(c.baseline, c.merged, c.reference)  # as the comparison sees them
     grads = apart(c.merged, c.reference, "grads", r.update, seen)
-    if grads is None:
-        return None
-    found = {d.name: jumped(grads, d.name, factor * d.unbounded) for d in failing}
-    shares = {name: units for name, units in found.items() if units and units[0] == ONE_INPUT}
-    beside = {**anchors(r, grads, factor), **shares}  # passing weights of one input's share too
-    shares.update(same_inputs([name for name in found if name not in shares], beside, grads))
-    if not shares or set(found) - set(shares):
-        return None
-    return sorted(shares), sorted(name for name in beside if name not in found)
+    read = None if grads is None else every_one_input(r, grads, c.tolerances.noise_factor)
+    return None if read is None else (sorted(read[0]), read[1])
 
 
 def stepped_choice(c: Comparison, r: UpdateResult | None) -> str | None:
