@@ -143,12 +143,11 @@ def _bounds(
     gradient (model zoo run 214267, a tiny mixture of experts under float16 autocast, Adam with
     eps 1e-6: update 0 skipped at a scale of 65536, one bias element stepped the other way at
     update 1)."""
-    before = exact(ref, "weights", None, seen), exact(merged, "weights", None, seen)
-    if any(b is None or any(name not in b for name in elements) for b in before):
+    before = exact(ref, "weights", None, seen)
+    if before is None or any(name not in before for name in elements):
         return None
     idx = {name: np.asarray(found) for name, found in elements.items()}
-    prev = {name: _pick(before[0], name, i) for name, i in idx.items()}
-    prev_merged = {name: _pick(before[1], name, i) for name, i in idx.items()}
+    prev = {name: _pick(before, name, i) for name, i in idx.items()}
     squares = {name: np.zeros(len(i)) for name, i in idx.items()}
     gain = {name: np.zeros(len(i)) for name, i in idx.items()}
     errors = {name: np.zeros(len(i)) for name, i in idx.items()}
@@ -156,20 +155,16 @@ def _bounds(
     read = 0  # updates whose gradients were read
     for r in results:
         gm, gr = exact(merged, "grads", r.update, seen), exact(ref, "grads", r.update, seen)
-        wr, wm = exact(ref, "weights", r.update, seen), exact(merged, "weights", r.update, seen)
-        if wr is None or wm is None or any(name not in t for t in (wr, wm) for name in elements):
+        wr = exact(ref, "weights", r.update, seen)
+        if wr is None or any(name not in wr for name in elements):
             return None
         if gm is None or gr is None or any(name not in t for t in (gm, gr) for name in elements):
-            still = all(
-                np.array_equal(_pick(w, name, i), was[name])
-                for w, was in ((wr, prev), (wm, prev_merged))
-                for name, i in idx.items()
-            )
-            if not still:
+            if not _still(merged, r.update, idx, seen) or any(
+                not np.array_equal(_pick(wr, name, i), prev[name]) for name, i in idx.items()
+            ):
                 return None
             out.append(out[-1] if out else {name: 0.0 for name in idx})
             continue
-        prev_merged = {name: _pick(wm, name, i) for name, i in idx.items()}
         read += 1
         row = {}
         for name, i in idx.items():
@@ -185,6 +180,21 @@ def _bounds(
             row[name] = GAIN_SLACK * bound if np.isfinite(bound) else 0.0
         out.append(row)
     return out
+
+
+def _still(run: Run, update: int, idx: dict[str, np.ndarray], seen: Sketching | None) -> bool:
+    """Whether `run` left the elements `idx` where they stood before `update` (its weights
+    there or before it unknown: not still)."""
+    after = exact(run, "weights", update, seen)
+    before = exact(run, "weights", update - 1 if update else None, seen)
+    if after is None or before is None:
+        return False
+    return all(
+        name in after
+        and name in before
+        and np.array_equal(_pick(after, name, i), _pick(before, name, i))
+        for name, i in idx.items()
+    )
 
 
 def _pick(tensors, name: str, idx: np.ndarray) -> np.ndarray:
