@@ -51,10 +51,14 @@ parted at kinks).
 `moe-balance`, the same with a load-balancing loss over each forward's batch, which no merged
 run can reproduce: its runs must fail, named `cross-sample-loss`; `resnet`, a residual CNN
 (3x3 Conv2d, GroupNorm, ReLU) over the tokens' embeddings laid out as a 3x4 image; `lstm`, two
-stacked LSTM layers. And four transformers models built from their configs with the library's
+stacked LSTM layers. And eleven transformers models built from their configs with the library's
 own initialization (bench/zoo_hf.py; transformers installed): `hf-gpt2`, `hf-llama` (RMSNorm,
-rotary, SwiGLU, grouped-query attention), `hf-gptneox` (parallel residual, partial rotary) as
-causal LMs, `hf-bert` as a sequence classifier.
+rotary, SwiGLU, grouped-query attention), `hf-gptneox` (parallel residual, partial rotary),
+`hf-opt` (ReLU), `hf-bloom` (ALiBi), `hf-gemma2` (soft-capped logits, a sliding window, GeGLU)
+and three mixtures of experts with their experts fused in tensors of three axes (`hf-mixtral`,
+`hf-qwen2moe` with a gated shared expert, `hf-gptoss` with experts' biases, attention sinks and
+a sliding window; top 2 of 4) as causal LMs, `hf-bert` and `hf-deberta` (disentangled relative
+attention) as sequence classifiers.
 
 `--emulate-tf32` computes every float32 convolution from inputs rounded to TF32 (10 mantissa
 bits), as cuDNN does by default on Ampere and later GPUs (bench/zoo_tf32.py); `--emulate-tf32

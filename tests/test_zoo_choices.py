@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 
 import gradalign
+from gradalign import api
 from gradalign.judge.choices import WHOLE_COSINE
 from gradalign.judge.signatures import failing, gradient
-from gradalign.judge.stepped_choice import stepped_choice
+from gradalign.judge.stepped_choice import route_clause, stepped_choice
 
-from .zoo_runs import _compare, _followed, one_thread, zoo
+from .zoo_runs import _compare, _followed, _runs, one_thread, zoo
 
 
 def _bfloat16_runs(root, optimizer: str, k: int, seed: int, **loop):
@@ -154,3 +155,34 @@ def test_a_choice_stepped_with_at_once_is_followed_at_its_size(tmp_path, monkeyp
         root, monkeypatch, "gradalign.judge.kink_divergence.choice", 8,
         r"update 8: .*a choice made per input", lambda *a: None,
     )  # fmt: skip
+
+
+def test_a_token_s_route_in_fused_experts_is_said_with_its_echoes(tmp_path):
+    """Model zoo run 231000 (transformers' Mixtral, experts fused in tensors of three axes,
+    Adagrad, K=2, float32): at update 2 a token went to another expert in the merged run alone,
+    layer 1's experts 2% off in two slabs and its router as much, every other gradient a
+    share of itself 13 times smaller and failing all the same (float32's noise is tiny). The
+    run fails; the `unexplained` message names the route and its echoes, and the merged run
+    in float64 passes against the reference, as its fix says. A bug's run of the same loop
+    (gradients never cleared) gets no such clause."""
+    pytest.importorskip("transformers")
+    with one_thread():
+        _runs(tmp_path, "hf-mixtral", "adagrad", 2, 231000, updates=4)
+    c = _compare(tmp_path)
+    if c.verdict != "fail" or c.first_divergence["update"] != 2:
+        pytest.skip(f"this machine's rounding took another path here ({c.first_divergence})")
+    said = c.diagnosis[0].message
+    assert c.diagnosis[0].code == "unexplained"
+    assert "experts.gate_up_proj in slabs [0, 3] of its first axis" in said, said
+    assert "the shape of a token routed to another expert" in said
+    with one_thread():
+        zoo.record(tmp_path / "merged64", "hf-mixtral", "adagrad", 2, 231000, float64=True,
+                   updates=4)  # fmt: skip
+    float64 = api.compare(tmp_path / "ref", tmp_path / "merged64", reference="none")
+    assert float64.verdict == "pass", [d.message for d in float64.diagnosis]
+    with one_thread():
+        zoo.record(tmp_path / "merged", "hf-mixtral", "adagrad", 2, 231000, updates=4,
+                   bug="no-zero-grad", bug_from=1)  # fmt: skip
+    bug = _compare(tmp_path)
+    assert bug.verdict == "fail" and bug.diagnosis[0].code == "grad-not-cleared"
+    assert route_clause(bug, failing(bug)) is None

@@ -7,8 +7,11 @@ one sample's share of one unit among many."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from .kink_evidence import Pair
-from .kink_shape import ONE_INPUT, WHOLE, Units
+from .kink_shape import ONE_INPUT, ONE_INPUT_SLABS, WHOLE, Units
 from .metrics import module_of
 from .results import UpdateResult
 
@@ -87,6 +90,66 @@ def every_one_input(
     if not shares or set(found) - set(shares):
         return None
     return shares, sorted(name for name in beside if name not in found)
+
+
+ROUTE_GAP = 4  # a token's route stands off by this many times the share of what it echoes into
+
+
+@dataclass(frozen=True)
+class Route:
+    """`routed`'s reading: the failing gradients furthest off (`held`: each one input's share,
+    with its units; `vectors`: those of one axis beside them, which hold no rank to read), the
+    rest (`echoes`) and how many times further off than the furthest echo the nearest held one
+    stands (`gap`)."""
+
+    held: dict[str, Units]
+    vectors: list[str]
+    echoes: list[str]
+    gap: float
+
+
+def routed(r: UpdateResult, grads: Pair, factor: float) -> Route | None:
+    """A token routed to another expert in one run, seen with what it echoes into: the failing
+    gradients of update `r`, ranked by the share of themselves they stand off, split where one
+    stands ROUTE_GAP times further off than the next; above the split, every matrix holds one
+    input's share (rank one, whole or in slabs; a router's matrix of few rows too; fused
+    experts' biases, one row per expert, in rows of the slabs a fused weight holds it in) and at
+    least two do, and the vectors beside them are not read. The token moves the experts it
+    leaves and joins and the router by its share of their small sums; its changed output and
+    backward then move every layer they pass through by far smaller shares of theirs. In
+    float32, where rounding leaves a gradient 1e-7 of itself off, those echoes fail too: model
+    zoo run 231000 (transformers' Mixtral, experts fused, Adagrad, K=2) at update 2 had layer
+    1's fused experts 2.2% and 1.9% off in two slabs (experts 0 and 3) and its router 1.5%,
+    every other gradient 0.11% or less (13 times less), each failing; run 231252 (Adam, K=4) the
+    same at update 6, 7.4 times apart; run 231530 (gpt-oss, its experts' biases fused too,
+    Adagrad, K=6) at update 4, 4.2 times apart. None where no such split is, or above it a
+    matrix holds no one input's share (a bug moves every tensor by like shares, spread in each)."""
+    failing = [d for d in r.grads if not d.ok and d.name in grads]
+    ranked = sorted(((grads.share(d.name), d) for d in failing), key=lambda p: -p[0])
+    if len(ranked) < 2 or not all(math.isfinite(share) for share, _ in ranked):
+        return None
+    cut = next(
+        (i for i in range(1, len(ranked)) if ranked[i - 1][0] >= ROUTE_GAP * ranked[i][0]), None
+    )
+    if cut is None:
+        return None
+    band = [d for _, d in ranked[:cut]]
+    matrices = [d for d in band if len(grads.shape(d.name)) >= 2]
+    held: dict[str, Units] = {}
+    for d in matrices:
+        units = grads.jumped(d.name, factor * d.unbounded) or grads.one_input(d.name, few=True)
+        if units is not None and units[0] == ONE_INPUT:
+            held[d.name] = units
+    slabs = {units[1] for units in held.values() if units[1] != WHOLE}
+    for d in matrices:  # fused experts' biases: the token's δ in its experts' rows
+        rows = None if d.name in held else grads.units(d.name, ONE_INPUT_SLABS, of_rows=1.0)
+        if rows is not None and rows[0] == 0 and any(rows[1] <= these for these in slabs):
+            held[d.name] = (ONE_INPUT, rows[1])
+    if len(held) < 2 or len(held) < len(matrices):
+        return None
+    vectors = [d.name for d in band if d.name not in held]
+    gap = ranked[cut - 1][0] / ranked[cut][0] if ranked[cut][0] > 0 else math.inf
+    return Route(held, vectors, [d.name for _, d in ranked[cut:]], gap)
 
 
 def limits(choice: bool, factor: float) -> tuple[float, float]:

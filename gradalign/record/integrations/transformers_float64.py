@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["float64_reference"]
+__all__ = ["eager_experts", "float64_reference"]
 
 
 def float64_reference(model: Any) -> Any:
@@ -26,7 +26,7 @@ def float64_reference(model: Any) -> Any:
     from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
 
     model = model.to(torch.float64)
-    _eager_experts(model)
+    eager_experts(model)
     loss = getattr(model, "loss_function", None)
     if loss is ForCausalLMLoss:
         model.loss_function = causal_lm_loss
@@ -83,7 +83,7 @@ def _cross_entropy(
     return loss
 
 
-def _eager_experts(model: Any) -> None:
+def eager_experts(model: Any) -> None:
     """Experts run by transformers' eager implementation, where the model's is another (the
     same sums, one expert at a time; `grouped_mm` refuses float64 matrices)."""
     config = getattr(model, "config", None)
