@@ -186,3 +186,57 @@ def test_a_token_s_route_in_fused_experts_is_said_with_its_echoes(tmp_path):
     bug = _compare(tmp_path)
     assert bug.verdict == "fail" and bug.diagnosis[0].code == "grad-not-cleared"
     assert route_clause(bug, failing(bug)) is None
+
+
+def _hf_runs(root, model: str, optimizer: str, k: int, seed: int, **both):
+    """The float64 reference (skipping the steps the baseline's GradScaler skipped), and the
+    baseline and the merged run of a transformers mixture of experts with `both`'s options."""
+    pytest.importorskip("transformers")
+    loop = {o: both[o] for o in ("updates", "uneven", "clip", "schedule", "sketch") if o in both}
+    with one_thread():
+        zoo.record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
+        skips = gradalign.skipped_updates(root / "base")
+        zoo.record(
+            root / "ref", model, optimizer, 1, seed, float64=True, skip_updates=skips, **loop
+        )
+        zoo.record(root / "merged", model, optimizer, k, seed, **both)
+    return root
+
+
+def test_a_token_s_route_beside_a_norm_s_scale_is_followed(tmp_path, monkeypatch):
+    """Model zoo run 233028 (gpt-oss under float16 autocast, Adadelta, K=4): at update 2 a
+    token routed otherwise, its echo failing attention weights (each one input's share) and
+    layer 1's input norm's scale, a vector with no rank to read; read as no evidence either
+    way, the choice is followed and the run passes, where it failed `unexplained`."""
+    root = _hf_runs(tmp_path, "hf-gptoss", "adadelta", 4, 233028, autocast="float16")
+    _followed(
+        root, monkeypatch, "gradalign.judge.choices.lone_vectors", 2,
+        r"update 2: .*one input's share", lambda *a: set(),
+    )  # fmt: skip
+
+
+def test_a_router_beside_fused_experts_slabs_is_the_same_input(tmp_path, monkeypatch):
+    """Model zoo run 233033 (Mixtral under float16 autocast, ASGD, K=4): at update 5 only the
+    router's gradient failed, of the input the fused experts' passing slabs 1 and 3 hold;
+    without reading a router against a slab it fails `unexplained` at update 5."""
+    root = _hf_runs(tmp_path, "hf-mixtral", "asgd", 4, 233033, autocast="float16")
+    _followed(
+        root, monkeypatch, "gradalign.judge.kink_evidence._Pair.same_slab_input", 5,
+        r"update 5: .*one input's share", lambda *a: False,
+    )  # fmt: skip
+
+
+def test_a_sketched_router_is_read_against_the_slab_grids(tmp_path, monkeypatch):
+    """Model zoo run 233204 (Qwen2-MoE under bfloat16 autocast, Adafactor with eps, K=5,
+    micro-batches of unequal sizes, clipped, scheduled, recorded with sketches): at update 2
+    only the router failed, sketched; its input read against the fused experts' slab grids
+    (runs/grid_sums.py), the run passes; without them (the tensor's one grid reads the two
+    slabs as rank two) it fails at update 2."""
+    options = {"uneven": True, "clip": 1.0, "schedule": True, "sketch": True, "updates": 16}
+    root = _hf_runs(
+        tmp_path, "hf-qwen2moe", "adafactor-eps", 5, 233204, autocast="bfloat16", **options
+    )
+    _followed(
+        root, monkeypatch, "gradalign.judge.kink_evidence.Sketched._slabs", 2,
+        r"update 2: .*one input's share", lambda *a: None,
+    )  # fmt: skip

@@ -33,14 +33,26 @@ def same_inputs(names: list[str], kinked: dict, grads: Pair) -> dict[str, Units]
     Model zoo runs 189608 and 189706 (a tiny mixture of experts under bfloat16): a token routed
     otherwise at update 19 (and 12), the experts' weights 99.6% to 99.9% rank one, their biases
     97% to 99.9% along them and up to 27% off, the router's weight 99% rank one, its input the
-    experts' (0.996), and its bias 98% along it, 48% off."""
+    experts' (0.996), and its bias 98% along it, 48% off. Beside fused experts held in slabs
+    (`kink_shape.one_input`), a router's input is read against each slab's
+    (`Pair.same_slab_input`)."""
     held = [name for name, units in kinked.items() if units == (ONE_INPUT, WHOLE)]
-    if not held:
+    slabs = [
+        (name, slab)
+        for name, (axis, units) in kinked.items()
+        if axis == ONE_INPUT and units != WHOLE
+        for slab in sorted(units)
+    ]  # fused experts held in slabs: each slab's input
+    if not held and not slabs:
         return {}
     joined = {
         name: (ONE_INPUT, WHOLE)
         for name in names
-        if grads.one_input(name, few=True) and any(grads.same_input(name, w) for w in held)
+        if grads.one_input(name, few=True)
+        and (
+            any(grads.same_input(name, w) for w in held)
+            or any(grads.same_slab_input(name, w, slab) for w, slab in slabs)
+        )
     }
     weights: dict[str, list[str]] = {}
     for name, units in {**kinked, **joined}.items():
@@ -56,20 +68,23 @@ def same_inputs(names: list[str], kinked: dict, grads: Pair) -> dict[str, Units]
 
 def anchors(r: UpdateResult, grads: Pair, factor: float) -> dict[str, Units]:
     """The passing gradients of update `r` over `factor` times their noise whose error is one
-    input's share, read whole: a choice made per input went otherwise there, and the failing
-    tensors that hold the same input's share are its jump (`same_inputs`). Model zoo runs
-    190511 and 190402 (a tiny mixture of experts under bfloat16, 20 updates): at update 19
-    only two experts' second biases failed (1.59 times allowed), their weights passing at 4.9
-    and 5.5 times their noise, 97% rank one, the biases 98% along them; at update 9 only the
-    router's weight and bias failed, the experts' first and second weights passing at 27 and
-    31 times their noise, 99.9% rank one. And the tensors passing beside those that hold the
-    same input's share (`same_inputs`): run 190355 (Adam with eps 1e-6, K=8), only the router's
-    bias failed at update 8, along the router's weight, which passed at 21 times its noise, rank
-    one, of the input of two experts' weights passing at 15 and 24 times theirs. Without a
-    reference no gradient has a noise, and none is read."""
+    input's share, read whole or in fused experts' slabs: a choice made per input went otherwise
+    there, and the failing tensors that hold the same input's share are its jump
+    (`same_inputs`). Model zoo runs 190511 and 190402 (a tiny mixture of experts under bfloat16,
+    20 updates): at update 19 only two experts' second biases failed (1.59 times allowed), their
+    weights passing at 4.9 and 5.5 times their noise, 97% rank one, the biases 98% along them;
+    at update 9 only the router's weight and bias failed, the experts' first and second weights
+    passing at 27 and 31 times their noise, 99.9% rank one. And the tensors passing beside those
+    that hold the same input's share (`same_inputs`): run 190355 (Adam with eps 1e-6, K=8), only
+    the router's bias failed at update 8, along the router's weight, which passed at 21 times
+    its noise, rank one, of the input of two experts' weights passing at 15 and 24 times theirs.
+    Without a reference no gradient has a noise, and none is read. Model zoo run 233033
+    (transformers' Mixtral under float16 autocast, ASGD, K=4): at update 5 only the router's
+    weight failed (3.5 times allowed), of the input the fused experts' passing slabs 1 and 3
+    hold."""
     near = [d.name for d in r.grads if d.ok and d.noise and d.error > factor * d.noise]
     found = {name: grads.one_input(name) for name in near if name in grads}
-    held = {name: units for name, units in found.items() if units == (ONE_INPUT, WHOLE)}
+    held = {name: units for name, units in found.items() if units and units[0] == ONE_INPUT}
     return {**held, **same_inputs([name for name in near if name not in held], held, grads)}
 
 
@@ -87,9 +102,21 @@ def every_one_input(
     shares = {name: units for name, units in found.items() if units and units[0] == ONE_INPUT}
     beside = {**anchors(r, grads, factor), **shares}  # passing weights of one input's share too
     shares.update(same_inputs([name for name in found if name not in shares], beside, grads))
-    if not shares or set(found) - set(shares):
+    unread = lone_vectors([name for name in found if name not in shares], grads)
+    matrices = [name for name in shares if len(grads.shape(name)) >= 2]
+    if not matrices or set(found) - set(shares) - unread:
         return None
     return shares, sorted(name for name in beside if name not in found)
+
+
+def lone_vectors(names: list[str], grads: Pair) -> set[str]:
+    """Of `names`, the gradients of one axis whose module holds no matrix (a norm's scale: no
+    weight for its error to lie along, as a bias's does, and no rank of its own to read): the
+    matrices beside them say what the jump is. Model zoo run 233028 (gpt-oss under float16
+    autocast, Adadelta, K=4): a token routed otherwise at update 2, its echo failing layer 1's
+    input norm's scale beside attention weights each one input's share."""
+    modules = {module_of(name) for name in grads.names() if len(grads.shape(name)) >= 2}
+    return {name for name in names if len(grads.shape(name)) < 2 and module_of(name) not in modules}
 
 
 ROUTE_GAP = 4  # a token's route stands off by this many times the share of what it echoes into

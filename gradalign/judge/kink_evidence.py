@@ -16,14 +16,20 @@ no units to find, nor a rank without grid sums.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
-from ..runs.grid_sums import grid_sums, hashed_ones, hashed_rows
+from ..runs.grid_sums import (
+    hashed_ones,
+    hashed_rows,
+    slab_ones,
+)
 from ..runs.model import Run, Tensors
 from ..runs.sketches import estimate
-from ..runs.unit_sums import has_units, unit_energies, unit_sums
+from ..runs.unit_sums import unit_energies
+from .kept_sums import grid_sums_of, slab_grids_of, unit_sums_of
 from .kink_shape import (
     ESTIMATED_SHARE,
     JUMP_ROWS,
@@ -35,10 +41,13 @@ from .kink_shape import (
     localizes,
     one_input,
     same_input,
+    slab_input,
     units_holding,
 )
 from .metrics import _safe_div
 from .views import Kept, Sketching, summaries
+
+GRID, SLABS = "grid", "slabs"  # how `_Pair._ranked` read a rank where no values were kept
 
 
 class _Pair:
@@ -69,10 +78,12 @@ class _Pair:
         """The tensor's error as one input's share (`kink_shape.one_input`, `few` as there);
         None where it is not, where no kink is read in the tensor, or where its rank cannot be
         read (`_ranked`)."""
-        both = None if name in self.counted else self._ranked(name)
+        both = None if name in self.counted else self._ranked(name, slabs=True)
         if both is None:
             return None
-        return one_input(*both[0], rest, few, hashed_ones(self.shape(name)) if both[1] else None)
+        shape = self.shape(name)
+        ones = {None: None, GRID: hashed_ones, SLABS: slab_ones}[both[1]]
+        return one_input(*both[0], rest, few, None if ones is None else ones(shape))
 
     def along_input(self, bias: str, weight: str) -> bool:
         """Whether the bias's error is the same inputs' share as its weight's rank-one error
@@ -81,7 +92,7 @@ class _Pair:
         own, pair = self._whole(bias), self._ranked(weight)
         if own is None or pair is None or own[0].shape != self.shape(weight)[:1]:
             return False
-        if pair[1]:  # a weight of two axes, as `kink_shape.along_input` reads one
+        if pair[1] is not None:  # a weight of two axes, as `kink_shape.along_input` reads one
             if len(self.shape(weight)) != 2:
                 return False
             own = (hashed_rows(own[0]), hashed_rows(own[1]))
@@ -95,23 +106,42 @@ class _Pair:
         both = self._ranked(name, other)
         return both is not None and columns[0] == columns[1] and same_input(*both[0])
 
-    def _ranked(self, *names: str) -> tuple | None:
-        """The tensors' pairs as their ranks are read: both runs' values, or where either kept
-        only a sketch, both runs' grid sums (each name's pair, one name: that pair), and whether
-        they are grids; None where any cannot be read."""
+    def same_slab_input(self, name: str, fused: str, slab: int) -> bool:
+        """Whether a weight's rank-one error is the same input's share as a slab of fused
+        experts' (`kink_shape.slab_input`): read from both runs' values, or where either kept
+        only a sketch, from the weight's grid sums and the experts' slab grids (the inputs
+        hashed alike where both have as many columns); False where neither can be read."""
+        own, other = self._whole(name), self._whole(fused)
+        if own is not None and other is not None:
+            return slab_input(own, other, slab)
+        own, other = self._grids(name), self._slabs(fused)
+        return own is not None and other is not None and slab_input(own, other, slab, True)
+
+    def _ranked(self, *names: str, slabs: bool = False) -> tuple | None:
+        """The tensors' pairs as their ranks are read (each name's pair, one name: that pair),
+        and how: both runs' values (None), or where either kept only a sketch, both runs' slab
+        grids (SLABS, with `slabs`, where kept) or grid sums (GRID); None where any cannot be
+        read."""
         pairs = [self._whole(name) for name in names]
         if all(pair is not None for pair in pairs):
-            return (pairs[0] if len(names) == 1 else pairs), False
-        grids = [self._grids(name) for name in names]
-        if any(grid is None for grid in grids):
-            return None
-        return (grids[0] if len(names) == 1 else grids), True
+            return (pairs[0] if len(names) == 1 else pairs), None
+        for how, reader in ((SLABS, self._slabs), (GRID, self._grids)):
+            if how == SLABS and not slabs:
+                continue
+            kept = [reader(name) for name in names]
+            if all(k is not None for k in kept):
+                return (kept[0] if len(names) == 1 else kept), how
+        return None
 
     def _whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         raise NotImplementedError
 
     def _grids(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """Both runs' grid sums of a tensor, where both kept them or its values."""
+        return None
+
+    def _slabs(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Both runs' slab grids of a tensor, where both kept them."""
         return None
 
     def rank_read(self, name: str) -> str:
@@ -190,7 +220,7 @@ class Sketched(_Pair):
         self.first, self.second = kept
         self.before = before
         self.shapes = {t.name: tuple(t.shape) for t in runs[1].tensors}
-        self._sums: dict[tuple[str, bool], tuple | None] = {}
+        self._sums: dict[tuple[str, Callable], tuple | None] = {}
         self._files: list[Tensors | None] | None = None  # each run's sketch file, read once
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -240,7 +270,11 @@ class Sketched(_Pair):
 
     def _grids(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """Both runs' grid sums of a tensor (None where a run has none), read once."""
-        return self._kept_sums(name, grid=True)
+        return self._kept_sums(name, grid_sums_of)
+
+    def _slabs(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Both runs' slab grids of a tensor (None where a run has none), read once."""
+        return self._kept_sums(name, slab_grids_of)
 
     def holding(self, name: str) -> str:
         """What `units` found its units holding, for a note."""
@@ -256,12 +290,13 @@ class Sketched(_Pair):
 
     def _unit_sums(self, name: str) -> tuple | None:
         """Both runs' unit sums of a tensor (None where a run has none), read once."""
-        return self._kept_sums(name, grid=False)
+        return self._kept_sums(name, unit_sums_of)
 
-    def _kept_sums(self, name: str, grid: bool) -> tuple | None:
-        """Both runs' unit sums of a tensor, or its grid sums (`grid`), read once; None where a
-        run has none."""
-        if (name, grid) not in self._sums:
+    def _kept_sums(self, name: str, reader: Callable[..., Any]) -> tuple | None:
+        """Both runs' sums of a tensor as `reader` (`unit_sums_of`, `grid_sums_of`,
+        `slab_grids_of`) finds them, read once; None where a run has none."""
+        key = (name, reader)
+        if key not in self._sums:
             if self._files is None:
                 self._files = [
                     run.sketches(self.update) if run.record == "sketch" else None
@@ -269,47 +304,14 @@ class Sketched(_Pair):
                 ]
             shape = self.shape(name)
             found = [
-                unit_sums_of(run, self.kind, self.update, name, shape, kept, grid)
+                reader(run, self.kind, self.update, name, shape, kept)
                 for run, kept in zip(self.runs, self._files, strict=True)
             ]
-            self._sums[(name, grid)] = None if any(f is None for f in found) else tuple(found)
-        return self._sums[(name, grid)]
+            self._sums[key] = None if any(f is None for f in found) else tuple(found)
+        return self._sums[key]
 
 
 Pair = Whole | Sketched  # what `apart` gives
-
-
-def unit_sums_of(
-    run: Run,
-    kind: str,
-    update: int,
-    name: str,
-    shape: tuple[int, ...],
-    found: Tensors | None = None,
-    grid: bool = False,
-) -> tuple[np.ndarray, np.ndarray] | np.ndarray | None:
-    """A tensor's unit sums at an update (its grid sums, `grid`): as recorded by a sketch-mode
-    run (`found`: its sketch file there, read once by the caller), or from its values where the
-    run kept them (full files, or a tensor kept whole in its sketch file)."""
-    if kind != "grads" or not has_units(shape):
-        return None
-    sums = grid_sums if grid else unit_sums
-    if found is not None:
-        if grid:
-            kept = found.get(f"grid/{kind}/{name}")
-            if kept is not None:
-                return np.asarray(kept)
-        else:
-            rows, columns = found.get(f"rows/{kind}/{name}"), found.get(f"columns/{kind}/{name}")
-            if rows is not None and columns is not None:
-                return np.asarray(rows), np.asarray(columns)
-        vector = found.get(f"{kind}/{name}")
-        if vector is not None and vector.size == math.prod(shape):
-            return sums(vector, shape)
-    full = run.grads(update)
-    if full is None or name not in full:
-        return None
-    return sums(full[name], shape)
 
 
 def apart(

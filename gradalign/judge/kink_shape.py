@@ -173,6 +173,30 @@ def same_input(first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, n
     return _along(_first_component(flat[0])[2], _first_component(flat[1])[2])
 
 
+def slab_input(
+    first: tuple[np.ndarray, np.ndarray],
+    fused: tuple[np.ndarray, np.ndarray],
+    slab: int,
+    hashed: bool = False,
+) -> bool:
+    """Whether a weight's rank-one error (a router's, δ xᵀ) is the same input's share as slab
+    `slab` of fused experts' (experts first, one outer product in the slab: `one_input`): its
+    first right singular vector along either of the slab's, the input axis standing last
+    (Mixtral's `gate_up_proj`, experts x out x in) or first (gpt-oss's, experts x in x out).
+    Model zoo run 233003 (transformers' Mixtral under float16 autocast, RAdam, K=4): a token
+    routed from expert 0 to 2 at update 4, the router's gradient 4.9% off along slab 0's input
+    and slab 2's. `hashed`: grid sums, the weight's and the slab grids' (runs/grid_sums.py),
+    whose columns hash alike where there are as many: the right vectors alone compare."""
+    err = np.asarray(first[0], np.float64) - np.asarray(first[1], np.float64)
+    whole = np.asarray(fused[0], np.float64) - np.asarray(fused[1], np.float64)
+    if err.ndim != 2 or whole.ndim < 3 or not 0 <= slab < whole.shape[0]:
+        return False
+    _, left, right = _first_component(whole[slab].reshape(whole.shape[1], -1))
+    line = _first_component(err)[2]
+    vectors = (right,) if hashed else (left, right)
+    return any(v.shape == line.shape and _along(v, line) for v in vectors)
+
+
 def _along(line: np.ndarray, vector: np.ndarray) -> bool:
     """Whether JUMP_SHARE of `vector`'s energy lies along `line`."""
     total, scale = float(vector @ vector), float(line @ line)

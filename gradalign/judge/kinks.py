@@ -64,7 +64,7 @@ import dataclasses
 import math
 
 from ..runs.model import Run
-from .choices import CHOICES_PART, WHOLE_COSINE, anchors, limits, same_inputs
+from .choices import CHOICES_PART, WHOLE_COSINE, anchors, limits, lone_vectors, same_inputs
 from .kink_evidence import Pair, apart
 from .kink_shape import JUMP_SHARE, ONE_INPUT, WHOLE, many_rows
 from .metrics import TensorDiff
@@ -112,6 +112,8 @@ def excuse_isolated_jumps(
         joined = same_inputs([name for name in found if name not in kinked], beside, grads)
         kinked.update(joined)
         echoes = [name for name in found if name not in kinked]
+        if any(axis == ONE_INPUT for axis, _ in kinked.values()):  # a norm's scale: unread
+            echoes = [name for name in echoes if name not in lone_vectors(echoes, grads)]
         # echoes are measured against the jump's own weights (and those beside it), not the
         # tensors joined to it: a bias's share of itself says nothing of what is upstream
         if not kinked or (echoes and not _echoes(echoes, beside, grads)):

@@ -21,7 +21,15 @@ import numpy as np
 import torch
 
 from ..runs.background import BackgroundWriter
-from ..runs.grid_sums import COLUMNS, ROWS, grid_shape, grid_sums
+from ..runs.grid_sums import (
+    COLUMNS,
+    ROWS,
+    grid_shape,
+    grid_sums,
+    has_slabs,
+    slab_grid_shape,
+    slab_grids,
+)
 from ..runs.layout import sketch_file
 from ..runs.sketches import WHOLE_1D, WIDTH, Summary, kept_whole, summarize
 from ..runs.unit_sums import GROUPS, has_units, unit_sums
@@ -118,8 +126,9 @@ class Sketcher:
                 summary = summarize(a, self.declared[n], self.width, self.whole(n, a.size))
                 if self.with_units(kind, n, a.size):
                     shape = self.shapes[n]
+                    slabs = slab_grids(a, shape) if has_slabs(shape) else None
                     summary = dataclasses.replace(
-                        summary, units=unit_sums(a, shape), grid=grid_sums(a, shape)
+                        summary, units=unit_sums(a, shape), grid=grid_sums(a, shape), slabs=slabs
                     )
                 found[n] = summary
             self._store(kind, update, found)
@@ -131,12 +140,7 @@ class Sketcher:
         with torch.no_grad():
             parts = [self._on_device(t, self.whole(n, t.numel())) for n, t in tensors.items()]
             units = [
-                torch.cat(
-                    [
-                        self._device_units(t, self.shapes[n]),
-                        self._device_grid(t, self.shapes[n]).reshape(-1),
-                    ]
-                )
+                self._device_unit_parts(t, self.shapes[n])
                 if self.with_units(kind, n, t.numel())
                 else None
                 for n, t in tensors.items()
@@ -177,7 +181,15 @@ class Sketcher:
                     cells = grid_rows * grid_columns
                     grid = values[at : at + cells].reshape(grid_rows, grid_columns).copy()
                     at += cells
-                    summary = dataclasses.replace(summary, units=(rows, columns.copy()), grid=grid)
+                    slabs = None
+                    if has_slabs(self.shapes[name]):
+                        shape = slab_grid_shape(self.shapes[name])
+                        cells = shape[0] * shape[1] * shape[2]
+                        slabs = values[at : at + cells].reshape(shape).copy()
+                        at += cells
+                    summary = dataclasses.replace(
+                        summary, units=(rows, columns.copy()), grid=grid, slabs=slabs
+                    )
                 found[name] = summary
             self._store(kind, update, found)
 
@@ -226,6 +238,40 @@ class Sketcher:
                 columns[t] += by_column[(t - first) % GROUPS :: GROUPS].sum(0)
             del signed, signs, by_column
         return torch.cat([rows.reshape(-1), columns.t().reshape(-1)])
+
+    def _device_unit_parts(self, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """A gradient's unit sums, grid sums and (three axes or more) slab grids, flattened in
+        that order into one float64 vector, on the device."""
+        parts = [self._device_units(tensor, shape), self._device_grid(tensor, shape).reshape(-1)]
+        if has_slabs(shape):
+            parts.append(self._device_slabs(tensor, shape).reshape(-1))
+        return torch.cat(parts)
+
+    def _device_slabs(self, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """`runs.grid_sums.slab_grids` by torch, on the device: [E, P, Q], float64, in blocks
+        of whole slabs (a slab larger than a block by `_device_grid`, in blocks of its rows)."""
+        slabs, rows_n = int(shape[0]), int(shape[1])
+        x = tensor.detach().reshape(slabs, rows_n, -1)
+        columns_n = x.shape[2]
+        if rows_n * columns_n > _BLOCK:
+            return torch.stack([self._device_grid(x[e], tuple(shape[1:])) for e in range(slabs)])
+        p, q = grid_shape((rows_n, columns_n))
+        flip_columns = self._axis_signs(COLUMNS, columns_n, x.device)
+        flip_rows = self._axis_signs(ROWS, rows_n, x.device)
+        found = torch.empty(slabs, p, q, dtype=torch.float64, device=x.device)
+        grouped, padded = columns_n - columns_n % q, -(-rows_n // p) * p
+        step = max(1, _BLOCK // (rows_n * columns_n))  # whole slabs
+        for first in range(0, slabs, step):
+            signed = x[first : first + step].to(torch.float64) * flip_columns
+            count = signed.shape[0]
+            folded = signed[..., :grouped].reshape(count, rows_n, -1, q).sum(2)
+            folded[..., : columns_n - grouped] += signed[..., grouped:]
+            folded *= flip_rows[:, None]
+            laid = folded.new_zeros(count, padded, q)  # row r goes to bucket r mod P
+            laid[:, :rows_n] = folded
+            found[first : first + count] = laid.reshape(count, -1, p, q).sum(1)
+            del signed, folded, laid
+        return found
 
     def _device_grid(self, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """`runs.grid_sums.grid_sums` by torch, on the device, in blocks of rows: [P, Q],
@@ -323,6 +369,8 @@ class Sketcher:
                     tensors[f"columns/{kind}/{name}"] = summary.units[1]
                 if summary.grid is not None:
                     tensors[f"grid/{kind}/{name}"] = summary.grid
+                if summary.slabs is not None:
+                    tensors[f"slabs/{kind}/{name}"] = summary.slabs
             norms = [np.sqrt(found[n].sumsq) if n in found else 0.0 for n in self.names]
             tensors[f"norms/{kind}"] = np.asarray(norms, dtype=np.float64)
             with self._lock:  # only the fingerprints are read again (the series)

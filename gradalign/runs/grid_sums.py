@@ -24,6 +24,12 @@ column, so:
   (R, 1)), lies along its weight's left vector A δ.
 
 Summed in float64; the products are exact.
+
+A gradient of three axes or more (E, R, ...), as transformers' mixtures of experts fuse their
+experts (experts first), also keeps one grid per slab of its first axis (`slab_grids`: E x P x
+Q, each slab read as R rows and its trailing axes as columns, with the same signs as any grid):
+a token routed from one expert to another is one outer product in each of two slabs, which the
+tensor's one grid reads as rank two.
 """
 
 from __future__ import annotations
@@ -99,3 +105,31 @@ def hashed_ones(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     rows = int(shape[0])
     columns = math.prod(shape) // rows
     return hashed_rows(np.ones(rows)), grid_sums(np.ones((1, columns)), (1, columns))[0]
+
+
+def has_slabs(shape: tuple[int, ...]) -> bool:
+    """Whether a tensor of this shape keeps slab grids: three axes or more, none empty."""
+    return len(shape) >= 3 and math.prod(shape) > 0
+
+
+def slab_grid_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """The slab grids' (E, P, Q) for a tensor of this shape (`has_slabs`)."""
+    return (int(shape[0]), *grid_shape(tuple(shape[1:])))
+
+
+def slab_grids(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Each slab's grid (`grid_sums` of values[e] read as shape[1] rows), [E, P, Q]."""
+    slabs = int(shape[0])
+    x = np.asarray(values).reshape(slabs, -1)
+    inner = tuple(shape[1:])
+    found = np.empty(slab_grid_shape(shape))
+    for e in range(slabs):
+        found[e] = grid_sums(x[e], inner)
+    return found
+
+
+def slab_ones(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The all-ones row and column of a tensor of this shape as its slab grids hold them, the
+    grids flattened per slab ([E, P·Q]): the slabs' ones as they are, and each slab's A 1 B 1ᵀ."""
+    rows, columns = hashed_ones(tuple(shape[1:]))
+    return np.ones(int(shape[0])), np.outer(rows, columns).reshape(-1)

@@ -4,7 +4,7 @@ the sketch width, the updates that kept full files, and a loader for each update
 from __future__ import annotations
 
 from ..errors import BadInput, shown
-from .grid_sums import grid_shape
+from .grid_sums import grid_shape, has_slabs, slab_grid_shape
 from .layout import sketch_file
 from .model import Run, Tensors
 from .store import Store
@@ -12,6 +12,7 @@ from .unit_sums import GROUPS, has_units
 
 UNIT_AXES = {"rows": 0, "columns": 1}  # unit sums' keys (runs/unit_sums.py) and their axis
 GRID = "grid"  # grid sums' key (runs/grid_sums.py)
+SLABS = "slabs"  # slab grids' key (runs/grid_sums.py), of gradients of three axes or more
 
 
 def attach_sketches(run: Run, manifest: dict, store: Store) -> None:
@@ -44,7 +45,7 @@ def attach_sketches(run: Run, manifest: dict, store: Store) -> None:
             kind, _, name = key.removeprefix("held/").partition("/")
             if kind in ("weights", "grads") and name not in shapes:
                 raise BadInput(f"{run.source}: {relpath} sketches an unknown tensor {name!r}")
-            if kind in UNIT_AXES or kind == GRID:
+            if kind in UNIT_AXES or kind in (GRID, SLABS):
                 _check_unit_sums(run.source, relpath, key, values.shape, shapes)
         return found
 
@@ -57,12 +58,21 @@ def _check_unit_sums(
     source: str, relpath: str, key: str, shape: tuple[int, ...], shapes: dict
 ) -> None:
     """A gradient's unit sums must be of a known tensor of two axes or more, shaped [units, G],
-    and its grid sums [P, Q] (`runs.grid_sums.grid_shape`)."""
+    its grid sums [P, Q] (`runs.grid_sums.grid_shape`), and its slab grids, of a tensor of three
+    axes or more, [E, P, Q] (`runs.grid_sums.slab_grid_shape`)."""
     axis_name, _, rest = key.partition("/")
     kind, _, name = rest.partition("/")
     tensor = shapes.get(name)
     if kind != "grads" or tensor is None or not has_units(tensor):
         raise BadInput(f"{source}: {relpath} holds {key!r}, which no gradient of two axes has")
-    expected = grid_shape(tensor) if axis_name == GRID else (tensor[UNIT_AXES[axis_name]], GROUPS)
+    if axis_name == SLABS and not has_slabs(tensor):
+        raise BadInput(f"{source}: {relpath} holds {key!r}, which no gradient of three axes has")
+    expected = (
+        slab_grid_shape(tensor)
+        if axis_name == SLABS
+        else grid_shape(tensor)
+        if axis_name == GRID
+        else (tensor[UNIT_AXES[axis_name]], GROUPS)
+    )
     if tuple(shape) != expected:
         raise BadInput(f"{source}: {relpath}: {key!r} is shaped {tuple(shape)}, not {expected}")

@@ -53,6 +53,7 @@ class Summary:
     # a sketched gradient's row and column sums (runs/unit_sums.py); None: not kept
     units: tuple[np.ndarray, np.ndarray] | None = None
     grid: np.ndarray | None = None  # and its grid sums (runs/grid_sums.py); None: not kept
+    slabs: np.ndarray | None = None  # and, of three axes or more, each slab's [E, P, Q]
 
 
 def kept_whole(shape: tuple[int, ...], width: int, whole_1d: int = 0) -> bool:
