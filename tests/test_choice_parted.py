@@ -253,6 +253,46 @@ def test_a_bias_beside_a_passing_weight_s_token_is_its_jump(base, clean, module)
     assert next(r.update for r in c.results if not r.ok) == CHOICE
 
 
+def test_a_router_s_bias_beside_its_quiet_weight_is_the_token_s(base, clean):
+    """The expert's weight passing at about five times its noise (one input's share), the
+    router's weight 3.6 times its noise (under the factor: no anchor), rank one and of the same
+    input, and only the router's bias failing, along the router weight's error: the router's
+    bias is the token's share (`choices.same_inputs`), one jump, noted. Model zoo run 235043 (a
+    tiny mixture of experts under float16 autocast, Adagrad, K=8). The bias in another
+    direction fails there (a mutation reading no quiet weight fails the first)."""
+    expert = clean[CHOICE][("expert.weight", "grads")]
+    router = clean[CHOICE][("router.weight", "grads")]
+    sizes = {
+        "expert.weight": (FACTOR * expert.noise + expert.allowed) / 2,
+        "router.weight": 3.6 * router.noise,
+    }
+    bias = clean[CHOICE][("router.bias", "grads")]
+
+    def spike(along: bool):
+        def alter(u: int, g: dict) -> dict:
+            if u == CHOICE:
+                x = np.random.default_rng(5).normal(size=COLS)
+                for name, size in sizes.items():
+                    term, delta = _token(name, size, 9 if name == "router.weight" else 5, x)
+                    g[name] += term.astype(np.float32)
+                off = delta if along else np.random.default_rng(6).normal(size=delta.shape)
+                g["router.bias"] += (off / np.linalg.norm(off) * 4 * bias.allowed).astype(
+                    np.float32
+                )
+            return g
+
+        return alter
+
+    c = _compare(base, "bias-beside-quiet-router", spike(True))
+    grads = {d.name: d for d in _at(c, CHOICE).grads}
+    assert grads["router.weight"].ok and grads["router.weight"].error < FACTOR * router.noise
+    assert c.verdict == "pass", [d.message for d in c.diagnosis]
+    assert any(n.startswith(f"update {CHOICE}:") and "router.bias" in n for n in c.notes)
+    c = _compare(base, "bias-across-quiet-router", spike(False))
+    assert c.verdict == "fail"
+    assert next(r.update for r in c.results if not r.ok) == CHOICE
+
+
 def test_a_token_stepped_with_before_a_quiet_one_is_read_again(base, clean):
     """One input's share of the expert's weight at update 3, stepped with (its weights four
     times their noise and more, within what they may), then another at update 4, quiet: update
