@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradalign.judge import kink_evidence
 from gradalign.judge.kink_shape import ONE_INPUT, one_input, slab_input
 from gradalign.record import sketcher as sketcher_module
 from gradalign.record.sketcher import Sketcher
@@ -184,3 +185,48 @@ def test_the_device_summaries_carry_the_slab_grids_to_the_host():
     host = summarize(tensors["w"].numpy(), "float32", 61, sketcher.whole("w", 40 * 36))
     assert found["w"].slabs is None and np.allclose(found["w"].sketch, host.sketch, atol=1e-9)
     assert found["fused"].grid.shape == (EXPERTS, 32)  # the tensor's one grid too
+
+
+class _GridsOnly(kink_evidence._Pair):
+    """Two runs' tensors kept as grid sums and slab grids alone, as a sketched run keeps them."""
+
+    def __init__(self, values: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        self.values = values
+        self.counted: set[str] = set()
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.values[name][0].shape
+
+    def _whole(self, name: str):
+        return None
+
+    def _grids(self, name: str):
+        return tuple(grid_sums(a, a.shape) for a in self.values[name])
+
+    def _slabs(self, name: str):
+        return tuple(slab_grids(a, a.shape) for a in self.values[name])
+
+
+def test_a_sketched_router_reads_against_slabs_of_as_many_columns_only():
+    """From grids, a router's input is compared with a slab's only where both have as many
+    columns (hashed alike): the router of the token's input against the fused experts' slab
+    reads as the same input; the same router against experts whose slabs are as wide in their
+    grids (32 columns) but hold another number of columns does not."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(IN)
+    fused_error = _moved(rng, x, spread=0.01)
+    base = rng.standard_normal((EXPERTS, OUT, IN))
+    router_base = rng.standard_normal((EXPERTS, IN))
+    router = (router_base + np.outer(rng.standard_normal(EXPERTS), x), router_base)
+    wider = rng.standard_normal((EXPERTS, OUT, IN + 8))
+    wider_error = np.zeros_like(wider)
+    wider_error[0, :, :IN] = fused_error[0]
+    pair = _GridsOnly(
+        {
+            "router": router,
+            "fused": (base + fused_error, base),
+            "wider": (wider + wider_error, wider),
+        }
+    )
+    assert pair.same_slab_input("router", "fused", 0)
+    assert not pair.same_slab_input("router", "wider", 0)

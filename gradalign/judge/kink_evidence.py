@@ -114,6 +114,9 @@ class _Pair:
         own, other = self._whole(name), self._whole(fused)
         if own is not None and other is not None:
             return slab_input(own, other, slab)
+        columns = [math.prod(self.shape(name)[1:]), math.prod(self.shape(fused)[2:])]
+        if columns[0] != columns[1]:  # inputs hashed alike only where as long
+            return False
         own, other = self._grids(name), self._slabs(fused)
         return own is not None and other is not None and slab_input(own, other, slab, True)
 
