@@ -5,6 +5,7 @@ seconds and peak GPU memory beside each wall time (`measure`), and their medians
 
 from __future__ import annotations
 
+import argparse
 import gc
 import shutil
 import statistics
@@ -15,7 +16,8 @@ from typing import Any
 import torch
 from stand_in_recorders import CopyFloor, NoRecorder, WriteFloor
 
-from gradalign.config import TrainConfig
+from gradalign.config import TrainConfig, build_config
+from gradalign.errors import BadInput
 from gradalign.record.loop import run_loop
 from gradalign.record.recorder import Recorder
 from gradalign.record.trainer import setup
@@ -198,3 +200,39 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
                 unit = units.get(part, "cpu_median_s")
                 out[name][f"{variant}_{part}_{unit}"] = statistics.median(series[key])
     return out
+
+
+def add_loop_arguments(parser: argparse.ArgumentParser, reps: int) -> None:
+    """The recording benchmarks' shared options: the loop's shape (`--updates`, `--batch-size`,
+    `--accum-steps`), `--reps` (default `reps`), `--json` and `--dir`."""
+    defaults = TrainConfig()
+    parser.add_argument("--updates", type=int, default=defaults.updates, help="updates N")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="batch B")
+    parser.add_argument(
+        "--accum-steps", type=int, default=defaults.accum_steps, help="K of the merged run"
+    )
+    parser.add_argument("--reps", type=int, default=reps, help="timed repetitions")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the recorded runs go (a temporary folder inside it; default: the system's "
+        "temporary folder, TMPDIR)",
+    )
+
+
+def merged_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, **fields: Any
+) -> TrainConfig:
+    """The merged run's config from `add_loop_arguments`' options and `fields` (more of its
+    fields), once `--reps` and `--dir` are checked; the parser's one-line error otherwise."""
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
+    if args.dir is not None and not args.dir.is_dir():
+        parser.error(f"--dir {args.dir}: no such folder")
+    values = {"updates": args.updates, "batch_size": args.batch_size, **fields}
+    try:
+        return build_config({**values, "accum_steps": args.accum_steps}, "options")
+    except BadInput as exc:
+        parser.error(str(exc))

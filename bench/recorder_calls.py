@@ -30,10 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from overhead_timing import time_recorded
+from overhead_timing import add_loop_arguments, merged_config, time_recorded
 
-from gradalign.config import TrainConfig, build_config
-from gradalign.errors import BadInput
+from gradalign.config import TrainConfig
 from gradalign.record import checks, recorder
 
 CALLS = ("Recorder(...)", "micro()", "  of which the digest", "grads()", "update()", "close()")
@@ -93,26 +92,10 @@ def measure(configs: list[TrainConfig], reps: int, scratch: Path) -> dict[str, l
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    defaults = TrainConfig()
-    parser.add_argument("--updates", type=int, default=defaults.updates, help="updates N")
-    parser.add_argument(
-        "--accum-steps", type=int, default=defaults.accum_steps, help="K of the merged run"
-    )
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="batch B")
-    parser.add_argument("--reps", type=int, default=9, help="timed repetitions")
-    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    parser.add_argument("--dir", type=Path, default=None, help="where the runs go (a folder)")
+    add_loop_arguments(parser, reps=9)
     args = parser.parse_args(argv)
-    if args.reps < 1:
-        parser.error("--reps must be at least 1")
-    if args.dir is not None and not args.dir.is_dir():
-        parser.error(f"--dir {args.dir}: no such folder")
+    merged = merged_config(parser, args)
     torch.set_num_threads(1)
-    values = {"updates": args.updates, "batch_size": args.batch_size}
-    try:
-        merged = build_config({**values, "accum_steps": args.accum_steps}, "options")
-    except BadInput as exc:
-        parser.error(str(exc))
     configs = [merged.replace(accum_steps=1), merged]
     with tempfile.TemporaryDirectory(prefix="gradalign-calls-", dir=args.dir) as tmp:
         found = measure(configs, args.reps, Path(tmp))

@@ -53,29 +53,21 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine_info import cpu_model, filesystem
-from overhead_timing import measure, summarize
+from overhead_timing import add_loop_arguments, measure, merged_config, summarize
 from user_loop import SIZES
 
 from gradalign.allocator import keep_freed_memory
-from gradalign.config import TrainConfig, build_config
-from gradalign.errors import BadInput
 
 TARGETS = {("default", "full"): 1.10, ("mlp-10m", "sketch"): 1.05}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    defaults = TrainConfig()
-    parser.add_argument("--updates", type=int, default=defaults.updates, help="updates N")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="batch B")
-    parser.add_argument(
-        "--accum-steps", type=int, default=defaults.accum_steps, help="K of the merged run"
-    )
+    add_loop_arguments(parser, reps=7)
     parser.add_argument("--size", default="default", choices=["default", *SIZES])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
     parser.add_argument("--record", default="full", choices=["full", "sketch"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--reps", type=int, default=7, help="timed repetitions per variant")
     parser.add_argument(
         "--malloc",
         default="default",
@@ -84,34 +76,16 @@ def main(argv: list[str] | None = None) -> int:
         "command does for itself (gradalign/allocator.py), so freed memory stays for both "
         "variants' next allocations; default: glibc's adaptive thresholds as they come",
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    parser.add_argument(
-        "--dir",
-        type=Path,
-        default=None,
-        help="where the recorded runs go (a temporary folder inside it; default: the system's "
-        "temporary folder, TMPDIR)",
-    )
     parser.add_argument(
         "--floor",
         action="store_true",
         help="also time the copies alone (CopyFloor) and the copies written (WriteFloor)",
     )
     args = parser.parse_args(argv)
-    if args.reps < 1:
-        parser.error("--reps must be at least 1")
-    if args.dir is not None and not args.dir.is_dir():
-        parser.error(f"--dir {args.dir}: no such folder")
-
+    merged = merged_config(parser, args, record=args.record, device=args.device)
     if args.malloc == "keep" and not keep_freed_memory():
         parser.error("--malloc keep: this C library has no glibc mallopt")
     torch.set_num_threads(args.threads)
-    values = {"updates": args.updates, "batch_size": args.batch_size, "record": args.record}
-    values["device"] = args.device
-    try:
-        merged = build_config({**values, "accum_steps": args.accum_steps}, "options")
-    except BadInput as exc:
-        parser.error(str(exc))
     configs = {"baseline": merged.replace(accum_steps=1), "merged": merged}
 
     with tempfile.TemporaryDirectory(prefix="gradalign-bench-", dir=args.dir) as tmp:
