@@ -6,6 +6,8 @@ slab's (`slab_input`), where the tensor's one grid reads rank two."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,9 @@ from gradalign.judge.kink_shape import ONE_INPUT, one_input, slab_input
 from gradalign.record import sketcher as sketcher_module
 from gradalign.record.sketcher import Sketcher
 from gradalign.runs.grid_sums import (
+    SLAB_CELLS,
     grid_sums,
+    has_slabs,
     hashed_ones,
     slab_grid_shape,
     slab_grids,
@@ -230,3 +234,14 @@ def test_a_sketched_router_reads_against_slabs_of_as_many_columns_only():
     )
     assert pair.same_slab_input("router", "fused", 0)
     assert not pair.same_slab_input("router", "wider", 0)
+
+
+def test_slab_grids_are_kept_for_up_to_64_experts_at_full_grids():
+    """Slab grids cost at most SLAB_CELLS cells a tensor: 64 experts at full 32 x 32 grids keep
+    them, a convolution of 512 output channels (its slabs no experts) or 256 experts do not;
+    a tensor of two axes never does."""
+    assert has_slabs((8, 28672, 4096)) and has_slabs((64, 2816, 1024))
+    assert has_slabs((EXPERTS, OUT, IN)) and has_slabs((64, 64, 3, 3))
+    assert not has_slabs((65, 64, 64)) and not has_slabs((256, 2048, 7168))
+    assert not has_slabs((512, 512, 3, 3)) and not has_slabs((4096, 4096))
+    assert math.prod(slab_grid_shape((64, 2816, 1024))) == SLAB_CELLS

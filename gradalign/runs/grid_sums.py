@@ -107,9 +107,16 @@ def hashed_ones(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     return hashed_rows(np.ones(rows)), grid_sums(np.ones((1, columns)), (1, columns))[0]
 
 
+SLAB_CELLS = 1 << 16  # slab grids' cells a tensor keeps at most: 64 experts' 32 x 32 (512 KiB)
+
+
 def has_slabs(shape: tuple[int, ...]) -> bool:
-    """Whether a tensor of this shape keeps slab grids: three axes or more, none empty."""
-    return len(shape) >= 3 and math.prod(shape) > 0
+    """Whether a tensor of this shape keeps slab grids: three axes or more, none empty, and
+    their cells at most SLAB_CELLS (a mixture of up to 64 experts at full grids; a convolution
+    of many output channels keeps the one grid alone, its slabs no experts)."""
+    if len(shape) < 3 or math.prod(shape) == 0:
+        return False
+    return math.prod(slab_grid_shape(shape)) <= SLAB_CELLS
 
 
 def slab_grid_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -118,13 +125,29 @@ def slab_grid_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def slab_grids(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Each slab's grid (`grid_sums` of values[e] read as shape[1] rows), [E, P, Q]."""
-    slabs = int(shape[0])
-    x = np.asarray(values).reshape(slabs, -1)
-    inner = tuple(shape[1:])
+    """Each slab's grid (`grid_sums` of values[e] read as shape[1] rows), [E, P, Q]: slabs
+    batched in blocks of about `BLOCK` elements, a slab larger than a block by `grid_sums`."""
+    slabs, rows_n = int(shape[0]), int(shape[1])
+    x = np.asarray(values).reshape(slabs, rows_n, -1)
+    columns_n = x.shape[2]
     found = np.empty(slab_grid_shape(shape))
-    for e in range(slabs):
-        found[e] = grid_sums(x[e], inner)
+    if rows_n * columns_n > BLOCK:
+        for e in range(slabs):
+            found[e] = grid_sums(x[e], tuple(shape[1:]))
+        return found
+    p, q = grid_shape((rows_n, columns_n))
+    flip_columns, flip_rows = column_signs(columns_n), row_signs(rows_n)
+    grouped, padded = columns_n - columns_n % q, -(-rows_n // p) * p
+    step = max(1, BLOCK // (rows_n * columns_n))  # whole slabs
+    for first in range(0, slabs, step):
+        signed = x[first : first + step] * flip_columns  # float64
+        count = signed.shape[0]
+        folded = signed[..., :grouped].reshape(count, rows_n, -1, q).sum(axis=2)
+        folded[..., : columns_n - grouped] += signed[..., grouped:]
+        folded *= flip_rows[:, None]
+        laid = np.zeros((count, padded, q))  # row r goes to bucket r mod P
+        laid[:, :rows_n] = folded
+        found[first : first + count] = laid.reshape(count, -1, p, q).sum(axis=1)
     return found
 
 

@@ -66,7 +66,10 @@ def _check_unit_sums(
     if kind != "grads" or tensor is None or not has_units(tensor):
         raise BadInput(f"{source}: {relpath} holds {key!r}, which no gradient of two axes has")
     if axis_name == SLABS and not has_slabs(tensor):
-        raise BadInput(f"{source}: {relpath} holds {key!r}, which no gradient of three axes has")
+        raise BadInput(
+            f"{source}: {relpath} holds {key!r}, which no gradient keeps (three axes or more, "
+            "and slab grids of at most 65536 cells)"
+        )
     expected = (
         slab_grid_shape(tensor)
         if axis_name == SLABS
