@@ -138,12 +138,13 @@ ROUTE_GAP = 4  # a token's route stands off by this many times the share of what
 class Route:
     """`routed`'s reading: the failing gradients furthest off (`held`: each one input's share,
     with its units; `vectors`: those of one axis beside them, which hold no rank to read), the
-    rest (`echoes`) and how many times further off than the furthest echo the nearest held one
-    stands (`gap`)."""
+    rest (`echoes`, furthest off first, the first `echo_share` of itself off) and how many
+    times further off than the furthest echo the nearest held one stands (`gap`)."""
 
     held: dict[str, Units]
     vectors: list[str]
     echoes: list[str]
+    echo_share: float
     gap: float
 
 
@@ -188,7 +189,7 @@ def routed(r: UpdateResult, grads: Pair, factor: float) -> Route | None:
         return None
     vectors = [d.name for d in band if d.name not in held]
     gap = ranked[cut - 1][0] / ranked[cut][0] if ranked[cut][0] > 0 else math.inf
-    return Route(held, vectors, [d.name for _, d in ranked[cut:]], gap)
+    return Route(held, vectors, [d.name for _, d in ranked[cut:]], ranked[cut][0], gap)
 
 
 def limits(choice: bool, factor: float) -> tuple[float, float]:

@@ -113,7 +113,8 @@ def excuse_isolated_jumps(
         kinked.update(joined)
         echoes = [name for name in found if name not in kinked]
         if any(axis == ONE_INPUT for axis, _ in kinked.values()):  # a norm's scale: unread
-            echoes = [name for name in echoes if name not in lone_vectors(echoes, grads)]
+            unread = lone_vectors(echoes, grads)
+            echoes = [name for name in echoes if name not in unread]
         # echoes are measured against the jump's own weights (and those beside it), not the
         # tensors joined to it: a bias's share of itself says nothing of what is upstream
         if not kinked or (echoes and not _echoes(echoes, beside, grads)):

@@ -75,20 +75,18 @@ def route_clause(c: Comparison, r: UpdateResult) -> str | None:
     against a reference; None where none is read."""
     grads = _grads_apart(c, r)
     route = None if grads is None else routed(r, grads, c.tolerances.noise_factor)
-    if route is None or grads is None:
+    if route is None:
         return None
-    furthest = {name: grads.share(name) for name in route.echoes}
-    echo = max(furthest, key=lambda name: furthest[name])
     shown = [f"{name}{_slabs(route, name)}" for name in sorted(route.held)]
     beside = f", beside {listed(route.vectors, 2)}" if route.vectors else ""
     return (
         f"at update {r.update} the failing gradients furthest off hold one input's share "
         f"({listed(shown, 4)}{beside}), and every other failing gradient stands off by a "
         f"share of itself {route.gap:.3g} times smaller at least ({len(route.echoes)} of them, "
-        f"the most {furthest[echo]:.3g} in {echo}; {ROUTE_GAP} times or more reads so): the "
-        "shape of a token routed to another expert in one run, whose changed output and "
-        "backward move every layer they pass through by that token's share, from where the "
-        "runs part by more than the reference follows"
+        f"the most {route.echo_share:.3g} in {route.echoes[0]}; {ROUTE_GAP} times or more "
+        "reads so): the shape of a token routed to another expert in one run, whose changed "
+        "output and backward move every layer they pass through by that token's share, from "
+        "where the runs part by more than the reference follows"
     )
 
 
