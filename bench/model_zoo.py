@@ -92,6 +92,7 @@ from torch import nn
 import gradalign
 from gradalign import api
 from gradalign.errors import BadInput
+from gradalign.judge.grad_norm import norm_excess
 
 try:
     from zoo_bugs import BUGS, round_grads, shuffled_blocks, times_k, unmet
@@ -267,7 +268,8 @@ def judge(
     worst = max(d.ratio for d in judged)  # an excused jump (noted) is not judged by its ratio
     codes = [d.code for d in c.diagnosis if d.severity == "error"]
     first = next((r.update for r in c.results if not r.ok), None)
-    return {"verdict": c.verdict, "codes": codes, "worst": worst, "first": first}
+    norm = norm_excess(c.results)  # the whole-model gradient norm's check, over its allowed
+    return {"verdict": c.verdict, "codes": codes, "worst": worst, "first": first, "norm": norm}
 
 
 def main() -> int:

@@ -56,6 +56,9 @@ def assert_same(old, new) -> None:
         for f in ("grad_ratio", "grad_cosine"):
             u, v = getattr(a, f), getattr(b, f)
             assert (u is None) == (v is None) and (u is None or _same_number(u, v)), f
+        assert (a.grad_norms is None) == (b.grad_norms is None)
+        for u, v in zip(a.grad_norms or (), b.grad_norms or (), strict=True):
+            assert _same_number(u, v), ("grad_norms", a.update, u, v)
     assert [c.status for c in old.checks] == [c.status for c in new.checks]
 
 

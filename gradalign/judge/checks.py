@@ -9,6 +9,7 @@ from ..runs.summaries import SKETCH_SIZE
 from .bookkeeping import bad_alike
 from .clip_norms import clip_calls_check, pre_clip_check
 from .distributed import listed
+from .grad_norm import grad_norm_check
 from .metrics import TensorDiff
 from .replicas import replicas_comparable
 from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
@@ -61,6 +62,8 @@ def build_checks(
             )
             for kind in ("weights", "gradients")
         ]
+    if calibrated and not golden:
+        checks.append(grad_norm_check(results))
     checks.append(_window_check(merged, changes))
     if merged.replicas:
         checks.append(_replica_check(merged, disagreements or {}))

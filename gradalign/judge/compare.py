@@ -30,6 +30,7 @@ from .compatible import (
 from .diagnose import diagnose
 from .distributed import check_baseline_ranks, rank_check, rank_facts, rank_problems
 from .drift import Drift
+from .grad_norm import norms_of
 from .honest import honest_differences
 from .inputs import Inputs
 from .loss_steps import window_step
@@ -270,6 +271,8 @@ class _Judge:
             result.grad_ratio, result.grad_cosine = fit_ratio(
                 [gb[n] for n in names], [gm[n] for n in names]
             )
+            if gr is not None and all(n in gr for n in names):
+                result.grad_norms = tuple(norms_of(g[n] for n in names) for g in (gb, gm, gr))
         if self.ref is None and i > 0 and failing(grads) and self.full:
             entered = self.base.weights(i - 1), self.merged.weights(i - 1)
             grads = net_of_weights(grads, gb, gm, *entered)  # judge/weight_term.py
@@ -349,7 +352,7 @@ def _first_divergence(results: list[UpdateResult]) -> dict | None:
         bad_g = next((d.name for d in r.grads if not d.ok), None)
         where = (
             "gradient"
-            if bad_g
+            if bad_g or r.grad_failed
             else "optimizer update"
             if bad_w
             else "loss"

@@ -100,7 +100,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     found = ranked.with_ranks(c, found)  # a data-parallel run's ranks (signatures/distributed)
     found = _before_other_samples(c, found) + found
     found = _beside_other_samples(c, found)
-    at_start = any(not d.ok for d in c.results[0].grads)  # from the same weights
+    at_start = c.results[0].grad_failed  # from the same weights
     beside = BESIDE_SHAPES | (BEFORE_ANY_STEP if at_start else set())
     if not found or {d.code for d in found} <= beside:  # the loop's own bug first
         # buffers the forward writes (spectral norm's) turn every gradient a little, as BatchNorm
@@ -162,7 +162,7 @@ def _shape(c: Comparison, beside: bool) -> tuple[list[Diagnosis], bool]:
     update 1, such as gradients never cleared, beside a cause that moves every gradient a little
     from update 0 (BatchNorm, a loss over the micro-batch: `beside`, named already). Whether it
     was read at the later one."""
-    failing = [r for r in c.results if any(not d.ok for d in r.grads)]
+    failing = [r for r in c.results if r.grad_failed]
     if not failing:
         return [], False
     found = _gradient_shape(c, failing[0], beside)

@@ -11,6 +11,7 @@ from .metrics import TensorDiff
 from .tolerances import Tolerances
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
+GRAD_NORM = "gradient norm"  # the whole model's gradient norm: a check and its problems' key
 
 
 @dataclass
@@ -28,7 +29,12 @@ class UpdateResult:
     grads: list[TensorDiff] = field(default_factory=list)
     grad_ratio: float | None = None  # least-squares merged/baseline over all gradients
     grad_cosine: float | None = None
+    # the whole model's gradient norm in the baseline, merged run and reference (with one)
+    grad_norms: tuple[float, float, float] | None = None
     problems: list[tuple[str, str]] = field(default_factory=list)  # (check key, message)
+    # the whole model's gradient norm beyond what the baseline's allows (judge/grad_norm.py):
+    # a finding of the gradient, kept apart from the bookkeeping's problems
+    grad_norm_beyond: str | None = None
     loss_judged: bool = True  # False: both runs skipped the update and a loss went unprinted
     # without a reference: the runs entered this update with weights apart (apart.entered_apart)
     entered_apart: bool = False
@@ -39,12 +45,26 @@ class UpdateResult:
         return bool(self.loss_error <= self.loss_allowed and self.loss_error < math.inf)
 
     @property
+    def grad_failed(self) -> bool:
+        """A gradient that failed: a tensor's, or the whole model's norm (judge/grad_norm.py)."""
+        return any(not d.ok for d in self.grads) or self.grad_norm_beyond is not None
+
+    @property
     def tensors_ok(self) -> bool:
         return all(t.ok for t in self.weights) and all(t.ok for t in self.grads)
 
     @property
     def ok(self) -> bool:
-        return self.loss_ok and self.tensors_ok and not self.problems
+        return (
+            self.loss_ok and self.tensors_ok and not self.problems and self.grad_norm_beyond is None
+        )
+
+    @property
+    def findings(self) -> list[tuple[str, str]]:
+        """What failed beside the losses and tensors, as (check key, message): the problems,
+        then the whole model's gradient norm."""
+        beyond = [(GRAD_NORM, self.grad_norm_beyond)] if self.grad_norm_beyond else []
+        return [*self.problems, *beyond]
 
     @property
     def worst(self) -> tuple[TensorDiff, str] | None:

@@ -40,6 +40,7 @@ from .apart import passes
 from .compatible import check_reference_weights, stray
 from .distributed import listed
 from .drift import Drift, beyond_drift, widened
+from .grad_norm import model_norm
 from .inputs import Inputs
 from .metrics import TensorDiff, calibrate, diff, fit_ratio, fixed_allowed
 from .results import UpdateResult
@@ -109,6 +110,9 @@ class SketchJudge:
             result.grad_ratio, result.grad_cosine = fit_ratio(
                 [gb[n].vector for n in names], [gm[n].vector for n in names]
             )
+            if gr is not None and all(n in gr for n in names):
+                norms = (model_norm(g[n].norm ** 2 for n in names) for g in (gb, gm, gr))
+                result.grad_norms = tuple(norms)
         if self.ref is None and i > 0 and failing(grads) and self.entered is not None:
             grads = self._net_of_weights(grads, gb, gm)  # type: ignore[arg-type]
         self.entered = (wb, wm) if wb is not None and wm is not None else None

@@ -168,9 +168,11 @@ class StreamJudge(ChildSide, TensorSide):
         result.weights.extend(o.weight for o in found.values() if o.weight is not None)
         result.grads.extend(found[n].grad for n in grads if found[n].grad is not None)
         if grads:
-            bb, mm, bm = (_fit_sum([found[n].fit[k] for n in grads]) for k in range(3))
+            bb, mm, bm, rr = (_fit_sum([found[n].fit[k] for n in grads]) for k in range(4))
             cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
             result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
+            if self.ref is not None:
+                result.grad_norms = (math.sqrt(bb), math.sqrt(mm), math.sqrt(rr))
 
     def _judge_own(
         self, files: UpdateFiles, grads: set[str]

@@ -22,7 +22,8 @@ from .weight_term import Sums, netted
 class Outcome:
     weight: TensorDiff | None = None
     grad: TensorDiff | None = None
-    fit: tuple[float, float, float] = (0.0, 0.0, 0.0)  # Σb², Σm², Σbm of the gradient
+    # Σb², Σm², Σbm of the gradient, and Σr² of the reference's (0 without one)
+    fit: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     strays: float | None = None  # the baseline's distance from a refused reference
 
 
@@ -55,7 +56,7 @@ class TensorSide:
                     d = gpair.calibrate(d, tol.noise_factor, self.floor)
                 if netting is not None:
                     d = netted(d, netting[1].residual(netting[0]), netting[0])
-                out.grad, out.fit = d, (gpair.bb, gpair.mm, gpair.bm)
+                out.grad, out.fit = d, (gpair.bb, gpair.mm, gpair.bm, gpair.rr)
         if not referenced:  # the merged run's steps count where its gradients passed
             widen = widen and out.grad is not None and passes(out.grad, tol, self.apart)
         if f.wb is None:

@@ -95,8 +95,9 @@ def widened_blind_note(results: list[UpdateResult]) -> list[str]:
         "(the baseline's noise against the reference, widened where the drift let weights "
         "stand further from it than the baseline's own noise), so a bug of that size in the "
         "merged run (micro-batches weighted alike whatever their size, a micro-batch left out "
-        "of K=4) would pass it; the three runs recorded at a higher precision (float32, "
-        "without 16-bit autocast, for a 16-bit run) are judged more closely"
+        "of K=4) would pass it unless it moves the whole model's gradient norm (the check "
+        '"gradient norm", judged by the baseline\'s own); the three runs recorded at a higher '
+        "precision (float32, without 16-bit autocast, for a 16-bit run) are judged more closely"
     ]
 
 

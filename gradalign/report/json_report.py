@@ -21,6 +21,13 @@ def _finite(value: float | None) -> float | None:
     return float(value)
 
 
+def _norms(norms: tuple[float, float, float] | None) -> dict[str, float | None] | None:
+    """An update's whole-model gradient norms, by run (null without a reference's)."""
+    if norms is None:
+        return None
+    return dict(zip(("baseline", "merged", "reference"), map(_finite, norms), strict=True))
+
+
 def to_dict(comparison: Comparison) -> dict[str, Any]:
     """The JSON report: same facts as the table. Non-finite numbers are null."""
     c = comparison
@@ -85,7 +92,8 @@ def _update_dict(r: UpdateResult) -> dict[str, Any]:
         "loss_noise": _finite(r.loss_noise),
         "grad_ratio": _finite(r.grad_ratio),
         "grad_cosine": _finite(r.grad_cosine),
-        "problems": [text for _, text in r.problems],
+        "grad_norms": _norms(r.grad_norms),
+        "problems": [text for _, text in r.findings],
         "weights": tensors(r.weights),
         "grads": tensors(r.grads),
     }

@@ -116,7 +116,7 @@ def failures(c: Comparison) -> list[Failure]:
                 for d in diffs
                 if not d.ok
             )
-        found.extend(Failure(r.update, key, text, None, None) for key, text in r.problems)
+        found.extend(Failure(r.update, key, text, None, None) for key, text in r.findings)
     return found
 
 
@@ -124,6 +124,7 @@ _CHECK_KINDS = {  # which failing quantities belong to which named check
     "losses": ("loss",),
     "weights": ("weights",),
     "gradients": ("gradient",),
+    "gradient norm": ("gradient norm",),
     "learning rate": ("lr",),
     "optimizer steps": ("optimizer_steps", "state_step", "loss_scale"),
     "no weight change inside a window": ("window",),
@@ -189,7 +190,7 @@ def worst_ratio(r: UpdateResult) -> tuple[str, float]:
 def update_row(r: UpdateResult) -> dict[str, str]:
     """One update as text cells: losses, their difference, the worst quantity and its ratio."""
     name, ratio = worst_ratio(r)
-    problems = "; ".join(text for _, text in r.problems)
+    problems = "; ".join(text for _, text in r.findings)
     return {
         "update": str(r.update),
         "baseline loss": f"{r.base_loss:.8g}" if r.loss_judged else "-",

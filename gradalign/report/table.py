@@ -26,7 +26,7 @@ def _update_row(r: UpdateResult, calibrated: bool) -> list[str]:
     worst, kind = r.worst or (None, "")
     name = "-" if worst is None else worst.name + (" (grad)" if kind == "gradient" else "")
     status = "[green]ok[/]" if r.ok else "[bold red]FAIL[/]"
-    problems = "; ".join(text for _, text in r.problems)
+    problems = "; ".join(text for _, text in r.findings)
     noise: list[str] = []
     if calibrated:
         known = worst is not None and worst.noise is not None

@@ -51,7 +51,7 @@ def failing(c: Comparison) -> UpdateResult | None:
 
 
 def first_gradient_failure(c: Comparison) -> UpdateResult | None:
-    return next((r for r in c.results if any(not d.ok for d in r.grads)), None)
+    return next((r for r in c.results if r.grad_failed), None)
 
 
 def norm(tensors: dict[str, np.ndarray]) -> float:
