@@ -82,7 +82,7 @@ class _Norms:
 def grad_norm_check(results: list[UpdateResult]) -> Check:
     """The merged run's whole-model gradient norm against the reference's at every update all
     three runs kept one, judged by the baseline's own (the module's rule); each update that
-    fails gets a problem."""
+    fails holds why (`UpdateResult.grad_norm_beyond`)."""
     n = _norms(results)
     if n is None:
         return Check(NORM, NOT_CHECKED, "needs a reference's gradients at two updates or more")

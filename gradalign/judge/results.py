@@ -11,7 +11,7 @@ from .metrics import TensorDiff
 from .tolerances import Tolerances
 
 PASS, FAIL, NOT_CHECKED = "pass", "fail", "not checked"
-GRAD_NORM = "gradient norm"  # the whole model's gradient norm: a check and its problems' key
+GRAD_NORM = "gradient norm"  # the whole model's gradient norm: a check and its findings' key
 
 
 @dataclass

@@ -22,7 +22,7 @@ from .weight_term import Sums, netted
 class Outcome:
     weight: TensorDiff | None = None
     grad: TensorDiff | None = None
-    # Σb², Σm², Σbm of the gradient, and Σr² of the reference's (0 without one)
+    # Σb², Σm², Σbm of the gradient, and Σr² of the reference's (NaN without one)
     fit: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     strays: float | None = None  # the baseline's distance from a refused reference
 
@@ -56,7 +56,8 @@ class TensorSide:
                     d = gpair.calibrate(d, tol.noise_factor, self.floor)
                 if netting is not None:
                     d = netted(d, netting[1].residual(netting[0]), netting[0])
-                out.grad, out.fit = d, (gpair.bb, gpair.mm, gpair.bm, gpair.rr)
+                rr = gpair.rr if has(f.gr) else math.nan  # no reference's gradient: no norm
+                out.grad, out.fit = d, (gpair.bb, gpair.mm, gpair.bm, rr)
         if not referenced:  # the merged run's steps count where its gradients passed
             widen = widen and out.grad is not None and passes(out.grad, tol, self.apart)
         if f.wb is None:
