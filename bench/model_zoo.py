@@ -70,9 +70,10 @@ add embedding gradients in any order); the float64 reference trains there too.
 
 Torch runs on one thread (which threads sum what changes the draws, not the verdicts' odds).
 A reference the judge refuses (exit 2) counts as a false alarm on a clean run, its message in the
-row. Exits 0 either way: a measurement, not a test; `--strict` exits 1 on any false alarm or
-bug not named first (a gate, as scripts/gpu_check.sh uses it). `--seconds S` starts no run after
-S seconds (the summary counts the runs made).
+row. A row's `norm` is how near the run came to failing the check "gradient norm" (it fails
+beyond 1; null without a reference). Exits 0 either way: a measurement, not a test; `--strict`
+exits 1 on any false alarm or bug not named first (a gate, as scripts/gpu_check.sh uses it).
+`--seconds S` starts no run after S seconds (the summary counts the runs made).
 """
 
 from __future__ import annotations

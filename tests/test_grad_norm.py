@@ -67,7 +67,7 @@ def test_a_clean_run_that_wanders_as_its_baseline_does_passes():
 def test_a_lone_spike_or_one_that_changes_side_passes():
     base = _wandering(20, 0.01, 3)
     spike = list(base)
-    spike[12] = 1.6  # a clean run's norm spikes where its loss does (model zoo run 241056)
+    spike[12] = 1.6  # a clean run's norm may spike at one update (model zoo run 241056)
     assert grad_norm_check(_results(base, spike)).status == PASS
     sides = list(base)
     sides[8], sides[9] = 1.5, 0.6  # beyond twice, on either side
