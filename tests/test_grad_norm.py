@@ -24,6 +24,7 @@ from gradalign.judge.grad_norm import (
 )
 from gradalign.judge.results import FAIL, NOT_CHECKED, PASS, UpdateResult
 from gradalign.report.json_report import to_dict
+from gradalign.report.summary import failures_of
 from gradalign.runs.reader import read_run_dir
 
 
@@ -146,6 +147,9 @@ def test_a_loss_left_undivided_fails_the_norm_check_too(runs, tmp_path):
     check = next(x for x in c.checks if x.name == NORM)
     assert check.status == FAIL and "first, update 0" in check.detail
     assert [d.code for d in c.diagnosis][:1] == ["loss-scale"]
+    shown = failures_of(c, NORM)  # the JUnit and Markdown reports list each update's finding
+    assert shown and shown[0].update == 0 and "times the reference's" in shown[0].name
+    assert any("whole-model gradient norm" in t for t in to_dict(c)["per_update"][0]["problems"])
 
 
 def test_a_gradient_zeroed_every_micro_step_fails_where_every_tensor_passed(tmp_path):
