@@ -4,7 +4,7 @@ the sketch width, the updates that kept full files, and a loader for each update
 from __future__ import annotations
 
 from ..errors import BadInput, shown
-from .grid_sums import grid_shape, has_slabs, slab_grid_shape
+from .grid_sums import SLAB_CELLS, grid_shape, has_slabs, slab_grid_shape
 from .layout import sketch_file
 from .model import Run, Tensors
 from .store import Store
@@ -68,7 +68,7 @@ def _check_unit_sums(
     if axis_name == SLABS and not has_slabs(tensor):
         raise BadInput(
             f"{source}: {relpath} holds {key!r}, which no gradient keeps (three axes or more, "
-            "and slab grids of at most 65536 cells)"
+            f"and slab grids of at most {SLAB_CELLS} cells)"
         )
     expected = (
         slab_grid_shape(tensor)
