@@ -15,14 +15,21 @@ from gradalign.runs.portable import write_run
 SHAPE, UPDATES, LR, K = (10, 5), 6, 1e-2, 4
 HIGH = 7  # the element whose first gradient is small: its gain is large
 NOISE_G, NOISE_W = 1e-6, 1e-9  # per element: gradient noise, weight noise added per update
+SMALL, CROSS = 5e-6, 3  # a gradient of 5 noise draws at element HIGH, at update CROSS
 
 
-def _reference(small_first_grad: bool) -> tuple[np.ndarray, list, list]:
+def _reference(
+    small_first_grad: bool, small_at: int | None = None
+) -> tuple[np.ndarray, list, list]:
+    """Sign steps (Adam's first, then Rprop's or Lion's); `small_at`: an update at which element
+    HIGH's gradient is SMALL, a few times the noise (its sign is the reference's all the same)."""
     rng = np.random.default_rng(0)
     init = rng.normal(size=SHAPE) * 1e-2
     grads = [rng.normal(size=SHAPE) * 1e-1 for _ in range(UPDATES)]
     if small_first_grad:
         grads[0].flat[HIGH] = 1e-3
+    if small_at is not None:
+        grads[small_at].flat[HIGH] = SMALL
     weights, w = [], init.copy()
     for u, g in enumerate(grads):
         w = w - LR * np.sign(g) * (1.0 if u == 0 else 0.5)
@@ -57,8 +64,8 @@ def _run(path, ref, seed: int, k: int, extra=None, grad_extra=None, reference=No
     )
 
 
-def _judged(tmp_path, *, gain: bool = True, extra=None, grad_extra=None):
-    ref = _reference(small_first_grad=gain)
+def _judged(tmp_path, *, gain: bool = True, extra=None, grad_extra=None, small_at=None):
+    ref = _reference(small_first_grad=gain, small_at=small_at)
     init, weights, grads = ref
     write_run(
         tmp_path / "ref",
@@ -212,3 +219,61 @@ def test_a_followed_tensor_the_baseline_computed_exactly_carries_nothing(tmp_pat
     (note,) = follow_gain_divergence(result.results, merged, ref, 4.0)
     assert note.startswith(f"update 1: w element {HIGH} stepped to")
     assert [d.allowed for r in result.results[2:] for d in r.grads] == later
+
+
+def _crossing(grad_error: float, size: float):
+    """The merged run's gradient at HIGH off by `grad_error` at update CROSS, where the
+    reference's is SMALL; its weight there `size` off from then on."""
+
+    def weights(u):
+        out = np.zeros(SHAPE)
+        out.flat[HIGH] = size if u >= CROSS else 0.0
+        return out
+
+    def grads(u):
+        out = np.zeros(SHAPE)
+        out.flat[HIGH] = grad_error if u == CROSS else 0.0
+        return out
+
+    return weights, grads
+
+
+def _signs_noted(result) -> list[str]:
+    return [
+        n
+        for n in result.notes
+        if f"took the other sign than the reference's at update {CROSS}" in n
+    ]
+
+
+def test_a_sign_the_merged_runs_noise_flipped_is_followed_by_both_steps(tmp_path):
+    """Model zoo run 244281 (a mixture of experts under Rprop, float16 autocast): one bias
+    element's gradient drew the other sign in the merged run alone, within its tensor's noise,
+    and its sign step went the other way: its weight two steps off. The reference's gain there
+    (a step per unit of gradient, read over its whole history) is ordinary and allows a
+    thousandth of it; the two runs' steps since the sign flipped allow all of it."""
+    step = LR * 0.5  # the reference's sign step at CROSS
+    weights, grads = _crossing(-3 * SMALL, 2 * step)  # the merged gradient -2 SMALL: crossed
+    result = _judged(tmp_path, gain=False, extra=weights, grad_extra=grads, small_at=CROSS)
+    assert result.verdict == "pass", [c.detail for c in result.checks if c.status == "fail"]
+    (note,) = _signs_noted(result)
+    assert note.startswith(f"update {CROSS}: w element {HIGH} stepped to")
+    stepped = result.results[CROSS].weights[0]
+    assert stepped.error > 1e5 * stepped.noise and stepped.ok
+    assert result.results[CROSS].grads[0].ok
+
+
+def test_the_same_step_where_the_gradient_kept_its_sign_fails(tmp_path):
+    """The merged gradient off by as much, the other way: the same sign as the reference's."""
+    weights, grads = _crossing(3 * SMALL, 2 * LR * 0.5)
+    result = _judged(tmp_path, gain=False, extra=weights, grad_extra=grads, small_at=CROSS)
+    assert result.verdict == "fail" and not _noted(result)
+    assert result.results[CROSS].grads[0].ok and not result.results[CROSS].ok
+
+
+def test_a_crossing_allows_no_step_beyond_the_references_steps_there(tmp_path):
+    """The merged run stepped 7.5 times the reference's largest step there (its first, LR):
+    what a sign flip leaves at most 3 times it."""
+    weights, grads = _crossing(-3 * SMALL, 8 * LR)
+    result = _judged(tmp_path, gain=False, extra=weights, grad_extra=grads, small_at=CROSS)
+    assert result.verdict == "fail" and not _noted(result)

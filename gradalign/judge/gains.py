@@ -25,11 +25,24 @@ times the norm of that bound over those elements (the bound grows with the gradi
 sums), and a note says so. The elements feed every later forward, so from the next update on
 every tensor may also differ by as many times its noise as the followed tensor did, at most
 16 (`noise.carry`: model zoo run 6035, a LayerNorm MLP under Adagrad, followed a bias element at
-9.3x its noise, and the next update's output-layer gradient stood 5.8x its own). If that does
-not make the first failing update pass, nothing is widened. Where a run kept sketches, the
-tensors kept whole (a LayerNorm's bias, at most the manifest's `whole_1d` elements) are read as
-in a full run; where it kept sketches of the tensors this needs, the failure stays and a note
-says what would tell it from a bug.
+9.3x its noise, and the next update's output-layer gradient stood 5.8x its own).
+
+Where the merged run's gradient at such an element took the other sign than the reference's at
+an update whose gradient passed, the two runs' steps there may point apart from that update
+on, and the element may also differ by their sum, |Δm| + |Δr| at each update since (the
+triangle inequality; no gain is read), the merged run's step counted up to `STEP_RATIO` times
+the largest the reference took there so far: an optimizer that steps by the sign (Rprop,
+Lion) moves the same distance for a gradient of any size, and Rprop's step sizes stay apart
+once the signs seen differ (model zoo run 244281, a mixture of experts under Rprop, float16
+autocast: one bias element's gradient +5.3e-6 in the baseline, +5.1e-6 in the reference and
+-5.5e-6 in the merged run, within the tensor's noise, where its median element's differs by
+2e-7; the merged run stepped it +6e-4 where both others stepped -6e-4, and 1.2e-3 stood 365
+times its allowed error, the largest step per unit of gradient allowing 7e-5).
+
+If that does not make the first failing update pass, nothing is widened. Where a run kept
+sketches, the tensors kept whole (a LayerNorm's bias, at most the manifest's `whole_1d`
+elements) are read as in a full run; where it kept sketches of the tensors this needs, the
+failure stays and a note says what would tell it from a bug.
 An accumulation bug moves the gradients (which fail) or every element a window touches, not
 one or two elements of one tensor through gradients that passed.
 """
@@ -51,6 +64,10 @@ from .views import Sketching, exact, full_rerun
 GAIN_SHARE = 0.9  # the elements hold at least this share of the tensor's squared error ...
 GAIN_ELEMENTS = 2  # ... and are at most this many (and at most 10% of the tensor's elements)
 GAIN_SLACK = 2.0  # momentum's bias correction spreads an early error over ~2.6 gains
+# A merged step after a sign seen otherwise counts up to this many times the reference's
+# largest step there: Rprop's step sizes (x1.2 where the sign held, x0.5 where it flipped, then
+# left one update) stand 1.2^2 / 0.5 = 2.88 times apart after one sign seen otherwise
+STEP_RATIO = 3.0
 
 
 def _unreadable(u: int, results: list[UpdateResult]) -> str:
@@ -95,9 +112,10 @@ def follow_gain_divergence(
         if found is None:
             return []
         elements[d.name] = found
-    bounds = _bounds(results, merged, ref, elements, seen)
-    if bounds is None:
+    followed = _bounds(results, merged, ref, elements, seen)
+    if followed is None:
         return [_unreadable(at.update, results)]
+    bounds, crossings = followed
     widened = _widened(at.weights, bounds[first])
     if not all(d.ok for d in widened if d.name in elements):
         return []
@@ -111,6 +129,12 @@ def follow_gain_divergence(
         f"{name} element {', '.join(map(str, idx))}" for name, idx in elements.items()
     )
     worst = max(moved, key=lambda d: d.ratio)
+    signs = "".join(
+        f"; {name}'s gradient there took the other sign than the reference's at update {u} "
+        "(within the tensor's noise), and from then on they may differ by both runs' steps "
+        "there (an optimizer that steps by the sign, as Rprop, took opposite steps)"
+        for name, u in crossings.items()
+    )
     return [
         f"update {at.update}: {shown} stepped to {worst.ratio:.3g}x its allowed error while the "
         f"loss and every gradient stayed within noise, at least {GAIN_SHARE:.0%} of its error "
@@ -118,7 +142,7 @@ def follow_gain_divergence(
         "its neighbours', as where momentum nearly cancels) turned the merged run's own gradient "
         f"noise into it. From update {at.update} on, those elements may also differ by "
         f"{GAIN_SLACK:g} x the largest step per unit of gradient the reference showed there "
-        "times the merged run's gradient errors there so far"
+        f"times the merged run's gradient errors there so far{signs}"
     ]
 
 
@@ -136,26 +160,37 @@ def _bounds(
     ref: Run,
     elements: dict[str, tuple[int, ...]],
     seen: Sketching | None,
-) -> list[dict[str, float]] | None:
-    """Per judged update, per tensor: GAIN_SLACK·||Γ·Σ|g_m − g_ref|||| over its elements. None
-    where a run lacks an update's gradients of those tensors or the reference its weights,
-    unless neither run's elements moved there: an update a loss scaler skipped keeps no
-    gradient (model zoo run 214267, a tiny mixture of experts under float16 autocast, Adam with
-    eps 1e-6: update 0 skipped at a scale of 65536, one bias element stepped the other way at
-    update 1)."""
+) -> tuple[list[dict[str, float]], dict[str, int]] | None:
+    """Per judged update, per tensor: ||GAIN_SLACK·Γ·Σ|g_m − g_ref| + Σ'(|Δm| + |Δr|)|| over
+    its elements, where Σ' sums both runs' steps from the first update at which the merged
+    gradient took the other sign than the reference's there while its tensor's gradient passed
+    (a sign is all a sign-decided step reads, and the two runs' steps may then point apart,
+    which bounds their difference whatever the optimizer), the merged run's each at most
+    STEP_RATIO times the reference's largest step there so far; and the tensors whose elements
+    crossed so, with that update. None where a run lacks an update's gradients of those tensors
+    or the reference its weights, unless neither run's elements moved there: an update a loss
+    scaler skipped keeps no gradient (model zoo run 214267, a tiny mixture of experts under
+    float16 autocast, Adam with eps 1e-6: update 0 skipped at a scale of 65536, one bias
+    element stepped the other way at update 1)."""
     before = exact(ref, "weights", None, seen)
     if before is None or any(name not in before for name in elements):
         return None
     idx = {name: np.asarray(found) for name, found in elements.items()}
     prev = {name: _pick(before, name, i) for name, i in idx.items()}
+    prev_m = dict(prev)  # the merged run's elements before each update (the same start)
     squares = {name: np.zeros(len(i)) for name, i in idx.items()}
     gain = {name: np.zeros(len(i)) for name, i in idx.items()}
     errors = {name: np.zeros(len(i)) for name, i in idx.items()}
+    crossed = {name: np.zeros(len(i), dtype=bool) for name, i in idx.items()}
+    apart = {name: np.zeros(len(i)) for name, i in idx.items()}  # Σ |Δm| + |Δr| since crossed
+    largest = {name: np.zeros(len(i)) for name, i in idx.items()}  # the reference's, so far
+    crossings: dict[str, int] = {}
     out: list[dict[str, float]] = []
     read = 0  # updates whose gradients were read
     for r in results:
         gm, gr = exact(merged, "grads", r.update, seen), exact(ref, "grads", r.update, seen)
         wr = exact(ref, "weights", r.update, seen)
+        wm = exact(merged, "weights", r.update, seen)
         if wr is None or any(name not in wr for name in elements):
             return None
         if gm is None or gr is None or any(name not in t for t in (gm, gr) for name in elements):
@@ -167,19 +202,31 @@ def _bounds(
             continue
         read += 1
         row = {}
+        passed = {d.name for d in r.grads if d.ok}
         for name, i in idx.items():
-            g, w = _pick(gr, name, i), _pick(wr, name, i)
+            g, w, g_m = _pick(gr, name, i), _pick(wr, name, i), _pick(gm, name, i)
             squares[name] += g * g
             rms = np.sqrt(squares[name] / read)
             step = np.abs(w - prev[name])
             np.maximum(gain[name], np.divide(step, rms, out=np.zeros_like(step), where=rms > 0),
                        out=gain[name])  # fmt: skip
-            errors[name] += np.abs(_pick(gm, name, i) - g)
+            errors[name] += np.abs(g_m - g)
+            if name in passed:  # the sign the merged run's noise drew, where its gradient passed
+                crossed[name] |= np.sign(g_m) != np.sign(g)
+                if crossed[name].any():
+                    crossings.setdefault(name, r.update)
+            np.maximum(largest[name], step, out=largest[name])
+            if wm is not None and name in wm:
+                w_m = _pick(wm, name, i)
+                own = np.minimum(np.abs(w_m - prev_m[name]), STEP_RATIO * largest[name])
+                apart[name] += crossed[name] * (own + step)
+                prev_m[name] = w_m
             prev[name] = w
-            bound = float(np.linalg.norm(gain[name] * errors[name]))
-            row[name] = GAIN_SLACK * bound if np.isfinite(bound) else 0.0
+            bound = GAIN_SLACK * gain[name] * errors[name] + apart[name]
+            total = float(np.linalg.norm(bound))
+            row[name] = total if np.isfinite(total) else 0.0
         out.append(row)
-    return out
+    return out, crossings
 
 
 def _still(run: Run, update: int, idx: dict[str, np.ndarray], seen: Sketching | None) -> bool:
