@@ -240,3 +240,19 @@ def test_a_sketched_router_is_read_against_the_slab_grids(tmp_path, monkeypatch)
         root, monkeypatch, "gradalign.judge.kink_evidence.Sketched._slabs", 2,
         r"update 2: .*one input's share", lambda *a: None,
     )  # fmt: skip
+
+
+def test_fused_experts_biases_in_the_slabs_rows_are_the_same_input(tmp_path, monkeypatch):
+    """Model zoo run 244211 (gpt-oss under float16 autocast, Adadelta, K=6, clipped at 0.5): at
+    update 7 a token routed otherwise in layer 0, the fused experts' weights holding its share in
+    slabs 2 and 3 and their fused biases (one row per expert) in rows 2 and 3, the router's
+    weight and bias beside them, and the step taken with it left the weights' noise. Read as
+    the token's share too (`choices.fused_bias_rows`, as the route's reading did), the choice is
+    followed and the run passes; without it the gate-up bias stands apart and the run fails
+    `unexplained` at update 7."""
+    options = {"clip": 0.5, "updates": 12}
+    root = _hf_runs(tmp_path, "hf-gptoss", "adadelta", 6, 244211, autocast="float16", **options)
+    _followed(
+        root, monkeypatch, "gradalign.judge.choices.fused_bias_rows", 7,
+        r"update 7: .*one input's share", lambda *a: None,
+    )  # fmt: skip

@@ -39,7 +39,11 @@ def same_inputs(names: list[str], kinked: dict, grads: Pair) -> dict[str, Units]
     passed, quiet, its error still one input's share of the jump's input: model zoo run 235043
     (a tiny mixture of experts under float16 autocast, Adagrad, K=8) failed only the router's
     bias beside two experts' weights, its router's weight within its noise yet rank one and of
-    the experts' input."""
+    the experts' input. Fused experts' biases (one row per expert) hold the token's δ in the
+    rows of the slabs their module's fused weights hold its share in (`fused_bias_rows`, as
+    `routed` reads them): model zoo run 244211 (gpt-oss under float16 autocast, Adadelta, K=6)
+    failed at update 7 with layer 0's fused weights in slabs 2 and 3 and its gate-up bias in
+    rows 2 and 3, which no other rule read."""
     held = [name for name, units in kinked.items() if units == (ONE_INPUT, WHOLE)]
     slabs = [
         (name, slab)
@@ -75,7 +79,27 @@ def same_inputs(names: list[str], kinked: dict, grads: Pair) -> dict[str, Units]
             grads.along_input(name, w) for w in weights.get(module_of(name), [])
         ):
             joined[name] = (ONE_INPUT, WHOLE)
+    for name in names:  # fused experts' biases (two axes) beside their module's slabs
+        held_here = [
+            units
+            for w, (axis, units) in kinked.items()
+            if axis == ONE_INPUT and units != WHOLE and module_of(w) == module_of(name)
+        ]
+        if name not in joined and held_here and len(grads.shape(name)) == 2:
+            rows = fused_bias_rows(name, grads, held_here)
+            if rows is not None:
+                joined[name] = (ONE_INPUT, rows)
     return joined
+
+
+def fused_bias_rows(name: str, grads: Pair, slabs: list) -> frozenset | None:
+    """The rows of fused experts' bias `name` (one row per expert) that hold its error, where
+    they lie within the slabs one of `slabs` (a fused weight's units) holds one input's share
+    in: a token's δ in the experts it left and joined. None otherwise."""
+    rows = grads.units(name, ONE_INPUT_SLABS, of_rows=1.0)
+    if rows is None or rows[0] != 0 or not any(rows[1] <= these for these in slabs):
+        return None
+    return rows[1]
 
 
 def anchors(r: UpdateResult, grads: Pair, factor: float) -> dict[str, Units]:
@@ -180,11 +204,11 @@ def routed(r: UpdateResult, grads: Pair, factor: float) -> Route | None:
         units = grads.jumped(d.name, factor * d.unbounded) or grads.one_input(d.name, few=True)
         if units is not None and units[0] == ONE_INPUT:
             held[d.name] = units
-    slabs = {units[1] for units in held.values() if units[1] != WHOLE}
+    slabs = [units[1] for units in held.values() if units[1] != WHOLE]
     for d in matrices:  # fused experts' biases: the token's δ in its experts' rows
-        rows = None if d.name in held else grads.units(d.name, ONE_INPUT_SLABS, of_rows=1.0)
-        if rows is not None and rows[0] == 0 and any(rows[1] <= these for these in slabs):
-            held[d.name] = (ONE_INPUT, rows[1])
+        rows = None if d.name in held else fused_bias_rows(d.name, grads, slabs)
+        if rows is not None:
+            held[d.name] = (ONE_INPUT, rows)
     if len(held) < 2 or len(held) < len(matrices):
         return None
     vectors = [d.name for d in band if d.name not in held]
