@@ -256,3 +256,18 @@ def test_fused_experts_biases_in_the_slabs_rows_are_the_same_input(tmp_path, mon
         root, monkeypatch, "gradalign.judge.choices.fused_bias_rows", 7,
         r"update 7: .*one input's share", lambda *a: None,
     )  # fmt: skip
+
+
+def test_a_norm_s_scale_alone_beside_a_passing_choice_is_its_echo(tmp_path, monkeypatch):
+    """Model zoo run 254035 (Mixtral under float16 autocast, ASGD, K=2, clipped at 0.5): at
+    update 11 only layer 1's post-attention norm's scale failed (96 times its noise, 4.5% of
+    itself), a vector with no rank to read, while layer 1's fused experts (slabs 0 and 3) and
+    router passed at 63 to 80 times their noise, each one input's share: a token routed
+    otherwise, the step within the weights' noise. Noted, not failed; without that reading it
+    fails `unexplained` at update 11."""
+    options = {"clip": 0.5, "updates": 20}
+    root = _hf_runs(tmp_path, "hf-mixtral", "asgd", 2, 254035, autocast="float16", **options)
+    _followed(
+        root, monkeypatch, "gradalign.judge.kinks.lone_beside_choice", 11,
+        r"update 11: only the gradient of .*norm.* failed, a norm's scale", lambda *a: None,
+    )  # fmt: skip

@@ -64,7 +64,16 @@ import dataclasses
 import math
 
 from ..runs.model import Run
-from .choices import CHOICES_PART, WHOLE_COSINE, anchors, limits, lone_vectors, same_inputs
+from .choices import (
+    CHOICE_COSINE,
+    CHOICES_PART,
+    WHOLE_COSINE,
+    anchors,
+    limits,
+    lone_beside_choice,
+    lone_vectors,
+    same_inputs,
+)
 from .kink_evidence import Pair, apart
 from .kink_shape import JUMP_SHARE, ONE_INPUT, WHOLE, many_rows
 from .metrics import TensorDiff
@@ -115,6 +124,14 @@ def excuse_isolated_jumps(
         if any(axis == ONE_INPUT for axis, _ in kinked.values()):  # a norm's scale: unread
             unread = lone_vectors(echoes, grads)
             echoes = [name for name in echoes if name not in unread]
+        elif not kinked and quiet and lone_vectors(echoes, grads) == set(echoes):
+            moved = whole_model_moved(r, CHOICE_COSINE)
+            lone = None if moved else lone_beside_choice(r, set(echoes), beside, grads)
+            if lone is not None:  # only norms' scales failed, beside a choice passing
+                chose = True
+                excuse(r, set(found), "isolated jump")
+                notes.append((r.update, lone))
+                continue
         # echoes are measured against the jump's own weights (and those beside it), not the
         # tensors joined to it: a bias's share of itself says nothing of what is upstream
         if not kinked or (echoes and not _echoes(echoes, beside, grads)):
