@@ -242,32 +242,35 @@ def test_a_sketched_router_is_read_against_the_slab_grids(tmp_path, monkeypatch)
     )  # fmt: skip
 
 
-def test_fused_experts_biases_in_the_slabs_rows_are_the_same_input(tmp_path, monkeypatch):
-    """Model zoo run 244211 (gpt-oss under float16 autocast, Adadelta, K=6, clipped at 0.5): at
-    update 7 a token routed otherwise in layer 0, the fused experts' weights holding its share in
-    slabs 2 and 3 and their fused biases (one row per expert) in rows 2 and 3, the router's
-    weight and bias beside them, and the step taken with it left the weights' noise. Read as
-    the token's share too (`choices.fused_bias_rows`, as the route's reading did), the choice is
-    followed and the run passes; without it the gate-up bias stands apart and the run fails
-    `unexplained` at update 7."""
-    options = {"clip": 0.5, "updates": 12}
-    root = _hf_runs(tmp_path, "hf-gptoss", "adadelta", 6, 244211, autocast="float16", **options)
-    _followed(
-        root, monkeypatch, "gradalign.judge.choices.fused_bias_rows", 7,
-        r"update 7: .*one input's share", lambda *a: None,
-    )  # fmt: skip
+# Clean runs under float16 autocast, clipped at 0.5, that failed `unexplained` until the choice
+# rules read one more tensor beside a token's route: (model, optimizer, K, seed, updates, the
+# reading (replaced by one that reads nothing), the update it first fails at without it, the
+# note's start).
+READINGS = {
+    # gpt-oss: at update 7 a token routed otherwise in layer 0, the fused weights holding its
+    # share in slabs 2 and 3, their fused biases (one row per expert) in rows 2 and 3, and the
+    # step taken with it left the weights' noise; read as the token's share too (as the
+    # route's message did), the choice is followed
+    "fused-biases": (
+        ("hf-gptoss", "adadelta", 6, 244211, 12), "gradalign.judge.choices.fused_bias_rows",
+        7, r"update 7: .*one input's share",
+    ),
+    # Mixtral: at update 11 only layer 1's post-attention norm's scale failed (96 times its
+    # noise, 4.5% of itself), a vector with no rank to read, while layer 1's fused experts
+    # (slabs 0 and 3) and router passed at 63 to 80 times their noise, each one input's share,
+    # the step within the weights' noise: the choice's echo, noted
+    "lone-scale": (
+        ("hf-mixtral", "asgd", 2, 254035, 20), "gradalign.judge.kinks.lone_beside_choice",
+        11, r"update 11: only the gradient of .*norm.* failed, a norm's scale",
+    ),
+}  # fmt: skip
 
 
-def test_a_norm_s_scale_alone_beside_a_passing_choice_is_its_echo(tmp_path, monkeypatch):
-    """Model zoo run 254035 (Mixtral under float16 autocast, ASGD, K=2, clipped at 0.5): at
-    update 11 only layer 1's post-attention norm's scale failed (96 times its noise, 4.5% of
-    itself), a vector with no rank to read, while layer 1's fused experts (slabs 0 and 3) and
-    router passed at 63 to 80 times their noise, each one input's share: a token routed
-    otherwise, the step within the weights' noise. Noted, not failed; without that reading it
-    fails `unexplained` at update 11."""
-    options = {"clip": 0.5, "updates": 20}
-    root = _hf_runs(tmp_path, "hf-mixtral", "asgd", 2, 254035, autocast="float16", **options)
-    _followed(
-        root, monkeypatch, "gradalign.judge.kinks.lone_beside_choice", 11,
-        r"update 11: only the gradient of .*norm.* failed, a norm's scale", lambda *a: None,
-    )  # fmt: skip
+@pytest.mark.parametrize("reading", sorted(READINGS))
+def test_a_token_s_route_read_in_one_more_tensor_passes(tmp_path, monkeypatch, reading):
+    """Model zoo runs 244211 and 254035 (`READINGS`): each passes with the reading, and fails
+    `unexplained` at its update without it."""
+    (model, optimizer, k, seed, updates), follow, update, note = READINGS[reading]
+    options = {"clip": 0.5, "updates": updates}
+    root = _hf_runs(tmp_path, model, optimizer, k, seed, autocast="float16", **options)
+    _followed(root, monkeypatch, follow, update, note, lambda *a: None)
