@@ -250,7 +250,7 @@ def test_a_sign_the_merged_runs_noise_flipped_is_followed_by_both_steps(tmp_path
     """Model zoo run 244281 (a mixture of experts under Rprop, float16 autocast): one bias
     element's gradient drew the other sign in the merged run alone, within its tensor's noise,
     and its sign step went the other way: its weight two steps off. The reference's gain there
-    (a step per unit of gradient, read over its whole history) is ordinary and allows a
+    (a step per unit of gradient, read over its whole history) is ordinary and allows under a
     thousandth of it; the two runs' steps since the sign flipped allow all of it."""
     step = LR * 0.5  # the reference's sign step at CROSS
     weights, grads = _crossing(-3 * SMALL, 2 * step)  # the merged gradient -2 SMALL: crossed
