@@ -79,12 +79,12 @@ def same_inputs(names: list[str], kinked: dict, grads: Pair) -> dict[str, Units]
             grads.along_input(name, w) for w in weights.get(module_of(name), [])
         ):
             joined[name] = (ONE_INPUT, WHOLE)
+    in_slabs: dict[str, list] = {}  # by module, the units of the weights held in slabs
+    for w, (axis, units) in kinked.items():
+        if axis == ONE_INPUT and units != WHOLE:
+            in_slabs.setdefault(module_of(w), []).append(units)
     for name in names:  # fused experts' biases (two axes) beside their module's slabs
-        held_here = [
-            units
-            for w, (axis, units) in kinked.items()
-            if axis == ONE_INPUT and units != WHOLE and module_of(w) == module_of(name)
-        ]
+        held_here = in_slabs.get(module_of(name))
         if name not in joined and held_here and len(grads.shape(name)) == 2:
             rows = fused_bias_rows(name, grads, held_here)
             if rows is not None:
@@ -166,9 +166,7 @@ def lone_beside_choice(r: UpdateResult, unread: set[str], beside: dict, grads: P
     norm's scale failed (96 times its noise, 4.5% of itself), beside the fused experts'
     passing slabs 0 and 3 and the router's weight, 63 to 80 times their noise, each one
     input's share."""
-    chosen = sorted(
-        name for name, (axis, _) in beside.items() if axis == ONE_INPUT and name not in unread
-    )
+    chosen = sorted(name for name, (axis, _) in beside.items() if axis == ONE_INPUT)
     if not unread or not any(len(grads.shape(name)) >= 2 for name in chosen):
         return None
     if max(grads.share(name) for name in unread) >= 1.0:

@@ -34,7 +34,7 @@ from .grad_norm import norms_of
 from .honest import honest_differences
 from .inputs import Inputs
 from .loss_steps import window_step
-from .metrics import calibrate, diff, fit_ratio, noise_allowed, quiet
+from .metrics import calibrate, diff, fit_of, fit_sums, noise_allowed, quiet
 from .noise import pooled_loss_noise
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
@@ -268,11 +268,11 @@ class _Judge:
                 d = diff(name, gb[name], gm[name], rtol=self.tol.grad_rtol, atol=atol)
                 d = rounding_in_both(marked(d, self.tol.weight_atol, atol), floor16)
                 grads.append(self._calibrated(d, gb, gm, gr))
-            result.grad_ratio, result.grad_cosine = fit_ratio(
-                [gb[n] for n in names], [gm[n] for n in names]
-            )
+            bb, mm, bm = fit_sums([gb[n] for n in names], [gm[n] for n in names])
+            result.grad_ratio, result.grad_cosine = fit_of(bb, mm, bm)
             if gr is not None and all(n in gr for n in names):
-                result.grad_norms = tuple(norms_of(g[n] for n in names) for g in (gb, gm, gr))
+                ref = norms_of(gr[n] for n in names)
+                result.grad_norms = (math.sqrt(bb), math.sqrt(mm), ref)
         if self.ref is None and i > 0 and failing(grads) and self.full:
             entered = self.base.weights(i - 1), self.merged.weights(i - 1)
             grads = net_of_weights(grads, gb, gm, *entered)  # judge/weight_term.py

@@ -190,7 +190,6 @@ def _bounds(
     for r in results:
         gm, gr = exact(merged, "grads", r.update, seen), exact(ref, "grads", r.update, seen)
         wr = exact(ref, "weights", r.update, seen)
-        wm = exact(merged, "weights", r.update, seen)
         if wr is None or any(name not in wr for name in elements):
             return None
         if gm is None or gr is None or any(name not in t for t in (gm, gr) for name in elements):
@@ -203,6 +202,7 @@ def _bounds(
         read += 1
         row = {}
         passed = {d.name for d in r.grads if d.ok}
+        wm = exact(merged, "weights", r.update, seen)
         for name, i in idx.items():
             g, w, g_m = _pick(gr, name, i), _pick(wr, name, i), _pick(gm, name, i)
             squares[name] += g * g

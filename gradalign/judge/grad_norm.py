@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import groupby
 
 import numpy as np
 
@@ -56,15 +57,12 @@ class _Norms:
     def beyond(self) -> list[int]:
         """The updates (indices) beyond what is allowed on one side, NORM_RUN or more in a row;
         an infinite log (a norm of 0) is beyond too."""
-        out = np.abs(self.merged) > self.allowed
-        side, bad, i = np.sign(self.merged), [], 0
-        while i < len(out):
-            j = i
-            while out[i] and j + 1 < len(out) and out[j + 1] and side[j + 1] == side[i]:
-                j += 1
-            if out[i] and j - i + 1 >= NORM_RUN:
-                bad += range(i, j + 1)
-            i = j + 1
+        out, side = np.abs(self.merged) > self.allowed, np.sign(self.merged)
+        bad: list[int] = []
+        for (beyond, _), run in groupby(range(len(out)), key=lambda k: (out[k], side[k])):
+            found = list(run)
+            if beyond and len(found) >= NORM_RUN:
+                bad += found
         return bad
 
     def excess(self) -> float:

@@ -238,9 +238,17 @@ def calibrate(
 
 def fit_ratio(base: list[np.ndarray], merged: list[np.ndarray]) -> tuple[float, float]:
     """Least-squares scalar r with merged ~ r * base over all tensors, and their cosine."""
+    return fit_of(*fit_sums(base, merged))
+
+
+def fit_sums(base: list[np.ndarray], merged: list[np.ndarray]) -> tuple[float, float, float]:
+    """Σb², Σm² and Σbm over all tensors, in float64."""
     b = np.concatenate([np.asarray(x, dtype=np.float64).ravel() for x in base])
     m = np.concatenate([np.asarray(x, dtype=np.float64).ravel() for x in merged])
-    bb, mm, bm = float(b @ b), float(m @ m), float(b @ m)
-    ratio = _safe_div(bm, bb)
+    return float(b @ b), float(m @ m), float(b @ m)
+
+
+def fit_of(bb: float, mm: float, bm: float) -> tuple[float, float]:
+    """`fit_ratio`'s ratio and cosine from its sums (`fit_sums`)."""
     cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
-    return ratio, cosine
+    return _safe_div(bm, bb), cosine

@@ -55,9 +55,7 @@ class UpdateResult:
 
     @property
     def ok(self) -> bool:
-        return (
-            self.loss_ok and self.tensors_ok and not self.problems and self.grad_norm_beyond is None
-        )
+        return self.loss_ok and self.tensors_ok and not self.findings
 
     @property
     def findings(self) -> list[tuple[str, str]]:

@@ -33,7 +33,7 @@ from .drift_files import DriftFiles, allowance
 from .followers import sources
 from .fused import widen64
 from .inputs import Inputs
-from .metrics import _safe_div, quiet
+from .metrics import fit_of, quiet
 from .owners import Owners, folder_of, foreign_facts, processes, published, shares
 from .results import UpdateResult
 from .rounding import floors
@@ -169,8 +169,7 @@ class StreamJudge(ChildSide, TensorSide):
         result.grads.extend(found[n].grad for n in grads if found[n].grad is not None)
         if grads:
             bb, mm, bm, rr = (_fit_sum([found[n].fit[k] for n in grads]) for k in range(4))
-            cosine = _safe_div(bm, math.sqrt(bb * mm)) if bb and mm else float(bb == mm)
-            result.grad_ratio, result.grad_cosine = _safe_div(bm, bb), cosine
+            result.grad_ratio, result.grad_cosine = fit_of(bb, mm, bm)
             if self.ref is not None:
                 result.grad_norms = (math.sqrt(bb), math.sqrt(mm), math.sqrt(rr))
 
