@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from gradalign import api
-from gradalign.judge.kink_shape import ONE_INPUT, WHOLE, along_input, one_input, same_input
+from gradalign.judge.kink_shape import (
+    ONE_INPUT,
+    WHOLE,
+    along_input,
+    held_in_many_rows,
+    one_input,
+    same_input,
+)
 from gradalign.runs.portable import write_run
 from tests.least_squares import Shape, reference_and_baseline, train
 
@@ -117,6 +124,19 @@ def test_one_input_reads_fused_experts_slab_by_slab():
     twice = ref.copy()
     twice[2] += token() + token()  # two tokens in one expert: rank two
     assert one_input(twice, ref) is None
+
+
+def test_fused_experts_held_in_slabs_are_read_by_a_slab_s_rows():
+    """However few experts fused weights hold, one input's share read in their slabs is
+    evidence by each slab's rows; read whole, a tensor of few rows is none, and rows of a
+    kink are read by the first axis as before."""
+    slabs = (ONE_INPUT, frozenset({0, 2}))
+    assert held_in_many_rows((4, 128, 32), slabs)
+    assert not held_in_many_rows((4, 128, 32), (ONE_INPUT, WHOLE))
+    assert not held_in_many_rows((4, 4, 32), slabs)  # slabs of few rows: no evidence either
+    assert not held_in_many_rows((4, 32), (ONE_INPUT, WHOLE))  # a router of 4 experts
+    assert held_in_many_rows((64, 32), (0, frozenset({3})))
+    assert not held_in_many_rows((4, 128, 32), (0, frozenset({1})))  # rows: the first axis
 
 
 def test_a_bias_along_its_weight_holds_the_same_input_s_share():

@@ -11,6 +11,7 @@ import pytest
 import gradalign
 from gradalign import api
 from gradalign.judge.choices import WHOLE_COSINE
+from gradalign.judge.kink_shape import many_rows
 from gradalign.judge.signatures import failing, gradient
 from gradalign.judge.stepped_choice import route_clause, stepped_choice
 
@@ -242,10 +243,15 @@ def test_a_sketched_router_is_read_against_the_slab_grids(tmp_path, monkeypatch)
     )  # fmt: skip
 
 
+def _by_first_axis(shape: tuple[int, ...], units) -> bool:
+    """`kink_shape.held_in_many_rows` as before fused experts were read by a slab's rows."""
+    return many_rows(shape)
+
+
 # Clean runs under float16 autocast, clipped at 0.5, that failed `unexplained` until the choice
 # rules read one more tensor beside a token's route: (model, optimizer, K, seed, updates, the
-# reading (replaced by one that reads nothing), the update it first fails at without it, the
-# note's start).
+# reading, the update it first fails at without it, the note's start[, what replaces the
+# reading: by default one that reads nothing]).
 READINGS = {
     # gpt-oss: at update 7 a token routed otherwise in layer 0, the fused weights holding its
     # share in slabs 2 and 3, their fused biases (one row per expert) in rows 2 and 3, and the
@@ -263,14 +269,38 @@ READINGS = {
         ("hf-mixtral", "asgd", 2, 254035, 20), "gradalign.judge.kinks.lone_beside_choice",
         11, r"update 11: only the gradient of .*norm.* failed, a norm's scale",
     ),
+    # Mixtral of 4 experts: at updates 16 and 17 layer 1's fused experts (slabs 0 and 2) and
+    # router failed, one input's share, with the post-attention norm's scale, every weight
+    # within its noise; read by the fused tensors' first axis (4 experts) no tensor held many
+    # rows and the quiet jump went unread
+    "few-experts": (
+        ("hf-mixtral", "sgd-nesterov-wd", 4, 255552, 20),
+        "gradalign.judge.kinks.held_in_many_rows", 16,
+        r"update 16: .*slabs \[0, 2\].*a norm's scale with no rank to read", _by_first_axis,
+    ),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("reading", sorted(READINGS))
 def test_a_token_s_route_read_in_one_more_tensor_passes(tmp_path, monkeypatch, reading):
-    """Model zoo runs 244211 and 254035 (`READINGS`): each passes with the reading, and fails
-    `unexplained` at its update without it."""
-    (model, optimizer, k, seed, updates), follow, update, note = READINGS[reading]
+    """Model zoo runs 244211, 254035 and 255552 (`READINGS`): each passes with the reading,
+    and fails `unexplained` at its update without it."""
+    (model, optimizer, k, seed, updates), follow, update, note, *without = READINGS[reading]
     options = {"clip": 0.5, "updates": updates}
     root = _hf_runs(tmp_path, model, optimizer, k, seed, autocast="float16", **options)
-    _followed(root, monkeypatch, follow, update, note, lambda *a: None)
+    _followed(root, monkeypatch, follow, update, note, *(without or [lambda *a: None]))
+
+
+def test_a_layer_after_a_token_s_route_holds_its_share_too(tmp_path, monkeypatch):
+    """Model zoo run 260071 (the zoo's mixture of experts under float16 autocast, AdamW, K=5,
+    micro-batches of unequal sizes, warmup and cosine decay, clipped at 1.0): a token moved
+    from expert 0 to expert 2 at update 3, and the output layer's weight, 1.8% off against the
+    experts' 10% to 25%, held the token's changed output, rank one. Without reading it
+    (`choices.read_after`) the run fails at update 3 (named `token-normalization`); with it, the
+    choice is followed."""
+    options = {"clip": 1.0, "updates": 20, "uneven": True, "schedule": True}
+    root = _hf_runs(tmp_path, "moe", "adamw-wd", 5, 260071, autocast="float16", **options)
+    _followed(
+        root, monkeypatch, "gradalign.judge.choices.read_after", 3,
+        r"update 3: .*one input's share", lambda *a: {},
+    )  # fmt: skip

@@ -287,6 +287,19 @@ def many_rows(shape: tuple[int, ...]) -> bool:
     return rows_of(shape) * JUMP_OWN_SHARE >= KINK_UNITS
 
 
+def held_in_many_rows(shape: tuple[int, ...], units: Units) -> bool:
+    """Whether a jump held in `units` of a tensor of `shape` is evidence by where it sits
+    (`many_rows`): one input's share read in fused experts' slabs is read in a slab's rows (each
+    slab's error rank one), however few experts the tensor holds. Model zoo run 255552
+    (transformers' Mixtral of 4 experts under float16 autocast, SGD with Nesterov, K=4): a token
+    routed otherwise at update 16, slabs 0 and 2 of both fused weights one input's share, every
+    weight within its noise; read by the fused tensors' first axis, 4 experts, no tensor held
+    many rows and the jump went unread."""
+    if units[0] == ONE_INPUT and units[1] != WHOLE and len(shape) >= 3:
+        return many_rows(shape[1:])
+    return many_rows(shape)
+
+
 def many_units(shape: tuple[int, ...]) -> bool:
     """Whether a kink's few units can be evidence in a tensor of this shape: many rows, or many
     columns (a classifier's weight of few classes: the kinked unit is its column; model zoo run

@@ -75,7 +75,7 @@ from .choices import (
     same_inputs,
 )
 from .kink_evidence import Pair, apart
-from .kink_shape import JUMP_SHARE, ONE_INPUT, WHOLE, many_rows
+from .kink_shape import JUMP_SHARE, ONE_INPUT, WHOLE, held_in_many_rows
 from .metrics import TensorDiff
 from .results import UpdateResult
 from .views import Sketching
@@ -121,6 +121,7 @@ def excuse_isolated_jumps(
         joined = same_inputs([name for name in found if name not in kinked], beside, grads)
         kinked.update(joined)
         echoes = [name for name in found if name not in kinked]
+        unread: set[str] = set()
         if any(axis == ONE_INPUT for axis, _ in kinked.values()):  # a norm's scale: unread
             unread = lone_vectors(echoes, grads)
             echoes = [name for name in echoes if name not in unread]
@@ -152,7 +153,7 @@ def excuse_isolated_jumps(
         isolated += not quiet
         chose = chose or any(axis == ONE_INPUT for axis, _ in kinked.values())
         excuse(r, set(found), "isolated jump")
-        notes.append((r.update, _jump_note(r, kinked, joined, echoes, quiet, grads)))
+        notes.append((r.update, _jump_note(r, kinked, joined, echoes, unread, quiet, grads)))
     notes.sort(key=lambda pair: pair[0])
     texts = [text for _, text in notes]
     for r in parted:
@@ -184,11 +185,18 @@ def _units(kinked: dict) -> set[tuple[str, int, int]]:
 
 
 def _jump_note(
-    r: UpdateResult, kinked: dict, joined: dict, echoes: list[str], quiet: bool, grads: Pair
+    r: UpdateResult,
+    kinked: dict,
+    joined: dict,
+    echoes: list[str],
+    unread: set[str],
+    quiet: bool,
+    grads: Pair,
 ) -> str:
     """The note for a jump excused at update `r`: where it sat (`kinked`, of which `joined`
-    hold the same input's share as a weight beside them), its echoes upstream; how `grads`
-    read its rank (a sketched tensor's, from its grid sums)."""
+    hold the same input's share as a weight beside them), its echoes upstream, the norms'
+    scales beside it with no rank to read (`unread`); how `grads` read its rank (a sketched
+    tensor's, from its grid sums)."""
     failing = [d for d in r.grads if d.name in kinked]
     worst = max([d for d in failing if d.name not in joined] or failing, key=lambda d: d.ratio)
     upstream = (
@@ -196,6 +204,10 @@ def _jump_note(
         if echoes
         else ""
     )
+    if unread:
+        upstream += (
+            f" (and {', '.join(sorted(unread))} beside it, a norm's scale with no rank to read)"
+        )
     around = (
         "its step left every weight within its noise"
         if quiet
@@ -248,7 +260,8 @@ def _a_units_share(
     choice = any(axis == ONE_INPUT for axis, _ in kinked.values())
     largest, cosine = limits(choice, factor)
     evidence = {**(beside or {}), **kinked}  # and the weights beside a choice's jump
-    if not any(many_rows(grads.shape(name)) for name in evidence) or whole_model_moved(r, cosine):
+    held = (held_in_many_rows(grads.shape(name), units) for name, units in evidence.items())
+    if not any(held) or whole_model_moved(r, cosine):
         return False
     return max(grads.share(name) for name in kinked) < largest
 
@@ -294,7 +307,7 @@ def _echoes(echoes: list[str], kinked: dict, grads: Pair) -> bool:
     encoder (192 units a layer) one unit of layer 0's feed-forward, 3.5e-4 of linear1's
     gradient off in one row, put the attention and the embedding 1.7e-4 off, beyond their
     noise. A bug moves every tensor by like shares, spread in all of them."""
-    if not any(many_rows(grads.shape(name)) for name in kinked):
+    if not any(held_in_many_rows(grads.shape(name), units) for name, units in kinked.items()):
         return False
     furthest = max(grads.share(name) for name in kinked)
     return all(grads.share(name) < furthest for name in echoes)
