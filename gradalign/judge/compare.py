@@ -35,7 +35,7 @@ from .honest import honest_differences
 from .inputs import Inputs
 from .loss_steps import window_step
 from .metrics import calibrate, diff, fit_of, fit_sums, noise_allowed, quiet
-from .noise import pooled_loss_noise
+from .noise import nearby_loss_noise, pooled_loss_noise
 from .replicas import replica_disagreements
 from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .rounding import marked, rounding_floors, rounding_in_both, rounding_notes
@@ -230,6 +230,7 @@ class _Judge:
             own = np.abs(self.base_loss - self.ref_loss)
             # One scalar's error is heavy-tailed; pool it over the run as a lower bound.
             pooled = pooled_loss_noise(own[~self.unjudged])  # skipped by both: none there
+            pooled = np.maximum(pooled, nearby_loss_noise(own, ~self.unjudged))  # as they part
             # and a recorded loss is known to one rounding of its own value at best: a window
             # mean of K losses, each rounded where it was computed (under autocast, perhaps in
             # its dtype: a bfloat16 loss of 21 is a multiple of 0.125), errs by a few of those
