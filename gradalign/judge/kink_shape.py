@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from .two_inputs import SPAN, in_span, two_inputs
+
 JUMP_SHARE = 0.9  # a kink's jump holds this share of its error ...
 # ... in the energies unit sums estimate, this share: each unit's estimate is its energy times a
 # chi-square of 8 degrees of freedom over 8, so a unit holding 90% is seen holding 75% in 95% of
@@ -95,6 +97,8 @@ def one_input(
         most = fewest_holding(np.einsum("ijk,ijk->i", slabs, slabs), JUMP_SHARE, ONE_INPUT_SLABS)
         if most is not None:  # the slabs holding most of the energy
             found, held = sum(_rank_one(slabs[i]) for i in most), frozenset(most.tolist())
+            if found < JUMP_SHARE * total and len(most) == SPAN:  # two tokens moved at once
+                found = two_inputs(slabs[most[0]], slabs[most[1]], JUMP_SHARE)
     if found < JUMP_SHARE * total or math.sqrt(max(total - found, 0.0)) > rest:
         return None
     if held == WHOLE and _uniform(flat, ones) >= JUMP_SHARE * total:
@@ -191,9 +195,12 @@ def slab_input(
     whole = np.asarray(fused[0], np.float64) - np.asarray(fused[1], np.float64)
     if err.ndim != 2 or whole.ndim < 3 or not 0 <= slab < whole.shape[0]:
         return False
-    _, left, right = _first_component(whole[slab].reshape(whole.shape[1], -1))
+    matrix = whole[slab].reshape(whole.shape[1], -1)
+    top, left, right = _first_component(matrix)
     line = _first_component(err)[2]
     vectors = (right,) if hashed else (left, right)
+    if top < JUMP_SHARE * float(np.vdot(matrix, matrix)):  # two tokens' slab: their span
+        return in_span(line, matrix, JUMP_SHARE, right_only=hashed)
     return any(v.shape == line.shape and _along(v, line) for v in vectors)
 
 

@@ -1,0 +1,81 @@
+"""Two tokens routed otherwise between the same two experts at one update (`judge/two_inputs.py`,
+read by `kink_shape.one_input` in fused experts' slabs): each slab's error rank two and both
+slabs' spans one plane; a spread error, two planes apart, or a third slab is not read so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gradalign
+from gradalign.judge.kink_shape import ONE_INPUT, one_input, slab_input
+
+from .zoo_runs import _followed, one_thread, zoo
+
+E, OUT, IN = 4, 48, 32
+
+
+def _tokens(rng, slabs: dict[int, list[int]], inputs: np.ndarray) -> np.ndarray:
+    """An error of fused experts [E, OUT, IN]: in each slab, the outer products of its tokens'
+    δ (drawn per slab) with their inputs (`inputs[t]`), plus rounding 1e-4 of their size."""
+    err = rng.standard_normal((E, OUT, IN)) * 1e-4
+    for slab, tokens in slabs.items():
+        for t in tokens:
+            err[slab] += np.outer(rng.standard_normal(OUT), inputs[t])
+    return err
+
+
+def _read(err: np.ndarray):
+    ref = np.zeros_like(err)
+    return one_input(err, ref)
+
+
+def test_two_tokens_moved_between_the_same_two_experts_are_read_in_their_slabs():
+    rng = np.random.default_rng(0)
+    inputs = rng.standard_normal((3, IN))
+    assert _read(_tokens(rng, {1: [0, 1], 3: [0, 1]}, inputs)) == (ONE_INPUT, frozenset({1, 3}))
+
+
+def test_two_planes_a_spread_error_or_a_third_slab_are_not():
+    rng = np.random.default_rng(1)
+    inputs = rng.standard_normal((4, IN))
+    apart = _tokens(rng, {1: [0, 1], 3: [2, 3]}, inputs)  # four tokens: two planes
+    assert _read(apart) is None
+    spread = rng.standard_normal((E, OUT, IN))
+    spread[0] *= 1e-3
+    spread[2] *= 1e-3  # two slabs hold it, each of full rank
+    assert _read(spread) is None
+    three = _tokens(rng, {0: [0], 1: [1], 3: [0, 1]}, inputs)  # over three slabs
+    assert _read(three) is None
+
+
+def test_a_router_s_input_among_the_two_tokens_is_the_slab_s():
+    rng = np.random.default_rng(2)
+    inputs = rng.standard_normal((3, IN))
+    err = _tokens(rng, {1: [0, 1], 3: [0, 1]}, inputs)
+    fused = (err, np.zeros_like(err))
+    router = np.outer(rng.standard_normal(E), inputs[0])
+    assert slab_input((router, np.zeros_like(router)), fused, 1)
+    other = np.outer(rng.standard_normal(E), inputs[2])  # a third token's input
+    assert not slab_input((other, np.zeros_like(other)), fused, 1)
+
+
+def test_a_width_2_mixture_whose_two_tokens_moved_passes(tmp_path, monkeypatch):
+    """Model zoo run 266511 (transformers' Qwen2-MoE at width 2 under float16 autocast, SGD
+    with momentum, K=8, clipped at 0.5): at update 3 layer 0's fused experts held the error in
+    slabs 1 and 3, each rank two, the same two inputs; the router's weight and the post-attention
+    norm's scale failed beside them. Without the two-token reading it fails at update 3."""
+    pytest.importorskip("transformers")
+    loop = {"updates": 20, "clip": 0.5, "width": 2}
+    model, optimizer, seed = "hf-qwen2moe", "sgd-mom", 266511
+    with one_thread():
+        zoo.record(tmp_path / "base", model, optimizer, 1, seed, reference="../ref",
+                   autocast="float16", **loop)  # fmt: skip
+        skips = gradalign.skipped_updates(tmp_path / "base")
+        zoo.record(tmp_path / "ref", model, optimizer, 1, seed, float64=True, skip_updates=skips,
+                   **loop)  # fmt: skip
+        zoo.record(tmp_path / "merged", model, optimizer, 8, seed, autocast="float16", **loop)
+    _followed(
+        tmp_path, monkeypatch, "gradalign.judge.kink_shape.two_inputs", 3,
+        r"update 3: .*one input's share", lambda *a: 0.0,
+    )  # fmt: skip
