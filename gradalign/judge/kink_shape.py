@@ -74,7 +74,9 @@ def one_input(
     fused in one tensor of three axes or more (experts, out, in), as transformers' mixtures of
     experts hold them, are read slab by slab too: a token routed elsewhere leaves one expert's
     slab and joins another's, so at most ONE_INPUT_SLABS slabs (`slabs`, their indices; WHOLE
-    for the tensor read whole) hold JUMP_SHARE of the energy, each of them rank one. Each
+    for the tensor read whole) hold JUMP_SHARE of the energy, each of them rank one (or two
+    tokens moved between the same two experts: each slab rank two, one plane in both,
+    judge/two_inputs.py). Each
     rank-one energy is read by power iteration from the largest row, a bound from below (never
     more than the share it has). `few`: a matrix of few rows or columns read too, whole (a
     router's gradient, one row per expert, beside experts whose errors hold one input's share
@@ -297,11 +299,11 @@ def many_rows(shape: tuple[int, ...]) -> bool:
 def held_in_many_rows(shape: tuple[int, ...], units: Units) -> bool:
     """Whether a jump held in `units` of a tensor of `shape` is evidence by where it sits
     (`many_rows`): one input's share read in fused experts' slabs is read in a slab's rows (each
-    slab's error rank one), however few experts the tensor holds. Model zoo run 255552
-    (transformers' Mixtral of 4 experts under float16 autocast, SGD with Nesterov, K=4): a token
-    routed otherwise at update 16, slabs 0 and 2 of both fused weights one input's share, every
-    weight within its noise; read by the fused tensors' first axis, 4 experts, no tensor held
-    many rows and the jump went unread."""
+    slab's error rank one, or two tokens' rank two), however few experts the tensor holds. Model
+    zoo run 255552 (transformers' Mixtral of 4 experts under float16 autocast, SGD with
+    Nesterov, K=4): a token routed otherwise at update 16, slabs 0 and 2 of both fused weights
+    one input's share, every weight within its noise; read by the fused tensors' first axis, 4
+    experts, no tensor held many rows and the jump went unread."""
     if units[0] == ONE_INPUT and units[1] != WHOLE and len(shape) >= 3:
         return many_rows(shape[1:])
     return many_rows(shape)
