@@ -153,15 +153,14 @@ def nearby_loss_noise(own: np.ndarray, judged: np.ndarray) -> np.ndarray:
     eps 1e-6, K=8): the baseline's loss errors 1e-7 to 1e-6 until update 14, then 7.7e-6 to
     2.0e-4; at update 18 its own was 9.7e-6 and the merged run's 6.3e-5 failed the loss
     (1.1x), every gradient and weight within 1.7x its noise. One loss recorded otherwise (a
-    hand-edited golden) stays out of its neighbours' pools. 0 where none is judged."""
+    hand-edited golden) stays out of its neighbours' pools (`pooled_loss_noise` of each
+    window). 0 where none is judged."""
     found = np.zeros(own.shape, dtype=np.float64)
     for i in range(own.size):
         near = own[max(0, i - POOL) : i + POOL + 1][judged[max(0, i - POOL) : i + POOL + 1]]
         near = near[np.isfinite(near)]
-        if not near.size:
-            continue
-        kept = near[near <= OUTLIER * float(np.median(near))]
-        found[i] = float(np.sqrt(np.mean(kept**2))) if kept.size else 0.0
+        if near.size:
+            found[i] = pooled_loss_noise(near)
     return found
 
 

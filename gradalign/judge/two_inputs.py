@@ -26,10 +26,10 @@ def two_inputs(first: np.ndarray, second: np.ndarray, share: float) -> float:
     """The energy two slabs' errors (`first`, `second`: matrices) hold in two outer products
     each, where `share` of each slab's energy lies there and both slabs' spans are one plane on
     either side (each principal cosine² at least SAME_SPAN); 0 otherwise."""
-    found = [_top_two(m) for m in (first, second)]
     totals = [float(np.vdot(m, m)) for m in (first, second)]
     if any(not total > 0 for total in totals):
         return 0.0
+    found = [_top_two(m) for m in (first, second)]
     if any(energy < share * total for (energy, _, _), total in zip(found, totals, strict=True)):
         return 0.0
     (_, left_a, right_a), (_, left_b, right_b) = found
