@@ -166,8 +166,8 @@ class LSTMText(nn.Module):
 MODELS: dict[str, Callable[[], nn.Module]] = {
     "gpt": TinyGPT, "encoder": Encoder, "gru": Recurrent, "convtext": ConvText, "lnmlp": NormedMLP,
 }  # fmt: skip
-# Models outside the default grid (`--models` picks any of both), so the runs the README names
-# keep their draws.
+# Models outside the default grid (`--models` picks any of both), so the runs docs/NOISE.md
+# names keep their draws.
 MORE_MODELS: dict[str, Callable[[], nn.Module]] = {
     "moe": MixtureText,
     "moe-balance": functools.partial(MixtureText, balance=0.01),

@@ -51,7 +51,7 @@ def hf_adafactor(params) -> torch.optim.Optimizer:
     return Adafactor(params, lr=1e-2, scale_parameter=False, relative_step=False)
 
 
-# Optimizers outside the default grid (`--optimizers` picks any of both), so the runs the README
+# Optimizers outside the default grid (`--optimizers` picks any of both), so the runs docs/NOISE.md
 # names keep their draws.
 MORE_OPTIMIZERS: dict[str, Opt] = {
     "adafactor": lambda p: torch.optim.Adafactor(p, lr=1e-2),
