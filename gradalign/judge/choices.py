@@ -96,8 +96,10 @@ def same_inputs(names: list[str], kinked: dict, grads: Pair) -> dict[str, Units]
 def fused_bias_rows(name: str, grads: Pair, slabs: list) -> frozenset | None:
     """The rows of fused experts' bias `name` (one row per expert) that hold its error, where
     they lie within the slabs one of `slabs` (a fused weight's units) holds one input's share
-    in: a token's δ in the experts it left and joined. None otherwise."""
-    rows = grads.units(name, ONE_INPUT_SLABS, of_rows=1.0)
+    in: a token's δ in the experts it left and joined (two tokens' in theirs). None
+    otherwise."""
+    most = max([ONE_INPUT_SLABS, *(len(these) for these in slabs)])
+    rows = grads.units(name, most, of_rows=1.0)
     if rows is None or rows[0] != 0 or not any(rows[1] <= these for these in slabs):
         return None
     return rows[1]

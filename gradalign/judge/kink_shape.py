@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from .two_inputs import SPAN, in_span, two_inputs
+from .two_inputs import SPAN, in_span, stacked_inputs
 
 JUMP_SHARE = 0.9  # a kink's jump holds this share of its error ...
 # ... in the energies unit sums estimate, this share: each unit's estimate is its energy times a
@@ -74,9 +74,11 @@ def one_input(
     fused in one tensor of three axes or more (experts, out, in), as transformers' mixtures of
     experts hold them, are read slab by slab too: a token routed elsewhere leaves one expert's
     slab and joins another's, so at most ONE_INPUT_SLABS slabs (`slabs`, their indices; WHOLE
-    for the tensor read whole) hold JUMP_SHARE of the energy, each of them rank one (or two
-    tokens moved between the same two experts: each slab rank two, one plane in both,
-    judge/two_inputs.py). Each
+    for the tensor read whole) hold JUMP_SHARE of the energy, each of them rank one; or two
+    tokens moved at once, over any of the slabs: JUMP_SHARE of the energy in two outer products
+    of the slabs stacked on one side (judge/two_inputs.py; `slabs`, the fewest holding
+    JUMP_SHARE of it), read in tensors of three axes whose slabs have 16 rows and columns at
+    least (not a convolution's few taps, whose error any two components may hold). Each
     rank-one energy is read by power iteration from the largest row, a bound from below (never
     more than the share it has). `few`: a matrix of few rows or columns read too, whole (a
     router's gradient, one row per expert, beside experts whose errors hold one input's share
@@ -96,14 +98,16 @@ def one_input(
     found, held = (_rank_one(flat), WHOLE) if few or _many(flat) else (0.0, WHOLE)
     if err.ndim > 2 and found < JUMP_SHARE * total and _many(err[0].reshape(err.shape[1], -1)):
         slabs = err.reshape(err.shape[0], err.shape[1], -1)
-        most = fewest_holding(np.einsum("ijk,ijk->i", slabs, slabs), JUMP_SHARE, ONE_INPUT_SLABS)
+        energies = np.einsum("ijk,ijk->i", slabs, slabs)
+        most = fewest_holding(energies, JUMP_SHARE, ONE_INPUT_SLABS)
         if most is not None:  # the slabs holding most of the energy
             found, held = sum(_rank_one(slabs[i]) for i in most), frozenset(most.tolist())
-            if found < JUMP_SHARE * total and len(most) == SPAN:  # two tokens moved at once
-                found = two_inputs(slabs[most[0]], slabs[most[1]], JUMP_SHARE)
+        if found < JUMP_SHARE * total and err.ndim == 3 and _many(slabs[0], SPAN):
+            found = stacked_inputs(slabs)  # two tokens moved at once, over any of the slabs
+            held = frozenset(fewest_holding(energies, JUMP_SHARE, len(energies)).tolist())
     if found < JUMP_SHARE * total or math.sqrt(max(total - found, 0.0)) > rest:
         return None
-    if held == WHOLE and _uniform(flat, ones) >= JUMP_SHARE * total:
+    if _uniform(flat, ones) >= JUMP_SHARE * total:  # read whole or stacked, no input's share
         return None
     return ONE_INPUT, held
 
@@ -118,9 +122,10 @@ def _uniform(matrix: np.ndarray, ones: tuple[np.ndarray, np.ndarray] | None) -> 
     return float(rows @ matrix @ columns) ** 2 / scale if scale > 0 else 0.0
 
 
-def _many(matrix: np.ndarray) -> bool:
-    """Whether a matrix has rows and columns enough for its rank to say anything."""
-    return min(matrix.shape) * JUMP_OWN_SHARE >= KINK_UNITS
+def _many(matrix: np.ndarray, rank: int = 1) -> bool:
+    """Whether a matrix has rows and columns enough for its first `rank` components to say
+    anything."""
+    return min(matrix.shape) * JUMP_OWN_SHARE >= KINK_UNITS * rank
 
 
 def _rank_one(matrix: np.ndarray) -> float:

@@ -218,11 +218,12 @@ def _jump_note(
     if worst.name in joined:
         where = f"one input's share of {worst.name} (as a weight beside it holds, rank one)"
     elif axis == ONE_INPUT:
-        where = f"one input's share of {worst.name} (rank one: {JUMP_SHARE:.0%} of the error"
+        where = f"one input's share of {worst.name} ({JUMP_SHARE:.0%} of the error"
         where += (
-            " in one outer product"
+            " in one outer product, rank one"
             if held == WHOLE
-            else f" in one outer product in each of slabs {sorted(held)} of its first axis"
+            else f" in slabs {sorted(held)} of its first axis, the outer products of one input "
+            "in each or of two inputs the slabs share"
         )
         where += f"{grads.rank_read(worst.name)})"
     else:
