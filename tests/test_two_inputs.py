@@ -117,3 +117,20 @@ def test_two_tokens_over_the_slabs_stacked_pass(
         tmp_path, monkeypatch, "gradalign.judge.kink_shape.stacked_inputs", update,
         rf"update {update}: .*one input's share", lambda *a: 0.0,
     )  # fmt: skip
+
+
+def test_a_sketched_route_in_one_expert_s_rows_is_read_as_one_input_s_share(tmp_path, monkeypatch):
+    """Model zoo run 266535 (transformers' Mixtral at width 2 under float16 autocast, Adadelta,
+    K=2, clipped at 0.5), recorded with sketches: at update 3 the unit sums' estimates put 90%
+    of layer 1's `down_proj` error in expert 1, a kink's one row, where the slab grids read one
+    input's share in experts 0 and 1 (as the values do, recorded whole: it passes so). Fused
+    experts' rows along their first axis are experts, not units a kink crosses: without that
+    the sketched run fails at update 3, `unexplained`."""
+    pytest.importorskip("transformers")
+    loop = {"updates": 20, "autocast": "float16", "width": 2, "clip": 0.5, "sketch": True}
+    with one_thread():
+        zoo.judge(tmp_path, "hf-mixtral", "adadelta", 2, 266535, None, **loop)
+    _followed(
+        tmp_path, monkeypatch, "gradalign.judge.kink_evidence.fused_experts", 3,
+        r"update 3: .*one input's share", lambda *a: False,
+    )  # fmt: skip

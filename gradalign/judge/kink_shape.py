@@ -102,7 +102,7 @@ def one_input(
         most = fewest_holding(energies, JUMP_SHARE, ONE_INPUT_SLABS)
         if most is not None:  # the slabs holding most of the energy
             found, held = sum(_rank_one(slabs[i]) for i in most), frozenset(most.tolist())
-        if found < JUMP_SHARE * total and err.ndim == 3 and _many(slabs[0], SPAN):
+        if found < JUMP_SHARE * total and fused_experts(err.shape):
             found = stacked_inputs(slabs)  # two tokens moved at once, over any of the slabs
             held = frozenset(fewest_holding(energies, JUMP_SHARE, len(energies)).tolist())
     if found < JUMP_SHARE * total or math.sqrt(max(total - found, 0.0)) > rest:
@@ -110,6 +110,13 @@ def one_input(
     if _uniform(flat, ones) >= JUMP_SHARE * total:  # read whole or stacked, no input's share
         return None
     return ONE_INPUT, held
+
+
+def fused_experts(shape: tuple[int, ...]) -> bool:
+    """Whether a tensor of this shape reads as experts fused along its first axis: three axes,
+    each slab 16 rows and columns at least (for two tokens' components to say anything; a
+    convolution of one spatial axis has a few taps)."""
+    return len(shape) == 3 and min(shape[1:]) * JUMP_OWN_SHARE >= KINK_UNITS * SPAN
 
 
 def _uniform(matrix: np.ndarray, ones: tuple[np.ndarray, np.ndarray] | None) -> float:
