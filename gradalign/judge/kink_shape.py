@@ -116,7 +116,7 @@ def fused_experts(shape: tuple[int, ...]) -> bool:
     """Whether a tensor of this shape reads as experts fused along its first axis: three axes,
     each slab 16 rows and columns at least (for two tokens' components to say anything; a
     convolution of one spatial axis has a few taps)."""
-    return len(shape) == 3 and min(shape[1:]) * JUMP_OWN_SHARE >= KINK_UNITS * SPAN
+    return len(shape) == 3 and _enough(shape[1:], SPAN)
 
 
 def _uniform(matrix: np.ndarray, ones: tuple[np.ndarray, np.ndarray] | None) -> float:
@@ -129,10 +129,15 @@ def _uniform(matrix: np.ndarray, ones: tuple[np.ndarray, np.ndarray] | None) -> 
     return float(rows @ matrix @ columns) ** 2 / scale if scale > 0 else 0.0
 
 
-def _many(matrix: np.ndarray, rank: int = 1) -> bool:
-    """Whether a matrix has rows and columns enough for its first `rank` components to say
-    anything."""
-    return min(matrix.shape) * JUMP_OWN_SHARE >= KINK_UNITS * rank
+def _many(matrix: np.ndarray) -> bool:
+    """Whether a matrix has rows and columns enough for its rank to say anything."""
+    return _enough(matrix.shape, 1)
+
+
+def _enough(dims: tuple[int, ...], rank: int) -> bool:
+    """Whether a matrix of these rows and columns has enough of both for its first `rank`
+    components to say anything."""
+    return min(dims) * JUMP_OWN_SHARE >= KINK_UNITS * rank
 
 
 def _rank_one(matrix: np.ndarray) -> float:
