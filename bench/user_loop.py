@@ -20,6 +20,9 @@ SIZES = {
 }
 
 
+BUGS = ("no-zero-grad", "no-loss-scale", "penalty-every-micro")
+
+
 def build(size: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     torch.manual_seed(seed)
     widths, layers, last = SIZES[size], [], 784
@@ -55,12 +58,14 @@ def train(
     device: str = "cpu",
     stand_in: Any = None,
     clip: float | None = None,
+    bug: str | None = None,
     **recorder: Any,
 ) -> None:
     """Train `updates` updates of K micro-batches on `device`; record to `out` unless it is None.
     On CUDA it returns after the device has finished (the timings stop there). `stand_in`:
     given the model, an object taking the Recorder's calls instead (out must be None). `clip`:
-    clip the accumulated gradient to that norm before each step."""
+    clip the accumulated gradient to that norm before each step. `bug`: one of BUGS, for a run
+    that must fail (bench/failing_memory.py)."""
     from gradalign import Recorder
 
     model = build(size, seed, dtype).to(device)
@@ -84,7 +89,9 @@ def train(
             for j in range(k):
                 rows = slice(update * batch + j * micro, update * batch + (j + 1) * micro)
                 loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k).backward()
+                if bug == "penalty-every-micro":  # 1e-3·Σw² in every micro loss, K times
+                    loss = loss + 1e-3 * sum((p * p).sum() for p in model.parameters())
+                (loss if bug == "no-loss-scale" else loss / k).backward()
                 if rec is not None:
                     rec.micro(loss, batch=(x[rows], y[rows]))
             if clip is not None:
@@ -92,7 +99,8 @@ def train(
             optimizer.step()
             if rec is not None:
                 rec.update()
-            optimizer.zero_grad(set_to_none=True)
+            if bug != "no-zero-grad":
+                optimizer.zero_grad(set_to_none=True)
     except BaseException:
         if rec is not None:
             rec.abort()

@@ -77,6 +77,31 @@ def test_sketch_memory_follows_the_block_not_the_tensor(tmp_path):
     assert 0 < peak < 2_000_000, peak
 
 
+def test_rank_reading_benchmark_reads_by_values_then_grid_sums(tmp_path):
+    out = tmp_path / "rank.json"
+    done = _bench("rank_reading.py", "--sizes", "4x64x48", "--reps", "1", "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(out.read_text())
+    assert [row["read"] for row in rows] == ["values", "grid sums"], rows
+    assert all(row["seconds"] > 0 and row["peak_tensors"] > 0 for row in rows), rows
+
+
+def test_failing_memory_benchmark_names_each_bug_and_reports_its_peak(tmp_path):
+    out = tmp_path / "failing.json"
+    args = ["--size", "mlp-1m", "--updates", "2", "--reps", "1", "--json", str(out)]
+    done = _bench("failing_memory.py", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    firsts = {name: (row["exit_codes"], row["first_code"]) for name, row in rows.items()}
+    assert firsts == {
+        "clean": ([0], "within-noise"),
+        "no-zero-grad": ([1], "grad-not-cleared"),
+        "no-loss-scale": ([1], "loss-scale"),
+        "penalty-every-micro": ([1], "penalty-not-scaled"),
+    }
+    assert all(row["peak_rss_bytes"] > 0 for row in rows.values())
+
+
 def test_compiled_loop_check_compiles_each_run_once_and_judges_it():
     done = _bench("compiled_loop.py", "--backend", "eager")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -15,6 +15,7 @@ from torch import nn
 from gradalign.judge.compare import compare
 from gradalign.judge.coupled_steps import _scaled
 from gradalign.runs.reader import read_run_dir
+from gradalign.runs.store import SLICE
 
 from .recorded_loop import train
 
@@ -172,7 +173,31 @@ def test_a_factor_read_on_fewer_elements_than_it_can_be_checked_on_is_no_shape()
         dm = np.concatenate([rng.normal(0, 1.0, 15), 1.1 * db[15:]])
         return gb, gm, db, pb, dm, pm
 
-    assert _scaled(*steps(1)) is None
-    reading = _scaled(*steps(12))
+    assert _scaled(_named(steps(1)), "t") is None
+    reading = _scaled(_named(steps(12)), "t")
     assert reading is not None and reading[:2] == (15, 27)
     assert reading[3] == pytest.approx(1.1)
+
+
+def _named(arrays: tuple[np.ndarray, ...]) -> tuple[dict, ...]:
+    return tuple({"t": a} for a in arrays)
+
+
+def test_a_tensor_of_many_slices_is_read_slice_by_slice_as_whole():
+    """A tensor of 2.5 slices (runs/store.py SLICE), its noise-dominated elements in every
+    slice: the same count, factor and residual as the tensor's sums read whole."""
+    rng = np.random.default_rng(1)
+    size = SLICE * 5 // 2
+    noise = rng.random(size) < 0.2
+    gb = np.where(noise, rng.normal(0, 1e-6, size), 1.0 + rng.random(size))
+    gm = gb + np.where(noise, rng.normal(0, 1e-5, size), 0.0)
+    db = rng.normal(0, 1.0, size)
+    dm = np.where(noise, rng.normal(0, 1.0, size), 1.002 * db + rng.normal(0, 1e-7, size))
+    zeros = np.zeros(size)
+    reading = _scaled(_named((gb, gm, db, zeros, dm, zeros)), "t")
+    assert reading is not None and reading[:2] == (int(noise.sum()), size)
+    rest = ~noise
+    factor = float(dm[rest] @ db[rest]) / float(db[rest] @ db[rest])
+    left = np.linalg.norm(dm[rest] - factor * db[rest]) / np.linalg.norm(db[rest])
+    assert reading[3] == pytest.approx(factor, rel=1e-12)
+    assert reading[4] == pytest.approx(left, rel=1e-6)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradalign.judge import kink_evidence
+from gradalign.judge import kink_pair
 from gradalign.judge.kink_shape import ONE_INPUT, one_input, slab_input
 from gradalign.record import sketcher as sketcher_module
 from gradalign.record.sketcher import Sketcher
@@ -191,7 +191,7 @@ def test_the_device_summaries_carry_the_slab_grids_to_the_host():
     assert found["fused"].grid.shape == (EXPERTS, 32)  # the tensor's one grid too
 
 
-class _GridsOnly(kink_evidence._Pair):
+class _GridsOnly(kink_pair.TensorPair):
     """Two runs' tensors kept as grid sums and slab grids alone, as a sketched run keeps them."""
 
     def __init__(self, values: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:

@@ -131,6 +131,6 @@ def test_a_sketched_route_in_one_expert_s_rows_is_read_as_one_input_s_share(tmp_
     with one_thread():
         zoo.judge(tmp_path, "hf-mixtral", "adadelta", 2, 266535, None, **loop)
     _followed(
-        tmp_path, monkeypatch, "gradalign.judge.kink_evidence.fused_experts", 3,
+        tmp_path, monkeypatch, "gradalign.judge.kink_pair.fused_experts", 3,
         r"update 3: .*one input's share", lambda *a: False,
     )  # fmt: skip

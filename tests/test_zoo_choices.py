@@ -222,7 +222,7 @@ def test_a_router_beside_fused_experts_slabs_is_the_same_input(tmp_path, monkeyp
     without reading a router against a slab it fails `unexplained` at update 5."""
     root = _hf_runs(tmp_path, "hf-mixtral", "asgd", 4, 233033, autocast="float16")
     _followed(
-        root, monkeypatch, "gradalign.judge.kink_evidence._Pair.same_slab_input", 5,
+        root, monkeypatch, "gradalign.judge.kink_pair.TensorPair.same_slab_input", 5,
         r"update 5: .*one input's share", lambda *a: False,
     )  # fmt: skip
 

@@ -14,14 +14,18 @@ far as the baseline's, what was left 4.8e-7 of the step. Both runs train the sam
 noise; without a reference nothing tells how far that noise grows from there (against a float64
 rerun the pair passes). `tensor_wide_scale` reads that shape at the first update whose weights
 fail (with a reference, in the merged run's steps against the reference's). It reads whole
-tensors of a few updates, on the failing path only.
+tensors of a few updates, a slice at a time, on the failing path only.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+
 import numpy as np
 
 from ..runs.model import Run, Tensors
+from ..runs.store import slices
 from .drift import TAU
 from .results import Comparison
 
@@ -56,9 +60,7 @@ def tensor_wide_scale(c: Comparison) -> str | None:
     for name in failing:
         if not all(name in t for t in (wb, pb, gb, wm, pm, gm)):
             return None
-        reading = _scaled(
-            *(np.asarray(t[name], np.float64).ravel() for t in (gb, gm, wb, pb, wm, pm))
-        )
+        reading = _scaled((gb, gm, wb, pb, wm, pm), name)
         if reading is None:
             return None
         found.append((name, *reading))
@@ -94,8 +96,7 @@ def _against_reference(c: Comparison) -> str | None:
             continue
         wr, wm, pr, pm, gr, gm = parts
         for name in (n for n in wm if all(n in t for t in (wr, pr, gr, pm, gm))):
-            flat = (np.asarray(t[name], np.float64).ravel() for t in (gr, gm, wr, pr, wm, pm))
-            reading = _scaled(*flat)
+            reading = _scaled((gr, gm, wr, pr, wm, pm), name)
             if reading is not None:
                 found.append((i, name, *reading))
     if not found:
@@ -115,35 +116,51 @@ def _before(run: Run, i: int) -> Tensors | None:
     return run.weights(i - 1) if i > 0 else run.init_weights()
 
 
-def _scaled(
-    gb: np.ndarray, gm: np.ndarray, b: np.ndarray, pb: np.ndarray, m: np.ndarray, pm: np.ndarray
-) -> tuple[int, int, float, float, float] | None:
+def _scaled(parts: tuple[Tensors, ...], name: str) -> tuple[int, int, float, float, float] | None:
     """(noise-dominated elements, elements, their share of either run's step energy (the
     larger: a float64 reference steps them by almost nothing), the common factor of the
-    others' steps, the residual's share of their step) where the tensor shows the shape, else
-    None. Dominated as `drift.shared_steps` reads it: neither gradient above TAU times their
-    difference (or the tensor's RMS difference)."""
-    diff = np.abs(gb - gm)
-    rms = float(np.sqrt(np.mean(diff**2))) if diff.size else 0.0
-    dominated = np.maximum(np.abs(gb), np.abs(gm)) <= TAU * np.maximum(diff, rms)
-    db, dm = b - pb, m - pm
-    total = float(np.dot(db, db))
-    rest = ~dominated
-    if not dominated.any() or rest.sum() < FEW_STEPS or total == 0.0:
+    others' steps, the residual's share of their step) where tensor `name` shows the shape,
+    else None. `parts`: the two gradients, then each run's weights after and before the step
+    (gb, gm, b, pb, m, pm). Dominated as `drift.shared_steps` reads it: neither gradient above
+    TAU times their difference (or the tensor's RMS difference). Read SLICE elements at a time
+    in three passes (the gradients' RMS difference, the sums, the residual), so a tensor of any
+    size takes a slice's memory."""
+    sq, size = 0.0, 0
+    for gb, gm in zip(slices(parts[0], name), slices(parts[1], name), strict=True):
+        diff = gb.astype(np.float64) - gm
+        sq, size = sq + float(np.dot(diff, diff)), size + diff.size
+    rms = math.sqrt(sq / size) if size else 0.0
+    # dominated elements; Σ db², Σ dm² over all and over the dominated; Σ dbr², Σ dmr·dbr
+    count, total, moved, total_in, moved_in, base, cross = 0, *([0.0] * 6)
+    for dominated, db, dm in _steps(parts, name, rms):
+        count += int(np.count_nonzero(dominated))
+        total, moved = total + float(np.dot(db, db)), moved + float(np.dot(dm, dm))
+        dbd, dmd = db[dominated], dm[dominated]
+        total_in, moved_in = total_in + float(np.dot(dbd, dbd)), moved_in + float(np.dot(dmd, dmd))
+        dbr, dmr = db[~dominated], dm[~dominated]
+        base, cross = base + float(np.dot(dbr, dbr)), cross + float(np.dot(dmr, dbr))
+    if count == 0 or size - count < FEW_STEPS or total == 0.0 or base == 0.0:
         return None
-    dbr, dmr = db[rest], dm[rest]
-    base = float(np.dot(dbr, dbr))
-    if base == 0.0:
-        return None
-    factor = float(np.dot(dmr, dbr)) / base
-    left = float(np.linalg.norm(dmr - factor * dbr)) / np.sqrt(base)
-    share = max(_share(db, dominated, total), _share(dm, dominated, float(np.dot(dm, dm))))
+    factor = cross / base
+    residual = 0.0
+    for dominated, db, dm in _steps(parts, name, rms):
+        off = dm[~dominated] - factor * db[~dominated]
+        residual += float(np.dot(off, off))
+    left = math.sqrt(residual / base)
+    share = max(total_in / total, moved_in / moved if moved > 0 else 0.0)
     apart = abs(factor - 1.0)
     if apart == 0.0 or left > PURE_SCALE * apart or apart > share:
         return None
-    return int(dominated.sum()), int(dominated.size), share, factor, left
+    return count, size, share, factor, left
 
 
-def _share(step: np.ndarray, dominated: np.ndarray, total: float) -> float:
-    """The share of a step's energy in the dominated elements."""
-    return float(np.dot(step[dominated], step[dominated])) / total if total > 0 else 0.0
+def _steps(
+    parts: tuple[Tensors, ...], name: str, rms: float
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Slice by slice of tensor `name` (`_scaled`'s `parts`): which elements are dominated,
+    and both runs' steps there, in float64."""
+    for gb, gm, b, pb, m, pm in zip(*(slices(t, name) for t in parts), strict=True):
+        gb, gm = gb.astype(np.float64), gm.astype(np.float64)
+        diff = np.abs(gb - gm)
+        dominated = np.maximum(np.abs(gb), np.abs(gm)) <= TAU * np.maximum(diff, rms)
+        yield dominated, b.astype(np.float64) - pb, m.astype(np.float64) - pm

@@ -16,192 +16,51 @@ no units to find, nor a rank without grid sums.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..runs.grid_sums import (
-    hashed_ones,
-    hashed_rows,
-    slab_ones,
-)
 from ..runs.model import Run, Tensors
 from ..runs.sketches import estimate
+from ..runs.store import shape_of
 from ..runs.unit_sums import unit_energies
+from .fits import columns, gram
 from .kept_sums import grid_sums_of, slab_grids_of, unit_sums_of
+from .kink_pair import TensorPair
 from .kink_shape import (
     ESTIMATED_SHARE,
-    JUMP_ROWS,
     JUMP_SHARE,
-    KINK_UNITS,
     Units,
-    along_input,
-    fused_experts,
     kink_units,
-    localizes,
-    one_input,
-    same_input,
-    slab_input,
+    kink_units_in,
     units_holding,
 )
 from .metrics import _safe_div
 from .views import Kept, Sketching, summaries
 
-GRID, SLABS = "grid", "slabs"  # how `_Pair._ranked` read a rank where no values were kept
 
-
-class _Pair:
-    """Two runs' tensors of one kind at one update (`first`, `second`), and where shares are of
-    the distance moved, the second run's at an earlier update (`before`): mappings by name."""
-
-    first: Mapping
-    second: Mapping
-    before: Mapping | None
-    counted: frozenset[str] = frozenset()  # tensors no kink is read in (`counted_per_batch`)
-
-    def units(
-        self, name: str, most: int | None = None, of_rows: float = JUMP_ROWS, rest: float = math.inf
-    ) -> Units | None:
-        """The fewest units holding a kink's share of the tensor's error (`units_holding`), the
-        rest within `rest`; None where there are none, or no kink is read in the tensor."""
-        return None if name in self.counted else self._units(name, most, of_rows, rest)
-
-    def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
-        raise NotImplementedError
-
-    def jumped(self, name: str, rest: float) -> Units | None:
-        """Where a gradient's jump sits: a kink's few units, or one input's share (a rank-one
-        error, `one_input`); None where neither holds it with the rest within `rest`. Fused
-        experts' rows along their first axis are experts, not units a kink crosses: a jump held
-        in one expert's slab is one input's share where the slabs read so (a token joined that
-        expert; model zoo run 266535, Mixtral under float16 at width 2, sketched: the unit
-        sums' estimates put 90% of `down_proj`'s error in expert 1, where the values read one
-        input's share in experts 0 and 1)."""
-        units = self.units(name, rest=rest)
-        if units is not None and units[0] == 0 and fused_experts(self.shape(name)):
-            return self.one_input(name, rest=rest) or units
-        return units or self.one_input(name, rest=rest)
-
-    def one_input(self, name: str, rest: float = math.inf, few: bool = False) -> Units | None:
-        """The tensor's error as one input's share (`kink_shape.one_input`, `few` as there);
-        None where it is not, where no kink is read in the tensor, or where its rank cannot be
-        read (`_ranked`)."""
-        both = None if name in self.counted else self._ranked(name, slabs=True)
-        if both is None:
-            return None
-        shape = self.shape(name)
-        ones = {None: None, GRID: hashed_ones, SLABS: slab_ones}[both[1]]
-        return one_input(*both[0], rest, few, None if ones is None else ones(shape))
-
-    def along_input(self, bias: str, weight: str) -> bool:
-        """Whether the bias's error is the same inputs' share as its weight's rank-one error
-        (`kink_shape.along_input`); False where either cannot be read. Where the weight is read
-        by its grid sums, the bias is hashed as its rows are (`grid_sums.hashed_rows`)."""
-        own, pair = self._whole(bias), self._ranked(weight)
-        if own is None or pair is None or own[0].shape != self.shape(weight)[:1]:
-            return False
-        if pair[1] is not None:  # a weight of two axes, as `kink_shape.along_input` reads one
-            if len(self.shape(weight)) != 2:
-                return False
-            own = (hashed_rows(own[0]), hashed_rows(own[1]))
-        return along_input(pair[0], own)
-
-    def same_input(self, name: str, other: str) -> bool:
-        """Whether two weights' rank-one errors are the same input's share
-        (`kink_shape.same_input`); False where either cannot be read, or they have not as many
-        columns (trailing axes flattened)."""
-        columns = [math.prod(self.shape(n)[1:]) for n in (name, other)]
-        both = self._ranked(name, other)
-        return both is not None and columns[0] == columns[1] and same_input(*both[0])
-
-    def same_slab_input(self, name: str, fused: str, slab: int) -> bool:
-        """Whether a weight's rank-one error is the same input's share as a slab of fused
-        experts' (`kink_shape.slab_input`): read from both runs' values, or where either kept
-        only a sketch, from the weight's grid sums and the experts' slab grids (the inputs
-        hashed alike where both have as many columns); False where neither can be read."""
-        own, other = self._whole(name), self._whole(fused)
-        if own is not None and other is not None:
-            return slab_input(own, other, slab)
-        columns = [math.prod(self.shape(name)[1:]), math.prod(self.shape(fused)[2:])]
-        if columns[0] != columns[1]:  # inputs hashed alike only where as long
-            return False
-        own, other = self._grids(name), self._slabs(fused)
-        return own is not None and other is not None and slab_input(own, other, slab, True)
-
-    def _ranked(self, *names: str, slabs: bool = False) -> tuple | None:
-        """The tensors' pairs as their ranks are read (each name's pair, one name: that pair),
-        and how: both runs' values (None), or where either kept only a sketch, both runs' slab
-        grids (SLABS, with `slabs`, where kept) or grid sums (GRID); None where any cannot be
-        read."""
-        pairs = [self._whole(name) for name in names]
-        if all(pair is not None for pair in pairs):
-            return (pairs[0] if len(names) == 1 else pairs), None
-        for how, reader in ((SLABS, self._slabs), (GRID, self._grids)):
-            if how == SLABS and not slabs:
-                continue
-            kept = [reader(name) for name in names]
-            if all(k is not None for k in kept):
-                return (kept[0] if len(names) == 1 else kept), how
-        return None
-
-    def _whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
-        raise NotImplementedError
-
-    def _grids(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """Both runs' grid sums of a tensor, where both kept them or its values."""
-        return None
-
-    def _slabs(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """Both runs' slab grids of a tensor, where both kept them."""
-        return None
-
-    def rank_read(self, name: str) -> str:
-        """How `one_input` read the tensor's rank, for a note: '' from its values."""
-        return "" if self._whole(name) is not None else ", read from its grid sums"
-
-    def kinked_units(self, name: str, rest: float = math.inf) -> Units | None:
-        """`units` as a followed kink reads them, at most KINK_UNITS: rows of a tensor of many
-        rows, or columns of one of many columns (`localizes`)."""
-        found = self.units(name, KINK_UNITS, rest=rest)
-        return found if found is not None and localizes(self.shape(name), found[0]) else None
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        raise NotImplementedError
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.first and name in self.second
-
-    def names(self) -> set[str]:
-        return self.first.keys() & self.second.keys()
-
-    def scalable(self, name: str) -> bool:
-        """Whether `scale` can answer for this tensor."""
-        return name in self.second and (self.before is None or name in self.before)
-
-
-class Whole(_Pair):
+class Whole(TensorPair):
     """Two runs' tensors of one kind at one update, both read in full."""
 
     def __init__(self, first: Tensors, second: Tensors, before: Tensors | None = None) -> None:
         self.first, self.second, self.before = first, second, before
+        self._made_sums = {}
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(np.shape(self.second[name]))
+        return shape_of(self.second, name)
 
     def share(self, name: str) -> float:
         """||first − second|| / ||second − before|| (before: 0 where none is given)."""
-        second = np.asarray(self.second[name], dtype=np.float64)
-        error = float(np.linalg.norm(np.asarray(self.first[name], dtype=np.float64) - second))
-        return _safe_div(error, self.scale(name))
+        return _safe_div(_apart(self.first, self.second, name), self.scale(name))
 
     def scale(self, name: str) -> float:
         """||second − before||: the second run's tensor, or how far it moved since `before`."""
-        second = np.asarray(self.second[name], dtype=np.float64)
-        return float(np.linalg.norm(second if self.before is None else second - self.before[name]))
+        return _apart(self.second, self.before, name)
 
     def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
-        return kink_units(self.first[name], self.second[name], most, of_rows, rest)
+        shape = self.shape(name)
+        return kink_units_in(self.first, self.second, name, shape, most, of_rows, rest)
 
     def _whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         return (self.first[name], self.second[name]) if name in self else None
@@ -215,7 +74,14 @@ class Whole(_Pair):
         return f"{JUMP_SHARE:.0%} of it"
 
 
-class Sketched(_Pair):
+def _apart(first: Tensors, second: Tensors | None, name: str) -> float:
+    """||first − second|| of one tensor (second None: ||first||) in float64, a slice at a time."""
+    if second is None:
+        return math.sqrt(gram(columns((first,), [name], lambda a: (a,)), 1)[0, 0])
+    return math.sqrt(gram(columns((first, second), [name], lambda a, b: (a - b,)), 1)[0, 0])
+
+
+class Sketched(TensorPair):
     """Two runs' tensors of one kind at one update as sketches (judge/views.py), with their
     gradients' unit sums where kept; the runs themselves are read only for the unit sums, and
     only for the tensors asked about."""
@@ -234,6 +100,7 @@ class Sketched(_Pair):
         self.shapes = {t.name: tuple(t.shape) for t in runs[1].tensors}
         self._sums: dict[tuple[str, Callable], tuple | None] = {}
         self._files: list[Tensors | None] | None = None  # each run's sketch file, read once
+        self._made_sums = {}
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.shapes.get(name, self.second[name].vector.shape)
@@ -281,12 +148,14 @@ class Sketched(_Pair):
         return first.vector.reshape(shape), second.vector.reshape(shape)
 
     def _grids(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """Both runs' grid sums of a tensor (None where a run has none), read once."""
-        return self._kept_sums(name, grid_sums_of)
+        """Both runs' grid sums of a tensor (None where a run has none), read once; made from
+        its values where both kept them whole and kept no grid sums (a weight)."""
+        return self._kept_sums(name, grid_sums_of) or super()._grids(name)
 
     def _slabs(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """Both runs' slab grids of a tensor (None where a run has none), read once."""
-        return self._kept_sums(name, slab_grids_of)
+        """Both runs' slab grids of a tensor (None where a run has none), read once; made
+        from its values as `_grids`."""
+        return self._kept_sums(name, slab_grids_of) or super()._slabs(name)
 
     def holding(self, name: str) -> str:
         """What `units` found its units holding, for a note."""

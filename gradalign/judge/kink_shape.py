@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from ..runs.model import Tensors
+from ..runs.store import slices
 from .two_inputs import SPAN, in_span, stacked_inputs
 
 JUMP_SHARE = 0.9  # a kink's jump holds this share of its error ...
@@ -33,6 +35,7 @@ Units = tuple[int, frozenset[int]]  # (axis, indices): rows (0) or columns (1)
 ONE_INPUT = 2  # the axis `one_input` names: one input's outer product, not rows or columns
 POWER_STEPS = 64  # power iterations of `one_input` at most (a rank-one error converges in 2)
 ONE_INPUT_SLABS = 2  # a token routed to another expert leaves one slab and joins another
+BLOCK = 1 << 18  # elements of a block of rows `_energies` widens at a time: 2 MiB of float64
 WHOLE = frozenset({-1})  # `one_input`'s units where the tensor is read whole, not by slabs
 
 
@@ -50,9 +53,22 @@ def kink_units(
     layer's column: a ReLU unit switched on by a pre-activation that is the residue of a
     cancelling sum (a mostly dead net) put a whole jump of 17.6x into one column of the output
     weight, and nowhere else. `rest`: the most error the other units may hold (a norm)."""
-    second = np.asarray(ref, dtype=np.float64)
-    err = np.asarray(merged, dtype=np.float64) - second
-    return units_holding(_energies(err), most, of_rows, JUMP_SHARE, rest, _energies(second))
+    return kink_units_in({"t": merged}, {"t": ref}, "t", np.shape(ref), most, of_rows, rest)
+
+
+def kink_units_in(
+    first: Tensors,
+    second: Tensors,
+    name: str,
+    shape: tuple[int, ...],
+    most: int | None = None,
+    of_rows: float = JUMP_ROWS,
+    rest: float = math.inf,
+) -> Units | None:
+    """`kink_units` of tensor `name` (of `shape`) of two runs' tensors, read from their files
+    a block of whole rows at a time where they are files."""
+    energies, own = _energies(first, second, name, shape)
+    return units_holding(energies, most, of_rows, JUMP_SHARE, rest, own)
 
 
 def one_input(
@@ -231,17 +247,31 @@ def _along(line: np.ndarray, vector: np.ndarray) -> bool:
     return float(line @ vector) ** 2 / scale >= JUMP_SHARE * total
 
 
-def _energies(values: np.ndarray) -> list[np.ndarray]:
-    """Each row's squared norm, and for two axes or more each column's."""
-    squared = (
-        values.reshape(values.shape[0], -1) ** 2 if values.ndim > 1 else values.reshape(-1, 1) ** 2
-    )
-    energies = [squared.sum(axis=1)]
-    if values.ndim > 1:
-        energies.append(
-            (values.reshape(values.shape[0], values.shape[1], -1) ** 2).sum(axis=(0, 2))
-        )
-    return energies
+def _energies(
+    merged: Tensors, ref: Tensors, name: str, shape: tuple[int, ...]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each row's squared norm, and for two axes or more each column's, of tensor `name`'s
+    error (merged − ref) and of `ref`'s: in float64, a block of whole rows at a time (about
+    BLOCK elements; runs/store.py `slices`), so a tensor of any size takes a block's memory."""
+    rows = shape[0] if len(shape) else 1
+    columns = shape[1] if len(shape) > 1 else 0
+    width = max(math.prod(shape[1:]), 1)
+    found = [[np.zeros(rows), np.zeros(columns)] for _ in range(2)]
+    size = max(1, BLOCK // width) * width  # whole rows
+    first = 0
+    for m, r in zip(slices(merged, name, size), slices(ref, name, size), strict=True):
+        second = np.asarray(r, np.float64).reshape(-1, width)
+        err = np.asarray(m, np.float64).reshape(-1, width) - second
+        for values, (row_energies, column_energies) in zip((err, second), found, strict=True):
+            squared = values * values
+            row_energies[first : first + len(values)] = squared.sum(axis=1)
+            if columns:
+                column_energies += squared.reshape(len(values), columns, -1).sum(axis=(0, 2))
+        first += len(second)
+    (error_rows, error_columns), (own_rows, own_columns) = found
+    if not columns:
+        return [error_rows], [own_rows]
+    return [error_rows, error_columns], [own_rows, own_columns]
 
 
 def units_holding(

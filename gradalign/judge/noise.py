@@ -66,6 +66,7 @@ import numpy as np
 
 from ..runs.model import Run, Tensors
 from ..runs.sketches import dot, estimate, inner_bounds
+from .fits import columns, gram
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
 from .views import Kept, Sketching, summaries
@@ -381,10 +382,6 @@ def _sketched_slope(grads: dict[str, Kept], wm: dict[str, Kept], wr: dict[str, K
 
 def _slope(grads: Tensors, wm: Tensors, wr: Tensors) -> float:
     """|<g, w_m − w_ref>|: the loss's slope with gradient `grads` along the step between the
-    two runs' weights."""
-    slope = 0.0
-    for name, g in grads.items():
-        if name in wm and name in wr:
-            step = np.asarray(wm[name], dtype=np.float64) - np.asarray(wr[name], np.float64)
-            slope += float(np.dot(np.asarray(g, dtype=np.float64).ravel(), step.ravel()))
-    return abs(slope)
+    two runs' weights, read a slice at a time."""
+    names = [name for name in grads if name in wm and name in wr]
+    return abs(float(gram(columns((grads, wm, wr), names, lambda g, m, r: (g, m - r)), 2)[0, 1]))

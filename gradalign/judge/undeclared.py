@@ -30,10 +30,10 @@ def sampled(grads: Tensors) -> list[np.ndarray]:
     return [sample_of(grads, name) for name in grads]
 
 
-def sample_of(grads: Tensors, name: str) -> np.ndarray:
-    """A tensor's first SAMPLE nonzero finite values (float32), read a slice at a time."""
-    found, wanted = [], SAMPLE
-    for part in slices(grads, name, SAMPLE):
+def sample_of(grads: Tensors, name: str, size: int = SAMPLE) -> np.ndarray:
+    """A tensor's first `size` nonzero finite values (float32), read a slice at a time."""
+    found, wanted = [], size
+    for part in slices(grads, name, size):
         v = np.asarray(part, dtype=np.float32)
         found.append(np.array(v[(v != 0) & np.isfinite(v)][:wanted]))  # a copy: v goes
         wanted -= found[-1].size

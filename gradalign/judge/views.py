@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import BadInput
 from ..runs.model import Run, Tensors
 from ..runs.sketches import kept_whole, summarize
+from ..runs.store import slices
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,8 @@ def norm_of(run: Run, kind: str, update: int, width: Sketching | None) -> float 
         tensors = run.grads(update) if kind == "grads" else run.weights(update)
         if tensors is None:
             return None
-        return math.sqrt(
-            sum(float(np.sum(np.square(t, dtype=np.float64))) for t in tensors.values())
-        )
+        parts = (part for name in tensors for part in slices(tensors, name))  # a slice at a time
+        return math.sqrt(sum(float(np.sum(np.square(p, dtype=np.float64))) for p in parts))
     kept = summaries(run, kind, update, width)
     return None if kept is None else math.sqrt(sum(k.norm**2 for k in kept.values()))
 

@@ -24,8 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...runs.model import Tensors
+from ...runs.store import slices
 from ..results import Comparison, Diagnosis, UpdateResult
 from ..tolerances import held_exactly
+from ..undeclared import sample_of
 from .common import exact_of, finite, lossy_hooks, relative_error, window
 
 STORED_BITS = {"bfloat16": 7, "float16": 10}  # bfloat16 first: its numbers are float16 numbers
@@ -41,10 +43,14 @@ def _exact_counts(grads: Tensors, narrow: str) -> list[tuple[int, int]]:
     """Per tensor: how many of its nonzero values `narrow` (float16 or bfloat16) holds exactly,
     and how many nonzero values it holds."""
     counts = []
-    for g in grads.values():
-        values = np.asarray(g, dtype=np.float32).ravel()
-        values = values[values != 0]
-        counts.append((int(np.count_nonzero(held_exactly(values, narrow))), int(values.size)))
+    for name in grads:
+        exact = held = 0
+        for part in slices(grads, name):  # a slice at a time
+            values = np.asarray(part, dtype=np.float32)
+            values = values[values != 0]
+            exact += int(np.count_nonzero(held_exactly(values, narrow)))
+            held += int(values.size)
+        counts.append((exact, held))
     return counts
 
 
@@ -93,9 +99,8 @@ def _counts(grads: Tensors) -> dict[str, tuple[int, int]]:
     """Per tensor: how many distinct float32 mantissas its first SAMPLE nonzero finite values
     hold, and how many values those are."""
     counts = {}
-    for name, g in grads.items():
-        values = np.asarray(g, dtype=np.float32).ravel()
-        values = values[(values != 0) & np.isfinite(values)][:SAMPLE]
+    for name in grads:
+        values = sample_of(grads, name, SAMPLE)  # read a slice at a time
         counts[name] = (_mantissa_count(values), int(values.size))
     return counts
 

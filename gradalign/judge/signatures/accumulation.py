@@ -10,11 +10,11 @@ match is evidence, not a guess; each returns None when its fact is absent.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 import numpy as np
 
 from ...runs.model import Tensors
+from ..fits import Columns, TensorFit, columns, explained, fit, gram, per_tensor_share, tensor_fits
 from ..results import Comparison, Diagnosis, UpdateResult
 from .common import finite, grads_of, noise_share, weights_of, window
 
@@ -22,40 +22,6 @@ EXPLAINED = 0.95  # a relation must explain this share of the gradient error (1 
 # ... or, the rest within the noise, most of it: a fit of a few tenths of a percent explains
 # nothing (a wide GPT's clean gradients: 0.8% "explained" by the previous gradient, the rest noise)
 MOSTLY = 0.5
-
-
-def _vector(tensors: Tensors, names: list[str]) -> np.ndarray:
-    return np.concatenate([np.asarray(tensors[n], dtype=np.float64).ravel() for n in names])
-
-
-def _explained(delta: np.ndarray, basis: np.ndarray) -> tuple[float, float]:
-    """The least-squares coefficient a with delta ≈ a·basis, and the share it explains."""
-    bb = float(basis @ basis)
-    dd = float(delta @ delta)
-    if bb <= 0 or dd <= 0:
-        return 0.0, 0.0
-    a = float(delta @ basis) / bb
-    residual = float(np.linalg.norm(delta - a * basis)) / math.sqrt(dd)
-    return a, 1.0 - residual
-
-
-def flat64(values: np.ndarray) -> np.ndarray:
-    return np.asarray(values, np.float64).ravel()
-
-
-def per_tensor_fit(
-    pairs: Iterable[tuple[str, np.ndarray, np.ndarray]],
-) -> tuple[float, dict[str, float]]:
-    """For (name, difference, basis) of each tensor: the share of all the differences together
-    that each tensor's own multiple of its basis explains (1 − the residual's norm over theirs),
-    and those multiples (the least-squares `_explained`)."""
-    fitted, residual, total = {}, 0.0, 0.0
-    for name, delta, basis in pairs:
-        a, _ = _explained(delta, basis)
-        fitted[name] = a
-        residual += float(np.sum((delta - a * basis) ** 2))
-        total += float(delta @ delta)
-    return (1 - math.sqrt(residual / total) if total > 0 else 0.0), fitted
 
 
 def _params(c: Comparison, grads: Tensors) -> list[str]:
@@ -77,14 +43,15 @@ def grad_not_cleared(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
     if gb is None or gm is None or prev is None:
         return None
-    base = _vector(gb, names := _params(c, gb))
-    delta = _vector(gm, names) - base
-    carried = _vector(prev, names)
-    a, share = _explained(delta, carried)
+    # the difference, the carried gradient, the baseline's: a pass at a time
+    source = columns((gm, gb, prev), _params(c, gb), lambda m, b, p: (m - b, p, b))
+    g = gram(source, 3)
+    (a,), rest = fit(source, g, (1,))
+    share = explained(g[0, 0], rest)
     if _entered_apart_faintly(c, r, a):
         return None
-    if a <= 0 or not _enough(c, r, delta, base, share):
-        return _clipped_carry(c, r, delta, carried, base)
+    if a <= 0 or not _enough(c, r, g, share):
+        return _clipped_carry(c, r, source, g)
     within = _within(share)
     return Diagnosis(
         "grad-not-cleared",
@@ -115,20 +82,19 @@ def _entered_apart_faintly(c: Comparison, r: UpdateResult, a: float) -> bool:
     return before is not None and any(not d.ok for d in before.weights)
 
 
-def _enough(
-    c: Comparison, r: UpdateResult, delta: np.ndarray, base: np.ndarray, share: float
-) -> bool:
+def _enough(c: Comparison, r: UpdateResult, g: np.ndarray, share: float) -> bool:
     """Whether a fit explains the gradient error: `EXPLAINED` of it, or `MOSTLY`, the rest
     within the noise (against a reference; without one, within what the gradient check
-    allows: the rest alone would pass)."""
+    allows: the rest alone would pass). `g`: the Gram matrix of the difference (column 0) and
+    the baseline's gradient (column 2)."""
     if share >= EXPLAINED:
         return True
-    rest = np.linalg.norm(delta) * (1.0 - share)
-    return share >= MOSTLY and rest <= noise_share(c, r) * np.linalg.norm(base)
+    rest = math.sqrt(g[0, 0]) * (1.0 - share)
+    return share >= MOSTLY and rest <= noise_share(c, r) * math.sqrt(g[2, 2])
 
 
 def _clipped_carry(
-    c: Comparison, r: UpdateResult, delta: np.ndarray, carried: np.ndarray, base: np.ndarray
+    c: Comparison, r: UpdateResult, source: Columns, g: np.ndarray
 ) -> Diagnosis | None:
     """`grad_not_cleared` where a clip scaled the gradients the runs stepped with: the merged
     one is c·(carried + g) and the baseline's c'·g, so the difference is a·carried + b·base
@@ -141,9 +107,10 @@ def _clipped_carry(
     bfloat16, the gradient 3.96 times the baseline's, 93% of its error explained by that alone,
     the rest within noise, was read as a carry of 0.028 times the previous gradient, zoo run
     182511)."""
-    _, alone = _explained(delta, base)
-    a, b, share = _explained_by_two(delta, carried, base)
-    if a <= 0 or _enough(c, r, delta, base, alone) or not _enough(c, r, delta, base, share):
+    _, rest_alone = fit(source, g, (2,))
+    (a, b), rest = fit(source, g, (1, 2))
+    share, alone = explained(g[0, 0], rest), explained(g[0, 0], rest_alone)
+    if a <= 0 or _enough(c, r, g, alone) or not _enough(c, r, g, share):
         return None
     calls = [run.clip_calls for run in (c.baseline, c.merged) if run.clip_calls is not None]
     clipped = any(r.update < len(n) and n[r.update] > 0 for n in calls)
@@ -165,19 +132,6 @@ def _clipped_carry(
     )
 
 
-def _explained_by_two(
-    delta: np.ndarray, first: np.ndarray, second: np.ndarray
-) -> tuple[float, float, float]:
-    """The least-squares (a, b) with delta ≈ a·first + b·second, and the share they explain."""
-    gram = np.array([[first @ first, first @ second], [first @ second, second @ second]])
-    dd = float(delta @ delta)
-    if dd <= 0 or abs(np.linalg.det(gram)) <= 1e-12 * gram[0, 0] * gram[1, 1]:
-        return 0.0, 0.0, 0.0  # a basis of zeros, or two along one line: no second reading
-    a, b = np.linalg.solve(gram, np.array([delta @ first, delta @ second]))
-    residual = float(np.linalg.norm(delta - a * first - b * second)) / math.sqrt(dd)
-    return float(a), float(b), 1.0 - residual
-
-
 def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """A weight penalty l2·||w||² added to every micro loss without 1/K: the gradient error is
     exactly proportional to the weights the window started from (per tensor, or zero)."""
@@ -187,18 +141,17 @@ def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
         return None
     # one number is a multiple of any other: no evidence
     names = [name for name in _params(c, gb) if np.size(start[name]) > 1]
-
-    def pairs() -> Iterable[tuple[str, np.ndarray, np.ndarray]]:
-        return ((n, flat64(gm[n]) - flat64(gb[n]), flat64(start[n])) for n in names)
-
-    share, fitted = per_tensor_fit(pairs())
+    # each tensor's difference, the weights the window started from, the baseline's gradient
+    fits = tensor_fits(
+        ((n, columns((gm, gb, start), [n], lambda m, b, w: (m - b, w, b))) for n in names), 3
+    )
+    share, fitted = per_tensor_share(fits), {n: f.a for n, f in fits.items()}
     coefficients = [a for a in fitted.values() if abs(a) > 0]
-    base = _vector(gb, names) if names else np.zeros(0)
     if not coefficients:
         return None
     surest = None  # the coefficient read in units of the noise, where the fit needed them
-    if not _enough(c, r, _vector(gm, names) - base, base, share):
-        share, surest = _share_in_noise(r, pairs(), fitted)
+    if not _enough(c, r, sum(f.gram for f in fits.values()), share):
+        share, surest = _share_in_noise(r, fits)
         if share < MOSTLY:
             return None
     k = window(c)
@@ -224,9 +177,7 @@ def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     )
 
 
-def _share_in_noise(
-    r: UpdateResult, pairs: Iterable[tuple[str, np.ndarray, np.ndarray]], fitted: dict[str, float]
-) -> tuple[float, float]:
+def _share_in_noise(r: UpdateResult, fits: dict[str, TensorFit]) -> tuple[float, float]:
     """The share of the difference the fitted multiples explain, each tensor's measured in units
     of its gradient's noise against the reference, where that leaves every gradient within what
     its check allows (else 0: no reference, or a rest beyond a check), and the multiple read in
@@ -237,17 +188,17 @@ def _share_in_noise(
     together, 83% in units of the noise, every tensor's rest within 0.9 times its noise."""
     diffs = {d.name: d for d in r.grads}
     residual, total, weighed, weights = 0.0, 0.0, 0.0, 0.0
-    for name, delta, basis in pairs:
+    for name, f in fits.items():
         d = diffs.get(name)
         if d is None or not d.noise or not math.isfinite(d.noise):
             return 0.0, 0.0
-        rest = float(np.linalg.norm(delta - fitted[name] * basis))
+        rest = math.sqrt(f.rest)
         if rest > d.allowed:
             return 0.0, 0.0
         residual += (rest / d.noise) ** 2
-        total += float(delta @ delta) / d.noise**2
-        energy = float(basis @ basis) / d.noise**2
-        weighed += fitted[name] * energy
+        total += float(f.gram[0, 0]) / d.noise**2
+        energy = float(f.gram[1, 1]) / d.noise**2
+        weighed += f.a * energy
         weights += energy
     if total <= 0 or weights <= 0:
         return 0.0, 0.0

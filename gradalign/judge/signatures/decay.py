@@ -13,8 +13,9 @@ import numpy as np
 
 from ...runs.model import Tensors
 from ..distributed import listed
+from ..fits import columns, per_tensor_share, tensor_fits
 from ..results import Comparison, Diagnosis, UpdateResult
-from .accumulation import EXPLAINED, flat64, per_tensor_fit
+from .accumulation import EXPLAINED
 from .common import finite, weights_of, window
 from .optimizer import optimizer_settings
 
@@ -28,10 +29,6 @@ def _first_in_step(c: Comparison) -> UpdateResult | None:
         if any(not d.ok for d in r.weights):
             return r
     return None
-
-
-def _gap(merged: Tensors, base: Tensors, name: str) -> np.ndarray:
-    return flat64(merged[name]) - flat64(base[name])
 
 
 def weights_decayed(c: Comparison) -> Diagnosis | None:
@@ -101,8 +98,14 @@ def _fit(
 ) -> tuple[float, dict[str, float]]:
     """The share of this update's weight difference that is per tensor a multiple of `basis`,
     and each tensor's multiple."""
-    pairs = ((n, _gap(wm, wb, n) - _gap(sm, sb, n), flat64(basis[n])) for n in names)
-    return per_tensor_fit(pairs)
+    fits = tensor_fits(((n, columns((wm, wb, sm, sb, basis), [n], _step_gap)) for n in names), 2)
+    return per_tensor_share(fits), {n: f.a for n, f in fits.items()}
+
+
+def _step_gap(wm, wb, sm, sb, basis) -> tuple[np.ndarray, np.ndarray]:
+    """A slice of the part of the weight difference this update made, (w_m − w_b)(u) −
+    (w_m − w_b)(u−1), and of the basis it is fitted on."""
+    return (wm - wb) - (sm - sb), basis
 
 
 def _named_by_settings(c: Comparison) -> bool:

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ..distributed import listed
+from ..fits import columns, gram
 from ..metrics import fit_ratio
 from ..results import Comparison, Diagnosis, UpdateResult
 from ..stepped_choice import one_input_shares
@@ -185,8 +186,8 @@ def loss_term_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     scaled: dict[float, list[str]] = {}
     failing = [d for d in r.grads if not d.ok and d.name in gb and d.name in gm]
     for d in failing:
-        b, m = (np.asarray(x[d.name], dtype=np.float64).ravel() for x in (gb, gm))
-        bb, mm, bm = float(b @ b), float(m @ m), float(b @ m)
+        g = gram(columns((gb, gm), [d.name], lambda b, m: (b, m)), 2)  # a slice at a time
+        bb, mm, bm = float(g[0, 0]), float(g[1, 1]), float(g[0, 1])
         if not (bb > 0 and mm > 0):
             return None
         ratio, cosine = bm / bb, bm / np.sqrt(bb * mm)
