@@ -64,7 +64,7 @@ def main() -> None:
             row = rows[-1]
             print(
                 f"{row['shape']:>14}  {row['read']:>9}  {row['seconds']:8.3f} s  "
-                f"peak {row['peak_tensors']:5.1f} float32 tensors",
+                f"peak {row['peak_tensors']:5.2f} float32 tensors",
                 flush=True,
             )
     if args.json:

@@ -2,7 +2,9 @@
 at one update: each tensor's error as a share of the second run's, and the few units (rows or
 columns) that hold it.
 
-Where both runs kept the update's full files the values are read (`Whole`). Where a run kept
+Where both runs kept the update's full files the values are read (`Whole`; a tensor's rank,
+past `kink_pair.RANK_ELEMENTS`, from grid sums made of them), a slice or a block of rows at a
+time. Where a run kept
 sketches there (`--record sketch`), the same questions are answered from what it kept
 (`Sketched`): the error's norm estimated from sketch differences (runs/sketches.py), the
 second run's exact norm, and each row's and column's error energy estimated from the

@@ -8,6 +8,7 @@ import numpy as np
 
 from ...runs.model import Run, Tensors
 from ...runs.ranks import counted_on
+from ..fits import columns, gram
 from ..results import Comparison, UpdateResult
 from ..views import Sketching, exact, norm_of, sketch_width, vectors
 
@@ -54,17 +55,12 @@ def first_gradient_failure(c: Comparison) -> UpdateResult | None:
     return next((r for r in c.results if r.grad_failed), None)
 
 
-def norm(tensors: dict[str, np.ndarray]) -> float:
-    """The L2 norm of all tensors together, in float64."""
-    return math.sqrt(sum(float(np.sum(np.square(t, dtype=np.float64))) for t in tensors.values()))
-
-
-def relative_error(base: dict[str, np.ndarray], merged: dict[str, np.ndarray]) -> float | None:
-    """||merged - base|| / ||base|| over the tensors both hold (a sketched run holds some)."""
-    both = [n for n in base if n in merged]
-    size = norm({n: base[n] for n in both})
-    gap = norm({n: merged[n].astype(np.float64) - base[n] for n in both})
-    return gap / size if size > 0 else None
+def relative_error(base: Tensors, merged: Tensors, names: list[str] | None = None) -> float | None:
+    """||merged - base|| / ||base|| over the tensors `names` (default: every tensor both hold; a
+    sketched run holds some), in float64, a slice at a time."""
+    both = [n for n in base if n in merged] if names is None else names
+    g = gram(columns((base, merged), both, lambda b, m: (b, m - b)), 2)
+    return math.sqrt(g[1, 1] / g[0, 0]) if g[0, 0] > 0 else None
 
 
 def on_ranks(c: Comparison, key: str, row: int, above: float = 0) -> tuple[str, dict]:
@@ -151,7 +147,7 @@ def failing_share(c: Comparison, r: UpdateResult) -> tuple[float, list[str]] | N
     if gb is None or gm is None:
         return None
     names = [d.name for d in r.grads if not d.ok and d.name in gb and d.name in gm]
-    error = relative_error({n: gb[n] for n in names}, {n: gm[n] for n in names})
+    error = relative_error(gb, gm, names)
     return None if error is None else (error, names)
 
 
