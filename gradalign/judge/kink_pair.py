@@ -28,8 +28,8 @@ GRID, SLABS = "grid", "slabs"  # how `TensorPair._ranked` read a rank where no v
 # A rank is read from a tensor's values up to this many elements (a 2048 x 2048 matrix); past
 # it from its grid sums, made from the values as a sketch-mode run makes them: one input's
 # share stays one outer product there. The power iterations over values grow faster than the
-# tensor (fused experts of 8 x 2048 x 1024 at a failing update: 8.3 s and 10 float32 tensors'
-# bytes from the values, 0.09 s from grid sums; `bench/rank_reading.py`).
+# tensor (fused experts of 8 x 2048 x 1024 at a failing update: 8.05 s and 10 float32
+# tensors' bytes from the values, 0.094 s from grid sums; `bench/rank_reading.py` at `1072fc1`).
 RANK_ELEMENTS = 1 << 22
 
 
