@@ -9,7 +9,8 @@ comparison that passes is read once more at its first two updates: where the mer
 differs from the baseline's beyond the fixed tolerance and a bug's exact relation explains the
 difference (≥ 95%, as each signature requires when it names a failure), it fails by that bug.
 Only where some tensor's gradient is off the baseline's beyond the fixed tolerance are the
-gradients read whole, and only for models of up to 2^24 parameters. Without a reference the
+gradients read, at any size: a slice at a time (judge/fits.py; before session 90 they were
+read whole, and only in models of up to 2^24 parameters). Without a reference the
 same holds within the fixed tolerance: a penalty of 1e-6 counted K times moved the built-in
 MLP's gradient 3.9e-5 of itself, within grad_rtol (1e-4), and passed; read where the difference
 stands beyond `ROUNDINGS` units of the compute dtype's epsilon (relative L2), it fails by that
@@ -58,7 +59,6 @@ FIXED_CHECK = "no bug's shape within the fixed tolerance"
 SCALE_CHECK = "no wrong loss scale within the tolerance"
 NARROW_CHECK = "no gradient summed in 16 bits"
 ALONG_OVER_ACROSS = 10.0  # a scale within the tolerance stands this far beyond the turn noise made
-MAX_ELEMENTS = 1 << 24  # a model read whole at two updates: past this, left to the noise floor
 
 
 def shape_below_noise(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
@@ -69,14 +69,11 @@ def shape_below_noise(c: Comparison) -> tuple[Check, Diagnosis, dict] | None:
     narrow = narrow_sums(c)
     if narrow is not None:
         return narrow
-    elements = sum(math.prod(t.shape) for t in c.merged.tensors if t.kind == "param")
     if c.reference is None:
         scaled = scale_beyond_tolerance(c)
-        if scaled is not None or elements > MAX_ELEMENTS:
+        if scaled is not None:
             return scaled
         return _shaped(c, ROUNDINGS * eps(c.dtype), FIXED_CHECK, _WITHIN_TOLERANCE)
-    if elements > MAX_ELEMENTS:  # the gradients would be read whole: the memory bound holds
-        return None
     return _shaped(c, c.tolerances.grad_rtol, CHECK, _BELOW_FLOOR)
 
 
