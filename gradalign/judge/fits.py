@@ -25,16 +25,20 @@ Columns = Callable[[], Iterator[tuple[np.ndarray, ...]]]
 
 
 def columns(
-    sets: Sequence[Tensors], names: Iterable[str], make: Callable[..., tuple[np.ndarray, ...]]
+    sets: Sequence[Tensors],
+    names: Iterable[str],
+    make: Callable[..., tuple[np.ndarray, ...]],
+    widen: bool = True,
 ) -> Columns:
     """Passes over tensors `names` of each of `sets`, slice by slice: `make` of the sets'
-    float64 slices (the difference first, then the bases)."""
+    float64 slices (the difference first, then the bases); `widen` False: of the slices as
+    stored, `make` returning float64 columns."""
     names = list(names)
 
     def one_pass() -> Iterator[tuple[np.ndarray, ...]]:
         for name in names:
             for parts in zip(*(slices(t, name) for t in sets), strict=True):
-                yield make(*(np.asarray(p, np.float64) for p in parts))
+                yield make(*(np.asarray(p, np.float64) if widen else p for p in parts))
 
     return one_pass
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..distributed import listed
 from ..fits import columns, gram
-from ..metrics import fit_ratio
+from ..metrics import fit_of
 from ..results import Comparison, Diagnosis, UpdateResult
 from ..stepped_choice import one_input_shares
 from .clipping import clip_state, pre_clip_ratio, unclipped
@@ -156,16 +156,17 @@ def below_clip_value(c: Comparison, r: UpdateResult) -> tuple[float, float] | No
     gb, gm = (exact_of(c, run, "grads", i) for run in (c.baseline, c.merged))
     if gb is None or gm is None:
         return None
-    base, merged = [], []
-    for name in sorted(gb.keys() & gm.keys()):
-        b, m = (np.asarray(t).ravel() for t in (gb[name], gm[name]))
+
+    def below(b: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         # a clipped element is the value rounded to its own dtype (float32's 0.02 < 0.02)
         kept = (np.abs(b) < b.dtype.type(value)) & (np.abs(m) < m.dtype.type(value))
-        base.append(b[kept])
-        merged.append(m[kept])
-    if sum(x.size for x in base) < 16:
+        return b[kept].astype(np.float64), m[kept].astype(np.float64), np.ones(kept.sum())
+
+    names = sorted(gb.keys() & gm.keys())
+    g = gram(columns((gb, gm), names, below, widen=False), 3)  # a slice at a time
+    if g[2, 2] < 16:  # the elements kept: the ones column's sum
         return None
-    return fit_ratio(base, merged)
+    return fit_of(g[0, 0], g[1, 1], g[0, 1])
 
 
 def loss_term_scale(c: Comparison, r: UpdateResult) -> Diagnosis | None:
