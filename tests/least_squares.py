@@ -57,12 +57,18 @@ def train(dtype, *, k: int = 1, spike=None, feed: bool = False, shape: Shape = D
         grads.append({"w": recorded})
         w = (w - shape.lr * (recorded if feed else g)).astype(dtype)
         snaps.append({"w": w.copy()})
+    return as_run(init, snaps, grads, losses)
+
+
+def as_run(init: dict, snaps: list, grads: list, losses: list) -> dict:
+    """A numpy loop's arrays as `write_run` takes them: one optimizer step per update, never
+    inside a window."""
     return {
         "init_weights": init,
         "update_weights": snaps,
         "grads": grads,
         "micro_losses": losses,
-        "optimizer_steps": [1] * shape.updates,  # one step per update, never inside a window
+        "optimizer_steps": [1] * len(snaps),
     }
 
 

@@ -13,6 +13,8 @@ import numpy as np
 from gradalign import api
 from gradalign.runs.portable import write_run
 
+from .least_squares import as_run
+
 TENSORS, ROWS, COLS, UPDATES, BATCH, LR = 24, 512, 256, 3, 16, 0.05
 
 
@@ -41,13 +43,7 @@ def _train(dtype, k: int = 1, carry: bool = False) -> dict:
         grads.append(g)
         w = {n: (w[n] - LR * g[n]).astype(dtype) for n in names}
         snaps.append({n: v.copy() for n, v in w.items()})
-    return {
-        "init_weights": init,
-        "update_weights": snaps,
-        "grads": grads,
-        "micro_losses": losses,
-        "optimizer_steps": [1] * UPDATES,
-    }
+    return as_run(init, snaps, grads, losses)
 
 
 def _peak(base, merged):
