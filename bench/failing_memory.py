@@ -6,10 +6,11 @@ Records (once, into --dir) a baseline (K=1) of a user MLP with its float64 refer
 (bench/user_loop.py), a clean merged run (K=4) and one per bug of `user_loop.BUGS`, then runs
 `gradalign compare BASE MERGED` on each in a fresh process: its exit code, first code, wall
 seconds and peak RSS (bench/compare_speed.py's wrapper), as a multiple of the largest tensor.
-Medians of --reps.
+Medians of --reps. `--record sketch`: every run recorded with sketches (full files at the
+first and last update only). A folder given with --dir keeps one mode's runs.
 
     .venv/bin/python bench/failing_memory.py [--size mlp-10m] [--updates 4] [--reps 3]
-                                             [--dir DIR] [--json FILE]
+                                             [--record full|sketch] [--dir DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -28,18 +29,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_speed import child, largest_tensor, runs_folder
 
 
-def record(folder: Path, size: str, updates: int) -> None:
+def record(folder: Path, size: str, updates: int, mode: str = "full") -> None:
     import torch
     from user_loop import BUGS, train
 
     torch.set_num_threads(1)
     if not (folder / "baseline" / "manifest.json").exists():
-        train(size, folder / "baseline-fp64", k=1, updates=updates, dtype=torch.float64)
-        train(size, folder / "baseline", k=1, updates=updates, reference="../baseline-fp64")
+        ref, base = folder / "baseline-fp64", folder / "baseline"
+        train(size, ref, k=1, updates=updates, dtype=torch.float64, record=mode)
+        train(size, base, k=1, updates=updates, reference="../baseline-fp64", record=mode)
     for bug in (None, *BUGS):
         out = folder / (bug or "clean")
         if not (out / "manifest.json").exists():
-            train(size, out, k=4, updates=updates, bug=bug)
+            train(size, out, k=4, updates=updates, bug=bug, record=mode)
 
 
 def main() -> int:
@@ -47,6 +49,9 @@ def main() -> int:
     parser.add_argument("--size", default="mlp-10m")
     parser.add_argument("--updates", type=int, default=4)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--record", choices=("full", "sketch"), default="full", help="what every run records"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="keep the runs here (reused)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -54,7 +59,7 @@ def main() -> int:
 
     rows = {}
     with runs_folder(args.dir, "gradalign-failing-bench-") as folder:
-        record(folder, args.size, args.updates)
+        record(folder, args.size, args.updates, args.record)
         largest = largest_tensor(folder)
         for merged in ("clean", *BUGS):
             seconds, peaks, codes = [], [], set()
@@ -84,6 +89,7 @@ def main() -> int:
             )
     if args.json:
         figures = {"size": args.size, "updates": args.updates, "reps": args.reps}
+        figures |= {"record": args.record}
         figures |= {"largest_tensor_bytes": largest, "rows": rows}
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
     return 0

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -86,9 +88,11 @@ def test_rank_reading_benchmark_reads_by_values_then_grid_sums(tmp_path):
     assert all(row["seconds"] > 0 and row["peak_tensors"] > 0 for row in rows), rows
 
 
-def test_failing_memory_benchmark_names_each_bug_and_reports_its_peak(tmp_path):
+@pytest.mark.parametrize("mode", ["full", "sketch"])
+def test_failing_memory_benchmark_names_each_bug_and_reports_its_peak(tmp_path, mode):
     out = tmp_path / "failing.json"
     args = ["--size", "mlp-1m", "--updates", "2", "--reps", "1", "--json", str(out)]
+    args += ["--record", mode]
     done = _bench("failing_memory.py", *args)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(out.read_text())["rows"]
