@@ -18,7 +18,7 @@ E, OUT, IN = 4, 48, 40
 
 def _pair(err: np.ndarray, name: str = "experts", **more: np.ndarray) -> Whole:
     ref = np.random.default_rng(9).standard_normal(err.shape)
-    first = {name: ref + err, **{k: v for k, v in more.items()}}
+    first = {name: ref + err, **more}
     second = {name: ref, **{k: np.zeros_like(v) for k, v in more.items()}}
     return Whole(first, second)
 

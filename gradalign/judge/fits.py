@@ -43,6 +43,13 @@ def columns(
     return one_pass
 
 
+def distance(first: Tensors, second: Tensors | None, names: Iterable[str]) -> float:
+    """||first − second|| over tensors `names` (second None: ||first||), in float64."""
+    if second is None:
+        return math.sqrt(gram(columns((first,), names, lambda a: (a,)), 1)[0, 0])
+    return math.sqrt(gram(columns((first, second), names, lambda a, b: (a - b,)), 1)[0, 0])
+
+
 def gram(source: Columns, width: int) -> np.ndarray:
     """The `width` x `width` Gram matrix of the columns over one pass (zeros where none)."""
     total = np.zeros((width, width))

@@ -17,7 +17,6 @@ no units to find, nor a rank without grid sums.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +26,7 @@ from ..runs.model import Run, Tensors
 from ..runs.sketches import estimate
 from ..runs.store import shape_of
 from ..runs.unit_sums import unit_energies
-from .fits import columns, gram
+from .fits import distance
 from .kept_sums import grid_sums_of, slab_grids_of, unit_sums_of
 from .kink_pair import TensorPair
 from .kink_shape import (
@@ -54,11 +53,11 @@ class Whole(TensorPair):
 
     def share(self, name: str) -> float:
         """||first − second|| / ||second − before|| (before: 0 where none is given)."""
-        return _safe_div(_apart(self.first, self.second, name), self.scale(name))
+        return _safe_div(distance(self.first, self.second, [name]), self.scale(name))
 
     def scale(self, name: str) -> float:
         """||second − before||: the second run's tensor, or how far it moved since `before`."""
-        return _apart(self.second, self.before, name)
+        return distance(self.second, self.before, [name])
 
     def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
         shape = self.shape(name)
@@ -74,13 +73,6 @@ class Whole(TensorPair):
     def holding(self, name: str) -> str:
         """What `units` found its units holding, for a note."""
         return f"{JUMP_SHARE:.0%} of it"
-
-
-def _apart(first: Tensors, second: Tensors | None, name: str) -> float:
-    """||first − second|| of one tensor (second None: ||first||) in float64, a slice at a time."""
-    if second is None:
-        return math.sqrt(gram(columns((first,), [name], lambda a: (a,)), 1)[0, 0])
-    return math.sqrt(gram(columns((first, second), [name], lambda a, b: (a - b,)), 1)[0, 0])
 
 
 class Sketched(TensorPair):

@@ -134,8 +134,7 @@ class TensorPair:
     def _values(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """Both runs' tensor where its rank is read from its values: both kept it whole, and
         it holds at most RANK_ELEMENTS elements."""
-        pair = self._whole(name) if math.prod(self.shape(name)) <= RANK_ELEMENTS else None
-        return pair
+        return self._whole(name) if math.prod(self.shape(name)) <= RANK_ELEMENTS else None
 
     def _grids(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """Both runs' grid sums of a tensor, made from its values where both kept them."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..runs.model import Tensors
 from ..runs.store import slices
+from ..runs.unit_sums import BLOCK
 from .two_inputs import SPAN, in_span, stacked_inputs
 
 JUMP_SHARE = 0.9  # a kink's jump holds this share of its error ...
@@ -35,7 +36,6 @@ Units = tuple[int, frozenset[int]]  # (axis, indices): rows (0) or columns (1)
 ONE_INPUT = 2  # the axis `one_input` names: one input's outer product, not rows or columns
 POWER_STEPS = 64  # power iterations of `one_input` at most (a rank-one error converges in 2)
 ONE_INPUT_SLABS = 2  # a token routed to another expert leaves one slab and joins another
-BLOCK = 1 << 18  # elements of a block of rows `_energies` widens at a time: 2 MiB of float64
 WHOLE = frozenset({-1})  # `one_input`'s units where the tensor is read whole, not by slabs
 
 

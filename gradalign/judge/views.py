@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import BadInput
 from ..runs.model import Run, Tensors
 from ..runs.sketches import kept_whole, summarize
-from ..runs.store import slices
+from .fits import distance
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,7 @@ def norm_of(run: Run, kind: str, update: int, width: Sketching | None) -> float 
         tensors = run.grads(update) if kind == "grads" else run.weights(update)
         if tensors is None:
             return None
-        parts = (part for name in tensors for part in slices(tensors, name))  # a slice at a time
-        return math.sqrt(sum(float(np.sum(np.square(p, dtype=np.float64))) for p in parts))
+        return distance(tensors, None, list(tensors))  # a slice at a time
     kept = summaries(run, kind, update, width)
     return None if kept is None else math.sqrt(sum(k.norm**2 for k in kept.values()))
 
