@@ -24,6 +24,7 @@ os.environ.pop("COLUMNS", None)
 from gradalign.cli import main
 from gradalign.config import TrainConfig
 from gradalign.record.loop import train
+from gradalign.runs.portable import write_run
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -38,6 +39,20 @@ class CliResult:
 
     def json(self, path: Path) -> dict:
         return json.loads(path.read_text())
+
+
+def write_w_run(path: Path, k: int, init, weights: list, grads: list, **options) -> Path:
+    """A run of one tensor `w` written with numpy (the run format): its initial weights, and
+    per update its weights and gradient; each micro-batch's loss 1 / (update + 1)."""
+    return write_run(
+        path,
+        accum_steps=k,
+        micro_losses=[1.0 / (u + 1) for u in range(len(weights)) for _ in range(k)],
+        init_weights={"w": init},
+        update_weights=[{"w": w} for w in weights],
+        grads=[{"w": g} for g in grads],
+        **options,
+    )
 
 
 def rewrite_tensor_file(run: Path, relpath: str, edit, manifest: dict | None = None) -> None:

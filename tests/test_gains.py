@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from gradalign import api
-from gradalign.runs.portable import write_run
+
+from .conftest import write_w_run
 
 SHAPE, UPDATES, LR, K = (10, 5), 6, 1e-2, 4
 HIGH = 7  # the element whose first gradient is small: its gain is large
@@ -50,31 +51,15 @@ def _run(path, ref, seed: int, k: int, extra=None, grad_extra=None, reference=No
         if grad_extra is not None:
             g = g + grad_extra(u)
         w = weights[u] + walk + (extra(u) if extra is not None else 0.0)
-        ws.append({"w": w.astype(np.float32)})
-        gs.append({"w": g.astype(np.float32)})
-    losses = [1.0 / (u + 1) for u in range(UPDATES) for _ in range(k)]
-    return write_run(
-        path,
-        accum_steps=k,
-        micro_losses=losses,
-        init_weights={"w": init.astype(np.float32)},
-        update_weights=ws,
-        grads=gs,
-        reference=reference,
-    )
+        ws.append(w.astype(np.float32))
+        gs.append(g.astype(np.float32))
+    return write_w_run(path, k, init.astype(np.float32), ws, gs, reference=reference)
 
 
 def _judged(tmp_path, *, gain: bool = True, extra=None, grad_extra=None, small_at=None):
     ref = _reference(small_first_grad=gain, small_at=small_at)
     init, weights, grads = ref
-    write_run(
-        tmp_path / "ref",
-        accum_steps=1,
-        micro_losses=[1.0 / (u + 1) for u in range(UPDATES)],
-        init_weights={"w": init.astype(np.float32).astype(np.float64)},
-        update_weights=[{"w": w} for w in weights],
-        grads=[{"w": g} for g in grads],
-    )
+    write_w_run(tmp_path / "ref", 1, init.astype(np.float32).astype(np.float64), weights, grads)
     base = _run(tmp_path / "base", ref, 1, 1, reference="../ref")
     merged = _run(tmp_path / "merged", ref, 2, K, extra=extra, grad_extra=grad_extra)
     return api.compare(base, merged)

@@ -11,8 +11,9 @@ import pytest
 
 from gradalign.judge.compare import compare
 from gradalign.judge.metrics import diff
-from gradalign.runs.portable import write_run
 from gradalign.runs.reader import read_run_dir
+
+from .conftest import write_w_run
 
 SHAPE, UPDATES, LR, K = (10, 5), 6, 1e-2, 4
 ROUNDING = 1e-9  # the gradient noise of one run, per element
@@ -47,17 +48,9 @@ def _run(
         w = w - LR * np.sign(g)
         if weight_extra is not None:
             carried = carried + weight_extra(u)
-        ws.append({"w": (w + carried).astype(np.float32)})
-        gs.append({"w": (g * grad_factor).astype(np.float32)})
-    return write_run(
-        path,
-        accum_steps=k,
-        micro_losses=[1.0 / (u + 1) for u in range(UPDATES) for _ in range(k)],
-        init_weights={"w": init.astype(np.float32)},
-        update_weights=ws,
-        grads=gs,
-        compute_dtype=compute_dtype,
-    )
+        ws.append((w + carried).astype(np.float32))
+        gs.append((g * grad_factor).astype(np.float32))
+    return write_w_run(path, k, init.astype(np.float32), ws, gs, compute_dtype=compute_dtype)
 
 
 def _judged(tmp_path, compute_dtype: str | None = None, noisy=NOISY, **merged_extras):

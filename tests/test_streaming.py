@@ -51,6 +51,9 @@ def assert_same(old, new) -> None:
                     u, v = getattr(x, f.name), getattr(y, f.name)
                     if isinstance(u, float) and isinstance(v, float):
                         assert _same_number(u, v), (a.update, kind, x.name, f.name, u, v)
+                    elif isinstance(u, tuple) and isinstance(v, tuple):  # sizes: summed apart
+                        same = len(u) == len(v) and all(map(_same_number, u, v))
+                        assert same, (a.update, kind, x.name, f.name, u, v)
                     else:
                         assert u == v, (a.update, kind, x.name, f.name, u, v)
         for f in ("grad_ratio", "grad_cosine"):

@@ -137,7 +137,10 @@ class Pair:
         noise, error = math.sqrt(self.br), math.sqrt(self.mr)
         allowed = noise_allowed(factor, noise, floor, math.sqrt(self.rr))
         rounding = floor * math.sqrt(self.rr)
-        return dataclasses.replace(d, error=error, allowed=allowed, noise=noise, rounding=rounding)
+        sizes = (math.sqrt(self.mm), math.sqrt(self.rr))
+        return dataclasses.replace(
+            d, error=error, allowed=allowed, noise=noise, rounding=rounding, sizes=sizes
+        )
 
 
 def widen64(x: np.ndarray) -> np.ndarray:

@@ -1,8 +1,9 @@
 """The noise model's passes over a whole run, after each update was judged on its own: what a
 float64 reference says honest float32 training may do that one update's noise cannot foresee
-(noise pooled and carried, kinks crossed and the divergences they start, high gains, losses
-the weights explain), in the order each needs the others' verdicts. Without a reference the
-isolated kinks and their divergences are measured against the baseline."""
+(noise pooled and carried, sizes on parted paths, kinks crossed and the divergences they
+start, high gains, losses the weights explain), in the order each needs the others' verdicts.
+Without a reference the isolated kinks and their divergences are measured against the
+baseline."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .gains import follow_gain_divergence
 from .kink_divergence import follow_kink_divergence
 from .kinks import excuse_isolated_jumps, first_failing
 from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
+from .parted_sizes import widen_parted_sizes
 from .results import UpdateResult
 from .views import Sketching
 
@@ -39,10 +41,11 @@ def honest_differences(
         explain_loss_by_weights(results, merged, base, factor, explained, seen)
         return notes
     pool_noise(results, factor)
+    parted = widen_parted_sizes(results, factor)
     carry_rounding(results)
     carry_admitted_excess(results, factor)
     explained = explain_loss_by_weights(results, merged, reference, factor, seen=seen)
-    notes = excuse_isolated_jumps(results, merged, reference, factor, seen)
+    notes = parted + excuse_isolated_jumps(results, merged, reference, factor, seen)
     notes += excuse_jumps_like_the_baselines(results, base, merged, reference, factor, seen)
     kinks = follow_kink_divergence(results, merged, reference, factor, seen)
     first = first_failing(results)

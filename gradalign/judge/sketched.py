@@ -279,6 +279,7 @@ class SketchJudge:
             noise=noise.value,
             rounding=self.floor * kr.norm,
             slack=slack,
+            sizes=(km.norm, kr.norm),
         )
 
     def _check_sketched_reference(self, i: int, wb: dict, wr: dict) -> None:

@@ -33,7 +33,7 @@ from .drift_files import DriftFiles, allowance
 from .followers import sources
 from .fused import widen64
 from .inputs import Inputs
-from .metrics import fit_of, quiet
+from .metrics import fit_of, fit_total, quiet
 from .owners import Owners, folder_of, foreign_facts, processes, published, shares
 from .results import UpdateResult
 from .rounding import floors
@@ -168,7 +168,7 @@ class StreamJudge(ChildSide, TensorSide):
         result.weights.extend(o.weight for o in found.values() if o.weight is not None)
         result.grads.extend(found[n].grad for n in grads if found[n].grad is not None)
         if grads:
-            bb, mm, bm, rr = (_fit_sum([found[n].fit[k] for n in grads]) for k in range(4))
+            bb, mm, bm, rr = (fit_total([found[n].fit[k] for n in grads]) for k in range(4))
             result.grad_ratio, result.grad_cosine = fit_of(bb, mm, bm)
             if self.ref is not None:
                 result.grad_norms = (math.sqrt(bb), math.sqrt(mm), math.sqrt(rr))
@@ -305,14 +305,6 @@ class StreamJudge(ChildSide, TensorSide):
 
     def _open(self, i: int) -> UpdateFiles:
         return open_update(i, self.base, self.merged, self.ref, self.shapes, self.params)
-
-
-def _fit_sum(terms: list[float]) -> float:
-    """The tensors' sums of the ratio fit added exactly where each is finite; where one is not
-    (a 16-bit gradient that overflowed), as the whole-tensor judge's dot product has it: inf,
-    or NaN for inf − inf (math.fsum raised there: model zoo run 202007, a GRU under Rprop,
-    float16 autocast, the step taken every micro-step)."""
-    return math.fsum(terms) if all(math.isfinite(t) for t in terms) else float(sum(terms))
 
 
 __all__ = ["StreamJudge", "np", "streamable"]
