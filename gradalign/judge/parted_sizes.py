@@ -109,8 +109,8 @@ def _note(passed: dict[int, list[str]]) -> str:
     return (
         f"update(s) {at}: the gradients of {shown} pass by their size on parted paths: there "
         "the baseline's gradient shared no direction with the reference's (cosine at most "
-        f"{PARTED}), so the check measures sizes, and the merged gradient may stand as far from "
-        "the baseline's size as the baseline's stood from the reference's at any such update "
-        "(a spike of one path: attention's logits sharpening on one path and not the other); "
-        "a scale kept over updates is judged by the whole model's gradient norm"
+        f"{PARTED}), so the check measures sizes, and a spike or a short stretch of the merged "
+        "gradient's size may stand as far from the baseline's as the baseline's stood from the "
+        "reference's at any such update; a size the merged run keeps over the updates around "
+        f"(±{LONG}) is judged in full"
     )
