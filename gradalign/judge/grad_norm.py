@@ -6,12 +6,16 @@ apart, and a merged run that leaves micro-batches out, or weights them wrongly, 
 tensor. Their size does not turn with them. The baseline's whole-model norm stays close to the
 reference's while the runs part (model zoo, bfloat16 autocast, sketched: within 2% at most
 updates), so the merged run's norm is judged by that: its log-ratio to the reference's must stay
-within NORM_FACTOR times the baseline's own (RMS over the run, at least NORM_FLOOR), and an
-update fails where the merged norm stands beyond it, on one side, for NORM_RUN updates in a row
-or more (a clean run's norm can spike at one update alone). Model zoo run 236502 (Mixtral
-under Adamax, K=8, bfloat16, sketched), every micro-step's gradient zeroed from update 6: the
-merged norm 0.32 to 0.47 of the reference's at every update from there, the baseline's within
-2.3%, and every tensor passed."""
+within NORM_FACTOR times the baseline's own (RMS over the run, at least NORM_FLOOR, and at each
+update at least its RMS over the updates around, ±POOL: where the baseline's norm wanders for
+a stretch, model zoo run 284111, OPT under bfloat16 over 300 updates, the baseline's log-ratio
+2.8% RMS over the run and up to 23% between updates 112 and 149, the merged norm stood 20% off
+the reference's at updates 134 and 135 and failed), and an update fails where the merged norm
+stands beyond it, on one side, for NORM_RUN updates in a row or more (a clean run's norm can
+spike at one update alone). Model zoo run 236502 (Mixtral under Adamax, K=8, bfloat16,
+sketched), every micro-step's gradient zeroed from update 6: the merged norm 0.32 to 0.47 of
+the reference's at every update from there, the baseline's within 2.3%, and every tensor
+passed."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from itertools import groupby
 
 import numpy as np
 
+from .noise import POOL
 from .results import FAIL, GRAD_NORM, NOT_CHECKED, PASS, Check, UpdateResult
 
 NORM = GRAD_NORM  # the check's name and its findings' key (UpdateResult.findings)
@@ -43,7 +48,8 @@ def norms_of(arrays: Iterable[np.ndarray]) -> float:
 @dataclass
 class _Norms:
     """The updates whose norms all three runs kept, their log-ratios to the reference's, and
-    the baseline's own (RMS, at least NORM_FLOOR)."""
+    the baseline's own: its RMS over the run (at least NORM_FLOOR), and per update at least
+    its RMS over the updates around (±POOL)."""
 
     updates: list[UpdateResult]
     base: np.ndarray
@@ -51,8 +57,14 @@ class _Norms:
     noise: float
 
     @property
-    def allowed(self) -> float:
-        return NORM_FACTOR * self.noise
+    def local(self) -> np.ndarray:
+        squares = self.base**2
+        near = [squares[max(0, k - POOL) : k + POOL + 1].mean() for k in range(len(squares))]
+        return np.maximum(np.sqrt(np.array(near)), self.noise)
+
+    @property
+    def allowed(self) -> np.ndarray:
+        return NORM_FACTOR * self.local
 
     def beyond(self) -> list[int]:
         """The updates (indices) beyond what is allowed on one side, NORM_RUN or more in a row;
@@ -84,18 +96,19 @@ def grad_norm_check(results: list[UpdateResult]) -> Check:
     n = _norms(results)
     if n is None:
         return Check(NORM, NOT_CHECKED, "needs a reference's gradients at two updates or more")
-    factor = math.exp(n.allowed)
+    allowed = n.allowed
     bad = n.beyond()
     for k in bad:
         b, m, ref = n.updates[k].grad_norms  # type: ignore[misc]
         n.updates[k].grad_norm_beyond = (
             f"whole-model gradient norm {m / ref:.4g} times the reference's (baseline "
-            f"{b / ref:.4g} times; a factor {factor:.4g} allowed)"
+            f"{b / ref:.4g} times; a factor {math.exp(allowed[k]):.4g} allowed)"
         )
     rule = (
-        f"a factor {factor:.4g} allowed: {NORM_FACTOR:g} times the baseline's own distance from "
-        f"the reference's norm, {n.noise:.2%} RMS over {len(n.updates)} updates (at least "
-        f"{NORM_FLOOR:.0%})"
+        f"a factor {math.exp(NORM_FACTOR * n.noise):.4g} allowed: {NORM_FACTOR:g} times the "
+        f"baseline's own distance from the reference's norm, {n.noise:.2%} RMS over "
+        f"{len(n.updates)} updates (at least {NORM_FLOOR:.0%}), or its RMS over the "
+        f"{2 * POOL + 1} updates around where larger"
     )
     if bad:
         r = n.updates[bad[0]]
@@ -106,9 +119,9 @@ def grad_norm_check(results: list[UpdateResult]) -> Check:
             f"{len(bad)}/{len(n.updates)} updates beyond, {NORM_RUN} or more in a row; first, "
             f"update {r.update}: the merged run's whole-model gradient norm {m:.6g}, "
             f"{m / ref:.4g} times the reference's {ref:.6g} (the baseline's {b / ref:.4g} "
-            f"times); {rule}",
+            f"times; a factor {math.exp(allowed[bad[0]]):.4g} allowed there); {rule}",
         )
-    lone = float(np.max(np.abs(n.merged))) / n.allowed
+    lone = float(np.max(np.abs(n.merged) / allowed))
     return Check(
         NORM,
         PASS,
