@@ -12,7 +12,6 @@ scale is still read from the gradient's size). When nothing fits, the diagnosis 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 
 from . import signatures as sig
@@ -155,7 +154,11 @@ def _scale_beside_a_term(c: Comparison) -> Diagnosis | None:
     found = sig.with_loss_scale(c, r, turned=ADDED_TERM) if r is not None else []
     scale = next((d for d in found if d.code == "loss-scale"), None)
     after = next(  # the next update whose gradients compare (a GradScaler's skip: none)
-        (x for x in c.results if r is not None and x.update > r.update and _finite(x.grad_ratio)),
+        (
+            x
+            for x in c.results
+            if r is not None and x.update > r.update and finite(x.grad_ratio) is not None
+        ),
         None,
     )
     if scale is None or after is None:
@@ -166,10 +169,6 @@ def _scale_beside_a_term(c: Comparison) -> Diagnosis | None:
         d.code == "loss-scale" and d.evidence.get("expected_ratio") == expected for d in again
     )
     return scale if held else None
-
-
-def _finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 def _recorded_causes(c: Comparison) -> tuple[Diagnosis | None, ...]:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import groupby
 
 import numpy as np
 
-from .noise import POOL
+from .noise import POOL, around
 from .results import FAIL, GRAD_NORM, NOT_CHECKED, PASS, Check, UpdateResult
 
 NORM = GRAD_NORM  # the check's name and its findings' key (UpdateResult.findings)
@@ -56,15 +57,12 @@ class _Norms:
     merged: np.ndarray
     noise: float
 
-    @property
-    def local(self) -> np.ndarray:
-        squares = self.base**2
-        near = [squares[max(0, k - POOL) : k + POOL + 1].mean() for k in range(len(squares))]
-        return np.maximum(np.sqrt(np.array(near)), self.noise)
-
-    @property
+    @cached_property
     def allowed(self) -> np.ndarray:
-        return NORM_FACTOR * self.local
+        """Per update, NORM_FACTOR times the larger of the run's RMS and the local one."""
+        squares = self.base**2
+        local = np.sqrt([around(squares, k).mean() for k in range(len(squares))])
+        return NORM_FACTOR * np.maximum(local, self.noise)
 
     def beyond(self) -> list[int]:
         """The updates (indices) beyond what is allowed on one side, NORM_RUN or more in a row;

@@ -75,6 +75,11 @@ POOL = 3  # a tensor's noise is at least the RMS of its noise over updates i-POO
 FEW = 64  # ... except the gradient of update 0 in a tensor of this many elements or more
 
 
+def around(values: np.ndarray, k: int, span: int = POOL) -> np.ndarray:
+    """The entries k-span .. k+span of `values` (fewer at its ends): the updates around k."""
+    return values[max(0, k - span) : k + span + 1]
+
+
 def pool_noise(results: list[UpdateResult], factor: float) -> None:
     """Per tensor, raise each update's noise to the RMS of its noise over the updates around it
     (±POOL), and a small tensor's to the median noise of the update's tensors of its role
@@ -98,7 +103,7 @@ def pool_noise(results: list[UpdateResult], factor: float) -> None:
             for k, (u, j, d) in enumerate(entries):
                 if kind == "grads" and u == 0 and d.size is not None and d.size >= FEW:
                     continue  # from the same weights: its own noise, measured on many elements
-                near = noise[max(0, k - POOL) : k + POOL + 1]
+                near = around(noise, k)
                 pooled = float(np.sqrt(np.mean(near**2)))
                 if d.size is not None and d.size < FEW:
                     pooled *= few_draws(d.size * near.size)
@@ -158,7 +163,7 @@ def nearby_loss_noise(own: np.ndarray, judged: np.ndarray) -> np.ndarray:
     window). 0 where none is judged."""
     found = np.zeros(own.shape, dtype=np.float64)
     for i in range(own.size):
-        near = own[max(0, i - POOL) : i + POOL + 1][judged[max(0, i - POOL) : i + POOL + 1]]
+        near = around(own, i)[around(judged, i)]
         near = near[np.isfinite(near)]
         if near.size:
             found[i] = pooled_loss_noise(near)

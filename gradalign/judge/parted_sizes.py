@@ -32,7 +32,7 @@ import math
 import numpy as np
 
 from .metrics import TensorDiff
-from .noise import POOL
+from .noise import POOL, around
 from .results import UpdateResult
 
 PARTED = 0.5  # a baseline gradient at this cosine to the reference's, or less, shares no direction
@@ -60,8 +60,8 @@ def widen_parted_sizes(results: list[UpdateResult], factor: float) -> list[str]:
         for k, (u, j, d) in enumerate(entries):
             if not parted[k] or d.excused is not None or d.noise is None:
                 continue
-            around = ratio[max(0, k - LONG) : k + LONG + 1]
-            level = max(1.0, float(np.median(around[np.isfinite(around)])))
+            near = around(ratio, k, LONG)
+            level = max(1.0, float(np.median(near[np.isfinite(near)])))
             grow = min(ratio[k] / level, spread)
             if grow <= 1.0:
                 continue
@@ -77,7 +77,7 @@ def _parted(cosine: np.ndarray) -> np.ndarray:
     averaged over the updates around (±POOL, where known), at most PARTED."""
     parted = np.zeros(cosine.shape, dtype=bool)
     for k in range(cosine.size):
-        near = cosine[max(0, k - POOL) : k + POOL + 1]
+        near = around(cosine, k)
         near = near[np.isfinite(near)]
         parted[k] = bool(np.isfinite(cosine[k]) and near.mean() <= PARTED)
     return parted
