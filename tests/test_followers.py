@@ -89,3 +89,31 @@ def test_an_ema_updated_at_every_micro_step_still_fails(runs, streaming):
     c = judge(runs["base"], runs["per-micro"], None, runs["ref"], streaming=streaming)
     assert c.verdict == "fail"
     assert c.diagnosis[0].code == "buffers-in-forward", [d.code for d in c.diagnosis]
+
+
+def test_a_golden_keeps_the_walk_and_judges_as_compare(runs, tmp_path):
+    """`golden write` checked the reference without the drift `compare` measures, and refused it
+    ("not a rerun of the baseline's training", as every transformer's run under Adam was: its
+    attention key bias walks on rounding). The golden keeps each weight's drift: the merged run
+    passes it, the EMA written at every micro-step fails it, and a golden whose drift is taken
+    out is refused, its noise more than a reference may stray."""
+    from gradalign.errors import BadInput
+    from gradalign.judge import golden
+    from gradalign.runs import golden as fmt
+
+    path = tmp_path / "g.json"
+    path.write_text(fmt.dumps(golden.build(runs["base"], runs["ref"])))
+    data = fmt.load(path)
+    kept = data["per_update"][-1]["weights"]
+    assert kept["conv.bias"]["drift"] > 0 and kept["ema_conv_bias"]["drift"] > 0
+    assert golden.judge(data, str(path), runs["merged"]).verdict == "pass"
+    failed = golden.judge(data, str(path), runs["per-micro"])
+    assert failed.verdict == "fail"
+    assert failed.diagnosis[0].code == "buffers-in-forward"
+    for entry in data["per_update"]:
+        for item in entry["weights"].values():
+            item.pop("drift", None)
+            item.pop("explained", None)
+    path.write_text(fmt.dumps(data))
+    with pytest.raises(BadInput, match="more than a reference may stray"):
+        golden.judge(fmt.load(path), str(path), runs["merged"])

@@ -115,3 +115,16 @@ def test_a_layer_frozen_in_one_run_only_is_named_from_the_first_update(tmp_path,
     assert (
         compare(base, freeze_loop(tmp_path / "same", 4, "never"), reference=ref).verdict == "pass"
     )
+
+
+def test_a_golden_files_diff_does_not_say_whether_a_gradient_is_zero():
+    """A golden keeps the baseline's norm, not the elementwise difference: a baseline gradient of
+    0 beside an unknown merged one tells nothing of a freeze (the signature needs both)."""
+    from gradalign.judge.metrics import TensorDiff
+    from gradalign.judge.signatures.frozen import _zero
+
+    nan = float("nan")
+    from_summaries = TensorDiff("w", nan, nan, nan, nan, 1.0, 0.5, norm=0.0, size=4)
+    from_values = TensorDiff("w", 1.0, nan, nan, nan, 1.0, 0.5, norm=0.0, size=4)
+    assert _zero(from_summaries) is None
+    assert _zero(from_values) == (True, False)

@@ -74,6 +74,10 @@ def _mutations() -> dict:
         "a dtype of a list": (["tensors", 0, "dtype"], [[1]]),
         "a noise beyond int64": (["per_update", 0, "weights", "0.bias", "noise"], 2**70),
         "a negative norm": (["per_update", 1, "grads", "0.bias", "norm"], -1.0),
+        # a weight's drift widens its noise: none below 0, none past the judge's sums
+        "a negative drift": (["per_update", 1, "weights", "0.bias", "drift"], -1.0),
+        "a drift a string": (["per_update", 1, "weights", "0.bias", "explained"], "1"),
+        "a drift past 1e300": (["per_update", 1, "weights", "0.weight", "drift"], 1e308),
         # accepted where a run manifest refuses them: true equals 1, the key reads str() of these
         "version true": (["format_version"], True),
         "dtype an object": (["environment", "dtype"], {}),

@@ -4,14 +4,17 @@ with the reference's (each its own random direction), as a long 16-bit run's do.
 size stands 10x the reference's at update HONEST (the honest paths' spread); the merged run's
 gradient spikes at update SPIKE. A spike within that spread passes with a note (and fails
 without the rule); one far beyond it, the same spike on paths that did not part, and a scale the
-merged run keeps from some update on still fail."""
+merged run keeps from some update on still fail. A golden file made from the baseline and
+its reference judges them alike (it keeps each gradient's size and the reference's)."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 
-from gradalign.judge import honest
+from gradalign.judge import golden, honest
 from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
 
@@ -58,7 +61,11 @@ def _judged(tmp_path, merged_sizes, parted: bool = True):
     merged = _run(tmp_path / "merged", ref, 2, K, merged_sizes, parted)
     base, merged = read_run_dir(base), read_run_dir(merged)
     ref = read_run_dir(tmp_path / "ref")
-    return tuple(compare(base, merged, reference=ref, streaming=s) for s in (None, False))
+    kept = json.loads(json.dumps(golden.build(base, ref)))  # as a golden file holds it
+    return (
+        *(compare(base, merged, reference=ref, streaming=s) for s in (None, False)),
+        golden.judge(kept, "golden.json", merged),
+    )
 
 
 def _spike(size: float) -> list[float]:
@@ -74,7 +81,7 @@ def _failing(result) -> list[int]:
 
 
 def test_a_spike_within_the_honest_paths_spread_passes_with_a_note(tmp_path):
-    for result in _judged(tmp_path, _spike(8.0)):  # streamed and whole tensors alike
+    for result in _judged(tmp_path, _spike(8.0)):  # streamed, whole tensors, a golden alike
         assert result.verdict == "pass", _failing(result)
         (note,) = _noted(result)
         assert note.startswith(f"update(s) {SPIKE}: the gradients of w ")

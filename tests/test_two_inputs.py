@@ -109,13 +109,15 @@ def test_two_tokens_over_the_slabs_stacked_pass(
     with momentum, K=4, clipped at 0.5) and 266102 (gpt-oss under float16 against a float32
     reference, ASGD, K=8): no two slabs held 90% of the fused experts' error, each rank one or
     two; stacked, 99.8% and 93% of it lay in two outer products. Without the stacked reading
-    each fails at its route, `unexplained`."""
+    each fails at its route, `unexplained`, in the layer's experts and router alone. (On an AMD
+    EPYC host run 266102's route failed layer 1's attention biases too, which no rule reads:
+    skipped there, an open false alarm, README.)"""
     pytest.importorskip("transformers")
     with one_thread():
         zoo.judge(tmp_path, model, optimizer, k, seed, None, updates=20, **options)
     _followed(
         tmp_path, monkeypatch, "gradalign.judge.kink_shape.stacked_inputs", update,
-        rf"update {update}: .*one input's share", lambda *a: 0.0,
+        rf"update {update}: .*one input's share", lambda *a: 0.0, within=".mlp.",
     )  # fmt: skip
 
 

@@ -4,10 +4,13 @@ run against one with the same machinery as `compare`.
 The losses are judged exactly as `compare` judges them (the golden keeps the window losses of the
 run and of its reference). Weights and gradients are judged from the summaries: the error is a
 lower bound on ||merged - golden|| (`runs.summaries.lower_bound`), the allowed bound `compare`'s
-less what `compare` reads from element values (the drift of noise-dominated elements and the
-excess it carries, a jump's excuse at a kink). A lower bound fails a run that `compare` would
-pass only where one of those is needed; what it cannot see (an error orthogonal to the kept
-directions) is reported as not checked.
+less the excuses `compare` reads from element values (a jump's at a kink). What the other rules
+need the golden keeps: each weight's drift (judge/drift.py: measured against the reference as
+`compare` measures it, so `build` accepts the reference `compare` accepts, and the noise widens
+as there), and each gradient's norm beside the merged run's and the reference's (gradients on
+parted paths are judged by their size: judge/parted_sizes.py). A lower bound fails a run that
+`compare` would pass only where such an excuse is needed; what it cannot see (an error
+orthogonal to the kept directions) is reported as not checked.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from ..runs.model import Run, Tensors
 from ..runs.summaries import SKETCH_SIZE, lower_bound, norm, summary
 from .compare import compare
 from .compatible import check_reference, check_reference_weights, reference_bound
+from .drift import Drift, widened
 from .metrics import TensorDiff, fit_ratio, fixed_allowed, noise_allowed
 from .results import Comparison, UpdateResult
+from .step_rules import stored_bits
 from .tolerances import Tolerances
 
 UNNAMED = ("grad-accum-dtype", "token-normalization", "clip-per-micro")
@@ -41,17 +46,25 @@ def build(run: Run, reference: Run | None) -> dict[str, Any]:
         raise BadInput(f"{run.source}: holds no updates, so there is nothing to keep as a golden")
     bound = check_reference(run, run, reference) if reference is not None else None
     init, ref_init = run.init_weights() or {}, reference.init_weights() if reference else None
+    # noise-dominated elements drift as `compare` measures them (against the reference alone)
+    drift = Drift(init, stored_bits(run)) if bound is not None and init else None
     per_update, names = [], [t.name for t in run.tensors]
     for i in range(run.updates):
         weights, grads = run.weights(i) or {}, run.grads(i) or {}
         ref_w = reference.weights(i) if reference is not None else None
         ref_g = reference.grads(i) if reference is not None else None
+        if drift is not None and ref_w is not None and weights:
+            drift.advance(grads or None, ref_g, weights, ref_w, first=i == 0)
         if ref_w is not None and bound is not None:
-            check_reference_weights(i, weights, ref_w, init, bound)
+            walked = drift.strayed if drift is not None else None
+            check_reference_weights(i, weights, ref_w, init, bound, walked)
+        kept_weights = _summaries(names, weights, ref_w, init, ref_init)
+        if drift is not None and ref_w is not None:
+            _keep_drift(kept_weights, drift)
         per_update.append(
             {
                 "update": i,
-                "weights": _summaries(names, weights, ref_w, init, ref_init),
+                "weights": kept_weights,
                 "grads": _summaries(names, grads, ref_g, None, None),
             }
         )
@@ -110,6 +123,20 @@ def _summaries(
     return found
 
 
+def _keep_drift(kept: dict[str, Any], drift: Drift) -> None:
+    """Each weight's drift allowance and what the other elements' gradient noise explains of its
+    distance from the reference (judge/drift.py), where not 0: `golden check` widens the noise
+    by the first as `compare` does, and accepts the noise within both."""
+    for name, item in kept.items():
+        if "noise" not in item:
+            continue
+        allowance, explained = drift.allowance(name), drift.explained.get(name, 0.0)
+        if allowance > 0:
+            item["drift"] = allowance
+        if explained > 0:
+            item["explained"] = explained
+
+
 def _series(run: Run, reference: Run | None) -> dict[str, list]:
     series: dict[str, list] = {"window_loss": [float(v) for v in run.window_losses()]}
     if reference is not None:
@@ -144,6 +171,8 @@ class _SummaryJudge:
                 start = self.start.get(name) if self.start is not None else None
                 kept = entry["weights"][name]
                 d, _ = self._judge(name, kept, weights[name], start, tol.weight_rtol, self.floor)
+                if d.noise is not None:  # as `compare` widens it (judge/drift.py)
+                    d = widened(d, kept.get("drift", 0.0), tol.noise_factor)
                 result.weights.append(d)
         kept_grads = entry.get("grads") or {}
         if grads is not None and kept_grads:
@@ -184,9 +213,19 @@ class _SummaryJudge:
             )
         nan = math.nan
         moved, noise = kept.get("moved"), kept.get("noise")
-        size = self.sizes.get(name)
+        size, norm = self.sizes.get(name), kept["norm"]  # ||b||, from the run's own values
+        sizes = (mine["norm"], center["norm"]) if rounding is not None else None  # ||m||, ||ref||
         diff = TensorDiff(
-            name, nan, nan, nan, nan, error, allowed, moved, noise, rounding=rounding, size=size
+            name,
+            *(nan, nan, nan, nan),
+            error,
+            allowed,
+            moved,
+            noise,
+            rounding=rounding,
+            norm=norm,
+            size=size,
+            sizes=sizes,
         )
         return diff, mine
 
@@ -238,9 +277,11 @@ _SLACK = 1e-6  # float64 rounding of norms and sketches summed over millions of 
 
 def check_noise(golden: dict[str, Any], base: Run, source: str) -> None:
     """Refuse a golden whose noise ||run - reference|| is more than `build` accepted: at every
-    update and weight within `reference_bound` of the distance the reference moved, and over all
-    gradients at update 0 (`check_first_gradients`). The noise widens every allowed bound; a
-    larger one (a hand edit, a merge) would pass what the golden's own run could not."""
+    update and weight within `reference_bound` of the distance the reference moved, plus the
+    weight's kept drift (`_keep_drift`), and over all gradients at update 0
+    (`check_first_gradients`). The noise widens every allowed bound; a larger one (a hand edit,
+    a merge) would pass what the golden's own run could not. The kept drift is trusted as the
+    reference's summaries are: a schema check bounds it, nothing recomputes it."""
     bound = reference_bound(base, base, f"reference of {source}")
     sizes = {t.name: math.prod(t.shape) for t in base.tensors}
     hint = "edited by hand? rewrite it with `gradalign golden write`"
@@ -250,6 +291,7 @@ def check_noise(golden: dict[str, Any], base: Run, source: str) -> None:
             scale = ref.get("moved", ref["norm"])
             limit = fixed_allowed(bound.rtol, scale, bound.atol, sizes[name])
             limit += bound.rounding(name, entry["update"]) * ref["norm"]
+            limit += kept.get("drift", 0.0) + kept.get("explained", 0.0)  # its noise's walk
             if not kept["noise"] <= limit + _SLACK * (ref["norm"] + kept["norm"]):
                 raise BadInput(
                     f"{source}: golden field 'per_update[{entry['update']}].weights.{name!r}"

@@ -32,6 +32,7 @@ def _number(value: Any) -> bool:
     return -(2**63) <= value < 2**63 if isinstance(value, int) else math.isfinite(value)
 
 
+DRIFTS = ("drift", "explained")  # optional in a weight's summary (judge/golden.py `_keep_drift`)
 # Summaries stay below this, so that the judge's sums and multiples of them (a noise times
 # noise_factor) stay finite: an allowed bound that overflowed to inf passed anything.
 LARGEST = 1e300
@@ -169,6 +170,9 @@ def _check_summary(item: Any, field: str, size: int, moved: bool, calibrated: bo
             what = f"must be a number from 0 to {LARGEST:g} (the golden has a reference)"
             raise bad(f"{field}.noise", what)
         _check_summary(item.get("reference"), f"{field}.reference", size, moved, False, bad)
+        for key in DRIFTS if moved else ():  # a weight's noise-dominated walk, where not 0
+            if key in item and not _size(item[key]):
+                raise bad(f"{field}.{key}", f"must be a number from 0 to {LARGEST:g}")
     _check_consistent(item, field, calibrated, bad)
 
 
