@@ -23,7 +23,7 @@ optimizers, the Recorder watching Muon), and transformers' Adafactor as the Trai
                                         [--clip 1.0] [--schedule] [--reference-none]
                                         [--width 1] [--penalty 1e-3] [--ks 2,4,8] [--uneven]
                                         [--device cuda] [--emulate-tf32 [all]] [--seconds S]
-                                        [--strict]
+                                        [--golden] [--strict]
                                         [--jsonl rows.jsonl]
 
 `--autocast` runs each forward under autocast (bfloat16, or float16 with a GradScaler);
@@ -73,7 +73,10 @@ A reference the judge refuses (exit 2) counts as a false alarm on a clean run, i
 row. A row's `norm` is how near the run came to failing the check "gradient norm" (it fails
 beyond 1; null without a reference). Exits 0 either way: a measurement, not a test; `--strict`
 exits 1 on any false alarm or bug not named first (a gate, as scripts/gpu_check.sh uses it).
-`--seconds S` starts no run after S seconds (the summary counts the runs made).
+`--seconds S` starts no run after S seconds (the summary counts the runs made). `--golden`
+judges each merged run against a golden file of its baseline and reference too
+(bench/zoo_golden.py): a golden verdict other than compare's counts as a false alarm or a miss,
+its codes stand in the row beside compare's.
 """
 
 from __future__ import annotations
@@ -97,12 +100,14 @@ from gradalign.judge.grad_norm import norm_excess
 
 try:
     from zoo_bugs import BUGS, round_grads, shuffled_blocks, times_k, unmet
+    from zoo_golden import golden_disagrees, golden_row
     from zoo_hf import HF_LANGUAGE_MODELS
     from zoo_models import CLASSES, MODELS, MORE_MODELS, NOT_EQUIVALENT, SEQ, VOCAB, build
     from zoo_optimizers import MORE_OPTIMIZERS, OPTIMIZERS
     from zoo_tf32 import emulate_tf32
 except ImportError:  # run as a module of the repository (tests): bench.zoo_hf, ...
     from bench.zoo_bugs import BUGS, round_grads, shuffled_blocks, times_k, unmet
+    from bench.zoo_golden import golden_disagrees, golden_row
     from bench.zoo_hf import HF_LANGUAGE_MODELS
     from bench.zoo_models import CLASSES, MODELS, MORE_MODELS, NOT_EQUIVALENT, SEQ, VOCAB, build
     from bench.zoo_optimizers import MORE_OPTIMIZERS, OPTIMIZERS
@@ -251,6 +256,7 @@ def judge(
     uneven: bool = False,
     device: str = "cpu",
     reference_dtype: str = "float64",
+    golden: bool = False,
 ) -> dict:
     loop = {"updates": updates, "clip": clip, "schedule": schedule, "width": width,
             "sketch": sketch, "penalty": penalty, "uneven": uneven, "device": device}  # fmt: skip
@@ -270,7 +276,8 @@ def judge(
     codes = [d.code for d in c.diagnosis if d.severity == "error"]
     first = next((r.update for r in c.results if not r.ok), None)
     norm = norm_excess(c.results)  # the whole-model gradient norm's check, over its allowed
-    return {"verdict": c.verdict, "codes": codes, "worst": worst, "first": first, "norm": norm}
+    row = {"verdict": c.verdict, "codes": codes, "worst": worst, "first": first, "norm": norm}
+    return {**row, **golden_row(root)} if golden else row
 
 
 def main() -> int:
@@ -340,6 +347,10 @@ def main() -> int:
         help="float32 convolutions (all: and linear maps) computed as a GPU's TF32 tensor cores "
         "do (bench/zoo_tf32.py)",
     )  # fmt: skip
+    parser.add_argument(
+        "--golden", action="store_true",
+        help="judge each merged run against a golden of its baseline too (bench/zoo_golden.py)",
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=math.inf, help="start no run after this")
     parser.add_argument("--strict", action="store_true", help="exit 1 on a false alarm or miss")
     args = parser.parse_args()
@@ -354,6 +365,9 @@ def main() -> int:
         parser.error(f"unknown optimizer(s): {', '.join(sorted(unknown))}")
     if unmet(args.bug, args):
         parser.error(unmet(args.bug, args))
+    if args.golden and (args.record == "sketch" or args.reference_none):
+        parser.error("--golden keeps full runs with their reference: not with --record sketch "
+                     "or --reference-none")  # fmt: skip
     if args.autocast == "float16" and args.device == "cpu" and "lstm" in models:
         parser.error("--autocast float16 on the CPU: oneDNN has no float16 LSTM; leave lstm out")
     ks = [int(k) for k in args.ks.split(",")]
@@ -377,7 +391,8 @@ def main() -> int:
                     "compute_dtype": args.compute_dtype, "bug_from": args.bug_from,
                     "width": args.width, "sketch": args.record == "sketch",
                     "penalty": args.penalty, "uneven": args.uneven,
-                    "device": args.device, "reference_dtype": args.reference_dtype}  # fmt: skip
+                    "device": args.device, "reference_dtype": args.reference_dtype,
+                    "golden": args.golden}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             expected = BUGS[args.bug] if args.bug is not None else NOT_EQUIVALENT.get(model)
             if expected is None and row["verdict"] != "pass":
@@ -386,6 +401,8 @@ def main() -> int:
                 alarms.append(row)  # missed, or named otherwise
             elif args.bug is not None and row["first"] is not None and row["first"] < args.bug_from:
                 alarms.append(row)  # failed before the bug began
+            elif golden_disagrees(row):
+                alarms.append(row)  # the golden passed what compare failed, or the reverse
             if row["verdict"] == "pass" and expected is None:  # a clean run's, not a miss's
                 worst = max(worst, row["worst"])
             else:

@@ -358,3 +358,39 @@ def test_a_run_directory_is_named_where_a_golden_is_expected(cli, small, tmp_pat
     broken.write_text('{"format": NaN}')
     one_line_error(cli("golden", "check", broken, merged), "NaN and Inf are refused")
     assert "whatever the verdict" in cli("golden", "check", "--help").out
+
+
+@pytest.fixture(scope="module")
+def clipped(tmp_path_factory) -> dict[float, dict[str, Path]]:
+    """Per clip_norm (one that never engages, one that engages), the golden of a clipped
+    baseline and the merged runs: clean and with each clip fault."""
+    found = {}
+    for clip in (1e6, 0.05):
+        root = tmp_path_factory.mktemp(f"clip-{clip:g}")
+        config = SMALL.replace(clip_norm=clip)
+        api.record_baseline(config, root / "baseline")
+        runs = {"golden": api.golden_write(root / "baseline", root / "golden")}
+        runs["clean"] = api.record_merged(config, root / "clean")
+        for fault in ("clip-every-micro", "clip-norm-over-k"):
+            runs[fault] = api.record_merged(config, root / fault, fault=fault)
+        found[clip] = runs
+    return found
+
+
+@pytest.mark.parametrize("clip", [1e6, 0.05], ids=["never-engages", "engages"])
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [("clip-every-micro", "clip-per-micro"), ("clip-norm-over-k", "clip-threshold")],
+)
+def test_a_golden_keeps_the_clips_and_names_their_bugs(clipped, clip, fault, code):
+    """The golden keeps the baseline's clip calls and thresholds per update: a merged run that
+    clips each partial sum, or at max_norm / K, is named as compare names it, also where no clip
+    engaged (the golden passed those: the norms it keeps agreed)."""
+    runs = clipped[clip]
+    assert api.golden_check(runs["golden"], runs["clean"]).comparison.verdict == "pass"
+    c = api.golden_check(runs["golden"], runs[fault]).comparison
+    assert c.verdict == "fail"
+    assert c.diagnosis[0].code == code, [(d.code, d.message[:80]) for d in c.diagnosis]
+    series = json.loads(runs["golden"].read_text())["series"]
+    assert series["clip_calls"] == [1] * SMALL.updates
+    assert series["clip_max_norm"] == [clip] * SMALL.updates

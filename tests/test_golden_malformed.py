@@ -85,6 +85,12 @@ def _mutations() -> dict:
         # read as int64 and judged "identical": 1.9 steps became 1
         "steps not whole": (["series", "optimizer_steps"], [1.9, 1, 1, 1]),
         "steps negative": (["series", "optimizer_steps"], [-1, 1, 1, 1]),
+        # a clip's bookkeeping: whole counts, thresholds from 0 or null
+        "clip calls negative": (["series", "clip_calls"], [1, -1, 1, 1]),
+        "clip calls not whole": (["series", "clip_calls"], [1, 1.5, 1, 1]),
+        "max_norm a string": (["series", "clip_max_norm"], ["1", None, 1.0, 1.0]),
+        "clip_value negative": (["series", "clip_value"], [-0.5, None, 0.5, 0.5]),
+        "thresholds too short": (["series", "clip_max_norm"], [1.0]),
     }
     return {
         name: (lambda d, p=path, v=value: set_path(d, p, v))

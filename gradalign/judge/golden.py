@@ -30,10 +30,11 @@ from .compatible import check_reference, check_reference_weights, reference_boun
 from .drift import Drift, widened
 from .metrics import TensorDiff, fit_ratio, fixed_allowed, noise_allowed
 from .results import Comparison, UpdateResult
+from .signatures.clipping import clip_calls
 from .step_rules import stored_bits
 from .tolerances import Tolerances
 
-UNNAMED = ("grad-accum-dtype", "token-normalization", "clip-per-micro")
+UNNAMED = ("grad-accum-dtype", "token-normalization", "penalty-not-scaled", "grad-not-cleared")
 _CONFIG_MAY_DIFFER = {"accum_steps", "device", "record", "snapshot_every"}
 
 
@@ -146,9 +147,13 @@ def _series(run: Run, reference: Run | None) -> dict[str, list]:
     if run.micro_data is not None:
         series["window_samples"] = [fmt.hex64(v) for v in run.window_sums(run.micro_data)]
     for key in fmt.SERIES:
-        values = getattr(run, key)
+        values = clip_calls(run) if key == "clip_calls" else getattr(run, key)
         if values is not None:
             series[key] = [v.item() for v in np.asarray(values)]
+    for key in fmt.THRESHOLDS:
+        values = getattr(run, key)
+        if values is not None and np.isfinite(values).any():
+            series[key] = [float(v) if math.isfinite(v) else None for v in values]
     return series
 
 

@@ -23,14 +23,14 @@ import numpy as np
 from ..errors import BadInput, shown, stated_version
 from ..paths import is_stream
 from . import jsonfile
-from .golden_schema import check_golden
+from .golden_schema import THRESHOLDS, check_golden
 from .layout import is_run_dir
 from .model import Run, TensorInfo
 
 FORMAT, VERSION = "gradalign-golden", 1
 MAX_BYTES = 64 << 20  # a golden is kilobytes; anything this large is not one
 CANDIDATE = ".candidate.json"  # a golden proposed by a failing check, beside its reports
-SERIES = ("lr", "optimizer_steps", "state_step", "loss_scale", "grad_norm_pre_clip")
+SERIES = ("lr", "optimizer_steps", "state_step", "loss_scale", "grad_norm_pre_clip", "clip_calls")
 
 
 def looks_golden(path: Path) -> bool:
@@ -152,7 +152,11 @@ def first_non_finite(value: Any, where: str = "") -> str | None:
 
 def _series(data: dict, key: str, dtype: type) -> np.ndarray | None:
     values = data["series"].get(key)
-    return None if values is None else np.asarray(values, dtype=dtype)
+    if values is None:
+        return None
+    if key in THRESHOLDS:  # null: no clip of that kind at that update
+        values = [math.nan if v is None else v for v in values]
+    return np.asarray(values, dtype=dtype)
 
 
 def as_runs(data: dict[str, Any], source: str) -> tuple[Run, Run | None]:
@@ -179,6 +183,9 @@ def as_runs(data: dict[str, Any], source: str) -> tuple[Run, Run | None]:
         state_step=_series(data, "state_step", np.int64),
         loss_scale=_series(data, "loss_scale", np.float64),
         grad_norm_pre_clip=_series(data, "grad_norm_pre_clip", np.float64),
+        clip_calls=_series(data, "clip_calls", np.int64),
+        clip_max_norm=_series(data, "clip_max_norm", np.float64),
+        clip_value=_series(data, "clip_value", np.float64),
         config=data["config"],
         environment=data["environment"],
         model_facts=data.get("model") or {},

@@ -21,7 +21,10 @@ NUMERIC_SERIES = (
     "loss_scale",
     "grad_norm_pre_clip",
 )
-COUNTS = {"optimizer_steps": 0, "state_step": -1}  # whole numbers, and the least each may be
+COUNTS = {"optimizer_steps": 0, "state_step": -1, "clip_calls": 0}  # whole, and the least each
+# per update a clip's threshold, null where the run called none (NaN in a run; a threshold of
+# inf, which clips nothing, is kept as null too: the judge compares finite thresholds alone)
+THRESHOLDS = ("clip_max_norm", "clip_value")
 
 
 def _number(value: Any) -> bool:
@@ -151,6 +154,10 @@ def _check_series(series: dict, n: int, bad) -> None:
         elif key in NUMERIC_SERIES:
             if not _numbers(values, n) or not all(abs(v) <= LARGEST for v in values):
                 raise bad(f"series.{key}", f"must be a list of {n} numbers within +-{LARGEST:g}")
+        elif key in THRESHOLDS:
+            ok = isinstance(values, list) and len(values) == n
+            if not ok or not all(v is None or _size(v) for v in values):
+                raise bad(f"series.{key}", f"must be a list of {n} numbers from 0 (or null)")
         else:
             raise bad(f"series.{shown(key)}", "is not a series gradalign knows")
 

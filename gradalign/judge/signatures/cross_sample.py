@@ -48,7 +48,12 @@ def cross_sample_gradient(c: Comparison) -> Diagnosis | None:
     when no accumulation bug's gradient shape fits, and only against a reference or in float32
     and float64, whose fixed tolerances stand a thousand times above an update-0 gradient's
     rounding (a 16-bit computation's do not: attention's key bias under bfloat16 autocast
-    fails them at update 0)."""
+    fails them at update 0). Not against a golden file: the shapes that name an accumulation
+    bug read the baseline's gradient values, which a golden does not keep, so that none fits
+    says nothing there (a sum kept in bfloat16, a penalty added at each micro-step: model zoo
+    runs 285300 were named so, `unexplained` now)."""
+    if c.baseline.kind == "golden":
+        return None
     calibrated = c.reference is not None or c.dtype in ("float32", "float64")
     first, _ = _cross_sample_start(c) if calibrated else (None, 0)
     failed = [d for d in first.grads if not d.ok] if first is not None else []
