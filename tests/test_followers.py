@@ -117,3 +117,24 @@ def test_a_golden_keeps_the_walk_and_judges_as_compare(runs, tmp_path):
     path.write_text(fmt.dumps(data))
     with pytest.raises(BadInput, match="more than a reference may stray"):
         golden.judge(fmt.load(path), str(path), runs["merged"])
+
+
+def test_a_golden_failing_after_drifted_weights_says_compare_can_tell():
+    """`compare` carries the excess merged weights took within their drift to later tensors,
+    from their real distance to the reference; a golden sees a lower bound of it. Where a golden
+    check fails `unexplained` after such weights passed, its note says so; not where a cause is
+    named, nor without a drift."""
+    from types import SimpleNamespace as Of
+
+    from gradalign.judge.golden import _drifted_before_failing
+
+    def judged(code: str, drift: float) -> Of:
+        weights = [Of(name="conv.bias", drift=drift, ok=True)]
+        results = [Of(update=0, ok=True, weights=weights), Of(update=1, ok=False, weights=[])]
+        return Of(results=results, diagnosis=[Of(code=code, severity="error")])
+
+    note = _drifted_before_failing(judged("unexplained", 0.01))
+    assert note.startswith("by update 1 the weights of conv.bias passed within their drift")
+    assert "compare against the baseline's run directory" in note
+    assert _drifted_before_failing(judged("loss-scale", 0.01)) == ""
+    assert _drifted_before_failing(judged("unexplained", 0.0)) == ""
