@@ -213,3 +213,22 @@ def test_a_golden_whose_numbers_overflow_the_judge_is_refused(cli, small, tmp_pa
     broken.write_text(json.dumps(data))
     result = cli("golden", "check", broken, small["no-loss-scale"])
     one_line_error(result, "per_update[1].weights", "from 0 to 1e+300")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_goldens_of_format_versions_1_and_2_are_read(cli, small, tmp_path, version):
+    """Version 2 added a weight's drift and the clips' series; a version 1 file (the fixture,
+    fixtures/golden/, among them) is read as it was. Version 3 is refused in one line."""
+    data = json.loads(small["golden"].read_text())
+    assert data["format_version"] == 2
+    data["format_version"] = version
+    for entry in data["per_update"] if version == 1 else []:
+        for item in entry["weights"].values():
+            item.pop("drift", None)
+            item.pop("explained", None)
+    older = tmp_path / "g.json"
+    older.write_text(json.dumps(data))
+    assert cli("golden", "check", older, small["merged"]).code == 0
+    data["format_version"] = 3
+    older.write_text(json.dumps(data))
+    one_line_error(cli("golden", "check", older, small["merged"]), "this gradalign reads 1 and 2")

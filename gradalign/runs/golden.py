@@ -27,7 +27,8 @@ from .golden_schema import THRESHOLDS, check_golden
 from .layout import is_run_dir
 from .model import Run, TensorInfo
 
-FORMAT, VERSION = "gradalign-golden", 1
+# version 2 keeps each weight's drift and the clips' series; a version 1 file reads as it was
+FORMAT, VERSION, READ = "gradalign-golden", 2, (1, 2)
 MAX_BYTES = 64 << 20  # a golden is kilobytes; anything this large is not one
 CANDIDATE = ".candidate.json"  # a golden proposed by a failing check, beside its reports
 SERIES = ("lr", "optimizer_steps", "state_step", "loss_scale", "grad_norm_pre_clip", "clip_calls")
@@ -115,9 +116,10 @@ def load(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BadInput(f'{path}: not a gradalign golden file (no "format": "{FORMAT}")')
     version = data.get("format_version")
-    if isinstance(version, bool) or version != VERSION:  # `true` equals 1 in Python
+    if isinstance(version, bool) or version not in READ:  # `true` equals 1 in Python
         raise BadInput(
-            f"{path}: the golden file {stated_version(version)}; this gradalign reads {VERSION}"
+            f"{path}: the golden file {stated_version(version)}; this gradalign reads "
+            + " and ".join(map(str, READ))
         )
     check_golden(data, str(path))
     bad = first_non_finite(data)
