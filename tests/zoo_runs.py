@@ -71,10 +71,13 @@ def _followed(
     alone (else this machine's rounding took another path: skipped, the numpy tests hold the
     logic on any machine); with it, both judges (`judges`: streaming or not) pass it, with a
     note `note` matches (`_passed`)."""
-    first, names = _first_failure_without(root, monkeypatch, follow, without, named=True)
-    if first != update:
-        pytest.skip(f"this machine's rounding took another path here (first failure: {first})")
-    others = sorted(n for n in names if within not in n)
+    first = _first_failing_without(root, monkeypatch, follow, without)
+    if first is None or first.update != update:
+        at = None if first is None else first.update
+        pytest.skip(f"this machine's rounding took another path here (first failure: {at})")
+    others = sorted(
+        d.name for d in (*first.weights, *first.grads) if not d.ok and within not in d.name
+    )
     if others:  # the event moved more than the rule reads, as it did not where it was seen
         pytest.skip(f"this machine's rounding failed {others[:3]} at update {update} too")
     _passed(root, note, judges)
@@ -101,19 +104,19 @@ def _followed_on_one_of(
     pytest.skip(f"this machine's rounding took another path on each of {[s[0] for s in seen]}")
 
 
-def _first_failure_without(root, monkeypatch, follow: str, without, named: bool = False):
-    """The first failing update without `follow` (None: none), and with `named` the names of
-    the tensors failing there."""
+def _first_failure_without(root, monkeypatch, follow: str, without) -> int | None:
+    """The first failing update without `follow` (None: none)."""
+    first = _first_failing_without(root, monkeypatch, follow, without)
+    return None if first is None else first.update
+
+
+def _first_failing_without(root, monkeypatch, follow: str, without):
+    """The first failing update's result without `follow` (None: none)."""
     target = follow if "." in follow else f"gradalign.judge.honest.{follow}"
     with monkeypatch.context() as m:
         m.setattr(target, without)
         c = _compare(root)
-    first = next((r for r in c.results if not r.ok), None)
-    update = first.update if first is not None else None
-    if not named:
-        return update
-    failing = {d.name for d in (*first.weights, *first.grads) if not d.ok} if first else set()
-    return update, failing
+    return next((r for r in c.results if not r.ok), None)
 
 
 def _passed(root, note: str, judges: tuple[bool, ...]) -> None:

@@ -98,6 +98,15 @@ def _init_check(base: Run, merged: Run) -> Check:
     return Check("initial weights", NOT_CHECKED, "not recorded by the source")
 
 
+def fingerprint_mismatches(base: Run, other: Run) -> np.ndarray | None:
+    """The tensors whose initial bit fingerprints differ; None where either run kept none, or
+    of another dtype (they say nothing: a float64 reference's)."""
+    mine, theirs = base.init_state, other.init_state
+    if mine is None or theirs is None or mine.dtype != theirs.dtype or base.dtype != other.dtype:
+        return None
+    return np.flatnonzero(mine != theirs)
+
+
 def sample_mismatches(base: Run, merged: Run) -> np.ndarray | None:
     """Updates whose window saw other samples than the baseline's batch (None: not recorded),
     among the updates whose windows line up."""

@@ -12,6 +12,7 @@ from ..errors import BadInput
 from ..runs.model import PRECISION_ORDER, Run, Tensors
 from ..runs.sketches import dot
 from ..runs.store import shape_of, slices
+from .checks import fingerprint_mismatches
 from .lengths import length_hint
 from .metrics import diff
 from .rerun import (
@@ -176,12 +177,8 @@ def _rounded(values: np.ndarray, dtype: str, rounded: np.ndarray) -> bool:
 
 def _same_fingerprints(base: Run, other: Run, what: str) -> None:
     """Without the initial tensors (a golden file), their bit fingerprints must agree."""
-    if base.init_state is None or other.init_state is None:
-        return
-    if base.init_state.dtype != other.init_state.dtype or base.dtype != other.dtype:
-        return  # fingerprints of another dtype say nothing (a float64 reference)
-    differ = np.flatnonzero(base.init_state != other.init_state)
-    if differ.size:
+    differ = fingerprint_mismatches(base, other)
+    if differ is not None and differ.size:
         raise BadInput(
             f"initial weights differ (the bit fingerprint of {base.tensors[differ[0]].name}): "
             f"the {what} did not start from the same model; use the same seed and initialisation"

@@ -25,6 +25,7 @@ COUNTS = {"optimizer_steps": 0, "state_step": -1, "clip_calls": 0}  # whole, and
 # per update a clip's threshold, null where the run called none (NaN in a run; a threshold of
 # inf, which clips nothing, is kept as null too: the judge compares finite thresholds alone)
 THRESHOLDS = ("clip_max_norm", "clip_value")
+DRIFTS = ("drift", "explained")  # optional in a weight's summary (judge/golden.py `_keep_drift`)
 
 
 def _number(value: Any) -> bool:
@@ -35,7 +36,6 @@ def _number(value: Any) -> bool:
     return -(2**63) <= value < 2**63 if isinstance(value, int) else math.isfinite(value)
 
 
-DRIFTS = ("drift", "explained")  # optional in a weight's summary (judge/golden.py `_keep_drift`)
 # Summaries stay below this, so that the judge's sums and multiples of them (a noise times
 # noise_factor) stay finite: an allowed bound that overflowed to inf passed anything.
 LARGEST = 1e300

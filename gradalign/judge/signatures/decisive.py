@@ -7,7 +7,7 @@ import numpy as np
 
 from ...runs.model import Run
 from ..bookkeeping import bad_alike
-from ..checks import sample_mismatches
+from ..checks import fingerprint_mismatches, sample_mismatches
 from ..results import Comparison, Diagnosis
 from ..window_sizes import CARRIED, CARRIED_FIX, UPDATE_FIRST_FIX, problems, update_first
 from .common import dropout_ran, finite
@@ -166,13 +166,11 @@ def same_start_shown(c: Comparison) -> bool:
 def _same_start(base: Run, merged: Run) -> bool:
     """Whether both runs recorded their initial weights (compared value by value before
     judging), or, against a golden file, the same bit fingerprints of them in one dtype
-    (`compatible._same_fingerprints` refused others)."""
+    (`checks.fingerprint_mismatches`; the judge refused others)."""
     if base.load_init_weights is not None and merged.load_init_weights is not None:
         return True
-    prints = base.init_state, merged.init_state
-    if prints[0] is None or prints[1] is None or base.dtype != merged.dtype:
-        return False
-    return bool(np.array_equal(*prints))
+    differ = fingerprint_mismatches(base, merged)
+    return differ is not None and not differ.size
 
 
 def steps_seen(c: Comparison) -> bool:
