@@ -56,7 +56,10 @@ def same_inputs(names: list[str], kinked: dict, grads: Pair) -> dict[str, Units]
         return {}
 
     def of_the_input(weight: str) -> bool:
-        """Whether a weight's error is one input's share, whole, of the jump's input."""
+        """Whether a weight's error is one input's share, whole, of the jump's input, or lies
+        in the two inputs a held weight's error holds (two tokens: `Pair.within_inputs`)."""
+        if any(grads.within_inputs(weight, w) for w in held if w != weight):
+            return True
         if not grads.one_input(weight, few=True):
             return False
         return any(grads.same_input(weight, w) for w in held) or any(

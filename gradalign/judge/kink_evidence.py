@@ -46,7 +46,7 @@ class Whole(TensorPair):
 
     def __init__(self, first: Tensors, second: Tensors, before: Tensors | None = None) -> None:
         self.first, self.second, self.before = first, second, before
-        self._made_sums = {}
+        self._made_sums, self._among = {}, {}
 
     def shape(self, name: str) -> tuple[int, ...]:
         return shape_of(self.second, name)
@@ -94,7 +94,7 @@ class Sketched(TensorPair):
         self.shapes = {t.name: tuple(t.shape) for t in runs[1].tensors}
         self._sums: dict[tuple[str, Callable], tuple | None] = {}
         self._files: list[Tensors | None] | None = None  # each run's sketch file, read once
-        self._made_sums = {}
+        self._made_sums, self._among = {}, {}
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.shapes.get(name, self.second[name].vector.shape)

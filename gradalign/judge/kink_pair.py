@@ -14,7 +14,10 @@ from ..runs.grid_sums import grid_sums, has_slabs, hashed_ones, hashed_rows, sla
 from ..runs.unit_sums import has_units
 from .kink_shape import (
     JUMP_ROWS,
+    JUMP_SHARE,
     KINK_UNITS,
+    ONE_INPUT,
+    WHOLE,
     Units,
     along_input,
     fused_experts,
@@ -22,7 +25,10 @@ from .kink_shape import (
     one_input,
     same_input,
     slab_input,
+    uniform_energy,
 )
+from .siblings import sibling_groups
+from .two_inputs import member_in_stack, two_components, within_inputs
 
 GRID, SLABS = "grid", "slabs"  # how `TensorPair._ranked` read a rank where no values were kept
 # A rank is read from a tensor's values up to this many elements (a 2048 x 2048 matrix); past
@@ -42,6 +48,7 @@ class TensorPair:
     before: Mapping | None
     counted: frozenset[str] = frozenset()  # tensors no kink is read in (`counted_per_batch`)
     _made_sums: dict[tuple[str, Callable], tuple | None]  # `_made`'s, by tensor and maker
+    _among: dict[str, tuple[str, ...]]  # `_among_siblings`'s groups, by tensor read so
 
     def units(
         self, name: str, most: int | None = None, of_rows: float = JUMP_ROWS, rest: float = math.inf
@@ -75,7 +82,72 @@ class TensorPair:
             return None
         shape = self.shape(name)
         ones = {None: None, GRID: hashed_ones, SLABS: slab_ones}[both[1]]
-        return one_input(*both[0], rest, few, None if ones is None else ones(shape))
+        read = one_input(*both[0], rest, few, None if ones is None else ones(shape))
+        return read or self._among_siblings(name, rest)
+
+    def _among_siblings(self, name: str, rest: float) -> Units | None:
+        """The tensor's error as two inputs' shares read across the same-role tensors it
+        stands among (judge/siblings.py: experts held as separate modules), stacked as fused
+        experts' slabs are: JUMP_SHARE of the group's error in two outer products, and of the
+        tensor's own in their span, its rest within `rest`; one input's share read whole. Read
+        from the group's values up to RANK_ELEMENTS in all, else from their grid sums (the same
+        signs for tensors of one shape: their inputs hash alike)."""
+        shape, own = self.shape(name), self._ranked(name)
+        if len(shape) < 2 or own is None or not fused_experts((2, shape[0], math.prod(shape[1:]))):
+            return None
+        a, b = own[0]
+        err = (np.asarray(a, np.float64) - np.asarray(b, np.float64)).reshape(len(a), -1)
+        if two_components(err) < JUMP_SHARE * float(np.vdot(err, err)):
+            return None  # its error is not in two outer products: no group's reading can hold it
+        for group in sibling_groups(name, self.names(), self.shape):
+            if any(member in self.counted for member in group):
+                continue
+            pairs, ones = None, None
+            if len(group) * math.prod(shape) <= RANK_ELEMENTS:
+                pairs = [self._whole(member) for member in group]
+            if pairs is None or any(pair is None for pair in pairs):
+                pairs, ones = [self._grids(member) for member in group], hashed_ones(shape)
+            if any(pair is None for pair in pairs):
+                continue
+            errors = [
+                (np.asarray(a, np.float64) - np.asarray(b, np.float64)).reshape(len(a), -1)
+                for a, b in pairs
+            ]
+            if self._stacked_share(errors, group.index(name), rest, ones):
+                self._among[name] = tuple(group)
+                return ONE_INPUT, WHOLE
+        return None
+
+    def stacked_among(self, name: str) -> tuple[str, ...]:
+        """The same-role tensors among which `one_input` read the tensor's error as two inputs'
+        shares (`_among_siblings`), for a note; () where it read the tensor alone."""
+        return self._among.get(name, ())
+
+    @staticmethod
+    def _stacked_share(errors: list, index: int, rest: float, ones: tuple | None) -> bool:
+        """Whether member `index` of same-role errors holds two inputs' shares of the group's
+        (`_among_siblings`): no uniform offset (`kink_shape.uniform_energy`, `ones` as there)."""
+        found, total, own = member_in_stack(errors, index)
+        mine = float(np.vdot(errors[index], errors[index]))
+        if not (math.isfinite(total) and mine > 0 and found >= JUMP_SHARE * total):
+            return False
+        if own < JUMP_SHARE * mine or math.sqrt(max(mine - own, 0.0)) > rest:
+            return False
+        return uniform_energy(errors[index], ones) < JUMP_SHARE * mine
+
+    def within_inputs(self, name: str, other: str) -> bool:
+        """Whether a weight's error lies in the two inputs whose shares another's holds
+        (`two_inputs.within_inputs`: a router's beside experts', two tokens routed otherwise),
+        from both runs' values or grid sums (inputs hashed alike where as many)."""
+        columns = [math.prod(self.shape(n)[1:]) for n in (name, other)]
+        both = self._ranked(name, other)
+        if both is None or columns[0] != columns[1]:
+            return False
+        first, second = (
+            (np.asarray(a, np.float64) - np.asarray(b, np.float64)).reshape(len(a), -1)
+            for a, b in both[0]
+        )
+        return within_inputs(first, second, JUMP_SHARE)
 
     def along_input(self, bias: str, weight: str) -> bool:
         """Whether the bias's error is the same inputs' share as its weight's rank-one error

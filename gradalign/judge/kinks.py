@@ -217,6 +217,12 @@ def _jump_note(
     axis, held = kinked[worst.name]
     if worst.name in joined:
         where = f"one input's share of {worst.name} (as a weight beside it holds, rank one)"
+    elif axis == ONE_INPUT and grads.stacked_among(worst.name):
+        where = (
+            f"two inputs' shares of {worst.name} ({JUMP_SHARE:.0%} of the error of it and of "
+            f"{', '.join(n for n in grads.stacked_among(worst.name) if n != worst.name)}, "
+            f"same-role tensors stacked, in two outer products{grads.rank_read(worst.name)})"
+        )
     elif axis == ONE_INPUT:
         where = f"one input's share of {worst.name} ({JUMP_SHARE:.0%} of the error"
         where += (

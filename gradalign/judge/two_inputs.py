@@ -43,13 +43,8 @@ def in_span(line: np.ndarray, matrix: np.ndarray, share: float, right_only: bool
     """Whether `share` of `line`'s energy lies in the span of `matrix`'s first two singular
     components on either side (`right_only`: its right side, as hashed grids compare), where
     its shape allows: a router's input among two tokens'."""
-    total = float(line @ line)
-    if not (math.isfinite(total) and total > 0):
-        return False
-    _, left, right = _top_two(matrix)
-    sides = (right,) if right_only else (left, right)
-    spans = [basis for basis in sides if basis.shape[0] == line.shape[0]]
-    return any(float(np.sum((basis.T @ line) ** 2)) >= share * total for basis in spans)
+    shares = span_shares(line, matrix)
+    return shares[1] >= share or (not right_only and shares[0] >= share)
 
 
 def _top_two(matrix: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -75,3 +70,69 @@ def _top_two(matrix: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         top, found = energy, (energy, left, right)
         right, _ = np.linalg.qr(m.T @ left)
     return found
+
+
+def member_in_stack(errors: list[np.ndarray], index: int) -> tuple[float, float, float]:
+    """Same-role tensors' errors (`errors`: each rows x columns, one shape) stacked as fused
+    experts' slabs are (`stacked_inputs`): the energy their best stacking holds in SPAN outer
+    products, the stack's whole energy, and the energy of member `index`'s error in that
+    stacking's span (its inputs on the right where stacked row on row, its δ on the left where
+    side by side)."""
+    slabs = np.stack([np.asarray(e, dtype=np.float64) for e in errors])
+    experts, rows, columns = slabs.shape
+    by_rows = _top_two(slabs.reshape(experts * rows, columns))
+    by_columns = _top_two(slabs.transpose(1, 0, 2).reshape(rows, experts * columns))
+    member = slabs[index]
+    if by_rows[0] >= by_columns[0]:
+        energy, inside = by_rows[0], member @ by_rows[2]
+    else:
+        energy, inside = by_columns[0], by_columns[1].T @ member
+    return energy, float(np.vdot(slabs, slabs)), float(np.vdot(inside, inside))
+
+
+def span_shares(line: np.ndarray, matrix: np.ndarray) -> tuple[float, float]:
+    """The shares of `line`'s energy in the spans of `matrix`'s first SPAN singular components,
+    on its left side (a bias's error in its weight's δ) and on its right (an input); 0 on a side
+    of another length, or where `line` holds no finite energy."""
+    total = float(line @ line)
+    if not (math.isfinite(total) and total > 0):
+        return 0.0, 0.0
+    _, left, right = _top_two(matrix)
+    return tuple(  # type: ignore[return-value]
+        float(np.sum((basis.T @ line) ** 2)) / total if basis.shape[0] == line.shape[0] else 0.0
+        for basis in (left, right)
+    )
+
+
+def two_components(matrix: np.ndarray) -> float:
+    """The energy of a matrix's first SPAN singular components (a bound from below)."""
+    return _top_two(matrix)[0]
+
+
+def within_inputs(first: np.ndarray, second: np.ndarray, share: float) -> bool:
+    """Whether `share` of matrix `first`'s error energy lies in the inputs of `second`'s, where
+    `second`'s error is two inputs' shares, not one (`share` of it in SPAN outer products, less
+    in one): the span of its first SPAN right singular vectors. A router's gradient is Σ
+    (∂ℓ/∂logits_t) x_tᵀ: two tokens routed otherwise move it in their two inputs, rank one or
+    two, where they move the experts' first layers (model zoo run 285856: 0.997 of the router's
+    error in an expert's two inputs)."""
+    a, b = (np.asarray(m, dtype=np.float64) for m in (first, second))
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        return False
+    whole, mine = float(np.vdot(b, b)), float(np.vdot(a, a))
+    if not (math.isfinite(whole) and whole > 0 and math.isfinite(mine) and mine > 0):
+        return False
+    energy, _, right = _top_two(b)
+    if energy < share * whole or _first_energy(b) >= share * whole:
+        return False
+    inside = a @ right
+    return float(np.vdot(inside, inside)) >= share * mine
+
+
+def _first_energy(matrix: np.ndarray) -> float:
+    """The energy of a matrix's first singular component, from its two (`_top_two`)."""
+    _, _, right = _top_two(matrix)
+    if right.shape[1] < 1:
+        return 0.0
+    image = matrix @ right
+    return float(np.linalg.svd(image, compute_uv=False)[0] ** 2)
