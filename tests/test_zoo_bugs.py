@@ -1,10 +1,14 @@
 """Bugs the model zoo injects (bench/zoo_bugs.py) that were named otherwise, each on the run
 that showed it: a penalty counted K times beside bfloat16's noise, with a float32 reference and
-without one, and gradients cleared at every micro-step once the runs had parted."""
+without one, and under a clip that engaged; zero_grad() counted inside the window beside a
+penalty's fit; and gradients cleared at every micro-step once the runs had parted."""
 
 from __future__ import annotations
 
 import pytest
+
+from gradalign import api
+from gradalign.judge.signatures import accumulation
 
 from .frameworks import require
 from .test_zoo_gate import _zoo
@@ -33,6 +37,45 @@ def test_a_penalty_counted_k_times_is_named_beside_bfloat16_noise(
         **BF16, **loop,
     )  # fmt: skip
     assert row["codes"][:1] == ["penalty-not-scaled"], row
+
+
+def test_a_penalty_counted_k_times_under_a_clip_that_engaged_is_named(tmp_path, monkeypatch):
+    """Model zoo run 286002 (`--bug penalty-every-micro --bug-from 2 --penalty 0.001 --clip 1.0
+    --schedule`, a convolutional text model under RMSprop, K=8): the clip engaged in both runs
+    (norms 1.17 and 1.23 before it), scaling each gradient by its own factor, so the stepped
+    gradients' difference was 1% a multiple of the weights and `unexplained`. Read before each
+    run's clip (`clipping.undo_clip`) it is 100% 0.014 times the weights: 2·(K−1)·0.001."""
+    row = _one_thread_judge(
+        tmp_path / "bug", "convtext", "rmsprop", 8, 286002, "penalty-every-micro", bug_from=2,
+        penalty=1e-3, clip=1.0, schedule=True,
+    )  # fmt: skip
+    assert row["codes"][:1] == ["penalty-not-scaled"], row
+    c = api.compare(tmp_path / "bug" / "base", tmp_path / "bug" / "merged")
+    named = c.diagnosis[0]
+    assert "before its clip" in named.message
+    fitted = named.evidence["gradient_minus_baseline_over_weights"]
+    assert all(abs(a / (2 * 7 * 1e-3) - 1) < 1e-3 for a in fitted.values()), fitted
+    monkeypatch.setattr(accumulation, "undo_clip", lambda *a: 1.0)
+    again = api.compare(tmp_path / "bug" / "base", tmp_path / "bug" / "merged")
+    assert [d.code for d in again.diagnosis if d.severity == "error"] == ["unexplained"]
+
+
+def test_zero_grad_counted_inside_the_window_is_named_before_a_penalty_s_fit(tmp_path):
+    """Model zoo run 286109 (`--bug zero-grad-every-micro --bug-from 2 --penalty 0.001 --clip
+    1.0 --schedule --autocast bfloat16`, transformers' BERT under AdamW, K=4): the Recorder
+    counted zero_grad() 3 times inside each window from update 2, and the penalty's fit, read
+    in units of each gradient's noise, explained 99.5% of the difference as a negative multiple
+    of the weights, said as the penalty counted K times "by -0.0015 times the weights". The
+    count is named first, and the fit, asked alone, says the penalty falls short."""
+    row = _one_thread_judge(
+        tmp_path / "bug", "hf-bert", "adamw-wd", 4, 286109, "zero-grad-every-micro", bug_from=2,
+        penalty=1e-3, clip=1.0, **BF16,
+    )  # fmt: skip
+    assert row["codes"][:1] == ["zero-grad-in-window"], row
+    c = api.compare(tmp_path / "bug" / "base", tmp_path / "bug" / "merged")
+    r = next(r for r in c.results if not r.ok)
+    read = accumulation.penalty_not_scaled(c, r)
+    assert read is None or "exceeds the baseline's by -" not in read.message, read
 
 
 def test_gradients_cleared_inside_the_window_are_not_read_as_carried(tmp_path):

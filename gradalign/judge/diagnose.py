@@ -69,9 +69,11 @@ BESIDE_SHAPES = {"batchnorm", "cross-sample-loss", "dropout-rng", "loss-averagin
 BEFORE_ANY_STEP = {"optimizer-settings", "lr-scaled", "lr-schedule"}
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_accum_dtype,
+    # counted by the Recorder: before the shapes that only fit (a bfloat16 BERT clearing every
+    # micro-step beside a clip and a penalty read as a penalty counted too little, zoo run 286109)
+    sig.zero_grad_counted,
     sig.grad_not_cleared,
     sig.penalty_not_scaled,
-    sig.zero_grad_counted,  # counted by the Recorder: before the shapes that only fit ratios
     sig.clip_before_unscale,
     sig.clip_per_micro_counted,
     sig.clip_threshold,

@@ -45,12 +45,19 @@ def unclipped(c: Comparison, r: UpdateResult) -> float:
     before clipping: a clip that engaged scaled a run's whole gradient by its norm after over
     its norm before, so undoing it multiplies the ratio by (pre/post merged) / (pre/post
     baseline). 1 where neither run's clip engaged."""
-    undo = []
-    for run in (c.baseline, c.merged):
-        clipped, after = clip_state(c, run, r.update)
-        before = run.grad_norm_pre_clip[r.update] if run.grad_norm_pre_clip is not None else None
-        undo.append(float(before / after) if clipped and after and before else 1.0)
-    factor = undo[1] / undo[0]
+    factor = undo_clip(c, c.merged, r.update) / undo_clip(c, c.baseline, r.update)
+    return factor if math.isfinite(factor) and factor > 0 else 1.0
+
+
+def undo_clip(c: Comparison, run: Run, update: int) -> float:
+    """What turns a run's stepped gradient at `update` back into its gradient before clipping:
+    its norm before over its norm after, where its clip engaged; 1 where it did not (or where
+    the norms are not finite and positive)."""
+    clipped, after = clip_state(c, run, update)
+    before = run.grad_norm_pre_clip[update] if run.grad_norm_pre_clip is not None else None
+    if not (clipped and after and before):
+        return 1.0
+    factor = float(before / after)
     return factor if math.isfinite(factor) and factor > 0 else 1.0
 
 
