@@ -92,14 +92,19 @@ class TensorPair:
         tensor's own in their span, its rest within `rest`; one input's share read whole. Read
         from the group's values up to RANK_ELEMENTS in all, else from their grid sums (the same
         signs for tensors of one shape: their inputs hash alike)."""
-        shape, own = self.shape(name), self._ranked(name)
-        if len(shape) < 2 or own is None or not fused_experts((2, shape[0], math.prod(shape[1:]))):
+        shape = self.shape(name)
+        if len(shape) < 2 or not fused_experts((2, shape[0], math.prod(shape[1:]))):
+            return None
+        groups, own = sibling_groups(name, self.names(), self.shape), None
+        if groups:
+            own = self._ranked(name)
+        if own is None:
             return None
         a, b = own[0]
         err = (np.asarray(a, np.float64) - np.asarray(b, np.float64)).reshape(len(a), -1)
         if two_components(err) < JUMP_SHARE * float(np.vdot(err, err)):
             return None  # its error is not in two outer products: no group's reading can hold it
-        for group in sibling_groups(name, self.names(), self.shape):
+        for group in groups:
             if any(member in self.counted for member in group):
                 continue
             pairs, ones = None, None
