@@ -5,7 +5,9 @@ inputs x_A, x_B on the input side (a first layer's `gate_up_proj`), the same two
 output side (a second layer's `down_proj`, whose inputs are each expert's own activations).
 Stacked one after another on that side, the slabs hold their error in two outer products,
 however many slabs the tokens reached. A bug spreads over a micro-batch's many inputs, in every
-slab its tokens reach.
+slab its tokens reach. Experts held as separate modules are stacked alike (`member_in_stack`,
+judge/siblings.py names them), and beside them a router's error lies in the two inputs
+(`within_inputs`) and a bias's in its weight's two δ (`span_shares`).
 
 Model zoo runs 266511 (transformers' Qwen2-MoE at width 2 under float16 autocast, SGD with
 momentum, K=8) and 266083 (Mixtral under float16 against a float32 reference, Adadelta, K=4):
