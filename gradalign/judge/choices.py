@@ -134,9 +134,11 @@ def anchors(r: UpdateResult, grads: Pair, factor: float) -> dict[str, Units]:
     near = [d.name for d in r.grads if d.ok and d.noise and d.error > factor * d.noise]
     found = {name: grads.one_input(name) for name in near if name in grads}
     for d in r.grads:  # fused experts' slabs between half the multiple and the multiple
-        if d.ok and d.noise and factor * d.noise >= d.error > factor / 2 * d.noise:
-            units = grads.one_input(d.name) if d.name in grads else None
-            if fused_experts(grads.shape(d.name)) and units and units[1] != WHOLE:
+        if not (d.ok and d.noise and factor * d.noise >= d.error > factor / 2 * d.noise):
+            continue
+        if d.name in grads and fused_experts(grads.shape(d.name)):
+            units = grads.one_input(d.name)
+            if units and units[1] != WHOLE:
                 found[d.name] = units
     held = {name: units for name, units in found.items() if units and units[0] == ONE_INPUT}
     return {**held, **same_inputs([name for name in near if name not in held], held, grads)}
