@@ -138,7 +138,7 @@ def anchors(r: UpdateResult, grads: Pair, factor: float) -> dict[str, Units]:
             continue
         if d.name in grads and fused_experts(grads.shape(d.name)):
             units = grads.one_input(d.name)
-            if units and units[1] != WHOLE:
+            if units and units[1] != WHOLE and len(units[1]) <= ONE_INPUT_SLABS:
                 found[d.name] = units
     held = {name: units for name, units in found.items() if units and units[0] == ONE_INPUT}
     return {**held, **same_inputs([name for name in near if name not in held], held, grads)}
