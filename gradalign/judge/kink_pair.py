@@ -100,8 +100,7 @@ class TensorPair:
             own = self._ranked(name)
         if own is None:
             return None
-        a, b = own[0]
-        err = (np.asarray(a, np.float64) - np.asarray(b, np.float64)).reshape(len(a), -1)
+        err = _error(own[0])
         if two_components(err) < JUMP_SHARE * float(np.vdot(err, err)):
             return None  # its error is not in two outer products: no group's reading can hold it
         for group in groups:
@@ -114,10 +113,7 @@ class TensorPair:
                 pairs, ones = [self._grids(member) for member in group], hashed_ones(shape)
             if any(pair is None for pair in pairs):
                 continue
-            errors = [
-                (np.asarray(a, np.float64) - np.asarray(b, np.float64)).reshape(len(a), -1)
-                for a, b in pairs
-            ]
+            errors = [_error(pair) for pair in pairs]
             if self._stacked_share(errors, group.index(name), rest, ones):
                 self._among[name] = tuple(group)
                 return ONE_INPUT, WHOLE
@@ -148,11 +144,7 @@ class TensorPair:
         both = self._ranked(name, other)
         if both is None or columns[0] != columns[1]:
             return False
-        first, second = (
-            (np.asarray(a, np.float64) - np.asarray(b, np.float64)).reshape(len(a), -1)
-            for a, b in both[0]
-        )
-        return within_inputs(first, second, JUMP_SHARE)
+        return within_inputs(*(_error(pair) for pair in both[0]), JUMP_SHARE)
 
     def along_input(self, bias: str, weight: str) -> bool:
         """Whether the bias's error is the same inputs' share as its weight's rank-one error
@@ -253,3 +245,9 @@ class TensorPair:
     def scalable(self, name: str) -> bool:
         """Whether `scale` can answer for this tensor."""
         return name in self.second and (self.before is None or name in self.before)
+
+
+def _error(pair: tuple) -> np.ndarray:
+    """A pair's error (first − second) in float64, its trailing axes flattened: a matrix."""
+    first, second = pair
+    return (np.asarray(first, np.float64) - np.asarray(second, np.float64)).reshape(len(first), -1)

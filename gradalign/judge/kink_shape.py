@@ -11,7 +11,7 @@ import numpy as np
 from ..runs.model import Tensors
 from ..runs.store import slices
 from ..runs.unit_sums import BLOCK
-from .two_inputs import SPAN, in_span, span_shares, stacked_inputs, two_components
+from .two_inputs import SPAN, delta_share, in_span, stacked_inputs
 
 JUMP_SHARE = 0.9  # a kink's jump holds this share of its error ...
 # ... in the energies unit sums estimate, this share: each unit's estimate is its energy times a
@@ -196,9 +196,10 @@ def along_input(weight: tuple[np.ndarray, np.ndarray], bias: tuple[np.ndarray, n
     if err.ndim != 2 or off.shape != err.shape[:1]:
         return False
     top, left, _ = _first_component(err)
-    total = float(np.vdot(err, err))
-    if top < JUMP_SHARE * total and two_components(err) >= JUMP_SHARE * total:
-        return span_shares(off, err)[0] >= JUMP_SHARE  # two inputs' δ (judge/two_inputs.py)
+    if top < JUMP_SHARE * float(np.vdot(err, err)):
+        two = delta_share(off, err, JUMP_SHARE)  # two inputs' δ (judge/two_inputs.py)
+        if two is not None:
+            return two >= JUMP_SHARE
     return _along(left, off)
 
 

@@ -7,7 +7,7 @@ Stacked one after another on that side, the slabs hold their error in two outer 
 however many slabs the tokens reached. A bug spreads over a micro-batch's many inputs, in every
 slab its tokens reach. Experts held as separate modules are stacked alike (`member_in_stack`,
 judge/siblings.py names them), and beside them a router's error lies in the two inputs
-(`within_inputs`) and a bias's in its weight's two δ (`span_shares`).
+(`within_inputs`) and a bias's in its weight's two δ (`delta_share`).
 
 Model zoo runs 266511 (transformers' Qwen2-MoE at width 2 under float16 autocast, SGD with
 momentum, K=8) and 266083 (Mixtral under float16 against a float32 reference, Adadelta, K=4):
@@ -111,6 +111,19 @@ def two_components(matrix: np.ndarray) -> float:
     return _top_two(matrix)[0]
 
 
+def delta_share(line: np.ndarray, matrix: np.ndarray, share: float) -> float | None:
+    """Where `share` of `matrix`'s energy lies in its first SPAN singular components (two
+    inputs' shares of a weight's error), the share of `line` (its bias's error) in their left
+    span, their two δ; None where they hold less."""
+    energy, left, _ = _top_two(matrix)
+    if energy < share * float(np.vdot(matrix, matrix)):
+        return None
+    total = float(line @ line)
+    if not (math.isfinite(total) and total > 0) or left.shape[0] != line.shape[0]:
+        return 0.0
+    return float(np.sum((left.T @ line) ** 2)) / total
+
+
 def within_inputs(first: np.ndarray, second: np.ndarray, share: float) -> bool:
     """Whether `share` of matrix `first`'s error energy lies in the inputs of `second`'s, where
     `second`'s error is two inputs' shares, not one (`share` of it in SPAN outer products, less
@@ -125,16 +138,9 @@ def within_inputs(first: np.ndarray, second: np.ndarray, share: float) -> bool:
     if not (math.isfinite(whole) and whole > 0 and math.isfinite(mine) and mine > 0):
         return False
     energy, _, right = _top_two(b)
-    if energy < share * whole or _first_energy(b) >= share * whole:
+    # the first component's energy, read in the two's span: σ₁ of b's image there
+    first = float(np.linalg.svd(b @ right, compute_uv=False)[0] ** 2) if right.shape[1] else 0.0
+    if energy < share * whole or first >= share * whole:
         return False
     inside = a @ right
     return float(np.vdot(inside, inside)) >= share * mine
-
-
-def _first_energy(matrix: np.ndarray) -> float:
-    """The energy of a matrix's first singular component, from its two (`_top_two`)."""
-    _, _, right = _top_two(matrix)
-    if right.shape[1] < 1:
-        return 0.0
-    image = matrix @ right
-    return float(np.linalg.svd(image, compute_uv=False)[0] ** 2)
