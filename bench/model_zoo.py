@@ -129,7 +129,8 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     `record="sketch"`: full files at the first and last update, sketches between), penalty=λ
     (λ·Σw² over every parameter added to each micro-batch's loss), uneven=True (micro-batches
     of unequal sizes, `window_sizes`, each loss weighted by its share of the batch and recorded
-    with its item count), device="cuda" (the model, the data and the training there)."""
+    with its item count), device="cuda" (the model, the data and the training there),
+    init_scale=S (the GradScaler's first scale; default 65536, its own)."""
     updates = options.get("updates", UPDATES)
     device = torch.device(options.get("device", "cpu"))
     autocast = None if options.get("float64") else options.get("autocast")
@@ -138,7 +139,8 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     net = build(model, options.get("width", 1))
     net = (net.double() if options.get("float64") else net).to(device)
     opt = {**OPTIMIZERS, **MORE_OPTIMIZERS}[optimizer](net.parameters())
-    scaler = torch.amp.GradScaler(device.type) if autocast == "float16" else None
+    init_scale = options.get("init_scale", 2.0**16)  # GradScaler's own default
+    scaler = torch.amp.GradScaler(device.type, init_scale) if autocast == "float16" else None
     if scaler is not None and not isinstance(opt, torch.optim.Optimizer):
         raise SystemExit(f"{optimizer}: two optimizers, no GradScaler here")
     warm, clip = 2, options.get("clip")
@@ -257,10 +259,11 @@ def judge(
     device: str = "cpu",
     reference_dtype: str = "float64",
     golden: bool = False,
+    init_scale: float = 2.0**16,
 ) -> dict:
     loop = {"updates": updates, "clip": clip, "schedule": schedule, "width": width,
             "sketch": sketch, "penalty": penalty, "uneven": uneven, "device": device}  # fmt: skip
-    both = {**loop, "autocast": autocast, "compute_dtype": compute_dtype}
+    both = {**loop, "autocast": autocast, "compute_dtype": compute_dtype, "init_scale": init_scale}
     record(root / "base", model, optimizer, 1, seed, reference="../ref", **both)
     skips = gradalign.skipped_updates(root / "base")  # where its GradScaler skipped the step
     float64 = reference_dtype == "float64"  # else float32, without autocast
@@ -310,6 +313,11 @@ def main() -> int:
     parser.add_argument(
         "--penalty", type=float, default=0.0, help="add λ·Σw² (this λ) to every micro loss"
     )
+    parser.add_argument(
+        "--init-scale", type=float, default=2.0**16,
+        help="float16's GradScaler starts at this scale (default 65536, its own; a loss summed "
+        "in float32, as a penalty makes it, can overflow at K=1 where K>1 does not)",
+    )  # fmt: skip
     parser.add_argument("--schedule", action="store_true", help="warmup and cosine decay")
     parser.add_argument(
         "--reference-none", action="store_true", help="judge by the fixed tolerances alone"
@@ -392,7 +400,7 @@ def main() -> int:
                     "width": args.width, "sketch": args.record == "sketch",
                     "penalty": args.penalty, "uneven": args.uneven,
                     "device": args.device, "reference_dtype": args.reference_dtype,
-                    "golden": args.golden}  # fmt: skip
+                    "golden": args.golden, "init_scale": args.init_scale}  # fmt: skip
             row.update(judge(where, model, optimizer, k, i, args.bug, args.updates, **loop))
             expected = BUGS[args.bug] if args.bug is not None else NOT_EQUIVALENT.get(model)
             if expected is None and row["verdict"] != "pass":

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from tests.zoo_runs import zoo
+from tests.zoo_runs import one_thread, zoo
 
 
 def _zoo(monkeypatch, *args: str) -> int:
@@ -60,3 +60,19 @@ def test_a_passing_run_of_a_model_no_merged_run_reproduces_is_a_miss_not_a_false
     assert "2 clean runs, 0 false alarm(s), worst passing err/allowed 0.5" in out
     assert "1 run(s) of moe-balance not named cross-sample-loss first" in out
     assert "  not named: {'run'" in out and "false alarm: {" not in out
+
+
+def test_a_penalty_under_float16_needs_a_scale_k_1_does_not_overflow_at(tmp_path):
+    """Zoo run 290000 (`--autocast float16 --penalty 0.001 --clip 1.0`, K=2): the penalty sums
+    the loss in float32, so GradScaler's default 65536 scales it without overflowing the loss
+    itself, and the K=1 baseline's gradient overflows at update 0 where each half-size micro
+    gradient does not: `scaler-skips`, its fix naming the scale to start at. From
+    `--init-scale 4096` both step at every update and the run passes."""
+    options = {"autocast": "float16", "penalty": 1e-3, "clip": 1.0, "updates": 3}
+    with one_thread():
+        skipped = zoo.judge(tmp_path / "65536", "encoder", "adamw-wd", 2, 290000, None, **options)
+        both = zoo.judge(
+            tmp_path / "4096", "encoder", "adamw-wd", 2, 290000, None, init_scale=4096.0, **options
+        )
+    assert skipped["codes"] == ["scaler-skips"] and skipped["first"] == 0, skipped
+    assert both["verdict"] == "pass", both

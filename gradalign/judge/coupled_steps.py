@@ -86,19 +86,7 @@ def _against_reference(c: Comparison) -> str | None:
     first = next((r.update for r in c.results if not r.tensors_ok), None)
     if first is None:
         return None
-    found, runs, start = [], (c.reference, c.merged), max(0, first - 2)
-    before = [_before(run, start) for run in runs]  # each update's weights read once
-    for i in range(start, first + 1):
-        after = [run.weights(i) for run in runs]
-        parts = [*after, *before, *(run.grads(i) for run in runs)]
-        before = after
-        if any(part is None for part in parts):
-            continue
-        wr, wm, pr, pm, gr, gm = parts
-        for name in (n for n in wm if all(n in t for t in (wr, pr, gr, pm, gm))):
-            reading = _scaled((gr, gm, wr, pr, wm, pm), name)
-            if reading is not None:
-                found.append((i, name, *reading))
+    found = scaled_steps(c.reference, c.merged, max(0, first - 2), first)
     if not found:
         return None
     i, name, dominated, size, share, factor, left = max(found, key=lambda f: abs(f[5] - 1.0))
@@ -109,6 +97,26 @@ def _against_reference(c: Comparison) -> str | None:
         f"{SHAPE}; the runs then train apart by rounding alone, by more than the baseline's own "
         "distance from the reference (one draw of that noise) shows"
     )
+
+
+def scaled_steps(ref: Run, merged: Run, start: int, last: int) -> list[tuple]:
+    """Each (update, tensor, noise-dominated elements, elements, their share of the step, the
+    common factor, what is left) from update `start` to `last` where the merged run's step of
+    that tensor shows the shape against the reference's (`_scaled`)."""
+    found, runs = [], (ref, merged)
+    before = [_before(run, start) for run in runs]  # each update's weights read once
+    for i in range(start, last + 1):
+        after = [run.weights(i) for run in runs]
+        parts = [*after, *before, *(run.grads(i) for run in runs)]
+        before = after
+        if any(part is None for part in parts):
+            continue
+        wr, wm, pr, pm, gr, gm = parts
+        for name in (n for n in wm if all(n in t for t in (wr, pr, gr, pm, gm))):
+            reading = _scaled((gr, gm, wr, pr, wm, pm), name)
+            if reading is not None:
+                found.append((i, name, *reading))
+    return found
 
 
 def _before(run: Run, i: int) -> Tensors | None:

@@ -1,9 +1,9 @@
 """The noise model's passes over a whole run, after each update was judged on its own: what a
 float64 reference says honest float32 training may do that one update's noise cannot foresee
 (noise pooled and carried, sizes on parted paths, kinks crossed and the divergences they
-start, high gains, losses the weights explain), in the order each needs the others' verdicts.
-Without a reference the isolated kinks and their divergences are measured against the
-baseline."""
+start, high gains, a step scaled by a norm noise moved, losses the weights explain), in the
+order each needs the others' verdicts. Without a reference the isolated kinks and their
+divergences are measured against the baseline."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .kinks import excuse_isolated_jumps, first_failing
 from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
 from .parted_sizes import widen_parted_sizes
 from .results import UpdateResult
+from .scaled_step_divergence import follow_scaled_step
 from .views import Sketching
 
 
@@ -53,5 +54,7 @@ def honest_differences(
     notes += kinks + gains
     if gains and not kinks and first_failing(results) not in (first, None):
         notes += follow_kink_divergence(results, merged, reference, factor, seen)
+    if not (kinks or gains):
+        notes += follow_scaled_step(results, merged, reference, factor, seen)
     explain_loss_by_weights(results, merged, reference, factor, explained, seen)
     return notes

@@ -179,15 +179,55 @@ def follow_kink_divergence(
         )
     notes = [
         f"update {u}: the gradient of {worst.name} {jumped}, {where}{later}, the loss and every "
-        f"earlier update within noise: {cause}, and the runs follow "
-        f"neighbouring trajectories from there. From update {u} on, each gradient may also "
-        f"differ by {factor:g} x {j_grads:.3g} of its norm and each weight by {factor:g} x "
-        f"{j_weights:.3g} of how far it moved since {start} (the {what}'s size at that update)"
+        f"earlier update within noise: {cause}, and the runs follow neighbouring trajectories "
+        f"from there. {widening(u, factor, j_grads, j_weights, start)} (the {what}'s size at "
+        "that update)"
     ]
+    followed = Followed(at, grads, since, j_grads, j_weights, start)
+    return notes + follow_from(results[first:], followed, merged, ref, factor, seen)
+
+
+def widening(u: int, factor: float, j_grads: float, j_weights: float, start: str) -> str:
+    """The sentence that says how far a divergence followed from update `u` widens."""
+    return (
+        f"From update {u} on, each gradient may also differ by {factor:g} x {j_grads:.3g} of its "
+        f"norm and each weight by {factor:g} x {j_weights:.3g} of how far it moved since {start}"
+    )
+
+
+@dataclasses.dataclass
+class Followed:
+    """Where a divergence is followed from and at what size: the first update it widens, its
+    gradients read (`apart`), the update whose weights it measures the distance moved from
+    (`since`), its shares of the gradients' norms and of the weights' distance, and how the
+    notes name its start."""
+
+    at: UpdateResult
+    grads: Pair
+    since: int
+    j_grads: float
+    j_weights: float
+    start: str
+
+
+def follow_from(
+    results: list[UpdateResult],
+    followed: Followed,
+    merged: Run,
+    ref: Run,
+    factor: float,
+    seen: Sketching | None,
+) -> list[str]:
+    """Widen `results` (from the divergence's first update on) by its size, raised where later
+    kinks or the parted runs' own gradients stand further off, and excuse the updates the
+    parted runs explain (module docstring); the notes after the first."""
+    at, grads, since, start = followed.at, followed.grads, followed.since, followed.start
+    j_grads, j_weights = followed.j_grads, followed.j_weights
+    notes: list[str] = []
     parted = []  # updates whose failures the parted runs explain
     raised = 0.0  # the size followed, where they raised it
     grew: list[tuple[int, float]] = []  # passing updates that raised it, and to what
-    for r in results[first:]:  # the kink's own update read above
+    for r in results:  # the divergence's own update read by its caller
         g_now = grads if r is at else apart(merged, ref, "grads", r.update, seen)
         w_now = apart(merged, ref, "weights", r.update, seen, since)
         later = None if r is at or g_now is None else _later_kink(g_now, j_grads)
@@ -196,9 +236,7 @@ def follow_kink_divergence(
             notes.append(
                 f"update {r.update}: another kink crossed, the gradient of {later[0]} "
                 f"{j_grads:.3g} of its norm off, {g_now.holding(later[0])} in {later[2]} row(s) "
-                f"or column(s). From update {r.update} on, each gradient may also differ by "
-                f"{factor:g} x {j_grads:.3g} of its norm and each weight by {factor:g} x "
-                f"{j_weights:.3g} of how far it moved since {start}"
+                f"or column(s). {widening(r.update, factor, j_grads, j_weights, start)}"
             )
         if g_now is not None:
             r.grads[:] = _widened(r.grads, factor * j_grads, g_now)
@@ -236,10 +274,11 @@ def _grown(grew: list[tuple[int, float]], factor: float, start: str) -> list[str
     largest = max(share for _, share in grew)
     return [
         f"{at}: the runs parted further within the divergence followed, their gradients up to "
-        f"{largest:.3g} of their norm off, as neighbouring trajectories part where units flip "
-        f"at more inputs. From the update after each, each gradient may differ by {factor:g} x "
-        f"the share it stood off and each weight as much of how far it moved since {start} (up "
-        f"to {factor:g} x {largest:.3g}); a bug must stand beyond that"
+        f"{largest:.3g} of their norm off, as neighbouring trajectories part (where a kink "
+        "parted them, units flip at more inputs). From the update after each, each gradient "
+        f"may differ by {factor:g} x the share it stood off and each weight as much of how far "
+        f"it moved since {start} (up to {factor:g} x {largest:.3g}); a bug must stand beyond "
+        "that"
     ]
 
 

@@ -38,7 +38,8 @@ def why_it_passes(c: Comparison) -> list[Diagnosis]:
             f"{_farthest_from_reference(c)}; beyond {factor:g}x where the noise model says why: "
             "one rounding of the tensor where the baseline computed it almost exactly, a small "
             "tensor's noise measured on few elements, the drift of noise-dominated elements, a "
-            "kink crossed in one run or an element's high optimizer gain (noted)"
+            "kink crossed in one run, an element's high optimizer gain or a tensor's step "
+            "scaled by a norm noise moved (noted)"
             if farthest > factor
             else f" (allowed {factor:g}x)"
         )
