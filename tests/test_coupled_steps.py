@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from gradalign.judge import scaled_step_divergence
 from gradalign.judge.compare import compare
 from gradalign.judge.coupled_steps import _scaled
 from gradalign.runs.reader import read_run_dir
@@ -219,9 +220,11 @@ def test_a_step_scaled_by_noise_before_the_first_failure_is_followed(tmp_path, m
     baseline's step, below the update clipping's threshold, as the reference's); update 7 then
     failed, every gradient up to 0.15% of its norm off, `unexplained`. Followed from there at
     that size, both judges pass it with a note (else this machine's rounding took another path:
-    skipped). A gradient never cleared from update 7 on is still named."""
+    skipped), and so does the judge of the runs recorded with sketches, which keep the bias
+    whole. Read with a factor 1e-4 from 1, less than the runs parted by, it is not followed
+    and the run fails. A gradient never cleared from update 7 on is still named."""
     pytest.importorskip("transformers")
-    from .zoo_runs import _followed, _one_thread_judge
+    from .zoo_runs import _compare, _followed, _one_thread_judge
 
     loop = {"schedule": True, "clip": 1.0}
     root = tmp_path / "clean"
@@ -233,6 +236,18 @@ def test_a_step_scaled_by_noise_before_the_first_failure_is_followed(tmp_path, m
         7,
         r"update 6: the merged run's step of \S+query_key_value.bias stood 0.9",
     )
+    sketched = _one_thread_judge(
+        tmp_path / "sketched", "hf-gptneox", "hf-adafactor", 4, 290804, None, sketch=True, **loop
+    )
+    assert sketched["verdict"] == "pass", sketched  # the bias kept whole, 1-D
+    real = scaled_step_divergence.scaled_steps
+
+    def barely(*args):  # the same shape, its factor 1e-4 from 1: less than the runs parted by
+        return [(*e[:5], 1.0 - 1e-4, e[6]) for e in real(*args)]
+
+    monkeypatch.setattr(scaled_step_divergence, "scaled_steps", barely)
+    assert _compare(root).verdict == "fail"
+    monkeypatch.undo()
     row = _one_thread_judge(
         tmp_path / "bug", "hf-gptneox", "hf-adafactor", 4, 290804, "no-zero-grad", bug_from=7,
         **loop,

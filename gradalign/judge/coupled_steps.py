@@ -28,6 +28,7 @@ from ..runs.model import Run, Tensors
 from ..runs.store import slices
 from .drift import TAU
 from .results import Comparison
+from .views import Sketching, exact
 
 PURE_SCALE = 0.05  # what is left after the common factor, at most this share of the factor
 # the elements a common factor is read on, at least: one element fits any factor exactly (a
@@ -99,15 +100,22 @@ def _against_reference(c: Comparison) -> str | None:
     )
 
 
-def scaled_steps(ref: Run, merged: Run, start: int, last: int) -> list[tuple]:
+def scaled_steps(
+    ref: Run, merged: Run, start: int, last: int, seen: Sketching | None = None
+) -> list[tuple]:
     """Each (update, tensor, noise-dominated elements, elements, their share of the step, the
     common factor, what is left) from update `start` to `last` where the merged run's step of
-    that tensor shows the shape against the reference's (`_scaled`)."""
+    that tensor shows the shape against the reference's (`_scaled`). `seen`: the runs are seen
+    through sketches, and the tensors they kept whole are read (an attention bias, 1-D)."""
     found, runs = [], (ref, merged)
-    before = [_before(run, start) for run in runs]  # each update's weights read once
+
+    def read(run: Run, kind: str, i: int) -> Tensors | None:
+        return exact(run, kind, i if i >= 0 else None, seen, files=True)
+
+    before = [read(run, "weights", start - 1) for run in runs]  # each update's weights read once
     for i in range(start, last + 1):
-        after = [run.weights(i) for run in runs]
-        parts = [*after, *before, *(run.grads(i) for run in runs)]
+        after = [read(run, "weights", i) for run in runs]
+        parts = [*after, *before, *(read(run, "grads", i) for run in runs)]
         before = after
         if any(part is None for part in parts):
             continue

@@ -30,8 +30,9 @@ divergence is followed as a kink's, at that size, with a note.
 
 An accumulation bug moves the gradients of the update it starts at by shares of 1/K and more in
 every tensor its windows touch, beyond the share one tensor's step stood off, and it needs no
-tensor of noise-dominated elements stepped by a common factor the update before. Where a run
-kept sketches of these updates nothing is read and the failure stays.
+tensor of noise-dominated elements stepped by a common factor the update before. Where the runs
+kept sketches, the tensors they kept whole are read (a bias, 1-D), and the parting's size is
+estimated from the sketches as a kink's is.
 """
 
 from __future__ import annotations
@@ -55,13 +56,13 @@ def follow_scaled_step(
     """Widen the updates from a scaled step's divergence on by its size (module docstring); a
     note if the first failing update is one. `ref`: the float64 reference."""
     first = first_failing(results)
-    if first is None or seen is not None:
+    if first is None:
         return []
     at = results[first]
     u = at.update
     if at.problems or not at.loss_ok or u < 1:
         return []
-    events = scaled_steps(ref, merged, max(0, u - REACH), u - 1)
+    events = scaled_steps(ref, merged, max(0, u - REACH), u - 1, seen)
     if not events:
         return []
     i, name, dominated, size, share, scaled, left = max(events, key=lambda e: abs(e[5] - 1.0))
