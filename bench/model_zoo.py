@@ -19,14 +19,17 @@ optimizers, the Recorder watching Muon), and transformers' Adafactor as the Trai
                                         [--optimizers adam-1e-2,...,muon-adamw]
                                         [--compute-dtype bfloat16]
                                         [--bug NAME] [--bug-from 0] [--updates 10]
-                                        [--autocast [float16]]
+                                        [--autocast [float16]] [--init-scale 4096]
                                         [--clip 1.0] [--schedule] [--reference-none]
                                         [--width 1] [--penalty 1e-3] [--ks 2,4,8] [--uneven]
                                         [--device cuda] [--emulate-tf32 [all]] [--seconds S]
                                         [--golden] [--strict]
                                         [--jsonl rows.jsonl]
 
-`--autocast` runs each forward under autocast (bfloat16, or float16 with a GradScaler);
+`--autocast` runs each forward under autocast (bfloat16, or float16 with a GradScaler, which
+`--init-scale S` starts at S instead of its own 65536: a penalty sums each loss in float32,
+and the K=1 baseline's gradient then overflows at 65536 where the merged run's does not,
+named `scaler-skips`);
 `--width W` makes every model W times as wide (its `d`, and the widths that follow it; the
 GPT's and the encoder's 4 heads stay 4). `--clip` clips the accumulated gradient's norm
 before each step; `--schedule` warms the learning rate up over 2 updates and then decays it
