@@ -26,6 +26,7 @@ from .config import ENTRY_POINT_KEYS, TrainConfig, load_config
 from .errors import BadInput, shown
 from .feedback import Feedback, Silent
 from .judge.results import Comparison
+from .judge.strict import fail_on_warnings
 from .paths import named, nonempty, resolved
 from .recorded import config_from_recorded, is_code, recorded_config
 
@@ -145,6 +146,7 @@ def compare(
     reports: Sequence[PathLike] = (),
     feedback: Feedback | None = None,
     verify_files: bool = False,
+    strict: bool = False,
 ) -> Comparison:
     """Judge `merged` against `baseline` (run directories or training logs) from their files.
 
@@ -156,7 +158,9 @@ def compare(
     a merged log (a run directory states its own). `reports`: files the caller will write
     afterwards, checked first. `verify_files`: first check every file of every run directory
     against the checksum its manifest lists (the judge itself checks each tensor's fingerprint as
-    it reads it, docs/FORMAT.md). Raises BadInput for unreadable or incomparable runs.
+    it reads it, docs/FORMAT.md). `strict`: a comparison whose report warns that a check could
+    not fail or could not see what it names fails (`judge/strict.py`, code `warned`). Raises
+    BadInput for unreadable or incomparable runs.
     """
     from .judge.compare import compare as judge
     from .runs.outputs import check_outputs
@@ -210,7 +214,7 @@ def compare(
         comparison = judge(base_run, merged_run, checked, ref_run, on_update=lambda _: advance())
     if note:
         comparison.notes.append(note)
-    return comparison
+    return fail_on_warnings(comparison) if strict else comparison
 
 
 def skipped_updates(run: PathLike) -> list[int]:
@@ -257,10 +261,11 @@ def verify(
     tolerances: Mapping[str, Any] | None = None,
     reports: Sequence[PathLike] = (),
     feedback: Feedback | None = None,
+    strict: bool = False,
 ) -> Comparison:
     """Record the baseline (and its float64 reference) and the merged run under `out`, then
     judge them: `out/baseline`, `out/baseline-fp64`, `out/merged`. The three appear together, or
-    none does and an earlier set stays as it was."""
+    none does and an earlier set stays as it was. `strict`: as `compare`'s."""
     require_torch()
     from .runs.runset import RunSet
 
@@ -280,7 +285,9 @@ def verify(
             runs, cfg.replace(accum_steps=1, nproc=1), base, reference, feedback
         )
         recording.train_into(cfg, runs.path("merged"), merged, "merged", feedback, fault)
-    return compare(base, merged, tolerances=checked, reports=reports, feedback=feedback)
+    return compare(
+        base, merged, tolerances=checked, reports=reports, feedback=feedback, strict=strict
+    )
 
 
 def merged_against(
@@ -294,10 +301,11 @@ def merged_against(
     trust_run_code: bool = False,
     reports: Sequence[PathLike] = (),
     feedback: Feedback | None = None,
+    strict: bool = False,
 ) -> Comparison:
     """The merged half alone, against a kept baseline run or a golden file (or a directory of
     them): train the experiment it recorded (with `overrides`, and K from them or the default),
-    then judge.
+    then judge; `strict`: as `compare`'s.
 
     The baseline's own model, data or loss code (`module:factory` in its manifest) is imported
     only when `overrides` name the same code or `trust_run_code` is set: a shared run must not
@@ -346,7 +354,7 @@ def merged_against(
                 "--trust-run-code: imported the code the baseline's manifest names: "
                 + ", ".join(f"{k}={v}" for k, v in code.items())
             )
-    return comparison
+    return fail_on_warnings(comparison) if strict else comparison
 
 
 def _file_tolerances(config_file: PathLike | None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 from .errors import BadInput
 from .feedback import Feedback, Silent
 from .judge.results import FAIL, Comparison
+from .judge.strict import fail_on_warnings
 from .paths import is_stream, resolved
 from .runs.golden import CANDIDATE, dumps, environment_key, find, load, looks_golden, not_a_run
 from .runs.layout import is_run_dir
@@ -113,18 +114,6 @@ def accept_command(golden: PathLike, run: PathLike) -> str:
     return f"gradalign golden check {shlex.quote(str(golden))} {shlex.quote(str(run))} --update"
 
 
-def first_golden_lines(run: PathLike, written: PathLike, reports: Sequence[PathLike]) -> list[str]:
-    """What `golden check --update` says where it made the first golden for the environment:
-    nothing was judged, so no report was written (one would show checks that never ran)."""
-    lines = [f"accepted {run} as the golden: wrote {written}"]
-    if reports:
-        lines.append(
-            f"note: no report written ({', '.join(str(p) for p in reports)}): there was no "
-            "golden for this environment to judge the run against; the run is now that golden"
-        )
-    return lines
-
-
 def candidate_path(golden: Path, run: Path, reports: Sequence[PathLike]) -> Path:
     """Where a failing check proposes the run as the golden: beside the first report, else beside
     the run under test (never inside a run)."""
@@ -171,14 +160,15 @@ def golden_check(
     update: bool = False,
     reports: Sequence[PathLike] = (),
     feedback: Feedback | None = None,
+    strict: bool = False,
 ) -> GoldenCheck:
     """Judge the recorded `run` against the golden for its environment (`golden`: a file or a
-    directory of them). A golden for another environment is refused ("no golden for this
-    environment"), never passed. With `update`, the run (and its own reference, if it has one)
-    becomes the golden afterwards, or the first one for its environment (refused where goldens of
-    another experiment already lie, such as a float64 run beside float32 goldens). On failure the
-    run is written beside the reports as a candidate, and `accept` is the command that accepts
-    it."""
+    directory of them); `strict`: its warnings fail it, as `compare`'s. A golden for another
+    environment is refused ("no golden for this environment"), never passed. With `update`, the
+    run (and its own reference, if it has one) becomes the golden afterwards, or the first one
+    for its environment (refused where goldens of another experiment already lie, such as a
+    float64 run beside float32 goldens). On failure the run is written beside the reports as a
+    candidate, and `accept` is the command that accepts it."""
     from .api import check_tolerances
     from .runs.reader import read_run_dir
 
@@ -186,7 +176,10 @@ def golden_check(
     run_path, golden_path = Path(run), Path(golden)
     merged = read_run_dir(run_path)
     if not update:
-        return _check(golden, run, merged, checked, update, reports, feedback)
+        outcome = _check(golden, run, merged, checked, update, reports, feedback)
+        if strict and outcome.comparison is not None:
+            fail_on_warnings(outcome.comparison)
+        return outcome
     # one update at a time: a second job judges against the golden the first accepted, never
     # against the one both read (two accepting jobs each said "accepted", and one was lost)
     with RunLock(golden_path.absolute()).wait():

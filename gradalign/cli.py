@@ -30,6 +30,7 @@ from .cli_options import (
     SelftestKeepOpt,
     SelftestOutOpt,
     SelftestRecordOpt,
+    StrictOpt,
     VerifyFilesOpt,
     refuse_empty_paths,
     report_options,
@@ -106,6 +107,7 @@ def merged(
             "(otherwise name it again with --model/--data/--loss)",
         ),
     ] = False,
+    strict: StrictOpt = False,
     overrides: dict | None = None,
     reports: dict | None = None,
 ) -> None:
@@ -113,8 +115,9 @@ def merged(
     overrides = with_k(overrides, accum_steps, nproc)
     files = report_files(reports, config)
     if against is None:
-        if files.paths():
-            raise BadInput("report options need --against: a merged run alone is not judged")
+        if files.paths() or strict:
+            asked = "--strict" if strict else "report options"
+            raise BadInput(f"{asked} need --against: a merged run alone is not judged")
         api.record_merged(api.as_config(config, overrides), out, fault=fault, feedback=feedback())
         return
     comparison = api.merged_against(
@@ -126,6 +129,7 @@ def merged(
         trust_run_code=trust_run_code,
         reports=files.paths(),
         feedback=feedback(),
+        strict=strict,
     )
     raise typer.Exit(verdict(comparison, files))
 
@@ -168,6 +172,7 @@ def compare_cmd(
         ),
     ] = None,
     verify_files: VerifyFilesOpt = False,
+    strict: StrictOpt = False,
     tolerances: dict | None = None,
     reports: dict | None = None,
 ) -> None:
@@ -184,6 +189,7 @@ def compare_cmd(
         reports=files.paths(),
         feedback=feedback(),
         verify_files=verify_files,
+        strict=strict,
     )
     raise typer.Exit(verdict(comparison, files))
 
@@ -201,6 +207,7 @@ def verify(
     ),
     fault: FaultOpt = None,
     reference: ReferenceOpt = "fp64",
+    strict: StrictOpt = False,
     overrides: dict | None = None,
     tolerances: dict | None = None,
     reports: dict | None = None,
@@ -215,6 +222,7 @@ def verify(
         tolerances={**tolerances_from_yaml(config), **(tolerances or {})},
         reports=files.paths(),
         feedback=feedback(),
+        strict=strict,
     )
     raise typer.Exit(verdict(comparison, files))
 

@@ -3,13 +3,20 @@ JSON file in the repository, and runs judged against it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from . import api, api_golden
-from .cli_options import GoldenReferenceOpt, GoldenRunArg, report_options, tolerance_options
+from . import api
+from .cli_options import (
+    GoldenReferenceOpt,
+    GoldenRunArg,
+    StrictOpt,
+    report_options,
+    tolerance_options,
+)
 from .cli_render import feedback, out_console, report_files, verdict
 
 golden_app = typer.Typer(
@@ -53,6 +60,7 @@ def golden_check(
             "verdict",
         ),
     ] = False,
+    strict: StrictOpt = False,
     tolerances: dict | None = None,
     reports: dict | None = None,
 ) -> None:
@@ -65,10 +73,23 @@ def golden_check(
         update=update,
         reports=files.paths(),
         feedback=feedback(),
+        strict=strict,
     )
     if outcome.comparison is None:
-        for line in api_golden.first_golden_lines(run, outcome.written, files.paths()):
+        for line in first_golden_lines(run, outcome.written, files.paths()):
             out_console.print(line, markup=False)
         raise typer.Exit(0)
     code = verdict(outcome.comparison, files)
     raise typer.Exit(0 if outcome.written else code)
+
+
+def first_golden_lines(run: Path, written: Path, reports: Sequence[Path]) -> list[str]:
+    """What `golden check --update` says where it made the first golden for the environment:
+    nothing was judged, so no report was written (one would show checks that never ran)."""
+    lines = [f"accepted {run} as the golden: wrote {written}"]
+    if reports:
+        lines.append(
+            f"note: no report written ({', '.join(str(p) for p in reports)}): there was no "
+            "golden for this environment to judge the run against; the run is now that golden"
+        )
+    return lines

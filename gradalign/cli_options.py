@@ -67,6 +67,14 @@ VerifyFilesOpt = Annotated[
         "judge checks each tensor's recorded fingerprint as it reads it either way)",
     ),
 ]
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="exit 1 where the report warns that a check could not fail or could not see a bug "
+        "of the size it names (warnings as failures, code warned: for a gate)",
+    ),
+]
 SelftestOutOpt = Annotated[Path, typer.Option("--out", "-o", help="directory for the runs")]
 SelftestKeepOpt = Annotated[
     bool,

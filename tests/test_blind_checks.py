@@ -5,12 +5,16 @@ too), and losses a log printed to so few digits that a 1% lr change passed as fl
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
 
 from gradalign import api
+from gradalign.report.summary import headline
 
+from .conftest import one_line_error
 from .recorded_loop import classifier, train
 from .small_logs import write
 
@@ -92,3 +96,31 @@ def test_a_noise_floor_widened_past_a_quarter_of_the_gradient_is_said(shares, st
         assert notes == []
     else:
         assert len(notes) == 1 and notes[0].startswith(f"warning: from update {start} on"), notes
+
+
+def test_strict_fails_what_a_blind_check_passed(tmp_path, cli):
+    """`--strict` (`strict=True`): the blind gradient check's warning fails the comparison
+    (code `warned`, a failing check listing the warning; exit 1, in the JSON report too), where
+    a merged run whose every gradient is half the baseline's passed it; a comparison with no
+    warning passes as before, and `merged --strict` without `--against` is refused."""
+    torch.set_num_threads(1)
+    _record(tmp_path / "k1", 1, 1e-8)
+    _record(tmp_path / "half", 4, 1e-8, scale=0.5)
+    plain = api.compare(tmp_path / "k1", tmp_path / "half", reference="none")
+    assert plain.verdict == "pass" and _warned(plain)
+    strict = api.compare(tmp_path / "k1", tmp_path / "half", reference="none", strict=True)
+    assert strict.verdict == "fail"
+    assert strict.diagnosis[0].code == "warned", strict.diagnosis
+    assert any("could not see a gradient" in w for w in strict.diagnosis[0].evidence["warnings"])
+    assert [c.name for c in strict.checks if c.status == "fail"] == ["warnings (--strict)"]
+    assert "could not be checked as the same training" in headline(strict)
+    report = tmp_path / "strict.json"
+    args = ("compare", tmp_path / "k1", tmp_path / "half", "--reference", "none")
+    assert cli(*args).code == 0
+    assert cli(*args, "--strict", "--json", report).code == 1
+    assert json.loads(report.read_text())["diagnosis"][0]["code"] == "warned"
+    _record(tmp_path / "big1", 1, 1.0)
+    _record(tmp_path / "big4", 4, 1.0)
+    clean = api.compare(tmp_path / "big1", tmp_path / "big4", reference="none", strict=True)
+    assert clean.verdict == "pass", clean.notes
+    one_line_error(cli("merged", "--strict", "-o", tmp_path / "alone"), "--strict need --against")

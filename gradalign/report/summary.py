@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..judge.results import FAIL, NOT_CHECKED, Comparison, Diagnosis, UpdateResult
+from ..judge.strict import CODE as STRICT_CODE
 from ..runs.model import Run
 
 MAX_ROWS = 40  # longer runs show the head, the rows around the first divergence, and the tail
@@ -60,6 +61,8 @@ def shape(run: Run) -> str:
 def headline(c: Comparison) -> str:
     """One line: the verdict, what was compared with what, and by which measure."""
     same = "is the same training as" if c.verdict != FAIL else "is NOT the same training as"
+    if c.diagnosis and c.diagnosis[0].code == STRICT_CODE:  # not checked, not found different
+        same = "could not be checked as the same training as"
     by = (
         f"judged by the noise of {c.reference.source} ({c.reference.dtype})"
         if c.reference is not None
