@@ -26,7 +26,7 @@ BUGS = {  # a bug the merged loop may carry -> the code that must name it
 }
 # the optimizers whose step depends on their own step count (count-every-micro shows only there)
 STEP_COUNTED = {"adam-1e-2", "adam-1e-3", "adamw-wd", "adam-eps6", "nadam", "radam", "adamax",
-                "adafactor", "adafactor-eps"}  # fmt: skip
+                "adafactor", "adafactor-eps", "lamb", "lamb-eps12"}  # fmt: skip
 
 
 def unmet(bug: str | None, args) -> str | None:

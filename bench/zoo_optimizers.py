@@ -51,6 +51,33 @@ def hf_adafactor(params) -> torch.optim.Optimizer:
     return Adafactor(params, lr=1e-2, scale_parameter=False, relative_step=False)
 
 
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al., 2019) as its common implementations write it (eps 1e-6, decoupled
+    weight decay inside the trust ratio): Adam's bias-corrected update plus wd·w, scaled per
+    tensor by ||w|| / ||update|| (1 where either is 0). torch has none built in."""
+
+    def __init__(self, params, lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "wd": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            (b1, b2), lr = group["betas"], group["lr"]
+            for p in (p for p in group["params"] if p.grad is not None):
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                state["step"] += 1
+                state["m"].lerp_(p.grad, 1 - b1)
+                state["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                m_hat = state["m"] / (1 - b1 ** state["step"])
+                v_hat = state["v"] / (1 - b2 ** state["step"])
+                update = m_hat / (v_hat.sqrt() + group["eps"]) + group["wd"] * p
+                w_norm, u_norm = float(p.norm()), float(update.norm())
+                ratio = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+                p.add_(update, alpha=-lr * ratio)
+
+
 # Optimizers outside the default grid (`--optimizers` picks any of both), so the runs docs/NOISE.md
 # names keep their draws.
 MORE_OPTIMIZERS: dict[str, Opt] = {
@@ -68,4 +95,8 @@ MORE_OPTIMIZERS: dict[str, Opt] = {
     ),
     "muon-adamw": MuonAdamW,
     "hf-adafactor": hf_adafactor,
+    "lamb": Lamb,
+    # eps small enough that an element whose gradient is rounding noise steps as far as any
+    # (as transformers' Adafactor's eps1 does): the trust ratio then moves by that noise
+    "lamb-eps12": lambda p: Lamb(p, eps=1e-12),
 }

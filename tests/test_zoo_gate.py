@@ -76,3 +76,23 @@ def test_a_penalty_under_float16_needs_a_scale_k_1_does_not_overflow_at(tmp_path
         )
     assert skipped["codes"] == ["scaler-skips"] and skipped["first"] == 0, skipped
     assert both["verdict"] == "pass", both
+
+
+def test_the_zoo_s_lamb_moves_each_tensor_by_lr_times_its_norm():
+    """bench/zoo_optimizers.py's LAMB: its trust ratio ||w|| / ||update|| makes every step of a
+    tensor lr·||w|| long, whatever the gradient's size (a gradient 1e6 times larger steps as
+    far), and a tensor at 0 steps by the update itself."""
+    from bench.zoo_optimizers import Lamb
+
+    for scale in (1.0, 1e6):
+        w = torch.nn.Parameter(torch.arange(1.0, 7.0).reshape(2, 3))
+        opt = Lamb([w], lr=1e-2)
+        before = w.detach().clone()
+        w.grad = scale * torch.tensor([[0.3, -0.2, 0.1], [0.5, 0.0, -0.4]])
+        opt.step()
+        moved = float((w.detach() - before).norm())
+        assert abs(moved - 1e-2 * float(before.norm())) < 1e-6 * moved, (scale, moved)
+    zero = torch.nn.Parameter(torch.zeros(3))
+    zero.grad = torch.tensor([1.0, -1.0, 0.0])
+    Lamb([zero], lr=1e-2, weight_decay=0.0).step()
+    assert torch.allclose(zero.detach(), torch.tensor([-1e-2, 1e-2, 0.0]), atol=1e-6)
