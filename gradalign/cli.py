@@ -116,8 +116,8 @@ def merged(
     files = report_files(reports, config)
     if against is None:
         if files.paths() or strict:
-            asked = "--strict" if strict else "report options"
-            raise BadInput(f"{asked} need --against: a merged run alone is not judged")
+            asked = "--strict needs" if strict else "report options need"
+            raise BadInput(f"{asked} --against: a merged run alone is not judged")
         api.record_merged(api.as_config(config, overrides), out, fault=fault, feedback=feedback())
         return
     comparison = api.merged_against(

@@ -123,4 +123,4 @@ def test_strict_fails_what_a_blind_check_passed(tmp_path, cli):
     _record(tmp_path / "big4", 4, 1.0)
     clean = api.compare(tmp_path / "big1", tmp_path / "big4", reference="none", strict=True)
     assert clean.verdict == "pass", clean.notes
-    one_line_error(cli("merged", "--strict", "-o", tmp_path / "alone"), "--strict need --against")
+    one_line_error(cli("merged", "--strict", "-o", tmp_path / "alone"), "--strict needs --against")
