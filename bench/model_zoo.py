@@ -117,6 +117,7 @@ except ImportError:  # run as a module of the repository (tests): bench.zoo_hf, 
     from bench.zoo_tf32 import emulate_tf32
 
 BATCH, UPDATES = 48, 10
+INIT_SCALE = 2.0**16  # GradScaler's own first scale (`--init-scale`)
 
 
 def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) -> None:
@@ -142,7 +143,7 @@ def record(out: Path, model: str, optimizer: str, k: int, seed: int, **options) 
     net = build(model, options.get("width", 1))
     net = (net.double() if options.get("float64") else net).to(device)
     opt = {**OPTIMIZERS, **MORE_OPTIMIZERS}[optimizer](net.parameters())
-    init_scale = options.get("init_scale", 2.0**16)  # GradScaler's own default
+    init_scale = options.get("init_scale", INIT_SCALE)
     scaler = torch.amp.GradScaler(device.type, init_scale) if autocast == "float16" else None
     if scaler is not None and not isinstance(opt, torch.optim.Optimizer):
         raise SystemExit(f"{optimizer}: two optimizers, no GradScaler here")
@@ -262,7 +263,7 @@ def judge(
     device: str = "cpu",
     reference_dtype: str = "float64",
     golden: bool = False,
-    init_scale: float = 2.0**16,
+    init_scale: float = INIT_SCALE,
 ) -> dict:
     loop = {"updates": updates, "clip": clip, "schedule": schedule, "width": width,
             "sketch": sketch, "penalty": penalty, "uneven": uneven, "device": device}  # fmt: skip
@@ -317,7 +318,7 @@ def main() -> int:
         "--penalty", type=float, default=0.0, help="add λ·Σw² (this λ) to every micro loss"
     )
     parser.add_argument(
-        "--init-scale", type=float, default=2.0**16,
+        "--init-scale", type=float, default=INIT_SCALE,
         help="float16's GradScaler starts at this scale (default 65536, its own; a loss summed "
         "in float32, as a penalty makes it, can overflow at K=1 where K>1 does not)",
     )  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from bench.zoo_optimizers import Lamb
 from gradalign.judge import scaled_step_divergence
 from gradalign.judge.compare import compare
 from gradalign.judge.coupled_steps import _scaled
@@ -38,29 +39,6 @@ class Attention(nn.Module):
         return self.head(self.attn(x, x, x, need_weights=False)[0].mean(1))
 
 
-class Lamb(torch.optim.Optimizer):
-    """LAMB written by hand: Adam's update, scaled per tensor by ||w|| / ||update||."""
-
-    def __init__(self, params, lr: float = 1e-2, betas=(0.9, 0.999), eps: float = 1e-12):
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            (b1, b2), lr = group["betas"], group["lr"]
-            for p in (p for p in group["params"] if p.grad is not None):
-                state = self.state[p]
-                if not state:
-                    state.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
-                state["t"] += 1
-                state["m"].lerp_(p.grad, 1 - b1)
-                state["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                m = state["m"] / (1 - b1 ** state["t"])
-                update = m / ((state["v"] / (1 - b2 ** state["t"])).sqrt() + group["eps"])
-                ratio = float(p.norm() / update.norm()) if p.norm() > 0 else 1.0
-                p.add_(update, alpha=-lr * ratio)
-
-
 def recorded(out, k: int, seed: int, dtype=torch.float32, edit: bool = False, lamb=False):
     """Adafactor (torch's, eps1 small enough that a noise gradient's update is as large as any
     other's, as transformers' Adafactor has it), or `lamb`; `edit`: the merged loop nudges the
@@ -72,7 +50,7 @@ def recorded(out, k: int, seed: int, dtype=torch.float32, edit: bool = False, la
     x = torch.randn(BATCH * UPDATES, 5, 8, generator=g).to(dtype)
     y = torch.randint(0, 3, (BATCH * UPDATES,), generator=g)
     if lamb:
-        opt = Lamb(model.parameters())
+        opt = Lamb(model.parameters(), eps=1e-12, weight_decay=0.0)
     else:
         opt = torch.optim.Adafactor(model.parameters(), lr=1e-2, eps=(1e-15, 1e-3))
     bias = model.attn.in_proj_bias
