@@ -209,7 +209,7 @@ def test_a_later_larger_kink_raises_the_size_followed(runs, monkeypatch):  # noq
     assert result.verdict == "pass", _failing(result)
     (note,) = [n for n in result.notes if "another kink" in n]
     assert note.startswith("update 8: another kink crossed, the gradient of w ")
-    monkeypatch.setattr("gradalign.judge.kink_divergence._later_kink", lambda *a: None)
+    monkeypatch.setattr("gradalign.judge.kink_divergence.later_kink", lambda *a: None)
     result = merged(runs, "two-kinks-unfollowed", _two_kinks(8e-3), feed=True)
     assert result.verdict == "fail" and result.results[7].ok and not result.results[8].ok
 

@@ -72,7 +72,9 @@ def test_a_gradient_off_by_all_of_itself_hides_no_later_kink(tmp_path, monkeypat
     root = tmp_path / "run"
     loop = {"uneven": True, "schedule": True, "clip": 1.0, "updates": 20}
     _one_thread_judge(root, "hf-opt", "hf-adafactor", 3, 291208, None, **loop)
-    real = kink_divergence._later_kink
+    real = kink_divergence.later_kink
+    # a later choice made per input reads update 15 too: the kinks' reading alone, here
+    monkeypatch.setattr(kink_divergence, "later_choice", lambda *a: None)
 
     def all_shares(grads, followed):  # as before: the worst share of any size, then its rows
         shares = {n: grads.share(n) for n in grads.names() if many_units(grads.shape(n))}
@@ -82,10 +84,32 @@ def test_a_gradient_off_by_all_of_itself_hides_no_later_kink(tmp_path, monkeypat
     _followed(
         root,
         monkeypatch,
-        "gradalign.judge.kink_divergence._later_kink",
+        "gradalign.judge.kink_divergence.later_kink",
         15,
         "update 14: the gradient of",
         all_shares,
+    )
+
+
+def test_a_later_choice_made_per_input_is_followed_at_its_size(tmp_path, monkeypatch):
+    """Model zoo run 291206: an OPT under transformers' Adafactor, K=2 over micro-batches of 42
+    and 6 samples, a clip and a schedule, 20 updates. A kink at update 7 (0.41% of layer 1's
+    fc1 bias) is followed; at update 9 eight gradients of both layers stood 1.9% to 3.7% off,
+    each one token's share (rank one), the model's gradient as a whole 1.00004 of the
+    reference's: read as a later kink only (a few rows), it failed `unexplained` from there.
+    Read as a later choice made per input, both judges pass it, noted (else this machine's
+    rounding took another path: skipped). One thread."""
+    pytest.importorskip("transformers")
+    root = tmp_path / "run"
+    loop = {"uneven": True, "schedule": True, "clip": 1.0, "updates": 20}
+    _one_thread_judge(root, "hf-opt", "hf-adafactor", 2, 291206, None, **loop)
+    _followed(
+        root,
+        monkeypatch,
+        "gradalign.judge.kink_divergence.later_choice",
+        9,
+        r"update 9: another choice made per input went otherwise",
+        lambda *a: None,
     )
 
 
@@ -141,7 +165,7 @@ def test_without_a_reference_later_kinks_are_followed_too(tmp_path, monkeypatch)
         torch.set_num_threads(threads)
     base, merged = read_run_dir(tmp_path / "base"), read_run_dir(tmp_path / "merged")
     with monkeypatch.context() as m:
-        m.setattr("gradalign.judge.kink_divergence._later_kink", lambda *a: None)
+        m.setattr("gradalign.judge.kink_divergence.later_kink", lambda *a: None)
         m.setattr("gradalign.judge.kink_divergence._confined", lambda *a: False)  # parted runs
         if compare(base, merged).verdict == "pass":
             pytest.skip("this machine's rounding took another path here")

@@ -48,7 +48,7 @@ trajectories, not one trajectory and its rounding (`follow_kink_divergence`).
   AdamW, Adamax, RAdam): later gradients stayed within 2.1 J_g.
 - **Later kinks.** Runs parted at one kink cross others: a later update whose gradient is
   further off than J_g, that error in a few rows or columns, is another kink, and J_g (and J_w
-  with it) is raised to its size from there (`_later_kink`; model zoo run 753: 0.57% at
+  with it) is raised to its size from there (`later_events.later_kink`; model zoo run 753: 0.57% at
   update 4, 1.66% at update 6, then 2.3% at update 9 failed).
 - **Runs parted by many kinks.** As the runs part, the units of the layers that feed a kink
   flip at more inputs, and the error spreads over the rows of those that flipped before, and
@@ -88,10 +88,11 @@ import dataclasses
 import math
 
 from ..runs.model import Run
+from .distributed import listed
 from .divergence_start import choice, kink_before, kinked
 from .kink_evidence import Pair, Sketched, apart
-from .kink_shape import many_units
 from .kinks import excuse, first_failing, most_pass, stepped, whole_model_moved
+from .later_events import later_choice, later_kink
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
 from .views import Sketching, full_rerun
@@ -230,7 +231,7 @@ def follow_from(
     for r in results:  # the divergence's own update read by its caller
         g_now = grads if r is at else apart(merged, ref, "grads", r.update, seen)
         w_now = apart(merged, ref, "weights", r.update, seen, since)
-        later = None if r is at or g_now is None else _later_kink(g_now, j_grads)
+        later = None if r is at or g_now is None else later_kink(g_now, j_grads)
         if later is not None and factor * later[1] < 1:
             j_grads, j_weights = later[1], max(j_weights, later[1])  # a share steps a share
             notes.append(
@@ -239,7 +240,18 @@ def follow_from(
                 f"or column(s). {widening(r.update, factor, j_grads, j_weights, start)}"
             )
         if g_now is not None:
-            r.grads[:] = _widened(r.grads, factor * j_grads, g_now)
+            unwidened = list(r.grads)
+            r.grads[:] = _widened(unwidened, factor * j_grads, g_now)
+            chose = None if r is at else later_choice(r, g_now, factor, j_grads)
+            if chose is not None:  # its share steps a share, as a kink's
+                j_grads, j_weights = chose[1], max(j_weights, chose[1])
+                notes.append(
+                    f"update {r.update}: another choice made per input went otherwise, the "
+                    f"gradients of {listed(chose[0], 4)} each one input's share, up to "
+                    f"{j_grads:.3g} of their norm off, the model's gradient as a whole neither "
+                    f"scaled nor turned. {widening(r.update, factor, j_grads, j_weights, start)}"
+                )
+                r.grads[:] = _widened(unwidened, factor * j_grads, g_now)
         if w_now is not None:
             r.weights[:] = _widened(r.weights, factor * j_weights, w_now)
         confined = _confined(r)
@@ -325,26 +337,6 @@ def _excuse_parted(parted: list[UpdateResult], factor: float, raised: float) -> 
             else ""
         )
     ]
-
-
-def _later_kink(grads: Pair, followed: float) -> tuple[str, float, int] | None:
-    """A kink crossed at a later update of a followed divergence: the gradient (of a tensor of
-    many rows or columns) furthest off as a share of its norm, by more than the size followed so
-    far, that error in a few rows or columns. A run whose trajectories parted at one kink
-    crosses more, each a jump of its own (model zoo run 753, a Transformer encoder under Adam,
-    K=8: 0.57% at update 4, then 1.66% in one other row at update 6, and update 9 off by 2.3% in
-    two rows failed at 1.006x): the size followed is raised to it from there on. A bug is not in
-    a few rows. A gradient off by all of itself or more is no kink's share, and not read: an
-    attention key bias, whose exact gradient is 0, stood 4e8 times its reference's norm off
-    and hid the kinks of model zoo run 291208 (an OPT under transformers' Adafactor, K=3:
-    0.58% and 0.75% in one row of layer 1's fc1 at updates 15 and 16)."""
-    shares = {name: grads.share(name) for name in grads.names() if many_units(grads.shape(name))}
-    shares = {name: share for name, share in shares.items() if share < 1}  # not all of itself
-    worst = max(shares, key=lambda name: (shares[name], name), default=None)
-    if worst is None or not shares[worst] > followed:
-        return None
-    units = grads.kinked_units(worst)
-    return None if units is None else (worst, shares[worst], len(units[1]))
 
 
 def _widened(diffs: list[TensorDiff], extra: float, pair: Pair) -> list[TensorDiff]:
