@@ -8,7 +8,7 @@ import pytest
 
 from gradalign.judge.signatures import gradient
 
-from .zoo_runs import _compare, _one_thread_runs, one_thread, zoo
+from .zoo_runs import _compare, _one_thread_judge, _one_thread_runs, one_thread, zoo
 
 
 def test_window_sizes_are_unequal_sum_to_the_batch_and_change_per_window():
@@ -149,3 +149,36 @@ def test_a_load_balancing_loss_below_the_whole_model_s_noise_is_no_reweighting(
     assert c.diagnosis[0].code == "cross-sample-loss", [d.code for d in c.diagnosis]
     monkeypatch.setattr(gradient, "TWO_DRAWS", 0.0)
     assert _compare(tmp_path).diagnosis[0].code == "token-normalization"
+
+
+def test_a_loss_parted_from_weights_within_noise_is_no_reweighting(tmp_path, monkeypatch):
+    """Model zoo run 294484: gpt-oss (two tiny mixture-of-experts layers) under transformers'
+    Adafactor, K=6 over micro-batches of 1 to 16 samples, a clip and a schedule, 20 updates.
+    Every check of update 14 passed; at update 15 the loss stood 25 times its allowed error
+    off and every gradient failed (the router's bias 58% of itself): the forward computed
+    otherwise from weights the runs shared, which a reweighting of the micro-batches does not
+    do (it moves the loss from the update after it starts). It was named `token-normalization`
+    with a fix for a bug the loop does not have; it is `unexplained` now and says what the
+    loss showed (else this machine's rounding took another path: skipped). The same loop with
+    each micro-batch's mean divided by K from update 15 on is still named. One thread."""
+    pytest.importorskip("transformers")
+    loop = {"uneven": True, "schedule": True, "clip": 1.0, "updates": 20}
+    root = tmp_path / "clean"
+    _one_thread_judge(root, "hf-gptoss", "hf-adafactor", 6, 294484, None, **loop)
+    c = _compare(root)
+    first = next((r for r in c.results if not r.ok), None)
+    if c.verdict == "pass" or first.update != 15 or first.loss_ok:
+        pytest.skip(f"this machine's rounding took another path here ({c.first_divergence})")
+    assert [d.code for d in c.diagnosis] == ["unexplained"], [d.code for d in c.diagnosis]
+    assert "the losses part at update 15 with the gradients" in c.diagnosis[0].message
+    assert "differ in size" not in c.diagnosis[0].message
+    assert "MERGED64" in c.diagnosis[0].fix
+    with monkeypatch.context() as m:
+        m.setattr("gradalign.judge.signatures.gradient.forward_parted", lambda *a: False)
+        assert _compare(root).diagnosis[0].code == "token-normalization"
+    bug = tmp_path / "bug"
+    _one_thread_judge(
+        bug, "hf-gptoss", "hf-adafactor", 6, 294484, "mean-over-k", bug_from=15, **loop
+    )
+    buggy = _compare(bug)
+    assert buggy.verdict == "fail" and buggy.diagnosis[0].code == "token-normalization"

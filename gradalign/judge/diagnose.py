@@ -18,7 +18,7 @@ from . import signatures as sig
 from .below_noise import scaled_within_tolerance
 from .checks import sample_mismatches
 from .coupled_steps import tensor_wide_scale
-from .hints import unexplained_hints
+from .hints import FLOAT64_RERUN, unexplained_hints
 from .passing import why_it_passes
 from .results import FAIL, Comparison, Diagnosis, UpdateResult
 from .signatures import distributed as ranked
@@ -373,11 +373,8 @@ def _unexplained(c: Comparison) -> Diagnosis:
             "micro-batch size (a matrix exponential's scaling, as in orthogonal "
             "parametrizations, or a kernel chosen by shape)"
         )
-        fix = (fix + "; " if fix else "") + (
-            "to tell the two apart, record the merged run in float64 as well and compare the "
-            "float64 runs (`gradalign compare REFERENCE MERGED64`): if they pass, the trainings "
-            "are the same and only the rounding differs; if they fail, the training differs"
-        )
+        if FLOAT64_RERUN not in fixes:
+            fix = (fix + "; " if fix else "") + FLOAT64_RERUN
     return Diagnosis("unexplained", message, evidence, fix)
 
 

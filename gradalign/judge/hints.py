@@ -8,7 +8,14 @@ import numpy as np
 from ..runs.logs.records import LIGHTNING_CSV, LIGHTNING_LAST_MICRO
 from ..runs.logs.smooth import LAG1_MAX, difference_lag1
 from .results import NOT_CHECKED, PASS, Comparison, UpdateResult
-from .signatures.decisive import steps_seen
+from .signatures.common import losses_given
+from .signatures.decisive import forward_parted, steps_seen
+
+FLOAT64_RERUN = (
+    "to tell the two apart, record the merged run in float64 as well and compare the float64 "
+    "runs (`gradalign compare REFERENCE MERGED64`): if they pass, the trainings are the same "
+    "and only the rounding differs; if they fail, the training differs"
+)
 
 
 def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str], list[str]]:
@@ -85,6 +92,18 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
         if not fixes:
             fixes.append("print each micro-batch's own loss, not a smoothed one")
     counts = _uneven_counts(c)
+    if r is not None and r.update > 0 and losses_given(c.merged) and forward_parted(c, r):
+        said.append(
+            f"the losses part at update {r.update} with the gradients, every check of update "
+            f"{r.update - 1} within noise: the forward computed otherwise from weights the runs "
+            "shared, as where a choice made per input (a token routed to another expert, an "
+            "argmax, a tie) went one way in one run and the other way in the other; a "
+            "reweighting or a scale of the micro-batches moves the gradients of the update it "
+            "starts at, and the losses only from the next"
+        )
+        counts = None  # no reweighting of the micro-batches: not the clause for one
+        if c.reference is not None:
+            fixes.append(FLOAT64_RERUN)
     if counts:
         said.append(
             f"the merged micro-batches differ in size ({counts}): a loop that divides each "

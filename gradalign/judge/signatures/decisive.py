@@ -8,7 +8,9 @@ import numpy as np
 from ...runs.model import Run
 from ..bookkeeping import bad_alike
 from ..checks import fingerprint_mismatches, sample_mismatches
-from ..results import Comparison, Diagnosis
+from ..choices import CHOICE_COSINE
+from ..kinks import whole_model_moved
+from ..results import Comparison, Diagnosis, UpdateResult
 from ..window_sizes import CARRIED, CARRIED_FIX, UPDATE_FIRST_FIX, problems, update_first
 from .common import dropout_ran, finite
 from .skips import skips_apart, steps_skipped
@@ -161,6 +163,29 @@ def same_start_shown(c: Comparison) -> bool:
         and steps_seen(c)
         and not any(key in _STEPPED for key, _ in c.results[0].problems)
     )
+
+
+def forward_parted(c: Comparison, r: UpdateResult) -> bool:
+    """Whether the window losses parted where the weights they were computed from did not: at
+    update 0 from the same initial weights (`same_start_shown`), or at update `r`, with its
+    weights or gradients, while every check of the update before it passed, its weights among
+    them (a log's losses alone say nothing of the weights). A reweighting of the micro-batches
+    moves the gradients of the update it starts at and the loss only from the next (each loss
+    is computed with the weights of the update before); a forward that chose otherwise from
+    the same weights moves both at once, the model's gradient as a whole scaled and turned no
+    further than a choice turns it (`choices.CHOICE_COSINE`). Model zoo run 294484 (gpt-oss
+    under transformers' Adafactor, K=6 over micro-batches of 1 to 16 samples): at update 15
+    the loss stood 25 times its allowed error off and every gradient failed (its cosine to the
+    reference's 0.99983), update 14 within noise, and was named `token-normalization`; each
+    micro-batch's mean divided by K from update 15 on turns it to 0.82 there, and is named."""
+    if not c.results:
+        return False
+    if not c.results[0].loss_ok and same_start_shown(c):
+        return True
+    before = next((p for p in c.results if p.update == r.update - 1), None)
+    if r.loss_ok or r.tensors_ok or before is None or not before.weights or not before.ok:
+        return False
+    return not whole_model_moved(r, CHOICE_COSINE)  # as far as a choice moves it, no further
 
 
 def _same_start(base: Run, merged: Run) -> bool:

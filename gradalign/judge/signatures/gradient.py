@@ -28,7 +28,7 @@ from .common import (
     scaled_error,
     window,
 )
-from .decisive import same_start_shown
+from .decisive import forward_parted
 from .norms import apart, norm_before_clip
 
 
@@ -237,8 +237,7 @@ def token_normalization(c: Comparison, r: UpdateResult, scale: float = 1.0) -> D
         items, unit = c.merged.micro_samples, "samples"
     if items is None or k < 2 or (scale == 1.0 and normalized_by_window(c.merged)):
         return None  # beside a scale, a mean the model took despite num_items_in_batch
-    gap = bool(c.results) and not c.results[0].loss_ok and same_start_shown(c)
-    if unit == "items" and losses_given(c.merged) and gap:
+    if unit == "items" and losses_given(c.merged) and forward_parted(c, r):
         return None  # item-weighted window losses apart from the same weights: the forward's
     w = c.merged.window(r.update)
     counts = items[w.start : w.stop]
