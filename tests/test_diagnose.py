@@ -168,8 +168,9 @@ def test_losses_that_part_after_the_weights_keep_the_noise_hint(
     """Weights apart from update 2 (1e-3 of their displacement: beyond the fixed tolerance and
     the run's noise), losses from `loss_from`: a loss parting at or after the weights follows
     them, and `unexplained` still says what noise the judge may not have measured (a kink,
-    Adam's noise, a kernel chosen by shape) and how to tell; a loss parting before the weights
-    is no such case, and the hint is left out."""
+    Adam's noise, a kernel chosen by shape) and how to tell (at once with them, from weights
+    the runs shared: the forward chose otherwise); a loss parting before the weights is no such
+    case, and the hint is left out."""
     base = sgd_runs["base"]
     bad = shifted(sgd_runs["merged"], 2, 1e-3, base.init_weights())
     c = compare(
@@ -182,7 +183,10 @@ def test_losses_that_part_after_the_weights_keep_the_noise_hint(
     assert "failed: losses, weights" in unexplained.message
     hint = "fixed tolerances, measured" if not reference else "the merged run's may differ"
     assert (hint in unexplained.message) is followed
-    assert (f"the losses part only from update {loss_from}" in unexplained.message) is followed
+    later = f"the losses part only from update {loss_from}" in unexplained.message
+    at_once = f"the losses part at update {loss_from} with the gradients" in unexplained.message
+    assert (later or at_once) is followed
+    assert at_once is (loss_from == 2)  # with the weights, from weights the runs shared
     assert (unexplained.fix is not None and "float64" in unexplained.fix) is followed
 
 

@@ -338,7 +338,7 @@ def _unexplained(c: Comparison) -> Diagnosis:
         and tensors is not None
         and (losses is None or losses >= tensors)
     )  # a loss computed with weights that already part follows them, and says nothing more
-    if tensors_first and "losses" in failed and losses is not None:
+    if tensors_first and "losses" in failed and losses is not None and losses > tensors:
         message += (
             f"; the losses part only from update {losses}, the weights or gradients from "
             f"update {tensors}: each loss is computed with the weights of the update before"

@@ -1,9 +1,9 @@
 """The noise model's passes over a whole run, after each update was judged on its own: what a
 float64 reference says honest float32 training may do that one update's noise cannot foresee
 (noise pooled and carried, sizes on parted paths, kinks crossed and the divergences they
-start, high gains, a step scaled by a norm noise moved, losses the weights explain), in the
-order each needs the others' verdicts. Without a reference the isolated kinks and their
-divergences are measured against the baseline."""
+start, high gains, a step scaled by a norm noise moved, losses the weights explain, losses a
+parted run's choices moved), in the order each needs the others' verdicts. Without a
+reference the isolated kinks and their divergences are measured against the baseline."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .gains import follow_gain_divergence
 from .kink_divergence import follow_kink_divergence
 from .kinks import excuse_isolated_jumps, first_failing
 from .noise import carry_admitted_excess, carry_rounding, explain_loss_by_weights, pool_noise
+from .parted_losses import excuse_parted_losses
 from .parted_sizes import widen_parted_sizes
 from .results import UpdateResult
 from .scaled_step_divergence import follow_scaled_step
@@ -40,7 +41,7 @@ def honest_differences(
         notes = excuse_isolated_jumps(results, merged, base, factor, seen)
         notes += follow_kink_divergence(results, merged, base, factor, seen)
         explain_loss_by_weights(results, merged, base, factor, explained, seen)
-        return notes
+        return notes + excuse_parted_losses(results)
     pool_noise(results, factor)
     parted = widen_parted_sizes(results, factor)
     carry_rounding(results)
@@ -57,4 +58,4 @@ def honest_differences(
     if not (kinks or gains):
         notes += follow_scaled_step(results, merged, reference, factor, seen)
     explain_loss_by_weights(results, merged, reference, factor, explained, seen)
-    return notes
+    return notes + excuse_parted_losses(results)

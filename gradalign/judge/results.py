@@ -38,6 +38,9 @@ class UpdateResult:
     loss_judged: bool = True  # False: both runs skipped the update and a loss went unprinted
     # without a reference: the runs entered this update with weights apart (apart.entered_apart)
     entered_apart: bool = False
+    # the share of its norm each gradient may differ by in a divergence followed through this
+    # update (judge/kink_divergence.py); 0 outside one
+    followed_share: float = 0.0
 
     @property
     def loss_ok(self) -> bool:
