@@ -4,9 +4,14 @@ micro-batch's own mean divided by K fails, named `token-normalization`."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 
+from gradalign.judge.compare import compare
 from gradalign.judge.signatures import gradient
+from gradalign.runs.reader import read_run_dir
 
 from .zoo_runs import _compare, _one_thread_judge, _one_thread_runs, one_thread, zoo
 
@@ -182,3 +187,20 @@ def test_a_loss_parted_from_weights_within_noise_is_no_reweighting(tmp_path, mon
     )
     buggy = _compare(bug)
     assert buggy.verdict == "fail" and buggy.diagnosis[0].code == "token-normalization"
+
+
+def test_losses_recorded_scaled_by_their_share_are_named_where_sizes_differ(tmp_path):
+    """A loop that records each micro-batch's loss after scaling it by its share of the batch
+    (n_j / N, as it backpropagates it), over micro-batches of unequal sizes: the window's mean
+    weights the recorded losses by their counts again, so only the losses differ. Named
+    `loss-averaging`, saying the losses were weighted twice (it once said they were averaged
+    equally, which a window weighted by its counts never is)."""
+    root = _one_thread_runs(tmp_path, "lnmlp", "adamw-wd", 3, 11, uneven=True, updates=4)
+    base, merged = read_run_dir(root / "base"), read_run_dir(root / "merged")
+    counts = np.asarray(merged.micro_samples, dtype=np.float64).reshape(-1, 3)
+    share = (counts / counts.sum(axis=1, keepdims=True)).ravel()
+    scaled = dataclasses.replace(merged, micro_loss=np.asarray(merged.micro_loss) * share)
+    c = compare(base, scaled, reference=read_run_dir(base.reference))
+    assert c.verdict == "fail" and c.diagnosis[0].code == "loss-averaging", c.diagnosis
+    assert "weighted twice" in c.diagnosis[0].message
+    assert c.diagnosis[0].evidence["micro_batch_sizes_vary"] is True

@@ -10,7 +10,7 @@ of unequal sizes, 30 updates): a kink followed from update 22, then the loss alo
 times what the weights explain at updates 26 and 29 (3.9e-6 and 1.8e-5 off), 27 and 28 within
 it, every tensor within the divergence followed; named `loss-averaging`.
 
-A loss recorded otherwise (divided by K, averaged equally over unequal micro-batches, summed
+A loss recorded otherwise (divided by K, scaled by its micro-batch's share of the batch, summed
 over ranks) stands off at every update from the first it does, and by far more than a token's
 share of the loss. So such failures are excused only where every failure of the run is a loss
 alone, each inside a followed divergence and within the share it follows of the loss itself,

@@ -63,7 +63,8 @@ def _averaged_otherwise(
     c: Comparison, q: float, evidence: dict, ratios: list[float]
 ) -> tuple[str, str] | None:
     """Why only the losses differ, where the ratio is not 1/K: a loss summed (or divided) over
-    W ranks before it was recorded, micro-batches of unequal sizes averaged equally, means
+    W ranks before it was recorded, losses of micro-batches of unequal sizes recorded already
+    scaled by their shares (the window's mean weights them by their counts again), means
     weighted otherwise (class weights, tokens) averaged equally (ratios near 1 that vary by
     update), or else recorded losses that are not the ones backpropagated; None where 16-bit
     losses judged without a reference stand within 1% of each other (rounding no fixed
@@ -83,13 +84,15 @@ def _averaged_otherwise(
     sizes = c.merged.micro_samples
     uneven = sizes is not None and len(set(sizes.tolist())) > 1
     evidence["micro_batch_sizes_vary"] = uneven
-    if uneven:
+    if uneven:  # the window's mean is weighted by those counts (Run.window_losses)
         return (
-            "the window mean of the micro losses is not the batch's mean loss: the micro-"
-            "batches hold different numbers of items and were averaged equally",
-            "pass each micro-batch's item count (`micro(loss, items=n)`, or "
-            "`micro(loss_sum=..., items=n)`) or its samples (`batch=`), so the window mean is "
-            "item-weighted",
+            f"the merged window losses are {times(q)} times the baseline's (median over the "
+            "failing updates): the micro-batches differ in size and each window's mean weights "
+            "their losses by their counts, so each recorded loss must be its own micro-batch's "
+            "mean; one already scaled by its share of the batch (or by 1/K) is weighted twice",
+            "record each micro-batch's own mean loss, before scaling it by its share of the "
+            "batch, with its item count where the loss is a mean over items (`micro(loss, "
+            "items=n)`, or `micro(loss_sum=..., items=n)`)",
         )
     rounded = c.reference is None and c.dtype in ("float16", "bfloat16")
     if rounded and math.isfinite(q) and abs(q - 1) <= 0.01:
