@@ -50,6 +50,15 @@ def test_losses_off_otherwise_still_fail(offs, share, why):
     assert [r.update for r in results if not r.loss_ok] == sorted(offs), why
 
 
+def test_losses_allowed_nothing_are_excused_without_a_ratio_to_divide_by():
+    results = _results({6: 4e-6, 8: 1.8e-5})
+    for r in results:
+        r.loss_allowed = 0.0 if r.update in (6, 8) else r.loss_allowed
+    notes = excuse_parted_losses(results)
+    assert "up to inf times what the weights explain" in notes[0]
+    assert results[6].loss_ok and results[8].loss_ok
+
+
 def test_a_run_failing_beside_its_losses_is_left_as_it_is():
     results = _results({6: 4e-6})
     results[3].problems.append(("optimizer_steps", "two steps in window 3"))
