@@ -184,10 +184,9 @@ def follow_kink_divergence(
     if jumped_loss:  # one input's share of the loss at most, as of the gradients
         if not at.loss_error <= j_grads * abs(at.base_loss):
             return []
-        over = at.loss_error / at.loss_allowed if at.loss_allowed > 0 else math.inf
         loss = (
-            f"every earlier update within noise and the loss {at.loss_error:.3g} off ({over:.3g}x "
-            "its allowed error: a choice moves the loss by a jump)"
+            f"every earlier update within noise and the loss {at.loss_error:.3g} off "
+            f"({at.loss_ratio:.3g}x its allowed error: a choice moves the loss by a jump)"
         )
         at.loss_allowed = at.loss_error
     start = f"update {u - 1}" if u else "the start"

@@ -19,8 +19,6 @@ and a later update's loss passed.
 
 from __future__ import annotations
 
-import math
-
 from .results import UpdateResult
 
 
@@ -35,7 +33,7 @@ def excuse_parted_losses(results: list[UpdateResult]) -> list[str]:
     first = failing[0].update
     if all(not r.loss_ok for r in results if r.update > first and r.loss_judged):
         return []  # off at every update from its first (none after it: unread)
-    times = max(r.loss_error / r.loss_allowed if r.loss_allowed > 0 else math.inf for r in failing)
+    times = max(r.loss_ratio for r in failing)
     for r in failing:
         r.loss_allowed = r.loss_error
     updates = [r.update for r in failing]

@@ -48,6 +48,13 @@ class UpdateResult:
         return bool(self.loss_error <= self.loss_allowed and self.loss_error < math.inf)
 
     @property
+    def loss_ratio(self) -> float:
+        """loss_error / loss_allowed: below 1 passes (as `TensorDiff.ratio`)."""
+        if self.loss_allowed > 0:
+            return self.loss_error / self.loss_allowed
+        return 0.0 if self.loss_error == 0 else math.inf
+
+    @property
     def grad_failed(self) -> bool:
         """A gradient that failed: a tensor's, or the whole model's norm (judge/grad_norm.py)."""
         return any(not d.ok for d in self.grads) or self.grad_norm_beyond is not None
