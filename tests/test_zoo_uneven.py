@@ -11,6 +11,7 @@ import pytest
 
 from gradalign.judge.compare import compare
 from gradalign.judge.signatures import gradient
+from gradalign.judge.signatures.clipping import clip_state
 from gradalign.runs.reader import read_run_dir
 
 from .zoo_runs import _compare, _one_thread_judge, _one_thread_runs, one_thread, zoo
@@ -244,3 +245,31 @@ def test_a_route_beside_a_micro_batch_of_one_sample_is_no_reweighting(tmp_path, 
     _one_thread_judge(bug, "moe", "hf-adafactor", 6, 296034, "mean-over-k", bug_from=19, **loop)
     buggy = _compare(bug)
     assert buggy.verdict == "fail" and buggy.diagnosis[0].code == "token-normalization"
+
+
+def test_a_clipped_norm_reads_no_scale_beside_a_reweighting(tmp_path):
+    """Model zoo run 299935: transformers' Mixtral under bfloat16 autocast and Adadelta, each
+    micro-batch's mean divided by K=2 from update 10, a clip at 1.0 and a schedule. At update
+    11 the micro-batches hold 47 samples and 1: the lone sample's weight of a half lifts the
+    merged gradient's norm to 4 times the baseline's, past the clip, which leaves its stepped
+    norm 1/0.328 = 3.05 times the baseline's, within 5% of K+1. That clipped norm was read as
+    a loss scale named before the reweighting; the sizes before the clip (the fit 1.1, the norm
+    4.0) read no scale, and the reweighting alone is named. Each micro-batch's mean left
+    undivided over unequal micro-batches under a clip both runs engage is still named a scale
+    beside the reweighting (K=3, read before the clip). One thread."""
+    loop = {"updates": 12, "autocast": "bfloat16", "clip": 1.0, "schedule": True}
+    root = tmp_path / "route"
+    _one_thread_judge(
+        root, "hf-mixtral", "adadelta", 2, 299935, "mean-over-k", bug_from=10, uneven=True, **loop
+    )
+    c = _compare(root)
+    assert c.first_divergence["update"] == 11
+    assert [d.code for d in c.diagnosis] == ["token-normalization"], c.diagnosis
+    assert clip_state(c, c.merged, 11)[0] and not clip_state(c, c.baseline, 11)[0]
+    scaled = tmp_path / "scaled"
+    loop = {"updates": 6, "uneven": True, "clip": 0.3, "bug_from": 3}
+    _one_thread_judge(scaled, "lnmlp", "adamw-wd", 3, 121021, "no-loss-scale", **loop)
+    c = _compare(scaled)
+    assert [d.code for d in c.diagnosis] == ["loss-scale", "token-normalization"], c.diagnosis
+    assert c.diagnosis[0].evidence["expected_ratio"] == 3
+    assert clip_state(c, c.merged, 3)[0] and clip_state(c, c.baseline, 3)[0]
