@@ -207,7 +207,9 @@ def lone_vectors(names: list[str], grads: Pair) -> set[str]:
     return {name for name in names if len(grads.shape(name)) < 2 and module_of(name) not in modules}
 
 
-def lone_beside_choice(r: UpdateResult, unread: set[str], beside: dict, grads: Pair) -> str | None:
+def lone_beside_choice(
+    r: UpdateResult, unread: set[str], beside: dict, grads: Pair, loss: str
+) -> str | None:
     """Where the only gradients of update `r` that failed are norms' scales (`lone_vectors`,
     `unread`: no rank to read), the step left every weight within its noise, and passing
     matrices over their noise hold one input's share (`anchors`, in `beside`): a choice made
@@ -217,7 +219,7 @@ def lone_beside_choice(r: UpdateResult, unread: set[str], beside: dict, grads: P
     Mixtral under float16 autocast, ASGD, K=2): at update 11 only layer 1's post-attention
     norm's scale failed (96 times its noise, 4.5% of itself), beside the fused experts'
     passing slabs 0 and 3 and the router's weight, 63 to 80 times their noise, each one
-    input's share."""
+    input's share. `loss`: what the loss says, in words (`kinks.loss_as_around`)."""
     chosen = sorted(name for name, (axis, _) in beside.items() if axis == ONE_INPUT)
     if not unread or not any(len(grads.shape(name)) >= 2 for name in chosen):
         return None
@@ -229,7 +231,7 @@ def lone_beside_choice(r: UpdateResult, unread: set[str], beside: dict, grads: P
         f"to read, beside {', '.join(chosen)}, passing over their noise, each one input's "
         "share: a choice made per input (a token routed to another expert) went one way in "
         "one run and the other way in the other, and its step left every weight within its "
-        "noise and the loss within noise; not counted as a failure"
+        f"noise and {loss}; not counted as a failure"
     )
 
 

@@ -9,16 +9,16 @@ column of the next layer's weight hold the whole gradient error, and every tenso
 the unit follows. The baseline crosses kinks
 against the reference too (measured: 2 in 300 updates of the default SGD run).
 
-- **An isolated jump** (`excuse_isolated_jumps`): a gradient failure at a single update whose
-  error sits in a few rows, the rest of its tensor within factor times what is allowed (or, the
-  kink's echo behind a norm, off by 1/ECHO of the units' share of themselves), with the
-  neighbouring updates, the weights and the loss all within noise, is reported as a note, not a
+- **An isolated jump** (`excuse_isolated_jumps`): a gradient failure at a single update whose error
+  sits in a few rows, the rest of its tensor within factor times what is allowed (or, the kink's
+  echo behind a norm, off by 1/ECHO of the units' share of themselves), with the neighbouring
+  updates, the weights and the loss all within noise (or the loss off by no more than the losses
+  either side, where they stand off throughout: `loss_as_around`), is reported as a note, not a
   failure: `1 + updates // 100` such updates, and past them each further one in units (rows or
-  columns) no jump excused before was held in. A wide model crosses kinks often (an encoder with
-  96 ReLU units a layer, Adamax, K=4: one unit at updates 7 and 9 of 10, each another); a unit
-  whose error comes back, each time stepped with, is an error that stays. A neighbour that is
-  an excused jump counts as within noise: an update whose neighbour failed is read once more
-  after the rest.
+  columns) no jump excused before was held in. A wide model crosses kinks often (an encoder with 96
+  ReLU units a layer, Adamax, K=4: one unit at updates 7 and 9 of 10, each another); a unit whose
+  error comes back, each time stepped with, is an error that stays. A neighbour that is an excused
+  jump counts as within noise: an update whose neighbour failed is read once more after the rest.
 - **A quiet jump**: the same failure where its step left every weight within its noise (not
   `stepped`: no weight over factor times its noise and factor times further than the update
   before), at any update, in a row or not, the same unit or another: the training stays the
@@ -74,6 +74,7 @@ from .choices import (
     lone_vectors,
     same_inputs,
 )
+from .jump_losses import loss_as_around
 from .kink_evidence import Pair, apart
 from .kink_shape import JUMP_SHARE, ONE_INPUT, WHOLE, held_in_many_rows
 from .metrics import TensorDiff
@@ -105,7 +106,8 @@ def excuse_isolated_jumps(
 
     for i in order:
         r = results[i]
-        if not (gradients_alone_failed(r) and r.loss_ok):
+        loss = loss_as_around(results, i)
+        if not (gradients_alone_failed(r) and loss is not None):
             continue
         quiet = not stepped(r, results[i - 1] if i else None, factor)
         if not (quiet or _neighbours_pass(results, r.update)):
@@ -127,7 +129,7 @@ def excuse_isolated_jumps(
             echoes = [name for name in echoes if name not in unread]
         elif not kinked and quiet and lone_vectors(echoes, grads) == set(echoes):
             moved = whole_model_moved(r, CHOICE_COSINE)
-            lone = None if moved else lone_beside_choice(r, set(echoes), beside, grads)
+            lone = None if moved else lone_beside_choice(r, set(echoes), beside, grads, loss)
             if lone is not None:  # only norms' scales failed, beside a choice passing
                 chose = True
                 excuse(r, set(found), "isolated jump")
@@ -153,7 +155,7 @@ def excuse_isolated_jumps(
         isolated += not quiet
         chose = chose or any(axis == ONE_INPUT for axis, _ in kinked.values())
         excuse(r, set(found), "isolated jump")
-        notes.append((r.update, _jump_note(r, kinked, joined, echoes, unread, quiet, grads)))
+        notes.append((r.update, _jump_note(r, kinked, joined, echoes, unread, quiet, grads, loss)))
     notes.sort(key=lambda pair: pair[0])
     texts = [text for _, text in notes]
     for r in parted:
@@ -192,11 +194,12 @@ def _jump_note(
     unread: set[str],
     quiet: bool,
     grads: Pair,
+    loss: str,
 ) -> str:
     """The note for a jump excused at update `r`: where it sat (`kinked`, of which `joined`
     hold the same input's share as a weight beside them), its echoes upstream, the norms'
     scales beside it with no rank to read (`unread`); how `grads` read its rank (a sketched
-    tensor's, from its grid sums)."""
+    tensor's, from its grid sums); what its loss said (`loss_as_around`)."""
     failing = [d for d in r.grads if d.name in kinked]
     worst = max([d for d in failing if d.name not in joined] or failing, key=lambda d: d.ratio)
     upstream = (
@@ -248,8 +251,8 @@ def _jump_note(
         )
     return (
         f"update {r.update}: the gradient of {', '.join(kinked)} jumped to "
-        f"{worst.ratio:.3g}x its {floor} in {where}{upstream}, while {around} and the loss "
-        f"within noise: {cause}; not counted as a failure"
+        f"{worst.ratio:.3g}x its {floor} in {where}{upstream}, while {around} and {loss}: "
+        f"{cause}; not counted as a failure"
     )
 
 
