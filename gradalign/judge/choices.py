@@ -219,7 +219,7 @@ def lone_beside_choice(
     Mixtral under float16 autocast, ASGD, K=2): at update 11 only layer 1's post-attention
     norm's scale failed (96 times its noise, 4.5% of itself), beside the fused experts'
     passing slabs 0 and 3 and the router's weight, 63 to 80 times their noise, each one
-    input's share. `loss`: what the loss says, in words (`kinks.loss_as_around`)."""
+    input's share. `loss`: what the loss says, in words (`jump_losses.loss_as_around`)."""
     chosen = sorted(name for name, (axis, _) in beside.items() if axis == ONE_INPUT)
     if not unread or not any(len(grads.shape(name)) >= 2 for name in chosen):
         return None
