@@ -136,7 +136,9 @@ def test_a_window_left_with_other_than_k_keeps_what_it_recorded(runs):
     run = read_run_dir(runs / "merged-False")
     discarded = np.zeros(run.updates, dtype=np.int64)
     discarded[0] = K - 1  # as zero_grad() after every micro-step: one micro-step left
-    assert drop_discarded(run, discarded) is run
+    kept = drop_discarded(run, discarded)
+    assert kept.micro_steps == run.micro_steps and kept.notes == run.notes
+    assert kept.cleared_inside.tolist() == discarded.tolist()  # for zero-grad-in-window
 
 
 def test_a_discarded_count_beyond_its_window_is_refused(runs, tmp_path):

@@ -12,8 +12,9 @@ after them, at the weights the discarded ones saw (`micro/state`), is read as th
 discarded ones leave every per-micro-step series (their losses, samples and fingerprints; each
 rank's too), and a note says so. Any other window is left as it was recorded: a zero_grad()
 after every micro-step (K − 1 discarded, one left) is a bug for the window check and
-`zero-grad-in-window` to name, and leftovers whose gradient was carried into the next window
-(no clear) hold K + d micro-steps that all trained.
+`zero-grad-in-window` to name (its counts stay on the run: `cleared_inside`), and leftovers
+whose gradient was carried into the next window (no clear) hold K + d micro-steps that all
+trained.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def drop_discarded(run: Run, discarded: np.ndarray | None) -> Run:
         for i in range(run.updates)
         if discarded[i] and sizes[i] - discarded[i] == k and _still(run, starts[i], discarded[i])
     ]
+    left = discarded.copy()
+    left[windows] = 0  # leftovers, read out of the run: what stays cleared is the loop's
     if not windows:
-        return run
+        return dataclasses.replace(run, cleared_inside=left)
     keep = np.ones(run.micro_steps, dtype=bool)
     for i in windows:
         keep[starts[i] : starts[i] + int(discarded[i])] = False
@@ -49,6 +52,7 @@ def drop_discarded(run: Run, discarded: np.ndarray | None) -> Run:
     )
     changes = _kept(run, keep)
     changes["discarded_draws"] = drawn
+    changes["cleared_inside"] = left if left.any() else None
     changes["ranks"] = [dataclasses.replace(r, **_kept(r, keep)) for r in run.ranks]
     new_sizes = sizes.copy()
     new_sizes[windows] = k

@@ -105,6 +105,10 @@ class Run:
     window_sizes: np.ndarray | None = None  # int64 [N], micro-steps per window (None: K each)
     unclosed_micro_steps: int = 0  # micro-steps recorded after the last update()
     unclosed_steps: int = 0  # optimizer steps after the last update(), never recorded
+    # int64 [N], micro-steps of window i whose gradient a clear between micro-steps (zero_grad(),
+    # or by hand: `p.grad = None`) discarded before it stepped, in windows not read as leftovers
+    # (discarded.py); None: none recorded
+    cleared_inside: np.ndarray | None = None
     # updates whose window began with discarded micro-steps that drew random numbers (discarded.py)
     discarded_draws: tuple[int, ...] = ()
     grads_calls: np.ndarray | None = None  # int64 [N], Recorder.grads() calls in window i

@@ -20,10 +20,11 @@ ZERO_GRAD_FIX = (
 
 def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     """The Recorder saw zero_grad() inside the failing update's window, between two of its
-    micro-steps, where it discards the gradient accumulated so far."""
+    micro-steps, where it discards the gradient accumulated so far; or, none seen, every
+    gradient cleared by hand there (`cleared_by_hand`)."""
     counts = c.merged.zero_grads_inside
     if counts is None or not counts[r.update]:
-        return None
+        return cleared_by_hand(c, r)
     if r.grad_ratio is not None and r.grad_ratio >= 1.5:
         # Clearing leaves the last micro-batches' share, which projects on the baseline's
         # gradient by at most about 1 (all of it, where those dominate): a gradient half as
@@ -48,6 +49,44 @@ def zero_grad_counted(c: Comparison, r: UpdateResult) -> Diagnosis | None:
             **ranks,
         },
         ZERO_GRAD_FIX,
+    )
+
+
+def cleared_by_hand(c: Comparison, r: UpdateResult) -> Diagnosis | None:
+    """The Recorder saw every gradient gone or replaced by another tensor between two of the
+    window's micro-steps (`p.grad = None` in the micro-batch loop: `cleared_inside`), no
+    zero_grad() among them, and the gradient is smaller than the baseline's along it, turned or
+    short by half the cleared micro-batches' share at least. A loop that assigns a new tensor
+    holding the sum so far (`p.grad = p.grad + g`) reads as a clear too: the gradient's size
+    tells them apart (probe loop `p.grad = None` before each micro-batch's forward, an MLP
+    regressed under Adam, K=4: the last micro-batch's gradient 0.506 times the baseline's along
+    it, cosine 0.60, was named `cross-sample-loss`, "2 of the K micro-batches left out")."""
+    cleared, before = c.merged.cleared_inside, c.baseline.cleared_inside
+    if cleared is None or not cleared[r.update] or (before is not None and before[r.update]):
+        return None
+    ratio, cosine = finite(r.grad_ratio), finite(r.grad_cosine)
+    if ratio is None or cosine is None or not ratio < 1:  # one micro-batch's may even be 0
+        return None
+    i, lost, size = r.update, int(cleared[r.update]), int(c.merged.sizes[r.update])
+    if cosine >= same_direction(c, r) and ratio > 1 - lost / (2 * size):
+        return None  # the whole window's gradient, as a sum assigned anew keeps it
+    windows = int(np.count_nonzero(cleared))
+    return Diagnosis(
+        "zero-grad-in-window",
+        f"the Recorder saw every gradient cleared by hand (set to None, or to another tensor) "
+        f"between micro-steps of window {i}: the first {lost} of its {size} micro-steps' "
+        f"gradients were gone before it stepped ({windows} window(s) so; no zero_grad() was "
+        f"seen), and the accumulated gradient is {ratio:.3g} times the baseline's (cosine "
+        f"{cosine:.4f}): only the last micro-batches' gradient survived",
+        {
+            "update": i,
+            "micro_steps_cleared": lost,
+            "windows_cleared": windows,
+            "grad_ratio": ratio,
+            "grad_cosine": cosine,
+        },
+        f"{ZERO_GRAD_FIX}; clear no .grad by hand inside it (`p.grad = None`), and accumulate "
+        "into .grad in place (`p.grad.add_(g)`)",
     )
 
 
