@@ -65,7 +65,9 @@ BESIDE_SHAPES = {"batchnorm", "cross-sample-loss", "dropout-rng", "loss-averagin
 # can follow from them, so a gradient that fails there is another cause, read by its shape
 # (the learning rate K times the baseline's, or a scheduler stepped per micro-step, beside a
 # loss not divided by K was named alone: tests/test_optimizer_order.py,
-# tests/test_schedule_pace.py).
+# tests/test_schedule_pace.py), else by the last resort (a running total backpropagated at
+# each micro-step, retain_graph=True, whose losses then moved ReduceLROnPlateau's lr from
+# update 8, was named `lr-scaled` alone: tests/test_plateau_after_gradient.py).
 BEFORE_ANY_STEP = {"optimizer-settings", "lr-scaled", "lr-schedule"}
 GRADIENT_SHAPE: list[Callable[[Comparison, UpdateResult], Diagnosis | None]] = [
     sig.grad_accum_dtype,
@@ -110,6 +112,8 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         shape, later = _shape(c, bool(found) or forward is not None)
         if found and not shape:  # a scale beyond 5% of K, beside a change the loss shows
             shape = [d for d in (sig.scale_beside_unseen_change(c),) if d is not None]
+        if found and not shape and at_start and _steps_only(found):
+            shape = _last_resort(c)  # no setting of the step moves update 0's gradient
         if later and not found:  # the first failing update is left to the last resort
             shape += [d for d in _last_resort(c) if d.code != shape[0].code]
         elif shape and forward is not None:
@@ -120,6 +124,13 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     if diverged is not None:
         found.append(diverged)
     return for_framework(c, found) or [_unexplained(c)]
+
+
+def _steps_only(found: list[Diagnosis]) -> bool:
+    """Whether every cause in `found` is a setting of the optimizer's step, none naming
+    tensors whose gradient it moves (a layer frozen in one run, or inside a window, is named
+    `lr-schedule` with its `tensors`: signatures/frozen.py)."""
+    return all(d.code in BEFORE_ANY_STEP and "tensors" not in d.evidence for d in found)
 
 
 def _last_resort(c: Comparison) -> list[Diagnosis]:

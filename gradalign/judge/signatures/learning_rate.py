@@ -238,6 +238,12 @@ def lr_scaled(c: Comparison) -> Diagnosis | None:
         else "the lr was rescaled there (a batch-size scaling rule applied when the run was "
         "resumed, or when K changed): accumulation keeps the effective batch B"
     )
+    if first and _diverged_by(c, first - 1):  # as a scheduler fed the loss would follow them
+        cause += (
+            f"; or, as the runs' losses or gradients differed before update {first}, a "
+            "scheduler that steps on the loss (ReduceLROnPlateau) followed them there: then "
+            "what made them differ comes first"
+        )
     return Diagnosis(
         "lr-scaled",
         f"the merged learning rate{group_named(group)} is {q:.6g} times the baseline's {when}"
