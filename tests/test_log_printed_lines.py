@@ -171,6 +171,28 @@ def test_step_count_restarting_each_epoch_continues(tmp_path):
         read_log(write(tmp_path, text.replace("epoch: 1", "epoch: 0")))
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "epoch: {e}, batch_id: {b}, loss is: [{loss}]",
+        "epoch: {e} step: {b}, loss is {loss}",
+        "[Train] epoch {e}, step: {b}, loss: {loss}",
+    ],
+)
+def test_a_step_printed_at_each_micro_step_restarting_each_epoch_continues(tmp_path, line):
+    """Each update's step printed on K=2 lines (one per micro-batch), the count restarting
+    each epoch (MindSpore's `epoch: 2 step: 1, loss is`): the restart was counted in lines, not
+    steps, and the log refused ("expected step -2, found step 0")."""
+    text = "".join(
+        line.format(e=e, b=b, loss=(LOSSES * 2)[4 * e + 2 * b + j]) + "\n"
+        for e in range(2)
+        for b in range(2)
+        for j in range(2)
+    )
+    run = read_log(write(tmp_path, text), accum_steps=2)
+    assert run.updates == 4 and run.micro_loss.tolist() == LOSSES * 2
+
+
 @pytest.mark.parametrize("first_epoch", [1, 0])
 def test_an_epoch_announced_on_a_line_of_its_own_continues_the_count(tmp_path, first_epoch):
     """Paddle's Model.fit prints `Epoch 2/2` before the epoch's `step 1/2 - loss: ...` lines:

@@ -185,7 +185,7 @@ class _Pass(RepeatedSteps):
         if value == log.first_index != expected and _next_epoch(log.epoch, epoch):
             if log.stride == 1:
                 first_only(self.where(index), log.epoch, log.first_index, expected, step.total)
-            log.epoch_start, expected = len(log.losses), value  # the count restarts each epoch
+            log.epoch_start, expected = log.steps, value  # the count restarts each epoch
         if value != expected:
             glued = self._glued_warning(index) if value > expected else None
             raise BadInput(
