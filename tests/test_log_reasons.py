@@ -1,7 +1,8 @@
 """Logs as they come out of real runs, read or refused with the reason: open_clip's sample
 counter from one batch, detectron2's medians (read, with a note), a Python warning glued after a
-step line, per-epoch summary tables, compressed and empty files, a step count incremented before
-the window's last line, lines printed twice from mid-run, interleaved ranks, infinite losses."""
+step line, a step whose loss is no number, per-epoch summary tables, compressed and empty
+files, a step count incremented before the window's last line, lines printed twice from
+mid-run, interleaved ranks, infinite losses."""
 
 from __future__ import annotations
 
@@ -108,6 +109,26 @@ def test_detectron2s_medians_are_read_with_a_note(tmp_path):
     ]
     run = read_log(write_log(tmp_path, "d2.log", lines))
     assert any("median over the last window_size" in note for note in run.notes)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{{"step": {i}, "loss": null, "lr": 0.1}}',
+        '{{"step": {i}, "loss": "abc"}}',
+        "step {i} loss None",
+        "step {i} loss 1.#QNAN",
+        "step {i} loss -",
+    ],
+)
+@pytest.mark.parametrize("at", [1, 7])
+def test_a_step_whose_loss_is_no_number_is_named(cli, tmp_path, line, at):
+    """A step line whose loss is no number the reader knows is noise, and the gap it left was
+    refused as "step 7 is not in the log (a line lost...)" (at step 1: "printed every 2
+    steps"): the refusal names the line that printed it."""
+    good = '{{"step": {i}, "loss": {v}}}' if line.startswith("{{") else "step {i} loss {v}"
+    lines = [(line if i == at else good).format(i=i, v=v) for i, v in enumerate(LOSSES[:10])]
+    refused_pair(cli, tmp_path, lines, f"line {at + 1} names step {at} but no loss was read")
 
 
 def test_a_warning_glued_after_a_step_line_is_named(cli, tmp_path):

@@ -27,7 +27,7 @@ from .names import EVERY_STEP_ADVICE
 from .parsed import UNPRINTED, Block, ParsedLog
 from .records import NotAStep, Records
 from .repeats import RepeatedSteps
-from .restarts import first_only, why_again
+from .restarts import first_only, named_step, why_again
 
 # a warning as Python's warnings module prints it (`/path/x.py:617: UserWarning: ...`), glued to
 # the end of another line's text
@@ -187,10 +187,11 @@ class _Pass(RepeatedSteps):
                 first_only(self.where(index), log.epoch, log.first_index, expected, step.total)
             log.epoch_start, expected = log.steps, value  # the count restarts each epoch
         if value != expected:
-            glued = self._glued_warning(index) if value > expected else None
+            unread = self._glued_warning(index) or self._unread(index, expected)
+            why = why_again(value, expected, log.first_index)
             raise BadInput(
                 f"{self.where(index)}: expected step {expected}, found step {value}"
-                + (glued or why_again(value, expected, log.first_index))
+                + (unread if unread and value > expected else why)
             )
         if log.steps:
             self._printed_times(index)
@@ -214,6 +215,19 @@ class _Pass(RepeatedSteps):
                     "send stderr to its own file"
                 )
         return None
+
+    def _unread(self, index: int, expected: int) -> str | None:
+        """Where a line since the last step line names the missing step, yet gave no step: its
+        loss printed as no number the reader knows (`null`, `None`, `1.#QNAN`, `abc`)."""
+        start = self.current[-1] + 1 if self.current else 0
+        at = named_step(self.lines[start:index], expected)
+        if at is None:
+            return None
+        return (
+            f": line {self.number(start + at)} names step {expected} but no loss was read from it "
+            f"({self.lines[start + at].strip()[:80]!r}): a loss printed as no number? Print it as "
+            "a number (a NaN as `nan`)"
+        )
 
     def _rank(self, index: int) -> str | None:
         """The process the line is tagged with: a tag before a `\r` tags its segments too."""
