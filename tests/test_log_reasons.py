@@ -131,6 +131,14 @@ def test_a_step_whose_loss_is_no_number_is_named(cli, tmp_path, line, at):
     refused_pair(cli, tmp_path, lines, f"line {at + 1} names step {at} but no loss was read")
 
 
+def test_a_log_printed_at_step_1_and_every_10_after_it_is_refused_saying_so(cli, tmp_path):
+    """torchtitan's default log_freq of 10 prints steps 1, 10, 20: refused as "printed every 9
+    steps", with no word of the option that prints every step."""
+    lines = [f"step: {i:2d}  loss: {LOSSES[i % 16]:7.4f}  memory: 1.2GiB" for i in (1, 10, 20)]
+    found = "or at step 1 and then every 10 as torchtitan prints"
+    refused_pair(cli, tmp_path, lines, found, "torchtitan's --metrics.log_freq 1")
+
+
 def test_a_warning_glued_after_a_step_line_is_named(cli, tmp_path):
     lines = [f"step {i} loss {v:.6f} lr 2.0e-01" for i, v in enumerate(LOSSES)]
     lines[5] += (

@@ -46,9 +46,10 @@ def test_loss_field_names(name, rank):
 
 def test_step_and_lr_field_names():
     steps = ["step", "Step", "global_step", "micro_step", "iter", "iteration", "num_updates"]
-    steps += ["batch_idx", "trainer/global_step", "_step"]
+    steps += ["batch_idx", "trainer/global_step", "_step", "current_steps"]  # LLaMA-Factory's
     assert all(is_step_field(n) for n in steps)
-    assert not any(is_step_field(n) for n in ("epoch", "steps_per_second", "update", "stepsize"))
+    others = ("epoch", "steps_per_second", "update", "stepsize", "total_steps", "current")
+    assert not any(is_step_field(n) for n in others)
     assert all(is_lr_field(n) for n in ("lr", "learning_rate", "lr-SGD", "lr-AdamW/pg1"))
     assert not any(is_lr_field(n) for n in ("base_lr", "lr_decay", "lrs"))
 
@@ -149,6 +150,21 @@ def test_records_without_a_step_field_count_in_order(tmp_path):
     run = read_log(path, accum_steps=2)
     assert run.micro_loss.tolist() == LOSSES and run.lr.tolist() == [0.1, 0.1]
     assert run.config["ignored_lines"] == 2
+
+
+def test_llama_factorys_trainer_log_is_numbered_by_its_current_steps(tmp_path):
+    """LLaMA-Factory's trainer_log.jsonl numbers its records `current_steps`: they were read as
+    records without a step, consecutive by position, so one printed every 5 steps (each a mean
+    over them) was read as every step."""
+    record = '{{"current_steps": {i}, "total_steps": 8, "loss": {v}, "lr": 0.1, "epoch": 0.5}}\n'
+    path = write(tmp_path, "".join(record.format(i=i + 1, v=v) for i, v in enumerate(LOSSES)))
+    run = read_log(path, accum_steps=2)
+    assert run.micro_loss.tolist() == LOSSES and not any("numbered" in n for n in run.notes)
+    every5 = write(
+        tmp_path, "".join(record.format(i=5 * (i + 1), v=v) for i, v in enumerate(LOSSES))
+    )
+    with pytest.raises(BadInput, match="the first step is 5"):
+        read_log(every5)
 
 
 def test_a_tensorboard_export_says_what_it_read(tmp_path):

@@ -31,7 +31,8 @@ EVERY_STEP_ADVICE = (
     "transformers Trainer's logging_steps=1, Lightning's log_every_n_steps=1, "
     "paddle.Model.fit(log_freq=1), MMEngine's LoggerHook(interval=1), timm's --log-interval 1, "
     "PaddleDetection's log_iter: 1, PaddleSeg's --log_iters 1, "
-    "PaddleOCR's Global.print_batch_step: 1"
+    "PaddleOCR's Global.print_batch_step: 1, torchtitan's --metrics.log_freq 1, nanoGPT's "
+    "log_interval = 1"
 )
 
 MAX_DIGITS = 18  # a step, epoch or count printed with more digits is no training's
@@ -59,7 +60,8 @@ OTHER_LOSSES = QUALIFIERS | {
     *("balance", "d", "g", "disc", "gen", "recon", "contrastive", "validation", "dev"),
 }
 TRAINING = {"train", "training"}
-_STEP_FIELD = re.compile(rf"(?:{STEP_KEY})", re.IGNORECASE)
+# a record's step field: also LLaMA-Factory's trainer_log.jsonl `current_steps`
+_STEP_FIELD = re.compile(rf"(?:{STEP_KEY})|current[\s_]steps?", re.IGNORECASE)
 _LR_FIELD = re.compile(  # `train/learning_rate` as loggers prefix it
     r"(?:train[/.])?(?:lr|learning[\s_]rate)(?:-[A-Za-z]\w*(?:/pg\d+)?)?", re.IGNORECASE
 )

@@ -32,8 +32,11 @@ def why_again(value: int, expected: int, first: int) -> str:
         )
         if expected > first + 1:  # within the log: lines lost, or printed without a loss
             return f": {missing} not in the log (a line lost, or one printed without its loss?)"
+        every = f"every {value - expected + 1} steps"
+        if first:  # steps 1, 10, 20, ...: torchtitan's log_freq of 10, not 9
+            every += f", or at step {first} and then every {value} as torchtitan prints"
         return (
-            f": {missing} not in the log (printed every {value - expected + 1} steps, or a "
+            f": {missing} not in the log (printed {every}, or a "
             "step column that counts samples, as DeepSpeed's monitor files do? Printed every n "
             f"steps, its lines may be means over the steps since the last: {EVERY_STEP_ADVICE})"
         )
