@@ -104,6 +104,35 @@ def test_a_reference_cast_from_the_unrounded_weights_is_named(tmp_path, low):
         api.compare(tmp_path / "b", tmp_path / "m")
 
 
+def norm_loop(out, k, *, float64=False, seed=0):
+    """weight_norm's parametrization applied after the cast: a float64 model computes its
+    g = ||v|| in float64, the float32 one in float32."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 3))
+    model = model.double() if float64 else model
+    nn.utils.parametrizations.weight_norm(model[0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    x = torch.randn(BATCH * UPDATES, 12, generator=torch.Generator().manual_seed(1))
+    y = x[:, :3].argmax(1)
+    x = x.double() if float64 else x
+    batches = list(zip(x.split(BATCH), y.split(BATCH), strict=True))
+    _record(out, model, opt, k, batches, nn.functional.cross_entropy)
+
+
+def test_a_reference_that_computed_its_initial_weights_in_float64_is_named(tmp_path):
+    """Initial weights a few units in float32's last place apart were refused as another model
+    ("use the same seed"), though the seed was the same: the refusal names the precision."""
+    norm_loop(tmp_path / "b", 1)
+    norm_loop(tmp_path / "r", 1, float64=True)
+    norm_loop(tmp_path / "m", 4)
+    with pytest.raises(BadInput, match="they differ by float32 rounding alone") as refused:
+        api.compare(tmp_path / "b", tmp_path / "m", reference=tmp_path / "r")
+    assert "weight_norm" in str(refused.value) and "same seed" not in str(refused.value)
+    norm_loop(tmp_path / "seed1", 1, float64=True, seed=1)  # another seed: as before
+    with pytest.raises(BadInput, match="use the same seed"):
+        api.compare(tmp_path / "b", tmp_path / "m", reference=tmp_path / "seed1")
+
+
 def test_complex_parameters_are_refused_in_one_line(tmp_path):
     """The run format holds real tensors: a complex parameter is refused when the Recorder is
     created (it crashed in the background writer once training had started), nothing written."""

@@ -12,7 +12,7 @@ from ..errors import BadInput
 from ..runs.model import PRECISION_ORDER, Run, Tensors
 from ..runs.sketches import dot
 from ..runs.store import shape_of, slices
-from .checks import fingerprint_mismatches
+from .initial_weights import same_initial_weights
 from .lengths import length_hint
 from .metrics import diff
 from .rerun import (
@@ -98,51 +98,7 @@ def check_compatible(
         raise BadInput(f"{what} of different models: {_first_difference(b, m, other_name)}")
     if base.full_weights != other.full_weights:
         raise BadInput("cannot compare a run with full weights against one with printed values")
-    init_b, init_m = base.init_weights(), other.init_weights()
-    if init_b is None or init_m is None:
-        _same_fingerprints(base, other, what)
-    else:
-        if set(init_b) != set(init_m):
-            odd = sorted(set(init_b) ^ set(init_m))[0]
-            raise BadInput(f"the initial weights of the {what} hold other tensors (first: {odd})")
-        declared = {t.name: t.dtype for t in base.tensors}
-        params = {t.name for t in base.tensors if t.kind == "param"}  # a mask buffer holds -inf
-        for name in init_b:
-            if _same_start(init_b, init_m, name, name in params):
-                continue  # else the whole tensors tell what is wrong
-            for run_name, values in (("baseline", init_b[name]), (other_name, init_m[name])):
-                if name in params and values.dtype.kind == "f" and not np.isfinite(values).all():
-                    raise BadInput(
-                        f"the {run_name}'s initial weights hold NaN or infinite values (first "
-                        f"in {name}): no training starts from them; record the run from a model "
-                        "whose weights are initialised"
-                    )
-            if not np.array_equal(init_b[name], init_m[name]):
-                delta = float(np.abs(init_b[name] - init_m[name].astype(np.float64)).max())
-                low = declared.get(name, "")
-                cause = (
-                    f": the baseline's are the {other_name}'s rounded to {low}; make the "
-                    f"{other_name} from the {low} model's weights (cast after rounding, as "
-                    f"model.to(torch.{low}).double())"
-                    if _rounded(init_m[name], low, init_b[name])
-                    else f": the {what} did not start from the same model; use the same seed "
-                    "and initialisation"
-                )
-                raise BadInput(
-                    f"initial weights differ (first in {name}, max abs diff {delta:.3g}){cause}"
-                )
-    return init_b
-
-
-def _same_start(init_b: Tensors, init_m: Tensors, name: str, param: bool) -> bool:
-    """Whether a tensor's initial weights are the same in both runs, and finite where it is a
-    parameter; read a slice at a time (equal slices are finite in both or in neither)."""
-    if shape_of(init_b, name) != shape_of(init_m, name):
-        return False
-    for b, m in zip(slices(init_b, name), slices(init_m, name), strict=True):
-        if not np.array_equal(b, m) or (param and b.dtype.kind == "f" and not np.isfinite(b).all()):
-            return False
-    return True
+    return same_initial_weights(base, other, what, other_name)
 
 
 def check_same_precision(base: Run, merged: Run) -> None:
@@ -161,28 +117,6 @@ def check_same_precision(base: Run, merged: Run) -> None:
         "dtype, autocast or mixed-precision policy), or the merged run's rounding is taken for "
         "an accumulation bug"
     )
-
-
-def _rounded(values: np.ndarray, dtype: str, rounded: np.ndarray) -> bool:
-    """Whether `rounded` is `values` rounded to the 16-bit `dtype` (a float16 or bfloat16 model
-    whose more precise rerun was cast from the weights before they were rounded)."""
-    if dtype not in ("float16", "bfloat16") or values.shape != rounded.shape:
-        return False
-    if dtype == "float16":
-        return np.array_equal(values.astype(np.float16), rounded.astype(np.float16))
-    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
-    return np.array_equal(bits.astype(np.uint32).view(np.float32), rounded.astype(np.float32))
-
-
-def _same_fingerprints(base: Run, other: Run, what: str) -> None:
-    """Without the initial tensors (a golden file), their bit fingerprints must agree."""
-    differ = fingerprint_mismatches(base, other)
-    if differ is not None and differ.size:
-        raise BadInput(
-            f"initial weights differ (the bit fingerprint of {base.tensors[differ[0]].name}): "
-            f"the {what} did not start from the same model; use the same seed and initialisation"
-        )
 
 
 @dataclass(frozen=True)
