@@ -16,7 +16,7 @@ import sys
 import threading
 
 from .allocator import keep_freed_memory
-from .errors import INTERRUPTED_EARLY, INTERRUPTED_LATE, Terminated
+from .errors import INTERRUPTED_EARLY, INTERRUPTED_LATE, Terminated, wrapped_interrupt
 
 
 def run() -> None:
@@ -24,29 +24,54 @@ def run() -> None:
     SIGTERM, which killed the process without a word there), one line."""
     keep_freed_memory()  # the command's own process: judging churns ~1 MiB arrays
     default = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    if default:  # until the command installs its own (errors.sigterm_as_interrupt)
+    if default:  # kept through the command, whose guard (errors.sigterm_as_interrupt) then
+        # finds one: put back before main(), it left ~35 ms in which SIGTERM ended it unsaid
         signal.signal(signal.SIGTERM, _terminated)
     try:
         from .cli import main
     except (KeyboardInterrupt, Terminated) as exc:
-        print(INTERRUPTED_EARLY, file=sys.stderr)
-        sys.exit(143 if isinstance(exc, Terminated) else 130)
-    finally:
-        if default:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _interrupted(INTERRUPTED_EARLY, exc)
+    except Exception as exc:  # an interrupt an import wrapped (a class's __set_name__)
+        inner = wrapped_interrupt(exc)
+        if inner is None:
+            raise
+        _interrupted(INTERRUPTED_EARLY, inner)
     try:
         main()
     except SystemExit as exc:
+        _settled(default)
         _end(exc.code)
         raise
-    except KeyboardInterrupt:  # past the command's own guard, on its way out
-        print(INTERRUPTED_LATE, file=sys.stderr)
-        _end(130)
-        sys.exit(130)
+    except (KeyboardInterrupt, Terminated) as exc:  # outside the command's own guard
+        _settled(default)
+        _interrupted(INTERRUPTED_LATE, exc, end=True)
+    _settled(default)
+
+
+def _settled(default: bool) -> None:
+    """The exit code is settled: SIGTERM ends the process as it would have (no handler left)."""
+    if default:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _interrupted(message: str, exc: BaseException, end: bool = False) -> None:
+    """Exit 130 for a Ctrl-C, 143 for SIGTERM, saying `message` in one line."""
+    print(message, file=sys.stderr)
+    code = 143 if isinstance(exc, Terminated) else 130
+    if end:
+        _end(code)
+    sys.exit(code)
 
 
 def _terminated(signum: int, frame: object) -> None:
-    raise Terminated
+    """SIGTERM: Terminated, once (`timeout` sends it to the process and then to its group, and
+    the second came inside the first's handling: a traceback and exit 1)."""
+    if not _TERMINATED:
+        _TERMINATED.append(signum)
+        raise Terminated
+
+
+_TERMINATED: list[int] = []
 
 
 def _end(code: object) -> None:

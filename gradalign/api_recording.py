@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import REFERENCES, TrainConfig
-from .errors import BadInput
+from .errors import BadInput, signals_deferred
 from .feedback import Feedback
 from .paths import resolved
 
@@ -19,7 +19,8 @@ PathLike = str | Path
 def require_torch() -> None:
     """Training and recording need torch; judging does not. Say so in one line."""
     try:
-        import torch  # noqa: F401
+        with signals_deferred():  # an interrupt inside the import aborts the process
+            import torch  # noqa: F401
     except ImportError as exc:
         raise BadInput(
             f"training needs torch, which cannot be imported here ({exc}): pip install "

@@ -59,6 +59,30 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held until the block ends, then sent again to the handlers in force
+    before (KeyboardInterrupt, Terminated, or the default action): an interrupt raised inside
+    torch's import, in its C++ extension's init, is no Python exception but std::terminate,
+    exit 134 with a C++ message (about 1 in 40 interrupts sent while `gradalign baseline`
+    imported torch). In the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if held:  # sent again, to the handler in force before: Terminated, a Ctrl-C, the default
+        signal.raise_signal(held[0])
+
+
 DISK_ERRORS = {  # what a full, read-only or failing disk raises: bad input, not a bug
     *(errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR),
     *(errno.EIO, errno.EFBIG),  # a write that failed in the background writer too
