@@ -180,6 +180,29 @@ def test_a_golden_whose_numbers_cannot_be_one_tensor_is_refused(
     one_line_error(result, str(broken), field, "golden write")
 
 
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda losses: [-1.0] * len(losses), "series.window_loss"),  # as a probe edited it
+        (lambda losses: [losses[0] + 5, *losses[1:]], "series.window_loss"),
+        (lambda losses: [-1.0 for _ in losses], "series.window_items"),
+    ],
+    ids=["every loss -1", "one loss 5 higher", "items below 0"],
+)
+def test_a_golden_whose_series_were_edited_is_refused(cli, small, tmp_path, edit, field):
+    """The baseline's loss noise against its reference widens the losses' allowed error: a
+    golden whose window losses were edited (every one -1, or one 5 higher) passed a merged run
+    with a loss K times too large; negative item counts passed too."""
+    data = json.loads(small["golden"].read_text())
+    series = data["series"]
+    assert "reference_window_loss" in series
+    key = field.removeprefix("series.")
+    series[key] = edit(series.get(key, series["window_loss"]))
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    one_line_error(cli("golden", "check", broken, small["merged"]), f"golden field '{field}'")
+
+
 def test_a_golden_of_another_sketch_size_is_refused(cli, small, tmp_path):
     """The judge projects the run onto SKETCH_SIZE directions: a golden that keeps another
     number (its sketches cut to match) was an internal error, a matmul of mismatched sizes."""

@@ -101,6 +101,7 @@ def check_golden(data: dict, where: str) -> None:
         raise bad("model", "must be {batchnorm: [names], dropout: [names]}")
     check_optimizer(data.get("optimizer"), len(data["tensors"]), bad)
     _check_series(data["series"], n, bad)
+    _check_loss_noise(data["series"], bad)
     names = [t["name"] for t in data["tensors"]]
     prints = data.get("init_fingerprints")
     if prints is not None and not (
@@ -151,6 +152,9 @@ def _check_series(series: dict, n: int, bad) -> None:
             ok = isinstance(values, list) and len(values) == n
             if not ok or not all(_count(v) and least <= v < 2**63 for v in values):
                 raise bad(f"series.{key}", f"must be a list of {n} whole numbers >= {least}")
+        elif key == "window_items":  # a count's weight: none below 0
+            if not _numbers(values, n) or not all(0 <= v <= LARGEST for v in values):
+                raise bad(f"series.{key}", f"must be a list of {n} numbers from 0 to {LARGEST:g}")
         elif key in NUMERIC_SERIES:
             if not _numbers(values, n) or not all(abs(v) <= LARGEST for v in values):
                 raise bad(f"series.{key}", f"must be a list of {n} numbers within +-{LARGEST:g}")
@@ -160,6 +164,32 @@ def _check_series(series: dict, n: int, bad) -> None:
                 raise bad(f"series.{key}", f"must be a list of {n} numbers from 0 (or null)")
         else:
             raise bad(f"series.{shown(key)}", "is not a series gradalign knows")
+
+
+# the most a reference's window loss stands from the baseline's, as a share of the largest
+# loss either holds: a rerun of the same training, not another (measured: float32 against float64
+# 1e-7 of it, bfloat16 autocast against float32 about 1e-2)
+LOSS_APART = 0.5
+
+
+def _check_loss_noise(series: dict, bad) -> None:
+    """The baseline's loss noise against its reference, |window_loss - reference_window_loss|,
+    widens the losses' allowed error: a series edited by hand (every loss -1, or one 5 higher)
+    passed a merged run whose loss was K times too large. Refused where the two stand further
+    apart than LOSS_APART of the largest loss either holds."""
+    ref = series.get("reference_window_loss")
+    if ref is None:
+        return
+    pairs = list(zip(series["window_loss"], ref, strict=True))
+    scale = max(max(abs(b), abs(r)) for b, r in pairs)
+    far = next((u for u, (b, r) in enumerate(pairs) if abs(b - r) > LOSS_APART * scale), None)
+    if far is not None:
+        b, r = pairs[far]
+        raise bad(
+            "series.window_loss",
+            f"stands {abs(b - r):.3g} from the reference's at update {far} ({b:.6g} against "
+            f"{r:.6g}), more than a rerun of the same training parts from it{_EDITED}",
+        )
 
 
 def _check_summary(item: Any, field: str, size: int, moved: bool, calibrated: bool, bad) -> None:

@@ -39,8 +39,10 @@ _TQDM = re.compile(  # a bar leading a segment, with its description (`Epoch 0: 
 )
 _PADDLE_BAR = re.compile(rf"^(?P<key>\s*(?:{STEP_KEY})\s*\d+\s*/\s*\d+\s*)\[[=>.]+\]", re.I)
 # a progress bar anywhere: tqdm's `26%|`, Keras's `[===>....]` and `[>....]`, and its first
-# frame, `1/60 [.....]`, drawn before the bar has grown; Keras 3's and rich's `━━━━╸━━`
-BAR = r"\d%\||\[=+>?\.*\]|\[>\.+\]|\d+/\d+\s*\[\.{2,}\]|[━╸╺]{3,}"
+# frame, `1/60 [.....]`, drawn before the bar has grown; Keras 3's and rich's `━━━━╸━━`. A
+# count starts where its digits do (`(?<!\d)`, `\d++`): tried from each digit of a long run of
+# them, `\d+/` took time quadratic in the run's length
+BAR = r"\d%\||\[=+>?\.*\]|\[>\.+\]|(?<!\d)\d++/\d++\s*\[\.{2,}\]|[━╸╺]{3,}"
 _BAR = re.compile(BAR)
 
 
