@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import typing
 from collections.abc import Callable
 from pathlib import Path, PurePath
@@ -222,9 +223,23 @@ def _nonempty(param: Any, process: Callable) -> Callable:
                 raise typer.BadParameter(EMPTY_PATH, ctx=ctx, param=param)
             if "-" in given:  # stdout or stdin to most tools; a file or directory named "-" here
                 raise typer.BadParameter(DASH_PATH, ctx=ctx, param=param)
+            if param.name in REPORT_FILES and any(_a_folder(item) for item in given):
+                raise typer.BadParameter(FOLDER_REPORT, ctx=ctx, param=param)
         return result
 
     return process_value
+
+
+REPORT_FILES = {"json", "junit", "markdown", "html"}  # files; --plot names a directory
+FOLDER_REPORT = (
+    "a report is a file, and a path ending in '/' names a directory; give the file's name "
+    "(out/report.json)"
+)
+
+
+def _a_folder(value: Any) -> bool:
+    """Whether a raw path value ends in a separator: a directory's name."""
+    return isinstance(value, str) and value.endswith(("/", os.sep))
 
 
 def with_k(overrides: dict | None, accum_steps: int | None, nproc: int | None = None) -> dict:

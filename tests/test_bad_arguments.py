@@ -214,6 +214,15 @@ def test_a_dash_for_a_path_is_refused_never_a_file_named_dash(
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("report", ["--json", "--junit", "--markdown", "--html"])
+def test_a_report_path_ending_in_a_slash_is_refused(cli, tmp_path, monkeypatch, small_runs, report):
+    """`--json out/` wrote a file named `out`, where the path names a directory (a later `--plot
+    out/` was then refused as a file); `--plot out/` is a directory, as before."""
+    monkeypatch.chdir(tmp_path)
+    one_line_error(cli("compare", *small_runs.values(), report, "out/"), "ending in '/'")
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("other", ["--json", "--html"])
 def test_a_plot_folder_on_another_reports_path_is_refused(cli, tmp_path, small_runs, other):
     """`--json X --plot X`: X would be a file and a folder; it was an internal error (exit 3)
