@@ -63,3 +63,46 @@ def test_a_loss_scale_an_optimizer_ignores_says_the_weights_are_identical(
     (first, *_) = api.compare(tmp_path / "k1", tmp_path / "k4", reference="none").diagnosis
     assert first.code == "loss-scale", first.message
     assert ("the weights are identical at every update" in first.message) is identical
+
+
+def _two_optimizers(out, k, bug=None):
+    """A sparse embedding under SparseAdam (given to the Recorder) and a dense head under an
+    Adam of its own, not given to it: the usual recipe for sparse embeddings."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(50, 8, sparse=True)
+    head = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    model = nn.ModuleDict({"emb": emb, "head": head})
+    sparse = torch.optim.SparseAdam(list(emb.parameters()), lr=1e-2)
+    dense = torch.optim.Adam(head.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 50, (16 * 4, 5), generator=g)
+    y = ids[:, 0] % 3
+    with gradalign.Recorder(out, model, sparse, accum_steps=k) as rec:
+        for rows in torch.arange(len(ids)).split(16 // k):
+            loss = nn.functional.cross_entropy(head(emb(ids[rows]).mean(1)), y[rows])
+            (loss / k).backward()
+            rec.micro(loss, batch=(ids[rows], y[rows]))
+            if bug == "second-steps-every-micro":
+                dense.step()
+                dense.zero_grad()
+            if (rows[-1] + 1) % 16 == 0:  # the window's last micro-batch
+                sparse.step()
+                if bug != "second-steps-every-micro":
+                    dense.step()
+                rec.update()
+                sparse.zero_grad()
+                dense.zero_grad()
+    return out
+
+
+def test_a_second_optimizer_stepping_inside_the_window_is_named_as_one(tmp_path):
+    """A second optimizer, which the Recorder does not count, stepping at every micro-step: the
+    weights change inside the window, and the message said "no optimizer step happened", that
+    something other than the optimizer wrote to the weights."""
+    base = _two_optimizers(tmp_path / "b", 1)
+    assert api.compare(base, _two_optimizers(tmp_path / "m", 4), reference="none").verdict == "pass"
+    c = api.compare(base, _two_optimizers(tmp_path / "bug", 4, "second-steps-every-micro"))
+    found = c.diagnosis[0]
+    assert found.code == "weights-changed-in-window", [(d.code, d.message) for d in c.diagnosis]
+    assert "a second optimizer" in found.message and "no optimizer step" not in found.message
+    assert "step every optimizer once per update" in found.fix

@@ -170,14 +170,17 @@ def weights_changed_in_window(c: Comparison) -> Diagnosis | None:
             "optimizer step(s) per update (as many as the baseline's) could change them"
         )
     else:
-        stepped = ", yet no optimizer step happened inside any window"
+        stepped = ", yet the optimizer given to the Recorder never stepped inside a window"
     return Diagnosis(
         "weights-changed-in-window",
         f"at update {first.update} {text}{stepped} ({len(windows)} window(s) changed): "
-        "something other than the optimizer wrote to the weights between micro-steps",
+        "something else wrote to the weights between micro-steps (a second optimizer, which "
+        "the Recorder does not count, stepped inside the window; or an EMA or weight average "
+        "copied in, a decay, a manual edit)",
         {"first_window": first.update, "windows_with_weight_changes": len(windows)},
-        "change the weights only at the end of a window, after optimizer.step(): apply EMA or "
-        "weight averaging (into a copy), decays and manual edits once per update",
+        "change the weights only at the end of a window: step every optimizer once per update "
+        "(a second one's step too), and apply EMA or weight averaging (into a copy), decays "
+        "and manual edits after it",
     )
 
 
