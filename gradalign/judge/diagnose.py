@@ -35,6 +35,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.step_count,  # the optimizer's own counter, step() as often
     sig.step_skipped,
     sig.weights_changed_in_window,
+    sig.written_between_micro_steps,  # as the baseline's forward writes: by their timing
     sig.scaler_per_micro,
     sig.clip_per_micro_unengaged,  # counted inside the windows, engaged nowhere
     sig.clip_threshold_recorded,  # the max_norms the Recorder saw, engaged or not

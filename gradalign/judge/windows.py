@@ -100,6 +100,33 @@ def written_in_forward(run: Run, kind: str = "param", between: bool = False) -> 
     )
 
 
+def written_after_forwards(run: Run, names: frozenset[str]) -> list[str]:
+    """Of the parameters `names` (those a baseline changes as a forward writes them), those that
+    `run` changed between two micro-steps of a window, and never between a window's start and
+    its first micro-step: a forward writes a tensor at every forward, the first included, so
+    these were written after the window's micro-steps, by the loop (an EMA copy updated at every
+    micro-step, which a K=1 baseline updating it after update() shows as a forward's write)."""
+    if run.micro_state is None or run.micro_step_counts is None or run.accum_steps == 1:
+        return []
+    known, columns = _known(run), [i for i, t in enumerate(run.tensors) if t.name in names]
+    if not columns:
+        return []
+    first = np.zeros(len(columns), dtype=bool)
+    between = np.zeros(len(columns), dtype=bool)
+    for i in range(run.updates):
+        span, start = run.window(i), _window_start(run, i)
+        if not span:
+            continue
+        if start is not None and known[span.start] and run.micro_step_counts[span.start] <= (i > 0):
+            first |= run.micro_state[span.start][columns] != start[columns]
+        for m in range(span.start + 1, span.stop):
+            if known[m] and known[m - 1] and run.micro_step_counts[m] == 0:
+                between |= run.micro_state[m][columns] != run.micro_state[m - 1][columns]
+    return [
+        run.tensors[c].name for c, b, f in zip(columns, between, first, strict=True) if b and not f
+    ]
+
+
 def observable_windows(run: Run) -> int:
     """How many windows hold two rows that can be compared (their start counts as one)."""
     if run.micro_state is None or run.accum_steps == 1:

@@ -42,7 +42,12 @@ from .random_draws import dropout_rng, dropout_stopped
 from .skips import overflow_carried, scaler_skips, step_skipped
 from .step_count import step_count
 from .thresholds import clip_threshold, clip_threshold_recorded
-from .window_steps import micro_batch_missing, scaler_per_micro, weights_changed_in_window
+from .window_steps import (
+    micro_batch_missing,
+    scaler_per_micro,
+    weights_changed_in_window,
+    written_between_micro_steps,
+)
 from .zero_grad import zero_grad_counted, zero_grad_in_window
 
 __all__ = [
@@ -97,6 +102,7 @@ __all__ = [
     "weights_decayed",
     "window_bookkeeping",
     "with_loss_scale",
+    "written_between_micro_steps",
     "zero_grad_beside_other_samples",
     "zero_grad_counted",
     "zero_grad_in_window",

@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...runs.model import Run
+from ..distributed import listed
 from ..results import Comparison, Diagnosis
-from ..windows import changes_in_window, written_in_forward
+from ..windows import changes_in_window, written_after_forwards, written_in_forward
 from .common import finite, grad_norm, on_ranks, window
 
 
@@ -181,6 +182,28 @@ def weights_changed_in_window(c: Comparison) -> Diagnosis | None:
         "change the weights only at the end of a window: step every optimizer once per update "
         "(a second one's step too), and apply EMA or weight averaging (into a copy), decays "
         "and manual edits after it",
+    )
+
+
+def written_between_micro_steps(c: Comparison) -> Diagnosis | None:
+    """Parameters the merged run changed between micro-steps of its windows, never at a
+    window's first forward, where the baseline's changes looked like a forward's writes (a K=1
+    baseline that updates an EMA copy after update() changes it before its next forward): an
+    EMA updated at every micro-step, whose copy failed `unexplained` while the window check
+    passed, as a forward's writes."""
+    names = written_after_forwards(c.merged, written_in_forward(c.baseline))
+    failing = {d.name for r in c.results for d in r.weights if not d.ok}
+    if not names or not failing & set(names):
+        return None
+    return Diagnosis(
+        "weights-changed-in-window",
+        f"{listed(names, 4)} changed between micro-steps of the merged run's windows, never at "
+        "a window's first forward (as a forward's writes would), while the baseline changed "
+        "them once per update: the loop wrote them inside the window (an EMA or weight "
+        "average updated at every micro-step)",
+        {"tensors": names},
+        "update an EMA or weight average once per update, after optimizer.step(), as the "
+        "baseline does",
     )
 
 
