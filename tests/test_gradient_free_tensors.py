@@ -33,7 +33,12 @@ class _WithEma(nn.Module):
             e.mul_(decay).add_(p, alpha=1 - decay)
 
 
-def _record(out, k: int, dtype=torch.float32, reference=None, bug: bool = False) -> None:
+def _record(
+    out, k: int, dtype=torch.float32, reference=None, bug: bool = False, ema: str = "in-update"
+) -> None:
+    """The EMA updated between step() and update() (`in-update`), after update() (as timm's
+    ModelEmaV2 is once the step is taken), or, a bug, after every micro-step's backward
+    (`every-micro`); `bug`: warmed up by micro-steps instead of updates."""
     torch.manual_seed(0)
     model = _WithEma(nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 4))).to(dtype)
     opt = torch.optim.SGD(model.net.parameters(), lr=0.1, momentum=0.9)
@@ -49,10 +54,15 @@ def _record(out, k: int, dtype=torch.float32, reference=None, bug: bool = False)
                 (loss / k).backward()
                 rec.micro(loss.detach(), batch=(x[part], y[part]))
                 micro += 1
+                if ema == "every-micro":
+                    model.ema_update(update)
             opt.step()
-            model.ema_update(micro - 1 if bug else update)  # the bug: warmed up by micro-steps
+            if ema == "in-update":
+                model.ema_update(micro - 1 if bug else update)
             rec.update()
             opt.zero_grad()
+            if ema == "after-update":
+                model.ema_update(update)
 
 
 @pytest.fixture(scope="module")
@@ -82,32 +92,6 @@ def test_an_ema_copy_is_judged_strictly(cli, runs, tmp_path, reference):
     assert failed and all(name.startswith("ema.") for name in failed), failed
 
 
-def _record_after_update(out, k: int, dtype=torch.float32, per_micro: bool = False) -> None:
-    """The EMA updated after update() (as timm's ModelEmaV2 is, once the step is taken), or, the
-    bug, after every micro-step's backward."""
-    torch.manual_seed(0)
-    model = _WithEma(nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 4))).to(dtype)
-    opt = torch.optim.AdamW(model.net.parameters(), lr=5e-3)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(UPDATES * BATCH, 10, generator=g).to(dtype)
-    y = torch.randint(0, 4, (UPDATES * BATCH,), generator=g)
-    rows = BATCH // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-        for update in range(UPDATES):
-            for i in range(k):
-                part = slice(update * BATCH + i * rows, update * BATCH + (i + 1) * rows)
-                loss = nn.functional.cross_entropy(model(x[part]), y[part])
-                (loss / k).backward()
-                rec.micro(loss.detach(), batch=(x[part], y[part]))
-                if per_micro:
-                    model.ema_update(update)
-            opt.step()
-            rec.update()
-            opt.zero_grad()
-            if not per_micro:
-                model.ema_update(update)
-
-
 def test_an_ema_updated_at_every_micro_step_is_named(tmp_path):
     """Updated after update(), the K=1 baseline's EMA changes before each forward, as a
     forward's writes do, and so was exempt from the window check: the merged run's EMA updated
@@ -116,10 +100,10 @@ def test_an_ema_updated_at_every_micro_step_is_named(tmp_path):
     window's first forward: `weights-changed-in-window`, the EMA's tensors named."""
     from gradalign import api
 
-    _record_after_update(tmp_path / "base", 1)
-    _record_after_update(tmp_path / "ref", 1, torch.float64)
-    _record_after_update(tmp_path / "merged", K)
-    _record_after_update(tmp_path / "bug", K, per_micro=True)
+    _record(tmp_path / "base", 1, ema="after-update")
+    _record(tmp_path / "ref", 1, torch.float64, ema="after-update")
+    _record(tmp_path / "merged", K, ema="after-update")
+    _record(tmp_path / "bug", K, ema="every-micro")
     ref = tmp_path / "ref"
     assert api.compare(tmp_path / "base", tmp_path / "merged", reference=ref).verdict == "pass"
     c = api.compare(tmp_path / "base", tmp_path / "bug", reference=ref)
