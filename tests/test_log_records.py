@@ -167,6 +167,24 @@ def test_llama_factorys_trainer_log_is_numbered_by_its_current_steps(tmp_path):
         read_log(every5)
 
 
+def test_records_numbered_by_position_do_not_claim_record_0_is_one_update(cli, tmp_path):
+    """The Trainer's dicts under logging_steps=5 print no step: each record is a mean over 5
+    updates, so a gap at record 0 may come from a step after the first. The message said
+    "update 0's losses come from the same initial weights, so this gap is in what each loop
+    computed or printed", blaming the print for a training bug."""
+    line = "{{'loss': {v:.4f}, 'learning_rate': 0.5, 'epoch': {e:.2f}}}"
+    base = [line.format(v=1.5 - 0.1 * i, e=0.1 * i) for i in range(8)]
+    merged = [line.format(v=1.3 - 0.13 * i, e=0.1 * i) for i in range(8)]
+    paths = [write(tmp_path, "\n".join(lines) + "\n", name) for lines, name in
+             ((base, "base.log"), (merged, "merged.log"))]  # fmt: skip
+    report = tmp_path / "r.json"
+    result = cli("compare", *paths, "-k", "1", "--json", report)
+    assert result.code == 1, result.err
+    message = json.loads(report.read_text())["diagnosis"][0]["message"]
+    assert "numbered one an update" in message and "logging_steps=1" in message
+    assert "come from the same initial weights" not in message
+
+
 def test_a_tensorboard_export_says_what_it_read(tmp_path):
     text = "Wall time,Step,Value\n" + "".join(f"1.5,{i},{v}\n" for i, v in enumerate(LOSSES))
     run = read_log(write(tmp_path, text, "loss.csv"))

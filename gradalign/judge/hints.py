@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runs.logs.records import LIGHTNING_CSV, LIGHTNING_LAST_MICRO
+from ..runs.logs.records import LIGHTNING_CSV, LIGHTNING_LAST_MICRO, UNNUMBERED
 from ..runs.logs.smooth import LAG1_MAX, difference_lag1
 from .results import NOT_CHECKED, PASS, Comparison, UpdateResult
 from .signatures.common import losses_given
@@ -31,8 +31,17 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
         said.append(f"the merged logs are not the whole run, which comes first: {missing}")
     if lightning and failing:
         said.append(f"if the merged run accumulated, {LIGHTNING_LAST_MICRO}")
+    # records numbered by position: each may be a mean over the N updates since the last
+    numbered = any(UNNUMBERED in note for run in (c.baseline, c.merged) for note in run.notes)
     if failing and r.update == 0:
-        if whole:
+        if whole and numbered:
+            said.append(
+                "the logs' records print no step and were numbered one an update: where they "
+                "were printed every N updates (the Trainer's logging_steps), each is a mean "
+                "over N updates, and record 0's gap may come from steps after the first; "
+                "print every update (logging_steps=1) to judge each"
+            )
+        elif whole:
             said.append(
                 "update 0's losses come from the same initial weights, so this gap is in what "
                 "each loop computed or printed"

@@ -144,7 +144,7 @@ def _best_loss(names: list[str]) -> str | None:
     return None if at is None else names[at]
 
 
-_UNNUMBERED = (
+UNNUMBERED = (
     "its records print no step number: read as consecutive steps, one per record; a log "
     "printed every N steps (the Trainer's logging_steps) numbers here its records, each a mean "
     "over the steps since the last (print every step to judge each one)"
@@ -249,7 +249,7 @@ class Records:
         index = indices[0] if indices else prefixed
         if index is None:
             self._by_epoch(epoch)
-        if index is None and _UNNUMBERED not in self.notes:
-            self.notes.append(_UNNUMBERED)
+        if index is None and UNNUMBERED not in self.notes:
+            self.notes.append(UNNUMBERED)
         others = tuple(indices[1:])
         return StepLine(index, loss, False, epoch, lr, others, grad_norm=norm, size=size)
