@@ -258,6 +258,9 @@ def test_a_named_reference_that_is_missing_is_a_note_and_a_corrupt_one_is_refuse
     (ref / "manifest.json").write_text("{not json")
     one_line_error(cli("compare", base, merged), "baseline-fp64", "manifest")
     shutil.rmtree(ref)
+    ref.symlink_to(ref.name)  # a link to itself: there, and no run; it was "missing"
+    one_line_error(cli("compare", base, merged), "baseline-fp64", "a link that leads to no run")
+    ref.unlink()
     gone = cli("compare", base, merged)
     assert gone.code == 0 and "which is missing" in gone.out
 

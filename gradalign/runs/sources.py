@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -200,6 +201,11 @@ def open_reference(option: str | None, base: Run) -> tuple[Run | None, str | Non
     if base.reference is None:
         return None, None
     path = Path(base.reference)
+    if os.path.lexists(path) and not path.exists():  # a link to nothing, or a loop: not missing
+        raise BadInput(
+            f"the baseline names a reference run at {path}, a link that leads to no run (a "
+            "broken link, or a loop); point it at the reference, or give --reference"
+        )
     if path.exists() and not is_run_dir(path):  # there, but not readable as a run: say so
         return open_run(path, None, "reference"), None
     if not is_run_dir(path):
