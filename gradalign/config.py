@@ -262,6 +262,11 @@ def _check_ranges(c: TrainConfig, blame: Callable[..., str]) -> None:
         raise BadInput(f"{blame('dropout')}: dropout must be in [0, 1), got {c.dropout}")
     if c.amp_level is not None and c.precision != "fp32":
         raise BadInput(f"{blame('amp_level', 'precision')}: give amp_level or precision, not both")
+    if c.amp_level is not None and AMP_LEVELS[c.amp_level][1] and c.dtype != "float32":
+        raise BadInput(  # O3's float16 weights took the place of the dtype without a word
+            f"{blame('amp_level', 'dtype')}: amp_level {c.amp_level} sets the weights' dtype "
+            f"({AMP_LEVELS[c.amp_level][1]}); leave dtype at float32 or amp_level out"
+        )
     if c.compute != "fp32" and c.dtype == "float64":
         raise BadInput(
             f"{blame('precision', 'amp_level', 'dtype')}: precision {c.compute} needs dtype float32"

@@ -79,6 +79,8 @@ def test_a_compare_config_may_hold_the_training_keys(cli, small_runs, tmp_path):
         (["--lr", "1e39"], ["lr 1e+39 is beyond the largest float32"]),
         (["--weight-decay", "1e308"], ["weight_decay 1e+308 is beyond the largest float32"]),
         (["--amp-level", "O3", "--lr", "1e5"], ["lr 100000 is beyond the largest float16"]),
+        # O3's float16 weights replaced the dtype without a word: recorded as float16
+        (["--amp-level", "O3", "--dtype", "float64"], ["amp_level O3 sets the weights' dtype"]),
         (["--optimizer", "lamb"], ["optimizer must be one of"]),
         (["--device", "cuda:3"], ["device must be one of", "CUDA_VISIBLE_DEVICES=3"]),
         (["--device", "mps"], ["device must be one of cpu, cuda, auto; got 'mps'"]),
