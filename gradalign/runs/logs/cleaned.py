@@ -28,11 +28,12 @@ _TENSOR = re.compile(  # Paddle's Tensor header; its data follows on the next li
     r".*\bstop_gradient=(?:True|False),(?:.*,)?\s*$"
 )
 _PARAMETER = "Parameter containing:"  # str() of a Paddle parameter: this line, then the Tensor
-_REPR = re.compile(r"\barray\(|,?\s*dtype=[\w.]+\)")  # numpy's repr: array([...], dtype=float32)
+# numpy's repr: array([...], dtype=float32); `, dtype=` tried where its white space begins only
+_REPR = re.compile(r"\barray\(|,\s*+dtype=[\w.]+\)|(?<![\s,])\s*+dtype=[\w.]+\)")
 _WRAPPED = re.compile(  # torch's tensor(1.79, device='cuda:0', ..), numpy 2's np.float32(1.79),
     # JAX's Array(1.79, dtype=float32, weak_type=True), TF's tf.Tensor(1.79, shape=(), dtype=..)
     r"(?:\b(?:tensor|Array|DeviceArray|np\.(?:float|int|uint)\d*)|\btf\.Tensor)\("
-    r"\s*(?P<data>\[?\s*[-+\w.]+\s*\]?)\s*(?:,(?:[^()]|\([\d,\s]*\))*)?\)"
+    r"\s*+(?P<data>\[?\s*+[-+\w.]+\s*+\]?)\s*+(?:,(?:[^()]|\([\d,\s]*\))*)?\)"
 )
 _TF_REPR = re.compile(r"<tf\.Tensor:[^<>]*\bnumpy=(?P<data>[-+\w.]+)>")  # `<tf.Tensor: ...>`
 _CALLED = re.compile(  # an f-string's `{loss.item()=}`: the value's name as the key
@@ -100,11 +101,13 @@ def readable(lines: list[str]) -> list[str]:
 
 
 # a record's head: bracketed fields ending the line, `:` after them or not (Composer's
-# `[epoch=1][batch=3/16]:`, OLMo's `[step=3/100,epoch=0]` after its logger's prefix)
-_HEADER = re.compile(r"(?:\[[^\[\]:]*=[^\[\]:]*\]|\[[^\[\]:]+\](?=.*:$))+:?$")
+# `[epoch=1][batch=3/16]:`, OLMo's `[step=3/100,epoch=0]` after its logger's prefix): a line
+# that ends with one (any bracketed text before a `:`, else one holding a `=`), matched as that
+# last one alone (matched as a run of them from each `[`, a long line of them took cubic time)
+_HEADER = re.compile(r"\[[^\[\]:]+\]:$|\[[^\[\]:=]*=[^\[\]:]*\]$")
 # one field: `Train loss/train/total: 2.2974`, `train/CE loss=2.29`, `throughput/TPS=1,234`
 _FIELD = re.compile(
-    r"(?P<name>[^\s:,=][^:,=]*?)\s*(?P<sep>[:=])\s*(?P<value>[^\s:,=]+|\d{1,3}(?:,\d{3})+)"
+    r"(?P<name>[^\s:,=][^:,=]*?)(?<!\s)\s*+(?P<sep>[:=])\s*+(?P<value>[^\s:,=]+|\d{1,3}(?:,\d{3})+)"
 )
 
 

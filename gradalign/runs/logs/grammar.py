@@ -44,31 +44,31 @@ _NUMBER = re.compile(
     re.IGNORECASE,
 )
 _STEP = re.compile(
-    r"^(?:(?:step|iter|iteration|batch)\s*[:=#]?\s*)?(?P<index>\d+)\s*[,:]?\s+"
-    r"(?:loss\s*[:=]?\s*)?(?P<loss>\S.*?)$",
+    r"^(?:(?:step|iter|iteration|batch)\s*+[:=#]?\s*+)?(?P<index>\d+)(?:\s*+[,:])?\s++"
+    r"(?:loss\s*+[:=]?\s*+)?(?P<loss>\S.*?)$",
     re.IGNORECASE,
 )
 _GROUPED = re.compile(r"(?<![\w.,])[1-9]\d{0,2}(?:,\d{3})+(?!\d|,\d)")  # `1,200`, `6,831.87`
 _DECIMAL_COMMA = re.compile(r",\d")  # right after a value read: `loss 1,588130` is not 1
 _PRINTED = re.compile(r"[-+]?\d[\d.,]*(?:[eE][-+]?\d+)?")
 _BRACKETED_STEP = re.compile(r"^\d+\s+\[[^\[\]]*\]$")  # `0   [..]`: a step line, whatever is inside
-_ARROW = re.compile(r"^(?P<label>.*?)\s*(?:-+|=+)>\s*(?P<rest>.*)$")
+_ARROW = re.compile(r"^(?P<label>.*?)(?<!\s)\s*+(?:(?<!-)-++|(?<!=)=++)>\s*(?P<rest>.*)$")
 _MEAN_LABEL = re.compile(r"^(?:avg|mean|average)[\s_-]*loss$", re.IGNORECASE)
 _MEAN_LINE = re.compile(
-    r"^(?P<label>(?:avg|mean|average)[\s_-]*loss)\s*(?:-+>|=+>|[:=])?\s*(?P<rest>[-+.\[\d].*)$",
+    r"^(?P<label>(?:avg|mean|average)[\s_-]*loss)\s*+(?:-+>|=+>|[:=])?\s*+(?P<rest>[-+.\[\d].*)$",
     re.IGNORECASE,
 )
 _KEYED_INDEX = re.compile(  # `step 3`, `step: 3`, `Step[3/48]`, `batch_id: 3`, `num_updates=3`
-    rf"(?<![\w./])(?P<key>{LINE_STEP_KEY})\b\s*(?:[:=#]|is\b)?\s*(?P<open>\[)?\s*(?P<index>\d+)"
+    rf"(?<![\w./])(?P<key>{LINE_STEP_KEY})\b\s*+(?:[:=#]|is\b)?\s*+(?P<open>\[)?\s*+(?P<index>\d+)"
     r"(?:\s*/\s*\d+)?\s*(?(open)\])(?![\w.])",
     re.IGNORECASE,
 )
-_LOSS_VALUE = r"\s*[:=]?\s*(?P<loss>\[*[^\s,;|\[\]]+\]*)"  # `: [2.3]`, `=2.3` before `|` or `;`
+_LOSS_VALUE = r"\s*+[:=]?\s*+(?P<loss>\[*[^\s,;|\[\]]+\]*)"  # `: [2.3]`, `=2.3` before `|` or `;`
 _KEYED_LOSS = re.compile(  # `loss 2.3`, `loss: [2.3]`, `loss is: 2.3`, `train_loss=2.3`, NeMo's
     # `reduced_train_loss: 2.3` (of the names joined by `_`, only a training loss's: `ce_loss` no),
     # Composer's `loss/train/total: 2.3` (the step's loss, the sum of its `loss/train/<part>`s)
     r"(?<![\w.])(?:(?:[A-Za-z][A-Za-z\d]*_)*train(?:ing)?[\s_])?loss(?:/train/total)?\b"
-    r"(?:\s+is)?" + _LOSS_VALUE,
+    r"(?:\s++is)?" + _LOSS_VALUE,
     re.IGNORECASE,
 )
 _JOINED_LOSS = re.compile(  # any loss named by words joined with `_` (GPT-NeoX's `lm_loss: 2.3`)
@@ -85,12 +85,12 @@ _LOSS_AT_STEP = re.compile(  # the TensorFlow guide's custom loop: `Training los
 )
 _KEYED_LR = re.compile(  # `lr: 0.001`, `lr=[0.0001]`, `learning_rate: 5e-05`, `learning rate: 1E-4`
     # PaddleClas's `lr(LinearWarmup): 0.1` (the schedule's name in parentheses, as `Epoch(train)`)
-    r"(?<![\w.])(?:lr|learning[\s_]rate)\b(?:\(\w+\))?\s*[:=]?\s*(?P<lr>\[*[^\s,\[\]|]+\]*)",
+    r"(?<![\w.])(?:lr|learning[\s_]rate)\b(?:\(\w+\))?\s*+[:=]?\s*+(?P<lr>\[*[^\s,\[\]|]+\]*)",
     re.IGNORECASE,
 )
 _KEYED_NORM = re.compile(  # `grad_norm: 1.2` (torchtitan, MMEngine), Megatron's `grad norm: 1.2 |`,
     # fairseq's `gnorm=1.2`: the total norm clip_grad_norm_ returns, before clipping
-    r"(?<![\w.])(?:grad(?:ient)?[\s_\-]?norm|gnorm)\b\s*[:=]?\s*(?P<norm>\[*[^\s,\[\]|]+\]*)",
+    r"(?<![\w.])(?:grad(?:ient)?[\s_\-]?norm|gnorm)\b\s*+[:=]?\s*+(?P<norm>\[*[^\s,\[\]|]+\]*)",
     re.IGNORECASE,
 )
 _LEAD_INDEX = re.compile(  # CLU's text writer (Flax's examples): `[3] learning_rate=0.1, loss=2.3`
@@ -102,13 +102,13 @@ _LEAD_PAIR = re.compile(  # PyTorch's CIFAR tutorial (and DeepSpeed's): `[1,  20
 )
 _EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Epoch 2]`, the
     # TensorFlow guide's `Start of epoch 2`
-    r"^\s*(?:(?:start(?:ing)?|begin(?:ning)?)\s+(?:of\s+)?)?\[?\s*epoch\s*[:=#]?\s*"
-    r"(?P<epoch>\d+)\s*(?:/\s*\d+)?\s*\]?\s*$",
+    r"^\s*+(?:(?:start(?:ing)?|begin(?:ning)?)\s++(?:of\s++)?)?\[?\s*+epoch\s*+[:=#]?\s*+"
+    r"(?P<epoch>\d+)\s*+(?:/\s*+\d+)?\s*+\]?\s*+$",
     re.IGNORECASE,
 )
 _EPOCH = re.compile(  # `epoch 0`, `Epoch: 1`, `epoch 001:`, mmengine's `Epoch(train) [1]`; a
     # number a label gives just before the step's counter, as timm's `Train: 1 [  50/100 (50%)]`
-    r"(?<![\w.])epoch\b(?:\(\w+\))?\s*[:=#]?\s*\[?\s*(?P<epoch>\d+)"
+    r"(?<![\w.])epoch\b(?:\(\w+\))?\s*+[:=#]?\s*+\[?\s*+(?P<epoch>\d+)"
     r"|^\s*[A-Za-z]+:\s*(?P<labelled>\d+)\s+(?=\[\s*\d+\s*/\s*\d+)",
     re.IGNORECASE,
 )
@@ -122,11 +122,11 @@ _NOT_TRAINING = re.compile(  # never a training step: glog, warnings, evaluation
     # a skipped step is an event (`skipping update`), `skipped iterations: 0` a counter; Keras's
     # bar (`3/20 [===>....] - loss: 2.1`) shows the epoch's running mean, not the step's loss
     rf"^[IWEF]\d{{4}}\s+\d\d:\d\d|warning\b|\bwarn\b|error\b|\boverflow|{BAR}|"
-    r"\bskip(?:s|ped|ping)?\b(?!\s*(?:iterations?|steps?|updates?|batch(?:es)?)?\s*[:=]?\s*\d)|"
+    r"\bskip(?:s|ped|ping)?\b(?!\s*+(?:iterations?|steps?|updates?|batch(?:es)?)?\s*+[:=]?\s*+\d)|"
     r"(?<![\w.])(?:eval\w*|val(?:id\w*)?|test(?:ing)?)(?![\w.])",
     re.IGNORECASE,
 )
-_NAMED = re.compile(r"^(?P<label>[A-Za-z_][\w.]*)\s*[:=]?\s*(?P<rest>\[.*)$")  # `fc1.w [[..`
+_NAMED = re.compile(r"^(?P<label>[A-Za-z_][\w.]*)\s*+[:=]?\s*+(?P<rest>\[.*)$")  # `fc1.w [[..`
 _TOKEN = re.compile(r"\[|\]|\.\.\.|[^\s,\[\]]+")
 _EVAL_BEGINS = re.compile(  # a line of its own: `Eval begin...`, `***** Running Evaluation *****`
     r"^[\W_]*(?:(?:start(?:s|ing)?|begin(?:s|ning)?|run(?:ning)?)\s+(?:the\s+)?)?"

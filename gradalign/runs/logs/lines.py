@@ -41,7 +41,9 @@ _PADDLE_BAR = re.compile(rf"^(?P<key>\s*(?:{STEP_KEY})\s*\d+\s*/\s*\d+\s*)\[[=>.
 # a progress bar anywhere: tqdm's `26%|`, Keras's `[===>....]` and `[>....]`, and its first
 # frame, `1/60 [.....]`, drawn before the bar has grown; Keras 3's and rich's `━━━━╸━━`. A
 # count starts where its digits do (`(?<!\d)`, `\d++`): tried from each digit of a long run of
-# them, `\d+/` took time quadratic in the run's length
+# them, `\d+/` took time quadratic in the run's length. Likewise, throughout the grammar, white
+# space around an optional separator is matched whole (`\s*+[:=]?\s*+`): split every way
+# between the two `\s*`, a long run of it took quadratic or cubic time
 BAR = r"\d%\||\[=+>?\.*\]|\[>\.+\]|(?<!\d)\d++/\d++\s*\[\.{2,}\]|[━╸╺]{3,}"
 _BAR = re.compile(BAR)
 

@@ -75,7 +75,7 @@ SIZE_KEY = (
 )
 _SIZE_FIELD = re.compile(rf"(?:train[/.])?(?:{SIZE_KEY})", re.IGNORECASE)
 _KEYED_SIZE = re.compile(
-    rf"(?<![\w./])(?:(?P<before>\w+)[\s_])?(?:{SIZE_KEY})\b\s*[:=]?\s*(?P<size>\d+)(?![\w.])",
+    rf"(?<![\w./])(?:(?P<before>\w+)[\s_])?(?:{SIZE_KEY})\b\s*+[:=]?\s*+(?P<size>\d+)(?![\w.])",
     re.IGNORECASE,
 )
 _RUN_SO_FAR = {"consumed", "total", "seen", "cumulative", "global", "trained", "processed"}
@@ -90,11 +90,11 @@ def _words(name: str) -> list[str]:
 
 
 _SKIPPED = re.compile(  # Megatron-LM's count since its last line (`nan iterations` among them)
-    r"(?<![\w.])number\s+of\s+skipped\s+iterations\s*[:=]?\s*(?P<count>\d+)(?![\w.])",
+    r"(?<![\w.])number\s+of\s+skipped\s+iterations\s*+[:=]?\s*+(?P<count>\d+)(?![\w.])",
     re.IGNORECASE,
 )
 _SCALE = re.compile(
-    r"(?<![\w.])loss[\s_]scale\s*[:=]?\s*(?P<scale>\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(?![\w.])",
+    r"(?<![\w.])loss[\s_]scale\s*+[:=]?\s*+(?P<scale>\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(?![\w.])",
     re.IGNORECASE,
 )
 

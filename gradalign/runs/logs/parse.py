@@ -207,7 +207,7 @@ class _Pass(RepeatedSteps):
         a step that is not read."""
         start = self.current[-1] + 1 if self.current else 0
         for at in range(start, index):
-            if _GLUED_WARNING.search(self.raw[at]):
+            if "Warning: " in self.raw[at] and _GLUED_WARNING.search(self.raw[at]):
                 return (
                     f": line {self.number(at)} has a Python warning glued after its text, which "
                     "may hold the step (stdout and stderr written into one file while stdout "

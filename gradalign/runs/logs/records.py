@@ -42,7 +42,7 @@ from .names import (
 MAX_RECORD = 1 << 16  # a longer line is no record: literal_eval's cost grows with its input
 _NAME = re.compile(r"[A-Za-z_][\w .()/\-]*")
 # a step the text before a record names (`step 3: {'train_loss': 2.29}`), where the record has none
-_PREFIX_STEP = re.compile(rf"(?<![\w.])(?:{LINE_STEP_KEY})\s*[:=#]?\s*(?P<index>\d+)", re.I)
+_PREFIX_STEP = re.compile(rf"(?<![\w.])(?:{LINE_STEP_KEY})\s*+[:=#]?\s*+(?P<index>\d+)", re.I)
 _INTEGER = re.compile(r"[-+]?\d+")
 _TENSORBOARD = tuple(SCALARS_HEADER.lower().split(","))  # `Wall time,Step,Value`
 _SPECIAL = re.compile(r"(?<![\w'\"])(-?(?:nan|inf))(?![\w'\"])")  # `'grad_norm': nan,`

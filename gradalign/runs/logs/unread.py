@@ -17,7 +17,7 @@ BARS = "its progress bars print"  # the clause that says the bars are not read
 _LOSS_LIKE = re.compile(  # `total_loss: 2.1`, `loss_cls=1.4`, `xent: 2.12`, `nll 2.3`, and
     # a qualifier after the word before a colon (litgpt's `loss train: 2.3`)
     r"(?<![\w./-])(?P<name>(?:[A-Za-z][\w./-]*?)?(?:loss|xent|nll)[\w./-]*"
-    r"(?:\s+[A-Za-z]\w*(?=\s*:))?)\s*[:=]?\s*[-+]?\.?\d",
+    r"(?:\s+[A-Za-z]\w*(?=\s*:))?)\s*+[:=]?\s*+[-+]?\.?\d",
     re.IGNORECASE,
 )
 
