@@ -37,25 +37,33 @@ def same_initial_weights(base: Run, other: Run, what: str, other_name: str) -> T
                     )
             if not np.array_equal(init_b[name], init_m[name]):
                 delta = float(np.abs(init_b[name] - init_m[name].astype(np.float64)).max())
-                low = declared.get(name, "")
-                cause = (
-                    f": the baseline's are the {other_name}'s rounded to {low}; make the "
-                    f"{other_name} from the {low} model's weights (cast after rounding, as "
-                    f"model.to(torch.{low}).double())"
-                    if _rounded(init_m[name], low, init_b[name])
-                    else f": they differ by {low} rounding alone (at most {_ULPS} units in the "
-                    f"last place): the {other_name} computed its initial weights at another "
-                    "precision (a parametrization such as weight_norm applied after "
-                    ".double(), weights derived from others); initialise the model at "
-                    f"{low}, then cast it (model.double() after every initialisation)"
-                    if _near(init_m[name], low, init_b[name])
-                    else f": the {what} did not start from the same model; use the same seed "
-                    "and initialisation"
+                cause = _why_apart(
+                    init_b[name], init_m[name], declared.get(name, ""), what, other_name
                 )
                 raise BadInput(
                     f"initial weights differ (first in {name}, max abs diff {delta:.3g}){cause}"
                 )
     return init_b
+
+
+def _why_apart(base: np.ndarray, other: np.ndarray, low: str, what: str, other_name: str) -> str:
+    """Why a tensor's initial weights differ, the baseline's declared `low` dtype: the other's
+    rounded to it, or within a few of its units in the last place, else another model."""
+    if _rounded(other, low, base):
+        return (
+            f": the baseline's are the {other_name}'s rounded to {low}; make the {other_name} "
+            f"from the {low} model's weights (cast after rounding, as "
+            f"model.to(torch.{low}).double())"
+        )
+    if _near(other, low, base):
+        return (
+            f": they differ by {low} rounding alone (at most {_ULPS} units in the last place): "
+            f"the {other_name} computed its initial weights at another precision (a "
+            "parametrization such as weight_norm applied after .double(), weights derived from "
+            f"others); initialise the model at {low}, then cast it (model.double() after every "
+            "initialisation)"
+        )
+    return f": the {what} did not start from the same model; use the same seed and initialisation"
 
 
 def _same_start(init_b: Tensors, init_m: Tensors, name: str, param: bool) -> bool:

@@ -187,11 +187,10 @@ class _Pass(RepeatedSteps):
                 first_only(self.where(index), log.epoch, log.first_index, expected, step.total)
             log.epoch_start, expected = log.steps, value  # the count restarts each epoch
         if value != expected:
-            unread = self._glued_warning(index) or self._unread(index, expected)
-            why = why_again(value, expected, log.first_index)
+            gap = value > expected and (self._glued_warning(index) or self._unread(index, expected))
             raise BadInput(
                 f"{self.where(index)}: expected step {expected}, found step {value}"
-                + (unread if unread and value > expected else why)
+                + (gap or why_again(value, expected, log.first_index))
             )
         if log.steps:
             self._printed_times(index)
@@ -201,12 +200,15 @@ class _Pass(RepeatedSteps):
         self.current = [index]
         self._append(index, step)
 
+    def _since_step(self) -> int:
+        """The first line after the last step line (0 before any)."""
+        return self.current[-1] + 1 if self.current else 0
+
     def _glued_warning(self, index: int) -> str | None:
         """Where a line since the last step line has a Python warning glued after its text
         (`step 17 loss 1.97 lr 0.2/usr/lib/.../x.py:617: UserWarning: ...`): the reason for
         a step that is not read."""
-        start = self.current[-1] + 1 if self.current else 0
-        for at in range(start, index):
+        for at in range(self._since_step(), index):
             if "Warning: " in self.raw[at] and _GLUED_WARNING.search(self.raw[at]):
                 return (
                     f": line {self.number(at)} has a Python warning glued after its text, which "
@@ -219,7 +221,7 @@ class _Pass(RepeatedSteps):
     def _unread(self, index: int, expected: int) -> str | None:
         """Where a line since the last step line names the missing step, yet gave no step: its
         loss printed as no number the reader knows (`null`, `None`, `1.#QNAN`, `abc`)."""
-        start = self.current[-1] + 1 if self.current else 0
+        start = self._since_step()
         at = named_step(self.lines[start:index], expected)
         if at is None:
             return None

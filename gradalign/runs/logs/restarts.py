@@ -8,14 +8,14 @@ from __future__ import annotations
 import re
 
 from ...errors import BadInput
-from .names import EVERY_STEP_ADVICE
+from .names import EVERY_STEP_ADVICE, LINE_STEP_KEY
 
 
 def named_step(texts: list[str], step: int) -> int | None:
     """The first of `texts` (the lines since the last step line) that names step `step` after a
     step key (`step 7`, `"step": 7`, `global_step=7`): a step line whose loss was not read, as
     one printed `None`, `null` or `1.#QNAN`."""
-    named = re.compile(rf"(?i)\b(?:global_?)?(?:step|iter|iteration)s?\W{{1,4}}{step}(?![\d.])")
+    named = re.compile(rf"(?i)(?<![\w./])(?:{LINE_STEP_KEY})\b\W{{1,4}}{step}(?![\d.])")
     return next((i for i, text in enumerate(texts) if named.search(text)), None)
 
 
