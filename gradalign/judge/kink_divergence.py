@@ -256,8 +256,8 @@ def follow_from(
             j_grads, j_weights = later[1], max(j_weights, later[1])  # a share steps a share
             notes.append(
                 f"update {r.update}: another kink crossed, the gradient of {later[0]} "
-                f"{j_grads:.3g} of its norm off, {g_now.holding(later[0])} in {later[2]} row(s) "
-                f"or column(s). {widening(r.update, factor, j_grads, j_weights, start)}"
+                f"{j_grads:.3g} of its norm off, {later[2]}. "
+                f"{widening(r.update, factor, j_grads, j_weights, start)}"
             )
         if g_now is not None:
             unwidened = list(r.grads)

@@ -59,9 +59,11 @@ class Whole(TensorPair):
         """||second − before||: the second run's tensor, or how far it moved since `before`."""
         return distance(self.second, self.before, [name])
 
-    def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
+    def _units(
+        self, name: str, most: int | None, of_rows: float, rest: float, held: float
+    ) -> Units | None:
         shape = self.shape(name)
-        return kink_units_in(self.first, self.second, name, shape, most, of_rows, rest)
+        return kink_units_in(self.first, self.second, name, shape, most, of_rows, rest, held)
 
     def _whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         return (self.first[name], self.second[name]) if name in self else None
@@ -116,12 +118,14 @@ class Sketched(TensorPair):
         """||a − b||, estimated from their sketches (exact where both are whole)."""
         return estimate(a.vector - b.vector, a.exact and b.exact).value
 
-    def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
+    def _units(
+        self, name: str, most: int | None, of_rows: float, rest: float, held: float
+    ) -> Units | None:
         first, second = self.first[name], self.second[name]
         shape = self.shape(name)
         if first.exact and second.exact:
             return kink_units(
-                first.vector.reshape(shape), second.vector.reshape(shape), most, of_rows, rest
+                first.vector.reshape(shape), second.vector.reshape(shape), most, of_rows, rest, held
             )
         found = self._unit_sums(name)
         if found is None:
@@ -129,7 +133,8 @@ class Sketched(TensorPair):
         (rows_a, columns_a), (rows_b, columns_b) = found
         energies = unit_energies(rows_a - rows_b, columns_a - columns_b)
         own = unit_energies(rows_b, columns_b)
-        return units_holding(energies, most, of_rows, ESTIMATED_SHARE, rest, own)
+        estimated = held * ESTIMATED_SHARE / JUMP_SHARE  # as much lower as a kink's share is
+        return units_holding(energies, most, of_rows, estimated, rest, own)
 
     def _whole(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
         """Both runs' tensor, where both kept it whole."""

@@ -51,13 +51,21 @@ class TensorPair:
     _among: dict[str, tuple[str, ...]]  # `_among_siblings`'s groups, by tensor read so
 
     def units(
-        self, name: str, most: int | None = None, of_rows: float = JUMP_ROWS, rest: float = math.inf
+        self,
+        name: str,
+        most: int | None = None,
+        of_rows: float = JUMP_ROWS,
+        rest: float = math.inf,
+        held: float = JUMP_SHARE,
     ) -> Units | None:
-        """The fewest units holding a kink's share of the tensor's error (`units_holding`), the
-        rest within `rest`; None where there are none, or no kink is read in the tensor."""
-        return None if name in self.counted else self._units(name, most, of_rows, rest)
+        """The fewest units holding `held` (a kink's share) of the tensor's error
+        (`units_holding`), the rest within `rest`; None where there are none, or no kink is
+        read in the tensor."""
+        return None if name in self.counted else self._units(name, most, of_rows, rest, held)
 
-    def _units(self, name: str, most: int | None, of_rows: float, rest: float) -> Units | None:
+    def _units(
+        self, name: str, most: int | None, of_rows: float, rest: float, held: float
+    ) -> Units | None:
         raise NotImplementedError
 
     def jumped(self, name: str, rest: float) -> Units | None:

@@ -45,15 +45,17 @@ def kink_units(
     most: int | None = None,
     of_rows: float = JUMP_ROWS,
     rest: float = math.inf,
+    held: float = JUMP_SHARE,
 ) -> Units | None:
-    """The fewest units that hold JUMP_SHARE of the error, as (axis, indices), if they are at
-    most `of_rows` of the units (at least one) and at most `most`: rows (axis 0, the units a
-    weight feeds, its bias's elements), or for a weight of two or more axes its columns (axis
-    1: the units feeding it), the fewer. A unit at its kink changes its own row and the next
-    layer's column: a ReLU unit switched on by a pre-activation that is the residue of a
-    cancelling sum (a mostly dead net) put a whole jump of 17.6x into one column of the output
-    weight, and nowhere else. `rest`: the most error the other units may hold (a norm)."""
-    return kink_units_in({"t": merged}, {"t": ref}, "t", np.shape(ref), most, of_rows, rest)
+    """The fewest units that hold `held` (JUMP_SHARE) of the error, as (axis, indices), if
+    they are at most `of_rows` of the units (at least one) and at most `most`: rows (axis 0,
+    the units a weight feeds, its bias's elements), or for a weight of two or more axes its
+    columns (axis 1: the units feeding it), the fewer. A unit at its kink changes its own row
+    and the next layer's column: a ReLU unit switched on by a pre-activation that is the
+    residue of a cancelling sum (a mostly dead net) put a whole jump of 17.6x into one column
+    of the output weight, and nowhere else. `rest`: the most error the other units may hold
+    (a norm)."""
+    return kink_units_in({"t": merged}, {"t": ref}, "t", np.shape(ref), most, of_rows, rest, held)
 
 
 def kink_units_in(
@@ -64,11 +66,12 @@ def kink_units_in(
     most: int | None = None,
     of_rows: float = JUMP_ROWS,
     rest: float = math.inf,
+    held: float = JUMP_SHARE,
 ) -> Units | None:
     """`kink_units` of tensor `name` (of `shape`) of two runs' tensors, read from their files
     a block of whole rows at a time where they are files."""
     energies, own = _energies(first, second, name, shape)
-    return units_holding(energies, most, of_rows, JUMP_SHARE, rest, own)
+    return units_holding(energies, most, of_rows, held, rest, own)
 
 
 def one_input(
