@@ -338,10 +338,17 @@ def merged_against(
             "run is judged update by update against them; leave --updates out"
         )
     check_plan(cfg, [out], fault=fault, inputs=inputs, reports=reports)
+
+    def refuse_others(env: dict[str, Any], params: list[tuple[str, tuple, str]]) -> None:
+        """Another environment (a golden's) or another model, refused before any training."""
+        if not golden:
+            recording.refuse_other_model(params, base_run)
+            return
+        golden_file = goldens.refuse_other_environment(baseline, env, out, reports)
+        recording.refuse_other_model(params, goldens.golden_run(golden_file))
+
     with RunSet(out.parent, [out.name]) as runs:
-        env = inspect_model(cfg, feedback)
-        if golden:  # another environment is refused before any training
-            goldens.refuse_other_environment(baseline, env, out, reports)
+        inspect_model(cfg, feedback, first=refuse_others)
         recording.train_into(cfg, runs.path(out.name), out, "merged", feedback, fault)
     if golden:
         comparison = goldens.judge_against(baseline, out, checked, reports, feedback)

@@ -22,7 +22,16 @@ from .feedback import Feedback, Silent
 from .judge.results import FAIL, Comparison
 from .judge.strict import fail_on_warnings
 from .paths import is_stream, resolved
-from .runs.golden import CANDIDATE, dumps, environment_key, find, load, looks_golden, not_a_run
+from .runs.golden import (
+    CANDIDATE,
+    as_runs,
+    dumps,
+    environment_key,
+    find,
+    load,
+    looks_golden,
+    not_a_run,
+)
 from .runs.layout import is_run_dir
 from .runs.locks import RunLock
 from .runs.outputs import check_outputs
@@ -376,6 +385,11 @@ def refuse_other_environment(
     golden_file, _ = find(Path(golden), environment_key(env))
     check_outputs([out], [Path(golden)], [candidate_path(golden_file, out, reports)])
     return golden_file
+
+
+def golden_run(golden_file: Path) -> Any:
+    """The golden file's run as the judge reads it (its tensors' names and shapes)."""
+    return as_runs(load(golden_file), str(golden_file))[0]
 
 
 def judge_against(

@@ -4,7 +4,7 @@ into its place in a `RunSet`. Torch is imported only inside these functions."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ from .config import REFERENCES, TrainConfig
 from .errors import BadInput, signals_deferred
 from .feedback import Feedback
 from .paths import resolved
+from .runs.model import Run
 
 PathLike = str | Path
 
@@ -65,20 +66,44 @@ def check_plan(
     check_budget(config, outs)
 
 
-def inspect_model(config: TrainConfig, feedback: Feedback) -> dict[str, Any]:
+def inspect_model(
+    config: TrainConfig,
+    feedback: Feedback,
+    first: Callable[[dict[str, Any], list[tuple[str, tuple, str]]], None] | None = None,
+) -> dict[str, Any]:
     """Build the model, data and loss once and run one micro-batch (a mistake in the user's own
     code stops here); warn about layers that make B/K compute something else than B, and say
-    which numeric settings apply. Returns the environment the run will record."""
+    which numeric settings apply. `first`: a check of the environment and the model's
+    parameters (name, shape, "param") that may refuse them before any of that is said. Returns
+    the environment the run will record."""
     from .record.preflight import determinism_line, warnings_for
     from .record.trainer import compute_dtype
     from .record.trainer import preflight as build_once
 
-    facts, env = build_once(config)
+    facts, env, params = build_once(config)
+    ranks = {"world_size": config.nproc} if config.nproc > 1 else {}  # as the run will record
+    env = {**env, "compute_dtype": compute_dtype(config), **ranks}
+    if first is not None:
+        first(env, params)
     for line in warnings_for(facts):
         feedback.message(f"warning: {line}")
     feedback.message(f"settings: {determinism_line(env)}")
-    ranks = {"world_size": config.nproc} if config.nproc > 1 else {}  # as the run will record
-    return {**env, "compute_dtype": compute_dtype(config), **ranks}
+    return env
+
+
+def refuse_other_model(params: list[tuple[str, tuple, str]], like: Run) -> None:
+    """Before training against a kept run or golden (`like`): the model the settings build
+    (`params`, as `inspect_model` reads them) must hold its parameters, name for name and
+    shape for shape; else they are refused in one line instead of after the training."""
+    from .judge.compatible import first_difference
+
+    recorded = [(t.name, tuple(t.shape), t.kind) for t in like.tensors if t.kind == "param"]
+    if recorded != params:
+        raise BadInput(
+            f"the model these settings build is not the one {like.source} recorded: "
+            f"{first_difference(recorded, params, 'merged run')}; leave out the settings that "
+            "change the model (--model, --hidden and the like)"
+        )
 
 
 def reference_names(config: TrainConfig, baseline: Path, reference: str) -> list[Path]:

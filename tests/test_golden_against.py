@@ -1,7 +1,7 @@
 """Golden files and the environment they were recorded in: `golden check` refuses a golden of
 another environment (exit 2, naming the environments a folder holds), a hand-edited environment
 key and a broken golden for this environment; `merged --against` a golden trains and judges, and
-trains nothing it would refuse; `compare` given a golden says what judges against it."""
+trains nothing it would refuse (other updates, another model); `compare` given a golden says what judges against it."""
 
 from __future__ import annotations
 
@@ -76,6 +76,15 @@ def test_merged_against_with_other_updates_trains_nothing(cli, small, tmp_path, 
     different lengths"."""
     result = cli("merged", "--against", small[against], "--updates", "3", "--out", tmp_path / "m")
     one_line_error(result, "--updates 3:", "holds 4 updates", "leave --updates out")
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("against", ["golden", "baseline"])
+def test_merged_against_with_another_model_trains_nothing(cli, small, tmp_path, against):
+    """`merged --against X --hidden 32` trained the whole run, then refused it: "runs of
+    different models"."""
+    result = cli("merged", "--against", small[against], "--hidden", "24", "--out", tmp_path / "m")
+    one_line_error(result, "is not the one", "in the merged run", "[24, ", "--hidden")
     assert not (tmp_path / "m").exists()
 
 

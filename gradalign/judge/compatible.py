@@ -39,7 +39,7 @@ REFERENCE_SANITY_RTOL = 1e-2
 REFERENCE_SANITY_EPS = 64
 
 
-def _first_difference(
+def first_difference(
     base: list[tuple[str, tuple, str]], other: list[tuple[str, tuple, str]], other_name: str
 ) -> str:
     """Where two models' tensor lists (name, shape, kind) first part, in model order, both
@@ -95,7 +95,7 @@ def check_compatible(
     b = [(t.name, t.shape, t.kind) for t in base.tensors]
     m = [(t.name, t.shape, t.kind) for t in other.tensors]
     if b != m:
-        raise BadInput(f"{what} of different models: {_first_difference(b, m, other_name)}")
+        raise BadInput(f"{what} of different models: {first_difference(b, m, other_name)}")
     if base.full_weights != other.full_weights:
         raise BadInput("cannot compare a run with full weights against one with printed values")
     return same_initial_weights(base, other, what, other_name)

@@ -99,10 +99,11 @@ def compute_dtype(config: TrainConfig) -> str:
     return {"bf16": "bfloat16", "fp16": "float16"}.get(config.compute, config.param_dtype)
 
 
-def preflight(config: TrainConfig) -> tuple[dict, dict]:
-    """The model's structure facts and the numerical settings, before any training; the model,
-    data and loss are built and run once on the first micro-batch, so that a mistake in the
-    user's own code stops the command before anything is written."""
+def preflight(config: TrainConfig) -> tuple[dict, dict, list[tuple[str, tuple, str]]]:
+    """The model's structure facts, the numerical settings and its parameters (name, shape,
+    "param") before any training; the model, data and loss are built and run once on the first
+    micro-batch, so that a mistake in the user's own code stops the command before anything is
+    written."""
     t = setup(config)
     try:
         with torch.no_grad():
@@ -119,7 +120,8 @@ def preflight(config: TrainConfig) -> tuple[dict, dict]:
             f"{text if len(text) <= 160 else text[:157] + '...'}"
         ) from None
     first = next(t.model.parameters())
-    return model_facts(t.model), environment(first.device, first.dtype, t.model)
+    params = [(name, tuple(p.shape), "param") for name, p in t.model.named_parameters()]
+    return model_facts(t.model), environment(first.device, first.dtype, t.model), params
 
 
 def reference_path(out_dir: str | os.PathLike[str]) -> Path:
