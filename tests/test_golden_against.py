@@ -1,7 +1,8 @@
 """Golden files and the environment they were recorded in: `golden check` refuses a golden of
 another environment (exit 2, naming the environments a folder holds), a hand-edited environment
 key and a broken golden for this environment; `merged --against` a golden trains and judges, and
-trains nothing it would refuse (other updates, another model); `compare` given a golden says what judges against it."""
+trains nothing it would refuse (other updates, another model); `compare` given a golden says
+what judges against it."""
 
 from __future__ import annotations
 

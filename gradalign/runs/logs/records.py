@@ -39,7 +39,8 @@ from .names import (
     whole,
 )
 
-MAX_RECORD = 1 << 16  # a longer line is no record: literal_eval's cost grows with its input
+MAX_RECORD = 1 << 16  # a longer line is no Python literal: literal_eval's cost grows with it
+_QUOTED_KEY = re.compile(r"['\"]([A-Za-z_][\w./-]{0,63})['\"]\s*+:")  # a record's field name
 _NAME = re.compile(r"[A-Za-z_][\w .()/\-]*")
 # a step the text before a record names (`step 3: {'train_loss': 2.29}`), where the record has none
 _PREFIX_STEP = re.compile(rf"(?<![\w.])(?:{LINE_STEP_KEY})\s*+[:=#]?\s*+(?P<index>\d+)", re.I)
@@ -105,9 +106,9 @@ def _integer(value: object) -> int | None:
 
 
 def _mapping(text: str) -> dict | None:
-    """A JSON object or a Python dict literal (`nan` and `inf` as Python prints them), or None."""
-    if len(text) > MAX_RECORD:
-        return None
+    """A JSON object or a Python dict literal (`nan` and `inf` as Python prints them), or None.
+    JSON of any length (its decoder takes linear time: a record that logs every layer's norm
+    runs past MAX_RECORD), a Python literal up to MAX_RECORD."""
     for attempt in (text, _as_json(text)):
         if attempt is None:
             continue
@@ -116,6 +117,8 @@ def _mapping(text: str) -> dict | None:
         except (ValueError, RecursionError):
             continue
         return found if isinstance(found, dict) else None
+    if len(text) > MAX_RECORD:
+        return None
     try:
         found = ast.literal_eval(_SPECIAL.sub(r"'\1'", text))
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -187,12 +190,12 @@ class Records:
                 self.header = None
                 named = _PREFIX_STEP.search(text[: text.index("{")])
                 return self._record(fields, None if named is None else whole(named["index"]))
-            if self.loss_key is not None and re.search(
-                rf"['\"]{re.escape(self.loss_key)}['\"]\s*:", text
-            ):
+            long = len(text) > MAX_RECORD
+            if self._names_loss(text, long):
                 # a record of this log's steps that cannot be read: skipped, it would shift
                 # every later record without a step field
-                raise BadInput(f"cannot read this record: {text[:60]!r}")
+                why = f" (JSON cannot read it, and it is past {MAX_RECORD // 1024} KiB)"
+                raise BadInput(f"cannot read this record{why if long else ''}: {text[:60]!r}")
         if self.header is not None:
             cells = _cells(text, self.delimiter)
             # a delimited row may hold text (`phase`: `train`); one apart by white space, numbers
@@ -203,6 +206,14 @@ class Records:
                 return self._record({name: cell for name, cell in row if cell != ""})
             self.header = None  # the table ended
         return self._header(text)
+
+    def _names_loss(self, text: str, long: bool) -> bool:
+        """Whether a record that cannot be read names this log's loss field, or where the log has
+        none yet and the record is too long to be read as a Python literal (`long`), a field
+        that would be its loss: one printed per step, dropped silently it shifts the rest."""
+        if self.loss_key is not None:
+            return re.search(rf"['\"]{re.escape(self.loss_key)}['\"]\s*+:", text) is not None
+        return long and _best_loss(_QUOTED_KEY.findall(text)) is not None
 
     def _header(self, text: str) -> NotAStep | None:
         """A table's header row: two or more names, one of them the loss (with white space
