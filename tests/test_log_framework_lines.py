@@ -218,6 +218,24 @@ def test_two_printers_of_other_numbers_are_stillrefused_pair(cli, tmp_path):
     refused_pair(cli, tmp_path, _two_printers(LOSSES, means), "2 printers", "other losses")
 
 
+@pytest.mark.parametrize("record_first", [False, True])
+def test_a_step_line_and_a_record_without_a_step_are_two_printers_of_one_step(
+    tmp_path, record_first
+):
+    """A loop printing `step N loss X` and then the Trainer-style dict of the same step, which
+    names no step: the record was read as the next step, one step late (13 steps of 12, each
+    step line after it taken for a summary, the losses read at the record's 4 digits)."""
+    precise = [v + 1.234e-5 for v in LOSSES]
+    lines = []
+    for i, v in enumerate(precise):
+        pair = [f"step {i} loss {v:.8f}", repr({"loss": round(v, 4), "learning_rate": 1e-3})]
+        lines += pair[::-1] if record_first else pair
+    run = read_log(write_log(tmp_path, "two.log", lines))
+    assert run.micro_loss.tolist() == pytest.approx(precise, abs=1e-8)  # the step lines' digits
+    assert any("printed by 2 printers" in note for note in run.notes)
+    assert not any("print no step number" in note for note in run.notes)
+
+
 def _composer(losses: list[float], split: str = "train") -> list[str]:
     """Composer's FileLogger: one metric per line, `[metric][batch=N]: <name>: <value>`, the
     step's loss as `loss/train/total` (the sum of its parts), the lr on a line of its own."""

@@ -25,7 +25,7 @@ from .grammar import (
 from .lines import Lines, read_lines
 from .names import EVERY_STEP_ADVICE
 from .parsed import UNPRINTED, Block, ParsedLog
-from .records import NotAStep, Records
+from .records import UNNUMBERED, NotAStep, Records
 from .repeats import RepeatedSteps
 from .restarts import first_only, named_step, why_again
 
@@ -50,6 +50,9 @@ class _Pass(RepeatedSteps):
         self.current: list[int] = []  # the segments the current step was printed on, in order
         self.summaries: list[int] = []  # line numbers of steps printed again as summaries
         self.printers: tuple[str, ...] | None = None  # each step's line shapes, one a printer
+        self.named = False  # whether a line of the current step named it
+        self.recorded = False  # whether a record without a step is among its lines
+        self.unnamed = False  # whether a step before the current one had no line that named it
         if lines.cut is not None:
             self.log.notes.append(
                 f"its last line ({lines.cut}) has no line end and is shorter than the "
@@ -71,6 +74,8 @@ class _Pass(RepeatedSteps):
             self.at += 1
             if text:
                 self._line(index, text)
+        if self.unnamed or (self.log.steps and not self.named):
+            self.log.notes.append(UNNUMBERED)  # records read as consecutive steps
         self.log.notes += self.records.notes
         self.log.written_by = self.records.written_by
         if self.log.steps:  # the last step's lines (the only step's: they set the count)
@@ -180,6 +185,8 @@ class _Pass(RepeatedSteps):
         if log.steps and value == expected - 1 and epoch == log.epoch:
             log.repeats += 1  # printed again: another micro-step of the same update
             self.current.append(index)
+            self.named = self.named or step.index is not None
+            self.recorded = self.recorded or step.index is None
             self._append(index, step)
             return
         if value == log.first_index != expected and _next_epoch(log.epoch, epoch):
@@ -197,7 +204,12 @@ class _Pass(RepeatedSteps):
             if epoch is not None and log.epoch is not None and epoch != log.epoch:
                 log.epoch_starts.append(len(log.losses))
         log.epoch, log.steps, log.repeats = epoch, log.steps + 1, 1
-        self.current = [index]
+        self.unnamed = self.unnamed or (log.steps > 1 and not self.named)
+        self.current, self.named, self.recorded = (
+            [index],
+            step.index is not None,
+            step.index is None,
+        )
         self._append(index, step)
 
     def _since_step(self) -> int:
@@ -295,12 +307,13 @@ class _Pass(RepeatedSteps):
             self.log.add_noise(self.number(index), self.lines[index])
 
     def _index(self, index: int, step: StepLine, expected: int) -> int:
-        """The step a line names: a record without a step field is the next one; a counter
+        """The step a line names: a record without a step field is the next one (after a line
+        that named the current step, another printer of that step); a counter
         advancing by a stride (samples) counts strides; of several step keys, the one that
         counts line by line (`global_step` repeated beside a `micro_step` that counts)."""
         log = self.log
-        if step.index is None:
-            return expected
+        if step.index is None:  # beside a line that named the current step: another printer's
+            return expected - 1 if log.steps and self.named and not self.recorded else expected
         value = step.index if self.key is None else self._keyed(step)
         if step.counter:
             if len(log.losses) == 1 and log.first_index == 0 and value > 1 == log.stride:

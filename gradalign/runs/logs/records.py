@@ -260,7 +260,5 @@ class Records:
         index = indices[0] if indices else prefixed
         if index is None:
             self._by_epoch(epoch)
-        if index is None and UNNUMBERED not in self.notes:
-            self.notes.append(UNNUMBERED)
         others = tuple(indices[1:])
         return StepLine(index, loss, False, epoch, lr, others, grad_norm=norm, size=size)
