@@ -58,6 +58,8 @@ VARIANTS = {
     # each rank's norm only logged (an infinite max_norm) before the hand reduce: no clip
     "norm-logged-before-reduce": {"log_local": True, "reduce_by_hand": True},
     "sum-hook": {"hook": "sum", "k": 4},  # a comm hook that sums without dividing by W (W != K)
+    "times-w-k1": {"times_w": True, "k": 1},  # W = K+1: the ranks' sum, not `loss += loss / K`
+    "clip-times-w": {"clip": "after", "times_w": True, "k": 4},  # W hidden by a clip (W != K)
     # against baseline-buffer: W=2 x K=1, a running mean of each rank's own B/W input rows
     "buffer-k1": {"buffer": True, "k": 1},
     # the last window's last row on rank 1 is the data's first, as a DistributedSampler with
@@ -75,6 +77,7 @@ BROADCAST = {
     "reduce-step-broadcast": {"steps": "rank 0", "broadcast": True},
     "reduce-all-step-broadcast": {"steps": "all", "broadcast": True},
     "reduce-all-step": {"steps": "all", "broadcast": False},  # the bug: no broadcast
+    "own-step-broadcast": {"steps": "all", "broadcast": True, "reduce": False},  # never reduced
     # all-reduced by hand in bfloat16 (cast there and back), every rank steps
     "allreduce-bf16": {"steps": "all", "broadcast": False, "allreduce": torch.bfloat16},
 }
@@ -263,7 +266,7 @@ def reduce_and_broadcast(out: Path, variant: dict) -> None:
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
                 (loss / K).backward()
                 rec.micro(loss.detach(), batch=(x[rows], y[rows]))
-            for p in model.parameters():
+            for p in model.parameters() if variant.get("reduce", True) else ():
                 if "allreduce" in variant:
                     sent = p.grad.to(variant["allreduce"])
                     dist.all_reduce(sent)

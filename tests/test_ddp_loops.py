@@ -151,6 +151,32 @@ def test_w_equal_to_k_says_the_scale_may_be_the_ranks(loops):
     assert "with W = K = 2, a loss multiplied by W (or a comm hook summing" in first.message
 
 
+def test_w_equal_to_k_plus_1_is_the_ranks_reduction(loops):
+    """DDP on 2 ranks without accumulation (K=1), each loss multiplied by W: the gradient is
+    W = K+1 times the baseline's. It was named `loss += loss / K` (loss-scale's K+1)."""
+    first = errors(judged(loops, "times-w-k1"))[0]
+    assert first.code == "dp-loss-reduction" and first.evidence["expected_ratio"] == 2
+    assert "K+1" not in first.message  # K = 1: no accumulation to read it in
+
+
+def test_a_scale_of_w_a_clip_hid_is_read_before_clipping(loops):
+    """A clip that engages at every update steps with the baseline's gradient: the scale W
+    stands only in the norms before clipping. It was `unexplained`."""
+    first = errors(judged(loops, "clip-times-w"))[0]
+    assert first.code == "dp-loss-reduction", first.message
+    assert first.evidence["pre_clip_ratio"] == pytest.approx(2, rel=1e-3)
+    assert "before clipping is 2 times" in first.message
+
+
+def test_ranks_stepping_their_own_gradients_kept_alike_by_a_broadcast_are_named(loops):
+    """Each rank steps with its own rows' gradient, never reduced, and rank 0's weights are
+    broadcast after the step (a ZeroRedundancyOptimizer without DDP does the same): the ranks
+    agree in their weights, not their gradients. It was `cross-sample-loss`."""
+    first = errors(judged(loops, "own-step-broadcast"))[0]
+    assert first.code == "replicas-diverged", first.message
+    assert "not all-reduced" in first.message and first.evidence["first_update"] == 0
+
+
 def test_comm_hooks_are_recorded_and_named(loops):
     """The Recorder keeps the DDP wrapper's comm hooks; fp16 compression is named as such, and
     PowerSGD (no other signature fits its low-rank error) by `dp-comm-hook`. Was `unexplained`."""

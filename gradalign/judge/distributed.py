@@ -33,6 +33,8 @@ class RankFacts:
     init: dict[int, list[str]] = field(default_factory=dict)
     synced: list[int] = field(default_factory=list)  # ranks whose other start was broadcast away
     overwritten: list[int] = field(default_factory=list)  # ranks whose other steps were, too
+    # where they were: the tensors each stepped with another gradient in, by update and rank
+    overwritten_grads: dict[int, dict[int, list[str]]] = field(default_factory=dict)
     weights: dict[int, dict[int, list[str]]] = field(default_factory=dict)
     grads: dict[int, dict[int, list[str]]] = field(default_factory=dict)
     buffers: dict[int, dict[int, list[str]]] = field(default_factory=dict)
@@ -77,7 +79,7 @@ def rank_facts(run: Run) -> RankFacts | None:
         facts.overwritten = sorted(
             {r for t in (facts.grads, facts.steps) for v in t.values() for r in v}
         )
-        facts.grads, facts.steps = {}, {}
+        facts.overwritten_grads, facts.grads, facts.steps = facts.grads, {}, {}
     return facts
 
 

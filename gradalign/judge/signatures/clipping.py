@@ -94,18 +94,26 @@ SCALE_ONCE = (
 )
 
 
-def scale_before_clip(c: Comparison) -> Diagnosis | None:
-    """The first failing update failed by its norms before clipping alone (clip_norms.py), K,
-    1/K or K+1 times the baseline's: the loss the gradient comes from was scaled and a clip
-    that engaged in both runs hid it from the step, the weights and the gradients."""
+def failed_before_clip(c: Comparison) -> UpdateResult | None:
+    """The first failing update, where it failed by its norms before clipping alone (both runs
+    recorded them); None otherwise."""
     r = failing(c)
     pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
     if r is None or pre_b is None or pre_m is None or not pre_b[r.update]:
         return None
     if not r.loss_ok or not all(d.ok for d in (*r.weights, *r.grads)):
         return None  # a gradient that fails is read by its shape (loss_scale reads it there)
-    if {key for key, _ in r.problems} != {PRE_CLIP}:
+    return r if {key for key, _ in r.problems} == {PRE_CLIP} else None
+
+
+def scale_before_clip(c: Comparison) -> Diagnosis | None:
+    """The first failing update failed by its norms before clipping alone (clip_norms.py), K,
+    1/K or K+1 times the baseline's: the loss the gradient comes from was scaled and a clip
+    that engaged in both runs hid it from the step, the weights and the gradients."""
+    r = failed_before_clip(c)
+    if r is None:
         return None
+    pre_b, pre_m = c.baseline.grad_norm_pre_clip, c.merged.grad_norm_pre_clip
     i = r.update
     ratio = float(pre_m[i] / pre_b[i])
     expected = scale_of(c, ratio) if math.isfinite(ratio) else None

@@ -1,7 +1,8 @@
 """Data-parallel signatures: read what each rank recorded (judge/distributed.py) and the shape of
-the gradient, and name the data-parallel bug: ranks that are no longer replicas, a scheduler
-stepped per rank, ranks reading the same rows, BatchNorm statistics per rank, a loss reduced
-once too often over the ranks, items normalized per rank."""
+the gradient, and name the data-parallel bug: ranks that are no longer replicas (or kept alike by
+a broadcast while each stepped with its own gradient), a scheduler stepped per rank, ranks
+reading the same rows, BatchNorm statistics per rank; a loss reduced once too often over the
+ranks and items normalized per rank are read in the gradient's shape (signatures/dp_shapes.py)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,18 @@ import numpy as np
 
 from ..checks import sample_mismatches
 from ..clip_norms import ranks_apart
-from ..distributed import RankFacts, counts_per_rank, listed
-from ..results import Comparison, Diagnosis, UpdateResult
+from ..distributed import RankFacts, listed
+from ..results import Comparison, Diagnosis
+from .clipping import failed_before_clip
 from .common import (
-    RATIO_MATCH,
     finite,
     lossy_hooks,
     on_ranks,
-    pure_scale,
     relative_error,
-    same_direction,
     window,
 )
 from .decisive import update0_gap
+from .dp_shapes import dp_loss_reduction, dp_token_normalization
 from .learning_rate import SPLIT_BATCHES, lined_up_lrs, schedule_offset
 
 FIRST = ("window-bookkeeping", "step-in-window")  # causes that explain diverging replicas
@@ -34,7 +34,9 @@ def _facts(c: Comparison) -> RankFacts | None:
 
 def replicas_diverged(c: Comparison) -> Diagnosis | None:
     facts = _facts(c)
-    if facts is None or facts.agree:
+    if facts is not None and facts.agree:
+        return _unreduced(c, facts)
+    if facts is None:
         return None
     first = facts.first_update()
     params = [t.name for t in c.merged.tensors if t.kind == "param"]
@@ -109,6 +111,43 @@ def replicas_diverged(c: Comparison) -> Diagnosis | None:
         )
         fix = "give every rank the same optimizer, learning rate schedule and step calls"
     return Diagnosis("replicas-diverged", message, evidence, fix)
+
+
+def _unreduced(c: Comparison, facts: RankFacts) -> Diagnosis | None:
+    """Replicas kept alike by a broadcast of rank 0's weights after each step, where each rank
+    stepped with a gradient of its own in every parameter and no clip ran on some ranks alone,
+    and the gradients fail there: the gradients were never reduced, and rank 0's own B/(W·K)
+    rows trained the model (probe runs on 2 ranks: a ZeroRedundancyOptimizer without DDP, and
+    a loop stepping each rank and broadcasting rank 0's weights, were named
+    `cross-sample-loss`, cosine 0.758)."""
+    params = [t.name for t in c.merged.tensors if t.kind == "param"]
+    for u, table in sorted(facts.overwritten_grads.items()):
+        rank, names = next(iter(sorted(table.items())))
+        if len(names) < len(params) or on_ranks(c, "update/clip_calls", u)[0]:
+            return None
+        if u >= len(c.results) or all(d.ok for d in c.results[u].grads):
+            return None
+        return Diagnosis(
+            "replicas-diverged",
+            f"at update {u} rank {rank} stepped with another gradient than rank 0 in every "
+            "parameter, and its weights were then made rank 0's (a broadcast from rank 0): the "
+            "gradients were not all-reduced before the step, so each rank stepped with the "
+            "gradient of its own B/(W·K) rows and rank 0's alone was kept (a "
+            "ZeroRedundancyOptimizer without DistributedDataParallel, or a loop that steps "
+            "each rank and then broadcasts)",
+            {
+                "first_update": u,
+                "world_size": facts.world,
+                "cause": "gradients not reduced",
+                "rank": rank,
+                "parameters": len(params),
+            },
+            "all-reduce the gradients before the step: wrap the model in "
+            "DistributedDataParallel (ZeroRedundancyOptimizer shards the optimizer's state, "
+            "not the gradients' reduction), or all_reduce each gradient and divide it by W "
+            "before optimizer.step()",
+        )
+    return None
 
 
 def _bypassed(c: Comparison, update: int) -> tuple[int, str, dict] | None:
@@ -241,108 +280,6 @@ def dp_batchnorm(c: Comparison) -> Diagnosis | None:
     )
 
 
-def dp_loss_reduction(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """Gradient W or 1/W times the baseline's, same direction: the loss reduced over the ranks
-    on top of DDP's own mean (or once too often)."""
-    world, k = c.merged.world_size, window(c)
-    ratio, cosine = r.grad_ratio, r.grad_cosine
-    if world < 2 or ratio is None or cosine is None or not cosine >= same_direction(c, r):
-        return None
-    if any(abs(ratio / q - 1) <= RATIO_MATCH for q in (k, 1 / k, k + 1)):
-        return None  # loss-scale's variants (also when W = K)
-    hooks = (
-        (world, "summed over the ranks", "summed them without dividing by W"),
-        (1 / world, "divided by W", "divided them by W once more"),
-    )
-    ran = lossy_hooks(c)  # a hook of the loop's own the Recorder saw on the DDP wrapper
-    seen = f" (DDP ran {listed(ran, 2)})" if ran else ""
-    for expected, how, hook in hooks:
-        if abs(ratio / expected - 1) <= RATIO_MATCH:
-            return Diagnosis(
-                "dp-loss-reduction",
-                f"at update {r.update} the gradient is {ratio:.6g} times the baseline's with "
-                f"cosine {cosine:.8f}, and W={world}: each rank's loss was {how} on top of "
-                f"the mean over the ranks (DDP's own, or an all_reduce by hand and its "
-                f"division by W), or a comm hook {hook}{seen}",
-                {
-                    "update": r.update,
-                    "grad_ratio": finite(ratio),
-                    "grad_cosine": finite(cosine),
-                    "world_size": world,
-                    "expected_ratio": expected,
-                },
-                "average the ranks' gradients once: DDP already does (an all_reduce by hand "
-                "sums them: divide by W once, after it); backpropagate each rank's own loss "
-                "(its mean / K, or its share of the window's items) without multiplying or "
-                "dividing it by the world size; to log the global loss, average the ranks' "
-                "losses after backward",
-            )
-    return None
-
-
-def dp_token_normalization(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """Items normalized locally (per rank, or per micro-batch): the ranks hold different item
-    counts and the gradient error is within what reweighting rank r by N / (W·N_r) can cause.
-    The gradient alone cannot tell a rank's count from a micro-batch's; the fix is the same.
-    Without item counts, the ranks' rows (`batch=`) count: a plain mean over unequal shards."""
-    counted = counts_per_rank(c.merged, r.update)
-    if counted is None:
-        return None
-    counts, micro, unit = counted
-    if len(counts) < 2 or min(counts) <= 0 or min(counts) == max(counts):
-        return None
-    total, world = sum(counts), len(counts)
-    imbalance = max(abs(total / (world * n) - 1) for n in counts)
-    # normalized per micro-batch, each is weighted by the window's share over its own count:
-    # the rank's and the micro-step's imbalances add up
-    pieces = [n for counts_of_rank in micro for n in counts_of_rank if n > 0]
-    finest = max((abs(total / (len(micro[0]) * world * n) - 1) for n in pieces), default=0.0)
-    gb, gm = c.baseline.grads(r.update), c.merged.grads(r.update)
-    error = None if gb is None or gm is None else relative_error(gb, gm)
-    if error is None or not 0 < error <= 2 * max(imbalance, finest):
-        return None
-    ratio, cosine = r.grad_ratio, r.grad_cosine
-    if ratio is not None and cosine is not None and pure_scale(c, r, ratio, cosine):
-        return None  # reweighting ranks turns the gradient; a count off by a few scales it
-    if unit == "items":
-        how = (
-            "normalized by a local count (its own, or its micro-batch's), not by the window's "
-            f"{total:g} items on all ranks"
-        )
-        fix = (
-            "count the window's items over every rank first (all_reduce the item count of the "
-            "K micro-batches), then backpropagate each micro-batch's summed loss x W / that "
-            "total (DDP averages over W ranks): the num_items_in_batch fix of transformers #34242"
-        )
-    else:
-        how = (
-            "a mean over its own rows and DDP averaged the ranks equally, instead of weighting "
-            f"each by its share of the window's {total:g} samples on all ranks"
-        )
-        fix = (
-            "give every rank the same number of rows per micro-step (a DistributedSampler with "
-            "drop_last, equal batch sizes), or weight each rank by its rows: backpropagate each "
-            "micro-batch's summed loss x W / the window's rows on all ranks (all_reduce the "
-            "count), and record items=n in micro()"
-        )
-    return Diagnosis(
-        "dp-token-normalization",
-        f"at update {r.update} the ranks hold {', '.join(f'{n:g}' for n in counts)} {unit} "
-        f"(micro-batches {'; '.join(', '.join(map(str, m)) for m in micro)}), yet each rank's "
-        f"loss was {how}: ranks are weighted up to {imbalance:.1%} wrong, and the gradient is "
-        f"{error:.3g} off (relative L2, cosine {r.grad_cosine:.6f})",
-        {
-            "update": r.update,
-            f"{unit}_per_rank": counts,
-            f"{unit}_per_micro_batch": micro,
-            "max_rank_weight_error": imbalance,
-            "grad_rel_l2": error,
-            "grad_cosine": finite(r.grad_cosine),
-        },
-        fix,
-    )
-
-
 def dp_comm_hook(c: Comparison) -> Diagnosis | None:
     """The last resort on W ranks: no known bug fits, the gradients fail, and DDP ran a comm
     hook other than its all-reduce (PowerSGD, compression): the all-reduce was approximated."""
@@ -371,7 +308,21 @@ def dp_comm_hook(c: Comparison) -> Diagnosis | None:
     )
 
 
-DECISIVE = [replicas_diverged, scheduler_per_rank, dp_sampler, clip_before_reduce, dp_batchnorm]
+def dp_scale_before_clip(c: Comparison) -> Diagnosis | None:
+    """`dp-loss-reduction` where the first failing update failed by its norms before clipping
+    alone: a clip that engaged in both runs hid the scale W or 1/W from the step."""
+    r = failed_before_clip(c)
+    return None if r is None else dp_loss_reduction(c, r)
+
+
+DECISIVE = [
+    replicas_diverged,
+    scheduler_per_rank,
+    dp_sampler,
+    clip_before_reduce,
+    dp_batchnorm,
+    dp_scale_before_clip,
+]
 GRADIENT_SHAPE = [dp_loss_reduction, dp_token_normalization]
 
 

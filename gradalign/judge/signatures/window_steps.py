@@ -15,7 +15,8 @@ from ...runs.model import Run
 from ..distributed import listed
 from ..results import Comparison, Diagnosis
 from ..windows import changes_in_window, written_after_forwards, written_in_forward
-from .common import finite, grad_norm, on_ranks, window
+from .clipping import scale_of
+from .common import finite, grad_norm, on_ranks, same_direction, window
 
 
 def scaler_per_micro(c: Comparison) -> Diagnosis | None:
@@ -40,7 +41,12 @@ def scaler_per_micro(c: Comparison) -> Diagnosis | None:
 def micro_batch_missing(c: Comparison) -> Diagnosis | None:
     """A micro-step after which no accumulated .grad was written (`micro/grad_writes`), or, in
     runs that recorded fingerprints instead, was bit for bit what it was after the one before:
-    that micro-batch was never backpropagated."""
+    that micro-batch was never backpropagated. Not where every window's gradient was written
+    once and points the baseline's way at a loss scale's ratio (`_written_once`): a loop that
+    backpropagates the window's K losses at once, its Recorder's micro() after that backward,
+    leaves the gradient unchanged between its micro-steps too, and the scale it stepped with is
+    another cause's (probe runs: one backward of the K losses, not divided by K, 4 times the
+    baseline's gradient, was named a micro-batch left out)."""
     run = c.merged
     if all(r.ok for r in c.results):
         return None
@@ -64,6 +70,9 @@ def micro_batch_missing(c: Comparison) -> Diagnosis | None:
         return None
     update, position = missing[0]
     k = window(c)
+    if _written_once(c, missing, first, k):
+        return None  # one backward of the window's losses, scaled: loss-scale's to name
+
     return Diagnosis(
         "micro-batch-missing",
         f"the accumulated gradient did not change at micro-step {position} (of {k}) of window "
@@ -78,6 +87,22 @@ def micro_batch_missing(c: Comparison) -> Diagnosis | None:
         "call backward() for every micro-batch of the window, the last one included, before "
         "optimizer.step()",
     )
+
+
+def _written_once(c: Comparison, missing: list[tuple[int, int]], last: int, k: int) -> bool:
+    """Whether every window up to update `last` left its gradient unchanged at all of its
+    micro-steps after the first (one backward of the window's losses, micro() after it), and
+    the gradient at the first of them is the baseline's in its direction, scaled as a loss
+    divided by K too often or not at all is: no micro-batch's share is missing from it."""
+    per_window = {u: 0 for u in range(last + 1)}
+    for u, _ in missing:
+        per_window[u] += 1
+    if k < 2 or any(n != k - 1 for n in per_window.values()):
+        return False
+    r = c.results[missing[0][0]]
+    if r.grad_ratio is None or r.grad_cosine is None or r.grad_cosine < same_direction(c, r):
+        return False
+    return scale_of(c, r.grad_ratio) is not None
 
 
 def _empty_gradient(c: Comparison) -> Diagnosis | None:
