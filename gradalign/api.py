@@ -311,6 +311,7 @@ def merged_against(
     only when `overrides` name the same code or `trust_run_code` is set: a shared run must not
     run code it carries. Everything is checked before training: the baseline is readable and
     K=1, `out` is not the baseline or its reference, the reports land outside every run."""
+    from . import api_against as against
     from . import api_golden as goldens
     from .runs.reader import read_run_dir
     from .runs.runset import RunSet
@@ -344,14 +345,14 @@ def merged_against(
         if not golden:
             recording.refuse_other_model(params, base_run)
             return
-        golden_file = goldens.refuse_other_environment(baseline, env, out, reports)
-        recording.refuse_other_model(params, goldens.golden_run(golden_file))
+        golden_file = against.refuse_other_environment(baseline, env, out, reports)
+        recording.refuse_other_model(params, against.golden_run(golden_file))
 
     with RunSet(out.parent, [out.name]) as runs:
         inspect_model(cfg, feedback, first=refuse_others)
         recording.train_into(cfg, runs.path(out.name), out, "merged", feedback, fault)
     if golden:
-        comparison = goldens.judge_against(baseline, out, checked, reports, feedback)
+        comparison = against.judge_against(baseline, out, checked, reports, feedback)
     else:
         comparison = compare(baseline, out, tolerances=checked, reports=reports, feedback=feedback)
     if trust_run_code:

@@ -22,16 +22,7 @@ from .feedback import Feedback, Silent
 from .judge.results import FAIL, Comparison
 from .judge.strict import fail_on_warnings
 from .paths import is_stream, resolved
-from .runs.golden import (
-    CANDIDATE,
-    as_runs,
-    dumps,
-    environment_key,
-    find,
-    load,
-    looks_golden,
-    not_a_run,
-)
+from .runs.golden import CANDIDATE, dumps, environment_key, find, load, looks_golden, not_a_run
 from .runs.layout import is_run_dir
 from .runs.locks import RunLock
 from .runs.outputs import check_outputs
@@ -375,32 +366,3 @@ def golden_config(golden: PathLike | Sequence[Path]) -> dict[str, Any]:
             shown = ", ".join(f"{k} {kept[0].get(k)!r} and {other.get(k)!r}" for k in differs[:3])
             raise BadInput(f"{where}: its golden files record different experiments ({shown})")
     return kept[0]
-
-
-def refuse_other_environment(
-    golden: PathLike, env: dict[str, Any], out: Path, reports: Sequence[PathLike]
-) -> Path:
-    """Before `merged --against GOLDEN` trains: the golden for the environment the run will record
-    (`env`), else "no golden for this environment"; the candidate's place is checked too."""
-    golden_file, _ = find(Path(golden), environment_key(env))
-    check_outputs([out], [Path(golden)], [candidate_path(golden_file, out, reports)])
-    return golden_file
-
-
-def golden_run(golden_file: Path) -> Any:
-    """The golden file's run as the judge reads it (its tensors' names and shapes)."""
-    return as_runs(load(golden_file), str(golden_file))[0]
-
-
-def judge_against(
-    golden: PathLike,
-    run: Path,
-    tolerances: dict[str, Any],
-    reports: Sequence[PathLike],
-    feedback: Feedback,
-) -> Comparison:
-    """`golden_check` for a run known to have a golden for its environment."""
-    outcome = golden_check(golden, run, tolerances=tolerances, reports=reports, feedback=feedback)
-    if outcome.comparison is None:  # cannot happen after refuse_other_environment
-        raise BadInput(f"no golden for this environment in {golden}")
-    return outcome.comparison

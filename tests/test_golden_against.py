@@ -37,6 +37,19 @@ def test_another_environment_is_refused(cli, small, tmp_path):
     assert "torch1.13" in result.err  # says which environments the directory holds
 
 
+def test_two_goldens_for_this_environment_in_one_directory_are_refused(cli, small, tmp_path):
+    """A directory holding the goldens of two experiments for one environment (an SGD and an
+    Adam baseline's) judged the run against the first by name: a false alarm, `lr-scaled`."""
+    (tmp_path / "dir").mkdir()
+    other = _elsewhere(small, tmp_path / "dir" / "adam.json")  # the same environment
+    shutil.copy(small["golden"], tmp_path / "dir" / "sgd.json")
+    for command in (("golden", "check", tmp_path / "dir", small["merged"]),
+                    ("merged", "--against", tmp_path / "dir", "--out", tmp_path / "m")):  # fmt: skip
+        result = cli(*command)
+        one_line_error(result, "holds 2 goldens for this environment", other.name, "sgd.json")
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_hand_edited_environment_key_is_refused(cli, small, tmp_path):
     data = json.loads(small["golden"].read_text())
     data["environment_key"] = data["environment_key"].replace("-ws1-", "-ws2-")

@@ -102,6 +102,21 @@ def test_without_github_nothing_is_annotated_or_appended(cli, tmp_path, small_ru
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_step_summary_that_cannot_be_appended_keeps_the_verdict_and_the_reports(
+    cli, tmp_path, small_runs, monkeypatch
+):
+    """A full disk (or a read-only summary file) under `$GITHUB_STEP_SUMMARY`: the run passed,
+    yet it exited 2 and removed its own reports as "earlier reports of other runs"."""
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", "/dev/full")
+    report, junit = tmp_path / "r.json", tmp_path / "r.xml"
+    result = cli("compare", small_runs["baseline"], small_runs["merged"], "--json", report,
+                 "--junit", junit)  # fmt: skip
+    assert result.code == 0, result.err
+    assert report.exists() and junit.exists()
+    (line,) = [x for x in result.err.splitlines() if "GITHUB_STEP_SUMMARY" in x]
+    assert line.startswith("warning: GITHUB_STEP_SUMMARY /dev/full: cannot append the summary")
+
+
 PYTEST_JUNIT = """
 import pytest
 def test_passes(): pass

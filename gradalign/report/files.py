@@ -190,7 +190,8 @@ def write_reports(
     comparison: Comparison, files: ReportFiles, environ: Mapping[str, str] | None = None
 ) -> list[str]:
     """Write every requested report, append the GitHub step summary when the job has one, and
-    return the `::error` lines a GitHub Actions job should print (none elsewhere). An interrupt
+    return the lines to print on stderr: a warning where the summary could not be appended, and
+    the `::error` lines of a GitHub Actions job (none elsewhere). An interrupt
     meanwhile is held until the set is written: an interrupted job never leaves part of it."""
     from ..runs.writer import deferred_interrupts
     from .github import annotations, append_step_summary, in_actions, is_step_summary
@@ -204,5 +205,6 @@ def write_reports(
                 if target is None or (name == "markdown" and is_step_summary(target, environ)):
                     continue  # the step summary is appended to below, once
                 write(comparison, Path(target))
-        append_step_summary(comparison, environ)
-    return annotations(comparison) if in_actions(environ) else []
+        unwritten = append_step_summary(comparison, environ)
+    lines = annotations(comparison) if in_actions(environ) else []
+    return [unwritten, *lines] if unwritten else lines

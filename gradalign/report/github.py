@@ -88,7 +88,10 @@ def is_step_summary(path: Path, environ: Mapping[str, str]) -> bool:
 
 
 def append_step_summary(c: Comparison, environ: Mapping[str, str]) -> str | None:
-    """Append the Markdown summary to `$GITHUB_STEP_SUMMARY` when it is set; returns its path."""
+    """Append the Markdown summary to `$GITHUB_STEP_SUMMARY` when it is set; a warning line
+    where it cannot be (a full disk, a read-only file), None otherwise. The summary is what the
+    job's page shows, not the gate: failing to append it keeps the verdict's exit code and the
+    reports (it turned a pass into exit 2 and removed the run's own reports as "stale")."""
     target = environ.get("GITHUB_STEP_SUMMARY")
     if not target:
         return None
@@ -96,5 +99,8 @@ def append_step_summary(c: Comparison, environ: Mapping[str, str]) -> str | None
         with open(target, "a", encoding="utf-8") as handle:
             handle.write(to_markdown(c) + "\n")
     except OSError as exc:
-        raise BadInput(f"GITHUB_STEP_SUMMARY {target}: cannot append ({exc.strerror})") from None
-    return target
+        return (
+            f"warning: GITHUB_STEP_SUMMARY {target}: cannot append the summary "
+            f"({exc.strerror}); the verdict and the other reports stand"
+        )
+    return None

@@ -223,19 +223,28 @@ def find(path: Path, key: str) -> tuple[Path, dict[str, Any]]:
     hint = "record one here: `gradalign baseline ...` then `gradalign golden write BASELINE`"
     not_a_run(path)
     if path.is_dir():
+        named = path / f"{key}.json"
         others = [p for p in sorted(path.glob("*.json")) if not p.name.endswith(CANDIDATE)]
-        candidates = [path / f"{key}.json", *others]
-        held = []
-        for file in candidates:
+        held, found = [], []
+        for file in [named, *(p for p in others if p != named)]:
             try:
                 data = load(file)
             except BadInput:
-                if file == candidates[0] and file.exists():
+                if file == named and file.exists():
                     raise  # the golden named for this environment is broken: say so
                 continue
             if data["environment_key"] == key:
-                return file, data
-            held.append(shown(data["environment_key"], 40))
+                found.append((file, data))
+            else:
+                held.append(shown(data["environment_key"], 40))
+        if len(found) > 1:  # which one judges would be the order of their names
+            names = ", ".join(file.name for file, _ in found[:4])
+            raise BadInput(
+                f"{path} holds {len(found)} goldens for this environment ({key}): {names}; "
+                "keep one per environment (a directory per experiment), or name the file"
+            )
+        if found:
+            return found[0]
         have = ", ".join(sorted(set(held))) or "none"
         raise BadInput(
             f"no golden for this environment ({key}) in {path} (it holds: {have}); {hint}"
