@@ -43,8 +43,9 @@ def test_two_goldens_for_this_environment_in_one_directory_are_refused(cli, smal
     (tmp_path / "dir").mkdir()
     other = _elsewhere(small, tmp_path / "dir" / "adam.json")  # the same environment
     shutil.copy(small["golden"], tmp_path / "dir" / "sgd.json")
-    for command in (("golden", "check", tmp_path / "dir", small["merged"]),
-                    ("merged", "--against", tmp_path / "dir", "--out", tmp_path / "m")):  # fmt: skip
+    folder = tmp_path / "dir"
+    against = ("merged", "--against", folder, "--out", tmp_path / "m")
+    for command in (("golden", "check", folder, small["merged"]), against):
         result = cli(*command)
         one_line_error(result, "holds 2 goldens for this environment", other.name, "sgd.json")
     assert not (tmp_path / "m").exists()

@@ -48,6 +48,18 @@ def test_a_broken_accelerate_loop_fails_with_its_code(readme, bug, code):
     assert worst > 1e3
 
 
+def test_a_block_without_a_backward_is_a_micro_batch_missing(readme):
+    """An `accumulate` block that forwards its micro-batch and never calls
+    `accelerator.backward`: no micro-step, its samples left out (they were joined to the next
+    block's, and the window read as `token-normalization` over 92, 184, 92 tokens)."""
+    from gradalign import api
+
+    runs = acc.record_all(readme[0] / "acc", padded=False, bug="skip-backward")
+    found = api.compare(runs["k1"], runs["k4-skip-backward"]).diagnosis
+    assert [d.code for d in found][:1] == ["micro-batch-missing"], [d.message for d in found]
+    assert read_run_dir(runs["k4-skip-backward"]).sizes.tolist() == [3] * acc.UPDATES
+
+
 def test_bf16_mixed_precision_is_judged_against_its_float64_reference(tmp_path):
     """accelerate enters autocast inside the model's patched forward, after the model's own
     forward hooks: the layers see it. Its config's mixed_precision may differ in a reference.

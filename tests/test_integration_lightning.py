@@ -257,6 +257,62 @@ def test_manual_optimization_closes_an_epochs_short_last_window_where_it_steps(t
     assert (run.updates, run.micro_steps) == (6, 20)  # two epochs of windows 4, 4, 2
 
 
+@pytest.mark.parametrize("manual", [False, True])
+def test_a_batch_without_a_backward_is_a_micro_batch_missing(tmp_path, manual):
+    """Automatic optimization: `training_step` returns None for batch 1 of each window
+    (Lightning skips its backward and still steps every K batches); manual: the window's last
+    batch is forwarded, not backpropagated. The windows held K−1 micro-steps (manual: two ran
+    together into one of 2K−2) and were named `window-bookkeeping`, whose fix was to call
+    Recorder.update() once per K micro-steps."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    tiny_data = example("tiny_data")
+
+    class Skipping(L.LightningModule):
+        def __init__(self, k: int, skip: bool) -> None:
+            super().__init__()
+            self.net, self.k, self.skip = tiny_data.TinyGRULM(), k, skip
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch, batch_idx):
+            total, n = tiny_data.token_loss_sum(self.net(batch[0]), batch[1])
+            skipped = self.skip and batch_idx % self.k == (self.k - 1 if manual else 1)
+            if not manual:
+                return None if skipped else total / n
+            if not skipped:
+                self.manual_backward(total / n / self.k)
+            if (batch_idx + 1) % self.k == 0:
+                optimizer = self.optimizers()
+                optimizer.step()
+                optimizer.zero_grad()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def fit(out, k, skip=False, precision="32-true", reference=None):
+        rows = tiny_data.token_rows(64, padded=False)
+        loader = DataLoader(rows, batch_size=16 // k, collate_fn=tiny_data.collate_pairs)
+        stated = {"accum_steps": k} if manual else {}
+        callback = pl.GradalignCallback(out, items="labels", reference=reference, **stated)
+        options = {} if manual else {"accumulate_grad_batches": k}
+        quiet_trainer([callback], max_steps=4, precision=precision, **options).fit(
+            Skipping(k, skip), loader
+        )
+        return out
+
+    base = fit(tmp_path / "k1", 1, reference="../k1-fp64")
+    fit(tmp_path / "k1-fp64", 1, precision="64-true")
+    verdict, codes, _ = judged(base, fit(tmp_path / "k4", 4))
+    assert verdict == "pass", codes
+    from gradalign import api
+
+    found = api.compare(base, fit(tmp_path / "k4-skip", 4, skip=True)).diagnosis  # not judged
+    assert [d.code for d in found][:1] == ["micro-batch-missing"], [d.message for d in found]
+    assert read_run_dir(tmp_path / "k4-skip").sizes.tolist() == [3, 3, 3, 3]
+
+
 def test_manual_optimization_with_a_plain_backward_is_refused(tmp_path):
     """`loss.backward()` in manual optimization: Lightning's backward hooks never fire, and the
     callback wrote a run of updates without micro-steps; it refuses, naming manual_backward."""

@@ -34,6 +34,7 @@ BATCH, UPDATES = 16, 6
 BUGS = {
     "double-scale": "the loss divided by K before accelerator.backward, which divides again",
     "scheduler-per-batch": "a scheduler left out of accelerator.prepare, stepped every batch",
+    "skip-backward": "each window's second micro-batch forwarded, never backpropagated",
 }
 
 
@@ -112,7 +113,8 @@ def train(
                 if split == "backward":  # the loss backpropagated in two halves
                     accelerator.backward(loss / 2, retain_graph=True)
                     loss = loss / 2
-                accelerator.backward(loss)
+                if bug != "skip-backward" or step % k != 1:
+                    accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()

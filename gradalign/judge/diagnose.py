@@ -30,6 +30,7 @@ from .stepped_choice import stepped_choice
 
 DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.batch_size,
+    sig.unrecorded_micro_batches,  # windows short of a micro-batch, stepped once each
     sig.window_bookkeeping,
     sig.step_in_window,
     sig.step_count,  # the optimizer's own counter, step() as often
@@ -93,7 +94,8 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
     if all(check.status != FAIL for check in c.checks):
         return why_it_passes(c)
     if not c.results:  # no window could be judged: what the bookkeeping says, nothing else
-        found = [d for d in (sig.window_bookkeeping(c), sig.step_in_window(c)) if d is not None]
+        read = (sig.unrecorded_micro_batches, sig.window_bookkeeping, sig.step_in_window)
+        found = [d for d in (signature(c) for signature in read) if d is not None]
         return found[:1] or [_unexplained(c)]
     diverged = sig.non_finite(c)
     if diverged is not None and None not in diverged.evidence.values():

@@ -45,6 +45,7 @@ from .thresholds import clip_threshold, clip_threshold_recorded
 from .window_steps import (
     micro_batch_missing,
     scaler_per_micro,
+    unrecorded_micro_batches,
     weights_changed_in_window,
     written_between_micro_steps,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "step_skipped",
     "token_normalization",
     "trained_from_another_update",
+    "unrecorded_micro_batches",
     "weights_changed_in_window",
     "weights_decayed",
     "window_bookkeeping",

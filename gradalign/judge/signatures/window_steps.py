@@ -89,6 +89,42 @@ def micro_batch_missing(c: Comparison) -> Diagnosis | None:
     )
 
 
+def unrecorded_micro_batches(c: Comparison) -> Diagnosis | None:
+    """Merged windows, other than the last, that hold fewer than K micro-steps, where the runs
+    hold as many updates and the merged optimizer stepped once per window: the loop took K
+    batches per step, and one of them was forwarded without a backward, or without its micro-
+    step recorded (a Lightning `training_step` that returns None skips the batch's backward; an
+    `accelerator.accumulate()` block without `accelerator.backward`). The integrations record a
+    micro-step at its backward, so such a window read as K−1 micro-steps and was named
+    `window-bookkeeping`, whose fix (call update() once per K micro-steps) did not apply."""
+    base, run, k = c.baseline, c.merged, c.merged.accum_steps
+    sizes, steps = run.sizes, run.optimizer_steps
+    if k < 2 or run.updates != base.updates or len(base.irregular_windows) or steps is None:
+        return None
+    short = np.flatnonzero(sizes[:-1] < k)
+    if not len(short) or (sizes > k).any() or (steps[: run.updates] != 1).any():
+        return None
+    i = int(short[0])
+    return Diagnosis(
+        "micro-batch-missing",
+        f"merged window {i} holds {int(sizes[i])} micro-steps, not K={k} ({len(short)} such "
+        f"window(s) before the last), while the optimizer stepped once per window and the runs "
+        "hold as many updates: the loop took K micro-batches per step and left a micro-batch "
+        "out of the window's gradient, forwarded without a backward (a Lightning training_step "
+        "that returns None skips its backward; an accelerator.accumulate() block without "
+        "accelerator.backward) or drawn and never used",
+        {
+            "first_update": i,
+            "micro_steps": int(sizes[i]),
+            "K": k,
+            "short_windows": len(short),
+            "merged_updates": run.updates,
+        },
+        "backpropagate every micro-batch of the window; a batch to skip (a bad sample) is "
+        "skipped in both runs alike, before it is drawn into a window",
+    )
+
+
 def _written_once(c: Comparison, missing: list[tuple[int, int]], last: int, k: int) -> bool:
     """Whether every window up to update `last` left its gradient unchanged at all of its
     micro-steps after the first (one backward of the window's losses, micro() after it), and

@@ -17,7 +17,9 @@ micro-batch, put back together; keyword arguments such as `input_ids`, `attentio
 that backpropagates something else (a summed loss divided by the window's token count, times K)
 states each micro-batch's loss with `rec.record_loss(loss_sum=..., items=...)` before its
 backward. The window that accelerate synchronizes (`accelerator.sync_gradients`) closes after its
-optimizer step, as the model's next forward begins (or when recording ends).
+optimizer step, as the model's next forward begins (or when recording ends). A block without a
+backward is no micro-step (its window holds one fewer, and the judge names the micro-batch left
+out); its forwards' samples are left out with it.
 
 A loop without `accumulate` blocks: each backward is a micro-step, and a window closes at the
 optimizer step that follows its K-th micro-step, or at a step at the end of the data (a prepared
@@ -196,6 +198,8 @@ class AccelerateRecording:
                 yield
         finally:
             self._blocks -= 1
+        if not self._losses:  # forwarded without a backward: its samples train nothing
+            self._inputs = []
         self._flush()  # not when the block raised: the recording is aborted then
 
     def _flush(self) -> None:

@@ -16,9 +16,10 @@ already moved). In manual optimization a batch is one micro-step however many `m
 calls it makes (their losses add up), recorded when the optimizer steps or the batch ends. The
 Recorder captures the gradient when that closure returns, after Lightning's clipping; a window
 closes in `on_train_batch_end` of a batch in which the optimizer stepped: in automatic
-optimization always, in manual optimization once the window holds K micro-batches or at the
-epoch's last batch (a short last window, as Lightning's own loop steps there). A manual step
-before that is a step inside the window, recorded as one.
+optimization always, in manual optimization once the window holds K batches or at the epoch's
+last batch (a short last window, as Lightning's own loop steps there). A manual step before that
+is a step inside the window, recorded as one. A batch without a backward is no micro-step: its
+window holds one fewer, and the judge names the micro-batch left out.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class GradalignCallback(pl.Callback):
         self._automatic = True
         self._batch: Any = None
         self._backward_loss: torch.Tensor | None = None
-        self._in_window = 0
+        self._in_window = 0  # micro-steps recorded in the open window (batches with a backward)
+        self._batches = 0  # batches of the open window, with a backward or not (manual)
         self._steps_at_start = 0
         self._stepped = False  # the watched optimizer stepped in this batch (manual)
         self._losses: list[MicroLoss] = []  # manual optimization: this batch's backward calls
@@ -157,6 +159,7 @@ class GradalignCallback(pl.Callback):
         self._batch = batch
         self._steps_at_start = trainer.global_step
         self._stepped = False
+        self._batches += 1
         if self._in_window == 0:  # a window starts: K batches, or the fewer left in the epoch
             left = trainer.num_training_batches - batch_idx
             self._divisor = self._k if self._automatic else int(max(1, min(self._k, left)))
@@ -213,10 +216,10 @@ class GradalignCallback(pl.Callback):
                 "optimization call self.manual_backward(loss), not loss.backward()"
             )
         if stepped and (
-            self._automatic or self._in_window >= self._k or _last_batch(trainer, batch_idx)
+            self._automatic or self._batches >= self._k or _last_batch(trainer, batch_idx)
         ):
             self.recorder.update()
-            self._in_window = 0
+            self._in_window = self._batches = 0
 
 
 def record_loss(
