@@ -46,6 +46,8 @@ def test_a_broken_accelerate_loop_fails_with_its_code(readme, bug, code):
     verdict, codes, worst = judged(runs["k1"], runs[f"k4-{bug}"])
     assert verdict == "fail" and codes[:1] == [code], codes
     assert worst > 1e3
+    # the losses read off the backward are the gradient's scale: no logging bug beside it
+    assert "loss-averaging" not in codes, codes
 
 
 def test_a_block_without_a_backward_is_a_micro_batch_missing(readme):

@@ -78,6 +78,7 @@ def test_a_broken_trainer_run_fails_with_its_code(readme, bug, code):
     verdict, codes, worst = judged(runs["k1"], runs[f"k4-{bug}"])
     assert verdict == "fail" and codes[:1] == [code], codes
     assert worst > 1e3
+    assert "loss-averaging" not in codes, codes  # the losses read off the backward: its scale
     if bug == "double-scale":  # the fix is what a Trainer user changes, not a backward() call
         fix = compare(runs["k1"], runs[f"k4-{bug}"]).diagnosis[0].fix
         assert "gradient_accumulation_steps" in fix and "compute_loss" in fix, fix

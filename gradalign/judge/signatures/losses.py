@@ -201,6 +201,9 @@ def _scaled_losses(q: float, k: int, ratios: list[float], evidence: dict) -> Dia
     )
 
 
+READ_OFF_BACKWARD = frozenset({"transformers", "lightning", "accelerate"})  # integrations
+
+
 def _divided_beside(c: Comparison, ratios: list[float], k: int) -> Diagnosis | None:
     """The losses recorded divided by K (each merged window loss whose loss fails, times K,
     within what the loss check allows of the baseline's; two at least) where the tensors fail
@@ -208,9 +211,12 @@ def _divided_beside(c: Comparison, ratios: list[float], k: int) -> Diagnosis | N
     that holds whatever else differs (with the losses off, no loss tells a kink's or a noise
     element's divergence from a bug, and the tensors are judged without that leave). Read
     beside the gradient shapes (diagnose.BESIDE_SHAPES), so a bug in the gradients is named
-    first."""
+    first. Not for a run an integration recorded: it reads each loss off what the framework
+    backpropagated, so losses 1/K of the baseline's are the gradient's own scale (a loss divided
+    by K twice, named `loss-scale`), not a logging bug (its fix, "record the unscaled loss",
+    named an API no Trainer user calls)."""
     off = [r for r in c.results if r.base_loss and math.isfinite(r.base_loss) and not r.loss_ok]
-    if k < 2 or len(off) < 2:
+    if k < 2 or len(off) < 2 or c.merged.config.get("framework") in READ_OFF_BACKWARD:
         return None
     if not all(abs(r.merged_loss * k - r.base_loss) <= r.loss_allowed for r in off):
         return None
