@@ -43,6 +43,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.scaler_skips,
     sig.overflow_carried,
     sig.micro_batch_missing,
+    sig.optimizer_type,  # another torch.optim class: its lr and betas differ as a consequence
     sig.lr_scaled,
     sig.lr_schedule,
     sig.trained_from_another_update,

@@ -29,7 +29,7 @@ from .gradient import loss_scale, loss_term_scale, token_normalization
 from .items import batch_targets
 from .learning_rate import lr_scaled, lr_schedule
 from .losses import loss_averaging
-from .optimizer import optimizer_settings
+from .optimizer import optimizer_settings, optimizer_type
 from .paired import (
     scale_beside_other_samples,
     scale_beside_unseen_change,
@@ -83,6 +83,7 @@ __all__ = [
     "micro_batch_missing",
     "non_finite",
     "optimizer_settings",
+    "optimizer_type",
     "overflow_carried",
     "penalty_not_scaled",
     "replica_divergence",

@@ -11,6 +11,32 @@ from .common import window
 from .learning_rate import lined_up_lrs, lr_schedule, schedule_offset
 
 CYCLED = {"momentum", "betas"}  # what a schedule cycles beside the lr (CyclicLR, OneCycleLR)
+# torch.optim's own classes: a wrapper (ZeroRedundancyOptimizer, a framework's) names itself
+# where the other run names the optimizer it wraps, so only two of these are compared
+TORCH_OPTIMIZERS = frozenset(
+    {"ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "LBFGS", "Muon",
+     "NAdam", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam"}
+)  # fmt: skip
+ALIKE = frozenset({"Adam", "AdamW"})  # one algorithm: decoupled_weight_decay tells them apart
+
+
+def optimizer_type(c: Comparison) -> Diagnosis | None:
+    """The runs stepped with optimizers of other torch.optim classes (SGD and Adam): another
+    training whatever K is. Its lr, momentum or betas differ as a consequence, and were read as
+    a scaled lr or nothing (`unexplained`, a cold probe's SGD baseline against an Adam run)."""
+    kinds = [(run.optimizer_settings or {}).get("type") for run in (c.baseline, c.merged)]
+    if not all(k in TORCH_OPTIMIZERS for k in kinds) or kinds[0] == kinds[1]:
+        return None
+    if set(kinds) <= ALIKE:
+        return None
+    return Diagnosis(
+        "optimizer-settings",
+        f"the runs stepped with other optimizers: {kinds[0]} in the baseline, {kinds[1]} in the "
+        "merged run; every update of the merged run is another optimizer's, whatever K is",
+        {"differences": [{"setting": "type", "baseline": kinds[0], "merged": kinds[1]}]},
+        "build the merged run's optimizer as the baseline's: the same class and settings "
+        "(accumulation changes none of them)",
+    )
 
 
 def optimizer_settings(c: Comparison) -> Diagnosis | None:
