@@ -226,7 +226,16 @@ def _check(
     )
     if update:
         outcome.written = _accept(merged, reference, golden_file, key)
-        comparison.notes.append(f"accepted {run} as the golden: wrote {outcome.written}{lost}")
+        named = [d.code for d in comparison.diagnosis if d.severity == "error"]
+        named = [code for code in named if code != "unexplained"]
+        bug = (
+            f", though it failed against the golden it replaced with {', '.join(named[:3])} "
+            "named: the golden now holds that training, and a run without the bug will fail "
+            "against it"
+            if comparison.verdict == FAIL and named
+            else ""
+        )
+        comparison.notes.append(f"accepted {run} as the golden: wrote {outcome.written}{bug}{lost}")
     elif comparison.verdict == FAIL and candidate is not None:
         try:
             outcome.candidate = _write(merged, reference, candidate, [run_path])

@@ -135,12 +135,15 @@ def test_a_failing_check_proposes_a_candidate_and_update_accepts_it(cli, small, 
     assert "loses its noise floor" in " ".join(result.out.split())
     before = golden.read_bytes()
     result = cli("golden", "check", golden, bug, "--update")
-    assert result.code == 0 and "loses its noise floor" in " ".join(result.out.split())
+    said = " ".join(result.out.split())
+    assert result.code == 0 and "loses its noise floor" in said
+    assert "though it failed against the golden it replaced with loss-scale named" in said
     assert golden.read_bytes() != before
     assert fmt.load(golden)["source"]["run"] == bug.name
     assert cli("golden", "check", golden, bug).code == 0  # the accepted run passes itself
     result = cli("golden", "check", golden, small["baseline"], "--update")  # with its reference
     assert result.code == 0 and "noise floor" not in result.out
+    assert "though it failed" not in " ".join(result.out.split())  # unexplained: none named
 
 
 def test_a_candidate_stays_out_of_dev_and_a_passing_check_removes_a_stale_one(cli, small, tmp_path):
