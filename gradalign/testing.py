@@ -26,13 +26,16 @@ def assert_aligned(
     baseline: str | Path,
     merged: str | Path,
     reference: str | Path | None = None,
+    *,
+    strict: bool = False,
     **tolerances: Any,
 ) -> Comparison:
     """Judge `merged` against `baseline` (run directories or logs) as `gradalign compare` does;
     raise AssertionError when they are not the same training, else return the Comparison.
 
     `reference`: a float64 rerun of the baseline to calibrate by (default: the one the baseline's
-    manifest names; "none" for the fixed tolerances). `tolerances`: overrides by name
+    manifest names; "none" for the fixed tolerances). `strict`: fail where the report warns
+    that a check could not see a bug (as `--strict`). `tolerances`: overrides by name
     (`noise_factor=8`, `weight_rtol=1e-3`...). Unreadable or incomparable runs raise
     `gradalign.errors.BadInput`, which is not a verdict; its one-line message shows without
     gradalign's own frames, as the command's does."""
@@ -42,7 +45,9 @@ def assert_aligned(
     from .report.assertion import assertion_message
 
     try:
-        comparison = compare(baseline, merged, reference=reference, tolerances=tolerances)
+        comparison = compare(
+            baseline, merged, reference=reference, tolerances=tolerances, strict=strict
+        )
     except BadInput as refused:
         raise refused.with_traceback(None) from None
     if comparison.verdict == FAIL:

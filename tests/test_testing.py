@@ -121,3 +121,27 @@ def _split(judged: dict) -> dict:
     """assert_aligned's keywords as api.compare takes them."""
     tolerances = {k: v for k, v in judged.items() if k != "reference"}
     return {"reference": judged.get("reference"), "tolerances": tolerances}
+
+
+def test_strict_is_an_option_not_a_tolerance(small_runs):
+    """`strict=True` was taken for a tolerance ("unknown tolerance 'strict'")."""
+    comparison = assert_aligned(small_runs["baseline"], small_runs["merged"], strict=True)
+    assert comparison.verdict == "pass"
+
+
+def test_findings_in_words_are_counted_with_the_rest():
+    """The gradient norm's failures are words, not ratios: they were left out of the per-kind
+    lines (118 failing quantities, the lines adding up to 107), and their text stretched the
+    table's error column to ~90 characters."""
+    from gradalign.report.assertion import FINDING_WIDTH, _per_kind, _table
+    from gradalign.report.summary import Failure
+
+    text = "the whole-model gradient norm 1.31 times the reference's, 1.062 allowed " * 2
+    found = [
+        Failure(0, "gradient", "w", 2.0, 1.0, None),
+        Failure(0, "gradient norm", text, None, None),
+        Failure(1, "gradient norm", text, None, None),
+    ]
+    assert _per_kind(found)[1] == "gradient norm: 2 failing"
+    rows = _table(found)
+    assert text[: FINDING_WIDTH - 3] + "..." in rows[2] and max(map(len, rows)) < len(text), rows

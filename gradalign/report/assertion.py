@@ -65,7 +65,9 @@ def _per_kind(found: list[Failure]) -> list[str]:
     lines = []
     for kind in dict.fromkeys(f.kind for f in found):
         rows = [f for f in found if f.kind == kind and f.ratio is not None]
-        if not rows:
+        if not rows:  # a finding in words (the gradient norm's): counted, no ratio to show
+            count = sum(f.kind == kind for f in found)
+            lines.append(f"{kind}: {count} failing")
             continue
         worst = max(rows, key=lambda f: f.ratio if not math.isnan(f.ratio) else math.inf)
         mean = math.fsum(f.ratio for f in rows) / len(rows)
@@ -77,6 +79,13 @@ def _per_kind(found: list[Failure]) -> list[str]:
     return lines
 
 
+FINDING_WIDTH = 48  # a finding's words in the table's error column, cut to this many
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= FINDING_WIDTH else text[: FINDING_WIDTH - 3] + "..."
+
+
 def _table(rows: list) -> list[str]:
     header = ("update", "quantity", "tensor", "error", "allowed", "err/allowed")
     cells = [
@@ -84,7 +93,7 @@ def _table(rows: list) -> list[str]:
             str(f.update),
             f.kind,
             "" if f.kind == "loss" or f.error is None else f.name,
-            num(f.error) if f.error is not None else f.name,
+            num(f.error) if f.error is not None else _short(f.name),
             num(f.allowed),
             num(f.ratio, 2),
         )
