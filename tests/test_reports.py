@@ -427,3 +427,14 @@ def test_the_terminal_tables_worst_tensor_is_a_gradient_where_one_is_worst():
     assert cells[4] == "b (grad)", cells  # NaN is the worst of all
     row.grads = [diff("w", 0.05)]
     assert _update_row(row, calibrated=False)[4] == "w"  # a weight, unmarked
+
+
+def test_a_control_character_in_a_runs_path_is_escaped_on_the_terminal(cli, tmp_path, small_runs):
+    """A run directory named `esc\\x1b[31mred`: the table's title printed the ESC sequence raw
+    (JUnit, Markdown, JSON and HTML escaped it already)."""
+    import shutil
+
+    merged = shutil.copytree(small_runs["merged"], tmp_path / "esc\x1b[31mred")
+    result = cli("compare", small_runs["baseline"], merged)
+    assert result.code == 0, result.err
+    assert "\x1b[31m" not in result.out and "esc\\x1b[31mred" in result.out

@@ -93,6 +93,15 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c != 0x09}
+
+
+def visible(text: str) -> str:
+    """Text for the terminal with its control characters written as escapes (`\\x1b`): a run's
+    path holding an ESC sequence recoloured or rewrote the terminal's title line."""
+    return text.translate(_CONTROL)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Text written whole or not at all (UTF-8; see `printable`)."""
     write_bytes_atomic(path, printable(text).encode("utf-8"))

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from ..judge.metrics import TensorDiff
 from ..judge.results import FAIL, NOT_CHECKED, PASS, Comparison, UpdateResult
+from .output import visible
 from .summary import evidence_text, num, rows_to_show, shape
 
 _STYLE = {PASS: "green", FAIL: "bold red", NOT_CHECKED: "yellow"}
@@ -96,11 +97,11 @@ def render(comparison: Comparison, console: Console) -> None:
     c = comparison
     calibrated = c.reference is not None
     title = (
-        f"gradalign compare: {c.baseline.source} ({shape(c.baseline)}) vs "
-        f"{c.merged.source} ({shape(c.merged)}), {c.updates} updates, {c.dtype}"
+        f"gradalign compare: {visible(c.baseline.source)} ({shape(c.baseline)}) vs "
+        f"{visible(c.merged.source)} ({shape(c.merged)}), {c.updates} updates, {c.dtype}"
     )
     if calibrated:
-        title += f"; noise floor from {c.reference.source} ({c.reference.dtype})"
+        title += f"; noise floor from {visible(c.reference.source)} ({c.reference.dtype})"
     table = Table(title=title, title_justify="left")
     columns = [
         ("update", "right"),
