@@ -168,6 +168,7 @@ def epoch_loop(
     float64=False,
     told=None,
     micro_rows=None,
+    epochs=1,
 ):
     """One epoch of `rows` samples in batches of `batch` (the last one short), each normalized
     by its own row count, as the frameworks close an epoch: K micro-batches of batch/K rows,
@@ -175,7 +176,7 @@ def epoch_loop(
     `repeat`: its last micro-batch repeats a sample (a sampler padding the data); `over_k`:
     each micro-batch's mean divided by K, right in full windows only; `told`: the accum_steps
     the Recorder is given (default K); `micro_rows`: each window's rows per micro-batch (its
-    windows then vary, as a token budget makes them)."""
+    windows then vary, as a token budget makes them); `epochs`: the epoch over again."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     if float64:
@@ -186,7 +187,7 @@ def epoch_loop(
     x = x.double() if float64 else x
     size = batch // k
     with gradalign.Recorder(out, model, opt, accum_steps=told or k) as rec:
-        for window, start in enumerate(range(0, rows, batch)):
+        for window, start in enumerate([*range(0, rows, batch)] * epochs):
             stop = min(start + batch, rows)
             size = micro_rows[window] if micro_rows else size
             micros = list(range(start, stop, size))
@@ -275,6 +276,20 @@ def test_a_short_last_window_holding_the_baseline_batch_is_the_end_of_the_data(t
     assert "in a window of 3 micro-step(s)" in scaled[0].message
     # drop_last=True drops a tail shorter than each loader's batch: the merged loader keeps rows
     assert "the merged loader's B/K keeps rows the baseline's drops" in scaled[0].fix
+
+
+def test_an_epochs_short_window_before_the_last_is_the_baselines_short_batch(tmp_path):
+    """Two epochs: the first ends in a window of 3 micro-steps holding the baseline's short
+    batch (its samples agree), not a micro-batch left out; divided by K there, it is
+    `loss-scale` (was named `micro-batch-missing`, a window short of a micro-batch)."""
+    epoch_loop(tmp_path / "b", 1, epochs=2)
+    epoch_loop(tmp_path / "r", 1, float64=True, epochs=2)
+    clean = epoch_loop(tmp_path / "m", 4, epochs=2)
+    assert clean.sizes.tolist() == [4, 4, 4, 3, 4, 4, 4, 3]
+    assert api.compare(tmp_path / "b", tmp_path / "m", reference=tmp_path / "r").verdict == "pass"
+    epoch_loop(tmp_path / "k", 4, over_k=True, epochs=2)
+    scaled = api.compare(tmp_path / "b", tmp_path / "k", reference=tmp_path / "r").diagnosis
+    assert [d.code for d in scaled][:1] == ["loss-scale"], [d.message for d in scaled]
 
 
 def test_a_forgotten_update_is_recorded_and_judged(tmp_path):

@@ -90,8 +90,10 @@ def micro_batch_missing(c: Comparison) -> Diagnosis | None:
 
 
 def unrecorded_micro_batches(c: Comparison) -> Diagnosis | None:
-    """Merged windows, other than the last, that hold fewer than K micro-steps, where the runs
-    hold as many updates and the merged optimizer stepped once per window: the loop took K
+    """Merged windows, other than the last, that hold fewer than K micro-steps and other samples
+    than the baseline's batch of that update, where the runs hold as many updates and the merged
+    optimizer stepped once per window (an epoch's short last window holds the baseline's short
+    last batch: its samples agree, and a loss divided there by K is `loss-scale`'s): the loop took K
     batches per step, and one of them was forwarded without a backward, or without its micro-
     step recorded (a Lightning `training_step` that returns None skips the batch's backward; an
     `accelerator.accumulate()` block without `accelerator.backward`). The integrations record a
@@ -101,9 +103,14 @@ def unrecorded_micro_batches(c: Comparison) -> Diagnosis | None:
     sizes, steps = run.sizes, run.optimizer_steps
     if k < 2 or run.updates != base.updates or len(base.irregular_windows) or steps is None:
         return None
-    short = np.flatnonzero(sizes[:-1] < k)
-    if not len(short) or (sizes > k).any() or (steps[: run.updates] != 1).any():
+    if base.micro_data is None or run.micro_data is None:
+        return None  # no samples to tell a window short of the baseline's batch
+    if (sizes > k).any() or (steps[: run.updates] != 1).any():
         return None
+    seen, batches = run.window_sums(run.micro_data), base.window_sums(base.micro_data)
+    short = [i for i in np.flatnonzero(sizes[:-1] < k) if seen[i] != batches[i]]
+    if not short:
+        return None  # an epoch's short last batch, the baseline's too: the same samples
     i = int(short[0])
     return Diagnosis(
         "micro-batch-missing",
