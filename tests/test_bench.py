@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -144,7 +145,9 @@ def test_many_tensors_benchmark_reports_each_size_and_the_growth(tmp_path):
     done = _bench("many_tensors.py", *args)
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(out.read_text())
-    assert set(data["rows"]) == {"3", "6"} and data["growth"] > 0
+    # at 3 and 6 tensors and one repetition the time past start-up is within its noise (below 0
+    # on a loaded machine): the growth is reported, its size says nothing here
+    assert set(data["rows"]) == {"3", "6"} and math.isfinite(data["growth"])
     assert all(row["exit_codes"] == [0] and row["cpu_seconds"] > 0 for row in data["rows"].values())
 
 
