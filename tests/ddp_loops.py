@@ -78,6 +78,7 @@ BROADCAST = {
     "reduce-all-step-broadcast": {"steps": "all", "broadcast": True},
     "reduce-all-step": {"steps": "all", "broadcast": False},  # the bug: no broadcast
     "own-step-broadcast": {"steps": "all", "broadcast": True, "reduce": False},  # never reduced
+    "reduce-broadcast-undivided": {"steps": "all", "broadcast": True, "undivided": True},
     # all-reduced by hand in bfloat16 (cast there and back), every rank steps
     "allreduce-bf16": {"steps": "all", "broadcast": False, "allreduce": torch.bfloat16},
 }
@@ -264,7 +265,7 @@ def reduce_and_broadcast(out: Path, variant: dict) -> None:
                 first = update * B + micro * (B // K) + rank * n
                 rows = slice(first, first + n)
                 loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / K).backward()
+                (loss if variant.get("undivided") else loss / K).backward()
                 rec.micro(loss.detach(), batch=(x[rows], y[rows]))
             for p in model.parameters() if variant.get("reduce", True) else ():
                 if "allreduce" in variant:

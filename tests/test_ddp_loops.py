@@ -175,6 +175,9 @@ def test_ranks_stepping_their_own_gradients_kept_alike_by_a_broadcast_are_named(
     first = errors(judged(loops, "own-step-broadcast"))[0]
     assert first.code == "replicas-diverged", first.message
     assert "not all-reduced" in first.message and first.evidence["first_update"] == 0
+    # reduced to rank 0 and broadcast, each rank stepping: the same fingerprints; its loss not
+    # divided by K scales the gradient, which one rank's rows do not
+    assert errors(judged(loops, "reduce-broadcast-undivided"))[0].code == "loss-scale"
 
 
 def test_comm_hooks_are_recorded_and_named(loops):

@@ -18,6 +18,7 @@ from .common import (
     lossy_hooks,
     on_ranks,
     relative_error,
+    same_direction,
     window,
 )
 from .decisive import update0_gap
@@ -116,7 +117,9 @@ def replicas_diverged(c: Comparison) -> Diagnosis | None:
 def _unreduced(c: Comparison, facts: RankFacts) -> Diagnosis | None:
     """Replicas kept alike by a broadcast of rank 0's weights after each step, where each rank
     stepped with a gradient of its own in every parameter and no clip ran on some ranks alone,
-    and the gradients fail there: the gradients were never reduced, and rank 0's own B/(W·K)
+    and the gradients fail there, turned (rank 0's rows alone point elsewhere; a loop that
+    reduces to rank 0 and broadcasts leaves the same fingerprints, and its scale bug is a
+    scale): the gradients were never reduced, and rank 0's own B/(W·K)
     rows trained the model (probe runs on 2 ranks: a ZeroRedundancyOptimizer without DDP, and
     a loop stepping each rank and broadcasting rank 0's weights, were named
     `cross-sample-loss`, cosine 0.758)."""
@@ -125,8 +128,11 @@ def _unreduced(c: Comparison, facts: RankFacts) -> Diagnosis | None:
         rank, names = next(iter(sorted(table.items())))
         if len(names) < len(params) or on_ranks(c, "update/clip_calls", u)[0]:
             return None
-        if u >= len(c.results) or all(d.ok for d in c.results[u].grads):
+        r = c.results[u] if u < len(c.results) else None
+        if r is None or all(d.ok for d in r.grads):
             return None
+        if r.grad_cosine is None or r.grad_cosine >= same_direction(c, r):
+            return None  # a scale of the gradient (a loss not divided by K): not one rank's rows
         return Diagnosis(
             "replicas-diverged",
             f"at update {u} rank {rank} stepped with another gradient than rank 0 in every "
