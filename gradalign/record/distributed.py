@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -180,12 +181,20 @@ def _await_every_rank(ranks: Ranks) -> None:
         return  # the messages travel over gloo; without it, the group's own timeout
     value = os.environ.get("GRADALIGN_JOIN_TIMEOUT", "")
     seconds = float(value) if value.replace(".", "", 1).isdigit() else JOIN_TIMEOUT_S
+    started = time.monotonic()
     try:
         dist.monitored_barrier(
             group=ranks.group, timeout=datetime.timedelta(seconds=seconds), wait_all_ranks=True
         )
     except RuntimeError as exc:
         said = " ".join(str(exc).split())[:200]
+        waited = time.monotonic() - started
+        if waited < 0.9 * seconds:  # not a timeout: a rank went away (its own error says why)
+            raise RecorderError(
+                f"a rank ended before every rank created its Recorder ({waited:.3g} s in, of "
+                f"the {seconds:g} s each waits; {said}): see that rank's own error, and create "
+                "the same Recorder on every rank"
+            ) from None
         raise RecorderError(
             f"not every rank created its Recorder within {seconds:g} s ({said}): create the "
             "same Recorder on every rank, not on rank 0 alone (each rank records its own part, "
