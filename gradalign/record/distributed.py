@@ -9,6 +9,7 @@ writer succeeded (so that no rank waits forever on one that failed).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 import time
@@ -57,8 +58,8 @@ def launched_by(name: str | None) -> Iterator[None]:
 
 def launcher() -> str:
     """Who started the ranks: gradalign's own launcher or torchrun (by their environment), a
-    framework that said so (`launched_by`), Slurm's srun or an MPI launcher (by theirs), else
-    'unknown'."""
+    framework that said so (`launched_by`), Slurm's srun or an MPI launcher (by theirs), a
+    parent Python process (`torch.multiprocessing.spawn`), else 'unknown'."""
     for variable, name in _LAUNCHER_VARIABLES:
         if os.environ.get(variable):
             return name
@@ -67,6 +68,8 @@ def launcher() -> str:
     for variable, name in _JOB_VARIABLES:
         if os.environ.get(variable):
             return name
+    if multiprocessing.parent_process() is not None:  # torch.multiprocessing.spawn's children
+        return "multiprocessing"
     return "unknown"
 
 
