@@ -40,7 +40,7 @@ from .cli_options import (
 )
 from .cli_render import err_console, feedback, out_console, report_files, verdict
 from .config import tolerances_from_yaml
-from .errors import DISK_ERRORS, BadInput, Terminated, debug_wanted, sigterm_as_interrupt
+from .errors import DISK_ERRORS, BadInput, Terminated, cut, debug_wanted, sigterm_as_interrupt
 from .report.terminal import last_word, ready_streams, table_console
 
 BAD_INPUT, INTERNAL, INTERRUPTED, TERMINATED = 2, 3, 130, 143
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
         if exc.errno not in DISK_ERRORS or cli_render.debug["on"]:
             _internal(exc)
         name = str(exc.filename or "")  # a path of thousands of characters, cut
-        where = f" ({name if len(name) <= 200 else name[:197] + '...'})" if name else ""
+        where = f" ({cut(name, 200)})" if name else ""
         _fail(f"cannot write or read{where}: {exc.strerror}", BAD_INPUT)
     except RecursionError as exc:
         if cli_render.debug["on"]:

@@ -18,11 +18,16 @@ class BadInput(Exception):
     """Input the tool cannot work with: a missing or corrupt run, bad options, incompatible runs."""
 
 
+def cut(text: str, limit: int) -> str:
+    """`text`, or its first `limit` − 3 characters and "...": never longer than `limit`."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def shown(value: Any, limit: int = 60) -> str:
     """A value for an error message, never longer than `limit` characters (a hostile input must
     not make the message itself huge)."""
     text = repr(value) if not isinstance(value, dict | list | tuple) else type(value).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return cut(text, limit)
 
 
 def stated_version(version: Any) -> str:

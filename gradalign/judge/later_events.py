@@ -59,7 +59,7 @@ def _echoed_unit(
     channel; read as no kink, it failed 3.6 times allowed and was named `token-normalization`.
     A bug is not in one unit of two tensors. The other gradient and the unit's row; None where
     there is none."""
-    rows = grads.shape(worst)[0] if grads.shape(worst) else 0
+    rows = grads.shape(worst)[0]  # a tensor of many units (`later_kink`): one axis at least
     top = grads.units(worst, most=1, of_rows=1.0, held=UNIT_MAJORITY)
     if top is None or top[0] != 0:
         return None

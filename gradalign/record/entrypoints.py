@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import BadInput, shown
+from ..errors import BadInput, cut, shown
 
 
 def is_entry_point(value: str | None) -> bool:
@@ -82,8 +82,7 @@ def _call(fn: Callable[..., Any], what: str, spec: str, *args: Any) -> Any:
             f"{what} {spec!r} exited (sys.exit({exc.code!r})) instead of returning"
         ) from None
     except Exception as exc:
-        text = " ".join(str(exc).split())
-        text = text if len(text) <= 160 else text[:157] + "..."
+        text = cut(" ".join(str(exc).split()), 160)
         raise BadInput(f"{what} {spec!r} raised {type(exc).__name__}: {text}") from None
 
 

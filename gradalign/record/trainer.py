@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..config import ENTRY_POINT_KEYS, TrainConfig
-from ..errors import BadInput
+from ..errors import BadInput, cut
 from .device import environment, make_deterministic, resolve_device
 from .facts import model_facts
 from .models import Batches, LossFn, build_data, build_loss, build_model
@@ -117,7 +117,7 @@ def preflight(config: TrainConfig) -> tuple[dict, dict, list[tuple[str, tuple, s
         text = " ".join(str(exc).split())
         raise BadInput(
             f"the first forward pass with your {', '.join(yours)} raised {type(exc).__name__}: "
-            f"{text if len(text) <= 160 else text[:157] + '...'}"
+            f"{cut(text, 160)}"
         ) from None
     first = next(t.model.parameters())
     params = [(name, tuple(p.shape), "param") for name, p in t.model.named_parameters()]

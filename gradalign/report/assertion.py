@@ -8,6 +8,7 @@ import dataclasses
 import math
 import shlex
 
+from ..errors import cut
 from ..judge.results import Comparison
 from ..judge.tolerances import for_dtype
 from .summary import Failure, causes, diagnosis_lines, failed_checks, failures, num
@@ -82,10 +83,6 @@ def _per_kind(found: list[Failure]) -> list[str]:
 FINDING_WIDTH = 48  # a finding's words in the table's error column, cut to this many
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= FINDING_WIDTH else text[: FINDING_WIDTH - 3] + "..."
-
-
 def _table(rows: list) -> list[str]:
     header = ("update", "quantity", "tensor", "error", "allowed", "err/allowed")
     cells = [
@@ -93,7 +90,7 @@ def _table(rows: list) -> list[str]:
             str(f.update),
             f.kind,
             "" if f.kind == "loss" or f.error is None else f.name,
-            num(f.error) if f.error is not None else _short(f.name),
+            num(f.error) if f.error is not None else cut(f.name, FINDING_WIDTH),
             num(f.allowed),
             num(f.ratio, 2),
         )

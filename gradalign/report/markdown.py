@@ -4,11 +4,10 @@ into `<details>`. Capped well under GitHub's 1 MiB limit for a step summary."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ..judge.results import FAIL, NOT_CHECKED, PASS, Comparison
-from .output import printable, write_text_atomic
+from .output import printable, visible, write_text_atomic
 from .summary import evidence_text, failures, headline, rows_to_show, update_row
 
 SHOWN_ROWS = 20  # updates in the visible table
@@ -26,11 +25,8 @@ _ESCAPES = str.maketrans(
 )
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # left after whitespace is folded: ESC, BEL, NUL
-
-
 def _cell(text: str) -> str:
-    flat = _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", " ".join(str(text).split()))
+    flat = visible(" ".join(str(text).split()))  # control characters left after the fold
     parts = flat.split("`")
     if len(parts) % 2 == 0:  # an odd backtick: no span is meant
         return flat.translate(_ESCAPES)

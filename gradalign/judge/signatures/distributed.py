@@ -35,10 +35,10 @@ def _facts(c: Comparison) -> RankFacts | None:
 
 def replicas_diverged(c: Comparison) -> Diagnosis | None:
     facts = _facts(c)
-    if facts is not None and facts.agree:
-        return _unreduced(c, facts)
     if facts is None:
         return None
+    if facts.agree:
+        return _unreduced(c, facts)
     first = facts.first_update()
     params = [t.name for t in c.merged.tensors if t.kind == "param"]
     evidence: dict = {"first_update": first, "world_size": facts.world}
@@ -119,41 +119,41 @@ def _unreduced(c: Comparison, facts: RankFacts) -> Diagnosis | None:
     stepped with a gradient of its own in every parameter and no clip ran on some ranks alone,
     and the gradients fail there, turned (rank 0's rows alone point elsewhere; a loop that
     reduces to rank 0 and broadcasts leaves the same fingerprints, and its scale bug is a
-    scale): the gradients were never reduced, and rank 0's own B/(W·K)
-    rows trained the model (probe runs on 2 ranks: a ZeroRedundancyOptimizer without DDP, and
-    a loop stepping each rank and broadcasting rank 0's weights, were named
-    `cross-sample-loss`, cosine 0.758)."""
+    scale): the gradients were never reduced, and rank 0's own B/(W·K) rows trained the model
+    (probe runs on 2 ranks: a ZeroRedundancyOptimizer without DDP, and a loop stepping each
+    rank and broadcasting rank 0's weights, were named `cross-sample-loss`, cosine 0.758)."""
+    if not facts.overwritten_grads:
+        return None
     params = [t.name for t in c.merged.tensors if t.kind == "param"]
-    for u, table in sorted(facts.overwritten_grads.items()):
-        rank, names = next(iter(sorted(table.items())))
-        if len(names) < len(params) or on_ranks(c, "update/clip_calls", u)[0]:
-            return None
-        r = c.results[u] if u < len(c.results) else None
-        if r is None or all(d.ok for d in r.grads):
-            return None
-        if r.grad_cosine is None or r.grad_cosine >= same_direction(c, r):
-            return None  # a scale of the gradient (a loss not divided by K): not one rank's rows
-        return Diagnosis(
-            "replicas-diverged",
-            f"at update {u} rank {rank} stepped with another gradient than rank 0 in every "
-            "parameter, and its weights were then made rank 0's (a broadcast from rank 0): the "
-            "gradients were not all-reduced before the step, so each rank stepped with the "
-            "gradient of its own B/(W·K) rows and rank 0's alone was kept (a "
-            "ZeroRedundancyOptimizer without DistributedDataParallel, or a loop that steps "
-            "each rank and then broadcasts)",
-            {
-                "first_update": u,
-                "world_size": facts.world,
-                "cause": "gradients not reduced",
-                "rank": rank,
-                "parameters": len(params),
-            },
-            "all-reduce the gradients before the step: wrap the model in "
-            "DistributedDataParallel (ZeroRedundancyOptimizer shards the optimizer's state, "
-            "not the gradients' reduction), or all_reduce each gradient and divide it by W "
-            "before optimizer.step()",
-        )
-    return None
+    u = min(facts.overwritten_grads)  # the first update a rank stepped with its own gradient
+    rank, names = min(facts.overwritten_grads[u].items())
+    if len(names) < len(params) or on_ranks(c, "update/clip_calls", u)[0]:
+        return None
+    r = c.results[u] if u < len(c.results) else None
+    if r is None or all(d.ok for d in r.grads):
+        return None
+    if r.grad_cosine is None or r.grad_cosine >= same_direction(c, r):
+        return None  # a scale of the gradient (a loss not divided by K): not one rank's rows
+    return Diagnosis(
+        "replicas-diverged",
+        f"at update {u} rank {rank} stepped with another gradient than rank 0 in every "
+        "parameter, and its weights were then made rank 0's (a broadcast from rank 0): the "
+        "gradients were not all-reduced before the step, so each rank stepped with the "
+        "gradient of its own B/(W·K) rows and rank 0's alone was kept (a "
+        "ZeroRedundancyOptimizer without DistributedDataParallel, or a loop that steps "
+        "each rank and then broadcasts)",
+        {
+            "first_update": u,
+            "world_size": facts.world,
+            "cause": "gradients not reduced",
+            "rank": rank,
+            "parameters": len(params),
+        },
+        "all-reduce the gradients before the step: wrap the model in "
+        "DistributedDataParallel (ZeroRedundancyOptimizer shards the optimizer's state, "
+        "not the gradients' reduction), or all_reduce each gradient and divide it by W "
+        "before optimizer.step()",
+    )
 
 
 def _bypassed(c: Comparison, update: int) -> tuple[int, str, dict] | None:

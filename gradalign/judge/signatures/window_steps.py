@@ -9,6 +9,8 @@ fact is absent.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from ...runs.model import Run
@@ -72,7 +74,6 @@ def micro_batch_missing(c: Comparison) -> Diagnosis | None:
     k = window(c)
     if _written_once(c, missing, first, k):
         return None  # one backward of the window's losses, scaled: loss-scale's to name
-
     return Diagnosis(
         "micro-batch-missing",
         f"the accumulated gradient did not change at micro-step {position} (of {k}) of window "
@@ -137,10 +138,8 @@ def _written_once(c: Comparison, missing: list[tuple[int, int]], last: int, k: i
     micro-steps after the first (one backward of the window's losses, micro() after it), and
     the gradient at the first of them is the baseline's in its direction, scaled as a loss
     divided by K too often or not at all is: no micro-batch's share is missing from it."""
-    per_window = {u: 0 for u in range(last + 1)}
-    for u, _ in missing:
-        per_window[u] += 1
-    if k < 2 or any(n != k - 1 for n in per_window.values()):
+    unchanged = Counter(u for u, _ in missing)  # micro-steps left unchanged, by window
+    if any(unchanged[u] != k - 1 for u in range(last + 1)):
         return False
     r = c.results[missing[0][0]]
     if r.grad_ratio is None or r.grad_cosine is None or r.grad_cosine < same_direction(c, r):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...errors import cut
 from .arrays import PrintedArray
 from .grammar import Printed
 
@@ -157,4 +158,4 @@ class ParsedLog:
     def add_noise(self, line: int, text: str) -> None:
         self.noise += 1
         if len(self.noise_shown) < SHOWN_NOISE:
-            self.noise_shown.append((line, text if len(text) <= 60 else text[:57] + "..."))
+            self.noise_shown.append((line, cut(text, 60)))
