@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
             _fail("no command given: the help above lists them", BAD_INPUT)  # printed the help
         _fail(exc.format_message(), getattr(exc, "exit_code", BAD_INPUT) or BAD_INPUT)
     except BadInput as exc:
-        _fail(str(exc), BAD_INPUT)
+        _fail(str(exc), BAD_INPUT, refused=isinstance(exc, errors.ReportRefused))
     except (Abort, KeyboardInterrupt):
         code = INTERRUPTED
     except Terminated:
@@ -313,9 +313,12 @@ def _internal(exc: BaseException) -> None:
     )
 
 
-def _fail(message: str, code: int) -> None:
-    from .report.files import remove_stale
+def _fail(message: str, code: int, refused: bool = False) -> None:
+    from .report.files import after_error
 
-    text = " ".join(message.split()) + remove_stale()
-    last_word(err_console, f"error: {text or 'bad command line'}")
+    text = " ".join(message.split()) or "bad command line"
+    removed, lines = after_error(text, code, refused)
+    last_word(err_console, f"error: {text}{removed}")
+    for line in lines:
+        last_word(err_console, line)
     sys.exit(code)

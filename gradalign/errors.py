@@ -18,6 +18,12 @@ class BadInput(Exception):
     """Input the tool cannot work with: a missing or corrupt run, bad options, incompatible runs."""
 
 
+class ReportRefused(BadInput):
+    """A report path refused (on an input, a folder, a file that is no report; one that cannot be
+    written): the command then writes no report there or at its other paths, not even its error
+    (`report.error_reports`)."""
+
+
 def cut(text: str, limit: int) -> str:
     """`text`, or its first `limit` − 3 characters and "...": never longer than `limit`."""
     return text if len(text) <= limit else text[: limit - 3] + "..."

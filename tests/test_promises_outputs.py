@@ -74,8 +74,8 @@ def test_a_json_report_never_overwrites_an_input_log(cli, tmp_path):
 
 def test_a_refused_compare_leaves_no_earlier_report_behind(cli, small_runs, tmp_path):
     """A CI workspace that keeps files: the JUnit file of an earlier passing compare showed a
-    pass for a run refused later (exit 2). The refusal removes the reports it was asked to
-    write, and says so; files that are no report are never touched."""
+    pass for a run refused later (exit 2). A refusal of one report path removes the reports
+    it was asked to write, and says so; files that are no report are never touched."""
     out = tmp_path / "reports"
     reports = ["--json", out / "r.json", "--junit", out / "r.xml", "--markdown", out / "r.md"]
     passed = cli("compare", small_runs["baseline"], small_runs["merged"], *reports)
@@ -290,17 +290,21 @@ def test_reports_of_other_kinds_never_land_on_the_step_summary_or_a_look_alike(
     assert notes.read_text().endswith("mine\n") and triage.read_text().startswith('{"verdict"')
 
 
-def test_an_earlier_report_behind_a_link_is_removed_on_a_refusal(cli, small_runs, tmp_path):
+def test_an_earlier_report_behind_a_link_is_replaced_on_a_refusal(cli, small_runs, tmp_path):
     """A report written through a link stayed after a refused command (the cleanup skipped
-    links), showing the earlier run's pass."""
+    links), showing the earlier run's pass: the file behind the link now says the error, and
+    an earlier HTML report behind one is removed."""
     (tmp_path / "ci").mkdir()
-    link = tmp_path / "junit.xml"
+    link, page = tmp_path / "junit.xml", tmp_path / "page.html"
     link.symlink_to(tmp_path / "ci" / "last.xml")
-    assert cli("compare", small_runs["baseline"], small_runs["merged"], "--junit", link).code == 0
-    assert (tmp_path / "ci" / "last.xml").exists()
-    refused = cli("compare", small_runs["baseline"], tmp_path / "absent", "--junit", link)
+    page.symlink_to(tmp_path / "ci" / "last.html")
+    reports = ("--junit", link, "--html", page)
+    assert cli("compare", small_runs["baseline"], small_runs["merged"], *reports).code == 0
+    assert "<failure" not in (tmp_path / "ci" / "last.xml").read_text()
+    refused = cli("compare", small_runs["baseline"], tmp_path / "absent", *reports)
     one_line_error(refused, "absent", "removed the earlier report")
-    assert not (tmp_path / "ci" / "last.xml").exists()
+    assert link.is_symlink() and '<error message="' in (tmp_path / "ci" / "last.xml").read_text()
+    assert not (tmp_path / "ci" / "last.html").exists()
 
 
 def test_selftest_json_never_replaces_a_users_file(cli, tmp_path):

@@ -27,22 +27,25 @@ class ReportFiles:
 
     def paths(self) -> list[Path]:
         """Every file that will be written, for the checks before any work."""
+        return [path for _, path in self.named_paths()]
+
+    def named_paths(self) -> list[tuple[str, Path]]:
+        """Each file that will be written, with the report it holds (`plot` for each plot)."""
         from .plots import plot_paths
 
-        files = [getattr(self, f.name) for f in fields(self) if f.name != "plot"]
-        found = [Path(p) for p in files if p is not None]
-        return found + (plot_paths(Path(self.plot)) if self.plot is not None else [])
+        named = [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "plot"]
+        found = [(name, Path(p)) for name, p in named if p is not None]
+        plots = plot_paths(Path(self.plot)) if self.plot is not None else []
+        return found + [("plot", path) for path in plots]
 
     def check(self, read: Sequence[Path] = ()) -> None:
         """What can be refused before any work: a report on or inside a file the command reads
         (`read`: a config, a golden file; the runs are checked where they are opened), a step
         summary that cannot be appended to, plots without matplotlib."""
+        from ..runs.outputs import check_outputs
         from .github import check_step_summary
 
-        if read:
-            from ..runs.outputs import check_outputs
-
-            check_outputs([], read, self.paths())
+        check_outputs([], read, self.paths())  # and the paths among themselves
         check_replaceable(self.paths(), appended=self.markdown)
         check_step_summary(os.environ)
         if self.plot is not None:
@@ -53,10 +56,10 @@ class ReportFiles:
 
 def check_replaceable(paths: Sequence[Path], appended: Path | None = None) -> None:
     """A report replaces an earlier report of this tool (or an empty file), nothing else: a
-    file with content that is no gradalign report is refused (BadInput), through links too.
+    file with content that is no gradalign report is refused (ReportRefused), through links too.
     Streams are written into; `appended` (the Markdown report) may be the job's step summary,
     which it is appended to."""
-    from ..errors import BadInput
+    from ..errors import ReportRefused
     from ..paths import is_stream
     from .github import is_step_summary
 
@@ -64,57 +67,54 @@ def check_replaceable(paths: Sequence[Path], appended: Path | None = None) -> No
         if is_stream(path) or (path == appended and is_step_summary(path, os.environ)):
             continue
         real = Path(os.path.realpath(path))  # a link is written through
-        if _occupied(real) and not _a_report(real):
-            raise BadInput(
+        if _occupied(real) and not is_ours(real):
+            raise ReportRefused(
                 f"report {path}: exists and is not a gradalign report; refusing to overwrite "
                 "it (move it, or choose another path)"
             )
 
 
-_ASKED: list[ReportFiles] = []  # this process's checked report sets (`requested`)
+_ASKED: list[ReportFiles] = []  # this process's report sets (`requested`)
+_CLEARED: list[ReportFiles] = []  # those that passed the checks before any work
 
 
 def requested(reports: dict | None, read: Sequence[Path | None] = ()) -> ReportFiles:
     """The report files asked for, refused before any work where they would land on a file the
     command reads (`read`: a config, a golden file) or on a file that is no report, or plots
     need matplotlib; remembered, so that a command that ends in error (this refusal too)
-    removes what they hold of an earlier run (`remove_stale`)."""
+    leaves the error there, not an earlier run's verdict (`after_error`)."""
     files = ReportFiles(**(reports or {}))
     _ASKED.append(files)  # a refusal of one path removes the earlier reports at the others
     files.check([path for path in read if path is not None])
+    _CLEARED.append(files)
     return files
 
 
 def forget_asked() -> None:
     """A new command starts: no report set is its yet."""
     _ASKED.clear()
+    _CLEARED.clear()
 
 
-def remove_stale() -> str:
-    """Remove the report files this process was asked to write: after an error they would say
-    what an earlier run's verdict was (a CI job reading its JUnit file would show a pass). Says
-    what it removed, for the error line ('' for nothing)."""
-    from .github import is_step_summary
+def after_error(message: str, code: int, refused: bool = False) -> tuple[str, list[str]]:
+    """A command ends in error: its asked JSON, JUnit and Markdown reports say the error where
+    their set passed the checks before any work and the error refused no report path
+    (`refused`), and this tool's earlier reports at its other
+    paths are removed, so that none describes an
+    earlier run (a CI job reading its JUnit file showed a pass; `error_reports`). Returns what to
+    add to the error line (the reports removed, '' for none) and the lines to print after it
+    (a GitHub Actions job's `::error` line)."""
+    from .error_reports import leave_error
 
-    removed = []
-    for files in _ASKED:
-        for path in files.paths():  # the job's step summary holds other steps' too: kept
-            real = Path(os.path.realpath(path))  # a link was written through: its file
-            if _a_report(real) and not is_step_summary(path, os.environ):
-                try:
-                    real.unlink()
-                except OSError:
-                    continue
-                removed.append(path)
-    _ASKED.clear()
+    cleared = [] if refused else list(_CLEARED)
+    removed, lines = leave_error(list(_ASKED), cleared, message, code)
+    forget_asked()
     if not removed:
-        return ""
+        return "", lines
     if len(removed) == 1:
-        return f" (removed the earlier report {removed[0]}: it described another run)"
-    return (
-        f" (removed the earlier reports {removed[0]} and {len(removed) - 1} more: they described "
-        "other runs)"
-    )
+        return f" (removed the earlier report {removed[0]}: it described another run)", lines
+    many = f" (removed the earlier reports {removed[0]} and {len(removed) - 1} more: they "
+    return many + "described other runs)", lines
 
 
 _SIGNS = (  # how each report begins: JUnit, Markdown, HTML, a plot
@@ -135,7 +135,7 @@ def _occupied(path: Path) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_size > 0
 
 
-def _a_report(path: Path) -> bool:
+def is_ours(path: Path) -> bool:
     """Whether `path` is a regular file this tool wrote as a report, by its own marks (a JSON
     report's verdict and checks; the others' first lines): a path that names a file of another
     kind (a run's manifest, refused when the runs are opened) is never removed."""

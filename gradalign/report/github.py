@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..errors import BadInput
+from ..errors import ReportRefused
 from ..judge.results import FAIL, Comparison
 from .markdown import to_markdown
 from .summary import causes, failures
@@ -67,7 +67,7 @@ def check_step_summary(environ: Mapping[str, str]) -> None:
     elif any(is_run_dir(folder) for folder in path.parents):
         why = "lies inside a gradalign run"
     if why:
-        raise BadInput(f"GITHUB_STEP_SUMMARY {target} {why}; point it at a file (or unset it)")
+        raise ReportRefused(f"GITHUB_STEP_SUMMARY {target} {why}; point it at a file (or unset it)")
 
 
 def is_step_summary(path: Path, environ: Mapping[str, str]) -> bool:

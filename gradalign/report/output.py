@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import BadInput
+from ..errors import ReportRefused
 from ..paths import descriptor, is_stream, process_alive
 
 _NAMES = itertools.count()
@@ -48,7 +48,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             with open(path, "wb") as stream:
                 stream.write(data)
         except OSError as exc:
-            raise BadInput(f"{path}: cannot write the report ({exc.strerror})") from None
+            raise ReportRefused(f"{path}: cannot write the report ({exc.strerror})") from None
         return
     path = Path(os.path.realpath(path))
     tmp = path.with_name(f".gradalign-{os.getpid()}-{next(_NAMES)}.tmp")
@@ -62,7 +62,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         tmp.replace(path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise BadInput(f"{path}: cannot write the report ({exc.strerror})") from None
+        raise ReportRefused(f"{path}: cannot write the report ({exc.strerror})") from None
 
 
 def clear_dead_temporaries(folder: Path) -> None:

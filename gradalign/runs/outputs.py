@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..errors import BadInput
+from ..errors import BadInput, ReportRefused
 from ..paths import is_stream, resolved
 from .writer import ensure_parent_writable
 
@@ -36,35 +36,38 @@ def check_outputs(
     streams: dict[tuple[int, int], os.PathLike[str] | str] = {}
     for report in reports:
         if len(os.fsencode(Path(report).name)) > NAME_MAX:
-            raise BadInput(f"report {report}: the file name is longer than {NAME_MAX} bytes")
+            raise ReportRefused(f"report {report}: the file name is longer than {NAME_MAX} bytes")
         if is_stream(report):  # /dev/stdout, a pipe, /dev/null: written into as it is
             _one_report_per_stream(report, streams)
             continue
         target = resolved(report)
         if Path(report).is_dir():
-            raise BadInput(f"report {report} is a directory; give a file name")
+            raise ReportRefused(f"report {report} is a directory; give a file name")
         if target in seen:
-            raise BadInput(f"reports {seen[target]} and {report} are the same file; give two")
+            raise ReportRefused(f"reports {seen[target]} and {report} are the same file; give two")
         for other, given in seen.items():  # `--json X --plot X`: X both a file and a folder
             if _inside(target, other) or _inside(other, target):
-                raise BadInput(
+                raise ReportRefused(
                     f"report {report} would be written inside {given} or over it, which another "
                     "report needs; give them separate paths"
                 )
         seen[target] = report
         for given, run in ins + outs:
             if _inside(target, run):
-                raise BadInput(
+                raise ReportRefused(
                     f"report {report} would be written over or inside the input {given}; "
                     "write it elsewhere"
                 )
         for given, run in outs:  # `verify --out D --json D`: D is to hold the runs
             if _inside(run, target):
-                raise BadInput(
+                raise ReportRefused(
                     f"report {report} is the folder the run {given} is to be written in; give "
                     "the report a file name of its own"
                 )
-        ensure_parent_writable(target, f"report {report}")
+        try:
+            ensure_parent_writable(target, f"report {report}")
+        except BadInput as exc:
+            raise ReportRefused(str(exc)) from None
 
 
 def _one_report_per_stream(report: os.PathLike[str] | str, streams: dict) -> None:
@@ -78,7 +81,7 @@ def _one_report_per_stream(report: os.PathLike[str] | str, streams: dict) -> Non
         return  # the writer says what is wrong with it
     key = (info.st_dev, info.st_ino)
     if key in streams:
-        raise BadInput(
+        raise ReportRefused(
             f"reports {streams[key]} and {report} would both be written into one stream, where "
             "they run together; give one of them a file"
         )
