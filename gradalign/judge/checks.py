@@ -16,6 +16,8 @@ from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
 from .window_sizes import data_boundaries, judged_updates, problems
 from .windows import observable_windows
 
+NONE_LINED_UP = "no update lines up with the baseline's"
+
 
 def build_checks(
     base: Run,
@@ -40,15 +42,12 @@ def build_checks(
     grad_kind = "gradients"
     if golden:
         weight_kind, grad_kind = (f"{k} (norms and projections)" for k in (weight_kind, grad_kind))
-    checks.append(
-        _tensor_check(weight_kind, [r.weights for r in results], "no weights recorded", unit)
-    )
+    no_weights = "no weights recorded" if results else NONE_LINED_UP
+    checks.append(_tensor_check(weight_kind, [r.weights for r in results], no_weights, unit))
+    no_grads = "not recorded by " + _missing(base, merged, "has_grads", golden)
     checks.append(
         _tensor_check(
-            grad_kind,
-            [r.grads for r in results],
-            "not recorded by " + _missing(base, merged, "has_grads", golden),
-            unit,
+            grad_kind, [r.grads for r in results], no_grads if results else NONE_LINED_UP, unit
         )
     )
     if golden:
@@ -189,6 +188,8 @@ def same_samples(base: Run, merged: Run) -> Check:
             FAIL,
             f"{bad.size}/{base.updates} windows saw other samples; first at update {int(bad[0])}",
         )
+    if not judged_updates(base, merged):  # irregular windows from the first: nothing compared
+        return Check(name, NOT_CHECKED, NONE_LINED_UP)
     return Check(name, PASS, "every window saw exactly its baseline batch's samples")
 
 
@@ -223,7 +224,7 @@ def _finite_check(base: Run, merged: Run, n: int) -> Check:
 
 def _loss_check(results: list[UpdateResult], unit: str) -> Check:
     if not results:
-        return Check("losses", NOT_CHECKED, "no update lines up with the baseline's")
+        return Check("losses", NOT_CHECKED, NONE_LINED_UP)
     skipped = [r.update for r in results if not r.loss_judged]
     results = [r for r in results if r.loss_judged]
     unjudged = (
@@ -318,6 +319,8 @@ def _series_check(
     present = [a for a in attrs if getattr(base, a) is not None and getattr(merged, a) is not None]
     if not present:
         return Check(name, NOT_CHECKED, "not recorded by " + _missing(base, merged, attrs[0]))
+    if not results:
+        return Check(name, NOT_CHECKED, NONE_LINED_UP)
     bad = [(r.update, text) for r in results for key, text in r.problems if key in attrs]
     if bad:
         return Check(
