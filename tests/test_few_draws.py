@@ -1,5 +1,6 @@
-"""A small tensor's noise, measured on few draws, is bounded from above (judge/noise.few_draws):
-a 0-d offset's few-ulp rounding failed `golden check` on clean runs that `compare` passed."""
+"""A small tensor's noise, measured on few draws, is bounded from above
+(judge/small_noise.few_draws): a 0-d offset's few-ulp rounding failed `golden check` on clean
+runs that `compare` passed."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import numpy as np
 import pytest
 
 from gradalign import api
-from gradalign.judge.noise import DRAWS_CAP, few_draws
 from gradalign.judge.results import FAIL, PASS
+from gradalign.judge.small_noise import DRAWS_CAP, few_draws
 from gradalign.runs.portable import write_run
 
 B, N, K, LR = 16, 6, 4, 0.1

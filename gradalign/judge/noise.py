@@ -59,8 +59,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
-import statistics
 
 import numpy as np
 
@@ -69,10 +67,10 @@ from ..runs.sketches import dot, estimate, inner_bounds
 from .fits import columns, gram
 from .metrics import TensorDiff, module_of
 from .results import UpdateResult
+from .small_noise import FEW, few_draws, small_tensors_noise
 from .views import Kept, Sketching, summaries
 
 POOL = 3  # a tensor's noise is at least the RMS of its noise over updates i-POOL .. i+POOL
-FEW = 64  # ... except the gradient of update 0 in a tensor of this many elements or more
 
 
 def around(values: np.ndarray, k: int, span: int = POOL) -> np.ndarray:
@@ -82,20 +80,20 @@ def around(values: np.ndarray, k: int, span: int = POOL) -> np.ndarray:
 
 def pool_noise(results: list[UpdateResult], factor: float) -> None:
     """Per tensor, raise each update's noise to the RMS of its noise over the updates around it
-    (±POOL), and a small tensor's to the median noise of the update's tensors of its role
-    (`_small_tensors_noise`): one update's noise, measured on a tensor of a few elements, is a
-    poor estimate and its error ratio heavy-tailed (a 4-element bias in bfloat16 fails at 1.2x
-    without this).
-    Not the gradient of update 0 in a tensor of FEW elements or more: both runs compute it from
-    the same weights, and the noise of the updates after, grown as the runs part, widened it
-    until a bfloat16 token-normalization bug there passed against the reference (allowed
-    1.0e-3 on a measured noise of 1.1e-5)."""
+    (±POOL), and a small tensor's to the median noise of the update's tensors of its role and
+    to their typical share of their norms (`small_noise.small_tensors_noise`): one update's
+    noise, measured on a tensor of a few elements, is a poor estimate and its error ratio
+    heavy-tailed (a 4-element bias in bfloat16 fails at 1.2x without this).
+    Not the gradient of update 0 in a tensor of FEW elements or more (`small_noise.FEW`): both
+    runs compute it from the same weights, and the noise of the updates after, grown as the
+    runs part, widened it until a bfloat16 token-normalization bug there passed against the
+    reference (allowed 1.0e-3 on a measured noise of 1.1e-5)."""
     for kind in ("weights", "grads"):
         series: dict[str, list[tuple[int, int, TensorDiff]]] = {}
         for u, r in enumerate(results):
             for j, d in enumerate(getattr(r, kind)):
                 series.setdefault(d.name, []).append((u, j, d))
-        alike = [_small_tensors_noise(getattr(r, kind)) for r in results]
+        alike = [small_tensors_noise(getattr(r, kind)) for r in results]
         for entries in series.values():
             noise = np.array([d.noise if d.noise is not None else np.nan for _, _, d in entries])
             if not np.isfinite(noise).all():
@@ -113,26 +111,6 @@ def pool_noise(results: list[UpdateResult], factor: float) -> None:
                 if pooled > d.noise:
                     extra = factor * (pooled - d.noise)
                     getattr(results[u], kind)[j] = dataclasses.replace(d, allowed=d.allowed + extra)
-
-
-DRAWS_P = 0.01  # the chance that a noise measured on few draws falls below its bound
-DRAWS_CAP = 4.0  # ... at most this many times the measured noise (a 0-d tensor in a 1-update run)
-_DRAWS_Z = statistics.NormalDist().inv_cdf(DRAWS_P)  # the normal's DRAWS_P quantile
-
-
-def few_draws(draws: int) -> float:
-    """How far the true noise may stand above one measured as the RMS of `draws` elements and
-    updates: the upper DRAWS_P bound of a chi-square's scale, sqrt(n / chi2_n(DRAWS_P)) by
-    Wilson and Hilferty's cube, at most DRAWS_CAP. A 0-d tensor's noise over 6 updates is 6
-    draws; its RMS fell to a third of what rounding gives by chance (a linear model's scalar
-    offset, a few ulps of its cancelling sum in one of 8 clean runs: golden check failed it at
-    1.59x). Read for tensors of fewer than FEW elements: 1.09 at 63 elements over 7 updates."""
-    if draws <= 0:
-        return DRAWS_CAP
-    cube = 1.0 - 2.0 / (9.0 * draws) + _DRAWS_Z * math.sqrt(2.0 / (9.0 * draws))
-    if cube <= 0:
-        return DRAWS_CAP
-    return min(DRAWS_CAP, math.sqrt(1.0 / cube**3))
 
 
 OUTLIER = 10.0  # a loss error this many times the run's median is left out of its pool
@@ -168,31 +146,6 @@ def nearby_loss_noise(own: np.ndarray, judged: np.ndarray) -> np.ndarray:
         if near.size:
             found[i] = pooled_loss_noise(near)
     return found
-
-
-ALIKE = 4  # small tensors of one role at one update that pool their noise
-_NUMBERS = re.compile(r"\d+")
-
-
-def _small_tensors_noise(diffs: list[TensorDiff]) -> dict[str, float]:
-    """Per small tensor (fewer than FEW elements) of an update, the median noise over the
-    tensors of its role: those whose names differ only in their numbers (`blocks.3.gate`,
-    `experts.7.bias`, a ParameterList's `b.113`), ALIKE of them at least; tensors of one role
-    are drawn alike. One small tensor's noise is one draw, heavy-tailed across updates and
-    tensors: 300 one-element gains and 300 biases under Adam failed clean runs at up to 2.2x,
-    where the same model with two (300,) tensors passed at 0.4x. Its noise is at least that
-    median (a share of each one's norm left a bias fitted towards 0 too little)."""
-    roles: dict[str, list[tuple[str, float]]] = {}
-    for d in diffs:
-        small = d.size is not None and d.size < FEW and d.norm and d.noise is not None
-        if small and math.isfinite(d.noise):  # type: ignore[arg-type]
-            roles.setdefault(_NUMBERS.sub("#", d.name), []).append((d.name, d.noise))
-    shares = {}
-    for members in roles.values():
-        if len(members) >= ALIKE:
-            median = float(np.median([share for _, share in members]))
-            shares.update((name, median) for name, _ in members)
-    return shares
 
 
 def carry_rounding(results: list[UpdateResult]) -> None:
