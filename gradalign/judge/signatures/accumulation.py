@@ -134,13 +134,24 @@ def _clipped_carry(
 
 
 def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
-    """A weight penalty l2·||w||² added to every micro loss without 1/K: the gradient error is
-    exactly proportional to the weights the window started from (per tensor, or zero). Where a
-    clip engaged, each run's gradient is read as it was before its clip (`undo_clip`: its norm
-    before over its norm after): a clip scales each run's whole gradient by its own factor, so
-    the stepped gradients' difference is a multiple of the weights plus one of the baseline's
-    gradient (model zoo run 286002, a convolutional text model under RMSprop, K=8, clipped at
-    1.0: 100% of the difference so, 1% by the weights alone, `unexplained`)."""
+    """A weight penalty added to every micro loss without 1/K: the gradient error is exactly
+    proportional to the weights the window started from (per tensor, or zero), for an L2
+    penalty c·||w||², or to their signs, for an L1 penalty λ·||w||₁ (a cold probe's loop: its
+    L1 penalty at every micro-step was `unexplained` on even micro-batches, `token-
+    normalization` with a false claim and fix on uneven ones). Where a clip engaged, each run's
+    gradient is read as it was before its clip (`undo_clip`: its norm before over its norm
+    after): a clip scales each run's whole gradient by its own factor, so the stepped
+    gradients' difference is a multiple of the weights plus one of the baseline's gradient
+    (model zoo run 286002, a convolutional text model under RMSprop, K=8, clipped at 1.0: 100%
+    of the difference so, 1% by the weights alone, `unexplained`)."""
+    return _penalty(c, r, L2) or _penalty(c, r, L1)
+
+
+L2, L1 = "weights", "weights' signs"  # what the gradient error is a multiple of
+_BASIS = {L2: lambda w: w, L1: np.sign}
+
+
+def _penalty(c: Comparison, r: UpdateResult, form: str) -> Diagnosis | None:
     gb, gm = grads_of(c, c.baseline, r.update), grads_of(c, c.merged, r.update)
     start = weights_of(c, c.baseline, None if r.update == 0 else r.update - 1)
     if gb is None or gm is None or start is None:
@@ -150,8 +161,9 @@ def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     ub, um = (undo_clip(c, run, r.update) for run in (c.baseline, c.merged))
 
     def before_clips(m: np.ndarray, b: np.ndarray, w: np.ndarray) -> tuple:
-        """The difference, the weights the window started from, the baseline's gradient, each
-        gradient as it was before its run's clip."""
+        """The difference, the basis of the weights the window started from, the baseline's
+        gradient, each gradient as it was before its run's clip."""
+        w = _BASIS[form](w)
         return (m * um - b * ub, w, b * ub) if (um, ub) != (1.0, 1.0) else (m - b, w, b)
 
     fits = tensor_fits(((n, columns((gm, gb, start), [n], before_clips)) for n in names), 3)
@@ -166,29 +178,46 @@ def penalty_not_scaled(c: Comparison, r: UpdateResult) -> Diagnosis | None:
             return None
     k = window(c)
     if max(coefficients) <= 0:  # short of the baseline's in every tensor: counted too little
-        return _penalty_short(r, k, -min(coefficients), share, fitted)
+        return _penalty_short(r, k, -min(coefficients), share, fitted, form)
     if surest is not None and surest <= 0:  # short, as read in units of the noise
-        return _penalty_short(r, k, -surest, share, fitted)
+        return _penalty_short(r, k, -surest, share, fitted, form)
     a = max(coefficients) if surest is None else surest
     measure = "" if surest is None else " in units of each gradient's noise"
     if (um, ub) != (1.0, 1.0):
         measure += ", each run's gradient as it was before its clip"
-    c2 = a / (2 * (k - 1)) if k > 1 else a  # the extra K-1 penalties' gradient: 2·c·(K-1)·w
+    if form == L2:
+        c2 = a / (2 * (k - 1)) if k > 1 else a  # the extra K-1 penalties' gradient: 2·c·(K-1)·w
+        which = "a weight penalty"
+        size = (
+            f"its coefficient is about {c2:.4g} written as c·‖w‖² (λ = {2 * c2:.4g} written as "
+            "λ/2·‖w‖²)"
+        )
+        implied = {"implied_l2": finite(c2) if k > 1 else None}
+    else:
+        lam = a / (k - 1) if k > 1 else a  # the extra K-1 penalties' gradient: λ·(K-1)·sign(w)
+        which = "an L1 penalty λ·‖w‖₁"
+        size = f"λ is about {lam:.4g}"
+        implied = {"implied_l1": finite(lam) if k > 1 else None}
     return Diagnosis(
         "penalty-not-scaled",
         f"at update {r.update} the merged gradient exceeds the baseline's by {a:.4g} times the "
-        f"weights ({share:.1%} of the difference explained{measure}{_within(share)}): a weight "
-        f"penalty was added to each of the K={k} micro losses in full, i.e. counted K times; its "
-        f"coefficient is about {c2:.4g} written as c·‖w‖² (λ = {2 * c2:.4g} written as λ/2·‖w‖²)",
+        f"{form} ({share:.1%} of the difference explained{measure}{_within(share)}): {which} "
+        f"was added to each of the K={k} micro losses in full, i.e. counted K times; {size}",
         {
             "update": r.update,
-            "gradient_minus_baseline_over_weights": {n: finite(v) for n, v in fitted.items()},
+            _EVIDENCE[form]: {n: finite(v) for n, v in fitted.items()},
             "explained_share": share,
-            "implied_l2": finite(c2) if k > 1 else None,
+            **implied,
         },
         "add the penalty once per window: divide it by K in each micro loss (or add it to the "
         "accumulated gradient once, or use the optimizer's weight_decay)",
     )
+
+
+_EVIDENCE = {
+    L2: "gradient_minus_baseline_over_weights",
+    L1: "gradient_minus_baseline_over_weight_signs",
+}
 
 
 def _share_in_noise(r: UpdateResult, fits: dict[str, TensorFit]) -> tuple[float, float]:
@@ -224,22 +253,23 @@ def _within(share: float) -> str:
 
 
 def _penalty_short(
-    r: UpdateResult, k: int, a: float, share: float, fitted: dict[str, float]
+    r: UpdateResult, k: int, a: float, share: float, fitted: dict[str, float], form: str = L2
 ) -> Diagnosis:
-    """`penalty_not_scaled` where the merged gradient falls short by a multiple of the weights:
-    the penalty divided by K twice (inside each micro loss, then with it), or left out of some
-    micro-steps."""
+    """`penalty_not_scaled` where the merged gradient falls short by a multiple of the weights
+    (or their signs): the penalty divided by K twice (inside each micro loss, then with it), or
+    left out of some micro-steps."""
+    which = "a weight penalty" if form == L2 else "an L1 penalty"
     return Diagnosis(
         "penalty-not-scaled",
         f"at update {r.update} the merged gradient falls short of the baseline's by {a:.4g} "
-        f"times the weights ({share:.1%} of the difference explained): a weight penalty was "
+        f"times the {form} ({share:.1%} of the difference explained): {which} was "
         f"counted less than once per window across the K={k} micro losses, divided by K twice "
         "(inside each micro loss and again with it) or added at some micro-steps only",
         {
             "update": r.update,
-            "gradient_minus_baseline_over_weights": {n: finite(v) for n, v in fitted.items()},
+            _EVIDENCE[form]: {n: finite(v) for n, v in fitted.items()},
             "explained_share": share,
-            "implied_l2": None,
+            "implied_l2" if form == L2 else "implied_l1": None,
         },
         "add the penalty once per window: divide it by K once in each micro loss (or add it to "
         "the accumulated gradient once, or use the optimizer's weight_decay)",
