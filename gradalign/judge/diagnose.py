@@ -5,8 +5,7 @@ optimizer step counts, learning rates), sample digests, the model's structure fa
 the accumulated gradients. Bookkeeping, data and structure signatures are decisive and may
 co-occur; the gradient-shape signatures (loss scale, token normalization, clipping, zero_grad)
 are tried only when none of those explains the run (beside other samples, `data-order`, a wrong
-scale is still read from the gradient's size). When nothing fits, the diagnosis says
-"unexplained" with the evidence.
+scale is still read from the gradient's size). When nothing fits: "unexplained", with evidence.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ DECISIVE: list[Callable[[Comparison], Diagnosis | None]] = [
     sig.window_bookkeeping,
     sig.step_in_window,
     sig.step_count,  # the optimizer's own counter, step() as often
+    sig.group_step_count,  # a counter a loop keeps in the param groups
     sig.step_skipped,
     sig.weights_changed_in_window,
     sig.written_between_micro_steps,  # as the baseline's forward writes: by their timing

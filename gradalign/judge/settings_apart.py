@@ -18,12 +18,14 @@ def per_tensor(settings: dict) -> list[dict | None]:
 def settings_apart(base: dict, other: dict, names: list[str]) -> Differences:
     """The settings both list that differ for some tensor both optimizers step. A setting one
     group lists and the other does not says nothing (a wrapper such as ZeroRedundancyOptimizer
-    lists only what it was given)."""
+    lists only what it was given), nor does an entry either run saw change from its first step
+    to its second (`counters`: a count, read by `step-count`)."""
     differ: Differences = {}
+    counted = set(base.get("counters", [])) | set(other.get("counters", []))  # state: counts
     for name, b, o in zip(names, per_tensor(base), per_tensor(other), strict=True):
         if b is None or o is None:
             continue
-        for key in sorted(set(b) & set(o)):
+        for key in sorted((set(b) & set(o)) - counted):
             if b[key] != o[key]:
                 differ.setdefault((key, repr(b[key]), repr(o[key])), []).append(name)
     return differ

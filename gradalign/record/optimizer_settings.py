@@ -66,3 +66,29 @@ def settings(optimizer: torch.optim.Optimizer, places: dict[int, int]) -> dict[s
             if id(p) in places:
                 tensor_groups[places[id(p)]] = at
     return {"type": type(optimizer).__name__, "groups": groups, "tensor_groups": tensor_groups}
+
+
+def observed(
+    known: dict[str, Any] | None, optimizer: torch.optim.Optimizer, places: dict[int, int]
+) -> dict[str, Any]:
+    """The settings after a step: the first step's; at the second, with the `counters` it
+    moved (`with_counters`); later, as they were (a schedule that moves them is not followed)."""
+    if known is None:
+        return settings(optimizer, places)
+    if "counters" not in known:
+        return with_counters(known, settings(optimizer, places))
+    return known
+
+
+def with_counters(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """The settings of the first step, with `counters`: the group entries whose value another
+    step changed (a hand-written optimizer's own step count kept in `param_groups`), which are
+    state, not settings: the judge reads them as counts (`step-count`), never as settings the
+    runs were given otherwise."""
+    changed = {
+        key
+        for was, now in zip(first["groups"], later["groups"], strict=False)
+        for key in set(was) & set(now)
+        if was[key] != now[key]
+    }
+    return {**first, "counters": sorted(changed)}

@@ -316,7 +316,7 @@ class Recorder:
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """Each step's learning rates, read after it (a closure may have moved them)."""
-        self._settings = self._settings or optimizer_settings.settings(optimizer, self._places)
+        self._settings = optimizer_settings.observed(self._settings, optimizer, self._places)
         window = self._windows.open
         window.steps += 1
         self._steps_since_micro += 1

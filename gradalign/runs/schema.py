@@ -139,7 +139,8 @@ def _check_tensors(tensors: Any, bad) -> None:
 
 def check_optimizer(optimizer: Any, tensors: int, bad) -> None:
     """`{"type": str, "groups": [objects], "tensor_groups": [one group index per tensor, -1
-    for none]}`, or absent (a manifest's and a golden file's)."""
+    for none], "counters": [setting names] (optional)}`, or absent (a manifest's and a golden
+    file's)."""
     if optimizer is None:
         return
     what = "{type, groups: [settings], tensor_groups: [a group index per tensor]}"
@@ -151,3 +152,6 @@ def check_optimizer(optimizer: Any, tensors: int, bad) -> None:
     fits = isinstance(places, list) and len(places) == tensors
     if not fits or not all(_is_int(g) and -1 <= g < len(groups) for g in places):
         raise bad("optimizer.tensor_groups", f"must hold one group index per tensor ({tensors})")
+    counters = optimizer.get("counters", [])
+    if not isinstance(counters, list) or not all(isinstance(k, str) for k in counters):
+        raise bad("optimizer.counters", "must be a list of setting names")

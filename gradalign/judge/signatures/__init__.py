@@ -40,7 +40,7 @@ from .paired import (
 )
 from .random_draws import dropout_rng, dropout_stopped
 from .skips import overflow_carried, scaler_skips, step_skipped
-from .step_count import step_count
+from .step_count import group_step_count, step_count
 from .thresholds import clip_threshold, clip_threshold_recorded
 from .window_steps import (
     micro_batch_missing,
@@ -75,6 +75,7 @@ __all__ = [
     "grad_accum_dtype",
     "grad_hooks",
     "grad_not_cleared",
+    "group_step_count",
     "loss_averaging",
     "loss_scale",
     "loss_term_scale",

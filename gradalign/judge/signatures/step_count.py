@@ -72,6 +72,55 @@ def step_count(c: Comparison) -> Diagnosis | None:
     )
 
 
+def group_counters(c: Comparison) -> dict[str, tuple[int, int]]:
+    """Counters in the optimizers' param groups (entries the Recorder saw change between the
+    first two steps: the manifest's `optimizer.counters`) that the merged run advanced per
+    micro-step: a whole number > 0 after the baseline's first step, K times it after the merged
+    run's (a hand-written optimizer keeping its bias correction's t in `param_groups`: 1
+    against K). {entry: (baseline's, merged's)}."""
+    from ..settings_apart import per_tensor
+
+    base, merged = c.baseline.optimizer_settings, c.merged.optimizer_settings
+    k = window(c)
+    if not base or not merged or k < 2:
+        return {}
+    counted = set(merged.get("counters", []))
+    found = {}
+    for b, m in zip(per_tensor(base), per_tensor(merged), strict=True):
+        for key in counted & set(b or {}) & set(m or {}):
+            vb, vm = b[key], m[key]  # type: ignore[index]
+            whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (vb, vm))
+            if whole and vb > 0 and vm == k * vb:
+                found[key] = (vb, vm)
+    return found
+
+
+def group_step_count(c: Comparison) -> Diagnosis | None:
+    """A step counter a loop keeps in its optimizer's param groups (a hand-written Adam's t)
+    advanced per micro-step, read off the settings recorded after the first step: named with
+    the counters, not as `optimizer-settings` ("t 1 in the baseline, 4 in the merged run", a
+    fix about giving the merged optimizer the baseline's settings; a cold probe's loop)."""
+    counters = group_counters(c)
+    if not counters:
+        return None
+    k = window(c)
+    shown = ", ".join(f"{key} {m} against the baseline's {b}" for key, (b, m) in counters.items())
+    return Diagnosis(
+        "step-count",
+        f"the optimizer's param groups hold a counter that advanced per micro-step: {shown} "
+        f"after the first step, K={k} times the baseline's: it counted micro-steps, not "
+        "updates, so whatever it drives (a bias correction's t, a schedule of its own) weighs "
+        "every step otherwise",
+        {
+            "counters": {key: {"baseline": b, "merged": m} for key, (b, m) in counters.items()},
+            "K": k,
+        },
+        "advance the counter once per window, with the step that applies the merged gradient: "
+        "in a hand-written optimizer or gradient merge, a bias correction's t belongs to the "
+        "update, not to each micro-batch",
+    )
+
+
 def _fell(steps: np.ndarray, last: int) -> tuple[int, int, int] | None:
     """The first update (up to `last`) after which the step count stood below the update
     before's, with the two counts; None where it never fell."""
