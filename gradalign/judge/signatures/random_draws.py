@@ -69,8 +69,11 @@ def dropout_rng(c: Comparison) -> Diagnosis | None:
         f"differs by {c.results[0].loss_diff:.3g}{shape}): the two runs drew different {drew}",
         evidence,
         "draw the same masks in both runs: do not reseed or consume the generator per "
-        "micro-step; with several random ops per forward, use batch-invariant randomness (a "
-        "mask seeded by sample, layer and update); or verify with dropout disabled to isolate it"
+        "micro-step; give dropout a contiguous tensor whose rows are the samples (`.contiguous()` "
+        "on a transposed or permuted view, such as nn.MultiheadAttention's batch_first output: "
+        "a mask is drawn in memory order, which the batch size reorders); with several random "
+        "ops per forward, use batch-invariant randomness (a mask seeded by sample, layer and "
+        "update); or verify with dropout disabled to isolate it"
         if layers
         else "draw the same numbers in both runs: the noise for the whole batch of B once per "
         "update, sliced per micro-batch, or from a generator seeded by sample and update; or "
