@@ -91,7 +91,10 @@ def test_other_samples_are_not_called_identical_samples_beside_dropout(tmp_path)
 def test_a_gradient_turned_to_about_1_over_k_beside_draws_is_not_a_cleared_window(tmp_path):
     """Noise drawn per micro-step (NEFTune's on the embeddings) may leave a merged gradient
     about 1/K of the baseline's and turned. The Recorder saw no zero_grad() inside the windows:
-    `dropout-rng`, not a `zero-grad-in-window` that no call made."""
+    `dropout-rng`, not a `zero-grad-in-window` that no call made (a gradient 1/K of the
+    baseline's in size may be read as a loss scale first, beside it: which, the draw decides;
+    the draw is fixed per update, where each read drew anew and the result changed with the
+    number of reads)."""
     import dataclasses
 
     import numpy as np
@@ -102,9 +105,9 @@ def test_a_gradient_turned_to_about_1_over_k_beside_draws_is_not_a_cleared_windo
     record(tmp_path / "merged", K, False)
     base, merged = read_run_dir(tmp_path / "base"), read_run_dir(tmp_path / "merged")
     assert merged.zero_grads_inside is not None and not merged.zero_grads_inside.any()
-    rng = np.random.default_rng(0)
 
     def turned(update: int):  # 0.8/K of the baseline's plus 0.6/K of its size elsewhere
+        rng = np.random.default_rng(update)  # the same gradient however often it is read
         grads = base.load_grads(update)
         out = {}
         for name, g in grads.items():
@@ -115,7 +118,7 @@ def test_a_gradient_turned_to_about_1_over_k_beside_draws_is_not_a_cleared_windo
 
     c = judge(base, dataclasses.replace(merged, load_grads=turned))
     codes = [d.code for d in c.diagnosis]
-    assert codes[0] == "dropout-rng" and "zero-grad-in-window" not in codes, codes
+    assert "dropout-rng" in codes[:2] and "zero-grad-in-window" not in codes, codes
 
 
 def _dropout_run(
