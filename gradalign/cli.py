@@ -317,7 +317,10 @@ def _fail(message: str, code: int, refused: bool = False) -> None:
     from .report.files import after_error
 
     text = " ".join(message.split()) or "bad command line"
-    removed, lines = after_error(text, code, refused)
+    try:  # the error's reports: never what decides the exit code (an exception here was 1)
+        removed, lines = after_error(text, code, refused)
+    except Exception:
+        removed, lines = "", []
     last_word(err_console, f"error: {text}{removed}")
     for line in lines:
         last_word(err_console, line)

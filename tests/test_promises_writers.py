@@ -109,6 +109,55 @@ def test_two_writers_of_one_path_never_run_at_once(cli, tmp_path):
     assert cli("verify", *SMALL_ARGS, "--out", out).code == 0  # a dead holder's lock is stale
 
 
+def test_a_lock_path_holding_a_link_a_folder_or_a_pipe_is_refused_never_written_through(
+    cli, tmp_path, small_runs
+):
+    """A link at the lock's path (`.NAME.lock`, committed beside a golden file) had the file it
+    named overwritten with a pid; a folder or a pipe there was an internal error (exit 3)."""
+    import os
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's data\n")
+    lock = tmp_path / ".b.lock"
+    lock.symlink_to(precious)
+    one_line_error(cli("baseline", *SMALL_ARGS, "-o", tmp_path / "b"), "not a lock file")
+    assert precious.read_text() == "the user's data\n" and lock.is_symlink()
+    golden = tmp_path / "g.json"
+    (tmp_path / ".g.json.lock").symlink_to(precious)
+    update = cli("golden", "check", golden, small_runs["merged"], "--update")
+    one_line_error(update, "not a lock file")
+    assert precious.read_text() == "the user's data\n" and not golden.exists()
+    lock.unlink()
+    lock.mkdir()
+    one_line_error(cli("baseline", *SMALL_ARGS, "-o", tmp_path / "b"), "not a lock file")
+    lock.rmdir()
+    os.mkfifo(lock)
+    one_line_error(cli("baseline", *SMALL_ARGS, "-o", tmp_path / "b"), "not a lock file")
+    lock.unlink()
+    assert cli("baseline", *SMALL_ARGS, "-o", tmp_path / "b").code == 0
+    assert not lock.exists()
+
+
+def test_a_report_through_a_link_into_a_missing_folder_is_refused(cli, small_runs, tmp_path):
+    """A link to a path whose folders do not exist had them made (a path escape: a repository's
+    committed link wrote anywhere the job could); a link to a file in a folder that exists is
+    written through, as before."""
+    away = tmp_path / "away"
+    link = tmp_path / "r.json"
+    link.symlink_to(away / "made" / "by" / "r.json")
+    one_line_error(cli("compare", *small_runs.values(), "--json", link), "a folder that does not")
+    golden = tmp_path / "g.json"
+    golden.symlink_to(away / "g.json")
+    one_line_error(cli("golden", "write", small_runs["baseline"], "--out", golden), "does not")
+    assert not away.exists()
+    away.mkdir()
+    assert cli("compare", *small_runs.values(), "--json", link.parent / "r2.json").code == 0
+    golden.unlink()
+    golden.symlink_to(away / "g.json")
+    assert cli("golden", "write", small_runs["baseline"], "--out", golden).code == 0
+    assert (away / "g.json").is_file()
+
+
 def test_what_a_killed_writer_left_is_removed_by_the_next(cli, tmp_path):
     out = tmp_path / "v"
     for left in (".merged.partial-999999", ".baseline.old-999999", ".set-999999"):

@@ -59,6 +59,21 @@ USER_CODE = textwrap.dedent(
     def detached_loss(outputs, targets):
         loss = nn.functional.cross_entropy(outputs.detach(), targets, reduction="sum")
         return loss, len(targets)
+
+
+    def frozen():
+        model = make_model()
+        model.requires_grad_(False)
+        return model
+
+
+    class Detached(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = make_model()
+
+        def forward(self, x):
+            return self.net(x).detach()
     """
 )
 SMALL = ["--updates", "4", "--batch-size", "32", "-k", "4"]
@@ -137,3 +152,15 @@ def test_bad_entry_points_exit_2(cli, tmp_path, user_file, option, value, messag
     assert lines[-1].startswith("error: ") and message in lines[-1], result.err
     assert "Traceback" not in result.err and len(lines[-1]) < 400
     assert not (tmp_path / "v").exists()  # refused before any training
+
+
+@pytest.mark.parametrize("factory", ["frozen", "Detached"])
+def test_a_model_whose_loss_has_no_gradient_exits_2(cli, tmp_path, user_file, factory):
+    """A model whose parameters all have requires_grad=False, or whose forward detaches its
+    output, was exit 3 ("internal error: element 0 of tensors does not require grad")."""
+    data = ["--data", f"{user_file}:make_data", "--model", f"{user_file}:{factory}"]
+    result = cli("verify", *SMALL, *data, "-o", tmp_path / "v")
+    assert result.code == 2, result.out + result.err
+    last = result.err.strip().splitlines()[-1]
+    assert last.startswith("error: the model's loss has no gradient"), result.err
+    assert not (tmp_path / "v").exists()

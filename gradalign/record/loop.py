@@ -17,6 +17,12 @@ from .faults import NONE, Fault
 from .recorder import Recorder
 from .trainer import Progress, Training, compute_dtype, setup
 
+_NO_GRADIENT = (
+    "the model's loss has no gradient (no parameter requires grad, or the forward detached "
+    "its output: .detach(), torch.no_grad(), .item()): there is nothing to accumulate; "
+    "give a model that trains"
+)
+
 
 def run_loop(
     t: Training, rec: Recorder, progress: Progress | None = None, fault: Fault = NONE
@@ -63,6 +69,8 @@ def run_loop(
                 if config.l2_penalty and not by_items:  # the penalty's share of this micro-batch
                     share = 1 if fault.penalty_each_micro else k
                     scaled = scaled + config.l2_penalty * _squared_norm(model) / share
+                if not scaled.requires_grad:
+                    raise BadInput(_NO_GRADIENT)
                 if not (fault.skip_last_backward and micro == k - 1):
                     (t.scaler.scale(scaled) if t.scaler else scaled).backward()
             logged = loss / k if fault.record_scaled_loss else loss

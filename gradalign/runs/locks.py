@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 
 from ..errors import BadInput
@@ -74,7 +75,7 @@ class RunLock:
             return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open()
             if fcntl is None:
                 break
             try:
@@ -95,6 +96,24 @@ class RunLock:
         self._fd = fd
         _HELD.add(self.path.absolute())
         return True
+
+    def _open(self) -> int:
+        """The lock file, created where absent; never through a link, nor anything but a
+        regular file (a link committed beside a golden file had its target's content
+        replaced by a pid; a directory or a pipe there was an internal error)."""
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError:
+            fd = None
+        if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        if fd is not None:
+            os.close(fd)
+        raise BadInput(
+            f"{self.path} (the lock on writing {self.run}) is not a lock file this tool made (a "
+            "link, a folder or a pipe); remove it, or choose another output"
+        )
 
     def release(self) -> None:
         if self._fd is None:

@@ -41,6 +41,11 @@ def check_outputs(
             _one_report_per_stream(report, streams)
             continue
         target = resolved(report)
+        if os.path.islink(report) and not target.parent.is_dir():
+            raise ReportRefused(
+                f"report {report} is a link to {target}, in a folder that does not exist: a "
+                "report creates no folder through a link; make the folder or give a plain path"
+            )
         if Path(report).is_dir():
             raise ReportRefused(f"report {report} is a directory; give a file name")
         if target in seen:
