@@ -96,3 +96,24 @@ def test_without_xxhash_runs_are_written_with_sha256_and_xxh3_runs_refused(
     assert _manifest(merged)["checksum"] == "sha256"
     result = cli("compare", base, merged, "--verify-files", "--reference", "none")
     assert result.code == 0, result.err
+
+
+def test_a_tensor_file_whose_header_is_no_table_is_named_so_not_a_failed_checksum(cli, small_copy):
+    """A fingerprinted run's tensor file with a header that is no table, its checksum listed
+    anew: "fails its checksum" was said, also where `--verify-files` had just matched it."""
+    import struct
+
+    from gradalign.runs.checksums import declared, of_file
+
+    run = small_copy["merged"]
+    manifest = _manifest(run)
+    assert manifest.get("integrity") == "fingerprints"
+    relpath = "weights/update_000001.safetensors"
+    header = b"[1, 2]  "
+    (run / relpath).write_bytes(struct.pack("<Q", len(header)) + header)
+    manifest["files"][relpath] = of_file(run / relpath, declared(manifest))
+    _rewrite(run, manifest)
+    for extra in ([], ["--verify-files"]):
+        result = cli("compare", small_copy["baseline"], run, *extra)
+        one_line_error(result, relpath, "is no readable tensor file", "header is not a table")
+        assert "fails its checksum" not in result.err

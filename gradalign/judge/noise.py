@@ -121,8 +121,11 @@ def pooled_loss_noise(own: np.ndarray) -> float:
     for each update's (one scalar's error is heavy-tailed), leaving out those over OUTLIER times
     their median: one update's error (a loss a reference recorded otherwise there, a hand-edited
     golden) widened every update's allowance by it, 40,000 times in a golden whose one loss was
-    set 1% off. The update it is at keeps its own error. NaN where any is not finite."""
-    if not own.size or not np.isfinite(own).all():
+    set 1% off. The update it is at keeps its own error. Over the finite errors: a loss not
+    finite fails where it stands (`finite losses`), and it made every update's allowance NaN,
+    each loss failing ("1.08e-07 > nan"); NaN where none is finite."""
+    own = own[np.isfinite(own)]
+    if not own.size:
         return math.nan
     kept = own[own <= OUTLIER * float(np.median(own))]
     return float(np.sqrt(np.mean(kept**2))) if kept.size else 0.0

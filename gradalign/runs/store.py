@@ -113,8 +113,9 @@ class Store:
         except BadInput as exc:
             if prints is None:
                 raise
-            raise BadInput(
-                f"{self.path}: {relpath} fails its checksum (truncated or altered: "
+            raise BadInput(  # its checksum may match: a file written so (it was "fails its
+                # checksum", also where --verify-files had just matched it)
+                f"{self.path}: {relpath} is no readable tensor file (truncated or altered: "
                 f"{str(exc).split(': ', 1)[-1]})"
             ) from None
         return CheckedFile(handle, f"{self.path}: {relpath}", prints, self.declared)

@@ -30,7 +30,11 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
     tensors_fine = all(status.get(n) != FAIL for n in ("weights", "gradients"))
     if status.get("losses") != FAIL:
         return None
-    ratios = [r.merged_loss / r.base_loss for r in c.results if r.base_loss and not r.loss_ok]
+    ratios = [
+        r.merged_loss / r.base_loss
+        for r in c.results
+        if r.base_loss and not r.loss_ok and math.isfinite(r.merged_loss / r.base_loss)
+    ]  # a loss not finite is `non-finite`'s: no ratio ("nan times the baseline's")
     q = float(np.median(ratios)) if ratios else math.nan
     k = window(c)
     if not tensors_fine:
@@ -40,6 +44,8 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
         if status.get("norms before clipping") == FAIL:  # the gradient's printed norm too
             return _scaled_norms(c, q, evidence)
         return None if len(c.merged.cards) > 1 else _scaled_losses(q, k, ratios, evidence)
+    if not ratios:  # only losses not finite disagree
+        return None
     hidden = scale_behind_clip(c, q)
     if hidden is not None:
         return hidden
