@@ -34,6 +34,7 @@ from .cli_options import (
     VerifyFilesOpt,
     refuse_empty_paths,
     report_options,
+    reports_in_argv,
     tolerance_options,
     training_options,
     with_k,
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
     except TyperException as exc:  # usage errors: unknown option, bad value, missing argument
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `gradalign` (or a group): typer
             _fail("no command given: the help above lists them", BAD_INPUT)  # printed the help
-        _fail(exc.format_message(), getattr(exc, "exit_code", BAD_INPUT) or BAD_INPUT)
+        refused = _ask_reports(reports_in_argv(args))
+        _fail(exc.format_message(), getattr(exc, "exit_code", BAD_INPUT) or BAD_INPUT, refused)
     except BadInput as exc:
         _fail(str(exc), BAD_INPUT, refused=isinstance(exc, errors.ReportRefused))
     except (Abort, KeyboardInterrupt):
@@ -300,6 +302,18 @@ def main(argv: list[str] | None = None) -> None:
     if code in (INTERRUPTED, TERMINATED):
         last_word(err_console, errors.INTERRUPTED_LATE)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _ask_reports(reports: dict[str, Path]) -> bool:
+    """Ask for the reports a command line that could not be parsed names, as the command would
+    have; whether a check refused them (then none is written)."""
+    if not reports:
+        return False
+    try:
+        report_files(reports)
+    except BadInput:
+        return True
+    return False
 
 
 def _internal(exc: BaseException) -> None:

@@ -246,3 +246,26 @@ def with_k(overrides: dict | None, accum_steps: int | None, nproc: int | None = 
     """The config overrides with -k and --nproc where given."""
     given = {"accum_steps": accum_steps, "nproc": nproc}
     return {**(overrides or {}), **{k: v for k, v in given.items() if v is not None}}
+
+
+_REPORTING = {("compare",), ("verify",), ("merged",), ("golden", "check"), ("selftest",)}
+_ERROR_REPORTS = ("json", "junit", "markdown")  # the reports an error is written into
+
+
+def reports_in_argv(args: list[str]) -> dict[str, Path]:
+    """The JSON, JUnit and Markdown report paths a command line that could not be parsed (an
+    unknown option, a bad value) names, for a command that writes reports: its error is left
+    there as for any other (`report.error_reports`), where a CI job reading them found nothing."""
+    words = [a for a in args if not a.startswith("-")]
+    if not any(tuple(words[: len(c)]) == c for c in _REPORTING):
+        return {}
+    found: dict[str, Path] = {}
+    for i, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if not value and i + 1 < len(args):
+            value = args[i + 1]
+        key = name[2:] if name.startswith("--") else None
+        named = value and not value.startswith("-") and not value.endswith(("/", os.sep))
+        if key in _ERROR_REPORTS and named and key not in found:  # `out/`: a folder's name
+            found[key] = Path(value)
+    return found

@@ -102,3 +102,22 @@ def test_an_error_report_to_stdout_is_what_stdout_carries(small_runs, tmp_path):
     )
     assert done.returncode == 2 and done.stderr.startswith("error: ")
     assert json.loads(done.stdout)["verdict"] == "error"
+
+
+def test_a_command_line_that_cannot_be_parsed_leaves_its_error_too(cli, small_runs, tmp_path):
+    """An unknown option or a bad value is refused before the command runs: `--json` named on
+    that line was left unwritten (`... --bogus --json /dev/stdout | jq` read nothing)."""
+    reports = _reports(tmp_path)
+    del reports["html"]
+    base = small_runs["baseline"]
+    one_line_error(cli("compare", base, base, "--bogus", *_options(reports)), "--bogus")
+    assert "No such option: --bogus" in json.loads(reports["json"].read_text())["error"]
+    assert "<error" in reports["junit"].read_text() and "ERROR" in reports["markdown"].read_text()
+    one_line_error(cli("compare", base, "-k", "abc", f"--json={reports['json']}"), "abc")
+    assert "'abc' is not a valid int" in json.loads(reports["json"].read_text())["error"]
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"verdict": "mine"}')
+    one_line_error(cli("compare", base, "--bogus", "--json", mine))
+    assert mine.read_text() == '{"verdict": "mine"}'  # never on a file that is no report
+    one_line_error(cli("baseline", "--bogus", "--json", tmp_path / "b.json"))
+    assert not (tmp_path / "b.json").exists()  # a command that writes no report
