@@ -27,6 +27,12 @@ def test_directory_that_is_not_a_run(cli, tmp_path, small_runs):
     one_line_error(cli("compare", tmp_path / "empty", small_runs["merged"]), "not a gradalign run")
 
 
+def test_a_runs_manifest_given_for_the_run_is_named_so(cli, small_runs):
+    """It was read as a log: "no step line in its first MiB holds a step number and a loss"."""
+    manifest = small_runs["baseline"] / "manifest.json"
+    one_line_error(cli("compare", manifest, small_runs["merged"]), "the manifest of the run")
+
+
 def test_file_that_is_neither_run_nor_log(cli, tmp_path, small_runs):
     junk = tmp_path / "junk.txt"
     junk.write_text("hello\n")

@@ -255,3 +255,21 @@ def test_goldens_of_format_versions_1_and_2_are_read(cli, small, tmp_path, versi
     data["format_version"] = 3
     older.write_text(json.dumps(data))
     one_line_error(cli("golden", "check", older, small["merged"]), "this gradalign reads 1 and 2")
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ('{"format": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        ('{"format": 1' + "0" * 100_000 + "}", "a number of thousands of digits"),
+    ],
+    ids=["deep", "long-number"],
+)
+def test_a_golden_too_deep_or_too_long_to_read_is_named(cli, small, tmp_path, text, said):
+    """Refused before without the file's name ("input nested too deeply to read") or with
+    Python's advice to call sys.set_int_max_str_digits()."""
+    broken = tmp_path / "broken.json"
+    broken.write_text(text)
+    result = cli("golden", "check", broken, small["merged"])
+    one_line_error(result, "broken.json: not a valid golden file", said)
+    assert "set_int_max_str_digits" not in result.err

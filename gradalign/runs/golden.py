@@ -110,7 +110,13 @@ def load(path: Path) -> dict[str, Any]:
         raise BadInput(f"{path}: cannot read the golden file ({exc})") from None
     except jsonfile.DuplicateKey as exc:  # a merge gone wrong: which value counts is a guess
         raise BadInput(f"{path}: not a valid golden file: {exc}; keep one") from None
-    except ValueError as exc:  # JSONDecodeError, NaN, Infinity
+    except RecursionError:  # named: the command line's last resort says only what happened
+        raise BadInput(f"{path}: not a valid golden file (nested too deeply to read)") from None
+    except ValueError as exc:  # JSONDecodeError, NaN, Infinity, a number of 4300+ digits
+        if "int_max_str_digits" in str(exc):
+            raise BadInput(
+                f"{path}: not a valid golden file (a number of thousands of digits)"
+            ) from None
         why = "; NaN and Inf are refused" if re.search(r"NaN|Infinity", str(exc)) else ""
         raise BadInput(f"{path}: not a valid golden file ({exc}){why}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:

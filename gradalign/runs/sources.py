@@ -90,6 +90,10 @@ def _not_a_run(path: Path) -> BadInput:
             f"{path}: a pipe or device, not a file: a log is read more than once, so save it "
             "to a file first (`... > run.log`) and give that"
         )
+    if path.name == "manifest.json" and is_run_dir(path.parent):
+        return BadInput(
+            f"{path}: the manifest of the run {path.parent}, not a log: give the run's folder"
+        )
     if looks_golden(path):
         return BadInput(
             f"{path}: a golden file, not a run: judge a run against it with `gradalign golden "
