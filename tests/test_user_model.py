@@ -48,6 +48,11 @@ USER_CODE = textwrap.dedent(
         return nn.functional.cross_entropy(outputs, targets, reduction="sum"), 2.5
 
 
+    def one_more_target(samples, seed):
+        x, y = make_data(samples, seed)
+        return x, np.concatenate([y, y[:1]])
+
+
     def too_narrow(samples, seed):
         return np.zeros((samples, 3), np.float32), np.zeros(samples, np.int64)
 
@@ -136,6 +141,7 @@ def test_user_module_on_the_path_passes_and_its_bug_is_caught(
         ("--loss", "{file}:count_of_letters", "returned an item count of 'x'"),
         ("--loss", "{file}:half_a_count", "returned an item count of 2.5"),
         ("--data", "{file}:too_narrow", "first forward pass with your data"),
+        ("--data", "{file}:one_more_target", "inputs has 128 rows and targets 129"),
         ("--data", "{file}:strings", "inputs must hold numbers, got <U1"),
         ("--loss", "{file}:detached_loss", "does not depend on the model's outputs"),
     ],

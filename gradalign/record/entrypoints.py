@@ -113,8 +113,14 @@ def build_data(spec: str, samples: int, seed: int) -> tuple[torch.Tensor, torch.
                 f"data {spec!r}: {name} has {value.shape[0] if value.dim() else 0} rows; "
                 f"the run needs {samples} (batch_size x updates)"
             )
-        tensors.append(value[:samples])
-    return tensors[0], tensors[1]
+        tensors.append(value)
+    inputs, targets = tensors
+    if inputs.shape[0] != targets.shape[0]:  # rows pair by index: one more target shifts none
+        raise BadInput(
+            f"data {spec!r}: inputs has {inputs.shape[0]} rows and targets {targets.shape[0]}; "
+            "they pair row by row, so give as many of each"
+        )
+    return inputs[:samples], targets[:samples]
 
 
 def whole_count(value: Any) -> int | None:
