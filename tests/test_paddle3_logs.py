@@ -230,6 +230,7 @@ def test_cards_that_skip_the_all_reduce_drift_apart(cli, tmp_path):
         ((CARDS[0], CARDS[0]), "given twice"),
         ((CARDS[0], LOGS / "p3_run_grad.log"), "not of one run"),
         ((CARDS[0], LOGS), "run directory"),
+        ((LOGS, LOGS), "run directory"),  # a folder twice is no card log given twice
         ((CARDS[0], LOGS / "README.md"), "neither a gradalign run directory"),
     ],
 )

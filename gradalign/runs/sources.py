@@ -165,8 +165,6 @@ def open_merged(paths: Sequence[Path], accum_steps: int | None, card_loss: str |
             raise BadInput("--card-loss combines several card logs; only one merged source given")
         run = open_run(paths[0], accum_steps, "merged")
         return _with_missing_cards(run, None if run.kind != "log" else missing_cards(paths))
-    if len({resolved(p) for p in paths}) != len(paths):
-        raise BadInput("a card log is given twice; give each card's log once")
     for path in paths:
         if path.is_dir():
             raise BadInput(
@@ -177,6 +175,8 @@ def open_merged(paths: Sequence[Path], accum_steps: int | None, card_loss: str |
             raise BadInput(f"{path}: no such log file")
         if not looks_like_log(path):
             raise _not_a_run(path)
+    if len({resolved(p) for p in paths}) != len(paths):  # after: a run directory is no card log
+        raise BadInput("a card log is given twice; give each card's log once")
     run = read_card_logs(
         list(paths), 1 if accum_steps is None else accum_steps, card_loss or "mean"
     )
