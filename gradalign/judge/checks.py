@@ -13,6 +13,7 @@ from .grad_norm import grad_norm_check
 from .metrics import TensorDiff
 from .replicas import replicas_comparable
 from .results import FAIL, NOT_CHECKED, PASS, Check, UpdateResult
+from .skipped_steps import SKIPPED
 from .window_sizes import data_boundaries, judged_updates, problems
 from .windows import observable_windows
 
@@ -261,6 +262,9 @@ def _tensor_check(name: str, per_update: list[list[TensorDiff]], absent: str, un
     partial = f" ({seen} of {len(per_update)} updates shown)" if seen < len(per_update) else ""
     diffs = [d for ds in per_update for d in ds]
     bad_updates = [i for i, ds in enumerate(per_update) if not all(d.ok for d in ds)]
+    diffs = [d for d in diffs if d.excused != SKIPPED]  # never stepped with: no worst
+    if not diffs:
+        return Check(name, NOT_CHECKED, "both runs' optimizers skipped every step recorded")
     worst = max(diffs, key=lambda d: d.ratio)
     if bad_updates:
         first = next(d for d in per_update[bad_updates[0]] if not d.ok)

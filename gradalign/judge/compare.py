@@ -41,6 +41,7 @@ from .results import FAIL, NOT_CHECKED, PASS, Check, Comparison, UpdateResult
 from .rounding import marked, rounding_floors, rounding_in_both, rounding_notes
 from .run_notes import run_notes, written_note
 from .sketched import SketchJudge, sketch_note
+from .skipped_steps import excuse_skipped_gradients
 from .step_rules import stored_bits
 from .stream import StreamJudge, streamable
 from .tolerances import Tolerances, eps, for_dtype, least_precise, loss_rounding
@@ -139,6 +140,7 @@ def _judge(
     jumps = judge_apart(results, tol) if reference is None else []
     jumps += rounding_notes(results) + netted_notes(results)
     seen = judge_tensors.width if isinstance(judge_tensors, SketchJudge) else None
+    jumps += excuse_skipped_gradients(results, base, merged)  # before: they read the failures
     jumps += honest_differences(results, base, merged, reference, tol.noise_factor, seen)
     calibrated = reference is not None
     checks = build_checks(base, merged, results, changes, calibrated, disagreements, tol.grad_rtol)
