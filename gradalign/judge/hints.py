@@ -87,7 +87,15 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
                 "weighted by it"
                 + ("; a loop printing one line per update prints its window's mean" * whole)
             )
-    parted = _parted_after_a_step(c, r) if logs and not lightning else None
+    scattered = _scattered(c) if logs and whole and not lightning else None
+    if scattered:
+        said.append(scattered)
+        fixes.append(
+            "print each update's window mean on the merged line (the mean of its K micro-"
+            "batches' losses, weighted by their sizes), or each micro-batch's own loss on a line "
+            "of its own, read with -k K; or record both loops with gradalign.Recorder"
+        )
+    parted = _parted_after_a_step(c, r) if logs and not lightning and not scattered else None
     if parted:
         said.append(parted)
         fixes.append(
@@ -160,6 +168,34 @@ def _parted_after_a_step(c: Comparison, r: UpdateResult | None) -> str | None:
         "from micro-batch losses not divided by K or gradients summed over the window, moves "
         "the weights as an lr K times larger does; so do another optimizer setting, a "
         "clip, or other samples from this update on)"
+    )
+
+
+SCATTERED = 8  # judged updates, at least, whose losses scatter about the baseline's
+SCATTER_SIDE = 0.25  # the share above and the share below the baseline's, each at least
+
+
+def _scattered(c: Comparison) -> str | None:
+    """A clause where a merged log of one line per update prints losses that scatter about the
+    baseline's, above and below it from the first updates, with no lean (their mean within
+    half their spread): one micro-batch's loss a line, not the window's mean. A cold probe's
+    timm log (`--grad-accum-steps 4`: its `Loss:` the window's last micro-batch's) agreed at
+    update 0 to its 3 printed digits and was told "the steps differed" from update 1."""
+    gaps = [r.merged_loss - r.base_loss for r in c.results if r.loss_judged]
+    gaps = np.array([g for g in gaps if np.isfinite(g)])
+    if gaps.size < SCATTERED or not np.any(gaps):
+        return None
+    above, below = np.mean(gaps > 0), np.mean(gaps < 0)
+    if min(above, below) < SCATTER_SIDE or abs(gaps.mean()) > 0.5 * gaps.std():
+        return None
+    shown = f"{int(np.sum(gaps > 0))} above and {int(np.sum(gaps < 0))} below"
+    return (
+        f"the merged losses scatter about the baseline's from the first updates, {shown}, "
+        "leaning neither way: each merged line likely "
+        "prints one micro-batch's loss, not the window's mean (nanoGPT's `loss.item() * "
+        "gradient_accumulation_steps`; timm's train.py `Loss:` under --grad-accum-steps, its "
+        "window's last micro-batch's), or other samples at each update; steps that differed "
+        "part the losses further as training goes on"
     )
 
 

@@ -1,0 +1,44 @@
+"""Logs of one line per update whose merged losses scatter about the baseline's, above and below
+from the first updates (each merged line one micro-batch's loss: nanoGPT's, timm's `Loss:` under
+--grad-accum-steps), are told so, where a cold probe's timm pair, agreeing at update 0 to its 3
+printed digits, was told "the steps differed" from update 1. Losses that drift away one way as
+training goes on are still read as steps that differed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gradalign.api import compare
+
+N = 24
+
+
+def _log(path, losses) -> None:
+    path.write_text("".join(f"step {u}, loss: {v:.4f}\n" for u, v in enumerate(losses)))
+
+
+def _unexplained(tmp_path, merged):
+    base = 2.3 - 0.02 * np.arange(N)
+    _log(tmp_path / "base.log", base)
+    _log(tmp_path / "merged.log", merged(base))
+    c = compare(tmp_path / "base.log", tmp_path / "merged.log", accum_steps=1)
+    assert c.verdict == "fail"
+    (lead,) = [d for d in c.diagnosis if d.severity == "error"]
+    assert lead.code == "unexplained"
+    return lead
+
+
+def test_losses_scattering_about_the_baselines_are_read_as_one_micro_batch_a_line(tmp_path):
+    noise = np.random.default_rng(3).standard_normal(N) * 0.08
+    noise[0] = 0.0  # update 0 agreeing to the printed digits, as the probe's did
+
+    lead = _unexplained(tmp_path, lambda base: base + noise)
+    assert "scatter about the baseline's" in lead.message
+    assert "one micro-batch's loss" in lead.message and "timm" in lead.message
+    assert "the steps differed" not in lead.message
+    assert "window mean on the merged line" in (lead.fix or "")
+
+
+def test_losses_drifting_one_way_are_still_steps_that_differed(tmp_path):
+    lead = _unexplained(tmp_path, lambda base: base - 0.01 * np.arange(N))
+    assert "the steps differed" in lead.message and "scatter" not in lead.message
