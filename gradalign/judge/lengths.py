@@ -64,6 +64,26 @@ def length_hint(base: Run, other: Run, other_name: str = "merged") -> str:
         if crossed:
             return crossed
     lines = other.updates * other.accum_steps
+    logs = other.kind == "log" and base.kind == "log" and times == 1
+    if logs and lines and base.updates > lines and not base.updates % lines:
+        return (  # a merged log's micro-steps are more lines than the baseline's updates
+            f" (the baseline's log holds {base.updates} step lines, {base.updates // lines} "
+            f"times the merged log's {lines}: given in the other order? the baseline comes "
+            "first: `gradalign compare BASELINE MERGED -k K`)"
+        )
+    if other.kind == "log" and times == 1 and base.updates and not lines % base.updates:
+        fits = lines // base.updates
+        if 1 < fits < other.accum_steps:  # read with a K larger than its lines hold
+            per_card = (
+                f"; -k is each card's own count: {other.accum_steps} micro-batches an update "
+                f"over {len(other.cards)} cards are {fits} a card"
+                if len(other.cards) > 1 and fits * len(other.cards) == other.accum_steps
+                else ""
+            )
+            return (
+                f" (its log holds {lines} step lines, {fits} per baseline update: read it with "
+                f"-k {fits}{per_card})"
+            )
     ratio, rest = divmod(other.updates, base.updates) if base.updates else (0, 1)
     if other.kind == "log" and times == 1 and not rest and ratio > 1:
         return (
