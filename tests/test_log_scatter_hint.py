@@ -42,3 +42,14 @@ def test_losses_scattering_about_the_baselines_are_read_as_one_micro_batch_a_lin
 def test_losses_drifting_one_way_are_still_steps_that_differed(tmp_path):
     lead = _unexplained(tmp_path, lambda base: base - 0.01 * np.arange(N))
     assert "the steps differed" in lead.message and "scatter" not in lead.message
+
+
+def test_a_merged_loss_a_whole_multiple_of_the_baselines_at_update_0_is_read_as_a_sum(tmp_path):
+    """A PaddleNLP-style log whose `tr_loss` added each micro-batch's loss undivided stood 4.00
+    times the baseline's at update 0 and was `unexplained` without a word of it."""
+    lead = _unexplained(tmp_path, lambda base: 4 * base - 0.05 * np.arange(N))
+    assert "the merged loss at update 0 is 4 times the baseline's" in lead.message
+    assert "4 micro-batch losses summed" in lead.message
+    assert (lead.fix or "").startswith("divide each micro-batch's loss by K")
+    lead = _unexplained(tmp_path, lambda base: 1.5 * base)  # no whole multiple: no such clause
+    assert "summed" not in lead.message

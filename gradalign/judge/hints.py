@@ -46,6 +46,7 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
                 "update 0's losses come from the same initial weights, so this gap is in what "
                 "each loop computed or printed"
             )
+
         elif c.merged.kind == "log" or not steps_seen(c):  # a step inside is unseen
             unseen = (
                 "a log of losses does not show the steps"
@@ -94,6 +95,14 @@ def unexplained_hints(c: Comparison, r: UpdateResult | None) -> tuple[list[str],
             "print each update's window mean on the merged line (the mean of its K micro-"
             "batches' losses, weighted by their sizes), or each micro-batch's own loss on a line "
             "of its own, read with -k K; or record both loops with gradalign.Recorder"
+        )
+    summed = _summed(r) if whole and failing and r.update == 0 and not numbered else None
+    if summed:  # before the clauses that guess: this one reads a ratio
+        said.insert(len(said) - 1 if said else 0, summed)
+        fixes.insert(
+            0,
+            "divide each micro-batch's loss by K before adding it to the window's (and before "
+            "its backward): the window's loss is the mean of its micro-batches'",
         )
     parted = _parted_after_a_step(c, r) if logs and not lightning and not scattered else None
     if parted:
@@ -168,6 +177,28 @@ def _parted_after_a_step(c: Comparison, r: UpdateResult | None) -> str | None:
         "from micro-batch losses not divided by K or gradients summed over the window, moves "
         "the weights as an lr K times larger does; so do another optimizer setting, a "
         "clip, or other samples from this update on)"
+    )
+
+
+SUMMED = 0.01  # a merged loss this near a whole multiple (2 or more) of the baseline's
+
+
+def _summed(r: UpdateResult) -> str | None:
+    """A clause where a merged log's update-0 loss is a whole multiple n >= 2 of the baseline's
+    (within SUMMED): its line prints n micro-batch losses summed, not their mean. A cold probe's
+    PaddleNLP log (`tr_loss` adding each micro-batch's loss undivided) stood 4.00 times the
+    baseline's at update 0 and was `unexplained` without a word of it."""
+    if not r.base_loss or not np.isfinite(r.merged_loss / r.base_loss):
+        return None
+    q = r.merged_loss / r.base_loss
+    n = round(q)
+    if n < 2 or abs(q / n - 1) > SUMMED:
+        return None
+    return (
+        f"the merged loss at update 0 is {q:.4g} times the baseline's: each merged line likely "
+        f"prints {n} micro-batch losses summed, not their mean (each added undivided, as "
+        "`tr_loss += loss`); backpropagated so, the gradient is as many times too large, and "
+        "the steps after it differ as an lr that many times larger would"
     )
 
 
