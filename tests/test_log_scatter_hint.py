@@ -53,3 +53,31 @@ def test_a_merged_loss_a_whole_multiple_of_the_baselines_at_update_0_is_read_as_
     assert (lead.fix or "").startswith("divide each micro-batch's loss by K")
     lead = _unexplained(tmp_path, lambda base: 1.5 * base)  # no whole multiple: no such clause
     assert "summed" not in lead.message
+
+
+def test_updates_both_scalers_skipped_are_no_agreement_before_a_step(tmp_path):
+    """Megatron-LM's fp16 lines for iterations its scaler skipped print no loss: the first loss
+    both print is the first judged, and the clause said "the losses agree at update 0, before
+    any step" though update 0 was not judged."""
+    skipped = (
+        "iteration {i}/ {n} | learning rate: 1.0E-04 | loss scale: {s:.1f} | "
+        "number of skipped iterations:   1 | number of nan iterations:   0 |\n"
+    )
+    stepped = (
+        "iteration {i}/ {n} | learning rate: 1.0E-04 | lm loss: {v:.6E} | loss scale: {s:.1f} "
+        "| number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+    )
+
+    def write(path, losses):
+        lines = [skipped.format(i=i + 1, n=N, s=2.0 ** (16 - i)) for i in range(2)]
+        lines += [stepped.format(i=i + 1, n=N, v=losses[i], s=2.0**14) for i in range(2, N)]
+        path.write_text("".join(lines))
+
+    base = 2.3 - 0.02 * np.arange(N)
+    write(tmp_path / "base.log", base)
+    write(tmp_path / "parted.log", base - 0.01 * np.maximum(0, np.arange(N) - 2))
+    c = compare(tmp_path / "base.log", tmp_path / "parted.log", accum_steps=1)
+    lead = c.diagnosis[0]
+    assert c.verdict == "fail" and lead.code == "unexplained", c.diagnosis
+    assert "at update 2, the first both printed" in lead.message
+    assert "at update 0, before any step" not in lead.message

@@ -171,8 +171,21 @@ def _parted_after_a_step(c: Comparison, r: UpdateResult | None) -> str | None:
     if not alone or r is None or r.update < 1 or r.loss_ok or not c.results[0].loss_ok:
         return None
     lr = "the printed learning rates agree; " if status.get("learning rate") == PASS else ""
+    first = next((u.update for u in c.results if u.loss_judged), 0)
+    if first >= r.update:  # the first loss both printed parts: no step was taken before it
+        return (
+            f"update {r.update} is the first whose loss both logs print (both runs' loss "
+            "scalers skipped the updates before it, which stepped nothing), so it ran from the "
+            "initial weights: the gap is in what each loop computed or printed"
+        )
+    agree = (  # a loss both runs' scalers skipped unprinted is no agreement before any step
+        "at update 0, before any step"
+        if first == 0
+        else f"at update {first}, the first both printed (both runs' scalers skipped the "
+        "updates before it)"
+    )
     return (
-        f"the losses agree at update 0, before any step, and part at update {r.update}: the "
+        f"the losses agree {agree}, and part at update {r.update}: the "
         f"steps differed, and losses alone cannot say how ({lr}a gradient K times too large, "
         "from micro-batch losses not divided by K or gradients summed over the window, moves "
         "the weights as an lr K times larger does; so do another optimizer setting, a "
