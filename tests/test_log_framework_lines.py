@@ -354,3 +354,19 @@ def test_a_bracketed_epoch_and_step_before_the_loss_is_read(tmp_path):
     lines = [f"[{1 + i // 4}, {1 + i % 4:5d}] loss: {v:.3f}" for i, v in enumerate(LOSSES)]
     run = read_log(write_log(tmp_path, "cifar.log", lines))
     assert run.micro_loss.tolist() == pytest.approx(LOSSES, abs=5e-4)
+
+
+def test_accelerates_completed_steps_is_a_step_key(tmp_path):
+    """accelerate's no_trainer examples count updates in `completed_steps`: a line printing it
+    beside the loss was refused, "no step number the reader knows" (a cold probe)."""
+    lines = [f"completed_steps {i} loss {v}" for i, v in enumerate(LOSSES)]
+    run = read_log(write_log(tmp_path, "accelerate.log", lines))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES)
+
+
+def test_a_chinese_epoch_key_restarts_the_step_count(tmp_path):
+    """`轮次：1，step：0，loss：…` (epoch as a Chinese log names it, full-width punctuation): the
+    count restarting with the epoch was refused, "expected step 4, found step 0 again"."""
+    lines = [f"轮次：{i // 4}，step：{i % 4}，loss：{v}，学习率：0.1" for i, v in enumerate(LOSSES)]
+    run = read_log(write_log(tmp_path, "cn.log", lines))
+    assert run.micro_loss.tolist() == pytest.approx(LOSSES)

@@ -108,7 +108,7 @@ _EPOCH_HEADER = re.compile(  # a line of its own: `Epoch 2/10`, `Epoch: 2`, `[Ep
 )
 _EPOCH = re.compile(  # `epoch 0`, `Epoch: 1`, `epoch 001:`, mmengine's `Epoch(train) [1]`; a
     # number a label gives just before the step's counter, as timm's `Train: 1 [  50/100 (50%)]`
-    r"(?<![\w.])epoch\b(?:\(\w+\))?\s*+[:=#]?\s*+\[?\s*+(?P<epoch>\d+)"
+    r"(?<![\w.])(?:epoch\b|轮次)(?:\(\w+\))?\s*+[:=#]?\s*+\[?\s*+(?P<epoch>\d+)"  # 轮次: Chinese
     r"|^\s*[A-Za-z]+:\s*(?P<labelled>\d+)\s+(?=\[\s*\d+\s*/\s*\d+)",
     re.IGNORECASE,
 )

@@ -47,9 +47,9 @@ def whole(digits: str) -> int:
 
 
 # a step key as a regular expression (keyed lines match it inside a line)
-STEP_KEY = (
+STEP_KEY = (  # accelerate's no_trainer examples count updates in `completed_steps`
     r"(?:(?:global|micro)[\s_]?)?(?:step|iter(?:ation)?|batch(?:[\s_]?(?:id|idx))?)"
-    r"|num[\s_]updates"
+    r"|num[\s_]updates|completed[\s_]steps"
 )
 # in a keyed line, followed by its number: also DeepSpeed's PipelineEngine's `steps: 12`
 LINE_STEP_KEY = STEP_KEY.replace("(?:step|", "(?:steps?|", 1)
