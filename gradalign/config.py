@@ -244,7 +244,8 @@ def _check_ranges(c: TrainConfig, blame: Callable[..., str]) -> None:
     if c.batch_size % c.accum_steps:
         raise BadInput(
             f"{blame('batch_size', 'accum_steps')}: batch_size {c.batch_size} is not divisible "
-            f"by accum_steps {c.accum_steps}"
+            f"by accum_steps {c.accum_steps} (K, the merged run's micro-batches an update: a "
+            "baseline records the batch it splits; set -k)"
         )
     if c.nproc < 1:
         raise BadInput(f"{blame('nproc')}: nproc (W) must be at least 1, got {c.nproc}")
