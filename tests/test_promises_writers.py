@@ -138,6 +138,16 @@ def test_a_lock_path_holding_a_link_a_folder_or_a_pipe_is_refused_never_written_
     assert not lock.exists()
 
 
+def test_a_run_path_that_is_a_link_is_refused_saying_so(cli, tmp_path, small_runs):
+    """`baseline -o L`, L a link to a run, was refused as "L exists and is not a gradalign run";
+    the run it names is left as it was."""
+    link = tmp_path / "latest"
+    link.symlink_to(small_runs["baseline"])
+    before = digest(small_runs["baseline"])
+    one_line_error(cli("baseline", *SMALL_ARGS, "-o", link), "is a symbolic link", "never through")
+    assert link.is_symlink() and digest(small_runs["baseline"]) == before
+
+
 def test_a_report_through_a_link_into_a_missing_folder_is_refused(cli, small_runs, tmp_path):
     """A link to a path whose folders do not exist had them made (a path escape: a repository's
     committed link wrote anywhere the job could); a link to a file in a folder that exists is

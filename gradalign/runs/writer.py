@@ -90,7 +90,12 @@ def ensure_writable(out_dir: str | os.PathLike[str]) -> Path:
     holder = _run_holding(path)
     if holder is not None:  # replacing that run would delete this one with it
         raise BadInput(f"{path} lies inside the run {holder}: choose a folder outside it")
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
+    if path.is_symlink():  # a run is replaced by renaming: the link, not what it names
+        raise BadInput(
+            f"{path} is a symbolic link (to {os.readlink(path)}); a run is written in place of "
+            "its path, never through a link: give the folder itself, or another path"
+        )
+    if path.exists() and not path.is_dir():
         raise BadInput(f"{path} exists and is not a gradalign run; refusing to overwrite it")
     if path.is_dir() and any(path.iterdir()):
         if not is_run_dir(path):
