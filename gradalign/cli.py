@@ -300,7 +300,15 @@ def main(argv: list[str] | None = None) -> None:
             _internal(exc)
         code = INTERRUPTED if isinstance(inner, KeyboardInterrupt) else TERMINATED
     if code in (INTERRUPTED, TERMINATED):
-        last_word(err_console, errors.INTERRUPTED_LATE)
+        from .report.files import written_whole
+
+        whole = written_whole()  # held until its reports were in place: they were written
+        last_word(
+            err_console,
+            f"interrupted after its {whole} report file(s) were written whole"
+            if whole
+            else errors.INTERRUPTED_LATE,
+        )
     sys.exit(code if isinstance(code, int) else 0)
 
 

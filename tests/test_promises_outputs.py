@@ -231,7 +231,8 @@ def test_ctrl_c_while_reports_are_written_leaves_the_whole_set(
     cli, small_runs, tmp_path, monkeypatch
 ):
     """An interrupt between two report files is held until all are written, then exits 130:
-    CI never finds a passing JUnit file beside a missing HTML one."""
+    CI never finds a passing JUnit file beside a missing HTML one. Its last line says they were
+    written whole (it said "nothing half-written was left in place", read as none written)."""
     from gradalign.report import junit
 
     real = junit.write_junit
@@ -246,6 +247,9 @@ def test_ctrl_c_while_reports_are_written_leaves_the_whole_set(
     result = cli("compare", small_runs["baseline"], small_runs["merged"], *args)
     assert result.code == 130, result.err
     assert all((tmp_path / name).is_file() for name in names.values())
+    assert result.err.strip().splitlines()[-1] == (
+        "interrupted after its 4 report file(s) were written whole"
+    )
 
 
 # -- a reference: gone is said, unreadable is refused ---------------------------------------------

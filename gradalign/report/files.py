@@ -76,6 +76,7 @@ def check_replaceable(paths: Sequence[Path], appended: Path | None = None) -> No
 
 _ASKED: list[ReportFiles] = []  # this process's report sets (`requested`)
 _CLEARED: list[ReportFiles] = []  # those that passed the checks before any work
+_WRITTEN: list[Path] = []  # the report files this command wrote whole
 
 
 def requested(reports: dict | None, read: Sequence[Path | None] = ()) -> ReportFiles:
@@ -94,6 +95,12 @@ def forget_asked() -> None:
     """A new command starts: no report set is its yet."""
     _ASKED.clear()
     _CLEARED.clear()
+    _WRITTEN.clear()
+
+
+def written_whole() -> int:
+    """How many report files this command wrote whole (an interrupt after them says so)."""
+    return len(_WRITTEN)
 
 
 def after_error(message: str, code: int, refused: bool = False) -> tuple[str, list[str]]:
@@ -205,6 +212,7 @@ def write_reports(
                 if target is None or (name == "markdown" and is_step_summary(target, environ)):
                     continue  # the step summary is appended to below, once
                 write(comparison, Path(target))
+        _WRITTEN.extend(files.paths())  # an interrupt held till here says they are whole
         unwritten = append_step_summary(comparison, environ)
     lines = annotations(comparison) if in_actions(environ) else []
     return [unwritten, *lines] if unwritten else lines
