@@ -93,3 +93,13 @@ def test_a_setting_that_never_changed_stays_a_setting(runs):
     named = {d.code: d.message for d in result.diagnosis}
     assert result.verdict == "fail" and "step-count" not in named, named
     assert "accum 1 in the baseline, 4 in the merged run" in named["optimizer-settings"]
+
+
+def test_only_whole_numbers_that_rose_are_counters():
+    """A schedule that moves a setting between steps (OneCycleLR's betas) moves no count: those
+    stay settings, compared as the first step used them."""
+    from gradalign.record.optimizer_settings import with_counters
+
+    first = {"groups": [{"t": 1, "betas": [0.95, 0.999], "lr_floor": 3, "amsgrad": False}]}
+    later = {"groups": [{"t": 2, "betas": [0.94, 0.999], "lr_floor": 2, "amsgrad": True}]}
+    assert with_counters(first, later)["counters"] == ["t"]

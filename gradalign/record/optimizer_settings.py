@@ -81,14 +81,19 @@ def observed(
 
 
 def with_counters(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
-    """The settings of the first step, with `counters`: the group entries whose value another
-    step changed (a hand-written optimizer's own step count kept in `param_groups`), which are
-    state, not settings: the judge reads them as counts (`step-count`), never as settings the
-    runs were given otherwise."""
+    """The settings of the first step, with `counters`: the group entries, whole numbers, that
+    another step raised (a hand-written optimizer's own step count kept in `param_groups`),
+    which are state, not settings: the judge reads them as counts (`step-count`), never as
+    settings the runs were given otherwise. A schedule's moves (OneCycleLR's betas, a float)
+    are no count: those stay settings, compared as the first step used them."""
     changed = {
         key
         for was, now in zip(first["groups"], later["groups"], strict=False)
         for key in set(was) & set(now)
-        if was[key] != now[key]
+        if _count(was[key]) and _count(now[key]) and now[key] > was[key]
     }
     return {**first, "counters": sorted(changed)}
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
