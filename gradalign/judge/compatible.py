@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import BadInput
 from ..runs.model import PRECISION_ORDER, Run, Tensors
+from ..runs.schema import is_int
 from ..runs.sketches import dot
 from ..runs.store import shape_of, slices
 from .initial_weights import same_initial_weights
@@ -63,7 +64,7 @@ def _resumed_at(run: Run) -> int:
     """The update a run resumed from a checkpoint began at (its config's `resumed_at_update`,
     the transformers integration's), 0 for one from its start (or a value that is no count)."""
     value = run.config.get("resumed_at_update")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    return value if is_int(value) and value > 0 else 0
 
 
 def check_compatible(

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import shown
-from ..runs.schema import compute_dtype_error
+from ..runs.schema import compute_dtype_error, is_int
 from .facts import RecorderError, sample_digest
 from .samples import Digest
 
@@ -41,15 +41,15 @@ def check_arguments(
         raise RecorderError(f"out_dir must be a path (a str or a Path), got {_kind(out_dir)}")
     if not isinstance(model, torch.nn.Module):
         raise RecorderError(f"model must be a torch.nn.Module, got {_kind(model)}")
-    if not _count(accum_steps) or accum_steps < 1:
+    if not is_int(accum_steps) or accum_steps < 1:
         raise RecorderError(f"accum_steps must be a positive integer, got {accum_steps!r}")
     if not isinstance(record, str) or record not in modes:
         raise RecorderError(f"record must be one of {', '.join(modes)}, got {record!r}")
-    if not _count(snapshot_every) or snapshot_every < 0:
+    if not is_int(snapshot_every) or snapshot_every < 0:
         raise RecorderError(f"snapshot_every must be an integer >= 0, got {snapshot_every!r}")
-    if updates is not None and (not _count(updates) or updates < 1):
+    if updates is not None and (not is_int(updates) or updates < 1):
         raise RecorderError(f"updates must be a positive integer (or None), got {updates!r}")
-    if not _count(sketch_width) or sketch_width < 2 or not _prime(sketch_width):
+    if not is_int(sketch_width) or sketch_width < 2 or not _prime(sketch_width):
         raise RecorderError(
             f"sketch_width must be an integer >= 2 and a prime, got {sketch_width!r}"
         )
@@ -67,10 +67,6 @@ def check_arguments(
 
 
 _SCALER = ("unscale_", "update", "get_scale")
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _prime(n: int) -> bool:

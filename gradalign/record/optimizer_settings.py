@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from ..runs.schema import is_int
+
 # group entries that are not settings of the update: its tensors, its lr (a series of its own),
 # and the implementation switches (the same arithmetic, to rounding)
 SKIPPED = frozenset(
@@ -90,10 +92,6 @@ def with_counters(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any
         key
         for was, now in zip(first["groups"], later["groups"], strict=False)
         for key in set(was) & set(now)
-        if _count(was[key]) and _count(now[key]) and now[key] > was[key]
+        if is_int(was[key]) and is_int(now[key]) and now[key] > was[key]
     }
     return {**first, "counters": sorted(changed)}
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -9,7 +9,13 @@ import re
 from typing import Any
 
 from ..errors import BadInput, shown
-from .schema import MAX_MICRO_STEPS, _check_tensors, check_optimizer, compute_dtype_error
+from .schema import (
+    MAX_MICRO_STEPS,
+    _check_tensors,
+    check_optimizer,
+    compute_dtype_error,
+    is_int,
+)
 from .summaries import SKETCH_SIZE
 
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -46,10 +52,6 @@ def _size(value: Any) -> bool:
     return _number(value) and 0 <= value <= LARGEST
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _numbers(value: Any, length: int | None = None) -> bool:
     ok = isinstance(value, list) and all(_number(v) for v in value)
     return ok and (length is None or len(value) == length)
@@ -82,7 +84,7 @@ def check_golden(data: dict, where: str) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_MICRO_STEPS:
         raise bad("updates", f"must be an integer >= 1, got {shown(n)}")
     k = data.get("recorded_accum_steps")  # K of the run it was written from (a merged one: K > 1)
-    if not _count(k) or not 1 <= k <= MAX_MICRO_STEPS:
+    if not is_int(k) or not 1 <= k <= MAX_MICRO_STEPS:
         raise bad("recorded_accum_steps", f"must be an integer >= 1 (K), got {shown(k)}")
     _check_tensors(data.get("tensors"), bad)
     for field in ("grad_dtype", "reference_dtype"):
@@ -117,14 +119,14 @@ def check_golden(data: dict, where: str) -> None:
     params = {t["name"] for t in data["tensors"] if t.get("kind", "param") == "param"}
     calibrated = "reference_window_loss" in data["series"]
     size = data.get("sketch_size", SKETCH_SIZE)
-    if not _count(size) or size != SKETCH_SIZE:  # the judge projects the run onto these d
+    if not is_int(size) or size != SKETCH_SIZE:  # the judge projects the run onto these d
         raise bad(
             "sketch_size", f"must be {SKETCH_SIZE} (the projections judged), got {shown(size)}"
         )
     for i, entry in enumerate(per_update):
         if not isinstance(entry, dict) or not isinstance(entry.get("weights"), dict):
             raise bad(f"per_update[{i}]", "must be an object with weights")
-        if not _count(entry.get("update")) or entry["update"] != i:
+        if not is_int(entry.get("update")) or entry["update"] != i:
             got = shown(entry.get("update"))
             raise bad(f"per_update[{i}].update", f"must be {i} (updates in order), got {got}")
         if sorted(entry["weights"]) != sorted(names):
@@ -150,7 +152,7 @@ def _check_series(series: dict, n: int, bad) -> None:
         elif key in COUNTS:  # read as int64: 1.9 steps was read as 1 and judged identical
             least = COUNTS[key]
             ok = isinstance(values, list) and len(values) == n
-            if not ok or not all(_count(v) and least <= v < 2**63 for v in values):
+            if not ok or not all(is_int(v) and least <= v < 2**63 for v in values):
                 raise bad(f"series.{key}", f"must be a list of {n} whole numbers >= {least}")
         elif key == "window_items":  # a count's weight: none below 0
             if not _numbers(values, n) or not all(0 <= v <= LARGEST for v in values):

@@ -19,7 +19,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 MAX_MICRO_STEPS = 100_000_000  # a series longer than this is not a training run's
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """A whole number as JSON or Python holds it, not a bool (`True` is an int to Python)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -42,14 +43,14 @@ def check_manifest(manifest: dict, where: str) -> None:
         return BadInput(f"{where}: manifest field {field!r} {what}")
 
     k, n = manifest.get("accum_steps"), manifest.get("updates")
-    if not _is_int(k) or k < 1:
+    if not is_int(k) or k < 1:
         raise bad("accum_steps", f"must be an integer >= 1, got {shown(k)}")
-    if not _is_int(n) or n < 0:
+    if not is_int(n) or n < 0:
         raise bad("updates", f"must be an integer >= 0, got {shown(n)}")
     if k * n > MAX_MICRO_STEPS:
         raise bad("updates", f"times accum_steps is {k * n} micro-steps, beyond any real run")
     for field in ("micro_steps", "unclosed_micro_steps", "unclosed_steps"):
-        if field in manifest and (not _is_int(manifest[field]) or manifest[field] < 0):
+        if field in manifest and (not is_int(manifest[field]) or manifest[field] < 0):
             raise bad(field, "must be an integer >= 0")
     files = manifest.get("files")
     if not isinstance(files, dict):
@@ -125,7 +126,7 @@ def _check_tensors(tensors: Any, bad) -> None:
         if name in names:
             raise bad(f"{entry}.name", f"repeats {shown(name)}")
         names.add(name)
-        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
             raise bad(f"{entry}.shape", f"must be a list of sizes >= 0, got {shown(shape)}")
         dtype = t.get("dtype")  # a list is unhashable: test the type first
         if not isinstance(dtype, str) or dtype not in TENSOR_DTYPES:
@@ -150,7 +151,7 @@ def check_optimizer(optimizer: Any, tensors: int, bad) -> None:
     if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
         raise bad("optimizer.groups", "must be a list of objects")
     fits = isinstance(places, list) and len(places) == tensors
-    if not fits or not all(_is_int(g) and -1 <= g < len(groups) for g in places):
+    if not fits or not all(is_int(g) and -1 <= g < len(groups) for g in places):
         raise bad("optimizer.tensor_groups", f"must hold one group index per tensor ({tensors})")
     counters = optimizer.get("counters", [])
     if not isinstance(counters, list) or not all(isinstance(k, str) for k in counters):

@@ -78,6 +78,7 @@ def group_counters(c: Comparison) -> dict[str, tuple[int, int]]:
     micro-step: a whole number > 0 after the baseline's first step, K times it after the merged
     run's (a hand-written optimizer keeping its bias correction's t in `param_groups`: 1
     against K). {entry: (baseline's, merged's)}."""
+    from ...runs.schema import is_int
     from ..settings_apart import per_tensor
 
     base, merged = c.baseline.optimizer_settings, c.merged.optimizer_settings
@@ -89,8 +90,7 @@ def group_counters(c: Comparison) -> dict[str, tuple[int, int]]:
     for b, m in zip(per_tensor(base), per_tensor(merged), strict=True):
         for key in counted & set(b or {}) & set(m or {}):
             vb, vm = b[key], m[key]  # type: ignore[index]
-            whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (vb, vm))
-            if whole and vb > 0 and vm == k * vb:
+            if is_int(vb) and is_int(vm) and vb > 0 and vm == k * vb:
                 found[key] = (vb, vm)
     return found
 
