@@ -120,16 +120,14 @@ def _takes_a_report(path: Path) -> bool:
     rules before any work: `files.check_replaceable`; a run is checked where it is opened,
     which may be the error)."""
     from ..runs.layout import is_run_dir
-    from .files import is_ours
+    from .files import replaceable
 
     if is_stream(path):
         return True
     real = Path(os.path.realpath(path))
     if not real.parent.is_dir() or any(is_run_dir(folder) for folder in real.parents):
         return False
-    if not os.path.lexists(real):
-        return True
-    return real.is_file() and (real.stat().st_size == 0 or is_ours(real))
+    return not real.is_dir() and replaceable(real)
 
 
 def _append_summary(message: str, code: int, environ: Mapping[str, str]) -> None:

@@ -66,8 +66,7 @@ def check_replaceable(paths: Sequence[Path], appended: Path | None = None) -> No
     for path in paths:
         if is_stream(path) or (path == appended and is_step_summary(path, os.environ)):
             continue
-        real = Path(os.path.realpath(path))  # a link is written through
-        if _occupied(real) and not is_ours(real):
+        if not replaceable(Path(os.path.realpath(path))):  # a link is written through
             raise ReportRefused(
                 f"report {path}: exists and is not a gradalign report; refusing to overwrite "
                 "it (move it, or choose another path)"
@@ -130,6 +129,12 @@ _SIGNS = (  # how each report begins: JUnit, Markdown, HTML, a plot
     re.compile(rb"^<!DOCTYPE html>.{0,400}<title>gradalign: (PASS|FAIL)</title>", re.S),
     re.compile(rb"^\x89PNG\r\n\x1a\n.{0,64}tEXtSoftware\x00gradalign", re.S),  # `plots.png`
 )
+
+
+def replaceable(real: Path) -> bool:
+    """Whether a report may replace what stands at `real` (a path with its links resolved):
+    nothing, an empty file, or a report of this tool."""
+    return not _occupied(real) or is_ours(real)
 
 
 def _occupied(path: Path) -> bool:
