@@ -31,6 +31,7 @@ def train(
     record_scaled: bool = False,
     recording: dict | None = None,
     window_end: Callable[[gradalign.Recorder, torch.optim.Optimizer, int], None] | None = None,
+    used: int | None = None,
 ) -> None:
     """`forward(rows, update)`: the logits (default `model(rows)`), whose cross-entropy is the
     loss; `scale` multiplies it before backward (a wrong loss scale); `before_micro(update,
@@ -38,14 +39,15 @@ def train(
     the cross-entropy; `record_scaled` records the loss times `scale` (the one backpropagated,
     as the framework integrations read it back); `recording`: further Recorder arguments
     (`record="sketch"`, `updates=`); `window_end(rec, opt, update)`: what ends each window in
-    place of step, `after_step`, zero_grad and update() (a loop that orders them otherwise).
+    place of step, `after_step`, zero_grad and update() (a loop that orders them otherwise);
+    `used`: the micro-batches of the K drawn that each window forwards (default all).
     The samples are digested in float32, so a float64 rerun on the widened rows sees the same
     ones."""
     n, updates = batch // k, x.shape[0] // batch
     extra = recording or {}
     with gradalign.Recorder(out, model, opt, accum_steps=k, reference=reference, **extra) as rec:
         for u in range(updates):
-            for j in range(k):
+            for j in range(k if used is None else used):
                 if before_micro is not None:
                     before_micro(u, j)
                 rows = slice(u * batch + j * n, u * batch + (j + 1) * n)

@@ -6,15 +6,13 @@ quarter of each batch was never seen) or "no weights recorded" beside recorded w
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-import gradalign
 from gradalign.judge.checks import NONE_LINED_UP
 from gradalign.judge.compare import compare
 from gradalign.judge.results import FAIL, NOT_CHECKED, PASS
 from gradalign.runs.reader import read_run_dir
 
-from .recorded_loop import classifier
+from .recorded_loop import classifier, train
 
 BATCH, K, UPDATES = 32, 4, 3
 
@@ -22,17 +20,7 @@ BATCH, K, UPDATES = 32, 4, 3
 def loop(out, k: int, used: int):
     model, x, y = classifier(UPDATES * BATCH)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    n = BATCH // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-        for u in range(UPDATES):
-            for j in range(used):
-                rows = slice(u * BATCH + j * n, u * BATCH + (j + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k).backward()
-                rec.micro(loss, batch=(x[rows], y[rows]))
-            opt.step()
-            opt.zero_grad()
-            rec.update()
+    train(out, model, opt, x, y, k, batch=BATCH, used=used)
     return read_run_dir(out)
 
 

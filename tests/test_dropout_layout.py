@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import gradalign
 from gradalign.judge.compare import compare
 from gradalign.runs.reader import read_run_dir
+
+from .recorded_loop import train
 
 B, K, T, E, UPDATES = 16, 4, 6, 8, 3
 
@@ -36,17 +37,7 @@ def record(out, k: int, contiguous: bool):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(UPDATES * B, T, E, generator=g)
     y = torch.randint(0, 3, (UPDATES * B,), generator=g)
-    n = B // k
-    with gradalign.Recorder(out, model, opt, accum_steps=k) as rec:
-        for u in range(UPDATES):
-            for j in range(k):
-                rows = slice(u * B + j * n, u * B + (j + 1) * n)
-                loss = nn.functional.cross_entropy(model(x[rows]), y[rows])
-                (loss / k).backward()
-                rec.micro(loss, batch=(x[rows], y[rows]))
-            opt.step()
-            opt.zero_grad()
-            rec.update()
+    train(out, model, opt, x, y, k, batch=B)
     return read_run_dir(out)
 
 
