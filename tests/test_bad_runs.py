@@ -164,6 +164,16 @@ def test_runs_of_different_models(cli, tmp_path, small_runs):
     one_line_error(result, "different models: tensor 0 is ", "in the baseline and", "[8,")
 
 
+def test_runs_of_different_models_and_lengths_are_told_different_models(cli, tmp_path, small_runs):
+    """The model is told first: a run of another model that also ran for fewer updates (a run
+    directory mistaken for another) was told how its data ended ("runs of different
+    lengths ... the merged run stopped early?")."""
+    other = train(SMALL.replace(hidden=8, updates=3), tmp_path / "other")
+    result = cli("compare", small_runs["baseline"], other)
+    one_line_error(result, "different models: tensor 0 is ", "in the baseline and", "[8,")
+    assert "lengths" not in result.err
+
+
 def test_runs_of_different_lengths(cli, tmp_path, small_runs):
     other = train(SMALL.replace(updates=3), tmp_path / "short")
     one_line_error(

@@ -85,6 +85,10 @@ def check_compatible(
             "records from there): their updates are not the same ones; resume both from the "
             "same checkpoint, or neither"
         )
+    b = [(t.name, t.shape, t.kind) for t in base.tensors]
+    m = [(t.name, t.shape, t.kind) for t in other.tensors]
+    if b != m:  # before the lengths: two models' runs are told so, not how their data ended
+        raise BadInput(f"{what} of different models: {first_difference(b, m, other_name)}")
     bookkeeping = has_problems(base) or has_problems(other)  # judged, not refused
     if base.updates != other.updates and not bookkeeping:
         raise BadInput(
@@ -93,10 +97,6 @@ def check_compatible(
         )
     if base.updates == 0 or (other.updates == 0 and not bookkeeping):
         raise BadInput("the runs hold no updates to compare")
-    b = [(t.name, t.shape, t.kind) for t in base.tensors]
-    m = [(t.name, t.shape, t.kind) for t in other.tensors]
-    if b != m:
-        raise BadInput(f"{what} of different models: {first_difference(b, m, other_name)}")
     if base.full_weights != other.full_weights:
         raise BadInput("cannot compare a run with full weights against one with printed values")
     return same_initial_weights(base, other, what, other_name)
