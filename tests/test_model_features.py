@@ -195,6 +195,6 @@ def test_token_normalization_is_named_where_some_micro_batches_hold_no_item(tmp_
 
 def test_item_weights_are_shown_as_given_not_truncated():
     """Float items (sample weights) were printed by int(): 7.511 read as 7."""
-    from gradalign.judge.signatures.gradient import _count
+    from gradalign.judge.signatures.reweighting import _count
 
     assert [_count(n) for n in (10.0, 7.511, 8.125)] == ["10", "7.511", "8.125"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gradalign.judge.compare import compare
-from gradalign.judge.signatures import gradient
+from gradalign.judge.signatures import reweighting
 from gradalign.judge.signatures.clipping import clip_state
 from gradalign.runs.reader import read_run_dir
 
@@ -128,7 +128,7 @@ def test_a_mean_over_k_the_whole_model_s_noise_hides_is_named_where_it_failed(
         assert first.code == "token-normalization", [d.code for d in judged.diagnosis]
         assert "where it failed (" in first.message and "out.bias" in first.message
         assert "out.bias" in first.evidence["failed_tensors"]
-    monkeypatch.setattr(gradient, "failing_share", lambda *a: None)
+    monkeypatch.setattr(reweighting, "failing_share", lambda *a: None)
     assert _compare(tmp_path).diagnosis[0].code == "unexplained"
 
 
@@ -153,7 +153,7 @@ def test_a_load_balancing_loss_below_the_whole_model_s_noise_is_no_reweighting(
     if c.first_divergence is None or c.first_divergence["update"] != 0:
         pytest.skip(f"this machine's rounding took another path here ({c.first_divergence})")
     assert c.diagnosis[0].code == "cross-sample-loss", [d.code for d in c.diagnosis]
-    monkeypatch.setattr(gradient, "TWO_DRAWS", 0.0)
+    monkeypatch.setattr(reweighting, "TWO_DRAWS", 0.0)
     assert _compare(tmp_path).diagnosis[0].code == "token-normalization"
 
 
@@ -180,7 +180,7 @@ def test_a_loss_parted_from_weights_within_noise_is_no_reweighting(tmp_path, mon
     assert "differ in size" not in c.diagnosis[0].message
     assert "MERGED64" in c.diagnosis[0].fix
     with monkeypatch.context() as m:
-        m.setattr("gradalign.judge.signatures.gradient.forward_parted", lambda *a: False)
+        m.setattr("gradalign.judge.signatures.reweighting.forward_parted", lambda *a: False)
         assert _compare(root).diagnosis[0].code == "token-normalization"
     bug = tmp_path / "bug"
     _one_thread_judge(
@@ -209,10 +209,10 @@ def test_losses_recorded_scaled_by_their_share_are_named_where_sizes_differ(tmp_
 
 def test_one_sample_holds_a_reweighting_s_error_only_where_its_term_outweighs_the_rest():
     """Each micro-batch's mean divided by K misweights micro-batch j by 1/K − n_j/N, and its
-    term scatters as 1/n_j of its samples' (`gradient._lone_sample_share`): one sample beside 47
+    term scatters as 1/n_j of its samples' (`reweighting._lone_sample_share`): one sample beside 47
     holds 98% of such an error, the share the one-input reading asks (0.9); beside micro-batches
     of 4, 2, 8, 17 and 16 samples, 61%; with no micro-batch of one sample, none."""
-    share = gradient._lone_sample_share
+    share = reweighting._lone_sample_share
     assert share(np.array([47.0, 1.0])) == pytest.approx(0.9792, abs=1e-4)
     assert share(np.array([4.0, 2, 8, 1, 17, 16])) == pytest.approx(0.6143, abs=1e-4)
     assert share(np.array([4.0, 2, 8, 34])) == 0.0
@@ -239,7 +239,7 @@ def test_a_route_beside_a_micro_batch_of_one_sample_is_no_reweighting(tmp_path, 
     assert [d.code for d in c.diagnosis] == ["unexplained"], [d.code for d in c.diagnosis]
     assert "at update 19 every failing gradient holds one input's share" in c.diagnosis[0].message
     with monkeypatch.context() as m:
-        m.setattr(gradient, "_lone_sample_share", lambda rows: 1.0)
+        m.setattr(reweighting, "_lone_sample_share", lambda rows: 1.0)
         assert _compare(root).diagnosis[0].code == "token-normalization"
     bug = tmp_path / "bug"
     _one_thread_judge(bug, "moe", "hf-adafactor", 6, 296034, "mean-over-k", bug_from=19, **loop)

@@ -25,7 +25,7 @@ from .decisive import (
 )
 from .frozen import frozen_inside_window, trained_from_another_update
 from .grad_hooks import grad_hooks
-from .gradient import loss_scale, loss_term_scale, token_normalization
+from .gradient import loss_scale, loss_term_scale
 from .items import batch_targets
 from .learning_rate import lr_scaled, lr_schedule
 from .losses import loss_averaging
@@ -39,6 +39,7 @@ from .paired import (
     zero_grad_beside_other_samples,
 )
 from .random_draws import dropout_rng, dropout_stopped
+from .reweighting import token_normalization
 from .skips import overflow_carried, scaler_skips, step_skipped
 from .step_count import group_step_count, step_count
 from .thresholds import clip_threshold, clip_threshold_recorded

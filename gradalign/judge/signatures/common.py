@@ -40,9 +40,11 @@ def times(ratio: float) -> str:
     return text
 
 
-def window_scale(k: int, scale: float) -> str:
-    """One of K, 1/K or K+1 (a wrong loss scale's ratios) said as the window's scale it is, with
-    its value: `K = 4`."""
+def window_scale(k: int, scale: float, n: int | None = None) -> str:
+    """One of K, 1/K or K+1 (a wrong loss scale's ratios), or n/K in a window of `n` < K
+    micro-steps, said as the window's scale it is, with its value: `K = 4`."""
+    if n is not None and n != k and scale == n / k:
+        return f"{n}/K = {scale:.4g}, the window's {n} micro-step(s) over K"
     name = "K" if scale == k else "K+1" if scale == k + 1 else "1/K"
     return f"{name} = {scale:.4g}"
 

@@ -13,8 +13,9 @@ from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import SCALE_ONCE, pre_clip_ratio, unclipped
 from .common import failing, finite, noise_share, scaled_error, window, window_scale
 from .decisive import same_start_shown
-from .gradient import token_normalization
+from .gradient import short_window, window_micro_steps
 from .norms import apart, norm_before_clip, norm_ratio, stepped_norm_ratio
+from .reweighting import token_normalization
 from .zero_grad import ZERO_GRAD_FIX
 
 
@@ -32,7 +33,8 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) 
     ratio, k = r.grad_ratio, window(c)
     if ratio is None or not math.isfinite(ratio):
         return []
-    scales = (k, 1 / k, k + 1)
+    short = short_window(k, n := window_micro_steps(c, r.update))  # a short window's likelier
+    scales = tuple(dict.fromkeys([*([short[0]] if short else []), k, 1 / k, k + 1]))
     stepped = stepped_norm_ratio(c, r)
     norm = norm_before_clip(c, r, stepped)
     found = _near(_sizes(c, r, stepped), scales, norm)
@@ -64,23 +66,26 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) 
         "size_ratio": finite(value),
         "expected_ratio": expected,
     }
-    near = window_scale(k, expected)
+    near = window_scale(k, expected, n)
     if moved:
         near += ", as near as the reweighting of the micro-batches named beside it lets it come"
     if also is not None:
         evidence["also_near"] = also
-        near += f"; {window_scale(k, also)} reads about as near"
+        near += f"; {window_scale(k, also, n)} reads about as near"
     losses = _loss_ratio(c, r.update)
     seen = ""
     if losses is not None and abs(losses / expected - 1) <= 0.05:
         evidence["window_loss_ratio"] = losses
         seen = f"; the window losses are {losses:.4g} times the baseline's"
+    how, fix = "the loss is scaled by the wrong factor", SCALE_ONCE
+    if short is not None and expected == short[0]:
+        how, fix = f"the micro-batch losses were {short[1]}", short[2]
     scaled = Diagnosis(
         "loss-scale",
         f"the accumulated gradient{what} is {value:.4g} times the baseline's at update "
-        f"{r.update} ({near}), {beside}{seen}: the loss is scaled by the wrong factor",
+        f"{r.update} ({near}), {beside}{seen}: {how}",
         evidence,
-        SCALE_ONCE,
+        fix,
     )
     return [scaled] if rest is None else [scaled, rest]
 
