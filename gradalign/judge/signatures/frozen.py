@@ -50,6 +50,8 @@ def trained_from_another_update(c: Comparison) -> Diagnosis | None:
     names = [d.name for d in apart]
     if not apart or any(not d.ok and d.name not in names for d in (*r.grads, *r.weights)):
         return None  # the step moved only them: every other tensor still agrees
+    if all(d.name in names for d in r.grads):
+        return None  # no other tensor to agree: a whole gradient zero (cleared before the step)
     earlier = {d.name: _zero(d) for e in c.results[: r.update] for d in e.grads if d.name in names}
     if any(zero != (True, True) for zero in earlier.values()) or len(earlier) < len(names) * (
         r.update > 0
