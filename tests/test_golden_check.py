@@ -190,6 +190,24 @@ def test_update_of_the_first_golden_says_no_report_was_written(cli, small, tmp_p
     assert not junit.exists()
 
 
+def test_update_of_the_first_golden_removes_earlier_reports(cli, small, tmp_path):
+    """The reports of an earlier job at the paths asked for stayed, a JUnit file of failures
+    and a JSON verdict "fail" beside an exit 0: they are removed, and the note says so; an empty
+    file there (one a report may take) stays."""
+    junit, json_path, other = (tmp_path / name for name in ("x.xml", "r.json", "empty.md"))
+    failed = cli("golden", "check", small["golden"], small["no-loss-scale"], "--junit", junit)
+    assert failed.code == 1 and junit.exists()
+    cli("golden", "check", small["golden"], small["no-loss-scale"], "--json", json_path)
+    other.write_text("")
+    fresh = tmp_path / "fresh"
+    asked = ("--junit", junit, "--json", json_path, "--markdown", other)
+    result = cli("golden", "check", fresh, small["baseline"], "--update", *asked)
+    assert result.code == 0, result.err
+    said = " ".join(result.out.split())
+    assert "removed the earlier reports there (2)" in said, said
+    assert not junit.exists() and not json_path.exists() and other.exists()
+
+
 def test_the_committed_default_golden(cli, tmp_path):
     """fixtures/golden holds the built-in default's golden (fixtures/golden/README.md): under
     100 kB; the default merged run passes it, a missing loss scale fails with loss-scale. On
@@ -399,3 +417,15 @@ def test_a_golden_keeps_the_clips_and_names_their_bugs(clipped, clip, fault, cod
     series = json.loads(runs["golden"].read_text())["series"]
     assert series["clip_calls"] == [1] * SMALL.updates
     assert series["clip_max_norm"] == [clip] * SMALL.updates
+
+
+def test_a_sketched_baseline_is_refused_as_a_golden(cli, tmp_path):
+    """A baseline recorded with --record sketch was written as a golden (exit 0) whose updates
+    between the snapshots held no tensor, which every check of it then refused ("must
+    summarize every tensor"): refused when written instead."""
+    from gradalign import api
+
+    base = api.record_baseline(SMALL.replace(record="sketch"), tmp_path / "base")
+    out = tmp_path / "g.json"
+    one_line_error(cli("golden", "write", base, "--out", out), "--record sketch", "full snapshots")
+    assert not out.exists()

@@ -43,6 +43,13 @@ def build(run: Run, reference: Run | None) -> dict[str, Any]:
     the same training). Refuses runs without full weights and any non-finite number."""
     if run.kind != "run-dir" or not run.full_weights:
         raise BadInput(f"{run.source}: a golden file is made from a recorded run directory")
+    for kept in (run, reference):
+        if kept is not None and kept.record == "sketch":  # its updates between hold no tensors
+            raise BadInput(
+                f"{kept.source}: recorded with --record sketch, whose updates between its full "
+                "snapshots keep sketches alone; a golden summarizes every update's weights and "
+                "gradients: record it with full snapshots (the default)"
+            )
     if run.updates < 1:  # a golden file keeps at least one update (its reader refuses fewer)
         raise BadInput(f"{run.source}: holds no updates, so there is nothing to keep as a golden")
     bound = check_reference(run, run, reference) if reference is not None else None

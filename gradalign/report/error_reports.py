@@ -82,7 +82,7 @@ def leave_error(
     tool's earlier reports at the others (HTML, plots, a refused set's, a path the error could
     not be written to); append the error to the job's step summary. Returns the paths removed
     and the lines for stderr (the `::error` line of a GitHub Actions job)."""
-    from .files import is_ours
+    from .files import remove_ours
     from .github import in_actions, is_step_summary
 
     environ = os.environ if environ is None else environ
@@ -101,11 +101,7 @@ def leave_error(
                     continue
                 except (BadInput, OSError):
                     pass
-            if is_ours(Path(real)):
-                try:
-                    Path(real).unlink()
-                except OSError:
-                    continue
+            if remove_ours(Path(path)):
                 removed.append(Path(path))
     lines: list[str] = []
     if in_actions(environ):

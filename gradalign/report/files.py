@@ -147,6 +147,19 @@ def _occupied(path: Path) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_size > 0
 
 
+def remove_ours(path: Path) -> bool:
+    """Remove the report of this tool at `path` (through a link, the file it names); whether
+    one was removed. Anything else there stays."""
+    real = Path(os.path.realpath(path))
+    if not is_ours(real):
+        return False
+    try:
+        real.unlink()
+    except OSError:
+        return False
+    return True
+
+
 def is_ours(path: Path) -> bool:
     """Whether `path` is a regular file this tool wrote as a report, by its own marks (a JSON
     report's verdict and checks; the others' first lines): a path that names a file of another
