@@ -76,7 +76,7 @@ def _write(run: Any, reference: Any, target: Path, inputs: Sequence[Path]) -> Pa
 
     data = build(run, reference)
     data["source"] = {role: _named(path) for role, path in data["source"].items()}
-    check_outputs([], inputs, [target])
+    check_outputs([], inputs, [target], kind="golden file")
     _refuse_to_replace(target)
     write_text_atomic(target, dumps(data))
     return target
@@ -133,7 +133,7 @@ def _writable(
     if any(resolved(candidate) == resolved(r) for r in reports if not is_stream(r)):
         return None, f"{candidate} is a report's path"
     try:
-        check_outputs([], inputs, [candidate])
+        check_outputs([], inputs, [candidate], kind="golden file")
     except BadInput as exc:
         return None, str(exc)
     return candidate, ""

@@ -223,3 +223,34 @@ def test_a_baseline_never_runs_the_code_its_manifest_names(cli, tmp_path, monkey
     trusted = cli("merged", "--against", "base", "--out", "m2", "--trust-run-code")
     assert trusted.code == 0, trusted.err
     assert "--trust-run-code: imported the code" in trusted.out
+
+
+def test_a_lock_in_a_folder_that_cannot_be_written_says_so(cli, tmp_path, small_runs, monkeypatch):
+    """A golden folder the job may not write in (another user's checkout) was refused as "the
+    lock ... is not a lock file this tool made (a link, a folder or a pipe)"; the folder's
+    permission is the cause. (As root every folder is writable: the refusal is simulated.)"""
+    import errno
+    import os
+
+    from gradalign.runs import locks
+
+    real_open = os.open
+
+    def denied(path, flags, *args):
+        if str(path).endswith(".lock"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(locks.os, "open", denied)
+    golden = tmp_path / "ci" / "g.json"
+    result = cli("golden", "check", golden, small_runs["merged"], "--update")
+    one_line_error(result, f"cannot write in {golden.parent} (Permission denied)")
+    assert "not a lock file" not in result.err and not golden.exists()
+
+
+def test_a_golden_file_refused_as_an_output_is_called_a_golden_file(cli, tmp_path, small_runs):
+    """`golden write` to a path it may not write was refused as a "report"."""
+    link = tmp_path / "g.json"
+    link.symlink_to(tmp_path / "missing" / "g.json")
+    result = cli("golden", "write", small_runs["baseline"], "--out", link)
+    one_line_error(result, f"golden file {link} is a link to")

@@ -9,6 +9,7 @@ process is stale by construction and the next writer takes it over. Released loc
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -104,7 +105,12 @@ class RunLock:
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
         try:
             fd = os.open(self.path, flags, 0o644)
-        except OSError:
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # not the file: its folder
+                raise BadInput(
+                    f"cannot write in {self.path.parent} ({exc.strerror}), where {self.run} "
+                    "takes its lock; choose another output or make that folder writable"
+                ) from None
             fd = None
         if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
             return fd

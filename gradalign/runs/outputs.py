@@ -21,9 +21,11 @@ def check_outputs(
     outputs: Iterable[os.PathLike[str] | str],
     inputs: Iterable[os.PathLike[str] | str],
     reports: Iterable[os.PathLike[str] | str] = (),
+    kind: str = "report",
 ) -> None:
     """Refuse an output run that is, holds or lies inside an input (a run or a log), and a report
-    file that would land on or inside any run of the command, or on a directory."""
+    file that would land on or inside any run of the command, or on a directory. `kind`: what
+    the report files are called in a refusal (a golden file is checked as one)."""
     ins = [(Path(p), resolved(p)) for p in inputs]
     outs = [(Path(p), resolved(p)) for p in outputs]
     for shown, out in outs:
@@ -36,41 +38,41 @@ def check_outputs(
     streams: dict[tuple[int, int], os.PathLike[str] | str] = {}
     for report in reports:
         if len(os.fsencode(Path(report).name)) > NAME_MAX:
-            raise ReportRefused(f"report {report}: the file name is longer than {NAME_MAX} bytes")
+            raise ReportRefused(f"{kind} {report}: the file name is longer than {NAME_MAX} bytes")
         if is_stream(report):  # /dev/stdout, a pipe, /dev/null: written into as it is
             _one_report_per_stream(report, streams)
             continue
         target = resolved(report)
         if os.path.islink(report) and not target.parent.is_dir():
             raise ReportRefused(
-                f"report {report} is a link to {target}, in a folder that does not exist: a "
+                f"{kind} {report} is a link to {target}, in a folder that does not exist: a "
                 "report creates no folder through a link; make the folder or give a plain path"
             )
         if Path(report).is_dir():
-            raise ReportRefused(f"report {report} is a directory; give a file name")
+            raise ReportRefused(f"{kind} {report} is a directory; give a file name")
         if target in seen:
             raise ReportRefused(f"reports {seen[target]} and {report} are the same file; give two")
         for other, given in seen.items():  # `--json X --plot X`: X both a file and a folder
             if _inside(target, other) or _inside(other, target):
                 raise ReportRefused(
-                    f"report {report} would be written inside {given} or over it, which another "
+                    f"{kind} {report} would be written inside {given} or over it, which another "
                     "report needs; give them separate paths"
                 )
         seen[target] = report
         for given, run in ins + outs:
             if _inside(target, run):
                 raise ReportRefused(
-                    f"report {report} would be written over or inside the input {given}; "
+                    f"{kind} {report} would be written over or inside the input {given}; "
                     "write it elsewhere"
                 )
         for given, run in outs:  # `verify --out D --json D`: D is to hold the runs
             if _inside(run, target):
                 raise ReportRefused(
-                    f"report {report} is the folder the run {given} is to be written in; give "
+                    f"{kind} {report} is the folder the run {given} is to be written in; give "
                     "the report a file name of its own"
                 )
         try:
-            ensure_parent_writable(target, f"report {report}")
+            ensure_parent_writable(target, f"{kind} {report}")
         except BadInput as exc:
             raise ReportRefused(str(exc)) from None
 
