@@ -452,3 +452,36 @@ def test_two_reports_into_one_stream_are_refused_and_into_dev_null_are_not(small
     assert "Traceback" not in twice.stderr
     nulls = _compare(small_runs, "--json", os.devnull, "--junit", os.devnull)
     assert subprocess.run(nulls, capture_output=True, env=ENV, timeout=120).returncode == 0
+
+
+def test_a_step_summary_into_the_stream_of_a_report_is_refused(small_runs, tmp_path):
+    """`GITHUB_STEP_SUMMARY=/dev/stdout` beside `--json /dev/stdout`: the Markdown summary came
+    after the JSON report in one stream, which then parsed as neither. A summary into a file
+    beside the JSON report on standard output is fine, as is the summary alone there."""
+    both = subprocess.run(
+        _compare(small_runs, "--json", "/dev/stdout"),
+        capture_output=True,
+        text=True,
+        env={**ENV, "GITHUB_STEP_SUMMARY": "/dev/stdout"},
+        timeout=120,
+    )
+    assert both.returncode == 2 and "one stream" in both.stderr, both.stderr
+    assert "GITHUB_STEP_SUMMARY /dev/stdout" in both.stderr and "Traceback" not in both.stderr
+    summary = tmp_path / "summary.md"
+    apart = subprocess.run(
+        _compare(small_runs, "--json", "/dev/stdout"),
+        capture_output=True,
+        text=True,
+        env={**ENV, "GITHUB_STEP_SUMMARY": str(summary)},
+        timeout=120,
+    )
+    assert apart.returncode == 0 and json.loads(apart.stdout)["verdict"] == "pass", apart.stderr
+    assert "gradalign" in summary.read_text()
+    alone = subprocess.run(
+        _compare(small_runs),
+        capture_output=True,
+        text=True,
+        env={**ENV, "GITHUB_STEP_SUMMARY": "/dev/stdout"},
+        timeout=120,
+    )
+    assert alone.returncode == 0 and "gradalign" in alone.stdout, alone.stderr

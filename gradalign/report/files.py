@@ -43,11 +43,14 @@ class ReportFiles:
         (`read`: a config, a golden file; the runs are checked where they are opened), a step
         summary that cannot be appended to, plots without matplotlib."""
         from ..runs.outputs import check_outputs
-        from .github import check_step_summary
+        from .github import check_step_summary, is_step_summary
 
         check_outputs([], read, self.paths())  # and the paths among themselves
         check_replaceable(self.paths(), appended=self.markdown)
-        check_step_summary(os.environ)
+        beside = [  # the Markdown report given as the summary is appended there once
+            p for p in self.paths() if p != self.markdown or not is_step_summary(p, os.environ)
+        ]
+        check_step_summary(os.environ, beside)
         if self.plot is not None:
             from .plots import require_matplotlib
 

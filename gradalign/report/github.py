@@ -5,7 +5,7 @@ Both only add to what the job shows; the exit code stays the gate."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import ReportRefused
@@ -48,16 +48,26 @@ def in_actions(environ: Mapping[str, str]) -> bool:
     return environ.get("GITHUB_ACTIONS") == "true"
 
 
-def check_step_summary(environ: Mapping[str, str]) -> None:
+def check_step_summary(environ: Mapping[str, str], reports: Sequence[Path] = ()) -> None:
     """Before any work: `$GITHUB_STEP_SUMMARY`, when set, is a file that can be appended to and
     lies in no run. Found only after judging, a directory or a missing folder turned the verdict
-    into exit 2, and a summary inside a run was appended to its files."""
-    from ..paths import resolved
+    into exit 2, and a summary inside a run was appended to its files. A stream there takes no
+    report of `reports` (`--json /dev/stdout` beside a summary into standard output: the
+    JSON report, then the summary, parsed as neither); a Markdown report given as the summary
+    itself is appended there once, and is not among them."""
+    from ..paths import is_stream, resolved
     from ..runs.layout import is_run_dir
+    from ..runs.outputs import one_report_per_stream
 
     target = environ.get("GITHUB_STEP_SUMMARY")
     if not target:
         return
+    if is_stream(target):
+        streams: dict = {}
+        one_report_per_stream(f"GITHUB_STEP_SUMMARY {target}", streams, target)
+        for report in reports:
+            if is_stream(report):
+                one_report_per_stream(f"the report {report}", streams, report)
     path = resolved(target)
     why = None
     if path.is_dir():

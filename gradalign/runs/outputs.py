@@ -40,7 +40,7 @@ def check_outputs(
         if len(os.fsencode(Path(report).name)) > NAME_MAX:
             raise ReportRefused(f"{kind} {report}: the file name is longer than {NAME_MAX} bytes")
         if is_stream(report):  # /dev/stdout, a pipe, /dev/null: written into as it is
-            _one_report_per_stream(report, streams)
+            one_report_per_stream(str(report), streams, report)
             continue
         target = resolved(report)
         if os.path.islink(report) and not target.parent.is_dir():
@@ -77,7 +77,7 @@ def check_outputs(
             raise ReportRefused(str(exc)) from None
 
 
-def _one_report_per_stream(report: os.PathLike[str] | str, streams: dict) -> None:
+def one_report_per_stream(named: str, streams: dict, report: os.PathLike[str] | str) -> None:
     """Refuse a second report into a stream another report writes (`--json /dev/stdout --junit
     /dev/stdout`: the two glued together parse as neither); /dev/null takes any number."""
     try:
@@ -89,7 +89,7 @@ def _one_report_per_stream(report: os.PathLike[str] | str, streams: dict) -> Non
     key = (info.st_dev, info.st_ino)
     if key in streams:
         raise ReportRefused(
-            f"reports {streams[key]} and {report} would both be written into one stream, where "
-            "they run together; give one of them a file"
+            f"{streams[key]} and {named} would both be written into one stream, where they run "
+            "together; give one of them a file"
         )
-    streams[key] = report
+    streams[key] = named
