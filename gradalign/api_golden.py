@@ -72,13 +72,17 @@ def _target(out: PathLike | None, key: str) -> Path:
 
 def _write(run: Any, reference: Any, target: Path, inputs: Sequence[Path]) -> Path:
     from .judge.golden import build
+    from .report.files import kept_whole
     from .report.output import write_text_atomic
+    from .runs.writer import deferred_interrupts
 
     data = build(run, reference)
     data["source"] = {role: _named(path) for role, path in data["source"].items()}
     check_outputs([], inputs, [target], kind="golden file")
     _refuse_to_replace(target)
-    write_text_atomic(target, dumps(data))
+    with deferred_interrupts():  # an interrupt after the rename says the golden was replaced
+        write_text_atomic(target, dumps(data))
+        kept_whole(target)
     return target
 
 

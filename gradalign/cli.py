@@ -302,12 +302,10 @@ def main(argv: list[str] | None = None) -> None:
     if code in (INTERRUPTED, TERMINATED):
         from .report.files import written_whole
 
-        whole = written_whole()  # held until its reports were in place: they were written
+        whole = written_whole()  # held until its files were in place: they were written
         last_word(
             err_console,
-            f"interrupted after its {whole} report file(s) were written whole"
-            if whole
-            else errors.INTERRUPTED_LATE,
+            f"interrupted after {whole}" if whole else errors.INTERRUPTED_LATE,
         )
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -324,3 +324,25 @@ def test_selftest_json_never_replaces_a_users_file(cli, tmp_path):
     from gradalign.report.files import check_replaceable
 
     check_replaceable([earlier])
+
+
+def test_an_interrupt_after_a_golden_is_replaced_says_so(cli, small_runs, tmp_path, monkeypatch):
+    """`golden write` (or `golden check --update`) interrupted right after the golden file was
+    put in place ended "nothing half-written was left in place", though a committed golden had
+    changed: the last line names it."""
+    from gradalign.report import output
+
+    real = output.write_text_atomic
+
+    def interrupted(path, text, *args, **kwargs):
+        real(path, text, *args, **kwargs)
+        if str(path).endswith("g.json"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(output, "write_text_atomic", interrupted)
+    golden = tmp_path / "g.json"
+    result = cli("golden", "write", small_runs["baseline"], "--out", golden, "--reference", "none")
+    assert result.code == 130, result.err
+    assert golden.is_file()
+    last = result.err.strip().splitlines()[-1]
+    assert last == f"interrupted after the golden file {golden} was written whole", last

@@ -79,6 +79,7 @@ def check_replaceable(paths: Sequence[Path], appended: Path | None = None) -> No
 _ASKED: list[ReportFiles] = []  # this process's report sets (`requested`)
 _CLEARED: list[ReportFiles] = []  # those that passed the checks before any work
 _WRITTEN: list[Path] = []  # the report files this command wrote whole
+_KEPT: list[Path] = []  # the golden files it wrote whole
 
 
 def requested(reports: dict | None, read: Sequence[Path | None] = ()) -> ReportFiles:
@@ -98,11 +99,21 @@ def forget_asked() -> None:
     _ASKED.clear()
     _CLEARED.clear()
     _WRITTEN.clear()
+    _KEPT.clear()
 
 
-def written_whole() -> int:
-    """How many report files this command wrote whole (an interrupt after them says so)."""
-    return len(_WRITTEN)
+def kept_whole(golden: Path) -> None:
+    """A golden file this command has just put in place whole (an interrupt after it says so)."""
+    _KEPT.append(golden)
+
+
+def written_whole() -> str:
+    """What this command wrote whole, for an interrupt after it ("its 4 report file(s) were
+    written whole"): its reports and golden files ('' for none: nothing it wrote is in place)."""
+    said = [f"its {len(_WRITTEN)} report file(s)"] if _WRITTEN else []
+    said += [f"the golden file {path}" for path in _KEPT]
+    one = len(said) == 1 and not _WRITTEN
+    return f"{' and '.join(said)} {'was' if one else 'were'} written whole" if said else ""
 
 
 def after_error(message: str, code: int, refused: bool = False) -> tuple[str, list[str]]:
