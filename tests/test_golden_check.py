@@ -429,3 +429,22 @@ def test_a_sketched_baseline_is_refused_as_a_golden(cli, tmp_path):
     out = tmp_path / "g.json"
     one_line_error(cli("golden", "write", base, "--out", out), "--record sketch", "full snapshots")
     assert not out.exists()
+
+
+def test_a_golden_with_merge_conflict_markers_says_so(cli, small, tmp_path):
+    """A golden file left mid-merge was "not a valid golden file (Expecting property name
+    enclosed in double quotes: line 113 column 1)", the markers unnamed."""
+    lines = small["golden"].read_text().splitlines(keepends=True)
+    middle = len(lines) // 2
+    conflicted = tmp_path / "g.json"
+    conflicted.write_text(
+        "".join(lines[:middle])
+        + "<<<<<<< HEAD\n"
+        + lines[middle]
+        + "=======\n"
+        + lines[middle]
+        + ">>>>>>> other-branch\n"
+        + "".join(lines[middle + 1 :])
+    )
+    result = cli("golden", "check", conflicted, small["merged"])
+    one_line_error(result, "not a valid golden file", "conflict markers", "golden write")

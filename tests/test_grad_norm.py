@@ -195,3 +195,16 @@ def test_a_gradient_zeroed_every_micro_step_fails_where_every_tensor_passed(tmp_
     assert check.status == FAIL and "first, update 6" in check.detail, check.detail
     assert bug.diagnosis[0].code == "zero-grad-in-window"
     assert bug.first_divergence["update"] == 6 and bug.first_divergence["in"] == "gradient"
+
+
+def test_a_pass_never_on_one_side_twice_in_a_row_says_so():
+    """A merged norm that crossed the reference's at every update read "within 0x of what is
+    allowed ... over any 2 updates in a row": no two updates in a row lie on one side."""
+    base = [1.0] * 6
+    merged = [1 + 1e-7 * (-1) ** i for i in range(6)]
+    check = grad_norm_check(_results(base, merged))
+    assert check.status == PASS
+    assert "never on one side of the reference's 2 updates in a row" in check.detail
+    assert "0x" not in check.detail.split(";")[0], check.detail
+    steady = grad_norm_check(_results(base, [1 + 1e-7] * 6))
+    assert "within " in steady.detail and "over any 2 updates in a row" in steady.detail

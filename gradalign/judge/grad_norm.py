@@ -120,12 +120,18 @@ def grad_norm_check(results: list[UpdateResult]) -> Check:
             f"times; a factor {math.exp(allowed[bad[0]]):.4g} allowed there); {rule}",
         )
     lone = float(np.max(np.abs(n.merged) / allowed))
+    excess = n.excess()
+    within = (
+        f"within {excess:.2g}x of what is allowed of the reference's over any {NORM_RUN} updates "
+        "in a row"
+        if excess > 0
+        else f"never on one side of the reference's {NORM_RUN} updates in a row"
+    )
     return Check(
         NORM,
         PASS,
-        f"the merged run's whole-model gradient norm within {n.excess():.2g}x of what is "
-        f"allowed of the reference's over any {NORM_RUN} updates in a row ({lone:.2g}x at one "
-        f"update); {rule}",
+        f"the merged run's whole-model gradient norm {within} ({lone:.2g}x of what is allowed "
+        f"at one update); {rule}",
     )
 
 

@@ -98,12 +98,14 @@ def dumps(golden: dict[str, Any]) -> str:
 
 def load(path: Path) -> dict[str, Any]:
     """Read and check a golden file: its format, its shape and that every number is finite."""
+    text = ""
     try:
         if path.is_file() and path.stat().st_size > MAX_BYTES:
             raise BadInput(f"{path}: over 64 MiB; not a golden file")
         if is_stream(path):
             raise BadInput(f"{path}: not a regular file (a device or a pipe); not a golden file")
-        data = jsonfile.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = jsonfile.loads(text)
     except FileNotFoundError:
         raise BadInput(f"{path}: no such golden file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -118,6 +120,11 @@ def load(path: Path) -> dict[str, Any]:
                 f"{path}: not a valid golden file (a number of thousands of digits)"
             ) from None
         why = "; NaN and Inf are refused" if re.search(r"NaN|Infinity", str(exc)) else ""
+        if re.search(r"^(<{7}|>{7}) ", text, re.MULTILINE):
+            why = (
+                "; it holds a merge's conflict markers (<<<<<<<, >>>>>>>): keep one side, or "
+                "write it again with `gradalign golden write`"
+            )
         raise BadInput(f"{path}: not a valid golden file ({exc}){why}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BadInput(f'{path}: not a gradalign golden file (no "format": "{FORMAT}")')
