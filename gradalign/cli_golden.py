@@ -86,12 +86,11 @@ def golden_check(
 def first_golden_lines(run: Path, written: Path, reports: Sequence[Path]) -> list[str]:
     """What `golden check --update` says where it made the first golden for the environment:
     nothing was judged, so no report was written (one would show checks that never ran)."""
-    from .paths import is_stream
     from .report.files import remove_ours
 
     lines = [f"accepted {run} as the golden: wrote {written}"]
     if reports:
-        removed = [p for p in reports if not is_stream(p) and remove_ours(p)]  # none stale
+        removed = [path for path in reports if remove_ours(path)]  # no earlier verdict stays
         lines.append(
             f"note: no report written ({', '.join(str(p) for p in reports)}): there was no "
             "golden for this environment to judge the run against; the run is now that golden"

@@ -448,3 +448,18 @@ def test_a_golden_with_merge_conflict_markers_says_so(cli, small, tmp_path):
     )
     result = cli("golden", "check", conflicted, small["merged"])
     one_line_error(result, "not a valid golden file", "conflict markers", "golden write")
+
+
+def test_a_merged_run_of_another_batch_is_batch_size_against_a_golden_too(small, tmp_path):
+    """A merged run at twice the batch: `compare` named `batch-size`, its golden check
+    `data-order` (whose fix, the same sampler and seed, cures nothing): the golden keeps each
+    batch's rows (`series.window_rows`)."""
+    from gradalign import api
+
+    doubled = api.record_merged(SMALL.replace(batch_size=32), tmp_path / "m32")
+    assert json.loads(small["golden"].read_text())["series"]["window_rows"] == [16] * 4
+    c = api.golden_check(small["golden"], doubled).comparison
+    assert c.verdict == "fail" and c.diagnosis[0].code == "batch-size", c.diagnosis
+    assert compare(read_run_dir(small["baseline"]), read_run_dir(doubled)).diagnosis[0].code == (
+        "batch-size"
+    )

@@ -163,9 +163,11 @@ def _occupied(path: Path) -> bool:
 
 def remove_ours(path: Path) -> bool:
     """Remove the report of this tool at `path` (through a link, the file it names); whether
-    one was removed. Anything else there stays."""
+    one was removed. Anything else there stays, a stream too."""
+    from ..paths import is_stream
+
     real = Path(os.path.realpath(path))
-    if not is_ours(real):
+    if is_stream(path) or not is_ours(real):
         return False
     try:
         real.unlink()

@@ -191,6 +191,7 @@ def as_runs(data: dict[str, Any], source: str) -> tuple[Run, Run | None]:
         micro_loss=np.asarray(data["series"]["window_loss"], dtype=np.float64),
         tensors=tensors,
         micro_items=_series(data, "window_items", np.float64),
+        micro_samples=_series(data, "window_rows", np.int64),
         micro_data=None if samples is None else np.array([int64(s) for s in samples], np.int64),
         init_state=None if prints is None else np.array([int64(s) for s in prints], np.int64),
         lr=_series(data, "lr", np.float64),

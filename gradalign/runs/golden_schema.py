@@ -27,7 +27,12 @@ NUMERIC_SERIES = (
     "loss_scale",
     "grad_norm_pre_clip",
 )
-COUNTS = {"optimizer_steps": 0, "state_step": -1, "clip_calls": 0}  # whole, and the least each
+COUNTS = {
+    "optimizer_steps": 0,
+    "state_step": -1,
+    "clip_calls": 0,
+    "window_rows": 0,
+}  # whole, and the least each
 # per update a clip's threshold, null where the run called none (NaN in a run; a threshold of
 # inf, which clips nothing, is kept as null too: the judge compares finite thresholds alone)
 THRESHOLDS = ("clip_max_norm", "clip_value")
