@@ -76,19 +76,29 @@ def golden_check(
         strict=strict,
     )
     if outcome.comparison is None:
-        for line in first_golden_lines(run, outcome.written, files.paths()):
+        for line in first_golden_lines(run, outcome.written, files.paths(), golden):
             out_console.print(line, markup=False)
         raise typer.Exit(0)
     code = verdict(outcome.comparison, files)
     raise typer.Exit(0 if outcome.written else code)
 
 
-def first_golden_lines(run: Path, written: Path, reports: Sequence[Path]) -> list[str]:
+def first_golden_lines(
+    run: Path, written: Path, reports: Sequence[Path], golden: Path | None = None
+) -> list[str]:
     """What `golden check --update` says where it made the first golden for the environment:
-    nothing was judged, so no report was written (one would show checks that never ran)."""
+    nothing was judged, so no report was written (one would show checks that never ran). Where
+    `golden` named a file of another environment's golden, which stays, the check that names
+    it will not find this one: said."""
     from .report.files import remove_ours
 
     lines = [f"accepted {run} as the golden: wrote {written}"]
+    if golden is not None and golden.is_file() and written.resolve() != golden.resolve():
+        lines.append(
+            f"note: {golden} holds another environment's golden and stays as it is; a check "
+            f"that names that file finds no golden for this run's environment: name the folder "
+            f"{golden.parent} instead, which holds each environment's golden"
+        )
     if reports:
         removed = [path for path in reports if remove_ours(path)]  # no earlier verdict stays
         lines.append(

@@ -463,3 +463,23 @@ def test_a_merged_run_of_another_batch_is_batch_size_against_a_golden_too(small,
     assert compare(read_run_dir(small["baseline"]), read_run_dir(doubled)).diagnosis[0].code == (
         "batch-size"
     )
+
+
+def test_update_beside_another_environments_golden_says_the_file_stays(cli, small, tmp_path):
+    """`golden check ci/mlp.json RUN --update`, ci/mlp.json another environment's golden: the
+    run's golden is written beside it as ci/<key>.json with exit 0, and a gate naming
+    ci/mlp.json still found none for this environment, without a word of it."""
+    folder = tmp_path / "ci"
+    folder.mkdir()
+    other = json.loads(small["golden"].read_text())
+    other["environment"]["torch"] = "0.0.1"  # a colleague's torch
+    other["environment_key"] = fmt.environment_key(other["environment"])
+    named = folder / "mlp.json"
+    named.write_text(fmt.dumps(other))
+    result = cli("golden", "check", named, small["baseline"], "--update")
+    assert result.code == 0, result.err
+    said = " ".join(result.out.split())
+    assert f"wrote {folder / (_key(small['baseline']) + '.json')}" in said, said
+    assert f"{named} holds another environment's golden and stays as it is" in said, said
+    assert f"name the folder {folder} instead" in said
+    assert cli("golden", "check", folder, small["merged"]).code == 0
