@@ -50,8 +50,9 @@ def written_note(written: frozenset[str], base: Run) -> list[str]:
     )
     return [
         f"the baseline's own forward or backward writes {names} (e.g. an Embedding with "
-        "max_norm): their changes inside the merged run's windows are not taken for optimizer "
-        f"steps{unseen}"
+        "max_norm; or an optimizer whose step() evaluates the closure, micro-steps and all, "
+        "several times, as LBFGS): their changes inside the merged run's windows are not "
+        f"taken for optimizer steps{unseen}"
     ]
 
 
