@@ -269,3 +269,44 @@ def test_refuses_to_overwrite(doc, baseline):
             init_weights=base.init_weights(),
             update_weights=[base.weights(i) for i in range(UPDATES)],
         )
+
+
+def _uneven(doc, out: Path, items: bool) -> Path:
+    """K=2 micro-batches of 3 and 5 samples per batch of 8, each gradient weighted by its share
+    of the batch (the batch's own gradient); `items`: their sample counts written too."""
+    x, y = data()
+    weights, start = init_weights(), init_weights()
+    losses, snapshots, grads, counts = [], [], [], []
+    for i in range(UPDATES):
+        applied = {n: np.zeros_like(v) for n, v in weights.items()}
+        for a, b in ((0, 3), (3, BATCH)):
+            rows = slice(i * BATCH + a, i * BATCH + b)
+            loss, grad = loss_and_grad(weights, x[rows], y[rows])
+            losses.append(loss)
+            counts.append(b - a)
+            applied = {n: applied[n] + grad[n] * (b - a) / BATCH for n in applied}
+        grads.append(applied)
+        weights = {n: weights[n] - LR * applied[n] for n in weights}
+        snapshots.append({n: v.copy() for n, v in weights.items()})
+    return doc["write_run"](
+        out,
+        accum_steps=2,
+        micro_losses=losses,
+        init_weights=start,
+        update_weights=snapshots,
+        grads=grads,
+        micro_items=counts if items else None,
+    )
+
+
+def test_unequal_micro_batches_need_their_counts_and_the_fix_says_where(doc, baseline, tmp_path):
+    """Micro-batches of unequal sizes written without `micro_items`: the window's plain mean of
+    their losses is not the batch's, `loss-averaging`, whose fix named only the Recorder's
+    `micro(loss, items=n)`; it names the run format's series and the writer's argument too.
+    With the counts the run passes."""
+    base = read_run_dir(baseline)
+    bare = compare(base, read_run_dir(_uneven(doc, tmp_path / "bare", items=False)))
+    assert bare.verdict == "fail" and bare.diagnosis[0].code == "loss-averaging", bare.diagnosis
+    assert "micro/items" in bare.diagnosis[0].fix and "micro_items" in bare.diagnosis[0].fix
+    counted = compare(base, read_run_dir(_uneven(doc, tmp_path / "counted", items=True)))
+    assert counted.verdict == "pass", [(d.code, d.message) for d in counted.diagnosis]

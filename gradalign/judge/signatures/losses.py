@@ -65,6 +65,10 @@ def loss_averaging(c: Comparison) -> Diagnosis | None:
     )
 
 
+# where a run written in the run format (another framework's) keeps each micro-batch's count
+IN_THE_FORMAT = " (a run written in the run format: series micro/items, write_run's micro_items)"
+
+
 def _averaged_otherwise(
     c: Comparison, q: float, evidence: dict, ratios: list[float]
 ) -> tuple[str, str] | None:
@@ -98,7 +102,7 @@ def _averaged_otherwise(
             "mean; one already scaled by its share of the batch (or by 1/K) is weighted twice",
             "record each micro-batch's own mean loss, before scaling it by its share of the "
             "batch, with its item count where the loss is a mean over items (`micro(loss, "
-            "items=n)`, or `micro(loss_sum=..., items=n)`)",
+            "items=n)`, or `micro(loss_sum=..., items=n)`)" + IN_THE_FORMAT,
         )
     rounded = c.reference is None and c.dtype in ("float16", "bfloat16")
     if rounded and math.isfinite(q) and abs(q - 1) <= 0.01:
@@ -112,14 +116,14 @@ def _averaged_otherwise(
             "targets), and the window's plain mean of such means is not the batch's",
             "give each micro-batch's total weight with its mean loss, `micro(loss, items=w)` "
             "(its sum of class weights, tokens or valid targets), so the window mean is "
-            "weighted as the batch's; or record each micro-batch's own unscaled mean loss, the "
-            "one backpropagated",
+            "weighted as the batch's" + IN_THE_FORMAT + "; or record each micro-batch's own "
+            "unscaled mean loss, the one backpropagated",
         )
     return (
         f"the merged window losses are {times(q)} times the baseline's (median over the failing "
         "updates): the losses recorded are not the mean losses the gradients came from",
         "record each micro-batch's own unscaled mean loss (the one backpropagated, before "
-        "dividing it by K), with its item count where micro-batches differ in size",
+        "dividing it by K), with its item count where micro-batches differ in size" + IN_THE_FORMAT,
     )
 
 
