@@ -13,7 +13,7 @@ from gradalign import api
 from gradalign.judge.choices import WHOLE_COSINE
 from gradalign.judge.kink_pair import TensorPair
 from gradalign.judge.kink_shape import many_rows
-from gradalign.judge.signatures import failing, gradient
+from gradalign.judge.signatures import failing, reweighting
 from gradalign.judge.stepped_choice import route_clause, stepped_choice
 
 from .zoo_runs import _compare, _followed, _runs, one_thread, zoo
@@ -114,7 +114,7 @@ def test_one_input_s_share_over_micro_batches_of_many_samples_is_no_reweighting(
         pytest.skip(f"this machine's rounding took another path here ({c.first_divergence})")
     assert [d.code for d in c.diagnosis] == ["unexplained"]
     assert "at update 3 every failing gradient holds one input's share" in c.diagnosis[0].message
-    monkeypatch.setattr(gradient, "_one_input_alone", lambda *a: False)
+    monkeypatch.setattr(reweighting, "_one_input_alone", lambda *a: False)
     assert _compare(root).diagnosis[0].code == "token-normalization"
 
 
