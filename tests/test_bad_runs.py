@@ -15,7 +15,7 @@ import torch
 from gradalign import Recorder
 from gradalign.record.loop import train
 
-from .conftest import SMALL, one_line_error
+from .conftest import SMALL, one_line_error, rewrite_tensor_file
 
 
 def test_missing_run(cli, tmp_path, small_runs):
@@ -307,3 +307,19 @@ def test_a_run_resumed_at_another_update_is_refused(cli, small_copy, value, refu
         one_line_error(result, "began at other updates", "the merged at update 3")
     else:
         assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize("key", ["update/state", "micro/state", "micro/data"])
+def test_a_fingerprint_series_of_another_dtype_is_refused(cli, small_copy, key):
+    """update/state written as I32 (the format says I64) was read, and a correct run failed
+    `weights-changed-in-window`; F64 digests compared as floats. Refused, naming the series."""
+    import numpy as np
+
+    def narrowed(series: dict) -> None:
+        assert key in series
+        series[key] = series[key].astype(np.int32 if key != "micro/data" else np.float64)
+
+    run = small_copy["merged"]
+    rewrite_tensor_file(run, "series.safetensors", narrowed)
+    result = cli("compare", small_copy["baseline"], run)
+    one_line_error(result, key, "I64")

@@ -91,6 +91,13 @@ def _finish_interrupted_commits(parent: Path) -> None:
         ) from None
 
 
+# series of one int64 column per tensor: fingerprints, and the Recorder's counter of writes
+PER_TENSOR = (
+    *("init/state", "micro/state", "update/state", "micro/grad_state"),
+    *("micro/grad_writes", "update/grad_state"),
+)
+
+
 def read_run_dir(path: str | os.PathLike[str]) -> Run:
     """Open a run directory for judging; each file's checksum is verified when it is read."""
     path = Path(path)
@@ -147,13 +154,17 @@ def read_run_dir(path: str | os.PathLike[str]) -> Run:
     params = {t.name: t.shape for t in tensors if t.kind == "param"}
     load_grads = loader(grads_file, params)
     p = len(tensors)
-    for key in (
-        *("init/state", "micro/state", "update/state", "micro/grad_state"),
-        *("micro/grad_writes", "update/grad_state"),
-    ):
+    for key in PER_TENSOR:
         value = series.get(key)
         if value is not None and value.shape[-1:] != (p,):
             raise BadInput(f"{where}: series {key} has shape {value.shape}, expected {p} columns")
+    for key in (*PER_TENSOR, "micro/data", "micro/pairs"):  # 64-bit sums: fewer bits differ
+        value = series.get(key)
+        if value is not None and value.dtype != np.int64:
+            raise BadInput(
+                f"{where}: series {key} is {value.dtype}; the format keeps it as I64 "
+                "(64-bit wrapping sums, docs/FORMAT.md)"
+            )
 
     if manifest.get("record", "full") == "full":
         unlisted = [f for f in map(weights_file, [None, *range(updates)]) if f not in checksums]
