@@ -25,6 +25,13 @@ def window(c: Comparison) -> int:
     return max(1, c.merged.accum_steps // max(1, c.baseline.accum_steps))
 
 
+def own_k(c: Comparison) -> int:
+    """The merged run's own K: what a bug in its loop scales by, its baseline being right
+    whatever its own K (a baseline of K_b micro-steps sums their shares to the batch's gradient:
+    a merged loss left undivided is K times it, not K/K_b)."""
+    return max(1, c.merged.accum_steps)
+
+
 def whole_ratio(ratio: float) -> int:
     """The whole number a positive ratio (or, below 1, its inverse) is nearest: the K of a log
     read with -k 1, one line per update, whose lines do not say it."""
@@ -40,11 +47,12 @@ def times(ratio: float) -> str:
     return text
 
 
-def window_scale(k: int, scale: float, n: int | None = None) -> str:
-    """One of K, 1/K or K+1 (a wrong loss scale's ratios), or n/K in a window of `n` < K
-    micro-steps, said as the window's scale it is, with its value: `K = 4`."""
-    if n is not None and n != k and scale == n / k:
-        return f"{n}/K = {scale:.4g}, the window's {n} micro-step(s) over K"
+def window_scale(k: int, scale: float, short: tuple[int, int] | None = None) -> str:
+    """One of K, 1/K or K+1 (a wrong loss scale's ratios), or n/K in a window of n micro-steps
+    short of the merged run's K (`short`: (n, K)), said as the window's scale it is, with its
+    value: `K = 4`."""
+    if short is not None and short[0] < short[1] and scale == short[0] / short[1]:
+        return f"{short[0]}/K = {scale:.4g}, the window's {short[0]} micro-step(s) over K"
     name = "K" if scale == k else "K+1" if scale == k + 1 else "1/K"
     return f"{name} = {scale:.4g}"
 

@@ -11,10 +11,10 @@ from .common import (
     RATIO_MATCH,
     finite,
     lossy_hooks,
+    own_k,
     pure_scale,
     relative_error,
     same_direction,
-    window,
 )
 
 
@@ -27,7 +27,7 @@ def dp_loss_reduction(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     A ratio K or 1/K is loss-scale's, which names W beside it where W = K; one of K+1 is W's
     where W = K+1 (DDP on 2 ranks without accumulation, K=1, summed over the ranks: it was
     named `loss += loss / K`)."""
-    world, k = c.merged.world_size, window(c)
+    world, k = c.merged.world_size, own_k(c)
     ratio, cosine = r.grad_ratio, r.grad_cosine
     if world < 2 or ratio is None or cosine is None or not cosine >= same_direction(c, r):
         return None

@@ -18,33 +18,36 @@ from .common import (
     finite,
     grads_of,
     noise_share,
+    own_k,
     pure_scale,
     same_direction_at,
     window,
 )
 
 
-def window_micro_steps(c: Comparison, update: int) -> int:
-    """The micro-steps the merged run's window of `update` holds (K, or fewer in a short one)."""
-    return int(c.merged.sizes[update])
+def window_micro_steps(c: Comparison, update: int) -> tuple[int, int]:
+    """The micro-steps the merged run's window of `update` holds, and its own K (fewer in a
+    short window; a merged window is judged against a baseline window of K_b micro-steps by
+    K / K_b, and only the merged run's own K says whether it is short)."""
+    return int(c.merged.sizes[update]), c.merged.accum_steps
 
 
-def short_window(k: int, n: int) -> tuple[float, str, str] | None:
-    """Each micro-batch's loss divided by K in a window of `n` < K micro-steps: the gradient n/K
-    times the baseline's; (that ratio, how the losses were divided, the fix); None where n = K."""
+def short_window(c: Comparison, update: int) -> tuple[float, str, str] | None:
+    """Each micro-batch's loss divided by the merged run's K in a window of n < K micro-steps:
+    the gradient n/K times the baseline's; (that ratio, how the losses were divided, the fix);
+    None where the window holds its K."""
+    n, k = window_micro_steps(c, update)
+    if n >= k:
+        return None
     return (
-        None
-        if n == k
-        else (
-            n / k,
-            f"divided by K={k} in a window of {n} micro-step(s) (the end of the data, a limit "
-            "on the batches, or a batch size that ramps up)",
-            "divide each micro-batch's loss by its own window's micro-batches or weight it by "
-            "its share of the window's items; or give both runs data of a multiple of the batch "
-            "of B (drop_last=True drops only a tail shorter than each loader's own batch: the "
-            "merged loader's B/K keeps rows the baseline's drops) and a limit on the batches, "
-            "as Lightning's limit_train_batches, a multiple of K",
-        )
+        n / k,
+        f"divided by K={k} in a window of {n} micro-step(s) (the end of the data, a limit "
+        "on the batches, or a batch size that ramps up)",
+        "divide each micro-batch's loss by its own window's micro-batches or weight it by "
+        "its share of the window's items; or give both runs data of a multiple of the batch "
+        "of B (drop_last=True drops only a tail shorter than each loader's own batch: the "
+        "merged loader's B/K keeps rows the baseline's drops) and a limit on the batches, "
+        "as Lightning's limit_train_batches, a multiple of K",
     )
 
 
@@ -61,9 +64,9 @@ def loss_scale(c: Comparison, r: UpdateResult, share: float | None = None) -> Di
         ratio, cosine = below
     if not cosine >= aligned or not abs(ratio - 1) > share:
         return None
-    k, n = window(c), window_micro_steps(c, r.update)
+    k = own_k(c)
     variants = [
-        *filter(None, [short_window(k, n)]),
+        *filter(None, [short_window(c, r.update)]),
         (k, f"not divided by K={k}", "divide each micro-batch's loss by K before backward()"),
         (
             1 / k,

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..results import Comparison, Diagnosis, UpdateResult
 from .clipping import SCALE_ONCE, pre_clip_ratio, unclipped
-from .common import failing, finite, noise_share, scaled_error, window, window_scale
+from .common import failing, finite, noise_share, own_k, scaled_error, window, window_scale
 from .decisive import same_start_shown
 from .gradient import short_window, window_micro_steps
 from .norms import apart, norm_before_clip, norm_ratio, stepped_norm_ratio
@@ -30,10 +30,10 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) 
     is within 5%, a reweighting of the micro-batches may have moved it (`_reweighted`).
     `turned`: a cause named beside it turns every gradient a little (BatchNorm, a loss over the
     micro-batch), which explains any remainder; a text: the cause, which nothing names."""
-    ratio, k = r.grad_ratio, window(c)
+    ratio, k = r.grad_ratio, own_k(c)
     if ratio is None or not math.isfinite(ratio):
         return []
-    short = short_window(k, n := window_micro_steps(c, r.update))  # a short window's likelier
+    short = short_window(c, r.update)  # a short window's likelier
     scales = tuple(dict.fromkeys([*([short[0]] if short else []), k, 1 / k, k + 1]))
     stepped = stepped_norm_ratio(c, r)
     norm = norm_before_clip(c, r, stepped)
@@ -66,12 +66,12 @@ def with_loss_scale(c: Comparison, r: UpdateResult, turned: bool | str = False) 
         "size_ratio": finite(value),
         "expected_ratio": expected,
     }
-    near = window_scale(k, expected, n)
+    near = window_scale(k, expected, window_micro_steps(c, r.update))
     if moved:
         near += ", as near as the reweighting of the micro-batches named beside it lets it come"
     if also is not None:
         evidence["also_near"] = also
-        near += f"; {window_scale(k, also, n)} reads about as near"
+        near += f"; {window_scale(k, also, window_micro_steps(c, r.update))} reads about as near"
     losses = _loss_ratio(c, r.update)
     seen = ""
     if losses is not None and abs(losses / expected - 1) <= 0.05:
