@@ -98,7 +98,7 @@ def diagnose(c: Comparison) -> list[Diagnosis]:
         read = (sig.unrecorded_micro_batches, sig.window_bookkeeping, sig.step_in_window)
         found = [d for d in (signature(c) for signature in read) if d is not None]
         return found[:1] or [_unexplained(c)]
-    diverged = sig.non_finite(c)
+    diverged = sig.non_finite(c) or sig.non_finite_gradient(c)
     if diverged is not None and None not in diverged.evidence.values():
         return [diverged]  # both diverge: nothing else can be read from non-finite numbers
     found = [d for d in (signature(c) for signature in DECISIVE) if d is not None]

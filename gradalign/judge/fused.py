@@ -107,8 +107,10 @@ class Pair:
         self, name: str, rtol: float, atol: float, start: bool, floor: float = 0.0
     ) -> TensorDiff:
         """What `metrics.diff` returns for these sums."""
-        if not (self.finite_b and self.finite_m):
-            return TensorDiff(name, math.nan, math.nan, math.nan, math.nan, math.inf, 0.0, None)
+        if not (self.finite_b and self.finite_m):  # ||b|| kept where b is finite
+            norm = math.sqrt(self.bb) if self.finite_b else None
+            nan = math.nan
+            return TensorDiff(name, nan, nan, nan, nan, math.inf, 0.0, None, norm=norm)
         norm_d, norm_b, norm_m = math.sqrt(self.dd), math.sqrt(self.bb), math.sqrt(self.mm)
         both = norm_b and norm_m
         cosine = _safe_div(self.bm, norm_b * norm_m) if both else float(norm_d == 0)

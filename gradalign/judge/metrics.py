@@ -164,9 +164,10 @@ def diff(
     m = np.asarray(merged, dtype=np.float64).ravel()
     if not np.isfinite(b).all() and start is not None:  # held from the start (a mask)
         b, start, m = agreed_non_finite(b, np.asarray(start, dtype=np.float64).ravel(), m)
-    if not (np.isfinite(b).all() and np.isfinite(m).all()):
-        nan = math.nan
-        return TensorDiff(name, nan, nan, nan, nan, math.inf, 0.0, None)
+    if not (np.isfinite(b).all() and np.isfinite(m).all()):  # ||b|| kept where b is finite
+        nan, finite_b = math.nan, bool(np.isfinite(b).all())
+        norm = float(np.linalg.norm(b)) if finite_b else None
+        return TensorDiff(name, nan, nan, nan, nan, math.inf, 0.0, None, norm=norm)
     d = m - b
     abs_d = np.abs(d)
     abs_b = np.abs(b)

@@ -244,7 +244,10 @@ class SketchJudge:
         tol, nan, n = self.tol, math.nan, self.sizes[name]
         held = _held_alike(ks, kb, km, kr)
         if held is False or not (math.isfinite(kb.norm) and math.isfinite(km.norm)):
-            return TensorDiff(name, nan, nan, nan, nan, math.inf, 0.0, None, sketched=True)
+            norm = kb.norm if held is not False and math.isfinite(kb.norm) else None
+            return TensorDiff(
+                name, nan, nan, nan, nan, math.inf, 0.0, None, sketched=True, norm=norm
+            )
         gap = estimate(km.vector - kb.vector, False, n)
         moved = estimate(kb.vector - ks.vector, False) if ks is not None else None
         scale = moved.high if moved is not None else kb.norm

@@ -29,6 +29,7 @@ from .gradient import loss_scale, loss_term_scale
 from .items import batch_targets
 from .learning_rate import lr_scaled, lr_schedule
 from .losses import loss_averaging
+from .non_finite_grads import non_finite_gradient
 from .optimizer import optimizer_settings, optimizer_type
 from .paired import (
     scale_beside_other_samples,
@@ -84,6 +85,7 @@ __all__ = [
     "lr_schedule",
     "micro_batch_missing",
     "non_finite",
+    "non_finite_gradient",
     "optimizer_settings",
     "optimizer_type",
     "overflow_carried",
