@@ -40,6 +40,7 @@ VARIANTS = {
     # the bug on rank 1 only: rank 0's own counts are clean (its series are the run's)
     "clip-each-micro-rank1": {"clip": "after", "clip_micro": True, "ranks": (1,)},
     "zero-grad-rank1": {"zero_grad": True, "ranks": (1,)},  # zero_grad() after micro-step 0
+    "skip-last-backward": {"skip_last": True},  # the syncing micro-step forwarded, never backward
     "clip-rank1-only": {"clip": "after", "clip_ranks": (1,)},  # the window's clip on rank 1 only
     # ddp.module(x) on every rank: nothing all-reduced (on some ranks only, the others would
     # wait in their all-reduce for ever)
@@ -228,7 +229,7 @@ def merged(out: Path, variant: dict) -> None:
                     loss = total / sizes[rank]
                     if variant.get("items"):  # its share of the window's B rows; DDP divides by W
                         (total * world / (B + variant.get("count_off", 0))).backward()
-                    else:
+                    elif not (variant.get("skip_last") and micro == k - 1):
                         back = loss / k * (world if variant.get("times_w") else 1)
                         (scaler.scale(back) if scaler else back).backward()
                     buggy = rank in variant.get("ranks", range(world))

@@ -354,3 +354,12 @@ def test_a_recorder_on_rank_0_alone_says_so_within_its_timeout(loops):
     assert "not every rank created its Recorder within 2 s" in said, said
     assert "Ranks 1 failed" in said and "not on rank 0 alone" in said, said
     assert not (loops / "rank0-alone").exists()
+
+
+def test_the_syncing_backward_skipped_is_micro_batch_missing_first(loops):
+    """The window's last micro-step, the one DDP syncs, forwarded and never backpropagated: the
+    ranks step on their own unsynced gradients, so the replicas part too, and
+    `replicas-diverged` was named first, blaming the sync flag; the skipped backward explains
+    the parted replicas and comes first (a cold probe's `--fault skip-last-backward --nproc 2`)."""
+    codes = [d.code for d in errors(judged(loops, "skip-last-backward"))]
+    assert codes[:1] == ["micro-batch-missing"], codes

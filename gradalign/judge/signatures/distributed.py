@@ -25,7 +25,7 @@ from .decisive import update0_gap
 from .dp_shapes import dp_loss_reduction, dp_token_normalization
 from .learning_rate import SPLIT_BATCHES, lined_up_lrs, schedule_offset
 
-FIRST = ("window-bookkeeping", "step-in-window")  # causes that explain diverging replicas
+FIRST = ("window-bookkeeping", "step-in-window", "micro-batch-missing")  # explain parted replicas
 SUBSUMED = {"scheduler-per-rank": "lr-schedule", "dp-sampler": "data-order"}
 
 
