@@ -323,3 +323,18 @@ def test_a_fingerprint_series_of_another_dtype_is_refused(cli, small_copy, key):
     rewrite_tensor_file(run, "series.safetensors", narrowed)
     result = cli("compare", small_copy["baseline"], run)
     one_line_error(result, key, "I64")
+
+
+def test_a_log_against_a_run_directory_is_told_so(cli, small_runs):
+    """A run directory given beside training logs was refused as "runs of different models:
+    tensor 0 is fc1.weight ... in the baseline and fc2.bias in the merged", the one value the
+    logs printed: a log holds what it printed, said so, either way round."""
+    from .conftest import FIXTURES
+
+    log = FIXTURES / "paddle" / "p3_run_grad.log"
+    for base, merged, which in (
+        (small_runs["baseline"], log, "the merged run is read from a training log"),
+        (log, small_runs["merged"], "the baseline is read from a training log"),
+    ):
+        result = cli("compare", base, merged, "-k", "4")
+        one_line_error(result, which, "compare logs with logs")
