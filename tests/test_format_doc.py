@@ -310,3 +310,56 @@ def test_unequal_micro_batches_need_their_counts_and_the_fix_says_where(doc, bas
     assert "micro/items" in bare.diagnosis[0].fix and "micro_items" in bare.diagnosis[0].fix
     counted = compare(base, read_run_dir(_uneven(doc, tmp_path / "counted", items=True)))
     assert counted.verdict == "pass", [(d.code, d.message) for d in counted.diagnosis]
+
+
+def _skipping(doc, out: Path, grad_states: bool) -> Path:
+    """K=4, the third micro-batch's loss recorded and its gradient never added (a backward
+    skipped); `grad_states`: the accumulated gradient's fingerprints after each micro-step
+    written too, through `more_series` (`micro/grad_state`)."""
+    x, y = data()
+    weights, start = init_weights(), init_weights()
+    losses, snapshots, grads, prints = [], [], [], []
+    size = BATCH // K
+    for i in range(UPDATES):
+        held = {n: np.zeros_like(v) for n, v in weights.items()}
+        for j in range(K):
+            rows = slice(i * BATCH + j * size, i * BATCH + (j + 1) * size)
+            loss, grad = loss_and_grad(weights, x[rows], y[rows])
+            losses.append(loss)
+            if j != 2:
+                held = {n: held[n] + grad[n] / K for n in held}
+            prints.append([doc["fingerprint"](held[n]) for n in weights])
+        grads.append(held)
+        weights = {n: weights[n] - LR * held[n] for n in weights}
+        snapshots.append({n: v.copy() for n, v in weights.items()})
+    more = {"micro/grad_state": np.array(prints, np.int64)} if grad_states else None
+    return doc["write_run"](
+        out,
+        accum_steps=K,
+        micro_losses=losses,
+        init_weights=start,
+        update_weights=snapshots,
+        grads=grads,
+        more_series=more,
+    )
+
+
+def test_more_series_carry_what_names_a_skipped_backward(doc, baseline, tmp_path):
+    """A micro-batch's backward skipped, written by the portable writer: without the
+    accumulated gradient's fingerprints it can only be suspected (`cross-sample-loss`, "1 of
+    the K=4 micro-batches' gradients left out"); `more_series` writes `micro/grad_state`, and
+    it is named `micro-batch-missing`."""
+    base = read_run_dir(baseline)
+    bare = compare(base, read_run_dir(_skipping(doc, tmp_path / "bare", False)))
+    assert bare.verdict == "fail" and bare.diagnosis[0].code != "micro-batch-missing"
+    named = compare(base, read_run_dir(_skipping(doc, tmp_path / "named", True)))
+    assert named.diagnosis[0].code == "micro-batch-missing", named.diagnosis
+    with pytest.raises(ValueError, match="its own argument"):
+        _ = doc["write_run"](
+            tmp_path / "twice",
+            accum_steps=1,
+            micro_losses=[1.0],
+            init_weights=init_weights(),
+            update_weights=[init_weights()],
+            more_series={"micro/loss": np.ones(1)},
+        )

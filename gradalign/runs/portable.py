@@ -101,6 +101,7 @@ def write_run(
     dtype=None,
     compute_dtype=None,
     config=None,
+    more_series=None,
 ):
     """Write one run directory; returns its path. Per update i (N updates, K = accum_steps):
     `update_weights[i]` and `grads[i]` are {name: array}, `lr`, `optimizer_steps` (step()
@@ -110,7 +111,10 @@ def write_run(
     (`sample_digest` of its samples), `micro_state` ([M, P] fingerprints of the weights it
     computed with). `lr` keeps float32 if given float32 (judged at that precision).
     `reference`: path of a float64 rerun of this training, relative to this run directory.
-    `dtype`/`compute_dtype`: the weights' and the compute precision, if not the weights' own."""
+    `dtype`/`compute_dtype`: the weights' and the compute precision, if not the weights' own.
+    `more_series`: {key: array} of any other series the format lists, by its key and in its
+    dtype (`micro/samples`, `micro/grad_state`, `update/clip_calls`, `update/zero_grads_inside`,
+    `micro/steps`...), each naming more causes."""
     final = Path(out_dir)
     if final.exists():
         raise FileExistsError(f"{final} exists; remove it first")
@@ -154,6 +158,10 @@ def write_run(
     for key, (value, rows, kind) in optional.items():
         if value is not None:
             series[key] = _series(value, rows, kind, key)
+    for key, value in (more_series or {}).items():
+        if key in series:
+            raise ValueError(f"series {key} is written from its own argument")
+        series[key] = np.asarray(value)
     items = series.get("micro/items")
     if items is not None and not (np.isfinite(items).all() and (items >= 0).all()):
         raise ValueError("micro_items must be finite counts >= 0")
