@@ -363,3 +363,54 @@ def test_more_series_carry_what_names_a_skipped_backward(doc, baseline, tmp_path
             update_weights=[init_weights()],
             more_series={"micro/loss": np.ones(1)},
         )
+
+
+def _clipped(doc, out: Path, k: int, cleared: bool, counted: bool = False) -> Path:
+    """SGD clipped at 0.05 of the gradient's norm once per window (it engages at every update);
+    `cleared`: the merged window keeps its last micro-batch's gradient alone (zero_grad inside
+    it); `counted`: those zero_grad calls written (`update/zero_grads_inside`)."""
+    x, y = data()
+    weights, start = init_weights(), init_weights()
+    losses, snapshots, grads, norms = [], [], [], []
+    size = BATCH // k
+    for i in range(UPDATES):
+        held = {n: np.zeros_like(v) for n, v in weights.items()}
+        for j in range(k):
+            rows = slice(i * BATCH + j * size, i * BATCH + (j + 1) * size)
+            loss, grad = loss_and_grad(weights, x[rows], y[rows])
+            losses.append(loss)
+            if cleared and j > 0:
+                held = {n: np.zeros_like(v) for n, v in held.items()}
+            held = {n: held[n] + grad[n] / k for n in held}
+        norm = float(np.sqrt(sum(float(np.sum(g**2)) for g in held.values())))
+        norms.append(norm)
+        held = {n: g * min(1.0, 0.05 / norm) for n, g in held.items()}
+        grads.append(held)
+        weights = {n: weights[n] - LR * held[n] for n in weights}
+        snapshots.append({n: v.copy() for n, v in weights.items()})
+    inside = {"update/zero_grads_inside": np.full(UPDATES, k - 1, np.int64)}
+    return doc["write_run"](
+        out,
+        accum_steps=k,
+        micro_losses=losses,
+        init_weights=start,
+        update_weights=snapshots,
+        grads=grads,
+        grad_norm_pre_clip=norms,
+        more_series=inside if counted else None,
+    )
+
+
+def test_a_window_cleared_under_a_clip_is_told_from_the_norms_alone_or_named(doc, tmp_path):
+    """zero_grad inside the window of a run whose clip engages, written without counts: read
+    from the norms alone as a clip inside the window, which the message now says, naming the
+    counts that tell the two apart; with `update/zero_grads_inside` written it is
+    `zero-grad-in-window`."""
+    base = read_run_dir(_clipped(doc, tmp_path / "base", 1, False))
+    assert compare(base, read_run_dir(_clipped(doc, tmp_path / "ok", K, False))).verdict == "pass"
+    bare = compare(base, read_run_dir(_clipped(doc, tmp_path / "bare", K, True)))
+    first = bare.diagnosis[0]
+    assert first.code == "clip-per-micro" and "read from the norms alone" in first.message
+    assert "update/zero_grads_inside" in first.message
+    counted = compare(base, read_run_dir(_clipped(doc, tmp_path / "counted", K, True, True)))
+    assert counted.diagnosis[0].code == "zero-grad-in-window", counted.diagnosis

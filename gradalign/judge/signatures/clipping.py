@@ -293,6 +293,14 @@ def clip_per_micro(c: Comparison, r: UpdateResult) -> Diagnosis | None:
     found = clip_per_micro_engaged(c, r)
     if found is not None and clip_calls(c.merged) is not None and pre_m is None:
         return _clipped_unseen(found, c.baseline.grad_norm_pre_clip[i])
+    if found is not None and c.merged.zero_grads_inside is None:  # nothing counted either way
+        found.message += (
+            "; read from the norms alone (the run counted neither its clips nor its zero_grad "
+            "calls): a window that dropped micro-batches' gradients (zero_grad() inside it, a "
+            "backward skipped) reads alike, which the counts tell apart (series "
+            "update/clip_calls and update/zero_grads_inside: the Recorder writes them; another "
+            "writer, by write_run's more_series)"
+        )
     return found
 
 
