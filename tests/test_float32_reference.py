@@ -49,9 +49,12 @@ def runs(tmp_path_factory):
 
 def test_a_float32_rerun_without_autocast_is_the_reference_of_bfloat16_runs(runs):
     """Accepted and used: the clean pair passes by its noise floor (no fixed tolerance's note),
-    and a loss not divided by K is named."""
+    its message naming the float32 reference (it said "float64 reference"), and a loss not
+    divided by K is named."""
     clean = _judged(runs, "merged", "ref32")
     assert clean.verdict == "pass", [d.message for d in clean.diagnosis]
+    said = clean.diagnosis[0].message
+    assert "from the float32 reference" in said and "float64" not in said, said
     assert clean.reference is not None
     assert not any("grad_rtol_apart" in note for note in clean.notes)
     bug = _judged(runs, "bug", "ref32")

@@ -45,7 +45,7 @@ def why_it_passes(c: Comparison) -> list[Diagnosis]:
         )
         message = (
             f"every weight and gradient is within {worst:.2g}x its noise floor: the merged run "
-            f"is at most {farthest:.2g}x as far from the float64 reference as "
+            f"is at most {farthest:.2g}x as far from the {c.reference.dtype} reference as "
             f"the {c.dtype} baseline is{allowed}"
         )
         if len(judged) < sum(len(r.weights) + len(r.grads) for r in c.results):

@@ -4,6 +4,7 @@ numpy copies, and the model's structure (its tensors, BatchNorm and dropout laye
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -181,13 +182,17 @@ def sample_count(batch: Any) -> int:
 
 
 def model_facts(
-    model: torch.nn.Module, wrapper: Any = None, outside: dict[str, int] | None = None
+    model: torch.nn.Module,
+    wrapper: Any = None,
+    outside: dict[str, int] | None = None,
+    accum_steps: int = 1,
 ) -> dict[str, Any]:
     """Layers that make a sample's result depend on its batch or on a random generator
     (BatchNorm, dropout, embeddings whose gradient is divided by each index's count in the
     batch); the comm hooks registered on `wrapper` (DistributedDataParallel) when there are
     any; what the optimizer steps outside the model (`outside`, never recorded: the judge says
-    so)."""
+    so). A Recorder of `accum_steps` > 1 over BatchNorm in training mode warns, as the commands
+    do before training (the judge names it `batchnorm` after)."""
     batchnorm, dropout, by_frequency = [], [], []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
@@ -197,6 +202,10 @@ def model_facts(
         elif getattr(module, "scale_grad_by_freq", False) is True:
             by_frequency.append(name)  # Embedding, EmbeddingBag: divided by counts in the batch
     facts = {"batchnorm": batchnorm, "dropout": dropout, "training": model.training}
+    if accum_steps > 1 and model.training and batchnorm:
+        from .preflight import warnings_for
+
+        warnings.warn(warnings_for({"batchnorm": batchnorm})[0], UserWarning, stacklevel=3)
     if by_frequency:
         facts["grad_by_frequency"] = by_frequency
     hooks = comm_hooks(wrapper)

@@ -4,6 +4,7 @@ is this loop with K=1; a fault (faults.py) is a small named deviation inside it.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -179,22 +180,24 @@ def train(
         _data_parallel(t, fault)
     fault_name = None if fault is NONE else fault.name
     try:  # the built-in loop calls it rightly: only its output can be refused (exit 2)
-        rec = Recorder(
-            out_dir,
-            t.model,
-            t.optimizer,
-            config.accum_steps,
-            config.to_dict(),
-            fault=fault_name,
-            reference=reference,
-            compute_dtype=compute_dtype(config),
-            scaler=t.scaler,
-            record=config.record,
-            snapshot_every=config.snapshot_every,
-            updates=config.updates,
-            distributed=config.nproc > 1,
-            skip_updates=skip_updates,
-        )
+        with warnings.catch_warnings():  # the commands said their warnings before training
+            warnings.simplefilter("ignore", UserWarning)
+            rec = Recorder(
+                out_dir,
+                t.model,
+                t.optimizer,
+                config.accum_steps,
+                config.to_dict(),
+                fault=fault_name,
+                reference=reference,
+                compute_dtype=compute_dtype(config),
+                scaler=t.scaler,
+                record=config.record,
+                snapshot_every=config.snapshot_every,
+                updates=config.updates,
+                distributed=config.nproc > 1,
+                skip_updates=skip_updates,
+            )
     except RecorderError as exc:
         raise BadInput(str(exc)) from None
     with rec:

@@ -126,7 +126,7 @@ class Recorder:
         self._dtypes = {name: t.dtype for name, (t, _, _) in self._named.items()}
         outside = checks.check_parameters(self._optimizer, self._named)
         self._ranks = join(distributed, group, rank)
-        self._model_facts = model_facts(model, wrapper, outside)
+        self._model_facts = model_facts(model, wrapper, outside, accum_steps)
         self._param_ids = {id(t) for t, kind, _ in self._named.values() if kind == "param"}
         self._places = {id(t): at for at, (t, _, _) in enumerate(self._named.values())}
         self._settings: dict | None = None  # those the first step used (a schedule moves betas)
