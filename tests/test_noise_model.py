@@ -79,7 +79,7 @@ def test_pass_message_says_when_the_rounding_floor_allowed_more_than_the_factor(
     tensor = NS(name="w", ratio=0.5, error=error, noise=1.0, excused=None)
     c = NS(
         results=[NS(update=3, weights=[tensor], grads=[])],
-        reference="ref",
+        reference=NS(dtype="float64"),
         tolerances=NS(noise_factor=4.0),
         dtype="float32",
         merged=NS(model_facts={}),
