@@ -271,32 +271,49 @@ def test_refuses_to_overwrite(doc, baseline):
         )
 
 
+def _by_hand(cuts, accumulate, max_norm: float | None = None) -> dict:
+    """SGD by hand over UPDATES batches, each split at `cuts` (row ranges within the batch) into
+    micro-batches; `accumulate(j, held, grad, rows)` is the window's gradient after micro-batch
+    j; `max_norm`: the window's gradient clipped once to that norm. What `write_run` takes,
+    with each micro-step's accumulated gradient (`held`) and each window's norm before its clip
+    (`norms`)."""
+    x, y = data()
+    weights, start = init_weights(), init_weights()
+    out: dict = {"micro_losses": [], "update_weights": [], "grads": [], "held": [], "norms": []}
+    for i in range(UPDATES):
+        held = {n: np.zeros_like(v) for n, v in weights.items()}
+        for j, (a, b) in enumerate(cuts):
+            rows = slice(i * BATCH + a, i * BATCH + b)
+            loss, grad = loss_and_grad(weights, x[rows], y[rows])
+            out["micro_losses"].append(loss)
+            held = accumulate(j, held, grad, b - a)
+            out["held"].append(held)
+        norm = float(np.sqrt(sum(float(np.sum(g**2)) for g in held.values())))
+        out["norms"].append(norm)
+        if max_norm is not None:
+            held = {n: g * min(1.0, max_norm / norm) for n, g in held.items()}
+        out["grads"].append(held)
+        weights = {n: weights[n] - LR * held[n] for n in weights}
+        out["update_weights"].append({n: v.copy() for n, v in weights.items()})
+    return {**out, "init_weights": start, "accum_steps": len(cuts)}
+
+
+def _equal(k: int) -> list[tuple[int, int]]:
+    return [(j * (BATCH // k), (j + 1) * (BATCH // k)) for j in range(k)]
+
+
+def _written(doc, out: Path, trained: dict, **more) -> Path:
+    kept = {key: v for key, v in trained.items() if key not in ("held", "norms")}
+    return doc["write_run"](out, **kept, **more)
+
+
 def _uneven(doc, out: Path, items: bool) -> Path:
     """K=2 micro-batches of 3 and 5 samples per batch of 8, each gradient weighted by its share
     of the batch (the batch's own gradient); `items`: their sample counts written too."""
-    x, y = data()
-    weights, start = init_weights(), init_weights()
-    losses, snapshots, grads, counts = [], [], [], []
-    for i in range(UPDATES):
-        applied = {n: np.zeros_like(v) for n, v in weights.items()}
-        for a, b in ((0, 3), (3, BATCH)):
-            rows = slice(i * BATCH + a, i * BATCH + b)
-            loss, grad = loss_and_grad(weights, x[rows], y[rows])
-            losses.append(loss)
-            counts.append(b - a)
-            applied = {n: applied[n] + grad[n] * (b - a) / BATCH for n in applied}
-        grads.append(applied)
-        weights = {n: weights[n] - LR * applied[n] for n in weights}
-        snapshots.append({n: v.copy() for n, v in weights.items()})
-    return doc["write_run"](
-        out,
-        accum_steps=2,
-        micro_losses=losses,
-        init_weights=start,
-        update_weights=snapshots,
-        grads=grads,
-        micro_items=counts if items else None,
-    )
+    cuts = [(0, 3), (3, BATCH)]
+    trained = _by_hand(cuts, lambda j, held, g, n: {k: held[k] + g[k] * n / BATCH for k in held})
+    counts = [b - a for a, b in cuts] * UPDATES
+    return _written(doc, out, trained, micro_items=counts if items else None)
 
 
 def test_unequal_micro_batches_need_their_counts_and_the_fix_says_where(doc, baseline, tmp_path):
@@ -316,32 +333,14 @@ def _skipping(doc, out: Path, grad_states: bool) -> Path:
     """K=4, the third micro-batch's loss recorded and its gradient never added (a backward
     skipped); `grad_states`: the accumulated gradient's fingerprints after each micro-step
     written too, through `more_series` (`micro/grad_state`)."""
-    x, y = data()
-    weights, start = init_weights(), init_weights()
-    losses, snapshots, grads, prints = [], [], [], []
-    size = BATCH // K
-    for i in range(UPDATES):
-        held = {n: np.zeros_like(v) for n, v in weights.items()}
-        for j in range(K):
-            rows = slice(i * BATCH + j * size, i * BATCH + (j + 1) * size)
-            loss, grad = loss_and_grad(weights, x[rows], y[rows])
-            losses.append(loss)
-            if j != 2:
-                held = {n: held[n] + grad[n] / K for n in held}
-            prints.append([doc["fingerprint"](held[n]) for n in weights])
-        grads.append(held)
-        weights = {n: weights[n] - LR * held[n] for n in weights}
-        snapshots.append({n: v.copy() for n, v in weights.items()})
+
+    def skipped(j, held, grad, rows):
+        return held if j == 2 else {n: held[n] + grad[n] / K for n in held}
+
+    trained = _by_hand(_equal(K), skipped)
+    prints = [[doc["fingerprint"](held[n]) for n in held] for held in trained["held"]]
     more = {"micro/grad_state": np.array(prints, np.int64)} if grad_states else None
-    return doc["write_run"](
-        out,
-        accum_steps=K,
-        micro_losses=losses,
-        init_weights=start,
-        update_weights=snapshots,
-        grads=grads,
-        more_series=more,
-    )
+    return _written(doc, out, trained, more_series=more)
 
 
 def test_more_series_carry_what_names_a_skipped_backward(doc, baseline, tmp_path):
@@ -369,36 +368,15 @@ def _clipped(doc, out: Path, k: int, cleared: bool, counted: bool = False) -> Pa
     """SGD clipped at 0.05 of the gradient's norm once per window (it engages at every update);
     `cleared`: the merged window keeps its last micro-batch's gradient alone (zero_grad inside
     it); `counted`: those zero_grad calls written (`update/zero_grads_inside`)."""
-    x, y = data()
-    weights, start = init_weights(), init_weights()
-    losses, snapshots, grads, norms = [], [], [], []
-    size = BATCH // k
-    for i in range(UPDATES):
-        held = {n: np.zeros_like(v) for n, v in weights.items()}
-        for j in range(k):
-            rows = slice(i * BATCH + j * size, i * BATCH + (j + 1) * size)
-            loss, grad = loss_and_grad(weights, x[rows], y[rows])
-            losses.append(loss)
-            if cleared and j > 0:
-                held = {n: np.zeros_like(v) for n, v in held.items()}
-            held = {n: held[n] + grad[n] / k for n in held}
-        norm = float(np.sqrt(sum(float(np.sum(g**2)) for g in held.values())))
-        norms.append(norm)
-        held = {n: g * min(1.0, 0.05 / norm) for n, g in held.items()}
-        grads.append(held)
-        weights = {n: weights[n] - LR * held[n] for n in weights}
-        snapshots.append({n: v.copy() for n, v in weights.items()})
+
+    def kept(j, held, grad, rows):
+        kept = {n: np.zeros_like(v) for n, v in held.items()} if cleared and j > 0 else held
+        return {n: kept[n] + grad[n] / k for n in kept}
+
+    trained = _by_hand(_equal(k), kept, max_norm=0.05)
     inside = {"update/zero_grads_inside": np.full(UPDATES, k - 1, np.int64)}
-    return doc["write_run"](
-        out,
-        accum_steps=k,
-        micro_losses=losses,
-        init_weights=start,
-        update_weights=snapshots,
-        grads=grads,
-        grad_norm_pre_clip=norms,
-        more_series=inside if counted else None,
-    )
+    more = inside if counted else None
+    return _written(doc, out, trained, grad_norm_pre_clip=trained["norms"], more_series=more)
 
 
 def test_a_window_cleared_under_a_clip_is_told_from_the_norms_alone_or_named(doc, tmp_path):
