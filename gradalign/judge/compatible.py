@@ -87,16 +87,16 @@ def check_compatible(
         )
     b = [(t.name, t.shape, t.kind) for t in base.tensors]
     m = [(t.name, t.shape, t.kind) for t in other.tensors]
-    if b != m and {base.kind, other.kind} == {"log", "run-dir"}:  # a log prints a few values
-        other = f"{other_name} run" if other_name == "merged" else other_name
-        log, run = ("baseline", other) if base.kind == "log" else (other, "baseline")
-        raise BadInput(
-            f"the {log} is read from a training log and the {run} from a run directory: a log "
-            f"holds the values it printed ({len(b if base.kind == 'log' else m)} tensor(s)), "
-            "not the run's tensors; compare logs with logs, or run directories with run "
-            "directories"
-        )
     if b != m:  # before the lengths: two models' runs are told so, not how their data ended
+        if {base.kind, other.kind} == {"log", "run-dir"}:  # a log prints a few values
+            named = f"{other_name} run" if other_name == "merged" else other_name
+            log, run = ("baseline", named) if base.kind == "log" else (named, "baseline")
+            raise BadInput(
+                f"the {log} is read from a training log and the {run} from a run directory: a "
+                f"log holds the values it printed ({len(b if base.kind == 'log' else m)} "
+                "tensor(s)), not the run's tensors; compare logs with logs, or run directories "
+                "with run directories"
+            )
         raise BadInput(f"{what} of different models: {first_difference(b, m, other_name)}")
     bookkeeping = has_problems(base) or has_problems(other)  # judged, not refused
     if base.updates != other.updates and not bookkeeping:
