@@ -152,7 +152,7 @@ def _series(run: Run, reference: Run | None) -> dict[str, list]:
     if run.micro_items is not None:
         series["window_items"] = [float(v) for v in run.window_totals(run.micro_items)]
     if run.micro_samples is not None:  # the rows of each batch: a merged window of others is told
-        series["window_rows"] = [int(v) for v in run.window_totals(run.micro_samples)]
+        series["window_rows"] = [int(v) for v in run.window_sums(run.micro_samples)]
     if run.micro_data is not None:
         series["window_samples"] = [fmt.hex64(v) for v in run.window_sums(run.micro_data)]
     for key in fmt.SERIES:

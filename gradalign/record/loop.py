@@ -180,8 +180,8 @@ def train(
         _data_parallel(t, fault)
     fault_name = None if fault is NONE else fault.name
     try:  # the built-in loop calls it rightly: only its output can be refused (exit 2)
-        with warnings.catch_warnings():  # the commands said their warnings before training
-            warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings():  # the command said this one before training
+            warnings.filterwarnings("ignore", "the model has BatchNorm", UserWarning)
             rec = Recorder(
                 out_dir,
                 t.model,
